@@ -1,0 +1,89 @@
+"""The ``biasviz`` command: one Click group; each command lives in its own module."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+
+from biasviz import __version__
+from biasviz.errors import BiasvizError
+
+# Command modules, imported lazily so that `biasviz --help` stays fast (torch is slow to import).
+_COMMANDS = {
+    "schemes": ("biasviz.cli.schemes_cmd", "schemes"),
+    "train": ("biasviz.cli.train_cmd", "train"),
+    "extract": ("biasviz.cli.extract_cmd", "extract"),
+    "info": ("biasviz.cli.info_cmd", "info"),
+    "plot": ("biasviz.cli.plot_cmd", "plot"),
+    "diagnose": ("biasviz.cli.diagnose_cmd", "diagnose"),
+}
+
+
+class _LazyGroup(click.Group):
+    """A group that imports a command's module only when that command is used or listed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name in _COMMANDS if self._load(name) is not None]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return self._load(cmd_name)
+
+    @staticmethod
+    def _load(name: str) -> click.Command | None:
+        if name not in _COMMANDS:
+            return None
+        module_name, attr = _COMMANDS[name]
+        import importlib
+
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # command not written yet
+                return None
+            raise
+        return getattr(module, attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="biasviz")
+@click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Extract, store and plot the positional attention biases of GPT-2-style models."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI and turn user errors into one ``Error:`` line and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        cli.main(args=args, prog_name="biasviz", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Error: interrupted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:  # usage errors: Click's own message, one line
+        if debug:
+            traceback.print_exc()
+        msg = exc.format_message().splitlines()[0] if exc.format_message() else str(exc)
+        ctx_hint = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            ctx_hint = f" (see '{exc.ctx.command_path} --help')"
+        click.echo(f"Error: {msg}{ctx_hint}", err=True)
+        sys.exit(exc.exit_code)
+    except BiasvizError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Error: interrupted; no partial output was left behind.", err=True)
+        sys.exit(130)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,22 @@
+"""GPT-2 variants with swappable positional schemes, registered with transformers' Auto classes."""
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from biasviz.model.config import PRESETS, BiasGPTConfig
+from biasviz.model.hooks import HOOK_BIAS, HOOK_PATTERN, HookPoint, capture, hook_name, hook_points
+from biasviz.model.modeling import BiasGPTForCausalLM
+
+AutoConfig.register(BiasGPTConfig.model_type, BiasGPTConfig, exist_ok=True)
+AutoModelForCausalLM.register(BiasGPTConfig, BiasGPTForCausalLM, exist_ok=True)
+
+__all__ = [
+    "PRESETS",
+    "BiasGPTConfig",
+    "BiasGPTForCausalLM",
+    "HookPoint",
+    "capture",
+    "hook_name",
+    "hook_points",
+    "HOOK_BIAS",
+    "HOOK_PATTERN",
+]

@@ -1,0 +1,78 @@
+"""Configuration of the GPT-2-small variants, and the named size presets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedConfig
+
+from biasviz.errors import BiasvizError
+from biasviz.schemes import canonical_name, get_scheme
+
+# Size presets. `tiny` trains a few hundred steps in under a minute on two CPU cores and keeps
+# GPT-2-small's 12 heads, so its figures have the same 4 x 3 layout.
+PRESETS: dict[str, dict[str, int]] = {
+    "gpt2-small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257},
+    "tiny": {"n_layer": 2, "n_head": 12, "n_embd": 96, "n_positions": 1024, "vocab_size": 2048},
+}
+
+
+class BiasGPTConfig(PreTrainedConfig):
+    """GPT-2 (pre-LN, GELU MLP, tied embeddings) with the position scheme swapped.
+
+    ``scheme_options`` holds the scheme's own options (e.g. ``{"slopes": "interleaved"}`` for ALiBi);
+    ``n_positions`` is the size of the absolute position table (``learned``) and the default context.
+    ``share_position_params`` makes every layer use the first layer's scheme parameters.
+    """
+
+    model_type = "biasviz_gpt2"
+    attribute_map = {
+        "hidden_size": "n_embd",
+        "num_attention_heads": "n_head",
+        "num_hidden_layers": "n_layer",
+        "max_position_embeddings": "n_positions",
+    }
+
+    def __init__(
+        self,
+        scheme: str = "alibi",
+        scheme_options: dict[str, Any] | None = None,
+        vocab_size: int = 50257,
+        n_positions: int = 1024,
+        n_embd: int = 768,
+        n_layer: int = 12,
+        n_head: int = 12,
+        bias: bool = True,
+        layer_norm_epsilon: float = 1e-5,
+        dropout: float = 0.0,
+        initializer_range: float = 0.02,
+        share_position_params: bool = False,
+        tie_word_embeddings: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self.scheme = canonical_name(scheme)
+        self.scheme_options = dict(scheme_options or {})
+        self.vocab_size = vocab_size
+        self.n_positions = n_positions
+        self.n_embd = n_embd
+        self.n_layer = n_layer
+        self.n_head = n_head
+        self.bias = bias
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.dropout = dropout
+        self.initializer_range = initializer_range
+        self.share_position_params = share_position_params
+        if n_embd % n_head:
+            raise BiasvizError(f"n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
+        super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    @property
+    def scheme_class(self) -> type:
+        return get_scheme(self.scheme)
+
+    @classmethod
+    def from_preset(cls, preset: str, scheme: str, **overrides: Any) -> BiasGPTConfig:
+        """A config for a named preset (``tiny``, ``gpt2-small``) with the given scheme."""
+        if preset not in PRESETS:
+            raise BiasvizError(f"unknown preset '{preset}'; valid presets: {', '.join(PRESETS)}")
+        return cls(scheme=scheme, **{**PRESETS[preset], **overrides})

@@ -1,0 +1,203 @@
+"""The GPT-2 variant: pre-LN blocks whose attention adds the scheme's bias, with named hook points.
+
+Module paths (and so hook names) follow TransformerLens: ``blocks.{L}.attn.hook_bias`` and
+``blocks.{L}.attn.hook_pattern``. Inside a block the layer names are nanoGPT's (``ln_1``,
+``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``) so that nanoGPT-style
+state dicts map onto this model by renaming prefixes only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+from biasviz.errors import BiasvizError
+from biasviz.model.config import BiasGPTConfig
+from biasviz.model.hooks import HookPoint
+from biasviz.schemes import PositionScheme
+
+
+def causal_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    """True where key j lies after query i (cells the causal mask removes), (Tq, Tk)."""
+    i = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    return torch.arange(k_len, device=device)[None, :] > i
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with an additive positional bias.
+
+    Two paths give the same outputs: a fused one (PyTorch SDPA, the bias passed as an additive
+    mask) that never forms the (T, T) weights, used when nobody listens at ``hook_pattern``; and an
+    eager one that forms them and passes them through ``hook_pattern``.
+    """
+
+    def __init__(self, config: BiasGPTConfig, scheme: PositionScheme | None, owns_scheme: bool = True) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.head_dim = config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = config.dropout
+        if owns_scheme:
+            self.pos_bias = scheme
+        else:  # shared with another layer: keep a reference without registering it twice
+            object.__setattr__(self, "pos_bias", scheme)
+        self.hook_bias = HookPoint()  # [batch or 1, head, query, key]
+        self.hook_pattern = HookPoint()  # [batch, head, query, key]
+        self.force_eager = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+
+        bias = None
+        if self.pos_bias is not None and self.pos_bias.adds_bias:
+            bias = self.hook_bias(self.pos_bias(x, T, T))  # (1 or B, H, T, T)
+
+        masked = causal_mask(T, T, x.device)  # (T, T)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.force_eager or self.hook_pattern.active:
+            scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
+            if bias is not None:
+                scores = scores + bias.float()
+            scores = scores.masked_fill(masked, float("-inf"))
+            pattern = self.hook_pattern(torch.softmax(scores, dim=-1))  # (B, H, T, T)
+            pattern = F.dropout(pattern, dropout_p, self.training)
+            y = pattern.to(v.dtype) @ v
+        elif bias is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        else:
+            mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: BiasGPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, config: BiasGPTConfig, scheme: PositionScheme | None, owns_scheme: bool) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.attn = Attention(config, scheme, owns_scheme)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+class BiasGPTForCausalLM(PreTrainedModel):
+    """A causal language model; ``forward(input_ids)`` returns logits (and the loss with labels)."""
+
+    config_class = BiasGPTConfig
+    base_model_prefix = "biasgpt"
+    _tied_weights_keys = {"lm_head.weight": "embed.weight"}
+    _no_split_modules = ["Block"]
+
+    def __init__(self, config: BiasGPTConfig) -> None:
+        super().__init__(config)
+        scheme_cls = config.scheme_class
+        self.embed = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos_embed = nn.Embedding(config.n_positions, config.n_embd) if scheme_cls.absolute_positions else None
+        self.drop = nn.Dropout(config.dropout)
+        blocks = []
+        shared = None
+        for _ in range(config.n_layer):
+            if config.share_position_params and shared is not None:
+                blocks.append(Block(config, shared, owns_scheme=False))
+                continue
+            scheme = scheme_cls(config.n_head, config.n_embd, **config.scheme_options)
+            shared = scheme
+            blocks.append(Block(config, scheme, owns_scheme=True))
+        self.blocks = nn.ModuleList(blocks)
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, PositionScheme):
+            module.reset_parameters()  # runs after its children (nn.Module.apply is post-order)
+        elif isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (Attention, MLP)):
+            # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer)
+            nn.init.normal_(module.c_proj.weight, std=std / math.sqrt(2 * self.config.n_layer))
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    @property
+    def max_length(self) -> int | None:
+        """The longest input the model accepts (None: any length, for relative schemes)."""
+        return self.config.n_positions if self.pos_embed is not None else None
+
+    def check_length(self, seq_len: int) -> None:
+        """Raise a clear error for lengths a `learned` model has no positions for."""
+        if self.max_length is not None and seq_len > self.max_length:
+            raise BiasvizError(
+                f"sequence length {seq_len} exceeds the {self.max_length} positions of this "
+                f"'{self.config.scheme}' model (learned absolute positions cannot extrapolate); "
+                f"use --seq-len {self.max_length} or less"
+            )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> CausalLMOutput:
+        B, T = input_ids.shape
+        self.check_length(T)
+        x = self.embed(input_ids)  # (B, T, C)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(torch.arange(T, device=input_ids.device))
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)), labels[:, 1:].reshape(-1))
+        return CausalLMOutput(loss=loss, logits=logits)
+
+    def schemes(self) -> list[PositionScheme]:
+        """The distinct scheme modules (one per layer, or one when shared)."""
+        seen: list[PositionScheme] = []
+        for block in self.blocks:
+            s = block.attn.pos_bias
+            if s is not None and all(s is not t for t in seen):
+                seen.append(s)
+        return seen

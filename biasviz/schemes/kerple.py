@@ -1,0 +1,78 @@
+"""KERPLE: kernelized relative biases, logarithmic and power variants (Chi et al., NeurIPS 2022)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from biasviz.schemes import register
+from biasviz.schemes.base import PositionScheme, relative_distance
+
+MIN_PARAM = 0.01  # r1, r2 are kept >= 0.01 (KERPLE clamps its parameters the same way)
+MAX_POWER = 2.0  # the power variant needs 0 < r2 <= 2 for a conditionally positive definite kernel
+
+
+class _Kerple(PositionScheme):
+    """Two positive parameters per head, r1 (scale) and r2 (shape), learned."""
+
+    def __init__(self, n_head: int, d_model: int, **options: Any) -> None:
+        super().__init__(n_head, d_model, **options)
+        self.r1 = nn.Parameter(torch.empty(n_head))
+        self.r2 = nn.Parameter(torch.empty(n_head))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            # spread heads over an order of magnitude so that they start out different
+            self.r1.copy_(torch.logspace(0.3, -0.7, self.n_head))
+            self.r2.copy_(torch.logspace(0.0, -1.0, self.n_head))
+
+    def _params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.r1.clamp(min=MIN_PARAM), self.r2.clamp(min=MIN_PARAM)
+
+    @torch.no_grad()
+    def constrain_(self) -> None:
+        r1, r2 = self._params()
+        self.r1.copy_(r1)
+        self.r2.copy_(r2)
+
+    def _distance(self, q_len: int, k_len: int) -> torch.Tensor:
+        # clamp j > i cells to 0: they are masked anyway, and must not produce NaN gradients
+        return relative_distance(q_len, k_len, self.r1.device).clamp(min=0).to(self.r1.dtype)
+
+
+@register
+class KerpleLog(_Kerple):
+    name = "kerple-log"
+    aliases = ("kerple",)
+    formula = "-r1_h * log(1 + r2_h * d)"
+    reference = "Chi et al., NeurIPS 2022 (KERPLE)"
+    order = 20
+
+    def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
+        r1, r2 = self._params()
+        d = self._distance(q_len, k_len)
+        return (-r1[:, None, None] * torch.log1p(r2[:, None, None] * d))[None]  # (1, H, Tq, Tk)
+
+
+@register
+class KerplePower(_Kerple):
+    name = "kerple-power"
+    formula = "-r1_h * d^r2_h"
+    reference = "Chi et al., NeurIPS 2022 (KERPLE)"
+    order = 21
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.r1.copy_(torch.logspace(0.0, -1.5, self.n_head))
+            self.r2.copy_(torch.linspace(1.0, 0.5, self.n_head))
+
+    def _params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.r1.clamp(min=MIN_PARAM), self.r2.clamp(min=MIN_PARAM, max=MAX_POWER)
+
+    def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
+        r1, r2 = self._params()
+        d = self._distance(q_len, k_len)
+        return (-r1[:, None, None] * d.pow(r2[:, None, None]))[None]  # (1, H, Tq, Tk)

@@ -1,0 +1,53 @@
+"""T5 relative bias: a learned scalar per (distance bucket, head) (Raffel et al., JMLR 2020)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from biasviz.schemes import register
+from biasviz.schemes.base import PositionScheme, relative_distance
+
+
+def causal_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's unidirectional bucket of the distance d = i - j >= 0 (negative d falls in bucket 0).
+
+    Half the buckets hold one distance each; the other half cover [num_buckets/2, max_distance)
+    logarithmically; everything farther shares the last bucket.
+
+    >>> causal_bucket(torch.tensor([0, 1, 15, 16, 20, 127, 128, 1000])).tolist()
+    [0, 1, 15, 16, 17, 31, 31, 31]
+    """
+    d = distance.clamp(min=0)
+    max_exact = num_buckets // 2
+    # log-spaced buckets; clamp d to >= 1 inside the log only to avoid log(0) in cells unused here
+    scaled = torch.log(d.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (scaled * (num_buckets - max_exact)).to(torch.long)
+    large = large.clamp(max=num_buckets - 1)
+    return torch.where(d < max_exact, d, large)
+
+
+@register
+class T5Bias(PositionScheme):
+    name = "t5"
+    aliases = ("t5-bias",)
+    formula = "w[bucket(d), h]"
+    reference = "Raffel et al., JMLR 2020 (T5)"
+    default_options = {"num_buckets": 32, "max_distance": 128}
+    order = 40
+
+    def __init__(self, n_head: int, d_model: int, **options: Any) -> None:
+        super().__init__(n_head, d_model, **options)
+        self.table = nn.Embedding(int(self.options["num_buckets"]), n_head)  # w: (buckets, H)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table.weight, std=1.0)
+
+    def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
+        d = relative_distance(q_len, k_len, self.table.weight.device)
+        buckets = causal_bucket(d, int(self.options["num_buckets"]), int(self.options["max_distance"]))
+        return self.table(buckets).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
