@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Callable, Iterator
-from typing import Union
 
 import torch
 from torch import nn
@@ -40,7 +39,7 @@ class HookPoint(nn.Module):
         return bool(self._forward_hooks)
 
 
-NamesFilter = Union[str, list[str], Callable[[str], bool], None]
+NamesFilter = str | list[str] | Callable[[str], bool] | None
 HookFn = Callable[[torch.Tensor, str], None]
 
 
