@@ -56,10 +56,20 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
+def _quiet_libraries() -> None:
+    """Silence transformers' own progress bars and notices; biasviz reports progress itself."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn user errors into one ``Error:`` line and an exit code."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    _quiet_libraries()
     try:
         cli.main(args=args, prog_name="biasviz", standalone_mode=False)
     except click.exceptions.Abort:

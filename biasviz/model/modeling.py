@@ -28,6 +28,27 @@ def causal_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
     return torch.arange(k_len, device=device)[None, :] > i
 
 
+def attention_pattern(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    bias: torch.Tensor | None,
+    masked: torch.Tensor | None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(scale * q k^T + bias) over keys, in float32: (B, H, Tq, Tk).
+
+    ``scale`` None is 1/sqrt(d_head). ``masked`` (Tq, Tk) is True where a key must be ignored (the
+    causal mask); None attends everywhere.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q.float() @ k.float().transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias.float()
+    if masked is not None:
+        scores = scores.masked_fill(masked, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
 class Attention(nn.Module):
     """Causal multi-head self-attention with an additive positional bias.
 
@@ -40,6 +61,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_head = config.n_head
         self.head_dim = config.n_embd // config.n_head
+        scale = getattr(config, "attn_scale", None)
+        self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)  # multiplies q.k
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
@@ -63,18 +86,14 @@ class Attention(nn.Module):
         masked = causal_mask(T, T, x.device)  # (T, T)
         dropout_p = self.dropout if self.training else 0.0
         if self.force_eager or self.hook_pattern.active:
-            scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, H, T, T)
-            if bias is not None:
-                scores = scores + bias.float()
-            scores = scores.masked_fill(masked, float("-inf"))
-            pattern = self.hook_pattern(torch.softmax(scores, dim=-1))  # (B, H, T, T)
+            pattern = self.hook_pattern(attention_pattern(q, k, bias, masked, self.scale))  # (B, H, T, T)
             pattern = F.dropout(pattern, dropout_p, self.training)
             y = pattern.to(v.dtype) @ v
         elif bias is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
         else:
             mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 

@@ -1,0 +1,71 @@
+"""Options shared by several commands, and ``--config FILE.toml`` support for all of them."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def read_config(path: str | Path, command: str) -> dict[str, Any]:
+    """Defaults for ``command`` from a TOML file: its top-level keys, then its ``[command]`` table.
+
+    Keys may use ``-`` or ``_``. A table for another command is ignored, so one file can drive
+    train, extract and plot (see ``configs/``).
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise click.BadParameter(f"config file {p} does not exist", param_hint="--config") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise click.BadParameter(f"{p} is not valid TOML: {exc}", param_hint="--config") from None
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {p}: {exc.strerror}", param_hint="--config") from None
+    merged = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    section = data.get(command, {})
+    if not isinstance(section, dict):
+        raise click.BadParameter(f"[{command}] in {p} must be a table", param_hint="--config")
+    merged.update(section)
+    return {k.replace("-", "_"): v for k, v in merged.items()}
+
+
+def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    defaults = read_config(value, ctx.info_name or "")
+    known = {p.name for p in ctx.command.params}
+    unknown = sorted(set(defaults) - known - {"scheme_options"})
+    if unknown:
+        raise click.BadParameter(
+            f"unknown key(s) {', '.join(unknown)} for '{ctx.info_name}' in {value}", param_hint="--config"
+        )
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return value
+
+
+def config_option(f: F) -> F:
+    """``--config FILE.toml``: option defaults from a file; options given on the command line win."""
+    return click.option(
+        "--config",
+        type=click.Path(dir_okay=False),
+        is_eager=True,
+        expose_value=False,
+        callback=_load_config,
+        help="TOML file with option defaults (top-level keys and a table named after this command).",
+    )(f)
+
+
+def device_option(f: F) -> F:
+    return click.option(
+        "--device", default="auto", show_default=True, help="auto (CUDA when present), cpu, cuda or cuda:K."
+    )(f)
+
+
+def seed_option(f: F) -> F:
+    return click.option("--seed", default=0, show_default=True, type=int, help="Random seed (reproducible runs).")(f)

@@ -1,0 +1,140 @@
+"""Training a GPT-2 variant offline: local corpus, locally built tokenizer, reproducible batches."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
+from biasviz.devices import resolve_device
+from biasviz.errors import BiasvizError
+from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
+
+TRAINING_FILE = "training.json"
+
+
+@dataclass
+class TrainSettings:
+    """Everything that determines a training run (saved beside the checkpoint as training.json)."""
+
+    scheme: str
+    preset: str = "tiny"
+    steps: int = 300
+    seq_len: int = 128
+    batch_size: int = 8
+    lr: float = 2e-3
+    warmup: int = 30
+    weight_decay: float = 0.1
+    seed: int = 0
+    corpus: str | None = None
+    tokenizer: str | None = None
+    max_corpus_bytes: int = 8_000_000
+    scheme_options: dict[str, Any] = field(default_factory=dict)
+    device: str = "auto"
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    losses: list[float]
+    seconds: float
+    tokens: int
+
+
+def _lr_at(step: int, s: TrainSettings) -> float:
+    """Linear warm-up then cosine decay to 10%."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _optimizer(model: torch.nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=s.lr, betas=(0.9, 0.95))
+
+
+def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, progress: bool = True) -> TrainResult:
+    """Train a model and write a checkpoint directory loadable by ``from_pretrained``.
+
+    The directory holds ``config.json``, ``model.safetensors``, ``tokenizer.json`` and
+    ``training.json``. It is assembled under a temporary name and moved into place at the end,
+    so an interrupted run leaves no half-written checkpoint.
+    """
+    s = settings
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise BiasvizError(f"{out} already exists; pass --force to replace it or choose another --out")
+    if s.steps < 1 or s.seq_len < 2 or s.batch_size < 1:
+        raise BiasvizError("--steps and --batch-size must be >= 1 and --seq-len >= 2")
+    device = resolve_device(s.device)
+    torch.manual_seed(s.seed)
+    rng = np.random.default_rng(s.seed)
+
+    corpus = load_corpus(s.corpus, max_bytes=s.max_corpus_bytes)
+    base = BiasGPTConfig.from_preset(s.preset, s.scheme, scheme_options=s.scheme_options)
+    # a small corpus can yield fewer merges than asked for: the model takes the tokenizer's true size
+    tok = load_tokenizer(s.tokenizer) if s.tokenizer else build_tokenizer(corpus.documents, base.vocab_size)
+    vocab_size = tok.get_vocab_size()
+    tokens = encode(corpus.documents, tok)
+    if len(tokens) <= s.seq_len + 1:
+        raise BiasvizError(f"the corpus has only {len(tokens)} tokens; need more than --seq-len {s.seq_len}")
+    config = BiasGPTConfig.from_preset(
+        s.preset, s.scheme, scheme_options=s.scheme_options, vocab_size=vocab_size,
+        n_positions=max(base.n_positions, s.seq_len),
+    )  # fmt: skip
+    model = BiasGPTForCausalLM(config).to(device)
+    model.train()
+    opt = _optimizer(model, s)
+    data = torch.from_numpy(tokens.astype(np.int64))
+    losses: list[float] = []
+    start = time.perf_counter()
+    bar = tqdm(range(s.steps), desc=f"train {config.scheme}", disable=None if progress else True, leave=False)
+    for step in bar:
+        starts = rng.integers(0, len(tokens) - s.seq_len, size=s.batch_size)
+        batch = torch.stack([data[i : i + s.seq_len] for i in starts]).to(device)  # (B, T)
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, s)
+        loss = model(batch, labels=batch).loss
+        if not torch.isfinite(loss):
+            raise BiasvizError(f"training diverged at step {step} (loss {loss.item()}); lower --lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        for scheme in model.schemes():
+            scheme.constrain_()
+        losses.append(loss.item())
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    seconds = time.perf_counter() - start
+
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.eval().to("cpu").save_pretrained(tmp)
+        save_tokenizer(tok, tmp)
+        record = {
+            "settings": asdict(s), "device": str(device), "corpus_source": corpus.source,
+            "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)), "seconds": round(seconds, 2),
+            "final_loss": float(np.mean(losses[-10:])), "torch_version": torch.__version__,
+        }  # fmt: skip
+        (tmp / TRAINING_FILE).write_text(json.dumps(record, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return TrainResult(out, losses, seconds, s.steps * s.batch_size * s.seq_len)

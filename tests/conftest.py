@@ -1,0 +1,41 @@
+"""Shared fixtures: small models that build in milliseconds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.utils import logging as hf_logging
+
+from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
+
+RELATIVE_SCHEMES = ["alibi", "kerple-log", "kerple-power", "fire", "t5", "cable"]
+ALL_SCHEMES = [*RELATIVE_SCHEMES, "learned", "nope"]
+
+
+def small_config(scheme: str, **overrides: object) -> BiasGPTConfig:
+    """2 layers, 12 heads, width 48, vocabulary 97: GPT-2's head count at a size tests can afford."""
+    args = {"n_layer": 2, "n_head": 12, "n_embd": 48, "n_positions": 256, "vocab_size": 97, **overrides}
+    return BiasGPTConfig(scheme=scheme, **args)
+
+
+def small_model(scheme: str, seed: int = 0, **overrides: object) -> BiasGPTForCausalLM:
+    torch.manual_seed(seed)
+    return BiasGPTForCausalLM(small_config(scheme, **overrides)).eval()
+
+
+@pytest.fixture(autouse=True)
+def _quiet_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "error")
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    hf_logging.disable_progress_bar()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """CUDA tests skip cleanly on machines without a GPU (CI has none)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,273 @@
+"""Every scheme against its definition (SPEC section 1), computed independently of biasviz."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+from transformers.models.t5.modeling_t5 import T5Attention
+
+from biasviz.errors import BiasvizError
+from biasviz.model.modeling import attention_pattern
+from biasviz.schemes import SCHEMES, all_names, canonical_name, get_scheme
+from biasviz.schemes.alibi import ALiBi
+from biasviz.schemes.t5 import causal_bucket
+
+H = 12
+T = 40
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "alibi_worked_example.json"
+
+
+def causal_distance(t: int) -> np.ndarray:
+    i, j = np.meshgrid(np.arange(t), np.arange(t), indexing="ij")
+    return (i - j).astype(np.float64)
+
+
+def causal_cells(t: int) -> np.ndarray:
+    return np.tril(np.ones((t, t), dtype=bool))
+
+
+def scheme_bias(name: str, x: torch.Tensor | None = None, t: int = T, **options: object) -> np.ndarray:
+    torch.manual_seed(0)
+    scheme = get_scheme(name)(H, 48, **options)
+    with torch.no_grad():
+        return scheme(x, t, t).double().numpy()
+
+
+# --- registry ---------------------------------------------------------------------------------
+
+
+def test_registry_holds_every_scheme_of_the_spec() -> None:
+    assert list(SCHEMES) == ["alibi", "kerple-log", "kerple-power", "fire", "t5", "cable", "learned", "nope"]
+    assert canonical_name("kerple") == "kerple-log"
+    assert canonical_name("T5-Bias") == "t5"
+    assert set(all_names()) >= {"kerple", "t5-bias"}
+    assert [n for n, c in SCHEMES.items() if c.context_dependent] == ["cable"]
+    assert [n for n, c in SCHEMES.items() if not c.adds_bias] == ["learned", "nope"]
+
+
+def test_unknown_scheme_lists_the_valid_ones() -> None:
+    with pytest.raises(BiasvizError, match="valid schemes: .*alibi.*t5-bias"):
+        canonical_name("rope")
+
+
+# --- ALiBi ------------------------------------------------------------------------------------
+
+
+def test_alibi_geometric_slopes_are_2_pow_minus_8h_over_H() -> None:
+    slopes = ALiBi(H, 48).slopes.double().numpy()
+    expected = np.array([2.0 ** (-8.0 * h / 12) for h in range(1, 13)])
+    np.testing.assert_allclose(slopes, expected, rtol=1e-7)
+    assert slopes[0] == pytest.approx(2 ** (-2 / 3)) and slopes[-1] == pytest.approx(2**-8)
+
+
+@pytest.mark.parametrize("n_head", [1, 2, 5, 8, 12, 16, 20, 32])
+def test_alibi_interleaved_slopes_equal_bloom(n_head: int) -> None:
+    alibi = build_alibi_tensor(torch.ones(1, 3), n_head, torch.float64)  # (H, 1, 3) = m_h * position
+    bloom_slopes = alibi[:, 0, 1].numpy()
+    ours = ALiBi(n_head, 48, slopes="interleaved").slopes.double().numpy()
+    np.testing.assert_allclose(ours, bloom_slopes, rtol=1e-6)
+
+
+def test_alibi_bias_is_minus_slope_times_distance() -> None:
+    b = scheme_bias("alibi")[0]
+    d = causal_distance(T)
+    for h in range(H):
+        m = 2.0 ** (-8.0 * (h + 1) / H)
+        np.testing.assert_allclose(b[h][causal_cells(T)], (-m * d)[causal_cells(T)], rtol=1e-6, atol=1e-6)
+    # Figure 12 of the CABLE paper: head 1 reaches about -300 at distance 500
+    far = scheme_bias("alibi", t=501)[0, 0, 500, 0]
+    assert far == pytest.approx(-500 * 2 ** (-2 / 3)) and -320 < far < -300
+
+
+def test_alibi_explicit_slopes_and_bad_counts() -> None:
+    b = scheme_bias("alibi", slopes=[0.5] * H)[0]
+    np.testing.assert_allclose(b[3][5, 1], -2.0)
+    with pytest.raises(BiasvizError, match="one slope per head"):
+        ALiBi(H, 48, slopes=[0.5, 0.25])
+    with pytest.raises(BiasvizError, match="unknown ALiBi slope rule"):
+        ALiBi(H, 48, slopes="fibonacci")
+
+
+def test_alibi_worked_example_reproduced_to_four_decimals() -> None:
+    ref = json.loads(REFERENCE.read_text())
+    q, k, v = (torch.tensor(ref[n], dtype=torch.float64) for n in ("Q", "K", "V"))
+    n_tok, n_heads = q.shape[0], len(ref["slopes"])
+    dk = q.shape[1] // n_heads
+    split = lambda a: a.view(n_tok, n_heads, dk).transpose(0, 1)[None]  # noqa: E731  (1, H, T, dk)
+    slopes = torch.tensor(ALiBi.resolve_slopes(ref["slopes"], n_heads), dtype=torch.float64)
+    i = torch.arange(n_tok)
+    distance = (i[:, None] - i[None, :]).abs().double()  # bidirectional: |i - j|
+    bias = (-slopes[:, None, None] * distance)[None]
+    weights = attention_pattern(split(q), split(k), bias, masked=None)[0]  # (H, T, T)
+    np.testing.assert_array_equal(np.round(weights.double().numpy(), 4), np.array(ref["expected_weights"]))
+    out = (weights.double() @ split(v)[0]).transpose(0, 1).reshape(n_tok, -1)
+    np.testing.assert_array_equal(np.round(out.numpy(), 4), np.array(ref["expected_output"]))
+
+
+# --- T5 ---------------------------------------------------------------------------------------
+
+
+def test_t5_buckets_equal_transformers() -> None:
+    d = torch.arange(0, 5000)
+    theirs = T5Attention._relative_position_bucket(-d, bidirectional=False, num_buckets=32, max_distance=128)
+    assert torch.equal(causal_bucket(d, 32, 128), theirs)
+    d2 = torch.arange(0, 600)
+    theirs2 = T5Attention._relative_position_bucket(-d2, bidirectional=False, num_buckets=16, max_distance=64)
+    assert torch.equal(causal_bucket(d2, 16, 64), theirs2)
+
+
+def test_t5_bias_reads_the_table_by_bucket() -> None:
+    torch.manual_seed(0)
+    scheme = get_scheme("t5")(H, 48)
+    with torch.no_grad():
+        b = scheme(None, T, T)[0].numpy()
+    table = scheme.table.weight.detach().numpy()  # (32, H)
+    d = torch.from_numpy(causal_distance(T)).long()
+    buckets = T5Attention._relative_position_bucket(-d, bidirectional=False, num_buckets=32, max_distance=128).numpy()
+    mask = causal_cells(T)
+    for h in range(H):
+        np.testing.assert_array_equal(b[h][mask], table[buckets, h][mask])
+
+
+# --- KERPLE -----------------------------------------------------------------------------------
+
+
+def test_kerple_log_form() -> None:
+    torch.manual_seed(0)
+    scheme = get_scheme("kerple-log")(H, 48)
+    with torch.no_grad():
+        scheme.r1.copy_(torch.linspace(0.005, 3.0, H))  # first head below the 0.01 floor
+        scheme.r2.copy_(torch.linspace(2.0, 0.001, H))
+        b = scheme(None, T, T)[0].double().numpy()
+    r1 = np.maximum(np.linspace(0.005, 3.0, H), 0.01)
+    r2 = np.maximum(np.linspace(2.0, 0.001, H), 0.01)
+    d = np.clip(causal_distance(T), 0, None)
+    mask = causal_cells(T)
+    for h in range(H):
+        np.testing.assert_allclose(b[h][mask], (-r1[h] * np.log(1 + r2[h] * d))[mask], rtol=1e-5, atol=1e-6)
+
+
+def test_kerple_power_form_and_range() -> None:
+    torch.manual_seed(0)
+    scheme = get_scheme("kerple-power")(H, 48)
+    with torch.no_grad():
+        scheme.r1.copy_(torch.linspace(0.001, 2.0, H))
+        scheme.r2.copy_(torch.linspace(0.0, 3.0, H))  # outside (0, 2] at both ends
+        b = scheme(None, T, T)[0].double().numpy()
+    r1 = np.maximum(np.linspace(0.001, 2.0, H), 0.01)
+    r2 = np.clip(np.linspace(0.0, 3.0, H), 0.01, 2.0)
+    d = np.clip(causal_distance(T), 0, None)
+    mask = causal_cells(T)
+    for h in range(H):
+        np.testing.assert_allclose(b[h][mask], (-r1[h] * d ** r2[h])[mask], rtol=1e-5, atol=1e-6)
+
+
+def test_kerple_power_has_finite_gradients_at_distance_zero() -> None:
+    scheme = get_scheme("kerple-power")(H, 48)
+    scheme(None, 8, 8).sum().backward()
+    assert torch.isfinite(scheme.r1.grad).all() and torch.isfinite(scheme.r2.grad).all()
+
+
+# --- FIRE -------------------------------------------------------------------------------------
+
+
+def _fire_reference(scheme: torch.nn.Module, t: int) -> np.ndarray:
+    c = float(scheme.c.detach())
+    big_l = float(scheme.threshold.detach())
+    d = np.clip(causal_distance(t), 0, None)
+    i = np.arange(t, dtype=np.float64)[:, None]
+    u = np.log(c * d + 1) / np.log(c * np.maximum(big_l, i) + 1)  # (T, T) in [0, 1]
+    w1, b1 = scheme.mlp[0].weight.detach().double().numpy(), scheme.mlp[0].bias.detach().double().numpy()
+    w2, b2 = scheme.mlp[2].weight.detach().double().numpy(), scheme.mlp[2].bias.detach().double().numpy()
+    hidden = np.maximum(u[..., None] * w1[:, 0] + b1, 0)  # (T, T, hidden)
+    return np.moveaxis(hidden @ w2.T + b2, -1, 0)  # (H, T, T)
+
+
+@pytest.mark.parametrize("threshold", [512.0, 10.0])
+def test_fire_is_mlp_of_progressive_interpolation(threshold: float) -> None:
+    torch.manual_seed(0)
+    scheme = get_scheme("fire")(H, 48, init_threshold=threshold)
+    with torch.no_grad():
+        b = scheme(None, T, T)[0].double().numpy()
+    mask = causal_cells(T)
+    expected = _fire_reference(scheme, T)
+    for h in range(H):
+        np.testing.assert_allclose(b[h][mask], expected[h][mask], rtol=1e-5, atol=1e-6)
+
+
+def test_fire_diagonal_is_constant_and_input_in_unit_interval() -> None:
+    torch.manual_seed(0)
+    scheme = get_scheme("fire")(H, 48, init_threshold=8.0)
+    with torch.no_grad():
+        b = scheme(None, 64, 64)[0].numpy()
+        u = scheme.normalized_distance(64, 64).numpy()
+    diag = np.stack([np.diag(b[h]) for h in range(H)])
+    np.testing.assert_allclose(diag, diag[:, :1].repeat(64, axis=1), rtol=0, atol=1e-6)
+    assert u[causal_cells(64)].min() >= 0 and u[causal_cells(64)].max() <= 1 + 1e-6
+    # past the threshold the last row spans the whole unit interval: psi(i) / psi(i) = 1 at j = 0
+    assert u[63, 0] == pytest.approx(1.0)
+
+
+# --- CABLE ------------------------------------------------------------------------------------
+
+
+def test_cable_equals_sum_of_softplus_costs_between_keys_and_query() -> None:
+    torch.manual_seed(0)
+    scheme = get_scheme("cable")(H, 48)
+    torch.nn.init.normal_(scheme.proj.weight, std=0.3)
+    torch.nn.init.normal_(scheme.proj.bias, std=0.3)
+    x = torch.randn(2, 16, 48)
+    with torch.no_grad():
+        b = scheme(x, 16, 16).double().numpy()  # (B, H, T, T)
+    w = scheme.proj.weight.detach().double().numpy()
+    beta = scheme.proj.bias.detach().double().numpy()
+    rates = np.log1p(np.exp(x.double().numpy() @ w.T + beta))  # softplus, (B, T, H)
+    for bi in range(2):
+        for i in range(16):
+            for j in range(i + 1):
+                expected = -rates[bi, j + 1 : i + 1].sum(axis=0)  # sum over k = j+1..i
+                np.testing.assert_allclose(b[bi, :, i, j], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cable_is_path_additive_and_input_dependent() -> None:
+    torch.manual_seed(1)
+    scheme = get_scheme("cable")(H, 48)
+    torch.nn.init.normal_(scheme.proj.weight, std=0.3)
+    x = torch.randn(2, 24, 48)
+    with torch.no_grad():
+        b = scheme(x, 24, 24).double().numpy()
+    for i, k, j in [(23, 10, 0), (15, 15, 3), (9, 4, 4), (20, 7, 6)]:
+        np.testing.assert_allclose(b[:, :, i, j], b[:, :, i, k] + b[:, :, k, j], rtol=1e-6, atol=1e-5)
+    mask = causal_cells(24) & ~np.eye(24, dtype=bool)
+    assert np.abs(b[0][:, mask] - b[1][:, mask]).max() > 1e-2  # two inputs, two different biases
+    assert (b[:, :, mask] < 0).all()  # softplus > 0: every off-diagonal causal cell is a penalty
+
+
+def test_cable_needs_the_input() -> None:
+    with pytest.raises(BiasvizError, match="depends on the input"):
+        get_scheme("cable")(H, 48)(None, 4, 4)
+
+
+def test_context_independent_schemes_ignore_the_input() -> None:
+    for name, cls in SCHEMES.items():
+        if not cls.adds_bias or cls.context_dependent:
+            continue
+        a = scheme_bias(name, torch.randn(1, T, 48))
+        b = scheme_bias(name, torch.randn(1, T, 48))
+        np.testing.assert_array_equal(a, b)
+        assert a.shape == (1, H, T, T), name
+
+
+def test_unknown_option_is_refused() -> None:
+    with pytest.raises(BiasvizError, match="unknown option"):
+        get_scheme("t5")(H, 48, buckets=7)
+
+
+def test_doc_constants() -> None:
+    assert math.isclose(2 ** (-8 / 12), 0.6299605249474366)

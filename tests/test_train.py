@@ -1,0 +1,71 @@
+"""Training: offline, reproducible, and a checkpoint that from_pretrained loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from biasviz.data import load_tokenizer
+from biasviz.errors import BiasvizError
+from biasviz.train import TrainSettings, train
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory):
+    d = tmp_path_factory.mktemp("corpus")
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(400))
+    (d / "a.py").write_text(text)
+    (d / "b.txt").write_text("the cat sat on the mat. " * 300)
+    return d
+
+
+def settings(scheme: str, corpus, **kw) -> TrainSettings:
+    base = dict(scheme=scheme, steps=12, seq_len=32, batch_size=4, corpus=str(corpus), device="cpu", warmup=2)
+    return TrainSettings(**{**base, **kw})
+
+
+def test_training_writes_a_loadable_checkpoint_and_learns(corpus, tmp_path) -> None:
+    out = tmp_path / "ckpt"
+    result = train(settings("alibi", corpus, steps=40), out, progress=False)
+    assert {p.name for p in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "training.json"}
+    assert sum(result.losses[-5:]) / 5 < result.losses[0] - 1.0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = load_tokenizer(out)
+    assert model.config.vocab_size == tok.get_vocab_size() <= 2048
+    record = json.loads((out / "training.json").read_text())
+    assert record["settings"]["scheme"] == "alibi" and record["corpus_source"] == str(corpus.resolve())
+
+
+def test_same_seed_same_weights(corpus, tmp_path) -> None:
+    a = train(settings("kerple", corpus), tmp_path / "a", progress=False)
+    b = train(settings("kerple", corpus), tmp_path / "b", progress=False)
+    c = train(settings("kerple", corpus, seed=1), tmp_path / "c", progress=False)
+    assert a.losses == b.losses and a.losses != c.losses
+    wa = AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
+    wb = AutoModelForCausalLM.from_pretrained(tmp_path / "b").state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_constraints_hold_after_training(corpus, tmp_path) -> None:
+    train(settings("kerple-power", corpus, lr=0.5), tmp_path / "k", progress=False)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "k")
+    for scheme in model.schemes():
+        assert (scheme.r1 >= 0.01).all() and (scheme.r2 >= 0.01).all() and (scheme.r2 <= 2).all()
+
+
+def test_existing_output_is_kept_without_force(corpus, tmp_path) -> None:
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "precious.txt").write_text("mine")
+    with pytest.raises(BiasvizError, match="already exists"):
+        train(settings("t5", corpus), out, progress=False)
+    assert (out / "precious.txt").read_text() == "mine"
+
+
+def test_corpus_too_short_is_a_clear_error(tmp_path) -> None:
+    (tmp_path / "tiny.txt").write_text("hi")
+    with pytest.raises(BiasvizError, match="corpus has only"):
+        train(settings("alibi", tmp_path / "tiny.txt", seq_len=64), tmp_path / "o", progress=False)
