@@ -23,6 +23,10 @@ class BiasGPTConfig(PreTrainedConfig):
     ``scheme_options`` holds the scheme's own options (e.g. ``{"slopes": "interleaved"}`` for ALiBi);
     ``n_positions`` is the size of the absolute position table (``learned``) and the default context.
     ``share_position_params`` makes every layer use the first layer's scheme parameters.
+    ``attn_scale`` multiplies q.k before the bias is added: ``None`` means GPT-2's 1/sqrt(d_head);
+    ``1.0`` reproduces implementations that do not scale (the CABLE reference code, for one).
+    ``activation`` is the MLP's GELU: ``gelu_tanh`` (GPT-2's approximation) or ``gelu`` (exact, as
+    nanoGPT's ``nn.GELU()``), so that checkpoints of either kind are reproduced exactly.
     """
 
     model_type = "biasviz_gpt2"
@@ -47,6 +51,8 @@ class BiasGPTConfig(PreTrainedConfig):
         dropout: float = 0.0,
         initializer_range: float = 0.02,
         share_position_params: bool = False,
+        attn_scale: float | None = None,
+        activation: str = "gelu_tanh",
         tie_word_embeddings: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -62,6 +68,10 @@ class BiasGPTConfig(PreTrainedConfig):
         self.dropout = dropout
         self.initializer_range = initializer_range
         self.share_position_params = share_position_params
+        self.attn_scale = None if attn_scale is None else float(attn_scale)
+        if activation not in ("gelu_tanh", "gelu"):
+            raise BiasvizError(f"unknown activation '{activation}'; use gelu_tanh (GPT-2) or gelu (exact)")
+        self.activation = activation
         if n_embd % n_head:
             raise BiasvizError(f"n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
