@@ -7,8 +7,17 @@ BIN    := $(VENV)/bin
 BIASVIZ := $(BIN)/biasviz
 STAMP  := $(VENV)/.installed
 
+# The figure sets: one config per scheme in configs/ (Figures 10, 12, 13, 14 of the CABLE paper, and CABLE).
+SCHEMES := alibi kerple-log fire t5 cable
+RUNS    := runs
+DATA    := data
+FIGURES := figures
+STAGES  := $(RUNS)/stages
+
 .DEFAULT_GOAL := help
-.PHONY: help install test lint figures clean distclean
+.PHONY: help install test lint figures previews bench clean distclean
+# a recipe interrupted half-way must not leave a target that looks finished
+.DELETE_ON_ERROR:
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,8 +37,37 @@ test: $(STAMP)  ## run the test suite (CPU; CUDA tests skip without a GPU)
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check biasviz tests
 
+figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf)  ## train, extract and plot every figure set, then the diagnostics
+
+# Each command reads only its own part of a config: a per-stage copy that is rewritten only when that part
+# changes, so editing [plot] re-plots without retraining. (The copy is refreshed on every run; cheap.)
+$(STAGES)/%.train.json: configs/%.toml FORCE | $(STAMP)
+	@$(BIN)/python -m biasviz.cli.options $< train $@
+$(STAGES)/%.extract.json: configs/%.toml FORCE | $(STAMP)
+	@$(BIN)/python -m biasviz.cli.options $< extract $@
+$(STAGES)/%.plot.json: configs/%.toml FORCE | $(STAMP)
+	@$(BIN)/python -m biasviz.cli.options $< plot $@
+
+$(RUNS)/%/model.safetensors: $(STAGES)/%.train.json
+	$(BIASVIZ) train --config configs/$*.toml --out $(RUNS)/$* --force --quiet
+
+$(DATA)/%.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
+	$(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --out $@ --force
+
+$(FIGURES)/%_bias.pdf: $(DATA)/%.h5 $(STAGES)/%.plot.json
+	$(BIASVIZ) plot --config configs/$*.toml --input $< --out-dir $(FIGURES)
+
+$(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
+	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --out-dir $(FIGURES)
+
+previews: figures  ## refresh the small PNG previews shown in README (figures/preview/)
+	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview
+
+.PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
+FORCE:
+
 clean:  ## remove built checkpoints, HDF5 files and figures (keeps .venv)
-	rm -rf runs data
+	rm -rf $(RUNS) $(DATA) $(FIGURES)/*.pdf $(FIGURES)/*.png $(FIGURES)/*.svg $(FIGURES)/diagnostics.json
 
 distclean: clean  ## also remove .venv
 	rm -rf $(VENV)

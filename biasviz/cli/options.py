@@ -16,7 +16,7 @@ def read_config(path: str | Path, command: str) -> dict[str, Any]:
     """Defaults for ``command`` from a TOML file: its top-level keys, then its ``[command]`` table.
 
     Keys may use ``-`` or ``_``. A table for another command is ignored, so one file can drive
-    train, extract and plot (see ``configs/``).
+    train, extract and plot (see ``configs/``). Returns ``{"shared": ..., "section": ...}``.
     """
     p = Path(path)
     try:
@@ -27,26 +27,54 @@ def read_config(path: str | Path, command: str) -> dict[str, Any]:
         raise click.BadParameter(f"{p} is not valid TOML: {exc}", param_hint="--config") from None
     except OSError as exc:
         raise click.BadParameter(f"cannot read {p}: {exc.strerror}", param_hint="--config") from None
-    merged = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    shared = {k.replace("-", "_"): v for k, v in data.items() if not isinstance(v, dict)}
     section = data.get(command, {})
     if not isinstance(section, dict):
         raise click.BadParameter(f"[{command}] in {p} must be a table", param_hint="--config")
-    merged.update(section)
-    return {k.replace("-", "_"): v for k, v in merged.items()}
+    return {"shared": shared, "section": {k.replace("-", "_"): v for k, v in section.items()}}
 
 
 def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
-    defaults = read_config(value, ctx.info_name or "")
-    known = {p.name for p in ctx.command.params}
-    unknown = sorted(set(defaults) - known - {"scheme_options"})
+    parts = read_config(value, ctx.info_name or "")
+    known = {p.name for p in ctx.command.params if p.name}
+    unknown = sorted(set(parts["section"]) - known)
     if unknown:
         raise click.BadParameter(
-            f"unknown key(s) {', '.join(unknown)} for '{ctx.info_name}' in {value}", param_hint="--config"
+            f"unknown key(s) {', '.join(unknown)} in [{ctx.info_name}] of {value}", param_hint="--config"
         )
+    # top-level keys (like `scheme`) apply to every command that has such an option
+    defaults = {k: v for k, v in parts["shared"].items() if k in known}
+    defaults.update(parts["section"])
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+def write_stage(config: str | Path, command: str, out: str | Path) -> bool:
+    """Write the part of ``config`` that ``command`` reads to ``out``, only if it changed.
+
+    ``make`` uses these per-stage files as dependencies, so that editing ``[plot]`` in a config
+    re-plots without retraining. Returns True when ``out`` was (re)written.
+    """
+    import json
+
+    parts = read_config(config, command)
+    text = json.dumps(parts, indent=1, sort_keys=True, default=str) + "\n"
+    target = Path(out)
+    if target.exists() and target.read_text() == text:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(target)
+    return True
+
+
+if __name__ == "__main__":  # python -m biasviz.cli.options CONFIG COMMAND OUT  (used by the Makefile)
+    import sys
+
+    write_stage(*sys.argv[1:4])
 
 
 def config_option(f: F) -> F:

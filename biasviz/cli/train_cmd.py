@@ -53,8 +53,9 @@ def train(
     )  # fmt: skip
     result = run_training(settings, Path(out), force=force, progress=not quiet)
     tokens_per_s = result.tokens / max(result.seconds, 1e-9)
+    tail = result.losses[-10:]
     click.echo(
         f"trained {settings.scheme} ({preset}) for {steps} steps in {result.seconds:.1f} s "
-        f"({tokens_per_s:,.0f} tokens/s); loss {result.losses[0]:.2f} -> {sum(result.losses[-10:]) / 10:.2f}; "
+        f"({tokens_per_s:,.0f} tokens/s); loss {result.losses[0]:.2f} -> {sum(tail) / len(tail):.2f}; "
         f"wrote {result.out_dir}"
     )
