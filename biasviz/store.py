@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -47,15 +48,34 @@ def causal_cells(seq_len: int) -> np.ndarray:
 
 
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
-def _attr_value(value: Any) -> Any:
+def _attr_value(key: str, value: Any) -> Any:
+    """A value HDF5 stores as plain data: None -> '', lists -> arrays, dicts -> JSON text."""
     if value is None:
         return ""
+    if isinstance(value, (str, Path)):
+        return str(value)  # plain str: h5py cannot store str subclasses (torch's version string is one)
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True, default=str)
     if isinstance(value, (list, tuple)):
         return np.asarray(value)
-    return value
+    if isinstance(value, (bool, int, float, np.generic, np.ndarray)):
+        return value
+    raise TypeError(f"attribute {key!r}: cannot store a {type(value).__name__} as HDF5 data")
+
+
+def _chunk_rows(seq_len: int, itemsize: int) -> int:
+    """Query rows per chunk: the whole (T, T) matrix, unless that passes HDF5's 4 GiB chunk limit.
+
+    >>> _chunk_rows(512, 4), _chunk_rows(32768, 4)
+    (512, 16384)
+    """
+    rows = seq_len
+    while rows * seq_len * itemsize > 2**31:
+        rows = (rows + 1) // 2
+    return rows
 
 
 class BiasFileWriter:
@@ -77,6 +97,7 @@ class BiasFileWriter:
         has_bias: bool,
         dtype: str = "float32",
         force: bool = False,
+        causal: bool = True,
         compression: str | None = "gzip",
         compression_opts: int | None = 1,
         shuffle: bool = True,
@@ -95,7 +116,9 @@ class BiasFileWriter:
         self._filters = {"compression": compression, "compression_opts": compression_opts, "shuffle": shuffle}
         if compression is None:
             self._filters = {}
-        self._mask = ~causal_cells(seq_len)  # True where masked
+        self.causal = causal
+        # True where masked; a bidirectional model (causal=False, e.g. a T5 encoder) uses every cell
+        self._mask = ~causal_cells(seq_len) if causal else np.zeros((seq_len, seq_len), dtype=bool)
         self._tmp: Path | None = None
         self._h5: h5py.File | None = None
         self._written = 0
@@ -111,7 +134,11 @@ class BiasFileWriter:
             self._h5 = h5py.File(self._tmp, "w")
         except OSError as exc:
             raise BiasvizError(f"cannot write to {self.path.parent}: {exc}") from exc
-        self._create_layout()
+        try:
+            self._create_layout()
+        except BaseException:
+            self._discard()
+            raise
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
@@ -161,10 +188,11 @@ class BiasFileWriter:
         f = self._h5
         assert f is not None
         attrs = {**self.attrs, "biasviz_format": FORMAT_VERSION, "dtype": self.dtype.name,
-                 "n_heads": self.n_heads, "seq_len": self.seq_len, "layers": np.asarray(self.layers, dtype=np.int64),
+                 "n_heads": self.n_heads, "seq_len": self.seq_len, "causal": self.causal,
+                 "layers": np.asarray(self.layers, dtype=np.int64),
                  "samples": 0, "created_utc": self.attrs.get("created_utc") or utc_now()}  # fmt: skip
         for key, value in attrs.items():
-            f.attrs[key] = _attr_value(value)
+            f.attrs[key] = _attr_value(key, value)
         scales = {
             "sample": np.arange(self.n_samples, dtype=np.int32),
             "head": np.arange(1, self.n_heads + 1, dtype=np.int32),  # heads are numbered from 1, as in figures
@@ -177,7 +205,7 @@ class BiasFileWriter:
         ids = f.create_dataset("input_ids", shape=(self.n_samples, self.seq_len), dtype=np.int32)
         self._label(ids, ("sample", "query"))
         shape = (self.n_samples, self.n_heads, self.seq_len, self.seq_len)
-        chunks = (1, 1, self.seq_len, self.seq_len)
+        chunks = (1, 1, _chunk_rows(self.seq_len, self.dtype.itemsize), self.seq_len)
         kinds = (["bias"] if self.has_bias else []) + ["weights"]
         for layer in self.layers:
             grp = f.create_group(layer_group(layer))
@@ -194,48 +222,80 @@ class BiasFileWriter:
             ds.dims[axis].attach_scale(self._h5[name])
 
     # -- data ------------------------------------------------------------------------------
-    def _prepare(self, kind: str, layer: int, array: np.ndarray) -> np.ndarray:
-        a = np.asarray(array, dtype=np.float32)
-        expect = (a.shape[0], self.n_heads, self.seq_len, self.seq_len)
-        if a.shape != expect:
-            raise ValueError(f"{kind} of layer {layer} has shape {a.shape}, expected {expect}")
-        a = a.copy() if not a.flags.writeable else a
-        a[..., self._mask] = np.nan if kind == "bias" else 0.0
-        finite = a[..., ~self._mask]
-        if not np.isfinite(finite).all():
+    def _matrix(self, kind: str, layer: int, src: np.ndarray) -> np.ndarray:
+        """One (query, key) matrix, masked and checked, in the storage dtype.
+
+        Works on a copy, one matrix at a time: the caller's arrays (which may be the model's own
+        tensors) are never modified, and the extra memory is one (T, T) matrix whatever the batch.
+        """
+        m = np.array(src, dtype=np.float32)  # (T, T) copy
+        m[self._mask] = 0.0
+        if not np.isfinite(m).all():
             raise BiasvizError(
                 f"the captured {kind} of layer {layer} contains NaN or infinite values; "
                 "the model's weights or inputs are broken"
             )
-        if self.dtype == np.float16 and finite.size and np.abs(finite).max() > FLOAT16_MAX:
-            raise BiasvizError(
-                f"the {kind} of layer {layer} reaches {np.abs(finite).max():.4g}, beyond float16's "
-                f"range ({FLOAT16_MAX:.0f}); store it with --dtype float32"
-            )
-        return a.astype(self.dtype, copy=False)
+        if self.dtype == np.float16:
+            peak = max(float(m.max()), -float(m.min()))
+            if peak > FLOAT16_MAX:
+                raise BiasvizError(
+                    f"the {kind} of layer {layer} reaches {peak:.4g}, beyond float16's "
+                    f"range ({FLOAT16_MAX:.0f}); store it with --dtype float32"
+                )
+        m[self._mask] = np.nan if kind == "bias" else 0.0
+        return m.astype(self.dtype, copy=False)
+
+    def _write_kind(self, kind: str, layer: int, array: Any, start: int, b: int) -> None:
+        a = _as_numpy(array)  # (b or 1, H, T, T)
+        expect = (self.n_heads, self.seq_len, self.seq_len)
+        if a.ndim != 4 or tuple(a.shape[1:]) != expect or a.shape[0] not in (1, b):
+            raise ValueError(f"{kind} of layer {layer} has shape {a.shape}, expected ({b} or 1, *{expect})")
+        assert self._h5 is not None
+        ds = self._h5[layer_group(layer)][kind]
+        for s in range(b):
+            src = a[s if a.shape[0] == b else 0]  # a (1, H, T, T) bias is the same for every sample
+            for h in range(self.n_heads):
+                ds[start + s, h] = self._matrix(kind, layer, src[h])  # exactly one chunk
 
     def write_batch(
         self,
-        input_ids: np.ndarray,
-        weights: Mapping[int, np.ndarray],
-        bias: Mapping[int, np.ndarray] | None = None,
+        input_ids: Any,
+        weights: Mapping[int, Any],
+        bias: Mapping[int, Any] | None = None,
     ) -> None:
-        """Append one batch: ``input_ids`` (b, T) and per-layer (b, H, T, T) arrays."""
+        """Append one batch: ``input_ids`` (b, T); per layer weights (b, H, T, T), bias (b or 1, H, T, T).
+
+        Arrays may be NumPy arrays or CPU tensors; they are read, never modified.
+        """
         f = self._h5
         assert f is not None, "use BiasFileWriter as a context manager"
-        b = int(np.shape(input_ids)[0])
+        ids = _as_numpy(input_ids)
+        b = int(ids.shape[0])
         start, stop = self._written, self._written + b
         if stop > self.n_samples:
             raise ValueError(f"more samples than the {self.n_samples} announced")
-        f["input_ids"][start:stop] = np.asarray(input_ids, dtype=np.int32)
+        if ids.shape != (b, self.seq_len):
+            raise ValueError(f"input_ids has shape {ids.shape}, expected ({b}, {self.seq_len})")
+        f["input_ids"][start:stop] = ids.astype(np.int32, copy=False)
         for layer in self.layers:
-            grp = f[layer_group(layer)]
-            grp["weights"][start:stop] = self._prepare("weights", layer, weights[layer])
+            self._write_kind("weights", layer, weights[layer], start, b)
             if self.has_bias:
                 if bias is None or layer not in bias:
                     raise ValueError(f"no bias given for layer {layer}")
-                grp["bias"][start:stop] = self._prepare("bias", layer, bias[layer])
+                self._write_kind("bias", layer, bias[layer], start, b)
         self._written = stop
+
+    @property
+    def written(self) -> int:
+        """Samples written so far."""
+        return self._written
+
+
+def _as_numpy(array: Any) -> np.ndarray:
+    """A NumPy view of an array or a CPU tensor (no copy when possible)."""
+    if hasattr(array, "detach"):  # a torch tensor; torch is not imported here so readers stay light
+        return array.detach().cpu().numpy()
+    return np.asarray(array)
 
 
 class BiasFile:
@@ -322,6 +382,11 @@ class BiasFile:
     @property
     def seq_len(self) -> int:
         return int(self._attr("seq_len"))
+
+    @property
+    def causal(self) -> bool:
+        """False for bidirectional models, whose cells above the diagonal are used (and stored)."""
+        return bool(self._h5.attrs.get("causal", True))
 
     @property
     def n_samples(self) -> int:

@@ -82,7 +82,8 @@ class ModelAdapter:
             idx = layer + self.n_layers if layer < 0 else layer
             if not 0 <= idx < self.n_layers:
                 raise BiasvizError(
-                    f"--layer {layer} out of range: the model has {self.n_layers} layers (0..{self.n_layers - 1}, or -1)"
+                    f"--layer {layer} out of range: the model has {self.n_layers} layers "
+                    f"(0..{self.n_layers - 1}, or -1)"
                 )
             out.append(idx)
         return sorted(set(out))

@@ -103,9 +103,11 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        # GPT-2 uses the tanh approximation of GELU; nanoGPT's nn.GELU() is the exact (erf) one
+        self.approximate = "none" if getattr(config, "activation", "gelu_tanh") == "gelu" else "tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate))
 
 
 class Block(nn.Module):

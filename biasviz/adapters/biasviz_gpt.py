@@ -1,0 +1,175 @@
+"""Adapter for biasviz's own GPT-2 variant: checkpoint directories written by ``biasviz train``.
+
+Capture uses the model's named hook points (``blocks.{L}.attn.hook_bias`` and ``hook_pattern``).
+The forward pass stops after the last captured block: later blocks and the (T, V) logits cannot
+change what was captured, and at long lengths the logits alone cost more memory than a layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter
+from biasviz.errors import BiasvizError
+from biasviz.hashing import sha256_files
+from biasviz.model import HOOK_BIAS, HOOK_PATTERN, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
+from biasviz.schemes import canonical_name, get_scheme
+
+CONFIG_FILE = "config.json"
+MODEL_TYPE = BiasGPTConfig.model_type
+
+
+class _StopForward(Exception):
+    """Raised by a hook to end a forward pass once everything wanted has been captured."""
+
+
+@contextlib.contextmanager
+def stop_after(module: nn.Module | None) -> Iterator[None]:
+    """Within the block, a forward pass ends (quietly) as soon as ``module`` has run."""
+    if module is None:
+        yield
+        return
+
+    def _hook(*_: Any) -> None:
+        raise _StopForward
+
+    handle = module.register_forward_hook(_hook)
+    try:
+        yield
+    except _StopForward:
+        pass
+    finally:
+        handle.remove()
+
+
+class BiasGPTAdapter(ModelAdapter):
+    """A :class:`BiasGPTForCausalLM` (trained by biasviz, or rebuilt from a nanoGPT state dict)."""
+
+    architecture = "biasviz-gpt2"
+    bias_convention = RELATIVE
+
+    def __init__(
+        self,
+        model: BiasGPTForCausalLM,
+        *,
+        source: str,
+        sha256: str = "",
+        tokenizer: Any = None,
+        architecture: str | None = None,
+    ) -> None:
+        cfg = model.config
+        super().__init__(
+            model.eval(),
+            scheme=cfg.scheme,
+            n_layers=cfg.n_layer,
+            n_heads=cfg.n_head,
+            source=source,
+            sha256=sha256,
+            max_length=model.max_length,
+            tokenizer=tokenizer,
+        )
+        if architecture:
+            self.architecture = architecture
+        self.config_json = cfg.to_json_string(use_diff=False)
+        self.vocab_size = int(cfg.vocab_size)
+        self._stop_layer: int | None = None
+
+    @property
+    def adds_bias(self) -> bool:
+        return get_scheme(self.scheme).adds_bias
+
+    @property
+    def context_dependent(self) -> bool:
+        return get_scheme(self.scheme).context_dependent
+
+    @contextlib.contextmanager
+    def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
+        got = Captured()
+        names = [hook_name(layer, HOOK_PATTERN) for layer in layers]
+        if want_bias and self.adds_bias:
+            names += [hook_name(layer, HOOK_BIAS) for layer in layers]
+
+        def _store(t: torch.Tensor, name: str) -> None:
+            layer = int(name.split(".")[1])
+            target = got.bias if name.endswith(HOOK_BIAS) else got.weights
+            target[layer] = t.detach()  # bias (1 or B, H, T, T), weights (B, H, T, T)
+
+        previous, self._stop_layer = self._stop_layer, max(layers)
+        try:
+            with capture(self.model, names, _store):
+                yield got
+        finally:
+            self._stop_layer = previous
+
+    def forward(self, input_ids: torch.Tensor) -> None:
+        stop = None if self._stop_layer is None else self.model.blocks[self._stop_layer]
+        with torch.inference_mode(), stop_after(stop):
+            self.model(input_ids)
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files of a transformers-style checkpoint directory (safetensors preferred)."""
+    for pattern in ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin"):
+        found = sorted(directory.glob(pattern))
+        if found:
+            return found
+    raise BiasvizError(f"{directory} holds a config.json but no model.safetensors (or pytorch_model.bin) weights")
+
+
+def load_biasviz_checkpoint(
+    path: str | Path,
+    scheme: str | None = None,
+    *,
+    attn_scale: float | None = None,
+) -> BiasGPTAdapter:
+    """Load a directory written by ``biasviz train`` (config.json + model.safetensors [+ tokenizer.json]).
+
+    ``scheme``, when given, must agree with the checkpoint's; ``attn_scale`` overrides its q.k scale.
+    Missing or unexpected weights are an error: a randomly initialised tensor must never pass for a
+    trained one.
+    """
+    from biasviz.data import load_tokenizer
+    from biasviz.data.tokenizer import TOKENIZER_FILE
+
+    directory = Path(path)
+    try:
+        config = BiasGPTConfig.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError, TypeError) as exc:
+        raise BiasvizError(f"cannot read the biasviz config in {directory}: {exc}") from exc
+    if scheme is not None and canonical_name(scheme) != config.scheme:
+        raise BiasvizError(
+            f"{directory} was trained with scheme '{config.scheme}', not '{canonical_name(scheme)}'; "
+            "drop --scheme or pass the checkpoint's own"
+        )
+    if attn_scale is not None:
+        config.attn_scale = float(attn_scale)
+    files = weight_files(directory)
+    try:
+        model, info = BiasGPTForCausalLM.from_pretrained(
+            directory,
+            config=config,
+            dtype=torch.float32,
+            local_files_only=True,
+            output_loading_info=True,
+            use_safetensors=files[0].suffix == ".safetensors",
+        )
+    except pickle.UnpicklingError as exc:  # a pytorch_model.bin that would run code (read with weights_only)
+        from biasviz.adapters.nanogpt import unsafe_pickle_error
+
+        raise unsafe_pickle_error(files[0], exc) from None
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise BiasvizError(f"cannot load the weights in {directory}: {exc}") from exc
+    bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    bad = {k: v for k, v in bad.items() if v}
+    if bad:
+        detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:5]))}" for k, v in bad.items())
+        raise BiasvizError(f"the weights in {directory} do not match its config.json ({detail})")
+    tok = load_tokenizer(directory) if (directory / TOKENIZER_FILE).is_file() else None
+    return BiasGPTAdapter(model, source=str(directory.resolve()), sha256=sha256_files(files), tokenizer=tok)

@@ -1,0 +1,142 @@
+"""``biasviz extract``: capture a model's per-head biases and attention weights into HDF5."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+
+from biasviz.cli.options import config_option, device_option, seed_option
+from biasviz.errors import UsageError
+
+
+def parse_layers(spec: str | int) -> int | str | list[int]:
+    """``-1``, ``11``, ``0,5,11`` or ``all``."""
+    text = str(spec).strip().lower()
+    if text == "all":
+        return "all"
+    try:
+        items = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--layer takes -1, an index, a comma-separated list or 'all', not '{spec}'") from None
+    if not items:
+        raise UsageError("--layer is empty; use -1 for the final layer")
+    return items[0] if len(items) == 1 else items
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C while extracting, so the temporary file is removed either way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _handler(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def warnings_as_notes() -> Iterator[None]:
+    """Show library warnings as one ``Warning:`` line each, without file names and line numbers."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        try:
+            yield
+        finally:
+            for w in caught:
+                if issubclass(w.category, UserWarning):
+                    click.echo(f"Warning: {w.message}", err=True)
+
+
+@click.command()
+@config_option
+@click.option(
+    "--model", required=True,
+    help="A 'biasviz train' checkpoint directory, or a nanoGPT-style state dict (.pt/.pth/.safetensors).",
+)  # fmt: skip
+@click.option(
+    "--scheme", default=None,
+    help="Positional scheme. Needed only for state dicts whose keys do not tell it "
+    "(attn.h_attn -> cable, wpe -> learned); otherwise checked against the checkpoint.",
+)  # fmt: skip
+@click.option(
+    "--layer", "layer", default="-1", show_default=True,
+    help="Layer(s) to capture: -1 (the final layer), an index, a comma-separated list, or 'all'.",
+)  # fmt: skip
+@click.option("--samples", default=4, show_default=True, type=click.IntRange(min=1), help="Windows of text to run.")
+@click.option("--seq-len", default=512, show_default=True, type=click.IntRange(min=1), help="Tokens per window (T).")
+@click.option(
+    "--text", default=None,
+    help="Text file or directory of text files to cut windows from [default: Python's standard library source].",
+)  # fmt: skip
+@click.option(
+    "--tokenizer", default=None,
+    help="tokenizer.json (or a directory holding one) [default: the checkpoint's own; for a state dict "
+    "without one, UTF-8 bytes if the vocabulary holds them].",
+)  # fmt: skip
+@seed_option
+@click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1), help="Windows per forward.")
+@device_option
+@click.option(
+    "--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]),
+    help="Storage type of bias and weights (computation is always float32).",
+)  # fmt: skip
+@click.option("--out", default=None, help="HDF5 file to write [default: data/<scheme>.h5].")
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option(
+    "--no-scale", is_flag=True,
+    help="Do not scale q.k by 1/sqrt(d_head), as the CABLE reference implementation does not; use it for "
+    "checkpoints of that code so the weights match exactly (the bias is unaffected).",
+)  # fmt: skip
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def extract(
+    model: str, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None, tokenizer: str | None,
+    seed: int, batch_size: int, device: str, dtype: str, out: str | None, force: bool, no_scale: bool, quiet: bool,
+) -> None:  # fmt: skip
+    """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
+
+    Writes /input_ids and /layer_L/{bias,weights} (sample, head, query, key); cells after the query
+    hold NaN (bias) and 0 (weights). The file appears only when complete.
+    """
+    from biasviz.adapters import load_model
+    from biasviz.data import encode, load_corpus, sample_windows
+    from biasviz.devices import resolve_device
+    from biasviz.errors import BiasvizError
+    from biasviz.extract import check_seq_len, resolve_tokenizer
+    from biasviz.extract import extract as run_extract
+
+    layers = parse_layers(layer)
+    dev = resolve_device(device)
+    with terminate_as_interrupt():
+        with warnings_as_notes():
+            adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None)
+        target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
+        if target.exists() and not force:
+            raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
+        chosen = adapter.resolve_layers(layers)
+        check_seq_len(adapter, seq_len)
+        with warnings_as_notes():
+            tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
+        corpus = load_corpus(text)
+        windows = sample_windows(encode(corpus.documents, tok), samples, seq_len, seed)
+        result = run_extract(
+            adapter, windows, target, layers=chosen, dtype=dtype, batch_size=batch_size, device=dev, force=force,
+            seed=seed, text_source=corpus.source, attrs={"tokenizer": tok_desc}, progress=False if quiet else None,
+        )  # fmt: skip
+    kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
+    names = ", ".join(str(x) for x in result.layers)
+    click.echo(
+        f"wrote {result.path}: {result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x "
+        f"{result.seq_len}, layer {names} {kinds}, {dtype}, {result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s"
+    )
