@@ -370,3 +370,43 @@ def test_describe_lists_every_architecture() -> None:
     for name in ("BLOOM", "MPT", "Falcon", "T5", "GPT-2"):
         assert name in text
     assert {"bloom", "mpt", "falcon", "t5", "gpt2"} <= set(HF_ARCHITECTURES)
+
+
+def _word_tokenizer(path: Path, n_words: int) -> tuple[Path, Path]:
+    """A word-level tokenizer small enough for the tiny models' vocabulary, and a text in its words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = [f"w{i}" for i in range(n_words - 1)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path / "tokenizer.json"))
+    gen = torch.Generator().manual_seed(0)
+    text = " ".join(words[int(i)] for i in torch.randint(0, len(words), (400,), generator=gen))
+    (path / "text.txt").write_text(text)
+    return path / "tokenizer.json", path / "text.txt"
+
+
+@pytest.mark.parametrize("part", ["encoder", "decoder"])
+def test_cli_extracts_either_t5_stack(dirs, tmp_path, part: str) -> None:
+    from biasviz.cli import main
+    from biasviz.store import open_bias_file
+
+    tok, text = _word_tokenizer(tmp_path, VOCAB)
+    out = tmp_path / f"t5-{part}.h5"
+    main(["extract", "--model", str(dirs["t5"]), "--part", part, "--tokenizer", str(tok), "--text", str(text),
+          "--samples", "2", "--seq-len", "16", "--out", str(out), "--quiet", "--device", "cpu"])  # fmt: skip
+    with open_bias_file(out) as f:
+        assert f.scheme == "t5" and f.attrs["architecture"] == f"t5-{part}"
+        bias = f.read("bias", sample=0)  # (H, T, T)
+        upper = ~torch.tril(torch.ones(16, 16, dtype=torch.bool)).numpy()
+        # the encoder attends both ways, so its upper triangle is real data; the decoder's is masked
+        assert bool(torch.isnan(torch.from_numpy(bias[:, upper])).all()) == (part == "decoder")
+
+
+def test_cli_part_is_refused_for_single_stack_models(dirs, tmp_path, capsys) -> None:
+    from biasviz.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["extract", "--model", str(dirs["bloom"]), "--part", "decoder", "--out", str(tmp_path / "x.h5")])
+    assert exit_info.value.code == 1
+    assert "--part applies to encoder-decoder models" in capsys.readouterr().err

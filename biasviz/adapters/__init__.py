@@ -41,17 +41,22 @@ def _model_type(directory: Path) -> str:
     return str(config["model_type"])
 
 
+_ENCODER_DECODER = {"t5", "mt5"}
+
+
 def load_model(
     path: str | Path,
     scheme: str | None = None,
     *,
     attn_scale: float | None = None,
+    part: str | None = None,
 ) -> ModelAdapter:
     """Load whatever ``--model`` names and wrap it in the right adapter (on the CPU, in eval mode).
 
     ``scheme`` is needed only where a state dict's keys do not tell it; where the checkpoint records
     its scheme, a different ``scheme`` is an error. ``attn_scale`` (q.k multiplier; None: 1/sqrt(d_head))
-    applies to biasviz and nanoGPT-style models only.
+    applies to biasviz and nanoGPT-style models only. ``part`` picks the stack of an encoder-decoder
+    model (T5: ``encoder`` or ``decoder``); other models have one stack and refuse it.
     """
     from biasviz.adapters.biasviz_gpt import load_biasviz_checkpoint
     from biasviz.adapters.nanogpt import STATE_DICT_SUFFIXES, load_state_dict_model
@@ -78,6 +83,10 @@ def load_model(
             raise BiasvizError(f"{p} is a '{model_type}' model, which biasviz cannot read; supported: {known}")
         if attn_scale is not None:
             raise BiasvizError("--no-scale applies to biasviz and nanoGPT-style checkpoints only")
+        if part is not None:
+            if model_type not in _ENCODER_DECODER:
+                raise BiasvizError(f"--part applies to encoder-decoder models (T5); {p} is a '{model_type}' model")
+            return loaders[model_type](p, scheme, part=part)
         return loaders[model_type](p, scheme)
     if p.suffix.lower() in STATE_DICT_SUFFIXES:
         return load_state_dict_model(p, scheme, attn_scale=attn_scale)

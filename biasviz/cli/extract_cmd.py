@@ -99,10 +99,15 @@ def warnings_as_notes() -> Iterator[None]:
     help="Do not scale q.k by 1/sqrt(d_head), as the CABLE reference implementation does not; use it for "
     "checkpoints of that code so the weights match exactly (the bias is unaffected).",
 )  # fmt: skip
+@click.option(
+    "--part", default=None, type=click.Choice(["encoder", "decoder"]),
+    help="For encoder-decoder models (T5): the stack to capture [default: encoder].",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(
     model: str, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None, tokenizer: str | None,
-    seed: int, batch_size: int, device: str, dtype: str, out: str | None, force: bool, no_scale: bool, quiet: bool,
+    seed: int, batch_size: int, device: str, dtype: str, out: str | None, force: bool, no_scale: bool,
+    part: str | None, quiet: bool,
 ) -> None:  # fmt: skip
     """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
 
@@ -120,7 +125,7 @@ def extract(
     dev = resolve_device(device)
     with terminate_as_interrupt():
         with warnings_as_notes():
-            adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None)
+            adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
         target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
         if target.exists() and not force:
             raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
