@@ -1,0 +1,174 @@
+"""``biasviz diagnose``: context-independence metrics per scheme and head (SPEC section 6), as JSON and figures."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from biasviz.errors import BiasvizError
+from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
+
+if TYPE_CHECKING:
+    from biasviz.diagnostics import HeadDiagnostics
+
+DEFINITIONS = ("SPEC section 6, over the causal cells j <= i; population standard deviations (ddof=0); "
+               "context_dependence is null with fewer than 2 samples; a constant mean bias gives 0")  # fmt: skip
+
+
+@dataclass
+class _FileResult:
+    name: str
+    scheme: str
+    path: Path
+    layer: int
+    samples: int
+    seq_len: int
+    context_dependent: bool
+    heads: list[HeadDiagnostics]
+
+
+@click.command("diagnose")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the metrics.  [default: <out-dir>/diagnostics.json]",
+)
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("figures"),
+    show_default=True,
+    help="Folder for the figures (created if missing).",
+)
+@click.option("--layer", type=int, default=-1, show_default=True, help="Layer index; -1 is the last stored.")
+@click.option(
+    "--normalize",
+    type=click.Choice(["none", "diagonal"]),
+    default="none",
+    show_default=True,
+    help="'diagonal' subtracts each row's diagonal value first (for biases stored up to a per-row constant).",
+)
+@click.option("--format", "formats_text", default="pdf,png", show_default=True, help="Comma list of pdf, png, svg.")
+@click.option(
+    "--style",
+    type=click.Choice(list(VENUE_WIDTHS)),
+    default=DEFAULT_STYLE,
+    show_default=True,
+    help="Printed width of the figures.",
+)
+@click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True, help="PNG resolution.")
+@click.option("--no-figures", is_flag=True, help="Write the JSON only.")  # fmt: skip
+def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, layer: int, normalize: str,
+             formats_text: str, style: str, dpi: int, no_figures: bool) -> None:  # fmt: skip
+    """Measure how much each head's bias depends on the input and on more than i - j.
+
+    Writes the metrics per scheme and head to JSON, OUT_DIR/diagnostics.pdf/.png (all schemes side by
+    side) and OUT_DIR/<scheme>_profile.pdf/.png (mean bias against distance, with a +-1 std band).
+    Files of schemes without a bias (learned, nope) are skipped with a note.
+    """
+    from biasviz.plotting.save import parse_formats
+
+    formats = parse_formats(formats_text)
+    results = [r for r in (_diagnose_file(p, layer, normalize) for p in files) if r is not None]
+    if not results:
+        raise BiasvizError("none of the files holds a bias; nothing to diagnose")
+    _name_uniquely(results)
+    target = json_path or out_dir / "diagnostics.json"
+    _write_json(target, results, normalize)
+    click.echo(f"wrote {target}")
+    if not no_figures:
+        for path in _draw(results, out_dir, formats, style, dpi):
+            click.echo(f"wrote {path}")
+
+
+def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
+    from biasviz.diagnostics import diagnose_dataset
+    from biasviz.store import open_bias_file
+
+    with open_bias_file(path) as bf:
+        resolved = bf.resolve_layer(layer)
+        if not bf.has_bias(resolved):
+            click.echo(f"note: skipped {path}: scheme '{bf.scheme}' adds no bias", err=True)
+            return None
+        if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
+            click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
+                       "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
+        heads = list(diagnose_dataset(bf.dataset("bias", resolved), normalize))
+        notes = dict.fromkeys(n.split(": ", 1)[1] for h in heads for n in h.notes)
+        for note in notes:
+            click.echo(f"note: {path}: {note}", err=True)
+        return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
+                           seq_len=bf.seq_len, context_dependent=bf.context_dependent, heads=heads)  # fmt: skip
+
+
+def _name_uniquely(results: list[_FileResult]) -> None:
+    """Key by scheme name; where two files share a scheme, add the file name."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.scheme] = counts.get(r.scheme, 0) + 1
+    for r in results:
+        if counts[r.scheme] > 1:
+            r.name = f"{r.scheme}-{r.path.stem}" if r.path.stem != r.scheme else f"{r.scheme}-{r.path.parent.name}"
+    names = [r.name for r in results]
+    if len(set(names)) != len(names):
+        raise BiasvizError(f"two files give the same name ({', '.join(names)}); rename one of them")
+
+
+def _write_json(target: Path, results: list[_FileResult], normalize: str) -> None:
+    from biasviz import __version__
+
+    doc = {
+        "schemes": {
+            r.name: {"heads": [h.as_json() for h in r.heads], "scheme": r.scheme, "layer": r.layer,
+                     "samples": r.samples, "seq_len": r.seq_len, "context_dependent": r.context_dependent,
+                     "normalize": normalize, "source": str(r.path)}
+            for r in results
+        },
+        "definitions": DEFINITIONS,
+        "biasviz_version": __version__,
+    }  # fmt: skip
+    _atomic_write(target, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+
+
+def _atomic_write(target: Path, text: str) -> None:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+    except OSError as exc:
+        raise BiasvizError(f"cannot write {target}: {exc.strerror or exc}") from exc
+
+
+def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: str, dpi: int) -> list[Path]:
+    from biasviz.plotting.diagnostics_plots import PALETTE, diagnostics_figure, profile_grid
+    from biasviz.plotting.save import save_figure
+
+    sources = "; ".join(f"{r.name}={r.path}" for r in results)
+    info = {"title": "Context-independence diagnostics", "source": sources,
+            "description": f"{DEFINITIONS}; sources: {sources}", "keywords": "biasviz; diagnostics"}  # fmt: skip
+    written = save_figure(diagnostics_figure({r.name: r.heads for r in results}, style=style),
+                          out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style)  # fmt: skip
+    for k, r in enumerate(results):
+        fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)])
+        info = {
+            "title": f"{r.name} bias against distance (layer {r.layer}, {r.samples} samples)",
+            "source": str(r.path),
+            "keywords": f"biasviz; scheme={r.scheme}; layer={r.layer}",
+            "description": f"mean and +-1 population std over samples and cells with i - j = d; source: {r.path}",
+        }
+        written += save_figure(fig, out_dir / f"{r.name}_profile", formats, dpi=dpi, info=info, style=style)
+    return written

@@ -1,0 +1,192 @@
+"""``biasviz plot``: the per-head grid of a file's bias or attention weights (SPEC section 5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from biasviz.errors import BiasvizError, UsageError
+from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
+
+if TYPE_CHECKING:
+    from biasviz.store import BiasFile
+
+
+def _parse_sample(value: str) -> int | str:
+    text = value.strip().lower()
+    if text == "mean":
+        return "mean"
+    try:
+        k = int(text)
+    except ValueError:
+        raise UsageError(f"--sample must be a sample index (0, 1, ...) or 'mean', not '{value}'") from None
+    if k < 0:
+        raise UsageError(f"--sample must be 0 or more, not {k}")
+    return k
+
+
+@click.command("plot")
+@click.option("--scheme", required=True, help="Scheme name (aliases work); names the input and output files.")
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="HDF5 file from 'biasviz extract'.  [default: data/<scheme>.h5]",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["bias", "weights", "all"]),
+    default="bias",
+    show_default=True,
+    help="Draw the additive bias, the post-softmax attention weights, or both.",
+)
+@click.option("--layer", type=int, default=-1, show_default=True, help="Layer index; -1 is the last stored.")
+@click.option(
+    "--sample",
+    "sample_text",
+    default="0",
+    show_default=True,
+    help="Sample index K, or 'mean' for the mean over all samples (streamed).",
+)
+@click.option(
+    "--normalize",
+    type=click.Choice(["none", "diagonal"]),
+    default="none",
+    show_default=True,
+    help="'diagonal' subtracts each row's diagonal value from the bias: biases that differ by a "
+    "per-row constant (equivalent under softmax) then look the same.",
+)
+@click.option("--shared-scale", is_flag=True, help="One colour scale (and colorbar) for all heads.")
+@click.option(
+    "--cmap",
+    default=None,
+    help="Colormap (matplotlib or seaborn name).  [default: viridis for the "
+    "bias, magma for weights, RdBu_r when values change sign]",
+)
+@click.option("--log", "log_scale", is_flag=True, help="Logarithmic colour scale for the attention weights.")
+@click.option("--format", "formats_text", default="pdf,png", show_default=True, help="Comma list of pdf, png, svg.")
+@click.option(
+    "--style",
+    type=click.Choice(list(VENUE_WIDTHS)),
+    default=DEFAULT_STYLE,
+    show_default=True,
+    help="Printed width: neurips/iclr 5.5 in, acl 6.3 in, icml 6.75 in, *-column one column.",
+)
+@click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True, help="PNG resolution.")
+@click.option(
+    "--reduce",
+    "reduce_how",
+    type=click.Choice(["mean", "max"]),
+    default="mean",
+    show_default=True,
+    help="Block reduction for matrices larger than --max-cells per axis.",
+)
+@click.option(
+    "--max-cells",
+    type=click.IntRange(16, 10_000),
+    default=600,
+    show_default=True,
+    help="Largest matrix drawn cell for cell; larger ones are block-reduced first.",
+)
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("figures"),
+              show_default=True, help="Folder for the figures (created if missing).")  # fmt: skip
+def plot(scheme: str, input_path: Path | None, kind: str, layer: int, sample_text: str, normalize: str,
+         shared_scale: bool, cmap: str | None, log_scale: bool, formats_text: str, style: str, dpi: int,
+         reduce_how: str, max_cells: int, out_dir: Path) -> None:  # fmt: skip
+    """Draw one panel per head (4 x 3 for 12 heads), as in Figures 10-14 of the CABLE paper.
+
+    Writes OUT_DIR/<scheme>_bias.pdf/.png (and <scheme>_weights.* for --kind weights|all).
+    """
+    from biasviz.plotting.save import parse_formats
+    from biasviz.schemes import canonical_name
+
+    name = canonical_name(scheme)
+    sample = _parse_sample(sample_text)
+    formats = parse_formats(formats_text)
+    if kind == "weights" and normalize != "none":
+        raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
+    if kind == "bias" and log_scale:
+        raise UsageError("--log applies to attention weights; use it with --kind weights or all")
+    path = input_path or Path("data") / f"{name}.h5"
+    job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
+                   shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
+                   max_cells=max_cells)  # fmt: skip
+    for written in job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi):
+        click.echo(f"wrote {written}")
+
+
+@dataclass
+class _PlotJob:
+    """Loads each kind from the file, draws the grid and saves it with provenance metadata."""
+
+    scheme: str
+    path: Path
+    layer: int
+    sample: int | str
+    normalize: str
+    shared_scale: bool
+    cmap: str | None
+    log_scale: bool
+    style: str
+    reduce_how: str
+    max_cells: int
+
+    def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+        from biasviz.store import open_bias_file
+
+        written: list[Path] = []
+        with open_bias_file(self.path) as bf:
+            self._check_scheme(bf.scheme)
+            layer = bf.resolve_layer(self.layer)
+            if "bias" in kinds and not bf.has_bias(layer):
+                if kinds == ["bias"]:
+                    raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {self.path} holds none; "
+                                       "plot its attention weights with --kind weights")  # fmt: skip
+                click.echo(f"note: scheme '{bf.scheme}' adds no bias; drawing the attention weights only", err=True)
+                kinds = [k for k in kinds if k != "bias"]
+            if bf.attrs.get("bias_convention") == "key-position" and self.normalize == "none" and "bias" in kinds:
+                click.echo(
+                    "note: this file stores the bias in key-position form (it differs from the i - j form by "
+                    "a per-row constant); --normalize diagonal shows it relative to the diagonal",
+                    err=True,
+                )
+            for kind in kinds:
+                written += self._draw(bf, kind, layer, out_dir, formats, dpi)
+        return written
+
+    def _check_scheme(self, stored: str) -> None:
+        from biasviz.schemes import canonical_name
+
+        try:
+            stored_name = canonical_name(stored)
+        except BiasvizError:
+            stored_name = stored
+        if stored_name != self.scheme:
+            raise BiasvizError(f"{self.path} holds scheme '{stored}', not '{self.scheme}'; "
+                               f"pass --scheme {stored} or another --input")  # fmt: skip
+
+    def _draw(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+        from biasviz.plotting.heatmap import head_grid
+        from biasviz.plotting.load import load_heads
+        from biasviz.plotting.save import save_figure
+
+        normalize = self.normalize if kind == "bias" else "none"
+        heads = load_heads(bf, kind, layer=layer, sample=self.sample, normalize=normalize, reduce=self.reduce_how,
+                           max_cells=self.max_cells)  # fmt: skip
+        fig = head_grid(heads.data, kind=kind, seq_len=heads.seq_len, shared_scale=self.shared_scale, cmap=self.cmap,
+                        log=self.log_scale and kind == "weights", style=self.style,
+                        max_cells=max(heads.data.shape[-1], 1))  # already reduced  # fmt: skip
+        reduction = heads.reduction.describe()
+        what = f"{self.scheme} {kind}, layer {heads.layer}, sample {heads.sample}, normalize {normalize}"
+        info = {
+            "title": f"{self.scheme} {kind} (layer {heads.layer}, sample {heads.sample})",
+            "description": f"{what}; reduction: {reduction}; source: {self.path}",
+            "source": str(self.path),
+            "keywords": (f"biasviz; scheme={self.scheme}; kind={kind}; layer={heads.layer}; sample={heads.sample}; "
+                         f"normalize={normalize}; reduction={reduction}; source={self.path}"),
+        }  # fmt: skip
+        return save_figure(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info)

@@ -1,0 +1,177 @@
+"""Context-independence diagnostics (SPEC section 6), in plain numpy.
+
+Per head, over the causal cells C = {(i, j): j <= i}, with b_s the bias of sample s and b̄ its mean:
+
+- context dependence = mean over C of std over samples of b_s(i, j), divided by std over C of b̄;
+- Toeplitz residual = RMS over C of (b̄(i, j) - mean of b̄ over its diagonal i - j), divided by std over C of b̄;
+- distance profile = mean and std of b_s(i, j) over all samples and cells with i - j = d, for every d.
+
+Every standard deviation is the population one (ddof=0). Samples are streamed: one (query, key)
+matrix at a time is added to running sums, so memory does not grow with the number of samples.
+Sums are taken of differences from a reference value (the first sample, or a diagonal's first cell),
+which keeps them exact where the answer is exactly 0: identical samples give a context dependence
+of exactly 0.0, a bias that depends on i - j alone a Toeplitz residual of exactly 0.0.
+
+When b̄ is constant over C (std 0) both ratios are undefined; they are reported as 0.0 when their
+numerator is 0 too (a constant bias is trivially context-independent and Toeplitz), otherwise as
+None with a note. Context dependence needs at least 2 samples; with one it is None, with a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NORMALIZATIONS = ("none", "diagonal")
+
+
+@dataclass
+class HeadDiagnostics:
+    """The diagnostics of one head; ``profile_*`` are indexed by distance d = i - j (0 .. T-1)."""
+
+    head: int
+    samples: int
+    context_dependence: float | None
+    toeplitz_residual: float | None
+    profile_mean: np.ndarray
+    profile_std: np.ndarray
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, object]:
+        return {"head": self.head, "context_dependence": self.context_dependence,
+                "toeplitz_residual": self.toeplitz_residual}  # fmt: skip
+
+
+# -- public functions -------------------------------------------------------------------------------
+
+
+def subtract_diagonal(matrix: np.ndarray) -> np.ndarray:
+    """Subtract each row's diagonal value b(i, i) from the row (last two axes are query, key).
+
+    Softmax ignores a constant added to a row, so biases that differ by a per-row constant are
+    equivalent; after this they are identical (e.g. a key-position form of ALiBi becomes -m (i - j)).
+
+    >>> subtract_diagonal(np.array([[1., np.nan], [5., 7.]])).tolist()
+    [[0.0, nan], [-2.0, 0.0]]
+    """
+    m = np.asarray(matrix)
+    return m - np.diagonal(m, axis1=-2, axis2=-1)[..., :, None]
+
+
+def diagnose_head(samples: Iterable[np.ndarray], head: int = 1, normalize: str = "none") -> HeadDiagnostics:
+    """Diagnostics of one head from its (query, key) bias matrices, one per sample (streamed)."""
+    acc: _HeadAccumulator | None = None
+    for matrix in samples:
+        m = np.asarray(matrix)
+        if acc is None:
+            acc = _HeadAccumulator(m.shape[-1])
+        acc.add(_normalized(m, normalize))
+    if acc is None:
+        raise ValueError("no samples given")
+    return acc.result(head)
+
+
+def diagnose_array(bias: np.ndarray, normalize: str = "none") -> list[HeadDiagnostics]:
+    """Diagnostics of every head of a (sample, head, query, key) array."""
+    b = np.asarray(bias)
+    if b.ndim != 4 or b.shape[-1] != b.shape[-2]:
+        raise ValueError(f"expected a (sample, head, query, key) array, got shape {b.shape}")
+    return [diagnose_head((b[s, h] for s in range(b.shape[0])), h + 1, normalize) for h in range(b.shape[1])]
+
+
+def diagnose_dataset(dataset: object, normalize: str = "none") -> Iterator[HeadDiagnostics]:
+    """Diagnostics of each head of an HDF5 (sample, head, query, key) dataset, read one matrix at a time.
+
+    Each read is one stored chunk (one sample, one head), so a 4096-position file never loads whole.
+    """
+    n_samples, n_heads = dataset.shape[:2]  # type: ignore[attr-defined]
+    for h in range(n_heads):
+        mats = (np.asarray(dataset[s, h], dtype=np.float32) for s in range(n_samples))  # type: ignore[index]
+        yield diagnose_head(mats, h + 1, normalize)
+
+
+# -- running sums -----------------------------------------------------------------------------------
+
+
+def _normalized(matrix: np.ndarray, normalize: str) -> np.ndarray:
+    if normalize == "none":
+        return matrix
+    if normalize == "diagonal":
+        return subtract_diagonal(matrix)
+    raise ValueError(f"normalize must be one of {NORMALIZATIONS}, not {normalize!r}")
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    if denominator > 0:
+        return float(numerator / denominator)
+    return 0.0 if numerator == 0 else None
+
+
+class _HeadAccumulator:
+    """Shifted running sums over the causal cells of one head, stored as a flat lower triangle."""
+
+    def __init__(self, seq_len: int) -> None:
+        self.seq_len = seq_len
+        self.cells = np.tril(np.ones((seq_len, seq_len), dtype=bool))
+        pos = np.arange(seq_len, dtype=np.int32)
+        self.dist = np.subtract.outer(pos, pos)[self.cells]  # d = i - j of each causal cell, row-major
+        self.per_dist = np.bincount(self.dist, minlength=seq_len).astype(np.float64)
+        self.diag_start = (pos.astype(np.int64) * (pos + 1)) // 2  # flat index of cell (d, 0)
+        self.n = 0
+        self.first: np.ndarray | None = None  # first sample: the shift for the per-cell sums
+        self.sum = np.zeros(self.dist.shape, dtype=np.float64)
+        self.sumsq = np.zeros(self.dist.shape, dtype=np.float64)
+        self.profile_ref: np.ndarray | None = None  # first sample's b(d, 0): the shift per distance
+        self.profile_sum = np.zeros(seq_len, dtype=np.float64)
+        self.profile_sumsq = np.zeros(seq_len, dtype=np.float64)
+
+    def add(self, matrix: np.ndarray) -> None:
+        if matrix.shape != (self.seq_len, self.seq_len):
+            raise ValueError(f"matrix of shape {matrix.shape}; expected {(self.seq_len, self.seq_len)}")
+        x = np.asarray(matrix, dtype=np.float64)[self.cells]
+        if not np.isfinite(x).all():
+            raise ValueError("the bias has NaN or infinite values in causal cells (j <= i)")
+        if self.first is None:
+            self.first = x
+            self.profile_ref = x[self.diag_start]
+        dev = x - self.first
+        self.sum += dev
+        self.sumsq += dev * dev
+        assert self.profile_ref is not None
+        pdev = x - self.profile_ref[self.dist]
+        self.profile_sum += np.bincount(self.dist, weights=pdev, minlength=self.seq_len)
+        self.profile_sumsq += np.bincount(self.dist, weights=pdev * pdev, minlength=self.seq_len)
+        self.n += 1
+
+    def result(self, head: int) -> HeadDiagnostics:
+        assert self.first is not None and self.profile_ref is not None
+        notes: list[str] = []
+        mean_dev = self.sum / self.n
+        mean = self.first + mean_dev  # b̄ over the causal cells
+        spread = float(np.std(mean - mean[0]))  # std over C of b̄ (shifted: exactly 0 for a constant)
+        if self.n < 2:
+            dependence = None
+            notes.append(f"head {head}: context dependence needs at least 2 samples, the file holds 1")
+        else:
+            sample_std = np.sqrt(np.maximum(self.sumsq / self.n - mean_dev * mean_dev, 0.0))
+            dependence = _ratio(float(sample_std.mean()), spread)
+        shifted = mean - mean[self.diag_start][self.dist]  # b̄ minus its diagonal's first cell
+        diag_mean = np.bincount(self.dist, weights=shifted, minlength=self.seq_len) / self.per_dist
+        residual = _ratio(float(np.sqrt(np.mean((shifted - diag_mean[self.dist]) ** 2))), spread)
+        undefined = "undefined (the mean bias is constant over the causal cells, the sums are not)"
+        if dependence is None and self.n >= 2:
+            notes.append(f"head {head}: context dependence {undefined}")
+        if residual is None:
+            notes.append(f"head {head}: Toeplitz residual {undefined}")
+        count = self.per_dist * self.n
+        p_mean_dev = self.profile_sum / count
+        p_var = np.maximum(self.profile_sumsq / count - p_mean_dev * p_mean_dev, 0.0)
+        return HeadDiagnostics(head=head, samples=self.n, context_dependence=dependence,
+                               toeplitz_residual=residual, profile_mean=self.profile_ref + p_mean_dev,
+                               profile_std=np.sqrt(p_var), notes=notes)  # fmt: skip
+
+
+__all__ = ["NORMALIZATIONS", "HeadDiagnostics", "subtract_diagonal", "diagnose_head", "diagnose_array",
+           "diagnose_dataset"]  # fmt: skip

@@ -1,0 +1,143 @@
+"""Drawings of the context-independence diagnostics: per-head metrics across schemes, distance profiles.
+
+The metric plot uses a symmetric-log axis with its linear part near 0, so an exact 0 (the same bias
+for every input, or a bias that depends on i - j alone) sits on the zero line while any nonzero
+value stands clearly above it; exact zeros are drawn hollow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure, SubFigure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import NullFormatter
+
+from biasviz.diagnostics import HeadDiagnostics
+from biasviz.plotting.heatmap import figure_width_in, grid_shape, tick_step_for
+from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context
+
+#: Okabe-Ito colours (distinguishable with colour-vision deficiencies) and one marker per scheme.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442")
+MARKERS = ("o", "s", "D", "^", "v", "P", "X", "h")
+#: Below this the metric axis is linear; every reported nonzero value of interest lies far above it.
+LINTHRESH = 1e-3
+METRICS = (("context_dependence", "Context dependence"), ("toeplitz_residual", "Toeplitz residual"))
+
+
+def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig: Figure | SubFigure | None = None,
+                       style: str | None = DEFAULT_STYLE) -> Figure | SubFigure:  # fmt: skip
+    """One row per metric (context dependence, Toeplitz residual), one marker per scheme and head."""
+    with _context(style) as width:
+        if fig is None:
+            width = width or 6.0
+            fig = Figure(figsize=(width, 0.62 * width), layout="constrained")
+        axes = fig.subplots(len(METRICS), 1, sharex=True, squeeze=False)[:, 0]
+        _MetricPainter(results).paint(axes)
+        handles = [_legend_handle(k, name, heads) for k, (name, heads) in enumerate(results.items())]
+        if handles:
+            handles.append(Line2D([], [], color="0.35", marker="o", markerfacecolor="white", linestyle="none",
+                                  markersize=4, label="hollow: exactly 0"))  # fmt: skip
+            fig.legend(handles=handles, loc="outside upper center", ncol=min(len(handles), 5), frameon=False,
+                       handletextpad=0.3, columnspacing=1.2)  # fmt: skip
+    return fig
+
+
+def profile_axes(diag: HeadDiagnostics, *, ax: Axes | None = None, color: str = PALETTE[0],
+                 title: str | None = None) -> Axes:  # fmt: skip
+    """Mean bias against distance d = i - j with a band of +-1 std (over samples and positions)."""
+    if ax is None:
+        ax = Figure(figsize=(3.0, 2.2), layout="constrained").add_subplot()
+    d = np.arange(diag.profile_mean.size)
+    lo, hi = diag.profile_mean - diag.profile_std, diag.profile_mean + diag.profile_std
+    ax.fill_between(d, lo, hi, color=color, alpha=0.3, linewidth=0, label="±1 std")
+    ax.plot(d, diag.profile_mean, color=color, linewidth=0.9, label="mean")
+    ax.set_xlim(0, max(d[-1], 1))
+    step = tick_step_for(d.size)
+    ax.set_xticks(np.arange(0, d.size, step))
+    ax.tick_params(width=0.5, length=2.0, pad=1.5)
+    ax.grid(True, linewidth=0.3, alpha=0.5)
+    ax.set_title(title if title is not None else f"Head {diag.head}")
+    return ax
+
+
+def profile_grid(results: Sequence[HeadDiagnostics], *, fig: Figure | SubFigure | None = None,
+                 style: str | None = DEFAULT_STYLE, color: str = PALETTE[0]) -> Figure | SubFigure:  # fmt: skip
+    """Distance profiles of every head, 3 per row like the heatmap grid."""
+    with _context(style) as width:
+        rows, cols = grid_shape(len(results))
+        if fig is None:
+            width = width or 6.0
+            fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.3), layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
+        for ax, diag in zip(axes, results, strict=False):
+            profile_axes(diag, ax=ax, color=color)
+        for ax in axes[len(results) :]:
+            ax.set_visible(False)
+        size = font_sizes(figure_width_in(fig))["base"]
+        fig.supxlabel("Distance $i - j$", fontsize=size)
+        fig.supylabel("Bias (mean ± 1 std)", fontsize=size)
+    return fig
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _context(style: str | None) -> contextlib.AbstractContextManager[float | None]:
+    return paper_context(style) if style else contextlib.nullcontext(None)
+
+
+def _legend_handle(k: int, name: str, heads: Sequence[HeadDiagnostics]) -> Line2D:
+    missing = any(h.context_dependence is None for h in heads)
+    label = f"{name} (dependence n/a: 1 sample)" if missing else name
+    return Line2D([], [], color=PALETTE[k % len(PALETTE)], marker=MARKERS[k % len(MARKERS)], linestyle="none",
+                  markersize=4, label=label)  # fmt: skip
+
+
+class _MetricPainter:
+    """Places each scheme's per-head values side by side (dodged) on a symlog axis."""
+
+    def __init__(self, results: Mapping[str, Sequence[HeadDiagnostics]]) -> None:
+        self.results = results
+        self.n_heads = max((len(h) for h in results.values()), default=0)
+
+    def paint(self, axes: Sequence[Axes]) -> None:
+        n = max(len(self.results), 1)
+        offsets = (np.arange(n) - (n - 1) / 2) * min(0.7 / n, 0.18)
+        for ax, (key, label) in zip(axes, METRICS, strict=True):
+            top = 0.0
+            for k, (_name, heads) in enumerate(self.results.items()):
+                top = max(top, self._scheme(ax, key, k, heads, offsets[k]))
+            self._axis(ax, label, top)
+        axes[-1].set_xlabel("Head")
+        axes[-1].set_xticks(np.arange(1, self.n_heads + 1))
+
+    @staticmethod
+    def _scheme(ax: Axes, key: str, k: int, heads: Sequence[HeadDiagnostics], offset: float) -> float:
+        x = np.array([h.head for h in heads], dtype=float) + offset
+        y = np.array([np.nan if getattr(h, key) is None else getattr(h, key) for h in heads], dtype=float)
+        color, marker = PALETTE[k % len(PALETTE)], MARKERS[k % len(MARKERS)]
+        zero = y == 0
+        ax.plot(x[~zero], y[~zero], linestyle="none", marker=marker, markersize=3.5, color=color)
+        ax.plot(x[zero], y[zero], linestyle="none", marker=marker, markersize=3.5, markerfacecolor="white",
+                markeredgecolor=color, markeredgewidth=0.8)  # fmt: skip
+        finite = y[np.isfinite(y)]
+        return float(finite.max()) if finite.size else 0.0
+
+    def _axis(self, ax: Axes, label: str, top: float) -> None:
+        ax.set_yscale("symlog", linthresh=LINTHRESH, linscale=0.6)
+        upper = max(10 ** np.ceil(np.log10(max(top, LINTHRESH * 10)) + 0.05), LINTHRESH * 10)
+        ax.set_ylim(-LINTHRESH * 0.4, upper)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.axhline(0.0, color="0.3", linewidth=0.5, zorder=0)
+        for h in range(1, self.n_heads):
+            ax.axvline(h + 0.5, color="0.85", linewidth=0.4, zorder=0)
+        ax.set_xlim(0.5, self.n_heads + 0.5)
+        ax.set_ylabel(label)
+        ax.tick_params(width=0.5, length=2.0, pad=1.5)
+
+
+__all__ = ["diagnostics_figure", "profile_axes", "profile_grid", "PALETTE", "MARKERS", "LINTHRESH"]

@@ -1,0 +1,356 @@
+"""Per-head heatmaps of (query, key) matrices, laid out like Figures 10-14 of the CABLE paper.
+
+``head_heatmap`` draws one matrix into an Axes; ``head_grid`` draws one panel per head (3 columns,
+``Head 1`` ... ``Head H``), each with its own colorbar unless one shared scale is asked for. Both
+return what they drew into, so users can compose their own figures. Query rows run top to bottom and
+key columns left to right; NaN cells (the causal mask) are transparent. The image is rasterized so a
+PDF keeps vector text and axes around a compact bitmap without seams between cells.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.colors import Colormap, LogNorm, Normalize
+from matplotlib.figure import Figure, SubFigure
+from matplotlib.font_manager import FontProperties
+from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+from biasviz.errors import BiasvizError
+from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
+from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context
+
+KINDS = ("bias", "weights")
+#: Default maps: perceptual sequential maps; a diverging map (white at 0) when values change sign.
+DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "diverging": "RdBu_r"}
+#: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
+SIGN_TOLERANCE = 1e-3
+#: Linear scales of attention weights end at this percentile (the colorbar gets an arrow for larger ones).
+WEIGHTS_PERCENTILE = 99.5
+#: Lower end of a log scale for attention weights, as a fraction of the largest weight.
+LOG_FLOOR = 1e-4
+N_COLS = 3
+#: matplotlib's 'auto': nearest (crisp cells) when each cell covers 3+ pixels, else a Hanning filter so that
+#: every cell contributes to the pixels it shares, instead of dropping rows as plain nearest sampling would.
+INTERPOLATION = "auto"
+_NICE_STEPS = (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000)
+
+
+# -- public API -------------------------------------------------------------------------------------
+
+
+def head_heatmap(
+    matrix: np.ndarray,
+    *,
+    ax: Axes | None = None,
+    kind: str = "bias",
+    norm: Normalize | None = None,
+    cmap: str | Colormap | None = None,
+    log: bool = False,
+    title: str | None = None,
+    colorbar: bool = True,
+    seq_len: int | None = None,
+    tick_step: int | None = None,
+    causal: bool = True,
+) -> Axes:
+    """Draw one (query, key) matrix into ``ax`` (a new figure if None) and return the Axes.
+
+    ``seq_len`` is the number of positions the matrix spans when it was already block-reduced
+    (default: its own size), so ticks stay in positions. ``causal`` blanks cells with key > query.
+    """
+    if ax is None:
+        ax = Figure(figsize=(3.0, 2.6), layout="constrained").add_subplot()
+    m = _as_matrix(matrix, causal)
+    norm_, cmap_ = (norm, _colormap(cmap)) if norm is not None else _scale(m, kind, log, cmap)
+    _HeatmapPainter(ax, m, seq_len or m.shape[-1], tick_step).paint(norm_, cmap_, title, colorbar)
+    return ax
+
+
+def head_grid(
+    data: np.ndarray,
+    *,
+    fig: Figure | SubFigure | None = None,
+    kind: str = "bias",
+    titles: Sequence[str] | None = None,
+    shared_scale: bool = False,
+    cmap: str | Colormap | None = None,
+    log: bool = False,
+    style: str | None = DEFAULT_STYLE,
+    seq_len: int | None = None,
+    reduce: str = "mean",
+    max_cells: int = DEFAULT_MAX_CELLS,
+    tick_step: int | None = None,
+    causal: bool = True,
+) -> Figure | SubFigure:
+    """Draw a (head, query, key) array as a grid of panels, 3 per row, and return the figure.
+
+    Matrices larger than ``max_cells`` per axis are block-reduced (``reduce``: 'mean' or 'max')
+    first; the reduction is recorded in ``fig.biasviz_reduction``. With ``fig=None`` a figure the
+    printed width of ``style`` is created; ``style=None`` keeps the caller's matplotlib settings.
+    """
+    return _GridPainter(data, kind=kind, titles=titles, shared_scale=shared_scale, cmap=cmap, log=log,
+                        style=style, seq_len=seq_len, reduce=reduce, max_cells=max_cells,
+                        tick_step=tick_step, causal=causal).paint(fig)  # fmt: skip
+
+
+def grid_shape(n_heads: int) -> tuple[int, int]:
+    """Rows and columns for ``n_heads`` panels: 3 columns, as in the paper (12 heads: 4 x 3)."""
+    cols = min(N_COLS, max(n_heads, 1))
+    return math.ceil(n_heads / cols), cols
+
+
+def figure_width_in(fig: Figure | SubFigure) -> float:
+    """Width in inches of a figure or of a subfigure inside one."""
+    return float(fig.bbox.width / fig.dpi)
+
+
+def tick_step_for(seq_len: int) -> int:
+    """Tick spacing in positions: every 100 (as in the paper) up to ~600 positions, coarser beyond.
+
+    >>> [tick_step_for(t) for t in (32, 64, 256, 512, 1024, 4096)]
+    [10, 20, 100, 100, 200, 1000]
+    """
+    floor = 100 if seq_len >= 200 else 1
+    for step in _NICE_STEPS:
+        if step >= floor and (seq_len - 1) // step + 1 <= 6:
+            return step
+    return _NICE_STEPS[-1]
+
+
+# -- scales -----------------------------------------------------------------------------------------
+
+
+def _colormap(cmap: str | Colormap | None, default: str = "viridis") -> Colormap:
+    """A copy of the named map with NaN fully transparent (seaborn names such as 'rocket' work too)."""
+    if isinstance(cmap, Colormap):
+        base = cmap
+    else:
+        name = cmap or default
+        try:
+            base = mpl.colormaps[name]
+        except KeyError:
+            with contextlib.suppress(ImportError):
+                import seaborn  # noqa: F401  (registers 'rocket', 'mako', 'vlag', 'icefire', ...)
+            try:
+                base = mpl.colormaps[name]
+            except KeyError:
+                raise BiasvizError(f"unknown colormap '{name}'; use a matplotlib or seaborn name such as "
+                                   "viridis, magma, rocket, mako, RdBu_r, vlag") from None  # fmt: skip
+    return base.with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
+
+
+def _finite_range(values: np.ndarray) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return 0.0, 1.0
+    return float(finite.min()), float(finite.max())
+
+
+def _changes_sign(lo: float, hi: float) -> bool:
+    scale = max(abs(lo), abs(hi))
+    return lo < -SIGN_TOLERANCE * scale and hi > SIGN_TOLERANCE * scale
+
+
+def _scale(values: np.ndarray, kind: str, log: bool, cmap: str | Colormap | None) -> tuple[Normalize, Colormap]:
+    """Norm and colormap for ``values``: log for weights on request, diverging at 0 on a sign change."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    lo, hi = _finite_range(values)
+    if log:
+        if hi <= 0:
+            raise BiasvizError("a log colour scale needs positive values (it is meant for attention weights)")
+        positive = values[np.isfinite(values) & (values > 0)]
+        floor = max(float(positive.min()), hi * LOG_FLOOR)
+        return LogNorm(vmin=min(floor, hi), vmax=hi, clip=True), _colormap(cmap, DEFAULT_CMAPS[kind])
+    if _changes_sign(lo, hi):
+        bound = max(-lo, hi)
+        return Normalize(vmin=-bound, vmax=bound), _colormap(cmap, DEFAULT_CMAPS["diverging"])
+    if kind == "weights":  # heavy-tailed: the few largest weights would leave every other cell black
+        finite = values[np.isfinite(values)]
+        hi = float(np.percentile(finite, WEIGHTS_PERCENTILE)) if finite.size else hi
+        hi = hi if hi > lo else float(finite.max()) if finite.size else hi
+    if lo == hi:  # constant: give the colorbar a visible range around the value
+        lo, hi = lo - 0.5, hi + 0.5
+    return Normalize(vmin=lo, vmax=hi), _colormap(cmap, DEFAULT_CMAPS[kind])
+
+
+def _extend(values: np.ndarray, norm: Normalize) -> str:
+    """'max' when the scale clips the largest values (weights), so the colorbar shows an arrow."""
+    finite = values[np.isfinite(values)]
+    clipped = finite.size and norm.vmax is not None and float(finite.max()) > norm.vmax * (1 + 1e-6)
+    return "max" if clipped and not isinstance(norm, LogNorm) else "neither"
+
+
+def _as_matrix(matrix: np.ndarray, causal: bool) -> np.ndarray:
+    m = np.array(matrix, dtype=np.float32, copy=True)
+    if m.ndim != 2 or m.shape[0] != m.shape[1]:
+        raise ValueError(f"expected a square (query, key) matrix, got shape {m.shape}")
+    if causal:
+        m[_upper_mask(m.shape[0])] = np.nan
+    return m
+
+
+def _upper_mask(n: int) -> np.ndarray:
+    """True where key > query: the cells a causal model never uses."""
+    return np.triu(np.ones((n, n), dtype=bool), k=1)
+
+
+# -- drawing ----------------------------------------------------------------------------------------
+
+
+class _HeatmapPainter:
+    """Draws one matrix with its ticks in positions and an optional colorbar."""
+
+    def __init__(self, ax: Axes, matrix: np.ndarray, seq_len: int, tick_step: int | None,
+                 panel_in: float | None = None) -> None:  # fmt: skip
+        self.ax, self.m, self.seq_len, self.panel_in = ax, matrix, seq_len, panel_in
+        self.step = tick_step or tick_step_for(seq_len)
+
+    def paint(self, norm: Normalize, cmap: Colormap, title: str | None, colorbar: bool) -> None:
+        ax, n = self.ax, self.m.shape[0]
+        span = n * math.ceil(self.seq_len / n)  # positions covered by the (possibly padded) blocks
+        if n == self.seq_len:
+            span = n
+        im = ax.imshow(self.m, cmap=cmap, norm=norm, origin="upper", interpolation=INTERPOLATION,
+                       extent=(-0.5, span - 0.5, span - 0.5, -0.5), aspect="equal")  # fmt: skip
+        im.set_rasterized(True)
+        ax.set_xlim(-0.5, self.seq_len - 0.5)
+        ax.set_ylim(self.seq_len - 0.5, -0.5)
+        self._ticks()
+        if title:
+            ax.set_title(title)
+        if colorbar:
+            self._colorbar(im)
+
+    def _ticks(self) -> None:
+        ticks = np.arange(0, self.seq_len, self.step)
+        stride = self._label_stride(ticks)
+        labels = [f"{t:d}" if k % stride == 0 else "" for k, t in enumerate(ticks)]
+        self.ax.set_xticks(ticks, labels=labels)
+        self.ax.set_yticks(ticks, labels=labels)
+        for spine in self.ax.spines.values():
+            spine.set_linewidth(0.5)
+
+    def _label_stride(self, ticks: np.ndarray) -> int:
+        """Label every k-th tick so that labels never touch, however narrow the panel is printed."""
+        fig = self.ax.get_figure(root=True)
+        if fig is None or len(ticks) < 2:
+            return 1
+        panel_in = self.panel_in or 0.8 * self.ax.get_position().width * fig.get_figwidth()
+        size = FontProperties(size=mpl.rcParams["xtick.labelsize"]).get_size_in_points()
+        digits = len(str(int(ticks[-1])))
+        label_in = (0.5 * digits + 0.5) * size / 72  # digits are ~0.5 em wide; keep a 0.5 em gap
+        stride = math.ceil(label_in / (panel_in * self.step / self.seq_len))
+        if digits >= 4:  # long labels (1000, 2000, ...) read best when at most 4 share an axis
+            stride = max(stride, math.ceil(len(ticks) / 4))
+        return max(1, stride)
+
+    def _colorbar(self, im: mpl.image.AxesImage) -> None:
+        fig = self.ax.get_figure(root=False)
+        cb = fig.colorbar(im, ax=self.ax, fraction=0.05, pad=0.03, aspect=18, extend=_extend(self.m, im.norm))
+        if not isinstance(im.norm, LogNorm):
+            cb.locator = MaxNLocator(nbins=5 if figure_width_in(fig) >= 4.0 else 4)
+            cb.formatter = ScalarFormatter(useOffset=False)  # plain text: mathtext labels cost 0.5 s a grid
+            cb.formatter.set_powerlimits((-3, 4))
+            cb.update_ticks()
+        cb.outline.set_linewidth(0.5)
+        cb.ax.tick_params(width=0.5, length=2.0, pad=1.5)
+        if cb.solids is not None:
+            cb.solids.set_rasterized(True)
+            cb.solids.set_edgecolor("face")
+
+
+@dataclass
+class _GridOptions:
+    kind: str
+    titles: Sequence[str] | None
+    shared_scale: bool
+    cmap: str | Colormap | None
+    log: bool
+    style: str | None
+    seq_len: int | None
+    reduce: str
+    max_cells: int
+    tick_step: int | None
+    causal: bool
+
+
+class _GridPainter:
+    """Prepares the matrices (mask, reduce, scales) and lays the panels out 3 per row."""
+
+    def __init__(self, data: np.ndarray, **options: object) -> None:
+        self.opt = _GridOptions(**options)  # type: ignore[arg-type]
+        arr = np.asarray(data)
+        if arr.ndim != 3 or arr.shape[1] != arr.shape[2]:
+            raise ValueError(f"expected a (head, query, key) array, got shape {arr.shape}")
+        if self.opt.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {self.opt.kind!r}")
+        self.n_heads = arr.shape[0]
+        self.seq_len = self.opt.seq_len or arr.shape[-1]
+        self.reduction = Reduction(self.seq_len, 1, self.opt.reduce)
+        self.mats = self._prepare(arr)
+        titles = self.opt.titles or [f"Head {h}" for h in range(1, self.n_heads + 1)]
+        if len(titles) != self.n_heads:
+            raise ValueError(f"{len(titles)} titles for {self.n_heads} heads")
+        self.titles = list(titles)
+
+    def _prepare(self, arr: np.ndarray) -> np.ndarray:
+        mats = np.array(arr, dtype=np.float32, copy=True)
+        if self.opt.causal:
+            mats[:, _upper_mask(mats.shape[-1])] = np.nan
+        if mats.shape[-1] > self.opt.max_cells:
+            plan = plan_reduction(mats.shape[-1], self.opt.max_cells, self.opt.reduce)
+            mats = block_reduce(mats, plan.factor, plan.how)
+            self.reduction = plan
+        return mats
+
+    def paint(self, fig: Figure | SubFigure | None) -> Figure | SubFigure:
+        ctx = paper_context(self.opt.style) if self.opt.style else contextlib.nullcontext(None)
+        with ctx as width:
+            rows, cols = grid_shape(self.n_heads)
+            if fig is None:
+                width = width or 6.0
+                ratio = 0.8 if width >= 4.0 else 0.74  # narrow figures: colorbar labels shrink the images more
+                fig = Figure(figsize=(width, rows * width / cols * ratio + 0.25), layout="constrained")
+            axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+            scales = self._scales()
+            panel_in = figure_width_in(fig) / cols * (0.56 if cols == N_COLS else 0.7)  # image width once laid out
+            for h in range(self.n_heads):
+                norm, cmap = scales[h]
+                _HeatmapPainter(axes[h], self.mats[h], self.seq_len, self.opt.tick_step, panel_in).paint(
+                    norm, cmap, self.titles[h], colorbar=not self.opt.shared_scale
+                )
+            for ax in axes[self.n_heads :]:
+                ax.set_visible(False)
+            if self.opt.shared_scale and self.n_heads:
+                self._shared_colorbar(fig, axes[: self.n_heads])
+            sizes = font_sizes(figure_width_in(fig))
+            fig.supxlabel("Key position", fontsize=sizes["base"])
+            fig.supylabel("Query position", fontsize=sizes["base"])
+        fig.biasviz_reduction = self.reduction.describe()  # type: ignore[union-attr]
+        return fig
+
+    def _scales(self) -> list[tuple[Normalize, Colormap]]:
+        if self.opt.shared_scale:
+            shared = _scale(self.mats, self.opt.kind, self.opt.log, self.opt.cmap)
+            return [shared] * self.n_heads
+        return [_scale(m, self.opt.kind, self.opt.log, self.opt.cmap) for m in self.mats]
+
+    def _shared_colorbar(self, fig: Figure | SubFigure, axes: np.ndarray) -> None:
+        images = axes[0].get_images()
+        cb = fig.colorbar(images[0], ax=list(axes), fraction=0.03, pad=0.02, aspect=40,
+                          extend=_extend(self.mats, images[0].norm))  # fmt: skip
+        cb.outline.set_linewidth(0.5)
+        cb.ax.tick_params(width=0.5, length=2.0, pad=1.5)
+        if cb.solids is not None:
+            cb.solids.set_rasterized(True)
+            cb.solids.set_edgecolor("face")
+
+
+__all__ = ["KINDS", "DEFAULT_CMAPS", "figure_width_in", "head_heatmap", "head_grid", "grid_shape", "tick_step_for"]

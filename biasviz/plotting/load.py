@@ -1,0 +1,70 @@
+"""Read the matrices to draw from a format-1 file, one (sample, head) chunk at a time.
+
+Each head is read (or averaged over samples), normalized at full resolution and then block-reduced,
+so a 12 x 4096 x 4096 file is never held in memory whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from biasviz.diagnostics import subtract_diagonal
+from biasviz.errors import BiasvizError
+from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
+from biasviz.store import BiasFile
+
+
+@dataclass
+class HeadMatrices:
+    """What a grid draws: (head, query, key) matrices, already masked and reduced, and how they were made."""
+
+    data: np.ndarray
+    seq_len: int
+    layer: int
+    sample: str
+    reduction: Reduction
+
+
+def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 0, normalize: str = "none",
+               reduce: str = "mean", max_cells: int = DEFAULT_MAX_CELLS) -> HeadMatrices:  # fmt: skip
+    """The matrices of ``kind`` ('bias' or 'weights') for one sample or the mean over samples."""
+    resolved = bf.resolve_layer(layer)
+    ds = bf.dataset(kind, resolved)
+    n_samples, n_heads, seq_len = ds.shape[0], ds.shape[1], ds.shape[-1]
+    samples = _samples(sample, n_samples, bf)
+    plan = plan_reduction(seq_len, max_cells, reduce)
+    masked = np.triu(np.ones((seq_len, seq_len), dtype=bool), k=1) if kind == "weights" else None
+    out = np.empty((n_heads, plan.reduced_size, plan.reduced_size), dtype=np.float32)
+    for h in range(n_heads):
+        m = _head_matrix(ds, h, samples)
+        if normalize == "diagonal":
+            m = subtract_diagonal(m)
+        if kind == "weights":
+            m[masked] = np.nan  # weights hold 0 there (the bias holds NaN already); blank them alike
+        out[h] = block_reduce(m, plan.factor, plan.how)
+    label = "mean" if sample == "mean" else str(samples[0])
+    return HeadMatrices(data=out, seq_len=seq_len, layer=resolved, sample=label, reduction=plan)
+
+
+def _samples(sample: int | str, n_samples: int, bf: BiasFile) -> list[int]:
+    if sample == "mean":
+        return list(range(n_samples))
+    k = int(sample)
+    if not 0 <= k < n_samples:
+        raise BiasvizError(f"sample {k} out of range; {bf.path} holds {n_samples} samples (0..{n_samples - 1})")
+    return [k]
+
+
+def _head_matrix(ds: object, head: int, samples: list[int]) -> np.ndarray:
+    """One head's matrix, or its mean over ``samples`` accumulated one chunk at a time (float64 sums)."""
+    if len(samples) == 1:
+        return np.asarray(ds[samples[0], head], dtype=np.float32)  # type: ignore[index]
+    total = np.zeros(ds.shape[-2:], dtype=np.float64)  # type: ignore[attr-defined]
+    for s in samples:
+        total += ds[s, head]  # type: ignore[index]
+    return (total / len(samples)).astype(np.float32)
+
+
+__all__ = ["HeadMatrices", "load_heads"]

@@ -1,0 +1,99 @@
+"""Paper styles: figure widths of common venues and a matplotlib context with ~9 pt text.
+
+Figures are sized to the printed text width, so that ``\\includegraphics[width=\\textwidth]`` prints
+the text at the size set here. Styles apply only inside :func:`paper_context`; nothing global changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from biasviz.errors import BiasvizError
+
+#: Printed width in inches of each venue's text (``-column``: one column of a two-column page).
+VENUE_WIDTHS: dict[str, float] = {
+    "neurips": 5.5,
+    "iclr": 5.5,
+    "acl": 6.3,
+    "acl-column": 3.0,
+    "icml": 6.75,
+    "icml-column": 3.25,
+}
+DEFAULT_STYLE = "neurips"
+
+#: Times-like serif fonts, the text face of these venues; STIX ships with matplotlib, so one is always found.
+_SERIF = ["Times New Roman", "Times", "Nimbus Roman", "TeX Gyre Termes", "STIXGeneral"]
+
+
+def venue_width(style: str) -> float:
+    """Printed width in inches for a style name, e.g. ``venue_width('icml') == 6.75``."""
+    key = style.strip().lower()
+    if key not in VENUE_WIDTHS:
+        raise BiasvizError(f"unknown style '{style}'; valid styles: {', '.join(VENUE_WIDTHS)}")
+    return VENUE_WIDTHS[key]
+
+
+def font_sizes(width: float) -> dict[str, float]:
+    """Text sizes in points: 9 pt titles, 7 pt ticks; one step smaller for one-column widths."""
+    if width < 4.0:
+        return {"base": 8.0, "title": 8.0, "tick": 6.0}
+    return {"base": 9.0, "title": 9.0, "tick": 7.0}
+
+
+def _serif_family() -> str:
+    """The first installed font of ``_SERIF``, named concretely so that text keeps it when saved elsewhere."""
+    from matplotlib import font_manager
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    return next((name for name in _SERIF if name in installed), "serif")
+
+
+def _rc(width: float) -> dict[str, object]:
+    sizes = font_sizes(width)
+    return {
+        "font.family": _serif_family(),
+        "font.serif": _SERIF,
+        "mathtext.fontset": "stix",
+        "font.size": sizes["base"],
+        "axes.titlesize": sizes["title"],
+        "axes.labelsize": sizes["base"],
+        "xtick.labelsize": sizes["tick"],
+        "ytick.labelsize": sizes["tick"],
+        "legend.fontsize": sizes["tick"],
+        "axes.linewidth": 0.5,
+        "xtick.major.width": 0.5,
+        "ytick.major.width": 0.5,
+        "xtick.major.size": 2.0,
+        "ytick.major.size": 2.0,
+        "xtick.major.pad": 1.5,
+        "ytick.major.pad": 1.5,
+        "axes.titlepad": 3.0,
+        "lines.linewidth": 1.0,
+        "pdf.fonttype": 42,  # TrueType: text stays selectable and editable in the PDF
+        "ps.fonttype": 42,
+        "svg.fonttype": "none",  # SVG text as text, typeset in the paper's own font
+        "savefig.dpi": 300,
+        "image.interpolation": "nearest",
+        "axes.unicode_minus": True,
+    }
+
+
+@contextlib.contextmanager
+def paper_context(style: str = DEFAULT_STYLE) -> Iterator[float]:
+    """Apply the paper rc settings inside a ``with`` block; yields the figure width in inches."""
+    import matplotlib as mpl  # here, so that the CLI can list the styles without importing matplotlib
+
+    width = venue_width(style)
+    font_logger = logging.getLogger("matplotlib.font_manager")
+    level = font_logger.level
+    font_logger.setLevel(logging.ERROR)  # missing Times variants are expected; STIX stands in quietly
+    try:
+        with mpl.rc_context(_rc(width)):
+            yield width
+    finally:
+        font_logger.setLevel(level)
+
+
+__all__ = ["VENUE_WIDTHS", "DEFAULT_STYLE", "venue_width", "font_sizes", "paper_context"]
