@@ -201,3 +201,21 @@ def test_linear_weights_scale_clips_the_heavy_tail_with_an_arrow() -> None:
     w[:, [0, 1, 2], [0, 1, 0]] = 0.9  # a few large weights, as in the first rows of real attention
     im = head_grid(w, kind="weights").axes[0].get_images()[0]
     assert im.norm.vmax < 1.0 and im.colorbar.extend == "max"
+
+
+def test_one_figure_never_mixes_diverging_and_sequential_maps() -> None:
+    bias = alibi(3, 64)
+    bias[0] += 5.0  # only head 1 changes sign (from about -5 to +5)
+    fig = head_grid(bias)
+    maps = {ax.get_images()[0].get_cmap().name for ax in image_axes(fig)}
+    assert len(maps) == 1
+    for ax in image_axes(fig):
+        norm = ax.get_images()[0].norm
+        assert norm.vmin == pytest.approx(-norm.vmax)  # every panel centred at 0
+
+
+def test_unclipped_negative_bias_has_no_colorbar_arrow() -> None:
+    bias = alibi(3, 64) - 0.25  # all negative: vmax < 0 must not read as clipped
+    fig = head_grid(bias)
+    colorbars = [ax for ax in fig.axes if not ax.get_images() and ax.collections]
+    assert colorbars and all(cb._colorbar.extend == "neither" for cb in colorbars)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from biasviz.cli.options import config_option
 from biasviz.errors import BiasvizError
 from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
 
@@ -34,6 +35,7 @@ class _FileResult:
 
 
 @click.command("diagnose")
+@config_option
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--json",
@@ -102,7 +104,10 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
             click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                        "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
-        heads = list(diagnose_dataset(bf.dataset("bias", resolved), normalize))
+        try:
+            heads = list(diagnose_dataset(bf.dataset("bias", resolved), normalize))
+        except ValueError as exc:  # NaN/inf in used cells: a damaged or hand-made file
+            raise BiasvizError(f"{path}: {exc}; the file is damaged; extract it again") from exc
         notes = dict.fromkeys(n.split(": ", 1)[1] for h in heads for n in h.notes)
         for note in notes:
             click.echo(f"note: {path}: {note}", err=True)

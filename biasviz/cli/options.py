@@ -38,15 +38,21 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
     if value is None:
         return None
     parts = read_config(value, ctx.info_name or "")
-    known = {p.name for p in ctx.command.params if p.name}
-    unknown = sorted(set(parts["section"]) - known)
+    # keys are spelled like the options (`format` for --format), whatever the parameter is called inside
+    known: dict[str, str] = {}
+    for param in ctx.command.params:
+        if param.name and isinstance(param, click.Option):
+            known[param.name] = param.name
+            for opt in param.opts:
+                known[opt.lstrip("-").replace("-", "_")] = param.name
+    unknown = sorted(set(parts["section"]) - set(known))
     if unknown:
         raise click.BadParameter(
             f"unknown key(s) {', '.join(unknown)} in [{ctx.info_name}] of {value}", param_hint="--config"
         )
     # top-level keys (like `scheme`) apply to every command that has such an option
-    defaults = {k: v for k, v in parts["shared"].items() if k in known}
-    defaults.update(parts["section"])
+    defaults = {known[k]: v for k, v in parts["shared"].items() if k in known}
+    defaults.update({known[k]: v for k, v in parts["section"].items()})
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
 

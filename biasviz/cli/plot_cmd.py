@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from biasviz.cli.options import config_option
 from biasviz.errors import BiasvizError, UsageError
 from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
 
@@ -29,6 +30,7 @@ def _parse_sample(value: str) -> int | str:
 
 
 @click.command("plot")
+@config_option
 @click.option("--scheme", required=True, help="Scheme name (aliases work); names the input and output files.")
 @click.option(
     "--input",

@@ -157,8 +157,14 @@ def _changes_sign(lo: float, hi: float) -> bool:
     return lo < -SIGN_TOLERANCE * scale and hi > SIGN_TOLERANCE * scale
 
 
-def _scale(values: np.ndarray, kind: str, log: bool, cmap: str | Colormap | None) -> tuple[Normalize, Colormap]:
-    """Norm and colormap for ``values``: log for weights on request, diverging at 0 on a sign change."""
+def _scale(
+    values: np.ndarray, kind: str, log: bool, cmap: str | Colormap | None, diverging: bool | None = None
+) -> tuple[Normalize, Colormap]:
+    """Norm and colormap for ``values``: log for weights on request, diverging at 0 on a sign change.
+
+    ``diverging`` forces the choice (a grid makes it once for all its panels, so that one figure
+    never mixes a diverging and a sequential map); None decides from ``values``.
+    """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     lo, hi = _finite_range(values)
@@ -168,8 +174,8 @@ def _scale(values: np.ndarray, kind: str, log: bool, cmap: str | Colormap | None
         positive = values[np.isfinite(values) & (values > 0)]
         floor = max(float(positive.min()), hi * LOG_FLOOR)
         return LogNorm(vmin=min(floor, hi), vmax=hi, clip=True), _colormap(cmap, DEFAULT_CMAPS[kind])
-    if _changes_sign(lo, hi):
-        bound = max(-lo, hi)
+    if _changes_sign(lo, hi) if diverging is None else diverging:
+        bound = max(-lo, hi, 1e-12)
         return Normalize(vmin=-bound, vmax=bound), _colormap(cmap, DEFAULT_CMAPS["diverging"])
     if kind == "weights":  # heavy-tailed: the few largest weights would leave every other cell black
         finite = values[np.isfinite(values)]
@@ -183,7 +189,8 @@ def _scale(values: np.ndarray, kind: str, log: bool, cmap: str | Colormap | None
 def _extend(values: np.ndarray, norm: Normalize) -> str:
     """'max' when the scale clips the largest values (weights), so the colorbar shows an arrow."""
     finite = values[np.isfinite(values)]
-    clipped = finite.size and norm.vmax is not None and float(finite.max()) > norm.vmax * (1 + 1e-6)
+    vmax = norm.vmax
+    clipped = finite.size and vmax is not None and float(finite.max()) > vmax + 1e-6 * max(abs(vmax), 1e-12)
     return "max" if clipped and not isinstance(norm, LogNorm) else "neither"
 
 
@@ -340,7 +347,9 @@ class _GridPainter:
         if self.opt.shared_scale:
             shared = _scale(self.mats, self.opt.kind, self.opt.log, self.opt.cmap)
             return [shared] * self.n_heads
-        return [_scale(m, self.opt.kind, self.opt.log, self.opt.cmap) for m in self.mats]
+        # one family of colour map per figure: diverging for every panel as soon as one changes sign
+        diverging = not self.opt.log and any(_changes_sign(*_finite_range(m)) for m in self.mats)
+        return [_scale(m, self.opt.kind, self.opt.log, self.opt.cmap, diverging) for m in self.mats]
 
     def _shared_colorbar(self, fig: Figure | SubFigure, axes: np.ndarray) -> None:
         images = axes[0].get_images()
