@@ -119,3 +119,84 @@ def test_bad_config_is_a_clear_error() -> None:
         BiasGPTConfig(scheme="alibi", n_embd=50, n_head=12)
     with pytest.raises(BiasvizError, match="unknown preset"):
         BiasGPTConfig.from_preset("huge", "alibi")
+
+
+def _softmax_reference(q, k, bias, masked, scale):  # noqa: ANN001, ANN202
+    """Attention weights computed independently, in float64 with an explicit exp / sum."""
+    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
+    if bias is not None:
+        s = s + bias.double()
+    if masked is not None:
+        s = s.masked_fill(masked, float("-inf"))
+    e = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("bias_batch", [None, 1, 2])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("block_elements", [7, 40, 10_000])  # one row per block, a few rows, one block
+def test_blocked_pattern_equals_reference_softmax(bias_batch: int | None, causal: bool, block_elements: int) -> None:
+    from biasviz.model.modeling import attend_blocked, attention_pattern_blocked, causal_mask
+
+    g = torch.Generator().manual_seed(0)
+    B, H, T, D = 2, 3, 19, 8
+    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
+    bias = None if bias_batch is None else torch.randn(bias_batch, H, T, T, generator=g)
+    masked = causal_mask(T, T, torch.device("cpu")) if causal else None
+    got = attention_pattern_blocked(q, k, bias, masked, 0.3, block_elements=block_elements)
+    want = _softmax_reference(q, k, bias, masked, 0.3)
+    assert got.shape == (B, H, T, T) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
+    if causal:
+        assert (got[..., masked] == 0).all()  # keys never computed hold exact zeros
+    torch.testing.assert_close(attend_blocked(got, v, masked).double(), want @ v.double(), rtol=0, atol=1e-5)
+
+
+def test_eager_path_keeps_gradients_when_training() -> None:
+    model = small_model("alibi").train()
+    ids = torch.randint(0, 97, (2, 12))
+    with capture(model, "blocks.*.attn.hook_pattern", lambda t, n: None):
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    grads = [p.grad for p in model.blocks[0].attn.c_attn.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_a_hook_that_replaces_the_pattern_is_used_in_full() -> None:
+    model = small_model("nope")
+    ids = torch.randint(0, 97, (1, 9))
+    uniform = torch.full((1, 12, 9, 9), 1 / 9)  # weight on keys the causal mask removed
+
+    def run(fn):  # noqa: ANN001, ANN202
+        with torch.no_grad():
+            handle = model.blocks[1].attn.hook_pattern.register_forward_hook(fn)
+            try:
+                return model(ids).logits
+            finally:
+                handle.remove()
+
+    replaced = run(lambda *_: uniform)
+    kept = run(lambda *_: None)
+    assert not torch.allclose(replaced, kept)  # the replacement, masked cells included, reached the output
+
+
+def test_initialisation_reaches_modules_whose_weights_sit_in_children() -> None:
+    torch.manual_seed(0)
+    model = BiasGPTForCausalLM(BiasGPTConfig.from_preset("tiny", "t5", n_layer=4))
+    table = model.blocks[0].attn.pos_bias.table.weight
+    assert 0.8 < table.std().item() < 1.2  # the T5 table starts at N(0, 1), not the embeddings' 0.02
+    residual = model.blocks[0].attn.c_proj.weight.std().item()
+    assert residual == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.05)  # GPT-2's 1/sqrt(2 n_layer)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "kerple-power", "fire", "t5", "cable"])
+def test_loading_keeps_trained_scheme_parameters(scheme: str, tmp_path) -> None:
+    model = small_model(scheme, seed=5)
+    with torch.no_grad():  # move every tensor away from its initial value, as training would
+        for p in model.parameters():
+            p.add_(torch.rand_like(p) * 0.05)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ours, theirs = model.state_dict(), loaded.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)

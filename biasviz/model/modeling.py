@@ -38,8 +38,13 @@ def attention_pattern(
     """softmax(scale * q k^T + bias) over keys, in float32: (B, H, Tq, Tk).
 
     ``scale`` None is 1/sqrt(d_head). ``masked`` (Tq, Tk) is True where a key must be ignored (the
-    causal mask); None attends everywhere.
+    causal mask); None attends everywhere. When no gradient is wanted (extraction, evaluation) the
+    weights come from :func:`attention_pattern_blocked`, the same numbers with bounded temporaries;
+    otherwise from the differentiable full-size formula.
     """
+    tracked = (q, k) if bias is None else (q, k, bias)
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tracked)):
+        return attention_pattern_blocked(q, k, bias, masked, scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q.float() @ k.float().transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
     if bias is not None:
@@ -47,6 +52,82 @@ def attention_pattern(
     if masked is not None:
         scores = scores.masked_fill(masked, float("-inf"))
     return torch.softmax(scores, dim=-1)
+
+
+BLOCK_ELEMENTS = 1 << 20  # scores per query block: 4 MiB of float32, small enough to stay in cache
+
+
+def query_blocks(masked: torch.Tensor | None, q_len: int, k_len: int, rows: int) -> list[tuple[int, int, int]]:
+    """``(first row, end row, end key)`` per block of query rows; keys at or past ``end key`` are all masked.
+
+    A causal mask leaves every key after the block's last query out, so those columns need neither
+    scores nor a softmax (about half the work at long lengths).
+
+    >>> query_blocks(causal_mask(4, 4, torch.device("cpu")), 4, 4, rows=2)
+    [(0, 2, 2), (2, 4, 4)]
+    """
+    blocks = []
+    for r0 in range(0, q_len, rows):
+        r1 = min(r0 + rows, q_len)
+        k_end = k_len
+        if masked is not None:
+            used = (~masked[r0:r1]).any(dim=0).nonzero()  # (n, 1) keys some query of the block sees
+            k_end = int(used.max()) + 1 if used.numel() else k_len
+        blocks.append((r0, r1, k_end))
+    return blocks
+
+
+@torch.no_grad()
+def attention_pattern_blocked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    bias: torch.Tensor | None,
+    masked: torch.Tensor | None,
+    scale: float | None = None,
+    block_elements: int = BLOCK_ELEMENTS,
+) -> torch.Tensor:
+    """:func:`attention_pattern` without autograd, one (sample, head, query block) at a time.
+
+    Each block's scores are formed in one reused contiguous scratch buffer (in cache), biased and
+    masked in place and their softmax copied into the returned (B, H, Tq, Tk) float32 tensor, so the
+    only memory beyond the result is two blocks of ``block_elements`` scores: the full-size scores,
+    biased scores and softmax output of the reference never coexist (at T = 8192 each of those is
+    3 GiB per sample). Keys that all of a block's queries mask are set to 0 without being computed.
+    """
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    qf, kf = q.float(), k.float()
+    out = torch.empty(B, H, Tq, Tk, dtype=torch.float32, device=q.device)  # (B, H, Tq, Tk)
+    rows = max(1, min(Tq, block_elements // max(Tk, 1)))
+    blocks = query_blocks(masked, Tq, Tk, rows)
+    scratch = torch.empty(rows * Tk, dtype=torch.float32, device=q.device)
+    for b in range(B):
+        bb = 0 if bias is None or bias.shape[0] == 1 else b  # a (1, H, Tq, Tk) bias serves every sample
+        for h in range(H):
+            kt = kf[b, h].transpose(0, 1)  # (hd, Tk)
+            for r0, r1, k_end in blocks:
+                s = scratch[: (r1 - r0) * k_end].view(r1 - r0, k_end)  # (rows, k_end) scores
+                torch.mm(qf[b, h, r0:r1], kt[:, :k_end], out=s)
+                s.mul_(scale)
+                if bias is not None:
+                    s.add_(bias[bb, h, r0:r1, :k_end])
+                if masked is not None:
+                    s.masked_fill_(masked[r0:r1, :k_end], float("-inf"))
+                out[b, h, r0:r1, :k_end] = torch.softmax(s, dim=-1)
+                if k_end < Tk:
+                    out[b, h, r0:r1, k_end:] = 0.0
+    return out
+
+
+def attend_blocked(pattern: torch.Tensor, v: torch.Tensor, masked: torch.Tensor | None) -> torch.Tensor:
+    """``pattern @ v`` skipping the keys a causal query block never sees (their weights are 0): (B, H, Tq, hd)."""
+    B, H, Tq, Tk = pattern.shape
+    y = torch.empty(B, H, Tq, v.shape[-1], dtype=v.dtype, device=v.device)
+    rows = max(1, min(Tq, BLOCK_ELEMENTS // max(Tk, 1)))
+    for r0, r1, k_end in query_blocks(masked, Tq, Tk, rows):
+        y[:, :, r0:r1] = pattern[:, :, r0:r1, :k_end].to(v.dtype) @ v[:, :, :k_end]
+    return y
 
 
 class Attention(nn.Module):
@@ -86,9 +167,14 @@ class Attention(nn.Module):
         masked = causal_mask(T, T, x.device)  # (T, T)
         dropout_p = self.dropout if self.training else 0.0
         if self.force_eager or self.hook_pattern.active:
-            pattern = self.hook_pattern(attention_pattern(q, k, bias, masked, self.scale))  # (B, H, T, T)
-            pattern = F.dropout(pattern, dropout_p, self.training)
-            y = pattern.to(v.dtype) @ v
+            formed = attention_pattern(q, k, bias, masked, self.scale)  # (B, H, T, T)
+            pattern = self.hook_pattern(formed)
+            if dropout_p > 0:
+                pattern = F.dropout(pattern, dropout_p, self.training)
+            if pattern is formed and not formed.requires_grad:
+                y = attend_blocked(pattern, v, masked)  # skips the keys whose weights are exactly 0
+            else:  # a hook's replacement, dropout or autograd: no assumption about the zeros
+                y = pattern.to(v.dtype) @ v
         elif bias is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
         else:
@@ -151,6 +237,22 @@ class BiasGPTForCausalLM(PreTrainedModel):
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
+
+    def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
+        """Initialise the modules whose weights sit in their children (schemes, Attention, MLP) too.
+
+        transformers skips a module of custom code when all of its *own* tensors are initialised, which
+        is vacuously true for a module without direct parameters: the T5 table and the residual scaling
+        would keep the default init. Here such a module is skipped only when every tensor below it was
+        loaded or initialised already.
+        """
+        if isinstance(module, (PositionScheme, Attention, MLP)) and not getattr(module, "_is_hf_initialized", False):
+            tensors = [*module.parameters(), *module.buffers()]
+            if not (tensors and all(getattr(t, "_is_hf_initialized", False) for t in tensors)):
+                self._init_weights(module)
+            module._is_hf_initialized = True
+            return
+        super()._initialize_weights(module, is_custom_code)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
