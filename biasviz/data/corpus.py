@@ -1,0 +1,80 @@
+"""Text corpora: the user's files, or the built-in default that every machine has offline.
+
+The default corpus is the source of Python's own standard library: real, varied text that is
+present wherever biasviz runs, so the built-in pipeline needs no download.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from biasviz.errors import BiasvizError
+
+DEFAULT_CORPUS = "stdlib"
+DEFAULT_MAX_BYTES = 8_000_000
+TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".text", ".tex", ".json", ".jsonl", ".csv", ".html", ".xml"}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Documents plus a description of where they came from (stored as provenance)."""
+
+    documents: list[str]
+    source: str
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(len(d) for d in self.documents)
+
+
+def _stdlib_files() -> list[Path]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "site-packages", "lib2to3", "__pycache__"}
+    files = [p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts)]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _text_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+    if not files:
+        raise BiasvizError(f"no text files ({', '.join(sorted(TEXT_SUFFIXES))}) under {path}")
+    return files
+
+
+def load_corpus(path: str | Path | None = None, max_bytes: int | None = DEFAULT_MAX_BYTES) -> Corpus:
+    """Read a corpus: a file, a directory of text files, or ``None``/``"stdlib"`` for the default.
+
+    Files are read in sorted order and undecodable bytes replaced, so the same files always give
+    the same text. Reading stops after ``max_bytes`` characters (``None``: read everything).
+    """
+    if path is None or str(path) == DEFAULT_CORPUS:
+        files = _stdlib_files()
+        source = f"stdlib:{sysconfig.get_paths()['stdlib']}"
+    else:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise BiasvizError(f"corpus path {p} does not exist; give a text file or a directory of them")
+        files = _text_files(p)
+        source = str(p.resolve())
+    docs: list[str] = []
+    total = 0
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise BiasvizError(f"cannot read {f}: {exc.strerror}") from exc
+        if not text.strip():
+            continue
+        if max_bytes is not None and total + len(text) > max_bytes:
+            text = text[: max_bytes - total]
+        docs.append(text)
+        total += len(text)
+        if max_bytes is not None and total >= max_bytes:
+            break
+    if not docs:
+        raise BiasvizError(f"the corpus at {source} holds no text")
+    return Corpus(docs, source)
