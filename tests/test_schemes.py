@@ -20,7 +20,7 @@ from biasviz.schemes.t5 import causal_bucket
 
 H = 12
 T = 40
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "alibi_worked_example.json"
+REFERENCE = Path(__file__).resolve().parent / "data" / "alibi_worked_example.json"  # from the ALiBi chapter
 
 
 def causal_distance(t: int) -> np.ndarray:
