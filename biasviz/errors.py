@@ -16,3 +16,45 @@ class UsageError(BiasvizError):
     """A bad combination of command-line options (exit code 2, like Click's own usage errors)."""
 
     exit_code = 2
+
+
+# errno values that mean "the disk (or a quota, or a file-size limit) is full", and what to do about them
+_NO_SPACE = {"ENOSPC", "EFBIG", "EDQUOT"}
+
+
+def _errno_name(exc: OSError) -> str:
+    """The symbolic errno of ``exc`` (HDF5 reports it only inside its message: ``errno = 28``)."""
+    import errno as _errno
+    import re
+
+    code = exc.errno
+    if code is None:
+        found = re.search(r"errno = (\d+)", str(exc))
+        code = int(found.group(1)) if found else None
+    return _errno.errorcode.get(code, "") if code is not None else ""
+
+
+def os_error_message(exc: OSError, path: object = None, action: str = "write") -> str:
+    """One line for an operating-system error: which file, what went wrong, and what to do.
+
+    ``path`` names the file when ``exc`` does not (HDF5's errors carry no file name). Used where a
+    write can fail for reasons outside biasviz (full disk, permissions), so the user sees a fix,
+    not a traceback.
+    """
+    name = _errno_name(exc)
+    where = path if path is not None else exc.filename
+    # HDF5's reads and writes name no file: then say what failed rather than which file
+    subject = f"cannot {action} {where}" if where else "a file operation failed"
+    text = exc.strerror or str(exc)
+    reason = text.splitlines()[0] if text.strip() else type(exc).__name__
+    if name in _NO_SPACE:
+        what = {"ENOSPC": "the disk is full", "EFBIG": "the file exceeds the allowed file size",
+                "EDQUOT": "the disk quota is exhausted"}[name]  # fmt: skip
+        return f"{subject}: no space left ({what}); free some space or write elsewhere"
+    if name in ("EACCES", "EPERM", "EROFS"):
+        return f"{subject}: {reason}; check its permissions or choose another location"
+    if name == "ENOENT":
+        return f"{subject}: {reason}; check the path"
+    if name in ("EISDIR", "ENOTDIR"):
+        return f"{subject}: {reason}; give a file path where a file is expected"
+    return f"{subject}: {reason}"

@@ -18,14 +18,16 @@ import contextlib
 import datetime as _dt
 import json
 import os
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from biasviz.errors import BiasvizError
+from biasviz.errors import BiasvizError, os_error_message
 
 FORMAT_VERSION = 1
 DIMS = ("sample", "head", "query", "key")
@@ -101,6 +103,7 @@ class BiasFileWriter:
         compression: str | None = "gzip",
         compression_opts: int | None = 1,
         shuffle: bool = True,
+        workers: int | None = None,
     ) -> None:
         self.path = Path(path)
         if dtype not in ("float32", "float16"):
@@ -117,6 +120,10 @@ class BiasFileWriter:
         if compression is None:
             self._filters = {}
         self.causal = causal
+        self._chunk_rows = _chunk_rows(seq_len, self.dtype.itemsize)
+        # compression threads (gzip): all cores by default; 1 compresses in the calling thread
+        self._workers = max(1, os.cpu_count() or 1) if workers is None else max(1, int(workers))
+        self._executor: ThreadPoolExecutor | None = None
         # True where masked; a bidirectional model (causal=False, e.g. a T5 encoder) uses every cell
         self._mask = ~causal_cells(seq_len) if causal else np.zeros((seq_len, seq_len), dtype=bool)
         self._tmp: Path | None = None
@@ -148,22 +155,37 @@ class BiasFileWriter:
                 if self._written != self.n_samples:
                     raise BiasvizError(f"only {self._written} of {self.n_samples} samples were written")
                 self._h5.attrs["samples"] = self.n_samples
+                self._shutdown()
+                self._h5.flush()  # a full disk fails here, while the file can still be closed safely
                 self._h5.close()
                 self._publish()
+        except OSError as err:
+            self._discard()
+            raise BiasvizError(os_error_message(err, self.path)) from err
         except BaseException:
             self._discard()
             raise
         finally:
             if exc_type is not None:
                 self._discard()
+        if isinstance(exc, OSError):  # a write inside the block failed (full disk, ...): name the file
+            raise BiasvizError(os_error_message(exc, self.path)) from exc
 
     def _discard(self) -> None:
+        self._shutdown()
         with contextlib.suppress(Exception):
             if self._h5 is not None:
+                if self._h5.id.valid:
+                    _drop_pending_writes(self._h5)
                 self._h5.close()
         with contextlib.suppress(FileNotFoundError):
             if self._tmp is not None:
                 self._tmp.unlink()
+
+    def _shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
 
     def _publish(self) -> None:
         """Move the finished file into place; without --force never replace a file that appeared meanwhile."""
@@ -205,7 +227,7 @@ class BiasFileWriter:
         ids = f.create_dataset("input_ids", shape=(self.n_samples, self.seq_len), dtype=np.int32)
         self._label(ids, ("sample", "query"))
         shape = (self.n_samples, self.n_heads, self.seq_len, self.seq_len)
-        chunks = (1, 1, _chunk_rows(self.seq_len, self.dtype.itemsize), self.seq_len)
+        chunks = (1, 1, self._chunk_rows, self.seq_len)
         kinds = (["bias"] if self.has_bias else []) + ["weights"]
         for layer in self.layers:
             grp = f.create_group(layer_group(layer))
@@ -229,8 +251,10 @@ class BiasFileWriter:
         tensors) are never modified, and the extra memory is one (T, T) matrix whatever the batch.
         """
         m = np.array(src, dtype=np.float32)  # (T, T) copy
-        m[self._mask] = 0.0
-        if not np.isfinite(m).all():
+        np.copyto(m, 0.0, where=self._mask)
+        # one float64 sum is finite exactly when every cell is (it cannot overflow for float32 inputs),
+        # and costs a fraction of an elementwise isfinite pass with its (T, T) boolean temporary
+        if not np.isfinite(m.sum(dtype=np.float64)):
             raise BiasvizError(
                 f"the captured {kind} of layer {layer} contains NaN or infinite values; "
                 "the model's weights or inputs are broken"
@@ -242,8 +266,26 @@ class BiasFileWriter:
                     f"the {kind} of layer {layer} reaches {peak:.4g}, beyond float16's "
                     f"range ({FLOAT16_MAX:.0f}); store it with --dtype float32"
                 )
-        m[self._mask] = np.nan if kind == "bias" else 0.0
+        if kind == "bias":
+            np.copyto(m, np.nan, where=self._mask)
         return m.astype(self.dtype, copy=False)
+
+    def _encode(self, kind: str, layer: int, src: np.ndarray) -> bytes:
+        """One matrix as the bytes HDF5's shuffle + deflate filters would store for its single chunk.
+
+        Runs in worker threads: NumPy and zlib release the GIL, so matrices compress in parallel.
+        """
+        m = self._matrix(kind, layer, src)
+        if self._filters.get("shuffle"):  # HDF5's shuffle: byte k of every element, for k = 0, 1, ...
+            m = m.reshape(-1).view(np.uint8).reshape(-1, self.dtype.itemsize).T
+        return zlib.compress(np.ascontiguousarray(m).data, int(self._filters.get("compression_opts") or 4))
+
+    def _direct(self) -> bool:
+        """Whether chunks are compressed here (in parallel) and written as they are stored.
+
+        Only for gzip with one chunk per matrix; other filters go through h5py, one matrix at a time.
+        """
+        return self._filters.get("compression") == "gzip" and self._chunk_rows == self.seq_len
 
     def _write_kind(self, kind: str, layer: int, array: Any, start: int, b: int) -> None:
         a = _as_numpy(array)  # (b or 1, H, T, T)
@@ -252,10 +294,41 @@ class BiasFileWriter:
             raise ValueError(f"{kind} of layer {layer} has shape {a.shape}, expected ({b} or 1, *{expect})")
         assert self._h5 is not None
         ds = self._h5[layer_group(layer)][kind]
-        for s in range(b):
-            src = a[s if a.shape[0] == b else 0]  # a (1, H, T, T) bias is the same for every sample
-            for h in range(self.n_heads):
-                ds[start + s, h] = self._matrix(kind, layer, src[h])  # exactly one chunk
+        # a (1, H, T, T) bias is the same for every sample: encoded once, stored b times
+        distinct = [(s, h) for s in range(a.shape[0]) for h in range(self.n_heads)]
+        if not self._direct():
+            for s in range(b):
+                src = a[s if a.shape[0] == b else 0]
+                for h in range(self.n_heads):
+                    ds[start + s, h] = self._matrix(kind, layer, src[h])  # exactly one chunk
+            return
+        pool = self._pool()
+        # one matrix per worker in flight (each a float32 copy plus its shuffled bytes): memory stays bounded
+        window = self._workers
+        pending: list[tuple[tuple[int, int], Any]] = []
+
+        def flush(item: tuple[tuple[int, int], Any]) -> None:
+            (s, h), fut = item
+            data = fut.result() if pool is not None else fut
+            for target in range(b) if a.shape[0] == 1 else (s,):
+                ds.id.write_direct_chunk((start + target, h, 0, 0), data, 0)
+
+        for s, h in distinct:
+            if pool is None:
+                flush(((s, h), self._encode(kind, layer, a[s, h])))
+                continue
+            pending.append(((s, h), pool.submit(self._encode, kind, layer, a[s, h])))
+            if len(pending) >= window:
+                flush(pending.pop(0))
+        for item in pending:
+            flush(item)
+
+    def _pool(self) -> ThreadPoolExecutor | None:
+        if self._workers <= 1:
+            return None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="biasviz-write")
+        return self._executor
 
     def write_batch(
         self,
@@ -291,6 +364,24 @@ class BiasFileWriter:
         return self._written
 
 
+def _drop_pending_writes(f: h5py.File) -> None:
+    """Point an abandoned file's descriptor at /dev/null, so that closing it cannot fail.
+
+    After a failed write (full disk), HDF5 still flushes its caches on close; when that close fails
+    too, the library is left in a state that crashes the process later. The file is deleted
+    anyway, so its pending writes may go nowhere.
+    """
+    try:
+        fd = int(f.id.get_vfd_handle())
+    except (TypeError, ValueError, OSError, RuntimeError):
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
 def _as_numpy(array: Any) -> np.ndarray:
     """A NumPy view of an array or a CPU tensor (no copy when possible)."""
     if hasattr(array, "detach"):  # a torch tensor; torch is not imported here so readers stay light
@@ -299,29 +390,85 @@ def _as_numpy(array: Any) -> np.ndarray:
 
 
 class BiasFile:
-    """A format-1 file opened for reading; arrays are read lazily, one selection at a time."""
+    """A format-1 file opened for reading; arrays are read lazily, one selection at a time.
+
+    Opening validates everything later reads rely on (attribute types, group and dataset shapes),
+    so a damaged or foreign file gives one clear :class:`BiasvizError` here rather than a
+    ``KeyError`` deep inside a plot. Attributes are only ever read as data.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise BiasvizError(f"{self.path} does not exist; run 'biasviz extract' first or pass --input")
+        if self.path.is_dir():
+            raise BiasvizError(f"{self.path} is a folder; give a biasviz .h5 file")
         try:
             self._h5 = h5py.File(self.path, "r")
         except OSError as exc:
-            raise BiasvizError(f"{self.path} is not a readable HDF5 file (truncated or another format): {exc}") from exc
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise BiasvizError(
+                f"{self.path} is not a readable HDF5 file (truncated or another format): {first}"
+            ) from exc
         try:
             self._validate()
+        except BiasvizError:
+            self._h5.close()
+            raise
+        except (OSError, KeyError, ValueError, TypeError, RuntimeError, IndexError, AttributeError) as exc:
+            # HDF5 reports damaged structures with all of these; none of them is a biasviz bug
+            self._h5.close()
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise BiasvizError(
+                f"{self.path} is damaged or not a valid biasviz file ({first}); extract it again"
+            ) from exc
         except BaseException:
             self._h5.close()
             raise
+
+    # -- validation ----------------------------------------------------------------------------
+    def _bad(self, what: str) -> BiasvizError:
+        return BiasvizError(f"{self.path} is not a valid biasviz file: {what}; extract it again")
+
+    def _read_attr(self, key: str) -> Any:
+        try:
+            value = self._h5.attrs[key]
+        except Exception as exc:  # an attribute of a type HDF5 cannot convert, or a damaged header
+            raise self._bad(f"attribute '{key}' cannot be read ({type(exc).__name__})") from exc
+        return _plain(value) if isinstance(value, (bytes, str)) else value
+
+    def _int_attr(self, key: str, minimum: int | None = None) -> int:
+        value = self._read_attr(key)
+        arr = np.asarray(value)
+        if arr.size != 1 or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_)):
+            raise self._bad(f"attribute '{key}' should be an integer, not {_describe(value)}")
+        number = int(arr.reshape(()).item())
+        if minimum is not None and number < minimum:
+            raise self._bad(f"attribute '{key}' is {number}, expected at least {minimum}")
+        return number
+
+    def _str_attr(self, key: str) -> str:
+        value = self._read_attr(key)
+        if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "OSU":
+            value = value.reshape(()).item()
+            value = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        if not isinstance(value, str):
+            raise self._bad(f"attribute '{key}' should be text, not {_describe(value)}")
+        return value
+
+    def _bool_attr(self, key: str) -> bool:
+        arr = np.asarray(self._read_attr(key))
+        if arr.size != 1 or not (np.issubdtype(arr.dtype, np.bool_) or np.issubdtype(arr.dtype, np.integer)):
+            raise self._bad(f"attribute '{key}' should be true or false, not {_describe(arr)}")
+        return bool(arr.reshape(()).item())
 
     def _validate(self) -> None:
         a = self._h5.attrs
         if "biasviz_format" not in a:
             raise BiasvizError(f"{self.path} is an HDF5 file but not a biasviz file (no biasviz_format attribute)")
         try:
-            version = int(np.asarray(a["biasviz_format"]).item())
-        except (TypeError, ValueError):
+            version = self._int_attr("biasviz_format")
+        except BiasvizError:
             raise BiasvizError(f"{self.path} has an unreadable biasviz_format attribute") from None
         if version != FORMAT_VERSION:
             raise BiasvizError(
@@ -330,9 +477,37 @@ class BiasFile:
         missing = [k for k in REQUIRED_ATTRS if k not in a]
         if missing:
             raise BiasvizError(f"{self.path} lacks required attributes: {', '.join(missing)}")
-        for layer in self.layers:
-            if layer_group(layer) not in self._h5 or "weights" not in self._h5[layer_group(layer)]:
+        self._scheme = self._str_attr("scheme")
+        self._context_dependent = self._bool_attr("context_dependent")
+        self._n_heads = self._int_attr("n_heads", minimum=1)
+        self._seq_len = self._int_attr("seq_len", minimum=1)
+        self._n_layers = n_layers = self._int_attr("n_layers", minimum=1)
+        self._causal = self._bool_attr("causal") if "causal" in a else True
+        raw = np.asarray(self._read_attr("layers"))
+        if raw.ndim > 1 or raw.size == 0 or not np.issubdtype(raw.dtype, np.integer):
+            raise self._bad(f"attribute 'layers' should be a list of layer indices, not {_describe(raw)}")
+        self._layers = [int(x) for x in np.atleast_1d(raw)]
+        bad_layers = [x for x in self._layers if not 0 <= x < n_layers]
+        if bad_layers or len(set(self._layers)) != len(self._layers):
+            raise self._bad(f"attribute 'layers' ({self._layers}) is not a set of indices in 0..{n_layers - 1}")
+        ids = self._h5.get("input_ids")
+        if not isinstance(ids, h5py.Dataset) or ids.ndim != 2 or ids.shape[1] != self._seq_len:
+            raise self._bad(f"no (sample, query) dataset 'input_ids' with {self._seq_len} queries")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise self._bad(f"'input_ids' holds {ids.dtype}, not integers")
+        self._n_samples = int(ids.shape[0])
+        shape = (self._n_samples, self._n_heads, self._seq_len, self._seq_len)
+        for layer in self._layers:
+            grp = self._h5.get(layer_group(layer))
+            if not isinstance(grp, h5py.Group) or not isinstance(grp.get("weights"), h5py.Dataset):
                 raise BiasvizError(f"{self.path} lists layer {layer} but has no {layer_group(layer)}/weights")
+            for kind in ("bias", "weights"):
+                if kind not in grp:
+                    continue
+                ds = grp.get(kind)
+                if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype.kind != "f":
+                    what = f"{ds.dtype} {ds.shape}" if isinstance(ds, h5py.Dataset) else "not a dataset"
+                    raise self._bad(f"{layer_group(layer)}/{kind} is {what}, expected float {shape}")
 
     # -- context manager -----------------------------------------------------------------------
     def __enter__(self) -> BiasFile:
@@ -347,50 +522,54 @@ class BiasFile:
     # -- metadata ------------------------------------------------------------------------------
     @property
     def attrs(self) -> dict[str, Any]:
-        """Root attributes as plain Python values (data only; nothing is evaluated)."""
-        out: dict[str, Any] = {}
-        for k, v in self._h5.attrs.items():
-            if isinstance(v, bytes):
-                v = v.decode("utf-8", "replace")
-            elif isinstance(v, np.ndarray):
-                v = v.tolist()
-            elif isinstance(v, np.generic):
-                v = v.item()
-            out[k] = v
-        return out
+        """Root attributes as plain Python values: data only, nothing is unpickled or evaluated.
 
-    def _attr(self, key: str) -> Any:
-        v = self._h5.attrs[key]
-        return v.decode() if isinstance(v, bytes) else v
+        An attribute HDF5 cannot convert (an unusual type, a damaged header) reads as a short note
+        instead of failing, so a summary of the rest can still be shown.
+        """
+        out: dict[str, Any] = {}
+        for k in list(self._h5.attrs.keys()):
+            try:
+                v = self._h5.attrs[k]
+            except Exception as exc:  # noqa: BLE001 - any failure to convert is reported as data
+                out[k] = f"(unreadable: {type(exc).__name__})"
+                continue
+            out[k] = _plain(v)
+        return out
 
     @property
     def scheme(self) -> str:
-        return str(self._attr("scheme"))
+        return self._scheme
 
     @property
     def context_dependent(self) -> bool:
-        return bool(self._attr("context_dependent"))
+        return self._context_dependent
 
     @property
     def layers(self) -> list[int]:
-        return [int(x) for x in np.atleast_1d(self._h5.attrs["layers"])]
+        return list(self._layers)
 
     @property
     def n_heads(self) -> int:
-        return int(self._attr("n_heads"))
+        return self._n_heads
+
+    @property
+    def n_layers(self) -> int:
+        """Layers of the source model (the file may hold fewer: see :attr:`layers`)."""
+        return self._n_layers
 
     @property
     def seq_len(self) -> int:
-        return int(self._attr("seq_len"))
+        return self._seq_len
 
     @property
     def causal(self) -> bool:
         """False for bidirectional models, whose cells above the diagonal are used (and stored)."""
-        return bool(self._h5.attrs.get("causal", True))
+        return self._causal
 
     @property
     def n_samples(self) -> int:
-        return int(self._h5["input_ids"].shape[0])
+        return self._n_samples
 
     def resolve_layer(self, layer: int) -> int:
         """Accept negative indices (``-1`` = the last layer stored) and check the layer exists."""
@@ -431,6 +610,36 @@ class BiasFile:
         ds = self.dataset(kind, layer)
         for s in range(ds.shape[0]):
             yield np.asarray(ds[s], dtype=np.float32)
+
+
+def _text(value: str) -> str:
+    """Text that can be printed: undecodable bytes (h5py keeps them as lone surrogates) become escapes."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _plain(value: Any) -> Any:
+    """An attribute value as plain Python data (text, numbers, lists); bytes are decoded, never unpickled."""
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray):
+        return [_plain(x) for x in value.tolist()] if value.dtype.kind in "OSV" else value.tolist()
+    if isinstance(value, np.void):
+        return _plain(value.item())
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    if isinstance(value, (tuple, list)):
+        return [_plain(x) for x in value]
+    return value
+
+
+def _describe(value: Any) -> str:
+    """A short description of an attribute value for error messages (never its full, possibly huge, text)."""
+    arr = np.asarray(value) if not isinstance(value, str) else None
+    if arr is None:
+        return f"text '{value[:40]}'" + ("..." if len(value) > 40 else "")
+    return f"{arr.dtype} of shape {arr.shape}" if arr.ndim else f"{arr.dtype} {str(arr.item())[:40]!r}"
 
 
 def open_bias_file(path: str | Path) -> BiasFile:

@@ -199,3 +199,33 @@ def test_reader_rejects_other_files(tmp_path):
         f.attrs["biasviz_format"] = 2
     with pytest.raises(BiasvizError, match="format 2"):
         open_bias_file(tmp_path / "v2.h5")
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_parallel_gzip_chunks_read_back_through_hdf5s_own_filters(tmp_path, shuffle, workers, dtype):
+    path = tmp_path / "f.h5"
+    _, weights, bias = _write(path, n=3, bias_batch=1, shuffle=shuffle, workers=workers, dtype=dtype,
+                              compression_opts=3)  # fmt: skip
+    cells = np.tril(np.ones((T, T), dtype=bool))
+    with h5py.File(path, "r") as f:  # decoded by libhdf5's deflate and shuffle filters, not ours
+        ds_w, ds_b = f["layer_1/weights"], f["layer_1/bias"]
+        assert ds_w.compression == "gzip" and ds_w.compression_opts == 3 and ds_w.shuffle == shuffle
+        got_w, got_b = ds_w[()].astype(np.float32), ds_b[()].astype(np.float32)
+    tol = 0 if dtype == "float32" else 1e-3
+    want_w = np.where(cells, weights[1].astype(dtype).astype(np.float32), 0.0)
+    np.testing.assert_allclose(got_w, want_w, atol=tol * 4, rtol=tol)
+    for s in range(3):  # one (1, H, T, T) bias stored for every sample
+        want_b = np.where(cells, bias[1][0].astype(dtype).astype(np.float32), np.nan)
+        np.testing.assert_allclose(got_b[s], want_b, atol=tol * 4, rtol=tol)
+
+
+def test_lzf_and_uncompressed_settings_still_write_through_h5py(tmp_path):
+    for filters in ({"compression": "lzf", "compression_opts": None}, {"compression": None}):
+        path = tmp_path / f"{filters['compression']}.h5"
+        _, weights, _ = _write(path, **filters)
+        with h5py.File(path, "r") as f:
+            assert f["layer_1/weights"].compression == filters["compression"]
+            got = f["layer_1/weights"][()]
+        np.testing.assert_array_equal(got, np.where(np.tril(np.ones((T, T), bool)), weights[1], 0.0))

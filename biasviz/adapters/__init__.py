@@ -44,7 +44,42 @@ def _model_type(directory: Path) -> str:
 _ENCODER_DECODER = {"t5", "mt5"}
 
 
+def check_finite(adapter: ModelAdapter) -> None:
+    """Refuse a model whose weights hold NaN or infinity, naming the first such tensor.
+
+    Checked once at load time, for every architecture: a broken checkpoint would otherwise give
+    NaN biases and weights, or an error deep inside extraction that does not say where they came from.
+    """
+    import torch
+
+    model = getattr(adapter, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    for name, t in tensors:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            kinds = [k for k, bad in (("NaN", t.isnan().any()), ("infinite", t.isinf().any())) if bool(bad)]
+            raise BiasvizError(
+                f"{adapter.source}: weight '{name}' holds {' and '.join(kinds)} values "
+                f"({int((~torch.isfinite(t)).sum())} of {t.numel()}); the checkpoint is broken "
+                "(diverged training or a damaged file): use an earlier checkpoint"
+            )
+
+
 def load_model(
+    path: str | Path,
+    scheme: str | None = None,
+    *,
+    attn_scale: float | None = None,
+    part: str | None = None,
+) -> ModelAdapter:
+    """Load whatever ``--model`` names, wrap it in the right adapter and check its weights are finite."""
+    adapter = _load_model(path, scheme, attn_scale=attn_scale, part=part)
+    check_finite(adapter)
+    return adapter
+
+
+def _load_model(
     path: str | Path,
     scheme: str | None = None,
     *,
@@ -96,4 +131,4 @@ def load_model(
     )
 
 
-__all__ = ["Captured", "ModelAdapter", "RELATIVE", "KEY_POSITION", "load_model", "hf_architectures"]
+__all__ = ["Captured", "ModelAdapter", "RELATIVE", "KEY_POSITION", "check_finite", "load_model", "hf_architectures"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,11 +73,22 @@ def load_tensor_file(path: str | Path) -> Any:
         except (SafetensorError, OSError, ValueError) as exc:
             raise BiasvizError(f"{p} is not a readable safetensors file: {exc}") from exc
     try:
-        return torch.load(p, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's note on pickle protocols is no concern of the user's
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise unsafe_pickle_error(p, exc) from None
+        if "GLOBAL" in str(exc) or "global" in str(exc).lower().split("weightsunpickler error")[-1]:
+            raise unsafe_pickle_error(p, exc) from None  # it names a callable: code that would run
+        raise BiasvizError(
+            f"{p} is not a readable PyTorch checkpoint (not a pickle of plain tensors); save the state dict with "
+            "torch.save(model.state_dict(), ...)"
+        ) from exc
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        raise BiasvizError(f"{p} is not a readable PyTorch checkpoint: {exc}") from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BiasvizError(f"{p} is not a readable PyTorch checkpoint: {first}") from exc
+    except (IndexError, KeyError, TypeError, AttributeError, UnicodeDecodeError, struct.error) as exc:
+        # the restricted unpickler fails in these ways on bytes that are not a pickle at all
+        raise BiasvizError(f"{p} is not a readable PyTorch checkpoint (not a pickle of tensors)") from exc
 
 
 @dataclass

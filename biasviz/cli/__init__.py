@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 
 import click
 
 from biasviz import __version__
-from biasviz.errors import BiasvizError
+from biasviz.errors import BiasvizError, os_error_message
 
 # Command modules, imported lazily so that `biasviz --help` stays fast (torch is slow to import).
 _COMMANDS = {
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     _quiet_libraries()
+    previous = _terminate_as_interrupt()
     try:
         cli.main(args=args, prog_name="biasviz", standalone_mode=False)
     except click.exceptions.Abort:
@@ -89,11 +91,36 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         click.echo(f"Error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # the environment refused a read or write (permissions, full disk): say which, and why
+        if debug:
+            traceback.print_exc()
+        click.echo(f"Error: {os_error_message(exc, action='access' if exc.filename else 'write')}", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         click.echo("Error: interrupted; no partial output was left behind.", err=True)
         sys.exit(130)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_as_interrupt() -> signal.Handlers | object | None:
+    """Make SIGTERM (``kill``, a job scheduler's time limit) unwind like Ctrl-C in every command.
+
+    Commands write to temporary files and move them into place; unwinding runs their clean-up, so a
+    terminated run leaves no partial output. Returns the previous handler (None off the main thread).
+    """
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def _handler(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, _handler)
 
 
 __all__ = ["cli", "main"]

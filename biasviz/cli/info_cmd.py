@@ -17,6 +17,15 @@ _SHOWN = {  # attributes the summary prints in its own lines; the rest go under 
 }  # fmt: skip
 
 
+MAX_SHOWN = 200  # characters of one attribute shown; a file may hold huge strings
+
+
+def _short(value: Any) -> str:
+    """An attribute as one line of at most ``MAX_SHOWN`` characters (it is data from the file, shown as data)."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]}... ({len(text)} characters)"
+
+
 def _filters(ds: Any) -> str:
     if ds.compression is None:
         return "uncompressed"
@@ -30,10 +39,11 @@ def summary(path: Path) -> str:
     from biasviz.store import layer_group, open_bias_file
 
     with open_bias_file(path) as f:
-        a = f.attrs
+        raw = f.attrs
+        a = {k: _short(v) if isinstance(v, (str, list)) else v for k, v in raw.items()}  # one line each
         kind = "context-dependent" if f.context_dependent else "context-independent"
         layers = f.layers
-        n_layers = int(a["n_layers"])
+        n_layers = f.n_layers
         lines = [
             f"{path}  (biasviz format {a['biasviz_format']}, {path.stat().st_size / 1e6:.1f} MB)",
             f"  scheme          {f.scheme} ({kind}; bias convention: {a.get('bias_convention', 'relative')})",
@@ -60,9 +70,9 @@ def summary(path: Path) -> str:
             + (f", batch size {a['batch_size']}" if "batch_size" in a else ""),
             f"  created         {a['created_utc']} with biasviz {a['biasviz_version']}, torch {a['torch_version']}",
         ]  # fmt: skip
-        other = {k: v for k, v in a.items() if k not in _SHOWN}
+        other = {k: v for k, v in raw.items() if k not in _SHOWN}
         for k in sorted(other):
-            lines.append(f"  {k:<16}{other[k]}")
+            lines.append(f"  {_short(k):<16}{_short(other[k])}")
         if a.get("config_json"):
             lines.append(f"  {'config':<16}stored as JSON (biasviz info --json shows it)")
     return "\n".join(lines)
@@ -82,8 +92,8 @@ def info(file: str, as_json: bool) -> None:
     if as_json:
         with open_bias_file(path) as f:
             attrs = f.attrs
-        if attrs.get("config_json"):
-            with contextlib.suppress(ValueError):  # else keep the text as stored
+        if isinstance(attrs.get("config_json"), str) and attrs["config_json"]:
+            with contextlib.suppress(ValueError, RecursionError):  # plain JSON data; else keep the text as stored
                 attrs["config_json"] = json.loads(attrs["config_json"])
         click.echo(json.dumps(attrs, indent=2, sort_keys=True, default=str))
         return

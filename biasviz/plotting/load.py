@@ -37,8 +37,14 @@ def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
     plan = plan_reduction(seq_len, max_cells, reduce)
     masked = np.triu(np.ones((seq_len, seq_len), dtype=bool), k=1) if kind == "weights" else None
     out = np.empty((n_heads, plan.reduced_size, plan.reduced_size), dtype=np.float32)
+    used = np.tril(np.ones((seq_len, seq_len), dtype=bool)) if bf.causal else np.ones((seq_len, seq_len), bool)
     for h in range(n_heads):
         m = _head_matrix(ds, h, samples)
+        if not np.isfinite(m[used]).all():  # a damaged or hand-made file: never draw holes as if masked
+            raise BiasvizError(
+                f"{bf.path}: the {kind} of head {h + 1} (layer {resolved}) holds NaN or infinite values in cells "
+                "the model uses; the file is damaged or was not written by 'biasviz extract'; extract it again"
+            )
         if normalize == "diagonal":
             m = subtract_diagonal(m)
         if kind == "weights":

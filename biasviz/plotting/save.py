@@ -11,7 +11,7 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 
 from biasviz import __version__
-from biasviz.errors import BiasvizError
+from biasviz.errors import BiasvizError, os_error_message
 from biasviz.plotting.style import DEFAULT_STYLE, paper_context
 
 FORMATS = ("pdf", "png", "svg")
@@ -71,7 +71,7 @@ def _save_one(fig: Figure, target: Path, fmt: str, dpi: float, info: dict[str, s
             fig.savefig(tmp, format=fmt, dpi=dpi, metadata=_metadata(fmt, info))
         os.replace(tmp, target)
     except OSError as exc:
-        raise BiasvizError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise BiasvizError(os_error_message(exc, target)) from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
