@@ -31,6 +31,29 @@ class Captured:
         self.weights.clear()
 
 
+class _StopForward(Exception):
+    """Raised by a hook to end a forward pass once everything wanted has been captured."""
+
+
+@contextlib.contextmanager
+def stop_after(module: nn.Module | None) -> Iterator[None]:
+    """Within the block, a forward pass ends (quietly) as soon as ``module`` has run."""
+    if module is None:
+        yield
+        return
+
+    def _hook(*_: Any) -> None:
+        raise _StopForward
+
+    handle = module.register_forward_hook(_hook)
+    try:
+        yield
+    except _StopForward:
+        pass
+    finally:
+        handle.remove()
+
+
 class ModelAdapter:
     """Base class: a model plus the facts extraction records about it.
 

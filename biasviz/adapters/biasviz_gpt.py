@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter
+from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter, stop_after
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_files
 from biasviz.model import HOOK_BIAS, HOOK_PATTERN, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
@@ -24,29 +23,6 @@ from biasviz.schemes import canonical_name, get_scheme
 
 CONFIG_FILE = "config.json"
 MODEL_TYPE = BiasGPTConfig.model_type
-
-
-class _StopForward(Exception):
-    """Raised by a hook to end a forward pass once everything wanted has been captured."""
-
-
-@contextlib.contextmanager
-def stop_after(module: nn.Module | None) -> Iterator[None]:
-    """Within the block, a forward pass ends (quietly) as soon as ``module`` has run."""
-    if module is None:
-        yield
-        return
-
-    def _hook(*_: Any) -> None:
-        raise _StopForward
-
-    handle = module.register_forward_hook(_hook)
-    try:
-        yield
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
 
 
 class BiasGPTAdapter(ModelAdapter):

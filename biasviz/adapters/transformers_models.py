@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter
+from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter, stop_after
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_files
 
@@ -171,31 +171,8 @@ class TransformersAdapter(ModelAdapter):
         layers would compute nothing that is kept.
         """
         stop = None if self._stop_layer is None else self.attention(self._stop_layer)
-        with torch.no_grad(), _stop_after(stop):
+        with torch.no_grad(), stop_after(stop):
             self.model(**self._model_inputs(input_ids.to(self.device)))
-
-
-class _StopForward(Exception):
-    """Raised by a forward hook to end a forward pass early."""
-
-
-@contextlib.contextmanager
-def _stop_after(module: nn.Module | None) -> Iterator[None]:
-    """Within the block, a forward pass ends quietly as soon as ``module`` has run."""
-    if module is None:
-        yield
-        return
-
-    def hook(*_: Any) -> None:
-        raise _StopForward
-
-    handle = module.register_forward_hook(hook)
-    try:
-        yield
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
 
 
 # ------------------------------------------------------------------------------------------------- ALiBi
