@@ -66,6 +66,13 @@ previews: figures  ## refresh the small PNG previews shown in README (figures/pr
 .PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
 FORCE:
 
+bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, see BENCHMARKS.md)
+	$(BIN)/python bench/train_speed.py
+	$(BIN)/python bench/extract_peers.py --seq-len 512 2048 4096
+	$(BIN)/python bench/extract_peers.py --seq-len 8192 --tools biasviz-cap biasviz --runs 1 --long-runs 1
+	$(BIN)/python bench/hdf5_write.py
+	$(BIN)/python bench/bench_plot.py
+
 clean:  ## remove built checkpoints, HDF5 files and figures (keeps .venv)
 	rm -rf $(RUNS) $(DATA) $(FIGURES)/*.pdf $(FIGURES)/*.png $(FIGURES)/*.svg $(FIGURES)/diagnostics.json
 
