@@ -10,6 +10,7 @@ import tempfile
 import time
 
 import torch
+from transformers.utils import logging as hf_logging
 
 from biasviz.schemes import SCHEMES
 from biasviz.train import TrainSettings, train
@@ -21,6 +22,7 @@ def main() -> None:
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    hf_logging.disable_progress_bar()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
     print(f"{'scheme':<14}{'steps':>6}{'train s':>9}{'total s':>9}{'tokens/s':>10}{'loss':>14}")
     for name in args.schemes.split(","):
