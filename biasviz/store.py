@@ -135,7 +135,9 @@ class BiasFileWriter:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise BiasvizError(f"cannot create the output folder {self.path.parent}: {exc.strerror}") from exc
+            raise BiasvizError(
+                f"cannot create the output folder {self.path.parent}: {exc.strerror}; choose another --out"
+            ) from exc
         self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self._h5 = h5py.File(self._tmp, "w")

@@ -41,7 +41,9 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str], *, dpi: f
     try:
         stem.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BiasvizError(f"cannot create the output folder {stem.parent}: {exc.strerror}") from exc
+        raise BiasvizError(
+            f"cannot create the output folder {stem.parent}: {exc.strerror}; choose another --out-dir"
+        ) from exc
     paths = []
     for fmt in formats:
         target = stem.with_name(f"{stem.name}.{fmt}")
