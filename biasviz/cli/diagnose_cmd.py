@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from biasviz.cli.options import config_option
+from biasviz.cli.options import config_option, figure_output_options
 from biasviz.errors import BiasvizError
-from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
 
 if TYPE_CHECKING:
     from biasviz.diagnostics import HeadDiagnostics
@@ -44,13 +43,6 @@ class _FileResult:
     default=None,
     help="Where to write the metrics.  [default: <out-dir>/diagnostics.json]",
 )
-@click.option(
-    "--out-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("figures"),
-    show_default=True,
-    help="Folder for the figures (created if missing).",
-)
 @click.option("--layer", type=int, default=-1, show_default=True, help="Layer index; -1 is the last stored.")
 @click.option(
     "--normalize",
@@ -59,15 +51,7 @@ class _FileResult:
     show_default=True,
     help="'diagonal' subtracts each row's diagonal value first (for biases stored up to a per-row constant).",
 )
-@click.option("--format", "formats_text", default="pdf,png", show_default=True, help="Comma list of pdf, png, svg.")
-@click.option(
-    "--style",
-    type=click.Choice(list(VENUE_WIDTHS)),
-    default=DEFAULT_STYLE,
-    show_default=True,
-    help="Printed width of the figures.",
-)
-@click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True, help="PNG resolution.")
+@figure_output_options
 @click.option("--no-figures", is_flag=True, help="Write the JSON only.")  # fmt: skip
 def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, layer: int, normalize: str,
              formats_text: str, style: str, dpi: int, no_figures: bool) -> None:  # fmt: skip

@@ -101,5 +101,28 @@ def device_option(f: F) -> F:
     )(f)
 
 
+def figure_output_options(f: F) -> F:
+    """``--format``, ``--style``, ``--dpi`` and ``--out-dir``: how and where figures are written."""
+    from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
+
+    options = [
+        click.option(
+            "--format", "formats_text", default="pdf,png", show_default=True, help="Comma list of pdf, png, svg."
+        ),
+        click.option(
+            "--style", type=click.Choice(list(VENUE_WIDTHS)), default=DEFAULT_STYLE, show_default=True,
+            help="Printed width: neurips/iclr 5.5 in, acl 6.3 in, icml 6.75 in, *-column one column.",
+        ),
+        click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True, help="PNG resolution."),
+        click.option(
+            "--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("figures"), show_default=True,
+            help="Folder for the figures (created if missing).",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 def seed_option(f: F) -> F:
     return click.option("--seed", default=0, show_default=True, type=int, help="Random seed (reproducible runs).")(f)

@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from biasviz.cli.options import config_option
+from biasviz.cli.options import config_option, figure_output_options
 from biasviz.errors import BiasvizError, UsageError
-from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
 
 if TYPE_CHECKING:
     from biasviz.store import BiasFile
@@ -70,15 +69,6 @@ def _parse_sample(value: str) -> int | str:
     "bias, magma for weights, RdBu_r when values change sign]",
 )
 @click.option("--log", "log_scale", is_flag=True, help="Logarithmic colour scale for the attention weights.")
-@click.option("--format", "formats_text", default="pdf,png", show_default=True, help="Comma list of pdf, png, svg.")
-@click.option(
-    "--style",
-    type=click.Choice(list(VENUE_WIDTHS)),
-    default=DEFAULT_STYLE,
-    show_default=True,
-    help="Printed width: neurips/iclr 5.5 in, acl 6.3 in, icml 6.75 in, *-column one column.",
-)
-@click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True, help="PNG resolution.")
 @click.option(
     "--reduce",
     "reduce_how",
@@ -94,8 +84,7 @@ def _parse_sample(value: str) -> int | str:
     show_default=True,
     help="Largest matrix drawn cell for cell; larger ones are block-reduced first.",
 )
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("figures"),
-              show_default=True, help="Folder for the figures (created if missing).")  # fmt: skip
+@figure_output_options
 def plot(scheme: str, input_path: Path | None, kind: str, layer: int, sample_text: str, normalize: str,
          shared_scale: bool, cmap: str | None, log_scale: bool, formats_text: str, style: str, dpi: int,
          reduce_how: str, max_cells: int, out_dir: Path) -> None:  # fmt: skip
