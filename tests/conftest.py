@@ -39,3 +39,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``biasviz ARGS`` in-process: (exit code, stdout, stderr) of this call only."""
+    from biasviz.cli import main
+
+    capsys.readouterr()
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    got = capsys.readouterr()
+    return code, got.out, got.err

@@ -14,7 +14,7 @@ from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.cli import main
 from biasviz.data import build_tokenizer, save_tokenizer
 from biasviz.store import open_bias_file
-from tests.conftest import small_model
+from tests.conftest import run_cli, small_model
 
 TEXT = "\n".join(f"def f{i}(x):\n    return x * {i} + {i * i}  # line {i}" for i in range(400))
 
@@ -30,13 +30,7 @@ def ckpt(tmp_path_factory):  # noqa: ANN201
 
 
 def run(args: list[str], capsys) -> tuple[int, str, str]:  # noqa: ANN001
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(args, capsys)
 
 
 def extract_args(ckpt, *extra: str) -> list[str]:  # noqa: ANN001

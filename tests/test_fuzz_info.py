@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from biasviz.cli import main
+from tests.conftest import run_cli
 from tests.test_untrusted import write_valid
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -29,13 +29,8 @@ WRONG_VALUES: list[object] = [
 
 
 def _run_info(path: Path, capsys: pytest.CaptureFixture[str], as_json: bool) -> tuple[int, str]:
-    capsys.readouterr()
-    try:
-        main(["info", *(["--json"] if as_json else []), str(path)])
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+    code, _, err = run_cli(["info", *(["--json"] if as_json else []), str(path)], capsys)
+    return code, err
 
 
 def _mutate_attrs(rng: random.Random, path: Path) -> str:

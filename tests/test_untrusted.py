@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from biasviz.cli import main
 from biasviz.store import BiasFileWriter
+from tests.conftest import run_cli
 
 BIASVIZ = Path(sys.executable).with_name("biasviz")
 ATTRS = {"scheme": "alibi", "context_dependent": False, "source_model": "synthetic", "model_sha256": "",
@@ -50,14 +50,7 @@ class _Payload:
 
 
 def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    got = capsys.readouterr()
-    return code, got.out, got.err
+    return run_cli(args, capsys)
 
 
 # -- pickles -----------------------------------------------------------------------------------------------
