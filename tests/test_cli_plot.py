@@ -174,3 +174,35 @@ def test_long_file_is_reduced(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     meta = (tmp_path / "alibi_bias.pdf").read_bytes()
     assert b"block mean 2x2" in meta and b"700 -> 350 cells per axis" in meta
+
+
+def test_bidirectional_weights_keep_their_upper_triangle(tmp_path, monkeypatch) -> None:
+    """A T5-encoder file attends both ways: nothing above the diagonal may be blanked."""
+    from biasviz.plotting.load import load_heads
+    from biasviz.store import open_bias_file
+
+    t = 16
+    rng = np.random.default_rng(0)
+    weights = rng.random((1, H, t, t)).astype(np.float32)
+    weights /= weights.sum(-1, keepdims=True)  # full rows: attention in both directions
+    attrs = {"scheme": "t5", "context_dependent": False, "source_model": "synthetic", "model_sha256": "",
+             "architecture": "t5-encoder", "n_layers": 1, "seed": 0, "text_source": "none", "device": "cpu",
+             "biasviz_version": "0", "torch_version": "0"}  # fmt: skip
+    path = tmp_path / "enc.h5"
+    with BiasFileWriter(path, attrs=attrs, n_samples=1, n_heads=H, seq_len=t, layers=[0], has_bias=False,
+                        causal=False) as w:  # fmt: skip
+        w.write_batch(np.zeros((1, t), dtype=np.int32), {0: weights})
+    with open_bias_file(path) as bf:
+        drawn = load_heads(bf, "weights", layer=0, sample=0).data
+    np.testing.assert_allclose(drawn, weights[0], rtol=1e-6)
+    import biasviz.plotting.save as save
+    from biasviz.cli import main
+
+    drawn_figs = []
+    real_save = save.save_figure
+    monkeypatch.setattr(save, "save_figure", lambda fig, *a, **k: drawn_figs.append(fig) or real_save(fig, *a, **k))
+    main(["plot", "--scheme", "t5", "--input", str(path), "--kind", "weights", "--layer", "0", "--format", "png",
+          "--out-dir", str(tmp_path / "figs")])  # fmt: skip
+    (fig,) = drawn_figs
+    image = next(ax for ax in fig.axes if ax.get_images()).get_images()[0].get_array()
+    assert not np.ma.getmaskarray(image).any() and np.isfinite(np.ma.getdata(image)).all()  # no blanked triangle

@@ -25,6 +25,7 @@ from matplotlib.ticker import MaxNLocator, ScalarFormatter
 from biasviz.errors import BiasvizError
 from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context
+from biasviz.store import causal_cells
 
 KINDS = ("bias", "weights")
 #: Default maps: perceptual sequential maps; a diverging map (white at 0) when values change sign.
@@ -199,13 +200,8 @@ def _as_matrix(matrix: np.ndarray, causal: bool) -> np.ndarray:
     if m.ndim != 2 or m.shape[0] != m.shape[1]:
         raise ValueError(f"expected a square (query, key) matrix, got shape {m.shape}")
     if causal:
-        m[_upper_mask(m.shape[0])] = np.nan
+        m[~causal_cells(m.shape[0])] = np.nan
     return m
-
-
-def _upper_mask(n: int) -> np.ndarray:
-    """True where key > query: the cells a causal model never uses."""
-    return np.triu(np.ones((n, n), dtype=bool), k=1)
 
 
 # -- drawing ----------------------------------------------------------------------------------------
@@ -310,7 +306,7 @@ class _GridPainter:
     def _prepare(self, arr: np.ndarray) -> np.ndarray:
         mats = np.array(arr, dtype=np.float32, copy=True)
         if self.opt.causal:
-            mats[:, _upper_mask(mats.shape[-1])] = np.nan
+            mats[:, ~causal_cells(mats.shape[-1])] = np.nan
         if mats.shape[-1] > self.opt.max_cells:
             plan = plan_reduction(mats.shape[-1], self.opt.max_cells, self.opt.reduce)
             mats = block_reduce(mats, plan.factor, plan.how)

@@ -13,7 +13,7 @@ import numpy as np
 from biasviz.diagnostics import subtract_diagonal
 from biasviz.errors import BiasvizError
 from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
-from biasviz.store import BiasFile
+from biasviz.store import BiasFile, causal_cells
 
 
 @dataclass
@@ -35,9 +35,10 @@ def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
     n_samples, n_heads, seq_len = ds.shape[0], ds.shape[1], ds.shape[-1]
     samples = _samples(sample, n_samples, bf)
     plan = plan_reduction(seq_len, max_cells, reduce)
-    masked = np.triu(np.ones((seq_len, seq_len), dtype=bool), k=1) if kind == "weights" else None
     out = np.empty((n_heads, plan.reduced_size, plan.reduced_size), dtype=np.float32)
-    used = np.tril(np.ones((seq_len, seq_len), dtype=bool)) if bf.causal else np.ones((seq_len, seq_len), bool)
+    used = causal_cells(seq_len) if bf.causal else np.ones((seq_len, seq_len), bool)
+    # weights hold 0 where a causal model masks; a bidirectional model (T5 encoder) has no such cells
+    masked = ~used if kind == "weights" and bf.causal else None
     for h in range(n_heads):
         m = _head_matrix(ds, h, samples)
         if not np.isfinite(m[used]).all():  # a damaged or hand-made file: never draw holes as if masked
@@ -47,7 +48,7 @@ def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
             )
         if normalize == "diagonal":
             m = subtract_diagonal(m)
-        if kind == "weights":
+        if masked is not None:
             m[masked] = np.nan  # weights hold 0 there (the bias holds NaN already); blank them alike
         out[h] = block_reduce(m, plan.factor, plan.how)
     label = "mean" if sample == "mean" else str(samples[0])
