@@ -153,7 +153,6 @@ class Attention(nn.Module):
             object.__setattr__(self, "pos_bias", scheme)
         self.hook_bias = HookPoint()  # [batch or 1, head, query, key]
         self.hook_pattern = HookPoint()  # [batch, head, query, key]
-        self.force_eager = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -166,7 +165,7 @@ class Attention(nn.Module):
 
         masked = causal_mask(T, T, x.device)  # (T, T)
         dropout_p = self.dropout if self.training else 0.0
-        if self.force_eager or self.hook_pattern.active:
+        if self.hook_pattern.active:
             formed = attention_pattern(q, k, bias, masked, self.scale)  # (B, H, T, T)
             pattern = self.hook_pattern(formed)
             if dropout_p > 0:
