@@ -22,10 +22,14 @@ STAGES  := $(RUNS)/stages
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-# torch is pinned exactly (pyproject.toml): a looser pin would pull the CUDA build on CPU machines.
+# The CPU build of torch goes in first, so that pip keeps it when it installs biasviz (pyproject asks only
+# torch>=2.4, which on its own would pull the CUDA build and its packages onto a CPU machine). With your own
+# torch already installed (a CUDA build, say): `make install TORCH=` skips this step.
+TORCH ?= torch==2.13.0
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(TORCH),$(BIN)/python -m pip install --quiet '$(TORCH)')
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $@
 

@@ -1,6 +1,10 @@
-"""Training speed of the `tiny` preset: seconds for N steps of every scheme (run by hand, not in CI).
+"""Training speed: seconds and tokens/s for N steps of every scheme (run by hand, not in CI).
 
     .venv/bin/python bench/train_speed.py [--steps 300] [--schemes alibi,cable]
+    python bench/train_speed.py --device cuda --preset gpt2-small --seq-len 1024 --batch-size 16 \\
+        --steps 60 --schemes alibi --compile both
+
+``steady tok/s`` is the throughput of the second half of the steps (warm-up and compilation excluded).
 """
 
 from __future__ import annotations
@@ -21,17 +25,32 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--compile", default="no", choices=["no", "yes", "both"])
     args = parser.parse_args()
     hf_logging.disable_progress_bar()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
-    print(f"{'scheme':<14}{'steps':>6}{'train s':>9}{'total s':>9}{'tokens/s':>10}{'loss':>14}")
-    for name in args.schemes.split(","):
-        with tempfile.TemporaryDirectory() as tmp:
-            start = time.perf_counter()
-            r = train(TrainSettings(scheme=name, steps=args.steps, device=args.device), f"{tmp}/ckpt", progress=False)
-            total = time.perf_counter() - start
-        loss = f"{r.losses[0]:.2f}->{sum(r.losses[-10:]) / len(r.losses[-10:]):.2f}"
-        print(f"{name:<14}{args.steps:>6}{r.seconds:>9.1f}{total:>9.1f}{r.tokens / r.seconds:>10,.0f}{loss:>14}")
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    print(f"torch {torch.__version__}, {name}; preset {args.preset}, batch {args.batch_size} x {args.seq_len}, "
+          f"precision {args.precision}")  # fmt: skip
+    print(f"{'scheme':<14}{'compile':>8}{'steps':>6}{'train s':>9}{'total s':>9}{'tok/s':>11}{'steady tok/s':>14}"
+          f"{'loss':>14}")  # fmt: skip
+    compiles = {"no": [False], "yes": [True], "both": [False, True]}[args.compile]
+    for scheme in args.schemes.split(","):
+        for compiled in compiles:
+            settings = TrainSettings(scheme=scheme, preset=args.preset, steps=args.steps, seq_len=args.seq_len,
+                                     batch_size=args.batch_size, device=args.device, precision=args.precision,
+                                     compile=compiled)  # fmt: skip
+            with tempfile.TemporaryDirectory() as tmp:
+                start = time.perf_counter()
+                r = train(settings, f"{tmp}/ckpt", progress=False)
+                total = time.perf_counter() - start
+            loss = f"{r.losses[0]:.2f}->{sum(r.losses[-10:]) / len(r.losses[-10:]):.2f}"
+            print(f"{scheme:<14}{'yes' if compiled else 'no':>8}{args.steps:>6}{r.seconds:>9.1f}{total:>9.1f}"
+                  f"{r.tokens / r.seconds:>11,.0f}{r.steady_tokens_per_s:>14,.0f}{loss:>14}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

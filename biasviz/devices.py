@@ -1,8 +1,12 @@
-"""Choosing the torch device from ``--device auto|cpu|cuda[:k]``, with clear errors."""
+"""Choosing the torch device (``--device auto|cpu|cuda[:k]``) and precision, and running a model there."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
+from torch import nn
 
 from biasviz.errors import BiasvizError
 
@@ -24,3 +28,46 @@ def resolve_device(spec: str = "auto") -> torch.device:
     elif device.type != "cpu":
         raise BiasvizError(f"unsupported device '{spec}'; use auto, cpu, cuda or cuda:K")
     return device
+
+
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """``--model-dtype`` as a torch dtype (None: leave the model's own)."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    key = str(name).strip().lower()
+    if key not in MODEL_DTYPES:
+        raise BiasvizError(f"unknown model dtype '{name}'; use one of {', '.join(MODEL_DTYPES)}")
+    return getattr(torch, key)
+
+
+@contextlib.contextmanager
+def placed(model: nn.Module, device: torch.device, dtype: torch.dtype | None = None) -> Iterator[nn.Module]:
+    """Run ``model`` on ``device`` (and in floating ``dtype``) inside the block; afterwards it is as before.
+
+    Parameters keep their identity (hooks, optimisers and tied weights still see the same objects):
+    only their data is swapped for a converted copy and swapped back at the end, so the caller's
+    model is neither moved nor rounded by an extraction. A model already in place is not copied.
+    """
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None)
+
+    params = list(model.parameters())
+    saved = [p.data for p in params]
+    owners = [(m, name, b) for m in model.modules() for name, b in m._buffers.items() if b is not None]
+    new_buffers: dict[int, torch.Tensor] = {}
+    try:
+        with torch.no_grad():
+            for p in params:
+                p.data = convert(p.data)
+            for m, name, b in owners:  # a buffer shared by several modules stays shared
+                m._buffers[name] = new_buffers.setdefault(id(b), convert(b))
+        yield model
+    finally:
+        for p, data in zip(params, saved, strict=True):
+            p.data = data
+        for m, name, b in owners:
+            m._buffers[name] = b

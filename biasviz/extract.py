@@ -1,10 +1,10 @@
 """Capture per-head biases and attention weights with forward hooks and stream them into HDF5.
 
 Memory stays bounded by one batch whatever the number of samples: each batch is written as soon as
-it is captured, and only the captured layers' tensors are kept. On CUDA the captured tensors are
-copied into pinned host buffers on a side stream, so batch k is copied and written while the GPU
-computes batch k + 1; nothing else leaves the GPU (the forward pass stops after the last captured
-layer, so there are no logits at all).
+it is captured, and only the captured layers' tensors are kept. On CUDA each matrix is masked, cast
+and byte-shuffled on the GPU and only its bytes cross to the host, through a small ring of pinned
+buffers, to be compressed by host threads while the GPU computes the next batch; nothing else leaves
+the GPU (the forward pass stops after the last captured layer, so there are no logits at all).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from biasviz.adapters.base import Captured, ModelAdapter
-from biasviz.devices import resolve_device
+from biasviz.devices import placed, resolve_device, resolve_dtype
 from biasviz.errors import BiasvizError
 from biasviz.store import BiasFileWriter
 
@@ -35,56 +35,6 @@ class ExtractResult:
     has_bias: bool
     seconds: float
     bytes: int
-
-
-@dataclass
-class _Batch:
-    """One captured batch on its way to the file: host tensors plus an event to wait for (CUDA)."""
-
-    input_ids: np.ndarray  # (b, T)
-    weights: dict[int, torch.Tensor]  # (b, H, T, T)
-    bias: dict[int, torch.Tensor]  # (1 or b, H, T, T)
-    ready: torch.cuda.Event | None = None
-
-    def wait(self) -> _Batch:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self
-
-
-class _HostCopy:
-    """Moves captured tensors to the host; on CPU they are already there (no copy)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.stream = torch.cuda.Stream(device)
-            self.slots: list[dict[tuple[str, int], torch.Tensor]] = [{}, {}]  # double buffering
-            self.turn = 0
-
-    def start(self, ids: np.ndarray, got: Captured) -> _Batch:
-        if not self.cuda:
-            return _Batch(ids, dict(got.weights), dict(got.bias))
-        slot = self.slots[self.turn]
-        self.turn ^= 1  # slot k % 2 is reused two batches later, after batch k has been written
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))  # the tensors are computed
-        out: dict[str, dict[int, torch.Tensor]] = {"weights": {}, "bias": {}}
-        with torch.cuda.stream(self.stream):
-            for kind, tensors in (("weights", got.weights), ("bias", got.bias)):
-                for layer, t in tensors.items():
-                    if t.device.type != "cuda":  # an adapter that already moved it
-                        out[kind][layer] = t
-                        continue
-                    buf = slot.get((kind, layer))
-                    if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                        slot[(kind, layer)] = buf
-                    buf.copy_(t, non_blocking=True)
-                    t.record_stream(self.stream)  # keep its GPU memory alive until the copy is done
-                    out[kind][layer] = buf
-            ready = torch.cuda.Event()
-            ready.record(self.stream)
-        return _Batch(ids, out["weights"], out["bias"], ready)
 
 
 def _scheme_flag(adapter: ModelAdapter, name: str, default: bool) -> bool:
@@ -183,6 +133,7 @@ def extract(
     dtype: str = "float32",
     batch_size: int = 1,
     device: str | torch.device = "auto",
+    model_dtype: str | torch.dtype | None = None,
     force: bool = False,
     seed: int | None = None,
     text_source: str = "",
@@ -191,12 +142,13 @@ def extract(
 ) -> ExtractResult:
     """Run ``adapter`` on ``windows`` (samples, T) and write format-1 HDF5 to ``out``.
 
-    ``layers``: -1 (the final layer), an index, a list, or ``"all"``. ``dtype`` is the storage type.
+    ``layers``: -1 (the final layer), an index, a list, or ``"all"``. ``dtype`` is the storage type;
+    ``model_dtype`` (``float32``, ``bfloat16``, ``float16``; None keeps the model's) the precision the
+    model runs in. The model runs on ``device`` and is left where and as it was afterwards.
     ``attrs`` adds root attributes (the tokenizer, say). ``progress`` None shows a bar on a terminal.
     The file appears at ``out`` only when complete; an existing file is kept unless ``force``.
     """
-    from tqdm.auto import tqdm
-
+    t0 = time.perf_counter()
     out = Path(out)
     if out.exists() and not force:
         raise BiasvizError(f"{out} already exists; pass --force to overwrite it or choose another --out")
@@ -206,13 +158,39 @@ def extract(
     n, seq_len = ids.shape
     layer_list = adapter.resolve_layers(layers)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
+    run_dtype = resolve_dtype(model_dtype)
     has_bias = _scheme_flag(adapter, "adds_bias", True)
     meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
-    adapter.to(dev)
+    meta["model_dtype"] = str(run_dtype or _float_dtype(adapter.model)).removeprefix("torch.")
+    was_training = adapter.model.training
     adapter.model.eval()
-    copier = _HostCopy(dev)
+    try:
+        with placed(adapter.model, dev, run_dtype):
+            _run(adapter, ids, out, dev, meta, layer_list, has_bias, dtype, batch_size, force, progress)
+    finally:
+        adapter.model.train(was_training)
+    seconds = time.perf_counter() - t0
+    return ExtractResult(out, n, seq_len, layer_list, has_bias, seconds, out.stat().st_size)
+
+
+def _float_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (float32 when it has none)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _run(
+    adapter: ModelAdapter, ids: np.ndarray, out: Path, dev: torch.device, meta: dict[str, Any], layer_list: list[int],
+    has_bias: bool, dtype: str, batch_size: int, force: bool, progress: bool | None,
+) -> None:  # fmt: skip
+    """The capture loop: forward each batch and stream what was captured into the file.
+
+    On a GPU the matrices are encoded there and compressed by host threads while the next batch is
+    computed (:mod:`biasviz.gpu_encode`); on the CPU the writer masks, compresses and writes each batch.
+    """
+    from tqdm.auto import tqdm
+
+    n, seq_len = ids.shape
     show = sys.stderr.isatty() if progress is None else progress
-    t0 = time.perf_counter()
     writer = BiasFileWriter(
         out, attrs=meta, n_samples=n, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
         has_bias=has_bias, dtype=dtype, force=force, causal=bool(getattr(adapter, "causal", True)),
@@ -221,30 +199,76 @@ def extract(
         writer,
         adapter.capture(layer_list, want_bias=has_bias) as got,
         tqdm(total=n, unit="sample", disable=not show, file=sys.stderr, desc="extract", leave=False) as bar,
+        _ChunkSink(writer, dev) as sink,
     ):
-        pending: _Batch | None = None
         for start in range(0, n, batch_size):
             batch = ids[start : start + batch_size]  # (b, T)
-            x = torch.from_numpy(batch)
-            x = x.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else x
             got.clear()
-            adapter.forward(x)
+            adapter.forward(torch.from_numpy(batch).to(dev))
             _check_captured(got, layer_list, has_bias, adapter)
-            current = copier.start(batch, got)
-            got.clear()  # drop the device tensors: the copy holds what it needs
-            if pending is not None:  # written while the device computes the batch just queued
-                _write(writer, pending.wait())
-                bar.update(len(pending.input_ids))
-            pending, current = current, None
-            if not copier.cuda:  # nothing runs meanwhile: write now, so one batch at a time is held
-                _write(writer, pending)
-                bar.update(len(pending.input_ids))
-                pending = None
-        if pending is not None:
-            _write(writer, pending.wait())
-            bar.update(len(pending.input_ids))
-    seconds = time.perf_counter() - t0
-    return ExtractResult(out, n, seq_len, layer_list, has_bias, seconds, out.stat().st_size)
+            tensors = {("weights", layer): _storable(got.weights[layer]) for layer in layer_list}
+            if has_bias:
+                tensors.update({("bias", layer): _storable(got.bias[layer]) for layer in layer_list})
+            got.clear()
+            sink.put(batch, tensors)
+            bar.update(len(batch))
+
+
+_STORABLE = (torch.float32, torch.float16)
+
+
+def _storable(t: torch.Tensor) -> torch.Tensor:
+    """A captured tensor in a dtype NumPy and HDF5 know (a bfloat16 model's bias becomes float32)."""
+    return t if t.dtype in _STORABLE else t.float()
+
+
+class _ChunkSink:
+    """Where captured batches go: encoded on the GPU and compressed in the background, or written directly."""
+
+    def __init__(self, writer: BiasFileWriter, device: torch.device) -> None:
+        from collections import deque
+
+        self.writer = writer
+        self.encoder = None
+        if device.type == "cuda" and writer.direct_chunks:
+            from biasviz.gpu_encode import GpuChunkEncoder
+
+            self.encoder = GpuChunkEncoder(
+                device, seq_len=writer.seq_len, storage=writer.dtype, causal=writer.causal,
+                level=writer.deflate_level, shuffle=writer.shuffled,
+            )  # fmt: skip
+        self.pending: deque[tuple[int, Any]] = deque()  # (first sample of its batch, chunk), in order
+
+    def __enter__(self) -> _ChunkSink:
+        return self
+
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self._flush(lambda: bool(self.pending))
+        finally:
+            if self.encoder is not None:
+                self.encoder.close()
+
+    def put(self, ids: np.ndarray, tensors: dict[tuple[str, int], torch.Tensor]) -> None:
+        if self.encoder is None:
+            weights = {layer: t.cpu() for (kind, layer), t in tensors.items() if kind == "weights"}
+            bias = {layer: t.cpu() for (kind, layer), t in tensors.items() if kind == "bias"}
+            self.writer.write_batch(ids, weights, bias or None)
+            return
+        first = self.writer.begin_batch(ids)
+        limit = 4 * self.encoder.n_buffers  # compressed chunks waiting for their turn to be written
+        for chunk in self.encoder.encode(tensors):
+            self.pending.append((first, chunk))
+            self._flush(lambda: bool(self.pending) and (self.pending[0][1].data.done() or len(self.pending) > limit))
+
+    def _flush(self, more: Any) -> None:
+        """Write finished chunks in order while ``more()`` says so (waiting for the oldest when needed)."""
+        while more():
+            first, chunk = self.pending.popleft()
+            data = chunk.data.result()
+            for s in chunk.samples:
+                self.writer.write_chunk(chunk.kind, chunk.layer, first + s, chunk.head, data)
 
 
 def _check_captured(got: Captured, layers: list[int], has_bias: bool, adapter: ModelAdapter) -> None:
@@ -256,10 +280,6 @@ def _check_captured(got: Captured, layers: list[int], has_bias: bool, adapter: M
             f"the {adapter.architecture} model ran but nothing was captured for layer(s) {sorted(set(missing))}; "
             "its attention may use a fused kernel that never forms the weights"
         )
-
-
-def _write(writer: BiasFileWriter, batch: _Batch) -> None:
-    writer.write_batch(batch.input_ids, batch.weights, batch.bias if writer.has_bias else None)
 
 
 # -- inputs ---------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import contextlib
 import datetime as _dt
 import json
 import os
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from biasviz.deflate import deflate
 from biasviz.errors import BiasvizError, os_error_message
 
 FORMAT_VERSION = 1
@@ -275,12 +275,12 @@ class BiasFileWriter:
     def _encode(self, kind: str, layer: int, src: np.ndarray) -> bytes:
         """One matrix as the bytes HDF5's shuffle + deflate filters would store for its single chunk.
 
-        Runs in worker threads: NumPy and zlib release the GIL, so matrices compress in parallel.
+        Runs in worker threads: NumPy and deflate release the GIL, so matrices compress in parallel.
         """
         m = self._matrix(kind, layer, src)
         if self._filters.get("shuffle"):  # HDF5's shuffle: byte k of every element, for k = 0, 1, ...
             m = m.reshape(-1).view(np.uint8).reshape(-1, self.dtype.itemsize).T
-        return zlib.compress(np.ascontiguousarray(m).data, int(self._filters.get("compression_opts") or 4))
+        return deflate(np.ascontiguousarray(m).data, self.deflate_level)
 
     def _direct(self) -> bool:
         """Whether chunks are compressed here (in parallel) and written as they are stored.
@@ -331,6 +331,36 @@ class BiasFileWriter:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="biasviz-write")
         return self._executor
+
+    @property
+    def direct_chunks(self) -> bool:
+        """True when each matrix is one gzip chunk that may be handed over already encoded (:meth:`write_chunk`)."""
+        return self._direct()
+
+    @property
+    def deflate_level(self) -> int:
+        return int(self._filters.get("compression_opts") or 4)
+
+    @property
+    def shuffled(self) -> bool:
+        return bool(self._filters.get("shuffle"))
+
+    def begin_batch(self, input_ids: Any) -> int:
+        """Store a batch's token ids ahead of its matrices (given by :meth:`write_chunk`); returns its first sample."""
+        assert self._h5 is not None, "use BiasFileWriter as a context manager"
+        ids = _as_numpy(input_ids)
+        start, stop = self._written, self._written + ids.shape[0]
+        if stop > self.n_samples or ids.shape[1:] != (self.seq_len,):
+            raise ValueError(f"input_ids of shape {ids.shape} do not fit samples {start}.. of ({self.n_samples}, "
+                             f"{self.seq_len})")  # fmt: skip
+        self._h5["input_ids"][start:stop] = ids.astype(np.int32, copy=False)
+        self._written = stop
+        return start
+
+    def write_chunk(self, kind: str, layer: int, sample: int, head: int, data: bytes) -> None:
+        """Store one (sample, head) matrix given as its shuffled and deflated chunk bytes (``direct_chunks`` only)."""
+        assert self._h5 is not None and self._direct()
+        self._h5[layer_group(layer)][kind].id.write_direct_chunk((sample, head, 0, 0), data, 0)
 
     def write_batch(
         self,

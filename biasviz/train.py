@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -40,6 +41,8 @@ class TrainSettings:
     max_corpus_bytes: int = 8_000_000
     scheme_options: dict[str, Any] = field(default_factory=dict)
     device: str = "auto"
+    precision: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere; or float32 / bfloat16
+    compile: bool = False  # torch.compile the model (CUDA: faster steps after a compilation of tens of seconds)
 
 
 @dataclass
@@ -48,6 +51,13 @@ class TrainResult:
     losses: list[float]
     seconds: float
     tokens: int
+    step_seconds: list[float] = field(default_factory=list)  # per optimiser step (the loss is read every step)
+
+    @property
+    def steady_tokens_per_s(self) -> float:
+        """Throughput of the second half of the steps: warm-up and compilation excluded."""
+        tail = self.step_seconds[len(self.step_seconds) // 2 :]
+        return self.tokens / len(self.step_seconds) * len(tail) / max(sum(tail), 1e-9) if tail else 0.0
 
 
 def _lr_at(step: int, s: TrainSettings) -> float:
@@ -56,6 +66,20 @@ def _lr_at(step: int, s: TrainSettings) -> float:
         return s.lr * (step + 1) / s.warmup
     progress = (step - s.warmup) / max(1, s.steps - s.warmup)
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Mixed precision for the forward pass: bfloat16 autocast on CUDA unless float32 is asked for.
+
+    The parameters, gradients and optimiser state stay float32 (no loss scaling is needed with bfloat16);
+    the checkpoint is written in float32 either way.
+    """
+    choice = precision.strip().lower()
+    if choice not in ("auto", "float32", "bfloat16"):
+        raise BiasvizError(f"unknown precision '{precision}'; use auto, float32 or bfloat16")
+    if choice == "float32" or (choice == "auto" and device.type != "cuda"):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def _optimizer(model: torch.nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
@@ -97,16 +121,20 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     model = BiasGPTForCausalLM(config).to(device)
     model.train()
     opt = _optimizer(model, s)
+    autocast = _autocast(s.precision, device)
+    step_model = torch.compile(model) if s.compile else model
     data = torch.from_numpy(tokens.astype(np.int64))
     losses: list[float] = []
-    start = time.perf_counter()
+    step_seconds: list[float] = []
+    start = last = time.perf_counter()
     bar = tqdm(range(s.steps), desc=f"train {config.scheme}", disable=None if progress else True, leave=False)
     for step in bar:
         starts = rng.integers(0, len(tokens) - s.seq_len, size=s.batch_size)
         batch = torch.stack([data[i : i + s.seq_len] for i in starts]).to(device)  # (B, T)
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, s)
-        loss = model(batch, labels=batch).loss
+        with autocast:
+            loss = step_model(batch, labels=batch).loss
         if not torch.isfinite(loss):
             raise BiasvizError(f"training diverged at step {step} (loss {loss.item()}); lower --lr")
         opt.zero_grad(set_to_none=True)
@@ -116,6 +144,9 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
         for scheme in model.schemes():
             scheme.constrain_()
         losses.append(loss.item())
+        now = time.perf_counter()
+        step_seconds.append(now - last)
+        last = now
         if step % 10 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
     seconds = time.perf_counter() - start
@@ -129,6 +160,7 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
             "settings": asdict(s), "device": str(device), "corpus_source": corpus.source,
             "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)), "seconds": round(seconds, 2),
             "final_loss": float(np.mean(losses[-10:])), "torch_version": torch.__version__,
+            "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
         }  # fmt: skip
         (tmp / TRAINING_FILE).write_text(json.dumps(record, indent=2))
         if out.exists():
@@ -137,4 +169,4 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return TrainResult(out, losses, seconds, s.steps * s.batch_size * s.seq_len)
+    return TrainResult(out, losses, seconds, s.steps * s.batch_size * s.seq_len, step_seconds)

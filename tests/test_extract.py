@@ -182,7 +182,8 @@ def test_all_layers_and_uneven_batches_stream_one_batch_at_a_time(tmp_path, monk
     monkeypatch.setattr(BiasFileWriter, "write_batch", spy)
     model = distinct_params(small_model("cable"))
     ids = windows(5)
-    result = extract(BiasGPTAdapter(model, source="t"), ids, tmp_path / "a.h5", layers="all", batch_size=2)
+    result = extract(BiasGPTAdapter(model, source="t"), ids, tmp_path / "a.h5", layers="all", batch_size=2,
+                     device="cpu")  # fmt: skip  (on a GPU the batches stream as encoded chunks: test_gpu_encode.py)
     assert sizes == [2, 2, 1]
     with open_bias_file(result.path) as f:
         assert f.layers == [0, 1] and f.n_samples == 5
@@ -237,7 +238,8 @@ def test_float16_storage_matches_float32(tmp_path):
 def test_provenance_attributes(tmp_path):
     model = small_model("fire")
     adapter = BiasGPTAdapter(model, source="/models/fire", sha256="cd" * 32)
-    out = extract(adapter, windows(), tmp_path / "p.h5", seed=11, text_source="my.txt", attrs={"tokenizer": "tok"})
+    out = extract(adapter, windows(), tmp_path / "p.h5", seed=11, text_source="my.txt", attrs={"tokenizer": "tok"},
+                  device="cpu")  # fmt: skip
     with open_bias_file(out.path) as f:
         a = f.attrs
     assert a["scheme"] == "fire" and a["context_dependent"] is False and a["architecture"] == "biasviz-gpt2"

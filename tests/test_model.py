@@ -135,7 +135,10 @@ def _softmax_reference(q, k, bias, masked, scale):  # noqa: ANN001, ANN202
 @pytest.mark.parametrize("bias_batch", [None, 1, 2])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("block_elements", [7, 40, 10_000])  # one row per block, a few rows, one block
-def test_blocked_pattern_equals_reference_softmax(bias_batch: int | None, causal: bool, block_elements: int) -> None:
+@pytest.mark.parametrize("batched", [False, True])  # per (sample, head) as on the CPU, or all at once as on a GPU
+def test_blocked_pattern_equals_reference_softmax(
+    bias_batch: int | None, causal: bool, block_elements: int, batched: bool
+) -> None:
     from biasviz.model.modeling import attend_blocked, attention_pattern_blocked, causal_mask
 
     g = torch.Generator().manual_seed(0)
@@ -143,7 +146,7 @@ def test_blocked_pattern_equals_reference_softmax(bias_batch: int | None, causal
     q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
     bias = None if bias_batch is None else torch.randn(bias_batch, H, T, T, generator=g)
     masked = causal_mask(T, T, torch.device("cpu")) if causal else None
-    got = attention_pattern_blocked(q, k, bias, masked, 0.3, block_elements=block_elements)
+    got = attention_pattern_blocked(q, k, bias, masked, 0.3, block_elements=block_elements, batched=batched)
     want = _softmax_reference(q, k, bias, masked, 0.3)
     assert got.shape == (B, H, T, T) and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)

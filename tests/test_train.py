@@ -72,3 +72,33 @@ def test_corpus_too_short_is_a_clear_error(tmp_path) -> None:
     (tmp_path / "tiny.txt").write_text("hi")
     with pytest.raises(BiasvizError, match="corpus has only"):
         train(settings("alibi", tmp_path / "tiny.txt", seq_len=64), tmp_path / "o", progress=False)
+
+
+@pytest.mark.parametrize(
+    "device, precision, autocast",
+    [("cpu", "auto", "none"), ("cpu", "bfloat16", "bfloat16"),
+     pytest.param("cuda", "auto", "bfloat16", marks=pytest.mark.cuda),
+     pytest.param("cuda", "float32", "none", marks=pytest.mark.cuda)],
+)  # fmt: skip
+def test_mixed_precision_trains_and_saves_float32(corpus, tmp_path, device, precision, autocast) -> None:
+    out = tmp_path / "ckpt"
+    result = train(settings("kerple-log", corpus, steps=30, device=device, precision=precision), out, progress=False)
+    record = json.loads((out / "training.json").read_text())
+    assert record["autocast"] == autocast
+    assert sum(result.losses[-5:]) / 5 < result.losses[0] - 0.5
+    assert len(result.step_seconds) == 30 and result.steady_tokens_per_s > 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_unknown_precision_is_refused(corpus, tmp_path) -> None:
+    with pytest.raises(BiasvizError, match="unknown precision 'fp8'"):
+        train(settings("alibi", corpus, precision="fp8"), tmp_path / "c", progress=False)
+
+
+@pytest.mark.cuda
+def test_compiled_training_matches_eager_losses(corpus, tmp_path) -> None:
+    base = settings("alibi", corpus, steps=8, device="cuda", precision="float32")
+    eager = train(base, tmp_path / "e", progress=False)
+    compiled = train(TrainSettings(**{**base.__dict__, "compile": True}), tmp_path / "c", progress=False)
+    assert compiled.losses == pytest.approx(eager.losses, rel=1e-3, abs=1e-3)

@@ -90,7 +90,12 @@ def warnings_as_notes() -> Iterator[None]:
 @device_option
 @click.option(
     "--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]),
-    help="Storage type of bias and weights (computation is always float32).",
+    help="Storage type of bias and weights.",
+)  # fmt: skip
+@click.option(
+    "--model-dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
+    help="Precision the model runs in (bfloat16/float16 halve its memory on a GPU). Attention weights are "
+    "always formed in float32 from the model's q and k; the bias is what the model computes in this precision.",
 )  # fmt: skip
 @click.option("--out", default=None, help="HDF5 file to write [default: data/<scheme>.h5].")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
@@ -106,7 +111,7 @@ def warnings_as_notes() -> Iterator[None]:
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(
     model: str, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None, tokenizer: str | None,
-    seed: int, batch_size: int, device: str, dtype: str, out: str | None, force: bool, no_scale: bool,
+    seed: int, batch_size: int, device: str, dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
     part: str | None, quiet: bool,
 ) -> None:  # fmt: skip
     """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
@@ -136,7 +141,8 @@ def extract(
         corpus = load_corpus(text)
         windows = sample_windows(encode(corpus.documents, tok), samples, seq_len, seed)
         result = run_extract(
-            adapter, windows, target, layers=chosen, dtype=dtype, batch_size=batch_size, device=dev, force=force,
+            adapter, windows, target, layers=chosen, dtype=dtype, batch_size=batch_size, device=dev,
+            model_dtype=model_dtype, force=force,
             seed=seed, text_source=corpus.source, attrs={"tokenizer": tok_desc}, progress=False if quiet else None,
         )  # fmt: skip
     kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"

@@ -27,13 +27,18 @@ from biasviz.errors import UsageError
 )  # fmt: skip
 @seed_option
 @device_option
+@click.option(
+    "--precision", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16"]),
+    help="auto: bfloat16 autocast on CUDA, float32 on the CPU. Weights and checkpoints stay float32.",
+)  # fmt: skip
+@click.option("--compile", "compile_model", is_flag=True, help="torch.compile the model (faster steps on a GPU).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Checkpoint directory to write.")
 @click.option("--force", is_flag=True, help="Replace an existing checkpoint directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
     scheme: str, preset: str, steps: int, seq_len: int, batch_size: int, lr: float, corpus: str | None,
-    tokenizer: str | None, scheme_options: str | dict | None, seed: int, device: str, out: str, force: bool,
-    quiet: bool,
+    tokenizer: str | None, scheme_options: str | dict | None, seed: int, device: str, precision: str,
+    compile_model: bool, out: str, force: bool, quiet: bool,
 ) -> None:  # fmt: skip
     """Train a GPT-2 variant with the given positional scheme (offline, reproducible)."""
     from biasviz.schemes import canonical_name
@@ -50,6 +55,7 @@ def train(
     settings = TrainSettings(
         scheme=canonical_name(scheme), preset=preset, steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
         seed=seed, corpus=corpus, tokenizer=tokenizer, scheme_options=dict(scheme_options or {}), device=device,
+        precision=precision, compile=compile_model,
     )  # fmt: skip
     result = run_training(settings, Path(out), force=force, progress=not quiet)
     tokens_per_s = result.tokens / max(result.seconds, 1e-9)

@@ -54,26 +54,29 @@ def attention_pattern(
     return torch.softmax(scores, dim=-1)
 
 
-BLOCK_ELEMENTS = 1 << 20  # scores per query block: 4 MiB of float32, small enough to stay in cache
+BLOCK_ELEMENTS = 1 << 20  # CPU: scores per (sample, head, query block), 4 MiB of float32, stays in cache
+CUDA_BLOCK_ELEMENTS = 1 << 26  # CUDA: scores per query block over every sample and head, 256 MiB of float32
 
 
 def query_blocks(masked: torch.Tensor | None, q_len: int, k_len: int, rows: int) -> list[tuple[int, int, int]]:
     """``(first row, end row, end key)`` per block of query rows; keys at or past ``end key`` are all masked.
 
     A causal mask leaves every key after the block's last query out, so those columns need neither
-    scores nor a softmax (about half the work at long lengths).
+    scores nor a softmax (about half the work at long lengths). The mask is read once (one device
+    synchronisation on a GPU, not one per block).
 
     >>> query_blocks(causal_mask(4, 4, torch.device("cpu")), 4, 4, rows=2)
     [(0, 2, 2), (2, 4, 4)]
     """
+    if masked is None:
+        return [(r0, min(r0 + rows, q_len), k_len) for r0 in range(0, q_len, rows)]
+    keys = torch.arange(1, k_len + 1, device=masked.device)
+    row_end = torch.where(masked, 0, keys).amax(dim=1).tolist()  # per query: one past its last visible key
     blocks = []
     for r0 in range(0, q_len, rows):
         r1 = min(r0 + rows, q_len)
-        k_end = k_len
-        if masked is not None:
-            used = (~masked[r0:r1]).any(dim=0).nonzero()  # (n, 1) keys some query of the block sees
-            k_end = int(used.max()) + 1 if used.numel() else k_len
-        blocks.append((r0, r1, k_end))
+        k_end = max(row_end[r0:r1])
+        blocks.append((r0, r1, k_end if k_end > 0 else k_len))
     return blocks
 
 
@@ -84,39 +87,49 @@ def attention_pattern_blocked(
     bias: torch.Tensor | None,
     masked: torch.Tensor | None,
     scale: float | None = None,
-    block_elements: int = BLOCK_ELEMENTS,
+    block_elements: int | None = None,
+    batched: bool | None = None,
 ) -> torch.Tensor:
-    """:func:`attention_pattern` without autograd, one (sample, head, query block) at a time.
+    """:func:`attention_pattern` without autograd, one block of query rows at a time.
 
-    Each block's scores are formed in one reused contiguous scratch buffer (in cache), biased and
-    masked in place and their softmax copied into the returned (B, H, Tq, Tk) float32 tensor, so the
-    only memory beyond the result is two blocks of ``block_elements`` scores: the full-size scores,
-    biased scores and softmax output of the reference never coexist (at T = 8192 each of those is
-    3 GiB per sample). Keys that all of a block's queries mask are set to 0 without being computed.
+    Each block's scores are formed in a scratch buffer, biased and masked in place and their softmax
+    copied into the returned (B, H, Tq, Tk) float32 tensor, so the only memory beyond the result is
+    two blocks of ``block_elements`` scores: the full-size scores, biased scores and softmax output
+    of the reference never coexist (at T = 8192 each of those is 3 GiB per sample). Keys that all of
+    a block's queries mask are set to 0 without being computed.
+
+    On the CPU a block is one (sample, head, rows) slice that stays in cache; on a GPU a block spans
+    every sample and head, so a few large batched kernels replace a Python loop over heads
+    (``batched`` None: batched off the CPU).
     """
     B, H, Tq, _ = q.shape
     Tk = k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     qf, kf = q.float(), k.float()
     out = torch.empty(B, H, Tq, Tk, dtype=torch.float32, device=q.device)  # (B, H, Tq, Tk)
-    rows = max(1, min(Tq, block_elements // max(Tk, 1)))
+    batched = q.device.type != "cpu" if batched is None else batched
+    if block_elements is None:
+        block_elements = CUDA_BLOCK_ELEMENTS if batched else BLOCK_ELEMENTS
+    per_row = Tk * (B * H if batched else 1)
+    rows = max(1, min(Tq, block_elements // max(per_row, 1)))
     blocks = query_blocks(masked, Tq, Tk, rows)
-    scratch = torch.empty(rows * Tk, dtype=torch.float32, device=q.device)
-    for b in range(B):
-        bb = 0 if bias is None or bias.shape[0] == 1 else b  # a (1, H, Tq, Tk) bias serves every sample
-        for h in range(H):
-            kt = kf[b, h].transpose(0, 1)  # (hd, Tk)
-            for r0, r1, k_end in blocks:
-                s = scratch[: (r1 - r0) * k_end].view(r1 - r0, k_end)  # (rows, k_end) scores
-                torch.mm(qf[b, h, r0:r1], kt[:, :k_end], out=s)
-                s.mul_(scale)
-                if bias is not None:
-                    s.add_(bias[bb, h, r0:r1, :k_end])
-                if masked is not None:
-                    s.masked_fill_(masked[r0:r1, :k_end], float("-inf"))
-                out[b, h, r0:r1, :k_end] = torch.softmax(s, dim=-1)
-                if k_end < Tk:
-                    out[b, h, r0:r1, k_end:] = 0.0
+    lead = (B, H) if batched else ()
+    scratch = torch.empty(math.prod(lead) * rows * Tk, dtype=torch.float32, device=q.device)
+    slices = [(slice(None), slice(None))] if batched else [(b, h) for b in range(B) for h in range(H)]
+    for b, h in slices:
+        bb = b if bias is None or bias.shape[0] != 1 else slice(0, 1) if batched else 0  # (1, ...) serves all
+        kt = kf[b, h].transpose(-2, -1)  # (..., hd, Tk)
+        for r0, r1, k_end in blocks:
+            s = scratch[: math.prod(lead) * (r1 - r0) * k_end].view(*lead, r1 - r0, k_end)  # (..., rows, k_end)
+            torch.matmul(qf[b, h, r0:r1], kt[..., :k_end], out=s)
+            s.mul_(scale)
+            if bias is not None:
+                s.add_(bias[bb, h, r0:r1, :k_end])
+            if masked is not None:
+                s.masked_fill_(masked[r0:r1, :k_end], float("-inf"))
+            out[b, h, r0:r1, :k_end] = torch.softmax(s, dim=-1)
+            if k_end < Tk:
+                out[b, h, r0:r1, k_end:] = 0.0
     return out
 
 
