@@ -58,3 +58,11 @@ def os_error_message(exc: OSError, path: object = None, action: str = "write") -
     if name in ("EISDIR", "ENOTDIR"):
         return f"{subject}: {reason}; give a file path where a file is expected"
     return f"{subject}: {reason}"
+
+
+def too_long(scheme: str, max_length: int, seq_len: int, what: str = "sequence length") -> BiasvizError:
+    """The one message for a length beyond a learned position table (the model and extraction use it)."""
+    return BiasvizError(
+        f"{what} {seq_len} exceeds the {max_length} positions of this '{scheme}' model "
+        f"(learned absolute positions cannot extrapolate); use --seq-len {max_length} or less"
+    )

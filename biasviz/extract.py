@@ -37,18 +37,6 @@ class ExtractResult:
     bytes: int
 
 
-def _scheme_flag(adapter: ModelAdapter, name: str, default: bool) -> bool:
-    value = getattr(adapter, name, None)
-    if value is not None:
-        return bool(value)
-    from biasviz.schemes import get_scheme
-
-    try:
-        return bool(getattr(get_scheme(adapter.scheme), name))
-    except BiasvizError:
-        return default
-
-
 def _device_label(device: torch.device) -> tuple[str, str]:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -74,7 +62,7 @@ def provenance(
     dev, dev_name = _device_label(device)
     attrs: dict[str, Any] = {
         "scheme": adapter.scheme,
-        "context_dependent": _scheme_flag(adapter, "context_dependent", False),
+        "context_dependent": bool(adapter.context_dependent),
         "source_model": adapter.source,
         "model_sha256": adapter.sha256,
         "architecture": adapter.architecture,
@@ -84,7 +72,7 @@ def provenance(
         "seed": -1 if seed is None else int(seed),
         "text_source": text_source,
         "bias_convention": adapter.bias_convention,
-        "config_json": getattr(adapter, "config_json", "") or "",
+        "config_json": adapter.config_json or "",
         "batch_size": int(batch_size),
         "biasviz_version": __version__,
         "torch_version": torch.__version__,
@@ -99,12 +87,7 @@ def provenance(
 
 def check_seq_len(adapter: ModelAdapter, seq_len: int) -> None:
     """Learned absolute positions end at the table's size; relative schemes take any length."""
-    max_len = adapter.max_length
-    if max_len is not None and seq_len > max_len:
-        raise BiasvizError(
-            f"--seq-len {seq_len} exceeds the {max_len} positions of this '{adapter.scheme}' model "
-            f"(learned absolute positions cannot extrapolate); use --seq-len {max_len} or less"
-        )
+    adapter.check_length(seq_len)
 
 
 def check_windows(adapter: ModelAdapter, windows: np.ndarray) -> np.ndarray:
@@ -115,7 +98,7 @@ def check_windows(adapter: ModelAdapter, windows: np.ndarray) -> np.ndarray:
     if not np.issubdtype(w.dtype, np.integer):
         raise BiasvizError(f"token windows must be integers, got {w.dtype}")
     check_seq_len(adapter, int(w.shape[1]))
-    vocab = getattr(adapter, "vocab_size", None)
+    vocab = adapter.vocab_size
     if w.min() < 0 or (vocab is not None and w.max() >= vocab):
         raise BiasvizError(
             f"token ids range over [{w.min()}, {w.max()}], outside the model's vocabulary of {vocab}: "
@@ -159,7 +142,7 @@ def extract(
     layer_list = adapter.resolve_layers(layers)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     run_dtype = resolve_dtype(model_dtype)
-    has_bias = _scheme_flag(adapter, "adds_bias", True)
+    has_bias = bool(adapter.adds_bias)
     meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
     meta["model_dtype"] = str(run_dtype or _float_dtype(adapter.model)).removeprefix("torch.")
     was_training = adapter.model.training
@@ -193,7 +176,7 @@ def _run(
     show = sys.stderr.isatty() if progress is None else progress
     writer = BiasFileWriter(
         out, attrs=meta, n_samples=n, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
-        has_bias=has_bias, dtype=dtype, force=force, causal=bool(getattr(adapter, "causal", True)),
+        has_bias=has_bias, dtype=dtype, force=force, causal=bool(adapter.causal),
     )  # fmt: skip
     with (
         writer,
@@ -333,7 +316,7 @@ def resolve_tokenizer(adapter: ModelAdapter, override: str | Path | None) -> tup
         return load_tokenizer(p), str(p.resolve())
     if adapter.tokenizer is not None:
         return adapter.tokenizer, f"{adapter.source} (the checkpoint's own)"
-    vocab = getattr(adapter, "vocab_size", None)
+    vocab = adapter.vocab_size
     if vocab is None or vocab < BYTE_VOCAB:
         raise BiasvizError(
             f"{adapter.source} comes without a tokenizer and its vocabulary ({vocab}) cannot hold raw bytes; "

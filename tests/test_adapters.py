@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import biasviz.adapters as adapters
-from biasviz.adapters import load_model
+from biasviz.adapters import ModelAdapter, load_model
 from biasviz.errors import BiasvizError
 from biasviz.extract import extract
 from biasviz.store import open_bias_file
@@ -254,7 +254,20 @@ def test_dispatcher_routes_other_architectures(tmp_path, monkeypatch):
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
     seen = []
-    monkeypatch.setattr(adapters, "hf_architectures", lambda: {"bloom": lambda p, s: seen.append((p, s)) or "ok"})
+
+    class FakeBloom(ModelAdapter):  # an adapter found by asking it, as the real ones are
+        model_types = ("bloom",)
+
+        @classmethod
+        def can_open(cls, path):  # noqa: ANN001, ANN206
+            return (path / "config.json").is_file() and "bloom" in (path / "config.json").read_text()
+
+        @classmethod
+        def open(cls, path, scheme=None, **options):  # noqa: ANN001, ANN003, ANN206
+            return seen.append((path, scheme)) or "ok"
+
+    native = adapters.adapter_classes()[:2]
+    monkeypatch.setattr(adapters, "adapter_classes", lambda: [*native, FakeBloom])
     with pytest.raises(BiasvizError, match="'bert' model.*supported: biasviz_gpt2, bloom"):
         load_model(tmp_path / "bert")
     (tmp_path / "bloom").mkdir()
@@ -287,3 +300,23 @@ def test_malicious_pytorch_model_bin_in_a_checkpoint_directory_is_refused(tmp_pa
     with pytest.raises(BiasvizError, match="refusing to load .*pytorch_model.bin"):
         load_model(tmp_path / "ck")
     assert not marker.exists()
+
+
+def test_each_adapter_says_which_paths_it_opens(tmp_path):
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.adapters.nanogpt import NanoGPTAdapter
+    from biasviz.adapters.transformers_models import BloomAdapter, T5Adapter
+
+    small_model("alibi").save_pretrained(tmp_path / "ours")
+    torch.save(small_model("alibi").state_dict(), tmp_path / "sd.pt")
+    (tmp_path / "out").mkdir()
+    torch.save({"model": {}}, tmp_path / "out" / "ckpt.pt")
+    (tmp_path / "bloom").mkdir()
+    (tmp_path / "bloom" / "config.json").write_text(json.dumps({"model_type": "bloom"}))
+    paths = {name: tmp_path / name for name in ("ours", "sd.pt", "out", "bloom")}
+    opens = {cls.__name__: sorted(n for n, p in paths.items() if cls.can_open(p))
+             for cls in (BiasGPTAdapter, NanoGPTAdapter, BloomAdapter, T5Adapter)}  # fmt: skip
+    assert opens == {"BiasGPTAdapter": ["ours"], "NanoGPTAdapter": ["out", "sd.pt"], "BloomAdapter": ["bloom"],
+                     "T5Adapter": []}  # fmt: skip
+    assert [c.__name__ for c in adapters.adapter_classes()[:2]] == ["BiasGPTAdapter", "NanoGPTAdapter"]
+    assert {"bloom", "mpt", "falcon", "t5", "mt5", "gpt2"} == set(adapters.hf_architectures())

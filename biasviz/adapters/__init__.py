@@ -1,47 +1,42 @@
 """Model adapters: one interface (:class:`ModelAdapter`) for every model biasviz extracts from.
 
-:func:`load_model` picks the adapter from what ``--model`` points at:
+:func:`load_model` asks each adapter class whether it can open what ``--model`` points at
+(:meth:`ModelAdapter.can_open`), in this order:
 
 - a directory whose ``config.json`` says ``model_type: biasviz_gpt2`` -> biasviz's own GPT-2 variant;
-- a directory of another transformers architecture -> ``HF_ARCHITECTURES`` (BLOOM, MPT, ...);
-- a state dict file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``.safetensors``) -> the nanoGPT adapter.
+- a state dict file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``.safetensors``) or nanoGPT's out_dir -> nanoGPT;
+- a directory of another transformers architecture -> its adapter (BLOOM, MPT, Falcon, T5, GPT-2).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter
 from biasviz.errors import BiasvizError
 
-BIASVIZ_MODEL_TYPE = "biasviz_gpt2"
-_NANOGPT_CHECKPOINTS = ("ckpt.pt",)  # nanoGPT's out_dir holds its checkpoint under this name
 
+def adapter_classes() -> list[type[ModelAdapter]]:
+    """Every adapter that can open a ``--model`` path, in the order they are asked."""
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.adapters.nanogpt import NanoGPTAdapter
 
-def hf_architectures() -> dict[str, Callable[[Path, str | None], ModelAdapter]]:
-    """transformers architectures other than biasviz's own, by config.json ``model_type`` (may be empty)."""
     try:
-        from biasviz.adapters.transformers_models import HF_ARCHITECTURES
+        from biasviz.adapters.transformers_models import TRANSFORMERS_ADAPTERS
     except ModuleNotFoundError as exc:
         if exc.name != "biasviz.adapters.transformers_models":
             raise  # the module exists but something it needs is missing: say so, do not hide it
-        return {}
-    return dict(HF_ARCHITECTURES)
+        TRANSFORMERS_ADAPTERS = []
+    return [BiasGPTAdapter, NanoGPTAdapter, *TRANSFORMERS_ADAPTERS]
 
 
-def _model_type(directory: Path) -> str:
-    try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BiasvizError(f"cannot read {directory / 'config.json'}: {exc}") from exc
-    if not isinstance(config, dict) or not config.get("model_type"):
-        raise BiasvizError(f"{directory / 'config.json'} names no model_type; is this a transformers checkpoint?")
-    return str(config["model_type"])
+def hf_architectures() -> dict[str, Callable[..., ModelAdapter]]:
+    """transformers architectures other than biasviz's own, by config.json ``model_type``."""
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 
-
-_ENCODER_DECODER = {"t5", "mt5"}
+    native = set(BiasGPTAdapter.model_types)
+    return {mt: cls.open for cls in adapter_classes() for mt in getattr(cls, "model_types", ()) if mt not in native}
 
 
 def check_finite(adapter: ModelAdapter) -> None:
@@ -86,15 +81,15 @@ def _load_model(
     attn_scale: float | None = None,
     part: str | None = None,
 ) -> ModelAdapter:
-    """Load whatever ``--model`` names and wrap it in the right adapter (on the CPU, in eval mode).
+    """Ask each adapter whether it can open ``path``; the first that can loads it (on the CPU, in eval mode).
 
     ``scheme`` is needed only where a state dict's keys do not tell it; where the checkpoint records
     its scheme, a different ``scheme`` is an error. ``attn_scale`` (q.k multiplier; None: 1/sqrt(d_head))
     applies to biasviz and nanoGPT-style models only. ``part`` picks the stack of an encoder-decoder
     model (T5: ``encoder`` or ``decoder``); other models have one stack and refuse it.
     """
-    from biasviz.adapters.biasviz_gpt import load_biasviz_checkpoint
-    from biasviz.adapters.nanogpt import STATE_DICT_SUFFIXES, load_state_dict_model
+    from biasviz.adapters.files import model_type
+    from biasviz.adapters.nanogpt import STATE_DICT_SUFFIXES
 
     p = Path(path).expanduser()
     if not p.exists():
@@ -103,32 +98,32 @@ def _load_model(
         p = p.parent
     if p.is_file() and p.suffix == ".safetensors" and (p.parent / "config.json").is_file():
         p = p.parent  # the weights file of a checkpoint directory
+    classes = adapter_classes()
+    for cls in classes:
+        if not cls.can_open(p):
+            continue
+        if attn_scale is not None and not cls.accepts_attn_scale:
+            raise BiasvizError("--no-scale applies to biasviz and nanoGPT-style checkpoints only")
+        if part is not None and part not in cls.parts:
+            what = model_type(p) if (p / "config.json").is_file() else p.name
+            raise BiasvizError(f"--part applies to encoder-decoder models (T5); {p} is a '{what}' model")
+        options = {k: v for k, v in (("attn_scale", attn_scale), ("part", part)) if v is not None}
+        return cls.open(p, scheme, **options)
     if p.is_dir():
         if not (p / "config.json").is_file():
-            for name in _NANOGPT_CHECKPOINTS:
-                if (p / name).is_file():
-                    return load_state_dict_model(p / name, scheme, attn_scale=attn_scale)
             raise BiasvizError(f"{p} holds no config.json (nor a nanoGPT ckpt.pt); is it a checkpoint directory?")
-        model_type = _model_type(p)
-        if model_type == BIASVIZ_MODEL_TYPE:
-            return load_biasviz_checkpoint(p, scheme, attn_scale=attn_scale)
-        loaders = hf_architectures()
-        if model_type not in loaders:
-            known = ", ".join([BIASVIZ_MODEL_TYPE, *sorted(loaders)])
-            raise BiasvizError(f"{p} is a '{model_type}' model, which biasviz cannot read; supported: {known}")
-        if attn_scale is not None:
-            raise BiasvizError("--no-scale applies to biasviz and nanoGPT-style checkpoints only")
-        if part is not None:
-            if model_type not in _ENCODER_DECODER:
-                raise BiasvizError(f"--part applies to encoder-decoder models (T5); {p} is a '{model_type}' model")
-            return loaders[model_type](p, scheme, part=part)
-        return loaders[model_type](p, scheme)
-    if p.suffix.lower() in STATE_DICT_SUFFIXES:
-        return load_state_dict_model(p, scheme, attn_scale=attn_scale)
+        known = list(dict.fromkeys(mt for cls in classes for mt in getattr(cls, "model_types", ())))
+        known = [*known[:1], *sorted(known[1:])]
+        raise BiasvizError(
+            f"{p} is a '{model_type(p)}' model, which biasviz cannot read; supported: {', '.join(known)}"
+        )
     raise BiasvizError(
         f"cannot tell what {p} is: give a checkpoint directory (config.json + weights) or a state dict "
         f"({', '.join(STATE_DICT_SUFFIXES)})"
     )
 
 
-__all__ = ["Captured", "ModelAdapter", "RELATIVE", "KEY_POSITION", "check_finite", "load_model", "hf_architectures"]
+__all__ = [
+    "Captured", "ModelAdapter", "RELATIVE", "KEY_POSITION", "adapter_classes", "check_finite", "hf_architectures",
+    "load_model",
+]  # fmt: skip

@@ -1,7 +1,10 @@
-"""What extraction needs from a model, whatever its architecture.
+"""What extraction needs from a model, whatever its architecture: the :class:`ModelAdapter` interface.
 
-An adapter wraps a loaded model and knows where its additive bias and its post-softmax weights
-pass, so that :mod:`biasviz.extract` can capture them with forward hooks for any architecture.
+An adapter wraps a loaded model, records the facts :func:`biasviz.extract.extract` writes into the
+file (layers, heads, scheme, bias convention, tokenizer, maximum length), knows where each layer's
+attention lives and where its additive bias and post-softmax weights pass, and captures them with
+forward hooks. Each adapter class also says which paths it can open (:meth:`ModelAdapter.can_open`,
+as xarray's backends do), so :func:`biasviz.adapters.load_model` picks one by asking them in turn.
 """
 
 from __future__ import annotations
@@ -9,19 +12,25 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
+from biasviz.errors import BiasvizError, too_long
+
 # What a stored bias means (HDF5 attribute ``bias_convention``):
-RELATIVE = "relative"  # b_h(i, j) exactly as SPEC section 1 writes it (e.g. ALiBi: -m_h * (i - j))
+RELATIVE = "relative"  # b_h(i, j) exactly as README's scheme table writes it (e.g. ALiBi: -m_h * (i - j))
 KEY_POSITION = "key-position"  # BLOOM-style ALiBi: +m_h * j, equal to -m_h * (i - j) plus a per-row constant
 
 
 @dataclass
 class Captured:
-    """Tensors captured in one forward pass, by layer: bias (1 or B, H, T, T), weights (B, H, T, T)."""
+    """Tensors captured in one forward pass, by layer: bias (1 or B, H, T, T), weights (B, H, T, T).
+
+    They stay where the model computed them (on the GPU, say); extraction moves them to the file.
+    """
 
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
     weights: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -57,14 +66,18 @@ def stop_after(module: nn.Module | None) -> Iterator[None]:
 
 
 class ModelAdapter:
-    """Base class: a model plus the facts extraction records about it.
+    """Base class: a model plus everything extraction reads about it.
 
-    Subclasses implement :meth:`capture` (attach hooks for the given layers, remove them on exit)
-    and :meth:`forward`.
+    Subclasses set the class attributes, implement :meth:`attention` and :meth:`capture`, and, to be
+    found by ``--model``, :meth:`can_open` and :meth:`open`. The forward pass (stopping after the last
+    captured layer) is the same for all.
     """
 
     architecture: str = ""  # 'biasviz-gpt2', 'nanogpt', 'bloom', 'mpt', 'falcon', 't5-encoder', ...
     bias_convention: str = RELATIVE
+    causal: bool = True  # False: every (i, j) cell is used (a T5 encoder); none is masked in the file
+    accepts_attn_scale: ClassVar[bool] = False  # --no-scale applies
+    parts: ClassVar[tuple[str, ...]] = ()  # --part choices (encoder-decoder models)
 
     def __init__(
         self,
@@ -77,6 +90,8 @@ class ModelAdapter:
         sha256: str = "",
         max_length: int | None = None,
         tokenizer: Any = None,
+        vocab_size: int | None = None,
+        config_json: str = "",
     ) -> None:
         self.model = model
         self.scheme = scheme
@@ -84,8 +99,41 @@ class ModelAdapter:
         self.n_heads = n_heads
         self.source = source
         self.sha256 = sha256
-        self.max_length = max_length
+        self.max_length = max_length  # None: any length (relative schemes)
         self.tokenizer = tokenizer  # a tokenizers.Tokenizer or None
+        self.vocab_size = vocab_size
+        self.config_json = config_json  # the model's configuration, for the file's provenance
+        self._stop_layer: int | None = None
+
+    # -- finding and opening ---------------------------------------------------------------------
+    @classmethod
+    def can_open(cls, path: Path) -> bool:
+        """Whether ``path`` (an existing file or directory) is something this adapter loads."""
+        return False
+
+    @classmethod
+    def open(cls, path: Path, scheme: str | None = None, **options: Any) -> ModelAdapter:
+        """Load ``path``; ``options`` are ``attn_scale`` (if :attr:`accepts_attn_scale`) and ``part``."""
+        raise NotImplementedError
+
+    # -- facts -----------------------------------------------------------------------------------
+    @property
+    def adds_bias(self) -> bool:
+        """False for schemes without an additive bias (learned positions, NoPE): no ``bias`` dataset."""
+        return self._scheme_flag("adds_bias", default=True)
+
+    @property
+    def context_dependent(self) -> bool:
+        """Whether the bias changes with the input (CABLE); from the scheme registry."""
+        return self._scheme_flag("context_dependent", default=False)
+
+    def _scheme_flag(self, name: str, default: bool) -> bool:
+        from biasviz.schemes import get_scheme
+
+        try:
+            return bool(getattr(get_scheme(self.scheme), name))
+        except BiasvizError:  # a scheme the registry does not know (recorded by name only)
+            return default
 
     @property
     def device(self) -> torch.device:
@@ -95,10 +143,13 @@ class ModelAdapter:
         self.model.to(device)
         return self
 
+    def check_length(self, seq_len: int) -> None:
+        """Learned absolute positions end at the table's size; relative schemes take any length."""
+        if self.max_length is not None and seq_len > self.max_length:
+            raise too_long(self.scheme, self.max_length, seq_len, what="--seq-len")
+
     def resolve_layers(self, spec: int | str | list[int]) -> list[int]:
         """``-1`` (last), an index, a list, or ``"all"`` -> sorted 0-based layer indices."""
-        from biasviz.errors import BiasvizError
-
         if spec == "all":
             return list(range(self.n_layers))
         items = spec if isinstance(spec, list) else [int(spec)]
@@ -113,12 +164,40 @@ class ModelAdapter:
             out.append(idx)
         return sorted(set(out))
 
+    # -- where attention lives, and running the model --------------------------------------------
+    def attention(self, layer: int) -> nn.Module:
+        """The attention module of ``layer``: the forward pass may stop once it has run."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
-        """Attach hooks on ``layers`` for the duration of the block; each forward fills the result."""
+        """Attach hooks on ``layers`` for the duration of the block; each forward fills the result.
+
+        Implementations wrap their hooks in :meth:`stopping_after` so that :meth:`forward` stops early.
+        """
         raise NotImplementedError
         yield Captured()  # pragma: no cover
 
+    @contextlib.contextmanager
+    def stopping_after(self, layers: list[int]) -> Iterator[None]:
+        """Within the block, :meth:`forward` ends after the attention of the last of ``layers``."""
+        previous, self._stop_layer = self._stop_layer, max(layers)
+        try:
+            yield
+        finally:
+            self._stop_layer = previous
+
+    def model_inputs(self, input_ids: torch.Tensor) -> dict[str, Any]:
+        """The keyword arguments of the model's call for (B, T) token ids."""
+        return {"input_ids": input_ids}
+
     def forward(self, input_ids: torch.Tensor) -> None:
-        """Run the model on (B, T) token ids (no gradients); outputs are not needed."""
-        raise NotImplementedError
+        """Run the model on (B, T) token ids without gradients; the hooks keep what is needed.
+
+        Inside :meth:`capture` the pass ends once the last captured attention module has run: later
+        layers and the (T, V) logits cannot change what was captured, and at long lengths the logits
+        alone cost more memory than a layer.
+        """
+        stop = None if self._stop_layer is None else self.attention(self._stop_layer)
+        with torch.inference_mode(), stop_after(stop):
+            self.model(**self.model_inputs(input_ids.to(self.device)))

@@ -1,8 +1,7 @@
 """Adapter for biasviz's own GPT-2 variant: checkpoint directories written by ``biasviz train``.
 
 Capture uses the model's named hook points (``blocks.{L}.attn.hook_bias`` and ``hook_pattern``).
-The forward pass stops after the last captured block: later blocks and the (T, V) logits cannot
-change what was captured, and at long lengths the logits alone cost more memory than a layer.
+The forward pass stops after the last captured attention layer (:meth:`ModelAdapter.forward`).
 """
 
 from __future__ import annotations
@@ -11,15 +10,17 @@ import contextlib
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
-from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter, stop_after
+from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter
+from biasviz.adapters.files import model_type, tokenizer_in, unsafe_pickle_error, weight_files
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_files
 from biasviz.model import HOOK_BIAS, HOOK_PATTERN, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
-from biasviz.schemes import canonical_name, get_scheme
+from biasviz.schemes import canonical_name
 
 CONFIG_FILE = "config.json"
 MODEL_TYPE = BiasGPTConfig.model_type
@@ -30,6 +31,8 @@ class BiasGPTAdapter(ModelAdapter):
 
     architecture = "biasviz-gpt2"
     bias_convention = RELATIVE
+    accepts_attn_scale = True
+    model_types: ClassVar[tuple[str, ...]] = (MODEL_TYPE,)
 
     def __init__(
         self,
@@ -42,28 +45,24 @@ class BiasGPTAdapter(ModelAdapter):
     ) -> None:
         cfg = model.config
         super().__init__(
-            model.eval(),
-            scheme=cfg.scheme,
-            n_layers=cfg.n_layer,
-            n_heads=cfg.n_head,
-            source=source,
-            sha256=sha256,
-            max_length=model.max_length,
-            tokenizer=tokenizer,
-        )
+            model.eval(), scheme=cfg.scheme, n_layers=cfg.n_layer, n_heads=cfg.n_head, source=source, sha256=sha256,
+            max_length=model.max_length, tokenizer=tokenizer, vocab_size=int(cfg.vocab_size),
+            config_json=cfg.to_json_string(use_diff=False),
+        )  # fmt: skip
         if architecture:
             self.architecture = architecture
-        self.config_json = cfg.to_json_string(use_diff=False)
-        self.vocab_size = int(cfg.vocab_size)
-        self._stop_layer: int | None = None
 
-    @property
-    def adds_bias(self) -> bool:
-        return get_scheme(self.scheme).adds_bias
+    @classmethod
+    def can_open(cls, path: Path) -> bool:
+        """A directory whose config.json says ``model_type: biasviz_gpt2``."""
+        return path.is_dir() and (path / CONFIG_FILE).is_file() and model_type(path) in cls.model_types
 
-    @property
-    def context_dependent(self) -> bool:
-        return get_scheme(self.scheme).context_dependent
+    @classmethod
+    def open(cls, path: Path, scheme: str | None = None, **options: Any) -> BiasGPTAdapter:
+        return load_biasviz_checkpoint(path, scheme, attn_scale=options.get("attn_scale"))
+
+    def attention(self, layer: int) -> nn.Module:
+        return self.model.blocks[layer].attn
 
     @contextlib.contextmanager
     def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
@@ -77,26 +76,8 @@ class BiasGPTAdapter(ModelAdapter):
             target = got.bias if name.endswith(HOOK_BIAS) else got.weights
             target[layer] = t.detach()  # bias (1 or B, H, T, T), weights (B, H, T, T)
 
-        previous, self._stop_layer = self._stop_layer, max(layers)
-        try:
-            with capture(self.model, names, _store):
-                yield got
-        finally:
-            self._stop_layer = previous
-
-    def forward(self, input_ids: torch.Tensor) -> None:
-        stop = None if self._stop_layer is None else self.model.blocks[self._stop_layer]
-        with torch.inference_mode(), stop_after(stop):
-            self.model(input_ids)
-
-
-def weight_files(directory: Path) -> list[Path]:
-    """The weight files of a transformers-style checkpoint directory (safetensors preferred)."""
-    for pattern in ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin"):
-        found = sorted(directory.glob(pattern))
-        if found:
-            return found
-    raise BiasvizError(f"{directory} holds a config.json but no model.safetensors (or pytorch_model.bin) weights")
+        with self.stopping_after(layers), capture(self.model, names, _store):
+            yield got
 
 
 def load_biasviz_checkpoint(
@@ -111,9 +92,6 @@ def load_biasviz_checkpoint(
     Missing or unexpected weights are an error: a randomly initialised tensor must never pass for a
     trained one.
     """
-    from biasviz.data import load_tokenizer
-    from biasviz.data.tokenizer import TOKENIZER_FILE
-
     directory = Path(path)
     try:
         config = BiasGPTConfig.from_pretrained(directory, local_files_only=True)
@@ -137,8 +115,6 @@ def load_biasviz_checkpoint(
             use_safetensors=files[0].suffix == ".safetensors",
         )
     except pickle.UnpicklingError as exc:  # a pytorch_model.bin that would run code (read with weights_only)
-        from biasviz.adapters.nanogpt import unsafe_pickle_error
-
         raise unsafe_pickle_error(files[0], exc) from None
     except (OSError, ValueError, RuntimeError) as exc:
         raise BiasvizError(f"cannot load the weights in {directory}: {exc}") from exc
@@ -147,5 +123,5 @@ def load_biasviz_checkpoint(
     if bad:
         detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:5]))}" for k, v in bad.items())
         raise BiasvizError(f"the weights in {directory} do not match its config.json ({detail})")
-    tok = load_tokenizer(directory) if (directory / TOKENIZER_FILE).is_file() else None
-    return BiasGPTAdapter(model, source=str(directory.resolve()), sha256=sha256_files(files), tokenizer=tok)
+    return BiasGPTAdapter(model, source=str(directory.resolve()), sha256=sha256_files(files),
+                          tokenizer=tokenizer_in(directory))  # fmt: skip

@@ -21,9 +21,7 @@ unpickled is refused.
 
 from __future__ import annotations
 
-import pickle
 import re
-import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,12 +31,14 @@ from typing import Any
 import torch
 
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+from biasviz.adapters.files import load_tensor_file, tokenizer_in
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_file
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 from biasviz.schemes import SCHEMES, canonical_name, get_scheme
 
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
+NANOGPT_CHECKPOINTS = ("ckpt.pt",)  # nanoGPT's out_dir holds its checkpoint under this name
 DEFAULT_HEAD_DIM = 64
 _WRAPPER_KEYS = ("model", "state_dict", "model_state_dict")
 _STRIP_PREFIXES = ("_orig_mod.", "module.")
@@ -52,45 +52,6 @@ _RENAMES = (  # (pattern, replacement), applied in order to every key
 )
 
 
-def unsafe_pickle_error(path: Path, exc: BaseException) -> BiasvizError:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return BiasvizError(
-        f"refusing to load {path}: it holds Python objects that would run code when unpickled, and biasviz "
-        f"reads only plain tensors (torch.load with weights_only=True: {first}). If you trust the file, "
-        "re-save just its state dict (torch.save(model.state_dict(), ...)) or convert it to safetensors"
-    )
-
-
-def load_tensor_file(path: str | Path) -> Any:
-    """Read a state dict (or a checkpoint dict holding one) without executing any code."""
-    p = Path(path)
-    if p.suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(p), device="cpu")
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise BiasvizError(f"{p} is not a readable safetensors file: {exc}") from exc
-    try:
-        with warnings.catch_warnings():  # torch's note on pickle protocols is no concern of the user's
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "GLOBAL" in str(exc) or "global" in str(exc).lower().split("weightsunpickler error")[-1]:
-            raise unsafe_pickle_error(p, exc) from None  # it names a callable: code that would run
-        raise BiasvizError(
-            f"{p} is not a readable PyTorch checkpoint (not a pickle of plain tensors); save the state dict with "
-            "torch.save(model.state_dict(), ...)"
-        ) from exc
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BiasvizError(f"{p} is not a readable PyTorch checkpoint: {first}") from exc
-    except (IndexError, KeyError, TypeError, AttributeError, UnicodeDecodeError, struct.error) as exc:
-        # the restricted unpickler fails in these ways on bytes that are not a pickle at all
-        raise BiasvizError(f"{p} is not a readable PyTorch checkpoint (not a pickle of tensors)") from exc
-
-
 @dataclass
 class StateDictLayout:
     """What the keys and shapes of a state dict say about the model."""
@@ -99,7 +60,7 @@ class StateDictLayout:
     n_layer: int
     n_embd: int
     vocab_size: int
-    has_bias: bool
+    linear_bias: bool  # Linear/LayerNorm bias vectors present (not the positional bias)
     scheme_from_keys: str | None
     n_head: int | None
     n_positions: int | None
@@ -193,7 +154,7 @@ def read_layout(tensors: Mapping[str, torch.Tensor], args: Mapping[str, Any], pa
         n_layer=n_layer,
         n_embd=c,
         vocab_size=vocab,
-        has_bias="blocks.0.attn.c_attn.bias" in state,
+        linear_bias="blocks.0.attn.c_attn.bias" in state,
         scheme_from_keys=scheme,
         n_head=n_head,
         n_positions=n_positions,
@@ -262,7 +223,7 @@ def build_config(
         n_embd=layout.n_embd,
         n_layer=layout.n_layer,
         n_head=n_head,
-        bias=layout.has_bias,
+        linear_bias=layout.linear_bias,
         attn_scale=attn_scale,
         activation=activation or ("gelu_tanh" if layout.conv1d else "gelu"),
         tie_word_embeddings=layout.tied,
@@ -290,6 +251,26 @@ def load_weights(model: BiasGPTForCausalLM, layout: StateDictLayout, scheme: str
         )
 
 
+class NanoGPTAdapter(BiasGPTAdapter):
+    """A nanoGPT-style state dict rebuilt as biasviz's GPT-2 variant (file, or nanoGPT's out_dir)."""
+
+    architecture = "nanogpt"
+    model_types = ()  # state dicts carry no config.json
+
+    @classmethod
+    def can_open(cls, path: Path) -> bool:
+        """A state dict file, or a folder without config.json that holds nanoGPT's ``ckpt.pt``."""
+        if path.is_dir():
+            return not (path / "config.json").is_file() and any((path / n).is_file() for n in NANOGPT_CHECKPOINTS)
+        return path.suffix.lower() in STATE_DICT_SUFFIXES
+
+    @classmethod
+    def open(cls, path: Path, scheme: str | None = None, **options: Any) -> BiasGPTAdapter:
+        if path.is_dir():
+            path = next(path / n for n in NANOGPT_CHECKPOINTS if (path / n).is_file())
+        return load_state_dict_model(path, scheme, attn_scale=options.get("attn_scale"))
+
+
 def load_state_dict_model(
     path: str | Path,
     scheme: str | None = None,
@@ -303,9 +284,6 @@ def load_state_dict_model(
     code, which does not scale. ``activation`` None picks nanoGPT's exact GELU, or GPT-2's tanh
     approximation for transformers' (Conv1D) GPT-2 state dicts.
     """
-    from biasviz.data import load_tokenizer
-    from biasviz.data.tokenizer import TOKENIZER_FILE
-
     p = Path(path)
     tensors, args = unwrap(load_tensor_file(p), p)
     layout = read_layout(tensors, args, p)
@@ -319,7 +297,6 @@ def load_state_dict_model(
         )
     model = BiasGPTForCausalLM(config)
     load_weights(model, layout, name, p)
-    tok_file = p.parent / TOKENIZER_FILE
-    tok = load_tokenizer(tok_file) if tok_file.is_file() else None
+    tok = tokenizer_in(p.parent)
     arch = "gpt2-state-dict" if layout.conv1d else "nanogpt"
-    return BiasGPTAdapter(model, source=str(p.resolve()), sha256=sha256_file(p), tokenizer=tok, architecture=arch)
+    return NanoGPTAdapter(model, source=str(p.resolve()), sha256=sha256_file(p), tokenizer=tok, architecture=arch)

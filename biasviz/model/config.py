@@ -23,6 +23,8 @@ class BiasGPTConfig(PreTrainedConfig):
     ``scheme_options`` holds the scheme's own options (e.g. ``{"slopes": "interleaved"}`` for ALiBi);
     ``n_positions`` is the size of the absolute position table (``learned``) and the default context.
     ``share_position_params`` makes every layer use the first layer's scheme parameters.
+    ``linear_bias`` gives the Linear and LayerNorm layers their bias vectors (GPT-2 has them; a nanoGPT
+    model may not): it has nothing to do with the positional bias. Configs that call it ``bias`` load.
     ``attn_scale`` multiplies q.k before the bias is added: ``None`` means GPT-2's 1/sqrt(d_head);
     ``1.0`` reproduces implementations that do not scale (the CABLE reference code, for one).
     ``activation`` is the MLP's GELU: ``gelu_tanh`` (GPT-2's approximation) or ``gelu`` (exact, as
@@ -35,6 +37,7 @@ class BiasGPTConfig(PreTrainedConfig):
         "num_attention_heads": "n_head",
         "num_hidden_layers": "n_layer",
         "max_position_embeddings": "n_positions",
+        "bias": "linear_bias",  # the former name of the flag, still readable
     }
 
     def __init__(
@@ -46,7 +49,7 @@ class BiasGPTConfig(PreTrainedConfig):
         n_embd: int = 768,
         n_layer: int = 12,
         n_head: int = 12,
-        bias: bool = True,
+        linear_bias: bool = True,
         layer_norm_epsilon: float = 1e-5,
         dropout: float = 0.0,
         initializer_range: float = 0.02,
@@ -63,7 +66,9 @@ class BiasGPTConfig(PreTrainedConfig):
         self.n_embd = n_embd
         self.n_layer = n_layer
         self.n_head = n_head
-        self.bias = bias
+        if "bias" in kwargs:  # the flag's name in configs written before it was renamed
+            linear_bias = bool(kwargs.pop("bias"))
+        self.linear_bias = linear_bias
         self.layer_norm_epsilon = layer_norm_epsilon
         self.dropout = dropout
         self.initializer_range = initializer_range

@@ -16,7 +16,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
-from biasviz.errors import BiasvizError
+from biasviz.errors import too_long
 from biasviz.model.config import BiasGPTConfig
 from biasviz.model.hooks import HookPoint
 from biasviz.schemes import PositionScheme
@@ -157,8 +157,8 @@ class Attention(nn.Module):
         self.head_dim = config.n_embd // config.n_head
         scale = getattr(config, "attn_scale", None)
         self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)  # multiplies q.k
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.linear_bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.linear_bias)
         self.dropout = config.dropout
         if owns_scheme:
             self.pos_bias = scheme
@@ -199,8 +199,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: BiasGPTConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.linear_bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.linear_bias)
         # GPT-2 uses the tanh approximation of GELU; nanoGPT's nn.GELU() is the exact (erf) one
         self.approximate = "none" if getattr(config, "activation", "gelu_tanh") == "gelu" else "tanh"
 
@@ -211,9 +211,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: BiasGPTConfig, scheme: PositionScheme | None, owns_scheme: bool) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.linear_bias)
         self.attn = Attention(config, scheme, owns_scheme)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.linear_bias)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
@@ -246,7 +246,7 @@ class BiasGPTForCausalLM(PreTrainedModel):
             shared = scheme
             blocks.append(Block(config, scheme, owns_scheme=True))
         self.blocks = nn.ModuleList(blocks)
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias)
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.linear_bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
 
@@ -302,11 +302,7 @@ class BiasGPTForCausalLM(PreTrainedModel):
     def check_length(self, seq_len: int) -> None:
         """Raise a clear error for lengths a `learned` model has no positions for."""
         if self.max_length is not None and seq_len > self.max_length:
-            raise BiasvizError(
-                f"sequence length {seq_len} exceeds the {self.max_length} positions of this "
-                f"'{self.config.scheme}' model (learned absolute positions cannot extrapolate); "
-                f"use --seq-len {self.max_length} or less"
-            )
+            raise too_long(self.config.scheme, self.max_length, seq_len)
 
     def forward(
         self,

@@ -1,0 +1,100 @@
+"""Reading what checkpoints are made of: weight files, their hashes, tokenizers, untrusted pickles.
+
+Shared by every adapter, so that each reads files the same way (and none imports another to do so).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+from biasviz.errors import BiasvizError
+from biasviz.hashing import sha256_files
+
+WEIGHT_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files of a transformers-style checkpoint directory (safetensors preferred)."""
+    for pattern in WEIGHT_PATTERNS:
+        found = sorted(directory.glob(pattern))
+        if found:
+            return found
+    raise BiasvizError(f"{directory} holds a config.json but no model.safetensors (or pytorch_model.bin) weights")
+
+
+def weights_sha256(path: Path) -> str:
+    """SHA-256 of the weight file(s), as :mod:`biasviz.hashing` defines it for shards; "" if there are none.
+
+    Prefers safetensors; falls back to PyTorch ``.bin`` files.
+    """
+    files = sorted(path.glob("*.safetensors")) or sorted(path.glob("*.bin"))
+    return sha256_files(files) if files else ""
+
+
+def tokenizer_in(directory: Path) -> Any:
+    """The ``tokenizer.json`` in ``directory`` as a ``tokenizers.Tokenizer``, or None when there is none."""
+    from biasviz.data import load_tokenizer
+    from biasviz.data.tokenizer import TOKENIZER_FILE
+
+    file = Path(directory) / TOKENIZER_FILE
+    if not file.is_file():
+        return None
+    return load_tokenizer(file)
+
+
+def unsafe_pickle_error(path: Path, exc: BaseException) -> BiasvizError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return BiasvizError(
+        f"refusing to load {path}: it holds Python objects that would run code when unpickled, and biasviz "
+        f"reads only plain tensors (torch.load with weights_only=True: {first}). If you trust the file, "
+        "re-save just its state dict (torch.save(model.state_dict(), ...)) or convert it to safetensors"
+    )
+
+
+def load_tensor_file(path: str | Path) -> Any:
+    """Read a state dict (or a checkpoint dict holding one) without executing any code."""
+    import torch
+
+    p = Path(path)
+    if p.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(p), device="cpu")
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise BiasvizError(f"{p} is not a readable safetensors file: {exc}") from exc
+    try:
+        with warnings.catch_warnings():  # torch's note on pickle protocols is no concern of the user's
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" in str(exc) or "global" in str(exc).lower().split("weightsunpickler error")[-1]:
+            raise unsafe_pickle_error(p, exc) from None  # it names a callable: code that would run
+        raise BiasvizError(
+            f"{p} is not a readable PyTorch checkpoint (not a pickle of plain tensors); save the state dict with "
+            "torch.save(model.state_dict(), ...)"
+        ) from exc
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BiasvizError(f"{p} is not a readable PyTorch checkpoint: {first}") from exc
+    except (IndexError, KeyError, TypeError, AttributeError, UnicodeDecodeError, struct.error) as exc:
+        # the restricted unpickler fails in these ways on bytes that are not a pickle at all
+        raise BiasvizError(f"{p} is not a readable PyTorch checkpoint (not a pickle of tensors)") from exc
+
+
+def model_type(directory: Path) -> str:
+    """The ``model_type`` of a transformers-style directory's config.json."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BiasvizError(f"cannot read {directory / 'config.json'}: {exc}") from exc
+    if not isinstance(config, dict) or not config.get("model_type"):
+        raise BiasvizError(f"{directory / 'config.json'} names no model_type; is this a transformers checkpoint?")
+    return str(config["model_type"])

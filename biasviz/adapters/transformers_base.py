@@ -1,0 +1,130 @@
+"""What every transformers adapter shares: loading a local directory with eager attention, and hooks
+on the library's own attention modules.
+
+Nothing of the libraries' forward passes is re-implemented: a forward pre-hook reads the bias a module
+receives, a forward hook the bias it returns and the post-softmax weights. Captured tensors stay on
+the device the model runs on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from biasviz.adapters.base import Captured, ModelAdapter
+from biasviz.adapters.files import model_type, tokenizer_in, weights_sha256
+from biasviz.errors import BiasvizError
+
+
+def check_scheme(requested: str | None, actual: str, what: str) -> None:
+    """A ``--scheme`` given for a transformers model must name the scheme that model really uses."""
+    if requested is None:
+        return
+    from biasviz.schemes import canonical_name
+
+    if canonical_name(requested) != actual:
+        raise BiasvizError(f"{what} uses the '{actual}' scheme; --scheme {requested} does not apply (omit --scheme)")
+
+
+def load_eager(auto_class: Any, path: Path) -> nn.Module:
+    """Load a local directory in float32 with eager attention (the only path that forms the weights)."""
+    try:
+        model = auto_class.from_pretrained(
+            path, attn_implementation="eager", local_files_only=True, dtype=torch.float32
+        )
+    except (OSError, ValueError) as exc:
+        raise BiasvizError(f"cannot load the transformers model in {path}: {exc}") from exc
+    return model.eval()
+
+
+def directory_facts(path: Path, n_layers: int, n_heads: int) -> dict[str, Any]:
+    """Facts every adapter records, read from the directory."""
+    return {
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "source": str(path.resolve()),
+        "sha256": weights_sha256(path),
+        "tokenizer": tokenizer_in(path),
+    }
+
+
+def keys_to_query_rows(row: torch.Tensor, q_len: int) -> torch.Tensor:
+    """A bias that depends on the key alone, (N, H, 1, Tk), broadcast to every query row (N, H, Tq, Tk).
+
+    ``expand`` makes a view: one row per head is stored in memory, wherever the model runs.
+    """
+    row = row.detach()
+    return row.expand(row.shape[0], row.shape[1], q_len, row.shape[-1])
+
+
+class TransformersAdapter(ModelAdapter):
+    """Hooks on one attention module per layer; subclasses say where the bias and the weights pass.
+
+    ``_bias_in`` reads the bias from the module's call (forward pre-hook), ``_bias_out`` from what it
+    returns (forward hook); ``_weights_out`` picks the post-softmax weights out of the returned tuple.
+    """
+
+    model_types: ClassVar[tuple[str, ...]] = ()  # config.json model_type values this adapter opens
+
+    def __init__(self, model: nn.Module, **kwargs: Any) -> None:
+        kwargs.setdefault("vocab_size", int(model.config.vocab_size))
+        kwargs.setdefault("config_json", model.config.to_json_string(use_diff=False))
+        super().__init__(model, **kwargs)
+
+    @classmethod
+    def can_open(cls, path: Path) -> bool:
+        return path.is_dir() and (path / "config.json").is_file() and model_type(path) in cls.model_types
+
+    @property
+    def context_dependent(self) -> bool:
+        return False  # none of these biases depends on the input
+
+    def _bias_in(self, module: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        return None
+
+    def _bias_out(self, module: nn.Module, output: Any) -> torch.Tensor | None:
+        return None
+
+    def _weights_out(self, output: Any) -> torch.Tensor:
+        return output[-1]  # (B, H, T, T)
+
+    def model_inputs(self, input_ids: torch.Tensor) -> dict[str, Any]:
+        return {"input_ids": input_ids, "use_cache": False}
+
+    @contextlib.contextmanager
+    def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
+        """Hooks on the attention modules of ``layers`` only; each forward overwrites the result."""
+        captured = Captured()
+        handles = []
+        try:
+            for layer in layers:
+                module = self.attention(layer)
+
+                def pre_hook(mod: nn.Module, args: tuple, kwargs: dict, layer: int = layer) -> None:
+                    bias = self._bias_in(mod, args, kwargs)
+                    if bias is not None:
+                        captured.bias[layer] = bias  # (1 or B, H, T, T)
+
+                def hook(mod: nn.Module, args: tuple, output: Any, layer: int = layer) -> None:
+                    if want_bias:
+                        bias = self._bias_out(mod, output)
+                        if bias is not None:
+                            captured.bias[layer] = bias  # (1 or B, H, T, T)
+                    weights = self._weights_out(output)
+                    if weights is None:
+                        raise BiasvizError(f"{self.architecture} layer {layer} returned no attention weights")
+                    captured.weights[layer] = weights.detach()  # (B, H, T, T), left on its device
+
+                if want_bias:
+                    handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+                handles.append(module.register_forward_hook(hook))
+            with self.stopping_after(layers):
+                yield captured
+        finally:
+            for handle in handles:
+                handle.remove()
