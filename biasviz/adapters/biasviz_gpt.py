@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter
-from biasviz.adapters.files import model_type, tokenizer_in, unsafe_pickle_error, weight_files
+from biasviz.adapters.files import model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_files
 from biasviz.model import HOOK_BIAS, HOOK_PATTERN, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
@@ -104,7 +104,7 @@ def load_biasviz_checkpoint(
         )
     if attn_scale is not None:
         config.attn_scale = float(attn_scale)
-    files = weight_files(directory)
+    files = parameter_files(directory)
     try:
         model, info = BiasGPTForCausalLM.from_pretrained(
             directory,

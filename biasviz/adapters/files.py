@@ -1,4 +1,7 @@
-"""Reading what checkpoints are made of: weight files, their hashes, tokenizers, untrusted pickles.
+"""Reading what checkpoints are made of: parameter files, their hashes, tokenizers, untrusted pickles.
+
+("Weights" in biasviz means attention weights, the post-softmax probabilities; a model's learned
+tensors are its parameters.)
 
 Shared by every adapter, so that each reads files the same way (and none imports another to do so).
 """
@@ -14,19 +17,19 @@ from typing import Any
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_files
 
-WEIGHT_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
+PARAMETER_FILE_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
 
 
-def weight_files(directory: Path) -> list[Path]:
+def parameter_files(directory: Path) -> list[Path]:
     """The weight files of a transformers-style checkpoint directory (safetensors preferred)."""
-    for pattern in WEIGHT_PATTERNS:
+    for pattern in PARAMETER_FILE_PATTERNS:
         found = sorted(directory.glob(pattern))
         if found:
             return found
     raise BiasvizError(f"{directory} holds a config.json but no model.safetensors (or pytorch_model.bin) weights")
 
 
-def weights_sha256(path: Path) -> str:
+def parameters_sha256(path: Path) -> str:
     """SHA-256 of the weight file(s), as :mod:`biasviz.hashing` defines it for shards; "" if there are none.
 
     Prefers safetensors; falls back to PyTorch ``.bin`` files.

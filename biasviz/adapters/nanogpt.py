@@ -230,7 +230,7 @@ def build_config(
     )
 
 
-def load_weights(model: BiasGPTForCausalLM, layout: StateDictLayout, scheme: str, path: Path) -> None:
+def load_parameters(model: BiasGPTForCausalLM, layout: StateDictLayout, scheme: str, path: Path) -> None:
     """Load strictly: only ALiBi's fixed slopes may be absent (they follow from the head count)."""
     result = model.load_state_dict(layout.state, strict=False)
     missing = [k for k in result.missing_keys if not (scheme == "alibi" and k.endswith("pos_bias.slopes"))]
@@ -296,7 +296,7 @@ def load_state_dict_model(
             stacklevel=2,
         )
     model = BiasGPTForCausalLM(config)
-    load_weights(model, layout, name, p)
+    load_parameters(model, layout, name, p)
     tok = tokenizer_in(p.parent)
     arch = "gpt2-state-dict" if layout.conv1d else "nanogpt"
     return NanoGPTAdapter(model, source=str(p.resolve()), sha256=sha256_file(p), tokenizer=tok, architecture=arch)

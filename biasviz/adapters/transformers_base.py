@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from biasviz.adapters.base import Captured, ModelAdapter
-from biasviz.adapters.files import model_type, tokenizer_in, weights_sha256
+from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
 from biasviz.errors import BiasvizError
 
 
@@ -48,7 +48,7 @@ def directory_facts(path: Path, n_layers: int, n_heads: int) -> dict[str, Any]:
         "n_layers": n_layers,
         "n_heads": n_heads,
         "source": str(path.resolve()),
-        "sha256": weights_sha256(path),
+        "sha256": parameters_sha256(path),
         "tokenizer": tokenizer_in(path),
     }
 

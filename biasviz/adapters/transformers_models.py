@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from biasviz.adapters.base import RELATIVE, ModelAdapter
-from biasviz.adapters.files import weights_sha256
+from biasviz.adapters.files import parameters_sha256 as weights_sha256  # the former name
 from biasviz.adapters.transformers_alibi import (
     BloomAdapter,
     FalconAdapter,
