@@ -1,4 +1,4 @@
-"""Context-independence diagnostics (SPEC section 6), in plain numpy.
+"""Context-independence diagnostics (README, "Reading the figures and diagnostics"), in plain numpy.
 
 Per head, over the causal cells C = {(i, j): j <= i}, with b_s the bias of sample s and b̄ its mean:
 

@@ -53,7 +53,7 @@ def provenance(
     batch_size: int,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Root attributes describing where the numbers came from (SPEC section 4, plus a few more)."""
+    """Root attributes describing where the numbers came from (README, "The HDF5 file (format 1)")."""
     import h5py
     import transformers
 

@@ -1,4 +1,4 @@
-"""Diagnostics of SPEC section 6 on synthetic biases whose answers are known in closed form."""
+"""The diagnostics (README, "Reading the figures and diagnostics") on synthetic biases with closed-form answers."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ def layer_input(model: torch.nn.Module, ids: np.ndarray, layer: int) -> torch.Te
 
 
 def reference_bias(model: torch.nn.Module, x: torch.Tensor, layer: int) -> np.ndarray:
-    """b_h(i, j) from each scheme's definition (SPEC section 1), written independently: (B or 1, H, T, T)."""
+    """b_h(i, j) from each scheme's definition (README's scheme table), written independently: (B or 1, H, T, T)."""
     scheme = model.config.scheme
     s = model.blocks[layer].attn.pos_bias
     t = x.shape[1]

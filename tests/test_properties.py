@@ -1,6 +1,6 @@
 """Property tests: the schemes' and the diagnostics' invariants hold for every shape, length and head count.
 
-Expectations come from the mathematics (SPEC sections 1 and 6), not from the code under test.
+Expectations come from the definitions of the schemes and diagnostics (README), not from the code under test.
 """
 
 from __future__ import annotations

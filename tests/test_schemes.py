@@ -1,4 +1,4 @@
-"""Every scheme against its definition (SPEC section 1), computed independently of biasviz."""
+"""Every scheme against its definition (the papers; README's scheme table), computed independently."""
 
 from __future__ import annotations
 

@@ -297,7 +297,7 @@ def test_t5_decoder_bias_is_unidirectional_compute_bias(dirs, ids) -> None:
         library = first.compute_bias(T, T)  # (1, H, T, T), unidirectional (decoder)
         out = adapter.model(input_ids=ids, decoder_input_ids=ids, output_attentions=True)
     torch.testing.assert_close(bias, library, atol=0, rtol=0)
-    # SPEC's t5 scheme: w[bucket(i - j), h] with T5's causal buckets
+    # the t5 scheme (README's table): w[bucket(i - j), h] with T5's causal buckets
     d = torch.arange(T)[:, None] - torch.arange(T)[None, :]
     table = first.relative_attention_bias.weight.detach()  # (buckets, H)
     spec = table[causal_bucket(d, num_buckets=8, max_distance=16)].permute(2, 0, 1)  # (H, T, T)
