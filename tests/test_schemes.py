@@ -271,3 +271,30 @@ def test_unknown_option_is_refused() -> None:
 
 def test_doc_constants() -> None:
     assert math.isclose(2 ** (-8 / 12), 0.6299605249474366)
+
+
+def test_the_table_and_the_classes_agree() -> None:
+    """Each table entry names a class that exists, calls itself by that name, and carries the entry's facts."""
+    from biasviz.schemes.registry import TABLE
+
+    for entry in TABLE:
+        cls = get_scheme(entry.name)
+        assert cls.__name__ == entry.cls and cls.name == entry.name
+        assert (cls.aliases, cls.formula, cls.reference) == (entry.aliases, entry.formula, entry.reference)
+        flags = ("context_dependent", "adds_bias", "absolute_positions")
+        assert [getattr(cls, f) for f in flags] == [getattr(entry, f) for f in flags]
+        module = cls(H, 48)
+        assert module.options == entry.default_options  # the options the class accepts are the table's
+        for alias in entry.aliases:
+            assert get_scheme(alias) is cls
+
+
+def test_the_table_is_readable_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from biasviz.schemes import TABLE, canonical_name, info; "
+            "assert canonical_name('kerple') == 'kerple-log' and info('cable').context_dependent; "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -128,10 +128,10 @@ class ModelAdapter:
         return self._scheme_flag("context_dependent", default=False)
 
     def _scheme_flag(self, name: str, default: bool) -> bool:
-        from biasviz.schemes import get_scheme
+        from biasviz.schemes import info
 
         try:
-            return bool(getattr(get_scheme(self.scheme), name))
+            return bool(getattr(info(self.scheme), name))
         except BiasvizError:  # a scheme the registry does not know (recorded by name only)
             return default
 

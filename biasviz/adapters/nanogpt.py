@@ -35,7 +35,7 @@ from biasviz.adapters.files import load_tensor_file, tokenizer_in
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_file
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
-from biasviz.schemes import SCHEMES, canonical_name, get_scheme
+from biasviz.schemes import SCHEMES, canonical_name, info
 
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors")
 NANOGPT_CHECKPOINTS = ("ckpt.pt",)  # nanoGPT's out_dir holds its checkpoint under this name
@@ -187,7 +187,7 @@ def resolve_scheme(layout: StateDictLayout, scheme: str | None, path: Path) -> s
     if told is not None and name != told:
         what = "attn.h_attn weights (CABLE)" if told == "cable" else "wpe weights (learned absolute positions)"
         raise BiasvizError(f"--scheme {name} contradicts {path}, which holds {what}; pass --scheme {told} or omit it")
-    if told is None and get_scheme(name).absolute_positions:
+    if told is None and info(name).absolute_positions:
         raise BiasvizError(f"--scheme {name} needs position embeddings (transformer.wpe.weight), which {path} lacks")
     return name
 

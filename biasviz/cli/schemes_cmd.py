@@ -6,21 +6,21 @@ import json
 
 import click
 
-from biasviz.schemes import SCHEMES
+from biasviz.schemes import TABLE
 
 
 def scheme_rows() -> list[dict[str, object]]:
-    """One row per registered scheme (also used to generate README's table)."""
+    """One row per scheme of the registry's table (also used to generate README's table)."""
     return [
         {
-            "name": cls.name,
-            "aliases": list(cls.aliases),
-            "bias": cls.formula,
-            "context_dependent": cls.context_dependent,
-            "options": dict(cls.default_options),
-            "reference": cls.reference,
+            "name": s.name,
+            "aliases": list(s.aliases),
+            "bias": s.formula,
+            "context_dependent": s.context_dependent,
+            "options": dict(s.default_options),
+            "reference": s.reference,
         }
-        for cls in SCHEMES.values()
+        for s in TABLE
     ]
 
 

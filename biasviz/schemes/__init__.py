@@ -1,63 +1,70 @@
-"""The registry of positional schemes: the model, the CLI, README and tests all read it.
+"""Positional schemes: the table that says what each is (:mod:`.registry`, no torch) and the modules
+that implement them (one per scheme family, imported only when a model is built).
 
-Adding a scheme means adding one module to this package that defines a :class:`PositionScheme`
-subclass decorated with :func:`register`; it is discovered automatically.
+Adding a scheme means one entry in ``registry.TABLE`` and one module here defining a
+:class:`PositionScheme` subclass decorated with :func:`register`, plus its tests.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
-from biasviz.errors import BiasvizError
-from biasviz.schemes.base import PositionScheme
+from biasviz.schemes.registry import TABLE, SchemeInfo, all_names, canonical_name, info, names, scheme_class
 
-SCHEMES: dict[str, type[PositionScheme]] = {}
-_ALIASES: dict[str, str] = {}
+if TYPE_CHECKING:
+    from biasviz.schemes.base import PositionScheme
+
+_COPIED = ("aliases", "formula", "reference", "context_dependent", "adds_bias", "absolute_positions")
 
 
-def register(cls: type[PositionScheme]) -> type[PositionScheme]:
-    """Class decorator: add a scheme (and its aliases) to the registry."""
-    for key in (cls.name, *cls.aliases):
-        if key in SCHEMES or key in _ALIASES:
-            raise ValueError(f"scheme name '{key}' registered twice")
-    SCHEMES[cls.name] = cls
-    for alias in cls.aliases:
-        _ALIASES[alias] = cls.name
+def register(cls: type) -> type:
+    """Class decorator: give a scheme class the descriptive attributes of its table entry.
+
+    The class names itself (``name = "alibi"``); everything else it is described by lives in the table.
+    """
+    entry = info(cls.name)
+    if entry.name != cls.name or entry.cls != cls.__name__:
+        raise ValueError(f"scheme class {cls.__name__} does not match the table entry for '{entry.name}'")
+    for attr in _COPIED:
+        setattr(cls, attr, getattr(entry, attr))
+    cls.default_options = dict(entry.default_options)
+    cls.order = [s.name for s in TABLE].index(entry.name)
     return cls
 
 
-def canonical_name(name: str) -> str:
-    """Resolve an alias (``kerple``, ``t5-bias``) to the scheme's own name; error if unknown."""
-    key = name.strip().lower()
-    if key in SCHEMES:
-        return key
-    if key in _ALIASES:
-        return _ALIASES[key]
-    valid = ", ".join(sorted([*SCHEMES, *_ALIASES]))
-    raise BiasvizError(f"unknown scheme '{name}'; valid schemes: {valid}")
-
-
 def get_scheme(name: str) -> type[PositionScheme]:
-    """The scheme class registered under ``name`` or one of its aliases."""
-    return SCHEMES[canonical_name(name)]
+    """The scheme class registered under ``name`` or one of its aliases (imports torch)."""
+    return scheme_class(name)
 
 
-def all_names() -> list[str]:
-    """Every accepted spelling: scheme names followed by aliases."""
-    return [*SCHEMES, *_ALIASES]
+class _Classes(Mapping[str, type]):
+    """Scheme name -> class, in listing order; a class is imported when it is looked up."""
+
+    def __getitem__(self, name: str) -> type:
+        if name not in names():
+            raise KeyError(name)
+        return scheme_class(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(names())
+
+    def __len__(self) -> int:
+        return len(TABLE)
 
 
-def _discover() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        if info.name != "base":
-            importlib.import_module(f"{__name__}.{info.name}")
-    # list schemes in a stable, meaningful order (SPEC section 1), not in file order
-    ordered = sorted(SCHEMES.values(), key=lambda c: (c.order, c.name))
-    SCHEMES.clear()
-    SCHEMES.update({c.name: c for c in ordered})
+SCHEMES: Mapping[str, type] = _Classes()
 
 
-_discover()
+def __getattr__(attr: str) -> Any:
+    if attr == "PositionScheme":  # the base class, imported (with torch) only by those who need it
+        from biasviz.schemes.base import PositionScheme
 
-__all__ = ["SCHEMES", "PositionScheme", "register", "canonical_name", "get_scheme", "all_names"]
+        return PositionScheme
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+__all__ = [
+    "SCHEMES", "TABLE", "PositionScheme", "SchemeInfo", "all_names", "canonical_name", "get_scheme", "info",
+    "names", "register",
+]  # fmt: skip

@@ -45,10 +45,6 @@ class ALiBi(PositionScheme):
     """Fixed, non-learned slopes; the bias depends on the distance alone."""
 
     name = "alibi"
-    formula = "-m_h * d"
-    reference = "Press, Smith & Lewis, ICLR 2022 (ALiBi)"
-    default_options = {"slopes": "geometric"}
-    order = 10
 
     def __init__(self, n_head: int, d_model: int, **options: Any) -> None:
         super().__init__(n_head, d_model, **options)

@@ -33,9 +33,9 @@ def query_positions(q_len: int, k_len: int, device: torch.device | None = None) 
 class PositionScheme(nn.Module):
     """Base class of every scheme: a module that returns the additive attention bias b_h(i, j).
 
-    Subclasses set the class attributes below (read by the registry, the CLI, README and tests)
-    and implement :meth:`bias`. Schemes that add no bias (``learned``, ``nope``) set
-    ``adds_bias = False`` and are never called.
+    Subclasses set ``name`` and implement :meth:`bias`; :func:`biasviz.schemes.register` fills in the
+    other class attributes below from the scheme's entry in ``biasviz.schemes.registry.TABLE``. Schemes
+    that add no bias (``learned``, ``nope``) have ``adds_bias = False`` and are never called.
     """
 
     name: ClassVar[str]

@@ -22,10 +22,6 @@ class CABLE(PositionScheme):
     """
 
     name = "cable"
-    formula = "-sum_{k=j+1..i} softplus(w_h . x_k + beta_h)"
-    reference = 'Veisi et al., "Context-aware Biases for Length Extrapolation" (CABLE)'
-    context_dependent = True
-    order = 50
 
     def __init__(self, n_head: int, d_model: int, **options: Any) -> None:
         super().__init__(n_head, d_model, **options)

@@ -22,10 +22,6 @@ class FIRE(PositionScheme):
     """
 
     name = "fire"
-    formula = "f(psi(d) / psi(max(L, i)))_h, psi(x) = log(c*x + 1)"
-    reference = "Li et al., ICLR 2024 (FIRE)"
-    default_options = {"hidden": 32, "init_c": 0.1, "init_threshold": 512.0}
-    order = 30
 
     def __init__(self, n_head: int, d_model: int, **options: Any) -> None:
         super().__init__(n_head, d_model, **options)

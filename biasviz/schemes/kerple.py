@@ -46,10 +46,6 @@ class _Kerple(PositionScheme):
 @register
 class KerpleLog(_Kerple):
     name = "kerple-log"
-    aliases = ("kerple",)
-    formula = "-r1_h * log(1 + r2_h * d)"
-    reference = "Chi et al., NeurIPS 2022 (KERPLE)"
-    order = 20
 
     def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
         r1, r2 = self._params()
@@ -60,9 +56,6 @@ class KerpleLog(_Kerple):
 @register
 class KerplePower(_Kerple):
     name = "kerple-power"
-    formula = "-r1_h * d^r2_h"
-    reference = "Chi et al., NeurIPS 2022 (KERPLE)"
-    order = 21
 
     def reset_parameters(self) -> None:
         with torch.no_grad():

@@ -33,11 +33,6 @@ def causal_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: i
 @register
 class T5Bias(PositionScheme):
     name = "t5"
-    aliases = ("t5-bias",)
-    formula = "w[bucket(d), h]"
-    reference = "Raffel et al., JMLR 2020 (T5)"
-    default_options = {"num_buckets": 32, "max_distance": 128}
-    order = 40
 
     def __init__(self, n_head: int, d_model: int, **options: Any) -> None:
         super().__init__(n_head, d_model, **options)
