@@ -15,7 +15,7 @@ FIGURES := figures
 STAGES  := $(RUNS)/stages
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint figures previews bench clean distclean
+.PHONY: help install test test-fast lint figures previews bench clean distclean
 # a recipe interrupted half-way must not leave a target that looks finished
 .DELETE_ON_ERROR:
 
@@ -35,8 +35,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)  ## create .venv and install biasviz with its test tools
 
-test: $(STAMP)  ## run the test suite (CPU; CUDA tests skip without a GPU)
+test: $(STAMP)  ## run the whole test suite (CPU; CUDA tests skip without a GPU)
 	$(BIN)/python -m pytest tests biasviz
+
+test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs), in under 30 s
+	$(BIN)/python -m pytest tests biasviz -m "not slow" -q
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check biasviz tests

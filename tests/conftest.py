@@ -31,8 +31,20 @@ def _quiet_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
     hf_logging.disable_progress_bar()
 
 
+# End-to-end modules (real subprocesses, whole CLI runs, figures written to disk) and single tests that
+# take over a second here: `make test-fast` leaves them out, `make test` runs everything.
+SLOW_MODULES = {"test_interrupts", "test_cli_plot", "test_cli_imports", "test_untrusted", "test_readme",
+                "test_errors", "test_fuzz_info", "test_numerical", "test_train"}  # fmt: skip
+SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png_and_svg_carry_metadata",
+              "test_presets_have_gpt2_small_shape_and_twelve_heads"}  # fmt: skip
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """CUDA tests skip cleanly on machines without a GPU (CI has none)."""
+    """Mark the slow tests; CUDA tests skip cleanly on machines without a GPU (CI has none)."""
+    for item in items:
+        module = item.path.stem
+        if module in SLOW_MODULES or getattr(item, "originalname", "") in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

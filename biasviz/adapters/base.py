@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from biasviz.errors import BiasvizError, too_long
+from biasviz.store.format import KEY_POSITION, RELATIVE  # what a stored bias means
 
-# What a stored bias means (HDF5 attribute ``bias_convention``):
-RELATIVE = "relative"  # b_h(i, j) exactly as README's scheme table writes it (e.g. ALiBi: -m_h * (i - j))
-KEY_POSITION = "key-position"  # BLOOM-style ALiBi: +m_h * j, equal to -m_h * (i - j) plus a per-row constant
+__all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "stop_after"]
+
 
 
 @dataclass

@@ -1,0 +1,58 @@
+"""HDF5 format 1, the vocabulary: names, layout and masking rules (README, "The HDF5 file (format 1)").
+
+Layout::
+
+    /                  attrs: biasviz_format=1, scheme, context_dependent, source_model, ...
+    /input_ids         (sample, query) int32
+    /layer_{L}/bias    (sample, head, query, key)   absent when the scheme adds no bias
+    /layer_{L}/weights (sample, head, query, key)
+
+Masked cells (key after query) hold NaN in ``bias`` and 0 in ``weights``. NumPy only: the reader,
+the writer and the GPU encoder (:mod:`biasviz.gpu_encode`, the same rules in torch) share it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+import numpy as np
+
+FORMAT_VERSION = 1
+DIMS = ("sample", "head", "query", "key")
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+REQUIRED_ATTRS = (
+    "biasviz_format", "scheme", "context_dependent", "source_model", "model_sha256", "architecture",
+    "n_layers", "n_heads", "seq_len", "layers", "samples", "dtype", "device", "seed", "text_source",
+    "created_utc", "biasviz_version", "torch_version",
+)  # fmt: skip
+
+# What a stored bias means (root attribute ``bias_convention``):
+RELATIVE = "relative"  # b_h(i, j) exactly as README's scheme table writes it (e.g. ALiBi: -m_h * (i - j))
+KEY_POSITION = "key-position"  # BLOOM-style ALiBi: +m_h * j, equal to -m_h * (i - j) plus a per-row constant
+FILL = {"bias": float("nan"), "weights": 0.0}  # what masked cells hold
+
+
+def layer_group(layer: int) -> str:
+    """``layer_group(11) == 'layer_11'``: the group holding one layer's tensors."""
+    return f"layer_{layer}"
+
+
+def causal_cells(seq_len: int) -> np.ndarray:
+    """Boolean (query, key) matrix, True where j <= i (the cells a causal model uses)."""
+    return np.tril(np.ones((seq_len, seq_len), dtype=bool))
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
+
+
+def chunk_rows(seq_len: int, itemsize: int) -> int:
+    """Query rows per chunk: the whole (T, T) matrix, unless that passes HDF5's 4 GiB chunk limit.
+
+    >>> chunk_rows(512, 4), chunk_rows(32768, 4)
+    (512, 16384)
+    """
+    rows = seq_len
+    while rows * seq_len * itemsize > 2**31:
+        rows = (rows + 1) // 2
+    return rows
