@@ -1,4 +1,4 @@
-"""HDF5 format 1: layout, attributes, masking, atomic publication and clear errors (SPEC section 4)."""
+"""HDF5 format 1 (README, "The HDF5 file"): layout, attributes, masking, atomic publication, clear errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``biasviz diagnose``: context-independence metrics per scheme and head (SPEC section 6), as JSON and figures."""
+"""``biasviz diagnose``: context-independence metrics per scheme and head (README), as JSON and figures."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from biasviz.errors import BiasvizError
 if TYPE_CHECKING:
     from biasviz.diagnostics import HeadDiagnostics
 
-DEFINITIONS = ("SPEC section 6, over the causal cells j <= i; population standard deviations (ddof=0); "
+DEFINITIONS = ("README, Reading the figures and diagnostics; over the causal cells j <= i; "
+               "population standard deviations (ddof=0); "
                "context_dependence is null with fewer than 2 samples; a constant mean bias gives 0")  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""``biasviz plot``: the per-head grid of a file's bias or attention weights (SPEC section 5)."""
+"""``biasviz plot``: the per-head grid of a file's bias or attention weights (README, "What it makes")."""
 
 from __future__ import annotations
 
