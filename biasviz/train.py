@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from biasviz.atomic import replacing
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
 from biasviz.devices import resolve_device
 from biasviz.errors import BiasvizError
@@ -151,9 +151,7 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
             bar.set_postfix(loss=f"{loss.item():.3f}")
     seconds = time.perf_counter() - start
 
-    tmp = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with replacing(out, tmp=out.with_name(f".{out.name}.partial")) as tmp:  # a whole checkpoint or none
         model.eval().to("cpu").save_pretrained(tmp)
         save_tokenizer(tok, tmp)
         record = {
@@ -163,10 +161,4 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
             "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
         }  # fmt: skip
         (tmp / TRAINING_FILE).write_text(json.dumps(record, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return TrainResult(out, losses, seconds, s.steps * s.batch_size * s.seq_len, step_seconds)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -130,15 +128,11 @@ def _write_json(target: Path, results: list[_FileResult], normalize: str) -> Non
 
 
 def _atomic_write(target: Path, text: str) -> None:
+    from biasviz.atomic import write_text
+
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, target)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+        write_text(target, text)
     except OSError as exc:
         raise BiasvizError(f"cannot write {target}: {exc.strerror or exc}") from exc
 

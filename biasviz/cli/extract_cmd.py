@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,23 +25,6 @@ def parse_layers(spec: str | int) -> int | str | list[int]:
     if not items:
         raise UsageError("--layer is empty; use -1 for the final layer")
     return items[0] if len(items) == 1 else items
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while extracting, so the temporary file is removed either way."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _handler(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager
@@ -128,23 +109,23 @@ def extract(
 
     layers = parse_layers(layer)
     dev = resolve_device(device)
-    with terminate_as_interrupt():
-        with warnings_as_notes():
-            adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
-        target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
-        if target.exists() and not force:
-            raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
-        chosen = adapter.resolve_layers(layers)
-        check_seq_len(adapter, seq_len)
-        with warnings_as_notes():
-            tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
-        corpus = load_corpus(text)
-        windows = sample_windows(encode(corpus.documents, tok), samples, seq_len, seed)
-        result = run_extract(
-            adapter, windows, target, layers=chosen, dtype=dtype, batch_size=batch_size, device=dev,
-            model_dtype=model_dtype, force=force,
-            seed=seed, text_source=corpus.source, attrs={"tokenizer": tok_desc}, progress=False if quiet else None,
-        )  # fmt: skip
+    # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
+    with warnings_as_notes():
+        adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
+    target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
+    if target.exists() and not force:
+        raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
+    chosen = adapter.resolve_layers(layers)
+    check_seq_len(adapter, seq_len)
+    with warnings_as_notes():
+        tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
+    corpus = load_corpus(text)
+    windows = sample_windows(encode(corpus.documents, tok), samples, seq_len, seed)
+    result = run_extract(
+        adapter, windows, target, layers=chosen, dtype=dtype, batch_size=batch_size, device=dev,
+        model_dtype=model_dtype, force=force,
+        seed=seed, text_source=corpus.source, attrs={"tokenizer": tok_desc}, progress=False if quiet else None,
+    )  # fmt: skip
     kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
     names = ", ".join(str(x) for x in result.layers)
     click.echo(

@@ -71,9 +71,9 @@ def write_stage(config: str | Path, command: str, out: str | Path) -> bool:
     if target.exists() and target.read_text() == text:
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(target)
+    from biasviz.atomic import write_text
+
+    write_text(target, text)
     return True
 
 

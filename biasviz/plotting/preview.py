@@ -7,6 +7,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from biasviz.atomic import replacing
+
 PREVIEW_WIDTH = 520  # pixels: sharp on a README page, a few hundred kB at most
 PREVIEWS = ("*_bias.png", "*_weights.png", "diagnostics.png", "cable_profile.png")
 
@@ -23,9 +25,8 @@ def make_previews(src: str | Path, dst: str | Path, width: int = PREVIEW_WIDTH) 
                 height = round(im.height * width / im.width)
                 small = im.resize((width, height), Image.Resampling.LANCZOS).quantize(colors=128)
                 out = dst / path.name
-                tmp = out.with_name(f".{out.name}.tmp")
-                small.save(tmp, format="PNG", optimize=True)
-                tmp.replace(out)
+                with replacing(out) as tmp:
+                    small.save(tmp, format="PNG", optimize=True)
                 written.append(out)
     return written
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 
 from biasviz import __version__
+from biasviz.atomic import replacing
 from biasviz.errors import BiasvizError, os_error_message
 from biasviz.plotting.style import DEFAULT_STYLE, paper_context
 
@@ -66,17 +66,12 @@ def _metadata(fmt: str, info: dict[str, str]) -> dict[str, object]:
 
 
 def _save_one(fig: Figure, target: Path, fmt: str, dpi: float, info: dict[str, str]) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     rc = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none", "svg.hashsalt": "biasviz"}
     try:
-        with mpl.rc_context(rc):
+        with replacing(target) as tmp, mpl.rc_context(rc):
             fig.savefig(tmp, format=fmt, dpi=dpi, metadata=_metadata(fmt, info))
-        os.replace(tmp, target)
     except OSError as exc:
         raise BiasvizError(os_error_message(exc, target)) from exc
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
 
 
 __all__ = ["FORMATS", "VECTOR_RASTER_DPI", "parse_formats", "save_figure"]

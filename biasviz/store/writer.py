@@ -14,6 +14,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from biasviz.atomic import publish, temporary_name
 from biasviz.deflate import deflate
 from biasviz.errors import BiasvizError, os_error_message
 from biasviz.store.format import (
@@ -100,7 +101,7 @@ class BiasFileWriter:
             raise BiasvizError(
                 f"cannot create the output folder {self.path.parent}: {exc.strerror}; choose another --out"
             ) from exc
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self._tmp = temporary_name(self.path)
         try:
             self._h5 = h5py.File(self._tmp, "w")
         except OSError as exc:
@@ -154,20 +155,12 @@ class BiasFileWriter:
     def _publish(self) -> None:
         """Move the finished file into place; without --force never replace a file that appeared meanwhile."""
         assert self._tmp is not None
-        if self.force:
-            os.replace(self._tmp, self.path)
-            return
         try:
-            os.link(self._tmp, self.path)  # atomic, fails if the target exists
+            publish(self._tmp, self.path, overwrite=self.force)
         except FileExistsError:
-            self._tmp.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                self._tmp.unlink()
             raise BiasvizError(f"{self.path} appeared while extracting; kept it, pass --force to overwrite") from None
-        except OSError:  # no hard links on this file system
-            if self.path.exists():
-                raise BiasvizError(f"{self.path} appeared while extracting; pass --force to overwrite") from None
-            os.replace(self._tmp, self.path)
-            return
-        self._tmp.unlink()
 
     # -- layout ----------------------------------------------------------------------------
     def _create_layout(self) -> None:

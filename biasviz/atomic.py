@@ -1,0 +1,79 @@
+"""Writing files so that a reader never sees half of one: write beside the target, then move it into place.
+
+Every output of biasviz (HDF5 files, figures, JSON, checkpoint directories, previews, stage files) goes
+through :func:`replacing`: an interruption, a full disk or any error leaves the old target untouched
+and no temporary file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def temporary_name(target: Path) -> Path:
+    """A hidden name beside ``target``, unique to this process (same file system, so the move is atomic)."""
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+
+
+def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
+    """Move ``tmp`` to ``target``; without ``overwrite`` raise FileExistsError rather than replace a file.
+
+    Without ``overwrite`` the move is a hard link, which fails if the target appeared in the meantime
+    (no check-then-write race); file systems without hard links fall back to a checked rename.
+    """
+    if overwrite:
+        if target.is_dir() and tmp.is_dir():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        return
+    try:
+        os.link(tmp, target)  # atomic, fails if the target exists
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (or a directory)
+        if target.exists():
+            raise FileExistsError(target) from None
+        os.replace(tmp, target)
+        return
+    tmp.unlink()
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = None) -> Iterator[Path]:
+    """Yield a temporary path for ``target``; move it into place when the block succeeds, remove it otherwise.
+
+    The temporary path is a file name or, if the block makes a directory there, a directory.
+
+    >>> import tempfile; d = Path(tempfile.mkdtemp())
+    >>> with replacing(d / "a.txt") as t:
+    ...     _ = t.write_text("done")
+    >>> (d / "a.txt").read_text(), sorted(p.name for p in d.iterdir())
+    ('done', ['a.txt'])
+    """
+    target = Path(target)
+    tmp = temporary_name(target) if tmp is None else tmp
+    _remove(tmp)
+    try:
+        yield tmp
+        publish(tmp, target, overwrite=overwrite)
+    finally:
+        if tmp.exists() or tmp.is_symlink():
+            _remove(tmp)
+
+
+def write_text(target: str | Path, text: str) -> None:
+    """Replace ``target`` with ``text`` (UTF-8) atomically."""
+    with replacing(target) as tmp:
+        tmp.write_text(text, encoding="utf-8")
