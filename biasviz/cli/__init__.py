@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args
     _quiet_libraries()
     previous = _terminate_as_interrupt()
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupts_reach_main
     try:
         cli.main(args=args, prog_name="biasviz", standalone_mode=False)
     except click.exceptions.Abort:
@@ -102,8 +103,21 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     finally:
+        sys.unraisablehook = previous_hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupts_reach_main(unraisable: object) -> None:
+    """A Ctrl-C (or SIGTERM) that lands inside a finaliser (a garbage-collected tensor's weakref callback,
+    say) is one Python cannot raise there: instead of printing it as an ignored exception with a traceback,
+    raise it again in the main thread, where the command unwinds and cleans up as usual."""
+    if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
+        import _thread
+
+        _thread.interrupt_main()
+        return
+    sys.__unraisablehook__(unraisable)  # type: ignore[arg-type]
 
 
 def _terminate_as_interrupt() -> signal.Handlers | object | None:

@@ -101,7 +101,7 @@ def extract(
     hold NaN (bias) and 0 (weights). The file appears only when complete.
     """
     from biasviz.adapters import load_model
-    from biasviz.data import encode, load_corpus, sample_windows
+    from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
     from biasviz.devices import resolve_device
     from biasviz.errors import BiasvizError
     from biasviz.extract import check_seq_len, resolve_tokenizer
@@ -119,12 +119,12 @@ def extract(
     check_seq_len(adapter, seq_len)
     with warnings_as_notes():
         tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
-    corpus = load_corpus(text)
-    windows = sample_windows(encode(corpus.documents, tok), samples, seq_len, seed)
+    documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need
+    windows = sample_windows(encode_prefix(documents, tok, window_span(samples, seq_len)), samples, seq_len, seed)
     result = run_extract(
         adapter, windows, target, layers=chosen, dtype=dtype, batch_size=batch_size, device=dev,
         model_dtype=model_dtype, force=force,
-        seed=seed, text_source=corpus.source, attrs={"tokenizer": tok_desc}, progress=False if quiet else None,
+        seed=seed, text_source=text_source, attrs={"tokenizer": tok_desc}, progress=False if quiet else None,
     )  # fmt: skip
     kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
     names = ", ".join(str(x) for x in result.layers)

@@ -7,6 +7,7 @@ present wherever biasviz runs, so the built-in pipeline needs no download.
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +46,12 @@ def _text_files(path: Path) -> list[Path]:
     return files
 
 
-def load_corpus(path: str | Path | None = None, max_bytes: int | None = DEFAULT_MAX_BYTES) -> Corpus:
-    """Read a corpus: a file, a directory of text files, or ``None``/``"stdlib"`` for the default.
+def open_corpus(path: str | Path | None = None, max_bytes: int | None = DEFAULT_MAX_BYTES) -> tuple[Iterator[str], str]:
+    """The documents of a corpus, read one at a time as they are needed, and where they come from.
 
-    Files are read in sorted order and undecodable bytes replaced, so the same files always give
-    the same text. Reading stops after ``max_bytes`` characters (``None``: read everything).
+    ``path`` is a file, a directory of text files, or ``None``/``"stdlib"`` for the default. Files are
+    read in sorted order and undecodable bytes replaced, so the same files always give the same text.
+    Reading stops after ``max_bytes`` characters (``None``: read everything).
     """
     if path is None or str(path) == DEFAULT_CORPUS:
         files = _stdlib_files()
@@ -60,7 +62,10 @@ def load_corpus(path: str | Path | None = None, max_bytes: int | None = DEFAULT_
             raise BiasvizError(f"corpus path {p} does not exist; give a text file or a directory of them")
         files = _text_files(p)
         source = str(p.resolve())
-    docs: list[str] = []
+    return _read(files, max_bytes, source), source
+
+
+def _read(files: list[Path], max_bytes: int | None, source: str) -> Iterator[str]:
     total = 0
     for f in files:
         try:
@@ -71,10 +76,15 @@ def load_corpus(path: str | Path | None = None, max_bytes: int | None = DEFAULT_
             continue
         if max_bytes is not None and total + len(text) > max_bytes:
             text = text[: max_bytes - total]
-        docs.append(text)
+        yield text
         total += len(text)
         if max_bytes is not None and total >= max_bytes:
-            break
-    if not docs:
+            return
+    if total == 0:
         raise BiasvizError(f"the corpus at {source} holds no text")
-    return Corpus(docs, source)
+
+
+def load_corpus(path: str | Path | None = None, max_bytes: int | None = DEFAULT_MAX_BYTES) -> Corpus:
+    """Read a whole corpus (see :func:`open_corpus`) into memory, for training."""
+    documents, source = open_corpus(path, max_bytes)
+    return Corpus(list(documents), source)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 from tokenizers import Tokenizer
 
@@ -18,6 +20,40 @@ def encode(documents: list[str], tok: Tokenizer) -> np.ndarray:
         if sep is not None:
             parts.append(np.asarray([sep], dtype=np.int32))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
+SPAN_PER_WINDOW = 16  # windows are drawn from the first 16 x samples x seq_len tokens of the text ...
+MIN_SPAN = 1 << 18  # ... and at least from its first 262,144 tokens (about 1 MB of text)
+
+
+def window_span(n: int, seq_len: int) -> int:
+    """How many tokens of text :func:`sample_windows` draws ``n`` windows of ``seq_len`` from."""
+    return max(MIN_SPAN, SPAN_PER_WINDOW * n * seq_len)
+
+
+def encode_prefix(documents: Iterable[str], tok: Tokenizer, n_tokens: int, batch: int = 16) -> np.ndarray:
+    """The token stream of :func:`encode`, cut after the first ``n_tokens``: only the text needed is read
+    and tokenized (a few windows from an 8 MB corpus no longer tokenize all of it)."""
+    parts: list[np.ndarray] = []
+    have = 0
+    pending: list[str] = []
+    for doc in documents:
+        pending.append(doc)
+        if len(pending) == batch:
+            have += _append(parts, encode(pending, tok))
+            pending = []
+            if have >= n_tokens:
+                break
+    else:
+        if pending:
+            have += _append(parts, encode(pending, tok))
+    stream = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    return stream[:n_tokens]
+
+
+def _append(parts: list[np.ndarray], tokens: np.ndarray) -> int:
+    parts.append(tokens)
+    return len(tokens)
 
 
 def sample_windows(tokens: np.ndarray, n: int, seq_len: int, seed: int) -> np.ndarray:

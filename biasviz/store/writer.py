@@ -104,12 +104,11 @@ class BiasFileWriter:
         self._tmp = temporary_name(self.path)
         try:
             self._h5 = h5py.File(self._tmp, "w")
-        except OSError as exc:
-            raise BiasvizError(f"cannot write to {self.path.parent}: {exc}") from exc
-        try:
             self._create_layout()
-        except BaseException:
+        except BaseException as exc:  # an interrupt can land after the file exists but before it is returned
             self._discard()
+            if isinstance(exc, OSError):
+                raise BiasvizError(f"cannot write to {self.path.parent}: {exc}") from exc
             raise
         return self
 
