@@ -219,3 +219,29 @@ def test_unclipped_negative_bias_has_no_colorbar_arrow() -> None:
     fig = head_grid(bias)
     colorbars = [ax for ax in fig.axes if not ax.get_images() and ax.collections]
     assert colorbars and all(cb._colorbar.extend == "neither" for cb in colorbars)
+
+
+def test_a_grid_leaves_the_callers_settings_alone_and_styles_only_when_asked() -> None:
+    before = dict(mpl.rcParams)
+    plain = head_grid(alibi(3, t=32))
+    styled = head_grid(alibi(3, t=32), style="icml")
+    assert styled.get_figwidth() == pytest.approx(VENUE_WIDTHS["icml"]) != plain.get_figwidth()
+    with paper_context("icml"):
+        titlesize = mpl.rcParams["axes.titlesize"]
+    assert styled.axes[0].title.get_fontsize() == pytest.approx(titlesize)
+    assert plain.axes[0].title.get_fontsize() != pytest.approx(titlesize)
+    assert dict(mpl.rcParams) == before
+
+
+def test_matrices_prepared_by_load_heads_are_drawn_as_they_are(tmp_path) -> None:
+    from biasviz.plotting.load import HeadMatrices
+    from biasviz.plotting.reduce import Reduction
+
+    data = alibi(3, t=32)
+    data[:, np.triu(np.ones((32, 32), dtype=bool), k=1)] = np.nan
+    prepared = HeadMatrices(data=data, seq_len=64, layer=1, sample="0", reduction=Reduction(64, 2, "mean"))
+    fig = head_grid(prepared)
+    shown = image_axes(fig)[0].get_images()[0].get_array()
+    np.testing.assert_array_equal(np.ma.filled(shown, np.nan), data[0])  # no second mask, copy or reduction
+    np.testing.assert_array_equal(image_axes(fig)[0].get_xticks(), [0, 20, 40, 60])  # ticks in positions of T = 64
+    assert "2" in fig.biasviz_reduction

@@ -168,9 +168,8 @@ class _PlotJob:
         normalize = self.normalize if kind == "bias" else "none"
         heads = load_heads(bf, kind, layer=layer, sample=self.sample, normalize=normalize, reduce=self.reduce_how,
                            max_cells=self.max_cells)  # fmt: skip
-        fig = head_grid(heads.data, kind=kind, seq_len=heads.seq_len, shared_scale=self.shared_scale, cmap=self.cmap,
-                        log=self.log_scale and kind == "weights", style=self.style, causal=bf.causal,
-                        max_cells=max(heads.data.shape[-1], 1))  # already reduced  # fmt: skip
+        fig = head_grid(heads, kind=kind, shared_scale=self.shared_scale, cmap=self.cmap,
+                        log=self.log_scale and kind == "weights", style=self.style, causal=bf.causal)  # fmt: skip
         reduction = heads.reduction.describe()
         what = f"{self.scheme} {kind}, layer {heads.layer}, sample {heads.sample}, normalize {normalize}"
         info = {

@@ -23,8 +23,9 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
 from biasviz.errors import BiasvizError
+from biasviz.plotting.load import HeadMatrices
 from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
-from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context
+from biasviz.plotting.style import font_sizes, paper_context
 from biasviz.store import causal_cells
 
 KINDS = ("bias", "weights")
@@ -74,7 +75,7 @@ def head_heatmap(
 
 
 def head_grid(
-    data: np.ndarray,
+    data: np.ndarray | HeadMatrices,
     *,
     fig: Figure | SubFigure | None = None,
     kind: str = "bias",
@@ -82,19 +83,25 @@ def head_grid(
     shared_scale: bool = False,
     cmap: str | Colormap | None = None,
     log: bool = False,
-    style: str | None = DEFAULT_STYLE,
+    style: str | None = None,
     seq_len: int | None = None,
     reduce: str = "mean",
     max_cells: int = DEFAULT_MAX_CELLS,
     tick_step: int | None = None,
     causal: bool = True,
 ) -> Figure | SubFigure:
-    """Draw a (head, query, key) array as a grid of panels, 3 per row, and return the figure.
+    """Draw (head, query, key) matrices as a grid of panels, 3 per row, and return the figure.
 
-    Matrices larger than ``max_cells`` per axis are block-reduced (``reduce``: 'mean' or 'max')
-    first; the reduction is recorded in ``fig.biasviz_reduction``. With ``fig=None`` a figure the
-    printed width of ``style`` is created; ``style=None`` keeps the caller's matplotlib settings.
+    ``data`` is what :func:`biasviz.plotting.load.load_heads` prepared (drawn as it is), or a plain
+    array, which is masked (``causal``) and, beyond ``max_cells`` per axis, block-reduced (``reduce``:
+    'mean' or 'max') first; the reduction is recorded in ``fig.biasviz_reduction``. A paper ``style``
+    (``neurips``, ``icml``, ...) sizes the figure and its text only when asked, inside a matplotlib
+    rc context: the caller's settings are never changed.
     """
+    if isinstance(data, HeadMatrices):  # prepared once by load_heads: masked, normalised, reduced
+        return _GridPainter(data.data, kind=kind, titles=titles, shared_scale=shared_scale, cmap=cmap, log=log,
+                            style=style, seq_len=data.seq_len, reduce=data.reduction.how, max_cells=max_cells,
+                            tick_step=tick_step, causal=causal, prepared=data.reduction).paint(fig)  # fmt: skip
     return _GridPainter(data, kind=kind, titles=titles, shared_scale=shared_scale, cmap=cmap, log=log,
                         style=style, seq_len=seq_len, reduce=reduce, max_cells=max_cells,
                         tick_step=tick_step, causal=causal).paint(fig)  # fmt: skip
@@ -282,6 +289,7 @@ class _GridOptions:
     max_cells: int
     tick_step: int | None
     causal: bool
+    prepared: Reduction | None = None  # set when the matrices come from load_heads (drawn as they are)
 
 
 class _GridPainter:
@@ -297,7 +305,10 @@ class _GridPainter:
         self.n_heads = arr.shape[0]
         self.seq_len = self.opt.seq_len or arr.shape[-1]
         self.reduction = Reduction(self.seq_len, 1, self.opt.reduce)
-        self.mats = self._prepare(arr)
+        if self.opt.prepared is not None:  # drawn as given: no copy, no second mask or reduction
+            self.reduction, self.mats = self.opt.prepared, arr.astype(np.float32, copy=False)
+        else:
+            self.mats = self._prepare(arr)
         titles = self.opt.titles or [f"Head {h}" for h in range(1, self.n_heads + 1)]
         if len(titles) != self.n_heads:
             raise ValueError(f"{len(titles)} titles for {self.n_heads} heads")
