@@ -66,3 +66,20 @@ def too_long(scheme: str, max_length: int, seq_len: int, what: str = "sequence l
         f"{what} {seq_len} exceeds the {max_length} positions of this '{scheme}' model "
         f"(learned absolute positions cannot extrapolate); use --seq-len {max_length} or less"
     )
+
+
+_interrupted = False
+
+
+def note_interrupt() -> None:
+    """Record an interrupt that arrived where it could not be raised (inside a finaliser)."""
+    global _interrupted
+    _interrupted = True
+
+
+def check_interrupted() -> None:
+    """Raise the interrupt recorded by :func:`note_interrupt`, once, at a point where it can unwind."""
+    global _interrupted
+    if _interrupted:
+        _interrupted = False
+        raise KeyboardInterrupt

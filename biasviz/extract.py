@@ -22,7 +22,7 @@ import torch
 
 from biasviz.adapters.base import Captured, ModelAdapter
 from biasviz.devices import placed, resolve_device, resolve_dtype
-from biasviz.errors import BiasvizError
+from biasviz.errors import BiasvizError, check_interrupted
 from biasviz.store import BiasFileWriter
 
 
@@ -195,6 +195,7 @@ def _run(
             got.clear()
             sink.put(batch, tensors)
             bar.update(len(batch))
+            check_interrupted()
 
 
 _STORABLE = (torch.float32, torch.float16)

@@ -166,3 +166,16 @@ def test_two_runs_to_one_target_never_mix(ckpt: Path, tmp_path: Path, force: boo
     assert seed in refs
     assert (ids == refs[seed][0]).all() and (weights == refs[seed][1]).all()  # one run's data, entirely
     assert not _temps(tmp_path)
+
+
+def test_an_interrupt_inside_a_finaliser_is_raised_at_the_next_step_not_printed(capsys) -> None:
+    import types
+
+    from biasviz.cli import _interrupts_reach_main
+    from biasviz.errors import check_interrupted
+
+    _interrupts_reach_main(types.SimpleNamespace(exc_value=KeyboardInterrupt(), exc_type=KeyboardInterrupt))
+    assert capsys.readouterr().err == ""
+    with pytest.raises(KeyboardInterrupt):
+        check_interrupted()
+    check_interrupted()  # raised once only

@@ -110,12 +110,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def _interrupts_reach_main(unraisable: object) -> None:
     """A Ctrl-C (or SIGTERM) that lands inside a finaliser (a garbage-collected tensor's weakref callback,
-    say) is one Python cannot raise there: instead of printing it as an ignored exception with a traceback,
-    raise it again in the main thread, where the command unwinds and cleans up as usual."""
+    say) is one Python cannot raise there. Instead of printing it as an ignored exception with a traceback,
+    remember it: the long loops (:func:`biasviz.errors.check_interrupted`) raise it at their next step,
+    where the command unwinds and cleans up as usual."""
     if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
-        import _thread
+        from biasviz.errors import note_interrupt
 
-        _thread.interrupt_main()
+        note_interrupt()
         return
     sys.__unraisablehook__(unraisable)  # type: ignore[arg-type]
 
