@@ -38,10 +38,12 @@ class HeadDiagnostics:
     profile_mean: np.ndarray
     profile_std: np.ndarray
     notes: list[str] = field(default_factory=list)
+    separability_residual: float | None = None
 
     def as_json(self) -> dict[str, object]:
         return {"head": self.head, "context_dependence": self.context_dependence,
-                "toeplitz_residual": self.toeplitz_residual}  # fmt: skip
+                "toeplitz_residual": self.toeplitz_residual,
+                "separability_residual": self.separability_residual}  # fmt: skip
 
 
 # -- public functions -------------------------------------------------------------------------------
@@ -101,6 +103,28 @@ def _normalized(matrix: np.ndarray, normalize: str) -> np.ndarray:
     if normalize == "diagonal":
         return subtract_diagonal(matrix)
     raise ValueError(f"normalize must be one of {NORMALIZATIONS}, not {normalize!r}")
+
+
+def separability_rms(causal_values: np.ndarray, cells: np.ndarray) -> float:
+    """RMS over the causal cells of b(i, j) - (s_i - s_j) for the least-squares s (``cells``: the (T, T)
+    lower-triangle mask, ``causal_values``: b on it, row-major).
+
+    Cumulative-decay biases (ALiBi, CABLE, FoX) are exactly s_i - s_j. Over the pairs j < i (the diagonal's
+    residual is b(i, i) whatever s) the normal equations are those of a complete graph's Laplacian, T s - 1 S =
+    r with r_k = sum_{j<k} b(k, j) - sum_{i>k} b(i, k), so s = r / T is a least-squares solution.
+
+    >>> t = 5; cells = np.tril(np.ones((t, t), bool)); s = np.arange(t) ** 2.0
+    >>> round(separability_rms((s[:, None] - s[None, :])[cells], cells), 12)
+    0.0
+    """
+    t = cells.shape[0]
+    b = np.zeros(cells.shape, dtype=np.float64)
+    b[cells] = causal_values
+    diag = np.diagonal(b).copy()
+    r = (b.sum(axis=1) - diag) - (b.sum(axis=0) - diag)
+    s = r / t
+    i, j = np.nonzero(cells)
+    return float(np.sqrt(np.mean((b[i, j] - (s[i] - s[j])) ** 2)))
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -165,12 +189,16 @@ class _HeadAccumulator:
             notes.append(f"head {head}: context dependence {undefined}")
         if residual is None:
             notes.append(f"head {head}: Toeplitz residual {undefined}")
+        separability = _ratio(separability_rms(mean, self.cells), spread)
+        if separability is None:
+            notes.append(f"head {head}: separability residual {undefined}")
         count = self.per_dist * self.n
         p_mean_dev = self.profile_sum / count
         p_var = np.maximum(self.profile_sumsq / count - p_mean_dev * p_mean_dev, 0.0)
         return HeadDiagnostics(head=head, samples=self.n, context_dependence=dependence,
                                toeplitz_residual=residual, profile_mean=self.profile_ref + p_mean_dev,
-                               profile_std=np.sqrt(p_var), notes=notes)  # fmt: skip
+                               profile_std=np.sqrt(p_var), notes=notes,
+                               separability_residual=separability)  # fmt: skip
 
 
 __all__ = ["NORMALIZATIONS", "HeadDiagnostics", "subtract_diagonal", "diagnose_head", "diagnose_array",

@@ -112,3 +112,37 @@ def test_dataset_streaming_equals_in_memory(tmp_path) -> None:
     for s, m in zip(streamed, in_memory, strict=True):
         assert s.context_dependence == pytest.approx(m.context_dependence, rel=1e-12)
         assert s.toeplitz_residual == pytest.approx(m.toeplitz_residual, rel=1e-12)
+
+
+def _causal_mean(matrix: np.ndarray) -> np.ndarray:
+    return np.where(np.tril(np.ones(matrix.shape, dtype=bool)), matrix, np.nan)
+
+
+def test_separability_is_zero_for_cumulative_decay_and_positive_otherwise() -> None:
+    t = 48
+    rng = np.random.default_rng(0)
+    s = -np.cumsum(np.log1p(np.exp(rng.normal(size=t))))  # CABLE-like s_t = -sum softplus(.)
+    i, j = np.meshgrid(np.arange(t), np.arange(t), indexing="ij")
+    d = np.clip(i - j, 0, None).astype(float)
+    decay = diagnose_head([_causal_mean(s[:, None] - s[None, :])])
+    alibi = diagnose_head([_causal_mean(-0.25 * d)])
+    kerple = diagnose_head([_causal_mean(-np.log1p(d))])
+    assert decay.separability_residual == pytest.approx(0.0, abs=1e-12)
+    assert alibi.separability_residual == pytest.approx(0.0, abs=1e-12)
+    assert kerple.separability_residual > 0.01
+    assert "separability_residual" in kerple.as_json()
+
+
+def test_separability_residual_matches_a_least_squares_solver() -> None:
+    t = 12
+    rng = np.random.default_rng(1)
+    b = _causal_mean(rng.normal(size=(t, t)))
+    rows, cols = np.nonzero(np.tril(np.ones((t, t), dtype=bool)))
+    design = np.zeros((rows.size, t))  # one equation s_i - s_j = b(i, j) per causal cell
+    design[np.arange(rows.size), rows] += 1.0
+    design[np.arange(rows.size), cols] -= 1.0
+    target = b[rows, cols]
+    s, *_ = np.linalg.lstsq(design, target, rcond=None)
+    rms = np.sqrt(np.mean((target - design @ s) ** 2))
+    h = diagnose_head([b])
+    assert h.separability_residual == pytest.approx(rms / np.std(target), rel=1e-10)

@@ -25,16 +25,17 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#0
 MARKERS = ("o", "s", "D", "^", "v", "P", "X", "h")
 #: Below this the metric axis is linear; every reported nonzero value of interest lies far above it.
 LINTHRESH = 1e-3
-METRICS = (("context_dependence", "Context dependence"), ("toeplitz_residual", "Toeplitz residual"))
+METRICS = (("context_dependence", "Context dependence"), ("toeplitz_residual", "Toeplitz residual"),
+           ("separability_residual", "Separability residual"))  # fmt: skip
 
 
 def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig: Figure | SubFigure | None = None,
                        style: str | None = DEFAULT_STYLE) -> Figure | SubFigure:  # fmt: skip
-    """One row per metric (context dependence, Toeplitz residual), one marker per scheme and head."""
+    """One row per metric (context dependence, Toeplitz and separability residuals), a marker per scheme and head."""
     with _context(style) as width:
         if fig is None:
             width = width or 6.0
-            fig = Figure(figsize=(width, 0.62 * width), layout="constrained")
+            fig = Figure(figsize=(width, 0.85 * width), layout="constrained")
         axes = fig.subplots(len(METRICS), 1, sharex=True, squeeze=False)[:, 0]
         _MetricPainter(results).paint(axes)
         handles = [_legend_handle(k, name, heads) for k, (name, heads) in enumerate(results.items())]
