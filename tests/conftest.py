@@ -8,7 +8,7 @@ from transformers.utils import logging as hf_logging
 
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 
-RELATIVE_SCHEMES = ["alibi", "kerple-log", "kerple-power", "fire", "t5", "cable"]
+RELATIVE_SCHEMES = ["alibi", "kerple-log", "kerple-power", "fire", "t5", "cable", "fox"]
 ALL_SCHEMES = [*RELATIVE_SCHEMES, "learned", "nope"]
 
 

@@ -41,7 +41,7 @@ def distinct_params(model: torch.nn.Module) -> torch.nn.Module:
                 s.c.fill_(0.3)
                 for p in s.mlp.parameters():
                     p.copy_(torch.randn(p.shape, generator=g))
-            elif name == "cable":
+            elif name in ("cable", "fox"):
                 s.proj.weight.copy_(torch.randn(s.proj.weight.shape, generator=g) * 0.5)
                 s.proj.bias.copy_(torch.randn(H, generator=g))
     return model
@@ -96,6 +96,14 @@ def reference_bias(model: torch.nn.Module, x: torch.Tensor, layer: int) -> np.nd
             for kj in range(qi + 1):
                 out[:, :, qi, kj] = -rates[:, kj + 1 : qi + 1].sum(axis=1)  # -sum_{k=j+1..i}
         return out
+    if scheme == "fox":
+        w, b = s.proj.weight.detach().double(), s.proj.bias.detach().double()
+        log_gates = F.logsigmoid(x @ w.T + b).numpy()  # (B, T, H)
+        out = np.zeros((x.shape[0], H, t, t))
+        for qi in range(t):
+            for kj in range(qi + 1):
+                out[:, :, qi, kj] = log_gates[:, kj + 1 : qi + 1].sum(axis=1)  # sum_{k=j+1..i} log sigmoid
+        return out
     raise AssertionError(scheme)
 
 
@@ -137,7 +145,7 @@ def test_captured_bias_and_weights_equal_independent_math(scheme, tmp_path):
             assert np.isnan(b[..., ~used]).all()
             np.testing.assert_allclose(b[..., used], np.broadcast_to(ref_b, b.shape)[..., used], atol=2e-5, rtol=1e-5)
             same = (b[..., used] == b[:1][..., used]).all()
-            assert same != (scheme == "cable")  # only CABLE's bias depends on the input
+            assert same != (scheme in ("cable", "fox"))  # only CABLE's and FoX's biases depend on the input
 
 
 def test_reference_math_catches_a_wrong_bias(tmp_path):

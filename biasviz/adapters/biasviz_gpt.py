@@ -64,6 +64,12 @@ class BiasGPTAdapter(ModelAdapter):
     def attention(self, layer: int) -> nn.Module:
         return self.model.blocks[layer].attn
 
+    @property
+    def context_dependent(self) -> bool:
+        """As the model's scheme modules say (FoX with a bias-only gate is context-free)."""
+        schemes = self.model.schemes()
+        return any(s.depends_on_input for s in schemes) if schemes else super().context_dependent
+
     @contextlib.contextmanager
     def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
         got = Captured()

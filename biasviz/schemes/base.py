@@ -70,6 +70,11 @@ class PositionScheme(nn.Module):
         """
         raise NotImplementedError
 
+    @property
+    def depends_on_input(self) -> bool:
+        """Whether this instance's bias changes with the input (a scheme with options may differ from its flag)."""
+        return self.context_dependent
+
     def forward(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
         return self.bias(x, q_len, k_len)
 
