@@ -186,7 +186,8 @@ def test_diagnostics_figures(tmp_path) -> None:
     results = {"alibi": diagnose_array(fixed), "cable": diagnose_array(varying)}
     fig = diagnostics_figure(results)
     metric_axes = [ax for ax in fig.axes if ax.get_ylabel()]
-    assert [ax.get_ylabel() for ax in metric_axes] == ["Context dependence", "Toeplitz residual"]
+    labels = [ax.get_ylabel() for ax in metric_axes]
+    assert labels == ["Context dependence", "Toeplitz residual", "Separability residual"]
     assert all(ax.get_yscale() == "symlog" for ax in metric_axes)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels[:2] == ["alibi", "cable"]
