@@ -88,21 +88,13 @@ def reference_bias(model: torch.nn.Module, x: torch.Tensor, layer: int) -> np.nd
         buckets = T5Attention._relative_position_bucket(rel, bidirectional=False, num_buckets=32, max_distance=128)
         table = s.table.weight.detach().double().numpy()  # (buckets, H)
         return table[buckets.numpy()].transpose(2, 0, 1)[None]
-    if scheme == "cable":
-        w, b = s.proj.weight.detach().double(), s.proj.bias.detach().double()
-        rates = F.softplus(x @ w.T + b).numpy()  # (B, T, H)
+    if scheme in ("cable", "fox"):  # -sum softplus(z_k), or sum log sigmoid(z_k), over k = j+1 .. i
+        z = x @ s.proj.weight.detach().double().T + s.proj.bias.detach().double()  # (B, T, H)
+        per_token = (-F.softplus(z) if scheme == "cable" else F.logsigmoid(z)).numpy()
         out = np.zeros((x.shape[0], H, t, t))
         for qi in range(t):
             for kj in range(qi + 1):
-                out[:, :, qi, kj] = -rates[:, kj + 1 : qi + 1].sum(axis=1)  # -sum_{k=j+1..i}
-        return out
-    if scheme == "fox":
-        w, b = s.proj.weight.detach().double(), s.proj.bias.detach().double()
-        log_gates = F.logsigmoid(x @ w.T + b).numpy()  # (B, T, H)
-        out = np.zeros((x.shape[0], H, t, t))
-        for qi in range(t):
-            for kj in range(qi + 1):
-                out[:, :, qi, kj] = log_gates[:, kj + 1 : qi + 1].sum(axis=1)  # sum_{k=j+1..i} log sigmoid
+                out[:, :, qi, kj] = per_token[:, kj + 1 : qi + 1].sum(axis=1)
         return out
     raise AssertionError(scheme)
 
