@@ -156,6 +156,53 @@ def extract(
     return ExtractResult(out, n, seq_len, layer_list, has_bias, seconds, out.stat().st_size)
 
 
+def extract_bias_only(
+    adapter: ModelAdapter,
+    seq_len: int,
+    out: str | Path,
+    *,
+    layers: int | str | list[int] = -1,
+    dtype: str = "float32",
+    device: str | torch.device = "auto",
+    model_dtype: str | torch.dtype | None = None,
+    force: bool = False,
+) -> ExtractResult:
+    """The bias of a context-free scheme over T positions, with no text and no forward pass (one sample).
+
+    The file holds ``/layer_{L}/bias`` only (root attribute ``bias_only``), and ``input_ids`` of -1: no
+    token was read. Memory is the (1, H, T, T) bias of each requested layer plus the writer's.
+    """
+    t0 = time.perf_counter()
+    out = Path(out)
+    if out.exists() and not force:
+        raise BiasvizError(f"{out} already exists; pass --force to overwrite it or choose another --out")
+    if not adapter.adds_bias:
+        raise BiasvizError(f"--bias-only: the '{adapter.scheme}' scheme adds no bias")
+    if adapter.context_dependent:
+        raise BiasvizError(f"--bias-only needs a context-free scheme; this '{adapter.scheme}' bias depends on the "
+                           "input: extract it from text (drop --bias-only)")  # fmt: skip
+    layer_list = adapter.resolve_layers(layers)
+    if any(adapter.scheme_module(layer) is None for layer in layer_list):
+        raise BiasvizError(f"--bias-only: the {adapter.architecture} model builds its bias inside the attention; "
+                           "extract it from text (drop --bias-only)")  # fmt: skip
+    if seq_len < 1:
+        raise BiasvizError(f"--seq-len must be at least 1, got {seq_len}")
+    adapter.check_length(seq_len)
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    run_dtype = resolve_dtype(model_dtype)
+    meta = provenance(adapter, dev, seed=None, text_source="none (--bias-only: no text, no forward pass)",
+                      batch_size=1, extra={"bias_only": True})  # fmt: skip
+    meta["model_dtype"] = str(run_dtype or _float_dtype(adapter.model)).removeprefix("torch.")
+    writer = BiasFileWriter(out, attrs=meta, n_samples=1, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
+                            has_bias=True, has_weights=False, dtype=dtype, force=force,
+                            causal=bool(adapter.causal))  # fmt: skip
+    with placed(adapter.model, dev, run_dtype), torch.inference_mode(), writer, _ChunkSink(writer, dev) as sink:
+        biases = {("bias", layer): _storable(adapter.scheme_module(layer)(None, seq_len, seq_len))  # (1, H, T, T)
+                  for layer in layer_list}  # fmt: skip
+        sink.put(np.full((1, seq_len), -1, dtype=np.int64), biases)  # no token was read
+    return ExtractResult(out, 1, seq_len, layer_list, True, time.perf_counter() - t0, out.stat().st_size)
+
+
 def _float_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype of the model's first floating-point parameter (float32 when it has none)."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

@@ -169,6 +169,11 @@ class ModelAdapter:
         """The attention module of ``layer``: the forward pass may stop once it has run."""
         raise NotImplementedError
 
+    def scheme_module(self, layer: int) -> nn.Module | None:
+        """The module that computes ``layer``'s bias on its own, ``(x, Tq, Tk) -> (1 or B, H, Tq, Tk)``,
+        where the model has one (``extract --bias-only``); None where the bias is built inside the attention."""
+        return None
+
     @contextlib.contextmanager
     def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
         """Attach hooks on ``layers`` for the duration of the block; each forward fills the result.

@@ -64,6 +64,9 @@ class BiasGPTAdapter(ModelAdapter):
     def attention(self, layer: int) -> nn.Module:
         return self.model.blocks[layer].attn
 
+    def scheme_module(self, layer: int) -> nn.Module | None:
+        return self.model.blocks[layer].attn.pos_bias
+
     @property
     def context_dependent(self) -> bool:
         """As the model's scheme modules say (FoX with a bias-only gate is context-free)."""

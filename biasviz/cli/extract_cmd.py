@@ -89,11 +89,16 @@ def warnings_as_notes() -> Iterator[None]:
     "--part", default=None, type=click.Choice(["encoder", "decoder"]),
     help="For encoder-decoder models (T5): the stack to capture [default: encoder].",
 )  # fmt: skip
+@click.option(
+    "--bias-only", is_flag=True,
+    help="Context-free schemes: store the bias over --seq-len positions with no text and no forward pass "
+    "(one sample, no attention weights); any length that fits in memory.",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(
     model: str, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None, tokenizer: str | None,
     seed: int, batch_size: int, device: str, dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
-    part: str | None, quiet: bool,
+    part: str | None, bias_only: bool, quiet: bool,
 ) -> None:  # fmt: skip
     """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
 
@@ -117,6 +122,15 @@ def extract(
         raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
     chosen = adapter.resolve_layers(layers)
     check_seq_len(adapter, seq_len)
+    if bias_only:
+        from biasviz.extract import extract_bias_only
+
+        result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
+                                   model_dtype=model_dtype, force=force)  # fmt: skip
+        click.echo(f"wrote {result.path}: the bias of layer {', '.join(map(str, result.layers))}, {adapter.n_heads} "
+                   f"heads x {seq_len} x {seq_len}, no text (--bias-only), {dtype}, {result.bytes / 1e6:.1f} MB in "
+                   f"{result.seconds:.1f} s")  # fmt: skip
+        return
     with warnings_as_notes():
         tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
     documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need

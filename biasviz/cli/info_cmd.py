@@ -57,7 +57,8 @@ def summary(path: Path) -> str:
             group = layer_group(layer)
             if not f.has_bias(layer):
                 lines.append(f"  {group + '/bias':<16}absent (the scheme adds no bias)")
-            for name in ("bias", "weights") if f.has_bias(layer) else ("weights",):
+            names = ("bias", "weights") if f.has_bias(layer) else ("weights",)
+            for name in ("bias",) if f.bias_only else names:
                 ds = f.dataset(name, layer)
                 chunks = "x".join(map(str, ds.chunks)) if ds.chunks else "none"
                 lines.append(f"  {group + '/' + name:<16}{ds.dtype}, {_filters(ds)}, chunks {chunks}")

@@ -133,6 +133,11 @@ class _PlotJob:
         with open_bias_file(self.path) as bf:
             self._check_scheme(bf.scheme)
             layer = bf.resolve_layer(self.layer)
+            if bf.bias_only and "weights" in kinds:
+                if kinds == ["weights"]:
+                    raise BiasvizError(f"{self.path} holds the bias only (extract --bias-only): no attention "
+                                       "weights to plot; use --kind bias")  # fmt: skip
+                kinds = [k for k in kinds if k != "weights"]
             if "bias" in kinds and not bf.has_bias(layer):
                 if kinds == ["bias"]:
                     raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {self.path} holds none; "

@@ -107,6 +107,7 @@ class BiasFile:
         self._seq_len = self._int_attr("seq_len", minimum=1)
         self._n_layers = n_layers = self._int_attr("n_layers", minimum=1)
         self._causal = self._bool_attr("causal") if "causal" in a else True
+        self.bias_only = self._bool_attr("bias_only") if "bias_only" in a else False  # extract --bias-only
         raw = np.asarray(self._read_attr("layers"))
         if raw.ndim > 1 or raw.size == 0 or not np.issubdtype(raw.dtype, np.integer):
             raise self._bad(f"attribute 'layers' should be a list of layer indices, not {_describe(raw)}")
@@ -123,8 +124,9 @@ class BiasFile:
         shape = (self._n_samples, self._n_heads, self._seq_len, self._seq_len)
         for layer in self._layers:
             grp = self._h5.get(layer_group(layer))
-            if not isinstance(grp, h5py.Group) or not isinstance(grp.get("weights"), h5py.Dataset):
-                raise BiasvizError(f"{self.path} lists layer {layer} but has no {layer_group(layer)}/weights")
+            wanted = "bias" if self.bias_only else "weights"
+            if not isinstance(grp, h5py.Group) or not isinstance(grp.get(wanted), h5py.Dataset):
+                raise BiasvizError(f"{self.path} lists layer {layer} but has no {layer_group(layer)}/{wanted}")
             for kind in ("bias", "weights"):
                 if kind not in grp:
                     continue
@@ -213,6 +215,9 @@ class BiasFile:
     def dataset(self, kind: str, layer: int = -1) -> h5py.Dataset:
         """The raw (sample, head, query, key) dataset, for reading slices without loading it all."""
         grp = self._h5[layer_group(self.resolve_layer(layer))]
+        if kind not in grp and kind == "weights":
+            raise BiasvizError(f"{self.path} holds the bias only (extracted with --bias-only, no forward pass): "
+                               "no attention weights")  # fmt: skip
         if kind not in grp:
             raise BiasvizError(f"{self.path} holds no {kind} (scheme '{self.scheme}' adds no bias)")
         return grp[kind]

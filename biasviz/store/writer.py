@@ -60,6 +60,7 @@ class BiasFileWriter:
         seq_len: int,
         layers: Sequence[int],
         has_bias: bool,
+        has_weights: bool = True,
         dtype: str = "float32",
         force: bool = False,
         causal: bool = True,
@@ -78,6 +79,9 @@ class BiasFileWriter:
         self.n_samples, self.n_heads, self.seq_len = n_samples, n_heads, seq_len
         self.layers = list(layers)
         self.has_bias = has_bias
+        self.has_weights = has_weights  # False: a bias-only file (extract --bias-only), no forward pass ran
+        if not (has_bias or has_weights):
+            raise ValueError("a file needs the bias, the weights or both")
         self.attrs = dict(attrs)
         self._filters = {"compression": compression, "compression_opts": compression_opts, "shuffle": shuffle}
         if compression is None:
@@ -184,7 +188,7 @@ class BiasFileWriter:
         self._label(ids, ("sample", "query"))
         shape = (self.n_samples, self.n_heads, self.seq_len, self.seq_len)
         chunks = (1, 1, self._chunk_rows, self.seq_len)
-        kinds = (["bias"] if self.has_bias else []) + ["weights"]
+        kinds = (["bias"] if self.has_bias else []) + (["weights"] if self.has_weights else [])
         for layer in self.layers:
             grp = f.create_group(layer_group(layer))
             for kind in kinds:
@@ -337,7 +341,8 @@ class BiasFileWriter:
             raise ValueError(f"input_ids has shape {ids.shape}, expected ({b}, {self.seq_len})")
         f["input_ids"][start:stop] = ids.astype(np.int32, copy=False)
         for layer in self.layers:
-            self._write_kind("weights", layer, weights[layer], start, b)
+            if self.has_weights:
+                self._write_kind("weights", layer, weights[layer], start, b)
             if self.has_bias:
                 if bias is None or layer not in bias:
                     raise ValueError(f"no bias given for layer {layer}")
