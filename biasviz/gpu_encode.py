@@ -24,10 +24,9 @@ import numpy as np
 import torch
 
 from biasviz.deflate import deflate
-from biasviz.errors import BiasvizError
+from biasviz.store.format import FLOAT16_MAX, float16_overflow_error, non_finite_error
 
 PINNED_BUDGET = 2 << 30  # bytes of pinned host memory for the ring (at least two matrices)
-FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ class GpuChunkEncoder:
         """Yield a :class:`Chunk` per distinct matrix of ``tensors`` ((kind, layer) -> (b or 1, H, T, T)).
 
         Blocks only while every pinned buffer is busy; the chunks' futures complete in the worker threads.
-        NaN, infinity or float16 overflow raise :class:`BiasvizError` once the batch has been queued (one
+        NaN, infinity or float16 overflow raise a ``BiasvizError`` once the batch has been queued (one
         device synchronisation per batch), before any of it can be published.
         """
         self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the tensors have been computed
@@ -128,15 +127,9 @@ class GpuChunkEncoder:
             values = torch.stack([c for _, _, c in checks]).tolist()
         for (kind, layer, _), (finite, peak) in zip(checks, values, strict=True):
             if not finite:
-                raise BiasvizError(
-                    f"the captured {kind} of layer {layer} contains NaN or infinite values; "
-                    "the model's weights or inputs are broken"
-                )
+                raise non_finite_error(kind, layer)
             if self.storage == torch.float16 and peak > FLOAT16_MAX:
-                raise BiasvizError(
-                    f"the {kind} of layer {layer} reaches {peak:.4g}, beyond float16's "
-                    f"range ({FLOAT16_MAX:.0f}); store it with --dtype float32"
-                )
+                raise float16_overflow_error(kind, layer, peak)
 
     def _buffer(self) -> torch.Tensor:
         if self._free.empty() and self._allocated < self.n_buffers:

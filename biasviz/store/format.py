@@ -17,6 +17,8 @@ import datetime as _dt
 
 import numpy as np
 
+from biasviz.errors import BiasvizError
+
 FORMAT_VERSION = 1
 DIMS = ("sample", "head", "query", "key")
 FLOAT16_MAX = float(np.finfo(np.float16).max)
@@ -56,3 +58,19 @@ def chunk_rows(seq_len: int, itemsize: int) -> int:
     while rows * seq_len * itemsize > 2**31:
         rows = (rows + 1) // 2
     return rows
+
+
+def non_finite_error(kind: str, layer: int) -> BiasvizError:
+    """A captured matrix with NaN or infinity in a used cell: the writer and the GPU encoder both refuse it."""
+    return BiasvizError(
+        f"the captured {kind} of layer {layer} contains NaN or infinite values; "
+        "the model's weights or inputs are broken"
+    )
+
+
+def float16_overflow_error(kind: str, layer: int, peak: float) -> BiasvizError:
+    """A matrix whose magnitude float16 storage cannot hold."""
+    return BiasvizError(
+        f"the {kind} of layer {layer} reaches {peak:.4g}, beyond float16's range ({FLOAT16_MAX:.0f}); "
+        "store it with --dtype float32"
+    )

@@ -23,7 +23,9 @@ from biasviz.store.format import (
     FORMAT_VERSION,
     causal_cells,
     chunk_rows,
+    float16_overflow_error,
     layer_group,
+    non_finite_error,
     utc_now,
 )
 
@@ -215,17 +217,11 @@ class BiasFileWriter:
         # one float64 sum is finite exactly when every cell is (it cannot overflow for float32 inputs),
         # and costs a fraction of an elementwise isfinite pass with its (T, T) boolean temporary
         if not np.isfinite(m.sum(dtype=np.float64)):
-            raise BiasvizError(
-                f"the captured {kind} of layer {layer} contains NaN or infinite values; "
-                "the model's weights or inputs are broken"
-            )
+            raise non_finite_error(kind, layer)
         if self.dtype == np.float16:
             peak = max(float(m.max()), -float(m.min()))
             if peak > FLOAT16_MAX:
-                raise BiasvizError(
-                    f"the {kind} of layer {layer} reaches {peak:.4g}, beyond float16's "
-                    f"range ({FLOAT16_MAX:.0f}); store it with --dtype float32"
-                )
+                raise float16_overflow_error(kind, layer, peak)
         if kind == "bias":
             np.copyto(m, np.nan, where=self._mask)
         return m.astype(self.dtype, copy=False)
@@ -307,10 +303,12 @@ class BiasFileWriter:
         """Store a batch's token ids ahead of its matrices (given by :meth:`write_chunk`); returns its first sample."""
         assert self._h5 is not None, "use BiasFileWriter as a context manager"
         ids = _as_numpy(input_ids)
-        start, stop = self._written, self._written + ids.shape[0]
-        if stop > self.n_samples or ids.shape[1:] != (self.seq_len,):
-            raise ValueError(f"input_ids of shape {ids.shape} do not fit samples {start}.. of ({self.n_samples}, "
-                             f"{self.seq_len})")  # fmt: skip
+        b = int(ids.shape[0])
+        start, stop = self._written, self._written + b
+        if stop > self.n_samples:
+            raise ValueError(f"more samples than the {self.n_samples} announced")
+        if ids.shape != (b, self.seq_len):
+            raise ValueError(f"input_ids has shape {ids.shape}, expected ({b}, {self.seq_len})")
         self._h5["input_ids"][start:stop] = ids.astype(np.int32, copy=False)
         self._written = stop
         return start
@@ -330,16 +328,8 @@ class BiasFileWriter:
 
         Arrays may be NumPy arrays or CPU tensors; they are read, never modified.
         """
-        f = self._h5
-        assert f is not None, "use BiasFileWriter as a context manager"
-        ids = _as_numpy(input_ids)
-        b = int(ids.shape[0])
-        start, stop = self._written, self._written + b
-        if stop > self.n_samples:
-            raise ValueError(f"more samples than the {self.n_samples} announced")
-        if ids.shape != (b, self.seq_len):
-            raise ValueError(f"input_ids has shape {ids.shape}, expected ({b}, {self.seq_len})")
-        f["input_ids"][start:stop] = ids.astype(np.int32, copy=False)
+        start = self.begin_batch(input_ids)
+        b = self._written - start
         for layer in self.layers:
             if self.has_weights:
                 self._write_kind("weights", layer, weights[layer], start, b)
@@ -347,7 +337,6 @@ class BiasFileWriter:
                 if bias is None or layer not in bias:
                     raise ValueError(f"no bias given for layer {layer}")
                 self._write_kind("bias", layer, bias[layer], start, b)
-        self._written = stop
 
     @property
     def written(self) -> int:
