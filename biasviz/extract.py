@@ -132,19 +132,16 @@ def extract(
     The file appears at ``out`` only when complete; an existing file is kept unless ``force``.
     """
     t0 = time.perf_counter()
-    out = Path(out)
-    if out.exists() and not force:
-        raise BiasvizError(f"{out} already exists; pass --force to overwrite it or choose another --out")
+    out = _new_output(out, force)
     if batch_size < 1:
         raise BiasvizError(f"--batch-size must be at least 1, got {batch_size}")
     ids = check_windows(adapter, windows)
     n, seq_len = ids.shape
     layer_list = adapter.resolve_layers(layers)
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
-    run_dtype = resolve_dtype(model_dtype)
+    dev, run_dtype = _where_to_run(device, model_dtype)
     has_bias = bool(adapter.adds_bias)
     meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
-    meta["model_dtype"] = str(run_dtype or _float_dtype(adapter.model)).removeprefix("torch.")
+    meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
     was_training = adapter.model.training
     adapter.model.eval()
     try:
@@ -173,9 +170,7 @@ def extract_bias_only(
     token was read. Memory is the (1, H, T, T) bias of each requested layer plus the writer's.
     """
     t0 = time.perf_counter()
-    out = Path(out)
-    if out.exists() and not force:
-        raise BiasvizError(f"{out} already exists; pass --force to overwrite it or choose another --out")
+    out = _new_output(out, force)
     if not adapter.adds_bias:
         raise BiasvizError(f"--bias-only: the '{adapter.scheme}' scheme adds no bias")
     if adapter.context_dependent:
@@ -188,11 +183,10 @@ def extract_bias_only(
     if seq_len < 1:
         raise BiasvizError(f"--seq-len must be at least 1, got {seq_len}")
     adapter.check_length(seq_len)
-    dev = device if isinstance(device, torch.device) else resolve_device(device)
-    run_dtype = resolve_dtype(model_dtype)
+    dev, run_dtype = _where_to_run(device, model_dtype)
     meta = provenance(adapter, dev, seed=None, text_source="none (--bias-only: no text, no forward pass)",
                       batch_size=1, extra={"bias_only": True})  # fmt: skip
-    meta["model_dtype"] = str(run_dtype or _float_dtype(adapter.model)).removeprefix("torch.")
+    meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
     writer = BiasFileWriter(out, attrs=meta, n_samples=1, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
                             has_bias=True, has_weights=False, dtype=dtype, force=force,
                             causal=bool(adapter.causal))  # fmt: skip
@@ -203,9 +197,26 @@ def extract_bias_only(
     return ExtractResult(out, 1, seq_len, layer_list, True, time.perf_counter() - t0, out.stat().st_size)
 
 
-def _float_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the model's first floating-point parameter (float32 when it has none)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+def _new_output(out: str | Path, force: bool) -> Path:
+    """The output path, refused before any work when a file is there and ``force`` is not given."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise BiasvizError(f"{out} already exists; pass --force to overwrite it or choose another --out")
+    return out
+
+
+def _where_to_run(
+    device: str | torch.device, model_dtype: str | torch.dtype | None
+) -> tuple[torch.device, torch.dtype | None]:
+    """The device and the precision (None: the model's own) an extraction runs in."""
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    return dev, resolve_dtype(model_dtype)
+
+
+def _dtype_label(run_dtype: torch.dtype | None, model: torch.nn.Module) -> str:
+    """The precision the model runs in, for the file: the one asked for, else its first floating parameter's."""
+    own = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return str(run_dtype or own).removeprefix("torch.")
 
 
 def _run(
