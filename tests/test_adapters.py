@@ -18,7 +18,7 @@ from torch import nn
 import biasviz.adapters as adapters
 from biasviz.adapters import ModelAdapter, load_model
 from biasviz.errors import BiasvizError
-from biasviz.extract import extract
+from biasviz.extraction import extract
 from biasviz.store import open_bias_file
 from tests.conftest import small_model
 

@@ -9,7 +9,7 @@ import torch
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.devices import placed, resolve_dtype
 from biasviz.errors import BiasvizError
-from biasviz.extract import extract
+from biasviz.extraction import extract
 from biasviz.store import open_bias_file
 from tests.conftest import small_model
 

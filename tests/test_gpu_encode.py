@@ -10,7 +10,7 @@ import torch
 
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.errors import BiasvizError
-from biasviz.extract import extract
+from biasviz.extraction import extract
 from biasviz.store import BiasFileWriter, open_bias_file
 from tests.conftest import small_model
 from tests.test_store import _attrs as store_attrs

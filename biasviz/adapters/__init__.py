@@ -5,7 +5,8 @@
 
 - a directory whose ``config.json`` says ``model_type: biasviz_gpt2`` -> biasviz's own GPT-2 variant;
 - a state dict file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``.safetensors``) or nanoGPT's out_dir -> nanoGPT;
-- a directory of another transformers architecture -> its adapter (BLOOM, MPT, Falcon, T5, GPT-2).
+- a directory of another transformers architecture -> its adapter (BLOOM, MPT, Falcon, T5, GPT-2);
+- any other transformers directory -> loaded with SDPA attention and traced (:mod:`biasviz.adapters.traced`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def adapter_classes() -> list[type[ModelAdapter]]:
         if exc.name != "biasviz.adapters.transformers_models":
             raise  # the module exists but something it needs is missing: say so, do not hide it
         TRANSFORMERS_ADAPTERS = []
-    return [BiasGPTAdapter, NanoGPTAdapter, *TRANSFORMERS_ADAPTERS]
+    from biasviz.adapters.traced import TransformersSdpaAdapter
+
+    return [BiasGPTAdapter, NanoGPTAdapter, *TRANSFORMERS_ADAPTERS, TransformersSdpaAdapter]
 
 
 def hf_architectures() -> dict[str, Callable[..., ModelAdapter]]:

@@ -1,6 +1,6 @@
 """What extraction needs from a model, whatever its architecture: the :class:`ModelAdapter` interface.
 
-An adapter wraps a loaded model, records the facts :func:`biasviz.extract.extract` writes into the
+An adapter wraps a loaded model, records the facts :func:`biasviz.extraction.extract` writes into the
 file (layers, heads, scheme, bias convention, tokenizer, maximum length), knows where each layer's
 attention lives and where its additive bias and post-softmax weights pass, and captures them with
 forward hooks. Each adapter class also says which paths it can open (:meth:`ModelAdapter.can_open`,
@@ -21,7 +21,7 @@ from torch import nn
 from biasviz.errors import BiasvizError, too_long
 from biasviz.store.format import KEY_POSITION, RELATIVE  # what a stored bias means
 
-__all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "stop_after"]
+__all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "StopForward", "stop_after"]
 
 
 
@@ -40,7 +40,7 @@ class Captured:
         self.weights.clear()
 
 
-class _StopForward(Exception):
+class StopForward(Exception):
     """Raised by a hook to end a forward pass once everything wanted has been captured."""
 
 
@@ -52,12 +52,12 @@ def stop_after(module: nn.Module | None) -> Iterator[None]:
         return
 
     def _hook(*_: Any) -> None:
-        raise _StopForward
+        raise StopForward
 
     handle = module.register_forward_hook(_hook)
     try:
         yield
-    except _StopForward as stop:
+    except StopForward as stop:
         # the traceback holds every frame of the stopped forward, and with them its activations: let them go
         # now rather than at the next garbage collection (which would double the peak memory of a next pass)
         stop.__traceback__ = None
@@ -147,6 +147,9 @@ class ModelAdapter:
         """Learned absolute positions end at the table's size; relative schemes take any length."""
         if self.max_length is not None and seq_len > self.max_length:
             raise too_long(self.scheme, self.max_length, seq_len, what="--seq-len")
+
+    def prepare(self, ids: Any) -> None:
+        """Learn what only a forward pass tells (a traced model's attention calls) from the first sample."""
 
     def resolve_layers(self, spec: int | str | list[int]) -> list[int]:
         """``-1`` (last), an index, a list, or ``"all"`` -> sorted 0-based layer indices."""

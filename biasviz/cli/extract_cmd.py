@@ -44,7 +44,13 @@ def warnings_as_notes() -> Iterator[None]:
 @config_option
 @click.option(
     "--model", required=True,
-    help="A 'biasviz train' checkpoint directory, or a nanoGPT-style state dict (.pt/.pth/.safetensors).",
+    help="A 'biasviz train' checkpoint directory, a nanoGPT-style state dict (.pt/.pth/.safetensors), a "
+    "transformers checkpoint directory, or your own code as path/to/code.py:FACTORY (FACTORY() returns the "
+    "torch.nn.Module; its SDPA / flex_attention calls are traced and --layer counts them).",
+)  # fmt: skip
+@click.option(
+    "--checkpoint", default=None,
+    help="With --model CODE.py:FACTORY: passed to FACTORY(checkpoint), for your code to load.",
 )  # fmt: skip
 @click.option(
     "--scheme", default=None,
@@ -96,7 +102,8 @@ def warnings_as_notes() -> Iterator[None]:
 )  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(
-    model: str, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None, tokenizer: str | None,
+    model: str, checkpoint: str | None, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None,
+    tokenizer: str | None,
     seed: int, batch_size: int, device: str, dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
     part: str | None, bias_only: bool, quiet: bool,
 ) -> None:  # fmt: skip
@@ -106,24 +113,34 @@ def extract(
     hold NaN (bias) and 0 (weights). The file appears only when complete.
     """
     from biasviz.adapters import load_model
+    from biasviz.adapters.traced import is_factory_spec, load_factory
     from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
     from biasviz.devices import resolve_device
     from biasviz.errors import BiasvizError
-    from biasviz.extract import check_seq_len, resolve_tokenizer
-    from biasviz.extract import extract as run_extract
+    from biasviz.extraction import check_seq_len, resolve_tokenizer
+    from biasviz.extraction import extract as run_extract
 
     layers = parse_layers(layer)
     dev = resolve_device(device)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
     with warnings_as_notes():
-        adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
+        if is_factory_spec(model):
+            for given, flag in ((no_scale, "--no-scale"), (part, "--part")):
+                if given:
+                    raise UsageError(f"{flag} does not apply to --model CODE.py:FACTORY (your code builds the model)")
+            adapter = load_factory(model, checkpoint, scheme)
+        elif checkpoint is not None:
+            raise UsageError("--checkpoint applies to --model CODE.py:FACTORY only; give a checkpoint as --model")
+        else:
+            adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
     target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
     if target.exists() and not force:
         raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
-    chosen = adapter.resolve_layers(layers)
+    # a traced model's attention calls are counted on the first sample, inside extraction
+    chosen = adapter.resolve_layers(layers) if adapter.n_layers else layers
     check_seq_len(adapter, seq_len)
     if bias_only:
-        from biasviz.extract import extract_bias_only
+        from biasviz.extraction import extract_bias_only
 
         result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
                                    model_dtype=model_dtype, force=force)  # fmt: skip

@@ -30,7 +30,10 @@ def _parse_sample(value: str) -> int | str:
 
 @click.command("plot")
 @config_option
-@click.option("--scheme", required=True, help="Scheme name (aliases work); names the input and output files.")
+@click.option(
+    "--scheme", required=True,
+    help="Scheme name (aliases work), or the name a file records (captured); names the input and output files.",
+)  # fmt: skip
 @click.option(
     "--input",
     "input_path",
@@ -95,7 +98,13 @@ def plot(scheme: str, input_path: Path | None, kind: str, layer: int, sample_tex
     from biasviz.plotting.save import parse_formats
     from biasviz.schemes import canonical_name
 
-    name = canonical_name(scheme)
+    try:
+        name = canonical_name(scheme)
+    except BiasvizError:
+        # a name the registry does not know is fine where the file holds it ('captured', from a traced model)
+        name = scheme.strip()
+        if not (input_path or Path("data") / f"{name}.h5").is_file() or not name.replace("-", "").isalnum():
+            raise
     sample = _parse_sample(sample_text)
     formats = parse_formats(formats_text)
     if kind == "weights" and normalize != "none":

@@ -137,15 +137,16 @@ def extract(
         raise BiasvizError(f"--batch-size must be at least 1, got {batch_size}")
     ids = check_windows(adapter, windows)
     n, seq_len = ids.shape
-    layer_list = adapter.resolve_layers(layers)
     dev, run_dtype = _where_to_run(device, model_dtype)
-    has_bias = bool(adapter.adds_bias)
-    meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
-    meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
     was_training = adapter.model.training
     adapter.model.eval()
     try:
         with placed(adapter.model, dev, run_dtype):
+            adapter.prepare(ids)  # a traced model: its attention calls, from one pass where it will run
+            layer_list = adapter.resolve_layers(layers)
+            has_bias = bool(adapter.adds_bias)
+            meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
+            meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
             _run(adapter, ids, out, dev, meta, layer_list, has_bias, dtype, batch_size, force, progress)
     finally:
         adapter.model.train(was_training)
@@ -176,6 +177,9 @@ def extract_bias_only(
     if adapter.context_dependent:
         raise BiasvizError(f"--bias-only needs a context-free scheme; this '{adapter.scheme}' bias depends on the "
                            "input: extract it from text (drop --bias-only)")  # fmt: skip
+    if not adapter.n_layers:
+        raise BiasvizError(f"--bias-only: the bias of a traced model ({adapter.architecture}) exists only inside its "
+                           "attention calls; extract it from text (drop --bias-only)")  # fmt: skip
     layer_list = adapter.resolve_layers(layers)
     if any(adapter.scheme_module(layer) is None for layer in layer_list):
         raise BiasvizError(f"--bias-only: the {adapter.architecture} model builds its bias inside the attention; "

@@ -1,0 +1,244 @@
+"""Any ``torch.nn.Module``, with no adapter: its fused attention calls are traced (:mod:`biasviz.tracing`).
+
+"Layers" here are attention calls in the order the model makes them (call L is layer L in a plain
+decoder). Their number and heads are learned from one traced pass over the first sample (the probe),
+in which nothing is formed; extraction then forms only the calls asked for, and stops the forward
+after the last of them, as the hook-based adapters do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from biasviz.adapters.base import Captured, ModelAdapter
+from biasviz.errors import BiasvizError
+from biasviz.tracing import AttentionCall, Trace
+
+CAPTURED = "captured"  # the scheme recorded when the user names none: the bias is what the calls added
+
+
+def module_sha256(model: nn.Module) -> str:
+    """SHA-256 over the module's named parameters and buffers (names, dtypes, shapes and bytes)."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(f"{name} {t.dtype} {tuple(t.shape)}\n".encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    """The vocabulary the token ids are checked against: the config's, else the first embedding table's."""
+    config = getattr(model, "config", None)
+    if isinstance(getattr(config, "vocab_size", None), int):
+        return int(config.vocab_size)
+    first = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return None if first is None else int(first.num_embeddings)
+
+
+def _max_length(model: nn.Module) -> int | None:
+    """Learned absolute positions end at the table's size (GPT-2's ``n_positions``); otherwise no limit."""
+    n = getattr(getattr(model, "config", None), "n_positions", None)
+    return n if isinstance(n, int) else None
+
+
+class TracedAdapter(ModelAdapter):
+    """A module whose SDPA / flex_attention calls are intercepted; layers are call indices."""
+
+    def __init__(self, model: nn.Module, *, forward: Callable[[torch.Tensor], Any] | None = None,
+                 scheme: str | None = None, source: str = "", sha256: str = "", tokenizer: Any = None,
+                 config_json: str = "") -> None:  # fmt: skip
+        super().__init__(
+            model, scheme=scheme or CAPTURED, n_layers=0, n_heads=0, source=source or _describe(model),
+            sha256=sha256 or module_sha256(model), max_length=_max_length(model), tokenizer=tokenizer,
+            vocab_size=_vocab_size(model), config_json=config_json,
+        )  # fmt: skip
+        self.architecture = type(model).__name__
+        self._call_model = forward if forward is not None else model
+        self.calls: list[AttentionCall] = []  # from the probe
+        self._chosen: list[AttentionCall] = []
+        self._wanted: list[int] = []
+        self._captured: Captured | None = None
+
+    # -- facts, from the probe -----------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        first = next(iter(self.model.parameters()), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    @property
+    def adds_bias(self) -> bool:
+        return any(c.adds_bias for c in self._chosen) if self._chosen else self._scheme_flag("adds_bias", True)
+
+    def prepare(self, ids: np.ndarray) -> None:
+        """Run the first sample once, counting the attention calls and reading their heads and masks."""
+        probe = Trace(self.model, layers=[])
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), probe:
+                self._call_model(torch.as_tensor(ids[:1]).to(self.device))
+        finally:
+            self.model.train(was_training)
+        if not probe.calls:
+            raise BiasvizError(
+                f"{self.source} ran without calling scaled_dot_product_attention or flex_attention, so there is "
+                "nothing to trace (attention written out by hand, or nn.MultiheadAttention with need_weights=True); "
+                "for a transformers model load it with attn_implementation='sdpa'"
+            )
+        self.calls = probe.calls
+        self.n_layers = len(probe.calls)
+        self.n_heads = probe.calls[-1].heads
+
+    def resolve_layers(self, spec: int | str | list[int]) -> list[int]:
+        if not self.calls:
+            raise BiasvizError("the model has not been probed yet (TracedAdapter.prepare)")
+        try:
+            chosen = super().resolve_layers(spec)
+        except BiasvizError:
+            raise BiasvizError(f"--layer {spec} out of range: the model makes {self.n_layers} attention calls "
+                               f"(0..{self.n_layers - 1}, or -1)") from None  # fmt: skip
+        calls = [self.calls[i] for i in chosen]
+        heads = {c.heads for c in calls}
+        if len(heads) > 1:
+            raise BiasvizError(f"attention calls {chosen} have different head counts {sorted(heads)}; "
+                               "extract them one at a time")  # fmt: skip
+        for c in calls:
+            if c.q_len != c.k_len:
+                raise BiasvizError(f"attention call {c.index} attends {c.q_len} queries to {c.k_len} keys (cross- or "
+                                   "cached attention); a file holds square (query, key) matrices: choose "
+                                   "self-attention calls with --layer")  # fmt: skip
+        self._chosen = calls
+        self.n_heads = calls[0].heads
+        self.causal = all(c.causal for c in calls)
+        return chosen
+
+    # -- running ---------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
+        previous = self._captured, self._wanted
+        self._captured, self._wanted = Captured(), list(layers)
+        try:
+            yield self._captured
+        finally:
+            self._captured, self._wanted = previous
+
+    def forward(self, input_ids: torch.Tensor) -> None:
+        wanted = self._wanted or None
+        with torch.inference_mode(), Trace(self.model, wanted, stop=wanted is not None) as t:
+            self._call_model(input_ids.to(self.device))
+        if self._captured is None:
+            return
+        for index in self._wanted:
+            call = next((c for c in t.calls if c.index == index), None)
+            if call is None or call.weights is None:
+                continue  # reported by the caller as nothing captured
+            self._captured.weights[index] = call.weights
+            if call.bias is not None:
+                self._captured.bias[index] = call.bias
+            elif self.adds_bias:  # a call with no additive part beside calls with one: it adds 0
+                self._captured.bias[index] = torch.zeros(1, *call.weights.shape[1:], device=call.weights.device)
+        del t
+
+
+def _describe(model: nn.Module) -> str:
+    cls = type(model)
+    return f"{cls.__module__}.{cls.__qualname__} (a torch.nn.Module)"
+
+
+# -- the user's own code: --model path/to/code.py:FACTORY ----------------------------------------------
+def is_factory_spec(spec: str | Path) -> bool:
+    """Whether ``--model`` names Python code and a factory in it (``code.py:FACTORY``)."""
+    text = str(spec)
+    path, sep, name = text.rpartition(":")
+    return bool(sep) and path.endswith(".py") and name.isidentifier()
+
+
+def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = None) -> TracedAdapter:
+    """Import the user's ``code.py`` (named by the user, so run as their own code) and build the model:
+    ``FACTORY()`` or, with a checkpoint, ``FACTORY(checkpoint)``."""
+    path_text, _, name = str(spec).rpartition(":")
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise BiasvizError(f"--model {spec}: {path} is not a file")
+    module_name = "biasviz_user_model_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    where = str(path.resolve().parent)
+    sys.path.insert(0, where)  # so that the code's own imports of its neighbours work, as when run from there
+    try:
+        loader = importlib.util.spec_from_file_location(module_name, path)
+        if loader is None or loader.loader is None:
+            raise BiasvizError(f"--model {spec}: cannot import {path} as Python code")
+        code = importlib.util.module_from_spec(loader)
+        try:
+            loader.loader.exec_module(code)
+        except Exception as exc:
+            raise BiasvizError(f"--model {spec}: importing {path.name} failed: {type(exc).__name__}: {exc}") from exc
+        factory = getattr(code, name, None)
+        if not callable(factory):
+            raise BiasvizError(f"--model {spec}: {path.name} defines no callable '{name}'")
+        try:
+            model = factory(checkpoint) if checkpoint is not None else factory()
+        except Exception as exc:
+            raise BiasvizError(f"--model {spec}: {name}({'checkpoint' if checkpoint else ''}) failed: "
+                               f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(where)
+    if not isinstance(model, nn.Module):
+        raise BiasvizError(f"--model {spec}: {name}() returned a {type(model).__name__}, not a torch.nn.Module")
+    source = f"{path.resolve()}:{name}" + (f" ({Path(checkpoint).expanduser().resolve()})" if checkpoint else "")
+    sha = ""
+    if checkpoint is not None and Path(checkpoint).expanduser().is_file():
+        from biasviz.hashing import sha256_file
+
+        sha = sha256_file(Path(checkpoint).expanduser())
+    from biasviz.adapters import check_finite
+
+    adapter = TracedAdapter(model.eval(), scheme=scheme, source=source, sha256=sha)
+    check_finite(adapter)
+    return adapter
+
+
+def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> TracedAdapter:
+    """A transformers checkpoint of an architecture with no adapter, loaded with SDPA attention and traced."""
+    import transformers
+
+    from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
+
+    kind = model_type(directory)
+    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", "local_files_only": True, "trust_remote_code": False}
+    reason = ""
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+        try:
+            model = auto.from_pretrained(str(directory), **kwargs)
+            break
+        except (ValueError, KeyError, OSError, TypeError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    else:
+        raise BiasvizError(f"{directory} is a '{kind}' model, which has no biasviz adapter, and transformers cannot "
+                           f"load it with SDPA attention: {reason}")  # fmt: skip
+    config_json = (directory / "config.json").read_text(encoding="utf-8")
+    return TracedAdapter(model.float().eval(), forward=lambda ids: model(input_ids=ids, use_cache=False),
+                         scheme=scheme, source=str(directory.resolve()), sha256=parameters_sha256(directory),
+                         tokenizer=tokenizer_in(directory), config_json=config_json)  # fmt: skip
+
+
+class TransformersSdpaAdapter(TracedAdapter):
+    """Any other transformers architecture (Llama, Qwen, BERT, ...): SDPA attention, traced. Asked last."""
+
+    @classmethod
+    def can_open(cls, path: Path) -> bool:
+        return path.is_dir() and (path / "config.json").is_file()
+
+    @classmethod
+    def open(cls, path: Path, scheme: str | None = None, **options: Any) -> ModelAdapter:
+        return load_transformers_sdpa(path, scheme)

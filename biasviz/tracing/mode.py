@@ -1,0 +1,130 @@
+"""``biasviz.trace``: intercept every fused attention call of any PyTorch model while it runs.
+
+A :class:`torch.overrides.TorchFunctionMode` sees each call of
+``torch.nn.functional.scaled_dot_product_attention`` and of the ``flex_attention`` operator before it
+runs, whoever makes it (the user's own module, transformers, x-transformers); no module is patched
+and no forward is copied. Each call is numbered in the order it runs (call L is layer L in a plain
+decoder), and the calls asked for are formed explicitly (:mod:`biasviz.tracing.calls`); the call itself
+then runs unchanged, so the model's outputs are exactly what they would be without the trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from biasviz.adapters.base import StopForward
+from biasviz.tracing.calls import AttentionCall, flex_call, sdpa_call
+
+_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def _kind(func: Any) -> str | None:
+    if func is _SDPA:
+        return "sdpa"
+    if type(func).__name__ == "FlexAttentionHOP" or getattr(func, "_name", None) == "flex_attention":
+        return "flex_attention"
+    return None
+
+
+class Trace:
+    """The calls one traced block made: ``bias[L]`` and ``weights[L]`` by call index L (0-based).
+
+    ``bias[L]`` is (1 or B, H, Tq, Tk) float32 and present only for calls that add a bias; ``weights[L]``
+    is (B, H, Tq, Tk) float32; masked cells are NaN in the bias and 0 in the weights. ``calls`` lists
+    every intercepted call (also those not recorded) with its heads, lengths and notes.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None, layers: Iterable[int] | None = None,
+                 *, stop: bool = False) -> None:  # fmt: skip
+        self.model = model
+        self.layers = None if layers is None else sorted({int(x) for x in layers})
+        if self.layers is not None and any(x < 0 for x in self.layers):
+            raise ValueError("trace(layers=...) takes call indices from 0; the number of calls is known only "
+                             "after the forward (biasviz.extract resolves -1)")  # fmt: skip
+        self.stop = stop and bool(self.layers)
+        self.calls: list[AttentionCall] = []
+        self._stack = contextlib.ExitStack()
+
+    # -- results -----------------------------------------------------------------------------------
+    @property
+    def bias(self) -> dict[int, torch.Tensor]:
+        return {c.index: c.bias for c in self.calls if c.bias is not None}
+
+    @property
+    def weights(self) -> dict[int, torch.Tensor]:
+        return {c.index: c.weights for c in self.calls if c.weights is not None}
+
+    @property
+    def notes(self) -> dict[int, str]:
+        return {c.index: c.note for c in self.calls if c.note}
+
+    def wants(self, index: int) -> bool:
+        return self.layers is None or index in self.layers
+
+    # -- interception ------------------------------------------------------------------------------
+    def intercept(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        index = len(self.calls)
+        record = self.wants(index)
+        describe = sdpa_call if kind == "sdpa" else flex_call
+        call = describe(index, args, kwargs, record)
+        dropout = kwargs.get("dropout_p", args[4] if kind == "sdpa" and len(args) > 4 else 0.0)
+        if record and dropout:
+            call.note = (call.note + "; " if call.note else "") + f"dropout_p={dropout} in the call: weights " \
+                        "recorded before dropout (put the model in eval mode)"  # fmt: skip
+        self.calls.append(call)
+        if self.stop and self.layers is not None and index >= self.layers[-1]:
+            raise StopForward  # everything asked for is recorded: the rest of the forward cannot change it
+        return func(*args, **kwargs)
+
+    def __enter__(self) -> Trace:
+        # torch.compile'd code would trace through the mode (or skip it): run it eagerly while traced
+        set_stance = getattr(torch.compiler, "set_stance", None)
+        if set_stance is not None:
+            self._stack.enter_context(set_stance("force_eager"))
+        self._stack.enter_context(_Interceptor(self))
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+        self._stack.close()
+        if exc_type is not None and issubclass(exc_type, StopForward):
+            assert exc is not None
+            exc.__traceback__ = None  # its frames hold the stopped forward's activations
+            return True
+        return False
+
+
+class _Interceptor(TorchFunctionMode):
+    """Hands SDPA and flex_attention calls to the trace; everything else runs as it would."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+        self.trace = trace
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:  # fmt: skip
+        kwargs = kwargs or {}
+        kind = _kind(func)
+        if kind is None:
+            return func(*args, **kwargs)
+        return self.trace.intercept(kind, func, args, kwargs)
+
+
+def trace(model: torch.nn.Module | None = None, layers: Iterable[int] | None = None, *, stop: bool = False) -> Trace:
+    """Record the bias and weights of every fused attention call made inside the ``with`` block.
+
+    ``layers`` limits what is formed (call indices from 0; the rest are only counted); ``stop`` ends the
+    forward quietly after the last of them, saving the rest of the model (and its memory).
+
+    >>> import torch, biasviz
+    >>> q = k = v = torch.randn(1, 2, 4, 8)
+    >>> with biasviz.trace() as t:
+    ...     _ = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> t.weights[0].shape, float(t.weights[0][0, 0, 0, 1])
+    (torch.Size([1, 2, 4, 4]), 0.0)
+    """
+    return Trace(model, layers, stop=stop)
