@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -92,6 +93,15 @@ def diagnose_dataset(dataset: object, normalize: str = "none") -> Iterator[HeadD
     for h in range(n_heads):
         mats = (np.asarray(dataset[s, h], dtype=np.float32) for s in range(n_samples))  # type: ignore[index]
         yield diagnose_head(mats, h + 1, normalize)
+
+
+def diagnose_sweep(bias_file: Any, layer: int, normalize: str = "none") -> list[tuple[int, list[HeadDiagnostics]]]:
+    """Diagnostics of each head at each checkpoint of a sweep file (``extract --checkpoints``), by step."""
+    steps = bias_file.checkpoints
+    if steps is None:
+        raise ValueError("not a sweep file")
+    return [(step, list(diagnose_dataset(bias_file.at_checkpoint(c).dataset("bias", layer), normalize)))
+            for c, step in enumerate(steps)]  # fmt: skip
 
 
 # -- running sums -----------------------------------------------------------------------------------

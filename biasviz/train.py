@@ -17,8 +17,10 @@ from tqdm.auto import tqdm
 from biasviz.atomic import replacing
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
 from biasviz.devices import resolve_device
+from biasviz.distributed import World, world
 from biasviz.errors import BiasvizError
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
+from biasviz.sweep import checkpoint_dir
 
 TRAINING_FILE = "training.json"
 
@@ -43,6 +45,7 @@ class TrainSettings:
     device: str = "auto"
     precision: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere; or float32 / bfloat16
     compile: bool = False  # torch.compile the model (CUDA: faster steps after a compilation of tens of seconds)
+    save_every: int = 0  # > 0: also write OUT/checkpoint-STEP/ every so many steps (and at the last), for sweeps
 
 
 @dataclass
@@ -102,8 +105,11 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
         raise BiasvizError(f"{out} already exists; pass --force to replace it or choose another --out")
     if s.steps < 1 or s.seq_len < 2 or s.batch_size < 1:
         raise BiasvizError("--steps and --batch-size must be >= 1 and --seq-len >= 2")
-    device = resolve_device(s.device)
-    torch.manual_seed(s.seed)
+    if s.save_every < 0:
+        raise BiasvizError(f"--save-every must be 0 (off) or a number of steps, not {s.save_every}")
+    w = world()
+    device = resolve_device(s.device) if w.size == 1 else _rank_device(s.device, w)
+    torch.manual_seed(s.seed)  # the same initial weights in every process (DDP also broadcasts rank 0's)
     rng = np.random.default_rng(s.seed)
 
     corpus = load_corpus(s.corpus, max_bytes=s.max_corpus_bytes)
@@ -122,43 +128,92 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     model.train()
     opt = _optimizer(model, s)
     autocast = _autocast(s.precision, device)
-    step_model = torch.compile(model) if s.compile else model
+    step_model = _data_parallel(model, device) if w.size > 1 else model
+    step_model = torch.compile(step_model) if s.compile else step_model
     data = torch.from_numpy(tokens.astype(np.int64))
     losses: list[float] = []
     step_seconds: list[float] = []
-    start = last = time.perf_counter()
-    bar = tqdm(range(s.steps), desc=f"train {config.scheme}", disable=None if progress else True, leave=False)
-    for step in bar:
-        starts = rng.integers(0, len(tokens) - s.seq_len, size=s.batch_size)
-        batch = torch.stack([data[i : i + s.seq_len] for i in starts]).to(device)  # (B, T)
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, s)
-        with autocast:
-            loss = step_model(batch, labels=batch).loss
-        if not torch.isfinite(loss):
-            raise BiasvizError(f"training diverged at step {step} (loss {loss.item()}); lower --lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        for scheme in model.schemes():
-            scheme.constrain_()
-        losses.append(loss.item())
-        now = time.perf_counter()
-        step_seconds.append(now - last)
-        last = now
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-    seconds = time.perf_counter() - start
 
-    with replacing(out, tmp=out.with_name(f".{out.name}.partial")) as tmp:  # a whole checkpoint or none
-        model.eval().to("cpu").save_pretrained(tmp)
-        save_tokenizer(tok, tmp)
-        record = {
-            "settings": asdict(s), "device": str(device), "corpus_source": corpus.source,
-            "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)), "seconds": round(seconds, 2),
-            "final_loss": float(np.mean(losses[-10:])), "torch_version": torch.__version__,
+    def record(step: int, seconds: float) -> dict[str, Any]:
+        return {
+            "settings": asdict(s), "device": str(device), "processes": w.size, "step": step,
+            "corpus_source": corpus.source, "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)),
+            "seconds": round(seconds, 2), "final_loss": float(np.mean(losses[-10:])),
+            "torch_version": torch.__version__,
             "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
         }  # fmt: skip
-        (tmp / TRAINING_FILE).write_text(json.dumps(record, indent=2))
-    return TrainResult(out, losses, seconds, s.steps * s.batch_size * s.seq_len, step_seconds)
+
+    # the checkpoint (and every checkpoint-STEP/ in it) is assembled under a hidden name and moved into place
+    # at the end by process 0 alone: a whole run or none
+    staging = replacing(out, tmp=out.with_name(f".{out.name}.partial")) if w.main else contextlib.nullcontext()
+    with staging as tmp:
+        start = last = time.perf_counter()
+        bar = tqdm(range(s.steps), desc=f"train {config.scheme}", disable=None if progress and w.main else True,
+                   leave=False)  # fmt: skip
+        for step in bar:
+            # one global batch of batch_size x processes windows, drawn alike everywhere; each process takes its part
+            starts = rng.integers(0, len(tokens) - s.seq_len, size=s.batch_size * w.size)
+            mine = starts[w.rank * s.batch_size : (w.rank + 1) * s.batch_size]
+            batch = torch.stack([data[i : i + s.seq_len] for i in mine]).to(device)  # (B, T)
+            for g in opt.param_groups:
+                g["lr"] = _lr_at(step, s)
+            with autocast:
+                loss = step_model(batch, labels=batch).loss
+            if not torch.isfinite(loss):
+                raise BiasvizError(f"training diverged at step {step} (loss {loss.item()}); lower --lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # under DDP the gradients are averaged over the processes here
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            for scheme in model.schemes():
+                scheme.constrain_()
+            losses.append(_mean_over_processes(loss.detach()))
+            now = time.perf_counter()
+            step_seconds.append(now - last)
+            last = now
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            done = step + 1
+            if w.main and s.save_every and (done % s.save_every == 0 or done == s.steps):
+                _write_checkpoint(model, tok, record(done, now - start), checkpoint_dir(tmp, done))
+        seconds = time.perf_counter() - start
+        if w.main:
+            _write_checkpoint(model.eval().to("cpu"), tok, record(s.steps, seconds), tmp)
+    return TrainResult(out, losses, seconds, s.steps * s.batch_size * s.seq_len * w.size, step_seconds)
+
+
+def _write_checkpoint(model: BiasGPTForCausalLM, tok: Any, record: dict[str, Any], directory: Path) -> None:
+    """config.json, model.safetensors, tokenizer.json and training.json: loadable by ``--model``."""
+    model.save_pretrained(directory)
+    save_tokenizer(tok, directory)
+    (directory / TRAINING_FILE).write_text(json.dumps(record, indent=2))
+
+
+def _rank_device(spec: str, w: World) -> torch.device:
+    """Under torchrun: this process's GPU (LOCAL_RANK), or the CPU."""
+    device = resolve_device(spec)
+    if device.type == "cuda":
+        device = torch.device("cuda", w.local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def _data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DistributedDataParallel over the process group torchrun's processes joined (biasviz.distributed)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def _mean_over_processes(loss: torch.Tensor) -> float:
+    """The loss averaged over the processes (the loss of the whole global batch); a plain float in one process."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        loss = loss.clone()
+        dist.all_reduce(loss)
+        loss /= dist.get_world_size()
+    return loss.item()

@@ -29,7 +29,8 @@ class _FileResult:
     samples: int
     seq_len: int
     context_dependent: bool
-    heads: list[HeadDiagnostics]
+    heads: list[HeadDiagnostics]  # of the last checkpoint in a sweep file
+    sweep: list[tuple[int, list[HeadDiagnostics]]] | None = None  # (step, heads) of every checkpoint
 
 
 @click.command("diagnose")
@@ -76,7 +77,7 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
 
 
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
-    from biasviz.diagnostics import diagnose_dataset
+    from biasviz.diagnostics import diagnose_dataset, diagnose_sweep
     from biasviz.store import open_bias_file
 
     with open_bias_file(path) as bf:
@@ -88,14 +89,16 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
             click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                        "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
         try:
-            heads = list(diagnose_dataset(bf.dataset("bias", resolved), normalize))
+            sweep = None if bf.checkpoints is None else diagnose_sweep(bf, resolved, normalize)
+            heads = sweep[-1][1] if sweep else list(diagnose_dataset(bf.dataset("bias", resolved), normalize))
         except ValueError as exc:  # NaN/inf in used cells: a damaged or hand-made file
             raise BiasvizError(f"{path}: {exc}; the file is damaged; extract it again") from exc
         notes = dict.fromkeys(n.split(": ", 1)[1] for h in heads for n in h.notes)
         for note in notes:
             click.echo(f"note: {path}: {note}", err=True)
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
-                           seq_len=bf.seq_len, context_dependent=bf.context_dependent, heads=heads)  # fmt: skip
+                           seq_len=bf.seq_len, context_dependent=bf.context_dependent, heads=heads,
+                           sweep=sweep)  # fmt: skip
 
 
 def _name_uniquely(results: list[_FileResult]) -> None:
@@ -118,7 +121,9 @@ def _write_json(target: Path, results: list[_FileResult], normalize: str) -> Non
         "schemes": {
             r.name: {"heads": [h.as_json() for h in r.heads], "scheme": r.scheme, "layer": r.layer,
                      "samples": r.samples, "seq_len": r.seq_len, "context_dependent": r.context_dependent,
-                     "normalize": normalize, "source": str(r.path)}
+                     "normalize": normalize, "source": str(r.path),
+                     **({} if r.sweep is None else {"checkpoints": [
+                         {"step": step, "heads": [h.as_json() for h in heads]} for step, heads in r.sweep]})}
             for r in results
         },
         "definitions": DEFINITIONS,
@@ -155,4 +160,13 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             "description": f"mean and +-1 population std over samples and cells with i - j = d; source: {r.path}",
         }
         written += save_figure(fig, out_dir / f"{r.name}_profile", formats, dpi=dpi, info=info, style=style)
+        if r.sweep is not None:
+            from biasviz.plotting.dynamics import over_training
+
+            info = {"title": f"{r.name} diagnostics over training (layer {r.layer})", "source": str(r.path),
+                    "keywords": f"biasviz; scheme={r.scheme}; layer={r.layer}; over training",
+                    "description": f"context dependence and Toeplitz residual per head at each checkpoint; "
+                                   f"source: {r.path}"}  # fmt: skip
+            written += save_figure(over_training(r.sweep, style=style), out_dir / f"{r.name}_training", formats,
+                                   dpi=dpi, info=info, style=style)  # fmt: skip
     return written

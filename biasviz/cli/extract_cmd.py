@@ -6,6 +6,7 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -100,66 +101,89 @@ def warnings_as_notes() -> Iterator[None]:
     help="Context-free schemes: store the bias over --seq-len positions with no text and no forward pass "
     "(one sample, no attention weights); any length that fits in memory.",
 )  # fmt: skip
+@click.option(
+    "--checkpoints", default=None,
+    help="With --model OUT of 'biasviz train --save-every K': extract OUT/checkpoint-STEP for these steps (all, "
+    "first,last, or a list such as 200,400) on the same windows, into one file with a leading checkpoint dimension.",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(
     model: str, checkpoint: str | None, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None,
     tokenizer: str | None,
     seed: int, batch_size: int, device: str, dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
-    part: str | None, bias_only: bool, quiet: bool,
+    part: str | None, bias_only: bool, checkpoints: str | None, quiet: bool,
 ) -> None:  # fmt: skip
     """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
 
     Writes /input_ids and /layer_L/{bias,weights} (sample, head, query, key); cells after the query
     hold NaN (bias) and 0 (weights). The file appears only when complete.
     """
-    from biasviz.adapters import load_model
-    from biasviz.adapters.traced import is_factory_spec, load_factory
     from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
-    from biasviz.devices import resolve_device
+    from biasviz.distributed import extract_parallel, process_group
     from biasviz.errors import BiasvizError
     from biasviz.extraction import check_seq_len, resolve_tokenizer
     from biasviz.extraction import extract as run_extract
 
     layers = parse_layers(layer)
-    dev = resolve_device(device)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
+    with process_group(device) as (w, dev):  # under torchrun: one process of several, each on its own device
+        if w.size > 1 and (bias_only or checkpoints):
+            raise UsageError(f"{'--bias-only' if bias_only else '--checkpoints'} runs in one process; "
+                             "start it without torchrun")  # fmt: skip
+        adapter = _load(model, checkpoint, scheme, no_scale, part)
+        target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
+        if target.exists() and not force:
+            raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
+        # a traced model's attention calls are counted on the first sample, inside extraction
+        chosen = adapter.resolve_layers(layers) if adapter.n_layers else layers
+        check_seq_len(adapter, seq_len)
+        if bias_only:
+            from biasviz.extraction import extract_bias_only
+
+            result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
+                                       model_dtype=model_dtype, force=force)  # fmt: skip
+            click.echo(f"wrote {result.path}: the bias of layer {', '.join(map(str, result.layers))}, "
+                       f"{adapter.n_heads} heads x {seq_len} x {seq_len}, no text (--bias-only), {dtype}, "
+                       f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s")  # fmt: skip
+            return
+        with warnings_as_notes():
+            tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
+        documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need
+        windows = sample_windows(encode_prefix(documents, tok, window_span(samples, seq_len)), samples, seq_len, seed)
+        run = {"layers": chosen, "dtype": dtype, "batch_size": batch_size, "device": dev, "model_dtype": model_dtype,
+               "force": force, "seed": seed, "text_source": text_source, "attrs": {"tokenizer": tok_desc},
+               "progress": False if quiet else None}  # fmt: skip
+        if checkpoints:
+            from biasviz.sweep import extract_sweep
+
+            result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, **run)
+        elif w.size > 1:
+            result = extract_parallel(adapter, windows, target, w=w, **run)
+        else:
+            result = run_extract(adapter, windows, target, **run)
+        if not w.main:
+            return
+        kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
+        names = ", ".join(str(x) for x in result.layers)
+        where = f", {w.size} processes" if w.size > 1 else f", checkpoints {checkpoints}" if checkpoints else ""
+        click.echo(
+            f"wrote {result.path}: {result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x "
+            f"{result.seq_len}, layer {names} {kinds}, {dtype}{where}, {result.bytes / 1e6:.1f} MB in "
+            f"{result.seconds:.1f} s"
+        )
+
+
+def _load(model: str, checkpoint: str | None, scheme: str | None, no_scale: bool, part: str | None) -> Any:
+    """The adapter for ``--model``: a checkpoint or state dict, or the user's ``code.py:FACTORY``."""
+    from biasviz.adapters import load_model
+    from biasviz.adapters.traced import is_factory_spec, load_factory
+
     with warnings_as_notes():
         if is_factory_spec(model):
             for given, flag in ((no_scale, "--no-scale"), (part, "--part")):
                 if given:
                     raise UsageError(f"{flag} does not apply to --model CODE.py:FACTORY (your code builds the model)")
-            adapter = load_factory(model, checkpoint, scheme)
-        elif checkpoint is not None:
+            return load_factory(model, checkpoint, scheme)
+        if checkpoint is not None:
             raise UsageError("--checkpoint applies to --model CODE.py:FACTORY only; give a checkpoint as --model")
-        else:
-            adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
-    target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
-    if target.exists() and not force:
-        raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
-    # a traced model's attention calls are counted on the first sample, inside extraction
-    chosen = adapter.resolve_layers(layers) if adapter.n_layers else layers
-    check_seq_len(adapter, seq_len)
-    if bias_only:
-        from biasviz.extraction import extract_bias_only
-
-        result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
-                                   model_dtype=model_dtype, force=force)  # fmt: skip
-        click.echo(f"wrote {result.path}: the bias of layer {', '.join(map(str, result.layers))}, {adapter.n_heads} "
-                   f"heads x {seq_len} x {seq_len}, no text (--bias-only), {dtype}, {result.bytes / 1e6:.1f} MB in "
-                   f"{result.seconds:.1f} s")  # fmt: skip
-        return
-    with warnings_as_notes():
-        tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
-    documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need
-    windows = sample_windows(encode_prefix(documents, tok, window_span(samples, seq_len)), samples, seq_len, seed)
-    result = run_extract(
-        adapter, windows, target, layers=chosen, dtype=dtype, batch_size=batch_size, device=dev,
-        model_dtype=model_dtype, force=force,
-        seed=seed, text_source=text_source, attrs={"tokenizer": tok_desc}, progress=False if quiet else None,
-    )  # fmt: skip
-    kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
-    names = ", ".join(str(x) for x in result.layers)
-    click.echo(
-        f"wrote {result.path}: {result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x "
-        f"{result.seq_len}, layer {names} {kinds}, {dtype}, {result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s"
-    )
+        return load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)

@@ -53,6 +53,10 @@ def summary(path: Path) -> str:
             f"  layers          {', '.join(map(str, layers))} (of 0..{n_layers - 1})",
             f"  shape           {f.n_samples} samples x {f.n_heads} heads x {f.seq_len} queries x {f.seq_len} keys",
         ]
+        if f.checkpoints is not None:
+            steps = ", ".join(map(str, f.checkpoints))
+            lines.append(f"  checkpoints     {len(f.checkpoints)} (training steps {steps}): a leading dimension "
+                         "of bias and weights")  # fmt: skip
         for layer in layers:
             group = layer_group(layer)
             if not f.has_bias(layer):
@@ -73,7 +77,7 @@ def summary(path: Path) -> str:
         ]  # fmt: skip
         other = {k: v for k, v in raw.items() if k not in _SHOWN}
         for k in sorted(other):
-            lines.append(f"  {_short(k):<16}{_short(other[k])}")
+            lines.append(f"  {_short(k):<15} {_short(other[k])}")
         if a.get("config_json"):
             lines.append(f"  {'config':<16}stored as JSON (biasviz info --json shows it)")
     return "\n".join(lines)

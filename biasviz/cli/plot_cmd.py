@@ -43,10 +43,15 @@ def _parse_sample(value: str) -> int | str:
 )
 @click.option(
     "--kind",
-    type=click.Choice(["bias", "weights", "all"]),
+    type=click.Choice(["bias", "weights", "all", "dynamics"]),
     default="bias",
     show_default=True,
-    help="Draw the additive bias, the post-softmax attention weights, or both.",
+    help="Draw the additive bias, the post-softmax attention weights, or both; 'dynamics' (a sweep file from "
+    "'extract --checkpoints'): per head, the distance profile b(d) at each checkpoint, coloured by step.",
+)
+@click.option(
+    "--step", type=int, default=None,
+    help="In a sweep file: the training step whose checkpoint to draw  [default: the last].",
 )
 @click.option("--layer", type=int, default=-1, show_default=True, help="Layer index; -1 is the last stored.")
 @click.option(
@@ -88,8 +93,8 @@ def _parse_sample(value: str) -> int | str:
     help="Largest matrix drawn cell for cell; larger ones are block-reduced first.",
 )
 @figure_output_options
-def plot(scheme: str, input_path: Path | None, kind: str, layer: int, sample_text: str, normalize: str,
-         shared_scale: bool, cmap: str | None, log_scale: bool, formats_text: str, style: str, dpi: int,
+def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
+         normalize: str, shared_scale: bool, cmap: str | None, log_scale: bool, formats_text: str, style: str, dpi: int,
          reduce_how: str, max_cells: int, out_dir: Path) -> None:  # fmt: skip
     """Draw one panel per head (4 x 3 for 12 heads), as in Figures 10-14 of the CABLE paper.
 
@@ -114,7 +119,11 @@ def plot(scheme: str, input_path: Path | None, kind: str, layer: int, sample_tex
     path = input_path or Path("data") / f"{name}.h5"
     job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
                    shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
-                   max_cells=max_cells)  # fmt: skip
+                   max_cells=max_cells, step=step)  # fmt: skip
+    if kind == "dynamics":
+        for written in job.run_dynamics(out_dir, formats, dpi):
+            click.echo(f"wrote {written}")
+        return
     for written in job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi):
         click.echo(f"wrote {written}")
 
@@ -134,12 +143,49 @@ class _PlotJob:
     style: str
     reduce_how: str
     max_cells: int
+    step: int | None = None
 
-    def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    def _open(self) -> BiasFile:
+        """The file, showing the checkpoint of ``--step`` in a sweep (the last by default)."""
         from biasviz.store import open_bias_file
 
+        bf = open_bias_file(self.path)
+        if self.step is None:
+            return bf
+        steps = bf.checkpoints
+        if steps is None or self.step not in steps:
+            bf.close()
+            held = "it is not a sweep" if steps is None else f"it holds steps {', '.join(map(str, steps))}"
+            raise BiasvizError(f"--step {self.step}: {held}")
+        return bf.at_checkpoint(steps.index(self.step))
+
+    def run_dynamics(self, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+        from biasviz.diagnostics import diagnose_sweep
+        from biasviz.plotting.dynamics import dynamics_grid
+        from biasviz.plotting.save import save_figure
+
+        with self._open() as bf:
+            self._check_scheme(bf.scheme)
+            if bf.checkpoints is None:
+                raise BiasvizError(f"--kind dynamics needs a sweep file ('biasviz extract --checkpoints'); {self.path} "
+                                   "holds one checkpoint")  # fmt: skip
+            layer = bf.resolve_layer(self.layer)
+            if not bf.has_bias(layer):
+                raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {self.path} has no distance profile to draw")
+            sweep = diagnose_sweep(bf, layer, self.normalize)
+        steps = ", ".join(str(s) for s, _ in sweep)
+        info = {"title": f"{self.scheme} bias against distance over training (layer {layer})",
+                "description": f"mean b(d) over samples and cells with i - j = d at steps {steps}; "
+                               f"source: {self.path}",
+                "source": str(self.path),
+                "keywords": f"biasviz; scheme={self.scheme}; kind=dynamics; layer={layer}"}  # fmt: skip
+        return save_figure(dynamics_grid(sweep, style=self.style), out_dir / f"{self.scheme}_dynamics", formats,
+                           dpi=dpi, info=info, style=self.style)  # fmt: skip
+
+    def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+
         written: list[Path] = []
-        with open_bias_file(self.path) as bf:
+        with self._open() as bf:
             self._check_scheme(bf.scheme)
             layer = bf.resolve_layer(self.layer)
             if bf.bias_only and "weights" in kinds:

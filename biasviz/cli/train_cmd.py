@@ -32,15 +32,24 @@ from biasviz.errors import UsageError
     help="auto: bfloat16 autocast on CUDA, float32 on the CPU. Weights and checkpoints stay float32.",
 )  # fmt: skip
 @click.option("--compile", "compile_model", is_flag=True, help="torch.compile the model (faster steps on a GPU).")
+@click.option(
+    "--save-every", default=0, show_default=True, type=click.IntRange(min=0),
+    help="Also write OUT/checkpoint-STEP/ every K steps (and at the last), each loadable by --model: "
+    "for 'biasviz extract --checkpoints'. 0: only the final checkpoint.",
+)  # fmt: skip
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Checkpoint directory to write.")
 @click.option("--force", is_flag=True, help="Replace an existing checkpoint directory.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
     scheme: str, preset: str, steps: int, seq_len: int, batch_size: int, lr: float, corpus: str | None,
     tokenizer: str | None, scheme_options: str | dict | None, seed: int, device: str, precision: str,
-    compile_model: bool, out: str, force: bool, quiet: bool,
+    compile_model: bool, save_every: int, out: str, force: bool, quiet: bool,
 ) -> None:  # fmt: skip
-    """Train a GPT-2 variant with the given positional scheme (offline, reproducible)."""
+    """Train a GPT-2 variant with the given positional scheme (offline, reproducible).
+
+    Under torchrun each process takes its part of every batch (DistributedDataParallel); the batch is
+    --batch-size per process, and process 0 writes the checkpoint.
+    """
     from biasviz.schemes import canonical_name
     from biasviz.train import TrainSettings
     from biasviz.train import train as run_training
@@ -55,9 +64,14 @@ def train(
     settings = TrainSettings(
         scheme=canonical_name(scheme), preset=preset, steps=steps, seq_len=seq_len, batch_size=batch_size, lr=lr,
         seed=seed, corpus=corpus, tokenizer=tokenizer, scheme_options=dict(scheme_options or {}), device=device,
-        precision=precision, compile=compile_model,
+        precision=precision, compile=compile_model, save_every=save_every,
     )  # fmt: skip
-    result = run_training(settings, Path(out), force=force, progress=not quiet)
+    from biasviz.distributed import process_group
+
+    with process_group(device) as (w, _):  # under torchrun: DistributedDataParallel over the processes
+        result = run_training(settings, Path(out), force=force, progress=not quiet)
+    if not w.main:
+        return
     tokens_per_s = result.tokens / max(result.seconds, 1e-9)
     tail = result.losses[-10:]
     click.echo(

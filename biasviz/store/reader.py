@@ -21,8 +21,9 @@ class BiasFile:
     ``KeyError`` deep inside a plot. Attributes are only ever read as data.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, checkpoint: int = -1) -> None:
         self.path = Path(path)
+        self._checkpoint = checkpoint  # in a sweep file, the checkpoint (index) that dataset() and read() show
         if not self.path.exists():
             raise BiasvizError(f"{self.path} does not exist; run 'biasviz extract' first or pass --input")
         if self.path.is_dir():
@@ -121,7 +122,9 @@ class BiasFile:
         if not np.issubdtype(ids.dtype, np.integer):
             raise self._bad(f"'input_ids' holds {ids.dtype}, not integers")
         self._n_samples = int(ids.shape[0])
-        shape = (self._n_samples, self._n_heads, self._seq_len, self._seq_len)
+        self._steps = self._sweep_steps()
+        lead = () if self._steps is None else (len(self._steps),)
+        shape = (*lead, self._n_samples, self._n_heads, self._seq_len, self._seq_len)
         for layer in self._layers:
             grp = self._h5.get(layer_group(layer))
             wanted = "bias" if self.bias_only else "weights"
@@ -134,6 +137,37 @@ class BiasFile:
                 if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype.kind != "f":
                     what = f"{ds.dtype} {ds.shape}" if isinstance(ds, h5py.Dataset) else "not a dataset"
                     raise self._bad(f"{layer_group(layer)}/{kind} is {what}, expected float {shape}")
+
+    def _sweep_steps(self) -> list[int] | None:
+        """The training steps of a sweep file's checkpoints (``/checkpoint``), or None for a plain file."""
+        if "checkpoint" not in self._h5:
+            return None
+        ds = self._h5["checkpoint"]
+        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.size < 1 or ds.dtype.kind not in "iu":
+            raise self._bad("'checkpoint' should be a list of training steps")
+        steps = [int(x) for x in ds[()]]
+        if not -len(steps) <= self._checkpoint < len(steps):
+            raise BiasvizError(f"checkpoint {self._checkpoint} out of range; {self.path} holds {len(steps)} "
+                               f"checkpoints (steps {', '.join(map(str, steps))})")  # fmt: skip
+        self._checkpoint %= len(steps)
+        return steps
+
+    @property
+    def checkpoints(self) -> list[int] | None:
+        """Training steps of a sweep's checkpoints (``extract --checkpoints``); None for a plain file."""
+        return self._steps
+
+    @property
+    def step(self) -> int | None:
+        """The training step of the checkpoint this reader shows (the last one unless chosen)."""
+        return None if self._steps is None else self._steps[self._checkpoint]
+
+    def at_checkpoint(self, index: int) -> BiasFile:
+        """The same file showing checkpoint ``index`` of a sweep (shares the open file)."""
+        other = object.__new__(BiasFile)
+        other.__dict__.update(self.__dict__)
+        other._checkpoint = index % len(self._steps) if self._steps else 0
+        return other
 
     # -- context manager -----------------------------------------------------------------------
     def __enter__(self) -> BiasFile:
@@ -220,7 +254,7 @@ class BiasFile:
                                "no attention weights")  # fmt: skip
         if kind not in grp:
             raise BiasvizError(f"{self.path} holds no {kind} (scheme '{self.scheme}' adds no bias)")
-        return grp[kind]
+        return grp[kind] if self._steps is None else _OneCheckpoint(grp[kind], self._checkpoint)
 
     def read(self, kind: str, layer: int = -1, sample: int | slice | None = None) -> np.ndarray:
         """``kind`` ('bias' or 'weights') as float32: (sample, head, query, key), or
@@ -239,6 +273,24 @@ class BiasFile:
         ds = self.dataset(kind, layer)
         for s in range(ds.shape[0]):
             yield np.asarray(ds[s], dtype=np.float32)
+
+
+class _OneCheckpoint:
+    """A sweep dataset (checkpoint, sample, head, query, key) seen at one checkpoint, as a plain file's is."""
+
+    def __init__(self, ds: h5py.Dataset, index: int) -> None:
+        self._ds, self._index = ds, index
+        self.shape, self.ndim, self.dtype = ds.shape[1:], ds.ndim - 1, ds.dtype
+        self.chunks = None if ds.chunks is None else ds.chunks[1:]
+
+    def __getitem__(self, sel: Any) -> Any:
+        return self._ds[(self._index, *(sel if isinstance(sel, tuple) else (sel,)))]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getattr__(self, name: str) -> Any:  # compression, shuffle, attrs, ...: the dataset's own
+        return getattr(self._ds, name)
 
 
 def _text(value: str) -> str:
@@ -271,6 +323,7 @@ def _describe(value: Any) -> str:
     return f"{arr.dtype} of shape {arr.shape}" if arr.ndim else f"{arr.dtype} {str(arr.item())[:40]!r}"
 
 
-def open_bias_file(path: str | Path) -> BiasFile:
-    """Open and validate a format-1 file; clear errors for anything else."""
-    return BiasFile(path)
+def open_bias_file(path: str | Path, checkpoint: int = -1) -> BiasFile:
+    """Open and validate a format-1 file; clear errors for anything else. In a sweep file, ``checkpoint``
+    (an index, -1 the last) is the checkpoint its datasets show."""
+    return BiasFile(path, checkpoint)

@@ -70,8 +70,11 @@ class BiasFileWriter:
         compression_opts: int | None = 1,
         shuffle: bool = True,
         workers: int | None = None,
+        checkpoints: Sequence[int] | None = None,
     ) -> None:
         self.path = Path(path)
+        # a sweep: bias and weights gain a leading "checkpoint" dimension, scaled by these training steps
+        self.checkpoints = None if checkpoints is None else [int(x) for x in checkpoints]
         if dtype not in ("float32", "float16"):
             raise BiasvizError(f"unsupported storage dtype '{dtype}'; use float32 or float16")
         if self.path.exists() and not force:
@@ -178,6 +181,7 @@ class BiasFileWriter:
         for key, value in attrs.items():
             f.attrs[key] = _attr_value(key, value)
         scales = {
+            **({} if self.checkpoints is None else {"checkpoint": np.asarray(self.checkpoints, dtype=np.int64)}),
             "sample": np.arange(self.n_samples, dtype=np.int32),
             "head": np.arange(1, self.n_heads + 1, dtype=np.int32),  # heads are numbered from 1, as in figures
             "query": np.arange(self.seq_len, dtype=np.int32),
@@ -188,8 +192,10 @@ class BiasFileWriter:
             ds.make_scale(name)
         ids = f.create_dataset("input_ids", shape=(self.n_samples, self.seq_len), dtype=np.int32)
         self._label(ids, ("sample", "query"))
-        shape = (self.n_samples, self.n_heads, self.seq_len, self.seq_len)
-        chunks = (1, 1, self._chunk_rows, self.seq_len)
+        lead = () if self.checkpoints is None else (len(self.checkpoints),)
+        shape = (*lead, self.n_samples, self.n_heads, self.seq_len, self.seq_len)
+        chunks = (*(1,) * len(lead), 1, 1, self._chunk_rows, self.seq_len)
+        dims = DIMS if self.checkpoints is None else ("checkpoint", *DIMS)
         kinds = (["bias"] if self.has_bias else []) + (["weights"] if self.has_weights else [])
         for layer in self.layers:
             grp = f.create_group(layer_group(layer))
@@ -197,7 +203,7 @@ class BiasFileWriter:
                 fill = np.nan if kind == "bias" else 0.0
                 ds = grp.create_dataset(kind, shape=shape, dtype=self.dtype, chunks=chunks, fillvalue=fill,
                                         **self._filters)  # fmt: skip
-                self._label(ds, DIMS)
+                self._label(ds, dims)
 
     def _label(self, ds: h5py.Dataset, dims: Sequence[str]) -> None:
         assert self._h5 is not None
@@ -313,10 +319,22 @@ class BiasFileWriter:
         self._written = stop
         return start
 
-    def write_chunk(self, kind: str, layer: int, sample: int, head: int, data: bytes) -> None:
+    def _at(self, sample: int, head: int, checkpoint: int | None) -> tuple[int, ...]:
+        if (checkpoint is None) != (self.checkpoints is None):
+            raise ValueError("a checkpoint index is given exactly when the file is a sweep")
+        return (sample, head) if checkpoint is None else (checkpoint, sample, head)
+
+    def write_chunk(self, kind: str, layer: int, sample: int, head: int, data: bytes,
+                    checkpoint: int | None = None) -> None:  # fmt: skip
         """Store one (sample, head) matrix given as its shuffled and deflated chunk bytes (``direct_chunks`` only)."""
         assert self._h5 is not None and self._direct()
-        self._h5[layer_group(layer)][kind].id.write_direct_chunk((sample, head, 0, 0), data, 0)
+        self._h5[layer_group(layer)][kind].id.write_direct_chunk((*self._at(sample, head, checkpoint), 0, 0), data, 0)
+
+    def write_matrix(self, kind: str, layer: int, sample: int, head: int, matrix: Any,
+                     checkpoint: int | None = None) -> None:  # fmt: skip
+        """Store one (query, key) matrix (masked and checked as every matrix is), wherever it came from."""
+        assert self._h5 is not None
+        self._h5[layer_group(layer)][kind][self._at(sample, head, checkpoint)] = self._matrix(kind, layer, matrix)
 
     def write_batch(
         self,

@@ -1,0 +1,88 @@
+"""Joining format-1 files of one model into one: the shards of a data-parallel run, or a checkpoint sweep.
+
+Shards (``along="sample"``) are concatenated in rank order, so the result holds the samples in the
+order and with the numbers of a one-process run. Checkpoints (``along="checkpoint"``) share their
+token windows and become a leading ``checkpoint`` dimension, scaled by the training steps.
+
+Matrices are copied as the compressed chunks they are stored as (HDF5's direct chunk read and write):
+no decompression, no recompression, and the bytes are exactly the parts' bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from biasviz.errors import BiasvizError
+from biasviz.store.format import layer_group
+from biasviz.store.reader import open_bias_file
+from biasviz.store.writer import BiasFileWriter
+
+# attributes the writer sets from the layout itself
+_LAYOUT_ATTRS = {"biasviz_format", "dtype", "n_heads", "seq_len", "causal", "layers", "samples"}
+
+
+def _same(parts: Sequence[Any], what: str, get: Any) -> Any:
+    values = [get(p) for p in parts]
+    if any(v != values[0] for v in values[1:]):
+        raise BiasvizError(f"cannot join files with different {what}: {values}")
+    return values[0]
+
+
+def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int] | None = None,
+            force: bool = False, attrs: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+    """Write ``out`` from ``parts`` (complete format-1 files); see the module docstring."""
+    if along not in ("sample", "checkpoint"):
+        raise ValueError(f"along must be 'sample' or 'checkpoint', not {along!r}")
+    if along == "checkpoint" and (steps is None or len(steps) != len(parts)):
+        raise ValueError("a sweep needs one training step per part")
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open_bias_file(p)) for p in parts]  # validated, and refused if a sweep
+        if any(f.checkpoints is not None for f in files):
+            raise BiasvizError("cannot join sweep files; join the single-checkpoint files they were made from")
+        layers = _same(files, "layers", lambda f: f.layers)
+        heads = _same(files, "head counts", lambda f: f.n_heads)
+        seq_len = _same(files, "lengths", lambda f: f.seq_len)
+        causal = _same(files, "masks", lambda f: f.causal)
+        raws = [stack.enter_context(h5py.File(p, "r")) for p in parts]
+        kinds = _same(raws, "contents", lambda h: [k for k in ("bias", "weights") if k in h[layer_group(layers[0])]])
+        dtype = _same(raws, "storage types", lambda h: str(h.attrs["dtype"]))
+        ids = [r["input_ids"][()] for r in raws]
+        if along == "checkpoint" and any(not np.array_equal(i, ids[0]) for i in ids[1:]):
+            raise BiasvizError("the checkpoints were run on different token windows; a sweep needs the same ones")
+        meta = {k: v for k, v in raws[0].attrs.items() if k not in _LAYOUT_ATTRS} | dict(attrs or {})
+        n_samples = sum(len(i) for i in ids) if along == "sample" else len(ids[0])
+        writer = BiasFileWriter(out, attrs=meta, n_samples=n_samples, n_heads=heads, seq_len=seq_len, layers=layers,
+                                has_bias="bias" in kinds, has_weights="weights" in kinds, dtype=dtype, force=force,
+                                causal=causal, checkpoints=steps if along == "checkpoint" else None)  # fmt: skip
+        with writer:
+            if along == "checkpoint":
+                writer.begin_batch(ids[0])
+            for index, (raw, part_ids) in enumerate(zip(raws, ids, strict=True)):
+                first = writer.begin_batch(part_ids) if along == "sample" else 0
+                checkpoint = index if along == "checkpoint" else None
+                for layer in layers:
+                    for kind in kinds:
+                        _copy(raw[layer_group(layer)][kind], writer, kind, layer, first, checkpoint)
+    return out
+
+
+def _copy(src: h5py.Dataset, writer: BiasFileWriter, kind: str, layer: int, first: int,
+          checkpoint: int | None) -> None:  # fmt: skip
+    """Every (sample, head) matrix of ``src`` into the writer, as stored chunks where the layouts agree."""
+    direct = (writer.direct_chunks and src.chunks == (1, 1, writer.seq_len, writer.seq_len)
+              and src.compression == "gzip" and bool(src.shuffle) == writer.shuffled)  # fmt: skip
+    samples, heads = src.shape[:2]
+    for s in range(samples):
+        for h in range(heads):
+            if direct:
+                mask, data = src.id.read_direct_chunk((s, h, 0, 0))
+                if mask == 0:  # every filter was applied: the bytes are what the writer would store
+                    writer.write_chunk(kind, layer, first + s, h, data, checkpoint=checkpoint)
+                    continue
+            writer.write_matrix(kind, layer, first + s, h, src[s, h], checkpoint=checkpoint)

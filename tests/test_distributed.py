@@ -1,0 +1,178 @@
+"""Beyond one process: torchrun extraction and training (2 CPU processes, gloo), and checkpoint sweeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from biasviz.adapters import load_model
+from biasviz.errors import BiasvizError, UsageError
+from biasviz.extraction import extract
+from biasviz.store.combine import combine
+from biasviz.sweep import choose, extract_sweep, list_checkpoints
+from tests.conftest import run_cli, small_model
+
+TEXT = "def f(x):\n    return x * 2  # doubled\n" * 400
+
+
+def torchrun(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc-per-node=2 -m biasviz ARGS`` (gloo on the CPU)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "biasviz",
+               *args]  # fmt: skip
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+def datasets(path: Path) -> dict[str, np.ndarray]:
+    with h5py.File(path) as f:
+        out = {"input_ids": f["input_ids"][()]}
+        for group in (k for k in f if k.startswith("layer_")):
+            for kind in f[group]:
+                out[f"{group}/{kind}"] = f[group][kind][()]
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved 2-layer ALiBi model whose vocabulary holds every byte (so text is read as UTF-8 bytes)."""
+    root = tmp_path_factory.mktemp("ddp")
+    small_model("alibi", vocab_size=300).save_pretrained(root / "model")
+    (root / "text.txt").write_text(TEXT)
+    return root
+
+
+def test_torchrun_file_equals_the_one_process_file(model_dir: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    common = ["extract", "--model", "model", "--samples", "5", "--seq-len", "40", "--layer", "all", "--text",
+              "text.txt", "--quiet", "--device", "cpu"]  # fmt: skip
+    run = torchrun([*common, "--out", "two.h5"], model_dir)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("wrote") == 1 and "2 processes" in run.stdout  # process 0 alone reports
+    monkeypatch.chdir(model_dir)
+    rc, _, err = run_cli([*common, "--out", "one.h5"], capsys)
+    assert rc == 0, err
+    one, two = datasets(model_dir / "one.h5"), datasets(model_dir / "two.h5")
+    assert one.keys() == two.keys() and len(one) == 5  # ids, and bias and weights of 2 layers
+    for name in one:
+        assert np.array_equal(one[name], two[name], equal_nan=True), name
+    with h5py.File(model_dir / "two.h5") as f:
+        assert f.attrs["processes"] == 2 and f.attrs["samples"] == 5
+    assert sorted(p.name for p in model_dir.iterdir() if p.name.startswith(".")) == []  # no shard left behind
+
+
+def test_a_failing_process_leaves_nothing_at_out(model_dir: Path) -> None:
+    code = model_dir / "fails.py"
+    code.write_text("import os\nimport torch\nfrom tests.nano_gpt import GPT, GPTConfig\n\n"
+                    "class Failing(GPT):\n    def forward(self, idx):\n"
+                    "        if os.environ.get('RANK') == '1':\n"
+                    "            raise RuntimeError('out of memory')\n"
+                    "        return super().forward(idx)\n\n"
+                    "def make():\n    torch.manual_seed(0)\n"
+                    "    return Failing(GPTConfig(vocab_size=300))\n")  # fmt: skip
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = torchrun(["extract", "--model", f"{code}:make", "--samples", "4", "--seq-len", "32", "--text", "text.txt",
+                    "--out", "failed.h5", "--quiet", "--device", "cpu"], model_dir, env)  # fmt: skip
+    assert run.returncode != 0
+    assert "Error: process 1 failed: RuntimeError: out of memory" in run.stderr
+    assert "Error: another process failed" in run.stderr and "[rank1]: Traceback" not in run.stderr
+    assert not (model_dir / "failed.h5").exists()
+    assert not [p for p in model_dir.iterdir() if "failed.h5" in p.name]
+
+
+def test_ddp_training_of_two_processes_writes_loadable_checkpoints(model_dir: Path) -> None:
+    run = torchrun(["train", "--scheme", "alibi", "--steps", "4", "--seq-len", "32", "--batch-size", "2",
+                    "--save-every", "2", "--corpus", "text.txt", "--out", "ddp", "--quiet", "--device", "cpu"],
+                   model_dir)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("trained") == 1
+    out = model_dir / "ddp"
+    assert list(list_checkpoints(out)) == [2, 4]
+    record = json.loads((out / "training.json").read_text())
+    assert record["processes"] == 2 and record["step"] == 4
+    assert load_model(out).scheme == "alibi" and load_model(out / "checkpoint-2").scheme == "alibi"
+
+
+# --- sweeps (one process) ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A training run's layout: OUT/checkpoint-STEP/ for steps 10, 20, 30 (different weights each)."""
+    root = tmp_path_factory.mktemp("sweep") / "run"
+    for k, step in enumerate((10, 20, 30)):
+        small_model("kerple-log", seed=k).save_pretrained(root / f"checkpoint-{step}")
+    return root
+
+
+def test_sweep_slices_equal_single_checkpoint_extracts(sweep_dir: Path, tmp_path: Path) -> None:
+    windows = np.random.default_rng(0).integers(0, 97, size=(3, 24))
+    extract_sweep(sweep_dir, "all", windows, tmp_path / "sweep.h5", layers="all", device="cpu", progress=False)
+    with h5py.File(tmp_path / "sweep.h5") as f:
+        assert list(f["checkpoint"][()]) == [10, 20, 30]
+        assert f["layer_1/bias"].dims[0].label == "checkpoint" and f["layer_1/bias"].shape == (3, 3, 12, 24, 24)
+        assert json.loads(f.attrs["checkpoint_sha256"]).keys() == {"10", "20", "30"}
+        for index, step in enumerate((10, 20, 30)):
+            single = tmp_path / f"single{step}.h5"
+            extract(load_model(sweep_dir / f"checkpoint-{step}"), windows, single, layers="all", device="cpu",
+                    progress=False)  # fmt: skip
+            alone = datasets(single)
+            assert np.array_equal(f["input_ids"][()], alone["input_ids"])
+            for name in ("layer_0/bias", "layer_0/weights", "layer_1/bias", "layer_1/weights"):
+                assert np.array_equal(f[name][index], alone[name], equal_nan=True), (step, name)
+
+
+def test_sweep_files_plot_dynamics_and_diagnose_per_checkpoint(sweep_dir: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    windows = np.random.default_rng(1).integers(0, 97, size=(2, 32))
+    path = tmp_path / "s.h5"
+    extract_sweep(sweep_dir, "first,last", windows, path, device="cpu", progress=False)
+    rc, _, err = run_cli(["plot", "--scheme", "kerple-log", "--input", str(path), "--kind", "dynamics", "--format",
+                          "png", "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    assert rc == 0, err
+    assert (tmp_path / "kerple-log_dynamics.png").stat().st_size > 10_000
+    rc, _, err = run_cli(["plot", "--scheme", "kerple-log", "--input", str(path), "--step", "10", "--format", "png",
+                          "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    assert rc == 0, err
+    rc, _, err = run_cli(["plot", "--scheme", "kerple-log", "--input", str(path), "--step", "20"], capsys)
+    assert rc == 1 and "holds steps 10, 30" in err
+    rc, _, err = run_cli(["diagnose", str(path), "--json", str(tmp_path / "d.json"), "--out-dir", str(tmp_path),
+                          "--format", "png"], capsys)  # fmt: skip
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "d.json").read_text())["schemes"]["kerple-log"]
+    assert [c["step"] for c in doc["checkpoints"]] == [10, 30]
+    # a context-free relative scheme: 0 at every checkpoint (independent of the sweep code: it is the definition)
+    assert all(h["toeplitz_residual"] == 0 and h["context_dependence"] == 0
+               for c in doc["checkpoints"] for h in c["heads"])  # fmt: skip
+    assert (tmp_path / "kerple-log_training.png").exists()
+
+
+def test_choosing_checkpoints(sweep_dir: Path) -> None:
+    available = list_checkpoints(sweep_dir)
+    assert choose("all", available, sweep_dir) == [10, 20, 30]
+    assert choose("first,last", available, sweep_dir) == [10, 30]
+    assert choose("20, 10", available, sweep_dir) == [10, 20]
+    with pytest.raises(UsageError, match="'25' is not all, first, last or one of the steps 10, 20, 30"):
+        choose("25", available, sweep_dir)
+    with pytest.raises(BiasvizError, match="train it with --save-every"):
+        choose("all", {}, sweep_dir.parent)
+
+
+def test_combine_refuses_parts_that_do_not_belong_together(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    ids = np.random.default_rng(2).integers(0, 97, size=(2, 16))
+    extract(load_model_from(small_model("alibi")), ids, a, device="cpu", progress=False)
+    extract(load_model_from(small_model("alibi")), ids[:, ::-1].copy(), b, device="cpu", progress=False)
+    with pytest.raises(BiasvizError, match="different token windows"):
+        combine([a, b], tmp_path / "c.h5", along="checkpoint", steps=[1, 2])
+    assert not (tmp_path / "c.h5").exists()
+
+
+def load_model_from(model):  # noqa: ANN001, ANN201
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+
+    return BiasGPTAdapter(model, source="test")
