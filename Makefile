@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed
 
 # The figure sets: one config per scheme in configs/ (Figures 10, 12, 13, 14 of the CABLE paper, and CABLE).
 SCHEMES := alibi kerple-log fire t5 cable
+# The learned scheme whose training is followed checkpoint by checkpoint (its config sets save_every).
+DYNAMICS := kerple-log
 RUNS    := runs
 DATA    := data
 FIGURES := figures
@@ -44,7 +46,7 @@ test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs)
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check biasviz tests
 
-figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf)  ## train, extract and plot every figure set, then the diagnostics
+figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf) $(FIGURES)/$(DYNAMICS)_dynamics.pdf  ## train, extract and plot every figure set, the diagnostics and the training dynamics
 
 # Each command reads only its own part of a config: a per-stage copy that is rewritten only when that part
 # changes, so editing [plot] re-plots without retraining. (The copy is refreshed on every run; cheap.)
@@ -64,13 +66,20 @@ $(DATA)/%.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
 $(FIGURES)/%_bias.pdf: $(DATA)/%.h5 $(STAGES)/%.plot.json
 	$(BIASVIZ) plot --config configs/$*.toml --input $< --out-dir $(FIGURES)
 
+# every checkpoint-STEP/ of the run, on the same 4 windows: one file with a leading checkpoint dimension
+$(DATA)/%-sweep.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
+	$(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --checkpoints all --samples 4 --out $@ --force --quiet
+
+$(FIGURES)/%_dynamics.pdf: $(DATA)/%-sweep.h5
+	$(BIASVIZ) plot --scheme $* --input $< --kind dynamics --format pdf,png --out-dir $(FIGURES)
+
 $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
 	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --out-dir $(FIGURES)
 
 previews: figures  ## refresh the small PNG previews shown in README (figures/preview/)
 	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview
 
-.PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
+.PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(DATA)/%-sweep.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
 FORCE:
 
 bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, see BENCHMARKS.md)

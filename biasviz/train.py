@@ -138,7 +138,7 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
         return {
             "settings": asdict(s), "device": str(device), "processes": w.size, "step": step,
             "corpus_source": corpus.source, "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)),
-            "seconds": round(seconds, 2), "final_loss": float(np.mean(losses[-10:])),
+            "seconds": round(seconds, 2), "final_loss": float(np.mean(losses[-10:])) if losses else None,
             "torch_version": torch.__version__,
             "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
         }  # fmt: skip
@@ -147,6 +147,8 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     # at the end by process 0 alone: a whole run or none
     staging = replacing(out, tmp=out.with_name(f".{out.name}.partial")) if w.main else contextlib.nullcontext()
     with staging as tmp:
+        if w.main and s.save_every:  # the initialisation, where every sweep starts
+            _write_checkpoint(model, tok, record(0, 0.0), checkpoint_dir(tmp, 0))
         start = last = time.perf_counter()
         bar = tqdm(range(s.steps), desc=f"train {config.scheme}", disable=None if progress and w.main else True,
                    leave=False)  # fmt: skip

@@ -34,7 +34,8 @@ from biasviz.errors import UsageError
 @click.option("--compile", "compile_model", is_flag=True, help="torch.compile the model (faster steps on a GPU).")
 @click.option(
     "--save-every", default=0, show_default=True, type=click.IntRange(min=0),
-    help="Also write OUT/checkpoint-STEP/ every K steps (and at the last), each loadable by --model: "
+    help="Also write OUT/checkpoint-STEP/ at step 0 (the initialisation), every K steps and at the last, each "
+    "loadable by --model: "
     "for 'biasviz extract --checkpoints'. 0: only the final checkpoint.",
 )  # fmt: skip
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Checkpoint directory to write.")
