@@ -55,3 +55,10 @@ def test_the_check_can_fail(files) -> None:
     out = subprocess.run([sys.executable, "-c", f"{code}; import sys; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert out.strip() == "True"
+
+
+def test_importing_biasviz_leaves_torch_out_until_the_api_is_used() -> None:
+    code = ("import sys, biasviz\nbefore = 'torch' in sys.modules\nbiasviz.trace\n"
+            "print(before, 'torch' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]

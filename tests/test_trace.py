@@ -355,3 +355,26 @@ def test_plot_draws_a_captured_file_under_its_recorded_name(tmp_path, capsys) ->
     assert (tmp_path / "captured_weights.png").stat().st_size > 0
     rc, _, err = run_cli(["plot", "--scheme", "nonesuch", "--out-dir", str(tmp_path)], capsys)
     assert rc == 1 and "unknown scheme 'nonesuch'" in err
+
+
+def test_extracting_a_softcapped_flex_model_warns_and_stores_no_bias(tmp_path, capsys) -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    class Softcapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.qkv = torch.nn.Embedding(50, 32), torch.nn.Linear(32, 96)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            q, k, v = (z.view(*ids.shape, 2, 16).transpose(1, 2) for z in self.qkv(self.emb(ids)).split(32, dim=-1))
+            return flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: 5.0 * torch.tanh(s / 5.0))
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = biasviz.extract(Softcapped(), torch.randint(0, 50, (2, 16)), tmp_path / "s.h5", device="cpu",
+                                 progress=False)  # fmt: skip
+    assert not result.has_bias
+    assert any("attention call 0: score_mod is not additive" in str(w.message) for w in caught)
+    with h5py.File(tmp_path / "s.h5") as f:
+        assert "layer_0/bias" not in f and f["layer_0/weights"].shape == (2, 2, 16, 16)

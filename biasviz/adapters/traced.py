@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import importlib.util
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ class TracedAdapter(ModelAdapter):
 
     def prepare(self, ids: np.ndarray) -> None:
         """Run the first sample once, counting the attention calls and reading their heads and masks."""
-        probe = Trace(self.model, layers=[])
+        probe = Trace(self.model, layers=[], inspect=True)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -95,6 +96,8 @@ class TracedAdapter(ModelAdapter):
                 "nothing to trace (attention written out by hand, or nn.MultiheadAttention with need_weights=True); "
                 "for a transformers model load it with attn_implementation='sdpa'"
             )
+        for index, note in probe.notes.items():
+            warnings.warn(f"attention call {index}: {note}", stacklevel=2)
         self.calls = probe.calls
         self.n_layers = len(probe.calls)
         self.n_heads = probe.calls[-1].heads

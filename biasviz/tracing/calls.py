@@ -99,7 +99,8 @@ def _is_causal(kept: torch.Tensor) -> bool:
     return not bool((kept & _upper(q_len, k_len, kept.device)).any())
 
 
-def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool) -> AttentionCall:
+def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
+              inspect: bool = False) -> AttentionCall:  # fmt: skip
     """One ``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` call."""
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     bound = dict(zip(names, args, strict=False)) | kwargs
@@ -157,12 +158,14 @@ def _on_grid(fn: Callable[..., torch.Tensor], shape: tuple[int, int, int, int], 
     return out
 
 
-def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool) -> AttentionCall:
+def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
+              inspect: bool = False) -> AttentionCall:  # fmt: skip
     """One call of the ``flex_attention`` operator: (q, k, v, score_mod, block_mask tuple, scale, ...).
 
     The bias is the additive part of ``score_mod``: ``score_mod(s, b, h, i, j) - s``, evaluated on the
     call's own scores; a score_mod whose output is not ``s`` plus a term free of ``s`` (softcapping,
-    say) has no additive part, and the call is recorded with its weights and a note instead.
+    say) has no additive part, and the call is recorded with its weights and a note instead. ``inspect``
+    checks that for a call that is not recorded (a probe), at the cost of forming its scores once.
     """
     names = ("query", "key", "value", "score_mod", "block_mask", "scale", "kernel_options",
              "score_mod_other_buffers", "mask_mod_other_buffers")  # fmt: skip
@@ -182,7 +185,7 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
         identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
         call = AttentionCall(index, "flex_attention", batch, heads, q_len, k_len, causal=_is_causal(kept),
                              adds_bias=not identity)  # fmt: skip
-        if not record:
+        if not (record or inspect):
             return call
         scores = _scores(q, k, bound.get("scale"))
         if not identity:
@@ -191,13 +194,14 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
             offset = _on_grid(lambda s, *a: score_mod(s, *a, *buffers), shape, q.device,
                               score=torch.zeros_like(scores)).float()  # fmt: skip
             if _additive(scores, modded, offset, kept):
-                call.bias = offset.masked_fill(~kept, float("nan"))
+                call.bias = offset.masked_fill(~kept, float("nan")) if record else None
             else:
                 call.adds_bias = False
                 call.note = "score_mod is not additive (its output is not the score plus a term free of it: " \
                             "softcapping, say); no bias recorded"  # fmt: skip
             scores = modded
-        call.weights = _softmax_kept(scores, kept)
+        if record:
+            call.weights = _softmax_kept(scores, kept)
     return call
 
 

@@ -40,8 +40,9 @@ class Trace:
     """
 
     def __init__(self, model: torch.nn.Module | None = None, layers: Iterable[int] | None = None,
-                 *, stop: bool = False) -> None:  # fmt: skip
+                 *, stop: bool = False, inspect: bool = False) -> None:  # fmt: skip
         self.model = model
+        self.inspect = inspect  # a probe: calls not recorded still tell whether they add a bias
         self.layers = None if layers is None else sorted({int(x) for x in layers})
         if self.layers is not None and any(x < 0 for x in self.layers):
             raise ValueError("trace(layers=...) takes call indices from 0; the number of calls is known only "
@@ -71,7 +72,7 @@ class Trace:
         index = len(self.calls)
         record = self.wants(index)
         describe = sdpa_call if kind == "sdpa" else flex_call
-        call = describe(index, args, kwargs, record)
+        call = describe(index, args, kwargs, record, self.inspect)
         dropout = kwargs.get("dropout_p", args[4] if kind == "sdpa" and len(args) > 4 else 0.0)
         if record and dropout:
             call.note = (call.note + "; " if call.note else "") + f"dropout_p={dropout} in the call: weights " \
