@@ -30,13 +30,18 @@ def parse_layers(spec: str | int) -> int | str | list[int]:
 
 @contextlib.contextmanager
 def warnings_as_notes() -> Iterator[None]:
-    """Show library warnings as one ``Warning:`` line each, without file names and line numbers."""
+    """Show library warnings as one ``Warning:`` line each, without file names and line numbers.
+
+    Under torchrun only process 0 shows them (every process would say the same).
+    """
+    import os
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         try:
             yield
         finally:
-            for w in caught:
+            for w in caught if os.environ.get("RANK", "0") == "0" else ():
                 if issubclass(w.category, UserWarning):
                     click.echo(f"Warning: {w.message}", err=True)
 
