@@ -378,3 +378,15 @@ def test_extracting_a_softcapped_flex_model_warns_and_stores_no_bias(tmp_path, c
     assert any("attention call 0: score_mod is not additive" in str(w.message) for w in caught)
     with h5py.File(tmp_path / "s.h5") as f:
         assert "layer_0/bias" not in f and f["layer_0/weights"].shape == (2, 2, 16, 16)
+
+
+@pytest.mark.cuda
+def test_trace_on_the_gpu_equals_the_explicit_path() -> None:
+    fused, explicit = (m.cuda() for m in nano_gpt.pair())
+    idx = torch.randint(0, 101, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
+    with torch.no_grad(), biasviz.trace(fused) as t:
+        fused(idx)
+    with torch.no_grad():
+        explicit(idx)
+    for layer, block in enumerate(explicit.transformer.h):
+        assert t.weights[layer].is_cuda and close(t.weights[layer].cpu(), block.attn.last_att.cpu())
