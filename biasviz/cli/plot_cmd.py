@@ -188,6 +188,10 @@ class _PlotJob:
         with self._open() as bf:
             self._check_scheme(bf.scheme)
             layer = bf.resolve_layer(self.layer)
+            if bf.checkpoints is not None and self.step is None:
+                click.echo(f"note: {self.path} is a sweep of {len(bf.checkpoints)} checkpoints; drawing the last "
+                           f"(step {bf.step}); --step chooses another, --kind dynamics shows them all",
+                           err=True)  # fmt: skip
             if bf.bias_only and "weights" in kinds:
                 if kinds == ["weights"]:
                     raise BiasvizError(f"{self.path} holds the bias only (extract --bias-only): no attention "
