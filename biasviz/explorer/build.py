@@ -146,6 +146,7 @@ class _Builder:
 
     def _header(self) -> dict[str, Any]:
         from biasviz.explorer.colors import colormap_tables
+        from biasviz.plotting.heatmap import DEFAULT_CMAPS
 
         a = self.files[0]
         names = {"A": "A", "B": "B", "D": "A - B"}
@@ -163,6 +164,7 @@ class _Builder:
             "budget_mb": self.budget_mb,
             "overview": OVERVIEW,
             "cmaps": colormap_tables(),
+            "diverging": DEFAULT_CMAPS["diverging"],
             "tokens": {label: self._tokens(f) for label, f in self._sources() if f is not None},
         }
 

@@ -135,9 +135,20 @@
   function setKey(source) {
     return `${source}|${state.layer}|${state.kind}|${state.sample}`;
   }
-  function scaleOf(source, head) {
+  function ownScale(source, head) {
     const sc = DATA.sets[setKey(source)].scale;
     return state.shared ? sc.shared : sc.head[head - 1];
+  }
+  // Side by side, A and B share each head's scale, so that equal colours mean equal values.
+  function scaleOf(source, head) {
+    if (state.source !== "AB") return ownScale(source, head);
+    const [a, b] = [ownScale("A", head), ownScale("B", head)];
+    const diverging = [a, b].find((s) => s[2] === DATA.diverging);
+    if (diverging) {
+      const bound = Math.max(Math.abs(a[0]), Math.abs(a[1]), Math.abs(b[0]), Math.abs(b[1]));
+      return [-bound, bound, diverging[2]];
+    }
+    return [Math.min(a[0], b[0]), Math.max(a[1], b[1]), a[2]];
   }
   function levelsOf(source, head) {
     return DATA.sets[setKey(source)].heads[head - 1].levels;
@@ -179,6 +190,19 @@
     ctx.putImageData(img, 0, 0);
   }
 
+  function colourBar(bar, scale) {
+    const ramp = bar.querySelector("canvas");
+    const ctx = ramp.getContext("2d");
+    const img = ctx.createImageData(256, 1);
+    const lut = LUTS[scale[2]];
+    for (let k = 0; k < 256; k++) {
+      img.data.set([lut[3 * k], lut[3 * k + 1], lut[3 * k + 2], 255], 4 * k);
+    }
+    ctx.putImageData(img, 0, 0);
+    bar.querySelector(".lo").textContent = fmt4(scale[0]);
+    bar.querySelector(".hi").textContent = fmt4(scale[1]);
+  }
+
   function gridCanvases(head) {
     return Array.from(document.querySelectorAll(`#grid canvas[data-head="${head}"]`));
   }
@@ -203,6 +227,9 @@
         const last = levels.length - 1;
         jobs.push(level(setKey(source), head, last).then((lv) => paint(cv, lv, scaleOf(source, head), [0, T, 0, T])));
       });
+      const names = shown.map((s) => DATA.sources.find((x) => x.label === s).name);
+      panel.querySelector("figcaption").textContent = `Head ${head}${shown.length > 1 ? ` (${names.join(" | ")})` : ""}`;
+      colourBar(panel.querySelector(".cbar"), scaleOf(shown[0], head));
     }
     await Promise.all(jobs);
   }
@@ -366,13 +393,13 @@
     on("focus-head", (el) => { state.focus = Number(el.value); state.region = null; });
     $("focus-close").addEventListener("click", () => { state.focus = null; state.region = null; draw(); });
     $("zoom-reset").addEventListener("click", () => { state.region = null; draw(); });
-    document.querySelectorAll("#grid canvas").forEach((cv) => cv.parentElement.addEventListener("click", (ev) => {
-      if (!(ev.target instanceof HTMLCanvasElement)) return;
+    $("grid").addEventListener("click", (ev) => {
+      if (!(ev.target instanceof HTMLCanvasElement) || !ev.target.dataset.head) return;
       state.focus = Number(ev.target.dataset.head);
       state.region = null;
       $("focus-head").value = String(state.focus);
       draw();
-    }));
+    });
     document.addEventListener("mousemove", (ev) => {
       if (ev.target instanceof HTMLCanvasElement && ev.target.dataset.head) readout(ev.target, ev);
     });

@@ -27,7 +27,9 @@ def _panels(n_heads: int, seq_len: int) -> str:
     side = min(seq_len, GRID_PIXELS)
     return "\n".join(
         f'<figure class="panel" data-panel="{h}"><figcaption>Head {h}</figcaption><div class="canvases">'
-        f'<canvas data-head="{h}" data-source="A" width="{side}" height="{side}"></canvas></div></figure>'
+        f'<canvas data-head="{h}" data-source="A" width="{side}" height="{side}"></canvas></div>'
+        '<div class="cbar"><span class="lo"></span><canvas class="ramp" width="256" height="1"></canvas>'
+        '<span class="hi"></span></div></figure>'
         for h in range(1, n_heads + 1)
     )
 
