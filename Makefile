@@ -44,7 +44,7 @@ test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs)
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check biasviz tests
 
-figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf)  ## train, extract and plot every figure set, then the diagnostics
+figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html)  ## train, extract and plot every figure set, the diagnostics and one explorer page per scheme
 
 # Each command reads only its own part of a config: a per-stage copy that is rewritten only when that part
 # changes, so editing [plot] re-plots without retraining. (The copy is refreshed on every run; cheap.)
@@ -64,6 +64,10 @@ $(DATA)/%.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
 $(FIGURES)/%_bias.pdf: $(DATA)/%.h5 $(STAGES)/%.plot.json
 	$(BIASVIZ) plot --config configs/$*.toml --input $< --out-dir $(FIGURES)
 
+# one self-contained, interactive page per scheme (README, "Explorer")
+$(FIGURES)/%_explore.html: $(DATA)/%.h5
+	$(BIASVIZ) explore $< --out $@ --force
+
 $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
 	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --out-dir $(FIGURES)
 
@@ -79,9 +83,10 @@ bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, 
 	$(BIN)/python bench/extract_peers.py --seq-len 8192 --tools biasviz-cap biasviz --runs 1 --long-runs 1
 	$(BIN)/python bench/hdf5_write.py
 	$(BIN)/python bench/bench_plot.py
+	$(BIN)/python bench/bench_explore.py --seq-len 1024 4096
 
 clean:  ## remove built checkpoints, HDF5 files and figures (keeps .venv)
-	rm -rf $(RUNS) $(DATA) $(FIGURES)/*.pdf $(FIGURES)/*.png $(FIGURES)/*.svg $(FIGURES)/diagnostics.json
+	rm -rf $(RUNS) $(DATA) $(FIGURES)/*.pdf $(FIGURES)/*.png $(FIGURES)/*.svg $(FIGURES)/*.html $(FIGURES)/diagnostics.json
 
 distclean: clean  ## also remove .venv
 	rm -rf $(VENV)

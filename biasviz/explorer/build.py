@@ -183,7 +183,9 @@ class _Builder:
         heads, scale_mats = [], []
         for m in self._matrices(f, layer, kind, sample):
             scale_mats.append(block_reduce(m, max(1, math.ceil(m.shape[-1] / SCALE_CELLS))))
-            heads.append({"levels": [p.as_json() for p in self._levels(m)], "profile": distance_profile(m)})
+            profile = distance_profile(m)
+            self.budget.left -= len(profile["mean"]) + len(profile["std"])
+            heads.append({"levels": [p.as_json() for p in self._levels(m)], "profile": profile})
         scale_kind = "bias" if f is None else kind  # a difference is centred at 0 like a bias
         per_head = head_scales(scale_mats, scale_kind)
         shared = head_scales(scale_mats, scale_kind, shared_scale=True)[0]

@@ -311,6 +311,7 @@
     if (state.focus === null) await drawGrid();
     else await drawFocus();
     drawn += 1;
+    if (drawn === 1) window.biasvizReadyMs = performance.now(); // time to open, from navigation start
     document.body.dataset.drawn = String(drawn);
     document.body.dataset.ready = "1";
   }
