@@ -73,6 +73,7 @@ $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
 
 previews: figures  ## refresh the small PNG previews shown in README (figures/preview/)
 	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview
+	$(BIN)/python -m biasviz.explorer.screenshot $(FIGURES)/cable_explore.html $(FIGURES)/preview/cable_explore.png
 
 .PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
 FORCE:

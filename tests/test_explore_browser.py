@@ -140,6 +140,17 @@ def test_hovering_a_cell_reads_its_stored_value_and_tokens(driver: object, files
     assert console_errors(driver) == []
 
 
+def test_numbers_are_formatted_as_python_formats_them(driver: object, files: dict[str, Path]) -> None:
+    """Four significant digits exactly as ``format(v, '.4g')``: ties to even, exponents, signs, rounding up."""
+    open_page(driver, files["page"])
+    rng = np.random.default_rng(3)
+    values = [0.0, 1.0625, 1.0635, 2.5, 0.00012345, 1e-5, -2.5e10, 9.9995, 99995.0, 123456.0, 0.1, -0.03125,
+              float(np.float32(0.1)), 65504.0, 1234.5, 1235.5]  # fmt: skip
+    values += [float(np.float32(x)) for x in rng.normal(size=40) * 10.0 ** rng.integers(-9, 9, size=40)]
+    got = driver.execute_script("return arguments[0].map((v) => window.biasviz.format(v))", values)
+    assert got == [format(v, ".4g") for v in values]
+
+
 def test_switching_kind_sample_and_scale_redraws_and_reads_the_new_values(driver: object,
                                                                           files: dict[str, Path]) -> None:  # fmt: skip
     open_page(driver, files["page"])
@@ -152,6 +163,8 @@ def test_switching_kind_sample_and_scale_redraws_and_reads_the_new_values(driver
     choose(driver, "sample", "mean")
     seen.append(pixels(driver, first))
     redraw(driver, lambda: driver.find_element(By.ID, "shared").click())
+    seen.append(pixels(driver, first))
+    redraw(driver, lambda: driver.find_element(By.ID, "log").click())
     seen.append(pixels(driver, first))
     assert len(set(seen)) == len(seen), "every switch must change what head 1 shows"
     choose(driver, "sample", "2")

@@ -2,13 +2,16 @@
 
 Each head travels as a pyramid: a coarse overview (at most :data:`OVERVIEW` cells per axis, 16-bit, always
 there) for the grid, and as much detail as the size budget allows, best first: the full matrix exact
-(float32 bits), else the full matrix in 16-bit codes, else the finest block-mean level that fits. The
-budget is shared fairly: each head may use what is left divided by the heads still to come, and what a
-head does not use (a bias that depends on i - j alone packs to almost nothing) passes on to the rest.
+(float32 bits), else the full matrix in 16-bit codes, else the finest block-mean level that fits.
+Two passes over the file: the first packs every overview and profile, so the second knows exactly what is
+left for detail. Detail goes to the sets in order: the first sample (the page opens on it), the mean over
+samples, the other samples; the heads of a set share equally what is left when the set's turn comes, and
+what one head does not use (a bias that depends on i - j alone packs to almost nothing) passes on.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -36,22 +39,6 @@ MB = 1_000_000
 def default_budget_mb(seq_len: int) -> float:
     """Default size budget of a page: 14 MB up to 1024 positions, 38 MB beyond (README, "Explorer")."""
     return 14.0 if seq_len <= 1024 else 38.0
-
-
-@dataclass
-class _Budget:
-    """Bytes left for detail, shared fairly among the heads still to come."""
-
-    left: float
-    heads_left: int
-
-    def share(self, reserve: int) -> float:
-        """What the next head may spend on detail, keeping ``reserve`` bytes for each later head's overview."""
-        return (self.left - reserve * (self.heads_left - 1)) / max(self.heads_left, 1)
-
-    def spend(self, nbytes: int) -> None:
-        self.left -= nbytes
-        self.heads_left -= 1
 
 
 @dataclass
@@ -92,7 +79,6 @@ class _Builder:
         self.tokenizer = tokenizer
         mb = default_budget_mb(a.seq_len) if max_mb is None else max_mb
         self.budget_mb = mb
-        self.budget = _Budget(mb * MB, 0)
         self.precision: dict[str, int] = {}
 
     # -- what to show ------------------------------------------------------------------------------
@@ -134,14 +120,19 @@ class _Builder:
 
     # -- building ----------------------------------------------------------------------------------
     def build(self) -> PageData:
-        a = self.files[0]
         jobs = [(label, f, layer, kind, sample) for label, f in self._sources() for layer in self.layers
                 for kind in self.kinds for sample in self._samples(f)]  # fmt: skip
-        self.budget.heads_left = len(jobs) * a.n_heads
         head = self._header()
-        self.budget.left -= sum(len(str(v)) for v in head.values())
-        sets = {f"{label}|{layer}|{kind}|{sample}": self._set(f, layer, kind, sample)
-                for label, f, layer, kind, sample in jobs}  # fmt: skip
+        sets = {_key(job): self._overviews(*job) for job in jobs}
+        left = self.budget_mb * MB - len(json.dumps(head)) - sum(len(json.dumps(v)) for v in sets.values())
+        if overview_factor(self.files[0].seq_len) == 1:
+            jobs = []  # every overview is the exact matrix already
+        for job in sorted(jobs, key=lambda job: _priority(job[-1])):  # stable: the rest keeps its order
+            levels = [h["levels"] for h in sets[_key(job)]["heads"]]
+            for h, m in enumerate(self._matrices(*job[1:])):
+                detail = self._detail(m, levels[h][-1]["f"], left / (len(levels) - h))
+                left -= sum(p.nbytes for p in detail)
+                levels[h][:0] = [p.as_json() for p in detail]
         return PageData({**head, "sets": sets}, self.precision)
 
     def _header(self) -> dict[str, Any]:
@@ -177,19 +168,25 @@ class _Builder:
         return {"ids": pack_bytes(ids.astype("<i4").tobytes()), "strings": {str(k): v for k, v in strings.items()},
                 "tokenizer": where}  # fmt: skip
 
-    def _set(self, f: BiasFile | None, layer: int, kind: str, sample: int | str) -> dict[str, Any]:
+    def _overviews(self, label: str, f: BiasFile | None, layer: int, kind: str, sample: int | str) -> dict[str, Any]:
+        """A set's colour scales, and each head's overview and distance profile (first pass)."""
         from biasviz.plotting.heatmap import head_scales
 
         heads, scale_mats = [], []
         for m in self._matrices(f, layer, kind, sample):
             scale_mats.append(block_reduce(m, max(1, math.ceil(m.shape[-1] / SCALE_CELLS))))
-            profile = distance_profile(m)
-            self.budget.left -= len(profile["mean"]) + len(profile["std"])
-            heads.append({"levels": [p.as_json() for p in self._levels(m)], "profile": profile})
+            top = overview_factor(m.shape[-1])
+            overview = pack_exact(m) if top == 1 else pack_quantised(block_reduce(m, top), top)
+            if top == 1:  # small enough to be its own overview: always exact
+                self._count("exact (float32)")
+            heads.append({"levels": [overview.as_json()], "profile": distance_profile(m)})
         scale_kind = "bias" if f is None else kind  # a difference is centred at 0 like a bias
-        per_head = head_scales(scale_mats, scale_kind)
-        shared = head_scales(scale_mats, scale_kind, shared_scale=True)[0]
-        return {"heads": heads, "scale": {"head": [_scale_json(s) for s in per_head], "shared": _scale_json(shared)}}
+        scales = {"head": [_scale_json(s) for s in head_scales(scale_mats, scale_kind)],
+                  "shared": _scale_json(head_scales(scale_mats, scale_kind, shared_scale=True)[0])}  # fmt: skip
+        if scale_kind == "weights":  # heavy-tailed: the page offers plot's --log scale too
+            scales["log_head"] = [_scale_json(s) for s in head_scales(scale_mats, "weights", log=True)]
+            scales["log_shared"] = _scale_json(head_scales(scale_mats, "weights", shared_scale=True, log=True)[0])
+        return {"heads": heads, "scale": scales}
 
     def _matrices(self, f: BiasFile | None, layer: int, kind: str, sample: int | str) -> Iterator[np.ndarray]:
         if f is not None:
@@ -199,20 +196,10 @@ class _Builder:
         for ma, mb in zip(a, b, strict=True):
             yield ma - mb
 
-    def _levels(self, m: np.ndarray) -> list[Packed]:
-        """The best detail that fits this head's share of the budget, then the overview (finest first)."""
-        top = overview_factor(m.shape[-1])
-        if top == 1:  # small enough to be its own overview: always exact
-            self._count("exact (float32)")
-            levels = [pack_exact(m)]
-        else:
-            overview = pack_quantised(block_reduce(m, top), top)
-            share = self.budget.share(overview.nbytes) - overview.nbytes
-            levels = [*self._detail(m, top, share), overview]
-        self.budget.spend(sum(p.nbytes for p in levels))
-        return levels
-
     def _detail(self, m: np.ndarray, top: int, share: float) -> list[Packed]:
+        """The best detail that fits ``share`` bytes (second pass); nothing when the overview is exact."""
+        if top == 1:
+            return []
         exact = pack_exact(m)
         if exact.nbytes <= share:
             self._count("exact (float32)")
@@ -233,6 +220,16 @@ class _Builder:
 
     def _count(self, what: str) -> None:
         self.precision[what] = self.precision.get(what, 0) + 1
+
+
+def _key(job: tuple[Any, ...]) -> str:
+    label, _, layer, kind, sample = job
+    return f"{label}|{layer}|{kind}|{sample}"
+
+
+def _priority(sample: int | str) -> int:
+    """Detail goes first to the sample a page opens on, then to the mean, then to the other samples."""
+    return 0 if sample == 0 else 1 if sample == "mean" else 2
 
 
 def overview_factor(seq_len: int) -> int:
@@ -265,8 +262,12 @@ def distance_profile(m: np.ndarray) -> dict[str, Any]:
 
 
 def _scale_json(scale: tuple[Any, Any]) -> list[Any]:
+    """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale."""
+    from matplotlib.colors import LogNorm
+
     norm, cmap = scale
-    return [float(norm.vmin), float(norm.vmax), _cmap_name(cmap)]
+    out = [float(norm.vmin), float(norm.vmax), _cmap_name(cmap)]
+    return [*out, "log"] if isinstance(norm, LogNorm) else out
 
 
 def _cmap_name(cmap: Any) -> str:

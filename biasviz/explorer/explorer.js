@@ -1,7 +1,9 @@
 // biasviz explorer: draws the heads embedded in this page (see biasviz/explore/encode.py for the packing).
 "use strict";
 (() => {
+  window.biasvizStartMs = performance.now();
   const DATA = JSON.parse(document.getElementById("biasviz-data").textContent);
+  window.biasvizParsedMs = performance.now();
   const T = DATA.seq_len;
   const H = DATA.n_heads;
   const NAN_CODE = 0xffff;
@@ -14,6 +16,7 @@
     kind: DATA.kinds[0],
     sample: DATA.sources[0].samples[0],
     shared: false,
+    log: false, // logarithmic colour scale for attention weights, as 'biasviz plot --log'
     focus: null, // head shown enlarged (1-based), or null for the grid
     region: null, // [i0, i1, j0, j1] zoomed region of the enlarged head
   };
@@ -137,7 +140,9 @@
   }
   function ownScale(source, head) {
     const sc = DATA.sets[setKey(source)].scale;
-    return state.shared ? sc.shared : sc.head[head - 1];
+    const log = state.log && sc.log_head;
+    if (state.shared) return log ? sc.log_shared : sc.shared;
+    return (log ? sc.log_head : sc.head)[head - 1];
   }
   // Side by side, A and B share each head's scale, so that equal colours mean equal values.
   function scaleOf(source, head) {
@@ -148,7 +153,7 @@
       const bound = Math.max(Math.abs(a[0]), Math.abs(a[1]), Math.abs(b[0]), Math.abs(b[1]));
       return [-bound, bound, diverging[2]];
     }
-    return [Math.min(a[0], b[0]), Math.max(a[1], b[1]), a[2]];
+    return [Math.min(a[0], b[0]), Math.max(a[1], b[1]), ...a.slice(2)];
   }
   function levelsOf(source, head) {
     return DATA.sets[setKey(source)].heads[head - 1].levels;
@@ -162,6 +167,18 @@
   }
 
   // -- drawing -------------------------------------------------------------------------------------
+  // value -> [0, 1] as matplotlib's Normalize (or LogNorm, clipped) does; the colour table does the rest
+  function normaliser(scale) {
+    const [lo, hi] = scale;
+    if (scale[3] === "log") {
+      const a = Math.log(lo);
+      const span = Math.log(hi) - a || 1;
+      return (v) => (Math.log(Math.min(Math.max(v, lo), hi)) - a) / span;
+    }
+    const span = hi - lo || 1;
+    return (v) => (v - lo) / span;
+  }
+
   function paint(canvas, lv, scale, region) {
     const [i0, i1, j0, j1] = region;
     const w = canvas.width;
@@ -170,8 +187,7 @@
     const img = ctx.createImageData(w, h);
     const px = img.data;
     const lut = LUTS[scale[2]];
-    const lo = scale[0];
-    const span = scale[1] - scale[0] || 1;
+    const norm = normaliser(scale);
     const cols = new Int32Array(w);
     for (let x = 0; x < w; x++) cols[x] = Math.floor((j0 + Math.floor(((x + 0.5) * (j1 - j0)) / w)) / lv.f);
     for (let y = 0; y < h; y++) {
@@ -180,7 +196,7 @@
         const v = lv.at(row + cols[x]);
         const o = (y * w + x) * 4;
         if (Number.isNaN(v)) continue; // masked: transparent, as in the figures
-        const c = Math.min(255, Math.max(0, Math.floor(((v - lo) / span) * 256))) * 3;
+        const c = Math.min(255, Math.max(0, Math.floor(norm(v) * 256))) * 3;
         px[o] = lut[c];
         px[o + 1] = lut[c + 1];
         px[o + 2] = lut[c + 2];
@@ -306,6 +322,7 @@
   }
 
   async function draw() {
+    $("log").closest("label").hidden = !DATA.sets[setKey(sourcesShown()[0])].scale.log_head;
     $("grid").hidden = state.focus !== null;
     $("focus").hidden = state.focus === null;
     if (state.focus === null) await drawGrid();
@@ -391,6 +408,7 @@
     on("kind", (el) => { state.kind = el.value; });
     on("sample", (el) => { state.sample = el.value; });
     on("shared", (el) => { state.shared = el.checked; });
+    on("log", (el) => { state.log = el.checked; });
     on("focus-head", (el) => { state.focus = Number(el.value); state.region = null; });
     $("focus-close").addEventListener("click", () => { state.focus = null; state.region = null; draw(); });
     $("zoom-reset").addEventListener("click", () => { state.region = null; draw(); });
@@ -447,6 +465,7 @@
     $("meta").textContent = `${s.join(" · ")} · ${H} heads · ${T} positions`;
   }
 
+  window.biasviz = { format: fmt4 }; // for scripts driving the page (and its tests)
   describe();
   setup();
   draw().catch((err) => {
