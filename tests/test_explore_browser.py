@@ -56,7 +56,7 @@ def files(tmp_path_factory: pytest.TempPathFactory, make_bias_file: Callable[...
     ids = np.array([tok.encode(TEXT * 10).ids[k : k + T] for k in (0, 3, 7)], np.int32)
     attrs = {"tokenizer": str(save_tokenizer(tok, root))}
     cable = make_bias_file(root / "cable.h5", "cable", n=3, t=T, layers=(2, LAYER), input_ids=ids, attrs=attrs)
-    alibi = make_bias_file(root / "alibi.h5", "alibi", n=3, t=T, layers=(2, LAYER))
+    alibi = make_bias_file(root / "alibi.h5", "alibi", n=2, t=T, layers=(2, LAYER))  # fewer samples than A
     biasviz.explore(cable).save(root / "cable.html")
     biasviz.explore(cable, alibi).save(root / "compare.html")
     return {"cable": cable, "alibi": alibi, "page": root / "cable.html", "compare": root / "compare.html",
@@ -212,7 +212,12 @@ def test_two_files_side_by_side_and_their_difference(driver: object, files: dict
     text = hover(driver, canvas, 33, 9)
     diff = stored(files["cable"], "bias", 1, 4, 33, 9) - stored(files["alibi"], "bias", 1, 4, 33, 9)
     assert "A - B · head 4" in text and f"value {float(diff):.4g} (exact)" in text, text
+    choose(driver, "source", "A")
+    choose(driver, "sample", "2")  # A has a third sample, B has not: side by side falls back to those of both
     choose(driver, "source", "AB")
+    options = Select(driver.find_element(By.ID, "sample")).options
+    assert [o.get_attribute("value") for o in options] == ["0", "1", "mean"]
+    choose(driver, "sample", "1")
     shown = driver.find_elements(By.CSS_SELECTOR, '#grid .panel[data-panel="1"] canvas[data-head]')
     assert [c.get_attribute("data-source") for c in shown if c.is_displayed()] == ["A", "B"]
     b_canvas = next(c for c in shown if c.get_attribute("data-source") == "B")

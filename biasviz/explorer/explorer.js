@@ -383,7 +383,8 @@
   }
 
   function sampleOptions() {
-    const src = DATA.sources.find((s) => s.label === (state.source === "AB" ? "A" : state.source));
+    // side by side, only the samples both files hold (those of the difference)
+    const src = DATA.sources.find((s) => s.label === (state.source === "AB" ? "D" : state.source));
     return src.samples.map((s) => [s, s === "mean" ? "mean over samples" : `sample ${s}`]);
   }
 
