@@ -122,6 +122,13 @@ def test_two_files_give_a_difference(tmp_path: Path, make_bias_file: Callable[..
     assert payload["sets"]["D|3|bias|1"]["scale"]["head"][0][2] == "RdBu_r"
 
 
+def test_files_that_differ_in_shape_are_not_compared(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    a = make_bias_file(tmp_path / "a.h5", heads=4, t=16)
+    b = make_bias_file(tmp_path / "b.h5", heads=3, t=16)
+    with pytest.raises(biasviz.errors.BiasvizError, match="cannot be compared cell by cell"):
+        build_page_data([a, b])
+
+
 def test_tokens_are_decoded_when_the_tokenizer_is_known(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
     from biasviz.data.tokenizer import build_tokenizer, save_tokenizer
 

@@ -64,6 +64,8 @@ def build_page_data(paths: list[Path], *, kind: str = "all", layer: int | None =
 
 
 class _Builder:
+    """Checks what the files can show together, then packs every set in two passes (module docstring)."""
+
     def __init__(self, files: list[BiasFile], kind: str, layer: int | None, max_mb: float | None,
                  tokenizer: str | Path | None) -> None:  # fmt: skip
         self.files = files
