@@ -94,13 +94,13 @@ def make_bias_file() -> Callable[..., Path]:
              attrs: dict[str, object] | None = None) -> Path:  # fmt: skip
         from biasviz.store import BiasFileWriter
 
-        bias = synthetic_bias(scheme, n, heads, t, seed)
         ids = np.zeros((n, t), np.int32) if input_ids is None else input_ids
         meta = {**SYNTHETIC_ATTRS, "scheme": scheme, "context_dependent": scheme == "cable", **(attrs or {})}
         with BiasFileWriter(path, attrs=meta, n_samples=n, n_heads=heads, seq_len=t, layers=list(layers),
                             has_bias=True, force=True) as writer:  # fmt: skip
-            w = softmax_weights(bias)
-            writer.write_batch(ids, weights={layer: w for layer in layers}, bias={layer: bias for layer in layers})
+            # every layer its own bias (the same for ALiBi, whose bias is fixed)
+            biases = {layer: synthetic_bias(scheme, n, heads, t, seed + k) for k, layer in enumerate(layers)}
+            writer.write_batch(ids, weights={layer: softmax_weights(b) for layer, b in biases.items()}, bias=biases)
         return path
 
     return make

@@ -171,8 +171,11 @@ def test_switching_kind_sample_and_scale_redraws_and_reads_the_new_values(driver
     canvas = driver.find_element(By.CSS_SELECTOR, '#grid canvas[data-head="7"]')
     text = hover(driver, canvas, 50, 48)
     assert f"value {float(stored(files['cable'], 'weights', 2, 7, 50, 48)):.4g} (exact)" in text, text
+    before = pixels(driver, first)
     choose(driver, "layer", "2")
-    assert "layer 2" in Select(driver.find_element(By.ID, "layer")).first_selected_option.text
+    assert pixels(driver, first) != before
+    text = hover(driver, canvas, 50, 48)
+    assert f"value {float(stored(files['cable'], 'weights', 2, 7, 50, 48, layer=2)):.4g} (exact)" in text, text
     assert console_errors(driver) == []
 
 

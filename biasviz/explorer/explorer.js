@@ -352,11 +352,24 @@
     return text === undefined ? `id ${id}` : `${JSON.stringify(text)} (id ${id})`;
   }
 
+  // Outline the hovered cell (at least a few pixels, so that it shows in the grid too).
+  function mark(canvas, i, j) {
+    const r = canvas.getBoundingClientRect();
+    const [i0, i1, j0, j1] = canvas.closest("#focus") ? state.region || [0, T, 0, T] : [0, T, 0, T];
+    const w = Math.max(r.width / (j1 - j0), 5);
+    const h = Math.max(r.height / (i1 - i0), 5);
+    const x = r.left + ((j - j0 + 0.5) * r.width) / (j1 - j0);
+    const y = r.top + ((i - i0 + 0.5) * r.height) / (i1 - i0);
+    Object.assign($("marker").style, { display: "block", left: `${x - w / 2}px`, top: `${y - h / 2}px`,
+      width: `${w}px`, height: `${h}px` });
+  }
+
   let pending = 0;
   async function readout(canvas, event) {
     const head = Number(canvas.dataset.head);
     const source = canvas.dataset.source || "A";
     const [i, j] = cellAt(canvas, event);
+    mark(canvas, i, j);
     const ticket = ++pending;
     const where = `${DATA.sources.find((s) => s.label === source).name} · head ${head} · query i = ${i} · key j = ${j} · d = i - j = ${i - j}`;
     const lv = await level(setKey(source), head, 0); // the finest level embedded
@@ -422,7 +435,9 @@
     });
     document.addEventListener("mousemove", (ev) => {
       if (ev.target instanceof HTMLCanvasElement && ev.target.dataset.head) readout(ev.target, ev);
+      else $("marker").style.display = "none";
     });
+    document.addEventListener("scroll", () => { $("marker").style.display = "none"; });
     setupZoom();
   }
 
