@@ -8,7 +8,8 @@ import click
 
 
 @click.command("explore")
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=Path))
+@click.argument("files", nargs=-1, required=True, metavar="FILE.h5 [FILE2.h5]",
+                type=click.Path(dir_okay=True, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="HTML file to write.  [default: figures/<name>_explore.html]")  # fmt: skip
 @click.option("--kind", type=click.Choice(["bias", "weights", "all"]), default="all", show_default=True,
