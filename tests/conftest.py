@@ -85,7 +85,7 @@ def softmax_weights(bias: np.ndarray) -> np.ndarray:
     return (e / e.sum(-1, keepdims=True)).astype(np.float32)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def make_bias_file() -> Callable[..., Path]:
     """Write a small format-1 file: ``make_bias_file(path, scheme, n=2, heads=12, t=64, layers=(3,), ...)``."""
 

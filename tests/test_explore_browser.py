@@ -63,7 +63,7 @@ def files(tmp_path_factory: pytest.TempPathFactory, make_bias_file: Callable[...
             "tokenizer": Path(attrs["tokenizer"])}  # fmt: skip
 
 
-# -- helpers -------------------------------------------------------------------------------------------
+# -- driving the page -------------------------------------------------------------------------------
 
 
 def wait_for(drv: object, script: str, timeout: float = 10.0) -> object:
