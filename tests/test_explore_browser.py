@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(
 )
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.actions.action_builder import ActionBuilder  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
@@ -104,11 +105,15 @@ def choose(drv: object, select_id: str, value: str) -> None:
 def hover(drv: object, canvas: WebElement, i: int, j: int, region: tuple[int, int, int, int] = (0, T, 0, T)) -> str:
     """Move the mouse to the centre of cell (i, j) of ``canvas`` (showing ``region``); the read-out it gives."""
     drv.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
-    rect = drv.execute_script("const r = arguments[0].getBoundingClientRect(); return [r.width, r.height]", canvas)
+    left, top, width, height = drv.execute_script(
+        "const c = arguments[0], r = c.getBoundingClientRect();"
+        "return [r.left + c.clientLeft, r.top + c.clientTop, c.clientWidth, c.clientHeight]", canvas)  # fmt: skip
     i0, i1, j0, j1 = region
-    x = (j - j0 + 0.5) / (j1 - j0) * rect[0] - rect[0] / 2
-    y = (i - i0 + 0.5) / (i1 - i0) * rect[1] - rect[1] / 2
-    ActionChains(drv).move_to_element_with_offset(canvas, round(x), round(y)).perform()
+    x = left + (j - j0 + 0.5) / (j1 - j0) * width  # viewport pixels: no rounding of a centre in between
+    y = top + (i - i0 + 0.5) / (i1 - i0) * height
+    actions = ActionBuilder(drv)
+    actions.pointer_action.move_to_location(round(x), round(y))
+    actions.perform()
     wait_for(drv, f"const r = document.getElementById('readout').dataset; return r.query === '{i}' && r.key === '{j}'")
     time.sleep(0.05)
     return drv.find_element(By.ID, "readout").text
@@ -189,7 +194,7 @@ def test_enlarge_switch_head_zoom_and_profile(driver: object, files: dict[str, P
     choose(driver, "focus-head", "5")
     assert pixels(driver, focus) != head2 and pixels(driver, "#profile") != profile2
     canvas = driver.find_element(By.CSS_SELECTOR, focus)
-    size = driver.execute_script("return arguments[0].getBoundingClientRect().width", canvas)
+    size = driver.execute_script("return arguments[0].clientWidth", canvas)
     cell = size / T
     start, end = ((10 + 0.5) * cell - size / 2, (30 + 0.5) * cell - size / 2)
 

@@ -334,10 +334,20 @@
   }
 
   // -- read-out ------------------------------------------------------------------------------------
-  function cellAt(canvas, event) {
+  // Where the drawn matrix is on screen: the canvas's content box (inside its border).
+  function drawnBox(canvas) {
     const r = canvas.getBoundingClientRect();
-    const region = canvas.closest("#focus") ? state.region || [0, T, 0, T] : [0, T, 0, T];
-    const [i0, i1, j0, j1] = region;
+    return { left: r.left + canvas.clientLeft, top: r.top + canvas.clientTop,
+      width: canvas.clientWidth, height: canvas.clientHeight };
+  }
+
+  function regionOf(canvas) {
+    return canvas.closest("#focus") ? state.region || [0, T, 0, T] : [0, T, 0, T];
+  }
+
+  function cellAt(canvas, event) {
+    const r = drawnBox(canvas);
+    const [i0, i1, j0, j1] = regionOf(canvas);
     const fy = Math.min(Math.max((event.clientY - r.top) / r.height, 0), 0.999999);
     const fx = Math.min(Math.max((event.clientX - r.left) / r.width, 0), 0.999999);
     return [i0 + Math.floor(fy * (i1 - i0)), j0 + Math.floor(fx * (j1 - j0))];
@@ -354,8 +364,8 @@
 
   // Outline the hovered cell (at least a few pixels, so that it shows in the grid too).
   function mark(canvas, i, j) {
-    const r = canvas.getBoundingClientRect();
-    const [i0, i1, j0, j1] = canvas.closest("#focus") ? state.region || [0, T, 0, T] : [0, T, 0, T];
+    const r = drawnBox(canvas);
+    const [i0, i1, j0, j1] = regionOf(canvas);
     const w = Math.max(r.width / (j1 - j0), 5);
     const h = Math.max(r.height / (i1 - i0), 5);
     const x = r.left + ((j - j0 + 0.5) * r.width) / (j1 - j0);
