@@ -105,6 +105,8 @@ def test_large_matrices_follow_the_budget_with_an_overview_and_the_best_detail_t
     total = sum(len(lv["data"]) for h in heads for lv in h["levels"])
     assert total <= 0.9e6
     assert "16-bit" in data.summary() or "block means" in data.summary()
+    tight = build_page_data([src], kind="all", max_mb=0.05)
+    assert tight.over_budget > 0 and "pass the size budget" in tight.summary()
     roomy = build_page_data([src], kind="bias", max_mb=20)
     assert roomy.precision == {"exact (float32)": 3}
 

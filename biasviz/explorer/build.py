@@ -47,10 +47,12 @@ class PageData:
 
     payload: dict[str, Any]
     precision: dict[str, int] = field(default_factory=dict)
+    over_budget: float = 0.0  # MB the overviews alone need beyond the budget (they are never left out)
 
     def summary(self) -> str:
         parts = [f"{n} {what}" for what, n in sorted(self.precision.items())]
-        return "heads by detail: " + ", ".join(parts)
+        over = f"; the overviews alone pass the size budget by {self.over_budget:.1f} MB" if self.over_budget else ""
+        return "heads by detail: " + ", ".join(parts) + over
 
 
 def build_page_data(paths: list[Path], *, kind: str = "all", layer: int | None = None,
@@ -135,7 +137,7 @@ class _Builder:
                 detail = self._detail(m, levels[h][-1]["f"], left / (len(levels) - h))
                 left -= sum(p.nbytes for p in detail)
                 levels[h][:0] = [p.as_json() for p in detail]
-        return PageData({**head, "sets": sets}, self.precision)
+        return PageData({**head, "sets": sets}, self.precision, over_budget=max(0.0, -left / MB))
 
     def _header(self) -> dict[str, Any]:
         from biasviz.explorer.colors import colormap_tables
