@@ -46,7 +46,7 @@ test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs)
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check biasviz tests
 
-figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf) $(FIGURES)/$(DYNAMICS)_dynamics.pdf  ## train, extract and plot every figure set, the diagnostics and the training dynamics
+figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme and the training dynamics
 
 # Each command reads only its own part of a config: a per-stage copy that is rewritten only when that part
 # changes, so editing [plot] re-plots without retraining. (The copy is refreshed on every run; cheap.)
@@ -73,11 +73,16 @@ $(DATA)/%-sweep.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
 $(FIGURES)/%_dynamics.pdf: $(DATA)/%-sweep.h5
 	$(BIASVIZ) plot --scheme $* --input $< --kind dynamics --format pdf,png --out-dir $(FIGURES)
 
+# one self-contained, interactive page per scheme (README, "Explorer")
+$(FIGURES)/%_explore.html: $(DATA)/%.h5
+	$(BIASVIZ) explore $< --out $@ --force
+
 $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
 	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --out-dir $(FIGURES)
 
 previews: figures  ## refresh the small PNG previews shown in README (figures/preview/)
 	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview
+	$(BIN)/python -m biasviz.explorer.screenshot $(FIGURES)/cable_explore.html $(FIGURES)/preview/cable_explore.png
 
 .PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(DATA)/%-sweep.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
 FORCE:
@@ -88,9 +93,10 @@ bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, 
 	$(BIN)/python bench/extract_peers.py --seq-len 8192 --tools biasviz-cap biasviz --runs 1 --long-runs 1
 	$(BIN)/python bench/hdf5_write.py
 	$(BIN)/python bench/bench_plot.py
+	$(BIN)/python bench/bench_explore.py --seq-len 1024 4096
 
 clean:  ## remove built checkpoints, HDF5 files and figures (keeps .venv)
-	rm -rf $(RUNS) $(DATA) $(FIGURES)/*.pdf $(FIGURES)/*.png $(FIGURES)/*.svg $(FIGURES)/diagnostics.json
+	rm -rf $(RUNS) $(DATA) $(FIGURES)/*.pdf $(FIGURES)/*.png $(FIGURES)/*.svg $(FIGURES)/*.html $(FIGURES)/diagnostics.json
 
 distclean: clean  ## also remove .venv
 	rm -rf $(VENV)

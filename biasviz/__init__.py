@@ -12,10 +12,11 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+unknown"
 
-_LAZY = {"trace": "biasviz.tracing", "extract": "biasviz.api"}
+_LAZY = {"trace": "biasviz.tracing", "extract": "biasviz.api", "explore": "biasviz.explorer"}
 
 
 def __getattr__(name: str) -> Any:
+    """The Python API, imported on first use so that ``import biasviz`` (and the CLI) stays fast."""
     if name in _LAZY:
         import importlib
 
@@ -23,4 +24,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'biasviz' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "extract", "trace"]
+__all__ = ["__version__", "explore", "extract", "trace"]

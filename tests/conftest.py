@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 from transformers.utils import logging as hf_logging
@@ -35,7 +39,7 @@ def _quiet_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
 # take over a second here: `make test-fast` leaves them out, `make test` runs everything.
 SLOW_MODULES = {"test_interrupts", "test_cli_plot", "test_cli_imports", "test_untrusted", "test_readme",
                 "test_errors", "test_fuzz_info", "test_numerical", "test_train", "test_bias_only",
-                "test_distributed"}  # fmt: skip
+                "test_distributed", "test_explore_browser"}  # fmt: skip
 SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png_and_svg_carry_metadata",
               "test_presets_have_gpt2_small_shape_and_twelve_heads", "test_a_compiled_model_is_traced_eagerly",
               "test_cli_extracts_from_code_and_factory_with_a_checkpoint",
@@ -54,6 +58,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+SYNTHETIC_ATTRS = {"source_model": "synthetic", "model_sha256": "0" * 64, "architecture": "gpt2", "n_layers": 4,
+                   "seed": 0, "text_source": "synthetic", "device": "cpu", "biasviz_version": "0.1.0",
+                   "torch_version": "none"}  # fmt: skip
+
+
+def synthetic_bias(scheme: str, n: int, heads: int, t: int, seed: int = 0) -> np.ndarray:
+    """(sample, head, query, key) float32: ALiBi (the same for every sample) or a CABLE-like cumulative
+    decay that changes with the sample; masked cells NaN."""
+    pos = np.arange(t)
+    dist = pos[:, None] - pos[None, :]
+    if scheme == "alibi":
+        slopes = 2.0 ** (-8 * np.arange(1, heads + 1) / heads)
+        b = np.repeat((-slopes[:, None, None] * dist)[None], n, axis=0)
+    else:
+        rng = np.random.default_rng(seed)
+        s = -np.cumsum(np.log1p(np.exp(rng.normal(size=(n, heads, t)))), axis=-1)
+        b = s[..., :, None] - s[..., None, :]
+    return np.where(dist >= 0, b, np.nan).astype(np.float32)
+
+
+def softmax_weights(bias: np.ndarray) -> np.ndarray:
+    """Post-softmax weights of scores that are the bias alone (0 where masked)."""
+    z = np.where(np.isnan(bias), -np.inf, bias)
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def make_bias_file() -> Callable[..., Path]:
+    """Write a small format-1 file: ``make_bias_file(path, scheme, n=2, heads=12, t=64, layers=(3,), ...)``."""
+
+    def make(path: Path, scheme: str = "alibi", *, n: int = 2, heads: int = 12, t: int = 64,
+             layers: tuple[int, ...] = (3,), input_ids: np.ndarray | None = None, seed: int = 0,
+             attrs: dict[str, object] | None = None) -> Path:  # fmt: skip
+        from biasviz.store import BiasFileWriter
+
+        ids = np.zeros((n, t), np.int32) if input_ids is None else input_ids
+        meta = {**SYNTHETIC_ATTRS, "scheme": scheme, "context_dependent": scheme == "cable", **(attrs or {})}
+        with BiasFileWriter(path, attrs=meta, n_samples=n, n_heads=heads, seq_len=t, layers=list(layers),
+                            has_bias=True, force=True) as writer:  # fmt: skip
+            # every layer its own bias (the same for ALiBi, whose bias is fixed)
+            biases = {layer: synthetic_bias(scheme, n, heads, t, seed + k) for k, layer in enumerate(layers)}
+            writer.write_batch(ids, weights={layer: softmax_weights(b) for layer, b in biases.items()}, bias=biases)
+        return path
+
+    return make
 
 
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -42,8 +42,9 @@ def imported_after(args: list[str], cwd) -> list[str]:  # noqa: ANN001
     "args",
     [["--help"], ["schemes"], ["schemes", "--markdown"], ["info", "alibi.h5"], ["plot", "--help"],
      ["plot", "--scheme", "alibi", "--input", "alibi.h5", "--out-dir", "figs", "--format", "png"],
-     ["diagnose", "alibi.h5", "cable.h5", "--json", "d.json", "--out-dir", "figs", "--format", "png"]],
-    ids=["help", "schemes", "schemes-md", "info", "plot-help", "plot", "diagnose"],
+     ["diagnose", "alibi.h5", "cable.h5", "--json", "d.json", "--out-dir", "figs", "--format", "png"],
+     ["explore", "cable.h5", "alibi.h5", "--out", "e.html"]],
+    ids=["help", "schemes", "schemes-md", "info", "plot-help", "plot", "diagnose", "explore"],
 )  # fmt: skip
 def test_reading_commands_leave_torch_and_transformers_out(files, args: list[str]) -> None:
     assert imported_after(args, files) == []

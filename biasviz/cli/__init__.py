@@ -19,6 +19,7 @@ _COMMANDS = {
     "info": ("biasviz.cli.info_cmd", "info"),
     "plot": ("biasviz.cli.plot_cmd", "plot"),
     "diagnose": ("biasviz.cli.diagnose_cmd", "diagnose"),
+    "explore": ("biasviz.cli.explore_cmd", "explore"),
 }
 
 

@@ -194,6 +194,20 @@ def _scale(
     return Normalize(vmin=lo, vmax=hi), _colormap(cmap, DEFAULT_CMAPS[kind])
 
 
+def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
+                log: bool = False, cmap: str | Colormap | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
+    """The norm and colour map of each head's panel, as a grid draws them (the explorer reuses them).
+
+    One family of map per figure: diverging for every panel as soon as one changes sign; with
+    ``shared_scale`` one scale computed over all heads together.
+    """
+    if shared_scale:
+        stacked = np.stack([np.asarray(m, dtype=np.float32) for m in mats]) if len(mats) else np.zeros((0, 1, 1))
+        return [_scale(stacked, kind, log, cmap)] * len(mats)
+    diverging = not log and any(_changes_sign(*_finite_range(m)) for m in mats)
+    return [_scale(m, kind, log, cmap, diverging) for m in mats]
+
+
 def _extend(values: np.ndarray, norm: Normalize) -> str:
     """'max' when the scale clips the largest values (weights), so the colorbar shows an arrow."""
     finite = values[np.isfinite(values)]
@@ -351,12 +365,8 @@ class _GridPainter:
         return fig
 
     def _scales(self) -> list[tuple[Normalize, Colormap]]:
-        if self.opt.shared_scale:
-            shared = _scale(self.mats, self.opt.kind, self.opt.log, self.opt.cmap)
-            return [shared] * self.n_heads
-        # one family of colour map per figure: diverging for every panel as soon as one changes sign
-        diverging = not self.opt.log and any(_changes_sign(*_finite_range(m)) for m in self.mats)
-        return [_scale(m, self.opt.kind, self.opt.log, self.opt.cmap, diverging) for m in self.mats]
+        return head_scales(self.mats, self.opt.kind, shared_scale=self.opt.shared_scale, log=self.opt.log,
+                           cmap=self.opt.cmap)  # fmt: skip
 
     def _shared_colorbar(self, fig: Figure | SubFigure, axes: np.ndarray) -> None:
         images = axes[0].get_images()
@@ -369,4 +379,5 @@ class _GridPainter:
             cb.solids.set_edgecolor("face")
 
 
-__all__ = ["KINDS", "DEFAULT_CMAPS", "figure_width_in", "head_heatmap", "head_grid", "grid_shape", "tick_step_for"]
+__all__ = ["KINDS", "DEFAULT_CMAPS", "figure_width_in", "head_heatmap", "head_grid", "head_scales", "grid_shape",
+           "tick_step_for"]

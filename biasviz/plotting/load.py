@@ -6,6 +6,7 @@ so a 12 x 4096 x 4096 file is never held in memory whole.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,10 +33,25 @@ def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
     """The matrices of ``kind`` ('bias' or 'weights') for one sample or the mean over samples."""
     resolved = bf.resolve_layer(layer)
     ds = bf.dataset(kind, resolved)
-    n_samples, n_heads, seq_len = ds.shape[0], ds.shape[1], ds.shape[-1]
-    samples = _samples(sample, n_samples, bf)
+    n_heads, seq_len = ds.shape[1], ds.shape[-1]
     plan = plan_reduction(seq_len, max_cells, reduce)
     out = np.empty((n_heads, plan.reduced_size, plan.reduced_size), dtype=np.float32)
+    for h, m in enumerate(iter_heads(bf, kind, layer=resolved, sample=sample, normalize=normalize)):
+        out[h] = block_reduce(m, plan.factor, plan.how)
+    label = "mean" if sample == "mean" else str(_samples(sample, ds.shape[0], bf)[0])
+    return HeadMatrices(data=out, seq_len=seq_len, layer=resolved, sample=label, reduction=plan)
+
+
+def iter_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 0,
+               normalize: str = "none") -> Iterator[np.ndarray]:  # fmt: skip
+    """Each head's full-resolution (query, key) matrix, masked cells NaN, one head in memory at a time.
+
+    ``sample`` is an index or 'mean' (accumulated one chunk at a time); damaged values are refused.
+    """
+    resolved = bf.resolve_layer(layer)
+    ds = bf.dataset(kind, resolved)
+    n_samples, n_heads, seq_len = ds.shape[0], ds.shape[1], ds.shape[-1]
+    samples = _samples(sample, n_samples, bf)
     used = causal_cells(seq_len) if bf.causal else np.ones((seq_len, seq_len), bool)
     # weights hold 0 where a causal model masks; a bidirectional model (T5 encoder) has no such cells
     masked = ~used if kind == "weights" and bf.causal else None
@@ -50,9 +66,7 @@ def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
             m = subtract_diagonal(m)
         if masked is not None:
             m[masked] = np.nan  # weights hold 0 there (the bias holds NaN already); blank them alike
-        out[h] = block_reduce(m, plan.factor, plan.how)
-    label = "mean" if sample == "mean" else str(samples[0])
-    return HeadMatrices(data=out, seq_len=seq_len, layer=resolved, sample=label, reduction=plan)
+        yield m
 
 
 def _samples(sample: int | str, n_samples: int, bf: BiasFile) -> list[int]:
@@ -74,4 +88,4 @@ def _head_matrix(ds: object, head: int, samples: list[int]) -> np.ndarray:
     return (total / len(samples)).astype(np.float32)
 
 
-__all__ = ["HeadMatrices", "load_heads"]
+__all__ = ["HeadMatrices", "load_heads", "iter_heads"]

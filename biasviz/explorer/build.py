@@ -1,0 +1,281 @@
+"""What the page shows, read from one or two format-1 files: every (source, layer, kind, sample) set of heads.
+
+Each head travels as a pyramid: a coarse overview (at most :data:`OVERVIEW` cells per axis, 16-bit, always
+there) for the grid, and as much detail as the size budget allows, best first: the full matrix exact
+(float32 bits), else the full matrix in 16-bit codes, else the finest block-mean level that fits.
+Two passes over the file: the first packs every overview and profile, so the second knows exactly what is
+left for detail. Detail goes to the sets in order: the first sample (the page opens on it), the mean over
+samples, the other samples; the heads of a set share equally what is left when the set's turn comes, and
+what one head does not use (a bias that depends on i - j alone packs to almost nothing) passes on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from biasviz.errors import BiasvizError
+from biasviz.explorer.encode import Packed, pack_bytes, pack_exact, pack_quantised
+from biasviz.explorer.tokens import find_tokenizer, token_strings
+from biasviz.plotting.load import iter_heads
+from biasviz.plotting.reduce import block_reduce
+from biasviz.store import BiasFile, open_bias_file
+
+#: Largest overview (cells per axis) drawn in the grid; always embedded.
+OVERVIEW = 256
+#: Size of the matrices the colour scales are computed from (as `biasviz plot` reduces to ~600).
+SCALE_CELLS = 512
+KINDS = ("bias", "weights")
+MB = 1_000_000
+
+
+def default_budget_mb(seq_len: int) -> float:
+    """Default size budget of a page: 14 MB up to 1024 positions, 38 MB beyond (README, "Explorer")."""
+    return 14.0 if seq_len <= 1024 else 38.0
+
+
+@dataclass
+class PageData:
+    """The page's data as JSON-ready values, and a one-line summary of the precision it holds."""
+
+    payload: dict[str, Any]
+    precision: dict[str, int] = field(default_factory=dict)
+    over_budget: float = 0.0  # MB the overviews alone need beyond the budget (they are never left out)
+
+    def summary(self) -> str:
+        parts = [f"{n} {what}" for what, n in sorted(self.precision.items())]
+        over = f"; the overviews alone pass the size budget by {self.over_budget:.1f} MB" if self.over_budget else ""
+        return "heads by detail: " + ", ".join(parts) + over
+
+
+def build_page_data(paths: list[Path], *, kind: str = "all", layer: int | None = None,
+                    max_mb: float | None = None, tokenizer: str | Path | None = None) -> PageData:  # fmt: skip
+    """Read ``paths`` (one file, or two to compare as A, B and A - B) into the page's data."""
+    if not 1 <= len(paths) <= 2:
+        raise BiasvizError("explore takes one file, or two to compare")
+    with ExitStack() as stack:
+        files = [stack.enter_context(open_bias_file(p)) for p in paths]
+        return _Builder(files, kind, layer, max_mb, tokenizer).build()
+
+
+class _Builder:
+    """Checks what the files can show together, then packs every set in two passes (module docstring)."""
+
+    def __init__(self, files: list[BiasFile], kind: str, layer: int | None, max_mb: float | None,
+                 tokenizer: str | Path | None) -> None:  # fmt: skip
+        self.files = files
+        a = files[0]
+        for b in files[1:]:
+            if (b.n_heads, b.seq_len, b.causal) != (a.n_heads, a.seq_len, a.causal):
+                raise BiasvizError(
+                    f"{a.path} ({a.n_heads} heads, {a.seq_len} positions) and {b.path} ({b.n_heads} heads, "
+                    f"{b.seq_len} positions) cannot be compared cell by cell"
+                )
+        self.layers = self._layers(layer)
+        self.kinds = self._kinds(kind)
+        self.tokenizer = tokenizer
+        mb = default_budget_mb(a.seq_len) if max_mb is None else max_mb
+        self.budget_mb = mb
+        self.precision: dict[str, int] = {}
+
+    # -- what to show ------------------------------------------------------------------------------
+    def _layers(self, layer: int | None) -> list[int]:
+        if layer is not None:
+            resolved = [f.resolve_layer(layer) for f in self.files]
+            if len(set(resolved)) > 1:
+                raise BiasvizError(f"layer {layer} means different layers in the two files ({resolved}); "
+                                   "give a non-negative index")  # fmt: skip
+            return resolved[:1]
+        common = sorted(set.intersection(*(set(f.layers) for f in self.files)))
+        if not common:
+            raise BiasvizError(f"{self.files[0].path} and {self.files[1].path} hold no layer in common")
+        return common
+
+    def _kinds(self, kind: str) -> list[str]:
+        available = [k for k in KINDS if all(self._has(f, k) for f in self.files)]
+        wanted = list(KINDS) if kind == "all" else [kind]
+        chosen = [k for k in wanted if k in available]
+        if not chosen:
+            what = " and ".join(str(f.path) for f in self.files)
+            raise BiasvizError(f"{what} hold no {kind if kind != 'all' else 'bias or weights'} in layer "
+                               f"{self.layers[0]}; try --kind {'weights' if kind == 'bias' else 'bias'}")  # fmt: skip
+        return chosen
+
+    def _has(self, f: BiasFile, kind: str) -> bool:
+        if kind == "weights":
+            return not f.bias_only
+        return all(f.has_bias(layer) for layer in self.layers)
+
+    def _samples(self, f: BiasFile | None) -> list[int | str]:
+        n = min(x.n_samples for x in self.files) if f is None else f.n_samples
+        return [*range(n), "mean"] if n > 1 else [0]
+
+    def _sources(self) -> list[tuple[str, BiasFile | None]]:
+        if len(self.files) == 1:
+            return [("A", self.files[0])]
+        return [("A", self.files[0]), ("B", self.files[1]), ("D", None)]
+
+    # -- building ----------------------------------------------------------------------------------
+    def build(self) -> PageData:
+        jobs = [(label, f, layer, kind, sample) for label, f in self._sources() for layer in self.layers
+                for kind in self.kinds for sample in self._samples(f)]  # fmt: skip
+        head = self._header()
+        sets = {_key(job): self._overviews(*job) for job in jobs}
+        left = self.budget_mb * MB - len(json.dumps(head)) - sum(len(json.dumps(v)) for v in sets.values())
+        if overview_factor(self.files[0].seq_len) == 1:
+            jobs = []  # every overview is the exact matrix already
+        for job in sorted(jobs, key=lambda job: _priority(job[-1])):  # stable: the rest keeps its order
+            levels = [h["levels"] for h in sets[_key(job)]["heads"]]
+            for h, m in enumerate(self._matrices(*job[1:])):
+                detail = self._detail(m, levels[h][-1]["f"], left / (len(levels) - h))
+                left -= sum(p.nbytes for p in detail)
+                levels[h][:0] = [p.as_json() for p in detail]
+        return PageData({**head, "sets": sets}, self.precision, over_budget=max(0.0, -left / MB))
+
+    def _header(self) -> dict[str, Any]:
+        from biasviz.explorer.colors import colormap_tables
+        from biasviz.plotting.heatmap import DEFAULT_CMAPS
+
+        a = self.files[0]
+        names = {"A": "A", "B": "B", "D": "A - B"}
+        sources = [{"label": label, "name": names[label],
+                    "path": str(f.path) if f is not None else "", "scheme": f.scheme if f is not None else "",
+                    "samples": [str(s) for s in self._samples(f)]} for label, f in self._sources()]  # fmt: skip
+        return {
+            "format": 1,
+            "n_heads": a.n_heads,
+            "seq_len": a.seq_len,
+            "causal": a.causal,
+            "layers": self.layers,
+            "kinds": self.kinds,
+            "sources": sources,
+            "budget_mb": self.budget_mb,
+            "overview": OVERVIEW,
+            "cmaps": colormap_tables(),
+            "diverging": DEFAULT_CMAPS["diverging"],
+            "tokens": {label: self._tokens(f) for label, f in self._sources() if f is not None},
+        }
+
+    def _tokens(self, f: BiasFile) -> dict[str, Any]:
+        ids = f.input_ids().astype(np.int32)
+        if f.bias_only or (ids < 0).all():
+            return {"ids": None, "strings": {}, "tokenizer": "none (the file holds the bias only, no text)"}
+        tok, where = find_tokenizer(f.attrs, self.tokenizer)
+        strings = token_strings(tok, ids.ravel()) if tok is not None else {}
+        return {"ids": pack_bytes(ids.astype("<i4").tobytes()), "strings": {str(k): v for k, v in strings.items()},
+                "tokenizer": where}  # fmt: skip
+
+    def _overviews(self, label: str, f: BiasFile | None, layer: int, kind: str, sample: int | str) -> dict[str, Any]:
+        """A set's colour scales, and each head's overview and distance profile (first pass)."""
+        from biasviz.plotting.heatmap import head_scales
+
+        heads, scale_mats = [], []
+        for m in self._matrices(f, layer, kind, sample):
+            scale_mats.append(block_reduce(m, max(1, math.ceil(m.shape[-1] / SCALE_CELLS))))
+            top = overview_factor(m.shape[-1])
+            overview = pack_exact(m) if top == 1 else pack_quantised(block_reduce(m, top), top)
+            if top == 1:  # small enough to be its own overview: always exact
+                self._count("exact (float32)")
+            heads.append({"levels": [overview.as_json()], "profile": distance_profile(m)})
+        scale_kind = "bias" if f is None else kind  # a difference is centred at 0 like a bias
+        scales = {"head": [_scale_json(s) for s in head_scales(scale_mats, scale_kind)],
+                  "shared": _scale_json(head_scales(scale_mats, scale_kind, shared_scale=True)[0])}  # fmt: skip
+        if scale_kind == "weights":  # heavy-tailed: the page offers plot's --log scale too
+            scales["log_head"] = [_scale_json(s) for s in head_scales(scale_mats, "weights", log=True)]
+            scales["log_shared"] = _scale_json(head_scales(scale_mats, "weights", shared_scale=True, log=True)[0])
+        return {"heads": heads, "scale": scales}
+
+    def _matrices(self, f: BiasFile | None, layer: int, kind: str, sample: int | str) -> Iterator[np.ndarray]:
+        if f is not None:
+            yield from iter_heads(f, kind, layer=layer, sample=sample)
+            return
+        a, b = (iter_heads(x, kind, layer=layer, sample=sample) for x in self.files)
+        for ma, mb in zip(a, b, strict=True):
+            yield ma - mb
+
+    def _detail(self, m: np.ndarray, top: int, share: float) -> list[Packed]:
+        """The best detail that fits ``share`` bytes (second pass); nothing when the overview is exact."""
+        if top == 1:
+            return []
+        exact = pack_exact(m)
+        if exact.nbytes <= share:
+            self._count("exact (float32)")
+            return [exact]
+        full = pack_quantised(m)
+        if full.nbytes <= share:
+            self._count("full resolution, 16-bit")
+            return [full]
+        factor = 2
+        while factor < top:
+            level = pack_quantised(block_reduce(m, factor), factor)
+            if level.nbytes <= share:
+                self._count(f"{factor}x{factor} block means, 16-bit")
+                return [level]
+            factor *= 2
+        self._count(f"{top}x{top} block means, 16-bit (overview only)")
+        return []
+
+    def _count(self, what: str) -> None:
+        self.precision[what] = self.precision.get(what, 0) + 1
+
+
+def _key(job: tuple[Any, ...]) -> str:
+    label, _, layer, kind, sample = job
+    return f"{label}|{layer}|{kind}|{sample}"
+
+
+def _priority(sample: int | str) -> int:
+    """Detail goes first to the sample a page opens on, then to the mean, then to the other samples."""
+    return 0 if sample == 0 else 1 if sample == "mean" else 2
+
+
+def overview_factor(seq_len: int) -> int:
+    """The power-of-two block size that brings ``seq_len`` to at most :data:`OVERVIEW` cells per axis.
+
+    >>> overview_factor(64), overview_factor(1024), overview_factor(1000)
+    (1, 4, 4)
+    """
+    factor = 1
+    while math.ceil(seq_len / factor) > OVERVIEW:
+        factor *= 2
+    return factor
+
+
+def distance_profile(m: np.ndarray) -> dict[str, Any]:
+    """Mean and standard deviation of the cells at each distance d = i - j (NaN cells left out).
+
+    Causal matrices give d = 0 .. T-1; others -(T-1) .. T-1 (``d0`` is the first d).
+    """
+    n = m.shape[-1]
+    d0 = -(n - 1) if np.isfinite(m[0, 1:]).any() else 0
+    mean = np.full(n - d0, np.nan, dtype=np.float32)
+    std = np.full(n - d0, np.nan, dtype=np.float32)
+    for k, d in enumerate(range(d0, n)):
+        diag = np.diagonal(m, -d)
+        diag = diag[np.isfinite(diag)]
+        if diag.size:
+            mean[k], std[k] = diag.mean(dtype=np.float64), diag.std(dtype=np.float64)
+    return {"d0": d0, "mean": pack_bytes(mean.astype("<f4").tobytes()), "std": pack_bytes(std.astype("<f4").tobytes())}
+
+
+def _scale_json(scale: tuple[Any, Any]) -> list[Any]:
+    """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale."""
+    from matplotlib.colors import LogNorm
+
+    norm, cmap = scale
+    out = [float(norm.vmin), float(norm.vmax), _cmap_name(cmap)]
+    return [*out, "log"] if isinstance(norm, LogNorm) else out
+
+
+def _cmap_name(cmap: Any) -> str:
+    return str(cmap.name)
+
+
+__all__ = ["OVERVIEW", "PageData", "build_page_data", "default_budget_mb", "distance_profile", "overview_factor"]

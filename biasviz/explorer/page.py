@@ -1,0 +1,67 @@
+"""The page itself: the template, style and script shipped beside this module, with the data inlined.
+
+Everything the page needs is in the one file: no script, style or font is fetched, so it opens from
+disk (``file://``) with no network, in a notebook, or attached to an e-mail.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib import resources
+
+from biasviz import __version__
+from biasviz.explorer.build import PageData
+
+#: Grid canvases are at most this many pixels a side (each pixel samples the overview).
+GRID_PIXELS = 320
+#: The enlarged head's canvas, pixels a side.
+FOCUS_PIXELS = 720
+
+
+def _asset(name: str) -> str:
+    return resources.files("biasviz.explorer").joinpath(name).read_text(encoding="utf-8")
+
+
+def _panels(n_heads: int, seq_len: int) -> str:
+    side = min(seq_len, GRID_PIXELS)
+    return "\n".join(
+        f'<figure class="panel" data-panel="{h}"><figcaption>Head {h}</figcaption><div class="canvases">'
+        f'<canvas data-head="{h}" data-source="A" width="{side}" height="{side}"></canvas></div>'
+        '<div class="cbar"><span class="lo"></span><canvas class="ramp" width="256" height="1"></canvas>'
+        '<span class="hi"></span></div></figure>'
+        for h in range(1, n_heads + 1)
+    )
+
+
+def precision_note(data: PageData) -> str:
+    """What the page's numbers are worth, in the words of README's "Explorer" section."""
+    p = data.payload
+    return (
+        f"Grid: block means at most {p['overview']} cells a side, 16-bit (65,535 levels over each head's range). "
+        "Read-out and zoom use the finest level the page holds for that head: 'exact' is the stored float32 "
+        "value, '16-bit' is within half a level step (shown), a block mean is the mean of the cells it covers. "
+        f"Size budget {p['budget_mb']:g} MB ({data.summary()}). Colour maps as in 'biasviz plot'."
+    )
+
+
+def render_page(data: PageData, title: str) -> str:
+    """The complete HTML text."""
+    payload = json.dumps(data.payload, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    p = data.payload
+    parts = {
+        "{{VERSION}}": html.escape(__version__),
+        "{{TITLE}}": html.escape(title),
+        "{{CSS}}": _asset("explorer.css"),
+        "{{PANELS}}": _panels(p["n_heads"], p["seq_len"]),
+        "{{FOCUS}}": str(min(FOCUS_PIXELS, max(p["seq_len"], 256))),
+        "{{PRECISION}}": html.escape(precision_note(data)),
+        "{{JS}}": _asset("explorer.js"),
+    }
+    page = _asset("explorer.html")
+    for key, value in parts.items():
+        page = page.replace(key, value)
+    return page.replace("{{DATA}}", payload)  # last: nothing inside the data is read as a placeholder
+
+
+__all__ = ["GRID_PIXELS", "FOCUS_PIXELS", "precision_note", "render_page"]

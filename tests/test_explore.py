@@ -1,0 +1,178 @@
+"""`biasviz explore` without a browser: the page's contents, its packing, the size budget and the CLI's errors."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import biasviz
+from biasviz.explorer.build import build_page_data
+from biasviz.explorer.colors import colormap_table
+from biasviz.explorer.encode import NAN_CODE, dequantise, pack_exact, pack_quantised, quantise
+from biasviz.explorer.tokens import token_strings
+from tests.conftest import run_cli
+
+
+def unpack(spec: dict) -> np.ndarray:
+    """What explorer.js does to a packed matrix, in numpy: the reference the page is held to."""
+    width = 4 if spec["enc"] == "f32" else 2
+    raw = np.frombuffer(zlib.decompress(base64.b64decode(spec["data"])), np.uint8)
+    n = spec["n"]
+    ints = raw.reshape(width, -1).T.copy().view(np.uint32 if width == 4 else np.uint16).ravel()
+    if spec.get("toeplitz"):
+        d = np.subtract.outer(np.arange(n), np.arange(n))
+        ints = ints[np.where(d >= 0, d, n - 1 - d)]
+    else:
+        ints = ints.reshape(n, n)
+        for i in range(1, n):
+            ints[i, 1:] = ints[i, 1:] + ints[i - 1, :-1]
+    if spec["enc"] == "f32":
+        return ints.view(np.float32)
+    return dequantise(ints, spec["lo"], spec["step"])
+
+
+def page_payload(html: str) -> dict:
+    text = re.search(r'<script type="application/json" id="biasviz-data">(.*?)</script>', html, re.S).group(1)
+    return json.loads(text.replace("<\\/", "</"))
+
+
+def test_exact_packing_round_trips_bit_for_bit_and_a_toeplitz_bias_packs_to_almost_nothing() -> None:
+    rng = np.random.default_rng(1)
+    m = np.tril(rng.normal(size=(200, 200))).astype(np.float32)
+    m[np.triu_indices(200, 1)] = np.nan
+    got = unpack(pack_exact(m).as_json())
+    assert np.array_equal(got.view(np.uint32), m.view(np.uint32))
+    d = np.subtract.outer(np.arange(512), np.arange(512))
+    alibi = np.where(d >= 0, -0.0625 * d, np.nan).astype(np.float32)
+    packed = pack_exact(alibi)
+    assert packed.toeplitz and packed.nbytes < 4000  # 1 MB of float32
+    assert np.array_equal(unpack(packed.as_json()), alibi, equal_nan=True)
+
+
+def test_quantised_values_are_within_half_a_step() -> None:
+    m = np.random.default_rng(2).normal(size=(64, 64)).astype(np.float32)
+    m[0, 5] = np.nan
+    spec = pack_quantised(m).as_json()
+    got = unpack(spec)
+    assert np.isnan(got[0, 5]) and quantise(m)[0][0, 5] == NAN_CODE
+    ok = np.isfinite(m)
+    assert np.max(np.abs(got[ok] - m[ok])) <= spec["step"] / 2 * 1.0001
+
+
+def test_colour_tables_are_matplotlibs() -> None:
+    import matplotlib as mpl
+
+    for name in ("viridis", "magma", "RdBu_r"):
+        expected = mpl.colormaps[name](np.linspace(0, 1, 256), bytes=True)[:, :3]
+        assert np.array_equal(colormap_table(name), expected)
+
+
+def test_page_is_self_contained_with_one_canvas_per_head(tmp_path: Path, make_bias_file: Callable[..., Path],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    src = make_bias_file(tmp_path / "alibi.h5", "alibi", heads=5)
+    out = tmp_path / "page.html"
+    code, stdout, err = run_cli(["explore", str(src), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert f"wrote {out}" in stdout
+    html = out.read_text()
+    assert len(re.findall(r"<canvas data-head=\"\d+\"", html)) == 5
+    assert not re.search(r"https?://", html), "the page must load nothing from the network"
+    assert not re.search(r"<script[^>]+src=|<link[^>]+href=|@import|url\(", html)
+    payload = page_payload(html)
+    assert payload["n_heads"] == 5 and payload["seq_len"] == 64 and payload["kinds"] == ["bias", "weights"]
+    with h5py.File(src) as f:
+        stored = f["layer_3/bias"][1, 2]
+    exact = unpack(payload["sets"]["A|3|bias|1"]["heads"][2]["levels"][0])
+    assert np.array_equal(exact, stored, equal_nan=True)
+
+
+def test_large_matrices_follow_the_budget_with_an_overview_and_the_best_detail_that_fits(
+    tmp_path: Path, make_bias_file: Callable[..., Path]
+) -> None:
+    src = make_bias_file(tmp_path / "cable.h5", "cable", n=1, heads=3, t=600)
+    data = build_page_data([src], kind="all", max_mb=0.9)
+    heads = [h for s in data.payload["sets"].values() for h in s["heads"]]
+    assert all(h["levels"][-1]["f"] == 4 and h["levels"][-1]["n"] == 150 for h in heads)  # the overview
+    assert any(lv["f"] == 1 for h in heads for lv in h["levels"])  # some detail at full resolution
+    total = sum(len(lv["data"]) for h in heads for lv in h["levels"])
+    assert total <= 0.9e6
+    assert "16-bit" in data.summary() or "block means" in data.summary()
+    tight = build_page_data([src], kind="all", max_mb=0.05)
+    assert tight.over_budget > 0 and "pass the size budget" in tight.summary()
+    roomy = build_page_data([src], kind="bias", max_mb=20)
+    assert roomy.precision == {"exact (float32)": 3}
+
+
+def test_two_files_give_a_difference(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    a = make_bias_file(tmp_path / "a.h5", "cable", n=2, seed=1)
+    b = make_bias_file(tmp_path / "b.h5", "alibi", n=3)
+    payload = build_page_data([a, b], kind="bias").payload
+    assert [s["label"] for s in payload["sources"]] == ["A", "B", "D"]
+    assert payload["sources"][2]["samples"] == ["0", "1", "mean"]
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        expected = fa["layer_3/bias"][1, 4] - fb["layer_3/bias"][1, 4]
+    got = unpack(payload["sets"]["D|3|bias|1"]["heads"][4]["levels"][0])
+    assert np.allclose(got, expected, equal_nan=True)
+    assert payload["sets"]["D|3|bias|1"]["scale"]["head"][0][2] == "RdBu_r"
+
+
+def test_files_that_differ_in_shape_are_not_compared(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    a = make_bias_file(tmp_path / "a.h5", heads=4, t=16)
+    b = make_bias_file(tmp_path / "b.h5", heads=3, t=16)
+    with pytest.raises(biasviz.errors.BiasvizError, match="cannot be compared cell by cell"):
+        build_page_data([a, b])
+
+
+def test_tokens_are_decoded_when_the_tokenizer_is_known(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    from biasviz.data.tokenizer import build_tokenizer, save_tokenizer
+
+    tok = build_tokenizer(["the cat sat on the mat. " * 20], vocab_size=300)
+    tok_path = save_tokenizer(tok, tmp_path)
+    ids = np.array([tok.encode("the cat sat on the mat. " * 12).ids[:64]] * 2, np.int32)
+    src = make_bias_file(tmp_path / "t.h5", input_ids=ids, attrs={"tokenizer": str(tok_path)})
+    tokens = build_page_data([src]).payload["tokens"]["A"]
+    assert tokens["tokenizer"] == str(tok_path)
+    assert tokens["strings"][str(ids[0, 1])] == tok.decode([int(ids[0, 1])])
+    assert token_strings("bytes", [65]) == {65: "A"}
+
+
+def test_errors_are_one_line_and_an_existing_page_is_kept(tmp_path: Path, make_bias_file: Callable[..., Path],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    bogus = tmp_path / "notes.h5"
+    bogus.write_text("not hdf5")
+    src = make_bias_file(tmp_path / "alibi.h5")
+    out = tmp_path / "p.html"
+    cases = [
+        ["explore", str(bogus), "--out", str(out)],
+        ["explore", str(src), "--layer", "7", "--out", str(out)],
+        ["explore", str(tmp_path / "missing.h5"), "--out", str(out)],
+    ]
+    for args in cases:
+        code, _, err = run_cli(args, capsys)
+        assert code == 1 and err.startswith("Error:") and len(err.strip().splitlines()) == 1, err
+        assert "Traceback" not in err
+    assert not out.exists()
+    out.write_text("keep me")
+    code, _, err = run_cli(["explore", str(src), "--out", str(out)], capsys)
+    assert code == 1 and "--force" in err and out.read_text() == "keep me"
+    code, _, err = run_cli(["explore", str(src), "--out", str(out), "--force"], capsys)
+    assert code == 0 and out.read_text().startswith("<!DOCTYPE html>")
+    code, _, err = run_cli(["explore", str(src), str(src), str(src)], capsys)
+    assert code == 2 and err.startswith("Error:")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
+
+
+def test_python_api_renders_in_notebooks_and_saves(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    page = biasviz.explore(make_bias_file(tmp_path / "x.h5", heads=2, t=16), kind="bias")
+    assert page._repr_html_().startswith("<iframe srcdoc=")
+    assert page.save(tmp_path / "sub" / "x.html").stat().st_size == page.nbytes
+    with pytest.raises(biasviz.errors.BiasvizError, match="already exists"):
+        page.save(tmp_path / "sub" / "x.html")
