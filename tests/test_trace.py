@@ -390,3 +390,26 @@ def test_trace_on_the_gpu_equals_the_explicit_path() -> None:
         explicit(idx)
     for layer, block in enumerate(explicit.transformer.h):
         assert t.weights[layer].is_cuda and close(t.weights[layer].cpu(), block.attn.last_att.cpu())
+
+
+def test_a_model_that_refuses_a_short_probe_is_probed_at_full_length(tmp_path) -> None:
+    """flex_attention with a BlockMask built for one length refuses any other: the probe falls back."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    t_len = 96  # longer than the short probe
+
+    class FixedLength(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.qkv = torch.nn.Embedding(50, 32), torch.nn.Linear(32, 96)
+            self.mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, t_len, t_len, device="cpu")
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            q, k, v = (z.view(*ids.shape, 2, 16).transpose(1, 2) for z in self.qkv(self.emb(ids)).split(32, dim=-1))
+            return flex_attention(q, k, v, block_mask=self.mask)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = biasviz.extract(FixedLength(), torch.randint(0, 50, (1, t_len)), tmp_path / "f.h5", device="cpu",
+                                 progress=False)  # fmt: skip
+    assert result.seq_len == t_len and not result.has_bias

@@ -26,6 +26,7 @@ from biasviz.errors import BiasvizError
 from biasviz.tracing import AttentionCall, Trace
 
 CAPTURED = "captured"  # the scheme recorded when the user names none: the bias is what the calls added
+PROBE_TOKENS = 64  # the probe pass reads this many tokens of the first sample
 
 
 def module_sha256(model: nn.Module) -> str:
@@ -81,15 +82,19 @@ class TracedAdapter(ModelAdapter):
         return any(c.adds_bias for c in self._chosen) if self._chosen else self._scheme_flag("adds_bias", True)
 
     def prepare(self, ids: np.ndarray) -> None:
-        """Run the first sample once, counting the attention calls and reading their heads and masks."""
-        probe = Trace(self.model, layers=[], inspect=True)
-        was_training = self.model.training
-        self.model.eval()
+        """Run the first sample once, counting the attention calls and reading their heads and masks.
+
+        The probe reads the first ``PROBE_TOKENS`` tokens only (the calls do not depend on the length in
+        the models this is for); a model that refuses the shorter input (a mask built for one length) is
+        probed at full length.
+        """
+        first = torch.as_tensor(ids[:1])
         try:
-            with torch.inference_mode(), probe:
-                self._call_model(torch.as_tensor(ids[:1]).to(self.device))
-        finally:
-            self.model.train(was_training)
+            probe = self._probe(first[:, :PROBE_TOKENS])
+        except Exception:
+            if first.shape[1] <= PROBE_TOKENS:
+                raise
+            probe = self._probe(first)
         if not probe.calls:
             raise BiasvizError(
                 f"{self.source} ran without calling scaled_dot_product_attention or flex_attention, so there is "
@@ -101,6 +106,17 @@ class TracedAdapter(ModelAdapter):
         self.calls = probe.calls
         self.n_layers = len(probe.calls)
         self.n_heads = probe.calls[-1].heads
+
+    def _probe(self, ids: torch.Tensor) -> Trace:
+        probe = Trace(self.model, layers=[], inspect=True)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode(), probe:
+                self._call_model(ids.to(self.device))
+        finally:
+            self.model.train(was_training)
+        return probe
 
     def resolve_layers(self, spec: int | str | list[int]) -> list[int]:
         if not self.calls:
