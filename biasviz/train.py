@@ -15,9 +15,12 @@ import torch
 from tqdm.auto import tqdm
 
 from biasviz.atomic import replacing
+from biasviz.checkpoint_dir import check_output, share_mode
+from biasviz.checks import check_learning_rate, check_seed
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
 from biasviz.devices import resolve_device
-from biasviz.errors import BiasvizError
+from biasviz.errors import BiasvizError, os_error_message
+from biasviz.memory import attention_bytes, check_fits
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 
 TRAINING_FILE = "training.json"
@@ -98,16 +101,41 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     """
     s = settings
     out = Path(out_dir)
-    if out.exists() and not force:
-        raise BiasvizError(f"{out} already exists; pass --force to replace it or choose another --out")
+    base = check_settings(s)
+    check_output(out, force)
+    device = resolve_device(s.device)
+    check_fits(_training_bytes(base, s), f"training {s.batch_size} x {s.seq_len} tokens per step",
+               "use a smaller --batch-size or a shorter --seq-len", device)  # fmt: skip
+    try:
+        with replacing(out, tmp=out.with_name(f".{out.name}.partial")) as tmp:  # a whole checkpoint or none
+            tmp.mkdir(parents=True)  # an unwritable place fails here, before the training
+            result = _train(s, base, device, tmp, progress)
+            share_mode(tmp)
+    except OSError as exc:
+        raise BiasvizError(os_error_message(exc, out)) from exc
+    result.out_dir = out
+    return result
+
+
+def check_settings(s: TrainSettings) -> BiasGPTConfig:
+    """Every setting checked before any work; returns the preset's config (its scheme options checked too)."""
     if s.steps < 1 or s.seq_len < 2 or s.batch_size < 1:
         raise BiasvizError("--steps and --batch-size must be >= 1 and --seq-len >= 2")
-    device = resolve_device(s.device)
+    check_learning_rate(s.lr)
+    check_seed(s.seed)
+    return BiasGPTConfig.from_preset(s.preset, s.scheme, scheme_options=s.scheme_options)
+
+
+def _training_bytes(config: BiasGPTConfig, s: TrainSettings) -> int:
+    """A lower bound of a step's memory: each layer keeps its (B, H, T, T) attention for the backward pass."""
+    return config.n_layer * attention_bytes(s.batch_size, config.n_head, s.seq_len)
+
+
+def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Path, progress: bool) -> TrainResult:
+    """The training itself; writes the checkpoint's files into ``tmp``."""
     torch.manual_seed(s.seed)
     rng = np.random.default_rng(s.seed)
-
     corpus = load_corpus(s.corpus, max_bytes=s.max_corpus_bytes)
-    base = BiasGPTConfig.from_preset(s.preset, s.scheme, scheme_options=s.scheme_options)
     # a small corpus can yield fewer merges than asked for: the model takes the tokenizer's true size
     tok = load_tokenizer(s.tokenizer) if s.tokenizer else build_tokenizer(corpus.documents, base.vocab_size)
     vocab_size = tok.get_vocab_size()
@@ -151,14 +179,13 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
             bar.set_postfix(loss=f"{loss.item():.3f}")
     seconds = time.perf_counter() - start
 
-    with replacing(out, tmp=out.with_name(f".{out.name}.partial")) as tmp:  # a whole checkpoint or none
-        model.eval().to("cpu").save_pretrained(tmp)
-        save_tokenizer(tok, tmp)
-        record = {
-            "settings": asdict(s), "device": str(device), "corpus_source": corpus.source,
-            "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)), "seconds": round(seconds, 2),
-            "final_loss": float(np.mean(losses[-10:])), "torch_version": torch.__version__,
-            "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
-        }  # fmt: skip
-        (tmp / TRAINING_FILE).write_text(json.dumps(record, indent=2))
-    return TrainResult(out, losses, seconds, s.steps * s.batch_size * s.seq_len, step_seconds)
+    model.eval().to("cpu").save_pretrained(tmp)
+    save_tokenizer(tok, tmp)
+    record = {
+        "settings": asdict(s), "device": str(device), "corpus_source": corpus.source,
+        "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)), "seconds": round(seconds, 2),
+        "final_loss": float(np.mean(losses[-10:])), "torch_version": torch.__version__,
+        "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
+    }  # fmt: skip
+    (tmp / TRAINING_FILE).write_text(json.dumps(record, indent=2))
+    return TrainResult(tmp, losses, seconds, s.steps * s.batch_size * s.seq_len, step_seconds)

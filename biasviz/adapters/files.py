@@ -16,6 +16,7 @@ from typing import Any
 
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_files
+from biasviz.inputs import read_text, regular_file
 
 PARAMETER_FILE_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
 
@@ -27,6 +28,31 @@ def parameter_files(directory: Path) -> list[Path]:
         if found:
             return found
     raise BiasvizError(f"{directory} holds a config.json but no model.safetensors (or pytorch_model.bin) weights")
+
+
+def check_safetensors(path: Path) -> None:
+    """Refuse a safetensors file whose header or data is incomplete (a truncated copy), naming it.
+
+    The layout: 8 bytes of header length n, n bytes of JSON header giving each tensor's byte range, the data.
+    """
+    import json
+
+    size = path.stat().st_size
+    with regular_file(path, "safetensors file").open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        try:
+            header = json.loads(f.read(n)) if 0 <= n <= size - 8 else None
+        except ValueError:
+            header = None
+    tensors = [v for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
+    try:
+        end = 8 + n + max((int(v["data_offsets"][1]) for v in tensors or []), default=0)
+    except (TypeError, KeyError, IndexError, ValueError):
+        tensors = None
+    if tensors is None or end > size:
+        raise BiasvizError(f"{path} is truncated or damaged (not a readable safetensors file, {size} bytes); "
+                           "copy or save it again")  # fmt: skip
 
 
 def parameters_sha256(path: Path) -> str:
@@ -44,7 +70,7 @@ def tokenizer_in(directory: Path) -> Any:
     from biasviz.data.tokenizer import TOKENIZER_FILE
 
     file = Path(directory) / TOKENIZER_FILE
-    if not file.is_file():
+    if not file.exists():
         return None
     return load_tokenizer(file)
 
@@ -62,11 +88,12 @@ def load_tensor_file(path: str | Path) -> Any:
     """Read a state dict (or a checkpoint dict holding one) without executing any code."""
     import torch
 
-    p = Path(path)
+    p = regular_file(path, "state dict")
     if p.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        check_safetensors(p)
         try:
             return load_file(str(p), device="cpu")
         except (SafetensorError, OSError, ValueError) as exc:
@@ -95,8 +122,8 @@ def model_type(directory: Path) -> str:
     import json
 
     try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        config = json.loads(read_text(directory / "config.json", "config.json"))
+    except ValueError as exc:
         raise BiasvizError(f"cannot read {directory / 'config.json'}: {exc}") from exc
     if not isinstance(config, dict) or not config.get("model_type"):
         raise BiasvizError(f"{directory / 'config.json'} names no model_type; is this a transformers checkpoint?")

@@ -108,20 +108,25 @@ def extract(
     from biasviz.adapters import load_model
     from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
     from biasviz.devices import resolve_device
-    from biasviz.errors import BiasvizError
-    from biasviz.extract import check_seq_len, resolve_tokenizer
+    from biasviz.extract import check_seq_len, check_windows_memory, resolve_tokenizer
     from biasviz.extract import extract as run_extract
+    from biasviz.outputs import check_output_file
 
     layers = parse_layers(layer)
+    if bias_only:
+        _refuse_with_bias_only(text=text, tokenizer=tokenizer, no_scale=no_scale)
+    inputs = (model, text, tokenizer)
+    if out:  # checked before the model is loaded
+        check_output_file(Path(out), inputs, force)
     dev = resolve_device(device)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
     with warnings_as_notes():
         adapter = load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
-    target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
-    if target.exists() and not force:
-        raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
+    target = check_output_file(Path(out) if out else Path("data") / f"{adapter.scheme}.h5", inputs, force)
     chosen = adapter.resolve_layers(layers)
     check_seq_len(adapter, seq_len)
+    if not bias_only:
+        check_windows_memory(samples, seq_len)
     if bias_only:
         from biasviz.extract import extract_bias_only
 
@@ -133,8 +138,10 @@ def extract(
         return
     with warnings_as_notes():
         tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
-    documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need
-    windows = sample_windows(encode_prefix(documents, tok, window_span(samples, seq_len)), samples, seq_len, seed)
+    with warnings_as_notes():  # a text file that is not UTF-8 is read with a warning
+        documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need
+        ids = encode_prefix(documents, tok, window_span(samples, seq_len))
+    windows = sample_windows(ids, samples, seq_len, seed)
     result = run_extract(
         adapter, windows, target, layers=chosen, dtype=dtype, batch_size=batch_size, device=dev,
         model_dtype=model_dtype, force=force,
@@ -146,3 +153,11 @@ def extract(
         f"wrote {result.path}: {result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x "
         f"{result.seq_len}, layer {names} {kinds}, {dtype}, {result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s"
     )
+
+
+def _refuse_with_bias_only(**given: object) -> None:
+    """--bias-only reads no text and runs no forward pass: options for those would be silently ignored."""
+    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
+    if named:
+        raise UsageError(f"{', '.join(named)} cannot apply with --bias-only, which reads no text and computes no "
+                         "attention weights; drop one or the other")  # fmt: skip

@@ -85,11 +85,13 @@ def summary(path: Path) -> str:
 def info(file: str, as_json: bool) -> None:
     """Summarise a biasviz HDF5 file: scheme, model, shapes, layers, dtype and provenance."""
     from biasviz.errors import BiasvizError
+    from biasviz.inputs import regular_file
     from biasviz.store import open_bias_file
 
     path = Path(file)
     if not path.exists():
         raise BiasvizError(f"{path} does not exist")
+    regular_file(path, "biasviz .h5 file")
     if as_json:
         with open_bias_file(path) as f:
             attrs = f.attrs

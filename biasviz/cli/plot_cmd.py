@@ -12,6 +12,7 @@ from biasviz.cli.options import config_option, figure_output_options
 from biasviz.errors import BiasvizError, UsageError
 
 if TYPE_CHECKING:
+    from biasviz.atomic import Staged
     from biasviz.store import BiasFile
 
 
@@ -102,12 +103,16 @@ def plot(scheme: str, input_path: Path | None, kind: str, layer: int, sample_tex
         raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
     if kind == "bias" and log_scale:
         raise UsageError("--log applies to attention weights; use it with --kind weights or all")
+    from biasviz.atomic import replacing_together
+
     path = input_path or Path("data") / f"{name}.h5"
-    job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
-                   shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
-                   max_cells=max_cells)  # fmt: skip
-    for written in job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi):
-        click.echo(f"wrote {written}")
+    with replacing_together() as staged:  # the figure set is replaced whole, or not at all
+        job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
+                       shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
+                       max_cells=max_cells, staged=staged)  # fmt: skip
+        written = job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi)
+    for path in written:
+        click.echo(f"wrote {path}")
 
 
 @dataclass
@@ -125,6 +130,7 @@ class _PlotJob:
     style: str
     reduce_how: str
     max_cells: int
+    staged: Staged | None = None
 
     def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
         from biasviz.store import open_bias_file
@@ -184,4 +190,4 @@ class _PlotJob:
             "keywords": (f"biasviz; scheme={self.scheme}; kind={kind}; layer={heads.layer}; sample={heads.sample}; "
                          f"normalize={normalize}; reduction={reduction}; source={self.path}"),
         }  # fmt: skip
-        return save_figure(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info)
+        return save_figure(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info, staged=self.staged)

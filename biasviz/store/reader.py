@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 
 from biasviz.errors import BiasvizError
+from biasviz.inputs import regular_file
 from biasviz.store.format import FORMAT_VERSION, REQUIRED_ATTRS, layer_group
 
 
@@ -27,6 +28,7 @@ class BiasFile:
             raise BiasvizError(f"{self.path} does not exist; run 'biasviz extract' first or pass --input")
         if self.path.is_dir():
             raise BiasvizError(f"{self.path} is a folder; give a biasviz .h5 file")
+        regular_file(self.path, "biasviz .h5 file")
         try:
             self._h5 = h5py.File(self.path, "r")
         except OSError as exc:
