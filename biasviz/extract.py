@@ -392,7 +392,9 @@ def resolve_tokenizer(adapter: ModelAdapter, override: str | Path | None) -> tup
         p = Path(override).expanduser()
         return load_tokenizer(p), str(p.resolve())
     if adapter.tokenizer is not None:
-        return adapter.tokenizer, f"{adapter.source} (the checkpoint's own)"
+        from biasviz.adapters.files import tokenizer_file
+
+        return adapter.tokenizer, f"{tokenizer_file(adapter.source)} (the checkpoint's own)"
     vocab = adapter.vocab_size
     if vocab is None or vocab < BYTE_VOCAB:
         raise BiasvizError(

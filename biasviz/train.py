@@ -19,7 +19,7 @@ from biasviz.checkpoint_dir import check_output, share_mode
 from biasviz.checks import check_learning_rate, check_seed
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
 from biasviz.devices import resolve_device
-from biasviz.errors import BiasvizError, os_error_message
+from biasviz.errors import BiasvizError, os_error_message, underlying_os_error
 from biasviz.memory import attention_bytes, check_fits
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 
@@ -111,8 +111,13 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
             tmp.mkdir(parents=True)  # an unwritable place fails here, before the training
             result = _train(s, base, device, tmp, progress)
             share_mode(tmp)
-    except OSError as exc:
-        raise BiasvizError(os_error_message(exc, out)) from exc
+    except BiasvizError:
+        raise
+    except Exception as exc:  # safetensors reports a full disk as its own error
+        cause = underlying_os_error(exc)
+        if cause is None:
+            raise
+        raise BiasvizError(os_error_message(cause, out)) from exc
     result.out_dir = out
     return result
 

@@ -62,9 +62,9 @@ def _read_only(*prepares: Prepare, folder: str = "ro") -> Prepare:
     """Run ``prepares`` (which fill {tmp}/FOLDER), then make FOLDER unwritable, even for root when possible."""
 
     def prepare(tmp: Path, paths: dict[str, str]) -> None:
-        (tmp / folder).mkdir(exist_ok=True)
         for step in prepares:
             step(tmp, paths)
+        (tmp / folder).mkdir(parents=True, exist_ok=True)
         (tmp / folder).chmod(0o555)
         if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(tmp / folder)], capture_output=True).returncode:
             pytest.skip("root writes anywhere and chattr +i is not available here")

@@ -64,12 +64,19 @@ def parameters_sha256(path: Path) -> str:
     return sha256_files(files) if files else ""
 
 
+def tokenizer_file(source: str | Path) -> Path:
+    """Where a checkpoint's own tokenizer.json lies: inside a checkpoint directory, beside a state dict file."""
+    from biasviz.data.tokenizer import TOKENIZER_FILE
+
+    p = Path(source)
+    return (p if p.is_dir() else p.parent) / TOKENIZER_FILE
+
+
 def tokenizer_in(directory: Path) -> Any:
     """The ``tokenizer.json`` in ``directory`` as a ``tokenizers.Tokenizer``, or None when there is none."""
     from biasviz.data import load_tokenizer
-    from biasviz.data.tokenizer import TOKENIZER_FILE
 
-    file = Path(directory) / TOKENIZER_FILE
+    file = tokenizer_file(directory)
     if not file.exists():
         return None
     return load_tokenizer(file)

@@ -97,7 +97,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
     from biasviz.diagnostics import diagnose_dataset
     from biasviz.store import open_bias_file
 
-    with open_bias_file(path) as bf:
+    with open_bias_file(path, isolated=True) as bf:
         resolved = bf.resolve_layer(layer)
         if not bf.has_bias(resolved):
             click.echo(f"note: skipped {path}: scheme '{bf.scheme}' adds no bias", err=True)

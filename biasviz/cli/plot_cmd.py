@@ -136,7 +136,7 @@ class _PlotJob:
         from biasviz.store import open_bias_file
 
         written: list[Path] = []
-        with open_bias_file(self.path) as bf:
+        with open_bias_file(self.path, isolated=True) as bf:
             self._check_scheme(bf.scheme)
             layer = bf.resolve_layer(self.layer)
             if bf.bias_only and "weights" in kinds:

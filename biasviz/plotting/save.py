@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from biasviz import __version__
 from biasviz.atomic import Staged, replacing
-from biasviz.errors import BiasvizError, os_error_message
+from biasviz.errors import BiasvizError, os_error_message, underlying_os_error
 from biasviz.plotting.style import DEFAULT_STYLE, paper_context
 
 FORMATS = ("pdf", "png", "svg")
@@ -73,8 +73,11 @@ def _save_one(fig: Figure, target: Path, fmt: str, dpi: float, info: dict[str, s
     try:
         with writing as tmp, mpl.rc_context(rc):
             fig.savefig(tmp, format=fmt, dpi=dpi, metadata=_metadata(fmt, info))
-    except OSError as exc:
-        raise BiasvizError(os_error_message(exc, target)) from exc
+    except Exception as exc:  # a full disk can surface as another error of the backend's (PDF: AttributeError)
+        cause = underlying_os_error(exc)
+        if cause is None:
+            raise
+        raise BiasvizError(os_error_message(cause, target)) from exc
 
 
 __all__ = ["FORMATS", "VECTOR_RASTER_DPI", "parse_formats", "save_figure"]
