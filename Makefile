@@ -65,7 +65,7 @@ $(FIGURES)/%_bias.pdf: $(DATA)/%.h5 $(STAGES)/%.plot.json
 	$(BIASVIZ) plot --config configs/$*.toml --input $< --out-dir $(FIGURES)
 
 $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
-	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --out-dir $(FIGURES)
+	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --force --out-dir $(FIGURES)
 
 previews: figures  ## refresh the small PNG previews shown in README (figures/preview/)
 	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview

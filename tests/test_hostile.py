@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.hostile import Case, make_assets, run_case
+from tests.hostile import TEXT, Case, make_assets, run_case
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +95,16 @@ NEVER_REPLACED = [
          prepare=_steps(_copy("good", "in.h5"), _files({"sub/keep": "k"}))),
     Case("diagnose default JSON already there", "diagnose {good} --out-dir {tmp}/figs --no-figures",
          r"diagnostics\.json already exists; pass --force", prepare=_files({"figs/diagnostics.json": "{}"})),
+    Case("extract --out over its own --model, with --force", "extract --model {tmp}/m.pt --scheme alibi --text {text} "
+         "--seq-len 8 --samples 1 --out {tmp}/m.pt --force", r"m\.pt is one of the input files",
+         prepare=_copy("sd", "m.pt")),
+    Case("extract --out over its own --text, with --force", "extract --model {alibi} --text {tmp}/t.txt --seq-len 8 "
+         "--samples 1 --out {tmp}/t.txt --force", r"t\.txt is one of the input files",
+         prepare=_files({"t.txt": TEXT})),
+    Case("train --force over a checkpoint holding a subfolder", TRAIN + " --out {tmp}/ck --force",
+         r"ck holds files biasviz did not write \(runs\)", prepare=_copy("alibi", "ck", {"runs/keep": "k"})),
+    Case("train --out a file", TRAIN + " --out {tmp}/f.txt", r"f\.txt.* is a file", code=2,
+         prepare=_files({"f.txt": "mine"})),
     Case("plot over a folder named like a figure", "plot --scheme alibi --input {good} --out-dir {tmp}/figs",
          r"alibi_bias\.png is a folder", prepare=_files({"figs/alibi_bias.png/keep": "mine"})),
     Case("diagnose over a folder named like a figure", "diagnose {good} --out-dir {tmp}/figs --format pdf",
@@ -203,6 +213,12 @@ def _truncated_weights(tmp: Path, paths: dict[str, str]) -> None:
     (tmp / "ck" / "model.safetensors").write_bytes(data[: len(data) // 2])
 
 
+def _weights_folder(tmp: Path, paths: dict[str, str]) -> None:
+    shutil.copytree(paths["alibi"], tmp / "ck")
+    (tmp / "ck" / "model.safetensors").unlink()
+    (tmp / "ck" / "model.safetensors").mkdir()
+
+
 def _state_dict_with(key: str, tensor: torch.Tensor, name: str = "bad.pt") -> Prepare:
     def prepare(tmp: Path, paths: dict[str, str]) -> None:
         state = torch.load(paths["sd"], weights_only=True)
@@ -268,6 +284,12 @@ FOREIGN = [
     Case("safetensors state dict of the wrong rank", "extract --model {tmp}/bad.safetensors --scheme alibi "
          "--out {tmp}/o.h5", r"transformer\.wte\.weight has shape \(300, 48, 1\); expected 2 dimensions",
          prepare=_state_dict_with("transformer.wte.weight", torch.zeros(300, 48, 1), "bad.safetensors")),
+    Case("checkpoint weights that are a folder", "extract --model {tmp}/ck --out {tmp}/o.h5",
+         r"model\.safetensors: Is a directory", prepare=_weights_folder),
+    Case("checkpoint config.json a JSON list", "extract --model {tmp}/ck --out {tmp}/o.h5", r"names no model_type",
+         prepare=_ckpt_with({"config.json": "[1, 2]"})),
+    Case("config: scheme options a list", TRAIN + " --config {tmp}/c.toml --out {tmp}/o",
+         r"scheme_options = \[1\] .*must be", code=2, prepare=_config("[train]\nscheme_options = [1]\n")),
     Case("empty state dict file", "extract --model {tmp}/e.pt --scheme alibi --out {tmp}/o.h5",
          r"e\.pt is not a readable PyTorch checkpoint", prepare=_files({"e.pt": ""})),
     Case("config file not UTF-8", EX + " --config {tmp}/c.toml --out {tmp}/o.h5", r"c\.toml is not UTF-8 text",
