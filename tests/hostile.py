@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import resource
 import shlex
 import signal
 import stat
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 BIASVIZ = Path(sys.executable).with_name("biasviz")
+CHILD_MEMORY = 4 << 30  # bytes of data a case may allocate (a regression must fail its case, not fill the machine)
 SUBPROCESS_TIMEOUT = 60  # seconds; a command that hangs on a FIFO or a crafted file fails its case, not the run
 # (in this process through an alarm, where the blocking read is Python's; in a child where it is a library's)
 
@@ -66,9 +68,15 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str], *, in_subprocess: b
         preexec: Callable[[], None] | None = None, cwd: Path | None = None) -> tuple[int, str, str]:  # fmt: skip
     """(exit code, stdout, stderr) of ``biasviz ARGV``, in this process or the installed script's."""
     if in_subprocess:
+
+        def limits() -> None:  # a command reading /dev/zero to the end must not take the machine's memory
+            resource.setrlimit(resource.RLIMIT_DATA, (CHILD_MEMORY, CHILD_MEMORY))
+            if preexec is not None:
+                preexec()
+
         try:
             proc = subprocess.run([str(BIASVIZ), *argv], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT,
-                                  preexec_fn=preexec, cwd=cwd, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+                                  preexec_fn=limits, cwd=cwd, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
         except subprocess.TimeoutExpired:
             return -1, "", f"(hung for {SUBPROCESS_TIMEOUT} s)"
         return proc.returncode, proc.stdout, proc.stderr
@@ -79,13 +87,23 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str], *, in_subprocess: b
 
     previous = signal.signal(signal.SIGALRM, hung)
     signal.alarm(SUBPROCESS_TIMEOUT)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = _data_in_use() + CHILD_MEMORY
+    resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
     try:
         return run_cli(argv, capsys)
     except _Hung:
         return -1, "", f"(hung for {SUBPROCESS_TIMEOUT} s)"
     finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _data_in_use() -> int:
+    """This process's data segment and private mappings (what RLIMIT_DATA counts), in bytes."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
 
 
 class _Hung(BaseException):
