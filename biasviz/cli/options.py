@@ -49,12 +49,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
     data = load_toml(value)
     parts = read_config(value, ctx.info_name or "", data)
     # keys are spelled like the options (`format` for --format), whatever the parameter is called inside
-    known: dict[str, str] = {}
-    for param in ctx.command.params:
-        if param.name and isinstance(param, click.Option):
-            known[param.name] = param.name
-            for opt in param.opts:
-                known[opt.lstrip("-").replace("-", "_")] = param.name
+    known = _option_keys(ctx.command)
     unknown = sorted(set(parts["section"]) - set(known))
     if unknown:
         raise click.BadParameter(
@@ -71,13 +66,13 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
     return value
 
 
-def _option_keys(command: click.Command) -> set[str]:
-    """The config keys ``command`` reads: its options' names and spellings, with ``_`` for ``-``."""
-    keys = set()
+def _option_keys(command: click.Command) -> dict[str, str]:
+    """The config keys ``command`` reads (its options' names and spellings, ``_`` for ``-``) -> the parameter set."""
+    keys: dict[str, str] = {}
     for param in command.params:
-        if isinstance(param, click.Option) and param.name and param.expose_value:
-            keys.add(param.name)
-            keys.update(opt.lstrip("-").replace("-", "_") for opt in param.opts)
+        if isinstance(param, click.Option) and param.name:
+            keys[param.name] = param.name
+            keys.update({opt.lstrip("-").replace("-", "_"): param.name for opt in param.opts})
     return keys
 
 
@@ -92,7 +87,7 @@ def _check_other_commands(ctx: click.Context, data: dict[str, Any], file: str) -
     if tables:
         raise click.BadParameter(f"unknown table [{tables[0]}] in {file}; known tables: {', '.join(sorted(commands))}",
                                  param_hint="--config")  # fmt: skip
-    known = set().union(*(_option_keys(c) for c in commands.values() if c is not None))
+    known = set().union(*(_option_keys(c).keys() for c in commands.values() if c is not None))
     for key in (k.replace("-", "_") for k, v in data.items() if not isinstance(v, dict)):
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
