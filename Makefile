@@ -78,7 +78,7 @@ $(FIGURES)/%_explore.html: $(DATA)/%.h5
 	$(BIASVIZ) explore $< --out $@ --force
 
 $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
-	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --out-dir $(FIGURES)
+	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --force --out-dir $(FIGURES)
 
 previews: figures  ## refresh the small PNG previews shown in README (figures/preview/)
 	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview

@@ -77,3 +77,53 @@ def write_text(target: str | Path, text: str) -> None:
     """Replace ``target`` with ``text`` (UTF-8) atomically."""
     with replacing(target) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+class Staged:
+    """Files written under temporary names and moved into place together: a figure set is replaced whole.
+
+    Until :meth:`publish`, every target keeps its old content; :meth:`discard` removes what was written.
+    """
+
+    def __init__(self) -> None:
+        self._moves: list[tuple[Path, Path]] = []
+
+    def temporary(self, target: str | Path) -> Path:
+        """A temporary path for ``target``, moved there by :meth:`publish`."""
+        from biasviz.errors import BiasvizError
+
+        target = Path(target)
+        if target.is_dir() and not target.is_symlink():
+            raise BiasvizError(f"{target} is a folder; move it away or choose another --out-dir")
+        tmp = temporary_name(target)
+        _remove(tmp)
+        self._moves.append((tmp, target))
+        return tmp
+
+    def publish(self) -> None:
+        """Move every file into place (renames within one folder: quick, and no space is needed)."""
+        from biasviz.errors import BiasvizError, os_error_message
+
+        while self._moves:
+            tmp, target = self._moves[0]
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                raise BiasvizError(os_error_message(exc, target)) from exc
+            self._moves.pop(0)
+
+    def discard(self) -> None:
+        for tmp, _ in self._moves:
+            _remove(tmp)
+        self._moves.clear()
+
+
+@contextlib.contextmanager
+def replacing_together() -> Iterator[Staged]:
+    """A :class:`Staged` set, published when the block succeeds and discarded otherwise."""
+    staged = Staged()
+    try:
+        yield staged
+        staged.publish()
+    finally:
+        staged.discard()

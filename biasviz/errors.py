@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+
 
 class BiasvizError(Exception):
     """A problem with the user's input or environment, with a message that says what to do.
@@ -24,14 +28,31 @@ _NO_SPACE = {"ENOSPC", "EFBIG", "EDQUOT"}
 
 def _errno_name(exc: OSError) -> str:
     """The symbolic errno of ``exc`` (HDF5 reports it only inside its message: ``errno = 28``)."""
-    import errno as _errno
-    import re
-
     code = exc.errno
     if code is None:
         found = re.search(r"errno = (\d+)", str(exc))
         code = int(found.group(1)) if found else None
-    return _errno.errorcode.get(code, "") if code is not None else ""
+    return errno.errorcode.get(code, "") if code is not None else ""
+
+
+def underlying_os_error(exc: BaseException | None) -> OSError | None:
+    """The operating-system error behind ``exc``: itself, one it was raised from or while handling, or one
+    its message names (HDF5: ``errno = 27``; safetensors: ``os error 28``). None when there is none.
+
+    Libraries turn a full disk into errors of their own (matplotlib fails on with an AttributeError):
+    this finds the cause the user can act on.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError):
+            return exc
+        found = re.search(r"(?:errno = |os error )(\d+)", str(exc))
+        if found:
+            code = int(found.group(1))
+            return OSError(code, os.strerror(code))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def os_error_message(exc: OSError, path: object = None, action: str = "write") -> str:
@@ -47,6 +68,8 @@ def os_error_message(exc: OSError, path: object = None, action: str = "write") -
     subject = f"cannot {action} {where}" if where else "a file operation failed"
     text = exc.strerror or str(exc)
     reason = text.splitlines()[0] if text.strip() else type(exc).__name__
+    if name and ("errno = " in text or path is not None):  # HDF5's long message names its temporary file
+        reason = os.strerror(getattr(errno, name))
     if name in _NO_SPACE:
         what = {"ENOSPC": "the disk is full", "EFBIG": "the file exceeds the allowed file size",
                 "EDQUOT": "the disk quota is exhausted"}[name]  # fmt: skip

@@ -23,6 +23,7 @@ import torch
 from biasviz.adapters.base import Captured, ModelAdapter
 from biasviz.devices import placed, resolve_device, resolve_dtype
 from biasviz.errors import BiasvizError, check_interrupted
+from biasviz.memory import attention_bytes, check_fits
 from biasviz.store import BiasFileWriter
 
 
@@ -85,6 +86,22 @@ def provenance(
     return attrs
 
 
+_FIX_MEMORY = "use fewer --samples, a smaller --batch-size or a shorter --seq-len"
+
+
+def check_windows_memory(samples: int, seq_len: int) -> None:
+    """Refuse, before any text is read, token windows that cannot fit (int64 ids, on the host)."""
+    check_fits(samples * seq_len * 8, f"{samples} windows of {seq_len} tokens", _FIX_MEMORY)
+
+
+def check_batch_memory(adapter: ModelAdapter, layers: int, batch: int, seq_len: int, device: torch.device) -> None:
+    """Refuse, before the forward pass, a batch that cannot fit: one (B, H, T, T) float32 matrix per captured
+    layer for the weights and one for the bias, on the device."""
+    matrices = layers * (1 + int(bool(adapter.adds_bias)))
+    check_fits(attention_bytes(batch, adapter.n_heads, seq_len, matrices),
+               f"a batch of {batch} x {adapter.n_heads} heads x {seq_len} x {seq_len}", _FIX_MEMORY, device)
+
+
 def check_seq_len(adapter: ModelAdapter, seq_len: int) -> None:
     """Learned absolute positions end at the table's size; relative schemes take any length."""
     adapter.check_length(seq_len)
@@ -144,6 +161,7 @@ def extract(
         with placed(adapter.model, dev, run_dtype):
             adapter.prepare(ids)  # a traced model: its attention calls, from one pass where it will run
             layer_list = adapter.resolve_layers(layers)
+            check_batch_memory(adapter, len(layer_list), min(batch_size, n), seq_len, dev)
             has_bias = bool(adapter.adds_bias)
             meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
             meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
@@ -188,6 +206,7 @@ def extract_bias_only(
         raise BiasvizError(f"--seq-len must be at least 1, got {seq_len}")
     adapter.check_length(seq_len)
     dev, run_dtype = _where_to_run(device, model_dtype)
+    check_batch_memory(adapter, len(layer_list), 1, seq_len, dev)
     meta = provenance(adapter, dev, seed=None, text_source="none (--bias-only: no text, no forward pass)",
                       batch_size=1, extra={"bias_only": True})  # fmt: skip
     meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
@@ -203,10 +222,9 @@ def extract_bias_only(
 
 def _new_output(out: str | Path, force: bool) -> Path:
     """The output path, refused before any work when a file is there and ``force`` is not given."""
-    out = Path(out)
-    if out.exists() and not force:
-        raise BiasvizError(f"{out} already exists; pass --force to overwrite it or choose another --out")
-    return out
+    from biasviz.outputs import check_output_file
+
+    return check_output_file(Path(out), force=force)
 
 
 def _where_to_run(
@@ -378,7 +396,9 @@ def resolve_tokenizer(adapter: ModelAdapter, override: str | Path | None) -> tup
         p = Path(override).expanduser()
         return load_tokenizer(p), str(p.resolve())
     if adapter.tokenizer is not None:
-        return adapter.tokenizer, f"{adapter.source} (the checkpoint's own)"
+        from biasviz.adapters.files import tokenizer_file
+
+        return adapter.tokenizer, f"{tokenizer_file(adapter.source)} (the checkpoint's own)"
     vocab = adapter.vocab_size
     if vocab is None or vocab < BYTE_VOCAB:
         raise BiasvizError(

@@ -9,7 +9,6 @@ file whose ``bias`` and ``weights`` gain a leading ``checkpoint`` dimension, sca
 from __future__ import annotations
 
 import contextlib
-import re
 import secrets
 import time
 from pathlib import Path
@@ -17,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from biasviz.checkpoint_dir import SAVED_STEP
 from biasviz.errors import BiasvizError, UsageError
-
-CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
 
 
 def checkpoint_dir(out: Path, step: int) -> Path:
@@ -29,7 +27,7 @@ def checkpoint_dir(out: Path, step: int) -> Path:
 def list_checkpoints(model_dir: str | Path) -> dict[int, Path]:
     """The ``checkpoint-STEP`` directories of a training run, by step."""
     root = Path(model_dir)
-    found = {int(m.group(1)): p for p in root.glob("checkpoint-*") if (m := CHECKPOINT_DIR.fullmatch(p.name))
+    found = {int(m.group(1)): p for p in root.glob("checkpoint-*") if (m := SAVED_STEP.fullmatch(p.name))
              and (p / "config.json").is_file()}  # fmt: skip
     return dict(sorted(found.items()))
 

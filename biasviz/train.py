@@ -15,10 +15,13 @@ import torch
 from tqdm.auto import tqdm
 
 from biasviz.atomic import replacing
+from biasviz.checkpoint_dir import check_output, share_mode
+from biasviz.checks import check_learning_rate, check_seed
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
 from biasviz.devices import resolve_device
 from biasviz.distributed import World, world
-from biasviz.errors import BiasvizError
+from biasviz.errors import BiasvizError, os_error_message, underlying_os_error
+from biasviz.memory import attention_bytes, check_fits
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 from biasviz.sweep import checkpoint_dir
 
@@ -45,7 +48,7 @@ class TrainSettings:
     device: str = "auto"
     precision: str = "auto"  # auto: bfloat16 autocast on CUDA, float32 elsewhere; or float32 / bfloat16
     compile: bool = False  # torch.compile the model (CUDA: faster steps after a compilation of tens of seconds)
-    save_every: int = 0  # > 0: also write OUT/checkpoint-STEP/ every so many steps (and at the last), for sweeps
+    save_every: int = 0  # > 0: also write OUT/checkpoint-STEP/ at 0, every so many steps and at the last (sweeps)
 
 
 @dataclass
@@ -97,23 +100,58 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
 
     The directory holds ``config.json``, ``model.safetensors``, ``tokenizer.json`` and
     ``training.json``. It is assembled under a temporary name and moved into place at the end,
-    so an interrupted run leaves no half-written checkpoint.
+    so an interrupted run leaves no half-written checkpoint. With ``save_every`` it also holds
+    ``checkpoint-STEP/`` directories. Under torchrun the processes train together (DDP) and process 0
+    alone writes.
     """
     s = settings
     out = Path(out_dir)
-    if out.exists() and not force:
-        raise BiasvizError(f"{out} already exists; pass --force to replace it or choose another --out")
+    base = check_settings(s)
+    check_output(out, force)
+    w = world()
+    device = resolve_device(s.device) if w.size == 1 else _rank_device(s.device, w)
+    check_fits(_training_bytes(base, s), f"training {s.batch_size} x {s.seq_len} tokens per step",
+               "use a smaller --batch-size or a shorter --seq-len", device)  # fmt: skip
+    if not w.main:  # the other processes train alongside process 0 and write nothing
+        return _train(s, base, device, None, progress, w)
+    try:
+        with replacing(out, tmp=out.with_name(f".{out.name}.partial")) as tmp:  # a whole checkpoint or none
+            tmp.mkdir(parents=True)  # an unwritable place fails here, before the training
+            result = _train(s, base, device, tmp, progress, w)
+            share_mode(tmp)
+    except BiasvizError:
+        raise
+    except Exception as exc:  # safetensors reports a full disk as its own error
+        cause = underlying_os_error(exc)
+        if cause is None:
+            raise
+        raise BiasvizError(os_error_message(cause, out)) from exc
+    result.out_dir = out
+    return result
+
+
+def check_settings(s: TrainSettings) -> BiasGPTConfig:
+    """Every setting checked before any work; returns the preset's config (its scheme options checked too)."""
     if s.steps < 1 or s.seq_len < 2 or s.batch_size < 1:
         raise BiasvizError("--steps and --batch-size must be >= 1 and --seq-len >= 2")
     if s.save_every < 0:
         raise BiasvizError(f"--save-every must be 0 (off) or a number of steps, not {s.save_every}")
-    w = world()
-    device = resolve_device(s.device) if w.size == 1 else _rank_device(s.device, w)
+    check_learning_rate(s.lr)
+    check_seed(s.seed)
+    return BiasGPTConfig.from_preset(s.preset, s.scheme, scheme_options=s.scheme_options)
+
+
+def _training_bytes(config: BiasGPTConfig, s: TrainSettings) -> int:
+    """A lower bound of a step's memory: each layer keeps its (B, H, T, T) attention for the backward pass."""
+    return config.n_layer * attention_bytes(s.batch_size, config.n_head, s.seq_len)
+
+
+def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Path | None, progress: bool,
+           w: World) -> TrainResult:  # fmt: skip
+    """The training itself; process 0 writes the checkpoint's files into ``tmp`` (None in the others)."""
     torch.manual_seed(s.seed)  # the same initial weights in every process (DDP also broadcasts rank 0's)
     rng = np.random.default_rng(s.seed)
-
     corpus = load_corpus(s.corpus, max_bytes=s.max_corpus_bytes)
-    base = BiasGPTConfig.from_preset(s.preset, s.scheme, scheme_options=s.scheme_options)
     # a small corpus can yield fewer merges than asked for: the model takes the tokenizer's true size
     tok = load_tokenizer(s.tokenizer) if s.tokenizer else build_tokenizer(corpus.documents, base.vocab_size)
     vocab_size = tok.get_vocab_size()
@@ -134,61 +172,56 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     losses: list[float] = []
     step_seconds: list[float] = []
 
-    def record(step: int, seconds: float) -> dict[str, Any]:
-        return {
+    def save(directory: Path, step: int, seconds: float) -> None:
+        """config.json, model.safetensors, tokenizer.json and training.json: loadable by ``--model``."""
+        model.save_pretrained(directory)
+        save_tokenizer(tok, directory)
+        record = {
             "settings": asdict(s), "device": str(device), "processes": w.size, "step": step,
             "corpus_source": corpus.source, "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)),
             "seconds": round(seconds, 2), "final_loss": float(np.mean(losses[-10:])) if losses else None,
             "torch_version": torch.__version__,
             "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
         }  # fmt: skip
+        (directory / TRAINING_FILE).write_text(json.dumps(record, indent=2))
 
-    # the checkpoint (and every checkpoint-STEP/ in it) is assembled under a hidden name and moved into place
-    # at the end by process 0 alone: a whole run or none
-    staging = replacing(out, tmp=out.with_name(f".{out.name}.partial")) if w.main else contextlib.nullcontext()
-    with staging as tmp:
-        if w.main and s.save_every:  # the initialisation, where every sweep starts
-            _write_checkpoint(model, tok, record(0, 0.0), checkpoint_dir(tmp, 0))
-        start = last = time.perf_counter()
-        bar = tqdm(range(s.steps), desc=f"train {config.scheme}", disable=None if progress and w.main else True,
-                   leave=False)  # fmt: skip
-        for step in bar:
-            # one global batch of batch_size x processes windows, drawn alike everywhere; each process takes its part
-            starts = rng.integers(0, len(tokens) - s.seq_len, size=s.batch_size * w.size)
-            mine = starts[w.rank * s.batch_size : (w.rank + 1) * s.batch_size]
-            batch = torch.stack([data[i : i + s.seq_len] for i in mine]).to(device)  # (B, T)
-            for g in opt.param_groups:
-                g["lr"] = _lr_at(step, s)
-            with autocast:
-                loss = step_model(batch, labels=batch).loss
-            if not torch.isfinite(loss):
-                raise BiasvizError(f"training diverged at step {step} (loss {loss.item()}); lower --lr")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # under DDP the gradients are averaged over the processes here
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            for scheme in model.schemes():
-                scheme.constrain_()
-            losses.append(_mean_over_processes(loss.detach()))
-            now = time.perf_counter()
-            step_seconds.append(now - last)
-            last = now
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            done = step + 1
-            if w.main and s.save_every and (done % s.save_every == 0 or done == s.steps):
-                _write_checkpoint(model, tok, record(done, now - start), checkpoint_dir(tmp, done))
-        seconds = time.perf_counter() - start
-        if w.main:
-            _write_checkpoint(model.eval().to("cpu"), tok, record(s.steps, seconds), tmp)
-    return TrainResult(out, losses, seconds, s.steps * s.batch_size * s.seq_len * w.size, step_seconds)
-
-
-def _write_checkpoint(model: BiasGPTForCausalLM, tok: Any, record: dict[str, Any], directory: Path) -> None:
-    """config.json, model.safetensors, tokenizer.json and training.json: loadable by ``--model``."""
-    model.save_pretrained(directory)
-    save_tokenizer(tok, directory)
-    (directory / TRAINING_FILE).write_text(json.dumps(record, indent=2))
+    saving = tmp is not None and s.save_every > 0
+    if saving:
+        save(checkpoint_dir(tmp, 0), 0, 0.0)  # the initialisation, where every sweep starts
+    start = last = time.perf_counter()
+    bar = tqdm(range(s.steps), desc=f"train {config.scheme}", disable=None if progress and w.main else True,
+               leave=False)  # fmt: skip
+    for step in bar:
+        # one global batch of batch_size x processes windows, drawn alike everywhere; each process takes its part
+        starts = rng.integers(0, len(tokens) - s.seq_len, size=s.batch_size * w.size)
+        mine = starts[w.rank * s.batch_size : (w.rank + 1) * s.batch_size]
+        batch = torch.stack([data[i : i + s.seq_len] for i in mine]).to(device)  # (B, T)
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(step, s)
+        with autocast:
+            loss = step_model(batch, labels=batch).loss
+        if not torch.isfinite(loss):
+            raise BiasvizError(f"training diverged at step {step} (loss {loss.item()}); lower --lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # under DDP the gradients are averaged over the processes here
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        for scheme in model.schemes():
+            scheme.constrain_()
+        losses.append(_mean_over_processes(loss.detach()))
+        now = time.perf_counter()
+        step_seconds.append(now - last)
+        last = now
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        done = step + 1
+        if saving and (done % s.save_every == 0 or done == s.steps):
+            save(checkpoint_dir(tmp, done), done, now - start)
+    seconds = time.perf_counter() - start
+    if tmp is not None:
+        model.eval().to("cpu")
+        save(tmp, s.steps, seconds)
+    return TrainResult(tmp or Path(), losses, seconds, s.steps * s.batch_size * s.seq_len * w.size, step_seconds)
 
 
 def _rank_device(spec: str, w: World) -> torch.device:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter
 from biasviz.errors import BiasvizError
+from biasviz.inputs import regular_file
 
 
 def adapter_classes() -> list[type[ModelAdapter]]:
@@ -97,6 +98,7 @@ def _load_model(
     p = Path(path).expanduser()
     if not p.exists():
         raise BiasvizError(f"--model {p} does not exist; give a checkpoint directory or a .pt/.pth state dict")
+    regular_file(p / "config.json" if p.is_dir() else p, "checkpoint file")  # a FIFO would block its reader
     if p.is_file() and p.name == "config.json":
         p = p.parent
     if p.is_file() and p.suffix == ".safetensors" and (p.parent / "config.json").is_file():
@@ -106,7 +108,10 @@ def _load_model(
         if not cls.can_open(p):
             continue
         if attn_scale is not None and not cls.accepts_attn_scale:
-            raise BiasvizError("--no-scale applies to biasviz and nanoGPT-style checkpoints only")
+            if (p / "config.json").is_file():
+                raise BiasvizError(f"--no-scale applies to state dicts, which do not record how q.k is scaled; "
+                                   f"{p / 'config.json'} records it (attn_scale): drop --no-scale")  # fmt: skip
+            raise BiasvizError("--no-scale applies to nanoGPT-style state dicts only")
         if part is not None and part not in cls.parts:
             what = model_type(p) if (p / "config.json").is_file() else p.name
             raise BiasvizError(f"--part applies to encoder-decoder models (T5); {p} is a '{what}' model")

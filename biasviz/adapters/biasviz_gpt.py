@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter
-from biasviz.adapters.files import model_type, parameter_files, tokenizer_in, unsafe_pickle_error
+from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_files
 from biasviz.model import HOOK_BIAS, HOOK_PATTERN, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
@@ -31,7 +31,7 @@ class BiasGPTAdapter(ModelAdapter):
 
     architecture = "biasviz-gpt2"
     bias_convention = RELATIVE
-    accepts_attn_scale = True
+    accepts_attn_scale = False  # a checkpoint directory's config.json records its q.k scale
     model_types: ClassVar[tuple[str, ...]] = (MODEL_TYPE,)
 
     def __init__(
@@ -114,6 +114,9 @@ def load_biasviz_checkpoint(
     if attn_scale is not None:
         config.attn_scale = float(attn_scale)
     files = parameter_files(directory)
+    for file in files:
+        if file.suffix == ".safetensors":
+            check_safetensors(file)
     try:
         model, info = BiasGPTForCausalLM.from_pretrained(
             directory,

@@ -16,6 +16,7 @@ from typing import Any
 
 from biasviz.errors import BiasvizError
 from biasviz.hashing import sha256_files
+from biasviz.inputs import read_text, regular_file
 
 PARAMETER_FILE_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
 
@@ -29,6 +30,31 @@ def parameter_files(directory: Path) -> list[Path]:
     raise BiasvizError(f"{directory} holds a config.json but no model.safetensors (or pytorch_model.bin) weights")
 
 
+def check_safetensors(path: Path) -> None:
+    """Refuse a safetensors file whose header or data is incomplete (a truncated copy), naming it.
+
+    The layout: 8 bytes of header length n, n bytes of JSON header giving each tensor's byte range, the data.
+    """
+    import json
+
+    size = path.stat().st_size
+    with regular_file(path, "safetensors file").open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        try:
+            header = json.loads(f.read(n)) if 0 <= n <= size - 8 else None
+        except ValueError:
+            header = None
+    tensors = [v for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
+    try:
+        end = 8 + n + max((int(v["data_offsets"][1]) for v in tensors or []), default=0)
+    except (TypeError, KeyError, IndexError, ValueError):
+        tensors = None
+    if tensors is None or end > size:
+        raise BiasvizError(f"{path} is truncated or damaged (not a readable safetensors file, {size} bytes); "
+                           "copy or save it again")  # fmt: skip
+
+
 def parameters_sha256(path: Path) -> str:
     """SHA-256 of the weight file(s), as :mod:`biasviz.hashing` defines it for shards; "" if there are none.
 
@@ -38,13 +64,20 @@ def parameters_sha256(path: Path) -> str:
     return sha256_files(files) if files else ""
 
 
+def tokenizer_file(source: str | Path) -> Path:
+    """Where a checkpoint's own tokenizer.json lies: inside a checkpoint directory, beside a state dict file."""
+    from biasviz.data.tokenizer import TOKENIZER_FILE
+
+    p = Path(source)
+    return (p if p.is_dir() else p.parent) / TOKENIZER_FILE
+
+
 def tokenizer_in(directory: Path) -> Any:
     """The ``tokenizer.json`` in ``directory`` as a ``tokenizers.Tokenizer``, or None when there is none."""
     from biasviz.data import load_tokenizer
-    from biasviz.data.tokenizer import TOKENIZER_FILE
 
-    file = Path(directory) / TOKENIZER_FILE
-    if not file.is_file():
+    file = tokenizer_file(directory)
+    if not file.exists():
         return None
     return load_tokenizer(file)
 
@@ -62,11 +95,12 @@ def load_tensor_file(path: str | Path) -> Any:
     """Read a state dict (or a checkpoint dict holding one) without executing any code."""
     import torch
 
-    p = Path(path)
+    p = regular_file(path, "state dict")
     if p.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        check_safetensors(p)
         try:
             return load_file(str(p), device="cpu")
         except (SafetensorError, OSError, ValueError) as exc:
@@ -95,8 +129,8 @@ def model_type(directory: Path) -> str:
     import json
 
     try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        config = json.loads(read_text(directory / "config.json", "config.json"))
+    except ValueError as exc:
         raise BiasvizError(f"cannot read {directory / 'config.json'}: {exc}") from exc
     if not isinstance(config, dict) or not config.get("model_type"):
         raise BiasvizError(f"{directory / 'config.json'} names no model_type; is this a transformers checkpoint?")

@@ -107,6 +107,7 @@ def read_layout(tensors: Mapping[str, torch.Tensor], args: Mapping[str, Any], pa
         raise BiasvizError(
             f"{path} does not look like a nanoGPT/GPT-2 state dict: no 'transformer.wte.weight' (keys: {sample}, ...)"
         )
+    _check_rank(raw, path)
     wte = raw["transformer.wte.weight"]
     vocab, c = (int(s) for s in wte.shape)
     layers = {int(m.group(1)) for k in raw if (m := re.match(r"^transformer\.h\.(\d+)\.", k))}
@@ -161,6 +162,23 @@ def read_layout(tensors: Mapping[str, torch.Tensor], args: Mapping[str, Any], pa
         tied=tied,
         conv1d=conv1d,
     )
+
+
+# tensors whose shape is read to infer the architecture, and the number of dimensions each must have
+_RANKS = {
+    r"transformer\.w[tp]e\.weight": 2,
+    r"transformer\.h\.\d+\.attn\.[ch]_attn\.weight": 2,
+    r"transformer\.h\.\d+\.attn\.pos_bias\.(slopes|r1)": 1,
+    r"transformer\.h\.\d+\.attn\.pos_bias\.(table|mlp\.2|proj)\.weight": 2,
+}
+
+
+def _check_rank(raw: Mapping[str, torch.Tensor], path: Path) -> None:
+    """A tensor the architecture is read from must have its number of dimensions (a crafted file may not)."""
+    for key, value in raw.items():
+        dims = next((n for pattern, n in _RANKS.items() if re.fullmatch(pattern, key)), None)
+        if dims is not None and value.dim() != dims:
+            raise BiasvizError(f"{path}: {key} has shape {tuple(value.shape)}; expected {dims} dimensions")
 
 
 def _heads_from_scheme_params(state: Mapping[str, torch.Tensor]) -> int | None:
@@ -232,6 +250,10 @@ def build_config(
 
 def load_parameters(model: BiasGPTForCausalLM, layout: StateDictLayout, scheme: str, path: Path) -> None:
     """Load strictly: only ALiBi's fixed slopes may be absent (they follow from the head count)."""
+    expected = model.state_dict()
+    for key, value in layout.state.items():
+        if key in expected and tuple(value.shape) != tuple(expected[key].shape):
+            raise BiasvizError(f"{path}: {key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}")
     result = model.load_state_dict(layout.state, strict=False)
     missing = [k for k in result.missing_keys if not (scheme == "alibi" and k.endswith("pos_bias.slopes"))]
     if model.config.tie_word_embeddings:
@@ -255,6 +277,7 @@ class NanoGPTAdapter(BiasGPTAdapter):
     """A nanoGPT-style state dict rebuilt as biasviz's GPT-2 variant (file, or nanoGPT's out_dir)."""
 
     architecture = "nanogpt"
+    accepts_attn_scale = True  # state dicts do not record how q.k is scaled: --no-scale says
     model_types = ()  # state dicts carry no config.json
 
     @classmethod

@@ -69,6 +69,31 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn user errors into one ``Error:`` line and an exit code."""
+    try:
+        _main(argv)
+    except SystemExit as exc:
+        if argv is None:  # the installed script: a library that failed to write must not crash the exit
+            _exit_past_damaged_hdf5(exc.code)
+        raise
+
+
+def _exit_past_damaged_hdf5(code: object) -> None:
+    """End the process now if an HDF5 write failed while an object was freed (a full disk, a file-size limit).
+
+    The library's exit handlers would then flush the failed file again and can crash the process after the
+    ``Error:`` line; the output was already removed, so there is nothing left for them to do.
+    """
+    from biasviz.store.failures import STATE
+
+    if STATE.damaged:
+        import os
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 1)
+
+
+def _main(argv: list[str] | None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     _quiet_libraries()

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 import click
 
 from biasviz.cli.options import config_option, figure_output_options
-from biasviz.errors import BiasvizError
+from biasviz.errors import BiasvizError, UsageError, os_error_message
+from biasviz.outputs import check_output_file
 
 if TYPE_CHECKING:
+    from biasviz.atomic import Staged
     from biasviz.diagnostics import HeadDiagnostics
 
 DEFINITIONS = ("README, Reading the figures and diagnostics; over the causal cells j <= i; "
@@ -53,34 +55,50 @@ class _FileResult:
 )
 @figure_output_options
 @click.option("--no-figures", is_flag=True, help="Write the JSON only.")  # fmt: skip
+@click.option("--force", is_flag=True, help="Overwrite an existing JSON file (never one of the input files).")
 def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, layer: int, normalize: str,
-             formats_text: str, style: str, dpi: int, no_figures: bool) -> None:  # fmt: skip
+             formats_text: str, style: str, dpi: int, no_figures: bool, force: bool) -> None:  # fmt: skip
     """Measure how much each head's bias depends on the input and on more than i - j.
 
     Writes the metrics per scheme and head to JSON, OUT_DIR/diagnostics.pdf/.png (all schemes side by
     side) and OUT_DIR/<scheme>_profile.pdf/.png (mean bias against distance, with a +-1 std band).
     Files of schemes without a bias (learned, nope) are skipped with a note.
     """
+    from biasviz.atomic import replacing_together
     from biasviz.plotting.save import parse_formats
 
     formats = parse_formats(formats_text)
+    if no_figures:
+        _refuse_figure_options()
+    target = json_path or out_dir / "diagnostics.json"
+    check_output_file(target, files, force, "--json")
     results = [r for r in (_diagnose_file(p, layer, normalize) for p in files) if r is not None]
     if not results:
         raise BiasvizError("none of the files holds a bias; nothing to diagnose")
     _name_uniquely(results)
-    target = json_path or out_dir / "diagnostics.json"
-    _write_json(target, results, normalize)
-    click.echo(f"wrote {target}")
-    if not no_figures:
-        for path in _draw(results, out_dir, formats, style, dpi):
-            click.echo(f"wrote {path}")
+    with replacing_together() as staged:  # the JSON and the figures are replaced together, or not at all
+        _write_json(staged.temporary(target), results, normalize, target)
+        written = [target] + ([] if no_figures else _draw(results, out_dir, formats, style, dpi, staged))
+    for path in written:
+        click.echo(f"wrote {path}")
+
+
+def _refuse_figure_options() -> None:
+    """--format, --style and --dpi given on the command line with --no-figures would have no effect."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = [f"--{name}" for name, param in (("format", "formats_text"), ("style", "style"), ("dpi", "dpi"))
+             if ctx.get_parameter_source(param) == ParameterSource.COMMANDLINE]  # fmt: skip
+    if given:
+        raise UsageError(f"{', '.join(given)} shape the figures, and --no-figures draws none; drop one or the other")
 
 
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
     from biasviz.diagnostics import diagnose_dataset, diagnose_sweep
     from biasviz.store import open_bias_file
 
-    with open_bias_file(path) as bf:
+    with open_bias_file(path, isolated=True) as bf:
         resolved = bf.resolve_layer(layer)
         if not bf.has_bias(resolved):
             click.echo(f"note: skipped {path}: scheme '{bf.scheme}' adds no bias", err=True)
@@ -114,7 +132,7 @@ def _name_uniquely(results: list[_FileResult]) -> None:
         raise BiasvizError(f"two files give the same name ({', '.join(names)}); rename one of them")
 
 
-def _write_json(target: Path, results: list[_FileResult], normalize: str) -> None:
+def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: Path) -> None:
     from biasviz import __version__
 
     doc = {
@@ -129,20 +147,15 @@ def _write_json(target: Path, results: list[_FileResult], normalize: str) -> Non
         "definitions": DEFINITIONS,
         "biasviz_version": __version__,
     }  # fmt: skip
-    _atomic_write(target, json.dumps(doc, indent=2, allow_nan=False) + "\n")
-
-
-def _atomic_write(target: Path, text: str) -> None:
-    from biasviz.atomic import write_text
-
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_text(target, text)
+        tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     except OSError as exc:
-        raise BiasvizError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise BiasvizError(os_error_message(exc, target)) from exc
 
 
-def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: str, dpi: int) -> list[Path]:
+def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: str, dpi: int,
+          staged: Staged) -> list[Path]:  # fmt: skip
     from biasviz.plotting.diagnostics_plots import PALETTE, diagnostics_figure, profile_grid
     from biasviz.plotting.save import save_figure
 
@@ -150,7 +163,8 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     info = {"title": "Context-independence diagnostics", "source": sources,
             "description": f"{DEFINITIONS}; sources: {sources}", "keywords": "biasviz; diagnostics"}  # fmt: skip
     written = save_figure(diagnostics_figure({r.name: r.heads for r in results}, style=style),
-                          out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style)  # fmt: skip
+                          out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style,
+                          staged=staged)  # fmt: skip
     for k, r in enumerate(results):
         fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)])
         info = {
@@ -159,7 +173,8 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             "keywords": f"biasviz; scheme={r.scheme}; layer={r.layer}",
             "description": f"mean and +-1 population std over samples and cells with i - j = d; source: {r.path}",
         }
-        written += save_figure(fig, out_dir / f"{r.name}_profile", formats, dpi=dpi, info=info, style=style)
+        written += save_figure(fig, out_dir / f"{r.name}_profile", formats, dpi=dpi, info=info, style=style,
+                               staged=staged)
         if r.sweep is not None:
             from biasviz.plotting.dynamics import over_training
 
@@ -168,5 +183,5 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
                     "description": f"context dependence and Toeplitz residual per head at each checkpoint; "
                                    f"source: {r.path}"}  # fmt: skip
             written += save_figure(over_training(r.sweep, style=style), out_dir / f"{r.name}_training", formats,
-                                   dpi=dpi, info=info, style=style)  # fmt: skip
+                                   dpi=dpi, info=info, style=style, staged=staged)  # fmt: skip
     return written

@@ -125,20 +125,23 @@ def extract(
     """
     from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
     from biasviz.distributed import extract_parallel, process_group
-    from biasviz.errors import BiasvizError
-    from biasviz.extraction import check_seq_len, resolve_tokenizer
+    from biasviz.extraction import check_seq_len, check_windows_memory, resolve_tokenizer
     from biasviz.extraction import extract as run_extract
+    from biasviz.outputs import check_output_file
 
     layers = parse_layers(layer)
+    if bias_only:
+        _refuse_with_bias_only(text=text, tokenizer=tokenizer, no_scale=no_scale)
+    inputs = (model, text, tokenizer, checkpoint)
+    if out:  # checked before the model is loaded
+        check_output_file(Path(out), inputs, force)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
     with process_group(device) as (w, dev):  # under torchrun: one process of several, each on its own device
         if w.size > 1 and (bias_only or checkpoints):
             raise UsageError(f"{'--bias-only' if bias_only else '--checkpoints'} runs in one process; "
                              "start it without torchrun")  # fmt: skip
         adapter = _load(model, checkpoint, scheme, no_scale, part)
-        target = Path(out) if out else Path("data") / f"{adapter.scheme}.h5"
-        if target.exists() and not force:
-            raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
+        target = check_output_file(Path(out) if out else Path("data") / f"{adapter.scheme}.h5", inputs, force)
         # a traced model's attention calls are counted on the first sample, inside extraction
         chosen = adapter.resolve_layers(layers) if adapter.n_layers else layers
         check_seq_len(adapter, seq_len)
@@ -151,10 +154,13 @@ def extract(
                        f"{adapter.n_heads} heads x {seq_len} x {seq_len}, no text (--bias-only), {dtype}, "
                        f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s")  # fmt: skip
             return
+        check_windows_memory(samples, seq_len)
         with warnings_as_notes():
             tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
-        documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need
-        windows = sample_windows(encode_prefix(documents, tok, window_span(samples, seq_len)), samples, seq_len, seed)
+        with warnings_as_notes():  # a text file that is not UTF-8 is read with a warning
+            documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need
+            ids = encode_prefix(documents, tok, window_span(samples, seq_len))
+        windows = sample_windows(ids, samples, seq_len, seed)
         run = {"layers": chosen, "dtype": dtype, "batch_size": batch_size, "device": dev, "model_dtype": model_dtype,
                "force": force, "seed": seed, "text_source": text_source, "attrs": {"tokenizer": tok_desc},
                "progress": False if quiet else None}  # fmt: skip
@@ -192,3 +198,11 @@ def _load(model: str, checkpoint: str | None, scheme: str | None, no_scale: bool
         if checkpoint is not None:
             raise UsageError("--checkpoint applies to --model CODE.py:FACTORY only; give a checkpoint as --model")
         return load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
+
+
+def _refuse_with_bias_only(**given: object) -> None:
+    """--bias-only reads no text and runs no forward pass: options for those would be silently ignored."""
+    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
+    if named:
+        raise UsageError(f"{', '.join(named)} cannot apply with --bias-only, which reads no text and computes no "
+                         "attention weights; drop one or the other")  # fmt: skip

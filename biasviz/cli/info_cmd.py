@@ -38,7 +38,7 @@ def summary(path: Path) -> str:
     """The human-readable summary ``biasviz info`` prints."""
     from biasviz.store import layer_group, open_bias_file
 
-    with open_bias_file(path) as f:
+    with open_bias_file(path, isolated=True) as f:
         raw = f.attrs
         a = {k: _short(v) if isinstance(v, (str, list)) else v for k, v in raw.items()}  # one line each
         kind = "context-dependent" if f.context_dependent else "context-independent"
@@ -89,13 +89,15 @@ def summary(path: Path) -> str:
 def info(file: str, as_json: bool) -> None:
     """Summarise a biasviz HDF5 file: scheme, model, shapes, layers, dtype and provenance."""
     from biasviz.errors import BiasvizError
+    from biasviz.inputs import regular_file
     from biasviz.store import open_bias_file
 
     path = Path(file)
     if not path.exists():
         raise BiasvizError(f"{path} does not exist")
+    regular_file(path, "biasviz .h5 file")
     if as_json:
-        with open_bias_file(path) as f:
+        with open_bias_file(path, isolated=True) as f:
             attrs = f.attrs
         if isinstance(attrs.get("config_json"), str) and attrs["config_json"]:
             with contextlib.suppress(ValueError, RecursionError):  # plain JSON data; else keep the text as stored

@@ -12,21 +12,30 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def read_config(path: str | Path, command: str) -> dict[str, Any]:
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """A config file's TOML data; a file that cannot be read or parsed is a usage error naming it."""
+    from biasviz.errors import BiasvizError
+    from biasviz.inputs import read_text
+
+    p = Path(path)
+    if not p.exists():
+        raise click.BadParameter(f"config file {p} does not exist", param_hint="--config")
+    try:
+        return tomllib.loads(read_text(p, "TOML file"))
+    except BiasvizError as exc:  # not a regular file, unreadable, not UTF-8
+        raise click.BadParameter(str(exc), param_hint="--config") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise click.BadParameter(f"{p} is not valid TOML: {exc}", param_hint="--config") from None
+
+
+def read_config(path: str | Path, command: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
     """Defaults for ``command`` from a TOML file: its top-level keys, then its ``[command]`` table.
 
     Keys may use ``-`` or ``_``. A table for another command is ignored, so one file can drive
     train, extract and plot (see ``configs/``). Returns ``{"shared": ..., "section": ...}``.
     """
     p = Path(path)
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise click.BadParameter(f"config file {p} does not exist", param_hint="--config") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise click.BadParameter(f"{p} is not valid TOML: {exc}", param_hint="--config") from None
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {p}: {exc.strerror}", param_hint="--config") from None
+    data = load_toml(p) if data is None else data
     shared = {k.replace("-", "_"): v for k, v in data.items() if not isinstance(v, dict)}
     section = data.get(command, {})
     if not isinstance(section, dict):
@@ -37,24 +46,96 @@ def read_config(path: str | Path, command: str) -> dict[str, Any]:
 def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
-    parts = read_config(value, ctx.info_name or "")
+    data = load_toml(value)
+    parts = read_config(value, ctx.info_name or "", data)
     # keys are spelled like the options (`format` for --format), whatever the parameter is called inside
-    known: dict[str, str] = {}
-    for param in ctx.command.params:
-        if param.name and isinstance(param, click.Option):
-            known[param.name] = param.name
-            for opt in param.opts:
-                known[opt.lstrip("-").replace("-", "_")] = param.name
+    known = _option_keys(ctx.command)
     unknown = sorted(set(parts["section"]) - set(known))
     if unknown:
         raise click.BadParameter(
             f"unknown key(s) {', '.join(unknown)} in [{ctx.info_name}] of {value}", param_hint="--config"
         )
+    _check_other_commands(ctx, data, value)
     # top-level keys (like `scheme`) apply to every command that has such an option
-    defaults = {known[k]: v for k, v in parts["shared"].items() if k in known}
-    defaults.update({known[k]: v for k, v in parts["section"].items()})
+    given = {k: v for k, v in parts["shared"].items() if k in known} | parts["section"]
+    params = {p.name: p for p in ctx.command.params}
+    for key, v in given.items():
+        _check_type(params[known[key]], key, v, value)
+    defaults = {known[k]: v for k, v in given.items()}
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value
+
+
+def _option_keys(command: click.Command) -> dict[str, str]:
+    """The config keys ``command`` reads (its options' names and spellings, ``_`` for ``-``) -> the parameter set."""
+    keys: dict[str, str] = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name:
+            keys[param.name] = param.name
+            keys.update({opt.lstrip("-").replace("-", "_"): param.name for opt in param.opts})
+    return keys
+
+
+def _check_other_commands(ctx: click.Context, data: dict[str, Any], file: str) -> None:
+    """Tables must name a command, top-level keys an option of some command: a typo is an error, not ignored."""
+    import difflib
+
+    from biasviz.cli import cli
+
+    commands = {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
+    tables = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in commands)
+    if tables:
+        raise click.BadParameter(f"unknown table [{tables[0]}] in {file}; known tables: {', '.join(sorted(commands))}",
+                                 param_hint="--config")  # fmt: skip
+    known = set().union(*(_option_keys(c).keys() for c in commands.values() if c is not None))
+    for key in (k.replace("-", "_") for k, v in data.items() if not isinstance(v, dict)):
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise click.BadParameter(f"unknown key '{key}' in {file}{hint}; known keys: {', '.join(sorted(known))}",
+                                     param_hint="--config")  # fmt: skip
+
+
+def _toml(value: object) -> str:
+    """A value as TOML spells it (true, 2.7, 'text'), for messages."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _check_type(param: click.Parameter, key: str, value: object, file: str) -> None:
+    """A config value must have its option's type: 2.7 is no sample count, 1 no flag, '2' no batch size."""
+    kind = param.type
+    if getattr(param, "is_flag", False) or isinstance(kind, click.types.BoolParamType):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(kind, click.types.IntParamType):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(kind, click.types.FloatParamType):
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    elif isinstance(kind, (click.Choice, click.Path)):
+        ok, want = isinstance(value, str), "text"
+    else:  # free text options take text, and numbers where they are natural (layer = -1, sample = 0)
+        allowed = (str, int, dict) if param.name == "scheme_options" else (str, int)
+        ok, want = isinstance(value, allowed) and not isinstance(value, bool), "text"
+    if not ok:
+        raise click.BadParameter(f"{key} = {_toml(value)} in {file}: {param.opts[0]} must be {want}",
+                                 param_hint="--config")  # fmt: skip
+
+
+def checked(check: Callable[[Any], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A Click callback running one of :mod:`biasviz.checks` (on command-line and config values alike)."""
+
+    def callback(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+        from biasviz.errors import BiasvizError, UsageError
+
+        if value is None:
+            return value
+        try:
+            return check(value)
+        except BiasvizError as exc:
+            raise UsageError(str(exc)) from None
+
+    return callback
 
 
 def write_stage(config: str | Path, command: str, out: str | Path) -> bool:
@@ -125,4 +206,7 @@ def figure_output_options(f: F) -> F:
 
 
 def seed_option(f: F) -> F:
-    return click.option("--seed", default=0, show_default=True, type=int, help="Random seed (reproducible runs).")(f)
+    from biasviz.checks import check_seed
+
+    return click.option("--seed", default=0, show_default=True, type=int, callback=checked(check_seed),
+                        help="Random seed, 0 to 2^63 - 1 (reproducible runs).")(f)  # fmt: skip

@@ -12,6 +12,7 @@ from biasviz.cli.options import config_option, figure_output_options
 from biasviz.errors import BiasvizError, UsageError
 
 if TYPE_CHECKING:
+    from biasviz.atomic import Staged
     from biasviz.store import BiasFile
 
 
@@ -116,16 +117,19 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
         raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
     if kind == "bias" and log_scale:
         raise UsageError("--log applies to attention weights; use it with --kind weights or all")
+    from biasviz.atomic import replacing_together
+
     path = input_path or Path("data") / f"{name}.h5"
-    job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
-                   shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
-                   max_cells=max_cells, step=step)  # fmt: skip
-    if kind == "dynamics":
-        for written in job.run_dynamics(out_dir, formats, dpi):
-            click.echo(f"wrote {written}")
-        return
-    for written in job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi):
-        click.echo(f"wrote {written}")
+    with replacing_together() as staged:  # the figure set is replaced whole, or not at all
+        job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
+                       shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
+                       max_cells=max_cells, staged=staged, step=step)  # fmt: skip
+        if kind == "dynamics":
+            written = job.run_dynamics(out_dir, formats, dpi)
+        else:
+            written = job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi)
+    for path in written:
+        click.echo(f"wrote {path}")
 
 
 @dataclass
@@ -143,13 +147,14 @@ class _PlotJob:
     style: str
     reduce_how: str
     max_cells: int
+    staged: Staged | None = None
     step: int | None = None
 
     def _open(self) -> BiasFile:
         """The file, showing the checkpoint of ``--step`` in a sweep (the last by default)."""
         from biasviz.store import open_bias_file
 
-        bf = open_bias_file(self.path)
+        bf = open_bias_file(self.path, isolated=True)
         if self.step is None:
             return bf
         steps = bf.checkpoints
@@ -180,7 +185,7 @@ class _PlotJob:
                 "source": str(self.path),
                 "keywords": f"biasviz; scheme={self.scheme}; kind=dynamics; layer={layer}"}  # fmt: skip
         return save_figure(dynamics_grid(sweep, style=self.style), out_dir / f"{self.scheme}_dynamics", formats,
-                           dpi=dpi, info=info, style=self.style)  # fmt: skip
+                           dpi=dpi, info=info, style=self.style, staged=self.staged)  # fmt: skip
 
     def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
 
@@ -243,4 +248,4 @@ class _PlotJob:
             "keywords": (f"biasviz; scheme={self.scheme}; kind={kind}; layer={heads.layer}; sample={heads.sample}; "
                          f"normalize={normalize}; reduction={reduction}; source={self.path}"),
         }  # fmt: skip
-        return save_figure(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info)
+        return save_figure(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info, staged=self.staged)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from biasviz.cli.options import config_option, device_option, seed_option
+from biasviz.checks import check_learning_rate
+from biasviz.cli.options import checked, config_option, device_option, seed_option
 from biasviz.errors import UsageError
 
 
@@ -18,7 +19,8 @@ from biasviz.errors import UsageError
 @click.option("--steps", default=300, show_default=True, type=click.IntRange(min=1))
 @click.option("--seq-len", default=128, show_default=True, type=click.IntRange(min=2), help="Training length T.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1))
-@click.option("--lr", default=2e-3, show_default=True, type=float, help="Peak learning rate (AdamW, cosine).")
+@click.option("--lr", default=2e-3, show_default=True, type=float, callback=checked(check_learning_rate),
+              help="Peak learning rate (AdamW, cosine).")  # fmt: skip
 @click.option("--corpus", default=None, help="Text file or directory of text files [default: Python's stdlib].")
 @click.option("--tokenizer", default=None, help="tokenizer.json to use instead of building one from the corpus.")
 @click.option(
@@ -39,7 +41,7 @@ from biasviz.errors import UsageError
     "for 'biasviz extract --checkpoints'. 0: only the final checkpoint.",
 )  # fmt: skip
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Checkpoint directory to write.")
-@click.option("--force", is_flag=True, help="Replace an existing checkpoint directory.")
+@click.option("--force", is_flag=True, help="Replace an existing biasviz checkpoint (never another folder).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
     scheme: str, preset: str, steps: int, seq_len: int, batch_size: int, lr: float, corpus: str | None,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from biasviz.errors import BiasvizError
+from biasviz.inputs import read_text, regular_file
 
 DEFAULT_CORPUS = "stdlib"
 DEFAULT_MAX_BYTES = 8_000_000
@@ -38,8 +39,8 @@ def _stdlib_files() -> list[Path]:
 
 
 def _text_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
+    if not path.is_dir():
+        return [regular_file(path, "text file")]
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
     if not files:
         raise BiasvizError(f"no text files ({', '.join(sorted(TEXT_SUFFIXES))}) under {path}")
@@ -62,16 +63,17 @@ def open_corpus(path: str | Path | None = None, max_bytes: int | None = DEFAULT_
             raise BiasvizError(f"corpus path {p} does not exist; give a text file or a directory of them")
         files = _text_files(p)
         source = str(p.resolve())
-    return _read(files, max_bytes, source), source
+    return _read(files, max_bytes, source, warn=path is not None and str(path) != DEFAULT_CORPUS), source
 
 
-def _read(files: list[Path], max_bytes: int | None, source: str) -> Iterator[str]:
+def _read(files: list[Path], max_bytes: int | None, source: str, *, warn: bool = True) -> Iterator[str]:
+    """Each file's text; bytes that are not UTF-8 are replaced (with a warning for the user's own files)."""
     total = 0
     for f in files:
-        try:
-            text = f.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise BiasvizError(f"cannot read {f}: {exc.strerror}") from exc
+        if warn:
+            text = read_text(f, "text file", strict=False)
+        else:
+            text = regular_file(f).read_bytes().decode("utf-8", errors="replace")
         if not text.strip():
             continue
         if max_bytes is not None and total + len(text) > max_bytes:

@@ -7,6 +7,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from biasviz.errors import BiasvizError
+from biasviz.inputs import regular_file
 
 EOS = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -41,8 +42,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / TOKENIZER_FILE
-    if not p.is_file():
+    if not p.exists():
         raise BiasvizError(f"no tokenizer at {p}; give a tokenizer.json file or a directory holding one")
+    regular_file(p, "tokenizer.json")
     try:
         return Tokenizer.from_file(str(p))
     except Exception as exc:  # tokenizers raises plain Exceptions for malformed files

@@ -60,6 +60,8 @@ class BiasGPTConfig(PreTrainedConfig):
         **kwargs: Any,
     ) -> None:
         self.scheme = canonical_name(scheme)
+        if scheme_options is not None and not isinstance(scheme_options, dict):
+            raise BiasvizError(f"scheme_options must be a mapping of option names to values, not {scheme_options!r}")
         self.scheme_options = dict(scheme_options or {})
         self.vocab_size = vocab_size
         self.n_positions = n_positions
@@ -79,6 +81,7 @@ class BiasGPTConfig(PreTrainedConfig):
         self.activation = activation
         if n_embd % n_head:
             raise BiasvizError(f"n_embd ({n_embd}) must be a multiple of n_head ({n_head})")
+        get_scheme(self.scheme).check_options(self.scheme_options, n_head)  # a bad value fails here, before work
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
 
     @property

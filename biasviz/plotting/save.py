@@ -10,8 +10,8 @@ import matplotlib as mpl
 from matplotlib.figure import Figure
 
 from biasviz import __version__
-from biasviz.atomic import replacing
-from biasviz.errors import BiasvizError, os_error_message
+from biasviz.atomic import Staged, replacing
+from biasviz.errors import BiasvizError, os_error_message, underlying_os_error
 from biasviz.plotting.style import DEFAULT_STYLE, paper_context
 
 FORMATS = ("pdf", "png", "svg")
@@ -29,11 +29,13 @@ def parse_formats(text: str) -> list[str]:
 
 
 def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str], *, dpi: float = 200,
-                info: Mapping[str, str] | None = None, style: str | None = DEFAULT_STYLE) -> list[Path]:  # fmt: skip
+                info: Mapping[str, str] | None = None, style: str | None = DEFAULT_STYLE,
+                staged: Staged | None = None) -> list[Path]:  # fmt: skip
     """Save ``fig`` as ``stem.<format>`` for each format and return the paths.
 
     Each file is written under a temporary name beside its target and moved into place when complete,
-    so an interrupted run leaves earlier figures intact. ``info`` (title, description, source,
+    so an interrupted run leaves earlier figures intact; with ``staged``, only when the whole set is
+    (:func:`biasviz.atomic.replacing_together`). ``info`` (title, description, source,
     keywords) goes into the PDF document info, the PNG text chunks or the SVG metadata. ``style``
     applies the paper settings read at save time (math font, font embedding); None keeps the caller's.
     """
@@ -48,7 +50,7 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str], *, dpi: f
     for fmt in formats:
         target = stem.with_name(f"{stem.name}.{fmt}")
         with paper_context(style) if style else contextlib.nullcontext():
-            _save_one(fig, target, fmt, dpi if fmt == "png" else VECTOR_RASTER_DPI, dict(info or {}))
+            _save_one(fig, target, fmt, dpi if fmt == "png" else VECTOR_RASTER_DPI, dict(info or {}), staged)
         paths.append(target)
     return paths
 
@@ -65,13 +67,17 @@ def _metadata(fmt: str, info: dict[str, str]) -> dict[str, object]:
     return {"Title": title, "Description": desc, "Source": source, "Keywords": keywords, "Software": creator}
 
 
-def _save_one(fig: Figure, target: Path, fmt: str, dpi: float, info: dict[str, str]) -> None:
+def _save_one(fig: Figure, target: Path, fmt: str, dpi: float, info: dict[str, str], staged: Staged | None) -> None:
     rc = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none", "svg.hashsalt": "biasviz"}
+    writing = replacing(target) if staged is None else contextlib.nullcontext(staged.temporary(target))
     try:
-        with replacing(target) as tmp, mpl.rc_context(rc):
+        with writing as tmp, mpl.rc_context(rc):
             fig.savefig(tmp, format=fmt, dpi=dpi, metadata=_metadata(fmt, info))
-    except OSError as exc:
-        raise BiasvizError(os_error_message(exc, target)) from exc
+    except Exception as exc:  # a full disk can surface as another error of the backend's (PDF: AttributeError)
+        cause = underlying_os_error(exc)
+        if cause is None:
+            raise
+        raise BiasvizError(os_error_message(cause, target)) from exc
 
 
 __all__ = ["FORMATS", "VECTOR_RASTER_DPI", "parse_formats", "save_figure"]

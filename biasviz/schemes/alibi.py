@@ -51,14 +51,24 @@ class ALiBi(PositionScheme):
         # persistent, so a checkpoint records exactly the slopes it was trained with
         self.register_buffer("slopes", torch.tensor(self.resolve_slopes(self.options["slopes"], n_head)))
 
+    @classmethod
+    def _check(cls, options: dict[str, Any], n_head: int) -> None:
+        cls.resolve_slopes(options["slopes"], n_head)
+
     @staticmethod
     def resolve_slopes(spec: str | Sequence[float], n_head: int) -> list[float]:
-        """Slopes from a rule name (``geometric``, ``interleaved``) or an explicit list."""
+        """Slopes from a rule name (``geometric``, ``interleaved``) or an explicit list of finite numbers."""
         if isinstance(spec, str):
             rules = {"geometric": geometric_slopes, "interleaved": interleaved_slopes}
             if spec not in rules:
                 raise BiasvizError(f"unknown ALiBi slope rule '{spec}'; use geometric, interleaved or a list")
             return rules[spec](n_head)
+        finite = isinstance(spec, (list, tuple)) and all(
+            isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) for m in spec
+        )
+        if not finite:
+            raise BiasvizError("alibi option 'slopes' must be geometric, interleaved or a list of finite numbers "
+                               "(one per head)")  # fmt: skip
         slopes = [float(m) for m in spec]
         if len(slopes) != n_head:
             raise BiasvizError(f"ALiBi needs one slope per head: got {len(slopes)} for {n_head} heads")

@@ -6,10 +6,14 @@ Dimension letters used in shape comments throughout biasviz:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from biasviz.errors import BiasvizError
 
 
 def relative_distance(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -50,17 +54,30 @@ class PositionScheme(nn.Module):
 
     def __init__(self, n_head: int, d_model: int, **options: Any) -> None:
         super().__init__()
-        unknown = set(options) - set(self.default_options)
-        if unknown:
-            from biasviz.errors import BiasvizError
-
-            raise BiasvizError(
-                f"unknown option(s) {sorted(unknown)} for scheme '{self.name}'; "
-                f"valid: {sorted(self.default_options) or 'none'}"
-            )
         self.n_head = n_head
         self.d_model = d_model
-        self.options = {**self.default_options, **options}
+        self.options = self.check_options(options, n_head)
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], n_head: int) -> dict[str, Any]:
+        """The options with defaults filled in, or a :class:`BiasvizError` naming the first bad one.
+
+        Called when a config is made (``train``, a checkpoint's config.json) as well as when the scheme is
+        built, so a bad value is refused before any work; subclasses check their values in :meth:`_check`.
+        """
+        unknown = set(options) - set(cls.default_options)
+        if unknown:
+            raise BiasvizError(
+                f"unknown option(s) {sorted(unknown)} for scheme '{cls.name}'; "
+                f"valid: {sorted(cls.default_options) or 'none'}"
+            )
+        merged = {**cls.default_options, **options}
+        cls._check(merged, n_head)
+        return merged
+
+    @classmethod
+    def _check(cls, options: dict[str, Any], n_head: int) -> None:
+        """Check the values of ``options`` (all present); nothing to check by default."""
 
     def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
         """Return b_h(i, j) as (1, H, Tq, Tk) — or (B, H, Tq, Tk) for context-dependent schemes.
@@ -87,3 +104,19 @@ class PositionScheme(nn.Module):
 
     def extra_repr(self) -> str:
         return f"n_head={self.n_head}, options={self.options}"
+
+
+def option_int(scheme: str, key: str, value: Any, minimum: int) -> int:
+    """A scheme option that must be a whole number >= ``minimum`` (not a bool, not 2.5, not text)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BiasvizError(f"{scheme} option '{key}' must be an integer of at least {minimum}, not {value!r}")
+    return value
+
+
+def option_number(scheme: str, key: str, value: Any, *, positive: bool = False) -> float:
+    """A scheme option that must be a finite number (and > 0 when ``positive``)."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or (positive and value <= 0):
+        want = "a positive number" if positive else "a finite number"
+        raise BiasvizError(f"{scheme} option '{key}' must be {want}, not {value!r}")
+    return float(value)

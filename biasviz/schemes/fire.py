@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, query_positions, relative_distance
+from biasviz.schemes.base import PositionScheme, option_int, option_number, query_positions, relative_distance
 
 MIN_C = 1e-4  # psi(x) = log(c x + 1) needs c > 0
 MIN_THRESHOLD = 1.0  # psi(max(L, i)) must stay > 0 at i = 0
@@ -30,6 +30,12 @@ class FIRE(PositionScheme):
         self.c = nn.Parameter(torch.empty(()))
         self.threshold = nn.Parameter(torch.empty(()))  # L
         self.reset_parameters()
+
+    @classmethod
+    def _check(cls, options: dict[str, Any], n_head: int) -> None:
+        option_int("fire", "hidden", options["hidden"], 1)
+        option_number("fire", "init_c", options["init_c"], positive=True)
+        option_number("fire", "init_threshold", options["init_threshold"])
 
     def reset_parameters(self) -> None:
         with torch.no_grad():

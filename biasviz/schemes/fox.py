@@ -24,7 +24,7 @@ from torch import nn
 
 from biasviz.errors import BiasvizError
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, relative_distance
+from biasviz.schemes.base import PositionScheme, option_number, relative_distance
 
 GATES = ("full", "bias_only", "fixed")
 
@@ -51,18 +51,26 @@ class FoX(PositionScheme):
     def __init__(self, n_head: int, d_model: int, **options: Any) -> None:
         super().__init__(n_head, d_model, **options)
         self.gate = str(self.options["gate"])
-        if self.gate not in GATES:
-            raise BiasvizError(f"unknown FoX gate '{self.gate}'; use one of {', '.join(GATES)}")
         times = (self.options["decay_time_min"], self.options["decay_time_max"])
         self.decay_init = None if None in times else decay_time_bias(n_head, float(times[0]), float(times[1]))
-        if self.gate == "fixed" and self.decay_init is None:
-            raise BiasvizError("FoX gate 'fixed' needs decay_time_min and decay_time_max (the decay-time init)")
         if self.gate == "full":
             self.proj = nn.Linear(d_model, n_head)  # w_h, beta_h
         elif self.gate == "bias_only":
             self.gate_bias = nn.Parameter(torch.zeros(n_head))
         else:
             self.register_buffer("gate_bias", torch.tensor(self.decay_init, dtype=torch.float32))
+
+    @classmethod
+    def _check(cls, options: dict[str, Any], n_head: int) -> None:
+        gate = options["gate"]
+        if gate not in GATES:
+            raise BiasvizError(f"unknown FoX gate '{gate}'; use one of {', '.join(GATES)}")
+        times = [options[k] for k in ("decay_time_min", "decay_time_max")]
+        for key in ("decay_time_min", "decay_time_max"):
+            if options[key] is not None:
+                option_number("fox", key, options[key], positive=True)
+        if gate == "fixed" and None in times:
+            raise BiasvizError("FoX gate 'fixed' needs decay_time_min and decay_time_max (the decay-time init)")
 
     @property
     def depends_on_input(self) -> bool:

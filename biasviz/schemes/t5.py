@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from biasviz.errors import BiasvizError
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, relative_distance
+from biasviz.schemes.base import PositionScheme, option_int, relative_distance
 
 
 def causal_bucket(distance: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
@@ -38,6 +39,14 @@ class T5Bias(PositionScheme):
         super().__init__(n_head, d_model, **options)
         self.table = nn.Embedding(int(self.options["num_buckets"]), n_head)  # w: (buckets, H)
         self.reset_parameters()
+
+    @classmethod
+    def _check(cls, options: dict[str, Any], n_head: int) -> None:
+        buckets = option_int("t5", "num_buckets", options["num_buckets"], 2)
+        distance = options["max_distance"]
+        if isinstance(distance, bool) or not isinstance(distance, int) or distance <= buckets // 2:
+            raise BiasvizError(f"t5 option 'max_distance' must be an integer more than num_buckets / 2 "
+                               f"({buckets // 2}), not {distance!r}")  # fmt: skip
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.table.weight, std=1.0)

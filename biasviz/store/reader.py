@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 
 from biasviz.errors import BiasvizError
+from biasviz.inputs import regular_file
 from biasviz.store.format import FORMAT_VERSION, REQUIRED_ATTRS, layer_group
 
 
@@ -21,13 +22,18 @@ class BiasFile:
     ``KeyError`` deep inside a plot. Attributes are only ever read as data.
     """
 
-    def __init__(self, path: str | Path, checkpoint: int = -1) -> None:
+    def __init__(self, path: str | Path, checkpoint: int = -1, *, isolated: bool = False) -> None:
         self.path = Path(path)
         self._checkpoint = checkpoint  # in a sweep file, the checkpoint (index) that dataset() and read() show
         if not self.path.exists():
             raise BiasvizError(f"{self.path} does not exist; run 'biasviz extract' first or pass --input")
         if self.path.is_dir():
             raise BiasvizError(f"{self.path} is a folder; give a biasviz .h5 file")
+        regular_file(self.path, "biasviz .h5 file")
+        if isolated:  # a file from elsewhere: make sure it cannot hang or crash this process when opened
+            from biasviz.store.guard import check_isolated
+
+            check_isolated(self.path)
         try:
             self._h5 = h5py.File(self.path, "r")
         except OSError as exc:
@@ -116,6 +122,7 @@ class BiasFile:
         bad_layers = [x for x in self._layers if not 0 <= x < n_layers]
         if bad_layers or len(set(self._layers)) != len(self._layers):
             raise self._bad(f"attribute 'layers' ({self._layers}) is not a set of indices in 0..{n_layers - 1}")
+        self._refuse_other_files("input_ids")
         ids = self._h5.get("input_ids")
         if not isinstance(ids, h5py.Dataset) or ids.ndim != 2 or ids.shape[1] != self._seq_len:
             raise self._bad(f"no (sample, query) dataset 'input_ids' with {self._seq_len} queries")
@@ -126,6 +133,7 @@ class BiasFile:
         lead = () if self._steps is None else (len(self._steps),)
         shape = (*lead, self._n_samples, self._n_heads, self._seq_len, self._seq_len)
         for layer in self._layers:
+            self._refuse_other_files(layer_group(layer))
             grp = self._h5.get(layer_group(layer))
             wanted = "bias" if self.bias_only else "weights"
             if not isinstance(grp, h5py.Group) or not isinstance(grp.get(wanted), h5py.Dataset):
@@ -133,6 +141,7 @@ class BiasFile:
             for kind in ("bias", "weights"):
                 if kind not in grp:
                     continue
+                self._refuse_other_files(f"{layer_group(layer)}/{kind}")
                 ds = grp.get(kind)
                 if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype.kind != "f":
                     what = f"{ds.dtype} {ds.shape}" if isinstance(ds, h5py.Dataset) else "not a dataset"
@@ -168,6 +177,16 @@ class BiasFile:
         other.__dict__.update(self.__dict__)
         other._checkpoint = index % len(self._steps) if self._steps else 0
         return other
+
+    def _refuse_other_files(self, name: str) -> None:
+        """``name`` must live in this file: an external link, external storage or a virtual dataset would make
+        HDF5 read other files (a FIFO there blocks the reader forever)."""
+        link = self._h5.get(name, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            raise self._bad(f"'{name}' is an external link to another file ({_short_text(link.filename)})")
+        obj = self._h5.get(name) if link is not None else None
+        if isinstance(obj, h5py.Dataset) and (obj.is_virtual or obj.external):
+            raise self._bad(f"'{name}' keeps its data in another file (external or virtual storage)")
 
     # -- context manager -----------------------------------------------------------------------
     def __enter__(self) -> BiasFile:
@@ -315,6 +334,10 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _short_text(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _describe(value: Any) -> str:
     """A short description of an attribute value for error messages (never its full, possibly huge, text)."""
     arr = np.asarray(value) if not isinstance(value, str) else None
@@ -323,7 +346,10 @@ def _describe(value: Any) -> str:
     return f"{arr.dtype} of shape {arr.shape}" if arr.ndim else f"{arr.dtype} {str(arr.item())[:40]!r}"
 
 
-def open_bias_file(path: str | Path, checkpoint: int = -1) -> BiasFile:
-    """Open and validate a format-1 file; clear errors for anything else. In a sweep file, ``checkpoint``
-    (an index, -1 the last) is the checkpoint its datasets show."""
-    return BiasFile(path, checkpoint)
+def open_bias_file(path: str | Path, checkpoint: int = -1, *, isolated: bool = False) -> BiasFile:
+    """Open and validate a format-1 file; clear errors for anything else.
+
+    In a sweep file, ``checkpoint`` (an index, -1 the last) is the checkpoint its datasets show.
+    ``isolated``: open and validate it in a child process first, with a time limit (:mod:`.guard`).
+    """
+    return BiasFile(path, checkpoint, isolated=isolated)

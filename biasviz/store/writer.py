@@ -17,6 +17,7 @@ import numpy as np
 from biasviz.atomic import publish, temporary_name
 from biasviz.deflate import deflate
 from biasviz.errors import BiasvizError, os_error_message
+from biasviz.store.failures import DeferredWriteErrors
 from biasviz.store.format import (
     DIMS,
     FLOAT16_MAX,
@@ -101,6 +102,7 @@ class BiasFileWriter:
         self._tmp: Path | None = None
         self._h5: h5py.File | None = None
         self._written = 0
+        self._failures = DeferredWriteErrors()
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> BiasFileWriter:
@@ -111,13 +113,15 @@ class BiasFileWriter:
                 f"cannot create the output folder {self.path.parent}: {exc.strerror}; choose another --out"
             ) from exc
         self._tmp = temporary_name(self.path)
+        self._failures.__enter__()
         try:
             self._h5 = h5py.File(self._tmp, "w")
             self._create_layout()
+            self._failures.check()
         except BaseException as exc:  # an interrupt can land after the file exists but before it is returned
             self._discard()
             if isinstance(exc, OSError):
-                raise BiasvizError(f"cannot write to {self.path.parent}: {exc}") from exc
+                raise BiasvizError(os_error_message(exc, self.path)) from exc
             raise
         return self
 
@@ -129,8 +133,11 @@ class BiasFileWriter:
                     raise BiasvizError(f"only {self._written} of {self.n_samples} samples were written")
                 self._h5.attrs["samples"] = self.n_samples
                 self._shutdown()
+                self._failures.check()
                 self._h5.flush()  # a full disk fails here, while the file can still be closed safely
+                self._failures.check()
                 self._h5.close()
+                self._failures.check()
                 self._publish()
         except OSError as err:
             self._discard()
@@ -141,6 +148,7 @@ class BiasFileWriter:
         finally:
             if exc_type is not None:
                 self._discard()
+            self._failures.__exit__()
         if isinstance(exc, OSError):  # a write inside the block failed (full disk, ...): name the file
             raise BiasvizError(os_error_message(exc, self.path)) from exc
 
@@ -154,6 +162,7 @@ class BiasFileWriter:
         with contextlib.suppress(FileNotFoundError):
             if self._tmp is not None:
                 self._tmp.unlink()
+        self._failures.__exit__()
 
     def _shutdown(self) -> None:
         if self._executor is not None:
@@ -308,6 +317,7 @@ class BiasFileWriter:
     def begin_batch(self, input_ids: Any) -> int:
         """Store a batch's token ids ahead of its matrices (given by :meth:`write_chunk`); returns its first sample."""
         assert self._h5 is not None, "use BiasFileWriter as a context manager"
+        self._failures.check()
         ids = _as_numpy(input_ids)
         b = int(ids.shape[0])
         start, stop = self._written, self._written + b
@@ -328,12 +338,14 @@ class BiasFileWriter:
                     checkpoint: int | None = None) -> None:  # fmt: skip
         """Store one (sample, head) matrix given as its shuffled and deflated chunk bytes (``direct_chunks`` only)."""
         assert self._h5 is not None and self._direct()
+        self._failures.check()
         self._h5[layer_group(layer)][kind].id.write_direct_chunk((*self._at(sample, head, checkpoint), 0, 0), data, 0)
 
     def write_matrix(self, kind: str, layer: int, sample: int, head: int, matrix: Any,
                      checkpoint: int | None = None) -> None:  # fmt: skip
         """Store one (query, key) matrix (masked and checked as every matrix is), wherever it came from."""
         assert self._h5 is not None
+        self._failures.check()
         self._h5[layer_group(layer)][kind][self._at(sample, head, checkpoint)] = self._matrix(kind, layer, matrix)
 
     def write_batch(

@@ -1,0 +1,60 @@
+"""Refusing work that cannot fit in memory, before it starts, with the size it would need.
+
+The estimates are lower bounds (the arrays that must exist at once), so a run they refuse could never
+have finished; one they let through may still need more.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from biasviz.errors import BiasvizError
+
+FLOAT32 = 4
+
+
+def size_text(n: float) -> str:
+    """Bytes in binary units: ``'7.3 TiB'``.
+
+    >>> size_text(3 * 2**30), size_text(512)
+    ('3.0 GiB', '512 B')
+    """
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} EiB"  # pragma: no cover
+
+
+def memory_of(device: Any = None) -> int | None:
+    """All the memory ``device`` has (bytes): the GPU's for CUDA, else the machine's RAM and swap."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[1])
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+    swap = 0
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            swap = next((int(line.split()[1]) * 1024 for line in f if line.startswith("SwapTotal:")), 0)
+    except OSError:
+        pass
+    return ram + swap
+
+
+def check_fits(needed: int, what: str, fix: str, device: Any = None) -> None:
+    """Refuse ``needed`` bytes (for ``what``) when they exceed all the memory of ``device``; ``fix`` says how."""
+    have = memory_of(device)
+    if have is not None and needed > have:
+        where = "the GPU" if getattr(device, "type", "cpu") == "cuda" else "this machine"
+        raise BiasvizError(f"{what} needs about {size_text(needed)} of memory, more than the {size_text(have)} "
+                           f"{where} has; {fix}")  # fmt: skip
+
+
+def attention_bytes(batch: int, heads: int, seq_len: int, matrices: int = 1) -> int:
+    """``matrices`` float32 (batch, heads, T, T) arrays."""
+    return matrices * batch * heads * seq_len * seq_len * FLOAT32

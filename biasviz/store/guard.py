@@ -1,0 +1,68 @@
+"""Opening an HDF5 file from elsewhere in a child process first, with a time limit.
+
+A crafted or damaged file can make the HDF5 library loop, or crash, while it is opened and checked. The
+commands that read files given to them (``info``, ``plot``, ``diagnose``) therefore open and validate
+each file once in a child process: a hang becomes an error after ``BIASVIZ_HDF5_TIMEOUT`` seconds
+(default 60) and a crash an error naming the signal, while biasviz itself carries on. The child costs
+about a quarter of a second (a Python start and h5py's import), small beside drawing a figure.
+
+``python -m biasviz.store.guard FILE`` is the child: exit 0 when the file is valid, else 1 with the
+error on stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from biasviz.errors import BiasvizError
+
+TIMEOUT_ENV = "BIASVIZ_HDF5_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0
+
+
+def time_limit() -> float:
+    """Seconds the child may take (``BIASVIZ_HDF5_TIMEOUT``)."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = float(text) if text else DEFAULT_TIMEOUT
+    except ValueError:
+        raise BiasvizError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    return value if value > 0 else DEFAULT_TIMEOUT
+
+
+def check_isolated(path: Path) -> None:
+    """Open and validate ``path`` in a child process; its error, a time-out or a crash becomes a BiasvizError."""
+    limit = time_limit()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "biasviz.store.guard", str(path)], capture_output=True,
+                              text=True, timeout=limit, stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise BiasvizError(f"{path} took longer than {limit:g} s to open and check: it is damaged or made to hang "
+                           f"a reader (a slow disk? raise {TIMEOUT_ENV})") from None  # fmt: skip
+    if proc.returncode == 0:
+        return
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        raise BiasvizError(f"{path} crashed the HDF5 library ({name}) when opened: it is damaged or crafted; "
+                           "extract it again")  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    raise BiasvizError(lines[-1] if lines else f"{path} could not be opened (exit code {proc.returncode})")
+
+
+def _child(path: str) -> int:
+    from biasviz.store.reader import BiasFile
+
+    try:
+        BiasFile(path).close()
+    except BiasvizError as exc:
+        print(exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))
