@@ -176,3 +176,19 @@ def load_model_from(model):  # noqa: ANN001, ANN201
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 
     return BiasGPTAdapter(model, source="test")
+
+
+def test_force_replaces_a_run_with_its_saved_checkpoints_but_nothing_foreign(sweep_dir: Path, tmp_path: Path) -> None:
+    from biasviz.checkpoint_dir import check_output
+
+    run = tmp_path / "run"
+    small_model("alibi").save_pretrained(run)
+    small_model("alibi").save_pretrained(run / "checkpoint-100")
+    check_output(run, force=True)  # a run of train --save-every: replaceable
+    (run / "checkpoint-100" / "thesis.tex").write_text("mine")
+    with pytest.raises(BiasvizError, match="holds files biasviz did not write"):
+        check_output(run, force=True)
+    (run / "checkpoint-100" / "thesis.tex").unlink()
+    (run / "checkpoint-final").mkdir()
+    with pytest.raises(BiasvizError, match="checkpoint-final"):
+        check_output(run, force=True)
