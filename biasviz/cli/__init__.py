@@ -53,7 +53,8 @@ class _LazyGroup(click.Group):
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """Extract, store and plot the positional attention biases of GPT-2-style models."""
+    """Extract, store, plot and explore the positional attention biases of transformer models (any PyTorch model
+    whose attention calls SDPA or flex_attention, biasviz's own GPT-2 variants, transformers checkpoints)."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
 
