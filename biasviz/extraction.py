@@ -82,6 +82,8 @@ def provenance(
         "numpy_version": np.__version__,
         "python_version": platform.python_version(),
     }
+    if not getattr(adapter, "context_known", True):  # a traced model: only the data can tell (biasviz diagnose)
+        attrs["context_dependent_known"] = False
     attrs.update(extra or {})
     return attrs
 

@@ -413,3 +413,12 @@ def test_a_model_that_refuses_a_short_probe_is_probed_at_full_length(tmp_path) -
         result = biasviz.extract(FixedLength(), torch.randint(0, 50, (1, t_len)), tmp_path / "f.h5", device="cpu",
                                  progress=False)  # fmt: skip
     assert result.seq_len == t_len and not result.has_bias
+
+
+def test_a_captured_file_does_not_claim_to_know_its_context_dependence(tmp_path, capsys) -> None:
+    fused, _ = nano_gpt.pair()
+    biasviz.extract(fused, torch.randint(0, 101, (1, 16)), tmp_path / "c.h5", device="cpu", progress=False)
+    with h5py.File(tmp_path / "c.h5") as f:
+        assert not f.attrs["context_dependent_known"]
+    rc, out, _ = run_cli(["info", str(tmp_path / "c.h5")], capsys)
+    assert rc == 0 and "context dependence not recorded" in out and "context-independent" not in out

@@ -81,6 +81,11 @@ class TracedAdapter(ModelAdapter):
     def adds_bias(self) -> bool:
         return any(c.adds_bias for c in self._chosen) if self._chosen else self._scheme_flag("adds_bias", True)
 
+    @property
+    def context_known(self) -> bool:
+        """Whether the file can say if the bias depends on the input: only for a scheme the registry knows."""
+        return self.scheme != CAPTURED
+
     def prepare(self, ids: np.ndarray) -> None:
         """Run the first sample once, counting the attention calls and reading their heads and masks.
 

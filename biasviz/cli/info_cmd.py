@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 _SHOWN = {  # attributes the summary prints in its own lines; the rest go under "other"
-    "biasviz_format", "scheme", "context_dependent", "bias_convention", "source_model", "architecture",
+    "biasviz_format", "scheme", "context_dependent", "context_dependent_known", "bias_convention", "source_model",
+    "architecture",
     "model_sha256", "n_layers", "n_heads", "seq_len", "layers", "samples", "dtype", "device", "device_name",
     "seed", "text_source", "tokenizer", "created_utc", "biasviz_version", "torch_version", "config_json",
     "causal", "batch_size",
@@ -42,6 +43,8 @@ def summary(path: Path) -> str:
         raw = f.attrs
         a = {k: _short(v) if isinstance(v, (str, list)) else v for k, v in raw.items()}  # one line each
         kind = "context-dependent" if f.context_dependent else "context-independent"
+        if "context_dependent_known" in raw and not bool(raw["context_dependent_known"]):
+            kind = "context dependence not recorded: a traced model; 'biasviz diagnose' measures it"
         layers = f.layers
         n_layers = f.n_layers
         lines = [
