@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from biasviz.devices import resolve_device
 from biasviz.errors import BiasvizError
+from biasviz.outputs import check_output_file
 
 
 @dataclass(frozen=True)
@@ -64,21 +65,28 @@ def process_group(device: str) -> Iterator[tuple[World, torch.device]]:
     Yields this process's place and device; a single process yields at once and joins nothing.
     """
     w = world()
-    dev = resolve_device(device)
     if w.size == 1 or dist.is_initialized():
-        yield w, dev
+        yield w, rank_device(device, w)
         return
-    if dev.type == "cuda":
-        if w.local_rank >= torch.cuda.device_count():
-            raise BiasvizError(f"process {w.rank} has LOCAL_RANK {w.local_rank} but only {torch.cuda.device_count()} "
-                               "GPUs are visible; start at most that many per node")  # fmt: skip
-        dev = torch.device("cuda", w.local_rank)
-        torch.cuda.set_device(dev)
+    dev = rank_device(device, w)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=w.rank, world_size=w.size)
     try:
         yield w, dev
     finally:
         dist.destroy_process_group()
+
+
+def rank_device(spec: str, w: World) -> torch.device:
+    """The device of process ``w``: under torchrun with CUDA its own GPU (LOCAL_RANK), made current."""
+    device = resolve_device(spec)
+    if device.type != "cuda" or w.size == 1:
+        return device
+    if w.local_rank >= torch.cuda.device_count():
+        raise BiasvizError(f"process {w.rank} has LOCAL_RANK {w.local_rank} but only {torch.cuda.device_count()} "
+                           "GPUs are visible; start at most that many per node")  # fmt: skip
+    device = torch.device("cuda", w.local_rank)
+    torch.cuda.set_device(device)
+    return device
 
 
 def _device_for_collectives() -> torch.device:
@@ -116,9 +124,7 @@ def extract_parallel(
     from biasviz.store.combine import combine
 
     t0 = time.perf_counter()
-    out = Path(out)
-    if out.exists() and not force:
-        raise BiasvizError(f"{out} already exists; pass --force to overwrite it or choose another --out")
+    out = check_output_file(Path(out), force=force)
     if len(windows) < w.size:
         raise BiasvizError(f"--samples {len(windows)} is fewer than the {w.size} processes; each needs at least one")
     token = from_main(secrets.token_hex(4))

@@ -18,6 +18,7 @@ import numpy as np
 
 from biasviz.checkpoint_dir import SAVED_STEP
 from biasviz.errors import BiasvizError, UsageError
+from biasviz.outputs import check_output_file
 
 
 def checkpoint_dir(out: Path, step: int) -> Path:
@@ -61,9 +62,7 @@ def extract_sweep(model_dir: str | Path, spec: str, windows: np.ndarray, out: st
     from biasviz.store.combine import combine
 
     t0 = time.perf_counter()
-    out = Path(out)
-    if out.exists() and not force:
-        raise BiasvizError(f"{out} already exists; pass --force to overwrite it or choose another --out")
+    out = check_output_file(Path(out), force=force)
     available = list_checkpoints(model_dir)
     steps = choose(spec, available, model_dir)
     token = secrets.token_hex(4)

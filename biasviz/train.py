@@ -18,8 +18,7 @@ from biasviz.atomic import replacing
 from biasviz.checkpoint_dir import check_output, share_mode
 from biasviz.checks import check_learning_rate, check_seed
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
-from biasviz.devices import resolve_device
-from biasviz.distributed import World, world
+from biasviz.distributed import World, rank_device, world
 from biasviz.errors import BiasvizError, os_error_message, underlying_os_error
 from biasviz.memory import attention_bytes, check_fits
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
@@ -109,7 +108,7 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     base = check_settings(s)
     check_output(out, force)
     w = world()
-    device = resolve_device(s.device) if w.size == 1 else _rank_device(s.device, w)
+    device = rank_device(s.device, w)
     check_fits(_training_bytes(base, s), f"training {s.batch_size} x {s.seq_len} tokens per step",
                "use a smaller --batch-size or a shorter --seq-len", device)  # fmt: skip
     if not w.main:  # the other processes train alongside process 0 and write nothing
@@ -222,15 +221,6 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
         model.eval().to("cpu")
         save(tmp, s.steps, seconds)
     return TrainResult(tmp or Path(), losses, seconds, s.steps * s.batch_size * s.seq_len * w.size, step_seconds)
-
-
-def _rank_device(spec: str, w: World) -> torch.device:
-    """Under torchrun: this process's GPU (LOCAL_RANK), or the CPU."""
-    device = resolve_device(spec)
-    if device.type == "cuda":
-        device = torch.device("cuda", w.local_rank)
-        torch.cuda.set_device(device)
-    return device
 
 
 def _data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -113,14 +113,9 @@ class TracedAdapter(ModelAdapter):
         self.n_heads = probe.calls[-1].heads
 
     def _probe(self, ids: torch.Tensor) -> Trace:
-        probe = Trace(self.model, layers=[], inspect=True)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode(), probe:
-                self._call_model(ids.to(self.device))
-        finally:
-            self.model.train(was_training)
+        """One pass in which every call is inspected and none formed (extraction has put the model in eval mode)."""
+        with torch.inference_mode(), Trace(self.model, layers=[], inspect=True) as probe:
+            self._call_model(ids.to(self.device))
         return probe
 
     def resolve_layers(self, spec: int | str | list[int]) -> list[int]:
@@ -157,21 +152,22 @@ class TracedAdapter(ModelAdapter):
             self._captured, self._wanted = previous
 
     def forward(self, input_ids: torch.Tensor) -> None:
-        wanted = self._wanted or None
-        with torch.inference_mode(), Trace(self.model, wanted, stop=wanted is not None) as t:
-            self._call_model(input_ids.to(self.device))
-        if self._captured is None:
+        """Run the model with the calls of :meth:`capture` traced; the forward stops after the last of them."""
+        if self._captured is None:  # not capturing: a plain pass
+            with torch.inference_mode():
+                self._call_model(input_ids.to(self.device))
             return
+        with torch.inference_mode(), Trace(self.model, self._wanted, stop=True) as t:
+            self._call_model(input_ids.to(self.device))
+        weights, bias = t.weights, t.bias
         for index in self._wanted:
-            call = next((c for c in t.calls if c.index == index), None)
-            if call is None or call.weights is None:
+            if index not in weights:
                 continue  # reported by the caller as nothing captured
-            self._captured.weights[index] = call.weights
-            if call.bias is not None:
-                self._captured.bias[index] = call.bias
+            self._captured.weights[index] = weights[index]
+            if index in bias:
+                self._captured.bias[index] = bias[index]
             elif self.adds_bias:  # a call with no additive part beside calls with one: it adds 0
-                self._captured.bias[index] = torch.zeros(1, *call.weights.shape[1:], device=call.weights.device)
-        del t
+                self._captured.bias[index] = torch.zeros(1, *weights[index].shape[1:], device=weights[index].device)
 
 
 def _describe(model: nn.Module) -> str:

@@ -16,7 +16,6 @@ from biasviz.outputs import check_output_file
 if TYPE_CHECKING:
     from biasviz.atomic import Staged
     from biasviz.diagnostics import HeadDiagnostics
-    from biasviz.store import BiasFile
 
 DEFINITIONS = ("README, Reading the figures and diagnostics; over the causal cells j <= i; "
                "population standard deviations (ddof=0); "
@@ -116,14 +115,8 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
         for note in notes:
             click.echo(f"note: {path}: {note}", err=True)
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
-                           seq_len=bf.seq_len, context_dependent=_recorded_dependence(bf), heads=heads,
+                           seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
                            sweep=sweep)  # fmt: skip
-
-
-def _recorded_dependence(bf: BiasFile) -> bool | None:
-    """What the file says of its scheme; None (JSON null) for a traced model, whose file cannot say."""
-    known = bf.attrs.get("context_dependent_known", True)
-    return bf.context_dependent if bool(known) else None
 
 
 def _name_uniquely(results: list[_FileResult]) -> None:

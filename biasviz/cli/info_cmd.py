@@ -42,9 +42,9 @@ def summary(path: Path) -> str:
     with open_bias_file(path, isolated=True) as f:
         raw = f.attrs
         a = {k: _short(v) if isinstance(v, (str, list)) else v for k, v in raw.items()}  # one line each
-        kind = "context-dependent" if f.context_dependent else "context-independent"
-        if "context_dependent_known" in raw and not bool(raw["context_dependent_known"]):
-            kind = "context dependence not recorded: a traced model; 'biasviz diagnose' measures it"
+        recorded = f.context_dependence_recorded
+        kind = ("context dependence not recorded: a traced model; 'biasviz diagnose' measures it" if recorded is None
+                else "context-dependent" if recorded else "context-independent")  # fmt: skip
         layers = f.layers
         n_layers = f.n_layers
         lines = [

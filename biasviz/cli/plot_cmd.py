@@ -188,7 +188,6 @@ class _PlotJob:
                            dpi=dpi, info=info, style=self.style, staged=self.staged)  # fmt: skip
 
     def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
-
         written: list[Path] = []
         with self._open() as bf:
             self._check_scheme(bf.scheme)

@@ -19,7 +19,6 @@ import h5py
 import numpy as np
 
 from biasviz.errors import BiasvizError
-from biasviz.store.format import layer_group
 from biasviz.store.reader import open_bias_file
 from biasviz.store.writer import BiasFileWriter
 
@@ -49,13 +48,12 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         heads = _same(files, "head counts", lambda f: f.n_heads)
         seq_len = _same(files, "lengths", lambda f: f.seq_len)
         causal = _same(files, "masks", lambda f: f.causal)
-        raws = [stack.enter_context(h5py.File(p, "r")) for p in parts]
-        kinds = _same(raws, "contents", lambda h: [k for k in ("bias", "weights") if k in h[layer_group(layers[0])]])
-        dtype = _same(raws, "storage types", lambda h: str(h.attrs["dtype"]))
-        ids = [r["input_ids"][()] for r in raws]
+        dtype = _same(files, "storage types", lambda f: f.attrs["dtype"])
+        kinds = _same(files, "contents", lambda f: ["bias"] * f.has_bias(layers[0]) + ["weights"] * (not f.bias_only))
+        ids = [f.input_ids() for f in files]
         if along == "checkpoint" and any(not np.array_equal(i, ids[0]) for i in ids[1:]):
             raise BiasvizError("the checkpoints were run on different token windows; a sweep needs the same ones")
-        meta = {k: v for k, v in raws[0].attrs.items() if k not in _LAYOUT_ATTRS} | dict(attrs or {})
+        meta = {k: v for k, v in files[0].attrs.items() if k not in _LAYOUT_ATTRS} | dict(attrs or {})
         n_samples = sum(len(i) for i in ids) if along == "sample" else len(ids[0])
         writer = BiasFileWriter(out, attrs=meta, n_samples=n_samples, n_heads=heads, seq_len=seq_len, layers=layers,
                                 has_bias="bias" in kinds, has_weights="weights" in kinds, dtype=dtype, force=force,
@@ -63,12 +61,12 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         with writer:
             if along == "checkpoint":
                 writer.begin_batch(ids[0])
-            for index, (raw, part_ids) in enumerate(zip(raws, ids, strict=True)):
+            for index, (part, part_ids) in enumerate(zip(files, ids, strict=True)):
                 first = writer.begin_batch(part_ids) if along == "sample" else 0
                 checkpoint = index if along == "checkpoint" else None
                 for layer in layers:
                     for kind in kinds:
-                        _copy(raw[layer_group(layer)][kind], writer, kind, layer, first, checkpoint)
+                        _copy(part.dataset(kind, layer), writer, kind, layer, first, checkpoint)
     return out
 
 

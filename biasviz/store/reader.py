@@ -225,6 +225,13 @@ class BiasFile:
         return self._context_dependent
 
     @property
+    def context_dependence_recorded(self) -> bool | None:
+        """:attr:`context_dependent`, or None where the file cannot say (a traced model: ``biasviz diagnose``
+        measures it from the data)."""
+        known = self._h5.attrs.get("context_dependent_known", True)
+        return self._context_dependent if bool(np.asarray(known).reshape(-1)[0]) else None
+
+    @property
     def layers(self) -> list[int]:
         return list(self._layers)
 

@@ -38,8 +38,9 @@ class AttentionCall:
     heads: int
     q_len: int
     k_len: int
-    causal: bool  # no key after its query takes part (j > i is masked everywhere)
-    adds_bias: bool = False  # a float mask with values other than 0 and "masked", or a score_mod
+    # the two facts below are None for a call that was only counted (neither recorded nor inspected)
+    causal: bool | None = None  # no key after its query takes part (j > i is masked everywhere)
+    adds_bias: bool | None = None  # a float mask with values other than 0 and "masked", or an additive score_mod
     bias: torch.Tensor | None = None
     weights: torch.Tensor | None = None
     note: str = ""
@@ -101,13 +102,18 @@ def _is_causal(kept: torch.Tensor) -> bool:
 
 def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
               inspect: bool = False) -> AttentionCall:  # fmt: skip
-    """One ``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` call."""
+    """One ``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` call.
+
+    Neither ``record`` nor ``inspect``: only its shape is read (a call before the one asked for).
+    """
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     bound = dict(zip(names, args, strict=False)) | kwargs
     q, k = _as_bhqk(bound["query"]), _as_bhqk(bound["key"])
     mask, is_causal = bound.get("attn_mask"), bool(bound.get("is_causal", False))
     batch, heads, q_len = q.shape[:3]
     k_len = k.shape[-2]
+    if not (record or inspect):
+        return AttentionCall(index, "sdpa", batch, heads, q_len, k_len)
     kept = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=q.device)
     additive = None
     if is_causal:
@@ -175,6 +181,8 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
     batch, heads, q_len = q.shape[:3]
     k_len = k.shape[-2]
     shape = (batch, heads, q_len, k_len)
+    if not (record or inspect):  # its mask_mod and score_mod are not evaluated: only counted
+        return AttentionCall(index, "flex_attention", batch, heads, q_len, k_len)
     mask_mod = block_mask[-1] if isinstance(block_mask, tuple) and block_mask else None
     with torch.no_grad():
         if mask_mod is None:
@@ -185,8 +193,6 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
         identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
         call = AttentionCall(index, "flex_attention", batch, heads, q_len, k_len, causal=_is_causal(kept),
                              adds_bias=not identity)  # fmt: skip
-        if not (record or inspect):
-            return call
         scores = _scores(q, k, bound.get("scale"))
         if not identity:
             buffers = tuple(bound.get("score_mod_other_buffers") or ())
