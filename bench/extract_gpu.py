@@ -12,7 +12,7 @@ Tools:
   floor-bf16      the same in bfloat16
   hf-sdpa         transformers GPT2LMHeadModel with SDPA attention (no weights returned), logits
   biasviz-cap     capture of layer 11's bias and weights, left on the GPU (no copy, no file)
-  biasviz         ``biasviz.extraction.extract`` of layer 11 to HDF5 (gzip-1 + shuffle), the whole call
+  biasviz         ``biasviz.extraction.run.extract`` of layer 11 to HDF5 (gzip-1 + shuffle), the whole call
   biasviz-bf16    the same with ``model_dtype="bfloat16"`` (weights stored as float32)
   hf              transformers, eager attention, ``output_attentions=True`` (all 12 layers, on the GPU)
   nnsight         nnsight ``trace`` saving layer 11's attention weights of the same transformers model
@@ -98,7 +98,7 @@ def build(tool: str, seq_len: int, tmp: Path) -> Callable[[], object]:
         return lambda: _inference(lambda: model(gpu_ids).logits.shape)
     if tool in ("biasviz-cap", "biasviz", "biasviz-bf16"):
         from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-        from biasviz.extraction import extract
+        from biasviz.extraction.run import extract
 
         model = _biasviz_model()
         adapter = BiasGPTAdapter(model, source="random")
@@ -184,9 +184,9 @@ def phases(seq_len: int, runs: int, tmp: Path) -> dict:
     import torch
 
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-    from biasviz.deflate import deflate
-    from biasviz.gpu_encode import GpuChunkEncoder
     from biasviz.store import BiasFileWriter
+    from biasviz.store.deflate import deflate
+    from biasviz.store.gpu_encode import GpuChunkEncoder
 
     adapter = BiasGPTAdapter(_biasviz_model(), source="random")
     ids = _ids(seq_len).cuda()

@@ -39,7 +39,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-    from biasviz.extraction import extract
+    from biasviz.extraction.run import extract
     from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 
     torch.manual_seed(0)

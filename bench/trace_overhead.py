@@ -47,8 +47,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
-    import biasviz
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    import biasviz
 
     device = torch.device(args.device)
     torch.manual_seed(0)

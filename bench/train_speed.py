@@ -17,7 +17,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from biasviz.schemes import SCHEMES
-from biasviz.train import TrainSettings, train
+from biasviz.training.loop import TrainSettings, train
 
 
 def main() -> None:

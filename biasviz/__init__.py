@@ -1,18 +1,32 @@
 """biasviz: extract, store and plot the positional attention biases of transformer models.
 
-``biasviz.trace(model)`` and ``biasviz.extract(model_or_path, input_ids, out)`` are the Python API for any
-PyTorch model; they import torch on first use, so ``import biasviz`` (and the CLI's ``--help``) stays light.
+How the code is organised - one package per stage, listed from the bottom up; a package imports only from
+those above it in this list (``tests/test_layout.py`` holds the order and checks every import):
+
+- ``common``: what every stage uses - errors, files written atomically, input and output checks, devices,
+  memory estimates, torchrun processes, hashing, the version.
+- ``schemes``: the bias math of every scheme (ALiBi, KERPLE, FIRE, T5, CABLE, FoX, ...) and their registry.
+- ``model``: our GPT-2 variants, with named hook points at every attention's bias and weights.
+- ``data``: the built-in corpus, the local tokenizer, and token windows.
+- ``training``: ``biasviz train`` and the checkpoint folders it writes.
+- ``store``: the HDF5 format - its layout, writer, reader, combining shards, compression on CPU and GPU.
+- ``diagnostics``: the context-dependence, Toeplitz and separability measures (SPEC sections 6 and 10).
+- ``tracing``: ``biasviz.trace`` - any model's SDPA and flex_attention calls, formed explicitly.
+- ``adapters``: open any checkpoint (ours, nanoGPT, transformers, user code) and capture bias and weights.
+- ``summaries``: means, spreads, profiles and diagnostics reduced while the model runs (SPEC section 11).
+- ``extraction``: a run from windows to a file - one process, torchrun, checkpoint sweeps, the Python API.
+- ``plotting``, ``explorer``: figures and the interactive page, read from the files.
+- ``cli``: the ``biasviz`` command.
+
+``biasviz.trace(model)``, ``biasviz.extract(model_or_path, input_ids, out)`` and ``biasviz.explore(...)`` are
+the Python API; they import torch on first use, so ``import biasviz`` (and the CLI's ``--help``) stays light.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-try:
-    __version__ = version("biasviz")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.0.0+unknown"
+from biasviz.common.version import __version__
 
-_LAZY = {"trace": "biasviz.tracing", "extract": "biasviz.api", "explore": "biasviz.explorer"}
+_LAZY = {"trace": "biasviz.tracing", "extract": "biasviz.extraction.api", "explore": "biasviz.explorer"}
 
 
 def __getattr__(name: str) -> Any:

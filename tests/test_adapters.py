@@ -17,8 +17,8 @@ from torch import nn
 
 import biasviz.adapters as adapters
 from biasviz.adapters import ModelAdapter, load_model
-from biasviz.errors import BiasvizError
-from biasviz.extraction import extract
+from biasviz.common.errors import BiasvizError
+from biasviz.extraction.run import extract
 from biasviz.store import open_bias_file
 from tests.conftest import small_model
 

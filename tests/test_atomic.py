@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from biasviz.atomic import publish, replacing, temporary_name, write_text
+from biasviz.common.atomic import publish, replacing, temporary_name, write_text
 
 
 def test_an_error_keeps_the_old_file_and_leaves_nothing(tmp_path) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-from biasviz.extraction import extract
+from biasviz.extraction.run import extract
 from tests.conftest import small_model
 
 HEAVY = ("torch", "transformers")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-from biasviz.devices import placed, resolve_dtype
-from biasviz.errors import BiasvizError
-from biasviz.extraction import extract
+from biasviz.common.devices import placed, resolve_dtype
+from biasviz.common.errors import BiasvizError
+from biasviz.extraction.run import extract
 from biasviz.store import open_bias_file
 from tests.conftest import small_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from biasviz.diagnostics import diagnose_array, diagnose_dataset, diagnose_head, subtract_diagonal
+from biasviz.diagnostics.measures import diagnose_array, diagnose_dataset, diagnose_head, subtract_diagonal
 
 T = 48
 

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from biasviz.adapters import load_model
-from biasviz.errors import BiasvizError, UsageError
-from biasviz.extraction import extract
+from biasviz.common.errors import BiasvizError, UsageError
+from biasviz.extraction.run import extract
+from biasviz.extraction.sweep import choose, extract_sweep
 from biasviz.store.combine import combine
-from biasviz.sweep import choose, extract_sweep, list_checkpoints
+from biasviz.training.checkpoints import list_checkpoints
 from tests.conftest import run_cli, small_model
 
 TEXT = "def f(x):\n    return x * 2  # doubled\n" * 400
@@ -179,7 +180,7 @@ def load_model_from(model):  # noqa: ANN001, ANN201
 
 
 def test_force_replaces_a_run_with_its_saved_checkpoints_but_nothing_foreign(sweep_dir: Path, tmp_path: Path) -> None:
-    from biasviz.checkpoint_dir import check_output
+    from biasviz.training.checkpoints import check_output
 
     run = tmp_path / "run"
     small_model("alibi").save_pretrained(run)

@@ -127,7 +127,7 @@ def test_two_files_give_a_difference(tmp_path: Path, make_bias_file: Callable[..
 def test_files_that_differ_in_shape_are_not_compared(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
     a = make_bias_file(tmp_path / "a.h5", heads=4, t=16)
     b = make_bias_file(tmp_path / "b.h5", heads=3, t=16)
-    with pytest.raises(biasviz.errors.BiasvizError, match="cannot be compared cell by cell"):
+    with pytest.raises(biasviz.common.errors.BiasvizError, match="cannot be compared cell by cell"):
         build_page_data([a, b])
 
 
@@ -174,5 +174,5 @@ def test_python_api_renders_in_notebooks_and_saves(tmp_path: Path, make_bias_fil
     page = biasviz.explore(make_bias_file(tmp_path / "x.h5", heads=2, t=16), kind="bias")
     assert page._repr_html_().startswith("<iframe srcdoc=")
     assert page.save(tmp_path / "sub" / "x.html").stat().st_size == page.nbytes
-    with pytest.raises(biasviz.errors.BiasvizError, match="already exists"):
+    with pytest.raises(biasviz.common.errors.BiasvizError, match="already exists"):
         page.save(tmp_path / "sub" / "x.html")

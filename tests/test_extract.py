@@ -13,8 +13,9 @@ from transformers.models.t5.modeling_t5 import T5Attention
 
 from biasviz.adapters import load_model
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-from biasviz.errors import BiasvizError
-from biasviz.extraction import byte_level_tokenizer, extract, resolve_tokenizer
+from biasviz.common.errors import BiasvizError
+from biasviz.extraction.run import extract
+from biasviz.extraction.tokens import byte_level_tokenizer, resolve_tokenizer
 from biasviz.store import BiasFileWriter, open_bias_file
 from tests.conftest import ALL_SCHEMES, small_model
 

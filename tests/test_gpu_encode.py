@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-from biasviz.errors import BiasvizError
-from biasviz.extraction import extract
+from biasviz.common.errors import BiasvizError
+from biasviz.extraction.run import extract
 from biasviz.store import BiasFileWriter, open_bias_file
 from tests.conftest import small_model
 from tests.test_store import _attrs as store_attrs
@@ -55,7 +55,7 @@ def test_chunks_handed_over_encoded_read_back_as_the_matrices(tmp_path, dtype: s
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_gpu_chunks_are_the_bytes_the_cpu_writer_stores(tmp_path, dtype: str) -> None:
-    from biasviz.gpu_encode import GpuChunkEncoder
+    from biasviz.store.gpu_encode import GpuChunkEncoder
 
     g = torch.Generator().manual_seed(0)
     tensors = {("bias", 0): torch.randn(1, H, T, T, generator=g) * 30,

@@ -172,7 +172,7 @@ def test_an_interrupt_inside_a_finaliser_is_raised_at_the_next_step_not_printed(
     import types
 
     from biasviz.cli import _interrupts_reach_main
-    from biasviz.errors import check_interrupted
+    from biasviz.common.errors import check_interrupted
 
     _interrupts_reach_main(types.SimpleNamespace(exc_value=KeyboardInterrupt(), exc_type=KeyboardInterrupt))
     assert capsys.readouterr().err == ""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name, hook_points
 from biasviz.model.config import PRESETS
 from tests.conftest import ALL_SCHEMES, RELATIVE_SCHEMES, small_model

@@ -10,7 +10,7 @@ import pytest
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from biasviz.diagnostics import diagnose_array
+from biasviz.diagnostics.measures import diagnose_array
 from biasviz.plotting.diagnostics_plots import diagnostics_figure, profile_grid
 from biasviz.plotting.heatmap import grid_shape, head_grid, head_heatmap, tick_step_for
 from biasviz.plotting.reduce import block_reduce, plan_reduction

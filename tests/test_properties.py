@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from biasviz.diagnostics import diagnose_array, subtract_diagonal
+from biasviz.diagnostics.measures import diagnose_array, subtract_diagonal
 from biasviz.schemes import SCHEMES
 from biasviz.schemes.alibi import geometric_slopes, interleaved_slopes
 from biasviz.schemes.t5 import causal_bucket

@@ -39,7 +39,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-    from biasviz.extraction import extract
+    from biasviz.extraction.run import extract
     from tests.conftest import small_model
 
     root = tmp_path_factory.mktemp("readme")

@@ -12,7 +12,7 @@ import torch
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.model.modeling import attention_pattern
 from biasviz.schemes import SCHEMES, all_names, canonical_name, get_scheme
 from biasviz.schemes.alibi import ALiBi

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.store import REQUIRED_ATTRS, BiasFileWriter, open_bias_file
 
 H, T = 3, 6

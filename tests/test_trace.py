@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import biasviz
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from tests import nano_gpt
 from tests.conftest import run_cli
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from biasviz.common.errors import BiasvizError
 from biasviz.data import load_tokenizer
-from biasviz.errors import BiasvizError
-from biasviz.train import TrainSettings, train
+from biasviz.training.loop import TrainSettings, train
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from biasviz.adapters.transformers_models import (
     load_t5,
     weights_sha256,
 )
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.schemes.alibi import interleaved_slopes
 from biasviz.schemes.t5 import causal_bucket
 

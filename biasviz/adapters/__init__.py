@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter
-from biasviz.errors import BiasvizError
-from biasviz.inputs import regular_file
+from biasviz.common.errors import BiasvizError
+from biasviz.common.inputs import regular_file
 
 
 def adapter_classes() -> list[type[ModelAdapter]]:

@@ -1,6 +1,6 @@
 """What extraction needs from a model, whatever its architecture: the :class:`ModelAdapter` interface.
 
-An adapter wraps a loaded model, records the facts :func:`biasviz.extraction.extract` writes into the
+An adapter wraps a loaded model, records the facts :func:`biasviz.extraction.run.extract` writes into the
 file (layers, heads, scheme, bias convention, tokenizer, maximum length), knows where each layer's
 attention lives and where its additive bias and post-softmax weights pass, and captures them with
 forward hooks. Each adapter class also says which paths it can open (:meth:`ModelAdapter.can_open`,
@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from biasviz.errors import BiasvizError, too_long
+from biasviz.common.errors import BiasvizError, too_long
 from biasviz.store.format import KEY_POSITION, RELATIVE  # what a stored bias means
+from biasviz.tracing.stop import StopForward, stop_after
 
 __all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "StopForward", "stop_after"]
 
@@ -38,31 +39,6 @@ class Captured:
     def clear(self) -> None:
         self.bias.clear()
         self.weights.clear()
-
-
-class StopForward(Exception):
-    """Raised by a hook to end a forward pass once everything wanted has been captured."""
-
-
-@contextlib.contextmanager
-def stop_after(module: nn.Module | None) -> Iterator[None]:
-    """Within the block, a forward pass ends (quietly) as soon as ``module`` has run."""
-    if module is None:
-        yield
-        return
-
-    def _hook(*_: Any) -> None:
-        raise StopForward
-
-    handle = module.register_forward_hook(_hook)
-    try:
-        yield
-    except StopForward as stop:
-        # the traceback holds every frame of the stopped forward, and with them its activations: let them go
-        # now rather than at the next garbage collection (which would double the peak memory of a next pass)
-        stop.__traceback__ = None
-    finally:
-        handle.remove()
 
 
 class ModelAdapter:

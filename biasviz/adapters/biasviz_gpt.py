@@ -17,8 +17,8 @@ from torch import nn
 
 from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter
 from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
-from biasviz.errors import BiasvizError
-from biasviz.hashing import sha256_files
+from biasviz.common.errors import BiasvizError
+from biasviz.common.hashing import sha256_files
 from biasviz.model import HOOK_BIAS, HOOK_PATTERN, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
 from biasviz.schemes import canonical_name
 

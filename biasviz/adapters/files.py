@@ -14,9 +14,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from biasviz.errors import BiasvizError
-from biasviz.hashing import sha256_files
-from biasviz.inputs import read_text, regular_file
+from biasviz.common.errors import BiasvizError
+from biasviz.common.hashing import sha256_files
+from biasviz.common.inputs import read_text, regular_file
 
 PARAMETER_FILE_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
 
@@ -56,7 +56,7 @@ def check_safetensors(path: Path) -> None:
 
 
 def parameters_sha256(path: Path) -> str:
-    """SHA-256 of the weight file(s), as :mod:`biasviz.hashing` defines it for shards; "" if there are none.
+    """SHA-256 of the weight file(s), as :mod:`biasviz.common.hashing` defines it for shards; "" if there are none.
 
     Prefers safetensors; falls back to PyTorch ``.bin`` files.
     """

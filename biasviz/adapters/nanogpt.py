@@ -32,8 +32,8 @@ import torch
 
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.adapters.files import load_tensor_file, tokenizer_in
-from biasviz.errors import BiasvizError
-from biasviz.hashing import sha256_file
+from biasviz.common.errors import BiasvizError
+from biasviz.common.hashing import sha256_file
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 from biasviz.schemes import SCHEMES, canonical_name, info
 

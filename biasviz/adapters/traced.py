@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from biasviz.adapters.base import Captured, ModelAdapter
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.tracing import AttentionCall, Trace
 
 CAPTURED = "captured"  # the scheme recorded when the user names none: the bias is what the calls added
@@ -218,7 +218,7 @@ def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = 
     source = f"{path.resolve()}:{name}" + (f" ({Path(checkpoint).expanduser().resolve()})" if checkpoint else "")
     sha = ""
     if checkpoint is not None and Path(checkpoint).expanduser().is_file():
-        from biasviz.hashing import sha256_file
+        from biasviz.common.hashing import sha256_file
 
         sha = sha256_file(Path(checkpoint).expanduser())
     from biasviz.adapters import check_finite

@@ -28,7 +28,7 @@ from biasviz.adapters.transformers_base import (
     keys_to_query_rows,
     load_eager,
 )
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 
 class BloomAdapter(TransformersAdapter):

@@ -18,7 +18,7 @@ from torch import nn
 
 from biasviz.adapters.base import Captured, ModelAdapter
 from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 
 def check_scheme(requested: str | None, actual: str, what: str) -> None:

@@ -30,7 +30,7 @@ from biasviz.adapters.transformers_alibi import (
     load_mpt,
 )
 from biasviz.adapters.transformers_base import TransformersAdapter, check_scheme, directory_facts, load_eager
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 Loader = Callable[..., ModelAdapter]
 

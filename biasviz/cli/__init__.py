@@ -8,8 +8,8 @@ import traceback
 
 import click
 
-from biasviz import __version__
-from biasviz.errors import BiasvizError, os_error_message
+from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.version import __version__
 
 # Command modules, imported lazily so that `biasviz --help` stays fast (torch is slow to import).
 _COMMANDS = {
@@ -138,10 +138,10 @@ def _main(argv: list[str] | None) -> None:
 def _interrupts_reach_main(unraisable: object) -> None:
     """A Ctrl-C (or SIGTERM) that lands inside a finaliser (a garbage-collected tensor's weakref callback,
     say) is one Python cannot raise there. Instead of printing it as an ignored exception with a traceback,
-    remember it: the long loops (:func:`biasviz.errors.check_interrupted`) raise it at their next step,
+    remember it: the long loops (:func:`biasviz.common.errors.check_interrupted`) raise it at their next step,
     where the command unwinds and cleans up as usual."""
     if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
-        from biasviz.errors import note_interrupt
+        from biasviz.common.errors import note_interrupt
 
         note_interrupt()
         return

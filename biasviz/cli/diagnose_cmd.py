@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 import click
 
 from biasviz.cli.options import config_option, figure_output_options
-from biasviz.errors import BiasvizError, UsageError, os_error_message
-from biasviz.outputs import check_output_file
+from biasviz.common.errors import BiasvizError, UsageError, os_error_message
+from biasviz.common.outputs import check_output_file
 
 if TYPE_CHECKING:
-    from biasviz.atomic import Staged
-    from biasviz.diagnostics import HeadDiagnostics
+    from biasviz.common.atomic import Staged
+    from biasviz.diagnostics.measures import HeadDiagnostics
 
 DEFINITIONS = ("README, Reading the figures and diagnostics; over the causal cells j <= i; "
                "population standard deviations (ddof=0); "
@@ -64,7 +64,7 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
     side) and OUT_DIR/<scheme>_profile.pdf/.png (mean bias against distance, with a +-1 std band).
     Files of schemes without a bias (learned, nope) are skipped with a note.
     """
-    from biasviz.atomic import replacing_together
+    from biasviz.common.atomic import replacing_together
     from biasviz.plotting.save import parse_formats
 
     formats = parse_formats(formats_text)
@@ -95,7 +95,7 @@ def _refuse_figure_options() -> None:
 
 
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
-    from biasviz.diagnostics import diagnose_dataset, diagnose_sweep
+    from biasviz.diagnostics.measures import diagnose_dataset, diagnose_sweep
     from biasviz.store import open_bias_file
 
     with open_bias_file(path, isolated=True) as bf:
@@ -133,7 +133,7 @@ def _name_uniquely(results: list[_FileResult]) -> None:
 
 
 def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: Path) -> None:
-    from biasviz import __version__
+    from biasviz.common.version import __version__
 
     doc = {
         "schemes": {

@@ -28,7 +28,7 @@ def explore(files: tuple[Path, ...], out: Path | None, kind: str, layer: int | N
     The page needs no network: hover a cell for its value, switch sample, kind and layer, enlarge and
     zoom into a head, and see each head's distance profile.
     """
-    from biasviz.errors import BiasvizError, UsageError
+    from biasviz.common.errors import BiasvizError, UsageError
     from biasviz.explorer import explore as build
 
     if len(files) > 2:

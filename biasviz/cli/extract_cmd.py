@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from biasviz.cli.options import config_option, device_option, seed_option
-from biasviz.errors import UsageError
+from biasviz.common.errors import UsageError
 
 
 def parse_layers(spec: str | int) -> int | str | list[int]:
@@ -123,11 +123,13 @@ def extract(
     Writes /input_ids and /layer_L/{bias,weights} (sample, head, query, key); cells after the query
     hold NaN (bias) and 0 (weights). The file appears only when complete.
     """
+    from biasviz.common.outputs import check_output_file
+    from biasviz.common.processes import process_group
     from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
-    from biasviz.distributed import extract_parallel, process_group
-    from biasviz.extraction import check_seq_len, check_windows_memory, resolve_tokenizer
-    from biasviz.extraction import extract as run_extract
-    from biasviz.outputs import check_output_file
+    from biasviz.extraction.distributed import extract_parallel
+    from biasviz.extraction.run import check_seq_len, check_windows_memory
+    from biasviz.extraction.run import extract as run_extract
+    from biasviz.extraction.tokens import resolve_tokenizer
 
     layers = parse_layers(layer)
     if bias_only:
@@ -146,7 +148,7 @@ def extract(
         chosen = adapter.resolve_layers(layers) if adapter.n_layers else layers
         check_seq_len(adapter, seq_len)
         if bias_only:
-            from biasviz.extraction import extract_bias_only
+            from biasviz.extraction.run import extract_bias_only
 
             result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
                                        model_dtype=model_dtype, force=force)  # fmt: skip
@@ -165,7 +167,7 @@ def extract(
                "force": force, "seed": seed, "text_source": text_source, "attrs": {"tokenizer": tok_desc},
                "progress": False if quiet else None}  # fmt: skip
         if checkpoints:
-            from biasviz.sweep import extract_sweep
+            from biasviz.extraction.sweep import extract_sweep
 
             result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, **run)
         elif w.size > 1:

@@ -91,8 +91,8 @@ def summary(path: Path) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print every root attribute as JSON instead.")
 def info(file: str, as_json: bool) -> None:
     """Summarise a biasviz HDF5 file: scheme, model, shapes, layers, dtype and provenance."""
-    from biasviz.errors import BiasvizError
-    from biasviz.inputs import regular_file
+    from biasviz.common.errors import BiasvizError
+    from biasviz.common.inputs import regular_file
     from biasviz.store import open_bias_file
 
     path = Path(file)

@@ -14,8 +14,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """A config file's TOML data; a file that cannot be read or parsed is a usage error naming it."""
-    from biasviz.errors import BiasvizError
-    from biasviz.inputs import read_text
+    from biasviz.common.errors import BiasvizError
+    from biasviz.common.inputs import read_text
 
     p = Path(path)
     if not p.exists():
@@ -123,10 +123,10 @@ def _check_type(param: click.Parameter, key: str, value: object, file: str) -> N
 
 
 def checked(check: Callable[[Any], Any]) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    """A Click callback running one of :mod:`biasviz.checks` (on command-line and config values alike)."""
+    """A Click callback running one of :mod:`biasviz.common.checks` (on command-line and config values alike)."""
 
     def callback(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
-        from biasviz.errors import BiasvizError, UsageError
+        from biasviz.common.errors import BiasvizError, UsageError
 
         if value is None:
             return value
@@ -152,7 +152,7 @@ def write_stage(config: str | Path, command: str, out: str | Path) -> bool:
     if target.exists() and target.read_text() == text:
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    from biasviz.atomic import write_text
+    from biasviz.common.atomic import write_text
 
     write_text(target, text)
     return True
@@ -206,7 +206,7 @@ def figure_output_options(f: F) -> F:
 
 
 def seed_option(f: F) -> F:
-    from biasviz.checks import check_seed
+    from biasviz.common.checks import check_seed
 
     return click.option("--seed", default=0, show_default=True, type=int, callback=checked(check_seed),
                         help="Random seed, 0 to 2^63 - 1 (reproducible runs).")(f)  # fmt: skip

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import click
 
 from biasviz.cli.options import config_option, figure_output_options
-from biasviz.errors import BiasvizError, UsageError
+from biasviz.common.errors import BiasvizError, UsageError
 
 if TYPE_CHECKING:
-    from biasviz.atomic import Staged
+    from biasviz.common.atomic import Staged
     from biasviz.store import BiasFile
 
 
@@ -117,7 +117,7 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
         raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
     if kind == "bias" and log_scale:
         raise UsageError("--log applies to attention weights; use it with --kind weights or all")
-    from biasviz.atomic import replacing_together
+    from biasviz.common.atomic import replacing_together
 
     path = input_path or Path("data") / f"{name}.h5"
     with replacing_together() as staged:  # the figure set is replaced whole, or not at all
@@ -165,7 +165,7 @@ class _PlotJob:
         return bf.at_checkpoint(steps.index(self.step))
 
     def run_dynamics(self, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
-        from biasviz.diagnostics import diagnose_sweep
+        from biasviz.diagnostics.measures import diagnose_sweep
         from biasviz.plotting.dynamics import dynamics_grid
         from biasviz.plotting.save import save_figure
 

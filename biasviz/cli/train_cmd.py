@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from biasviz.checks import check_learning_rate
 from biasviz.cli.options import checked, config_option, device_option, seed_option
-from biasviz.errors import UsageError
+from biasviz.common.checks import check_learning_rate
+from biasviz.common.errors import UsageError
 
 
 @click.command()
@@ -54,8 +54,8 @@ def train(
     --batch-size per process, and process 0 writes the checkpoint.
     """
     from biasviz.schemes import canonical_name
-    from biasviz.train import TrainSettings
-    from biasviz.train import train as run_training
+    from biasviz.training.loop import TrainSettings
+    from biasviz.training.loop import train as run_training
 
     if isinstance(scheme_options, str):
         try:
@@ -69,7 +69,7 @@ def train(
         seed=seed, corpus=corpus, tokenizer=tokenizer, scheme_options=dict(scheme_options or {}), device=device,
         precision=precision, compile=compile_model, save_every=save_every,
     )  # fmt: skip
-    from biasviz.distributed import process_group
+    from biasviz.common.processes import process_group
 
     with process_group(device) as (w, _):  # under torchrun: DistributedDataParallel over the processes
         result = run_training(settings, Path(out), force=force, progress=not quiet)

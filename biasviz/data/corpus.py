@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from biasviz.errors import BiasvizError
-from biasviz.inputs import read_text, regular_file
+from biasviz.common.errors import BiasvizError
+from biasviz.common.inputs import read_text, regular_file
 
 DEFAULT_CORPUS = "stdlib"
 DEFAULT_MAX_BYTES = 8_000_000

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from biasviz.errors import BiasvizError
-from biasviz.inputs import regular_file
+from biasviz.common.errors import BiasvizError
+from biasviz.common.inputs import regular_file
 
 EOS = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 import numpy as np
 from tokenizers import Tokenizer
 
+from biasviz.common.errors import BiasvizError
 from biasviz.data.tokenizer import eos_id
-from biasviz.errors import BiasvizError
 
 
 def encode(documents: list[str], tok: Tokenizer) -> np.ndarray:

@@ -12,7 +12,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 
 @dataclass
@@ -25,7 +25,7 @@ class ExplorerPage:
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         """Write the page atomically; an existing file is kept unless ``force`` (as `extract` does)."""
-        from biasviz.atomic import replacing
+        from biasviz.common.atomic import replacing
 
         target = Path(path)
         if target.exists() and not force:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.explorer.encode import Packed, pack_bytes, pack_exact, pack_quantised
 from biasviz.explorer.tokens import find_tokenizer, token_strings
 from biasviz.plotting.load import iter_heads

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from biasviz.deflate import deflate
+from biasviz.store.deflate import deflate
 
 #: 16-bit code of a NaN (masked) cell; finite values use 0 .. QMAX.
 NAN_CODE = 0xFFFF

@@ -10,7 +10,7 @@ import html
 import json
 from importlib import resources
 
-from biasviz import __version__
+from biasviz.common.version import __version__
 from biasviz.explorer.build import PageData
 
 #: Grid canvases are at most this many pixels a side (each pixel samples the overview).

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from biasviz.atomic import replacing
-from biasviz.errors import BiasvizError
+from biasviz.common.atomic import replacing
+from biasviz.common.errors import BiasvizError
 
 WINDOW = (800, 900)
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 OWN_SUFFIX = " (the checkpoint's own)"
 BYTE_LEVEL_PREFIX = "byte-level"

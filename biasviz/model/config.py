@@ -6,7 +6,7 @@ from typing import Any
 
 from transformers import PreTrainedConfig
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.schemes import canonical_name, get_scheme
 
 # Size presets. `tiny` trains a few hundred steps in under a minute on two CPU cores and keeps

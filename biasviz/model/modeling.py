@@ -16,7 +16,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
-from biasviz.errors import too_long
+from biasviz.common.errors import too_long
 from biasviz.model.config import BiasGPTConfig
 from biasviz.model.hooks import HookPoint
 from biasviz.schemes import PositionScheme

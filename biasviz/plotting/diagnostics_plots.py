@@ -16,7 +16,7 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
-from biasviz.diagnostics import HeadDiagnostics
+from biasviz.diagnostics.measures import HeadDiagnostics
 from biasviz.plotting.heatmap import figure_width_in, grid_shape, tick_step_for
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context
 

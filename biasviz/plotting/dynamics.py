@@ -15,7 +15,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from biasviz.diagnostics import HeadDiagnostics
+from biasviz.diagnostics.measures import HeadDiagnostics
 from biasviz.plotting.diagnostics_plots import LINTHRESH, PALETTE, _context
 from biasviz.plotting.heatmap import figure_width_in, grid_shape, tick_step_for
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.plotting.load import HeadMatrices
 from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
 from biasviz.plotting.style import font_sizes, paper_context

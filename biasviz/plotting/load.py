@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from biasviz.diagnostics import subtract_diagonal
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
+from biasviz.diagnostics.measures import subtract_diagonal
 from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
 from biasviz.store import BiasFile, causal_cells
 

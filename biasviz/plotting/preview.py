@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from biasviz.atomic import replacing
+from biasviz.common.atomic import replacing
 
 PREVIEW_WIDTH = 520  # pixels: sharp on a README page, a few hundred kB at most
 PREVIEWS = ("*_bias.png", "*_weights.png", "diagnostics.png", "cable_profile.png", "*_dynamics.png")

@@ -9,9 +9,9 @@ from pathlib import Path
 import matplotlib as mpl
 from matplotlib.figure import Figure
 
-from biasviz import __version__
-from biasviz.atomic import Staged, replacing
-from biasviz.errors import BiasvizError, os_error_message, underlying_os_error
+from biasviz.common.atomic import Staged, replacing
+from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
+from biasviz.common.version import __version__
 from biasviz.plotting.style import DEFAULT_STYLE, paper_context
 
 FORMATS = ("pdf", "png", "svg")
@@ -35,7 +35,7 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str], *, dpi: f
 
     Each file is written under a temporary name beside its target and moved into place when complete,
     so an interrupted run leaves earlier figures intact; with ``staged``, only when the whole set is
-    (:func:`biasviz.atomic.replacing_together`). ``info`` (title, description, source,
+    (:func:`biasviz.common.atomic.replacing_together`). ``info`` (title, description, source,
     keywords) goes into the PDF document info, the PNG text chunks or the SVG metadata. ``style``
     applies the paper settings read at save time (math font, font embedding); None keeps the caller's.
     """

@@ -10,7 +10,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 #: Printed width in inches of each venue's text (``-column``: one column of a two-column page).
 VENUE_WIDTHS: dict[str, float] = {

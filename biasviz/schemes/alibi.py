@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
 from biasviz.schemes.base import PositionScheme, relative_distance
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 
 def relative_distance(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:

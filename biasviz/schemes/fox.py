@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
 from biasviz.schemes.base import PositionScheme, option_number, relative_distance
 

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 
 @dataclass(frozen=True)

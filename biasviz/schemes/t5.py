@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
 from biasviz.schemes.base import PositionScheme, option_int, relative_distance
 

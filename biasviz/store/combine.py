@@ -18,7 +18,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 from biasviz.store.reader import open_bias_file
 from biasviz.store.writer import BiasFileWriter
 

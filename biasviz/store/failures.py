@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from biasviz.errors import underlying_os_error
+from biasviz.common.errors import underlying_os_error
 
 
 class _State:

@@ -8,7 +8,7 @@ Layout::
     /layer_{L}/weights (sample, head, query, key)
 
 Masked cells (key after query) hold NaN in ``bias`` and 0 in ``weights``. NumPy only: the reader,
-the writer and the GPU encoder (:mod:`biasviz.gpu_encode`, the same rules in torch) share it.
+the writer and the GPU encoder (:mod:`biasviz.store.gpu_encode`, the same rules in torch) share it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import datetime as _dt
 
 import numpy as np
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 FORMAT_VERSION = 1
 DIMS = ("sample", "head", "query", "key")
@@ -74,3 +74,33 @@ def float16_overflow_error(kind: str, layer: int, peak: float) -> BiasvizError:
         f"the {kind} of layer {layer} reaches {peak:.4g}, beyond float16's range ({FLOAT16_MAX:.0f}); "
         "store it with --dtype float32"
     )
+
+
+# -- summary files (SPEC section 11: ``extract --summary``) -------------------------------------------------
+DEFAULT_RESOLUTION = 1024  # at most this many query and key blocks per map
+SUMMARY_MAPS = ("bias_mean", "bias_std", "weights_mean", "weights_std")  # (head, query_block, key_block)
+SUMMARY_MAP_DIMS = ("head", "query_block", "key_block")
+PROFILES = ("bias_profile", "weights_profile")  # (stat, head, distance); stat 0 = mean, 1 = std
+PROFILE_DIMS = ("stat", "head", "distance")
+PROFILE_STATS = ("mean", "std")
+DIAGNOSTICS = "diagnostics"  # (head,) compound dataset
+DIAGNOSTIC_FIELDS = ("context_dependence", "toeplitz_residual", "separability_residual")
+BLOCK_SCALES = ("query_block", "key_block")  # root datasets: the first position of each block
+
+
+def block_size(seq_len: int, resolution: int) -> int:
+    """Positions per map block: ceil(T / R), so that a map has at most R x R blocks (1 when R >= T: exact).
+
+    >>> block_size(512, 1024), block_size(16384, 1024), block_size(1000, 300)
+    (1, 16, 4)
+    """
+    return max(1, -(-seq_len // resolution))
+
+
+def block_starts(seq_len: int, block: int) -> np.ndarray:
+    """The first position of each block (the ``query_block`` / ``key_block`` dimension scales).
+
+    >>> block_starts(10, 4).tolist()
+    [0, 4, 8]
+    """
+    return np.arange(0, seq_len, block, dtype=np.int64)

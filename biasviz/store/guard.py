@@ -6,7 +6,7 @@ each file once in a child process: a hang becomes an error after ``BIASVIZ_HDF5_
 (default 60) and a crash an error naming the signal, while biasviz itself carries on. The child costs
 about a quarter of a second (a Python start and h5py's import), small beside drawing a figure.
 
-``python -m biasviz.store.guard FILE`` is the child: exit 0 when the file is valid, else 1 with the
+``python -m biasviz.store.reader FILE`` is the child: exit 0 when the file is valid, else 1 with the
 error on stdout.
 """
 
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 TIMEOUT_ENV = "BIASVIZ_HDF5_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
@@ -38,7 +38,7 @@ def check_isolated(path: Path) -> None:
     """Open and validate ``path`` in a child process; its error, a time-out or a crash becomes a BiasvizError."""
     limit = time_limit()
     try:
-        proc = subprocess.run([sys.executable, "-m", "biasviz.store.guard", str(path)], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "biasviz.store.reader", str(path)], capture_output=True,
                               text=True, timeout=limit, stdin=subprocess.DEVNULL)  # fmt: skip
     except subprocess.TimeoutExpired:
         raise BiasvizError(f"{path} took longer than {limit:g} s to open and check: it is damaged or made to hang "
@@ -51,18 +51,3 @@ def check_isolated(path: Path) -> None:
                            "extract it again")  # fmt: skip
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     raise BiasvizError(lines[-1] if lines else f"{path} could not be opened (exit code {proc.returncode})")
-
-
-def _child(path: str) -> int:
-    from biasviz.store.reader import BiasFile
-
-    try:
-        BiasFile(path).close()
-    except BiasvizError as exc:
-        print(exc)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1]))

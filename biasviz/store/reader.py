@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,9 +10,10 @@ from typing import Any
 import h5py
 import numpy as np
 
-from biasviz.errors import BiasvizError
-from biasviz.inputs import regular_file
+from biasviz.common.errors import BiasvizError
+from biasviz.common.inputs import regular_file
 from biasviz.store.format import FORMAT_VERSION, REQUIRED_ATTRS, layer_group
+from biasviz.store.guard import check_isolated
 
 
 class BiasFile:
@@ -31,8 +33,6 @@ class BiasFile:
             raise BiasvizError(f"{self.path} is a folder; give a biasviz .h5 file")
         regular_file(self.path, "biasviz .h5 file")
         if isolated:  # a file from elsewhere: make sure it cannot hang or crash this process when opened
-            from biasviz.store.guard import check_isolated
-
             check_isolated(self.path)
         try:
             self._h5 = h5py.File(self.path, "r")
@@ -360,3 +360,17 @@ def open_bias_file(path: str | Path, checkpoint: int = -1, *, isolated: bool = F
     ``isolated``: open and validate it in a child process first, with a time limit (:mod:`.guard`).
     """
     return BiasFile(path, checkpoint, isolated=isolated)
+
+
+def _check_file(path: str) -> int:
+    """The child of :func:`biasviz.store.guard.check_isolated`: exit 0 when ``path`` opens and validates."""
+    try:
+        BiasFile(path).close()
+    except BiasvizError as exc:
+        print(exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_check_file(sys.argv[1]))

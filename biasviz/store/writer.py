@@ -14,9 +14,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from biasviz.atomic import publish, temporary_name
-from biasviz.deflate import deflate
-from biasviz.errors import BiasvizError, os_error_message
+from biasviz.common.atomic import publish, temporary_name
+from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.store.deflate import deflate
 from biasviz.store.failures import DeferredWriteErrors
 from biasviz.store.format import (
     DIMS,

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from biasviz.adapters.base import StopForward
 from biasviz.tracing.calls import AttentionCall, flex_call, sdpa_call
+from biasviz.tracing.stop import StopForward
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 

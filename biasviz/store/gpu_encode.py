@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from biasviz.deflate import deflate
+from biasviz.store.deflate import deflate
 from biasviz.store.format import FLOAT16_MAX, float16_overflow_error, non_finite_error
 
 PINNED_BUDGET = 2 << 30  # bytes of pinned host memory for the ring (at least two matrices)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 FLOAT32 = 4
 

@@ -14,15 +14,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from biasviz.atomic import replacing
-from biasviz.checkpoint_dir import check_output, share_mode
-from biasviz.checks import check_learning_rate, check_seed
+from biasviz.common.atomic import replacing
+from biasviz.common.checks import check_learning_rate, check_seed
+from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
+from biasviz.common.memory import attention_bytes, check_fits
+from biasviz.common.processes import World, rank_device, world
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
-from biasviz.distributed import World, rank_device, world
-from biasviz.errors import BiasvizError, os_error_message, underlying_os_error
-from biasviz.memory import attention_bytes, check_fits
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
-from biasviz.sweep import checkpoint_dir
+from biasviz.training.checkpoints import check_output, checkpoint_dir, share_mode
 
 TRAINING_FILE = "training.json"
 
@@ -224,7 +223,7 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
 
 
 def _data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """DistributedDataParallel over the process group torchrun's processes joined (biasviz.distributed)."""
+    """DistributedDataParallel over the process group torchrun's processes joined (biasviz.extraction.distributed)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from biasviz.adapters.base import Captured, ModelAdapter
-from biasviz.devices import placed, resolve_device, resolve_dtype
-from biasviz.errors import BiasvizError, check_interrupted
-from biasviz.memory import attention_bytes, check_fits
+from biasviz.common.devices import placed, resolve_device, resolve_dtype
+from biasviz.common.errors import BiasvizError, check_interrupted
+from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.store import BiasFileWriter
 
 
@@ -58,7 +58,7 @@ def provenance(
     import h5py
     import transformers
 
-    from biasviz import __version__
+    from biasviz.common.version import __version__
 
     dev, dev_name = _device_label(device)
     attrs: dict[str, Any] = {
@@ -224,7 +224,7 @@ def extract_bias_only(
 
 def _new_output(out: str | Path, force: bool) -> Path:
     """The output path, refused before any work when a file is there and ``force`` is not given."""
-    from biasviz.outputs import check_output_file
+    from biasviz.common.outputs import check_output_file
 
     return check_output_file(Path(out), force=force)
 
@@ -250,7 +250,7 @@ def _run(
     """The capture loop: forward each batch and stream what was captured into the file.
 
     On a GPU the matrices are encoded there and compressed by host threads while the next batch is
-    computed (:mod:`biasviz.gpu_encode`); on the CPU the writer masks, compresses and writes each batch.
+    computed (:mod:`biasviz.store.gpu_encode`); on the CPU the writer masks, compresses and writes each batch.
     """
     from tqdm.auto import tqdm
 
@@ -297,7 +297,7 @@ class _ChunkSink:
         self.writer = writer
         self.encoder = None
         if device.type == "cuda" and writer.direct_chunks:
-            from biasviz.gpu_encode import GpuChunkEncoder
+            from biasviz.store.gpu_encode import GpuChunkEncoder
 
             self.encoder = GpuChunkEncoder(
                 device, seq_len=writer.seq_len, storage=writer.dtype, causal=writer.causal,
@@ -346,70 +346,3 @@ def _check_captured(got: Captured, layers: list[int], has_bias: bool, adapter: M
             f"the {adapter.architecture} model ran but nothing was captured for layer(s) {sorted(set(missing))}; "
             "its attention may use a fused kernel that never forms the weights"
         )
-
-
-# -- inputs ---------------------------------------------------------------------------------------
-BYTE_VOCAB = 256
-
-
-def _byte_chars() -> list[str]:
-    """The printable character byte-level BPE uses for each byte 0..255 (GPT-2's byte alphabet)."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
-    chars, extra = [], 0
-    for b in range(BYTE_VOCAB):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(BYTE_VOCAB + extra))
-            extra += 1
-    return chars
-
-
-def byte_level_tokenizer(vocab_size: int) -> Any:
-    """A tokenizer whose ids are the UTF-8 bytes of the text (plus EOS = 256 when it fits).
-
-    >>> byte_level_tokenizer(300).encode("hé").ids
-    [104, 195, 169]
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    from biasviz.data.tokenizer import EOS
-
-    vocab = {ch: b for b, ch in enumerate(_byte_chars())}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    if vocab_size > BYTE_VOCAB:
-        tok.add_special_tokens([EOS])  # id 256
-    return tok
-
-
-def resolve_tokenizer(adapter: ModelAdapter, override: str | Path | None) -> tuple[Any, str]:
-    """The tokenizer to use and a description for the file: ``--tokenizer``, the checkpoint's, or bytes.
-
-    The byte-level fallback is used only when the model's vocabulary holds every byte, and with a
-    warning: it is almost certainly not the tokenizer the model was trained with.
-    """
-    import warnings
-
-    from biasviz.data import load_tokenizer
-
-    if override is not None:
-        p = Path(override).expanduser()
-        return load_tokenizer(p), str(p.resolve())
-    if adapter.tokenizer is not None:
-        from biasviz.adapters.files import tokenizer_file
-
-        return adapter.tokenizer, f"{tokenizer_file(adapter.source)} (the checkpoint's own)"
-    vocab = adapter.vocab_size
-    if vocab is None or vocab < BYTE_VOCAB:
-        raise BiasvizError(
-            f"{adapter.source} comes without a tokenizer and its vocabulary ({vocab}) cannot hold raw bytes; "
-            "pass --tokenizer PATH (the tokenizer.json the model was trained with)"
-        )
-    warnings.warn(
-        f"{Path(adapter.source).name} comes without a tokenizer.json; feeding it UTF-8 bytes (ids 0-255), "
-        "which is probably not how it was trained. Pass --tokenizer for the model's own tokenizer.",
-        stacklevel=2,
-    )
-    return byte_level_tokenizer(vocab), "byte-level (UTF-8 bytes as ids; no tokenizer came with the model)"

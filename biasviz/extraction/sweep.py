@@ -16,21 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from biasviz.checkpoint_dir import SAVED_STEP
-from biasviz.errors import BiasvizError, UsageError
-from biasviz.outputs import check_output_file
-
-
-def checkpoint_dir(out: Path, step: int) -> Path:
-    return out / f"checkpoint-{step}"
-
-
-def list_checkpoints(model_dir: str | Path) -> dict[int, Path]:
-    """The ``checkpoint-STEP`` directories of a training run, by step."""
-    root = Path(model_dir)
-    found = {int(m.group(1)): p for p in root.glob("checkpoint-*") if (m := SAVED_STEP.fullmatch(p.name))
-             and (p / "config.json").is_file()}  # fmt: skip
-    return dict(sorted(found.items()))
+from biasviz.common.errors import BiasvizError, UsageError
+from biasviz.common.outputs import check_output_file
+from biasviz.training.checkpoints import list_checkpoints
 
 
 def choose(spec: str, available: dict[int, Path], model_dir: str | Path) -> list[int]:
@@ -58,7 +46,7 @@ def extract_sweep(model_dir: str | Path, spec: str, windows: np.ndarray, out: st
                   scheme: str | None = None, force: bool = False, **options: Any) -> Any:  # fmt: skip
     """Extract each chosen checkpoint of ``model_dir`` on ``windows`` and join them into ``out``."""
     from biasviz.adapters import load_model
-    from biasviz.extraction import ExtractResult, extract
+    from biasviz.extraction.run import ExtractResult, extract
     from biasviz.store.combine import combine
 
     t0 = time.perf_counter()

@@ -90,7 +90,7 @@ class Staged:
 
     def temporary(self, target: str | Path) -> Path:
         """A temporary path for ``target``, moved there by :meth:`publish`."""
-        from biasviz.errors import BiasvizError
+        from biasviz.common.errors import BiasvizError
 
         target = Path(target)
         if target.is_dir() and not target.is_symlink():
@@ -102,7 +102,7 @@ class Staged:
 
     def publish(self) -> None:
         """Move every file into place (renames within one folder: quick, and no space is needed)."""
-        from biasviz.errors import BiasvizError, os_error_message
+        from biasviz.common.errors import BiasvizError, os_error_message
 
         while self._moves:
             tmp, target = self._moves[0]

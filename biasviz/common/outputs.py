@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 
 def same_file(a: Path, b: Path) -> bool:

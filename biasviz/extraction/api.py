@@ -1,4 +1,4 @@
-"""The Python API's entry points for any model: ``biasviz.extraction(model_or_path, input_ids, out)``."""
+"""The Python API's entry points for any model: ``biasviz.extraction.run(model_or_path, input_ids, out)``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 
 from biasviz.adapters import ModelAdapter, check_finite, load_model
 from biasviz.adapters.traced import TracedAdapter, is_factory_spec, load_factory
-from biasviz.errors import BiasvizError
-from biasviz.extraction import ExtractResult
-from biasviz.extraction import extract as extract_with
+from biasviz.common.errors import BiasvizError
+from biasviz.extraction.run import ExtractResult
+from biasviz.extraction.run import extract as extract_with
 
 
 def as_adapter(model_or_path: Any, *, scheme: str | None = None,
@@ -60,10 +60,10 @@ def extract(
     ``model_or_path``: a ``torch.nn.Module`` (called as ``model(batch)``, or ``forward(batch)`` for other
     signatures; its SDPA / flex_attention calls are traced and ``layers`` are call indices), a biasviz
     checkpoint, or any path ``biasviz extract --model`` accepts. ``scheme`` names the bias in the file
-    (default: the checkpoint's, or "captured"). Other ``options`` are :func:`biasviz.extraction.extract`'s
+    (default: the checkpoint's, or "captured"). Other ``options`` are :func:`biasviz.extraction.run.extract`'s
     (``dtype``, ``model_dtype``, ``progress``, ``attrs``).
     """
     adapter = as_adapter(model_or_path, scheme=scheme, forward=forward)
-    options.setdefault("text_source", "input_ids given to biasviz.extraction")
+    options.setdefault("text_source", "input_ids given to biasviz.extraction.run")
     return extract_with(adapter, _token_array(input_ids), out, layers=layers, batch_size=batch_size,
                         device=device, force=force, **options)  # fmt: skip

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -80,3 +80,16 @@ def share_mode(directory: Path) -> None:
             p.chmod(mode)
         elif p.is_dir() and not p.is_symlink() and SAVED_STEP.fullmatch(p.name):
             share_mode(p)
+
+
+def checkpoint_dir(out: Path, step: int) -> Path:
+    """Where ``train --save-every`` puts the checkpoint of ``step`` inside the run directory ``out``."""
+    return out / f"checkpoint-{step}"
+
+
+def list_checkpoints(model_dir: str | Path) -> dict[int, Path]:
+    """The ``checkpoint-STEP`` directories of a training run, by step."""
+    root = Path(model_dir)
+    found = {int(m.group(1)): p for p in root.glob("checkpoint-*") if (m := SAVED_STEP.fullmatch(p.name))
+             and (p / "config.json").is_file()}  # fmt: skip
+    return dict(sorted(found.items()))

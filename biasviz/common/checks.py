@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 MAX_SEED = 2**63 - 1  # numpy and torch take seeds up to this
 

@@ -11,7 +11,7 @@ import stat
 import warnings
 from pathlib import Path
 
-from biasviz.errors import BiasvizError, os_error_message
+from biasviz.common.errors import BiasvizError, os_error_message
 
 _KINDS = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
           stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder"}  # fmt: skip

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from biasviz.errors import BiasvizError
+from biasviz.common.errors import BiasvizError
 
 
 def resolve_device(spec: str = "auto") -> torch.device:

@@ -1,0 +1,5 @@
+"""Whether a bias depends on the input, on i - j alone, or on s_i - s_j: the measures of SPEC sections 6 and 10."""
+
+from biasviz.diagnostics.measures import NORMALIZATIONS, HeadDiagnostics, diagnose_array, diagnose_head
+
+__all__ = ["NORMALIZATIONS", "HeadDiagnostics", "diagnose_array", "diagnose_head"]

@@ -1,0 +1,72 @@
+"""Running under ``torchrun``: one process per GPU (or per share of the CPU), joined by torch.distributed.
+
+``torchrun --nproc-per-node=N -m biasviz extract ...`` starts N copies of the command; each learns its
+place from the environment torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK). Extraction splits the samples
+into N contiguous blocks, each process writes its block as a complete hidden shard beside ``--out``,
+and process 0 joins the shards into the one file at ``--out`` (:mod:`biasviz.store.combine`) - a copy
+of the stored chunks, so the file is ordinary and self-contained (a virtual dataset would break as soon
+as the file is moved or copied without its shards). Nothing appears at ``--out`` unless every process
+succeeded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from biasviz.common.errors import BiasvizError
+from biasviz.common.outputs import check_output_file
+from biasviz.common.processes import World, all_true, from_main
+
+
+def extract_parallel(
+    adapter: Any, windows: np.ndarray, out: str | Path, *, w: World, force: bool = False,
+    progress: bool | None = None, attrs: dict[str, Any] | None = None, **options: Any,
+) -> Any:  # fmt: skip
+    """Extract this process's block of ``windows`` into a shard; process 0 joins the shards at ``out``.
+
+    Returns the :class:`~biasviz.extraction.run.ExtractResult` of the joined file in process 0, of the shard
+    elsewhere. ``options`` are :func:`biasviz.extraction.run.extract`'s.
+    """
+    from biasviz.extraction.run import ExtractResult, extract
+    from biasviz.store.combine import combine
+
+    t0 = time.perf_counter()
+    out = check_output_file(Path(out), force=force)
+    if len(windows) < w.size:
+        raise BiasvizError(f"--samples {len(windows)} is fewer than the {w.size} processes; each needs at least one")
+    token = from_main(secrets.token_hex(4))
+    shard = lambda rank: out.with_name(f".{out.name}.{token}.shard{rank}-of-{w.size}.h5")  # noqa: E731
+    meta = {**(attrs or {}), "processes": w.size}
+    result, failure = None, None
+    try:
+        try:
+            result = extract(adapter, windows[w.block(len(windows))], shard(w.rank), force=True,
+                             progress=progress if w.main else False, attrs=meta, **options)  # fmt: skip
+        except BiasvizError as exc:  # the others must hear of it before this process stops
+            failure = exc
+        except Exception as exc:  # the model's own code failed (out of memory, say): say where, in one line
+            failure = BiasvizError(f"process {w.rank} failed: {type(exc).__name__}: {exc}")
+            failure.__cause__ = exc
+        if not all_true(failure is None):
+            raise failure or BiasvizError(f"another process failed; nothing was written to {out}")
+        if w.main:
+            try:
+                combine([shard(r) for r in range(w.size)], out, along="sample", force=force)
+            except Exception as exc:
+                failure = exc
+        if not all_true(failure is None):
+            raise failure or BiasvizError(f"joining the shards failed in process 0; nothing was written to {out}")
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shard(w.rank).unlink()
+    assert result is not None
+    if w.main:
+        return ExtractResult(out, len(windows), result.seq_len, result.layers, result.has_bias,
+                             time.perf_counter() - t0, out.stat().st_size)  # fmt: skip
+    return result
