@@ -11,6 +11,10 @@ STAMP  := $(VENV)/.installed
 SCHEMES := alibi kerple-log fire t5 cable
 # The learned scheme whose training is followed checkpoint by checkpoint (its config sets save_every).
 DYNAMICS := kerple-log
+# Length extrapolation: these tiny models (trained on 128 tokens) summarised at 16384 (extract --summary).
+LONG     := alibi kerple-log
+LONG_LEN := 16384
+TRAIN_LEN := 128
 RUNS    := runs
 DATA    := data
 FIGURES := figures
@@ -46,7 +50,7 @@ test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs)
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check biasviz tests
 
-figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme and the training dynamics
+figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics and the long-context figure
 
 # Each command reads only its own part of a config: a per-stage copy that is rewritten only when that part
 # changes, so editing [plot] re-plots without retraining. (The copy is refreshed on every run; cheap.)
@@ -73,6 +77,13 @@ $(DATA)/%-sweep.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
 $(FIGURES)/%_dynamics.pdf: $(DATA)/%-sweep.h5
 	$(BIASVIZ) plot --scheme $* --input $< --kind dynamics --format pdf,png --out-dir $(FIGURES)
 
+# far past the training length: summaries (mean maps, profiles, diagnostics) of 2 windows of LONG_LEN tokens
+$(DATA)/%-long.h5: $(RUNS)/%/model.safetensors
+	$(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(LONG_LEN) --samples 2 --resolution 512 --out $@ --force --quiet
+
+$(FIGURES)/long_context.pdf: $(foreach s,$(LONG),$(DATA)/$(s)-long.h5)
+	$(BIN)/python -m biasviz.plotting.long_context $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/long_context
+
 # one self-contained, interactive page per scheme (README, "Explorer")
 $(FIGURES)/%_explore.html: $(DATA)/%.h5
 	$(BIASVIZ) explore $< --out $@ --force
@@ -84,7 +95,7 @@ previews: figures  ## refresh the small PNG previews shown in README (figures/pr
 	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview
 	$(BIN)/python -m biasviz.explorer.screenshot $(FIGURES)/cable_explore.html $(FIGURES)/preview/cable_explore.png
 
-.PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(DATA)/%-sweep.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
+.PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(DATA)/%-sweep.h5 $(DATA)/%-long.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
 FORCE:
 
 bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, see BENCHMARKS.md)

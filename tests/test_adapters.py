@@ -321,3 +321,146 @@ def test_each_adapter_says_which_paths_it_opens(tmp_path):
                      "T5Adapter": []}  # fmt: skip
     assert [c.__name__ for c in adapters.adapter_classes()[:2]] == ["BiasGPTAdapter", "NanoGPTAdapter"]
     assert {"bloom", "mpt", "falcon", "t5", "mt5", "gpt2"} == set(adapters.hf_architectures())
+
+
+# --- streaming blocks of query rows ---------------------------------------------------------------------------
+def _assemble(blocks: list[tuple[int, str, int, torch.Tensor]], t: int) -> dict[tuple[int, str], torch.Tensor]:
+    """Full matrices from (layer, kind, row0, block) as sent, NaN (bias) or 0 (weights) where no block reached."""
+    out: dict[tuple[int, str], torch.Tensor] = {}
+    for layer, kind, row0, block in blocks:
+        rows, keys = block.shape[-2:]
+        assert keys == row0 + rows  # causal: a query block sees no later key
+        if (layer, kind) not in out:
+            assert row0 == 0
+            out[layer, kind] = torch.full((*block.shape[:2], t, t), float("nan") if kind == "bias" else 0.0)
+        out[layer, kind][:, :, row0 : row0 + rows, :keys] = block
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "cable", "nope"])
+def test_biasgpt_stream_blocks_reassemble_to_what_capture_assembles(scheme, monkeypatch):
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.model.modeling import Attention
+
+    adapter = BiasGPTAdapter(small_model(scheme), source="t")
+    x = torch.as_tensor(ids(2))  # (2, T)
+    with adapter.capture([0, 1]) as got:  # a single block at this length: what the model formed, as it is
+        adapter.forward(x)
+    whole = {**{(k, "bias"): v for k, v in got.bias.items()}, **{(k, "weights"): v for k, v in got.weights.items()}}
+    monkeypatch.setattr(Attention, "block_elements", 24 * 60)  # now each matrix comes in many blocks
+    with adapter.capture([0, 1]) as got:
+        adapter.forward(x)
+    sent: list[tuple[int, str, int, torch.Tensor]] = []
+    with adapter.stream([0, 1], True, lambda *a: sent.append(a)) as flush:
+        adapter.forward(x)
+        flush()
+    assert len(sent) > 2 * (2 if scheme == "nope" else 4)
+    assert all(t.shape[-2] < T for *_, t in sent)  # never a whole matrix
+    streamed = _assemble(sent, T)
+    kinds = ["weights"] if scheme == "nope" else ["bias", "weights"]
+    assert set(streamed) == {(layer, kind) for layer in (0, 1) for kind in kinds} == set(whole)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for (layer, kind), t in streamed.items():
+        captured = (got.bias if kind == "bias" else got.weights)[layer]
+        assert captured.shape == t.shape == whole[layer, kind].shape  # (1 or B, H, T, T)
+        torch.testing.assert_close(captured, t, rtol=0, atol=0, equal_nan=True)  # assembled from the same blocks
+        # layer 1's input differs from the one-block run's by rounding (the blocks of layer 0 summed differently)
+        torch.testing.assert_close(t[..., causal], whole[layer, kind][..., causal], rtol=1e-5, atol=1e-5)
+        if kind == "bias":  # cells past a block's keys, which no block formed, are NaN; the rest is the bias
+            above, want = t[..., ~causal], whole[layer, kind][..., ~causal]
+            assert above.isnan().any()
+            torch.testing.assert_close(torch.where(above.isnan(), want, above), want, rtol=1e-5, atol=1e-5)
+        else:
+            assert (t[..., ~causal] == 0).all()
+
+
+def test_biasgpt_stream_stops_after_the_last_requested_layer():
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+
+    adapter = BiasGPTAdapter(small_model("alibi"), source="t")
+    ran: list[str] = []
+    adapter.model.blocks[1].attn.register_forward_hook(lambda *_: ran.append("layer 1"))
+    adapter.model.lm_head.register_forward_hook(lambda *_: ran.append("lm_head"))
+    sent: list[tuple[int, str, int]] = []
+    with adapter.stream([0], False, lambda layer, kind, row0, t: sent.append((layer, kind, row0))) as flush:
+        adapter.forward(torch.as_tensor(ids(1)))
+        flush()
+    assert ran == [] and sent == [(0, "weights", 0)]  # no bias asked for; nothing after layer 0 ran
+    adapter.forward(torch.as_tensor(ids(1)))
+    assert ran == ["layer 1", "lm_head"]  # the hooks and the stop are gone with the block
+
+
+def test_nanogpt_stream_reproduces_the_reference_in_blocks(tmp_path, monkeypatch):
+    from biasviz.model.modeling import Attention
+
+    ref = ref_model(cable=True, scaled=False)
+    torch.save(ref.state_dict(), tmp_path / "cable.pt")
+    adapter = load_model(tmp_path / "cable.pt", attn_scale=1.0)
+    monkeypatch.setattr(Attention, "block_elements", 36 * 50)
+    x = torch.as_tensor(ids(3))
+    sent: list[tuple[int, str, int, torch.Tensor]] = []
+    with adapter.stream([0, 1], True, lambda *a: sent.append(a)) as flush:
+        adapter.forward(x)
+        flush()
+    with torch.no_grad():
+        ref(x)
+    assert len({row0 for *_, row0, _ in sent}) > 3
+    got = _assemble(sent, T)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for layer in range(L):
+        last = ref.transformer.h[layer].attn.last
+        torch.testing.assert_close(got[layer, "weights"], last["weights"], rtol=0, atol=2e-6)
+        torch.testing.assert_close(got[layer, "bias"][..., causal], last["bias"][..., causal], rtol=0, atol=2e-5)
+
+
+def test_default_stream_sends_what_capture_holds(tmp_path):
+    from transformers import BloomConfig, BloomForCausalLM
+
+    torch.manual_seed(0)
+    BloomForCausalLM(BloomConfig(vocab_size=V, hidden_size=C, n_layer=L, n_head=H)).save_pretrained(tmp_path / "b")
+    adapter = load_model(tmp_path / "b")
+    assert type(adapter).stream is ModelAdapter.stream  # the default, on top of capture
+    x = torch.as_tensor(ids(2))
+    with adapter.capture([0, 1]) as got:
+        adapter.forward(x)
+    want = {**{(k, "bias"): v.clone() for k, v in got.bias.items()},
+            **{(k, "weights"): v.clone() for k, v in got.weights.items()}}  # fmt: skip
+    sent: list[tuple[int, str, int, torch.Tensor]] = []
+    with adapter.stream([0, 1], True, lambda *a: sent.append(a)) as flush:
+        adapter.forward(x)
+        assert sent == []  # nothing until the caller flushes
+        flush()
+        assert [(layer, kind, row0) for layer, kind, row0, _ in sent] == [
+            (0, "bias", 0), (0, "weights", 0), (1, "bias", 0), (1, "weights", 0)]  # fmt: skip
+        flush()
+        assert len(sent) == 4  # flush cleared what it sent
+    assert set(want) == {(layer, kind) for layer, kind, _, _ in sent}
+    for layer, kind, _, t in sent:
+        assert t.shape[-2:] == (T, T)  # one block: the whole matrix
+        assert torch.equal(t, want[layer, kind])
+    weights_only: list[str] = []
+    with adapter.stream([1], False, lambda layer, kind, row0, t: weights_only.append(kind)) as flush:
+        adapter.forward(x)
+        flush()
+    assert weights_only == ["weights"]
+
+
+def test_a_traced_biasviz_model_makes_one_call_per_layer_at_blocked_lengths(monkeypatch):
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.adapters.traced import TracedAdapter
+    from biasviz.model.modeling import Attention
+
+    monkeypatch.setattr(Attention, "block_elements", 24 * 60)  # our own forward: many blocks of rows
+    model = small_model("alibi")
+    x = torch.as_tensor(ids(2))
+    traced = TracedAdapter(model, scheme="alibi")
+    traced.prepare(x.numpy())
+    assert traced.n_layers == L  # call L is layer L, not one call per block
+    with traced.capture([1]) as got:
+        traced.forward(x)
+    assert got.weights[1].shape == (2, H, T, T)
+    assert all("block_elements" not in a.__dict__ for a in (b.attn for b in model.blocks))  # restored
+    hooked = BiasGPTAdapter(model, source="t")
+    with hooked.capture([1]) as ours:
+        hooked.forward(x)
+    torch.testing.assert_close(got.weights[1], ours.weights[1], rtol=0, atol=1e-6)

@@ -175,3 +175,25 @@ def test_help_shows_defaults(capsys):
     for text in ("--layer", "default: -1", "--samples", "default: 4", "--seq-len", "default: 512", "--no-scale",
                  "data/<scheme>.h5", "--dtype", "float16"):  # fmt: skip
         assert text in out, text
+
+
+def test_extract_summary_from_the_cli(ckpt, tmp_path, capsys):
+    out = tmp_path / "s.h5"
+    code, stdout, err = run(extract_args(ckpt, "--summary", "--resolution", "8", "--out", str(out)), capsys)
+    assert code == 0, err
+    assert "summary of 3 samples: 12 heads x 8 x 8 blocks of 3 positions" in stdout
+    with h5py.File(out, "r") as f:
+        assert bool(f.attrs["summary"]) and f.attrs["resolution"] == 8 and f.attrs["samples"] == 3
+        assert f["layer_1/weights_mean"].shape == (12, 8, 8) and f["layer_1/bias_profile"].shape == (2, 12, 24)
+        assert f["input_ids"].shape == (3, 24)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--resolution", "8"], "--resolution applies with --summary"),
+    (["--summary", "--resolution", "0"], "--resolution must be"),
+    (["--summary", "--resolution", "25"], "above --seq-len"),
+])  # fmt: skip
+def test_summary_options_that_cannot_apply(ckpt, tmp_path, capsys, extra, message):
+    out = tmp_path / "s.h5"
+    code, _, err = run(extract_args(ckpt, *extra, "--out", str(out)), capsys)
+    assert code in (1, 2) and "Error:" in err and message in err and not out.exists()

@@ -115,7 +115,8 @@ def test_sweep_slices_equal_single_checkpoint_extracts(sweep_dir: Path, tmp_path
     extract_sweep(sweep_dir, "all", windows, tmp_path / "sweep.h5", layers="all", device="cpu", progress=False)
     with h5py.File(tmp_path / "sweep.h5") as f:
         assert list(f["checkpoint"][()]) == [10, 20, 30]
-        assert f["layer_1/bias"].dims[0].label == "checkpoint" and f["layer_1/bias"].shape == (3, 3, 12, 24, 24)
+        assert f["layer_1/bias"].dims[0].label == "checkpoint" and f["layer_1/weights"].shape == (3, 3, 12, 24, 24)
+        assert f["layer_1/bias"].shape == (3, 1, 12, 24, 24) and f.attrs["bias_shared"]  # context-free: stored once
         assert json.loads(f.attrs["checkpoint_sha256"]).keys() == {"10", "20", "30"}
         for index, step in enumerate((10, 20, 30)):
             single = tmp_path / f"single{step}.h5"
@@ -193,3 +194,55 @@ def test_force_replaces_a_run_with_its_saved_checkpoints_but_nothing_foreign(swe
     (run / "checkpoint-final").mkdir()
     with pytest.raises(BiasvizError, match="checkpoint-final"):
         check_output(run, force=True)
+
+
+def test_summary_sweep_slices_equal_single_checkpoint_summaries(sweep_dir: Path, tmp_path: Path) -> None:
+    from biasviz.extraction.summary import extract_summary
+
+    windows = np.random.default_rng(0).integers(0, 97, size=(3, 24))
+    extract_sweep(sweep_dir, "first,last", windows, tmp_path / "sweep.h5", summary=True, resolution=6, device="cpu",
+                  progress=False)  # fmt: skip
+    with h5py.File(tmp_path / "sweep.h5") as f:
+        assert list(f["checkpoint"][()]) == [10, 30] and bool(f.attrs["summary"])
+        assert f["layer_1/weights_mean"].shape == (2, 12, 6, 6)
+        assert [d.label for d in f["layer_1/bias_profile"].dims] == ["checkpoint", "stat", "head", "distance"]
+        for index, step in enumerate((10, 30)):
+            single = tmp_path / f"single{step}.h5"
+            extract_summary(load_model(sweep_dir / f"checkpoint-{step}"), windows, single, resolution=6,
+                            device="cpu", progress=False)  # fmt: skip
+            alone = datasets(single)
+            for name in ("layer_1/bias_mean", "layer_1/weights_std", "layer_1/bias_profile"):
+                assert np.array_equal(f[name][index], alone[name], equal_nan=True), (step, name)
+            for field in ("context_dependence", "toeplitz_residual", "separability_residual"):
+                got, want = f["layer_1/diagnostics"][index][field], alone["layer_1/diagnostics"][field]
+                assert np.array_equal(got, want, equal_nan=True), (step, field)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "cable"])
+def test_torchrun_summary_equals_the_one_process_summary(
+    model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, scheme: str
+) -> None:
+    """Per-cell moments of two processes joined exactly: the same file as one process (to float rounding)."""
+    if scheme != "alibi":
+        small_model(scheme, vocab_size=300).save_pretrained(model_dir / scheme)
+    model = "model" if scheme == "alibi" else scheme
+    base = ["extract", "--model", model, "--samples", "5", "--seq-len", "20", "--text", "text.txt", "--quiet",
+            "--device", "cpu", "--summary", "--force"]  # fmt: skip
+    common = [*base, "--resolution", "20"]
+    run = torchrun([*common, "--out", f"{scheme}-two.h5"], model_dir)
+    assert run.returncode == 0, run.stderr
+    monkeypatch.chdir(model_dir)
+    rc, _, err = run_cli([*common, "--out", f"{scheme}-one.h5"], capsys)
+    assert rc == 0, err
+    one, two = datasets(model_dir / f"{scheme}-one.h5"), datasets(model_dir / f"{scheme}-two.h5")
+    assert one.keys() == two.keys()
+    for name in one:
+        if one[name].dtype.names:
+            for field in one[name].dtype.names:
+                np.testing.assert_allclose(two[name][field], one[name][field], rtol=1e-9, atol=1e-12, err_msg=name)
+        else:
+            np.testing.assert_allclose(two[name], one[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    rc, _, err = run_cli([*base, "--resolution", "10", "--out", "coarse.h5"], capsys)
+    assert rc == 0, err  # one process: any resolution
+    run = torchrun([*base, "--resolution", "10", "--out", "coarse2.h5"], model_dir)
+    assert run.returncode == 1 and "exact per cell" in run.stderr and not (model_dir / "coarse2.h5").exists()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -9,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from biasviz.common.errors import BiasvizError
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name, hook_points
 from biasviz.model.config import PRESETS
+from biasviz.schemes import SCHEMES
 from tests.conftest import ALL_SCHEMES, RELATIVE_SCHEMES, small_model
 
 
@@ -38,7 +42,7 @@ def test_fused_and_eager_paths_agree(scheme: str) -> None:
     with torch.no_grad():
         fused = model(ids).logits
         seen: list[torch.Tensor] = []
-        with capture(model, "blocks.*.attn.hook_pattern", lambda t, n: seen.append(t)):
+        with capture(model, "blocks.*.attn.hook_pattern", lambda t, n, r0: seen.append(t)):
             eager = model(ids).logits
     assert len(seen) == 2 and seen[0].shape == (2, 12, 33, 33)
     torch.testing.assert_close(fused, eager, rtol=1e-5, atol=1e-5)
@@ -46,7 +50,7 @@ def test_fused_and_eager_paths_agree(scheme: str) -> None:
 
 def test_hooks_are_removed_after_the_block_even_on_error() -> None:
     model = small_model("alibi")
-    with pytest.raises(RuntimeError), capture(model, "blocks.1.attn.*", lambda t, n: None):
+    with pytest.raises(RuntimeError), capture(model, "blocks.1.attn.*", lambda t, n, r0: None):
         assert all(p.active for n, p in hook_points(model).items() if n.startswith("blocks.1"))
         raise RuntimeError
     assert not any(p.active for p in hook_points(model).values())
@@ -68,7 +72,7 @@ def test_fused_path_does_not_form_the_weights() -> None:
 def test_bias_hook_sees_the_unmasked_bias() -> None:
     model = small_model("alibi")
     got: dict[str, torch.Tensor] = {}
-    with torch.no_grad(), capture(model, "blocks.1.attn.hook_bias", lambda t, n: got.update({n: t})):
+    with torch.no_grad(), capture(model, "blocks.1.attn.hook_bias", lambda t, n, r0: got.update({n: t})):
         model(torch.randint(0, 97, (3, 10)))
     bias = got["blocks.1.attn.hook_bias"]
     assert bias.shape == (1, 12, 10, 10)
@@ -133,32 +137,50 @@ def _softmax_reference(q, k, bias, masked, scale):  # noqa: ANN001, ANN202
 
 
 @pytest.mark.parametrize("bias_batch", [None, 1, 2])
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("block_elements", [7, 40, 10_000])  # one row per block, a few rows, one block
-@pytest.mark.parametrize("batched", [False, True])  # per (sample, head) as on the CPU, or all at once as on a GPU
-def test_blocked_pattern_equals_reference_softmax(
-    bias_batch: int | None, causal: bool, block_elements: int, batched: bool
-) -> None:
-    from biasviz.model.modeling import attend_blocked, attention_pattern_blocked, causal_mask
+@pytest.mark.parametrize("mask", ["none", "full", "block"])
+def test_attention_pattern_equals_reference_softmax(bias_batch: int | None, mask: str) -> None:
+    """Whole matrices and causal query blocks (a mask over the trailing square), with and without autograd."""
+    from biasviz.model.attention import attention_pattern, causal_mask
 
     g = torch.Generator().manual_seed(0)
     B, H, T, D = 2, 3, 19, 8
+    r0, r1 = (0, T) if mask != "block" else (7, 12)  # the block: queries 7..11 against keys 0..11
     q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
     bias = None if bias_batch is None else torch.randn(bias_batch, H, T, T, generator=g)
-    masked = causal_mask(T, T, torch.device("cpu")) if causal else None
-    got = attention_pattern_blocked(q, k, bias, masked, 0.3, block_elements=block_elements, batched=batched)
-    want = _softmax_reference(q, k, bias, masked, 0.3)
-    assert got.shape == (B, H, T, T) and got.dtype == torch.float32
+    full = causal_mask(T, T, torch.device("cpu")) if mask != "none" else None
+    want = _softmax_reference(q, k, bias, full, 0.3)[:, :, r0:r1, :r1]  # rows r0..r1-1 never see keys >= r1
+    if mask == "block":
+        assert (want.sum(-1) - 1).abs().max() < 1e-12  # so the block's keys carry all the weight
+    q_blk, k_blk = q[:, :, r0:r1], k[:, :, :r1]
+    bias_blk = None if bias is None else bias[:, :, r0:r1, :r1]
+    masked = {"none": None, "full": full, "block": causal_mask(r1 - r0, r1 - r0, torch.device("cpu"))}[mask]
+    got = attention_pattern(q_blk, k_blk, bias_blk, masked, 0.3)
+    assert got.shape == (B, H, r1 - r0, r1) and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
-    if causal:
-        assert (got[..., masked] == 0).all()  # keys never computed hold exact zeros
-    torch.testing.assert_close(attend_blocked(got, v, masked).double(), want @ v.double(), rtol=0, atol=1e-5)
+    if mask != "none":
+        assert (got[..., causal_mask(r1 - r0, r1, torch.device("cpu"))] == 0).all()  # exact zeros past the diagonal
+    grad = attention_pattern(q_blk.requires_grad_(), k_blk, bias_blk, masked, 0.3)  # the differentiable formula
+    assert grad.requires_grad
+    torch.testing.assert_close(grad.detach().double(), want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("q_len", "per_cell", "budget"), [(1, 1, 1), (5, 1, 6), (100, 12, 1), (300, 12, 5000),
+                                                            (1000, 24, 1 << 20), (64, 1, 1 << 30)])  # fmt: skip
+def test_query_blocks_cover_every_row_within_the_budget(q_len: int, per_cell: int, budget: int) -> None:
+    from biasviz.model.attention import query_blocks
+
+    blocks = list(query_blocks(q_len, per_cell, budget))
+    assert blocks[0][0] == 0 and blocks[-1][1] == q_len
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:], strict=False))  # contiguous, in order
+    for r0, r1 in blocks:
+        assert r1 > r0  # at least one row, whatever the budget
+        assert r1 - r0 == 1 or per_cell * (r1 - r0) * r1 <= budget
 
 
 def test_eager_path_keeps_gradients_when_training() -> None:
     model = small_model("alibi").train()
     ids = torch.randint(0, 97, (2, 12))
-    with capture(model, "blocks.*.attn.hook_pattern", lambda t, n: None):
+    with capture(model, "blocks.*.attn.hook_pattern", lambda t, n, r0: None):
         loss = model(ids, labels=ids).loss
     loss.backward()
     grads = [p.grad for p in model.blocks[0].attn.c_attn.parameters()]
@@ -203,3 +225,142 @@ def test_loading_keeps_trained_scheme_parameters(scheme: str, tmp_path) -> None:
     ours, theirs = model.state_dict(), loaded.state_dict()
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+# --- the blocked forward without autograd, against every cell computed independently -------------------------
+SCHEME_CASES = [(name, {}) for name in SCHEMES] + [
+    ("fox", {"gate": "bias_only", "decay_time_min": 2.0, "decay_time_max": 64.0}),
+    ("fox", {"gate": "fixed", "decay_time_min": 2.0, "decay_time_max": 64.0}),
+]
+SMALL_BLOCKS = 24 * 700  # B * H * rows * keys per block at B = 2: 20 blocks of 1 to 26 rows at T = 150
+ULP_SCHEMES = {"kerple-power"}  # pow's SIMD body and scalar tail round differently: equal to 1 ulp, not bitwise
+
+
+def _perturbed(model: BiasGPTForCausalLM) -> BiasGPTForCausalLM:
+    """Move every parameter off its initial value, so that heads and layers differ as after training."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+        for s in model.schemes():
+            s.constrain_()
+    return model
+
+
+def _reference_weights(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(q k^T / sqrt(d) + bias, causal) in float64 from the layer's own c_attn, by hand; and the bias."""
+    B, T, C = x.shape
+    H = attn.n_head
+    w, b = attn.c_attn.weight.double(), attn.c_attn.bias.double()
+    qkv = x.double() @ w.T + b  # (B, T, 3C)
+    q, k = (qkv[..., n * C : (n + 1) * C].view(B, T, H, C // H).transpose(1, 2) for n in (0, 1))  # (B, H, T, hd)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(C // H)  # (B, H, T, T)
+    bias = None
+    if attn.pos_bias.adds_bias:
+        bias = attn.pos_bias.bias(x, T, T)  # (1 or B, H, T, T), the scheme's own full matrix
+        scores = scores + bias.double()
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    e = torch.exp(scores - scores.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True), bias
+
+
+def _blocks_by_layer(model: BiasGPTForCausalLM, ids: torch.Tensor) -> tuple[dict, dict, torch.Tensor]:
+    """Run ``model`` without autograd, keeping every block that passes the hook points and each layer's input."""
+    got: dict[tuple[int, str], list[tuple[int, torch.Tensor]]] = {}
+    inputs: dict[int, torch.Tensor] = {}
+
+    def keep(t: torch.Tensor, name: str, row0: int) -> None:
+        got.setdefault((int(name.split(".")[1]), name.rsplit(".", 1)[1]), []).append((row0, t.clone()))
+
+    handles = [b.attn.register_forward_pre_hook(lambda m, a, i=i: inputs.__setitem__(i, a[0]))
+               for i, b in enumerate(model.blocks)]  # fmt: skip
+    try:
+        with torch.no_grad(), capture(model, "blocks.*.attn.hook_*", keep):
+            logits = model(ids).logits
+    finally:
+        for h in handles:
+            h.remove()
+    return got, inputs, logits
+
+
+@pytest.mark.parametrize(("scheme", "options"), SCHEME_CASES, ids=lambda v: v if isinstance(v, str) else "-".join(
+    str(x) for x in v.values()))  # fmt: skip
+def test_blocked_forward_equals_an_independent_full_computation(scheme: str, options: dict, monkeypatch) -> None:
+    from biasviz.model.modeling import Attention
+
+    model = _perturbed(small_model(scheme, scheme_options=options))
+    B, T = 2, 150
+    ids = torch.randint(0, 97, (B, T), generator=torch.Generator().manual_seed(2))
+    full_logits = model(ids).logits.detach()  # autograd on: the training path, every cell at once
+    monkeypatch.setattr(Attention, "block_elements", SMALL_BLOCKS)
+    with torch.no_grad():
+        bare_logits = model(ids).logits  # fused blocks (SDPA), nothing listening
+    got, inputs, hooked_logits = _blocks_by_layer(model, ids)
+    tol = {"rtol": 1e-5, "atol": 1e-5 * float(full_logits.abs().max())}
+    torch.testing.assert_close(bare_logits, full_logits, **tol)
+    torch.testing.assert_close(hooked_logits, full_logits, **tol)
+    for layer, block in enumerate(model.blocks):
+        want, bias = _reference_weights(block.attn, inputs[layer])
+        kinds = ["hook_pattern"] + (["hook_bias"] if bias is not None else [])
+        assert {k for (lay, k) in got if lay == layer} == set(kinds)
+        for kind in kinds:
+            blocks = got[(layer, kind)]
+            starts = [r0 for r0, _ in blocks]
+            ends = [r0 + t.shape[-2] for r0, t in blocks]
+            assert starts == [0, *ends[:-1]] and ends[-1] == T and len(blocks) > 3  # every row, once, in order
+            assert len({t.shape[-2] for _, t in blocks}) > 2  # blocks of several sizes: uneven ones exercised
+            for r0, t in blocks:
+                r1 = r0 + t.shape[-2]
+                assert t.shape[1:] == (12, r1 - r0, r1)  # keys 0..r1-1: a query block sees no later key
+                if kind == "hook_pattern":
+                    assert t.shape[0] == B and t.dtype == torch.float32
+                    torch.testing.assert_close(t.double(), want[:, :, r0:r1, :r1], rtol=0, atol=1e-5)
+                    assert (t[..., torch.ones(r1 - r0, r1, dtype=torch.bool).triu(r0 + 1)] == 0).all()
+                elif scheme in ULP_SCHEMES:
+                    torch.testing.assert_close(t, bias[:, :, r0:r1, :r1], rtol=2.4e-7, atol=0)
+                else:
+                    assert torch.equal(t, bias[:, :, r0:r1, :r1])  # bit-equal to the scheme's full matrix
+
+
+def test_training_path_passes_whole_matrices_once(monkeypatch) -> None:
+    from biasviz.model.modeling import Attention
+
+    monkeypatch.setattr(Attention, "block_elements", 1)  # however small the blocks: autograd sees every cell at once
+    model = small_model("cable").train()
+    ids = torch.randint(0, 97, (2, 20))
+    seen: list[tuple[str, int, tuple[int, ...]]] = []
+    with capture(model, "blocks.*.attn.hook_*", lambda t, n, r0: seen.append((n, r0, tuple(t.shape)))):
+        model(ids, labels=ids).loss.backward()
+    assert sorted(seen) == sorted((f"blocks.{i}.attn.{k}", 0, (2, 12, 20, 20)) for i in range(2)
+                                  for k in ("hook_bias", "hook_pattern"))  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "cable", "fire", "nope"])
+@pytest.mark.parametrize("listen", [False, True])
+def test_no_grad_forward_forms_no_tensor_of_size_T_by_T(scheme: str, listen: bool, monkeypatch) -> None:
+    """Every tensor any op makes stays below a quarter of one (B, H, T, T) matrix (blocks are a few rows)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from biasviz.model.modeling import Attention
+
+    class Largest(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    monkeypatch.setattr(Attention, "block_elements", SMALL_BLOCKS)
+    model = small_model(scheme)
+    B, T = 2, 256
+    names = "blocks.*.attn.hook_*" if listen else []
+    with torch.no_grad(), Largest() as spy, contextlib.ExitStack() as stack:
+        if listen:
+            stack.enter_context(capture(model, names, lambda t, n, r0: None))
+        model(torch.randint(0, 97, (B, T)))
+    assert 0 < spy.numel < B * 12 * T * T // 4

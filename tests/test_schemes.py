@@ -346,3 +346,59 @@ def test_fox_bias_only_gate_is_an_alibi_and_fixed_follows_the_decay_times() -> N
         get_scheme("fox")(H, 48, gate="fixed")
     with pytest.raises(BiasvizError, match="unknown FoX gate"):
         get_scheme("fox")(H, 48, gate="sometimes")
+
+
+# --- rows: the bias one block of query rows at a time ------------------------------------------------------------
+ROW_CASES = [(name, {}) for name, cls in SCHEMES.items() if cls.adds_bias] + [
+    ("fox", {"gate": "bias_only", "decay_time_min": 2.0, "decay_time_max": 64.0}),
+    ("fox", {"gate": "fixed", "decay_time_min": 2.0, "decay_time_max": 64.0}),
+]
+
+
+def _row_blocks(t: int) -> list[tuple[int, int]]:
+    """Blocks of 1, 2, 3, ... rows, then whatever is left: sizes vary and the last is uneven."""
+    blocks, r0, rows = [], 0, 1
+    while r0 < t:
+        blocks.append((r0, min(t, r0 + rows)))
+        r0, rows = blocks[-1][1], rows + 1
+    return blocks
+
+
+@pytest.mark.parametrize(("name", "options"), ROW_CASES, ids=lambda v: v if isinstance(v, str) else "-".join(
+    str(x) for x in v.values()))  # fmt: skip
+@pytest.mark.parametrize("t", [5, 37, 300])
+def test_rows_are_the_slices_of_the_full_bias(name: str, options: dict, t: int) -> None:
+    torch.manual_seed(0)
+    scheme = get_scheme(name)(H, 48, **options)
+    with torch.no_grad():
+        for p in scheme.parameters():  # away from the initial values, which may be round numbers
+            p.add_(torch.rand_like(p) * 0.1)
+        scheme.constrain_()
+        x = torch.randn(2, t, 48)
+        full = scheme.bias(x, t, t)  # (1 or B, H, T, T)
+        rows = scheme.rows(x)
+        for r0, r1 in _row_blocks(t):
+            block = rows(r0, r1)
+            assert block.shape == (full.shape[0], H, r1 - r0, r1)
+            want = full[:, :, r0:r1, :r1]
+            if name == "kerple-power":  # pow rounds differently in its SIMD body and scalar tail: 1 ulp
+                torch.testing.assert_close(block, want, rtol=2.4e-7, atol=0)
+            else:
+                assert torch.equal(block, want)
+            block.fill_(0.0)  # each call returns a new tensor: the attention may overwrite it
+        assert torch.equal(rows(0, t), full) or name == "kerple-power"
+
+
+@pytest.mark.parametrize(("name", "options"), [("cable", {}), ("fox", {})])
+def test_context_dependent_rows_sum_over_the_input_once_per_forward(name: str, options: dict) -> None:
+    scheme = get_scheme(name)(H, 48, **options)
+    calls = []
+    scheme.proj.register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(1, 200, 48)
+    with torch.no_grad():
+        rows = scheme.rows(x)
+        for r0, r1 in _row_blocks(200):
+            rows(r0, r1)
+    assert len(calls) == 1  # not once per block: that would cost O(T^2 C)
+    with pytest.raises(BiasvizError, match="needs the attention input"):
+        scheme.rows(None)

@@ -10,7 +10,7 @@ as xarray's backends do), so :func:`biasviz.adapters.load_model` picks one by as
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,8 +22,11 @@ from biasviz.common.errors import BiasvizError, too_long
 from biasviz.store.format import KEY_POSITION, RELATIVE  # what a stored bias means
 from biasviz.tracing.stop import StopForward, stop_after
 
-__all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "StopForward", "stop_after"]
+__all__ = ["KEY_POSITION", "RELATIVE", "BlockSink", "Captured", "ModelAdapter", "StopForward", "stop_after"]
 
+# sink(layer, kind, row0, block): kind "bias" or "weights"; block (1 or B, H, rows, keys) holds query rows
+# row0 .. row0 + rows - 1 against keys 0 .. keys - 1 (keys = row0 + rows for causal self-attention)
+BlockSink = Callable[[int, str, int, torch.Tensor], None]
 
 
 @dataclass
@@ -161,6 +164,27 @@ class ModelAdapter:
         """
         raise NotImplementedError
         yield Captured()  # pragma: no cover
+
+    @contextlib.contextmanager
+    def stream(self, layers: list[int], want_bias: bool, sink: BlockSink) -> Iterator[Callable[[], None]]:
+        """Send ``layers``' bias and weights to ``sink`` in blocks of query rows, never assembled.
+
+        For summaries at any length: a caller that reduces each block as it comes needs no (H, T, T)
+        tensor where the model forms none. Yields ``flush``, to call after each :meth:`forward`. This
+        default runs on :meth:`capture`: ``flush`` sends each captured (full) tensor as one block with
+        row0 = 0 (keys = T), then clears them; adapters whose models form blocks send them as they come.
+        """
+        with self.capture(layers, want_bias) as got:
+
+            def flush() -> None:
+                for layer in sorted(got.weights.keys() | got.bias.keys()):
+                    if want_bias and layer in got.bias:
+                        sink(layer, "bias", 0, got.bias[layer])  # (1 or B, H, T, T)
+                    if layer in got.weights:
+                        sink(layer, "weights", 0, got.weights[layer])  # (B, H, T, T)
+                got.clear()
+
+            yield flush
 
     @contextlib.contextmanager
     def stopping_after(self, layers: list[int]) -> Iterator[None]:

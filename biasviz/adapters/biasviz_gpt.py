@@ -1,6 +1,8 @@
 """Adapter for biasviz's own GPT-2 variant: checkpoint directories written by ``biasviz train``.
 
-Capture uses the model's named hook points (``blocks.{L}.attn.hook_bias`` and ``hook_pattern``).
+Capture uses the model's named hook points (``blocks.{L}.attn.hook_bias`` and ``hook_pattern``), which
+pass each layer's matrices in blocks of query rows (:mod:`biasviz.model.hooks`): :meth:`BiasGPTAdapter.stream`
+hands the blocks on as they come, :meth:`BiasGPTAdapter.capture` assembles them into full matrices.
 The forward pass stops after the last captured attention layer (:meth:`ModelAdapter.forward`).
 """
 
@@ -8,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter
+from biasviz.adapters.base import RELATIVE, BlockSink, Captured, ModelAdapter
 from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
 from biasviz.common.hashing import sha256_files
@@ -75,18 +77,48 @@ class BiasGPTAdapter(ModelAdapter):
 
     @contextlib.contextmanager
     def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
+        """Full bias (1 or B, H, T, T) and weights (B, H, T, T) per layer, assembled from the row blocks.
+
+        Each forward's first block (row0 = 0) starts new tensors (the caller may still hold the last
+        ones); cells no block formed, j > i, hold NaN in the bias and 0 in the weights.
+        """
         got = Captured()
+        lengths: dict[int, int] = {}  # layer -> T of the forward under way
+
+        def _length(layer: int) -> Callable[..., None]:
+            return lambda _mod, args: lengths.__setitem__(layer, args[0].shape[1])  # x: (B, T, C)
+
+        def _store(layer: int, kind: str, row0: int, block: torch.Tensor) -> None:
+            target = got.bias if kind == "bias" else got.weights
+            T, (rows, keys) = lengths[layer], block.shape[-2:]
+            if row0 == 0 and rows == keys == T:  # the whole matrix at once: kept as it is
+                target[layer] = block
+                return
+            if row0 == 0:
+                fill = float("nan") if kind == "bias" else 0.0
+                target[layer] = torch.full((*block.shape[:2], T, T), fill, dtype=block.dtype, device=block.device)
+            target[layer][:, :, row0 : row0 + rows, :keys] = block
+
+        with contextlib.ExitStack() as stack:
+            for layer in layers:
+                handle = self.attention(layer).register_forward_pre_hook(_length(layer))
+                stack.callback(handle.remove)
+            stack.enter_context(self.stream(layers, want_bias, _store))
+            yield got
+
+    @contextlib.contextmanager
+    def stream(self, layers: list[int], want_bias: bool, sink: BlockSink) -> Iterator[Callable[[], None]]:
+        """Blocks straight from the hook points, as the attention forms them; ``flush`` has nothing to do."""
         names = [hook_name(layer, HOOK_PATTERN) for layer in layers]
         if want_bias and self.adds_bias:
             names += [hook_name(layer, HOOK_BIAS) for layer in layers]
 
-        def _store(t: torch.Tensor, name: str) -> None:
-            layer = int(name.split(".")[1])
-            target = got.bias if name.endswith(HOOK_BIAS) else got.weights
-            target[layer] = t.detach()  # bias (1 or B, H, T, T), weights (B, H, T, T)
+        def _send(t: torch.Tensor, name: str, row0: int) -> None:
+            kind = "bias" if name.endswith(HOOK_BIAS) else "weights"
+            sink(int(name.split(".")[1]), kind, row0, t.detach())  # (1 or B, H, rows, row0 + rows)
 
-        with self.stopping_after(layers), capture(self.model, names, _store):
-            yield got
+        with self.stopping_after(layers), capture(self.model, names, _send):
+            yield lambda: None
 
 
 def load_biasviz_checkpoint(

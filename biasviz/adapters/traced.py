@@ -114,7 +114,8 @@ class TracedAdapter(ModelAdapter):
 
     def _probe(self, ids: torch.Tensor) -> Trace:
         """One pass in which every call is inspected and none formed (extraction has put the model in eval mode)."""
-        with torch.inference_mode(), Trace(self.model, layers=[], inspect=True) as probe:
+        inspect = Trace(self.model, layers=[], inspect=True)
+        with torch.inference_mode(), one_call_per_layer(self.model), inspect as probe:
             self._call_model(ids.to(self.device))
         return probe
 
@@ -157,7 +158,7 @@ class TracedAdapter(ModelAdapter):
             with torch.inference_mode():
                 self._call_model(input_ids.to(self.device))
             return
-        with torch.inference_mode(), Trace(self.model, self._wanted, stop=True) as t:
+        with torch.inference_mode(), one_call_per_layer(self.model), Trace(self.model, self._wanted, stop=True) as t:
             self._call_model(input_ids.to(self.device))
         weights, bias = t.weights, t.bias
         for index in self._wanted:
@@ -168,6 +169,28 @@ class TracedAdapter(ModelAdapter):
                 self._captured.bias[index] = bias[index]
             elif self.adds_bias:  # a call with no additive part beside calls with one: it adds 0
                 self._captured.bias[index] = torch.zeros(1, *weights[index].shape[1:], device=weights[index].device)
+
+
+@contextlib.contextmanager
+def one_call_per_layer(model: nn.Module) -> Iterator[None]:
+    """Within the block, biasviz's own attention layers in ``model`` form each matrix in one call.
+
+    Without autograd they attend one block of query rows at a time, each block its own SDPA call; traced,
+    call L must be layer L, so here they take the whole (T, T) matrix at once, as before they were blocked.
+    """
+    modeling = sys.modules.get("biasviz.model.modeling")  # not imported: no such layer can exist
+    layers = [] if modeling is None else [m for m in model.modules() if isinstance(m, modeling.Attention)]
+    own = [m.__dict__.get("block_elements") for m in layers]
+    for m in layers:
+        m.block_elements = sys.maxsize
+    try:
+        yield
+    finally:
+        for m, value in zip(layers, own, strict=True):
+            if value is None:
+                m.__dict__.pop("block_elements", None)
+            else:
+                m.block_elements = value
 
 
 def _describe(model: nn.Module) -> str:

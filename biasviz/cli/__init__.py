@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
         if argv is None:  # the installed script: a library that failed to write must not crash the exit
             _exit_past_damaged_hdf5(exc.code)
         raise
+    if argv is None:  # done and on disk: a Ctrl-C while the interpreter shuts down has nothing left to stop
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _exit_past_damaged_hdf5(code: object) -> None:

@@ -33,6 +33,24 @@ class _FileResult:
     context_dependent: bool | None
     heads: list[HeadDiagnostics]  # of the last checkpoint in a sweep file
     sweep: list[tuple[int, list[HeadDiagnostics]]] | None = None  # (step, heads) of every checkpoint
+    block: int | None = None  # a summary file's block size (its diagnostics were stored at extraction)
+    resolution: int | None = None
+    bias_only: bool = False
+
+    def measured_on(self) -> str:
+        """'T = 512, N = 8': the length and number of samples the numbers were measured on, for the figures."""
+        return f"T = {self.seq_len}, " + ("bias only" if self.bias_only else f"N = {self.samples}")
+
+    def as_json(self, normalize: str) -> dict[str, object]:
+        doc: dict[str, object] = {
+            "heads": [h.as_json() for h in self.heads], "scheme": self.scheme, "layer": self.layer,
+            "samples": self.samples, "seq_len": self.seq_len, "context_dependent": self.context_dependent,
+            "normalize": normalize, "source": str(self.path), "summary": self.block is not None}  # fmt: skip
+        if self.block is not None:  # read from the file, as extract --summary computed them at full resolution
+            doc.update(resolution=self.resolution, block=self.block)
+        if self.sweep is not None:
+            doc["checkpoints"] = [{"step": step, "heads": [h.as_json() for h in heads]} for step, heads in self.sweep]
+        return doc
 
 
 @click.command("diagnose")
@@ -96,6 +114,7 @@ def _refuse_figure_options() -> None:
 
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
     from biasviz.diagnostics.measures import diagnose_dataset, diagnose_sweep
+    from biasviz.diagnostics.stored import stored_heads, stored_sweep
     from biasviz.store import open_bias_file
 
     with open_bias_file(path, isolated=True) as bf:
@@ -106,9 +125,16 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
             click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                        "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
+        if bf.is_summary and normalize != "none":
+            raise BiasvizError(f"{path} is a summary file: its diagnostics were computed at extraction without "
+                               "normalization; drop --normalize, or re-extract without --summary")  # fmt: skip
         try:
-            sweep = None if bf.checkpoints is None else diagnose_sweep(bf, resolved, normalize)
-            heads = sweep[-1][1] if sweep else list(diagnose_dataset(bf.dataset("bias", resolved), normalize))
+            if bf.is_summary:  # read as stored, never recomputed
+                sweep = None if bf.checkpoints is None else stored_sweep(bf, resolved)
+                heads = sweep[-1][1] if sweep else stored_heads(bf, resolved)
+            else:
+                sweep = None if bf.checkpoints is None else diagnose_sweep(bf, resolved, normalize)
+                heads = sweep[-1][1] if sweep else list(diagnose_dataset(bf.dataset("bias", resolved), normalize))
         except ValueError as exc:  # NaN/inf in used cells: a damaged or hand-made file
             raise BiasvizError(f"{path}: {exc}; the file is damaged; extract it again") from exc
         notes = dict.fromkeys(n.split(": ", 1)[1] for h in heads for n in h.notes)
@@ -116,7 +142,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
             click.echo(f"note: {path}: {note}", err=True)
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                            seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
-                           sweep=sweep)  # fmt: skip
+                           sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only)  # fmt: skip
 
 
 def _name_uniquely(results: list[_FileResult]) -> None:
@@ -136,14 +162,7 @@ def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: P
     from biasviz.common.version import __version__
 
     doc = {
-        "schemes": {
-            r.name: {"heads": [h.as_json() for h in r.heads], "scheme": r.scheme, "layer": r.layer,
-                     "samples": r.samples, "seq_len": r.seq_len, "context_dependent": r.context_dependent,
-                     "normalize": normalize, "source": str(r.path),
-                     **({} if r.sweep is None else {"checkpoints": [
-                         {"step": step, "heads": [h.as_json() for h in heads]} for step, heads in r.sweep]})}
-            for r in results
-        },
+        "schemes": {r.name: r.as_json(normalize) for r in results},
         "definitions": DEFINITIONS,
         "biasviz_version": __version__,
     }  # fmt: skip
@@ -157,16 +176,20 @@ def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: P
 def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: str, dpi: int,
           staged: Staged) -> list[Path]:  # fmt: skip
     from biasviz.plotting.diagnostics_plots import PALETTE, diagnostics_figure, profile_grid
+    from biasviz.plotting.profiles import profile_note
     from biasviz.plotting.save import save_figure
 
     sources = "; ".join(f"{r.name}={r.path}" for r in results)
     info = {"title": "Context-independence diagnostics", "source": sources,
             "description": f"{DEFINITIONS}; sources: {sources}", "keywords": "biasviz; diagnostics"}  # fmt: skip
-    written = save_figure(diagnostics_figure({r.name: r.heads for r in results}, style=style),
+    details = {r.name: r.measured_on() for r in results}
+    written = save_figure(diagnostics_figure({r.name: r.heads for r in results}, style=style, details=details),
                           out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style,
                           staged=staged)  # fmt: skip
     for k, r in enumerate(results):
-        fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)])
+        fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)],
+                           suptitle=f"{r.name} bias, layer {r.layer}, T = {r.seq_len}: "
+                                    f"{profile_note(r.samples, r.bias_only)}")  # fmt: skip
         info = {
             "title": f"{r.name} bias against distance (layer {r.layer}, {r.samples} samples)",
             "source": str(r.path),

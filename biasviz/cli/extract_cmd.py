@@ -111,17 +111,30 @@ def warnings_as_notes() -> Iterator[None]:
     help="With --model OUT of 'biasviz train --save-every K': extract OUT/checkpoint-STEP for these steps (all, "
     "first,last, or a list such as 200,400) on the same windows, into one file with a leading checkpoint dimension.",
 )  # fmt: skip
+@click.option(
+    "--summary", is_flag=True,
+    help="Store what figures and diagnostics read instead of every sample's matrices: per layer the mean and "
+    "standard deviation over samples as maps of at most --resolution blocks, distance profiles and the "
+    "diagnostics at full resolution. Size independent of --samples; any --seq-len.",
+)  # fmt: skip
+@click.option(
+    "--resolution", default=None, type=int,
+    help="With --summary or --bias-only: at most R x R blocks per map, each ceil(T / R) positions wide "
+    "(exact per cell when R = T) [default: 1024, or T when shorter].",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def extract(
     model: str, checkpoint: str | None, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None,
     tokenizer: str | None,
     seed: int, batch_size: int, device: str, dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
-    part: str | None, bias_only: bool, checkpoints: str | None, quiet: bool,
+    part: str | None, bias_only: bool, checkpoints: str | None, summary: bool, resolution: int | None,
+    quiet: bool,
 ) -> None:  # fmt: skip
     """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
 
     Writes /input_ids and /layer_L/{bias,weights} (sample, head, query, key); cells after the query
-    hold NaN (bias) and 0 (weights). The file appears only when complete.
+    hold NaN (bias) and 0 (weights). With --summary: per layer the mean and spread over samples as maps,
+    distance profiles and diagnostics, at any --seq-len. The file appears only when complete.
     """
     from biasviz.common.outputs import check_output_file
     from biasviz.common.processes import process_group
@@ -132,6 +145,10 @@ def extract(
     from biasviz.extraction.tokens import resolve_tokenizer
 
     layers = parse_layers(layer)
+    if resolution is not None and not (summary or bias_only):
+        raise UsageError("--resolution applies with --summary or --bias-only")
+    if summary and bias_only:
+        raise UsageError("--bias-only with --resolution already writes a summary; drop --summary")
     if bias_only:
         _refuse_with_bias_only(text=text, tokenizer=tokenizer, no_scale=no_scale)
     inputs = (model, text, tokenizer, checkpoint)
@@ -148,12 +165,20 @@ def extract(
         chosen = adapter.resolve_layers(layers) if adapter.n_layers else layers
         check_seq_len(adapter, seq_len)
         if bias_only:
-            from biasviz.extraction.run import extract_bias_only
+            from biasviz.extraction.bias_only import extract_bias_only
 
-            result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
-                                       model_dtype=model_dtype, force=force)  # fmt: skip
+            if resolution is not None:
+                from biasviz.extraction.bias_only import bias_only_summary  # noqa: I001
+
+                result = bias_only_summary(adapter, seq_len, target, layers=chosen, resolution=resolution, device=dev,
+                                           model_dtype=model_dtype, force=force)  # fmt: skip
+                shape = _blocks(seq_len, resolution)
+            else:
+                result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
+                                           model_dtype=model_dtype, force=force)  # fmt: skip
+                shape = f"{seq_len} x {seq_len}, {dtype}"
             click.echo(f"wrote {result.path}: the bias of layer {', '.join(map(str, result.layers))}, "
-                       f"{adapter.n_heads} heads x {seq_len} x {seq_len}, no text (--bias-only), {dtype}, "
+                       f"{adapter.n_heads} heads x {shape}, no text (--bias-only), "
                        f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s")  # fmt: skip
             return
         check_windows_memory(samples, seq_len)
@@ -166,10 +191,20 @@ def extract(
         run = {"layers": chosen, "dtype": dtype, "batch_size": batch_size, "device": dev, "model_dtype": model_dtype,
                "force": force, "seed": seed, "text_source": text_source, "attrs": {"tokenizer": tok_desc},
                "progress": False if quiet else None}  # fmt: skip
+        if summary:
+            run["resolution"] = resolution
         if checkpoints:
             from biasviz.extraction.sweep import extract_sweep
 
-            result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, **run)
+            result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, summary=summary, **run)
+        elif summary and w.size > 1:
+            from biasviz.extraction.distributed import summarise_parallel
+
+            result = summarise_parallel(adapter, windows, target, w=w, **run)
+        elif summary:
+            from biasviz.extraction.summary import extract_summary
+
+            result = extract_summary(adapter, windows, target, **run)
         elif w.size > 1:
             result = extract_parallel(adapter, windows, target, w=w, **run)
         else:
@@ -179,10 +214,14 @@ def extract(
         kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
         names = ", ".join(str(x) for x in result.layers)
         where = f", {w.size} processes" if w.size > 1 else f", checkpoints {checkpoints}" if checkpoints else ""
+        if summary:
+            maps = _blocks(result.seq_len, resolution)
+            shape = f"summary of {result.samples} samples: {adapter.n_heads} heads x {maps}"
+        else:
+            shape = f"{result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x {result.seq_len}"
         click.echo(
-            f"wrote {result.path}: {result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x "
-            f"{result.seq_len}, layer {names} {kinds}, {dtype}{where}, {result.bytes / 1e6:.1f} MB in "
-            f"{result.seconds:.1f} s"
+            f"wrote {result.path}: {shape}, layer {names} {kinds}, {'float32' if summary else dtype}{where}, "
+            f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s"
         )
 
 
@@ -208,3 +247,12 @@ def _refuse_with_bias_only(**given: object) -> None:
     if named:
         raise UsageError(f"{', '.join(named)} cannot apply with --bias-only, which reads no text and computes no "
                          "attention weights; drop one or the other")  # fmt: skip
+
+
+def _blocks(seq_len: int, resolution: int | None) -> str:
+    """``1024 x 1024 blocks of 16 positions`` (or ``512 x 512 cells``) for the summary of ``seq_len`` positions."""
+    from biasviz.store.format import DEFAULT_RESOLUTION, block_size
+
+    b = block_size(seq_len, min(DEFAULT_RESOLUTION, seq_len) if resolution is None else resolution)
+    nb = -(-seq_len // b)
+    return f"{nb} x {nb} cells" if b == 1 else f"{nb} x {nb} blocks of {b} positions"

@@ -14,7 +14,7 @@ _SHOWN = {  # attributes the summary prints in its own lines; the rest go under 
     "architecture",
     "model_sha256", "n_layers", "n_heads", "seq_len", "layers", "samples", "dtype", "device", "device_name",
     "seed", "text_source", "tokenizer", "created_utc", "biasviz_version", "torch_version", "config_json",
-    "causal", "batch_size",
+    "causal", "batch_size", "summary", "resolution", "block", "bias_shared",
 }  # fmt: skip
 
 
@@ -54,21 +54,14 @@ def summary(path: Path) -> str:
             f"  architecture    {a['architecture']}, {n_layers} layers, {f.n_heads} heads",
             f"  model sha256    {a['model_sha256'] or '(unknown)'}",
             f"  layers          {', '.join(map(str, layers))} (of 0..{n_layers - 1})",
-            f"  shape           {f.n_samples} samples x {f.n_heads} heads x {f.seq_len} queries x {f.seq_len} keys",
+            *_shape_lines(f),
         ]
         if f.checkpoints is not None:
             steps = ", ".join(map(str, f.checkpoints))
             lines.append(f"  checkpoints     {len(f.checkpoints)} (training steps {steps}): a leading dimension "
-                         "of bias and weights")  # fmt: skip
+                         f"of {'every layer dataset' if f.is_summary else 'bias and weights'}")  # fmt: skip
         for layer in layers:
-            group = layer_group(layer)
-            if not f.has_bias(layer):
-                lines.append(f"  {group + '/bias':<16}absent (the scheme adds no bias)")
-            names = ("bias", "weights") if f.has_bias(layer) else ("weights",)
-            for name in ("bias",) if f.bias_only else names:
-                ds = f.dataset(name, layer)
-                chunks = "x".join(map(str, ds.chunks)) if ds.chunks else "none"
-                lines.append(f"  {group + '/' + name:<16}{ds.dtype}, {_filters(ds)}, chunks {chunks}")
+            lines += _layer_lines(f, layer, layer_group(layer))
         masked = "causal (cells after the query: bias NaN, weights 0)" if f.causal else "bidirectional (no mask)"
         lines += [
             f"  mask            {masked}",
@@ -84,6 +77,66 @@ def summary(path: Path) -> str:
         if a.get("config_json"):
             lines.append(f"  {'config':<16}stored as JSON (biasviz info --json shows it)")
     return "\n".join(lines)
+
+
+def _shape_lines(f: Any) -> list[str]:
+    """What the file holds: every sample's matrices, or a summary of them (SPEC section 11)."""
+    n, h, t = f.n_samples, f.n_heads, f.seq_len
+    if not f.is_summary:
+        return [f"  shape           {n} samples x {h} heads x {t} queries x {t} keys"]
+    nb = f.summary.n_blocks
+    over = "from the scheme's formula (--bias-only)" if f.bias_only else f"mean and std over {n} samples"
+    exact = "exact per cell" if f.block == 1 else f"blocks of {f.block} x {f.block} positions"
+    return [f"  summary         yes (extract --summary): {over}; no per-sample matrices",
+            f"  resolution      {f.resolution}: {exact}",
+            f"  shape           {h} heads x {nb} query blocks x {nb} key blocks ({t} positions); profiles over "
+            f"{t} distances"]  # fmt: skip
+
+
+def _layer_lines(f: Any, layer: int, group: str) -> list[str]:
+    """One line per dataset of a layer: type, shape (summaries), compression and chunks."""
+    lines = []
+    if not f.has_bias(layer):
+        lines.append(f"  {group + '/bias':<16}absent (the scheme adds no bias)")
+    if f.is_summary:
+        for name in f.summary_datasets(layer):
+            ds = f.summary.h5[f"{group}/{name}"]
+            lines.append(f"  {group + '/' + name:<24}{_dtype(ds)} {tuple(ds.shape)}, {_filters(ds)}")
+        return lines
+    names = ("bias", "weights") if f.has_bias(layer) else ("weights",)
+    for name in ("bias",) if f.bias_only else names:
+        ds = f.dataset(name, layer)
+        chunks = "x".join(map(str, ds.chunks)) if ds.chunks else "none"
+        shared = f"; shared: one matrix for all {f.n_samples} samples" if getattr(ds, "shared", False) else ""
+        lines.append(f"  {group + '/' + name:<16}{ds.dtype}, {_filters(ds)}, chunks {chunks}{shared}")
+    return lines
+
+
+def _dtype(ds: Any) -> str:
+    return "compound" if ds.dtype.fields else str(ds.dtype)
+
+
+def layout(path: Path) -> dict[str, Any]:
+    """``info --json``'s ``biasviz_layout``: what kind of file it is and the datasets it holds."""
+    from biasviz.store import layer_group, open_bias_file
+
+    with open_bias_file(path) as f:
+        out: dict[str, Any] = {"summary": f.is_summary, "samples": f.n_samples, "bias_shared": f.bias_shared,
+                               "bias_only": f.bias_only, "seq_len": f.seq_len, "n_heads": f.n_heads}  # fmt: skip
+        if f.is_summary:
+            out.update(resolution=f.resolution, block=f.block, blocks=f.summary.n_blocks)
+        datasets = {}
+        for layer in f.layers:
+            group = layer_group(layer)
+            if f.is_summary:
+                held = {name: f.summary.h5[f"{group}/{name}"] for name in f.summary_datasets(layer)}
+            else:  # as stored: a shared bias has one sample
+                kinds = ["bias"] * f.has_bias(layer) + ["weights"] * (not f.bias_only)
+                held = {k: getattr(f.dataset(k, layer), "stored", f.dataset(k, layer)) for k in kinds}
+            for name, ds in held.items():
+                datasets[f"{group}/{name}"] = {"shape": list(ds.shape), "dtype": _dtype(ds)}
+        out["datasets"] = datasets
+    return out
 
 
 @click.command()
@@ -105,6 +158,7 @@ def info(file: str, as_json: bool) -> None:
         if isinstance(attrs.get("config_json"), str) and attrs["config_json"]:
             with contextlib.suppress(ValueError, RecursionError):  # plain JSON data; else keep the text as stored
                 attrs["config_json"] = json.loads(attrs["config_json"])
+        attrs["biasviz_layout"] = layout(path)  # not an attribute: what the file holds, as the reader sees it
         click.echo(json.dumps(attrs, indent=2, sort_keys=True, default=str))
         return
     click.echo(summary(path))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from biasviz.cli.options import config_option, figure_output_options
 from biasviz.common.errors import BiasvizError, UsageError
@@ -44,10 +45,12 @@ def _parse_sample(value: str) -> int | str:
 )
 @click.option(
     "--kind",
-    type=click.Choice(["bias", "weights", "all", "dynamics"]),
+    type=click.Choice(["bias", "weights", "all", "dynamics", "profile", "std"]),
     default="bias",
     show_default=True,
-    help="Draw the additive bias, the post-softmax attention weights, or both; 'dynamics' (a sweep file from "
+    help="Draw the additive bias, the post-softmax attention weights, or both; 'profile': per head, the mean "
+    "over samples and cells with i - j = d against d, with a +-1 std band (bias and weights); 'std': the "
+    "per-cell standard deviation over samples (bias and weights); 'dynamics' (a sweep file from "
     "'extract --checkpoints'): per head, the distance profile b(d) at each checkpoint, coloured by step.",
 )
 @click.option(
@@ -60,7 +63,8 @@ def _parse_sample(value: str) -> int | str:
     "sample_text",
     default="0",
     show_default=True,
-    help="Sample index K, or 'mean' for the mean over all samples (streamed).",
+    help="Sample index K, or 'mean' for the mean over all samples (streamed). A summary file "
+    "('extract --summary') holds the mean only.",
 )
 @click.option(
     "--normalize",
@@ -112,20 +116,25 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
         if not (input_path or Path("data") / f"{name}.h5").is_file() or not name.replace("-", "").isalnum():
             raise
     sample = _parse_sample(sample_text)
+    sample_given = click.get_current_context().get_parameter_source("sample_text") != ParameterSource.DEFAULT
     formats = parse_formats(formats_text)
     if kind == "weights" and normalize != "none":
         raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
     if kind == "bias" and log_scale:
-        raise UsageError("--log applies to attention weights; use it with --kind weights or all")
+        raise UsageError("--log applies to attention weights; use it with --kind weights, all, std or profile")
+    if kind in ("profile", "std") and sample_given and sample != "mean":
+        raise UsageError(f"--kind {kind} is over all samples; --sample applies to --kind bias, weights or all")
     from biasviz.common.atomic import replacing_together
 
     path = input_path or Path("data") / f"{name}.h5"
     with replacing_together() as staged:  # the figure set is replaced whole, or not at all
         job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
                        shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
-                       max_cells=max_cells, staged=staged, step=step)  # fmt: skip
+                       max_cells=max_cells, staged=staged, step=step, sample_given=sample_given)  # fmt: skip
         if kind == "dynamics":
             written = job.run_dynamics(out_dir, formats, dpi)
+        elif kind in ("profile", "std"):
+            written = job.run(["bias", "weights"], out_dir, formats, dpi, what=kind)
         else:
             written = job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi)
     for path in written:
@@ -149,6 +158,7 @@ class _PlotJob:
     max_cells: int
     staged: Staged | None = None
     step: int | None = None
+    sample_given: bool = False  # --sample was given (command line or config), not left at its default
 
     def _open(self) -> BiasFile:
         """The file, showing the checkpoint of ``--step`` in a sweep (the last by default)."""
@@ -166,6 +176,7 @@ class _PlotJob:
 
     def run_dynamics(self, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
         from biasviz.diagnostics.measures import diagnose_sweep
+        from biasviz.diagnostics.stored import stored_sweep
         from biasviz.plotting.dynamics import dynamics_grid
         from biasviz.plotting.save import save_figure
 
@@ -177,7 +188,10 @@ class _PlotJob:
             layer = bf.resolve_layer(self.layer)
             if not bf.has_bias(layer):
                 raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {self.path} has no distance profile to draw")
-            sweep = diagnose_sweep(bf, layer, self.normalize)
+            if bf.is_summary and self.normalize != "none":
+                raise BiasvizError(f"{self.path} is a summary file: its profiles were computed at extraction "
+                                   "without normalization; drop --normalize")  # fmt: skip
+            sweep = stored_sweep(bf, layer) if bf.is_summary else diagnose_sweep(bf, layer, self.normalize)
         steps = ", ".join(str(s) for s, _ in sweep)
         info = {"title": f"{self.scheme} bias against distance over training (layer {layer})",
                 "description": f"mean b(d) over samples and cells with i - j = d at steps {steps}; "
@@ -187,7 +201,8 @@ class _PlotJob:
         return save_figure(dynamics_grid(sweep, style=self.style), out_dir / f"{self.scheme}_dynamics", formats,
                            dpi=dpi, info=info, style=self.style, staged=self.staged)  # fmt: skip
 
-    def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int, what: str = "matrix") -> list[Path]:
+        """Draw each of ``kinds``: its matrices (``what`` 'matrix'), per-cell std maps ('std') or profiles."""
         written: list[Path] = []
         with self._open() as bf:
             self._check_scheme(bf.scheme)
@@ -196,17 +211,12 @@ class _PlotJob:
                 click.echo(f"note: {self.path} is a sweep of {len(bf.checkpoints)} checkpoints; drawing the last "
                            f"(step {bf.step}); --step chooses another, --kind dynamics shows them all",
                            err=True)  # fmt: skip
-            if bf.bias_only and "weights" in kinds:
-                if kinds == ["weights"]:
-                    raise BiasvizError(f"{self.path} holds the bias only (extract --bias-only): no attention "
-                                       "weights to plot; use --kind bias")  # fmt: skip
-                kinds = [k for k in kinds if k != "weights"]
-            if "bias" in kinds and not bf.has_bias(layer):
-                if kinds == ["bias"]:
-                    raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {self.path} holds none; "
-                                       "plot its attention weights with --kind weights")  # fmt: skip
-                click.echo(f"note: scheme '{bf.scheme}' adds no bias; drawing the attention weights only", err=True)
-                kinds = [k for k in kinds if k != "bias"]
+            if bf.is_summary and self.sample_given and self.sample != "mean":
+                raise bf.not_per_sample(f"sample {self.sample} (drop --sample to draw the mean)")
+            if what == "std" and bf.n_samples < 2:
+                held = "the scheme's formula only (--bias-only)" if bf.bias_only else f"{bf.n_samples} sample"
+                raise BiasvizError(f"--kind std shows the spread over samples; {self.path} holds {held}")
+            kinds = self._kinds_held(bf, kinds, layer, what)
             if bf.attrs.get("bias_convention") == "key-position" and self.normalize == "none" and "bias" in kinds:
                 click.echo(
                     "note: this file stores the bias in key-position form (it differs from the i - j form by "
@@ -214,8 +224,28 @@ class _PlotJob:
                     err=True,
                 )
             for kind in kinds:
-                written += self._draw(bf, kind, layer, out_dir, formats, dpi)
+                if what == "profile":
+                    written += self._draw_profile(bf, kind, layer, out_dir, formats, dpi)
+                else:
+                    written += self._draw(bf, kind, layer, out_dir, formats, dpi, std=what == "std")
         return written
+
+    def _kinds_held(self, bf: BiasFile, kinds: list[str], layer: int, what: str) -> list[str]:
+        """``kinds`` less those the file cannot hold (bias-only, no bias); an error when none is left."""
+        either = what != "matrix"  # profile and std draw whichever of bias and weights the file holds
+        if bf.bias_only and "weights" in kinds:
+            if kinds == ["weights"]:
+                raise BiasvizError(f"{self.path} holds the bias only (extract --bias-only): no attention "
+                                   "weights to plot; use --kind bias")  # fmt: skip
+            kinds = [k for k in kinds if k != "weights"]
+        if "bias" in kinds and not bf.has_bias(layer):
+            if kinds == ["bias"]:
+                raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {self.path} holds none; "
+                                   "plot its attention weights with --kind weights")  # fmt: skip
+            if not either:
+                click.echo(f"note: scheme '{bf.scheme}' adds no bias; drawing the attention weights only", err=True)
+            kinds = [k for k in kinds if k != "bias"]
+        return kinds
 
     def _check_scheme(self, stored: str) -> None:
         from biasviz.schemes import canonical_name
@@ -228,23 +258,62 @@ class _PlotJob:
             raise BiasvizError(f"{self.path} holds scheme '{stored}', not '{self.scheme}'; "
                                f"pass --scheme {stored} or another --input")  # fmt: skip
 
-    def _draw(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    def _draw(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str], dpi: int,
+              std: bool = False) -> list[Path]:  # fmt: skip
+        import numpy as np
+
         from biasviz.plotting.heatmap import head_grid
-        from biasviz.plotting.load import load_heads
+        from biasviz.plotting.load import load_heads, load_summary_heads
+        from biasviz.plotting.profiles import samples_phrase, summary_note
         from biasviz.plotting.save import save_figure
 
         normalize = self.normalize if kind == "bias" else "none"
-        heads = load_heads(bf, kind, layer=layer, sample=self.sample, normalize=normalize, reduce=self.reduce_how,
-                           max_cells=self.max_cells)  # fmt: skip
-        fig = head_grid(heads, kind=kind, shared_scale=self.shared_scale, cmap=self.cmap,
-                        log=self.log_scale and kind == "weights", style=self.style, causal=bf.causal)  # fmt: skip
+        panel_kind, stem = (f"{kind}_std", f"{self.scheme}_{kind}_std") if std else (kind, f"{self.scheme}_{kind}")
+        note = None
+        if bf.is_summary:
+            heads = load_summary_heads(bf, f"{kind}_{'std' if std else 'mean'}", layer=layer, normalize=normalize,
+                                       reduce=self.reduce_how, max_cells=self.max_cells)  # fmt: skip
+            note = summary_note(bf, "std" if std else "mean")
+        else:
+            heads = load_heads(bf, kind, layer=layer, sample="std" if std else self.sample, normalize=normalize,
+                               reduce=self.reduce_how, max_cells=self.max_cells)  # fmt: skip
+            note = f"per-cell standard deviation over {samples_phrase(bf)}" if std else None
+        if std and not np.nan_to_num(heads.data).any():
+            click.echo(f"note: the {kind} is the same for every sample: its standard deviation is 0 everywhere",
+                       err=True)  # fmt: skip
+        suptitle = None if note is None else f"{self.scheme} {kind}, layer {heads.layer}: {note}"
+        fig = head_grid(heads, kind=panel_kind, shared_scale=self.shared_scale, cmap=self.cmap,
+                        log=self.log_scale and kind == "weights", style=self.style, causal=bf.causal,
+                        suptitle=suptitle)  # fmt: skip
         reduction = heads.reduction.describe()
-        what = f"{self.scheme} {kind}, layer {heads.layer}, sample {heads.sample}, normalize {normalize}"
+        if bf.is_summary:
+            reduction = f"summary in blocks of {heads.block} positions; drawn: {reduction.replace('cells', 'blocks')}"
+        sample = "std" if std else heads.sample
+        what = f"{self.scheme} {panel_kind}, layer {heads.layer}, sample {sample}, normalize {normalize}"
         info = {
-            "title": f"{self.scheme} {kind} (layer {heads.layer}, sample {heads.sample})",
-            "description": f"{what}; reduction: {reduction}; source: {self.path}",
+            "title": f"{self.scheme} {panel_kind} (layer {heads.layer}, sample {sample})",
+            "description": f"{what}; {note or 'one sample'}; reduction: {reduction}; source: {self.path}",
             "source": str(self.path),
-            "keywords": (f"biasviz; scheme={self.scheme}; kind={kind}; layer={heads.layer}; sample={heads.sample}; "
+            "keywords": (f"biasviz; scheme={self.scheme}; kind={panel_kind}; layer={heads.layer}; sample={sample}; "
                          f"normalize={normalize}; reduction={reduction}; source={self.path}"),
         }  # fmt: skip
-        return save_figure(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info, staged=self.staged)
+        return save_figure(fig, out_dir / stem, formats, dpi=dpi, info=info, staged=self.staged)
+
+    def _draw_profile(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str],
+                      dpi: int) -> list[Path]:  # fmt: skip
+        from biasviz.plotting.diagnostics_plots import PALETTE, profile_grid
+        from biasviz.plotting.profiles import YLABELS, as_heads, file_profiles, profile_note
+        from biasviz.plotting.save import save_figure
+
+        normalize = self.normalize if kind == "bias" else "none"
+        profiles = file_profiles(bf, kind, layer, normalize)
+        over = profile_note(bf.n_samples, bf.bias_only)
+        title = f"{self.scheme} {kind}, layer {layer}: {over}"
+        fig = profile_grid(as_heads(profiles), style=self.style, color=PALETTE[0 if kind == "bias" else 5],
+                           ylabel=YLABELS[kind], suptitle=title, start=profiles.start,
+                           log=self.log_scale and kind == "weights")  # fmt: skip
+        info = {"title": f"{self.scheme} {kind} against distance (layer {layer})", "source": str(self.path),
+                "description": f"{over} (population std); normalize {normalize}; source: {self.path}",
+                "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip
+        return save_figure(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, dpi=dpi, info=info,
+                           style=self.style, staged=self.staged)  # fmt: skip

@@ -63,14 +63,19 @@ def subtract_diagonal(matrix: np.ndarray) -> np.ndarray:
     return m - np.diagonal(m, axis1=-2, axis2=-1)[..., :, None]
 
 
-def diagnose_head(samples: Iterable[np.ndarray], head: int = 1, normalize: str = "none") -> HeadDiagnostics:
-    """Diagnostics of one head from its (query, key) bias matrices, one per sample (streamed)."""
+def diagnose_head(samples: Iterable[np.ndarray], head: int = 1, normalize: str = "none",
+                  repeat: int = 1) -> HeadDiagnostics:  # fmt: skip
+    """Diagnostics of one head from its (query, key) bias matrices, one per sample (streamed).
+
+    ``repeat``: each matrix stands for that many identical samples (a bias stored once for all samples,
+    ``bias_shared``): it is read once, and its context dependence is exactly 0 as soon as it counts twice.
+    """
     acc: _HeadAccumulator | None = None
     for matrix in samples:
         m = np.asarray(matrix)
         if acc is None:
             acc = _HeadAccumulator(m.shape[-1])
-        acc.add(_normalized(m, normalize))
+        acc.add(_normalized(m, normalize), repeat)
     if acc is None:
         raise ValueError("no samples given")
     return acc.result(head)
@@ -87,12 +92,16 @@ def diagnose_array(bias: np.ndarray, normalize: str = "none") -> list[HeadDiagno
 def diagnose_dataset(dataset: object, normalize: str = "none") -> Iterator[HeadDiagnostics]:
     """Diagnostics of each head of an HDF5 (sample, head, query, key) dataset, read one matrix at a time.
 
-    Each read is one stored chunk (one sample, one head), so a 4096-position file never loads whole.
+    Each read is one stored chunk (one sample, one head), so a 4096-position file never loads whole. A bias
+    stored once for every sample (a view with ``repeat`` and ``stored``, :mod:`biasviz.store.views`) is read
+    once per head and counted ``repeat`` times.
     """
-    n_samples, n_heads = dataset.shape[:2]  # type: ignore[attr-defined]
+    repeat = int(getattr(dataset, "repeat", 1))
+    stored = getattr(dataset, "stored", dataset) if repeat > 1 else dataset
+    n_samples, n_heads = stored.shape[:2]  # type: ignore[attr-defined]
     for h in range(n_heads):
-        mats = (np.asarray(dataset[s, h], dtype=np.float32) for s in range(n_samples))  # type: ignore[index]
-        yield diagnose_head(mats, h + 1, normalize)
+        mats = (np.asarray(stored[s, h], dtype=np.float32) for s in range(n_samples))  # type: ignore[index]
+        yield diagnose_head(mats, h + 1, normalize, repeat)
 
 
 def diagnose_sweep(bias_file: Any, layer: int, normalize: str = "none") -> list[tuple[int, list[HeadDiagnostics]]]:
@@ -161,7 +170,8 @@ class _HeadAccumulator:
         self.profile_sum = np.zeros(seq_len, dtype=np.float64)
         self.profile_sumsq = np.zeros(seq_len, dtype=np.float64)
 
-    def add(self, matrix: np.ndarray) -> None:
+    def add(self, matrix: np.ndarray, count: int = 1) -> None:
+        """Add one sample's matrix, counted ``count`` times (identical samples)."""
         if matrix.shape != (self.seq_len, self.seq_len):
             raise ValueError(f"matrix of shape {matrix.shape}; expected {(self.seq_len, self.seq_len)}")
         x = np.asarray(matrix, dtype=np.float64)[self.cells]
@@ -171,13 +181,13 @@ class _HeadAccumulator:
             self.first = x
             self.profile_ref = x[self.diag_start]
         dev = x - self.first
-        self.sum += dev
-        self.sumsq += dev * dev
+        self.sum += count * dev
+        self.sumsq += count * (dev * dev)
         assert self.profile_ref is not None
         pdev = x - self.profile_ref[self.dist]
-        self.profile_sum += np.bincount(self.dist, weights=pdev, minlength=self.seq_len)
-        self.profile_sumsq += np.bincount(self.dist, weights=pdev * pdev, minlength=self.seq_len)
-        self.n += 1
+        self.profile_sum += count * np.bincount(self.dist, weights=pdev, minlength=self.seq_len)
+        self.profile_sumsq += count * np.bincount(self.dist, weights=pdev * pdev, minlength=self.seq_len)
+        self.n += count
 
     def result(self, head: int) -> HeadDiagnostics:
         assert self.first is not None and self.profile_ref is not None

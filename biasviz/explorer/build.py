@@ -7,6 +7,10 @@ Two passes over the file: the first packs every overview and profile, so the sec
 left for detail. Detail goes to the sets in order: the first sample (the page opens on it), the mean over
 samples, the other samples; the heads of a set share equally what is left when the set's turn comes, and
 what one head does not use (a bias that depends on i - j alone packs to almost nothing) passes on.
+
+A summary file (``extract --summary``) shows its block-mean maps, the mean over samples only: each level's
+factor ``f`` stays in positions (a map of blocks of B positions is level ``f = B``), so the page reads cells
+by position exactly as for a full file; coarser levels weigh each block by the cells it averages.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import math
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +29,7 @@ from biasviz.common.errors import BiasvizError
 from biasviz.explorer.encode import Packed, pack_bytes, pack_exact, pack_quantised
 from biasviz.explorer.tokens import find_tokenizer, token_strings
 from biasviz.plotting.load import iter_heads
-from biasviz.plotting.reduce import block_reduce
+from biasviz.plotting.reduce import block_reduce, weighted_block_mean
 from biasviz.store import BiasFile, open_bias_file
 
 #: Largest overview (cells per axis) drawn in the grid; always embedded.
@@ -78,6 +82,12 @@ class _Builder:
                     f"{a.path} ({a.n_heads} heads, {a.seq_len} positions) and {b.path} ({b.n_heads} heads, "
                     f"{b.seq_len} positions) cannot be compared cell by cell"
                 )
+            if (a.is_summary, a.block) != (b.is_summary, b.block):
+                what = {f.path: f"a summary in blocks of {f.block}" if f.is_summary else "a full file" for f in files}
+                raise BiasvizError(f"{a.path} is {what[a.path]} and {b.path} {what[b.path]}: they cannot be compared "
+                                   "block by block; compare two full files or two summaries of one resolution")
+        self.summary = a.summary  # both files' layouts agree (checked above)
+        self.block = a.block or 1
         self.layers = self._layers(layer)
         self.kinds = self._kinds(kind)
         self.tokenizer = tokenizer
@@ -114,8 +124,20 @@ class _Builder:
         return all(f.has_bias(layer) for layer in self.layers)
 
     def _samples(self, f: BiasFile | None) -> list[int | str]:
+        if self.summary is not None:
+            return ["mean"]  # a summary holds no sample's own matrices
         n = min(x.n_samples for x in self.files) if f is None else f.n_samples
         return [*range(n), "mean"] if n > 1 else [0]
+
+    def _reduce(self, m: np.ndarray, factor: int) -> np.ndarray:
+        """Block means of ``factor`` x ``factor`` cells; a summary's blocks weighted by the cells they average."""
+        if factor == 1 or self.summary is None:
+            return block_reduce(m, factor)
+        return weighted_block_mean(m, self.summary.counts, factor)
+
+    def _cells(self) -> int:
+        """Cells per axis of the matrices shown: positions, or a summary's blocks."""
+        return self.files[0].seq_len if self.summary is None else self.summary.n_blocks
 
     def _sources(self) -> list[tuple[str, BiasFile | None]]:
         if len(self.files) == 1:
@@ -129,12 +151,12 @@ class _Builder:
         head = self._header()
         sets = {_key(job): self._overviews(*job) for job in jobs}
         left = self.budget_mb * MB - len(json.dumps(head)) - sum(len(json.dumps(v)) for v in sets.values())
-        if overview_factor(self.files[0].seq_len) == 1:
+        if overview_factor(self._cells()) == 1:
             jobs = []  # every overview is the exact matrix already
         for job in sorted(jobs, key=lambda job: _priority(job[-1])):  # stable: the rest keeps its order
             levels = [h["levels"] for h in sets[_key(job)]["heads"]]
             for h, m in enumerate(self._matrices(*job[1:])):
-                detail = self._detail(m, levels[h][-1]["f"], left / (len(levels) - h))
+                detail = self._detail(m, levels[h][-1]["f"] // self.block, left / (len(levels) - h))
                 left -= sum(p.nbytes for p in detail)
                 levels[h][:0] = [p.as_json() for p in detail]
         return PageData({**head, "sets": sets}, self.precision, over_budget=max(0.0, -left / MB))
@@ -158,12 +180,16 @@ class _Builder:
             "sources": sources,
             "budget_mb": self.budget_mb,
             "overview": OVERVIEW,
+            "summary": None if self.summary is None else {"block": self.block, "samples": a.n_samples,
+                                                           "bias_only": a.bias_only},  # fmt: skip
             "cmaps": colormap_tables(),
             "diverging": DEFAULT_CMAPS["diverging"],
             "tokens": {label: self._tokens(f) for label, f in self._sources() if f is not None},
         }
 
     def _tokens(self, f: BiasFile) -> dict[str, Any]:
+        if f.is_summary:  # the page shows means over samples: no one sample's tokens to read out
+            return {"ids": None, "strings": {}, "tokenizer": "none (a summary file: means over samples)"}
         ids = f.input_ids().astype(np.int32)
         if f.bias_only or (ids < 0).all():
             return {"ids": None, "strings": {}, "tokenizer": "none (the file holds the bias only, no text)"}
@@ -177,13 +203,16 @@ class _Builder:
         from biasviz.plotting.heatmap import head_scales
 
         heads, scale_mats = [], []
-        for m in self._matrices(f, layer, kind, sample):
-            scale_mats.append(block_reduce(m, max(1, math.ceil(m.shape[-1] / SCALE_CELLS))))
+        profiles = self._stored_profiles(f, layer, kind)
+        for h, m in enumerate(self._matrices(f, layer, kind, sample)):
+            scale_mats.append(self._reduce(m, max(1, math.ceil(m.shape[-1] / SCALE_CELLS))))
             top = overview_factor(m.shape[-1])
-            overview = pack_exact(m) if top == 1 else pack_quantised(block_reduce(m, top), top)
+            overview = (replace(pack_exact(m), factor=self.block) if top == 1
+                        else pack_quantised(self._reduce(m, top), top * self.block))  # fmt: skip
             if top == 1:  # small enough to be its own overview: always exact
                 self._count("exact (float32)")
-            heads.append({"levels": [overview.as_json()], "profile": distance_profile(m)})
+            profile = distance_profile(m) if profiles is None else _profile_json(profiles, h)
+            heads.append({"levels": [overview.as_json()], "profile": profile})
         scale_kind = "bias" if f is None else kind  # a difference is centred at 0 like a bias
         scales = {"head": [_scale_json(s) for s in head_scales(scale_mats, scale_kind)],
                   "shared": _scale_json(head_scales(scale_mats, scale_kind, shared_scale=True)[0])}  # fmt: skip
@@ -192,34 +221,51 @@ class _Builder:
             scales["log_shared"] = _scale_json(head_scales(scale_mats, "weights", shared_scale=True, log=True)[0])
         return {"heads": heads, "scale": scales}
 
+    def _stored_profiles(self, f: BiasFile | None, layer: int, kind: str) -> tuple[np.ndarray, ...] | None:
+        """A summary's stored profiles (mean, std, start); for A - B the difference of the means."""
+        if self.summary is None:
+            return None
+        if f is not None:
+            return (*f.profile(kind, layer), self.summary.profile_start)
+        (ma, _), (mb, _) = (x.profile(kind, layer) for x in self.files)
+        return ma - mb, np.zeros_like(ma), self.summary.profile_start  # no spread over samples of a difference
+
+    def _heads_of(self, f: BiasFile, layer: int, kind: str, sample: int | str) -> Iterator[np.ndarray]:
+        if f.is_summary:
+            yield from f.summary_map(f"{kind}_mean", layer)
+        else:
+            yield from iter_heads(f, kind, layer=layer, sample=sample)
+
     def _matrices(self, f: BiasFile | None, layer: int, kind: str, sample: int | str) -> Iterator[np.ndarray]:
         if f is not None:
-            yield from iter_heads(f, kind, layer=layer, sample=sample)
+            yield from self._heads_of(f, layer, kind, sample)
             return
-        a, b = (iter_heads(x, kind, layer=layer, sample=sample) for x in self.files)
+        a, b = (self._heads_of(x, layer, kind, sample) for x in self.files)
         for ma, mb in zip(a, b, strict=True):
             yield ma - mb
 
     def _detail(self, m: np.ndarray, top: int, share: float) -> list[Packed]:
-        """The best detail that fits ``share`` bytes (second pass); nothing when the overview is exact."""
+        """The best detail that fits ``share`` bytes (second pass); nothing when the overview is exact.
+
+        ``top``: the overview's factor in cells of ``m`` (a summary's blocks, else positions)."""
         if top == 1:
             return []
-        exact = pack_exact(m)
+        exact = replace(pack_exact(m), factor=self.block)
         if exact.nbytes <= share:
             self._count("exact (float32)")
             return [exact]
-        full = pack_quantised(m)
+        full = pack_quantised(m, self.block)
         if full.nbytes <= share:
-            self._count("full resolution, 16-bit")
+            self._count("full resolution, 16-bit" if self.block == 1 else "stored blocks, 16-bit")
             return [full]
         factor = 2
         while factor < top:
-            level = pack_quantised(block_reduce(m, factor), factor)
+            level = pack_quantised(self._reduce(m, factor), factor * self.block)
             if level.nbytes <= share:
-                self._count(f"{factor}x{factor} block means, 16-bit")
+                self._count(f"{factor * self.block}x{factor * self.block} block means, 16-bit")
                 return [level]
             factor *= 2
-        self._count(f"{top}x{top} block means, 16-bit (overview only)")
+        self._count(f"{top * self.block}x{top * self.block} block means, 16-bit (overview only)")
         return []
 
     def _count(self, what: str) -> None:
@@ -263,6 +309,13 @@ def distance_profile(m: np.ndarray) -> dict[str, Any]:
         if diag.size:
             mean[k], std[k] = diag.mean(dtype=np.float64), diag.std(dtype=np.float64)
     return {"d0": d0, "mean": pack_bytes(mean.astype("<f4").tobytes()), "std": pack_bytes(std.astype("<f4").tobytes())}
+
+
+def _profile_json(profiles: tuple[np.ndarray, ...], head: int) -> dict[str, Any]:
+    """One head's stored profile as the page reads it (as :func:`distance_profile` packs a computed one)."""
+    mean, std, start = profiles
+    return {"d0": int(start), "mean": pack_bytes(np.asarray(mean[head], "<f4").tobytes()),
+            "std": pack_bytes(np.asarray(std[head], "<f4").tobytes())}  # fmt: skip
 
 
 def _scale_json(scale: tuple[Any, Any]) -> list[Any]:

@@ -6,6 +6,8 @@
   window.biasvizParsedMs = performance.now();
   const T = DATA.seq_len;
   const H = DATA.n_heads;
+  const SUMMARY = DATA.summary; // a summary file: block means over samples ({block, samples}), or null
+  const B = SUMMARY ? SUMMARY.block : 1;
   const NAN_CODE = 0xffff;
   const CACHE_LIMIT = 512 * 1024 * 1024; // bytes of decoded detail kept; the oldest go first
   const $ = (id) => document.getElementById(id);
@@ -318,7 +320,8 @@
     ctx.fillText(fmt4(lo), 2, h - pad);
     ctx.fillText(`d = ${d0}`, pad, h - 8);
     ctx.fillText(`d = ${d0 + n - 1}`, w - 60, h - 8);
-    ctx.fillText(`distance profile of head ${head}: mean ± std over cells with i - j = d`, pad + 40, 12);
+    const over = SUMMARY && !SUMMARY.bias_only ? "samples and cells" : "cells";
+    ctx.fillText(`distance profile of head ${head}: mean ± std over ${over} with i - j = d`, pad + 40, 12);
   }
 
   async function draw() {
@@ -362,14 +365,27 @@
     return text === undefined ? `id ${id}` : `${JSON.stringify(text)} (id ${id})`;
   }
 
-  // Outline the hovered cell (at least a few pixels, so that it shows in the grid too).
+  // A summary's block: its first and last query and key, and the cells j <= i its mean is taken over.
+  function blockOf(i, j) {
+    const q0 = Math.floor(i / B) * B;
+    const k0 = Math.floor(j / B) * B;
+    const q1 = Math.min(q0 + B, T) - 1;
+    const k1 = Math.min(k0 + B, T) - 1;
+    let cells = 0;
+    for (let q = q0; q <= q1; q++) cells += DATA.causal ? Math.max(0, Math.min(q, k1) - k0 + 1) : k1 - k0 + 1;
+    return { q0, q1, k0, k1, cells };
+  }
+
+  // Outline the hovered cell, or a summary's block (at least a few pixels, so that it shows in the grid too).
   function mark(canvas, i, j) {
     const r = drawnBox(canvas);
     const [i0, i1, j0, j1] = regionOf(canvas);
-    const w = Math.max(r.width / (j1 - j0), 5);
-    const h = Math.max(r.height / (i1 - i0), 5);
-    const x = r.left + ((j - j0 + 0.5) * r.width) / (j1 - j0);
-    const y = r.top + ((i - i0 + 0.5) * r.height) / (i1 - i0);
+    const size = B > 1 ? B : 1;
+    const [ci, cj] = B > 1 ? [Math.floor(i / B) * B + (B - 1) / 2, Math.floor(j / B) * B + (B - 1) / 2] : [i, j];
+    const w = Math.max((size * r.width) / (j1 - j0), 5);
+    const h = Math.max((size * r.height) / (i1 - i0), 5);
+    const x = r.left + ((cj - j0 + 0.5) * r.width) / (j1 - j0);
+    const y = r.top + ((ci - i0 + 0.5) * r.height) / (i1 - i0);
     Object.assign($("marker").style, { display: "block", left: `${x - w / 2}px`, top: `${y - h / 2}px`,
       width: `${w}px`, height: `${h}px` });
   }
@@ -381,14 +397,22 @@
     const [i, j] = cellAt(canvas, event);
     mark(canvas, i, j);
     const ticket = ++pending;
-    const where = `${DATA.sources.find((s) => s.label === source).name} · head ${head} · query i = ${i} · key j = ${j} · d = i - j = ${i - j}`;
+    const name = DATA.sources.find((s) => s.label === source).name;
+    let where = `${name} · head ${head} · query i = ${i} · key j = ${j} · d = i - j = ${i - j}`;
+    let over = "";
+    if (B > 1) {
+      const b = blockOf(i, j);
+      where = `${name} · head ${head} · block of queries ${b.q0}-${b.q1}, keys ${b.k0}-${b.k1}`;
+      over = ` · mean over its ${b.cells} causal cells`;
+    }
+    if (SUMMARY && !SUMMARY.bias_only) over += `${over ? " and" : " · mean over"} ${SUMMARY.samples} samples`;
     const lv = await level(setKey(source), head, 0); // the finest level embedded
     if (ticket !== pending) return;
     const v = lv.at(Math.floor(i / lv.f) * lv.n + Math.floor(j / lv.f));
     let value;
     if (Number.isNaN(v)) value = DATA.causal && j > i ? "masked (key after query)" : "no value";
-    else if (lv.exact) value = `value ${fmt4(v)} (exact)`;
-    else if (lv.f === 1) value = `value ${fmt4(v)} (16-bit, ± ${fmt4(lv.step / 2)})`;
+    else if (lv.exact) value = `value ${fmt4(v)} (exact)${over}`;
+    else if (lv.f === B) value = `value ${fmt4(v)} (16-bit, ± ${fmt4(lv.step / 2)})${over}`;
     else value = `value ${fmt4(v)} (mean of a ${lv.f}x${lv.f} block, 16-bit)`;
     const ti = tokenText(source, i);
     const tj = tokenText(source, j);
@@ -426,6 +450,7 @@
     fill($("kind"), DATA.kinds.map((k) => [k, k === "bias" ? "bias" : "attention weights"]), state.kind);
     fill($("focus-head"), Array.from({ length: H }, (_, k) => [k + 1, `head ${k + 1}`]), 1);
     refreshSamples();
+    $("sample").closest("label").hidden = Boolean(SUMMARY); // a summary holds the mean over samples only
     const on = (id, fn) => $(id).addEventListener("change", () => { fn($(id)); draw(); });
     on("source", (el) => { state.source = el.value; refreshSamples(); });
     on("layer", (el) => { state.layer = Number(el.value); });
@@ -488,7 +513,12 @@
 
   function describe() {
     const s = DATA.sources.filter((x) => x.label !== "D").map((x) => `${x.label}: ${x.path} (${x.scheme})`);
-    $("meta").textContent = `${s.join(" · ")} · ${H} heads · ${T} positions`;
+    let what = "";
+    if (SUMMARY) {
+      const blocks = B > 1 ? `, in blocks of ${B} x ${B} positions` : "";
+      what = SUMMARY.bias_only ? ` · summary of the scheme's formula${blocks}` : ` · summary: mean over ${SUMMARY.samples} samples${blocks}`;
+    }
+    $("meta").textContent = `${s.join(" · ")} · ${H} heads · ${T} positions${what}`;
   }
 
   window.biasviz = { format: fmt4 }; // for scripts driving the page (and its tests)

@@ -37,7 +37,14 @@ def _panels(n_heads: int, seq_len: int) -> str:
 def precision_note(data: PageData) -> str:
     """What the page's numbers are worth, in the words of README's "Explorer" section."""
     p = data.payload
-    return (
+    summary = p.get("summary")
+    lead = ""
+    if summary:
+        blocks = f" over blocks of {summary['block']} x {summary['block']} positions" if summary["block"] > 1 else ""
+        over = "the scheme's formula (--bias-only)" if summary["bias_only"] else f"{summary['samples']} samples"
+        lead = (f"Summary file: every value is the mean over {over}{blocks} (its causal cells), "
+                "as 'extract --summary' stored it; no sample's own matrices. ")  # fmt: skip
+    return lead + (
         f"Grid: block means at most {p['overview']} cells a side, 16-bit (65,535 levels over each head's range). "
         "Read-out and zoom use the finest level the page holds for that head: 'exact' is the stored float32 "
         "value, '16-bit' is within half a level step (shown), a block mean is the mean of the cells it covers. "

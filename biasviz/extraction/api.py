@@ -10,10 +10,12 @@ import numpy as np
 import torch
 
 from biasviz.adapters import ModelAdapter, check_finite, load_model
+from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.adapters.traced import TracedAdapter, is_factory_spec, load_factory
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.run import ExtractResult
 from biasviz.extraction.run import extract as extract_with
+from biasviz.model import BiasGPTForCausalLM
 
 
 def as_adapter(model_or_path: Any, *, scheme: str | None = None,
@@ -22,6 +24,8 @@ def as_adapter(model_or_path: Any, *, scheme: str | None = None,
     or anything ``--model`` accepts."""
     if isinstance(model_or_path, ModelAdapter):
         return model_or_path
+    if isinstance(model_or_path, BiasGPTForCausalLM) and forward is None:  # our own: its hook points, any length
+        return BiasGPTAdapter(model_or_path, source=f"{type(model_or_path).__name__} (given in Python)")
     if isinstance(model_or_path, torch.nn.Module):
         adapter: ModelAdapter = TracedAdapter(model_or_path, forward=forward, scheme=scheme)
         check_finite(adapter)
@@ -53,6 +57,8 @@ def extract(
     force: bool = False,
     forward: Callable[[torch.Tensor], Any] | None = None,
     scheme: str | None = None,
+    summary: bool = False,
+    resolution: int | None = None,
     **options: Any,
 ) -> ExtractResult:
     """Run a model on token ids (samples, T) and write its biases and attention weights as format 1.
@@ -61,9 +67,17 @@ def extract(
     signatures; its SDPA / flex_attention calls are traced and ``layers`` are call indices), a biasviz
     checkpoint, or any path ``biasviz extract --model`` accepts. ``scheme`` names the bias in the file
     (default: the checkpoint's, or "captured"). Other ``options`` are :func:`biasviz.extraction.run.extract`'s
-    (``dtype``, ``model_dtype``, ``progress``, ``attrs``).
+    (``dtype``, ``model_dtype``, ``progress``, ``attrs``). ``summary=True`` writes the SPEC section 11 summary
+    instead of every sample's matrices, with maps of at most ``resolution`` x ``resolution`` blocks.
     """
     adapter = as_adapter(model_or_path, scheme=scheme, forward=forward)
-    options.setdefault("text_source", "input_ids given to biasviz.extraction.run")
+    options.setdefault("text_source", "input_ids given to biasviz.extract")
+    if summary:
+        from biasviz.extraction.summary import extract_summary
+
+        return extract_summary(adapter, _token_array(input_ids), out, layers=layers, batch_size=batch_size,
+                               device=device, force=force, resolution=resolution, **options)  # fmt: skip
+    if resolution is not None:
+        raise BiasvizError("resolution= applies with summary=True")
     return extract_with(adapter, _token_array(input_ids), out, layers=layers, batch_size=batch_size,
                         device=device, force=force, **options)  # fmt: skip

@@ -70,3 +70,71 @@ def extract_parallel(
         return ExtractResult(out, len(windows), result.seq_len, result.layers, result.has_bias,
                              time.perf_counter() - t0, out.stat().st_size)  # fmt: skip
     return result
+
+
+def summarise_parallel(
+    adapter: Any, windows: np.ndarray, out: str | Path, *, w: World, force: bool = False,
+    progress: bool | None = None, attrs: dict[str, Any] | None = None, **options: Any,
+) -> Any:  # fmt: skip
+    """``extract --summary`` under torchrun: each process sums its block of samples per cell; process 0 joins
+    the per-cell moments (exactly, in rank order) and writes the one file. Maps must be exact per cell."""
+    from biasviz.extraction.run import ExtractResult, check_windows
+    from biasviz.extraction.summary import summary_run
+    from biasviz.store.format import block_size
+    from biasviz.store.summary_writer import write_summary_file
+
+    t0 = time.perf_counter()
+    out = check_output_file(Path(out), force=force)
+    if len(windows) < w.size:
+        raise BiasvizError(f"--samples {len(windows)} is fewer than the {w.size} processes; each needs at least one")
+    options.pop("dtype", None)  # summaries are float32
+    ids = check_windows(adapter, windows)
+    failure, result = None, None
+    try:
+        result = summary_run(adapter, ids[w.block(len(ids))], attrs={**(attrs or {}), "processes": w.size},
+                             progress=progress if w.main else False, merge=_join_cells(w),
+                             total_samples=len(ids), **options)  # fmt: skip
+        if w.main:
+            meta, layer_list, summaries, r = result
+            write_summary_file(out, attrs=meta, input_ids=ids, n_heads=adapter.n_heads, seq_len=ids.shape[1],
+                               resolution=r, block=block_size(ids.shape[1], r), layers=layer_list,
+                               summaries=[summaries], causal=bool(adapter.causal), force=force)  # fmt: skip
+    except BiasvizError as exc:
+        failure = exc
+    if not all_true(failure is None):
+        raise failure or BiasvizError(f"another process failed; nothing was written to {out}")
+    assert result is not None
+    layers = result[1]
+    size = out.stat().st_size if w.main else 0
+    return ExtractResult(out, len(ids), ids.shape[1], layers, bool(adapter.adds_bias), time.perf_counter() - t0, size)
+
+
+def _join_cells(w: World) -> Any:
+    """A merge for :func:`biasviz.extraction.summary.summarise`: every process's per-cell moments into process 0's."""
+    import torch.distributed as dist
+
+    def merge(parts: dict[tuple[str, int], Any]) -> None:
+        for key in sorted(parts):
+            cells = parts[key].cells
+            if cells is None:  # a bias shared by every sample: the same in every process
+                continue
+            mine = (cells.rows_n, cells.mean.cpu(), cells.m2.cpu())
+            gathered: list[Any] | None = [None] * w.size if w.main else None
+            dist.gather_object(mine, gathered, dst=0)
+            if not w.main:
+                continue
+            assert gathered is not None
+            from biasviz.summaries.moments import CellMoments
+
+            joined = None
+            for rows_n, mean, m2 in gathered:  # rank order: the order of a one-process run's batches
+                other = CellMoments.__new__(CellMoments)
+                other.rows_n, other.mean, other.m2 = list(rows_n), mean.to(cells.mean.device), m2.to(cells.m2.device)
+                if joined is None:
+                    joined = other
+                else:
+                    joined.merge_from(other)
+            assert joined is not None
+            cells.mean, cells.m2, cells.rows_n = joined.mean, joined.m2, joined.rows_n
+
+    return merge

@@ -104,6 +104,11 @@ def check_batch_memory(adapter: ModelAdapter, layers: int, batch: int, seq_len: 
                f"a batch of {batch} x {adapter.n_heads} heads x {seq_len} x {seq_len}", _FIX_MEMORY, device)
 
 
+def bias_is_shared(adapter: ModelAdapter) -> bool:
+    """Whether the bias is the same for every input, so that one copy stands for all samples (SPEC section 11)."""
+    return bool(adapter.adds_bias) and not adapter.context_dependent and getattr(adapter, "context_known", True)
+
+
 def check_seq_len(adapter: ModelAdapter, seq_len: int) -> None:
     """Learned absolute positions end at the table's size; relative schemes take any length."""
     adapter.check_length(seq_len)
@@ -174,54 +179,6 @@ def extract(
     return ExtractResult(out, n, seq_len, layer_list, has_bias, seconds, out.stat().st_size)
 
 
-def extract_bias_only(
-    adapter: ModelAdapter,
-    seq_len: int,
-    out: str | Path,
-    *,
-    layers: int | str | list[int] = -1,
-    dtype: str = "float32",
-    device: str | torch.device = "auto",
-    model_dtype: str | torch.dtype | None = None,
-    force: bool = False,
-) -> ExtractResult:
-    """The bias of a context-free scheme over T positions, with no text and no forward pass (one sample).
-
-    The file holds ``/layer_{L}/bias`` only (root attribute ``bias_only``), and ``input_ids`` of -1: no
-    token was read. Memory is the (1, H, T, T) bias of each requested layer plus the writer's.
-    """
-    t0 = time.perf_counter()
-    out = _new_output(out, force)
-    if not adapter.adds_bias:
-        raise BiasvizError(f"--bias-only: the '{adapter.scheme}' scheme adds no bias")
-    if adapter.context_dependent:
-        raise BiasvizError(f"--bias-only needs a context-free scheme; this '{adapter.scheme}' bias depends on the "
-                           "input: extract it from text (drop --bias-only)")  # fmt: skip
-    if not adapter.n_layers:
-        raise BiasvizError(f"--bias-only: the bias of a traced model ({adapter.architecture}) exists only inside its "
-                           "attention calls; extract it from text (drop --bias-only)")  # fmt: skip
-    layer_list = adapter.resolve_layers(layers)
-    if any(adapter.scheme_module(layer) is None for layer in layer_list):
-        raise BiasvizError(f"--bias-only: the {adapter.architecture} model builds its bias inside the attention; "
-                           "extract it from text (drop --bias-only)")  # fmt: skip
-    if seq_len < 1:
-        raise BiasvizError(f"--seq-len must be at least 1, got {seq_len}")
-    adapter.check_length(seq_len)
-    dev, run_dtype = _where_to_run(device, model_dtype)
-    check_batch_memory(adapter, len(layer_list), 1, seq_len, dev)
-    meta = provenance(adapter, dev, seed=None, text_source="none (--bias-only: no text, no forward pass)",
-                      batch_size=1, extra={"bias_only": True})  # fmt: skip
-    meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
-    writer = BiasFileWriter(out, attrs=meta, n_samples=1, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
-                            has_bias=True, has_weights=False, dtype=dtype, force=force,
-                            causal=bool(adapter.causal))  # fmt: skip
-    with placed(adapter.model, dev, run_dtype), torch.inference_mode(), writer, _ChunkSink(writer, dev) as sink:
-        biases = {("bias", layer): _storable(adapter.scheme_module(layer)(None, seq_len, seq_len))  # (1, H, T, T)
-                  for layer in layer_list}  # fmt: skip
-        sink.put(np.full((1, seq_len), -1, dtype=np.int64), biases)  # no token was read
-    return ExtractResult(out, 1, seq_len, layer_list, True, time.perf_counter() - t0, out.stat().st_size)
-
-
 def _new_output(out: str | Path, force: bool) -> Path:
     """The output path, refused before any work when a file is there and ``force`` is not given."""
     from biasviz.common.outputs import check_output_file
@@ -258,7 +215,7 @@ def _run(
     show = sys.stderr.isatty() if progress is None else progress
     writer = BiasFileWriter(
         out, attrs=meta, n_samples=n, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
-        has_bias=has_bias, dtype=dtype, force=force, causal=bool(adapter.causal),
+        has_bias=has_bias, dtype=dtype, force=force, causal=bool(adapter.causal), bias_shared=bias_is_shared(adapter),
     )  # fmt: skip
     with (
         writer,

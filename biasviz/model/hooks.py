@@ -3,6 +3,11 @@
 Every attention layer owns two identity modules, ``blocks.{L}.attn.hook_bias`` and
 ``blocks.{L}.attn.hook_pattern``; their module path is their name. A forward hook on one of them sees
 the tensor that passes there. :func:`capture` attaches hooks only for the duration of a ``with`` block.
+
+Without autograd the attention forms its matrices one block of query rows at a time, so a hook sees
+each layer's matrix in pieces: the rows ``row0 .. row0 + rows - 1`` against keys ``0 .. row0 + rows - 1``
+(a causal query sees no later key), shape [batch or 1, head, rows, keys] with keys = row0 + rows. With
+autograd (training) it sees the whole matrix once: row0 = 0, rows = keys = T.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-HOOK_BIAS = "hook_bias"  # [batch or 1, head, query, key] additive bias, before the causal mask
-HOOK_PATTERN = "hook_pattern"  # [batch, head, query, key] post-softmax attention weights
+HOOK_BIAS = "hook_bias"  # [batch or 1, head, rows, keys] additive bias, before the causal mask
+HOOK_PATTERN = "hook_pattern"  # [batch, head, rows, keys] post-softmax attention weights (0 past the diagonal)
 
 
 def hook_name(layer: int, point: str) -> str:
@@ -28,9 +33,13 @@ def hook_name(layer: int, point: str) -> str:
 
 
 class HookPoint(nn.Module):
-    """An identity module whose only job is to be a place where forward hooks can be attached."""
+    """An identity module whose only job is to be a place where forward hooks can be attached.
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    ``row0`` is the first query row of the block ``x`` holds ([batch or 1, head, rows, row0 + rows]); a
+    forward hook reads it from its inputs, and may return a replacement of the block's shape.
+    """
+
+    def forward(self, x: torch.Tensor, row0: int = 0) -> torch.Tensor:
         return x
 
     @property
@@ -40,7 +49,7 @@ class HookPoint(nn.Module):
 
 
 NamesFilter = str | list[str] | Callable[[str], bool] | None
-HookFn = Callable[[torch.Tensor, str], None]
+HookFn = Callable[[torch.Tensor, str, int], None]  # (block [batch or 1, head, rows, row0 + rows], name, row0)
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:
@@ -59,8 +68,10 @@ def _matcher(names: NamesFilter) -> Callable[[str], bool]:
 
 @contextlib.contextmanager
 def capture(model: nn.Module, names: NamesFilter, fn: HookFn) -> Iterator[list[str]]:
-    """Call ``fn(tensor, name)`` for every tensor passing the matching capture points.
+    """Call ``fn(tensor, name, row0)`` for every block of query rows passing the matching capture points.
 
+    ``tensor`` is [batch or 1, head, rows, keys] holding query rows ``row0 .. row0 + rows - 1`` against keys
+    ``0 .. keys - 1`` (keys = row0 + rows); a forward without autograd passes each matrix in several blocks.
     ``names`` is a name, a glob (``blocks.*.attn.hook_pattern``), a list of them, or a predicate.
     The hooks are removed when the block exits, even on error. Yields the matched names.
     """
@@ -72,10 +83,11 @@ def capture(model: nn.Module, names: NamesFilter, fn: HookFn) -> Iterator[list[s
     try:
         for name, point in points.items():
 
-            def _hook(_mod: nn.Module, _inp: tuple, out: torch.Tensor, _name: str = name) -> None:
-                fn(out, _name)
+            def _hook(_mod: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor, _name: str = name) -> None:
+                row0 = args[1] if len(args) > 1 else kwargs.get("row0", 0)
+                fn(out, _name, int(row0))
 
-            handles.append(point.register_forward_hook(_hook))
+            handles.append(point.register_forward_hook(_hook, with_kwargs=True))
         yield list(points)
     finally:
         for h in handles:

@@ -17,139 +17,24 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 from biasviz.common.errors import too_long
+from biasviz.model.attention import attention_pattern, block_budget, causal_mask, query_blocks, sdpa_mask
 from biasviz.model.config import BiasGPTConfig
 from biasviz.model.hooks import HookPoint
 from biasviz.schemes import PositionScheme
 
 
-def causal_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-    """True where key j lies after query i (cells the causal mask removes), (Tq, Tk)."""
-    i = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-    return torch.arange(k_len, device=device)[None, :] > i
-
-
-def attention_pattern(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    bias: torch.Tensor | None,
-    masked: torch.Tensor | None,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """softmax(scale * q k^T + bias) over keys, in float32: (B, H, Tq, Tk).
-
-    ``scale`` None is 1/sqrt(d_head). ``masked`` (Tq, Tk) is True where a key must be ignored (the
-    causal mask); None attends everywhere. When no gradient is wanted (extraction, evaluation) the
-    weights come from :func:`attention_pattern_blocked`, the same numbers with bounded temporaries;
-    otherwise from the differentiable full-size formula.
-    """
-    tracked = (q, k) if bias is None else (q, k, bias)
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tracked)):
-        return attention_pattern_blocked(q, k, bias, masked, scale)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q.float() @ k.float().transpose(-2, -1)) * scale  # (B, H, Tq, Tk)
-    if bias is not None:
-        scores = scores + bias.float()
-    if masked is not None:
-        scores = scores.masked_fill(masked, float("-inf"))
-    return torch.softmax(scores, dim=-1)
-
-
-BLOCK_ELEMENTS = 1 << 20  # CPU: scores per (sample, head, query block), 4 MiB of float32, stays in cache
-CUDA_BLOCK_ELEMENTS = 1 << 26  # CUDA: scores per query block over every sample and head, 256 MiB of float32
-
-
-def query_blocks(masked: torch.Tensor | None, q_len: int, k_len: int, rows: int) -> list[tuple[int, int, int]]:
-    """``(first row, end row, end key)`` per block of query rows; keys at or past ``end key`` are all masked.
-
-    A causal mask leaves every key after the block's last query out, so those columns need neither
-    scores nor a softmax (about half the work at long lengths). The mask is read once (one device
-    synchronisation on a GPU, not one per block).
-
-    >>> query_blocks(causal_mask(4, 4, torch.device("cpu")), 4, 4, rows=2)
-    [(0, 2, 2), (2, 4, 4)]
-    """
-    if masked is None:
-        return [(r0, min(r0 + rows, q_len), k_len) for r0 in range(0, q_len, rows)]
-    keys = torch.arange(1, k_len + 1, device=masked.device)
-    row_end = torch.where(masked, 0, keys).amax(dim=1).tolist()  # per query: one past its last visible key
-    blocks = []
-    for r0 in range(0, q_len, rows):
-        r1 = min(r0 + rows, q_len)
-        k_end = max(row_end[r0:r1])
-        blocks.append((r0, r1, k_end if k_end > 0 else k_len))
-    return blocks
-
-
-@torch.no_grad()
-def attention_pattern_blocked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    bias: torch.Tensor | None,
-    masked: torch.Tensor | None,
-    scale: float | None = None,
-    block_elements: int | None = None,
-    batched: bool | None = None,
-) -> torch.Tensor:
-    """:func:`attention_pattern` without autograd, one block of query rows at a time.
-
-    Each block's scores are formed in a scratch buffer, biased and masked in place and their softmax
-    copied into the returned (B, H, Tq, Tk) float32 tensor, so the only memory beyond the result is
-    two blocks of ``block_elements`` scores: the full-size scores, biased scores and softmax output
-    of the reference never coexist (at T = 8192 each of those is 3 GiB per sample). Keys that all of
-    a block's queries mask are set to 0 without being computed.
-
-    On the CPU a block is one (sample, head, rows) slice that stays in cache; on a GPU a block spans
-    every sample and head, so a few large batched kernels replace a Python loop over heads
-    (``batched`` None: batched off the CPU).
-    """
-    B, H, Tq, _ = q.shape
-    Tk = k.shape[-2]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    qf, kf = q.float(), k.float()
-    out = torch.empty(B, H, Tq, Tk, dtype=torch.float32, device=q.device)  # (B, H, Tq, Tk)
-    batched = q.device.type != "cpu" if batched is None else batched
-    if block_elements is None:
-        block_elements = CUDA_BLOCK_ELEMENTS if batched else BLOCK_ELEMENTS
-    per_row = Tk * (B * H if batched else 1)
-    rows = max(1, min(Tq, block_elements // max(per_row, 1)))
-    blocks = query_blocks(masked, Tq, Tk, rows)
-    lead = (B, H) if batched else ()
-    scratch = torch.empty(math.prod(lead) * rows * Tk, dtype=torch.float32, device=q.device)
-    slices = [(slice(None), slice(None))] if batched else [(b, h) for b in range(B) for h in range(H)]
-    for b, h in slices:
-        bb = b if bias is None or bias.shape[0] != 1 else slice(0, 1) if batched else 0  # (1, ...) serves all
-        kt = kf[b, h].transpose(-2, -1)  # (..., hd, Tk)
-        for r0, r1, k_end in blocks:
-            s = scratch[: math.prod(lead) * (r1 - r0) * k_end].view(*lead, r1 - r0, k_end)  # (..., rows, k_end)
-            torch.matmul(qf[b, h, r0:r1], kt[..., :k_end], out=s)
-            s.mul_(scale)
-            if bias is not None:
-                s.add_(bias[bb, h, r0:r1, :k_end])
-            if masked is not None:
-                s.masked_fill_(masked[r0:r1, :k_end], float("-inf"))
-            out[b, h, r0:r1, :k_end] = torch.softmax(s, dim=-1)
-            if k_end < Tk:
-                out[b, h, r0:r1, k_end:] = 0.0
-    return out
-
-
-def attend_blocked(pattern: torch.Tensor, v: torch.Tensor, masked: torch.Tensor | None) -> torch.Tensor:
-    """``pattern @ v`` skipping the keys a causal query block never sees (their weights are 0): (B, H, Tq, hd)."""
-    B, H, Tq, Tk = pattern.shape
-    y = torch.empty(B, H, Tq, v.shape[-1], dtype=v.dtype, device=v.device)
-    rows = max(1, min(Tq, BLOCK_ELEMENTS // max(Tk, 1)))
-    for r0, r1, k_end in query_blocks(masked, Tq, Tk, rows):
-        y[:, :, r0:r1] = pattern[:, :, r0:r1, :k_end].to(v.dtype) @ v[:, :, :k_end]
-    return y
-
-
 class Attention(nn.Module):
     """Causal multi-head self-attention with an additive positional bias.
 
-    Two paths give the same outputs: a fused one (PyTorch SDPA, the bias passed as an additive
-    mask) that never forms the (T, T) weights, used when nobody listens at ``hook_pattern``; and an
-    eager one that forms them and passes them through ``hook_pattern``.
+    With autograd (training) every (query, key) cell is formed at once, as GPT-2 does. Without it
+    (extraction, evaluation) attention is formed one block of query rows at a time
+    (:func:`biasviz.model.attention.query_blocks`), the bias included, so memory per layer is
+    O(B * H * rows * T), never (H, T, T). Either way two routes give the same outputs: a fused one
+    (PyTorch SDPA, the bias passed as an additive mask) that never forms the weights, used when
+    nobody listens at ``hook_pattern``; and an eager one that forms them and passes them through it.
     """
+
+    block_elements: int | None = None  # scores per query block; None: the device's default (attention.py)
 
     def __init__(self, config: BiasGPTConfig, scheme: PositionScheme | None, owns_scheme: bool = True) -> None:
         super().__init__()
@@ -164,36 +49,79 @@ class Attention(nn.Module):
             self.pos_bias = scheme
         else:  # shared with another layer: keep a reference without registering it twice
             object.__setattr__(self, "pos_bias", scheme)
-        self.hook_bias = HookPoint()  # [batch or 1, head, query, key]
-        self.hook_pattern = HookPoint()  # [batch, head, query, key]
+        # Each passes a block of query rows starting at row0: [batch or 1, head, rows, keys], keys = row0 + rows
+        # (the whole matrix, row0 = 0 and rows = keys = T, in training).
+        self.hook_bias = HookPoint()  # additive bias, before the causal mask: [batch or 1, head, rows, keys]
+        self.hook_pattern = HookPoint()  # post-softmax weights, 0 past the diagonal: [batch, head, rows, keys]
+
+    @property
+    def adds_bias(self) -> bool:
+        return self.pos_bias is not None and self.pos_bias.adds_bias
+
+    def _needs_grad(self, q: torch.Tensor) -> bool:
+        """Whether autograd must see this forward (then the full-size differentiable path runs)."""
+        if not torch.is_grad_enabled():
+            return False
+        if q.requires_grad:
+            return True
+        return self.adds_bias and any(p.requires_grad for p in self.pos_bias.parameters())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+        if self._needs_grad(q):
+            y = self._full(x, q, k, v)  # (B, H, T, hd)
+            y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        else:
+            y = self._blocked(x, q, k, v).view(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
 
-        bias = None
-        if self.pos_bias is not None and self.pos_bias.adds_bias:
-            bias = self.hook_bias(self.pos_bias(x, T, T))  # (1 or B, H, T, T)
-
+    def _full(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Every cell at once, differentiable (training): (B, H, T, hd)."""
+        T = x.shape[1]
+        bias = self.hook_bias(self.pos_bias(x, T, T), 0) if self.adds_bias else None  # (1 or B, H, T, T)
         masked = causal_mask(T, T, x.device)  # (T, T)
         dropout_p = self.dropout if self.training else 0.0
         if self.hook_pattern.active:
-            formed = attention_pattern(q, k, bias, masked, self.scale)  # (B, H, T, T)
-            pattern = self.hook_pattern(formed)
+            pattern = self.hook_pattern(attention_pattern(q, k, bias, masked, self.scale), 0)  # (B, H, T, T)
             if dropout_p > 0:
                 pattern = F.dropout(pattern, dropout_p, self.training)
-            if pattern is formed and not formed.requires_grad:
-                y = attend_blocked(pattern, v, masked)  # skips the keys whose weights are exactly 0
-            else:  # a hook's replacement, dropout or autograd: no assumption about the zeros
-                y = pattern.to(v.dtype) @ v
-        elif bias is None:
+            return pattern.to(v.dtype) @ v
+        if bias is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
+        mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
+
+    @torch.no_grad()
+    def _blocked(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One block of query rows at a time, without autograd: (B, T, H, hd)."""
+        B, H, T, hd = q.shape
+        dropout_p = self.dropout if self.training else 0.0
+        eager = self.hook_pattern.active
+        if not (eager or self.adds_bias):  # fused kernels are blocked themselves and mask by position
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
-        else:
-            mask = bias.to(q.dtype).masked_fill(masked, float("-inf"))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        return self.c_proj(y)
+            return y.transpose(1, 2)  # (B, T, H, hd)
+        rows_of = self.pos_bias.rows(x) if self.adds_bias else None  # (r0, r1) -> (1 or B, H, rows, r1)
+        # contiguous, so that each block's keys k[:, :, :r1] are (B * H) matrices matmul reads without a copy
+        q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, hd)
+        y = torch.empty(B, T, H, hd, dtype=v.dtype, device=v.device)  # (B, T, H, hd)
+        for r0, r1 in query_blocks(T, B * H, block_budget(x.device, self.block_elements)):
+            bias = None if rows_of is None else self.hook_bias(rows_of(r0, r1), r0)  # (1 or B, H, rows, r1)
+            q_blk, k_blk, v_blk = q[:, :, r0:r1], k[:, :, :r1], v[:, :, :r1]  # (B, H, rows | r1, hd)
+            if eager:
+                square = causal_mask(r1 - r0, r1 - r0, x.device)  # (rows, rows): keys r0..r1-1
+                pattern = self.hook_pattern(attention_pattern(q_blk, k_blk, bias, square, self.scale), r0)
+                if dropout_p > 0:
+                    pattern = F.dropout(pattern, dropout_p, self.training)
+                out = pattern.to(v.dtype) @ v_blk  # (B, H, rows, hd)
+            else:
+                mask = sdpa_mask(bias, r0, r1, q.dtype, owned=not self.hook_bias.active)  # (1 or B, H, rows, r1)
+                out = F.scaled_dot_product_attention(
+                    q_blk, k_blk, v_blk, attn_mask=mask, dropout_p=dropout_p, scale=self.scale
+                )  # (B, H, rows, hd)
+            y[:, r0:r1] = out.transpose(1, 2)
+        return y
 
 
 class MLP(nn.Module):

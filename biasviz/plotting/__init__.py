@@ -19,6 +19,7 @@ _EXPORTS = {
     "block_reduce": "reduce", "plan_reduction": "reduce", "save_figure": "save", "paper_context": "style",
     "venue_width": "style", "VENUE_WIDTHS": "style", "diagnostics_figure": "diagnostics_plots",
     "profile_grid": "diagnostics_plots", "profile_axes": "diagnostics_plots", "load_heads": "load",
+    "load_summary_heads": "load", "weighted_block_mean": "reduce", "file_profiles": "profiles",
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from matplotlib.ticker import NullFormatter
 
 from biasviz.diagnostics.measures import HeadDiagnostics
 from biasviz.plotting.heatmap import figure_width_in, grid_shape, tick_step_for
-from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context
+from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wrap_title
 
 #: Okabe-Ito colours (distinguishable with colour-vision deficiencies) and one marker per scheme.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#000000", "#F0E442")
@@ -30,35 +30,62 @@ METRICS = (("context_dependence", "Context dependence"), ("toeplitz_residual", "
 
 
 def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig: Figure | SubFigure | None = None,
-                       style: str | None = DEFAULT_STYLE) -> Figure | SubFigure:  # fmt: skip
-    """One row per metric (context dependence, Toeplitz and separability residuals), a marker per scheme and head."""
+                       style: str | None = DEFAULT_STYLE,
+                       details: Mapping[str, str] | None = None) -> Figure | SubFigure:  # fmt: skip
+    """One row per metric (context dependence, Toeplitz and separability residuals), a marker per scheme and head.
+
+    ``details``: per scheme, what its legend entry adds (the length and number of samples measured).
+    """
     with _context(style) as width:
         if fig is None:
             width = width or 6.0
             fig = Figure(figsize=(width, 0.85 * width), layout="constrained")
         axes = fig.subplots(len(METRICS), 1, sharex=True, squeeze=False)[:, 0]
         _MetricPainter(results).paint(axes)
-        handles = [_legend_handle(k, name, heads) for k, (name, heads) in enumerate(results.items())]
+        handles = [_legend_handle(k, name, heads, (details or {}).get(name))
+                   for k, (name, heads) in enumerate(results.items())]  # fmt: skip
         if handles:
             handles.append(Line2D([], [], color="0.35", marker="o", markerfacecolor="white", linestyle="none",
                                   markersize=4, label="hollow: exactly 0"))  # fmt: skip
-            fig.legend(handles=handles, loc="outside upper center", ncol=min(len(handles), 5), frameon=False,
+            fig.legend(handles=handles, loc="outside upper center", ncol=_legend_columns(handles, fig), frameon=False,
                        handletextpad=0.3, columnspacing=1.2)  # fmt: skip
     return fig
 
 
+def _legend_columns(handles: Sequence[Line2D], fig: Figure | SubFigure, most: int = 5) -> int:
+    """As many columns (at most ``most``) as the longest labels allow within the figure's width."""
+    import matplotlib as mpl
+    from matplotlib.font_manager import FontProperties
+
+    size = FontProperties(size=mpl.rcParams["legend.fontsize"]).get_size_in_points()
+    budget = figure_width_in(fig) * 72 / (0.5 * size)  # characters a row holds (half an em each)
+    widths = sorted((len(h.get_label()) + 5 for h in handles), reverse=True)  # + marker and spacing
+    ncol = min(len(handles), most)
+    while ncol > 1 and sum(widths[:ncol]) > budget:
+        ncol -= 1
+    return ncol
+
+
 def profile_axes(diag: HeadDiagnostics, *, ax: Axes | None = None, color: str = PALETTE[0],
-                 title: str | None = None) -> Axes:  # fmt: skip
-    """Mean bias against distance d = i - j with a band of +-1 std (over samples and positions)."""
+                 title: str | None = None, start: int = 0, log: bool = False) -> Axes:  # fmt: skip
+    """Mean against distance d = i - j with a band of +-1 std (over samples and positions).
+
+    ``start``: the distance of the first entry (negative for a bidirectional model's profile); ``log``: a
+    logarithmic value axis (attention weights), on which the band is cut at a tenth of the mean.
+    """
     if ax is None:
         ax = Figure(figsize=(3.0, 2.2), layout="constrained").add_subplot()
-    d = np.arange(diag.profile_mean.size)
-    lo, hi = diag.profile_mean - diag.profile_std, diag.profile_mean + diag.profile_std
+    mean, std = diag.profile_mean, diag.profile_std
+    d = np.arange(mean.size) + start
+    lo, hi = mean - std, mean + std
+    if log:
+        lo = np.maximum(lo, 0.1 * mean)
+        ax.set_yscale("log")
     ax.fill_between(d, lo, hi, color=color, alpha=0.3, linewidth=0, label="±1 std")
-    ax.plot(d, diag.profile_mean, color=color, linewidth=0.9, label="mean")
-    ax.set_xlim(0, max(d[-1], 1))
-    step = tick_step_for(d.size)
-    ax.set_xticks(np.arange(0, d.size, step))
+    ax.plot(d, mean, color=color, linewidth=0.9, label="mean")
+    ax.set_xlim(d[0], max(d[-1], d[0] + 1))
+    step = tick_step_for(mean.size)
+    ax.set_xticks(np.arange(-(-d[0] // step) * step, d[-1] + 1, step))  # multiples of the step, 0 among them
     ax.tick_params(width=0.5, length=2.0, pad=1.5)
     ax.grid(True, linewidth=0.3, alpha=0.5)
     ax.set_title(title if title is not None else f"Head {diag.head}")
@@ -66,21 +93,25 @@ def profile_axes(diag: HeadDiagnostics, *, ax: Axes | None = None, color: str = 
 
 
 def profile_grid(results: Sequence[HeadDiagnostics], *, fig: Figure | SubFigure | None = None,
-                 style: str | None = DEFAULT_STYLE, color: str = PALETTE[0]) -> Figure | SubFigure:  # fmt: skip
-    """Distance profiles of every head, 3 per row like the heatmap grid."""
+                 style: str | None = DEFAULT_STYLE, color: str = PALETTE[0], ylabel: str = "Bias (mean ± 1 std)",
+                 suptitle: str | None = None, start: int = 0, log: bool = False) -> Figure | SubFigure:  # fmt: skip
+    """Distance profiles of every head, 3 per row like the heatmap grid (``suptitle``: one line above them)."""
     with _context(style) as width:
         rows, cols = grid_shape(len(results))
         if fig is None:
             width = width or 6.0
-            fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.3), layout="constrained")
+            extra = 0.17 * (wrap_title(suptitle, width).count("\n") + 1) if suptitle else 0.0
+            fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.3 + extra), layout="constrained")
         axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
         for ax, diag in zip(axes, results, strict=False):
-            profile_axes(diag, ax=ax, color=color)
+            profile_axes(diag, ax=ax, color=color, start=start, log=log)
         for ax in axes[len(results) :]:
             ax.set_visible(False)
         size = font_sizes(figure_width_in(fig))["base"]
         fig.supxlabel("Distance $i - j$", fontsize=size)
-        fig.supylabel("Bias (mean ± 1 std)", fontsize=size)
+        fig.supylabel(ylabel, fontsize=size)
+        if suptitle:
+            fig.suptitle(wrap_title(suptitle, figure_width_in(fig), size), fontsize=size)
     return fig
 
 
@@ -91,9 +122,13 @@ def _context(style: str | None) -> contextlib.AbstractContextManager[float | Non
     return paper_context(style) if style else contextlib.nullcontext(None)
 
 
-def _legend_handle(k: int, name: str, heads: Sequence[HeadDiagnostics]) -> Line2D:
+def _legend_handle(k: int, name: str, heads: Sequence[HeadDiagnostics], detail: str | None = None) -> Line2D:
     missing = any(h.context_dependence is None for h in heads)
-    label = f"{name} (dependence n/a: 1 sample)" if missing else name
+    n = heads[0].samples if heads else 0
+    notes = [detail] if detail else []
+    if missing:
+        notes.append(f"dependence n/a: {n} sample{'s' * (n != 1)}" if detail is None or n >= 2 else "dependence n/a")
+    label = f"{name} ({'; '.join(notes)})" if notes else name
     return Line2D([], [], color=PALETTE[k % len(PALETTE)], marker=MARKERS[k % len(MARKERS)], linestyle="none",
                   markersize=4, label=label)  # fmt: skip
 

@@ -22,21 +22,12 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-from biasviz.common.errors import BiasvizError
 from biasviz.plotting.load import HeadMatrices
 from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
-from biasviz.plotting.style import font_sizes, paper_context
+from biasviz.plotting.scales import DEFAULT_CMAPS, KINDS, _colormap, _extend, _scale, head_scales
+from biasviz.plotting.style import font_sizes, paper_context, wrap_title
 from biasviz.store import causal_cells
 
-KINDS = ("bias", "weights")
-#: Default maps: perceptual sequential maps; a diverging map (white at 0) when values change sign.
-DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "diverging": "RdBu_r"}
-#: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
-SIGN_TOLERANCE = 1e-3
-#: Linear scales of attention weights end at this percentile (the colorbar gets an arrow for larger ones).
-WEIGHTS_PERCENTILE = 99.5
-#: Lower end of a log scale for attention weights, as a fraction of the largest weight.
-LOG_FLOOR = 1e-4
 N_COLS = 3
 #: matplotlib's 'auto': nearest (crisp cells) when each cell covers 3+ pixels, else a Hanning filter so that
 #: every cell contributes to the pixels it shares, instead of dropping rows as plain nearest sampling would.
@@ -89,6 +80,7 @@ def head_grid(
     max_cells: int = DEFAULT_MAX_CELLS,
     tick_step: int | None = None,
     causal: bool = True,
+    suptitle: str | None = None,
 ) -> Figure | SubFigure:
     """Draw (head, query, key) matrices as a grid of panels, 3 per row, and return the figure.
 
@@ -96,15 +88,17 @@ def head_grid(
     array, which is masked (``causal``) and, beyond ``max_cells`` per axis, block-reduced (``reduce``:
     'mean' or 'max') first; the reduction is recorded in ``fig.biasviz_reduction``. A paper ``style``
     (``neurips``, ``icml``, ...) sizes the figure and its text only when asked, inside a matplotlib
-    rc context: the caller's settings are never changed.
+    rc context: the caller's settings are never changed. ``suptitle``: one line above the panels (what the
+    grid shows, e.g. the mean over how many samples); ``kind`` may also be 'bias_std' or 'weights_std'.
     """
     if isinstance(data, HeadMatrices):  # prepared once by load_heads: masked, normalised, reduced
         return _GridPainter(data.data, kind=kind, titles=titles, shared_scale=shared_scale, cmap=cmap, log=log,
                             style=style, seq_len=data.seq_len, reduce=data.reduction.how, max_cells=max_cells,
-                            tick_step=tick_step, causal=causal, prepared=data.reduction).paint(fig)  # fmt: skip
+                            tick_step=tick_step, causal=causal, prepared=data.reduction, block=data.block,
+                            suptitle=suptitle).paint(fig)  # fmt: skip
     return _GridPainter(data, kind=kind, titles=titles, shared_scale=shared_scale, cmap=cmap, log=log,
                         style=style, seq_len=seq_len, reduce=reduce, max_cells=max_cells,
-                        tick_step=tick_step, causal=causal).paint(fig)  # fmt: skip
+                        tick_step=tick_step, causal=causal, suptitle=suptitle).paint(fig)  # fmt: skip
 
 
 def grid_shape(n_heads: int) -> tuple[int, int]:
@@ -131,91 +125,6 @@ def tick_step_for(seq_len: int) -> int:
     return _NICE_STEPS[-1]
 
 
-# -- scales -----------------------------------------------------------------------------------------
-
-
-def _colormap(cmap: str | Colormap | None, default: str = "viridis") -> Colormap:
-    """A copy of the named map with NaN fully transparent (seaborn names such as 'rocket' work too)."""
-    if isinstance(cmap, Colormap):
-        base = cmap
-    else:
-        name = cmap or default
-        try:
-            base = mpl.colormaps[name]
-        except KeyError:
-            with contextlib.suppress(ImportError):
-                import seaborn  # noqa: F401  (registers 'rocket', 'mako', 'vlag', 'icefire', ...)
-            try:
-                base = mpl.colormaps[name]
-            except KeyError:
-                raise BiasvizError(f"unknown colormap '{name}'; use a matplotlib or seaborn name such as "
-                                   "viridis, magma, rocket, mako, RdBu_r, vlag") from None  # fmt: skip
-    return base.with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
-
-
-def _finite_range(values: np.ndarray) -> tuple[float, float]:
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return 0.0, 1.0
-    return float(finite.min()), float(finite.max())
-
-
-def _changes_sign(lo: float, hi: float) -> bool:
-    scale = max(abs(lo), abs(hi))
-    return lo < -SIGN_TOLERANCE * scale and hi > SIGN_TOLERANCE * scale
-
-
-def _scale(
-    values: np.ndarray, kind: str, log: bool, cmap: str | Colormap | None, diverging: bool | None = None
-) -> tuple[Normalize, Colormap]:
-    """Norm and colormap for ``values``: log for weights on request, diverging at 0 on a sign change.
-
-    ``diverging`` forces the choice (a grid makes it once for all its panels, so that one figure
-    never mixes a diverging and a sequential map); None decides from ``values``.
-    """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    lo, hi = _finite_range(values)
-    if log:
-        if hi <= 0:
-            raise BiasvizError("a log colour scale needs positive values (it is meant for attention weights)")
-        positive = values[np.isfinite(values) & (values > 0)]
-        floor = max(float(positive.min()), hi * LOG_FLOOR)
-        return LogNorm(vmin=min(floor, hi), vmax=hi, clip=True), _colormap(cmap, DEFAULT_CMAPS[kind])
-    if _changes_sign(lo, hi) if diverging is None else diverging:
-        bound = max(-lo, hi, 1e-12)
-        return Normalize(vmin=-bound, vmax=bound), _colormap(cmap, DEFAULT_CMAPS["diverging"])
-    if kind == "weights":  # heavy-tailed: the few largest weights would leave every other cell black
-        finite = values[np.isfinite(values)]
-        hi = float(np.percentile(finite, WEIGHTS_PERCENTILE)) if finite.size else hi
-        hi = hi if hi > lo else float(finite.max()) if finite.size else hi
-    if lo == hi:  # constant: give the colorbar a visible range around the value
-        lo, hi = lo - 0.5, hi + 0.5
-    return Normalize(vmin=lo, vmax=hi), _colormap(cmap, DEFAULT_CMAPS[kind])
-
-
-def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
-                log: bool = False, cmap: str | Colormap | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
-    """The norm and colour map of each head's panel, as a grid draws them (the explorer reuses them).
-
-    One family of map per figure: diverging for every panel as soon as one changes sign; with
-    ``shared_scale`` one scale computed over all heads together.
-    """
-    if shared_scale:
-        stacked = np.stack([np.asarray(m, dtype=np.float32) for m in mats]) if len(mats) else np.zeros((0, 1, 1))
-        return [_scale(stacked, kind, log, cmap)] * len(mats)
-    diverging = not log and any(_changes_sign(*_finite_range(m)) for m in mats)
-    return [_scale(m, kind, log, cmap, diverging) for m in mats]
-
-
-def _extend(values: np.ndarray, norm: Normalize) -> str:
-    """'max' when the scale clips the largest values (weights), so the colorbar shows an arrow."""
-    finite = values[np.isfinite(values)]
-    vmax = norm.vmax
-    clipped = finite.size and vmax is not None and float(finite.max()) > vmax + 1e-6 * max(abs(vmax), 1e-12)
-    return "max" if clipped and not isinstance(norm, LogNorm) else "neither"
-
-
 def _as_matrix(matrix: np.ndarray, causal: bool) -> np.ndarray:
     m = np.array(matrix, dtype=np.float32, copy=True)
     if m.ndim != 2 or m.shape[0] != m.shape[1]:
@@ -232,13 +141,15 @@ class _HeatmapPainter:
     """Draws one matrix with its ticks in positions and an optional colorbar."""
 
     def __init__(self, ax: Axes, matrix: np.ndarray, seq_len: int, tick_step: int | None,
-                 panel_in: float | None = None) -> None:  # fmt: skip
-        self.ax, self.m, self.seq_len, self.panel_in = ax, matrix, seq_len, panel_in
+                 panel_in: float | None = None, cell: int | None = None) -> None:  # fmt: skip
+        self.ax, self.m, self.seq_len, self.panel_in, self.cell = ax, matrix, seq_len, panel_in, cell
         self.step = tick_step or tick_step_for(seq_len)
 
     def paint(self, norm: Normalize, cmap: Colormap, title: str | None, colorbar: bool) -> None:
         ax, n = self.ax, self.m.shape[0]
-        span = n * math.ceil(self.seq_len / n)  # positions covered by the (possibly padded) blocks
+        # positions covered by the (possibly padded) blocks: each drawn cell spans ``cell`` positions, the last
+        # block of an axis may be cut short by the axis limits
+        span = n * (self.cell or math.ceil(self.seq_len / n))
         if n == self.seq_len:
             span = n
         im = ax.imshow(self.m, cmap=cmap, norm=norm, origin="upper", interpolation=INTERPOLATION,
@@ -304,6 +215,8 @@ class _GridOptions:
     tick_step: int | None
     causal: bool
     prepared: Reduction | None = None  # set when the matrices come from load_heads (drawn as they are)
+    block: int = 1  # positions per cell of the matrices given (a summary's block size)
+    suptitle: str | None = None
 
 
 class _GridPainter:
@@ -345,13 +258,18 @@ class _GridPainter:
             if fig is None:
                 width = width or 6.0
                 ratio = 0.8 if width >= 4.0 else 0.74  # narrow figures: colorbar labels shrink the images more
-                fig = Figure(figsize=(width, rows * width / cols * ratio + 0.25), layout="constrained")
+                title = wrap_title(self.opt.suptitle, width) if self.opt.suptitle else ""
+                extra = 0.17 * (title.count("\n") + 1) if title else 0.0  # room for the lines above the panels
+                fig = Figure(figsize=(width, rows * width / cols * ratio + 0.25 + extra), layout="constrained")
             axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
             scales = self._scales()
+            # positions per drawn cell, where known (else inferred from seq_len: a matrix the caller reduced)
+            known = self.opt.prepared is not None or self.reduction.factor > 1
+            cell = self.opt.block * self.reduction.factor if known else None
             panel_in = figure_width_in(fig) / cols * (0.56 if cols == N_COLS else 0.7)  # image width once laid out
             for h in range(self.n_heads):
                 norm, cmap = scales[h]
-                _HeatmapPainter(axes[h], self.mats[h], self.seq_len, self.opt.tick_step, panel_in).paint(
+                _HeatmapPainter(axes[h], self.mats[h], self.seq_len, self.opt.tick_step, panel_in, cell).paint(
                     norm, cmap, self.titles[h], colorbar=not self.opt.shared_scale
                 )
             for ax in axes[self.n_heads :]:
@@ -361,6 +279,8 @@ class _GridPainter:
             sizes = font_sizes(figure_width_in(fig))
             fig.supxlabel("Key position", fontsize=sizes["base"])
             fig.supylabel("Query position", fontsize=sizes["base"])
+            if self.opt.suptitle:
+                fig.suptitle(wrap_title(self.opt.suptitle, figure_width_in(fig), sizes["base"]), fontsize=sizes["base"])
         fig.biasviz_reduction = self.reduction.describe()  # type: ignore[union-attr]
         return fig
 

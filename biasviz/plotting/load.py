@@ -1,7 +1,8 @@
 """Read the matrices to draw from a format-1 file, one (sample, head) chunk at a time.
 
 Each head is read (or averaged over samples), normalized at full resolution and then block-reduced,
-so a 12 x 4096 x 4096 file is never held in memory whole.
+so a 12 x 4096 x 4096 file is never held in memory whole. A summary file's maps are already block means
+over samples (:func:`load_summary_heads`); they are drawn with each block at the positions it covers.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import numpy as np
 
 from biasviz.common.errors import BiasvizError
 from biasviz.diagnostics.measures import subtract_diagonal
-from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
+from biasviz.plotting.reduce import (
+    DEFAULT_MAX_CELLS,
+    Reduction,
+    block_reduce,
+    plan_reduction,
+    weighted_block_mean,
+)
 from biasviz.store import BiasFile, causal_cells
 
 
@@ -26,6 +33,13 @@ class HeadMatrices:
     layer: int
     sample: str
     reduction: Reduction
+    block: int = 1  # positions per stored cell before ``reduction`` (a summary's block size)
+    samples: int | None = None  # samples a mean is taken over (None: one sample)
+
+    @property
+    def cell(self) -> int:
+        """Positions each drawn cell covers, along each axis."""
+        return self.block * self.reduction.factor
 
 
 def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 0, normalize: str = "none",
@@ -38,15 +52,38 @@ def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
     out = np.empty((n_heads, plan.reduced_size, plan.reduced_size), dtype=np.float32)
     for h, m in enumerate(iter_heads(bf, kind, layer=resolved, sample=sample, normalize=normalize)):
         out[h] = block_reduce(m, plan.factor, plan.how)
-    label = "mean" if sample == "mean" else str(_samples(sample, ds.shape[0], bf)[0])
-    return HeadMatrices(data=out, seq_len=seq_len, layer=resolved, sample=label, reduction=plan)
+    label = sample if sample in ("mean", "std") else str(_samples(sample, ds.shape[0], bf)[0])
+    return HeadMatrices(data=out, seq_len=seq_len, layer=resolved, sample=str(label), reduction=plan,
+                        samples=ds.shape[0] if sample in ("mean", "std") else None)  # fmt: skip
+
+
+def load_summary_heads(bf: BiasFile, name: str, *, layer: int = -1, normalize: str = "none", reduce: str = "mean",
+                       max_cells: int = DEFAULT_MAX_CELLS) -> HeadMatrices:  # fmt: skip
+    """A summary file's map ``name`` (``bias_mean``, ``weights_std``, ...), reduced further beyond ``max_cells``
+    blocks per axis (block means weighted by the cells each averages)."""
+    resolved = bf.resolve_layer(layer)
+    m = bf.summary_map(name, resolved)
+    block = bf.block or 1
+    if normalize == "diagonal":
+        if block > 1 or not name.endswith("_mean"):
+            raise BiasvizError(f"--normalize diagonal subtracts each row's diagonal value cell by cell; {bf.path} "
+                               f"is a summary in blocks of {block} positions, whose {name} cannot be normalized "
+                               "afterwards (re-extract with --resolution at least the length, or without --summary)")
+        m = subtract_diagonal(m)
+    plan = plan_reduction(m.shape[-1], max_cells, reduce)
+    if plan.factor > 1:
+        counts = bf.summary.counts if bf.summary is not None else np.ones(m.shape[-2:])
+        m = weighted_block_mean(m, counts, plan.factor) if plan.how == "mean" else block_reduce(m, plan.factor, "max")
+    return HeadMatrices(data=m, seq_len=bf.seq_len, layer=resolved, sample="mean", reduction=plan, block=block,
+                        samples=bf.n_samples)  # fmt: skip
 
 
 def iter_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 0,
                normalize: str = "none") -> Iterator[np.ndarray]:  # fmt: skip
     """Each head's full-resolution (query, key) matrix, masked cells NaN, one head in memory at a time.
 
-    ``sample`` is an index or 'mean' (accumulated one chunk at a time); damaged values are refused.
+    ``sample`` is an index, 'mean' or 'std' (the per-cell standard deviation over samples), the last two
+    accumulated one chunk at a time; damaged values are refused.
     """
     resolved = bf.resolve_layer(layer)
     ds = bf.dataset(kind, resolved)
@@ -56,13 +93,13 @@ def iter_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
     # weights hold 0 where a causal model masks; a bidirectional model (T5 encoder) has no such cells
     masked = ~used if kind == "weights" and bf.causal else None
     for h in range(n_heads):
-        m = _head_matrix(ds, h, samples)
+        m = _head_std(ds, h, samples, normalize) if sample == "std" else _head_matrix(ds, h, samples)
         if not np.isfinite(m[used]).all():  # a damaged or hand-made file: never draw holes as if masked
             raise BiasvizError(
                 f"{bf.path}: the {kind} of head {h + 1} (layer {resolved}) holds NaN or infinite values in cells "
                 "the model uses; the file is damaged or was not written by 'biasviz extract'; extract it again"
             )
-        if normalize == "diagonal":
+        if normalize == "diagonal" and sample != "std":
             m = subtract_diagonal(m)
         if masked is not None:
             m[masked] = np.nan  # weights hold 0 there (the bias holds NaN already); blank them alike
@@ -70,7 +107,7 @@ def iter_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
 
 
 def _samples(sample: int | str, n_samples: int, bf: BiasFile) -> list[int]:
-    if sample == "mean":
+    if sample in ("mean", "std"):
         return list(range(n_samples))
     k = int(sample)
     if not 0 <= k < n_samples:
@@ -80,7 +117,7 @@ def _samples(sample: int | str, n_samples: int, bf: BiasFile) -> list[int]:
 
 def _head_matrix(ds: object, head: int, samples: list[int]) -> np.ndarray:
     """One head's matrix, or its mean over ``samples`` accumulated one chunk at a time (float64 sums)."""
-    if len(samples) == 1:
+    if len(samples) == 1 or getattr(ds, "shared", False):  # a shared bias: every sample's is the first's
         return np.asarray(ds[samples[0], head], dtype=np.float32)  # type: ignore[index]
     total = np.zeros(ds.shape[-2:], dtype=np.float64)  # type: ignore[attr-defined]
     for s in samples:
@@ -88,4 +125,21 @@ def _head_matrix(ds: object, head: int, samples: list[int]) -> np.ndarray:
     return (total / len(samples)).astype(np.float32)
 
 
-__all__ = ["HeadMatrices", "load_heads", "iter_heads"]
+def _head_std(ds: object, head: int, samples: list[int], normalize: str) -> np.ndarray:
+    """One head's per-cell population standard deviation over ``samples`` (sums of differences from the first
+    sample, so identical samples give exactly 0); a shared bias is the same in every sample: 0."""
+    first = np.asarray(ds[samples[0], head], dtype=np.float64)  # type: ignore[index]
+    first = subtract_diagonal(first) if normalize == "diagonal" else first
+    if getattr(ds, "shared", False):
+        return np.where(np.isnan(first), np.nan, 0.0).astype(np.float32)
+    total, squares = np.zeros_like(first), np.zeros_like(first)
+    for s in samples[1:]:
+        m = np.asarray(ds[s, head], dtype=np.float64)  # type: ignore[index]
+        dev = (subtract_diagonal(m) if normalize == "diagonal" else m) - first
+        total += dev
+        squares += dev * dev
+    n = len(samples)
+    return np.sqrt(np.maximum(squares / n - (total / n) ** 2, 0.0)).astype(np.float32)
+
+
+__all__ = ["HeadMatrices", "iter_heads", "load_heads", "load_summary_heads"]

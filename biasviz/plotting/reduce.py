@@ -73,6 +73,26 @@ def block_reduce(matrix: np.ndarray, factor: int, how: str = "mean") -> np.ndarr
     return out
 
 
+def weighted_block_mean(matrix: np.ndarray, weights: np.ndarray, factor: int) -> np.ndarray:
+    """Block means of ``matrix`` (last two axes) weighted by ``weights`` (e.g. the cells each entry averages).
+
+    Reducing a summary's block means further must weigh each block by its cells, or a block on the diagonal
+    (half its cells masked) would count as much as a full one. NaN entries and zero weights are left out.
+
+    >>> weighted_block_mean(np.array([[1., np.nan], [4., 2.]]), np.array([[1, 0], [3, 1]]), 2).tolist()
+    [[3.0]]
+    """
+    a = np.asarray(matrix, dtype=np.float64)
+    w = np.broadcast_to(np.asarray(weights, dtype=np.float64), a.shape)
+    valid = ~np.isnan(a) & (w > 0)
+    total = _blocks(np.add, np.where(valid, a * w, 0.0), factor)
+    count = _blocks(np.add, np.where(valid, w, 0.0), factor)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (total / count).astype(np.float32)
+    out[count == 0] = np.nan
+    return out
+
+
 def _blocks(ufunc: np.ufunc, a: np.ndarray, factor: int) -> np.ndarray:
     """Apply ``ufunc`` over factor-sized runs of the last two axes (reshapes are views: no padded copy)."""
     return _runs(ufunc, _runs(ufunc, a, factor, -2), factor, -1)
@@ -88,4 +108,4 @@ def _runs(ufunc: np.ufunc, a: np.ndarray, factor: int, axis: int) -> np.ndarray:
     return np.moveaxis(head, -1, axis) if axis != -1 else head
 
 
-__all__ = ["REDUCTIONS", "DEFAULT_MAX_CELLS", "Reduction", "plan_reduction", "block_reduce"]
+__all__ = ["REDUCTIONS", "DEFAULT_MAX_CELLS", "Reduction", "plan_reduction", "block_reduce", "weighted_block_mean"]

@@ -80,6 +80,15 @@ def _rc(width: float) -> dict[str, object]:
     }
 
 
+def wrap_title(text: str, width_in: float, size: float | None = None) -> str:
+    """``text`` broken into lines that fit ``width_in`` inches at ``size`` points (serif text averages about
+    half an em per character), so that a figure's title never runs past its edges at a narrow style."""
+    import textwrap
+
+    size = size or font_sizes(width_in)["base"]
+    return textwrap.fill(text, max(20, int(width_in * 72 / (0.47 * size))), break_on_hyphens=False)
+
+
 @contextlib.contextmanager
 def paper_context(style: str = DEFAULT_STYLE) -> Iterator[float]:
     """Apply the paper rc settings inside a ``with`` block; yields the figure width in inches."""
@@ -96,4 +105,4 @@ def paper_context(style: str = DEFAULT_STYLE) -> Iterator[float]:
         font_logger.setLevel(level)
 
 
-__all__ = ["VENUE_WIDTHS", "DEFAULT_STYLE", "venue_width", "font_sizes", "paper_context"]
+__all__ = ["VENUE_WIDTHS", "DEFAULT_STYLE", "venue_width", "font_sizes", "paper_context", "wrap_title"]

@@ -77,6 +77,9 @@ class ALiBi(PositionScheme):
     def reset_parameters(self) -> None:
         self.slopes.copy_(torch.tensor(self.resolve_slopes(self.options["slopes"], self.n_head)))
 
+    def distance_bias(self, d: torch.Tensor) -> torch.Tensor:
+        slopes = self.slopes.view(-1, *(1,) * d.dim())  # (H, 1, ...)
+        return -slopes * d.to(self.slopes.dtype)  # (H, *d.shape)
+
     def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
-        d = relative_distance(q_len, k_len, self.slopes.device).to(self.slopes.dtype)  # (Tq, Tk)
-        return (-self.slopes[:, None, None] * d)[None]  # (1, H, Tq, Tk)
+        return self.distance_bias(relative_distance(q_len, k_len, self.slopes.device))[None]  # (1, H, Tq, Tk)

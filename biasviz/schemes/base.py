@@ -7,13 +7,15 @@ Dimension letters used in shape comments throughout biasviz:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from biasviz.common.errors import BiasvizError
+
+RowsFn = Callable[[int, int], torch.Tensor]  # (r0, r1) -> bias of queries r0..r1-1 vs keys 0..r1-1
 
 
 def relative_distance(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -27,6 +29,26 @@ def relative_distance(q_len: int, k_len: int, device: torch.device | None = None
     i = torch.arange(k_len - q_len, k_len, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     return i - j  # (Tq, Tk)
+
+
+def toeplitz_rows(table: torch.Tensor, seq_len: int, r0: int, r1: int) -> torch.Tensor:
+    """The block f(i - j) for queries r0..r1-1 and keys 0..r1-1 from ``table`` (H, 2T - 1), whose entry m holds
+    f(d = T - 1 - m): (1, H, rows, r1), a new contiguous tensor.
+
+    Row a of the block reversed (a' = rows - 1 - a) starts at entry T - r1 + a' and runs on with the keys,
+    so the reversed block is an overlapping strided view of the table; flipping its rows copies it once.
+
+    >>> f = torch.arange(2, -3, -1.0)[None]  # T = 3: f(d) = d for d = 2 .. -2
+    >>> toeplitz_rows(f, 3, 1, 3)[0, 0].tolist()  # rows 1, 2 against keys 0, 1, 2
+    [[1.0, 0.0, -1.0], [2.0, 1.0, 0.0]]
+    """
+    rows = r1 - r0
+    reversed_rows = table.as_strided(
+        (table.shape[0], rows, r1),
+        (table.stride(0), table.stride(1), table.stride(1)),
+        table.storage_offset() + (seq_len - r1) * table.stride(1),
+    )  # (H, rows, r1), rows in reverse order
+    return reversed_rows.flip(1)[None]  # (1, H, rows, r1)
 
 
 def query_positions(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -86,6 +108,31 @@ class PositionScheme(nn.Module):
         schemes ignore it. Cells with j > i are not masked here: the attention layer masks them.
         """
         raise NotImplementedError
+
+    def distance_bias(self, d: torch.Tensor) -> torch.Tensor | None:
+        """b_h as a function of the distance ``d = i - j`` alone, (H, *d.shape); None where the bias depends
+        on more (the query's position, the input). Such schemes compute :meth:`bias` through it, and
+        :meth:`rows` reads every block off one table of the 2T - 1 distances."""
+        return None
+
+    def rows(self, x: torch.Tensor | None) -> RowsFn:
+        """A function ``(r0, r1) -> bias`` of queries r0..r1-1 against keys 0..r1-1: (1 or B, H, r1 - r0, r1).
+
+        The attention forms its bias one block of query rows at a time (a causal query block sees no
+        key past its last row), so that no (H, T, T) tensor exists at long lengths. Each call returns a
+        new tensor, which the caller may overwrite. The default calls :meth:`bias` on the prefix
+        ``x[:, :r1]`` (queries are the last ``q_len`` of ``k_len`` positions, so the values are those of
+        ``bias(x, T, T)[:, :, r0:r1, :r1]``); a scheme with a :meth:`distance_bias` copies each block out of
+        one per-head table (one pass, no formula per cell); schemes with other work per forward (sums
+        over ``x``) override it to do that work once.
+        """
+        if x is not None:
+            T = x.shape[1]
+            table = self.distance_bias(torch.arange(T - 1, -T, -1, device=x.device))  # (H, 2T - 1): d = T-1 .. 1-T
+            if table is not None:
+                table = table.contiguous()  # each block's rows are then runs of the table: a fast copy
+                return lambda r0, r1: toeplitz_rows(table, T, r0, r1)
+        return lambda r0, r1: self.bias(None if x is None else x[:, :r1], r1 - r0, r1)
 
     @property
     def depends_on_input(self) -> bool:

@@ -10,7 +10,7 @@ from torch import nn
 
 from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme
+from biasviz.schemes.base import PositionScheme, RowsFn
 
 
 @register
@@ -42,3 +42,10 @@ class CABLE(PositionScheme):
         s = self.cumulative_cost(x)  # (B, H, Tk)
         s_q = s[:, :, k_len - q_len :]  # (B, H, Tq)
         return s_q[:, :, :, None] - s[:, :, None, :]  # (B, H, Tq, Tk)
+
+    def rows(self, x: torch.Tensor | None) -> RowsFn:
+        """Blocks of query rows from one cumulative sum per forward (per block it would cost O(T * C))."""
+        if x is None:
+            raise BiasvizError("the CABLE bias depends on the input: it needs the attention input x")
+        s = self.cumulative_cost(x)  # (B, H, T)
+        return lambda r0, r1: s[:, :, r0:r1, None] - s[:, :, None, :r1]  # (B, H, rows, r1)

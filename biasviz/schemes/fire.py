@@ -8,10 +8,20 @@ import torch
 from torch import nn
 
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, option_int, option_number, query_positions, relative_distance
+from biasviz.schemes.base import (
+    PositionScheme,
+    RowsFn,
+    option_int,
+    option_number,
+    query_positions,
+    relative_distance,
+    toeplitz_rows,
+)
 
 MIN_C = 1e-4  # psi(x) = log(c x + 1) needs c > 0
 MIN_THRESHOLD = 1.0  # psi(max(L, i)) must stay > 0 at i = 0
+MLP_CELLS = 1 << 14  # cells per MLP call in :meth:`FIRE.rows`: the (cells, hidden) activations stay in cache
+MIN_MLP_CELLS = 64  # fewer rows take another matmul kernel, which rounds differently from the full bias's
 
 
 @register
@@ -65,3 +75,36 @@ class FIRE(PositionScheme):
         u = self.normalized_distance(q_len, k_len)  # (Tq, Tk)
         out = self.mlp(u[..., None])  # (Tq, Tk, H)
         return out.permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+    def rows(self, x: torch.Tensor | None) -> RowsFn:
+        """Query blocks from per-forward tables of psi(d) and psi(max(L, i)), the MLP run on cache-sized
+        pieces of cells (its hidden activations are 32 times the block) and written head-major: a
+        contiguous (1, H, rows, r1), the layout SDPA reads. The same operations as :meth:`bias`, so the
+        same bits."""
+        c, L = self._params()
+        psi_d = psi_i = None
+        if x is not None:
+            T = x.shape[1]
+            d = torch.arange(T - 1, -T, -1, device=c.device).clamp(min=0).to(c.dtype)  # (2T - 1,): T-1 .. 1-T
+            psi_d = torch.log1p(c * d)[None]  # (1, 2T - 1)
+            psi_i = torch.log1p(c * torch.maximum(torch.arange(T, device=c.device).to(c.dtype), L))  # (T,)
+        first, second = self.mlp[0], self.mlp[2]
+
+        def block(r0: int, r1: int) -> torch.Tensor:
+            if psi_d is None:
+                u = self.normalized_distance(r1 - r0, r1)  # (rows, r1)
+            else:
+                u = toeplitz_rows(psi_d, psi_i.shape[0], r0, r1)[0, 0] / psi_i[r0:r1, None]  # (rows, r1)
+            u = u.reshape(-1, 1)  # (rows * r1, 1)
+            n = u.shape[0]
+            if n < MIN_MLP_CELLS:  # padded, so that the values are bit-equal to those of bias(x, T, T)
+                return self.mlp(torch.cat([u, u.new_zeros(MIN_MLP_CELLS - n, 1)]))[:n].T.reshape(1, -1, r1 - r0, r1)
+            out = torch.empty(self.n_head, n, dtype=second.weight.dtype, device=u.device)  # (H, rows * r1)
+            size = -(-n // -(-n // MLP_CELLS))  # pieces of equal size, none below MIN_MLP_CELLS
+            for a in range(0, n, size):
+                hidden = torch.relu_(first(u[a : a + size]))  # (piece, hidden)
+                # the matmul of nn.Linear written transposed (the same BLAS call): (H, piece), no copy
+                torch.addmm(second.bias[:, None], second.weight, hidden.T, out=out[:, a : a + size])
+            return out.view(1, self.n_head, r1 - r0, r1)  # (1, H, rows, r1)
+
+        return block

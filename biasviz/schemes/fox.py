@@ -24,7 +24,7 @@ from torch import nn
 
 from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, option_number, relative_distance
+from biasviz.schemes.base import PositionScheme, RowsFn, option_number, relative_distance
 
 GATES = ("full", "bias_only", "fixed")
 
@@ -86,13 +86,28 @@ class FoX(PositionScheme):
         else:
             nn.init.zeros_(self.gate_bias)
 
+    def distance_bias(self, d: torch.Tensor) -> torch.Tensor | None:
+        if self.gate == "full":
+            return None
+        log_gate = F.logsigmoid(self.gate_bias.float())  # (H,): -m_h * (i - j) with m_h = -log sigmoid(beta_h)
+        return log_gate.view(-1, *(1,) * d.dim()) * d.float()  # (H, *d.shape)
+
     def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
-        if self.gate != "full":  # one log gate per head: -m_h * (i - j) with m_h = -log sigmoid(beta_h)
-            log_gate = F.logsigmoid(self.gate_bias.float())  # (H,)
-            d = relative_distance(q_len, k_len, self.gate_bias.device).float()  # (Tq, Tk)
-            return (log_gate[:, None, None] * d)[None]  # (1, H, Tq, Tk)
-        if x is None:
-            raise BiasvizError("the FoX bias with gate 'full' depends on the input: it needs the attention input x")
-        c = torch.cumsum(F.logsigmoid(self.proj(x).float()), dim=1).transpose(1, 2)  # (B, H, Tk)
+        if self.gate != "full":  # one log gate per head
+            return self.distance_bias(relative_distance(q_len, k_len, self.gate_bias.device))[None]  # (1, H, Tq, Tk)
+        c = self.cumulative_gate(x)  # (B, H, Tk)
         c_q = c[:, :, k_len - q_len :]  # (B, H, Tq)
         return c_q[:, :, :, None] - c[:, :, None, :]  # (B, H, Tq, Tk)
+
+    def cumulative_gate(self, x: torch.Tensor | None) -> torch.Tensor:
+        """c_t, the cumulative sum of the log forget gates up to t: (B, H, T), in float32."""
+        if x is None:
+            raise BiasvizError("the FoX bias with gate 'full' depends on the input: it needs the attention input x")
+        return torch.cumsum(F.logsigmoid(self.proj(x).float()), dim=1).transpose(1, 2)  # (B, H, T)
+
+    def rows(self, x: torch.Tensor | None) -> RowsFn:
+        """With the full gate, blocks of query rows from one cumulative sum per forward."""
+        if self.gate != "full":
+            return super().rows(x)
+        c = self.cumulative_gate(x)  # (B, H, T)
+        return lambda r0, r1: c[:, :, r0:r1, None] - c[:, :, None, :r1]  # (B, H, rows, r1)

@@ -38,19 +38,25 @@ class _Kerple(PositionScheme):
         self.r1.copy_(r1)
         self.r2.copy_(r2)
 
-    def _distance(self, q_len: int, k_len: int) -> torch.Tensor:
+    def _distance(self, d: torch.Tensor) -> torch.Tensor:
         # clamp j > i cells to 0: they are masked anyway, and must not produce NaN gradients
-        return relative_distance(q_len, k_len, self.r1.device).clamp(min=0).to(self.r1.dtype)
+        return d.clamp(min=0).to(self.r1.dtype)
+
+    def _per_head(self, p: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return p.view(-1, *(1,) * d.dim())  # (H, 1, ...)
+
+    def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
+        return self.distance_bias(relative_distance(q_len, k_len, self.r1.device))[None]  # (1, H, Tq, Tk)
 
 
 @register
 class KerpleLog(_Kerple):
     name = "kerple-log"
 
-    def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
+    def distance_bias(self, d: torch.Tensor) -> torch.Tensor:
         r1, r2 = self._params()
-        d = self._distance(q_len, k_len)
-        return (-r1[:, None, None] * torch.log1p(r2[:, None, None] * d))[None]  # (1, H, Tq, Tk)
+        d = self._distance(d)
+        return -self._per_head(r1, d) * torch.log1p(self._per_head(r2, d) * d)  # (H, *d.shape)
 
 
 @register
@@ -65,7 +71,7 @@ class KerplePower(_Kerple):
     def _params(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.r1.clamp(min=MIN_PARAM), self.r2.clamp(min=MIN_PARAM, max=MAX_POWER)
 
-    def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
+    def distance_bias(self, d: torch.Tensor) -> torch.Tensor:
         r1, r2 = self._params()
-        d = self._distance(q_len, k_len)
-        return (-r1[:, None, None] * d.pow(r2[:, None, None]))[None]  # (1, H, Tq, Tk)
+        d = self._distance(d)
+        return -self._per_head(r1, d) * d.pow(self._per_head(r2, d))  # (H, *d.shape)

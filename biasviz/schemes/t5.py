@@ -51,7 +51,9 @@ class T5Bias(PositionScheme):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.table.weight, std=1.0)
 
-    def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
-        d = relative_distance(q_len, k_len, self.table.weight.device)
+    def distance_bias(self, d: torch.Tensor) -> torch.Tensor:
         buckets = causal_bucket(d, int(self.options["num_buckets"]), int(self.options["max_distance"]))
-        return self.table(buckets).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+        return self.table(buckets).movedim(-1, 0)  # (H, *d.shape)
+
+    def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
+        return self.distance_bias(relative_distance(q_len, k_len, self.table.weight.device))[None]  # (1, H, Tq, Tk)

@@ -57,7 +57,8 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         n_samples = sum(len(i) for i in ids) if along == "sample" else len(ids[0])
         writer = BiasFileWriter(out, attrs=meta, n_samples=n_samples, n_heads=heads, seq_len=seq_len, layers=layers,
                                 has_bias="bias" in kinds, has_weights="weights" in kinds, dtype=dtype, force=force,
-                                causal=causal, checkpoints=steps if along == "checkpoint" else None)  # fmt: skip
+                                causal=causal, checkpoints=steps if along == "checkpoint" else None,
+                                bias_shared=all(f.bias_shared for f in files))  # fmt: skip
         with writer:
             if along == "checkpoint":
                 writer.begin_batch(ids[0])
@@ -73,9 +74,12 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
 def _copy(src: h5py.Dataset, writer: BiasFileWriter, kind: str, layer: int, first: int,
           checkpoint: int | None) -> None:  # fmt: skip
     """Every (sample, head) matrix of ``src`` into the writer, as stored chunks where the layouts agree."""
-    direct = (writer.direct_chunks and src.chunks == (1, 1, writer.seq_len, writer.seq_len)
+    shared = getattr(src, "shared", False)  # a bias stored once for every sample: its chunks are one sample's
+    direct = (writer.direct_chunks and not shared and src.chunks == (1, 1, writer.seq_len, writer.seq_len)
               and src.compression == "gzip" and bool(src.shuffle) == writer.shuffled)  # fmt: skip
     samples, heads = src.shape[:2]
+    if kind == "bias" and writer.bias_shared:  # stored once: the first sample stands for all
+        samples = 1 if first == 0 else 0
     for s in range(samples):
         for h in range(heads):
             if direct:

@@ -1,4 +1,9 @@
-"""Reading format-1 files: validated on opening, arrays read lazily, attributes only ever read as data."""
+"""Reading format-1 files: validated on opening, arrays read lazily, attributes only ever read as data.
+
+Three layouts read through :class:`BiasFile`: full files (every sample's matrices), full files of a
+context-free scheme whose bias is stored once (``bias_shared``: readers see it broadcast over samples)
+and summary files (``summary``: block-mean maps, profiles and diagnostics; :mod:`.summary_reader`).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +19,12 @@ from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import regular_file
 from biasviz.store.format import FORMAT_VERSION, REQUIRED_ATTRS, layer_group
 from biasviz.store.guard import check_isolated
+from biasviz.store.summary_reader import SummaryLayout, validate_summary
+from biasviz.store.validation import AttrChecks, describe, plain
+from biasviz.store.views import OneCheckpoint, SharedSamples
 
 
-class BiasFile:
+class BiasFile(AttrChecks):
     """A format-1 file opened for reading; arrays are read lazily, one selection at a time.
 
     Opening validates everything later reads rely on (attribute types, group and dataset shapes),
@@ -58,41 +66,6 @@ class BiasFile:
             raise
 
     # -- validation ----------------------------------------------------------------------------
-    def _bad(self, what: str) -> BiasvizError:
-        return BiasvizError(f"{self.path} is not a valid biasviz file: {what}; extract it again")
-
-    def _read_attr(self, key: str) -> Any:
-        try:
-            value = self._h5.attrs[key]
-        except Exception as exc:  # an attribute of a type HDF5 cannot convert, or a damaged header
-            raise self._bad(f"attribute '{key}' cannot be read ({type(exc).__name__})") from exc
-        return _plain(value) if isinstance(value, (bytes, str)) else value
-
-    def _int_attr(self, key: str, minimum: int | None = None) -> int:
-        value = self._read_attr(key)
-        arr = np.asarray(value)
-        if arr.size != 1 or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_)):
-            raise self._bad(f"attribute '{key}' should be an integer, not {_describe(value)}")
-        number = int(arr.reshape(()).item())
-        if minimum is not None and number < minimum:
-            raise self._bad(f"attribute '{key}' is {number}, expected at least {minimum}")
-        return number
-
-    def _str_attr(self, key: str) -> str:
-        value = self._read_attr(key)
-        if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "OSU":
-            value = value.reshape(()).item()
-            value = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-        if not isinstance(value, str):
-            raise self._bad(f"attribute '{key}' should be text, not {_describe(value)}")
-        return value
-
-    def _bool_attr(self, key: str) -> bool:
-        arr = np.asarray(self._read_attr(key))
-        if arr.size != 1 or not (np.issubdtype(arr.dtype, np.bool_) or np.issubdtype(arr.dtype, np.integer)):
-            raise self._bad(f"attribute '{key}' should be true or false, not {_describe(arr)}")
-        return bool(arr.reshape(()).item())
-
     def _validate(self) -> None:
         a = self._h5.attrs
         if "biasviz_format" not in a:
@@ -114,10 +87,15 @@ class BiasFile:
         self._seq_len = self._int_attr("seq_len", minimum=1)
         self._n_layers = n_layers = self._int_attr("n_layers", minimum=1)
         self._causal = self._bool_attr("causal") if "causal" in a else True
-        self.bias_only = self._bool_attr("bias_only") if "bias_only" in a else False  # extract --bias-only
+        self.bias_only = self._flag("bias_only")  # extract --bias-only
+        self.is_summary = self._flag("summary")  # extract --summary: maps, profiles and diagnostics only
+        self.bias_shared = self._flag("bias_shared") and not self.is_summary  # one bias for every sample
+        if self.bias_shared and self._context_dependent:
+            raise self._bad("attribute 'bias_shared' says one bias serves every sample, but the scheme is "
+                            "context-dependent")  # fmt: skip
         raw = np.asarray(self._read_attr("layers"))
         if raw.ndim > 1 or raw.size == 0 or not np.issubdtype(raw.dtype, np.integer):
-            raise self._bad(f"attribute 'layers' should be a list of layer indices, not {_describe(raw)}")
+            raise self._bad(f"attribute 'layers' should be a list of layer indices, not {describe(raw)}")
         self._layers = [int(x) for x in np.atleast_1d(raw)]
         bad_layers = [x for x in self._layers if not 0 <= x < n_layers]
         if bad_layers or len(set(self._layers)) != len(self._layers):
@@ -131,21 +109,30 @@ class BiasFile:
         self._n_samples = int(ids.shape[0])
         self._steps = self._sweep_steps()
         lead = () if self._steps is None else (len(self._steps),)
-        shape = (*lead, self._n_samples, self._n_heads, self._seq_len, self._seq_len)
+        self._summary: SummaryLayout | None = None
+        if self.is_summary:
+            self._summary = validate_summary(self, seq_len=self._seq_len, n_heads=self._n_heads,
+                                             n_samples=self._n_samples, layers=self._layers, lead=lead,
+                                             bias_only=self.bias_only, causal=self._causal)  # fmt: skip
+            return
+        matrix = (self._n_heads, self._seq_len, self._seq_len)
+        shapes = {"weights": (*lead, self._n_samples, *matrix),
+                  "bias": (*lead, 1 if self.bias_shared else self._n_samples, *matrix)}  # fmt: skip
         for layer in self._layers:
             self._refuse_other_files(layer_group(layer))
             grp = self._h5.get(layer_group(layer))
             wanted = "bias" if self.bias_only else "weights"
             if not isinstance(grp, h5py.Group) or not isinstance(grp.get(wanted), h5py.Dataset):
                 raise BiasvizError(f"{self.path} lists layer {layer} but has no {layer_group(layer)}/{wanted}")
-            for kind in ("bias", "weights"):
+            for kind, shape in shapes.items():
                 if kind not in grp:
                     continue
                 self._refuse_other_files(f"{layer_group(layer)}/{kind}")
                 ds = grp.get(kind)
                 if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype.kind != "f":
                     what = f"{ds.dtype} {ds.shape}" if isinstance(ds, h5py.Dataset) else "not a dataset"
-                    raise self._bad(f"{layer_group(layer)}/{kind} is {what}, expected float {shape}")
+                    shared = " (one matrix for all samples: bias_shared)" if shape[len(lead)] != self._n_samples else ""
+                    raise self._bad(f"{layer_group(layer)}/{kind} is {what}, expected float {shape}{shared}")
 
     def _sweep_steps(self) -> list[int] | None:
         """The training steps of a sweep file's checkpoints (``/checkpoint``), or None for a plain file."""
@@ -178,16 +165,6 @@ class BiasFile:
         other._checkpoint = index % len(self._steps) if self._steps else 0
         return other
 
-    def _refuse_other_files(self, name: str) -> None:
-        """``name`` must live in this file: an external link, external storage or a virtual dataset would make
-        HDF5 read other files (a FIFO there blocks the reader forever)."""
-        link = self._h5.get(name, getlink=True)
-        if isinstance(link, h5py.ExternalLink):
-            raise self._bad(f"'{name}' is an external link to another file ({_short_text(link.filename)})")
-        obj = self._h5.get(name) if link is not None else None
-        if isinstance(obj, h5py.Dataset) and (obj.is_virtual or obj.external):
-            raise self._bad(f"'{name}' keeps its data in another file (external or virtual storage)")
-
     # -- context manager -----------------------------------------------------------------------
     def __enter__(self) -> BiasFile:
         return self
@@ -213,7 +190,7 @@ class BiasFile:
             except Exception as exc:  # noqa: BLE001 - any failure to convert is reported as data
                 out[k] = f"(unreadable: {type(exc).__name__})"
                 continue
-            out[k] = _plain(v)
+            out[k] = plain(v)
         return out
 
     @property
@@ -269,18 +246,71 @@ class BiasFile:
         return layer
 
     def has_bias(self, layer: int = -1) -> bool:
-        return "bias" in self._h5[layer_group(self.resolve_layer(layer))]
+        grp = self._h5[layer_group(self.resolve_layer(layer))]
+        return ("bias_mean" if self.is_summary else "bias") in grp
+
+    # -- summary files (SPEC section 11) -------------------------------------------------------
+    @property
+    def summary(self) -> SummaryLayout | None:
+        """The layout of a summary file (``extract --summary``); None for a full file."""
+        return self._summary
+
+    @property
+    def resolution(self) -> int | None:
+        """Blocks per axis at most (``--resolution``) of a summary file; None for a full file."""
+        return None if self._summary is None else self._summary.resolution
+
+    @property
+    def block(self) -> int | None:
+        """Positions per block of a summary file's maps (1: exact per cell); None for a full file."""
+        return None if self._summary is None else self._summary.block
+
+    def _layout(self, what: str) -> SummaryLayout:
+        if self._summary is None:
+            raise BiasvizError(f"{self.path} is a full file, not a summary (extract --summary): it has no {what}")
+        return self._summary
+
+    def summary_map(self, name: str, layer: int = -1) -> np.ndarray:
+        """``bias_mean``, ``bias_std``, ``weights_mean`` or ``weights_std``: float32 (head, query_block,
+        key_block), NaN where a block has no cell (above the diagonal)."""
+        return self._layout(name).read_map(name, self.resolve_layer(layer), self._checkpoint)
+
+    def profile(self, kind: str, layer: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        """A summary's stored distance profile of ``kind``: (mean, std), each (head, distance), float64."""
+        return self._layout(f"{kind} profile").read_profile(kind, self.resolve_layer(layer), self._checkpoint)
+
+    def stored_diagnostics(self, layer: int = -1) -> dict[str, np.ndarray]:
+        """A summary's diagnostics, computed at extraction at full resolution: field -> (head,), NaN if undefined."""
+        return self._layout("stored diagnostics").read_diagnostics(self.resolve_layer(layer), self._checkpoint)
+
+    def summary_datasets(self, layer: int = -1) -> tuple[str, ...]:
+        """The names of the summary datasets a layer holds."""
+        return self._layout("summary datasets").contents[self.resolve_layer(layer)]
+
+    def not_per_sample(self, what: str) -> BiasvizError:
+        """The error for a request that needs per-sample matrices of a summary file."""
+        n, b = self._n_samples, self.block
+        blocks = f" in blocks of {b} positions" if b and b > 1 else ""
+        return BiasvizError(f"{self.path} is a summary file (extract --summary): it holds means and standard "
+                            f"deviations over {n} samples{blocks}, not {what}; re-extract without --summary "
+                            "to get them")  # fmt: skip
 
     # -- data ----------------------------------------------------------------------------------
     def dataset(self, kind: str, layer: int = -1) -> h5py.Dataset:
-        """The raw (sample, head, query, key) dataset, for reading slices without loading it all."""
+        """The raw (sample, head, query, key) dataset, for reading slices without loading it all.
+
+        A shared bias (``bias_shared``) is seen broadcast over the samples; a summary file has none.
+        """
         grp = self._h5[layer_group(self.resolve_layer(layer))]
+        if self.is_summary:
+            raise self.not_per_sample(f"each sample's {kind} matrices")
         if kind not in grp and kind == "weights":
             raise BiasvizError(f"{self.path} holds the bias only (extracted with --bias-only, no forward pass): "
                                "no attention weights")  # fmt: skip
         if kind not in grp:
             raise BiasvizError(f"{self.path} holds no {kind} (scheme '{self.scheme}' adds no bias)")
-        return grp[kind] if self._steps is None else _OneCheckpoint(grp[kind], self._checkpoint)
+        ds = grp[kind] if self._steps is None else OneCheckpoint(grp[kind], self._checkpoint)
+        return SharedSamples(ds, self._n_samples) if kind == "bias" and self.bias_shared else ds  # type: ignore[return-value]
 
     def read(self, kind: str, layer: int = -1, sample: int | slice | None = None) -> np.ndarray:
         """``kind`` ('bias' or 'weights') as float32: (sample, head, query, key), or
@@ -299,58 +329,6 @@ class BiasFile:
         ds = self.dataset(kind, layer)
         for s in range(ds.shape[0]):
             yield np.asarray(ds[s], dtype=np.float32)
-
-
-class _OneCheckpoint:
-    """A sweep dataset (checkpoint, sample, head, query, key) seen at one checkpoint, as a plain file's is."""
-
-    def __init__(self, ds: h5py.Dataset, index: int) -> None:
-        self._ds, self._index = ds, index
-        self.shape, self.ndim, self.dtype = ds.shape[1:], ds.ndim - 1, ds.dtype
-        self.chunks = None if ds.chunks is None else ds.chunks[1:]
-
-    def __getitem__(self, sel: Any) -> Any:
-        return self._ds[(self._index, *(sel if isinstance(sel, tuple) else (sel,)))]
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getattr__(self, name: str) -> Any:  # compression, shuffle, attrs, ...: the dataset's own
-        return getattr(self._ds, name)
-
-
-def _text(value: str) -> str:
-    """Text that can be printed: undecodable bytes (h5py keeps them as lone surrogates) become escapes."""
-    return value.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _plain(value: Any) -> Any:
-    """An attribute value as plain Python data (text, numbers, lists); bytes are decoded, never unpickled."""
-    if isinstance(value, str):
-        return _text(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, np.ndarray):
-        return [_plain(x) for x in value.tolist()] if value.dtype.kind in "OSV" else value.tolist()
-    if isinstance(value, np.void):
-        return _plain(value.item())
-    if isinstance(value, np.generic):
-        return _plain(value.item())
-    if isinstance(value, (tuple, list)):
-        return [_plain(x) for x in value]
-    return value
-
-
-def _short_text(text: str, limit: int = 60) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _describe(value: Any) -> str:
-    """A short description of an attribute value for error messages (never its full, possibly huge, text)."""
-    arr = np.asarray(value) if not isinstance(value, str) else None
-    if arr is None:
-        return f"text '{value[:40]}'" + ("..." if len(value) > 40 else "")
-    return f"{arr.dtype} of shape {arr.shape}" if arr.ndim else f"{arr.dtype} {str(arr.item())[:40]!r}"
 
 
 def open_bias_file(path: str | Path, checkpoint: int = -1, *, isolated: bool = False) -> BiasFile:

@@ -4,7 +4,6 @@ that is moved into place only when complete, so an interrupted run never leaves 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,21 +28,7 @@ from biasviz.store.format import (
     non_finite_error,
     utc_now,
 )
-
-
-def _attr_value(key: str, value: Any) -> Any:
-    """A value HDF5 stores as plain data: None -> '', lists -> arrays, dicts -> JSON text."""
-    if value is None:
-        return ""
-    if isinstance(value, (str, Path)):
-        return str(value)  # plain str: h5py cannot store str subclasses (torch's version string is one)
-    if isinstance(value, Mapping):
-        return json.dumps(value, sort_keys=True, default=str)
-    if isinstance(value, (list, tuple)):
-        return np.asarray(value)
-    if isinstance(value, (bool, int, float, np.generic, np.ndarray)):
-        return value
-    raise TypeError(f"attribute {key!r}: cannot store a {type(value).__name__} as HDF5 data")
+from biasviz.store.h5io import as_numpy, attr_value, drop_pending_writes
 
 
 class BiasFileWriter:
@@ -72,8 +57,11 @@ class BiasFileWriter:
         shuffle: bool = True,
         workers: int | None = None,
         checkpoints: Sequence[int] | None = None,
+        bias_shared: bool = False,
     ) -> None:
         self.path = Path(path)
+        # a context-free bias: stored once as (1, H, T, T) for every sample (root attribute bias_shared)
+        self.bias_shared = bool(bias_shared) and has_bias
         # a sweep: bias and weights gain a leading "checkpoint" dimension, scaled by these training steps
         self.checkpoints = None if checkpoints is None else [int(x) for x in checkpoints]
         if dtype not in ("float32", "float16"):
@@ -157,7 +145,7 @@ class BiasFileWriter:
         with contextlib.suppress(Exception):
             if self._h5 is not None:
                 if self._h5.id.valid:
-                    _drop_pending_writes(self._h5)
+                    drop_pending_writes(self._h5)
                 self._h5.close()
         with contextlib.suppress(FileNotFoundError):
             if self._tmp is not None:
@@ -187,8 +175,10 @@ class BiasFileWriter:
                  "n_heads": self.n_heads, "seq_len": self.seq_len, "causal": self.causal,
                  "layers": np.asarray(self.layers, dtype=np.int64),
                  "samples": 0, "created_utc": self.attrs.get("created_utc") or utc_now()}  # fmt: skip
+        if self.bias_shared:
+            attrs["bias_shared"] = True
         for key, value in attrs.items():
-            f.attrs[key] = _attr_value(key, value)
+            f.attrs[key] = attr_value(key, value)
         scales = {
             **({} if self.checkpoints is None else {"checkpoint": np.asarray(self.checkpoints, dtype=np.int64)}),
             "sample": np.arange(self.n_samples, dtype=np.int32),
@@ -210,8 +200,9 @@ class BiasFileWriter:
             grp = f.create_group(layer_group(layer))
             for kind in kinds:
                 fill = np.nan if kind == "bias" else 0.0
-                ds = grp.create_dataset(kind, shape=shape, dtype=self.dtype, chunks=chunks, fillvalue=fill,
-                                        **self._filters)  # fmt: skip
+                one = (*lead, 1, *shape[len(lead) + 1 :])  # a shared bias: one sample stands for all
+                ds = grp.create_dataset(kind, shape=one if kind == "bias" and self.bias_shared else shape,
+                                        dtype=self.dtype, chunks=chunks, fillvalue=fill, **self._filters)  # fmt: skip
                 self._label(ds, dims)
 
     def _label(self, ds: h5py.Dataset, dims: Sequence[str]) -> None:
@@ -259,12 +250,16 @@ class BiasFileWriter:
         return self._filters.get("compression") == "gzip" and self._chunk_rows == self.seq_len
 
     def _write_kind(self, kind: str, layer: int, array: Any, start: int, b: int) -> None:
-        a = _as_numpy(array)  # (b or 1, H, T, T)
+        a = as_numpy(array)  # (b or 1, H, T, T)
         expect = (self.n_heads, self.seq_len, self.seq_len)
         if a.ndim != 4 or tuple(a.shape[1:]) != expect or a.shape[0] not in (1, b):
             raise ValueError(f"{kind} of layer {layer} has shape {a.shape}, expected ({b} or 1, *{expect})")
         assert self._h5 is not None
         ds = self._h5[layer_group(layer)][kind]
+        if kind == "bias" and self.bias_shared:  # stored once, from the first batch
+            if start > 0:
+                return
+            a, b = a[:1], 1
         # a (1, H, T, T) bias is the same for every sample: encoded once, stored b times
         distinct = [(s, h) for s in range(a.shape[0]) for h in range(self.n_heads)]
         if not self._direct():
@@ -318,7 +313,7 @@ class BiasFileWriter:
         """Store a batch's token ids ahead of its matrices (given by :meth:`write_chunk`); returns its first sample."""
         assert self._h5 is not None, "use BiasFileWriter as a context manager"
         self._failures.check()
-        ids = _as_numpy(input_ids)
+        ids = as_numpy(input_ids)
         b = int(ids.shape[0])
         start, stop = self._written, self._written + b
         if stop > self.n_samples:
@@ -339,6 +334,8 @@ class BiasFileWriter:
         """Store one (sample, head) matrix given as its shuffled and deflated chunk bytes (``direct_chunks`` only)."""
         assert self._h5 is not None and self._direct()
         self._failures.check()
+        if self._skip(kind, sample):
+            return
         self._h5[layer_group(layer)][kind].id.write_direct_chunk((*self._at(sample, head, checkpoint), 0, 0), data, 0)
 
     def write_matrix(self, kind: str, layer: int, sample: int, head: int, matrix: Any,
@@ -346,7 +343,13 @@ class BiasFileWriter:
         """Store one (query, key) matrix (masked and checked as every matrix is), wherever it came from."""
         assert self._h5 is not None
         self._failures.check()
+        if self._skip(kind, sample):
+            return
         self._h5[layer_group(layer)][kind][self._at(sample, head, checkpoint)] = self._matrix(kind, layer, matrix)
+
+    def _skip(self, kind: str, sample: int) -> bool:
+        """A shared bias is stored at sample 0 only: the same matrix given for a later sample is not stored again."""
+        return kind == "bias" and self.bias_shared and sample != 0
 
     def write_batch(
         self,
@@ -374,26 +377,3 @@ class BiasFileWriter:
         return self._written
 
 
-def _drop_pending_writes(f: h5py.File) -> None:
-    """Point an abandoned file's descriptor at /dev/null, so that closing it cannot fail.
-
-    After a failed write (full disk), HDF5 still flushes its caches on close; when that close fails
-    too, the library is left in a state that crashes the process later. The file is deleted
-    anyway, so its pending writes may go nowhere.
-    """
-    try:
-        fd = int(f.id.get_vfd_handle())
-    except (TypeError, ValueError, OSError, RuntimeError):
-        return
-    null = os.open(os.devnull, os.O_RDWR)
-    try:
-        os.dup2(null, fd)
-    finally:
-        os.close(null)
-
-
-def _as_numpy(array: Any) -> np.ndarray:
-    """A NumPy view of an array or a CPU tensor (no copy when possible)."""
-    if hasattr(array, "detach"):  # a torch tensor; torch is not imported here so readers stay light
-        return array.detach().cpu().numpy()
-    return np.asarray(array)

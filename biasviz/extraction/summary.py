@@ -1,0 +1,185 @@
+"""``extract --summary``: what figures and diagnostics read, reduced where the model runs and written once.
+
+The adapter streams blocks of query rows as the attention forms them (:meth:`ModelAdapter.stream`); each goes
+straight into the running sums of :mod:`biasviz.summaries` on the device that computed it, and nothing of size
+T² outlives its block unless the maps are exact per cell (R >= T). The file's size and this run's memory do not
+grow with the number of samples, except that maps coarser than cells need every sample's value of a cell at
+once: then the samples run as one batch (memory grows with N·T, never with T²).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from biasviz.adapters.base import ModelAdapter
+from biasviz.common.devices import placed
+from biasviz.common.errors import BiasvizError, check_interrupted
+from biasviz.extraction.run import (
+    ExtractResult,
+    _dtype_label,
+    _new_output,
+    _where_to_run,
+    bias_is_shared,
+    check_windows,
+    provenance,
+)
+from biasviz.store.format import DEFAULT_RESOLUTION, block_size
+from biasviz.store.summary_writer import write_summary_file
+from biasviz.summaries import QuantitySummary, Summary
+from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
+
+Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
+
+
+def resolve_resolution(resolution: int | None, seq_len: int) -> int:
+    """R: as given (1 .. T), or the default 1024 capped at T."""
+    if resolution is None:
+        return min(DEFAULT_RESOLUTION, seq_len)
+    if isinstance(resolution, bool) or not isinstance(resolution, (int, np.integer)) or resolution < 1:
+        raise BiasvizError(f"--resolution must be a whole number of at least 1, not {resolution!r}")
+    if resolution > seq_len:
+        raise BiasvizError(f"--resolution {resolution} is above --seq-len {seq_len}: a map has at most one block per "
+                           f"position; use --resolution {seq_len} for the exact per-cell map")  # fmt: skip
+    return int(resolution)
+
+
+Merge = Callable[[dict[tuple[str, int], QuantitySummary]], None]  # joins other processes' per-cell moments
+
+
+def summarise(
+    adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
+    batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
+) -> dict[int, dict[str, Summary]]:  # fmt: skip
+    """Run ``adapter`` over ``ids`` (N, T) and return the summaries of ``layer_list`` (the model is in place).
+
+    ``merge`` (torchrun): per-cell moments are kept whatever the batch, and ``merge`` joins every process's into
+    these before they are summarised; ``total_samples`` is then the number of samples over all processes.
+    """
+    from tqdm.auto import tqdm
+
+    n, seq_len = ids.shape
+    total = n if total_samples is None else total_samples
+    block = block_size(seq_len, resolution)
+    if merge is not None and block > 1:
+        raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
+                           "spread of a coarser map needs every sample of a cell in one process; run it in one "
+                           "process")  # fmt: skip
+    joint = merge is None and (block > 1 or batch_size >= n)
+    batch = n if joint else batch_size
+    has_bias = bool(adapter.adds_bias)
+    modes = {"weights": "joint" if joint else "cells"}
+    if has_bias:
+        modes["bias"] = "shared" if bias_is_shared(adapter) else modes["weights"]
+    # a shared bias of i - j alone is summarised from its T values: nothing of it is streamed
+    direct = {layer: f for layer in layer_list if modes.get("bias") == "shared" and bool(adapter.causal)
+              and (f := distance_values(adapter.scheme_module(layer), seq_len)) is not None}  # fmt: skip
+    parts = {(kind, layer): QuantitySummary(kind, layer, heads=adapter.n_heads, seq_len=seq_len, block=block,
+                                            causal=bool(adapter.causal), mode=mode, device=dev)
+             for layer in layer_list for kind, mode in modes.items()
+             if not (kind == "bias" and layer in direct)}  # fmt: skip
+    want_bias = any(kind == "bias" for kind, _ in parts)
+
+    def sink(layer: int, kind: str, row0: int, tensor: torch.Tensor) -> None:
+        part = parts.get((kind, layer))
+        if part is not None:
+            part.add(row0, tensor)
+
+    show = sys.stderr.isatty() if progress is None else progress
+    with (
+        stream(adapter, layer_list, want_bias, sink) as flush,
+        tqdm(total=n, unit="sample", disable=not show, file=sys.stderr, desc="summarise", leave=False) as bar,
+    ):
+        for start in range(0, n, batch):
+            chunk = ids[start : start + batch]  # (b, T)
+            for p in parts.values():
+                p.begin_batch(len(chunk))
+            adapter.forward(torch.from_numpy(chunk).to(dev))
+            flush()
+            for p in parts.values():
+                p.end_batch()
+            bar.update(len(chunk))
+            check_interrupted()
+    if merge is not None:
+        merge(parts)
+    out: dict[int, dict[str, Summary]] = {layer: {} for layer in layer_list}
+    for (kind, layer), part in parts.items():
+        out[layer][kind] = part.result(total_samples=total)
+    for layer, f in direct.items():
+        out[layer]["bias"] = toeplitz_summary(f, seq_len, block, samples=total)
+    return out
+
+
+@contextlib.contextmanager
+def stream(adapter: ModelAdapter, layers: list[int], want_bias: bool, sink: Sink) -> Iterator[Callable[[], None]]:
+    """The adapter's own block stream where it has one, else its captured full tensors as one block each."""
+    own = getattr(adapter, "stream", None)
+    if own is not None:
+        with own(layers, want_bias, sink) as flush:
+            yield flush
+        return
+    with adapter.capture(layers, want_bias=want_bias) as got:
+
+        def flush() -> None:
+            for layer, t in got.weights.items():
+                sink(layer, "weights", 0, t)
+            for layer, t in got.bias.items():
+                sink(layer, "bias", 0, t)
+            got.clear()
+
+        yield flush
+
+
+def summary_run(
+    adapter: ModelAdapter, ids: np.ndarray, *, layers: int | str | list[int] = -1, resolution: int | None = None,
+    batch_size: int = 1, device: str | torch.device = "auto", model_dtype: str | torch.dtype | None = None,
+    seed: int | None = None, text_source: str = "", attrs: Mapping[str, Any] | None = None,
+    progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
+) -> tuple[dict[str, Any], list[int], dict[int, dict[str, Summary]], int]:  # fmt: skip
+    """Checked windows -> (root attributes, layers, summaries, R); the model is left where and as it was."""
+    if batch_size < 1:
+        raise BiasvizError(f"--batch-size must be at least 1, got {batch_size}")
+    r = resolve_resolution(resolution, ids.shape[1])
+    dev, run_dtype = _where_to_run(device, model_dtype)
+    was_training = adapter.model.training
+    adapter.model.eval()
+    try:
+        with placed(adapter.model, dev, run_dtype):
+            adapter.prepare(ids)
+            layer_list = adapter.resolve_layers(layers)
+            meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
+            meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
+            summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
+                                  progress=progress, merge=merge, total_samples=total_samples)  # fmt: skip
+    finally:
+        adapter.model.train(was_training)
+    return meta, layer_list, summaries, r
+
+
+def extract_summary(
+    adapter: ModelAdapter, windows: np.ndarray, out: str | Path, *, force: bool = False, dtype: str = "float32",
+    **options: Any,
+) -> ExtractResult:  # fmt: skip
+    """Summarise ``adapter`` on ``windows`` (samples, T) into the SPEC section 11 file at ``out``.
+
+    ``resolution`` R (default min(1024, T)): maps of at most R x R blocks, exact per cell when R >= T. Other
+    ``options`` are :func:`summary_run`'s. ``dtype`` is accepted for symmetry with
+    :func:`biasviz.extraction.run.extract`; summaries are always float32.
+    """
+    t0 = time.perf_counter()
+    out = _new_output(out, force)
+    ids = check_windows(adapter, windows)
+    n, seq_len = ids.shape
+    meta, layer_list, summaries, r = summary_run(adapter, ids, **options)
+    write_summary_file(out, attrs=meta, input_ids=ids, n_heads=adapter.n_heads, seq_len=seq_len, resolution=r,
+                       block=block_size(seq_len, r), layers=layer_list, summaries=[summaries],
+                       causal=bool(adapter.causal), force=force)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    return ExtractResult(out, n, seq_len, layer_list, bool(adapter.adds_bias), seconds, out.stat().st_size)

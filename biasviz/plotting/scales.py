@@ -1,0 +1,118 @@
+"""Colour scales of the heatmaps: one family of map per figure, diverging at 0 when values change sign.
+
+Shared by ``biasviz plot`` (:mod:`.heatmap`) and the explorer, so that a page shows the colours of the figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.colors import Colormap, LogNorm, Normalize
+
+from biasviz.common.errors import BiasvizError
+
+#: What a panel can show: a bias, attention weights, or the standard deviation over samples of either.
+KINDS = ("bias", "weights", "bias_std", "weights_std")
+#: Default maps: perceptual sequential maps; a diverging map (white at 0) when values change sign.
+DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "bias_std": "viridis", "weights_std": "magma",
+                 "diverging": "RdBu_r"}  # fmt: skip
+#: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
+SIGN_TOLERANCE = 1e-3
+#: Linear scales of attention weights end at this percentile (the colorbar gets an arrow for larger ones).
+WEIGHTS_PERCENTILE = 99.5
+#: Lower end of a log scale for attention weights, as a fraction of the largest weight.
+LOG_FLOOR = 1e-4
+
+
+
+def _colormap(cmap: str | Colormap | None, default: str = "viridis") -> Colormap:
+    """A copy of the named map with NaN fully transparent (seaborn names such as 'rocket' work too)."""
+    if isinstance(cmap, Colormap):
+        base = cmap
+    else:
+        name = cmap or default
+        try:
+            base = mpl.colormaps[name]
+        except KeyError:
+            with contextlib.suppress(ImportError):
+                import seaborn  # noqa: F401  (registers 'rocket', 'mako', 'vlag', 'icefire', ...)
+            try:
+                base = mpl.colormaps[name]
+            except KeyError:
+                raise BiasvizError(f"unknown colormap '{name}'; use a matplotlib or seaborn name such as "
+                                   "viridis, magma, rocket, mako, RdBu_r, vlag") from None  # fmt: skip
+    return base.with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
+
+
+def _finite_range(values: np.ndarray) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return 0.0, 1.0
+    return float(finite.min()), float(finite.max())
+
+
+def _changes_sign(lo: float, hi: float) -> bool:
+    scale = max(abs(lo), abs(hi))
+    return lo < -SIGN_TOLERANCE * scale and hi > SIGN_TOLERANCE * scale
+
+
+def _scale(
+    values: np.ndarray, kind: str, log: bool, cmap: str | Colormap | None, diverging: bool | None = None
+) -> tuple[Normalize, Colormap]:
+    """Norm and colormap for ``values``: log for weights on request, diverging at 0 on a sign change.
+
+    ``diverging`` forces the choice (a grid makes it once for all its panels, so that one figure
+    never mixes a diverging and a sequential map); None decides from ``values``.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    lo, hi = _finite_range(values)
+    if log:
+        if hi <= 0:
+            raise BiasvizError("a log colour scale needs positive values (it is meant for attention weights)")
+        positive = values[np.isfinite(values) & (values > 0)]
+        floor = max(float(positive.min()), hi * LOG_FLOOR)
+        return LogNorm(vmin=min(floor, hi), vmax=hi, clip=True), _colormap(cmap, DEFAULT_CMAPS[kind])
+    if kind.endswith("_std"):  # a spread over samples: from 0, never diverging (all 0 for a context-free bias)
+        finite = values[np.isfinite(values)]
+        if kind == "weights_std" and finite.size:
+            hi = max(float(np.percentile(finite, WEIGHTS_PERCENTILE)), 0.0) or hi
+        return Normalize(vmin=0.0, vmax=hi if hi > 0 else 1.0), _colormap(cmap, DEFAULT_CMAPS[kind])
+    if _changes_sign(lo, hi) if diverging is None else diverging:
+        bound = max(-lo, hi, 1e-12)
+        return Normalize(vmin=-bound, vmax=bound), _colormap(cmap, DEFAULT_CMAPS["diverging"])
+    if kind == "weights":  # heavy-tailed: the few largest weights would leave every other cell black
+        finite = values[np.isfinite(values)]
+        hi = float(np.percentile(finite, WEIGHTS_PERCENTILE)) if finite.size else hi
+        hi = hi if hi > lo else float(finite.max()) if finite.size else hi
+    if lo == hi:  # constant: give the colorbar a visible range around the value
+        lo, hi = lo - 0.5, hi + 0.5
+    return Normalize(vmin=lo, vmax=hi), _colormap(cmap, DEFAULT_CMAPS[kind])
+
+
+def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
+                log: bool = False, cmap: str | Colormap | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
+    """The norm and colour map of each head's panel, as a grid draws them (the explorer reuses them).
+
+    One family of map per figure: diverging for every panel as soon as one changes sign; with
+    ``shared_scale`` one scale computed over all heads together.
+    """
+    if shared_scale:
+        stacked = np.stack([np.asarray(m, dtype=np.float32) for m in mats]) if len(mats) else np.zeros((0, 1, 1))
+        return [_scale(stacked, kind, log, cmap)] * len(mats)
+    diverging = not log and not kind.endswith("_std") and any(_changes_sign(*_finite_range(m)) for m in mats)
+    return [_scale(m, kind, log, cmap, diverging) for m in mats]
+
+
+def _extend(values: np.ndarray, norm: Normalize) -> str:
+    """'max' when the scale clips the largest values (weights), so the colorbar shows an arrow."""
+    finite = values[np.isfinite(values)]
+    vmax = norm.vmax
+    clipped = finite.size and vmax is not None and float(finite.max()) > vmax + 1e-6 * max(abs(vmax), 1e-12)
+    return "max" if clipped and not isinstance(norm, LogNorm) else "neither"
+
+
+__all__ = ["DEFAULT_CMAPS", "KINDS", "LOG_FLOOR", "SIGN_TOLERANCE", "WEIGHTS_PERCENTILE", "head_scales"]

@@ -1,0 +1,52 @@
+"""Small HDF5 helpers shared by the writers: attribute values, arrays from tensors, abandoning a failed file."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+
+def attr_value(key: str, value: Any) -> Any:
+    """A value HDF5 stores as plain data: None -> '', lists -> arrays, dicts -> JSON text."""
+    if value is None:
+        return ""
+    if isinstance(value, (str, Path)):
+        return str(value)  # plain str: h5py cannot store str subclasses (torch's version string is one)
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True, default=str)
+    if isinstance(value, (list, tuple)):
+        return np.asarray(value)
+    if isinstance(value, (bool, int, float, np.generic, np.ndarray)):
+        return value
+    raise TypeError(f"attribute {key!r}: cannot store a {type(value).__name__} as HDF5 data")
+
+
+def drop_pending_writes(f: h5py.File) -> None:
+    """Point an abandoned file's descriptor at /dev/null, so that closing it cannot fail.
+
+    After a failed write (full disk), HDF5 still flushes its caches on close; when that close fails
+    too, the library is left in a state that crashes the process later. The file is deleted
+    anyway, so its pending writes may go nowhere.
+    """
+    try:
+        fd = int(f.id.get_vfd_handle())
+    except (TypeError, ValueError, OSError, RuntimeError):
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, fd)
+    finally:
+        os.close(null)
+
+
+def as_numpy(array: Any) -> np.ndarray:
+    """A NumPy view of an array or a CPU tensor (no copy when possible)."""
+    if hasattr(array, "detach"):  # a torch tensor; torch is not imported here so readers stay light
+        return array.detach().cpu().numpy()
+    return np.asarray(array)

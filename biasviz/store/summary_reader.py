@@ -1,0 +1,203 @@
+"""Summary files (SPEC section 11, ``extract --summary``): their validation, and reading their datasets.
+
+A summary holds, per layer, block-mean maps over samples (``bias_mean``, ``bias_std``, ``weights_mean``,
+``weights_std``: (head, query_block, key_block)), distance profiles ((stat, head, distance)) and the
+diagnostics computed at extraction ((head,) compound). Blocks are ``block`` positions wide; the dimension
+scales ``/query_block`` and ``/key_block`` hold each block's first position. With ``--checkpoints``
+every layer dataset has a leading checkpoint dimension. Everything is checked on opening against the
+file's own head count, length and resolution, so that readers never meet a shape they do not expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import h5py
+import numpy as np
+
+from biasviz.common.errors import BiasvizError
+from biasviz.store.format import (
+    BLOCK_SCALES,
+    DIAGNOSTIC_FIELDS,
+    DIAGNOSTICS,
+    PROFILE_STATS,
+    PROFILES,
+    SUMMARY_MAPS,
+    block_size,
+    block_starts,
+    layer_group,
+)
+from biasviz.store.validation import AttrChecks, shape_text
+
+KIND_DATASETS = {kind: (f"{kind}_mean", f"{kind}_std", f"{kind}_profile") for kind in ("bias", "weights")}
+
+
+def causal_block_counts(seq_len: int, block: int, causal: bool = True) -> np.ndarray:
+    """Cells j <= i in each (query block, key block) of a ``seq_len`` matrix cut into ``block``-wide blocks.
+
+    A block mean is the mean over these cells (0: the block lies above the diagonal, its mean is NaN).
+    Closed form per block, so it costs (T / block)^2, not T^2. Without ``causal`` every cell counts.
+
+    >>> causal_block_counts(5, 2).tolist()
+    [[3, 0, 0], [4, 3, 0], [2, 2, 1]]
+    """
+    starts = block_starts(seq_len, block)
+    widths = np.minimum(block, seq_len - starts)
+    if not causal:
+        return np.outer(widths, widths).astype(np.int64)
+    q0, q1 = starts[:, None], (starts + widths)[:, None]
+    k0, w = starts[None, :], widths[None, :]
+
+    def upto(n: np.ndarray) -> np.ndarray:  # sum over a <= n of min(max(a, 0), w), for n >= -1
+        n = np.maximum(n, 0)
+        inside = np.minimum(n, w)
+        return inside * (inside + 1) // 2 + np.maximum(n - w, 0) * w
+
+    # row i of the query block holds min(max(i + 1 - k0, 0), w) cells of the key block
+    return (upto(q1 - k0) - upto(q0 - k0)).astype(np.int64)
+
+
+@dataclass
+class SummaryLayout:
+    """What a valid summary file holds, and how to read it (one checkpoint at a time in a sweep)."""
+
+    path: str
+    h5: h5py.File
+    seq_len: int
+    n_heads: int
+    n_samples: int
+    causal: bool
+    resolution: int
+    block: int
+    lead: tuple[int, ...]  # (checkpoints,) in a sweep, else ()
+    contents: dict[int, tuple[str, ...]] = field(default_factory=dict)  # layer -> dataset names it holds
+    profile_start: int = 0  # the distance of a profile's first entry (-(T - 1) for bidirectional profiles)
+
+    @property
+    def n_blocks(self) -> int:
+        return len(block_starts(self.seq_len, self.block))
+
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """(query block, key block) number of cells each block mean averages."""
+        return causal_block_counts(self.seq_len, self.block, self.causal)
+
+    def holds(self, layer: int, name: str) -> bool:
+        return name in self.contents.get(layer, ())
+
+    def _read(self, layer: int, name: str, checkpoint: int) -> np.ndarray:
+        if not self.holds(layer, name):
+            raise BiasvizError(f"{self.path} holds no {name} in layer {layer}: {self._why_absent(name)}")
+        ds = self.h5[f"{layer_group(layer)}/{name}"]
+        return np.asarray(ds[checkpoint] if self.lead else ds[()])
+
+    def _why_absent(self, name: str) -> str:
+        if name.startswith("weights"):
+            return "it holds the bias only (extracted with --bias-only, no forward pass)"
+        return "the scheme adds no bias" if name.startswith("bias") else "it was not stored"
+
+    def _damaged(self, what: str) -> BiasvizError:
+        return BiasvizError(f"{self.path}: {what}; the file is damaged or was not written by 'biasviz extract'; "
+                            "extract it again")  # fmt: skip
+
+    def read_map(self, name: str, layer: int, checkpoint: int = 0) -> np.ndarray:
+        """One of :data:`SUMMARY_MAPS` as float32 (head, query_block, key_block); blocks with no cell are NaN."""
+        if name not in SUMMARY_MAPS:
+            raise ValueError(f"name must be one of {SUMMARY_MAPS}, not {name!r}")
+        m = self._read(layer, name, checkpoint).astype(np.float32)
+        used = np.broadcast_to(self.counts > 0, m.shape)
+        if not np.isfinite(m[used]).all():
+            raise self._damaged(f"{name} of layer {layer} holds NaN or infinite values in blocks with cells")
+        if name.endswith("_std") and (m[used] < 0).any():
+            raise self._damaged(f"{name} of layer {layer} holds negative standard deviations")
+        m[~used] = np.nan
+        return m
+
+    def read_profile(self, kind: str, layer: int, checkpoint: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``kind``'s distance profile: (mean, std), each float64 (head, distance) from ``profile_start``."""
+        name = f"{kind}_profile"
+        p = self._read(layer, name, checkpoint).astype(np.float64)
+        if not np.isfinite(p).all() or (p[PROFILE_STATS.index("std")] < 0).any():
+            raise self._damaged(f"{name} of layer {layer} holds NaN, infinite or negative-std values")
+        return p[PROFILE_STATS.index("mean")], p[PROFILE_STATS.index("std")]
+
+    def read_diagnostics(self, layer: int, checkpoint: int = 0) -> dict[str, np.ndarray]:
+        """The diagnostics computed at extraction: field -> float64 (head,), NaN where undefined."""
+        rec = self._read(layer, DIAGNOSTICS, checkpoint)
+        out = {f: np.asarray(rec[f], dtype=np.float64) for f in DIAGNOSTIC_FIELDS}
+        for f, v in out.items():
+            if np.isinf(v).any() or (v < 0).any():
+                raise self._damaged(f"the stored {f} of layer {layer} is negative or infinite")
+        return out
+
+
+def validate_summary(checks: AttrChecks, *, seq_len: int, n_heads: int, n_samples: int, layers: list[int],
+                     lead: tuple[int, ...], bias_only: bool, causal: bool) -> SummaryLayout:  # fmt: skip
+    """Check a summary file against its own attributes; one :class:`BiasvizError` naming the first fault."""
+    resolution = checks._int_attr("resolution", minimum=1)
+    block = checks._int_attr("block", minimum=1)
+    if block != block_size(seq_len, resolution):
+        raise checks._bad(f"attribute 'block' is {block}, but {seq_len} positions at resolution {resolution} make "
+                          f"blocks of ceil({seq_len} / {resolution}) = {block_size(seq_len, resolution)}")  # fmt: skip
+    stated = checks._int_attr("samples", minimum=0)
+    if stated != n_samples:
+        raise checks._bad(f"attribute 'samples' is {stated}, but 'input_ids' holds {n_samples} samples")
+    if bias_only and n_samples:
+        raise checks._bad(f"a --bias-only summary reduces no samples, but 'input_ids' holds {n_samples}")
+    starts = block_starts(seq_len, block)
+    for name in BLOCK_SCALES:
+        ds = checks._dataset(name)
+        if ds is None or ds.ndim != 1 or ds.dtype.kind not in "iu" or ds.shape != starts.shape:
+            what = "absent" if ds is None else shape_text(ds)
+            raise checks._bad(f"'{name}' is {what}, expected the {len(starts)} first positions of the blocks")
+        if not np.array_equal(ds[()], starts):
+            raise checks._bad(f"'{name}' does not hold the first positions of blocks of {block} ({starts[:3]}...)")
+    layout = SummaryLayout(path=str(checks.path), h5=checks._h5, seq_len=seq_len, n_heads=n_heads, causal=causal,
+                           n_samples=n_samples, resolution=resolution, block=block, lead=lead)  # fmt: skip
+    for layer in layers:
+        layout.contents[layer] = _check_layer(checks, layout, layer, bias_only)
+    return layout
+
+
+def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_only: bool) -> tuple[str, ...]:
+    group = layer_group(layer)
+    checks._refuse_other_files(group)
+    if not isinstance(checks._h5.get(group), h5py.Group):
+        raise BiasvizError(f"{checks.path} lists layer {layer} but has no group {group}")
+    names = (*SUMMARY_MAPS, *PROFILES, DIAGNOSTICS)
+    held = tuple(n for n in names if checks._dataset(f"{group}/{n}") is not None)
+    for kind, wanted in KIND_DATASETS.items():
+        present = [n for n in wanted if n in held]
+        required = kind == "bias" if bias_only else kind == "weights"
+        if (present or required) and len(present) != len(wanted):
+            missing = ", ".join(f"{group}/{n}" for n in wanted if n not in held)
+            raise checks._bad(f"it is a summary file but lacks {missing}")
+    if bias_only and any(n.startswith("weights") for n in held):
+        raise checks._bad(f"a --bias-only summary holds attention weights ({group})")
+    if "bias_mean" in held and DIAGNOSTICS not in held:
+        raise checks._bad(f"it is a summary file but lacks {group}/{DIAGNOSTICS}")
+    h, nb, t, lead = layout.n_heads, layout.n_blocks, layout.seq_len, layout.lead
+    lengths = (t,) if layout.causal else (t, 2 * t - 1)
+    for name in held:
+        ds = checks._h5[f"{group}/{name}"]
+        if name == DIAGNOSTICS:
+            fields = ds.dtype.fields or {}
+            if ds.shape != (*lead, h) or any(f not in fields or fields[f][0].kind != "f" for f in DIAGNOSTIC_FIELDS):
+                raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {(*lead, h)} records with float "
+                                  f"fields {', '.join(DIAGNOSTIC_FIELDS)}")  # fmt: skip
+            continue
+        if name in PROFILES:
+            ok = ds.shape[:-1] == (*lead, len(PROFILE_STATS), h) and ds.shape[-1:] in [(n,) for n in lengths]
+            expected = f"float {(*lead, len(PROFILE_STATS), h, t)} (stat, head, distance)"
+            if ds.shape[-1:] == (2 * t - 1,) and t > 1:
+                layout.profile_start = -(t - 1)
+        else:
+            ok = ds.shape == (*lead, h, nb, nb)
+            expected = f"float {(*lead, h, nb, nb)} (head, query_block, key_block)"
+        if not ok or ds.dtype.kind != "f":
+            raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {expected}")
+    return held
+
+
+__all__ = ["KIND_DATASETS", "SummaryLayout", "causal_block_counts", "validate_summary"]

@@ -1,0 +1,119 @@
+"""Writing summary files (SPEC section 11): small, written once at the end, moved into place only when complete.
+
+A summary's size does not depend on the number of samples: per layer four (head, query block, key block)
+maps, two (stat, head, distance) profiles and the (head,) diagnostics, whatever N is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import h5py
+import numpy as np
+
+from biasviz.common.atomic import replacing
+from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.store.format import (
+    DIAGNOSTIC_FIELDS,
+    DIAGNOSTICS,
+    FORMAT_VERSION,
+    PROFILE_DIMS,
+    SUMMARY_MAP_DIMS,
+    block_starts,
+    layer_group,
+    utc_now,
+)
+from biasviz.store.h5io import attr_value
+
+
+class LayerSummary(Protocol):
+    """What is stored of one quantity of one layer (:class:`biasviz.summaries.Summary`)."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    profile: np.ndarray
+    diagnostics: np.ndarray | None
+
+
+# one checkpoint's summaries: {layer: {"bias": ..., "weights": ...}}
+Summaries = Mapping[int, Mapping[str, LayerSummary]]
+
+
+def write_summary_file(
+    path: str | Path, *, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads: int, seq_len: int,
+    resolution: int, block: int, layers: Sequence[int], summaries: Sequence[Summaries],
+    checkpoints: Sequence[int] | None = None, causal: bool = True, force: bool = False,
+) -> Path:  # fmt: skip
+    """Write ``summaries`` (one per checkpoint, or one) to ``path`` atomically; an existing file needs ``force``."""
+    path = Path(path)
+    if checkpoints is not None and len(checkpoints) != len(summaries):
+        raise ValueError("one summary per checkpoint")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(path, overwrite=force) as tmp, h5py.File(tmp, "w") as f:
+            _root(f, attrs, input_ids, n_heads, seq_len, resolution, block, layers, checkpoints, causal)
+            for layer in layers:
+                grp = f.create_group(layer_group(layer))
+                kinds = [k for k in ("bias", "weights") if k in summaries[0][layer]]
+                for kind in kinds:
+                    parts = [s[layer][kind] for s in summaries]
+                    _write(f, grp, f"{kind}_mean", [p.mean for p in parts], SUMMARY_MAP_DIMS, checkpoints)
+                    _write(f, grp, f"{kind}_std", [p.std for p in parts], SUMMARY_MAP_DIMS, checkpoints)
+                    _write(f, grp, f"{kind}_profile", [p.profile for p in parts], PROFILE_DIMS, checkpoints)
+                if "bias" in kinds:
+                    diag = [s[layer]["bias"].diagnostics for s in summaries]
+                    _write(f, grp, DIAGNOSTICS, [np.asarray(d) for d in diag], ("head",), checkpoints)
+    except FileExistsError:
+        raise BiasvizError(f"{path} appeared while extracting; kept it, pass --force to overwrite") from None
+    except OSError as exc:
+        raise BiasvizError(os_error_message(exc, path)) from exc
+    return path
+
+
+def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads: int, seq_len: int,
+          resolution: int, block: int, layers: Sequence[int], checkpoints: Sequence[int] | None,
+          causal: bool) -> None:  # fmt: skip
+    ids = np.asarray(input_ids, dtype=np.int32).reshape(-1, seq_len)
+    root = {**attrs, "biasviz_format": FORMAT_VERSION, "n_heads": n_heads, "seq_len": seq_len, "causal": causal,
+            "layers": np.asarray(layers, dtype=np.int64), "samples": int(ids.shape[0]), "summary": True,
+            "resolution": int(resolution), "block": int(block), "dtype": "float32",
+            "created_utc": attrs.get("created_utc") or utc_now()}  # fmt: skip
+    for key, value in root.items():
+        f.attrs[key] = attr_value(key, value)
+    starts = block_starts(seq_len, block)
+    scales = {
+        **({} if checkpoints is None else {"checkpoint": np.asarray(checkpoints, dtype=np.int64)}),
+        "sample": np.arange(ids.shape[0], dtype=np.int32),
+        "head": np.arange(1, n_heads + 1, dtype=np.int32),
+        "query": np.arange(seq_len, dtype=np.int32),
+        "query_block": starts,
+        "key_block": starts.copy(),
+        "stat": np.asarray([0, 1], dtype=np.int32),  # 0: mean, 1: std
+        "distance": np.arange(seq_len, dtype=np.int32),
+    }
+    for name, values in scales.items():
+        f.create_dataset(name, data=values).make_scale(name)
+    f["stat"].attrs["names"] = "mean,std"
+    ds = f.create_dataset("input_ids", data=ids)
+    _label(f, ds, ("sample", "query"))
+
+
+def _write(f: h5py.File, grp: h5py.Group, name: str, parts: list[np.ndarray], dims: Sequence[str],
+           checkpoints: Sequence[int] | None) -> None:  # fmt: skip
+    data = parts[0] if checkpoints is None else np.stack(parts)
+    if name == DIAGNOSTICS:
+        data = np.asarray(data, dtype=[(k, np.float64) for k in DIAGNOSTIC_FIELDS])
+    else:
+        data = np.asarray(data, dtype=np.float32)
+    big = data.ndim >= 3 and data.nbytes > 1 << 20
+    ds = grp.create_dataset(name, data=data, **({"compression": "gzip", "compression_opts": 1, "shuffle": True,
+                                                 "chunks": True} if big else {}))  # fmt: skip
+    _label(f, ds, dims if checkpoints is None else ("checkpoint", *dims))
+
+
+def _label(f: h5py.File, ds: h5py.Dataset, dims: Sequence[str]) -> None:
+    for axis, name in enumerate(dims):
+        ds.dims[axis].label = name
+        ds.dims[axis].attach_scale(f[name])

@@ -1,0 +1,80 @@
+"""The diagnostics of SPEC sections 6 and 10 from running sums, exact at full resolution whatever the map's.
+
+Over the cells C = {(i, j): j <= i}, per head, with b̄ the mean bias over samples and σ its per-cell standard
+deviation over samples:
+
+- spread of b̄ over C: from sums of (b̄ - b̄(0, 0)) and its square (exactly 0 for a constant b̄);
+- context dependence = mean over C of σ / spread;
+- Toeplitz residual: from :class:`biasviz.summaries.diagonals.DiagonalSums`;
+- separability residual: the least-squares s of b̄(i, j) ≈ s_i - s_j over the pairs j < i has the closed
+  form s = g / T with g_t = Σ_{j<t} b̄(t, j) - Σ_{i>t} b̄(i, t) (a complete graph's Laplacian, as in
+  :func:`biasviz.diagnostics.measures.separability_rms`), so its residual sum of squares is
+  Σ_{j<i} b̄² - |g|² / T, plus Σ_i b̄(i, i)² for the diagonal cells that no s can change.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from biasviz.store.format import DIAGNOSTIC_FIELDS
+
+
+class BiasMeasureSums:
+    """O(H·T) running sums over the cells j <= i of the mean bias, fed query rows in increasing order."""
+
+    def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
+        self.seq_len = seq_len
+        f64 = {"dtype": torch.float64, "device": device}
+        self.ref = torch.zeros(heads, **f64)  # b̄(0, 0): the shift of the spread's sums
+        self.shifted = torch.zeros(heads, 2, **f64)  # sums of (b̄ - ref) and its square
+        self.cells = 0
+        self.spread_sum = torch.zeros(heads, **f64)  # sum over C of σ
+        self.row_sum = torch.zeros(heads, seq_len, **f64)  # Σ_{j<i} b̄(i, j), by i
+        self.col_sum = torch.zeros(heads, seq_len, **f64)  # Σ_{i>j} b̄(i, j), by j
+        self.squares = torch.zeros(heads, 2, **f64)  # Σ_{j<i} b̄², Σ_i b̄(i, i)²
+
+    def add(self, row0: int, mean: torch.Tensor, spread: torch.Tensor | None, lower: torch.Tensor) -> None:
+        """Rows ``row0 ..``: ``mean``/``spread`` (H, rows, K); ``lower`` (rows, K) marks j <= i."""
+        rows, keys = lower.shape
+        if row0 == 0:
+            self.ref = mean[:, 0, 0].double()
+        m = torch.where(lower, mean.double(), 0.0)  # (H, rows, K)
+        dev = torch.where(lower, m - self.ref[:, None, None], 0.0)
+        self.shifted[:, 0] += dev.sum((1, 2))
+        self.shifted[:, 1] += (dev * dev).sum((1, 2))
+        self.cells += int(lower.sum())
+        if spread is not None:
+            self.spread_sum += torch.where(lower, spread.double(), 0.0).sum((1, 2))
+        diag = torch.diagonal(m[:, :, row0 : row0 + rows], dim1=1, dim2=2)  # (H, rows): b̄(i, i)
+        self.row_sum[:, row0 : row0 + rows] += m.sum(-1) - diag
+        self.col_sum[:, :keys] += m.sum(1)
+        self.col_sum[:, row0 : row0 + rows] -= diag
+        diag_sq = (diag * diag).sum(-1)
+        self.squares[:, 0] += (m * m).sum((1, 2)) - diag_sq
+        self.squares[:, 1] += diag_sq
+
+    def results(self, samples: int, toeplitz_rss: torch.Tensor) -> np.ndarray:
+        """(H,) records of ``DIAGNOSTIC_FIELDS`` (NaN where undefined), as ``biasviz diagnose`` defines them."""
+        n = max(self.cells, 1)
+        s1, s2 = (self.shifted[:, k].cpu().numpy() for k in range(2))
+        spread = np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
+        g = (self.row_sum - self.col_sum).cpu().numpy()
+        sep_rss = self.squares[:, 0].cpu().numpy() - (g * g).sum(-1) / self.seq_len + self.squares[:, 1].cpu().numpy()
+        toeplitz = toeplitz_rss.cpu().numpy()
+        spread_sum = self.spread_sum.cpu().numpy()
+        out = np.zeros(len(spread), dtype=[(name, np.float64) for name in DIAGNOSTIC_FIELDS])
+        for h in range(len(spread)):
+            dependence = _ratio(spread_sum[h] / n, spread[h]) if samples >= 2 else math.nan
+            out[h] = (dependence, _ratio(math.sqrt(max(toeplitz[h], 0.0) / n), spread[h]),
+                      _ratio(math.sqrt(max(sep_rss[h], 0.0) / n), spread[h]))  # fmt: skip
+        return out
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator; 0 when both are 0 (a constant bias), NaN when only the denominator is."""
+    if denominator > 0:
+        return float(numerator / denominator)
+    return 0.0 if numerator == 0 else math.nan

@@ -1,0 +1,98 @@
+"""Mean and spread over samples, per cell: within a batch directly, across batches and processes merged exactly.
+
+Every summary is built from two per-cell numbers - the mean over samples and the (population) standard
+deviation over samples - so this module is the only place where samples meet. When one batch holds every
+sample (always the case once maps are coarser than cells, see :mod:`biasviz.summaries.layer`) they come from
+the batch itself; otherwise :class:`CellMoments` keeps the count, mean and sum of squared deviations of every
+cell and merges batch after batch (Chan, Golub and LeVeque's pairwise update), which also joins the partial
+results of torchrun's processes. Identical samples give a spread of exactly 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Moments:
+    """Count ``n``, mean and sum of squared deviations ``m2`` of ``n`` samples, per element (float64)."""
+
+    n: int
+    mean: torch.Tensor
+    m2: torch.Tensor
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> Moments:
+        """Moments over the leading (sample) axis of ``x``, two-pass in float64.
+
+        >>> m = Moments.of(torch.tensor([[1.0, 2.0], [3.0, 2.0]]))
+        >>> m.n, m.mean.tolist(), m.m2.tolist()
+        (2, [2.0, 2.0], [2.0, 0.0])
+        """
+        x = x.double()
+        mean = x.mean(dim=0)
+        return cls(int(x.shape[0]), mean, ((x - mean) ** 2).sum(dim=0))
+
+    def merged(self, other: Moments) -> Moments:
+        """The moments of both sets together.
+
+        >>> a, b = Moments.of(torch.tensor([[1.0], [2.0]])), Moments.of(torch.tensor([[4.0]]))
+        >>> m = a.merged(b); m.n, m.mean.item(), round(m.m2.item(), 12)
+        (3, 2.333333333333333, 4.666666666667)
+        """
+        if self.n == 0:
+            return other
+        if other.n == 0:
+            return self
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.n / n)
+        m2 = self.m2 + other.m2 + delta * delta * (self.n * other.n / n)
+        return Moments(n, mean, m2)
+
+    def std(self) -> torch.Tensor:
+        """Population standard deviation (ddof 0)."""
+        return torch.sqrt(torch.clamp(self.m2 / max(self.n, 1), min=0.0))
+
+
+class CellMoments:
+    """Per-cell moments of one (head, query, key) quantity over batches of samples, kept at full resolution.
+
+    Used only when the maps are exact per cell (R >= T) and the samples do not fit in one batch: then the
+    result itself is (H, T, T), and these two float64 tensors are of the same order.
+    """
+
+    def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
+        shape = (heads, seq_len, seq_len)
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
+        self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
+        self.rows_n = [0] * seq_len  # samples merged into each query row so far
+
+    def add(self, row0: int, block: torch.Tensor) -> None:
+        """Merge a block (S, H, rows, K) of ``S`` samples' query rows ``row0 ..`` against keys ``0 .. K-1``."""
+        rows, keys = block.shape[-2:]
+        n_before = self.rows_n[row0]
+        old = Moments(n_before, self.mean[:, row0 : row0 + rows, :keys], self.m2[:, row0 : row0 + rows, :keys])
+        new = old.merged(Moments.of(block))
+        self.mean[:, row0 : row0 + rows, :keys] = new.mean
+        self.m2[:, row0 : row0 + rows, :keys] = new.m2
+        for r in range(row0, row0 + rows):
+            self.rows_n[r] = n_before + int(block.shape[0])
+
+    def merge_from(self, other: CellMoments) -> None:
+        """Join another process's moments (same cells, other samples)."""
+        n_a, n_b = self.rows_n[0], other.rows_n[0]
+        joined = Moments(n_a, self.mean, self.m2).merged(Moments(n_b, other.mean, other.m2))
+        self.mean, self.m2 = joined.mean, joined.m2
+        self.rows_n = [joined.n] * len(self.rows_n)
+
+    @property
+    def samples(self) -> int:
+        return self.rows_n[0] if self.rows_n else 0
+
+    def rows(self, row0: int, row1: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and standard deviation over samples of query rows ``row0 .. row1-1``, keys ``0 .. keys-1``."""
+        m = Moments(self.samples, self.mean[:, row0:row1, :keys], self.m2[:, row0:row1, :keys])
+        return m.mean, m.std()

@@ -1,0 +1,142 @@
+"""``extract --summary`` against a full extract of the same windows, read back with plain h5py and numpy."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+from biasviz.common.errors import BiasvizError
+from biasviz.diagnostics.measures import diagnose_array
+from biasviz.extraction.run import extract
+from biasviz.extraction.summary import extract_summary
+from tests.conftest import small_model
+
+T = 48
+
+
+def _windows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 97, size=(n, T))
+
+
+def _block_means(cells: np.ndarray, b: int) -> np.ndarray:
+    """(..., T, T) with NaN on unused cells -> (..., nb, nb) means over each block's used cells."""
+    nb = -(-T // b)
+    padded = np.full((*cells.shape[:-2], nb * b, nb * b), np.nan)
+    padded[..., :T, :T] = cells
+    blocks = padded.reshape(*cells.shape[:-2], nb, b, nb, b)
+    with warnings.catch_warnings():  # blocks wholly above the diagonal: the mean of nothing is NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(blocks, axis=(-3, -1))
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "cable", "t5", "nope"])
+@pytest.mark.parametrize("batch", [2, 5])
+def test_summary_at_full_resolution_equals_the_full_extract(tmp_path: Path, scheme: str, batch: int) -> None:
+    ids = _windows(5)
+    adapter = BiasGPTAdapter(small_model(scheme), source="test")
+    extract(adapter, ids, tmp_path / "full.h5", layers="all", device="cpu")
+    extract_summary(adapter, ids, tmp_path / "sum.h5", layers="all", resolution=T, batch_size=batch, device="cpu")
+    with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summ:
+        assert summ.attrs["summary"] and summ.attrs["block"] == 1 and summ.attrs["resolution"] == T
+        assert summ.attrs["samples"] == 5
+        np.testing.assert_array_equal(summ["input_ids"][()], full["input_ids"][()])
+        for layer in (0, 1):
+            g, s = full[f"layer_{layer}"], summ[f"layer_{layer}"]
+            kinds = ["weights"] + (["bias"] if "bias" in g else [])
+            assert ("bias_mean" in s) == ("bias" in g)
+            assert bool(full.attrs.get("bias_shared", False)) == (scheme in ("alibi", "t5"))  # stored once
+            for kind in kinds:
+                x = g[kind][()].astype(np.float64)  # (N or 1, H, T, T), NaN / 0 above the diagonal
+                x = np.broadcast_to(x, (5, *x.shape[1:])).copy()
+                if kind == "weights":
+                    x[..., ~np.tril(np.ones((T, T), bool))] = np.nan
+                np.testing.assert_allclose(s[f"{kind}_mean"][()], x.mean(0), rtol=1e-5, atol=1e-6, equal_nan=True)
+                np.testing.assert_allclose(s[f"{kind}_std"][()], x.std(0), rtol=1e-4, atol=1e-6, equal_nan=True)
+            if "bias" in g:
+                ref = diagnose_array(np.broadcast_to(g["bias"][()], (5, *g["bias"].shape[1:])))
+                diag = s["diagnostics"][()]
+                for h, d in enumerate(ref):
+                    assert diag["toeplitz_residual"][h] == pytest.approx(d.toeplitz_residual, rel=1e-5, abs=1e-6)
+                    assert diag["separability_residual"][h] == pytest.approx(d.separability_residual, rel=1e-5,
+                                                                             abs=1e-6)  # fmt: skip
+                    assert diag["context_dependence"][h] == pytest.approx(d.context_dependence, rel=1e-5, abs=1e-7)
+                    np.testing.assert_allclose(s["bias_profile"][0, h], d.profile_mean, rtol=1e-5, atol=1e-5)
+                    np.testing.assert_allclose(s["bias_profile"][1, h], d.profile_std, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("resolution", [7, 16, 24])
+def test_pooled_maps_are_block_means_of_the_full_maps(tmp_path: Path, resolution: int) -> None:
+    ids = _windows(3, seed=1)
+    adapter = BiasGPTAdapter(small_model("cable"), source="test")
+    extract(adapter, ids, tmp_path / "full.h5", device="cpu")
+    extract_summary(adapter, ids, tmp_path / "sum.h5", resolution=resolution, device="cpu")
+    b = -(-T // resolution)
+    with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summ:
+        assert summ.attrs["block"] == b
+        np.testing.assert_array_equal(summ["query_block"][()], np.arange(0, T, b))
+        for kind in ("bias", "weights"):
+            x = full[f"layer_1/{kind}"][()].astype(np.float64)
+            x[..., ~np.tril(np.ones((T, T), bool))] = np.nan
+            for stat, cells in (("mean", x.mean(0)), ("std", x.std(0))):
+                got = summ[f"layer_1/{kind}_{stat}"][()]
+                assert got.shape == (12, -(-T // b), -(-T // b))
+                np.testing.assert_allclose(got, _block_means(cells, b), rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_file_size_does_not_grow_with_samples(tmp_path: Path) -> None:
+    adapter = BiasGPTAdapter(small_model("alibi"), source="test")
+    sizes = []
+    for n in (2, 16):
+        out = tmp_path / f"{n}.h5"
+        extract_summary(adapter, _windows(n), out, resolution=12, device="cpu")
+        sizes.append(out.stat().st_size)
+    # only /input_ids (and its sample scale) grow: 14 more windows of 48 int32 ids, 8 bytes a position at most
+    assert 0 <= sizes[1] - sizes[0] <= 14 * T * 8, sizes
+
+
+@pytest.mark.parametrize("bad", [0, -3, T + 1])
+def test_a_resolution_outside_1_to_t_is_refused_before_any_work(tmp_path: Path, bad: int) -> None:
+    adapter = BiasGPTAdapter(small_model("alibi"), source="test")
+    with pytest.raises(BiasvizError, match="--resolution"):
+        extract_summary(adapter, _windows(2), tmp_path / "x.h5", resolution=bad, device="cpu")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_traced_module_summarised_through_the_python_api(tmp_path: Path) -> None:
+    """biasviz.extract(module, ids, out, summary=True): the traced calls' weights, reduced like a full extract."""
+    import torch
+
+    import biasviz
+    from tests import nano_gpt
+
+    fused, _ = nano_gpt.pair()
+    idx = torch.randint(0, 101, (3, 40), generator=torch.Generator().manual_seed(3))
+    biasviz.extract(fused, idx, tmp_path / "full.h5", layers=[1], device="cpu", progress=False)
+    biasviz.extract(fused, idx, tmp_path / "sum.h5", layers=[1], device="cpu", progress=False, summary=True,
+                    resolution=10)  # fmt: skip
+    with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summ:
+        assert summ.attrs["scheme"] == "captured" and summ.attrs["block"] == 4
+        w = full["layer_1/weights"][()].astype(np.float64)  # (3, H, 40, 40)
+        w[..., ~np.tril(np.ones((40, 40), bool))] = np.nan
+        nb = 10
+        blocks = w.mean(0).reshape(w.shape[1], nb, 4, nb, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            want = np.nanmean(blocks, axis=(2, 4))
+        np.testing.assert_allclose(summ["layer_1/weights_mean"][()], want, rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+def test_our_model_given_in_python_is_extracted_through_its_hook_points(tmp_path: Path) -> None:
+    import biasviz
+
+    model = small_model("alibi")
+    biasviz.extract(model, _windows(2), tmp_path / "x.h5", device="cpu", progress=False, summary=True)
+    with h5py.File(tmp_path / "x.h5") as f:
+        assert f.attrs["scheme"] == "alibi" and f.attrs["resolution"] == T  # R = min(1024, T)
+    with pytest.raises(BiasvizError, match="resolution= applies"):
+        biasviz.extract(model, _windows(2), tmp_path / "y.h5", device="cpu", resolution=8)

@@ -1,0 +1,194 @@
+"""Summaries streamed over samples and row blocks equal the same statistics computed in one go with numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from biasviz.diagnostics.measures import diagnose_array
+from biasviz.summaries import QuantitySummary
+from biasviz.summaries.moments import Moments
+
+N, H, T = 5, 3, 37
+
+
+def _bias(seed: int = 0) -> np.ndarray:
+    """(N, H, T, T) float32 with a structure (a distance term) plus per-sample noise."""
+    rng = np.random.default_rng(seed)
+    i, j = np.indices((T, T))
+    base = -0.3 * (i - j)[None, None] * np.arange(1, H + 1)[None, :, None, None]
+    return (base + rng.normal(size=(N, H, T, T))).astype(np.float32)
+
+
+def _feed(x: np.ndarray, *, kind: str = "bias", block: int = 1, mode: str = "joint", batch: int = N,
+          rows: tuple[int, ...] = (5, 1, 11, 20), causal: bool = True) -> QuantitySummary:  # fmt: skip
+    """Stream ``x`` as a causal model would: batches of samples, uneven blocks of query rows of width row1."""
+    s = QuantitySummary(kind, 0, heads=H, seq_len=T, block=block, causal=causal, mode=mode,
+                        device=torch.device("cpu"))  # fmt: skip
+    for b0 in range(0, x.shape[0], batch):
+        xb = torch.from_numpy(x[b0 : b0 + batch])
+        s.begin_batch(xb.shape[0])
+        r0, k = 0, 0
+        while r0 < T:
+            r1 = min(T, r0 + rows[k % len(rows)])
+            keys = r1 if causal else T
+            s.add(r0, xb[:, :, r0:r1, :keys].clone())
+            r0, k = r1, k + 1
+        s.end_batch()
+    return s
+
+
+def _masked(a: np.ndarray) -> np.ndarray:
+    out = a.astype(np.float64).copy()
+    out[..., ~np.tril(np.ones((T, T), bool))] = np.nan
+    return out
+
+
+def _block_means(cells: np.ndarray, b: int) -> np.ndarray:
+    nb = -(-T // b)
+    out = np.full((H, nb, nb), np.nan)
+    for q in range(nb):
+        for k in range(nb):
+            part = cells[:, q * b : (q + 1) * b, k * b : (k + 1) * b].reshape(H, -1)
+            if not np.isnan(part).all():
+                out[:, q, k] = np.nanmean(part, axis=1)
+    return out
+
+
+@pytest.mark.parametrize(("mode", "batch"), [("joint", N), ("cells", 2), ("cells", 1)])
+def test_maps_at_full_resolution_are_the_mean_and_std_over_samples(mode: str, batch: int) -> None:
+    x = _bias()
+    r = _feed(x, mode=mode, batch=batch).result()
+    np.testing.assert_allclose(r.mean, _masked(x.mean(0, dtype=np.float64)), rtol=1e-6, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(r.std, _masked(x.astype(np.float64).std(0)), rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("block", [2, 4, 10, 37])
+def test_pooled_blocks_are_block_means_of_the_full_maps(block: int) -> None:
+    x = _bias(1)
+    r = _feed(x, block=block).result()
+    want_mean = _block_means(_masked(x.mean(0, dtype=np.float64)), block)
+    want_std = _block_means(_masked(x.astype(np.float64).std(0)), block)
+    assert r.mean.shape == (H, -(-T // block), -(-T // block))
+    np.testing.assert_allclose(r.mean, want_mean, rtol=1e-5, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(r.std, want_std, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize(("mode", "batch", "block"), [("joint", N, 1), ("cells", 2, 1), ("joint", N, 8)])
+def test_profile_and_diagnostics_equal_the_full_file_computation(mode: str, batch: int, block: int) -> None:
+    x = _bias(2)
+    r = _feed(x, mode=mode, batch=batch, block=block).result()
+    ref = diagnose_array(x)
+    for h, d in enumerate(ref):
+        np.testing.assert_allclose(r.profile[0, h], d.profile_mean, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(r.profile[1, h], d.profile_std, rtol=1e-5, atol=1e-5)
+        got = r.diagnostics[h]
+        assert got["context_dependence"] == pytest.approx(d.context_dependence, rel=1e-6)
+        assert got["toeplitz_residual"] == pytest.approx(d.toeplitz_residual, rel=1e-6)
+        assert got["separability_residual"] == pytest.approx(d.separability_residual, rel=1e-6)
+
+
+def test_profile_against_plain_numpy() -> None:
+    x = _bias(3)
+    r = _feed(x, kind="weights").result()
+    assert r.diagnostics is None
+    for d in (0, 1, 17, T - 1):
+        cells = np.stack([x[:, :, i, i - d] for i in range(d, T)], axis=-1).astype(np.float64)  # (N, H, T - d)
+        np.testing.assert_allclose(r.profile[0, :, d], cells.mean(axis=(0, 2)), rtol=1e-6)
+        np.testing.assert_allclose(r.profile[1, :, d], cells.std(axis=(0, 2)), rtol=1e-5, atol=1e-7)
+
+
+def test_a_context_free_bias_has_zero_spread_exactly() -> None:
+    one = _bias(4)[:1]
+    x = np.repeat(one, N, axis=0)  # every sample the same
+    for mode, batch in (("shared", 2), ("joint", N), ("cells", 2)):
+        r = _feed(x, mode=mode, batch=batch).result()
+        finite = ~np.isnan(r.std)
+        assert (r.std[finite] == 0).all(), mode
+        assert (r.diagnostics["context_dependence"] == 0).all(), mode
+        np.testing.assert_allclose(r.mean, _masked(one[0]), rtol=1e-6, equal_nan=True)
+
+
+def test_toeplitz_and_separable_biases_have_zero_residuals() -> None:
+    i, j = np.indices((T, T))
+    s = np.cumsum(np.random.default_rng(5).random(T))  # a cumulative decay: b = s_i - s_j
+    sep = np.broadcast_to(s[:, None] - s[None, :], (1, H, T, T)).astype(np.float64)
+    toe = np.broadcast_to(-np.log1p(np.clip(i - j, 0, None)), (1, H, T, T))
+    r_sep = _feed(sep.astype(np.float32), mode="shared").result()
+    r_toe = _feed(np.nan_to_num(toe).astype(np.float32), mode="shared").result()
+    assert np.abs(r_sep.diagnostics["separability_residual"]).max() < 1e-5
+    assert (r_toe.diagnostics["toeplitz_residual"] == 0).all()
+    assert (r_toe.profile[1] == 0).all()  # a bias of i - j alone: no spread along a diagonal
+
+
+def test_one_sample_leaves_context_dependence_undefined() -> None:
+    r = _feed(_bias()[:1], batch=1).result()
+    assert np.isnan(r.diagnostics["context_dependence"]).all()
+
+
+def test_bidirectional_maps_use_every_cell() -> None:
+    x = _bias(6)
+    r = _feed(x, causal=False, block=4).result()
+    want = _block_means(x.mean(0, dtype=np.float64), 4)
+    np.testing.assert_allclose(r.mean, want, rtol=1e-5, atol=1e-6)
+
+
+def test_non_finite_values_in_used_cells_are_refused() -> None:
+    x = _bias()
+    x[0, 1, 20, 3] = np.nan
+    with pytest.raises(Exception, match="NaN or infinite"):
+        _feed(x).result()
+
+
+def test_moments_merge_in_any_grouping() -> None:
+    x = torch.from_numpy(_bias(7)[:, 0].astype(np.float64))
+    whole = Moments.of(x)
+    parts = Moments.of(x[:2]).merged(Moments.of(x[2:3])).merged(Moments.of(x[3:]))
+    torch.testing.assert_close(parts.mean, whole.mean)
+    torch.testing.assert_close(parts.std(), whole.std())
+
+
+@pytest.mark.parametrize(("seq_len", "block"), [(37, 1), (37, 4), (37, 10), (64, 8), (5, 5)])
+@pytest.mark.parametrize("samples", [1, 3])
+def test_a_distance_only_bias_summarised_from_its_t_values(seq_len: int, block: int, samples: int) -> None:
+    """The closed form (no cell visited) equals the streamed summary of the full matrix."""
+    from biasviz.summaries.toeplitz import toeplitz_summary
+
+    rng = np.random.default_rng(seq_len + block)
+    f = np.cumsum(rng.normal(size=(H, seq_len)), axis=-1).astype(np.float32)  # any f(d), not separable
+    i, j = np.indices((seq_len, seq_len))
+    full = f[:, np.clip(i - j, 0, None)][None]  # (1, H, T, T)
+    s = QuantitySummary("bias", 0, heads=H, seq_len=seq_len, block=block, causal=True, mode="shared",
+                        device=torch.device("cpu"))  # fmt: skip
+    s.begin_batch(samples)
+    s.add(0, torch.from_numpy(full))
+    s.end_batch()
+    want = s.result()
+    got = toeplitz_summary(torch.from_numpy(f), seq_len, block, samples)
+    np.testing.assert_allclose(got.mean, want.mean, rtol=1e-6, atol=1e-6, equal_nan=True)
+    np.testing.assert_array_equal(np.isnan(got.std), np.isnan(want.std))
+    np.testing.assert_allclose(got.profile, want.profile, rtol=1e-6, atol=1e-6)
+    for name in ("context_dependence", "toeplitz_residual", "separability_residual"):
+        np.testing.assert_allclose(got.diagnostics[name], want.diagnostics[name], rtol=1e-6, atol=1e-9,
+                                   equal_nan=True)  # fmt: skip
+    assert (got.diagnostics["toeplitz_residual"] == 0).all()
+
+
+@pytest.mark.parametrize(("scheme", "options", "toeplitz"), [
+    ("alibi", {}, True), ("kerple-log", {}, True), ("kerple-power", {}, True), ("t5", {}, True),
+    ("fox", {"gate": "bias_only"}, True), ("fire", {}, False), ("cable", {}, False), ("fox", {}, False),
+])  # fmt: skip
+def test_distance_values_are_the_matrix_diagonals(scheme: str, options: dict, toeplitz: bool) -> None:
+    """f(d) read off the scheme where its bias is f(i - j) - equal to every cell of the matrix it fills."""
+    from biasviz.schemes import get_scheme
+    from biasviz.summaries.toeplitz import distance_values
+
+    module = get_scheme(scheme)(H, 24, **options)
+    module.reset_parameters()
+    f = distance_values(module, T)
+    assert (f is not None) == toeplitz
+    if f is not None:
+        full = module(None, T, T)[0].detach()  # (H, T, T)
+        i, j = np.tril_indices(T)
+        np.testing.assert_allclose(full[:, i, j].numpy(), f[:, i - j].numpy(), rtol=3e-7, atol=0)
