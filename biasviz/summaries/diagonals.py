@@ -26,22 +26,35 @@ class DiagonalSums:
         self.count = torch.zeros(seq_len, dtype=torch.float64, device=device)  # (T,) reversed
 
     def add(self, row0: int, mean: torch.Tensor, spread: torch.Tensor | None) -> None:
-        """Rows ``row0 ..`` of the per-cell mean (H, rows, K) and standard deviation over samples (or None: 0)."""
+        """Rows ``row0 ..`` of the per-cell mean (H, rows, K) and standard deviation over samples (or None: 0).
+
+        The block is copied skewed, row r shifted by ``rows - 1 - r``, so that each column holds one distance
+        (column c: d = row0 + rows - 1 - c) and a sum over rows is a sum along the diagonals.
+        """
         t = self.seq_len
-        rows = mean.shape[1]
+        heads, rows, keys = mean.shape
         # the first cell (d, 0) of each diagonal that starts in these rows is its shift
         self.ref[:, t - row0 - rows : t - row0] = mean[:, :, 0].flip(-1).double()
-        for r in range(rows):
-            i = row0 + r
-            lo = t - 1 - i
-            dev = mean[:, r, : i + 1].double() - self.ref[:, lo:]  # (H, i + 1), keys 0 .. i
-            self.sums[:, DEV, lo:] += dev
-            self.sums[:, DEV_SQ, lo:] += dev * dev
-            if spread is not None:
-                s = spread[:, r, : i + 1].double()
-                self.sums[:, SPREAD_SQ, lo:] += s * s
-            self.count[lo:] += 1.0
+        span = row0 + rows  # distances row0 + rows - 1 .. 0: slots t - span .. t - 1
+        c = torch.arange(span, device=mean.device)
+        inside = c[None, :] >= (rows - 1 - torch.arange(rows, device=mean.device))[:, None]  # (rows, span): j >= 0
+        ref = self.ref[:, t - span :][:, None, :]  # (H, 1, span)
+        dev = torch.where(inside, self._skewed(mean)[..., :span] - ref, 0.0)  # (H, rows, span)
+        self.sums[:, DEV, t - span :] += dev.sum(1)
+        self.sums[:, DEV_SQ, t - span :] += (dev * dev).sum(1)
+        if spread is not None:
+            sq = self._skewed(spread)[..., :span]
+            self.sums[:, SPREAD_SQ, t - span :] += torch.where(inside, sq * sq, 0.0).sum(1)
+        self.count[t - span :] += inside.sum(0)
 
+    @staticmethod
+    def _skewed(x: torch.Tensor) -> torch.Tensor:
+        """(H, rows, K) -> (H, rows, K + rows - 1) float64 with row r's key j at column j + rows - 1 - r."""
+        heads, rows, keys = x.shape
+        width = keys + rows - 1
+        z = torch.zeros(heads, rows, width, dtype=torch.float64, device=x.device)
+        z.as_strided((heads, rows, keys), (rows * width, width - 1, 1), rows - 1).copy_(x)
+        return z
 
     def profile(self) -> torch.Tensor:
         """(2, H, T) float32: mean and standard deviation over samples and cells, by distance d = 0 .. T-1."""

@@ -46,7 +46,7 @@ class QuantitySummary:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.kind, self.layer, self.mode = kind, layer, mode
         self.heads, self.seq_len, self.causal = heads, seq_len, causal
-        self.maps = BlockMaps(heads, seq_len, block, device, ("mean", "std"))
+        self.maps = BlockMaps(heads, seq_len, block, device, ("mean", "std"), causal=causal)
         self.diagonals = DiagonalSums(heads, seq_len, device)
         self.measures = BiasMeasureSums(heads, seq_len, device) if kind == "bias" else None
         self.cells = CellMoments(heads, seq_len, device) if mode == "cells" else None
@@ -90,13 +90,15 @@ class QuantitySummary:
             for r in range(0, rows, step):
                 self._rows(row0 + r, mean[:, r : r + step], None if spread is None else spread[:, r : r + step])
             return
-        used = used_cells(row0, rows, keys, self.causal, mean.device)
-        if not torch.isfinite(torch.where(used, mean, 0.0).sum(dtype=torch.float64)):
+        # weights are 0 wherever a query does not look; a bias holds values (or NaN) there, to be left out
+        zero_outside = self.kind == "weights" or not self.causal
+        used = None if zero_outside else used_cells(row0, rows, keys, self.causal, mean.device)
+        values = {"mean": mean} if spread is None else {"mean": mean, "std": spread}
+        if not self.maps.add(row0, values, used):
             raise non_finite_error(self.kind, self.layer)
-        self.maps.add(row0, {"mean": mean} if spread is None else {"mean": mean, "std": spread}, used)
         self.diagonals.add(row0, mean, spread)
         if self.measures is not None:
-            lower = used if self.causal else used_cells(row0, rows, keys, True, mean.device)
+            lower = used if used is not None else used_cells(row0, rows, keys, True, mean.device)
             self.measures.add(row0, mean, spread, lower)
 
     def result(self, total_samples: int | None = None) -> Summary:
@@ -107,7 +109,7 @@ class QuantitySummary:
                 r1 = min(self.seq_len, r0 + step)
                 mean, spread = self.cells.rows(r0, r1, r1 if self.causal else self.seq_len)
                 self._rows(r0, mean, spread)
-        if self.diagonals.count.sum() == 0:
+        if self.diagonals.count.sum() == 0:  # no row arrived
             raise BiasvizError(f"nothing was captured for the {self.kind} of layer {self.layer}")
         n = self.samples if total_samples is None else total_samples
         diagnostics = None

@@ -1,5 +1,9 @@
 """Block-mean maps: the per-cell mean and spread over samples, averaged over each block's used cells.
 
+The sum of f(i - j) over a block's cells j <= i (and so the number of such cells) is O(1) with second-order
+prefix sums: with F(x) = Σ_{d<=x} f(d) and G(x) = Σ_{y<=x} F(y), query rows [a0, a1) and keys [b0, b1) give
+G(a1-1-b0) - G(lo-1-b0) - G(a1-1-b1) + G(lo-1-b1), lo = max(a0, b0) (F, G = 0 below 0).
+
 A map has ceil(T / B) x ceil(T / B) blocks of B x B positions (B = ceil(T / R)); a block's value is the mean
 over its used cells (j <= i in a causal model, every cell otherwise), NaN where it has none. With B = 1 the
 map is the matrix itself. Rows arrive in blocks as the model forms them; only (H, nb, nb) sums are kept.
@@ -8,7 +12,6 @@ map is the matrix itself. Rows arrive in blocks as the model forms them; only (H
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def used_cells(row0: int, rows: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor:
@@ -23,37 +26,86 @@ def used_cells(row0: int, rows: int, keys: int, causal: bool, device: torch.devi
     return torch.arange(keys, device=device)[None, :] <= i
 
 
-class BlockMaps:
-    """Running block sums of per-cell values (the mean and the spread over samples) and used-cell counts."""
+def _at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[..., index]`` with 0 where ``index < 0`` (the empty prefix)."""
+    got = table[..., index.clamp(min=0)]
+    return torch.where(index >= 0, got, 0.0)
 
-    def __init__(self, heads: int, seq_len: int, block: int, device: torch.device, names: tuple[str, ...]) -> None:
-        self.block = block
+
+def block_sums(f: torch.Tensor, seq_len: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (query block, key block): the sum of f(i - j) over its cells j <= i (H, nb, nb), and their count.
+
+    >>> s, c = block_sums(torch.tensor([[1.0, 10.0, 100.0]]), 3, 2)
+    >>> s.tolist(), c.tolist()
+    ([[[12.0, 0.0], [110.0, 1.0]]], [[3.0, 0.0], [2.0, 1.0]])
+    """
+    f64 = f.double()
+    ones = torch.ones(1, seq_len, dtype=torch.float64, device=f.device)
+    starts = torch.arange(0, seq_len, block, device=f.device)
+    a0, b0 = starts[:, None], starts[None, :]
+    a1, b1 = (a0 + block).clamp(max=seq_len), (b0 + block).clamp(max=seq_len)
+    lo = torch.maximum(a0, b0)
+
+    def total(values: torch.Tensor) -> torch.Tensor:
+        g = values.cumsum(-1).cumsum(-1)  # (H, T): G
+        out = _at(g, a1 - 1 - b0) - _at(g, lo - 1 - b0) - _at(g, a1 - 1 - b1) + _at(g, lo - 1 - b1)
+        return torch.where(a1 > b0, out, 0.0)  # no cell j <= i when the block lies above the diagonal
+
+    return total(f64), total(ones)[0]
+
+
+class BlockMaps:
+    """Running block sums of per-cell values (the mean and the spread over samples); counts come from geometry."""
+
+    def __init__(self, heads: int, seq_len: int, block: int, device: torch.device, names: tuple[str, ...],
+                 causal: bool = True) -> None:  # fmt: skip
+        self.block, self.seq_len, self.causal = block, seq_len, causal
         self.n_blocks = -(-seq_len // block)
         shape = (heads, self.n_blocks, self.n_blocks)
         self.sums = {name: torch.zeros(shape, dtype=torch.float64, device=device) for name in names}
-        self.count = torch.zeros(shape[1:], dtype=torch.float64, device=device)  # (nb, nb), the same for every head
 
-    def _pool(self, x: torch.Tensor, row0: int, into: torch.Tensor) -> None:
-        """Add (..., rows, K) cell values into ``into`` (..., nb, nb) by the block of each cell."""
+    def _pool(self, x: torch.Tensor, row0: int, into: torch.Tensor) -> torch.Tensor:
+        """Add (H, rows, K) cell values into ``into`` (H, nb, nb) by the block of each cell; returns the row sums
+        per key block (H, rows, nk), whose finiteness tells whether every cell was finite."""
         rows, keys = x.shape[-2:]
         b = self.block
-        nk = -(-keys // b)
-        if b > 1:
-            x = F.pad(x, (0, nk * b - keys)).unflatten(-1, (nk, b)).sum(-1)  # (..., rows, nk)
+        whole = keys // b
+        if b == 1:
+            pooled = x
+        else:  # whole key blocks as a view, the last partial one apart: no padded copy
+            parts = [x[..., : whole * b].unflatten(-1, (whole, b)).sum(-1)]
+            if keys > whole * b:
+                parts.append(x[..., whole * b :].sum(-1, keepdim=True))
+            pooled = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]  # (H, rows, nk)
+        nk = pooled.shape[-1]
         q = torch.arange(row0, row0 + rows, device=x.device) // b  # query block of each row
-        into[..., :nk].index_add_(into.dim() - 2, q, x.to(into.dtype))
+        into[..., :nk].index_add_(1, q, pooled.to(into.dtype))
+        return pooled
 
-    def add(self, row0: int, values: dict[str, torch.Tensor], used: torch.Tensor) -> None:
-        """Add rows ``row0 ..`` of each named (H, rows, K) per-cell value; ``used`` (rows, K) marks the used cells.
+    def add(self, row0: int, values: dict[str, torch.Tensor], used: torch.Tensor | None) -> bool:
+        """Add rows ``row0 ..`` of each named (H, rows, K) per-cell value; ``used`` (rows, K) marks the used cells
+        (None: the values are already 0 wherever a cell is not used). Returns whether every value was finite.
 
         A name left out adds 0 (the spread over samples of a bias that is the same for all of them).
         """
+        finite = True
         for name, v in values.items():
-            self._pool(torch.where(used, v, 0.0), row0, self.sums[name])
-        self._pool(used.to(torch.float32), row0, self.count)
+            pooled = self._pool(v if used is None else torch.where(used, v, 0.0), row0, self.sums[name])
+            finite = finite and bool(torch.isfinite(pooled.sum(dtype=torch.float64)))
+        return finite
+
+    def counts(self) -> torch.Tensor:
+        """(nb, nb) used cells per block: j <= i in a causal model, all of them otherwise."""
+        device = next(iter(self.sums.values())).device
+        if self.causal:
+            ones = torch.ones(1, self.seq_len, dtype=torch.float64, device=device)
+            return block_sums(ones, self.seq_len, self.block)[1]
+        sizes = torch.full((self.n_blocks,), float(self.block), dtype=torch.float64, device=device)
+        sizes[-1] = self.seq_len - self.block * (self.n_blocks - 1)
+        return sizes[:, None] * sizes[None, :]
 
     def result(self, name: str) -> torch.Tensor:
         """(H, nb, nb) float32 block means, NaN where a block has no used cell."""
-        with torch.no_grad():
-            mean = self.sums[name] / self.count
-        return torch.where(self.count > 0, mean, float("nan")).float()
+        count = self.counts()
+        mean = self.sums[name] / count
+        return torch.where(count > 0, mean, float("nan")).float()

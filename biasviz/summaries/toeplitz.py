@@ -16,35 +16,8 @@ import torch
 
 from biasviz.store.format import DIAGNOSTIC_FIELDS
 from biasviz.summaries.layer import Summary
+from biasviz.summaries.maps import block_sums
 from biasviz.summaries.measures import _ratio
-
-
-def _at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table[..., index]`` with 0 where ``index < 0`` (the empty prefix)."""
-    got = table[..., index.clamp(min=0)]
-    return torch.where(index >= 0, got, 0.0)
-
-
-def block_sums(f: torch.Tensor, seq_len: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per (query block, key block): the sum of f(i - j) over its cells j <= i (H, nb, nb), and their count.
-
-    >>> s, c = block_sums(torch.tensor([[1.0, 10.0, 100.0]]), 3, 2)
-    >>> s.tolist(), c.tolist()
-    ([[[12.0, 0.0], [110.0, 1.0]]], [[3.0, 0.0], [2.0, 1.0]])
-    """
-    f64 = f.double()
-    ones = torch.ones(1, seq_len, dtype=torch.float64, device=f.device)
-    starts = torch.arange(0, seq_len, block, device=f.device)
-    a0, b0 = starts[:, None], starts[None, :]
-    a1, b1 = (a0 + block).clamp(max=seq_len), (b0 + block).clamp(max=seq_len)
-    lo = torch.maximum(a0, b0)
-
-    def total(values: torch.Tensor) -> torch.Tensor:
-        g = values.cumsum(-1).cumsum(-1)  # (H, T): G
-        out = _at(g, a1 - 1 - b0) - _at(g, lo - 1 - b0) - _at(g, a1 - 1 - b1) + _at(g, lo - 1 - b1)
-        return torch.where(a1 > b0, out, 0.0)  # no cell j <= i when the block lies above the diagonal
-
-    return total(f64), total(ones)[0]
 
 
 def toeplitz_summary(f: torch.Tensor, seq_len: int, block: int, samples: int) -> Summary:
