@@ -29,32 +29,35 @@ class DiagonalSums:
         """Rows ``row0 ..`` of the per-cell mean (H, rows, K) and standard deviation over samples (or None: 0).
 
         The block is copied skewed, row r shifted by ``rows - 1 - r``, so that each column holds one distance
-        (column c: d = row0 + rows - 1 - c) and a sum over rows is a sum along the diagonals.
+        (column c: d = row0 + rows - 1 - c) and a sum over rows is a sum along the diagonals. The copy lands on
+        each column's shift, so cells outside the block become exactly 0 once the shift is subtracted.
         """
         t = self.seq_len
         heads, rows, keys = mean.shape
         # the first cell (d, 0) of each diagonal that starts in these rows is its shift
         self.ref[:, t - row0 - rows : t - row0] = mean[:, :, 0].flip(-1).double()
         span = row0 + rows  # distances row0 + rows - 1 .. 0: slots t - span .. t - 1
-        c = torch.arange(span, device=mean.device)
-        inside = c[None, :] >= (rows - 1 - torch.arange(rows, device=mean.device))[:, None]  # (rows, span): j >= 0
-        ref = self.ref[:, t - span :][:, None, :]  # (H, 1, span)
-        dev = torch.where(inside, self._skewed(mean)[..., :span] - ref, 0.0)  # (H, rows, span)
-        self.sums[:, DEV, t - span :] += dev.sum(1)
-        self.sums[:, DEV_SQ, t - span :] += (dev * dev).sum(1)
+        ref = self.ref[:, t - span :].to(mean.dtype)  # (H, span)
+        dev = self._skewed(mean, ref[:, None, :].expand(heads, rows, span), span)  # (H, rows, span)
+        dev -= ref[:, None, :]
+        self.sums[:, DEV, t - span :] += dev.sum(1)  # a block's rows in float32, the running sums in float64
+        self.sums[:, DEV_SQ, t - span :] += dev.square_().sum(1)
         if spread is not None:
-            sq = self._skewed(spread)[..., :span]
-            self.sums[:, SPREAD_SQ, t - span :] += torch.where(inside, sq * sq, 0.0).sum(1)
-        self.count[t - span :] += inside.sum(0)
+            sq = self._skewed(spread, spread.new_zeros(heads, rows, span), span)
+            self.sums[:, SPREAD_SQ, t - span :] += sq.square_().sum(1)
+        c = torch.arange(span, device=mean.device)
+        self.count[t - span :] += (c[None, :] >= (rows - 1 - torch.arange(rows, device=mean.device))[:, None]).sum(0)
 
     @staticmethod
-    def _skewed(x: torch.Tensor) -> torch.Tensor:
-        """(H, rows, K) -> (H, rows, K + rows - 1) float64 with row r's key j at column j + rows - 1 - r."""
+    def _skewed(x: torch.Tensor, fill: torch.Tensor, span: int) -> torch.Tensor:
+        """(H, rows, K) -> (H, rows, span), starting from a copy of ``fill``, row r's key j at column
+        j + rows - 1 - r (columns past ``span`` - distances below 0 - are dropped)."""
         heads, rows, keys = x.shape
-        width = keys + rows - 1
-        z = torch.zeros(heads, rows, width, dtype=torch.float64, device=x.device)
+        width = max(span, keys + rows - 1)
+        z = torch.empty(heads, rows, width, dtype=x.dtype, device=x.device)
+        z[..., :span] = fill
         z.as_strided((heads, rows, keys), (rows * width, width - 1, 1), rows - 1).copy_(x)
-        return z
+        return z[..., :span]
 
     def profile(self) -> torch.Tensor:
         """(2, H, T) float32: mean and standard deviation over samples and cells, by distance d = 0 .. T-1."""
