@@ -62,6 +62,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--resolution", type=int, default=1024)
     p.add_argument("--layer", default="-1")
+    p.add_argument("--repeat", type=int, default=1, help="fresh processes per measurement; the median is shown")
     p.add_argument("--mode", choices=["forward", "summary"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.mode:
@@ -79,10 +80,13 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--mode", mode, "--preset", args.preset, "--scheme", args.scheme,
                        "--seq-len", str(t), "--samples", str(n), "--batch-size", str(args.batch_size),
                        "--resolution", str(min(args.resolution, t)), "--layer", args.layer]  # fmt: skip
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if proc.returncode != 0:
-                    sys.exit(f"{mode} at T={t} failed:\n{proc.stderr[-2000:]}")
-                got[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+                runs = []
+                for _ in range(args.repeat):  # forward and summary alternate run by run would be fairer; close enough
+                    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                    if proc.returncode != 0:
+                        sys.exit(f"{mode} at T={t} failed:\n{proc.stderr[-2000:]}")
+                    runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                got[mode] = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
             f, s = got["forward"], got["summary"]
             print(f"| {t} | {n} | {f['seconds']:.2f} | {s['seconds']:.2f} | {s['seconds'] / f['seconds']:.2f} | "
                   f"{f['peak_rss'] / GIB:.2f} GiB | {s['peak_rss'] / GIB:.2f} GiB | {s['file_bytes'] / 1e6:.1f} MB |",
