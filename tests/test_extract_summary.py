@@ -140,3 +140,20 @@ def test_our_model_given_in_python_is_extracted_through_its_hook_points(tmp_path
         assert f.attrs["scheme"] == "alibi" and f.attrs["resolution"] == T  # R = min(1024, T)
     with pytest.raises(BiasvizError, match="resolution= applies"):
         biasviz.extract(model, _windows(2), tmp_path / "y.h5", device="cpu", resolution=8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("resolution", [16, T])  # blocks (every sample in one batch) and cells (batch by batch)
+@pytest.mark.parametrize("scheme", ["alibi", "cable", "fire"])
+def test_a_summary_on_the_gpu_equals_the_one_on_the_cpu(tmp_path: Path, scheme: str, resolution: int) -> None:
+    """Reduced where the model runs: on CUDA the running sums live on the GPU; the file is the CPU's to rounding."""
+    ids = _windows(3, seed=4)
+    adapter = BiasGPTAdapter(small_model(scheme), source="test")
+    for dev, batch in (("cpu", 1), ("cuda", 1), ("cuda", 3)):
+        extract_summary(adapter, ids, tmp_path / f"{dev}{batch}.h5", resolution=resolution, batch_size=batch,
+                        device=dev)  # fmt: skip
+    with h5py.File(tmp_path / "cpu1.h5") as cpu:
+        for name in ("cuda1.h5", "cuda3.h5"):
+            with h5py.File(tmp_path / name) as gpu:
+                for ds in ("layer_1/weights_mean", "layer_1/weights_std", "layer_1/bias_mean", "layer_1/bias_profile"):
+                    np.testing.assert_allclose(gpu[ds][()], cpu[ds][()], rtol=1e-4, atol=1e-6, equal_nan=True)
