@@ -1,7 +1,8 @@
 """One figure of several models far past their training length, from summary files (``extract --summary``).
 
 Per file one row: the mean bias map of the first and the last head (positions on the axes, blocks where the
-file stores blocks) and the distance profiles b(d) of every head, with the training length marked. Used by
+file stores blocks) and the distance profiles b(d) of every head on a log distance axis (d >= 1), with the
+training length marked. Used by
 ``make figures`` for ALiBi and KERPLE-log at T = 16384::
 
     python -m biasviz.plotting.long_context data/alibi-16k.h5 data/kerple-log-16k.h5 --train-len 128 \\
@@ -61,14 +62,16 @@ def _row(sub: Figure, bf: BiasFile, layer: int, train_len: int | None) -> None:
     ax = axes[2]
     d = np.arange(mean.shape[-1])
     cmap = _head_colours(heads)
-    for h in range(heads):
-        ax.plot(d, mean[h], color=cmap.to_rgba(h + 1), linewidth=0.8)
+    for h in range(heads):  # a log distance axis: the training length and 100x past it both get room
+        ax.plot(d[1:], mean[h, 1:], color=cmap.to_rgba(h + 1), linewidth=0.8)
     if train_len:
         ax.axvline(train_len, color="0.3", linewidth=0.6, linestyle="--")
-        ax.annotate("training length", (train_len, 0.04), xycoords=("data", "axes fraction"), xytext=(3, 0),
-                    textcoords="offset points", fontsize=font_sizes(6.0)["tick"], color="0.3")  # fmt: skip
-    ax.set_xlim(0, d[-1])
-    ax.set_xlabel("distance $d = i - j$")
+        ax.annotate("training length", (train_len, 0.05), xycoords=("data", "axes fraction"), xytext=(-2, 0),
+                    textcoords="offset points", ha="right", va="bottom", rotation=90,
+                    fontsize=font_sizes(6.0)["tick"], color="0.3")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlim(1, d[-1])
+    ax.set_xlabel("distance $d = i - j$ (log)")
     ax.set_ylabel("mean bias $b(d)$")
     ax.set_title(f"{name}, every head")
     ax.grid(True, linewidth=0.3, alpha=0.5)
