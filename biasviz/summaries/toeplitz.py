@@ -4,7 +4,7 @@ ALiBi, KERPLE, T5 and a FoX gate without input are b(i, j) = f(i - j). Then the 
 the Toeplitz residual is 0, and every other number is a sum of f over a set of cells that prefix sums give
 in O(1): with F(x) = Σ_{d<=x} f(d) and G(x) = Σ_{y<=x} F(y), the cells j <= i of query rows [a0, a1) and keys
 [b0, b1) sum to G(a1-1-b0) - G(lo-1-b0) - G(a1-1-b1) + G(lo-1-b1), lo = max(a0, b0) (F, G = 0 below 0).
-So ALiBi over T = 131072 is a 1024 x 1024 map in well under a second, exact to float64 rounding.
+So ALiBi over T = 131072 is a 1024 x 1024 map in about a second, exact to float64 rounding.
 """
 
 from __future__ import annotations
