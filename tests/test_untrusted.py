@@ -152,3 +152,26 @@ def test_required_attribute_of_a_hostile_type_is_a_clear_error(tmp_path: Path,
     code, _, err = _run(["plot", "--scheme", "alibi", "--input", str(f), "--out-dir", str(tmp_path / "fig")], capsys)
     assert code == 1 and err.startswith("Error: ") and "attribute 'scheme' should be text" in err
     assert not marker.exists() and not (tmp_path / "fig").exists()
+
+
+HOSTILE_SCHEMES = ["../../escaped", "/tmp/absolute", "..", ".hidden", "a/b/c", "tab\tname", "x" * 300,
+                   "back\\slash", "<script>", "  ", "ünï/cödé", "../" * 20 + "deep"]  # fmt: skip
+
+
+@pytest.mark.parametrize("scheme", HOSTILE_SCHEMES)
+def test_a_scheme_name_from_a_file_never_leaves_the_output_folder(make_bias_file, tmp_path, capsys, scheme) -> None:
+    """diagnose names its figures after the file's scheme attribute: only a safe stem inside --out-dir."""
+    from tests.conftest import run_cli
+
+    src = make_bias_file(tmp_path / "in.h5", "alibi", n=2, t=16, attrs={"scheme": scheme})
+    out_dir = tmp_path / "out" / "figs"
+    before = {p for p in tmp_path.parent.rglob("*") if p.is_file()}
+    code, _, err = run_cli(["diagnose", str(src), "--json", str(out_dir / "d.json"), "--out-dir", str(out_dir),
+                            "--format", "png"], capsys)  # fmt: skip
+    assert code in (0, 1), err
+    after = {p for p in tmp_path.parent.rglob("*") if p.is_file()}
+    for path in after - before:  # everything new lies inside out_dir (or the input's folder), nothing hidden
+        assert path.resolve().is_relative_to(out_dir.resolve()), path
+        assert not path.name.startswith(".") and len(path.name) < 120, path
+    naive = (out_dir / f"{scheme}_profile.png").resolve()  # where the name, taken as a path, would have led
+    assert naive.is_relative_to(out_dir.resolve()) or not naive.exists(), naive

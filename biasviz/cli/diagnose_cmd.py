@@ -11,7 +11,7 @@ import click
 
 from biasviz.cli.options import config_option, figure_output_options
 from biasviz.common.errors import BiasvizError, UsageError, os_error_message
-from biasviz.common.outputs import check_output_file
+from biasviz.common.outputs import check_output_file, file_stem
 
 if TYPE_CHECKING:
     from biasviz.common.atomic import Staged
@@ -154,8 +154,9 @@ def _name_uniquely(results: list[_FileResult]) -> None:
         if counts[r.scheme] > 1:
             r.name = f"{r.scheme}-{r.path.stem}" if r.path.stem != r.scheme else f"{r.scheme}-{r.path.parent.name}"
     names = [r.name for r in results]
-    if len(set(names)) != len(names):
-        raise BiasvizError(f"two files give the same name ({', '.join(names)}); rename one of them")
+    stems = [file_stem(n) for n in names]  # the names come from the files: only a safe stem reaches a path
+    if len(set(names)) != len(names) or len(set(stems)) != len(stems):
+        raise BiasvizError(f"two files give the same name ({', '.join(map(repr, names))}); rename one of them")
 
 
 def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: Path) -> None:
@@ -196,8 +197,8 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             "keywords": f"biasviz; scheme={r.scheme}; layer={r.layer}",
             "description": f"mean and +-1 population std over samples and cells with i - j = d; source: {r.path}",
         }
-        written += save_figure(fig, out_dir / f"{r.name}_profile", formats, dpi=dpi, info=info, style=style,
-                               staged=staged)
+        written += save_figure(fig, out_dir / f"{file_stem(r.name)}_profile", formats, dpi=dpi, info=info,
+                               style=style, staged=staged)
         if r.sweep is not None:
             from biasviz.plotting.dynamics import over_training
 
@@ -205,6 +206,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
                     "keywords": f"biasviz; scheme={r.scheme}; layer={r.layer}; over training",
                     "description": f"context dependence and Toeplitz residual per head at each checkpoint; "
                                    f"source: {r.path}"}  # fmt: skip
-            written += save_figure(over_training(r.sweep, style=style), out_dir / f"{r.name}_training", formats,
-                                   dpi=dpi, info=info, style=style, staged=staged)  # fmt: skip
+            stem = out_dir / f"{file_stem(r.name)}_training"
+            written += save_figure(over_training(r.sweep, style=style), stem, formats, dpi=dpi, info=info,
+                                   style=style, staged=staged)  # fmt: skip
     return written

@@ -31,3 +31,19 @@ def check_output_file(target: Path, inputs: Iterable[str | Path | None] = (), fo
     if (target.exists() or target.is_symlink()) and not force:
         raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another {option}")
     return target
+
+
+_STEM_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_+.")
+STEM_MAX = 80
+
+
+def file_stem(text: str) -> str:
+    """``text`` (a name read from a file, say) as one safe file-name component: letters, digits and ``-_+.``
+    kept, anything else ``_``; no leading dot, no empty name, at most 80 characters. Never a path.
+
+    >>> file_stem("kerple-log"), file_stem("../../etc/passwd"), file_stem(""), file_stem("a/b\\\\c")
+    ('kerple-log', '_.._etc_passwd', 'unnamed', 'a_b_c')
+    """
+    stem = "".join(ch if ch in _STEM_CHARS else "_" for ch in str(text))[:STEM_MAX]
+    stem = stem.lstrip(".") if stem.strip(".") else ""
+    return stem or "unnamed"
