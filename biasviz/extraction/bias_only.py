@@ -116,12 +116,13 @@ def bias_only_summary(
                 continue
             part = QuantitySummary("bias", layer, heads=adapter.n_heads, seq_len=seq_len, block=block,
                                    causal=bool(adapter.causal), mode="shared", device=dev)  # fmt: skip
-            if not adapter.causal:  # every query sees every key: the matrix at once (bidirectional models)
+            if adapter.causal:
+                rows = max(1, CELLS_PER_BLOCK // (adapter.n_heads * seq_len))
+                for r0 in range(0, seq_len, rows):
+                    r1 = min(seq_len, r0 + rows)
+                    part.add(r0, scheme(None, r1 - r0, r1))  # (1, H, rows, r1): queries r0 .. r1-1, keys 0 .. r1-1
+            else:  # every query sees every key: the matrix at once (bidirectional models)
                 part.add(0, scheme(None, seq_len, seq_len))  # (1, H, T, T)
-            rows = max(1, CELLS_PER_BLOCK // (adapter.n_heads * seq_len))
-            for r0 in range(0, seq_len, rows) if adapter.causal else ():
-                r1 = min(seq_len, r0 + rows)
-                part.add(r0, scheme(None, r1 - r0, r1))  # (1, H, rows, r1): queries r0 .. r1-1, keys 0 .. r1-1
             summaries[layer] = {"bias": part.result(total_samples=0)}
     write_summary_file(out, attrs=meta, input_ids=np.zeros((0, seq_len), dtype=np.int32), n_heads=adapter.n_heads,
                        seq_len=seq_len, resolution=r, block=block, layers=layer_list, summaries=[summaries],

@@ -118,23 +118,18 @@ def _join_cells(w: World) -> Any:
             cells = parts[key].cells
             if cells is None:  # a bias shared by every sample: the same in every process
                 continue
-            mine = (cells.rows_n, cells.mean.cpu(), cells.m2.cpu())
+            mine = (cells.samples, cells.mean.cpu(), cells.m2.cpu())
             gathered: list[Any] | None = [None] * w.size if w.main else None
             dist.gather_object(mine, gathered, dst=0)
             if not w.main:
                 continue
             assert gathered is not None
-            from biasviz.summaries.moments import CellMoments
+            from biasviz.summaries.moments import Moments
 
-            joined = None
-            for rows_n, mean, m2 in gathered:  # rank order: the order of a one-process run's batches
-                other = CellMoments.__new__(CellMoments)
-                other.rows_n, other.mean, other.m2 = list(rows_n), mean.to(cells.mean.device), m2.to(cells.m2.device)
-                if joined is None:
-                    joined = other
-                else:
-                    joined.merge_from(other)
-            assert joined is not None
-            cells.mean, cells.m2, cells.rows_n = joined.mean, joined.m2, joined.rows_n
+            each = [Moments(n, mean.to(cells.mean.device), m2.to(cells.m2.device)) for n, mean, m2 in gathered]
+            joined = each[0]
+            for other in each[1:]:  # rank order: the order of a one-process run's batches
+                joined = joined.merged(other)
+            cells.mean, cells.m2, cells.samples = joined.mean, joined.m2, joined.n
 
     return merge

@@ -9,10 +9,9 @@ once: then the samples run as one batch (memory grows with N·T, never with T²)
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +93,7 @@ def summarise(
 
     show = sys.stderr.isatty() if progress is None else progress
     with (
-        stream(adapter, layer_list, want_bias, sink) as flush,
+        adapter.stream(layer_list, want_bias, sink) as flush,
         tqdm(total=n, unit="sample", disable=not show, file=sys.stderr, desc="summarise", leave=False) as bar,
     ):
         for start in range(0, n, batch):
@@ -115,26 +114,6 @@ def summarise(
     for layer, f in direct.items():
         out[layer]["bias"] = toeplitz_summary(f, seq_len, block, samples=total)
     return out
-
-
-@contextlib.contextmanager
-def stream(adapter: ModelAdapter, layers: list[int], want_bias: bool, sink: Sink) -> Iterator[Callable[[], None]]:
-    """The adapter's own block stream where it has one, else its captured full tensors as one block each."""
-    own = getattr(adapter, "stream", None)
-    if own is not None:
-        with own(layers, want_bias, sink) as flush:
-            yield flush
-        return
-    with adapter.capture(layers, want_bias=want_bias) as got:
-
-        def flush() -> None:
-            for layer, t in got.weights.items():
-                sink(layer, "weights", 0, t)
-            for layer, t in got.bias.items():
-                sink(layer, "bias", 0, t)
-            got.clear()
-
-        yield flush
 
 
 def summary_run(

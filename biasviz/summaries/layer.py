@@ -59,6 +59,8 @@ class QuantitySummary:
 
     def end_batch(self) -> None:
         self.samples += self._batch
+        if self.cells is not None:
+            self.cells.end_batch(self._batch)
         if self.mode == "shared" and self.samples:
             self._taken = True
 

@@ -68,29 +68,19 @@ class CellMoments:
         shape = (heads, seq_len, seq_len)
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
         self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
-        self.rows_n = [0] * seq_len  # samples merged into each query row so far
+        self.samples = 0  # samples merged so far: every query row has seen every finished batch
 
     def add(self, row0: int, block: torch.Tensor) -> None:
-        """Merge a block (S, H, rows, K) of ``S`` samples' query rows ``row0 ..`` against keys ``0 .. K-1``."""
+        """Merge a block (S, H, rows, K) of ``S`` samples' query rows ``row0 ..`` against keys ``0 .. K-1``
+        (the current batch; :meth:`end_batch` counts it once all its rows have come)."""
         rows, keys = block.shape[-2:]
-        n_before = self.rows_n[row0]
-        old = Moments(n_before, self.mean[:, row0 : row0 + rows, :keys], self.m2[:, row0 : row0 + rows, :keys])
-        new = old.merged(Moments.of(block))
-        self.mean[:, row0 : row0 + rows, :keys] = new.mean
-        self.m2[:, row0 : row0 + rows, :keys] = new.m2
-        for r in range(row0, row0 + rows):
-            self.rows_n[r] = n_before + int(block.shape[0])
+        cells = (slice(None), slice(row0, row0 + rows), slice(None, keys))
+        new = Moments(self.samples, self.mean[cells], self.m2[cells]).merged(Moments.of(block))
+        self.mean[cells] = new.mean
+        self.m2[cells] = new.m2
 
-    def merge_from(self, other: CellMoments) -> None:
-        """Join another process's moments (same cells, other samples)."""
-        n_a, n_b = self.rows_n[0], other.rows_n[0]
-        joined = Moments(n_a, self.mean, self.m2).merged(Moments(n_b, other.mean, other.m2))
-        self.mean, self.m2 = joined.mean, joined.m2
-        self.rows_n = [joined.n] * len(self.rows_n)
-
-    @property
-    def samples(self) -> int:
-        return self.rows_n[0] if self.rows_n else 0
+    def end_batch(self, samples: int) -> None:
+        self.samples += samples
 
     def rows(self, row0: int, row1: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and standard deviation over samples of query rows ``row0 .. row1-1``, keys ``0 .. keys-1``."""
