@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from importlib import resources
 
 from biasviz.common.version import __version__
@@ -52,23 +53,33 @@ def precision_note(data: PageData) -> str:
     )
 
 
+#: The template's placeholders; the page is filled in one pass, so a value is never searched for placeholders.
+_PLACEHOLDER = re.compile(r"\{\{([A-Z]+)\}\}")
+#: JSON inside <script> must not hold "<" (no "</script>", "<!--" or "<script" can end or bend the element),
+#: nor ">" and "&": escaped as JSON unicode escapes, which parse back to the same strings.
+_SCRIPT_UNSAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                                "\u2029": "\\u2029"})
+
+
+def script_json(value: object) -> str:
+    """``value`` as JSON that can sit inside a ``<script>`` element whatever strings it holds."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).translate(_SCRIPT_UNSAFE)
+
+
 def render_page(data: PageData, title: str) -> str:
-    """The complete HTML text."""
-    payload = json.dumps(data.payload, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    """The complete HTML text: the template's placeholders replaced in one pass (module docstring)."""
     p = data.payload
     parts = {
-        "{{VERSION}}": html.escape(__version__),
-        "{{TITLE}}": html.escape(title),
-        "{{CSS}}": _asset("explorer.css"),
-        "{{PANELS}}": _panels(p["n_heads"], p["seq_len"]),
-        "{{FOCUS}}": str(min(FOCUS_PIXELS, max(p["seq_len"], 256))),
-        "{{PRECISION}}": html.escape(precision_note(data)),
-        "{{JS}}": _asset("explorer.js"),
+        "VERSION": html.escape(__version__),
+        "TITLE": html.escape(title),
+        "CSS": _asset("explorer.css"),
+        "PANELS": _panels(p["n_heads"], p["seq_len"]),
+        "FOCUS": str(min(FOCUS_PIXELS, max(p["seq_len"], 256))),
+        "PRECISION": html.escape(precision_note(data)),
+        "JS": _asset("explorer.js"),
+        "DATA": script_json(p),
     }
-    page = _asset("explorer.html")
-    for key, value in parts.items():
-        page = page.replace(key, value)
-    return page.replace("{{DATA}}", payload)  # last: nothing inside the data is read as a placeholder
+    return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("explorer.html"))
 
 
-__all__ = ["GRID_PIXELS", "FOCUS_PIXELS", "precision_note", "render_page"]
+__all__ = ["GRID_PIXELS", "FOCUS_PIXELS", "precision_note", "render_page", "script_json"]
