@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,18 @@ def layout(path: Path) -> dict[str, Any]:
     return out
 
 
+def finite_json(value: object) -> object:
+    """``value`` with every non-finite float as the text Python prints for it ("nan", "inf", "-inf"):
+    JSON has no such numbers, and ``info --json`` must print what any JSON reader accepts."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print every root attribute as JSON instead.")
@@ -159,6 +172,6 @@ def info(file: str, as_json: bool) -> None:
             with contextlib.suppress(ValueError, RecursionError):  # plain JSON data; else keep the text as stored
                 attrs["config_json"] = json.loads(attrs["config_json"])
         attrs["biasviz_layout"] = layout(path)  # not an attribute: what the file holds, as the reader sees it
-        click.echo(json.dumps(attrs, indent=2, sort_keys=True, default=str))
+        click.echo(json.dumps(finite_json(attrs), indent=2, sort_keys=True, default=str, allow_nan=False))
         return
     click.echo(summary(path))

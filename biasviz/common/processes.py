@@ -46,6 +46,9 @@ def world() -> World:
         local = int(os.environ.get("LOCAL_RANK", str(rank)))
     except ValueError:
         raise BiasvizError("WORLD_SIZE, RANK and LOCAL_RANK must be integers (as torchrun sets them)") from None
+    if not (size >= 1 and 0 <= rank < size and local >= 0):
+        raise BiasvizError(f"RANK={rank}, LOCAL_RANK={local} and WORLD_SIZE={size} do not fit together (0 <= RANK < "
+                           "WORLD_SIZE, LOCAL_RANK >= 0): start the processes with torchrun")  # fmt: skip
     return World(rank, size, local)
 
 
@@ -60,7 +63,11 @@ def process_group(device: str) -> Iterator[tuple[World, torch.device]]:
         yield w, rank_device(device, w)
         return
     dev = rank_device(device, w)
-    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=w.rank, world_size=w.size)
+    try:
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=w.rank, world_size=w.size)
+    except ValueError as exc:  # a rendezvous variable (MASTER_ADDR, MASTER_PORT) missing or malformed
+        raise BiasvizError(f"process {w.rank} of {w.size} cannot join the others ({exc}); start the processes "
+                           "with torchrun") from None  # fmt: skip
     try:
         yield w, dev
     finally:

@@ -9,6 +9,7 @@ Python (in Jupyter, ``page`` on its own shows it inline)::
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +64,8 @@ def explore(path: str | Path, other: str | Path | None = None, *, kind: str = "a
 
     if kind not in ("bias", "weights", "all"):
         raise BiasvizError(f"kind must be 'bias', 'weights' or 'all', not '{kind}'")
-    if max_mb is not None and max_mb <= 0:
-        raise BiasvizError("the size budget must be positive")
+    if max_mb is not None and not 0 < max_mb < math.inf:  # NaN fails this too
+        raise BiasvizError(f"the size budget must be a positive, finite number of MB, not {max_mb}")
     paths = [Path(path)] + ([Path(other)] if other is not None else [])
     data = build_page_data(paths, kind=kind, layer=layer, max_mb=max_mb, tokenizer=tokenizer)
     names = " vs ".join(p.stem for p in paths)

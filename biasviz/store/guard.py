@@ -12,6 +12,7 @@ error on stdout.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -22,16 +23,20 @@ from biasviz.common.errors import BiasvizError
 
 TIMEOUT_ENV = "BIASVIZ_HDF5_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
+LONGEST_TIMEOUT = 7 * 24 * 3600.0  # a week: beyond it a value is a typo, not a slow disk
 
 
 def time_limit() -> float:
     """Seconds the child may take (``BIASVIZ_HDF5_TIMEOUT``)."""
     text = os.environ.get(TIMEOUT_ENV, "")
     try:
-        value = float(text) if text else DEFAULT_TIMEOUT
+        value = float(text) if text.strip() else DEFAULT_TIMEOUT
     except ValueError:
-        raise BiasvizError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
-    return value if value > 0 else DEFAULT_TIMEOUT
+        value = math.nan
+    if not 0 < value <= LONGEST_TIMEOUT:  # NaN fails this too
+        raise BiasvizError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds between 0 and {LONGEST_TIMEOUT:g} "
+                           f"(default {DEFAULT_TIMEOUT:g})")  # fmt: skip
+    return value
 
 
 def check_isolated(path: Path) -> None:

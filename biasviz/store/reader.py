@@ -132,7 +132,8 @@ class BiasFile(AttrChecks):
                 if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype.kind != "f":
                     what = f"{ds.dtype} {ds.shape}" if isinstance(ds, h5py.Dataset) else "not a dataset"
                     shared = " (one matrix for all samples: bias_shared)" if shape[len(lead)] != self._n_samples else ""
-                    raise self._bad(f"{layer_group(layer)}/{kind} is {what}, expected float {shape}{shared}")
+                    raise self._bad(f"{layer_group(layer)}/{kind} is {what}, expected float {shape}{shared} (from the "
+                                    f"attributes n_heads, seq_len and the samples of input_ids)")
 
     def _sweep_steps(self) -> list[int] | None:
         """The training steps of a sweep file's checkpoints (``/checkpoint``), or None for a plain file."""
@@ -205,8 +206,8 @@ class BiasFile(AttrChecks):
     def context_dependence_recorded(self) -> bool | None:
         """:attr:`context_dependent`, or None where the file cannot say (a traced model: ``biasviz diagnose``
         measures it from the data)."""
-        known = self._h5.attrs.get("context_dependent_known", True)
-        return self._context_dependent if bool(np.asarray(known).reshape(-1)[0]) else None
+        known = self._bool_attr("context_dependent_known") if "context_dependent_known" in self._h5.attrs else True
+        return self._context_dependent if known else None
 
     @property
     def layers(self) -> list[int]:
