@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from biasviz.cli.options import config_option, figure_output_options
+from biasviz.cli.options import config_option, figure_output_options, with_config
 from biasviz.common.errors import BiasvizError, UsageError, os_error_message
 from biasviz.common.outputs import check_output_file, file_stem
 
@@ -89,12 +89,13 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
     if no_figures:
         _refuse_figure_options()
     target = json_path or out_dir / "diagnostics.json"
-    check_output_file(target, files, force, "--json")
+    check_output_file(target, with_config(*files), force, "--json")
     results = [r for r in (_diagnose_file(p, layer, normalize) for p in files) if r is not None]
     if not results:
         raise BiasvizError("none of the files holds a bias; nothing to diagnose")
     _name_uniquely(results)
-    with replacing_together() as staged:  # the JSON and the figures are replaced together, or not at all
+    # the JSON and the figures are replaced together, or not at all; never over an input
+    with replacing_together(with_config(*files)) as staged:
         _write_json(staged.temporary(target), results, normalize, target)
         written = [target] + ([] if no_figures else _draw(results, out_dir, formats, style, dpi, staged))
     for path in written:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from biasviz.cli.options import with_config
+
 
 @click.command("explore")
 @click.argument("files", nargs=-1, required=True, metavar="FILE.h5 [FILE2.h5]",
@@ -28,14 +30,14 @@ def explore(files: tuple[Path, ...], out: Path | None, kind: str, layer: int | N
     The page needs no network: hover a cell for its value, switch sample, kind and layer, enlarge and
     zoom into a head, and see each head's distance profile.
     """
-    from biasviz.common.errors import BiasvizError, UsageError
+    from biasviz.common.errors import UsageError
+    from biasviz.common.outputs import check_output_file
     from biasviz.explorer import explore as build
 
     if len(files) > 2:
         raise UsageError(f"explore takes one file, or two to compare; got {len(files)}")
     target = out or Path("figures") / f"{'_vs_'.join(p.stem for p in files)}_explore.html"
-    if target.exists() and not force:  # before reading anything, as extract does
-        raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
+    check_output_file(target, with_config(*files, tokenizer), force)  # before reading anything, as extract does
     page = build(files[0], files[1] if len(files) > 1 else None, kind=kind, layer=layer, max_mb=max_mb,
                  tokenizer=tokenizer)  # fmt: skip
     written = page.save(target, force=force)

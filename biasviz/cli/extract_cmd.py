@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from biasviz.cli.options import config_option, device_option, seed_option
+from biasviz.cli.options import config_option, device_option, seed_option, with_config
 from biasviz.common.errors import UsageError
 
 
@@ -151,7 +151,7 @@ def extract(
         raise UsageError("--bias-only with --resolution already writes a summary; drop --summary")
     if bias_only:
         _refuse_with_bias_only(text=text, tokenizer=tokenizer, no_scale=no_scale)
-    inputs = (model, text, tokenizer, checkpoint)
+    inputs = with_config(model, text, tokenizer, checkpoint)
     if out:  # checked before the model is loaded
         check_output_file(Path(out), inputs, force)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed

@@ -43,9 +43,19 @@ def read_config(path: str | Path, command: str, data: dict[str, Any] | None = No
     return {"shared": shared, "section": {k.replace("-", "_"): v for k, v in section.items()}}
 
 
+CONFIG_META = "biasviz.config"
+
+
+def with_config(*inputs: str | Path | None) -> tuple[str | Path | None, ...]:
+    """``inputs`` and the running command's ``--config`` file: the files its outputs must not replace."""
+    ctx = click.get_current_context(silent=True)
+    return (*inputs, ctx.meta.get(CONFIG_META) if ctx is not None else None)
+
+
 def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
+    ctx.meta[CONFIG_META] = value  # an input like any other: no output may replace it
     data = load_toml(value)
     parts = read_config(value, ctx.info_name or "", data)
     # keys are spelled like the options (`format` for --format), whatever the parameter is called inside

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from biasviz.cli.options import config_option, figure_output_options
+from biasviz.cli.options import config_option, figure_output_options, with_config
 from biasviz.common.errors import BiasvizError, UsageError
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
     from biasviz.common.atomic import replacing_together
 
     path = input_path or Path("data") / f"{name}.h5"
-    with replacing_together() as staged:  # the figure set is replaced whole, or not at all
+    with replacing_together(with_config(path)) as staged:  # the figure set is replaced whole, or not at all
         job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
                        shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
                        max_cells=max_cells, staged=staged, step=step, sample_given=sample_given)  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from biasviz.cli.options import checked, config_option, device_option, seed_option
+from biasviz.cli.options import checked, config_option, device_option, seed_option, with_config
 from biasviz.common.checks import check_learning_rate
 from biasviz.common.errors import UsageError
 
@@ -69,7 +69,11 @@ def train(
         seed=seed, corpus=corpus, tokenizer=tokenizer, scheme_options=dict(scheme_options or {}), device=device,
         precision=precision, compile=compile_model, save_every=save_every,
     )  # fmt: skip
+    from biasviz.common.outputs import check_inputs_kept
     from biasviz.common.processes import process_group
+
+    if Path(out).exists():  # --force replaces a checkpoint folder: never one holding the inputs
+        check_inputs_kept(Path(out), with_config(corpus, tokenizer))
 
     with process_group(device) as (w, _):  # under torchrun: DistributedDataParallel over the processes
         result = run_training(settings, Path(out), force=force, progress=not quiet)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -85,16 +85,19 @@ class Staged:
     Until :meth:`publish`, every target keeps its old content; :meth:`discard` removes what was written.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, inputs: Iterable[str | Path | None] = ()) -> None:
         self._moves: list[tuple[Path, Path]] = []
+        self._inputs = list(inputs)  # files the outputs are made from: never a target
 
     def temporary(self, target: str | Path) -> Path:
         """A temporary path for ``target``, moved there by :meth:`publish`."""
         from biasviz.common.errors import BiasvizError
+        from biasviz.common.outputs import check_inputs_kept
 
         target = Path(target)
         if target.is_dir() and not target.is_symlink():
             raise BiasvizError(f"{target} is a folder; move it away or choose another --out-dir")
+        check_inputs_kept(target, self._inputs, "--out-dir")
         tmp = temporary_name(target)
         _remove(tmp)
         self._moves.append((tmp, target))
@@ -119,9 +122,10 @@ class Staged:
 
 
 @contextlib.contextmanager
-def replacing_together() -> Iterator[Staged]:
-    """A :class:`Staged` set, published when the block succeeds and discarded otherwise."""
-    staged = Staged()
+def replacing_together(inputs: Iterable[str | Path | None] = ()) -> Iterator[Staged]:
+    """A :class:`Staged` set (refusing to replace any of ``inputs``), published when the block succeeds and
+    discarded otherwise."""
+    staged = Staged(inputs)
     try:
         yield staged
         staged.publish()

@@ -17,6 +17,52 @@ def same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
 
 
+def input_path(spec: str | Path | None) -> Path | None:
+    """The file or folder an input option names (``code.py:FACTORY`` names ``code.py``); None when none."""
+    if spec is None or str(spec) == "":
+        return None
+    text = str(spec)
+    if ":" in text and not Path(text).exists():
+        head = text.rsplit(":", 1)[0]
+        if Path(head).exists():
+            return Path(head)
+    return Path(text)
+
+
+def input_clash(target: Path, inputs: Iterable[str | Path | None]) -> Path | None:
+    """The input that writing ``target`` would destroy, or None.
+
+    That is an input ``target`` names (however spelled: links, ``..``, a hard link), a file an input folder
+    holds (a text folder, a checkpoint), or, when ``target`` is a folder to be replaced, an input inside it.
+    """
+    target = Path(target)
+    here = target.exists() or target.is_symlink()
+    where = target.resolve()
+    for spec in inputs:
+        p = input_path(spec)
+        if p is None or not p.exists():
+            continue
+        if same_file(p, target):
+            return p
+        if here and p.is_dir() and where.is_relative_to(p.resolve()):
+            return p
+        if target.is_dir() and p.resolve().is_relative_to(where):
+            return p
+    return None
+
+
+def check_inputs_kept(target: Path, inputs: Iterable[str | Path | None], option: str = "--out") -> None:
+    """Refuse ``target`` when writing it would destroy an input (:func:`input_clash`), ``--force`` or not."""
+    clash = input_clash(target, inputs)
+    if clash is None:
+        return
+    if same_file(clash, Path(target)):
+        raise BiasvizError(f"{target} is one of the input files; give another {option}")
+    inside = Path(target).is_dir() and clash.resolve().is_relative_to(Path(target).resolve())
+    detail = f"holds an input ({clash})" if inside else f"is inside an input folder ({clash})"
+    raise BiasvizError(f"{target} {detail}; give another {option}")
+
+
 def check_output_file(target: Path, inputs: Iterable[str | Path | None] = (), force: bool = False,
                       option: str = "--out") -> Path:  # fmt: skip
     """``target`` if a file may be written there: not a folder, none of ``inputs``, new unless ``force``.
@@ -26,8 +72,7 @@ def check_output_file(target: Path, inputs: Iterable[str | Path | None] = (), fo
     target = Path(target)
     if target.is_dir():
         raise BiasvizError(f"{target} is a folder; give a file path for {option}")
-    if any(p is not None and Path(p).exists() and same_file(Path(p), target) for p in inputs):
-        raise BiasvizError(f"{target} is one of the input files; give another {option}")
+    check_inputs_kept(target, inputs, option)
     if (target.exists() or target.is_symlink()) and not force:
         raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another {option}")
     return target
