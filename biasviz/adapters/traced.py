@@ -206,9 +206,29 @@ def is_factory_spec(spec: str | Path) -> bool:
     return bool(sep) and path.endswith(".py") and name.isidentifier()
 
 
+@contextlib.contextmanager
+def users_code(spec: str, what: str) -> Iterator[None]:
+    """Within the block the user's code runs: whatever it raises, or a ``sys.exit`` in it, becomes one error
+    that says where it came from (``--debug`` shows the traceback). biasviz's own signals pass through."""
+    from biasviz.tracing.stop import StopForward
+
+    try:
+        yield
+    except (BiasvizError, StopForward):
+        raise
+    except SystemExit as exc:
+        raise BiasvizError(f"--model {spec}: {what} called sys.exit({exc.code!r}); the exit came from your code "
+                           "(biasviz --debug shows the traceback)") from exc  # fmt: skip
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise BiasvizError(f"--model {spec}: {what} raised {type(exc).__name__}{': ' + first if first else ''}; "
+                           "the error came from your code (biasviz --debug shows the traceback)") from exc  # fmt: skip
+
+
 def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = None) -> TracedAdapter:
     """Import the user's ``code.py`` (named by the user, so run as their own code) and build the model:
-    ``FACTORY()`` or, with a checkpoint, ``FACTORY(checkpoint)``."""
+    ``FACTORY()`` or, with a checkpoint, ``FACTORY(checkpoint)``. Import, factory and every forward of the
+    model run inside :func:`users_code`."""
     path_text, _, name = str(spec).rpartition(":")
     path = Path(path_text).expanduser()
     if not path.is_file():
@@ -221,18 +241,13 @@ def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = 
         if loader is None or loader.loader is None:
             raise BiasvizError(f"--model {spec}: cannot import {path} as Python code")
         code = importlib.util.module_from_spec(loader)
-        try:
+        with users_code(spec, f"importing {path.name}"):
             loader.loader.exec_module(code)
-        except Exception as exc:
-            raise BiasvizError(f"--model {spec}: importing {path.name} failed: {type(exc).__name__}: {exc}") from exc
         factory = getattr(code, name, None)
         if not callable(factory):
             raise BiasvizError(f"--model {spec}: {path.name} defines no callable '{name}'")
-        try:
+        with users_code(spec, f"{name}({'checkpoint' if checkpoint else ''})"):
             model = factory(checkpoint) if checkpoint is not None else factory()
-        except Exception as exc:
-            raise BiasvizError(f"--model {spec}: {name}({'checkpoint' if checkpoint else ''}) failed: "
-                               f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(where)
@@ -246,7 +261,11 @@ def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = 
         sha = sha256_file(Path(checkpoint).expanduser())
     from biasviz.adapters import check_finite
 
-    adapter = TracedAdapter(model.eval(), scheme=scheme, source=source, sha256=sha)
+    def forward(ids: torch.Tensor) -> Any:
+        with users_code(spec, "the model's forward"):
+            return model(ids)
+
+    adapter = TracedAdapter(model.eval(), forward=forward, scheme=scheme, source=source, sha256=sha)
     check_finite(adapter)
     return adapter
 
