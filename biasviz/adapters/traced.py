@@ -221,7 +221,7 @@ def users_code(spec: str, what: str) -> Iterator[None]:
                            "(biasviz --debug shows the traceback)") from exc  # fmt: skip
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise BiasvizError(f"--model {spec}: {what} raised {type(exc).__name__}{': ' + first if first else ''}; "
+        raise BiasvizError(f"--model {spec}: {what} failed: {type(exc).__name__}{': ' + first if first else ''}; "
                            "the error came from your code (biasviz --debug shows the traceback)") from exc  # fmt: skip
 
 
