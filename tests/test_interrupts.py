@@ -155,11 +155,12 @@ def test_two_runs_to_one_target_never_mix(ckpt: Path, tmp_path: Path, force: boo
             if stream:
                 stream.close()
     codes = sorted(code for code, _ in results)
-    assert codes == ([0, 0] if force else [0, 1]) or codes == [0, 0], results
+    assert codes in ([0, 0], [0, 1]), results  # the second fails when it finds the first writing (or done)
     for code, err in results:
         assert "Traceback" not in err
         if code:
-            assert "already exists" in err or "appeared while extracting" in err
+            assert any(why in err for why in ("already exists", "appeared while extracting",
+                                              "another biasviz process is writing")), err  # fmt: skip
     with open_bias_file(target) as f:
         seed = int(f.attrs["seed"])
         ids, weights = f.input_ids(), f.read("weights", 0)

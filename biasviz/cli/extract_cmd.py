@@ -136,6 +136,7 @@ def extract(
     hold NaN (bias) and 0 (weights). With --summary: per layer the mean and spread over samples as maps,
     distance profiles and diagnostics, at any --seq-len. The file appears only when complete.
     """
+    from biasviz.common.exclusive import writing_alone
     from biasviz.common.outputs import check_output_file
     from biasviz.common.processes import process_group
     from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
@@ -155,12 +156,14 @@ def extract(
     if out:  # checked before the model is loaded
         check_output_file(Path(out), inputs, force)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
-    with process_group(device) as (w, dev):  # under torchrun: one process of several, each on its own device
+    with process_group(device) as (w, dev), contextlib.ExitStack() as held:  # under torchrun: one of several
         if w.size > 1 and (bias_only or checkpoints):
             raise UsageError(f"{'--bias-only' if bias_only else '--checkpoints'} runs in one process; "
                              "start it without torchrun")  # fmt: skip
         adapter = _load(model, checkpoint, scheme, no_scale, part)
         target = check_output_file(Path(out) if out else Path("data") / f"{adapter.scheme}.h5", inputs, force)
+        if w.main:  # one process writes the target: a second run to the same --out fails now, not at the end
+            held.enter_context(writing_alone(target))
         # a traced model's attention calls are counted on the first sample, inside extraction
         chosen = adapter.resolve_layers(layers) if adapter.n_layers else layers
         check_seq_len(adapter, seq_len)

@@ -13,10 +13,30 @@ import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+#: Longest name (bytes) kept whole in a temporary name; beyond it the name is cut and a hash added, so that
+#: the hidden name (".NAME.PID.tmp") stays within the file system's 255 bytes whenever NAME itself does.
+NAME_ROOM = 236
 
-def temporary_name(target: Path) -> Path:
-    """A hidden name beside ``target``, unique to this process (same file system, so the move is atomic)."""
-    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+
+def temporary_prefix(target: Path) -> str:
+    """``.NAME.``: the start of every temporary (and lock) name of ``target``."""
+    name = target.name
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > NAME_ROOM:
+        import hashlib
+
+        cut = raw[: NAME_ROOM - 9].decode("utf-8", "ignore")
+        name = f"{cut}~{hashlib.sha256(raw).hexdigest()[:8]}"
+    return f".{name}."
+
+
+def temporary_name(target: Path, suffix: str = "") -> Path:
+    """A hidden name beside ``target``, unique to this process (same file system, so the move is atomic).
+
+    ``.NAME.PID.tmp`` (``suffix`` after it for tools that go by the extension): the process id tells a
+    later run whether the file's writer is gone (:func:`biasviz.common.exclusive.remove_stale_temporaries`).
+    """
+    return target.with_name(f"{temporary_prefix(target)}{os.getpid()}.tmp{suffix}")
 
 
 def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
@@ -42,7 +62,7 @@ def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
     tmp.unlink()
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -64,13 +84,13 @@ def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = 
     """
     target = Path(target)
     tmp = temporary_name(target) if tmp is None else tmp
-    _remove(tmp)
+    remove_path(tmp)
     try:
         yield tmp
         publish(tmp, target, overwrite=overwrite)
     finally:
         if tmp.exists() or tmp.is_symlink():
-            _remove(tmp)
+            remove_path(tmp)
 
 
 def write_text(target: str | Path, text: str) -> None:
@@ -99,7 +119,7 @@ class Staged:
             raise BiasvizError(f"{target} is a folder; move it away or choose another --out-dir")
         check_inputs_kept(target, self._inputs, "--out-dir")
         tmp = temporary_name(target)
-        _remove(tmp)
+        remove_path(tmp)
         self._moves.append((tmp, target))
         return tmp
 
@@ -117,7 +137,7 @@ class Staged:
 
     def discard(self) -> None:
         for tmp, _ in self._moves:
-            _remove(tmp)
+            remove_path(tmp)
         self._moves.clear()
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from biasviz.common.atomic import replacing
+from biasviz.common.atomic import replacing, temporary_name
 from biasviz.common.errors import BiasvizError
 
 WINDOW = (800, 900)
@@ -48,7 +48,7 @@ def screenshot(page: Path, out: Path, *, head: int = 5, cell: tuple[float, float
         metrics = {"width": WINDOW[0], "height": height, "deviceScaleFactor": 1, "mobile": False}
         drv.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)  # the whole page, not the window
         out.parent.mkdir(parents=True, exist_ok=True)
-        with replacing(out, tmp=out.with_name(f".{out.stem}.tmp.png")) as tmp:
+        with replacing(out, tmp=temporary_name(out, ".png")) as tmp:  # chromium goes by the extension
             drv.save_screenshot(str(tmp))
     finally:
         drv.quit()

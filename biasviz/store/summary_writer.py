@@ -15,6 +15,7 @@ import numpy as np
 
 from biasviz.common.atomic import replacing
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.exclusive import writing_alone
 from biasviz.store.format import (
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
@@ -52,7 +53,7 @@ def write_summary_file(
         raise ValueError("one summary per checkpoint")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with replacing(path, overwrite=force) as tmp, h5py.File(tmp, "w") as f:
+        with writing_alone(path), replacing(path, overwrite=force) as tmp, h5py.File(tmp, "w") as f:
             _root(f, attrs, input_ids, n_heads, seq_len, resolution, block, layers, checkpoints, causal)
             for layer in layers:
                 grp = f.create_group(layer_group(layer))

@@ -15,6 +15,7 @@ import numpy as np
 
 from biasviz.common.atomic import publish, temporary_name
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.exclusive import writing_alone
 from biasviz.store.deflate import deflate
 from biasviz.store.failures import DeferredWriteErrors
 from biasviz.store.format import (
@@ -88,6 +89,7 @@ class BiasFileWriter:
         # True where masked; a bidirectional model (causal=False, e.g. a T5 encoder) uses every cell
         self._mask = ~causal_cells(seq_len) if causal else np.zeros((seq_len, seq_len), dtype=bool)
         self._tmp: Path | None = None
+        self._alone: contextlib.AbstractContextManager[None] | None = None
         self._h5: h5py.File | None = None
         self._written = 0
         self._failures = DeferredWriteErrors()
@@ -100,6 +102,11 @@ class BiasFileWriter:
             raise BiasvizError(
                 f"cannot create the output folder {self.path.parent}: {exc.strerror}; choose another --out"
             ) from exc
+        self._alone = writing_alone(self.path)
+        try:
+            self._alone.__enter__()  # a second process writing this file fails here; stale temporaries go
+        except OSError as exc:
+            raise BiasvizError(os_error_message(exc, self.path)) from exc
         self._tmp = temporary_name(self.path)
         self._failures.__enter__()
         try:
@@ -108,6 +115,7 @@ class BiasFileWriter:
             self._failures.check()
         except BaseException as exc:  # an interrupt can land after the file exists but before it is returned
             self._discard()
+            self._release()
             if isinstance(exc, OSError):
                 raise BiasvizError(os_error_message(exc, self.path)) from exc
             raise
@@ -137,8 +145,14 @@ class BiasFileWriter:
             if exc_type is not None:
                 self._discard()
             self._failures.__exit__()
+            self._release()
         if isinstance(exc, OSError):  # a write inside the block failed (full disk, ...): name the file
             raise BiasvizError(os_error_message(exc, self.path)) from exc
+
+    def _release(self) -> None:
+        alone, self._alone = self._alone, None
+        if alone is not None:
+            alone.__exit__(None, None, None)
 
     def _discard(self) -> None:
         self._shutdown()

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from biasviz.common.atomic import replacing
 from biasviz.common.checks import check_learning_rate, check_seed
 from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
+from biasviz.common.exclusive import writing_alone
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.processes import World, rank_device, world
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
@@ -113,7 +114,8 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     if not w.main:  # the other processes train alongside process 0 and write nothing
         return _train(s, base, device, None, progress, w)
     try:
-        with replacing(out, tmp=out.with_name(f".{out.name}.partial")) as tmp:  # a whole checkpoint or none
+        # one process writes OUT (another fails at once); a whole checkpoint or none
+        with writing_alone(out), replacing(out) as tmp:
             tmp.mkdir(parents=True)  # an unwritable place fails here, before the training
             result = _train(s, base, device, tmp, progress, w)
             share_mode(tmp)

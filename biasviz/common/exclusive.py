@@ -1,0 +1,103 @@
+"""One writer per output: a second biasviz process writing the same file or folder fails at once.
+
+The lock is an advisory ``flock`` on a hidden file beside the output, held while the output is written.
+The kernel releases it when its process ends however it ends (SIGKILL, the out-of-memory killer), so a
+killed run never blocks the next one; and the next run, once it holds the lock, removes the temporary
+files that killed runs left behind (their process is gone, and nobody else may be writing there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from biasviz.common.atomic import remove_path, temporary_prefix
+from biasviz.common.errors import BiasvizError, os_error_message
+
+
+def lock_name(target: Path) -> Path:
+    """The hidden lock file of ``target`` (as short as the temporary names, for names at the length limit)."""
+    return target.with_name(f"{temporary_prefix(target)}lock")
+
+
+_HELD: dict[Path, int] = {}  # locks this process holds, and how deep: a command and its writer share one
+
+
+@contextlib.contextmanager
+def writing_alone(target: str | Path, option: str = "--out") -> Iterator[None]:
+    """Hold ``target``'s lock for the block; another process holding it is one clear error, at once.
+
+    Re-entrant within a process (the command takes the lock before loading a model, its writer again).
+    """
+    target = Path(target)
+    lock = lock_name(target)
+    key = lock.parent.resolve() / lock.name
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield
+        finally:
+            _HELD[key] -= 1
+        return
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as exc:  # an unwritable folder: name the output the user gave, not the lock file
+            raise BiasvizError(os_error_message(exc, target)) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise BiasvizError(f"another biasviz process is writing {target}; wait for it to finish or choose "
+                               f"another {option}") from None  # fmt: skip
+        try:  # the holder before us may have removed the lock file as it finished: then lock the new one
+            current = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)
+    _HELD[key] = 1
+    try:
+        remove_stale_temporaries(target)
+        yield
+    finally:
+        del _HELD[key]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Remove the temporary files of ``target`` whose process has ended (call with the lock held)."""
+    prefix = temporary_prefix(target)
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.tmp(\.[a-z]+)?")
+    removed = []
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        remove_path(Path(entry.path))
+        removed.append(Path(entry.path))
+    return removed
+
+
+__all__ = ["lock_name", "remove_stale_temporaries", "writing_alone"]
