@@ -21,7 +21,7 @@ FIGURES := figures
 STAGES  := $(RUNS)/stages
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint figures previews bench clean distclean
+.PHONY: help install test test-fast lint figures figure-files previews bench clean distclean
 # a recipe interrupted half-way must not leave a target that looks finished
 .DELETE_ON_ERROR:
 
@@ -50,7 +50,16 @@ test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs)
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check biasviz tests
 
-figures: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics and the long-context figure
+# `make` alone goes by time stamps; the manifest goes by content: before building, every target one of whose
+# files something else replaced since the last build (a README example writing into figures/, say) is dated
+# back so that it is rebuilt; after building, the manifest records what was built (biasviz/cli/manifest.py).
+MANIFEST := $(STAGES)/built.json
+figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics and the long-context figure
+	@$(BIN)/python -m biasviz.cli.manifest stale $(MANIFEST)
+	@$(MAKE) --no-print-directory figure-files
+	@$(BIN)/python -m biasviz.cli.manifest record $(MANIFEST) $(RUNS) $(DATA) $(FIGURES)
+
+figure-files: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf
 
 # Each command reads only its own part of a config: a per-stage copy that is rewritten only when that part
 # changes, so editing [plot] re-plots without retraining. (The copy is refreshed on every run; cheap.)
