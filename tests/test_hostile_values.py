@@ -48,6 +48,9 @@ ATTRIBUTES: list[tuple[str, str, object, bool]] = [
     ("model_sha256 NaN", "model_sha256", NAN, False),
     ("config_json with NaN", "config_json", '{"dropout": NaN, "rope_theta": Infinity}', False),
     ("float array with NaN", "extra", np.array([NAN, INF, -INF, 1.0]), False),
+    ("scheme a broken formula", "scheme", "$\\frac{$", False),
+    ("scheme an unknown symbol", "scheme", "_{}^$\\undefined$", False),
+    ("scheme half a formula", "scheme", "50% $x^$", False),
 ]
 
 

@@ -180,17 +180,19 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     from biasviz.plotting.diagnostics_plots import PALETTE, diagnostics_figure, profile_grid
     from biasviz.plotting.profiles import profile_note
     from biasviz.plotting.save import save_figure
+    from biasviz.plotting.style import literal
 
     sources = "; ".join(f"{r.name}={r.path}" for r in results)
     info = {"title": "Context-independence diagnostics", "source": sources,
             "description": f"{DEFINITIONS}; sources: {sources}", "keywords": "biasviz; diagnostics"}  # fmt: skip
-    details = {r.name: r.measured_on() for r in results}
-    written = save_figure(diagnostics_figure({r.name: r.heads for r in results}, style=style, details=details),
+    details = {literal(r.name): r.measured_on() for r in results}  # names from files: drawn as text, never math
+    heads = {literal(r.name): r.heads for r in results}
+    written = save_figure(diagnostics_figure(heads, style=style, details=details),
                           out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style,
                           staged=staged)  # fmt: skip
     for k, r in enumerate(results):
         fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)],
-                           suptitle=f"{r.name} bias, layer {r.layer}, T = {r.seq_len}: "
+                           suptitle=f"{literal(r.name)} bias, layer {r.layer}, T = {r.seq_len}: "
                                     f"{profile_note(r.samples, r.bias_only)}")  # fmt: skip
         info = {
             "title": f"{r.name} bias against distance (layer {r.layer}, {r.samples} samples)",

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from biasviz.plotting.heatmap import head_heatmap, tick_step_for
 from biasviz.plotting.save import parse_formats, save_figure
-from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wrap_title
+from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
 from biasviz.store import open_bias_file
 from biasviz.store.reader import BiasFile
 
@@ -52,7 +52,7 @@ def _row(sub: Figure, bf: BiasFile, layer: int, train_len: int | None) -> None:
     maps = bf.summary_map("bias_mean", bf.resolve_layer(layer))  # (H, nb, nb)
     mean, _ = bf.profile("bias", bf.resolve_layer(layer))  # (H, T)
     heads = maps.shape[0]
-    name = DISPLAY_NAMES.get(bf.scheme, bf.scheme)
+    name = DISPLAY_NAMES.get(bf.scheme, literal(bf.scheme))
     axes = sub.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.25]})
     for ax, h in zip(axes[:2], (0, heads - 1), strict=True):
         head_heatmap(maps[h], ax=ax, kind="bias", seq_len=bf.seq_len, title=f"{name}, head {h + 1}",

@@ -80,6 +80,16 @@ def _rc(width: float) -> dict[str, object]:
     }
 
 
+def literal(text: str) -> str:
+    """``text`` (a scheme name read from a file, say) drawn as the characters it holds: a ``$`` would start
+    matplotlib's math mode, and a malformed formula there stops the whole figure.
+
+    >>> literal("50% $x^$")
+    '50% \\$x^\\$'
+    """
+    return str(text).replace("$", r"\$")
+
+
 def wrap_title(text: str, width_in: float, size: float | None = None) -> str:
     """``text`` broken into lines that fit ``width_in`` inches at ``size`` points (serif text averages about
     half an em per character), so that a figure's title never runs past its edges at a narrow style."""
@@ -105,4 +115,4 @@ def paper_context(style: str = DEFAULT_STYLE) -> Iterator[float]:
         font_logger.setLevel(level)
 
 
-__all__ = ["VENUE_WIDTHS", "DEFAULT_STYLE", "venue_width", "font_sizes", "paper_context", "wrap_title"]
+__all__ = ["VENUE_WIDTHS", "DEFAULT_STYLE", "venue_width", "font_sizes", "literal", "paper_context", "wrap_title"]
