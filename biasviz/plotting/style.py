@@ -84,8 +84,8 @@ def literal(text: str) -> str:
     """``text`` (a scheme name read from a file, say) drawn as the characters it holds: a ``$`` would start
     matplotlib's math mode, and a malformed formula there stops the whole figure.
 
-    >>> literal("50% $x^$")
-    '50% \\$x^\\$'
+    >>> print(literal("50% $x^$"))
+    50% \\$x^\\$
     """
     return str(text).replace("$", r"\$")
 
