@@ -185,9 +185,12 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     sources = "; ".join(f"{r.name}={r.path}" for r in results)
     info = {"title": "Context-independence diagnostics", "source": sources,
             "description": f"{DEFINITIONS}; sources: {sources}", "keywords": "biasviz; diagnostics"}  # fmt: skip
-    details = {literal(r.name): r.measured_on() for r in results}  # names from files: drawn as text, never math
-    heads = {literal(r.name): r.heads for r in results}
-    written = save_figure(diagnostics_figure(heads, style=style, details=details),
+    layers = {r.layer for r in results}
+    one_layer = len(layers) == 1
+    details = {literal(r.name): ("" if one_layer else f"layer {r.layer}, ") + r.measured_on() for r in results}
+    heads = {literal(r.name): r.heads for r in results}  # names from files: drawn as text, never math
+    title = f"Diagnostics per head, layer {next(iter(layers))}" if one_layer else "Diagnostics per head"
+    written = save_figure(diagnostics_figure(heads, style=style, details=details, title=title),
                           out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style,
                           staged=staged)  # fmt: skip
     for k, r in enumerate(results):

@@ -25,30 +25,43 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#0
 MARKERS = ("o", "s", "D", "^", "v", "P", "X", "h")
 #: Below this the metric axis is linear; every reported nonzero value of interest lies far above it.
 LINTHRESH = 1e-3
-METRICS = (("context_dependence", "Context dependence"), ("toeplitz_residual", "Toeplitz residual"),
-           ("separability_residual", "Separability residual"))  # fmt: skip
+#: The metrics are ratios of float32 sums: values below this are rounding (ALiBi's separability gives ~4e-8),
+#: drawn as 0, hollow, like exact zeros. JSON keeps the value as computed.
+NOISE = 1e-6
+#: Each row's metric, named and said in a few words (README, "Reading the figures and diagnostics").
+METRICS = (("context_dependence", "Context dependence\n(std over inputs / std)"),
+           ("toeplitz_residual", "Toeplitz residual\n(RMS off $i - j$ means / std)"),
+           ("separability_residual", "Separability residual\n(RMS off $s_i - s_j$ / std)"))  # fmt: skip
 
 
 def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig: Figure | SubFigure | None = None,
-                       style: str | None = DEFAULT_STYLE,
-                       details: Mapping[str, str] | None = None) -> Figure | SubFigure:  # fmt: skip
+                       style: str | None = DEFAULT_STYLE, details: Mapping[str, str] | None = None,
+                       title: str | None = None) -> Figure | SubFigure:  # fmt: skip
     """One row per metric (context dependence, Toeplitz and separability residuals), a marker per scheme and head.
 
-    ``details``: per scheme, what its legend entry adds (the length and number of samples measured).
+    ``details``: per scheme, what it was measured on (length, samples): said once in the title when every
+    scheme shares it, else in each legend entry. ``title``: what the figure shows (the layer), before that.
     """
+    details = dict(details or {})
+    shared = set(details.values())
     with _context(style) as width:
         if fig is None:
             width = width or 6.0
-            fig = Figure(figsize=(width, 0.85 * width), layout="constrained")
+            fig = Figure(figsize=(width, 0.9 * width), layout="constrained")
         axes = fig.subplots(len(METRICS), 1, sharex=True, squeeze=False)[:, 0]
         _MetricPainter(results).paint(axes)
-        handles = [_legend_handle(k, name, heads, (details or {}).get(name))
+        one = len(shared) == 1 and len(details) == len(results)
+        handles = [_legend_handle(k, name, heads, None if one else details.get(name))
                    for k, (name, heads) in enumerate(results.items())]  # fmt: skip
         if handles:
             handles.append(Line2D([], [], color="0.35", marker="o", markerfacecolor="white", linestyle="none",
-                                  markersize=4, label="hollow: exactly 0"))  # fmt: skip
-            fig.legend(handles=handles, loc="outside upper center", ncol=_legend_columns(handles, fig), frameon=False,
-                       handletextpad=0.3, columnspacing=1.2)  # fmt: skip
+                                  markersize=4, label=f"hollow: 0 (below {NOISE:.0e}, rounding)"))  # fmt: skip
+            fig.legend(handles=handles, loc="outside upper center", ncol=_legend_columns(handles, fig, most=8),
+                       frameon=False, handletextpad=0.3, columnspacing=1.0)  # fmt: skip
+        heading = "; ".join(x for x in (title, next(iter(shared)) if one else None) if x)
+        if heading:
+            size = font_sizes(figure_width_in(fig))["base"] if style else None
+            fig.suptitle(wrap_title(heading, figure_width_in(fig), size), fontsize=size)
     return fig
 
 
@@ -156,7 +169,7 @@ class _MetricPainter:
         x = np.array([h.head for h in heads], dtype=float) + offset
         y = np.array([np.nan if getattr(h, key) is None else getattr(h, key) for h in heads], dtype=float)
         color, marker = PALETTE[k % len(PALETTE)], MARKERS[k % len(MARKERS)]
-        zero = y == 0
+        zero = np.abs(y) < NOISE  # float32 rounding is no structure: drawn as the 0 it stands for
         ax.plot(x[~zero], y[~zero], linestyle="none", marker=marker, markersize=3.5, color=color)
         ax.plot(x[zero], y[zero], linestyle="none", marker=marker, markersize=3.5, markerfacecolor="white",
                 markeredgecolor=color, markeredgewidth=0.8)  # fmt: skip
@@ -176,4 +189,4 @@ class _MetricPainter:
         ax.tick_params(width=0.5, length=2.0, pad=1.5)
 
 
-__all__ = ["diagnostics_figure", "profile_axes", "profile_grid", "PALETTE", "MARKERS", "LINTHRESH"]
+__all__ = ["diagnostics_figure", "profile_axes", "profile_grid", "PALETTE", "MARKERS", "LINTHRESH", "NOISE"]
