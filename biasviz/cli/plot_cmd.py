@@ -74,7 +74,9 @@ def _parse_sample(value: str) -> int | str:
     help="'diagonal' subtracts each row's diagonal value from the bias: biases that differ by a "
     "per-row constant (equivalent under softmax) then look the same.",
 )
-@click.option("--shared-scale", is_flag=True, help="One colour scale (and colorbar) for all heads.")
+@click.option("--shared-scale/--per-head-scale", default=None,
+              help="One colour scale (and colorbar) for all heads, or one per head.  [default: shared for weights "
+                   "on a log scale, per head otherwise]")  # fmt: skip
 @click.option(
     "--cmap",
     default=None,
@@ -99,8 +101,8 @@ def _parse_sample(value: str) -> int | str:
 )
 @figure_output_options
 def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
-         normalize: str, shared_scale: bool, cmap: str | None, log_scale: bool, formats_text: str, style: str, dpi: int,
-         reduce_how: str, max_cells: int, out_dir: Path) -> None:  # fmt: skip
+         normalize: str, shared_scale: bool | None, cmap: str | None, log_scale: bool, formats_text: str, style: str,
+         dpi: int, reduce_how: str, max_cells: int, out_dir: Path) -> None:  # fmt: skip
     """Draw one panel per head (4 x 3 for 12 heads), as in Figures 10-14 of the CABLE paper.
 
     Writes OUT_DIR/<scheme>_bias.pdf/.png (and <scheme>_weights.* for --kind weights|all).
@@ -150,7 +152,7 @@ class _PlotJob:
     layer: int
     sample: int | str
     normalize: str
-    shared_scale: bool
+    shared_scale: bool | None
     cmap: str | None
     log_scale: bool
     style: str
@@ -278,12 +280,19 @@ class _PlotJob:
             heads = load_heads(bf, kind, layer=layer, sample="std" if std else self.sample, normalize=normalize,
                                reduce=self.reduce_how, max_cells=self.max_cells)  # fmt: skip
             note = f"per-cell standard deviation over {samples_phrase(bf)}" if std else None
+            if not std and heads.sample == "mean":
+                note = f"mean over {samples_phrase(bf)}"
+            elif not std and bf.context_dependent and bf.n_samples > 1:  # which input the bias is of
+                note = f"sample {heads.sample} of {bf.n_samples} (the bias depends on the input; --sample mean " \
+                       "averages them)"
         if std and not np.nan_to_num(heads.data).any():
             click.echo(f"note: the {kind} is the same for every sample: its standard deviation is 0 everywhere",
                        err=True)  # fmt: skip
         suptitle = None if note is None else f"{self.scheme} {kind}, layer {heads.layer}: {note}"
-        fig = head_grid(heads, kind=panel_kind, shared_scale=self.shared_scale, cmap=self.cmap,
-                        log=self.log_scale and kind == "weights", style=self.style, causal=bf.causal,
+        log = self.log_scale and kind == "weights"
+        shared = log if self.shared_scale is None else self.shared_scale  # a log scale reads best as one
+        fig = head_grid(heads, kind=panel_kind, shared_scale=shared, cmap=self.cmap,
+                        log=log, style=self.style, causal=bf.causal,
                         suptitle=suptitle)  # fmt: skip
         reduction = heads.reduction.describe()
         if bf.is_summary:

@@ -24,7 +24,7 @@ from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
 from biasviz.plotting.load import HeadMatrices
 from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
-from biasviz.plotting.scales import DEFAULT_CMAPS, KINDS, _colormap, _extend, _scale, head_scales
+from biasviz.plotting.scales import DEFAULT_CMAPS, KINDS, ValueRange, _colormap, _extend, _scale, head_scales
 from biasviz.plotting.style import font_sizes, paper_context, wrap_title
 from biasviz.store import causal_cells
 
@@ -96,7 +96,7 @@ def head_grid(
         return _GridPainter(data.data, kind=kind, titles=titles, shared_scale=shared_scale, cmap=cmap, log=log,
                             style=style, seq_len=data.seq_len, reduce=data.reduction.how, max_cells=max_cells,
                             tick_step=tick_step, causal=causal, prepared=data.reduction, block=data.block,
-                            suptitle=suptitle).paint(fig)  # fmt: skip
+                            suptitle=suptitle, ranges=data.ranges).paint(fig)  # fmt: skip
     return _GridPainter(data, kind=kind, titles=titles, shared_scale=shared_scale, cmap=cmap, log=log,
                         style=style, seq_len=seq_len, reduce=reduce, max_cells=max_cells,
                         tick_step=tick_step, causal=causal, suptitle=suptitle).paint(fig)  # fmt: skip
@@ -142,8 +142,10 @@ class _HeatmapPainter:
     """Draws one matrix with its ticks in positions and an optional colorbar."""
 
     def __init__(self, ax: Axes, matrix: np.ndarray, seq_len: int, tick_step: int | None,
-                 panel_in: float | None = None, cell: int | None = None) -> None:  # fmt: skip
+                 panel_in: float | None = None, cell: int | None = None,
+                 values: ValueRange | None = None) -> None:  # fmt: skip
         self.ax, self.m, self.seq_len, self.panel_in, self.cell = ax, matrix, seq_len, panel_in, cell
+        self.values = values if values is not None else ValueRange.of(matrix)  # the data behind the drawn cells
         self.step = tick_step or tick_step_for(seq_len)
 
     def paint(self, norm: Normalize, cmap: Colormap, title: str | None, colorbar: bool) -> None:
@@ -190,7 +192,7 @@ class _HeatmapPainter:
 
     def _colorbar(self, im: mpl.image.AxesImage) -> None:
         fig = self.ax.get_figure(root=False)
-        cb = fig.colorbar(im, ax=self.ax, fraction=0.05, pad=0.03, aspect=18, extend=_extend(self.m, im.norm))
+        cb = fig.colorbar(im, ax=self.ax, fraction=0.05, pad=0.03, aspect=18, extend=_extend(self.values, im.norm))
         if not isinstance(im.norm, LogNorm):
             cb.locator = MaxNLocator(nbins=5 if figure_width_in(fig) >= 4.0 else 4)
             cb.formatter = ScalarFormatter(useOffset=False)  # plain text: mathtext labels cost 0.5 s a grid
@@ -219,6 +221,7 @@ class _GridOptions:
     prepared: Reduction | None = None  # set when the matrices come from load_heads (drawn as they are)
     block: int = 1  # positions per cell of the matrices given (a summary's block size)
     suptitle: str | None = None
+    ranges: list[ValueRange] | None = None  # each head's values at full resolution (scales and arrows)
 
 
 class _GridPainter:
@@ -247,6 +250,8 @@ class _GridPainter:
         mats = np.array(arr, dtype=np.float32, copy=True)
         if self.opt.causal:
             mats[:, ~causal_cells(mats.shape[-1])] = np.nan
+        if self.opt.ranges is None:
+            self.opt.ranges = [ValueRange.of(m) for m in mats]  # before reduction: the scales span every cell
         if mats.shape[-1] > self.opt.max_cells:
             plan = plan_reduction(mats.shape[-1], self.opt.max_cells, self.opt.reduce)
             mats = block_reduce(mats, plan.factor, plan.how)
@@ -269,11 +274,11 @@ class _GridPainter:
             known = self.opt.prepared is not None or self.reduction.factor > 1
             cell = self.opt.block * self.reduction.factor if known else None
             panel_in = figure_width_in(fig) / cols * (0.56 if cols == N_COLS else 0.7)  # image width once laid out
+            ranges = self._ranges()
             for h in range(self.n_heads):
                 norm, cmap = scales[h]
-                _HeatmapPainter(axes[h], self.mats[h], self.seq_len, self.opt.tick_step, panel_in, cell).paint(
-                    norm, cmap, self.titles[h], colorbar=not self.opt.shared_scale
-                )
+                _HeatmapPainter(axes[h], self.mats[h], self.seq_len, self.opt.tick_step, panel_in, cell,
+                                ranges[h]).paint(norm, cmap, self.titles[h], colorbar=not self.opt.shared_scale)
             for ax in axes[self.n_heads :]:
                 ax.set_visible(False)
             if self.opt.shared_scale and self.n_heads:
@@ -286,14 +291,17 @@ class _GridPainter:
         fig.biasviz_reduction = self.reduction.describe()  # type: ignore[union-attr]
         return fig
 
+    def _ranges(self) -> list[ValueRange]:
+        return self.opt.ranges if self.opt.ranges is not None else [ValueRange.of(m) for m in self.mats]
+
     def _scales(self) -> list[tuple[Normalize, Colormap]]:
         return head_scales(self.mats, self.opt.kind, shared_scale=self.opt.shared_scale, log=self.opt.log,
-                           cmap=self.opt.cmap)  # fmt: skip
+                           cmap=self.opt.cmap, ranges=self._ranges())  # fmt: skip
 
     def _shared_colorbar(self, fig: Figure | SubFigure, axes: np.ndarray) -> None:
         images = axes[0].get_images()
         cb = fig.colorbar(images[0], ax=list(axes), fraction=0.03, pad=0.02, aspect=40,
-                          extend=_extend(self.mats, images[0].norm))  # fmt: skip
+                          extend=_extend(ValueRange.joined(self._ranges()), images[0].norm))  # fmt: skip
         cb.outline.set_linewidth(0.5)
         cb.ax.tick_params(width=0.5, length=2.0, pad=1.5)
         if cb.solids is not None:

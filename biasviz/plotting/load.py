@@ -21,6 +21,7 @@ from biasviz.plotting.reduce import (
     plan_reduction,
     weighted_block_mean,
 )
+from biasviz.plotting.scales import ValueRange
 from biasviz.store import BiasFile, causal_cells
 
 
@@ -35,6 +36,7 @@ class HeadMatrices:
     reduction: Reduction
     block: int = 1  # positions per stored cell before ``reduction`` (a summary's block size)
     samples: int | None = None  # samples a mean is taken over (None: one sample)
+    ranges: list[ValueRange] | None = None  # each head's values before ``reduction``: what the scales span
 
     @property
     def cell(self) -> int:
@@ -50,11 +52,13 @@ def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
     n_heads, seq_len = ds.shape[1], ds.shape[-1]
     plan = plan_reduction(seq_len, max_cells, reduce)
     out = np.empty((n_heads, plan.reduced_size, plan.reduced_size), dtype=np.float32)
+    ranges = []
     for h, m in enumerate(iter_heads(bf, kind, layer=resolved, sample=sample, normalize=normalize)):
+        ranges.append(ValueRange.of(m))  # every cell, before the blocks average the extremes away
         out[h] = block_reduce(m, plan.factor, plan.how)
     label = sample if sample in ("mean", "std") else str(_samples(sample, ds.shape[0], bf)[0])
     return HeadMatrices(data=out, seq_len=seq_len, layer=resolved, sample=str(label), reduction=plan,
-                        samples=ds.shape[0] if sample in ("mean", "std") else None)  # fmt: skip
+                        samples=ds.shape[0] if sample in ("mean", "std") else None, ranges=ranges)  # fmt: skip
 
 
 def load_summary_heads(bf: BiasFile, name: str, *, layer: int = -1, normalize: str = "none", reduce: str = "mean",
@@ -71,11 +75,12 @@ def load_summary_heads(bf: BiasFile, name: str, *, layer: int = -1, normalize: s
                                "afterwards (re-extract with --resolution at least the length, or without --summary)")
         m = subtract_diagonal(m)
     plan = plan_reduction(m.shape[-1], max_cells, reduce)
+    ranges = [ValueRange.of(head) for head in m]  # the finest the file holds: its stored blocks
     if plan.factor > 1:
         counts = bf.summary.counts if bf.summary is not None else np.ones(m.shape[-2:])
         m = weighted_block_mean(m, counts, plan.factor) if plan.how == "mean" else block_reduce(m, plan.factor, "max")
     return HeadMatrices(data=m, seq_len=bf.seq_len, layer=resolved, sample="mean", reduction=plan, block=block,
-                        samples=bf.n_samples)  # fmt: skip
+                        samples=bf.n_samples, ranges=ranges)  # fmt: skip
 
 
 def iter_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import matplotlib as mpl
 import numpy as np
@@ -26,6 +27,36 @@ WEIGHTS_PERCENTILE = 99.5
 #: Lower end of a log scale for attention weights, as a fraction of the largest weight.
 LOG_FLOOR = 1e-4
 
+
+
+@dataclass(frozen=True)
+class ValueRange:
+    """What a colour scale is made from: the finite extremes of a matrix at full resolution, its smallest
+    positive value (a log scale's floor) and its 99.5th percentile (where a linear weights scale ends).
+
+    Taken from every cell before a long matrix is block-reduced for drawing, so the colorbar spans the data,
+    not the block means (ALiBi's bias at 4096 positions reaches 0 on the diagonal; a block mean does not).
+    """
+
+    lo: float
+    hi: float
+    positive: float  # smallest value > 0 (inf when there is none)
+    top: float  # the WEIGHTS_PERCENTILE-th percentile
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> ValueRange:
+        finite = np.asarray(values)[np.isfinite(values)]
+        if finite.size == 0:
+            return cls(0.0, 1.0, np.inf, 1.0)
+        pos = finite[finite > 0]
+        return cls(float(finite.min()), float(finite.max()), float(pos.min()) if pos.size else np.inf,
+                   float(np.percentile(finite, WEIGHTS_PERCENTILE)))  # fmt: skip
+
+    @classmethod
+    def joined(cls, ranges: Sequence[ValueRange]) -> ValueRange:
+        """One range over several heads (the percentile: the largest head's, an upper bound of the joint one)."""
+        return cls(min(r.lo for r in ranges), max(r.hi for r in ranges), min(r.positive for r in ranges),
+                   max(r.top for r in ranges))  # fmt: skip
 
 
 def _colormap(cmap: str | Colormap | None, default: str = "viridis") -> Colormap:
@@ -60,59 +91,64 @@ def _changes_sign(lo: float, hi: float) -> bool:
 
 
 def _scale(
-    values: np.ndarray, kind: str, log: bool, cmap: str | Colormap | None, diverging: bool | None = None
+    values: np.ndarray | ValueRange, kind: str, log: bool, cmap: str | Colormap | None, diverging: bool | None = None
 ) -> tuple[Normalize, Colormap]:
-    """Norm and colormap for ``values``: log for weights on request, diverging at 0 on a sign change.
+    """Norm and colormap for ``values`` (or their :class:`ValueRange`): log for weights on request, diverging
+    at 0 on a sign change.
 
     ``diverging`` forces the choice (a grid makes it once for all its panels, so that one figure
     never mixes a diverging and a sequential map); None decides from ``values``.
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    lo, hi = _finite_range(values)
+    r = values if isinstance(values, ValueRange) else ValueRange.of(values)
+    lo, hi = r.lo, r.hi
     if log:
         if hi <= 0:
             raise BiasvizError("a log colour scale needs positive values (it is meant for attention weights)")
-        positive = values[np.isfinite(values) & (values > 0)]
-        floor = max(float(positive.min()), hi * LOG_FLOOR)
+        floor = max(r.positive, hi * LOG_FLOOR)
         return LogNorm(vmin=min(floor, hi), vmax=hi, clip=True), _colormap(cmap, DEFAULT_CMAPS[kind])
     if kind.endswith("_std"):  # a spread over samples: from 0, never diverging (all 0 for a context-free bias)
-        finite = values[np.isfinite(values)]
-        if kind == "weights_std" and finite.size:
-            hi = max(float(np.percentile(finite, WEIGHTS_PERCENTILE)), 0.0) or hi
+        if kind == "weights_std":
+            hi = max(r.top, 0.0) or hi
         return Normalize(vmin=0.0, vmax=hi if hi > 0 else 1.0), _colormap(cmap, DEFAULT_CMAPS[kind])
     if _changes_sign(lo, hi) if diverging is None else diverging:
         bound = max(-lo, hi, 1e-12)
         return Normalize(vmin=-bound, vmax=bound), _colormap(cmap, DEFAULT_CMAPS["diverging"])
     if kind == "weights":  # heavy-tailed: the few largest weights would leave every other cell black
-        finite = values[np.isfinite(values)]
-        hi = float(np.percentile(finite, WEIGHTS_PERCENTILE)) if finite.size else hi
-        hi = hi if hi > lo else float(finite.max()) if finite.size else hi
+        hi = r.top if r.top > lo else hi
     if lo == hi:  # constant: give the colorbar a visible range around the value
         lo, hi = lo - 0.5, hi + 0.5
     return Normalize(vmin=lo, vmax=hi), _colormap(cmap, DEFAULT_CMAPS[kind])
 
 
 def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
-                log: bool = False, cmap: str | Colormap | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
+                log: bool = False, cmap: str | Colormap | None = None,
+                ranges: Sequence[ValueRange] | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
     """The norm and colour map of each head's panel, as a grid draws them (the explorer reuses them).
 
     One family of map per figure: diverging for every panel as soon as one changes sign; with
-    ``shared_scale`` one scale computed over all heads together.
+    ``shared_scale`` one scale over all heads together. ``ranges``: each head's values at full resolution
+    (:class:`ValueRange`), where ``mats`` were block-reduced for drawing.
     """
+    ranges = list(ranges) if ranges is not None else [ValueRange.of(np.asarray(m)) for m in mats]
     if shared_scale:
-        stacked = np.stack([np.asarray(m, dtype=np.float32) for m in mats]) if len(mats) else np.zeros((0, 1, 1))
-        return [_scale(stacked, kind, log, cmap)] * len(mats)
-    diverging = not log and not kind.endswith("_std") and any(_changes_sign(*_finite_range(m)) for m in mats)
-    return [_scale(m, kind, log, cmap, diverging) for m in mats]
+        return [_scale(ValueRange.joined(ranges), kind, log, cmap)] * len(ranges) if ranges else []
+    diverging = not log and not kind.endswith("_std") and any(_changes_sign(r.lo, r.hi) for r in ranges)
+    return [_scale(r, kind, log, cmap, diverging) for r in ranges]
 
 
-def _extend(values: np.ndarray, norm: Normalize) -> str:
-    """'max' when the scale clips the largest values (weights), so the colorbar shows an arrow."""
-    finite = values[np.isfinite(values)]
-    vmax = norm.vmax
-    clipped = finite.size and vmax is not None and float(finite.max()) > vmax + 1e-6 * max(abs(vmax), 1e-12)
-    return "max" if clipped and not isinstance(norm, LogNorm) else "neither"
+def _extend(values: np.ndarray | ValueRange, norm: Normalize) -> str:
+    """Which ends of the colorbar get an arrow: those where the data pass the scale (clipped weights, a log
+    scale's floor)."""
+    r = values if isinstance(values, ValueRange) else ValueRange.of(values)
+    vmin, vmax = norm.vmin, norm.vmax
+    if vmin is None or vmax is None:
+        return "neither"
+    slack = 1e-6 * max(abs(vmin), abs(vmax), 1e-12)
+    low = r.lo < vmin - slack
+    high = r.hi > vmax + slack
+    return {(True, True): "both", (True, False): "min", (False, True): "max"}.get((low, high), "neither")
 
 
-__all__ = ["DEFAULT_CMAPS", "KINDS", "LOG_FLOOR", "SIGN_TOLERANCE", "WEIGHTS_PERCENTILE", "head_scales"]
+__all__ = ["DEFAULT_CMAPS", "KINDS", "LOG_FLOOR", "SIGN_TOLERANCE", "WEIGHTS_PERCENTILE", "ValueRange", "head_scales"]
