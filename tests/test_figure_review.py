@@ -135,8 +135,9 @@ def test_log_scaled_weights_share_one_colorbar_by_default(tmp_path: object, make
 
     f = make_bias_file(tmp_path / "alibi.h5", "alibi", n=1, heads=6, t=16)
     for extra, bars in (([], 1), (["--per-head-scale"], 6)):
+        out = tmp_path / f"figs{bars}"
         code, _, err = run_cli(["plot", "--scheme", "alibi", "--input", str(f), "--kind", "weights", "--log",
-                                "--format", "svg", "--out-dir", str(tmp_path / f"figs{bars}"), *extra], capsys)  # fmt: skip
+                                "--format", "svg", "--out-dir", str(out), *extra], capsys)  # fmt: skip
         assert code == 0, err
         svg = (tmp_path / f"figs{bars}" / "alibi_weights.svg").read_text()
         assert svg.count("<g id=\"axes_") == 6 + bars, svg.count("<g id=\"axes_")

@@ -150,3 +150,11 @@ def test_a_killed_run_does_not_block_the_next(assets: dict[str, str], tmp_path: 
 
 def test_table_size() -> None:
     assert len(CONTESTED) >= 8
+
+
+def test_an_output_in_a_new_folder(assets: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The lock lives beside the output: its folder is made first, as the writer would make it."""
+    for argv, out in ((EX, tmp_path / "new" / "deeper" / "x.h5"), (TRAIN, tmp_path / "runs" / "ck")):
+        code, _, err = run_cli([*argv.format(**assets).split(), "--out", str(out)], capsys)
+        assert code == 0, err
+        assert out.exists() and sorted(p.name for p in out.parent.iterdir()) == [out.name]
