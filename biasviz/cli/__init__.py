@@ -127,8 +127,8 @@ def _main(argv: list[str] | None) -> None:
             traceback.print_exc()
         click.echo(f"Error: {os_error_message(exc, action='access' if exc.filename else 'write')}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("Error: interrupted; no partial output was left behind.", err=True)
+    except KeyboardInterrupt as exc:  # a sweep says what it kept
+        click.echo(f"Error: {exc or 'interrupted; no partial output was left behind.'}", err=True)
         sys.exit(130)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
