@@ -274,3 +274,10 @@ def test_resume_needs_an_unfinished_sweep(hub: dict[str, Any], tmp_path: Path, m
     assert rc == 1 and "no unfinished sweep" in err
     rc, _, err = run_cli([*base, "--resume", "--out", str(tmp_path / "r.h5")], capsys)
     assert rc == 2 and "--resume applies with --checkpoints" in err
+
+
+def test_readme_shows_the_table_the_code_uses() -> None:
+    from biasviz.training.series import pattern_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert pattern_table() in readme

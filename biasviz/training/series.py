@@ -19,14 +19,14 @@ from biasviz.common.errors import BiasvizError, UsageError
 
 #: (regex matched against the whole name, example, who writes such names), asked in this order
 STEP_PATTERNS: tuple[tuple[str, str, str], ...] = (
-    (r"checkpoint-(?P<step>\d+)", "checkpoint-1000", "biasviz train --save-every, transformers Trainer"),
+    (r"checkpoint-(?P<step>\d+)", "checkpoint-1000", "`biasviz train --save-every`, transformers `Trainer`"),
     (r"global_step(?P<step>\d+)", "global_step1000", "DeepSpeed, Megatron-DeepSpeed (BLOOM's intermediate "
      "checkpoints)"),
     (r"iter_(?P<step>\d+)", "iter_0001000", "Megatron-LM"),
     (r"step_(?P<step>\d+)", "step_1000", "many training scripts"),
     (r"(?:stage\d+-)?step(?P<step>\d+)-tokens(?P<tokens>\d+[KMBT]?)", "stage1-step1000-tokens4B",
-     "OLMo revisions (tokens in units: K, M, B = 10^9, T)"),
-    (r"step(?P<step>\d+)", "step1000", "Pythia revisions (step0 ... step143000)"),
+     "OLMo revisions (4B = 4·10⁹ tokens; K, M, B, T)"),
+    (r"step(?P<step>\d+)", "step1000", "Pythia revisions"),
 )  # fmt: skip
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
 
