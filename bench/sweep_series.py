@@ -75,6 +75,9 @@ def main() -> None:
         work = Path(tmp)
         cache = work / "cache"
         steps = [0, *[2**k for k in range(args.checkpoints - 1)]]
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
         for k, step in enumerate(steps):
             save_revision(cache, REPO, f"step{step}", tiny_neox(k))
         (work / "text.txt").write_text((ROOT / "README.md").read_text(encoding="utf-8") * 4)

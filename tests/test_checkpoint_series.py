@@ -281,3 +281,23 @@ def test_readme_shows_the_table_the_code_uses() -> None:
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert pattern_table() in readme
+
+
+def test_a_revision_in_the_cache_only_in_part_is_left_out_or_named(
+    hub: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    cache = tmp_path / "cache"
+    save_revision(cache, "EleutherAI/pythia-part", "step0", tiny_neox(0))
+    save_revision(cache, "EleutherAI/pythia-part", "step9", tiny_neox(1))
+    snapshot = save_revision(cache, "EleutherAI/pythia-part", "step5", tiny_neox(2))
+    (snapshot / "model.safetensors").unlink()  # a download that stopped half-way
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(hub["root"])
+    base = ["extract", "--model", "EleutherAI/pythia-part", "--samples", "2", "--seq-len", "8", "--text", "text.txt",
+            "--device", "cpu", "--quiet", "--out", str(tmp_path / "o.h5")]  # fmt: skip
+    rc, _, err = run_cli([*base, "--checkpoints", "step5"], capsys)
+    assert rc == 1 and "revision step5 of EleutherAI/pythia-part is in the cache only in part" in err
+    assert "hf download EleutherAI/pythia-part --revision step5" in err
+    rc, out, err = run_cli([*base, "--checkpoints", "all"], capsys)
+    assert rc == 0 and "2 checkpoints (steps 0, 9)" in out, err
+    assert "Warning: EleutherAI/pythia-part: revisions step5 are in the cache only in part" in err

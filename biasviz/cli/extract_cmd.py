@@ -175,7 +175,8 @@ def extract(
     if checkpoints:  # the series first: --model may be a folder of checkpoints only, or ORG/NAME in the hub cache
         from biasviz.extraction.sweep import resolve_series
 
-        series = resolve_series(model, checkpoints, step_pattern)
+        with warnings_as_notes():
+            series = resolve_series(model, checkpoints, step_pattern)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
     with process_group(device) as (w, dev):  # under torchrun: one process of several, each on its own device
         if w.size > 1 and bias_only:

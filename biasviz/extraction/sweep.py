@@ -59,6 +59,12 @@ def resolve_series(model: str | Path, spec: str, step_pattern: str | None = None
     if is_repo_id(text):
         series = hub_series(text, pattern)
         present = [c for c in series if c.path is not None]
+        if len(present) < len(series):
+            import warnings
+
+            partly = ", ".join(c.name for c in series if c.path is None)
+            warnings.warn(f"{text}: revisions {partly} are in the cache only in part (no config.json or weights) "
+                          "and are left out", UserWarning, stacklevel=2)  # fmt: skip
         return Series(text, text, pick(spec, present, f"{text} (Hugging Face cache)", missing_revision(text, series)))
     raise UsageError(f"--checkpoints needs --model DIR holding checkpoint folders, or ORG/NAME with revisions in the "
                      f"local Hugging Face cache; {text} is neither")  # fmt: skip
@@ -79,8 +85,7 @@ def extract_sweep(model_dir: str | Path, spec: str, windows: np.ndarray, out: st
     t0 = time.perf_counter()
     w = w or World()
     out = Path(out)
-    if not resume:
-        check_output_file(out, force=force)
+    check_output_file(out, force=force)  # the file appears only when the sweep is complete, resumed or not
     series = series or resolve_series(model_dir, spec, step_pattern)
     partial = partial_dir(out)
     plan = plan_of(series, windows, scheme=scheme, summary=summary, model_options=model_options, options=options)
