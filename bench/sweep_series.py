@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -30,8 +31,8 @@ from tests.series_models import save_revision, tiny_neox  # noqa: E402
 REPO = "bench/pythia-tiny"
 
 
-def command(args: argparse.Namespace, out: str, processes: int, resume: bool = False) -> list[str]:
-    cli = ["-m", "biasviz", "extract", "--model", REPO, "--checkpoints", "all", "--samples", str(args.samples),
+def command(args: argparse.Namespace, out: str, processes: int, resume: bool = False, which: str = "all") -> list[str]:
+    cli = ["-m", "biasviz", "extract", "--model", REPO, "--checkpoints", which, "--samples", str(args.samples),
            "--seq-len", str(args.seq_len), "--layer", "all", "--text", "text.txt", "--device", "cpu", "--quiet",
            "--out", out, *(["--resume"] if resume else [])]  # fmt: skip
     if processes == 1:
@@ -39,22 +40,30 @@ def command(args: argparse.Namespace, out: str, processes: int, resume: bool = F
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", *cli]
 
 
-def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
+def cpu_seconds() -> float:
+    """User + system time of every finished child process so far (less sensitive to other load than wall time)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run."""
+    t0, c0 = time.perf_counter(), cpu_seconds()
     subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True, text=True)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cpu_seconds() - c0
 
 
-def interrupted(cmd: list[str], cwd: Path, env: dict[str, str], partial: Path, after: int) -> tuple[float, int]:
-    """Run until ``after`` checkpoints are finished, then SIGINT (a Ctrl-C); seconds spent and parts kept."""
-    t0 = time.perf_counter()
+def interrupted(cmd: list[str], cwd: Path, env: dict[str, str], partial: Path,
+                after: int) -> tuple[tuple[float, float], int]:  # fmt: skip
+    """Run until ``after`` checkpoints are finished, then SIGINT (a Ctrl-C): (wall, CPU) seconds and parts kept."""
+    t0, c0 = time.perf_counter(), cpu_seconds()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     while proc.poll() is None and len(list(partial.glob("step-*.h5"))) < after:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate()
     assert proc.returncode == 130 and "--resume" in err, err
-    return time.perf_counter() - t0, len(list(partial.glob("step-*.h5")))
+    return (time.perf_counter() - t0, cpu_seconds() - c0), len(list(partial.glob("step-*.h5")))
 
 
 def same(a: Path, b: Path) -> bool:
@@ -83,7 +92,8 @@ def main() -> None:
         (work / "text.txt").write_text((ROOT / "README.md").read_text(encoding="utf-8") * 4)
         env = {**os.environ, "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
                "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
-        rows = []
+        rows = [("1 process, first checkpoint only (a run's fixed cost)",
+                 [timed(command(args, f"first-{r}.h5", 1, which="first"), work, env) for r in range(args.repeats)])]
         for processes in (1, 2):
             env_p = env if processes == 2 else {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"}
             times = []
@@ -104,13 +114,16 @@ def main() -> None:
         assert same(one, two), "two processes differ from one"
         print(f"{len(steps)} checkpoints, {args.samples} samples x T = {args.seq_len}, all layers; "
               f"file {one.stat().st_size / 1e6:.1f} MB; {os.cpu_count()} cores")  # fmt: skip
-        print("| run | wall s, median [min-max] |\n| --- | --- |")
-        for name, times in rows:
-            print(f"| {name} | {statistics.median(times):.1f} [{min(times):.1f}-{max(times):.1f}] |")
-        total = [a + b for a, b in zip(cut, resumed, strict=True)]
-        for name, times in (("interrupted at half (until SIGINT)", cut), ("--resume (the other half + join)", resumed),
-                            ("interrupted + resumed", total)):  # fmt: skip
-            print(f"| {name} | {statistics.median(times):.1f} [{min(times):.1f}-{max(times):.1f}] |")
+        print("| run | wall s, median [min-max] | CPU s (all processes), median [min-max] |\n| --- | --- | --- |")
+        total = [(a[0] + b[0], a[1] + b[1]) for a, b in zip(cut, resumed, strict=True)]
+        rows += [("interrupted at half (until SIGINT)", cut), ("--resume (the other half + join)", resumed),
+                 ("interrupted + resumed", total)]
+        for name, runs in rows:
+            cells = []
+            for values in ([r[0] for r in runs], [r[1] for r in runs]):
+                cells.append(f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]")
+            print(f"| {name} | {cells[0]} | {cells[1]} |")
+        print(f"load average while measuring: {os.getloadavg()[0]:.1f}")
         print(f"parts kept at the interrupt: {kept}; resumed file equals the uninterrupted one: True; "
               f"two processes equal one: True")  # fmt: skip
 
