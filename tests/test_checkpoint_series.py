@@ -301,3 +301,9 @@ def test_a_revision_in_the_cache_only_in_part_is_left_out_or_named(
     rc, out, err = run_cli([*base, "--checkpoints", "all"], capsys)
     assert rc == 0 and "2 checkpoints (steps 0, 9)" in out, err
     assert "Warning: EleutherAI/pythia-part: revisions step5 are in the cache only in part" in err
+
+
+def test_org_name_without_checkpoints_says_how_to_read_the_cache(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path) -> None:  # fmt: skip
+    rc, _, err = run_cli(["extract", "--model", "EleutherAI/pythia-tiny", "--out", str(tmp_path / "o.h5")], capsys)
+    assert rc == 1 and "--model EleutherAI/pythia-tiny does not exist" in err and "with --checkpoints" in err

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from biasviz.cli.options import config_option, device_option, seed_option
-from biasviz.common.errors import UsageError
+from biasviz.common.errors import BiasvizError, UsageError
 
 
 def parse_layers(spec: str | int) -> int | str | list[int]:
@@ -172,6 +172,13 @@ def extract(
     if out:  # checked before the model is loaded
         check_output_file(Path(out), inputs, force)
     series = None
+    if not checkpoints and not Path(model).expanduser().exists():
+        from biasviz.extraction.hub import is_repo_id
+
+        if is_repo_id(model):
+            raise BiasvizError(f"--model {model} does not exist (no such folder or file); if it names a model in "
+                               "the local Hugging Face cache, read its revisions with --checkpoints (e.g. "
+                               "--checkpoints last or step1000)")  # fmt: skip
     if checkpoints:  # the series first: --model may be a folder of checkpoints only, or ORG/NAME in the hub cache
         from biasviz.extraction.sweep import resolve_series
 
