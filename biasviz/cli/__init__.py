@@ -105,8 +105,9 @@ def _main(argv: list[str] | None) -> None:
     previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupts_reach_main
     try:
         cli.main(args=args, prog_name="biasviz", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("Error: interrupted.", err=True)
+    except click.exceptions.Abort as exc:  # Click's word for a Ctrl-C; a sweep's says what it kept
+        said = str(exc.__cause__) if isinstance(exc.__cause__, KeyboardInterrupt) else ""
+        click.echo(f"Error: {said or 'interrupted.'}", err=True)
         sys.exit(130)
     except click.ClickException as exc:  # usage errors: Click's own message, one line
         if debug:
@@ -127,8 +128,8 @@ def _main(argv: list[str] | None) -> None:
             traceback.print_exc()
         click.echo(f"Error: {os_error_message(exc, action='access' if exc.filename else 'write')}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("Error: interrupted; no partial output was left behind.", err=True)
+    except KeyboardInterrupt as exc:  # a sweep says what it kept
+        click.echo(f"Error: {exc or 'interrupted; no partial output was left behind.'}", err=True)
         sys.exit(130)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

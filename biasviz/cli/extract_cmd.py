@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from biasviz.cli.options import config_option, device_option, seed_option, with_config
-from biasviz.common.errors import UsageError
+from biasviz.common.errors import BiasvizError, UsageError
 
 
 def parse_layers(spec: str | int) -> int | str | list[int]:
@@ -108,8 +108,20 @@ def warnings_as_notes() -> Iterator[None]:
 )  # fmt: skip
 @click.option(
     "--checkpoints", default=None,
-    help="With --model OUT of 'biasviz train --save-every K': extract OUT/checkpoint-STEP for these steps (all, "
-    "first,last, or a list such as 200,400) on the same windows, into one file with a leading checkpoint dimension.",
+    help="Sweep a checkpoint series on the same windows into one file with a leading checkpoint dimension: "
+    "--model DIR holding checkpoint folders (checkpoint-N, global_stepN, iter_000N, step_N, stepN, "
+    "stage1-stepN-tokensNB) or ORG/NAME with revisions in the local Hugging Face cache. all, first,last, steps "
+    "or names (200,400 or step1000), or log:N (N log-spaced, first and last included).",
+)  # fmt: skip
+@click.option(
+    "--step-pattern", default=None,
+    help="With --checkpoints: a regular expression for other folder or revision names, matching the whole name, "
+    "with a named group 'step' (and optionally 'tokens'), e.g. 'ckpt-(?P<step>\\d+)'.",
+)  # fmt: skip
+@click.option(
+    "--resume", is_flag=True,
+    help="With --checkpoints: finish an interrupted sweep (kept in OUT.partial/) after checking it ran on the same "
+    "windows, checkpoints and settings; only the missing checkpoints are extracted.",
 )  # fmt: skip
 @click.option(
     "--summary", is_flag=True,
@@ -127,8 +139,8 @@ def extract(
     model: str, checkpoint: str | None, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None,
     tokenizer: str | None,
     seed: int, batch_size: int, device: str, dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
-    part: str | None, bias_only: bool, checkpoints: str | None, summary: bool, resolution: int | None,
-    quiet: bool,
+    part: str | None, bias_only: bool, checkpoints: str | None, step_pattern: str | None, resume: bool, summary: bool,
+    resolution: int | None, quiet: bool,
 ) -> None:  # fmt: skip
     """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
 
@@ -152,15 +164,33 @@ def extract(
         raise UsageError("--bias-only with --resolution already writes a summary; drop --summary")
     if bias_only:
         _refuse_with_bias_only(text=text, tokenizer=tokenizer, no_scale=no_scale)
+    for given, flag in ((step_pattern, "--step-pattern"), (resume, "--resume")):
+        if given and not checkpoints:
+            raise UsageError(f"{flag} applies with --checkpoints")
+    if checkpoints and (bias_only or checkpoint):
+        raise UsageError(f"--checkpoints cannot apply with {'--bias-only' if bias_only else '--checkpoint'}")
     inputs = with_config(model, text, tokenizer, checkpoint)
     if out:  # checked before the model is loaded
         check_output_file(Path(out), inputs, force)
+    series = None
+    if not checkpoints and not Path(model).expanduser().exists():
+        from biasviz.extraction.hub import is_repo_id
+
+        if is_repo_id(model):
+            raise BiasvizError(f"--model {model} does not exist (no such folder or file); if it names a model in "
+                               "the local Hugging Face cache, read its revisions with --checkpoints (e.g. "
+                               "--checkpoints last or step1000)")  # fmt: skip
+    if checkpoints:  # the series first: --model may be a folder of checkpoints only, or ORG/NAME in the hub cache
+        from biasviz.extraction.sweep import resolve_series
+
+        with warnings_as_notes():
+            series = resolve_series(model, checkpoints, step_pattern)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
     with process_group(device) as (w, dev), contextlib.ExitStack() as held:  # under torchrun: one of several
-        if w.size > 1 and (bias_only or checkpoints):
-            raise UsageError(f"{'--bias-only' if bias_only else '--checkpoints'} runs in one process; "
-                             "start it without torchrun")  # fmt: skip
-        adapter = _load(model, checkpoint, scheme, no_scale, part)
+        if w.size > 1 and bias_only:
+            raise UsageError("--bias-only runs in one process; start it without torchrun")
+        first = str(series.chosen[0].path) if series is not None else model  # its tokenizer reads the text
+        adapter = _load(first, None if series else checkpoint, scheme, no_scale, part)
         target = check_output_file(Path(out) if out else Path("data") / f"{adapter.scheme}.h5", inputs, force)
         if w.main:  # one process writes the target: a second run to the same --out fails now, not at the end
             held.enter_context(writing_alone(target))
@@ -199,7 +229,10 @@ def extract(
         if checkpoints:
             from biasviz.extraction.sweep import extract_sweep
 
-            result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, summary=summary, **run)
+            options = {k: v for k, v in (("attn_scale", 1.0 if no_scale else None), ("part", part)) if v is not None}
+            result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, summary=summary, resume=resume,
+                                   series=series, w=w, model_options=options, first=adapter if w.main else None,
+                                   **run)  # fmt: skip
         elif summary and w.size > 1:
             from biasviz.extraction.distributed import summarise_parallel
 
@@ -216,7 +249,11 @@ def extract(
             return
         kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
         names = ", ".join(str(x) for x in result.layers)
-        where = f", {w.size} processes" if w.size > 1 else f", checkpoints {checkpoints}" if checkpoints else ""
+        where = f", {w.size} processes" if w.size > 1 else ""
+        if series is not None:
+            steps = [str(c.step) for c in series.chosen]
+            shown = ", ".join(steps if len(steps) <= 8 else [*steps[:4], "...", *steps[-3:]])
+            where += f", {len(steps)} checkpoints (steps {shown})"
         if summary:
             maps = _blocks(result.seq_len, resolution)
             shape = f"summary of {result.samples} samples: {adapter.n_heads} heads x {maps}"

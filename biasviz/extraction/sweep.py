@@ -1,16 +1,22 @@
-"""Checkpoint sweeps: how a learned bias evolves over training (``extract --checkpoints``).
+"""Checkpoint sweeps: how attention changes over training (``extract --checkpoints``).
 
-``biasviz train --save-every K`` leaves ``OUT/checkpoint-STEP/`` directories, each a complete checkpoint.
-A sweep extracts the chosen ones on the same token windows, one after another, and joins them into one
-file whose ``bias`` and ``weights`` gain a leading ``checkpoint`` dimension, scaled by the training steps
-(:mod:`biasviz.store.combine`). Each slice is exactly the file that checkpoint alone would give.
+A series is the checkpoint sub-folders of a folder (``checkpoint-1000``, ``global_step1000``, ``iter_0001000``,
+``step_1000``, ``step1000``, ``stage1-step1000-tokens4B``: :mod:`biasviz.training.series`) or the revisions of
+``ORG/NAME`` in the local Hugging Face cache (:mod:`.hub`). The chosen checkpoints are extracted on the same token
+windows, each into its own file in ``OUT.partial/`` (moved into place when complete, so a checkpoint is either
+finished or absent), and joined into one file whose datasets gain a leading ``checkpoint`` dimension, scaled by
+the steps (:mod:`biasviz.store.combine`). Each slice is exactly the file that checkpoint alone would give.
+
+An interrupted sweep keeps ``OUT.partial/``; ``--resume`` checks that its plan (windows, checkpoints,
+settings) is this run's and extracts only the checkpoints missing. Under torchrun each process takes a
+contiguous block of the checkpoints and process 0 joins them. Either way the file is the same, bit for bit.
 """
 
 from __future__ import annotations
 
-import contextlib
-import secrets
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,88 +24,183 @@ import numpy as np
 
 from biasviz.common.errors import BiasvizError, UsageError
 from biasviz.common.outputs import check_output_file
+from biasviz.common.processes import World, all_true
+from biasviz.extraction.resume import part_path, partial_dir, plan_of, prepare
 from biasviz.training.checkpoints import list_checkpoints
+from biasviz.training.series import Checkpoint, folder_series, pick, step_regex
+
+
+@dataclass(frozen=True)
+class Series:
+    """The checkpoints a sweep takes, and where they come from."""
+
+    model: str  # what --model named
+    source: str  # the folder, resolved, or ORG/NAME
+    chosen: list[Checkpoint]
 
 
 def choose(spec: str, available: dict[int, Path], model_dir: str | Path) -> list[int]:
-    """``all``, ``first``, ``last`` or training steps, comma-separated, as sorted steps."""
+    """``all``, ``first``, ``last``, ``log:N`` or steps, comma-separated, among ``checkpoint-STEP`` folders."""
     if not available:
         raise BiasvizError(f"{model_dir} holds no checkpoint-STEP directories; train it with --save-every K")
-    steps = list(available)
-    chosen: set[int] = set()
-    for item in (x.strip().lower() for x in spec.split(",") if x.strip()):
-        if item == "all":
-            chosen.update(steps)
-        elif item in ("first", "last"):
-            chosen.add(steps[0] if item == "first" else steps[-1])
-        elif item.isdigit() and int(item) in available:
-            chosen.add(int(item))
-        else:
-            raise UsageError(f"--checkpoints: '{item}' is not all, first, last or one of the steps "
-                             f"{', '.join(map(str, steps))}")  # fmt: skip
-    if not chosen:
-        raise UsageError("--checkpoints is empty; use all, first,last or a list of steps")
-    return sorted(chosen)
+    present = [Checkpoint(step, path.name, path) for step, path in sorted(available.items())]
+    return [c.step for c in pick(spec, present, str(model_dir))]
+
+
+def resolve_series(model: str | Path, spec: str, step_pattern: str | None = None) -> Series:
+    """The checkpoints ``--checkpoints spec`` names in the folder or hub repository ``model``."""
+    from biasviz.extraction.hub import hub_series, is_repo_id, missing_revision
+
+    pattern = step_regex(step_pattern)
+    text = str(model)
+    if Path(text).expanduser().is_dir():
+        root = Path(text).expanduser()
+        return Series(text, str(root.resolve()), pick(spec, folder_series(root, pattern), str(root)))
+    if is_repo_id(text):
+        series = hub_series(text, pattern)
+        present = [c for c in series if c.path is not None]
+        if len(present) < len(series):
+            import warnings
+
+            partly = ", ".join(c.name for c in series if c.path is None)
+            warnings.warn(f"{text}: revisions {partly} are in the cache only in part (no config.json or weights) "
+                          "and are left out", UserWarning, stacklevel=2)  # fmt: skip
+        return Series(text, text, pick(spec, present, f"{text} (Hugging Face cache)", missing_revision(text, series)))
+    raise UsageError(f"--checkpoints needs --model DIR holding checkpoint folders, or ORG/NAME with revisions in the "
+                     f"local Hugging Face cache; {text} is neither")  # fmt: skip
 
 
 def extract_sweep(model_dir: str | Path, spec: str, windows: np.ndarray, out: str | Path, *,
-                  scheme: str | None = None, force: bool = False, summary: bool = False,
-                  **options: Any) -> Any:  # fmt: skip
-    """Extract each chosen checkpoint of ``model_dir`` on ``windows`` and join them into ``out``."""
-    from biasviz.adapters import load_model
-    from biasviz.extraction.run import ExtractResult, extract
-    from biasviz.store.combine import combine
+                  scheme: str | None = None, force: bool = False, summary: bool = False, resume: bool = False,
+                  step_pattern: str | None = None, series: Series | None = None, w: World | None = None,
+                  model_options: dict[str, Any] | None = None, first: Any = None, **options: Any) -> Any:  # fmt: skip
+    """Extract the chosen checkpoints of ``model_dir`` on ``windows`` and join them into ``out``.
+
+    ``options`` are :func:`biasviz.extraction.run.extract`'s (or, with ``summary``, the summary's);
+    ``model_options`` go to :func:`biasviz.adapters.load_model`; ``first`` is the first checkpoint's adapter
+    when the caller has loaded it already. Returns the joined file's result (in process 0).
+    """
+    from biasviz.extraction.run import ExtractResult
 
     t0 = time.perf_counter()
-    out = check_output_file(Path(out), force=force)
-    available = list_checkpoints(model_dir)
-    steps = choose(spec, available, model_dir)
-    if summary:
-        return _sweep_summaries(model_dir, available, steps, windows, out, scheme=scheme, force=force, t0=t0,
-                                **options)  # fmt: skip
-    token = secrets.token_hex(4)
-    parts = [out.with_name(f".{out.name}.{token}.step{step}.h5") for step in steps]
+    w = w or World()
+    out = Path(out)
+    check_output_file(out, force=force)  # the file appears only when the sweep is complete, resumed or not
+    series = series or resolve_series(model_dir, spec, step_pattern)
+    partial = partial_dir(out)
+    plan = plan_of(series, windows, scheme=scheme, summary=summary, model_options=model_options, options=options)
+    failure: BaseException | None = None
+    if w.main:
+        try:
+            prepare(out, partial, plan, resume=resume, force=force)
+        except BiasvizError as exc:
+            failure = exc
+    if not all_true(failure is None):
+        raise failure or BiasvizError(f"process 0 could not prepare {partial}")
+    mine = series.chosen[w.block(len(series.chosen))]
     try:
-        result, hashes = None, []
-        for step, part in zip(steps, parts, strict=True):
-            adapter = load_model(available[step], scheme)
-            hashes.append(adapter.sha256)
-            result = extract(adapter, windows, part, force=True, **options)
-        # the file names the run; each checkpoint's parameters keep their own hash, in step order
-        attrs = {"source_model": str(Path(model_dir).resolve()), "model_sha256": "per checkpoint: checkpoint_sha256",
-                 "checkpoint_sha256": {str(step): h for step, h in zip(steps, hashes, strict=True)}}
-        combine(parts, out, along="checkpoint", steps=steps, force=force, attrs=attrs)
-    finally:
-        for part in parts:
-            with contextlib.suppress(FileNotFoundError):
-                part.unlink()
-    assert result is not None
-    return ExtractResult(out, result.samples, result.seq_len, result.layers, result.has_bias,
-                         time.perf_counter() - t0, out.stat().st_size)  # fmt: skip
-
-
-def _sweep_summaries(model_dir: str | Path, available: dict[int, Path], steps: list[int], windows: np.ndarray,
-                     out: Path, *, scheme: str | None, force: bool, t0: float, dtype: str = "float32",
-                     **options: Any) -> Any:  # fmt: skip
-    """Summaries of each checkpoint, kept in memory (they are small) and written once with a checkpoint axis."""
-    from biasviz.adapters import load_model
-    from biasviz.extraction.run import ExtractResult, check_windows
-    from biasviz.extraction.summary import summary_run
-    from biasviz.store.format import block_size
-    from biasviz.store.summary_writer import write_summary_file
-
-    per_step, hashes = [], []
-    for step in steps:
-        adapter = load_model(available[step], scheme)
-        hashes.append(adapter.sha256)
-        ids = check_windows(adapter, windows)
-        meta, layer_list, summaries, r = summary_run(adapter, ids, **options)
-        per_step.append(summaries)
-    meta.update({"source_model": str(Path(model_dir).resolve()), "model_sha256": "per checkpoint: checkpoint_sha256",
-                 "checkpoint_sha256": {str(step): h for step, h in zip(steps, hashes, strict=True)}})  # fmt: skip
-    n, seq_len = ids.shape
-    write_summary_file(out, attrs=meta, input_ids=ids, n_heads=adapter.n_heads, seq_len=seq_len, resolution=r,
-                       block=block_size(seq_len, r), layers=layer_list, summaries=per_step, checkpoints=steps,
-                       causal=bool(adapter.causal), force=force)  # fmt: skip
-    return ExtractResult(out, n, seq_len, layer_list, bool(adapter.adds_bias), time.perf_counter() - t0,
+        last = _run_mine(mine, series, windows, partial, scheme=scheme, summary=summary, w=w,
+                         model_options=model_options, first=first, options=options)  # fmt: skip
+    except BiasvizError as exc:  # the others must hear of it before this process stops
+        failure, last = exc, None
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"interrupted; {_kept(partial, series)}") from None
+    except Exception as exc:  # the model's own code failed: say where, in one line
+        failure, last = BiasvizError(f"process {w.rank} failed: {type(exc).__name__}: {exc}"), None
+        failure.__cause__ = exc
+    if not all_true(failure is None):
+        raise BiasvizError(f"{failure or 'another process failed'}; {_kept(partial, series)}")
+    if w.main:
+        try:
+            _join(series, partial, out, summary=summary, force=force, processes=w.size)
+        except BiasvizError as exc:
+            failure = exc
+    if not all_true(failure is None):
+        raise failure or BiasvizError(f"joining the checkpoints failed in process 0; {_kept(partial, series)}")
+    if w.main:
+        if last is not None and not last.layers:  # this process had no checkpoint of its own
+            last = _shape_of(part_path(partial, series.chosen[0]), summary)
+        shutil.rmtree(partial, ignore_errors=True)
+    if last is None or not w.main:
+        return last
+    return ExtractResult(out, last.samples, last.seq_len, last.layers, last.has_bias, time.perf_counter() - t0,
                          out.stat().st_size)  # fmt: skip
+
+
+def _run_mine(mine: list[Checkpoint], series: Series, windows: np.ndarray, partial: Path, *, scheme: str | None,
+              summary: bool, w: World, model_options: dict[str, Any] | None, first: Any,
+              options: dict[str, Any]) -> Any:  # fmt: skip
+    """Extract this process's checkpoints that have no finished part yet; the last result (any, for its shape)."""
+    from biasviz.adapters import load_model
+    from biasviz.extraction.run import ExtractResult, extract
+    from biasviz.extraction.summary import extract_summary
+
+    run = extract_summary if summary else extract
+    options = {**options, "progress": options.get("progress") if w.main else False}
+    last = None
+    for c in mine:
+        part = part_path(partial, c)
+        if part.exists():  # finished by an earlier run (--resume)
+            last = last or _shape_of(part, summary)
+            continue
+        assert c.path is not None
+        reuse = first is not None and c == series.chosen[0]
+        adapter = first if reuse else load_model(c.path, scheme, **(model_options or {}))
+        last = run(adapter, windows, part, force=False, **options)
+        del adapter
+    if last is None:  # no checkpoint of its own (more processes than checkpoints): describe the first part
+        last = ExtractResult(partial, len(windows), int(windows.shape[1]), [], False, 0.0, 0)
+    return last
+
+
+def _shape_of(part: Path, summary: bool) -> Any:
+    """What a finished part holds (samples, length, layers, bias), as an ExtractResult."""
+    import h5py
+
+    from biasviz.extraction.run import ExtractResult
+
+    with h5py.File(part, "r") as f:
+        layers = [int(x) for x in np.atleast_1d(f.attrs["layers"])]
+        group = f[f"layer_{layers[0]}"]
+        has_bias = ("bias_mean" if summary else "bias") in group
+        return ExtractResult(part, int(f.attrs["samples"]), int(f.attrs["seq_len"]), layers, has_bias, 0.0,
+                             part.stat().st_size)  # fmt: skip
+
+
+def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: bool, processes: int) -> None:
+    """Every checkpoint's part, in step order, into ``out``, with what each checkpoint was."""
+    import h5py
+
+    from biasviz.store.combine import combine
+    from biasviz.store.summary_writer import join_summary_files
+
+    parts = [part_path(partial, c) for c in series.chosen]
+    missing = [c.name for c, p in zip(series.chosen, parts, strict=True) if not p.exists()]
+    if missing:
+        raise BiasvizError(f"{partial} lacks the checkpoints {', '.join(missing)}; run the command again with --resume")
+    hashes = []
+    for p in parts:
+        with h5py.File(p, "r") as f:
+            hashes.append(str(f.attrs["model_sha256"]))
+    steps = [c.step for c in series.chosen]
+    attrs = {"source_model": series.source, "model_sha256": "per checkpoint: checkpoint_sha256",
+             "checkpoint_sha256": {str(c.step): h for c, h in zip(series.chosen, hashes, strict=True)},
+             "checkpoint_names": np.asarray([c.name for c in series.chosen], dtype=h5py.string_dtype()),
+             "checkpoint_tokens": np.asarray([-1 if c.tokens is None else c.tokens for c in series.chosen],
+                                             dtype=np.int64),
+             "processes": processes}  # fmt: skip
+    if summary:
+        join_summary_files(parts, out, steps=steps, attrs=attrs, force=force)
+    else:
+        combine(parts, out, along="checkpoint", steps=steps, force=force, attrs=attrs)
+
+
+def _kept(partial: Path, series: Series) -> str:
+    done = sum(part_path(partial, c).exists() for c in series.chosen)
+    if not done:
+        return f"no checkpoint was finished; {partial} holds the plan: --resume continues it, --force starts over"
+    return (f"the {done} of {len(series.chosen)} checkpoints finished are kept in {partial}: run the same command "
+            "with --resume to add the rest")  # fmt: skip
+
+
+__all__ = ["Series", "choose", "extract_sweep", "list_checkpoints", "resolve_series"]

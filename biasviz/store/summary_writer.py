@@ -118,3 +118,42 @@ def _label(f: h5py.File, ds: h5py.Dataset, dims: Sequence[str]) -> None:
     for axis, name in enumerate(dims):
         ds.dims[axis].label = name
         ds.dims[axis].attach_scale(f[name])
+
+
+# attributes the summary layout sets itself
+_SUMMARY_LAYOUT = {"biasviz_format", "n_heads", "seq_len", "causal", "layers", "samples", "summary", "resolution",
+                   "block", "dtype"}  # fmt: skip
+
+
+def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int], attrs: Mapping[str, Any],
+                       force: bool = False) -> Path:  # fmt: skip
+    """One sweep file from single-checkpoint summary files of the same windows: their arrays, stacked unchanged.
+
+    Root attributes are the first part's (other than the layout's) updated by ``attrs``.
+    """
+    from types import SimpleNamespace
+
+    per_step, first = [], None
+    for part in parts:
+        with h5py.File(part, "r") as f:
+            a = f.attrs
+            head = (int(a["n_heads"]), int(a["seq_len"]), int(a["resolution"]), int(a["block"]), bool(a["causal"]),
+                    [int(x) for x in np.atleast_1d(a["layers"])])  # fmt: skip
+            ids = f["input_ids"][()]
+            if first is None:
+                first = (head, ids, {k: v for k, v in a.items() if k not in _SUMMARY_LAYOUT})
+            elif head != first[0] or not np.array_equal(ids, first[1]):
+                raise BiasvizError(f"{part} was not made on the windows and settings of {parts[0]}; cannot join them")
+            one: dict[int, dict[str, Any]] = {}
+            for layer in head[5]:
+                grp = f[layer_group(layer)]
+                one[layer] = {kind: SimpleNamespace(
+                    mean=grp[f"{kind}_mean"][()], std=grp[f"{kind}_std"][()], profile=grp[f"{kind}_profile"][()],
+                    diagnostics=grp[DIAGNOSTICS][()] if kind == "bias" and DIAGNOSTICS in grp else None,
+                ) for kind in ("bias", "weights") if f"{kind}_mean" in grp}  # fmt: skip
+            per_step.append(one)
+    assert first is not None, "no parts to join"
+    (n_heads, seq_len, resolution, block, causal, layers), ids, meta = first
+    return write_summary_file(out, attrs={**meta, **attrs}, input_ids=ids, n_heads=n_heads, seq_len=seq_len,
+                              resolution=resolution, block=block, layers=layers, summaries=per_step,
+                              checkpoints=steps, causal=causal, force=force)  # fmt: skip
