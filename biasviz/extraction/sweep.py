@@ -27,6 +27,7 @@ from biasviz.common.outputs import check_output_file
 from biasviz.common.processes import World, all_true
 from biasviz.extraction.resume import part_path, partial_dir, plan_of, prepare
 from biasviz.training.checkpoints import list_checkpoints
+from biasviz.training.compatible import check_belong_together
 from biasviz.training.series import Checkpoint, folder_series, pick, step_regex
 
 
@@ -48,7 +49,15 @@ def choose(spec: str, available: dict[int, Path], model_dir: str | Path) -> list
 
 
 def resolve_series(model: str | Path, spec: str, step_pattern: str | None = None) -> Series:
-    """The checkpoints ``--checkpoints spec`` names in the folder or hub repository ``model``."""
+    """The checkpoints ``--checkpoints spec`` names in the folder or hub repository ``model``; refused when they
+    do not belong to one run (another scheme, configuration or parameter shapes), before any is loaded."""
+    series = _find_series(model, spec, step_pattern)
+    check_belong_together([(c.name, c.path) for c in series.chosen if c.path is not None and c.path.is_dir()])
+    return series
+
+
+def _find_series(model: str | Path, spec: str, step_pattern: str | None = None) -> Series:
+    """The checkpoints ``--checkpoints spec`` names in the folder or hub repository ``model``, as they are."""
     from biasviz.extraction.hub import hub_series, is_repo_id, missing_revision
 
     pattern = step_regex(step_pattern)
