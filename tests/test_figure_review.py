@@ -141,3 +141,55 @@ def test_log_scaled_weights_share_one_colorbar_by_default(tmp_path: object, make
         assert code == 0, err
         svg = (tmp_path / f"figs{bars}" / "alibi_weights.svg").read_text()
         assert svg.count("<g id=\"axes_") == 6 + bars, svg.count("<g id=\"axes_")
+
+
+def _sweep(steps: list[int], n_heads: int = 3, d: int = 200) -> list[tuple[int, list[object]]]:
+    class _Profile:
+        def __init__(self, head: int, step: int) -> None:
+            self.head, self.profile_mean = head, -np.log1p(np.arange(d)) * (1 + step / 1000) * head
+
+    return [(s, [_Profile(h + 1, s) for h in range(n_heads)]) for s in steps]
+
+
+@pytest.mark.parametrize(("steps", "legend"), [([0, 100, 200, 300], True), (list(range(0, 2000, 100)), False)])
+def test_dynamics_has_a_legend_of_few_steps_and_no_light_yellow(steps: list[int], legend: bool) -> None:
+    import matplotlib.colors as mcolors
+
+    from biasviz.plotting.dynamics import dynamics_grid
+
+    fig = dynamics_grid(_sweep(steps), style=None, log_distance=True)
+    lines = [line for ax in fig.axes for line in ax.get_lines()]
+    assert len(lines) == 3 * len(steps)
+    for line in lines:  # no line is light on white (relative luminance below that of viridis' yellow end)
+        r, g, b = mcolors.to_rgb(line.get_color())
+        assert 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.65, (r, g, b)  # yellow ends of maps: 0.7 to 0.9
+    if legend:
+        texts = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert texts == [f"{s:,}" for s in steps]
+        colours = {mcolors.to_hex(line.get_color()) for line in lines}
+        assert len(colours) == len(steps)  # one colour per step, told apart
+    else:
+        assert not fig.legends and any(ax.get_label() == "<colorbar>" for ax in fig.axes)
+    assert all(ax.get_xscale() == "symlog" for ax in fig.axes if ax.get_lines())
+
+
+def test_log_distance_applies_to_profiles_and_nothing_else(tmp_path: object, make_bias_file: object,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from tests.conftest import run_cli
+
+    f = make_bias_file(tmp_path / "t5.h5", "t5", n=2, heads=3, t=64)
+    code, _, err = run_cli(["plot", "--scheme", "t5", "--input", str(f), "--kind", "profile", "--log-distance",
+                            "--format", "svg", "--out-dir", str(tmp_path / "figs")], capsys)  # fmt: skip
+    assert code == 0, err
+    assert (tmp_path / "figs" / "t5_bias_profile.svg").exists()
+    from biasviz.plotting.diagnostics_plots import profile_grid
+
+    class _Diag:
+        def __init__(self, head: int) -> None:
+            self.head, self.profile_mean, self.profile_std = head, -np.arange(64.0), np.zeros(64)
+
+    fig = profile_grid([_Diag(h) for h in (1, 2, 3)], style=None, log_distance=True)
+    assert {ax.get_xscale() for ax in fig.axes if ax.get_lines()} == {"symlog"}
+    code, _, err = run_cli(["plot", "--scheme", "t5", "--input", str(f), "--log-distance", "--out-dir",
+                            str(tmp_path / "f2")], capsys)  # fmt: skip
+    assert code == 2 and "--log-distance applies to a distance axis" in err

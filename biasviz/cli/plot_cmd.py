@@ -84,6 +84,9 @@ def _parse_sample(value: str) -> int | str:
     "bias, magma for weights, RdBu_r when values change sign]",
 )
 @click.option("--log", "log_scale", is_flag=True, help="Logarithmic colour scale for the attention weights.")
+@click.option("--log-distance", is_flag=True,
+              help="With --kind profile or dynamics: a logarithmic distance axis (short-range structure, such as "
+                   "T5's exact buckets, gets room).")  # fmt: skip
 @click.option(
     "--reduce",
     "reduce_how",
@@ -101,8 +104,8 @@ def _parse_sample(value: str) -> int | str:
 )
 @figure_output_options
 def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
-         normalize: str, shared_scale: bool | None, cmap: str | None, log_scale: bool, formats_text: str, style: str,
-         dpi: int, reduce_how: str, max_cells: int, out_dir: Path) -> None:  # fmt: skip
+         normalize: str, shared_scale: bool | None, cmap: str | None, log_scale: bool, log_distance: bool,
+         formats_text: str, style: str, dpi: int, reduce_how: str, max_cells: int, out_dir: Path) -> None:  # fmt: skip
     """Draw one panel per head (4 x 3 for 12 heads), as in Figures 10-14 of the CABLE paper.
 
     Writes OUT_DIR/<scheme>_bias.pdf/.png (and <scheme>_weights.* for --kind weights|all).
@@ -124,6 +127,8 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
         raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
     if kind == "bias" and log_scale:
         raise UsageError("--log applies to attention weights; use it with --kind weights, all, std or profile")
+    if log_distance and kind not in ("profile", "dynamics"):
+        raise UsageError("--log-distance applies to a distance axis: use it with --kind profile or dynamics")
     if kind in ("profile", "std") and sample_given and sample != "mean":
         raise UsageError(f"--kind {kind} is over all samples; --sample applies to --kind bias, weights or all")
     from biasviz.common.atomic import replacing_together
@@ -131,7 +136,8 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
     path = input_path or Path("data") / f"{name}.h5"
     with replacing_together(with_config(path)) as staged:  # the figure set is replaced whole, or not at all
         job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
-                       shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, style=style, reduce_how=reduce_how,
+                       shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, log_distance=log_distance,
+                       style=style, reduce_how=reduce_how,
                        max_cells=max_cells, staged=staged, step=step, sample_given=sample_given)  # fmt: skip
         if kind == "dynamics":
             written = job.run_dynamics(out_dir, formats, dpi)
@@ -155,6 +161,7 @@ class _PlotJob:
     shared_scale: bool | None
     cmap: str | None
     log_scale: bool
+    log_distance: bool
     style: str
     reduce_how: str
     max_cells: int
@@ -200,7 +207,8 @@ class _PlotJob:
                                f"source: {self.path}",
                 "source": str(self.path),
                 "keywords": f"biasviz; scheme={self.scheme}; kind=dynamics; layer={layer}"}  # fmt: skip
-        return save_figure(dynamics_grid(sweep, style=self.style), out_dir / f"{self.scheme}_dynamics", formats,
+        fig = dynamics_grid(sweep, style=self.style, log_distance=self.log_distance)
+        return save_figure(fig, out_dir / f"{self.scheme}_dynamics", formats,
                            dpi=dpi, info=info, style=self.style, staged=self.staged)  # fmt: skip
 
     def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int, what: str = "matrix") -> list[Path]:
@@ -320,7 +328,7 @@ class _PlotJob:
         title = f"{self.scheme} {kind}, layer {layer}: {over}"
         fig = profile_grid(as_heads(profiles), style=self.style, color=PALETTE[0 if kind == "bias" else 5],
                            ylabel=YLABELS[kind], suptitle=title, start=profiles.start,
-                           log=self.log_scale and kind == "weights")  # fmt: skip
+                           log=self.log_scale and kind == "weights", log_distance=self.log_distance)  # fmt: skip
         info = {"title": f"{self.scheme} {kind} against distance (layer {layer})", "source": str(self.path),
                 "description": f"{over} (population std); normalize {normalize}; source: {self.path}",
                 "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip

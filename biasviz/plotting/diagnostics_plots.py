@@ -80,7 +80,8 @@ def _legend_columns(handles: Sequence[Line2D], fig: Figure | SubFigure, most: in
 
 
 def profile_axes(diag: HeadDiagnostics, *, ax: Axes | None = None, color: str = PALETTE[0],
-                 title: str | None = None, start: int = 0, log: bool = False) -> Axes:  # fmt: skip
+                 title: str | None = None, start: int = 0, log: bool = False,
+                 log_distance: bool = False) -> Axes:  # fmt: skip
     """Mean against distance d = i - j with a band of +-1 std (over samples and positions).
 
     ``start``: the distance of the first entry (negative for a bidirectional model's profile); ``log``: a
@@ -97,8 +98,11 @@ def profile_axes(diag: HeadDiagnostics, *, ax: Axes | None = None, color: str = 
     ax.fill_between(d, lo, hi, color=color, alpha=0.3, linewidth=0, label="±1 std")
     ax.plot(d, mean, color=color, linewidth=0.9, label="mean")
     ax.set_xlim(d[0], max(d[-1], d[0] + 1))
-    step = tick_step_for(mean.size)
-    ax.set_xticks(np.arange(-(-d[0] // step) * step, d[-1] + 1, step))  # multiples of the step, 0 among them
+    if log_distance:  # symmetric-log: d = 0 (and a bidirectional model's negative distances) stay on the axis
+        ax.set_xscale("symlog", linthresh=1.0, linscale=0.4)
+    else:
+        step = tick_step_for(mean.size)
+        ax.set_xticks(np.arange(-(-d[0] // step) * step, d[-1] + 1, step))  # multiples of the step, 0 among them
     ax.tick_params(width=0.5, length=2.0, pad=1.5)
     ax.grid(True, linewidth=0.3, alpha=0.5)
     ax.set_title(title if title is not None else f"Head {diag.head}")
@@ -107,7 +111,8 @@ def profile_axes(diag: HeadDiagnostics, *, ax: Axes | None = None, color: str = 
 
 def profile_grid(results: Sequence[HeadDiagnostics], *, fig: Figure | SubFigure | None = None,
                  style: str | None = DEFAULT_STYLE, color: str = PALETTE[0], ylabel: str = "Bias (mean ± 1 std)",
-                 suptitle: str | None = None, start: int = 0, log: bool = False) -> Figure | SubFigure:  # fmt: skip
+                 suptitle: str | None = None, start: int = 0, log: bool = False,
+                 log_distance: bool = False) -> Figure | SubFigure:  # fmt: skip
     """Distance profiles of every head, 3 per row like the heatmap grid (``suptitle``: one line above them)."""
     with _context(style) as width:
         rows, cols = grid_shape(len(results))
@@ -117,7 +122,7 @@ def profile_grid(results: Sequence[HeadDiagnostics], *, fig: Figure | SubFigure 
             fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.3 + extra), layout="constrained")
         axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
         for ax, diag in zip(axes, results, strict=False):
-            profile_axes(diag, ax=ax, color=color, start=start, log=log)
+            profile_axes(diag, ax=ax, color=color, start=start, log=log, log_distance=log_distance)
         for ax in axes[len(results) :]:
             ax.set_visible(False)
         size = font_sizes(figure_width_in(fig))["base"]

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize
+from matplotlib.colors import Colormap, ListedColormap, Normalize
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from biasviz.diagnostics.measures import HeadDiagnostics
 from biasviz.plotting.diagnostics_plots import LINTHRESH, PALETTE, _context
@@ -21,14 +22,37 @@ from biasviz.plotting.heatmap import figure_width_in, grid_shape, tick_step_for
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes
 
 Sweep = Sequence[tuple[int, Sequence[HeadDiagnostics]]]  # (training step, one result per head), by step
-STEP_CMAP = "viridis"
+STEP_CMAP = "plasma"
+#: The step colours stop before the map's yellow end (plasma: dark blue, magenta, orange): a yellow line on white
+#: is hard to see in print.
+STEP_CMAP_END = 0.75
+#: Up to this many checkpoints the steps get a legend entry each; beyond, a colorbar.
+LEGEND_STEPS = 8
 
 
-def dynamics_grid(sweep: Sweep, *, style: str | None = DEFAULT_STYLE, cmap: str = STEP_CMAP) -> Figure:
-    """Per head, b(d) at every checkpoint of ``sweep``, coloured by step (colorbar on the right)."""
+def step_colours(cmap: str = STEP_CMAP) -> Colormap:
+    """``cmap`` cut at :data:`STEP_CMAP_END`: dark to mid-light, every colour visible on white."""
+    return ListedColormap(colormaps[cmap](np.linspace(0.0, STEP_CMAP_END, 256)), name=f"{cmap}_steps")
+
+
+def log_distance_axis(ax: object, first: int = 0) -> None:
+    """A logarithmic distance axis that still holds d = 0 (linear below 1): short-range structure (T5's exact
+    buckets below 16, say) gets as much room as the long tail."""
+    ax.set_xscale("symlog", linthresh=1.0, linscale=0.4)  # type: ignore[attr-defined]
+    if first >= 0:
+        ax.set_xlim(left=0)  # type: ignore[attr-defined]
+
+
+def dynamics_grid(sweep: Sweep, *, style: str | None = DEFAULT_STYLE, cmap: str = STEP_CMAP,
+                  log_distance: bool = False) -> Figure:  # fmt: skip
+    """Per head, b(d) at every checkpoint of ``sweep``, coloured by step: a legend of the steps when there are
+    at most :data:`LEGEND_STEPS`, else a colorbar. ``log_distance``: a logarithmic distance axis."""
     steps = [step for step, _ in sweep]
     norm = Normalize(min(steps), max(steps) if max(steps) > min(steps) else min(steps) + 1)
-    colours = colormaps[cmap]
+    colours = step_colours(cmap)
+    discrete = len(steps) <= LEGEND_STEPS
+    if discrete:  # evenly spread over the map: neighbouring steps stay apart however uneven the steps are
+        spread = {step: colours(k / max(len(steps) - 1, 1)) for k, step in enumerate(steps)}
     n_heads = len(sweep[0][1])
     with _context(style) as width:
         width = width or 6.0
@@ -38,20 +62,30 @@ def dynamics_grid(sweep: Sweep, *, style: str | None = DEFAULT_STYLE, cmap: str 
         for h, ax in enumerate(axes[:n_heads]):
             for step, heads in sweep:
                 profile = heads[h].profile_mean
-                ax.plot(np.arange(profile.size), profile, color=colours(norm(step)), linewidth=0.8)
+                colour = spread[step] if discrete else colours(norm(step))
+                ax.plot(np.arange(profile.size), profile, color=colour, linewidth=0.8)
             d = sweep[0][1][h].profile_mean.size
             ax.set_xlim(0, max(d - 1, 1))
-            ax.set_xticks(np.arange(0, d, tick_step_for(d)))
+            if log_distance:
+                log_distance_axis(ax)
+            else:
+                ax.set_xticks(np.arange(0, d, tick_step_for(d)))
             ax.tick_params(width=0.5, length=2.0, pad=1.5)
             ax.grid(True, linewidth=0.3, alpha=0.5)
             ax.set_title(f"Head {h + 1}")
         for ax in axes[n_heads:]:
             ax.set_visible(False)
         size = font_sizes(figure_width_in(fig))["base"]
-        bar = fig.colorbar(ScalarMappable(norm=norm, cmap=colours), ax=axes.tolist(), shrink=0.6, aspect=30, pad=0.01)
-        bar.set_label("Training step", fontsize=size)
-        bar.outline.set_linewidth(0.4)
-        fig.supxlabel("Distance $i - j$", fontsize=size)
+        if discrete:
+            handles = [Line2D([], [], color=spread[step], linewidth=1.2, label=f"{step:,}") for step in steps]
+            fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), frameon=False,
+                       title="Training step", title_fontsize=size, handlelength=1.2, columnspacing=1.0)  # fmt: skip
+        else:
+            bar = fig.colorbar(ScalarMappable(norm=norm, cmap=colours), ax=axes.tolist(), shrink=0.6, aspect=30,
+                               pad=0.01)  # fmt: skip
+            bar.set_label("Training step", fontsize=size)
+            bar.outline.set_linewidth(0.4)
+        fig.supxlabel("Distance $i - j$" + (" (log)" if log_distance else ""), fontsize=size)
         fig.supylabel("Mean bias $b(d)$", fontsize=size)
     return fig
 
@@ -93,4 +127,4 @@ def _head_colour(h: int, n_heads: int) -> str | tuple[float, ...]:
     return colormaps["turbo"](0.05 + 0.9 * h / max(n_heads - 1, 1))
 
 
-__all__ = ["dynamics_grid", "over_training"]
+__all__ = ["LEGEND_STEPS", "dynamics_grid", "log_distance_axis", "over_training", "step_colours"]
