@@ -168,12 +168,19 @@ def test_diagnose_one_sample_gives_null_with_a_note(tmp_path: Path) -> None:
 
 
 def test_long_file_is_reduced(tmp_path: Path) -> None:
-    t = 700  # above the 600-cell default: drawn as 2x2 block means
+    t = 700  # above --max-cells 600: drawn as 2x2 block means
     path = write_file(tmp_path / "alibi.h5", "alibi", _alibi(1, t)[:, :, :, :], n=1, t=t)
-    res = run("plot", "--scheme", "alibi", "--input", str(path), "--format", "pdf", "--out-dir", str(tmp_path))
+    res = run("plot", "--scheme", "alibi", "--input", str(path), "--format", "pdf", "--out-dir", str(tmp_path),
+              "--max-cells", "600")  # fmt: skip
     assert res.exit_code == 0, res.output
     meta = (tmp_path / "alibi_bias.pdf").read_bytes()
     assert b"block mean 2x2" in meta and b"700 -> 350 cells per axis" in meta
+    # by default a panel gets at most one cell a pixel: NeurIPS' 5.5 in over 3 panels, 56 % of each the image,
+    # at 200 dpi is 205 pixels, so 700 positions are drawn as 4 x 4 block means (175 cells)
+    res = run("plot", "--scheme", "alibi", "--input", str(path), "--format", "pdf", "--out-dir", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    meta = (tmp_path / "alibi_bias.pdf").read_bytes()
+    assert b"block mean 4x4" in meta and b"700 -> 175 cells per axis" in meta
 
 
 def test_bidirectional_weights_keep_their_upper_triangle(tmp_path, monkeypatch) -> None:

@@ -98,14 +98,15 @@ def _parse_sample(value: str) -> int | str:
 @click.option(
     "--max-cells",
     type=click.IntRange(16, 10_000),
-    default=600,
-    show_default=True,
-    help="Largest matrix drawn cell for cell; larger ones are block-reduced first.",
+    default=None,
+    help="Largest matrix drawn cell for cell; larger ones are block-reduced first.  [default: as many cells as a "
+    "panel has pixels at --dpi (and at 300 dpi in PDF/SVG), so no cell is dropped]",
 )
 @figure_output_options
 def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
          normalize: str, shared_scale: bool | None, cmap: str | None, log_scale: bool, log_distance: bool,
-         formats_text: str, style: str, dpi: int, reduce_how: str, max_cells: int, out_dir: Path) -> None:  # fmt: skip
+         formats_text: str, style: str, dpi: int, reduce_how: str, max_cells: int | None,
+         out_dir: Path) -> None:  # fmt: skip
     """Draw one panel per head (4 x 3 for 12 heads), as in Figures 10-14 of the CABLE paper.
 
     Writes OUT_DIR/<scheme>_bias.pdf/.png (and <scheme>_weights.* for --kind weights|all).
@@ -164,7 +165,7 @@ class _PlotJob:
     log_distance: bool
     style: str
     reduce_how: str
-    max_cells: int
+    max_cells: int | None
     staged: Staged | None = None
     step: int | None = None
     sample_given: bool = False  # --sample was given (command line or config), not left at its default
@@ -272,21 +273,22 @@ class _PlotJob:
               std: bool = False) -> list[Path]:  # fmt: skip
         import numpy as np
 
-        from biasviz.plotting.heatmap import head_grid
+        from biasviz.plotting.heatmap import head_grid, panel_cells
         from biasviz.plotting.load import load_heads, load_summary_heads
         from biasviz.plotting.profiles import samples_phrase, summary_note
         from biasviz.plotting.save import save_figure
 
         normalize = self.normalize if kind == "bias" else "none"
+        cells = self.max_cells or panel_cells(self.style, dpi, bf.n_heads)
         panel_kind, stem = (f"{kind}_std", f"{self.scheme}_{kind}_std") if std else (kind, f"{self.scheme}_{kind}")
         note = None
         if bf.is_summary:
             heads = load_summary_heads(bf, f"{kind}_{'std' if std else 'mean'}", layer=layer, normalize=normalize,
-                                       reduce=self.reduce_how, max_cells=self.max_cells)  # fmt: skip
+                                       reduce=self.reduce_how, max_cells=cells)  # fmt: skip
             note = summary_note(bf, "std" if std else "mean")
         else:
             heads = load_heads(bf, kind, layer=layer, sample="std" if std else self.sample, normalize=normalize,
-                               reduce=self.reduce_how, max_cells=self.max_cells)  # fmt: skip
+                               reduce=self.reduce_how, max_cells=cells)  # fmt: skip
             note = f"per-cell standard deviation over {samples_phrase(bf)}" if std else None
             if not std and heads.sample == "mean":
                 note = f"mean over {samples_phrase(bf)}"

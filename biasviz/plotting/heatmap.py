@@ -113,6 +113,18 @@ def figure_width_in(fig: Figure | SubFigure) -> float:
     return float(fig.bbox.width / fig.dpi)
 
 
+def panel_cells(style: str | None, dpi: float, n_heads: int) -> int:
+    """How many cells a panel can show at one pixel or more each, in the PNG (``dpi``) and in the raster inside
+    the vector formats: matrices are block-reduced to this first, so nearest sampling drops no cell."""
+    from biasviz.plotting.save import VECTOR_RASTER_DPI
+    from biasviz.plotting.style import venue_width
+
+    cols = grid_shape(n_heads)[1]
+    width = venue_width(style) if style else 6.0
+    panel_in = width / cols * (0.56 if cols == N_COLS else 0.7)  # as paint() lays the panels out
+    return max(16, int(panel_in * min(dpi, VECTOR_RASTER_DPI)))
+
+
 def tick_step_for(seq_len: int) -> int:
     """Tick spacing in positions: every 100 (as in the paper) up to ~600 positions, coarser beyond.
 
@@ -310,4 +322,4 @@ class _GridPainter:
 
 
 __all__ = ["KINDS", "DEFAULT_CMAPS", "figure_width_in", "head_heatmap", "head_grid", "head_scales", "grid_shape",
-           "tick_step_for"]
+           "panel_cells", "tick_step_for"]
