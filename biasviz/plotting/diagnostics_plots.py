@@ -56,7 +56,7 @@ def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig:
         if handles:
             handles.append(Line2D([], [], color="0.35", marker="o", markerfacecolor="white", linestyle="none",
                                   markersize=4, label=f"hollow: 0 (below {NOISE:.0e}, rounding)"))  # fmt: skip
-            fig.legend(handles=handles, loc="outside upper center", ncol=_legend_columns(handles, fig, most=8),
+            fig.legend(handles=handles, loc="outside lower center", ncol=_legend_columns(handles, fig, most=8),
                        frameon=False, handletextpad=0.3, columnspacing=1.0)  # fmt: skip
         heading = "; ".join(x for x in (title, next(iter(shared)) if one else None) if x)
         if heading:
