@@ -293,8 +293,7 @@ class _PlotJob:
             if not std and heads.sample == "mean":
                 note = f"mean over {samples_phrase(bf)}"
             elif not std and bf.context_dependent and bf.n_samples > 1:  # which input the bias is of
-                note = f"sample {heads.sample} of {bf.n_samples} (the bias depends on the input; --sample mean " \
-                       "averages them)"
+                note = f"sample {heads.sample} of {bf.n_samples} (the bias depends on the input)"
         if std and not np.nan_to_num(heads.data).any():
             click.echo(f"note: the {kind} is the same for every sample: its standard deviation is 0 everywhere",
                        err=True)  # fmt: skip
