@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from biasviz.tracing.calls import AttentionCall, flex_call, sdpa_call
+from biasviz.tracing.calls import AttentionCall, flex_call, packed_groups, sdpa_call, unformed
 from biasviz.tracing.stop import StopForward
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
@@ -71,8 +71,13 @@ class Trace:
     def intercept(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         index = len(self.calls)
         record = self.wants(index)
-        describe = sdpa_call if kind == "sdpa" else flex_call
-        call = describe(index, args, kwargs, record, self.inspect)
+        try:
+            if kind == "sdpa":
+                call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups())
+            else:
+                call = flex_call(index, args, kwargs, record, self.inspect)
+        except Exception as exc:  # a trace never breaks the call it observes: the call runs, the reason is kept
+            call = unformed(index, kind, args, kwargs, exc)
         dropout = kwargs.get("dropout_p", args[4] if kind == "sdpa" and len(args) > 4 else 0.0)
         if record and dropout:
             call.note = (call.note + "; " if call.note else "") + f"dropout_p={dropout} in the call: weights " \
