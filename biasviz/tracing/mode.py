@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from biasviz.tracing.calls import AttentionCall, flex_call, packed_groups, sdpa_call, unformed
 from biasviz.tracing.stop import StopForward
+from biasviz.tracing.torch_layers import MHA, mha_call
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 
@@ -26,6 +27,8 @@ _SDPA = torch.nn.functional.scaled_dot_product_attention
 def _kind(func: Any) -> str | None:
     if func is _SDPA:
         return "sdpa"
+    if func is MHA:
+        return "multi_head_attention"
     if type(func).__name__ == "FlexAttentionHOP" or getattr(func, "_name", None) == "flex_attention":
         return "flex_attention"
     return None
@@ -74,11 +77,13 @@ class Trace:
         try:
             if kind == "sdpa":
                 call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups())
+            elif kind == "multi_head_attention":
+                call = mha_call(index, args, kwargs, record, self.inspect)
             else:
                 call = flex_call(index, args, kwargs, record, self.inspect)
         except Exception as exc:  # a trace never breaks the call it observes: the call runs, the reason is kept
             call = unformed(index, kind, args, kwargs, exc)
-        dropout = kwargs.get("dropout_p", args[4] if kind == "sdpa" and len(args) > 4 else 0.0)
+        dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0) if kind == "sdpa" else 0.0
         if record and dropout:
             call.note = (call.note + "; " if call.note else "") + f"dropout_p={dropout} in the call: weights " \
                         "recorded before dropout (put the model in eval mode)"  # fmt: skip
