@@ -1,4 +1,4 @@
-"""Any ``torch.nn.Module``, with no adapter: its fused attention calls are traced (:mod:`biasviz.tracing`).
+"""Any ``torch.nn.Module``, with no adapter: its attention calls are traced (:mod:`biasviz.tracing`).
 
 "Layers" here are attention calls in the order the model makes them (call L is layer L in a plain
 decoder). Their number and heads are learned from one traced pass over the first sample (the probe),
@@ -54,7 +54,8 @@ def _max_length(model: nn.Module) -> int | None:
 
 
 class TracedAdapter(ModelAdapter):
-    """A module whose SDPA / flex_attention calls are intercepted; layers are call indices."""
+    """A module whose attention calls (SDPA, flex_attention, torch's layers, eager softmax) are traced; layers are
+    call indices."""
 
     def __init__(self, model: nn.Module, *, forward: Callable[[torch.Tensor], Any] | None = None,
                  scheme: str | None = None, source: str = "", sha256: str = "", tokenizer: Any = None,
@@ -102,9 +103,9 @@ class TracedAdapter(ModelAdapter):
             probe = self._probe(first)
         if not probe.calls:
             raise BiasvizError(
-                f"{self.source} ran without calling scaled_dot_product_attention or flex_attention, so there is "
-                "nothing to trace (attention written out by hand, or nn.MultiheadAttention with need_weights=True); "
-                "for a transformers model load it with attn_implementation='sdpa'"
+                f"{self.source} ran without calling scaled_dot_product_attention, flex_attention or torch's "
+                "multi_head_attention_forward, and took no softmax over a product of two activations (q.k), so "
+                "there is nothing to trace"
             )
         for index, note in probe.notes.items():
             warnings.warn(f"attention call {index}: {note}", stacklevel=2)

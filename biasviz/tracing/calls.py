@@ -34,7 +34,7 @@ class AttentionCall:
     """
 
     index: int
-    kind: str  # "sdpa" or "flex_attention"
+    kind: str  # "sdpa", "flex_attention", "multi_head_attention" or "eager"
     batch: int
     heads: int
     q_len: int
@@ -45,6 +45,7 @@ class AttentionCall:
     bias: torch.Tensor | None = None
     weights: torch.Tensor | None = None
     note: str = ""
+    sink: torch.Tensor | None = None  # (B, H, Tq): the softmax's share on attention-sink columns, if any
 
 
 def _threshold(dtype: torch.dtype) -> float:
