@@ -160,3 +160,23 @@ def test_hand_written_eager_attention_against_float64() -> None:
     assert close(t.weights[0], expected)
     assert torch.isnan(t.bias[0][..., ~causal]).all()
     assert close(t.bias[0][..., causal], bias[:, causal].expand(2, -1, -1))
+
+
+def test_x_transformers_learned_head_sink() -> None:
+    """x-transformers puts its sink column first; its return_attn keeps it: weights are the rest, sinks the first."""
+    xt = pytest.importorskip("x_transformers")
+    torch.manual_seed(0)
+    layers = xt.Decoder(dim=64, depth=2, heads=4, attn_flash=False, alibi_pos_bias=True, attn_head_learned_sink=True)
+    model = xt.TransformerWrapper(num_tokens=100, max_seq_len=32, attn_layers=layers).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1 and p.shape == (4,):
+                p.normal_()  # the sinks start at 0
+        ids = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(1))
+        with biasviz.trace(model) as t:
+            traced = model(ids)
+        assert torch.equal(traced, model(ids))
+        _, maps = model(ids, return_attn=True)  # (B, H, T, 1 + T): the sink column first
+    for layer in range(2):
+        assert close(t.weights[layer], maps[layer][..., 1:]) and close(t.sinks[layer], maps[layer][..., 0])
+        assert t.calls[layer].causal and layer in t.bias

@@ -150,3 +150,32 @@ def test_llama_packed_gqa_decoding_reports_the_models_heads() -> None:
         assert (call.batch, call.heads, call.q_len, call.k_len) == (2, 4, 1, 10)
         assert close(t.weights[layer], expected[layer])
         assert (t.weights[layer][1, :, :, :3] == 0).all()  # the left padding
+
+
+def test_transformers_flex_path_mask_added_by_its_score_mod_is_a_mask() -> None:
+    """transformers' flex path adds its padding mask (0 or finfo.min) in a score_mod: a mask, not a bias."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def build(impl: str) -> LlamaForCausalLM:
+        config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+        torch.manual_seed(0)
+        return LlamaForCausalLM._from_config(config, attn_implementation=impl).eval()
+
+    flex, eager = build("flex_attention"), build("eager")
+    eager.load_state_dict(flex.state_dict())
+    ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    pad = torch.ones(2, 12, dtype=torch.long)
+    pad[1, :3] = 0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with biasviz.trace(flex) as t:
+            traced = flex(ids, attention_mask=pad).logits
+        # transformers compiles its flex call; traced, it runs eagerly: equal to float32 rounding
+        assert torch.allclose(traced, flex(ids, attention_mask=pad).logits, atol=TOL, rtol=0)
+        expected = eager(ids, attention_mask=pad, output_attentions=True).attentions
+    assert t.bias == {} and t.notes == {} and [c.kind for c in t.calls] == ["flex_attention"] * 2
+    for layer in range(2):
+        assert t.calls[layer].causal and not t.calls[layer].adds_bias
+        assert close(t.weights[layer][0], expected[layer][0])
+        assert close(t.weights[layer][1, :, 3:], expected[layer][1, :, 3:])  # padded queries: all masked, 0 here

@@ -255,7 +255,7 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
         identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
         call = AttentionCall(index, "flex_attention", batch, heads, q_len, k_len)
         scores = _scores(q, k, bound.get("scale"))
-        additive = True
+        additive = adds = True
         if not identity:
             buffers = tuple(bound.get("score_mod_other_buffers") or ())
 
@@ -272,14 +272,15 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
                           offset, kept)
                 for probe in PROBES
             )  # fmt: skip
-            if additive and record:
+            adds = additive and bool(offset.masked_fill(~kept, 0).ne(0).any())  # only 0 and masked: a mask
+            if adds and record:
                 call.bias = offset.masked_fill(~kept, float("nan"))
             elif not additive:
                 call.note = "score_mod is not additive (score_mod(s) - s changes with s: softcapping, say); " \
                             "no bias recorded"  # fmt: skip
             scores = out
         call.causal = _is_causal(kept)
-        call.adds_bias = not identity and additive
+        call.adds_bias = not identity and additive and adds
         if record:
             call.weights = _softmax_kept(scores, kept)
     return call
