@@ -180,3 +180,28 @@ def test_x_transformers_learned_head_sink() -> None:
     for layer in range(2):
         assert close(t.weights[layer], maps[layer][..., 1:]) and close(t.sinks[layer], maps[layer][..., 0])
         assert t.calls[layer].causal and layer in t.bias
+
+
+def test_llama_eager_cached_decoding_with_padding() -> None:
+    """One token decoded against a cache of 9, grouped-query heads, sample 1 left-padded: (2, 4, 1, 10)."""
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    model = small(LlamaConfig, LlamaForCausalLM)
+    ids, step = IDS[:, :9], torch.tensor([[5], [7]])
+    pad, pad_step = LEFT_PADDED[:, :9], LEFT_PADDED[:, :10]
+
+    def decode(traced: bool, output_attentions: bool = False):  # noqa: ANN202
+        with torch.no_grad():
+            cache = DynamicCache(config=model.config)
+            model(ids, attention_mask=pad, past_key_values=cache, use_cache=True)
+            with biasviz.trace(model) if traced else torch.no_grad() as t:
+                out = model(step, attention_mask=pad_step, past_key_values=cache, use_cache=True,
+                            output_attentions=output_attentions)  # fmt: skip
+        return out, t
+
+    out, t = decode(traced=True)
+    assert torch.equal(out.logits, decode(traced=False)[0].logits)
+    expected = decode(traced=False, output_attentions=True)[0].attentions
+    for layer in range(2):
+        assert (t.calls[layer].heads, t.calls[layer].q_len, t.calls[layer].k_len) == (4, 1, 10)
+        assert close(t.weights[layer], expected[layer]) and (t.weights[layer][1, ..., :3] == 0).all()

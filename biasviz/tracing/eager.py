@@ -179,6 +179,7 @@ class EagerTracker:
 
 
 def softmax_dim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The dimension a ``softmax`` call normalises (``F.softmax``, ``torch.softmax``, ``Tensor.softmax``)."""
     dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
     return dim if isinstance(dim, int) else None
 

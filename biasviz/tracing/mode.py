@@ -110,17 +110,20 @@ class Trace:
         name = getattr(func, "__name__", "")
         if not self.eager and name not in PRODUCTS:  # no score tensor in flight: only a product can start one
             return func(*args, **kwargs)
-        scores = self.eager.get(args[0]) if name in SOFTMAX and args else None
+        x = (args[0] if args else kwargs.get("input")) if name in SOFTMAX else None
+        scores = self.eager.get(x) if x is not None else None
         out = func(*args, **kwargs)
-        if scores is not None and softmax_dim(args, kwargs) in (-1, args[0].dim() - 1):
+        if scores is not None and softmax_dim(args, kwargs) in (-1, x.dim() - 1):
             index = len(self.calls)
             try:
-                call = eager_call(index, args[0], scores, out, self.wants(index), self.inspect)
+                call = eager_call(index, x, scores, out, self.wants(index), self.inspect)
             except Exception as exc:  # never break the model: its softmax has run, the reason is kept
-                call = AttentionCall(index, "eager", 0, 0, 0, 0, note=f"not formed ({type(exc).__name__}: {exc})")
+                call = AttentionCall(index, "eager", 1, 1, *x.shape[-2:], note=f"not formed ({type(exc).__name__}: "
+                                     f"{exc}); the call ran unchanged")  # fmt: skip
             self._append(call)
             return out
-        self.eager.after(name, args, kwargs, out)
+        with contextlib.suppress(Exception):  # following is bookkeeping: it must never fail the model's step
+            self.eager.after(name, args, kwargs, out)
         return out
 
     def __enter__(self) -> Trace:
