@@ -2,7 +2,8 @@
 ``attn_implementation="eager"`` (q.kᵀ, softmax written out: followed op by op) and ``"sdpa"`` (fused calls,
 formed again), one sample of T tokens.
 
-Rows, each the median of ``--runs`` timed passes after one warm-up, under ``torch.inference_mode``:
+Rows, each the median of ``--runs`` timed passes after one warm-up, taken in turn (bare, one layer, all,
+bare, ...) so that a load that comes and goes hits them alike, under ``torch.inference_mode``:
 
   bare forward        ``model(ids)``, no trace
   trace, layer 11     ``biasviz.trace(model, layers=[11])``: every call counted, call 11 formed; the forward
@@ -23,19 +24,29 @@ from collections.abc import Callable
 
 import torch
 
+Times = dict[str, list[tuple[float, float]]]
 
-def timed(fn: Callable[[], object], runs: int, device: torch.device) -> float:
-    def once() -> float:
+
+def timed(rows: dict[str, Callable[[], object]], runs: int, device: torch.device) -> Times:
+    """Each row timed ``runs`` times, the rows taken in turn (a load that comes and goes hits them alike):
+    (wall seconds, CPU seconds of this process); on a shared machine the CPU time is the steadier."""
+
+    def once(fn: Callable[[], object]) -> tuple[float, float]:
         if device.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
-    once()  # warm-up
-    return statistics.median(once() for _ in range(runs))
+    for fn in rows.values():
+        once(fn)  # warm-up
+    times: Times = {label: [] for label in rows}
+    for _ in range(runs):
+        for label, fn in rows.items():
+            times[label].append(once(fn))
+    return times
 
 
 def main() -> None:
@@ -53,7 +64,7 @@ def main() -> None:
     ids = torch.randint(0, 50257, (1, args.seq_len), generator=torch.Generator().manual_seed(0)).to(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"GPT-2-small, T = {args.seq_len}, 1 sample, {name}, torch {torch.__version__}; median of {args.runs}")
-    print(f"{'':8}{'':18}{'seconds':>10}{'x bare':>10}")
+    print(f"{'':26}{'wall s':>10}{'x bare':>10}{'CPU s':>10}{'x bare':>10}")
     for impl in ("eager", "sdpa"):
         torch.manual_seed(0)
         config = GPT2Config(n_positions=args.seq_len)
@@ -68,13 +79,14 @@ def main() -> None:
 
             return run
 
-        rows: dict[str, float] = {}
         with torch.inference_mode():
-            rows["bare forward"] = timed(lambda model=model: model(ids), args.runs, device)
-            rows["trace, layer 11"] = timed(trace([11]), args.runs, device)
-            rows["trace, all 12"] = timed(trace(None), args.runs, device)
-        for label, seconds in rows.items():
-            print(f"{impl:8}{label:18}{seconds:10.3f}{seconds / rows['bare forward']:10.2f}")
+            times = timed({"bare forward": lambda model=model: model(ids), "trace, layer 11": trace([11]),
+                           "trace, all 12": trace(None)}, args.runs, device)  # fmt: skip
+        wall0 = statistics.median(w for w, _ in times["bare forward"])
+        cpu0 = statistics.median(c for _, c in times["bare forward"])
+        for label, pairs in times.items():
+            wall, cpu = statistics.median(w for w, _ in pairs), statistics.median(c for _, c in pairs)
+            print(f"{impl:8}{label:18}{wall:10.3f}{wall / wall0:10.2f}{cpu:10.3f}{cpu / cpu0:10.2f}")
         del model
 
 
