@@ -205,3 +205,25 @@ def test_llama_eager_cached_decoding_with_padding() -> None:
     for layer in range(2):
         assert (t.calls[layer].heads, t.calls[layer].q_len, t.calls[layer].k_len) == (4, 1, 10)
         assert close(t.weights[layer], expected[layer]) and (t.weights[layer][1, ..., :3] == 0).all()
+
+
+def test_t5_eager_relative_bias_against_its_own_compute_bias() -> None:
+    """T5 adds its bucketed relative bias (and the padding mask) to unscaled q.kᵀ in place (``scores +=``)."""
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=100, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+    model = T5EncoderModel._from_config(config, attn_implementation="eager").eval()
+    padding = torch.ones(2, 12, dtype=torch.long)
+    padding[1, -3:] = 0
+    with torch.no_grad():
+        with biasviz.trace(model) as t:
+            traced = model(IDS, attention_mask=padding).last_hidden_state
+        assert torch.equal(traced, model(IDS, attention_mask=padding).last_hidden_state)
+        expected = model(IDS, attention_mask=padding, output_attentions=True).attentions
+        own = model.encoder.block[0].layer[0].SelfAttention.compute_bias(12, 12)  # (1, H, T, T), shared by layers
+    kept = padding.bool()[:, None, None, :].expand(2, 4, 12, 12)
+    for layer in range(2):
+        assert close(t.weights[layer], expected[layer]) and not t.calls[layer].causal
+        bias = t.bias[layer]
+        assert torch.isnan(bias[~kept]).all() and close(bias[kept], own.expand(2, -1, -1, -1)[kept])

@@ -198,6 +198,10 @@ def unformed(index: int, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any
     heads = shape[-3] if len(shape) > 3 else 1
     q_len = shape[-2] if len(shape) > 1 else 0
     k_len = k.shape[-2] if isinstance(k, torch.Tensor) and k.dim() > 1 else 0
+    if kind == "multi_head_attention":  # (L, N, E) or (L, E), heads named in the call
+        batch, q_len = (shape[1] if len(shape) == 3 else 1), (shape[0] if shape else 0)
+        k_len = k.shape[0] if isinstance(k, torch.Tensor) and k.dim() > 0 else 0
+        heads = int(kwargs.get("num_heads", args[4] if len(args) > 4 else 1))
     note = f"not formed ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); " \
            "the call ran unchanged"  # fmt: skip
     return AttentionCall(index, kind, batch, heads, q_len, k_len, note=note)

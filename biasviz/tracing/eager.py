@@ -49,7 +49,7 @@ def _activation(t: Any) -> bool:
 def _scalar(x: Any) -> float | None:
     if isinstance(x, Number) and not isinstance(x, bool):
         return float(x)  # type: ignore[arg-type]
-    if isinstance(x, torch.Tensor) and x.numel() == 1 and x.is_floating_point():
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and x.dtype != torch.bool:
         return float(x)
     return None
 
