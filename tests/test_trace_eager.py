@@ -227,3 +227,22 @@ def test_t5_eager_relative_bias_against_its_own_compute_bias() -> None:
         assert close(t.weights[layer], expected[layer]) and not t.calls[layer].causal
         bias = t.bias[layer]
         assert torch.isnan(bias[~kept]).all() and close(bias[kept], own.expand(2, -1, -1, -1)[kept])
+
+
+def test_a_softcapped_transformers_directory_is_loaded_eager_and_traced(tmp_path) -> None:
+    """Gemma2 with attention-logit softcapping has no SDPA path: ``--model DIR`` loads it eager and traces that."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    small(Gemma2Config, Gemma2ForCausalLM, head_dim=16, attn_logit_softcapping=50.0).save_pretrained(tmp_path / "g")
+    reference = Gemma2ForCausalLM.from_pretrained(tmp_path / "g", attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = reference(IDS, output_attentions=True, use_cache=False).attentions
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = biasviz.extract(str(tmp_path / "g"), IDS, tmp_path / "g.h5", layers="all", device="cpu",
+                                 progress=False)  # fmt: skip
+    assert not result.has_bias and any("softcapping (tanh)" in str(w.message) for w in caught)
+    with h5py.File(tmp_path / "g.h5") as f:
+        assert "layer_0/bias" not in f
+        for layer in range(2):
+            assert close(torch.from_numpy(f[f"layer_{layer}/weights"][:]), expected[layer])

@@ -253,23 +253,35 @@ def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = 
 
 
 def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> TracedAdapter:
-    """A transformers checkpoint of an architecture with no adapter, loaded with SDPA attention and traced."""
+    """A transformers checkpoint of an architecture with no adapter, loaded with SDPA attention and traced.
+
+    Eager attention where SDPA cannot express the model (attention-logit softcapping, as Gemma2's) or where
+    transformers has no SDPA path for the architecture: the trace follows eager attention too.
+    """
+    import json
+
     import transformers
 
     from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
 
     kind = model_type(directory)
-    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", "local_files_only": True, "trust_remote_code": False}
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    softcapped = isinstance(config, dict) and config.get("attn_logit_softcapping") is not None
     reason = ""
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
-        try:
-            model = auto.from_pretrained(str(directory), **kwargs)
-            break
-        except (ValueError, KeyError, OSError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for impl in ("eager",) if softcapped else ("sdpa", "eager"):
+        kwargs: dict[str, Any] = {"attn_implementation": impl, "local_files_only": True, "trust_remote_code": False}
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+            try:
+                model = auto.from_pretrained(str(directory), **kwargs)
+                break
+            except (ValueError, KeyError, OSError, TypeError) as exc:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        else:
+            continue
+        break
     else:
         raise BiasvizError(f"{directory} is a '{kind}' model, which has no biasviz adapter, and transformers cannot "
-                           f"load it with SDPA attention: {reason}")  # fmt: skip
+                           f"load it with SDPA or eager attention: {reason}")  # fmt: skip
     config_json = (directory / "config.json").read_text(encoding="utf-8")
     return TracedAdapter(model.float().eval(), forward=lambda ids: model(input_ids=ids, use_cache=False),
                          scheme=scheme, source=str(directory.resolve()), sha256=parameters_sha256(directory),
@@ -277,7 +289,7 @@ def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> Traced
 
 
 class TransformersSdpaAdapter(TracedAdapter):
-    """Any other transformers architecture (Llama, Qwen, BERT, ...): SDPA attention, traced. Asked last."""
+    """Any other transformers architecture (Llama, Qwen, BERT, ...): SDPA (or eager) attention, traced. Asked last."""
 
     @classmethod
     def can_open(cls, path: Path) -> bool:
