@@ -208,7 +208,8 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
         call.adds_bias = bias is not None
         if record:
             call.bias = bias
-            call.weights = out4[..., start:stop].float()
+            # a copy: the model may change its tensor in place after the softmax (a row-zeroing masked_fill_)
+            call.weights = out4[..., start:stop].to(torch.float32, copy=True)
             if s.columns is not None:
                 call.sink = out4[..., :start].float().sum(-1) + out4[..., stop:].float().sum(-1)
     return call
