@@ -125,7 +125,7 @@ class EagerTracker:
         bias = None
         if name == "baddbmm":  # beta * input + alpha * (q @ k): alpha is the scale, beta * input the bias
             beta = kwargs.get("beta", 1)
-            bias = args[0].float() * beta if beta and isinstance(args[0], torch.Tensor) else None
+            bias = (args[0] if beta == 1 else args[0] * beta) if beta and isinstance(args[0], torch.Tensor) else None
         self._set(out, Scores(bias=bias))
 
     def _carry(self, name: str, i: int, flat: list[Any], kwargs: dict[str, Any], s: Scores,
@@ -173,7 +173,7 @@ class EagerTracker:
     @staticmethod
     def _added(s: Scores, other: Any, sign: float, x: torch.Tensor) -> Scores:
         if isinstance(other, torch.Tensor) and other.numel() > 1 and other.shape[-1] > 1:
-            term = other.float() * sign
+            term = other if sign == 1.0 else other * sign  # held, not copied: a call not recorded costs nothing
             return replace(s, bias=term if s.bias is None else s.bias + term)
         return s  # a number, or one value per row: the softmax cannot see it
 
@@ -200,7 +200,7 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
         call.causal = _is_causal(kept)
         bias = None
         if s.bias is not None and not s.note:
-            b = _bhqk(s.bias.expand(*x.shape[:-1], s.bias.shape[-1]))
+            b = _bhqk(s.bias.float().expand(*x.shape[:-1], s.bias.shape[-1]))
             if b.shape[-1] == x4.shape[-1]:  # added after a cat with sink columns: the real keys' part
                 b = b[..., start:stop]
             if b.shape[-1] == stop - start and bool(b.masked_fill(~kept, 0).ne(0).any()):
