@@ -43,7 +43,9 @@ class Trace:
 
     ``bias[L]`` is (1 or B, H, Tq, Tk) float32 and present only for calls that add a bias; ``weights[L]``
     is (B, H, Tq, Tk) float32; masked cells are NaN in the bias and 0 in the weights. ``calls`` lists
-    every intercepted call (also those not recorded) with its heads, lengths and notes.
+    every intercepted call (also those not recorded) with its heads, lengths and notes; ``notes[L]`` says why
+    a call has no bias (a step that is not additive) or was not formed, and ``sinks[L]`` is the share of
+    each query's softmax on attention-sink columns, where the call has them.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, layers: Iterable[int] | None = None,
