@@ -11,7 +11,7 @@ those above it in this list (``tests/test_layout.py`` holds the order and checks
 - ``training``: ``biasviz train`` and the checkpoint folders it writes.
 - ``store``: the HDF5 format - its layout, writer, reader, combining shards, compression on CPU and GPU.
 - ``diagnostics``: the context-dependence, Toeplitz and separability measures (SPEC sections 6 and 10).
-- ``tracing``: ``biasviz.trace`` - any model's SDPA and flex_attention calls, formed explicitly.
+- ``tracing``: ``biasviz.trace`` - any model's attention calls (SDPA, flex, torch layers, eager), formed explicitly.
 - ``adapters``: open any checkpoint (ours, nanoGPT, transformers, user code) and capture bias and weights.
 - ``summaries``: means, spreads, profiles and diagnostics reduced while the model runs (SPEC section 11).
 - ``extraction``: a run from windows to a file - one process, torchrun, checkpoint sweeps, the Python API.

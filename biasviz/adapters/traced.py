@@ -1,4 +1,4 @@
-"""Any ``torch.nn.Module``, with no adapter: its fused attention calls are traced (:mod:`biasviz.tracing`).
+"""Any ``torch.nn.Module``, with no adapter: its attention calls are traced (:mod:`biasviz.tracing`).
 
 "Layers" here are attention calls in the order the model makes them (call L is layer L in a plain
 decoder). Their number and heads are learned from one traced pass over the first sample (the probe),
@@ -54,7 +54,8 @@ def _max_length(model: nn.Module) -> int | None:
 
 
 class TracedAdapter(ModelAdapter):
-    """A module whose SDPA / flex_attention calls are intercepted; layers are call indices."""
+    """A module whose attention calls (SDPA, flex_attention, torch's layers, eager softmax) are traced; layers are
+    call indices."""
 
     def __init__(self, model: nn.Module, *, forward: Callable[[torch.Tensor], Any] | None = None,
                  scheme: str | None = None, source: str = "", sha256: str = "", tokenizer: Any = None,
@@ -102,9 +103,9 @@ class TracedAdapter(ModelAdapter):
             probe = self._probe(first)
         if not probe.calls:
             raise BiasvizError(
-                f"{self.source} ran without calling scaled_dot_product_attention or flex_attention, so there is "
-                "nothing to trace (attention written out by hand, or nn.MultiheadAttention with need_weights=True); "
-                "for a transformers model load it with attn_implementation='sdpa'"
+                f"{self.source} ran without calling scaled_dot_product_attention, flex_attention or torch's "
+                "multi_head_attention_forward, and took no softmax over a product of two activations (q.k), so "
+                "there is nothing to trace"
             )
         for index, note in probe.notes.items():
             warnings.warn(f"attention call {index}: {note}", stacklevel=2)
@@ -271,23 +272,35 @@ def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = 
 
 
 def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> TracedAdapter:
-    """A transformers checkpoint of an architecture with no adapter, loaded with SDPA attention and traced."""
+    """A transformers checkpoint of an architecture with no adapter, loaded with SDPA attention and traced.
+
+    Eager attention where SDPA cannot express the model (attention-logit softcapping, as Gemma2's) or where
+    transformers has no SDPA path for the architecture: the trace follows eager attention too.
+    """
+    import json
+
     import transformers
 
     from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
 
     kind = model_type(directory)
-    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", "local_files_only": True, "trust_remote_code": False}
+    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    softcapped = isinstance(config, dict) and config.get("attn_logit_softcapping") is not None
     reason = ""
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
-        try:
-            model = auto.from_pretrained(str(directory), **kwargs)
-            break
-        except (ValueError, KeyError, OSError, TypeError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for impl in ("eager",) if softcapped else ("sdpa", "eager"):
+        kwargs: dict[str, Any] = {"attn_implementation": impl, "local_files_only": True, "trust_remote_code": False}
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+            try:
+                model = auto.from_pretrained(str(directory), **kwargs)
+                break
+            except (ValueError, KeyError, OSError, TypeError) as exc:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        else:
+            continue
+        break
     else:
         raise BiasvizError(f"{directory} is a '{kind}' model, which has no biasviz adapter, and transformers cannot "
-                           f"load it with SDPA attention: {reason}")  # fmt: skip
+                           f"load it with SDPA or eager attention: {reason}")  # fmt: skip
     config_json = (directory / "config.json").read_text(encoding="utf-8")
     return TracedAdapter(model.float().eval(), forward=lambda ids: model(input_ids=ids, use_cache=False),
                          scheme=scheme, source=str(directory.resolve()), sha256=parameters_sha256(directory),
@@ -295,7 +308,7 @@ def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> Traced
 
 
 class TransformersSdpaAdapter(TracedAdapter):
-    """Any other transformers architecture (Llama, Qwen, BERT, ...): SDPA attention, traced. Asked last."""
+    """Any other transformers architecture (Llama, Qwen, BERT, ...): SDPA (or eager) attention, traced. Asked last."""
 
     @classmethod
     def can_open(cls, path: Path) -> bool:

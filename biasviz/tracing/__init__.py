@@ -1,4 +1,5 @@
-"""Capture biases and attention weights from fused attention calls (SDPA, flex_attention) of any model."""
+"""Capture biases and attention weights from the attention calls of any model: SDPA, flex_attention, torch's
+attention layers, and attention written out in eager PyTorch."""
 
 from biasviz.tracing.calls import MASKED_BELOW, AttentionCall
 from biasviz.tracing.mode import Trace, trace

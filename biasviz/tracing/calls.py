@@ -10,6 +10,7 @@ NaN in the bias and 0 in the weights.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ class AttentionCall:
     """
 
     index: int
-    kind: str  # "sdpa" or "flex_attention"
+    kind: str  # "sdpa", "flex_attention", "multi_head_attention" or "eager"
     batch: int
     heads: int
     q_len: int
@@ -44,6 +45,7 @@ class AttentionCall:
     bias: torch.Tensor | None = None
     weights: torch.Tensor | None = None
     note: str = ""
+    sink: torch.Tensor | None = None  # (B, H, Tq): the softmax's share on attention-sink columns, if any
 
 
 def _threshold(dtype: torch.dtype) -> float:
@@ -59,13 +61,34 @@ def _as_bhqk(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _mask_4d(mask: torch.Tensor) -> torch.Tensor:
-    """A broadcastable mask as (1 or B, 1 or H, Tq, Tk)."""
-    while mask.dim() < 4:
+def _mask_4d(mask: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """A mask broadcastable against the query's (..., Tq, Tk) as (1 or B, 1 or H, Tq, Tk), matching ``_as_bhqk``.
+
+    With a 3-D query (N, L, E) a 3-D mask is (N, L, S): its first dimension is the batch, not a head.
+    """
+    lead = tuple(query.shape[:-2])
+    while mask.dim() < len(lead) + 2:
         mask = mask.unsqueeze(0)
+    if len(lead) == 1:  # (N, L, E): one head
+        return mask.unsqueeze(1)
     if mask.dim() > 4:
-        mask = mask.reshape(-1, *mask.shape[-3:])
+        mask = mask.expand(*lead, *mask.shape[-2:]).reshape(-1, lead[-1], *mask.shape[-2:])
     return mask
+
+
+def _unpack_groups(q: torch.Tensor, mask: torch.Tensor | None, groups: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """transformers' packed GQA decoding: q as (B, KV heads, groups * Tq, E) back to (B, heads, Tq, E).
+
+    Query head ``g * groups + r`` is row ``r`` of key head ``g`` in the packed call; a mask shared by all
+    heads and rows stays as it is, one per row is unpacked the same way.
+    """
+    b, kv_heads, rows, e = q.shape
+    q_len = rows // groups
+    q = q.reshape(b, kv_heads, groups, q_len, e).reshape(b, kv_heads * groups, q_len, e)
+    if mask is not None and mask.shape[-2] == rows and rows > 1:
+        mb, mh = mask.shape[:2]
+        mask = mask.expand(mb, kv_heads, rows, mask.shape[-1]).reshape(mb, kv_heads * groups, q_len, mask.shape[-1])
+    return q, mask
 
 
 def _softmax_kept(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
@@ -101,15 +124,21 @@ def _is_causal(kept: torch.Tensor) -> bool:
 
 
 def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
-              inspect: bool = False) -> AttentionCall:  # fmt: skip
+              inspect: bool = False, groups: int = 1) -> AttentionCall:  # fmt: skip
     """One ``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` call.
 
     Neither ``record`` nor ``inspect``: only its shape is read (a call before the one asked for).
+    ``groups`` > 1: the call's q packs ``groups`` query heads per key head (transformers' GQA decoding);
+    the call is reported in the model's own (batch, heads, queries, keys).
     """
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     bound = dict(zip(names, args, strict=False)) | kwargs
     q, k = _as_bhqk(bound["query"]), _as_bhqk(bound["key"])
     mask, is_causal = bound.get("attn_mask"), bool(bound.get("is_causal", False))
+    if mask is not None:
+        mask = _mask_4d(mask, bound["query"])
+    if groups > 1:
+        q, mask = _unpack_groups(q, mask, groups)
     batch, heads, q_len = q.shape[:3]
     k_len = k.shape[-2]
     if not (record or inspect):
@@ -119,7 +148,6 @@ def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
     if is_causal:
         kept = kept & ~_upper(q_len, k_len, q.device)
     if mask is not None:
-        mask = _mask_4d(mask)
         if mask.dtype == torch.bool:
             kept = kept & mask
         else:
@@ -139,6 +167,44 @@ def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
             scores = scores + bias
         call.weights = _softmax_kept(scores, kept)
     return call
+
+
+def packed_groups(depth: int = 12) -> int:
+    """Query heads packed per key head by the caller: transformers' ``sdpa_attention_forward`` decodes one
+    token with grouped-query heads by reshaping q to (B, KV heads, groups, E) rather than repeating k and v.
+
+    The call alone cannot tell that apart from ``groups`` queries of one head; the caller's frame can.
+    """
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return 1
+        if frame.f_code.co_name == "sdpa_attention_forward":
+            local = frame.f_locals
+            query, q_length = local.get("query"), local.get("q_length")
+            groups = getattr(local.get("module"), "num_key_value_groups", 1)
+            packed = isinstance(query, torch.Tensor) and query.dim() == 4 and query.shape[2] != q_length
+            return int(groups) if packed and isinstance(groups, int) and groups > 1 else 1
+        frame = frame.f_back
+    return 1
+
+
+def unformed(index: int, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any], exc: Exception) -> AttentionCall:
+    """A call whose attention could not be formed: its shape where it can be read, and why, in its note."""
+    q = kwargs.get("query", args[0] if args else None)
+    k = kwargs.get("key", args[1] if len(args) > 1 else None)
+    shape = tuple(q.shape) if isinstance(q, torch.Tensor) else ()
+    batch = shape[0] if len(shape) > 2 else 1
+    heads = shape[-3] if len(shape) > 3 else 1
+    q_len = shape[-2] if len(shape) > 1 else 0
+    k_len = k.shape[-2] if isinstance(k, torch.Tensor) and k.dim() > 1 else 0
+    if kind == "multi_head_attention":  # (L, N, E) or (L, E), heads named in the call
+        batch, q_len = (shape[1] if len(shape) == 3 else 1), (shape[0] if shape else 0)
+        k_len = k.shape[0] if isinstance(k, torch.Tensor) and k.dim() > 0 else 0
+        heads = int(kwargs.get("num_heads", args[4] if len(args) > 4 else 1))
+    note = f"not formed ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); " \
+           "the call ran unchanged"  # fmt: skip
+    return AttentionCall(index, kind, batch, heads, q_len, k_len, note=note)
 
 
 # -- flex_attention --------------------------------------------------------------------------------------
@@ -191,24 +257,42 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
             buffers = tuple(bound.get("mask_mod_other_buffers") or ())
             kept = _on_grid(lambda *a: mask_mod(*a, *buffers), shape, q.device).bool()
         identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
-        call = AttentionCall(index, "flex_attention", batch, heads, q_len, k_len, causal=_is_causal(kept),
-                             adds_bias=not identity)  # fmt: skip
+        call = AttentionCall(index, "flex_attention", batch, heads, q_len, k_len)
         scores = _scores(q, k, bound.get("scale"))
+        additive = adds = True
         if not identity:
             buffers = tuple(bound.get("score_mod_other_buffers") or ())
-            modded = _on_grid(lambda s, *a: score_mod(s, *a, *buffers), shape, q.device, score=scores).float()
-            offset = _on_grid(lambda s, *a: score_mod(s, *a, *buffers), shape, q.device,
-                              score=torch.zeros_like(scores)).float()  # fmt: skip
-            if _additive(scores, modded, offset, kept):
-                call.bias = offset.masked_fill(~kept, float("nan")) if record else None
-            else:
-                call.adds_bias = False
-                call.note = "score_mod is not additive (its output is not the score plus a term free of it: " \
-                            "softcapping, say); no bias recorded"  # fmt: skip
-            scores = modded
+
+            def modded(s: torch.Tensor) -> torch.Tensor:
+                return _on_grid(lambda x, *a: score_mod(x, *a, *buffers), shape, q.device, score=s).float()
+
+            out = modded(scores)
+            # a score_mod may mask by itself (torch.where(i >= j, s + b, -inf), or finfo.min as transformers
+            # adds its mask): those cells are masked, as a mask_mod's are, and not part of the bias
+            kept = kept & (out > MASKED_BELOW)
+            offset = modded(torch.zeros_like(scores))
+            additive = _additive(scores, out, offset, kept) and all(
+                _additive(scores.new_full((), probe).expand_as(scores), modded(scores.new_full(scores.shape, probe)),
+                          offset, kept)
+                for probe in PROBES
+            )  # fmt: skip
+            adds = additive and bool(offset.masked_fill(~kept, 0).ne(0).any())  # only 0 and masked: a mask
+            if adds and record:
+                call.bias = offset.masked_fill(~kept, float("nan"))
+            elif not additive:
+                call.note = "score_mod is not additive (score_mod(s) - s changes with s: softcapping, say); " \
+                            "no bias recorded"  # fmt: skip
+            scores = out
+        call.causal = _is_causal(kept)
+        call.adds_bias = not identity and additive and adds
         if record:
             call.weights = _softmax_kept(scores, kept)
     return call
+
+
+# Scores at which a score_mod is checked to be additive besides the call's own: a softcap with a large cap
+# is linear on small scores, and only scores of this size show that it is not s + b.
+PROBES = (-1e6, -1e3, 1e3, 1e6)
 
 
 def _additive(scores: torch.Tensor, modded: torch.Tensor, offset: torch.Tensor, kept: torch.Tensor) -> bool:

@@ -1,11 +1,14 @@
-"""``biasviz.trace``: intercept every fused attention call of any PyTorch model while it runs.
+r"""``biasviz.trace``: intercept every attention call of any PyTorch model while it runs.
 
 A :class:`torch.overrides.TorchFunctionMode` sees each call of
-``torch.nn.functional.scaled_dot_product_attention`` and of the ``flex_attention`` operator before it
-runs, whoever makes it (the user's own module, transformers, x-transformers); no module is patched
-and no forward is copied. Each call is numbered in the order it runs (call L is layer L in a plain
+``torch.nn.functional.scaled_dot_product_attention``, of the ``flex_attention`` operator and of
+``multi_head_attention_forward`` (``nn.MultiheadAttention`` and the ``nn.Transformer*Layer``\ s) before it
+runs, whoever makes it (the user's own module, transformers, x-transformers); attention written out in
+eager PyTorch is followed from its q.kᵀ product to its softmax (:mod:`biasviz.tracing.eager`). No module is
+patched and no forward is copied. Each call is numbered in the order it runs (call L is layer L in a plain
 decoder), and the calls asked for are formed explicitly (:mod:`biasviz.tracing.calls`); the call itself
-then runs unchanged, so the model's outputs are exactly what they would be without the trace.
+then runs unchanged, so the model's outputs are exactly what they would be without the trace. A call that
+cannot be formed still runs; the reason is in ``Trace.notes``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from biasviz.tracing.calls import AttentionCall, flex_call, sdpa_call
+from biasviz.tracing.calls import AttentionCall, flex_call, packed_groups, sdpa_call, unformed
+from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, softmax_dim
 from biasviz.tracing.stop import StopForward
+from biasviz.tracing.torch_layers import MHA, mha_call
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 
@@ -26,6 +31,8 @@ _SDPA = torch.nn.functional.scaled_dot_product_attention
 def _kind(func: Any) -> str | None:
     if func is _SDPA:
         return "sdpa"
+    if func is MHA:
+        return "multi_head_attention"
     if type(func).__name__ == "FlexAttentionHOP" or getattr(func, "_name", None) == "flex_attention":
         return "flex_attention"
     return None
@@ -36,7 +43,9 @@ class Trace:
 
     ``bias[L]`` is (1 or B, H, Tq, Tk) float32 and present only for calls that add a bias; ``weights[L]``
     is (B, H, Tq, Tk) float32; masked cells are NaN in the bias and 0 in the weights. ``calls`` lists
-    every intercepted call (also those not recorded) with its heads, lengths and notes.
+    every intercepted call (also those not recorded) with its heads, lengths and notes; ``notes[L]`` says why
+    a call has no bias (a step that is not additive) or was not formed, and ``sinks[L]`` is the share of
+    each query's softmax on attention-sink columns, where the call has them.
     """
 
     def __init__(self, model: torch.nn.Module | None = None, layers: Iterable[int] | None = None,
@@ -49,6 +58,7 @@ class Trace:
                              "after the forward (biasviz.extract resolves -1)")  # fmt: skip
         self.stop = stop and bool(self.layers)
         self.calls: list[AttentionCall] = []
+        self.eager = EagerTracker()
         self._stack = contextlib.ExitStack()
 
     # -- results -----------------------------------------------------------------------------------
@@ -61,6 +71,11 @@ class Trace:
         return {c.index: c.weights for c in self.calls if c.weights is not None}
 
     @property
+    def sinks(self) -> dict[int, torch.Tensor]:
+        """(B, H, Tq) per call with attention sinks: the share of each query's softmax on the sink columns."""
+        return {c.index: c.sink for c in self.calls if c.sink is not None}
+
+    @property
     def notes(self) -> dict[int, str]:
         return {c.index: c.note for c in self.calls if c.note}
 
@@ -71,16 +86,47 @@ class Trace:
     def intercept(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         index = len(self.calls)
         record = self.wants(index)
-        describe = sdpa_call if kind == "sdpa" else flex_call
-        call = describe(index, args, kwargs, record, self.inspect)
-        dropout = kwargs.get("dropout_p", args[4] if kind == "sdpa" and len(args) > 4 else 0.0)
+        try:
+            if kind == "sdpa":
+                call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups())
+            elif kind == "multi_head_attention":
+                call = mha_call(index, args, kwargs, record, self.inspect)
+            else:
+                call = flex_call(index, args, kwargs, record, self.inspect)
+        except Exception as exc:  # a trace never breaks the call it observes: the call runs, the reason is kept
+            call = unformed(index, kind, args, kwargs, exc)
+        dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0) if kind == "sdpa" else 0.0
         if record and dropout:
             call.note = (call.note + "; " if call.note else "") + f"dropout_p={dropout} in the call: weights " \
                         "recorded before dropout (put the model in eval mode)"  # fmt: skip
-        self.calls.append(call)
-        if self.stop and self.layers is not None and index >= self.layers[-1]:
-            raise StopForward  # everything asked for is recorded: the rest of the forward cannot change it
+        self._append(call)
         return func(*args, **kwargs)
+
+    def _append(self, call: AttentionCall) -> None:
+        self.calls.append(call)
+        if self.stop and self.layers is not None and call.index >= self.layers[-1]:
+            raise StopForward  # everything asked for is recorded: the rest of the forward cannot change it
+
+    def follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Any other operation: it runs as written; the trace follows score tensors from product to softmax."""
+        name = getattr(func, "__name__", "")
+        if not self.eager and name not in PRODUCTS:  # no score tensor in flight: only a product can start one
+            return func(*args, **kwargs)
+        x = (args[0] if args else kwargs.get("input")) if name in SOFTMAX else None
+        scores = self.eager.get(x) if x is not None else None
+        out = func(*args, **kwargs)
+        if scores is not None and softmax_dim(args, kwargs) in (-1, x.dim() - 1):
+            index = len(self.calls)
+            try:
+                call = eager_call(index, x, scores, out, self.wants(index), self.inspect)
+            except Exception as exc:  # never break the model: its softmax has run, the reason is kept
+                call = AttentionCall(index, "eager", 1, 1, *x.shape[-2:], note=f"not formed ({type(exc).__name__}: "
+                                     f"{exc}); the call ran unchanged")  # fmt: skip
+            self._append(call)
+            return out
+        with contextlib.suppress(Exception):  # following is bookkeeping: it must never fail the model's step
+            self.eager.after(name, args, kwargs, out)
+        return out
 
     def __enter__(self) -> Trace:
         # torch.compile'd code would trace through the mode (or skip it): run it eagerly while traced
@@ -111,12 +157,12 @@ class _Interceptor(TorchFunctionMode):
         kwargs = kwargs or {}
         kind = _kind(func)
         if kind is None:
-            return func(*args, **kwargs)
+            return self.trace.follow(func, args, kwargs)
         return self.trace.intercept(kind, func, args, kwargs)
 
 
 def trace(model: torch.nn.Module | None = None, layers: Iterable[int] | None = None, *, stop: bool = False) -> Trace:
-    """Record the bias and weights of every fused attention call made inside the ``with`` block.
+    """Record the bias and weights of every attention call made inside the ``with`` block.
 
     ``layers`` limits what is formed (call indices from 0; the rest are only counted); ``stop`` ends the
     forward quietly after the last of them, saving the rest of the model (and its memory).

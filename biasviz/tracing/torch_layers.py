@@ -1,0 +1,73 @@
+"""torch's own attention layers: ``nn.MultiheadAttention`` and the ``nn.Transformer*Layer`` built on it.
+
+They call ``torch.nn.functional.multi_head_attention_forward``, whose inner SDPA (or explicit softmax) runs
+out of sight of a function mode, so the trace sees the outer call. Its per-head weights are torch's own:
+the same function again with ``need_weights=True, average_attn_weights=False`` and dropout off (the
+model's call runs unchanged beside it). Its bias is the float ``attn_mask`` plus a float
+``key_padding_mask``; boolean masks and cells at or below the masked threshold are masked (NaN in the bias).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from biasviz.tracing.calls import AttentionCall, _is_causal, _threshold
+
+MHA = F.multi_head_attention_forward
+_SIGNATURE = inspect.signature(MHA)
+
+
+def _float(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A mask as torch's layers add it: True (not allowed) is -inf, a float mask is added as it is."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=like.dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    return mask
+
+
+def _added(bound: dict[str, Any], batch: int, heads: int, q_len: int, k_len: int, like: torch.Tensor,
+           unbatched: bool) -> torch.Tensor:  # fmt: skip
+    """What the layer adds to the scaled q.k before the softmax, as (1 or N, 1 or H, L, S) float32."""
+    total = torch.zeros(1, 1, q_len, k_len, device=like.device)
+    attn_mask, padding = bound.get("attn_mask"), bound.get("key_padding_mask")
+    if attn_mask is not None:
+        m = _float(attn_mask, like).float()
+        m = m[None, None] if m.dim() == 2 else m.reshape(batch, heads, *m.shape[-2:])
+        total = total + F.pad(m, (0, k_len - m.shape[-1]))  # add_bias_kv / add_zero_attn: 0 on the extra key
+    if padding is not None:
+        p = _float(padding, like).float()
+        p = p.reshape(1 if unbatched else batch, 1, 1, p.shape[-1])
+        total = total + F.pad(p, (0, k_len - p.shape[-1]))
+    return total
+
+
+def mha_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
+             inspect_only: bool = False) -> AttentionCall:  # fmt: skip
+    """One ``multi_head_attention_forward`` call (query as (L, N, E), or (L, E) unbatched)."""
+    bound = _SIGNATURE.bind(*args, **kwargs).arguments
+    query, heads = bound["query"], int(bound["num_heads"])
+    unbatched = query.dim() == 2
+    batch, q_len = (1 if unbatched else query.shape[1]), query.shape[0]
+    static_k = bound.get("static_k")
+    k_len = static_k.shape[1] if static_k is not None else bound["key"].shape[0]
+    k_len += int(bound.get("bias_k") is not None) + int(bool(bound.get("add_zero_attn")))
+    call = AttentionCall(index, "multi_head_attention", batch, heads, q_len, k_len)
+    if not (record or inspect_only):
+        return call
+    with torch.no_grad():
+        added = _added(bound, batch, heads, q_len, k_len, query, unbatched)
+        kept = added > _threshold(query.dtype if query.is_floating_point() else torch.float32)
+        call.causal = _is_causal(kept)
+        call.adds_bias = bool(added.masked_fill(~kept, 0).ne(0).any())
+        if call.adds_bias and record:
+            call.bias = added.masked_fill(~kept, float("nan"))
+        if record:
+            again = dict(bound, need_weights=True, average_attn_weights=False, training=False)
+            weights = MHA(**again)[1].float()
+            call.weights = weights[None] if unbatched else weights
+    if record and bound.get("training", True) and float(bound.get("dropout_p", 0.0)):
+        call.note = f"dropout_p={bound['dropout_p']} in training mode: weights recorded before dropout"
+    return call
