@@ -49,7 +49,8 @@ def extract_parallel(
             result = extract(adapter, windows[w.block(len(windows))], shard(w.rank), force=True,
                              progress=progress if w.main else False, attrs=meta, **options)  # fmt: skip
         except BiasvizError as exc:  # the others must hear of it before this process stops
-            failure = exc
+            failure = BiasvizError(f"process {w.rank} failed: {exc}")
+            failure.__cause__ = exc
         except Exception as exc:  # the model's own code failed (out of memory, say): say where, in one line
             failure = BiasvizError(f"process {w.rank} failed: {type(exc).__name__}: {exc}")
             failure.__cause__ = exc
