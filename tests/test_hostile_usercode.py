@@ -34,6 +34,9 @@ class Tiny(nn.Module):
             raise ValueError("first line\\nsecond line\\nthird")
         if self.mode == "exit":
             sys.exit(4)
+        if self.mode == "nan":  # one head's scores are NaN: its weights must never be stored as zeros
+            q = q.clone()
+            q[:, 0] = float("nan")
         if self.mode == "exit after attention":
             F.scaled_dot_product_attention(q, q, q, is_causal=True)
             sys.exit(0)
@@ -75,6 +78,9 @@ USER_CODE = [
          prepare=code(factory="return Tiny('exit')")),
     Case("forward exits 0 after attention", EX, r"the model's forward called sys\.exit\(0\)",
          prepare=code(factory="return Tiny('exit after attention')")),
+    Case("NaN scores in one head", EX, r"weights of layer 0 contains? NaN", prepare=code(factory="return Tiny('nan')")),
+    Case("NaN scores in one head, summarised", EX.replace("--quiet", "--quiet --summary"), r"NaN",
+         prepare=code(factory="return Tiny('nan')")),
 ]  # fmt: skip
 
 

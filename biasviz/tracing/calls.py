@@ -92,10 +92,15 @@ def _unpack_groups(q: torch.Tensor, mask: torch.Tensor | None, groups: int) -> t
 
 
 def _softmax_kept(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """Softmax over keys of the kept cells; masked cells, and rows with nothing kept, are exactly 0."""
+    """Softmax over keys of the kept cells; masked cells, and rows with nothing kept, are exactly 0.
+
+    Only those rows: a NaN the model's own scores hold stays NaN (and is refused where it is stored), never
+    a silent 0.
+    """
     scores = scores.masked_fill(~kept, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    return weights.nan_to_num_(0.0)  # a row with every key masked: 0 everywhere, as flex_attention gives
+    empty = ~kept.any(dim=-1, keepdim=True)  # a row with every key masked: 0 everywhere, as flex_attention gives
+    return weights.masked_fill_(empty, 0.0) if bool(empty.any()) else weights
 
 
 def _repeat_kv(k: torch.Tensor, heads: int) -> torch.Tensor:
