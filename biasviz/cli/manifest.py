@@ -53,18 +53,23 @@ def record(manifest: Path, runs: Path, data: Path, figures: Path) -> int:
 
 def stale(manifest: Path) -> list[Path]:
     """Give every target whose files differ from the manifest the time stamp 0; return those targets."""
+    return [target for target, _ in stale_files(manifest)]
+
+
+def stale_files(manifest: Path) -> list[tuple[Path, Path]]:
+    """(target, the first of its files that changed or went missing) for every target dated back."""
     if not manifest.is_file():
         return []
     doc = json.loads(manifest.read_text(encoding="utf-8"))
-    touched = []
+    touched: dict[Path, Path] = {}
     for name, entry in doc["files"].items():
         path, target = Path(name), Path(entry["target"])
-        if path.is_file() and sha256_file(path) == entry["sha256"]:
+        if target in touched or (path.is_file() and sha256_file(path) == entry["sha256"]):
             continue
-        if target.exists() and target not in touched:
+        if target.exists():
             os.utime(target, (0, 0))
-            touched.append(target)
-    return touched
+            touched[target] = path
+    return list(touched.items())
 
 
 def main(argv: list[str]) -> int:
@@ -73,8 +78,9 @@ def main(argv: list[str]) -> int:
         print(f"recorded {n} built files in {argv[1]}")
         return 0
     if len(argv) == 2 and argv[0] == "stale":
-        for target in stale(Path(argv[1])):
-            print(f"{target} was replaced since the last build (its content differs): rebuilding it")
+        for target, changed in stale_files(Path(argv[1])):
+            why = "is gone" if not changed.exists() else "was replaced (its content differs)"
+            print(f"{changed} {why} since the last build: rebuilding {target}")
         return 0
     print("usage: python -m biasviz.cli.manifest record MANIFEST RUNS DATA FIGURES | stale MANIFEST", file=sys.stderr)
     return 2
