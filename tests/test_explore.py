@@ -118,10 +118,14 @@ def test_two_files_give_a_difference(tmp_path: Path, make_bias_file: Callable[..
     assert [s["label"] for s in payload["sources"]] == ["A", "B", "D"]
     assert payload["sources"][2]["samples"] == ["0", "1", "mean"]
     with h5py.File(a) as fa, h5py.File(b) as fb:
-        expected = fa["layer_3/bias"][1, 4] - fb["layer_3/bias"][1, 4]
-    got = unpack(payload["sets"]["D|3|bias|1"]["heads"][4]["levels"][0])
-    assert np.allclose(got, expected, equal_nan=True)
-    assert payload["sets"]["D|3|bias|1"]["scale"]["head"][0][2] == "RdBu_r"
+        stored_a, stored_b = fa["layer_3/bias"][1, 4], fb["layer_3/bias"][1, 4]
+    # A - B travels as no matrix: the page subtracts B's cells from A's (both exact here)
+    assert payload["sets"]["D|3|bias|1"]["heads"][4]["levels"] == []
+    got_a, got_b = (unpack(payload["sets"][f"{s}|3|bias|1"]["heads"][4]["levels"][0]) for s in "AB")
+    assert np.array_equal(got_a - got_b, stored_a - stored_b, equal_nan=True)
+    diff = stored_a - stored_b
+    bound = float(np.nanmax(np.abs(diff)))
+    assert payload["sets"]["D|3|bias|1"]["scale"]["head"][4] == [-bound, bound, "RdBu_r"]  # every cell's extremes
 
 
 def test_files_that_differ_in_shape_are_not_compared(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
