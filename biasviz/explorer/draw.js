@@ -132,10 +132,13 @@ function axisLabels(lo, hi, side, token) {
   return niceTicks(lo, hi - 1, Math.max(2, Math.floor(side / 70))).map((p) => [p, String(p)]);
 }
 
-// Key positions under the matrix (x) and query positions left of it (y), ticks at cell centres.
+// Key positions under the matrix (x) and query positions left of it (y), ticks at cell centres. The axis
+// canvases reach AXIS_PAD pixels past the matrix's ends (CSS margins), so that end labels are not cut.
+const AXIS_PAD = 10;
 function drawAxes(xcv, ycv, region, side, token) {
   const [i0, i1, j0, j1] = region;
-  const x = prepare(xcv, side, 64);
+  const x = prepare(xcv, side + 4 * AXIS_PAD, 64);
+  x.translate(AXIS_PAD, 0);
   const xs = axisLabels(j0, j1, side, token);
   const tokens = xs.some(([p, s]) => s !== String(p));
   for (const [p, s] of xs) {
@@ -143,14 +146,16 @@ function drawAxes(xcv, ycv, region, side, token) {
     x.fillRect(at, 0, 1, 4);
     x.save();
     x.translate(at, 6);
-    if (tokens) { x.rotate(Math.PI / 3); x.textAlign = "left"; } else x.textAlign = "center";
+    if (tokens) x.rotate(Math.PI / 3);
+    x.textAlign = tokens ? "left" : "center";
     x.textBaseline = tokens ? "middle" : "top";
-    x.fillText(s, tokens ? 2 : 0, tokens ? 0 : 0);
+    x.fillText(s, tokens ? 2 : 0, 0);
     x.restore();
   }
   x.textAlign = "right";
-  x.fillText(tokens ? "key j (tokens)" : "key j", side, 58);
-  const y = prepare(ycv, 74, side);
+  x.fillText(tokens ? "key j (tokens)" : "key j", side, tokens ? 58 : 34);
+  const y = prepare(ycv, 74, side + 2 * AXIS_PAD);
+  y.translate(0, AXIS_PAD);
   y.textAlign = "right";
   y.textBaseline = "middle";
   for (const [p, s] of axisLabels(i0, i1, side, token)) {
@@ -162,7 +167,7 @@ function drawAxes(xcv, ycv, region, side, token) {
   y.translate(9, side / 2);
   y.rotate(-Math.PI / 2);
   y.textAlign = "center";
-  y.fillText("query i", 0, 0);
+  y.fillText(tokens ? "query i (tokens)" : "query i", 0, 0);
   y.restore();
 }
 
@@ -208,7 +213,7 @@ function drawProfile(cv, profiles, names, head) {
   ctx.clearRect(0, 0, w, h);
   const left = 64;
   const right = 12;
-  const top = 26;
+  const top = 42;
   const bottom = 40;
   let lo = Infinity;
   let hi = -Infinity;
@@ -264,16 +269,17 @@ function drawProfile(cv, profiles, names, head) {
   ctx.textAlign = "left";
   ctx.textBaseline = "alphabetic";
   ctx.fillText(`Distance profile of head ${head}: mean ± std over the ${over} with i - j = d`, left, 14);
-  let x = w - right - 8;
-  for (let s = names.length - 1; s >= 0; s--) { // the legend, right-aligned above the plot
+  // the legend, on its own row above the plot, right-aligned: one entry per file
+  let lx = w - right;
+  for (let s = names.length - 1; s >= 0; s--) {
     const label = `${names[s]}: mean ± std`;
-    x -= ctx.measureText(label).width;
-    ctx.fillText(label, x, 14);
+    lx -= ctx.measureText(label).width;
+    ctx.fillText(label, lx, top - 8);
     ctx.fillStyle = `rgba(${PROFILE_COLOURS[s]},0.35)`;
-    ctx.fillRect(x - 22, 6, 18, 10);
+    ctx.fillRect(lx - 28, top - 17, 22, 10);
     ctx.fillStyle = `rgb(${PROFILE_COLOURS[s]})`;
-    ctx.fillRect(x - 22, 10, 18, 2);
+    ctx.fillRect(lx - 28, top - 13, 22, 2);
     ctx.fillStyle = "#222";
-    x -= 36;
+    lx -= 44;
   }
 }

@@ -144,7 +144,7 @@ function focusPlots(count) {
 function focusSide(count, canvasSide) {
   const free = $("focus").clientWidth - 110 - count * 90;
   const tall = window.innerHeight - $("top").offsetHeight - 150;
-  return Math.max(200, Math.floor(Math.min(canvasSide, free / count, tall)));
+  return Math.max(200, Math.floor(Math.min(Math.max(canvasSide, 600), free / count, tall))); // cells stay sharp
 }
 
 async function drawFocus() {
@@ -196,8 +196,9 @@ function profileOf(source, head) {
 
 // What the page shows, in words, above the controls: file, step, layer, sample and kind.
 function describeView() {
+  const path = (label) => DATA.sources.find((s) => s.label === label).path;
   const shown = state.source === "AB" ? "A | B side by side" : state.source === "D"
-    ? "A - B (difference: A minus B)" : `${state.source}: ${DATA.sources.find((s) => s.label === state.source).path}`;
+    ? `A - B = ${path("A")} minus ${path("B")}` : `${state.source}: ${path(state.source)}`;
   const step = STEPS ? ` · step ${STEPS[state.step]} (checkpoint ${state.step + 1} of ${STEPS.length})` : "";
   const sample = SUMMARY ? "mean over samples" : state.sample === "mean" ? "mean over samples" : `sample ${state.sample}`;
   const kind = state.kind === "bias" ? "bias" : "attention weights";
