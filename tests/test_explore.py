@@ -244,3 +244,12 @@ def test_a_sweep_holds_every_checkpoint_within_the_budget(tmp_path: Path) -> Non
     first = {k: [h["levels"][0]["enc"] for h in s["heads"]] for k, s in payload["sets"].items()}
     assert first["A|1|bias|0|2"] == first["A|1|weights|0|2"] == ["f32"] * 3, "the checkpoint the page opens on first"
     assert "q16" in first["A|1|weights|0|0"] + first["A|1|weights|0|1"], first  # the others in 16 bits
+
+
+def test_a_sweep_is_compared_only_with_a_sweep_of_the_same_steps(
+    tmp_path: Path, make_bias_file: Callable[..., Path]
+) -> None:
+    sweep = write_sweep(tmp_path / "sweep.h5", heads=3, n=1)
+    plain = make_bias_file(tmp_path / "plain.h5", "cable", n=1, heads=3, t=SWEEP_T, layers=(1,))
+    with pytest.raises(biasviz.common.errors.BiasvizError, match="cannot be compared step by step"):
+        build_page_data([sweep, plain])

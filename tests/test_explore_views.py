@@ -176,7 +176,7 @@ def test_the_view_exports_as_png_and_svg(driver: object, pages: dict[str, Path])
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
     grid = rect(driver, "#grid")
-    assert width == pytest.approx(grid["right"] - grid["left"], abs=2) and height > grid["bottom"] - grid["top"]
+    assert width == pytest.approx(grid["right"] - grid["left"] + 24, abs=2) and height > grid["bottom"] - grid["top"]
     svg = ET.fromstring(base64.b64decode(driver.execute_async_script(script, "svg")))
     ns = "{http://www.w3.org/2000/svg}"
     images = svg.findall(f"{ns}image")

@@ -68,7 +68,7 @@ class PageData:
 
     def summary(self) -> str:
         parts = [f"{n} {what}" for what, n in sorted(self.precision.items())]
-        over = f"; the overviews alone pass the size budget by {self.over_budget:.1f} MB" if self.over_budget else ""
+        over = f"; the overviews alone pass the size budget by {self.over_budget:.2f} MB" if self.over_budget else ""
         return "heads by detail: " + ", ".join(parts) + over
 
 

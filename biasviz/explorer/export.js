@@ -14,23 +14,24 @@ function visible(el) {
 function viewParts() {
   const root = viewRoot();
   const box = root.getBoundingClientRect();
-  const head = 40;
+  const head = 48;
+  const pad = 12; // a white margin all round
   const canvases = Array.from(root.querySelectorAll("canvas")).filter(visible).map((cv) => {
     const r = cv.getBoundingClientRect();
-    return { canvas: cv, x: r.left - box.left, y: r.top - box.top + head, w: r.width, h: r.height };
+    return { canvas: cv, x: r.left - box.left + pad, y: r.top - box.top + head, w: r.width, h: r.height };
   });
   const labels = Array.from(root.querySelectorAll("figcaption, .cbar span, #focus-title, .fplot-label"))
     .filter(visible).map((el) => {
       const r = el.getBoundingClientRect();
       const style = getComputedStyle(el);
       const centred = style.textAlign === "center";
-      return { text: el.textContent, x: (centred ? r.left + r.width / 2 : r.left) - box.left,
+      return { text: el.textContent, x: (centred ? r.left + r.width / 2 : r.left) - box.left + pad,
         y: r.top - box.top + head + r.height * 0.78, size: parseFloat(style.fontSize), centred,
         bold: Number(style.fontWeight) >= 600 };
     });
-  labels.unshift({ text: document.querySelector("header h1").textContent, x: 0, y: 16, size: 15, bold: true },
-    { text: $("where").textContent, x: 0, y: 34, size: 12 });
-  return { width: Math.ceil(box.width), height: Math.ceil(box.height) + head, canvases, labels };
+  labels.unshift({ text: document.querySelector("header h1").textContent, x: pad, y: 24, size: 15, bold: true },
+    { text: $("where").textContent, x: pad, y: 42, size: 12 });
+  return { width: Math.ceil(box.width) + 2 * pad, height: Math.ceil(box.height) + head + pad, canvases, labels };
 }
 
 function fileName(ext) {
