@@ -105,6 +105,7 @@ def test_the_enlarged_head_opens_at_its_top_with_its_colorbar_axes_and_zoom_scal
     canvas = driver.find_element(By.CSS_SELECTOR, "#focus-canvases canvas")
     size = driver.execute_script("return arguments[0].clientWidth", canvas)
     before = pixels(driver, "#focus-cbar")
+    assert driver.find_element(By.CSS_SELECTOR, ".fplot .xaxis").get_attribute("data-labels") == "positions"
 
     def drag() -> None:
         from selenium.webdriver.common.action_chains import ActionChains
@@ -115,6 +116,8 @@ def test_the_enlarged_head_opens_at_its_top_with_its_colorbar_axes_and_zoom_scal
 
     redraw(driver, drag)
     zoomed = pixels(driver, "#focus-canvases canvas")
+    # 16 x 16 cells: each wide enough to read its token on the axes
+    assert driver.find_element(By.CSS_SELECTOR, ".fplot .xaxis").get_attribute("data-labels") == "tokens"
     assert pixels(driver, "#focus-cbar") != before, "the colour bar follows the zoomed region's range"
     redraw(driver, lambda: driver.find_element(By.ID, "zoom-scale").click())
     assert pixels(driver, "#focus-canvases canvas") != zoomed, "the toggle goes back to the whole head's colours"

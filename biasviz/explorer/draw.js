@@ -141,6 +141,7 @@ function drawAxes(xcv, ycv, region, side, token) {
   x.translate(AXIS_PAD, 0);
   const xs = axisLabels(j0, j1, side, token);
   const tokens = xs.some(([p, s]) => s !== String(p));
+  xcv.dataset.labels = tokens ? "tokens" : "positions"; // what the axes show (for scripts and tests)
   for (const [p, s] of xs) {
     const at = ((p - j0 + 0.5) * side) / (j1 - j0);
     x.fillRect(at, 0, 1, 4);
