@@ -102,7 +102,8 @@ $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
 
 previews: figures  ## refresh the small PNG previews shown in README (figures/preview/)
 	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview
-	$(BIN)/python -m biasviz.explorer.screenshot $(FIGURES)/cable_explore.html $(FIGURES)/preview/cable_explore.png
+	$(BIN)/python -m biasviz.explorer.screenshot $(FIGURES)/kerple-log_explore.html $(FIGURES)/preview/explore_grid.png --select kind=weights --head 3
+	$(BIN)/python -m biasviz.explorer.screenshot $(FIGURES)/kerple-log_explore.html $(FIGURES)/preview/explore_focus.png --select kind=weights --enlarge 4 --zoom 0.55,0.62,0.5,0.57 --cell 0.5,0.4
 
 .PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(DATA)/%-sweep.h5 $(DATA)/%-long.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
 FORCE:

@@ -18,7 +18,7 @@ from biasviz.explorer.build import build_page_data
 from biasviz.explorer.colors import colormap_table
 from biasviz.explorer.encode import NAN_CODE, dequantise, pack_exact, pack_quantised, quantise
 from biasviz.explorer.tokens import token_strings
-from tests.conftest import run_cli
+from tests.conftest import SYNTHETIC_ATTRS, run_cli, softmax_weights, synthetic_bias
 
 
 def unpack(spec: dict) -> np.ndarray:
@@ -37,6 +37,28 @@ def unpack(spec: dict) -> np.ndarray:
     if spec["enc"] == "f32":
         return ints.view(np.float32)
     return dequantise(ints, spec["lo"], spec["step"])
+
+
+STEPS = [0, 50, 200]
+SWEEP_T = 32
+
+
+def write_sweep(path: Path, heads: int = 3, n: int = 2) -> Path:
+    """A small sweep file: every checkpoint its own CABLE-like bias (and its weights), T = 32."""
+    from biasviz.store import BiasFileWriter
+
+    meta = {**SYNTHETIC_ATTRS, "scheme": "cable", "context_dependent": True}
+    with BiasFileWriter(path, attrs=meta, n_samples=n, n_heads=heads, seq_len=SWEEP_T, layers=[1], has_bias=True,
+                        checkpoints=STEPS, force=True) as writer:  # fmt: skip
+        writer.begin_batch(np.zeros((n, SWEEP_T), np.int32))
+        for c in range(len(STEPS)):
+            bias = synthetic_bias("cable", n, heads, SWEEP_T, seed=10 + c)
+            weights = softmax_weights(bias)
+            for s in range(n):
+                for h in range(heads):
+                    writer.write_matrix("bias", 1, s, h, bias[s, h], checkpoint=c)
+                    writer.write_matrix("weights", 1, s, h, weights[s, h], checkpoint=c)
+    return path
 
 
 def page_payload(html: str) -> dict:
@@ -118,10 +140,14 @@ def test_two_files_give_a_difference(tmp_path: Path, make_bias_file: Callable[..
     assert [s["label"] for s in payload["sources"]] == ["A", "B", "D"]
     assert payload["sources"][2]["samples"] == ["0", "1", "mean"]
     with h5py.File(a) as fa, h5py.File(b) as fb:
-        expected = fa["layer_3/bias"][1, 4] - fb["layer_3/bias"][1, 4]
-    got = unpack(payload["sets"]["D|3|bias|1"]["heads"][4]["levels"][0])
-    assert np.allclose(got, expected, equal_nan=True)
-    assert payload["sets"]["D|3|bias|1"]["scale"]["head"][0][2] == "RdBu_r"
+        stored_a, stored_b = fa["layer_3/bias"][1, 4], fb["layer_3/bias"][1, 4]
+    # A - B travels as no matrix: the page subtracts B's cells from A's (both exact here)
+    assert payload["sets"]["D|3|bias|1"]["heads"][4]["levels"] == []
+    got_a, got_b = (unpack(payload["sets"][f"{s}|3|bias|1"]["heads"][4]["levels"][0]) for s in "AB")
+    assert np.array_equal(got_a - got_b, stored_a - stored_b, equal_nan=True)
+    diff = stored_a - stored_b
+    bound = float(np.nanmax(np.abs(diff)))
+    assert payload["sets"]["D|3|bias|1"]["scale"]["head"][4] == [-bound, bound, "RdBu_r"]  # every cell's extremes
 
 
 def test_files_that_differ_in_shape_are_not_compared(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
@@ -176,3 +202,54 @@ def test_python_api_renders_in_notebooks_and_saves(tmp_path: Path, make_bias_fil
     assert page.save(tmp_path / "sub" / "x.html").stat().st_size == page.nbytes
     with pytest.raises(biasviz.common.errors.BiasvizError, match="already exists"):
         page.save(tmp_path / "sub" / "x.html")
+
+
+def test_colour_scales_span_every_cell_not_block_means(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    src = make_bias_file(tmp_path / "alibi.h5", "alibi", n=1, heads=2, t=1100)  # reduced for drawing
+    scales = build_page_data([src], kind="bias", max_mb=2).payload["sets"]["A|3|bias|0"]["scale"]
+    with h5py.File(src) as f:
+        stored = f["layer_3/bias"][0]
+    for h in range(2):
+        assert scales["head"][h][:2] == [float(np.nanmin(stored[h])), float(np.nanmax(stored[h]))]
+    assert scales["shared"][:2] == [float(np.nanmin(stored)), float(np.nanmax(stored))]
+
+
+def test_two_files_share_one_budget_and_keep_exact_detail(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    a = make_bias_file(tmp_path / "a.h5", "cable", n=1, heads=4, t=600, seed=1)
+    b = make_bias_file(tmp_path / "b.h5", "cable", n=1, heads=4, t=600, seed=2)
+    with h5py.File(a) as fa, h5py.File(b) as fb:  # what A's and B's heads take exact (A - B would add half again)
+        exact = sum(pack_exact(f["layer_3/bias"][0, h]).nbytes for f in (fa, fb) for h in range(4))
+    mb = 1.2 * exact / 1e6 + 0.2
+    one = build_page_data([a], kind="bias", max_mb=mb)
+    two = build_page_data([a, b], kind="bias", max_mb=mb)
+    for data in (one, two):
+        assert len(json.dumps(data.payload)) <= mb * 1e6 and data.over_budget == 0
+    assert one.precision == {"exact (float32)": 4}
+    assert two.precision == {"exact (float32)": 8}, two.precision  # A's and B's heads: nothing spent on A - B
+    assert all(h["levels"] == [] for h in two.payload["sets"]["D|3|bias|0"]["heads"])
+
+
+def test_a_sweep_holds_every_checkpoint_within_the_budget(tmp_path: Path) -> None:
+    src = write_sweep(tmp_path / "sweep.h5", heads=3, n=1)
+    roomy = build_page_data([src], kind="bias").payload
+    assert roomy["steps"] == STEPS and roomy["opening"] == len(STEPS) - 1
+    with h5py.File(src) as f:
+        for c in range(len(STEPS)):
+            got = unpack(roomy["sets"][f"A|1|bias|0|{c}"]["heads"][2]["levels"][0])
+            assert np.array_equal(got, f["layer_1/bias"][c, 0, 2], equal_nan=True)
+    tight = build_page_data([src], kind="all", max_mb=0.07)  # too small for every checkpoint exact
+    payload = tight.payload
+    assert len(json.dumps(payload)) <= 0.07e6 and tight.over_budget == 0
+    assert {k.rsplit("|", 1)[1] for k in payload["sets"]} == {"0", "1", "2"}  # every checkpoint is there
+    first = {k: [h["levels"][0]["enc"] for h in s["heads"]] for k, s in payload["sets"].items()}
+    assert first["A|1|bias|0|2"] == first["A|1|weights|0|2"] == ["f32"] * 3, "the checkpoint the page opens on first"
+    assert "q16" in first["A|1|weights|0|0"] + first["A|1|weights|0|1"], first  # the others in 16 bits
+
+
+def test_a_sweep_is_compared_only_with_a_sweep_of_the_same_steps(
+    tmp_path: Path, make_bias_file: Callable[..., Path]
+) -> None:
+    sweep = write_sweep(tmp_path / "sweep.h5", heads=3, n=1)
+    plain = make_bias_file(tmp_path / "plain.h5", "cable", n=1, heads=3, t=SWEEP_T, layers=(1,))
+    with pytest.raises(biasviz.common.errors.BiasvizError, match="cannot be compared step by step"):
+        build_page_data([sweep, plain])

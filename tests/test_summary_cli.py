@@ -244,4 +244,8 @@ def test_a_summary_and_a_full_file_are_not_compared(files: dict[str, Path]) -> N
     with pytest.raises(BiasvizError, match="cannot be compared block by block"):
         build_page_data([files["full"], files["summary"]])
     payload = build_page_data([files["summary"], files["summary"]], kind="bias").payload
-    assert not unpack(payload["sets"]["D|3|bias|mean"]["heads"][0]["levels"][0])[np.tril_indices(10)].any()
+    # A - B travels as no matrix (the page subtracts B's cells from A's): here every cell of it is 0
+    assert payload["sets"]["D|3|bias|mean"]["heads"][0]["levels"] == []
+    a, b = (unpack(payload["sets"][f"{s}|3|bias|mean"]["heads"][0]["levels"][0]) for s in "AB")
+    assert not (a - b)[np.tril_indices(10)].any()
+    assert payload["sets"]["D|3|bias|mean"]["scale"]["head"][0][2] == "RdBu_r"

@@ -4,9 +4,18 @@ Each head travels as a pyramid: a coarse overview (at most :data:`OVERVIEW` cell
 there) for the grid, and as much detail as the size budget allows, best first: the full matrix exact
 (float32 bits), else the full matrix in 16-bit codes, else the finest block-mean level that fits.
 Two passes over the file: the first packs every overview and profile, so the second knows exactly what is
-left for detail. Detail goes to the sets in order: the first sample (the page opens on it), the mean over
-samples, the other samples; the heads of a set share equally what is left when the set's turn comes, and
-what one head does not use (a bias that depends on i - j alone packs to almost nothing) passes on.
+left for detail. Detail goes to the sets in order: the checkpoint a sweep opens on (its last) before the
+others, and within one checkpoint the first sample (the page opens on it), the mean over samples, the other
+samples; the heads of a set share equally what is left when the set's turn comes, and what one head does
+not use (a bias that depends on i - j alone packs to almost nothing) passes on.
+
+Two files compared: A and B share the budget head by head (A's head h, then B's), and the difference A - B
+travels as no matrix at all: the page subtracts B's cells from A's at the finest level both hold, so a
+comparison costs what its two files cost. Only A - B's colour scales (from every cell, always diverging
+around 0) and distance profiles are packed here.
+
+Colour scales are computed from every cell of each head at full resolution (:class:`ValueRange`, taken while
+the heads stream past), so a page's colour limits are the data's extremes, as ``biasviz plot``'s are.
 
 A summary file (``extract --summary``) shows its block-mean maps, the mean over samples only: each level's
 factor ``f`` stays in positions (a map of blocks of B positions is level ``f = B``), so the page reads cells
@@ -27,15 +36,19 @@ import numpy as np
 
 from biasviz.common.errors import BiasvizError
 from biasviz.explorer.encode import Packed, pack_bytes, pack_exact, pack_quantised
+from biasviz.explorer.profiles import distance_profile, profile_json, scale_json
 from biasviz.explorer.tokens import find_tokenizer, token_strings
 from biasviz.plotting.load import iter_heads
 from biasviz.plotting.reduce import block_reduce, weighted_block_mean
+from biasviz.plotting.scales import ValueRange
 from biasviz.store import BiasFile, open_bias_file
 
 #: Largest overview (cells per axis) drawn in the grid; always embedded.
 OVERVIEW = 256
-#: Size of the matrices the colour scales are computed from (as `biasviz plot` reduces to ~600).
-SCALE_CELLS = 512
+#: The overviews of every set take at most this share of the budget: past it they are made coarser (exact,
+#: then 16-bit, then blocks twice as large), down to :data:`MIN_OVERVIEW` cells a side.
+OVERVIEW_SHARE = 0.5
+MIN_OVERVIEW = 64
 KINDS = ("bias", "weights")
 MB = 1_000_000
 
@@ -55,7 +68,7 @@ class PageData:
 
     def summary(self) -> str:
         parts = [f"{n} {what}" for what, n in sorted(self.precision.items())]
-        over = f"; the overviews alone pass the size budget by {self.over_budget:.1f} MB" if self.over_budget else ""
+        over = f"; the overviews alone pass the size budget by {self.over_budget:.2f} MB" if self.over_budget else ""
         return "heads by detail: " + ", ".join(parts) + over
 
 
@@ -86,6 +99,10 @@ class _Builder:
                 what = {f.path: f"a summary in blocks of {f.block}" if f.is_summary else "a full file" for f in files}
                 raise BiasvizError(f"{a.path} is {what[a.path]} and {b.path} {what[b.path]}: they cannot be compared "
                                    "block by block; compare two full files or two summaries of one resolution")
+        self.steps = self._steps()
+        #: the checkpoints shown (indices into a sweep's steps), or [None] for a file of one model
+        self.checkpoints: list[int | None] = list(range(len(self.steps))) if self.steps else [None]
+        self.opening = self.checkpoints[-1]  # a sweep opens on its last checkpoint, as every reader does
         self.summary = a.summary  # both files' layouts agree (checked above)
         self.block = a.block or 1
         self.layers = self._layers(layer)
@@ -96,6 +113,14 @@ class _Builder:
         self.precision: dict[str, int] = {}
 
     # -- what to show ------------------------------------------------------------------------------
+    def _steps(self) -> list[int] | None:
+        steps = [f.checkpoints for f in self.files]
+        if any(s != steps[0] for s in steps):
+            what = ["steps " + ", ".join(map(str, s)) if s else "one model, no checkpoints" for s in steps]
+            raise BiasvizError(f"{self.files[0].path} ({what[0]}) and {self.files[1].path} ({what[1]}) cannot be "
+                               "compared step by step; compare two sweeps of the same steps, or two single files")
+        return steps[0]
+
     def _layers(self, layer: int | None) -> list[int]:
         if layer is not None:
             resolved = [f.resolve_layer(layer) for f in self.files]
@@ -146,20 +171,52 @@ class _Builder:
 
     # -- building ----------------------------------------------------------------------------------
     def build(self) -> PageData:
-        jobs = [(label, f, layer, kind, sample) for label, f in self._sources() for layer in self.layers
-                for kind in self.kinds for sample in self._samples(f)]  # fmt: skip
         head = self._header()
-        sets = {_key(job): self._overviews(*job) for job in jobs}
-        left = self.budget_mb * MB - len(json.dumps(head)) - sum(len(json.dumps(v)) for v in sets.values())
-        if overview_factor(self._cells()) == 1:
-            jobs = []  # every overview is the exact matrix already
-        for job in sorted(jobs, key=lambda job: _priority(job[-1])):  # stable: the rest keeps its order
-            levels = [h["levels"] for h in sets[_key(job)]["heads"]]
-            for h, m in enumerate(self._matrices(*job[1:])):
-                detail = self._detail(m, levels[h][-1]["f"] // self.block, left / (len(levels) - h))
-                left -= sum(p.nbytes for p in detail)
-                levels[h][:0] = [p.as_json() for p in detail]
+        cells = self._cells()
+        self.overview = (overview_factor(cells), overview_factor(cells) == 1)  # (block factor, exact)
+        while True:  # the first pass: every set's overviews, as fine as half the budget allows
+            self.precision = {}
+            sets = {_key(label, c, layer, kind, sample): self._overviews(label, f, c, layer, kind, sample)
+                    for c in self.checkpoints for label, f in self._sources() for layer in self.layers
+                    for kind in self.kinds for sample in self._samples(f)}  # fmt: skip
+            size = sum(len(json.dumps(v)) for v in sets.values())
+            coarser = _coarser(self.overview, cells)
+            if size <= OVERVIEW_SHARE * self.budget_mb * MB or coarser is None:
+                break
+            self.overview = coarser
+        head["overview"] = math.ceil(cells / self.overview[0])
+        left = self.budget_mb * MB - len(json.dumps(head)) - size
+        if not self.overview[1]:  # else every overview is the exact matrix already
+            for group, members in self._detail_groups():
+                left = self._pack_group(sets, group, members, left)
         return PageData({**head, "sets": sets}, self.precision, over_budget=max(0.0, -left / MB))
+
+    def _detail_groups(self) -> list[tuple[tuple[Any, ...], list[tuple[str, BiasFile]]]]:
+        """(checkpoint, layer, kind, sample) and the files holding it, in the order detail is given out."""
+        groups: dict[tuple[Any, ...], list[tuple[str, BiasFile]]] = {}
+        for c in self.checkpoints:
+            for label, f in self._sources():
+                for layer in self.layers:
+                    for kind in self.kinds:
+                        for sample in self._samples(f) if f is not None else []:
+                            groups.setdefault((c, layer, kind, sample), []).append((label, f))
+        return sorted(groups.items(), key=lambda g: (g[0][0] != self.opening, _priority(g[0][3])))  # stable
+
+    def _pack_group(self, sets: dict[str, Any], group: tuple[Any, ...], members: list[tuple[str, BiasFile]],
+                    left: float) -> float:  # fmt: skip
+        """Detail for one group, head by head and file by file (A's head h, then B's); returns what is left."""
+        c, layer, kind, sample = group
+        levels = {label: [h["levels"] for h in sets[_key(label, *group)]["heads"]] for label, _ in members}
+        streams = [self._matrices(f, c, layer, kind, sample) for _, f in members]
+        waiting = len(members) * self.files[0].n_heads
+        for h, mats in enumerate(zip(*streams, strict=True)):
+            for (label, _), m in zip(members, mats, strict=True):
+                lv = levels[label][h]
+                detail = self._detail(m, lv[-1]["f"] // self.block, left / waiting)
+                waiting -= 1
+                left -= sum(p.nbytes for p in detail)
+                lv[:0] = [p.as_json() for p in detail]
+        return left
 
     def _header(self) -> dict[str, Any]:
         from biasviz.explorer.colors import colormap_tables
@@ -178,6 +235,8 @@ class _Builder:
             "layers": self.layers,
             "kinds": self.kinds,
             "sources": sources,
+            "steps": self.steps,
+            "opening": self.opening,
             "budget_mb": self.budget_mb,
             "overview": OVERVIEW,
             "summary": None if self.summary is None else {"block": self.block, "samples": a.n_samples,
@@ -198,36 +257,46 @@ class _Builder:
         return {"ids": pack_bytes(ids.astype("<i4").tobytes()), "strings": {str(k): v for k, v in strings.items()},
                 "tokenizer": where}  # fmt: skip
 
-    def _overviews(self, label: str, f: BiasFile | None, layer: int, kind: str, sample: int | str) -> dict[str, Any]:
-        """A set's colour scales, and each head's overview and distance profile (first pass)."""
-        from biasviz.plotting.heatmap import head_scales
+    def _overviews(self, label: str, f: BiasFile | None, c: int | None, layer: int, kind: str,
+                   sample: int | str) -> dict[str, Any]:  # fmt: skip
+        """A set's colour scales, and each head's overview and distance profile (first pass).
 
-        heads, scale_mats = [], []
-        profiles = self._stored_profiles(f, layer, kind)
-        for h, m in enumerate(self._matrices(f, layer, kind, sample)):
-            scale_mats.append(self._reduce(m, max(1, math.ceil(m.shape[-1] / SCALE_CELLS))))
-            top = overview_factor(m.shape[-1])
-            overview = (replace(pack_exact(m), factor=self.block) if top == 1
-                        else pack_quantised(self._reduce(m, top), top * self.block))  # fmt: skip
-            if top == 1:  # small enough to be its own overview: always exact
-                self._count("exact (float32)")
-            profile = distance_profile(m) if profiles is None else _profile_json(profiles, h)
-            heads.append({"levels": [overview.as_json()], "profile": profile})
-        scale_kind = "bias" if f is None else kind  # a difference is centred at 0 like a bias
-        scales = {"head": [_scale_json(s) for s in head_scales(scale_mats, scale_kind)],
-                  "shared": _scale_json(head_scales(scale_mats, scale_kind, shared_scale=True)[0])}  # fmt: skip
+        A - B (``f`` None) gets scales and profiles only: the page derives its cells from A's and B's."""
+        from biasviz.plotting.scales import head_scales
+
+        heads, ranges = [], []
+        profiles = self._stored_profiles(f, c, layer, kind)
+        for h, m in enumerate(self._matrices(f, c, layer, kind, sample)):
+            ranges.append(ValueRange.of(m))  # every cell: the colour limits are the data's extremes
+            levels = []
+            if f is not None:
+                top, exact = self.overview
+                overview = (replace(pack_exact(m), factor=self.block) if exact
+                            else pack_quantised(self._reduce(m, top), top * self.block))  # fmt: skip
+                if exact:  # small enough to be its own overview: always exact
+                    self._count("exact (float32)")
+                levels.append(overview.as_json())
+            profile = distance_profile(m) if profiles is None else profile_json(profiles, h)
+            heads.append({"levels": levels, "profile": profile})
+        scale_kind = "bias" if f is None else kind
+        diverging = True if f is None else None  # a difference is centred at 0 whatever its values
+        scales = {"head": [scale_json(s) for s in head_scales([], scale_kind, ranges=ranges, diverging=diverging)],
+                  "shared": scale_json(head_scales([], scale_kind, shared_scale=True, ranges=ranges,
+                                                    diverging=diverging)[0])}  # fmt: skip
         if scale_kind == "weights":  # heavy-tailed: the page offers plot's --log scale too
-            scales["log_head"] = [_scale_json(s) for s in head_scales(scale_mats, "weights", log=True)]
-            scales["log_shared"] = _scale_json(head_scales(scale_mats, "weights", shared_scale=True, log=True)[0])
+            scales["log_head"] = [scale_json(s) for s in head_scales([], "weights", log=True, ranges=ranges)]
+            scales["log_shared"] = scale_json(head_scales([], "weights", shared_scale=True, log=True,
+                                                           ranges=ranges)[0])  # fmt: skip
         return {"heads": heads, "scale": scales}
 
-    def _stored_profiles(self, f: BiasFile | None, layer: int, kind: str) -> tuple[np.ndarray, ...] | None:
+    def _stored_profiles(self, f: BiasFile | None, c: int | None, layer: int,
+                         kind: str) -> tuple[np.ndarray, ...] | None:  # fmt: skip
         """A summary's stored profiles (mean, std, start); for A - B the difference of the means."""
         if self.summary is None:
             return None
         if f is not None:
-            return (*f.profile(kind, layer), self.summary.profile_start)
-        (ma, _), (mb, _) = (x.profile(kind, layer) for x in self.files)
+            return (*_at(f, c).profile(kind, layer), self.summary.profile_start)
+        (ma, _), (mb, _) = (_at(x, c).profile(kind, layer) for x in self.files)
         return ma - mb, np.zeros_like(ma), self.summary.profile_start  # no spread over samples of a difference
 
     def _heads_of(self, f: BiasFile, layer: int, kind: str, sample: int | str) -> Iterator[np.ndarray]:
@@ -236,28 +305,31 @@ class _Builder:
         else:
             yield from iter_heads(f, kind, layer=layer, sample=sample)
 
-    def _matrices(self, f: BiasFile | None, layer: int, kind: str, sample: int | str) -> Iterator[np.ndarray]:
+    def _matrices(self, f: BiasFile | None, c: int | None, layer: int, kind: str,
+                  sample: int | str) -> Iterator[np.ndarray]:  # fmt: skip
         if f is not None:
-            yield from self._heads_of(f, layer, kind, sample)
+            yield from self._heads_of(_at(f, c), layer, kind, sample)
             return
-        a, b = (self._heads_of(x, layer, kind, sample) for x in self.files)
+        a, b = (self._heads_of(_at(x, c), layer, kind, sample) for x in self.files)
         for ma, mb in zip(a, b, strict=True):
             yield ma - mb
 
     def _detail(self, m: np.ndarray, top: int, share: float) -> list[Packed]:
-        """The best detail that fits ``share`` bytes (second pass); nothing when the overview is exact.
+        """The best detail that fits ``share`` bytes (second pass), finer than the overview.
 
         ``top``: the overview's factor in cells of ``m`` (a summary's blocks, else positions)."""
-        if top == 1:
-            return []
         exact = replace(pack_exact(m), factor=self.block)
         if exact.nbytes <= share:
             self._count("exact (float32)")
             return [exact]
-        full = pack_quantised(m, self.block)
-        if full.nbytes <= share:
-            self._count("full resolution, 16-bit" if self.block == 1 else "stored blocks, 16-bit")
-            return [full]
+        full = "full resolution, 16-bit" if self.block == 1 else "stored blocks, 16-bit"
+        if top == 1:  # the overview is the full matrix in 16 bits already
+            self._count(f"{full} (overview only)")
+            return []
+        packed = pack_quantised(m, self.block)
+        if packed.nbytes <= share:
+            self._count(full)
+            return [packed]
         factor = 2
         while factor < top:
             level = pack_quantised(self._reduce(m, factor), factor * self.block)
@@ -272,9 +344,22 @@ class _Builder:
         self.precision[what] = self.precision.get(what, 0) + 1
 
 
-def _key(job: tuple[Any, ...]) -> str:
-    label, _, layer, kind, sample = job
-    return f"{label}|{layer}|{kind}|{sample}"
+def _key(label: str, c: int | None, layer: int, kind: str, sample: int | str) -> str:
+    """A set's name in the page: ``A|3|bias|0``; a sweep's checkpoint index last (``A|3|bias|0|2``)."""
+    return f"{label}|{layer}|{kind}|{sample}" + ("" if c is None else f"|{c}")
+
+
+def _coarser(overview: tuple[int, bool], cells: int) -> tuple[int, bool] | None:
+    """The next smaller overview: exact -> 16-bit -> blocks twice as large; None below MIN_OVERVIEW cells."""
+    factor, exact = overview
+    if exact:
+        return factor, False
+    return None if math.ceil(cells / (2 * factor)) < MIN_OVERVIEW else (2 * factor, False)
+
+
+def _at(f: BiasFile, c: int | None) -> BiasFile:
+    """``f`` showing checkpoint ``c`` of a sweep (``f`` itself for a file of one model)."""
+    return f if c is None else f.at_checkpoint(c)
 
 
 def _priority(sample: int | str) -> int:
@@ -294,41 +379,4 @@ def overview_factor(seq_len: int) -> int:
     return factor
 
 
-def distance_profile(m: np.ndarray) -> dict[str, Any]:
-    """Mean and standard deviation of the cells at each distance d = i - j (NaN cells left out).
-
-    Causal matrices give d = 0 .. T-1; others -(T-1) .. T-1 (``d0`` is the first d).
-    """
-    n = m.shape[-1]
-    d0 = -(n - 1) if np.isfinite(m[0, 1:]).any() else 0
-    mean = np.full(n - d0, np.nan, dtype=np.float32)
-    std = np.full(n - d0, np.nan, dtype=np.float32)
-    for k, d in enumerate(range(d0, n)):
-        diag = np.diagonal(m, -d)
-        diag = diag[np.isfinite(diag)]
-        if diag.size:
-            mean[k], std[k] = diag.mean(dtype=np.float64), diag.std(dtype=np.float64)
-    return {"d0": d0, "mean": pack_bytes(mean.astype("<f4").tobytes()), "std": pack_bytes(std.astype("<f4").tobytes())}
-
-
-def _profile_json(profiles: tuple[np.ndarray, ...], head: int) -> dict[str, Any]:
-    """One head's stored profile as the page reads it (as :func:`distance_profile` packs a computed one)."""
-    mean, std, start = profiles
-    return {"d0": int(start), "mean": pack_bytes(np.asarray(mean[head], "<f4").tobytes()),
-            "std": pack_bytes(np.asarray(std[head], "<f4").tobytes())}  # fmt: skip
-
-
-def _scale_json(scale: tuple[Any, Any]) -> list[Any]:
-    """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale."""
-    from matplotlib.colors import LogNorm
-
-    norm, cmap = scale
-    out = [float(norm.vmin), float(norm.vmax), _cmap_name(cmap)]
-    return [*out, "log"] if isinstance(norm, LogNorm) else out
-
-
-def _cmap_name(cmap: Any) -> str:
-    return str(cmap.name)
-
-
-__all__ = ["OVERVIEW", "PageData", "build_page_data", "default_budget_mb", "distance_profile", "overview_factor"]
+__all__ = ["OVERVIEW", "PageData", "build_page_data", "default_budget_mb", "overview_factor"]

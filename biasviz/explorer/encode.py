@@ -3,7 +3,8 @@
 A matrix travels as integers: the float32 bit patterns (exact) or 16-bit codes over the matrix's finite
 range (quantised). Each integer is stored as its difference from the cell one row up and one column left
 (``i - 1, j - 1``), so a bias that depends on i - j alone becomes zeros; the bytes are then grouped by
-significance (HDF5's shuffle), deflated, and base64-encoded. ``explorer.js`` reverses the steps in order.
+significance (HDF5's shuffle), deflated, and base64-encoded. The page's script (``core.js``) reverses the
+steps in order.
 When every residual past the first row and column is zero (the matrix is Toeplitz: ALiBi, KERPLE, T5), only
 the first column and the first row travel (``toeplitz``), and the page reads cells from them directly.
 """

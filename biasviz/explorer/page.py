@@ -16,8 +16,10 @@ from biasviz.explorer.build import PageData
 
 #: Grid canvases are at most this many pixels a side (each pixel samples the overview).
 GRID_PIXELS = 320
-#: The enlarged head's canvas, pixels a side.
+#: The enlarged head's canvas, pixels a side (shown smaller where the window is).
 FOCUS_PIXELS = 720
+#: The page's script, in the order it runs (one function scope: explorer.html wraps them).
+SCRIPTS = ("core.js", "draw.js", "export.js", "explorer.js")
 
 
 def _asset(name: str) -> str:
@@ -46,7 +48,8 @@ def precision_note(data: PageData) -> str:
         lead = (f"Summary file: every value is the mean over {over}{blocks} (its causal cells), "
                 "as 'extract --summary' stored it; no sample's own matrices. ")  # fmt: skip
     return lead + (
-        f"Grid: block means at most {p['overview']} cells a side, 16-bit (65,535 levels over each head's range). "
+        f"Overviews: {p['overview']} cells a side (block means, 16-bit: 65,535 levels over each head's range, "
+        "where they are smaller than the matrix); the grid draws the finest level that the page holds. "
         "Read-out and zoom use the finest level the page holds for that head: 'exact' is the stored float32 "
         "value, '16-bit' is within half a level step (shown), a block mean is the mean of the cells it covers. "
         f"Size budget {p['budget_mb']:g} MB ({data.summary()}). Colour maps as in 'biasviz plot'."
@@ -76,7 +79,7 @@ def render_page(data: PageData, title: str) -> str:
         "PANELS": _panels(p["n_heads"], p["seq_len"]),
         "FOCUS": str(min(FOCUS_PIXELS, max(p["seq_len"], 256))),
         "PRECISION": html.escape(precision_note(data)),
-        "JS": _asset("explorer.js"),
+        "JS": "\n".join(_asset(name) for name in SCRIPTS),
         "DATA": script_json(p),
     }
     return _PLACEHOLDER.sub(lambda m: parts[m.group(1)], _asset("explorer.html"))

@@ -124,17 +124,20 @@ def _scale(
 
 def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
                 log: bool = False, cmap: str | Colormap | None = None,
-                ranges: Sequence[ValueRange] | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
+                ranges: Sequence[ValueRange] | None = None,
+                diverging: bool | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
     """The norm and colour map of each head's panel, as a grid draws them (the explorer reuses them).
 
     One family of map per figure: diverging for every panel as soon as one changes sign; with
     ``shared_scale`` one scale over all heads together. ``ranges``: each head's values at full resolution
-    (:class:`ValueRange`), where ``mats`` were block-reduced for drawing.
+    (:class:`ValueRange`), where ``mats`` were block-reduced for drawing. ``diverging``: True forces a map
+    centred at 0 whatever the values (a difference of two files, all 0 where they agree).
     """
     ranges = list(ranges) if ranges is not None else [ValueRange.of(np.asarray(m)) for m in mats]
     if shared_scale:
-        return [_scale(ValueRange.joined(ranges), kind, log, cmap)] * len(ranges) if ranges else []
-    diverging = not log and not kind.endswith("_std") and any(_changes_sign(r.lo, r.hi) for r in ranges)
+        return [_scale(ValueRange.joined(ranges), kind, log, cmap, diverging)] * len(ranges) if ranges else []
+    if diverging is None:
+        diverging = not log and not kind.endswith("_std") and any(_changes_sign(r.lo, r.hi) for r in ranges)
     return [_scale(r, kind, log, cmap, diverging) for r in ranges]
 
 

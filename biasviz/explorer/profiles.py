@@ -1,0 +1,48 @@
+"""Small per-head tables of the page: distance profiles, and colour scales as JSON.
+
+Split from :mod:`.build` so that the packing of matrices and these side tables read on their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from biasviz.explorer.encode import pack_bytes
+
+
+def distance_profile(m: np.ndarray) -> dict[str, Any]:
+    """Mean and standard deviation of the cells at each distance d = i - j (NaN cells left out).
+
+    Causal matrices give d = 0 .. T-1; others -(T-1) .. T-1 (``d0`` is the first d).
+    """
+    n = m.shape[-1]
+    d0 = -(n - 1) if np.isfinite(m[0, 1:]).any() else 0
+    mean = np.full(n - d0, np.nan, dtype=np.float32)
+    std = np.full(n - d0, np.nan, dtype=np.float32)
+    for k, d in enumerate(range(d0, n)):
+        diag = np.diagonal(m, -d)
+        diag = diag[np.isfinite(diag)]
+        if diag.size:
+            mean[k], std[k] = diag.mean(dtype=np.float64), diag.std(dtype=np.float64)
+    return {"d0": d0, "mean": pack_bytes(mean.astype("<f4").tobytes()), "std": pack_bytes(std.astype("<f4").tobytes())}
+
+
+def profile_json(profiles: tuple[np.ndarray, ...], head: int) -> dict[str, Any]:
+    """One head's stored profile as the page reads it (as :func:`distance_profile` packs a computed one)."""
+    mean, std, start = profiles
+    return {"d0": int(start), "mean": pack_bytes(np.asarray(mean[head], "<f4").tobytes()),
+            "std": pack_bytes(np.asarray(std[head], "<f4").tobytes())}  # fmt: skip
+
+
+def scale_json(scale: tuple[Any, Any]) -> list[Any]:
+    """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale."""
+    from matplotlib.colors import LogNorm
+
+    norm, cmap = scale
+    out = [float(norm.vmin), float(norm.vmax), str(cmap.name)]
+    return [*out, "log"] if isinstance(norm, LogNorm) else out
+
+
+__all__ = ["distance_profile", "profile_json", "scale_json"]

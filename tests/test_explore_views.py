@@ -1,0 +1,191 @@
+"""The explorer's views in a real headless browser (chromium through selenium): what stays on screen, the
+enlarged head, checkpoint sweeps, the difference of two files and the exported images.
+
+Expected values come from the HDF5 files through h5py and from matplotlib's own colour maps.
+"""
+
+from __future__ import annotations
+
+import base64
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import h5py
+import pytest
+
+from tests.test_explore import STEPS, SWEEP_T, write_sweep
+from tests.test_explore_browser import (  # noqa: F401  (driver: fixture)
+    choose,
+    console_errors,
+    driver,
+    hover,
+    open_page,
+    pixels,
+    redraw,
+    wait_for,
+)
+
+By = pytest.importorskip("selenium.webdriver.common.by").By
+
+import biasviz  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory, make_bias_file: Callable[..., Path]) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("views")
+    cable = make_bias_file(root / "cable.h5", "cable", n=2, t=64)
+    sweep = write_sweep(root / "sweep.h5")
+    out = {"cable": cable, "sweep": sweep}
+    for name, args in {"page": (cable,), "same": (cable, cable), "sweep_page": (sweep,)}.items():
+        out[name] = biasviz.explore(*args).save(root / f"{name}.html")
+    return out
+
+
+@pytest.fixture()
+def window(driver: object) -> Iterator[Callable[[int, int], None]]:  # noqa: F811
+    """Set the viewport to width x height CSS pixels (as the README's screenshots are taken); reset after."""
+
+    def size(width: int, height: int) -> None:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
+
+    yield size
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def rect(drv: object, css: str) -> dict[str, float]:
+    return drv.execute_script(f"const r = document.querySelector('{css}').getBoundingClientRect();"
+                              "return {top: r.top, bottom: r.bottom, left: r.left, right: r.right}")  # fmt: skip
+
+
+def pixel(drv: object, css: str, x: int, y: int) -> list[int]:
+    """RGBA of one canvas pixel (canvas coordinates)."""
+    return drv.execute_script(
+        f"return Array.from(document.querySelector('{css}').getContext('2d').getImageData({x}, {y}, 1, 1).data)")
+
+
+def test_twelve_heads_fit_1400_by_900_and_the_readout_stays_in_view(
+    driver: object,  # noqa: F811
+    pages: dict[str, Path],
+    window: Callable[[int, int], None],
+) -> None:
+    window(1400, 900)
+    open_page(driver, pages["page"])
+    assert rect(driver, '#grid .panel[data-panel="12"]')["bottom"] <= 900, "12 heads must fit without scrolling"
+    window(900, 600)  # a smaller window: the page scrolls, the controls and the read-out stay
+    redraw(driver, lambda: driver.execute_script("window.dispatchEvent(new Event('resize')); "
+                                                 "document.getElementById('shared').click()"))  # fmt: skip
+    last = driver.find_element(By.CSS_SELECTOR, '#grid canvas[data-head="12"]')
+    driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", last)
+    assert driver.execute_script("return window.scrollY") > 200
+    text = hover(driver, last, 40, 10)
+    assert "head 12 · query i = 40 · key j = 10" in text
+    assert driver.execute_script("return window.scrollY") > 200
+    box = rect(driver, "#readout")
+    assert box["top"] >= 0 and box["bottom"] <= 600, box
+    controls = rect(driver, "#controls")
+    assert controls["top"] >= 0 and controls["bottom"] <= 600, controls
+    assert console_errors(driver) == []
+
+
+def test_the_enlarged_head_opens_at_its_top_with_its_colorbar_axes_and_zoom_scale(driver: object,  # noqa: F811
+                                                                                  pages: dict[str, Path]) -> None:
+    open_page(driver, pages["page"])
+    last = driver.find_element(By.CSS_SELECTOR, '#grid canvas[data-head="12"]')
+    driver.execute_script("arguments[0].scrollIntoView({block: 'end'})", last)
+    redraw(driver, last.click)
+    wait_for(driver, "return window.scrollY === 0")
+    assert driver.find_element(By.ID, "focus").is_displayed()
+    for css in ("#focus-cbar", ".fplot .xaxis", ".fplot .yaxis", "#profile"):
+        drawn = driver.execute_script(  # something is drawn: not every pixel blank
+            f"const c = document.querySelector('{css}'); const d = c.getContext('2d')"
+            ".getImageData(0, 0, c.width, c.height).data; return d.some((v, k) => k % 4 === 3 && v > 0)")
+        assert drawn, css
+    canvas = driver.find_element(By.CSS_SELECTOR, "#focus-canvases canvas")
+    size = driver.execute_script("return arguments[0].clientWidth", canvas)
+    before = pixels(driver, "#focus-cbar")
+    assert driver.find_element(By.CSS_SELECTOR, ".fplot .xaxis").get_attribute("data-labels") == "positions"
+
+    def drag() -> None:
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        a, b = (round((k + 0.5) * size / 64 - size / 2) for k in (40, 55))
+        ActionChains(driver).move_to_element_with_offset(canvas, a, a).click_and_hold()\
+            .move_to_element_with_offset(canvas, b, b).release().perform()  # fmt: skip
+
+    redraw(driver, drag)
+    zoomed = pixels(driver, "#focus-canvases canvas")
+    # 16 x 16 cells: each wide enough to read its token on the axes
+    assert driver.find_element(By.CSS_SELECTOR, ".fplot .xaxis").get_attribute("data-labels") == "tokens"
+    assert pixels(driver, "#focus-cbar") != before, "the colour bar follows the zoomed region's range"
+    redraw(driver, lambda: driver.find_element(By.ID, "zoom-scale").click())
+    assert pixels(driver, "#focus-canvases canvas") != zoomed, "the toggle goes back to the whole head's colours"
+    assert pixels(driver, "#focus-cbar") == before
+    assert console_errors(driver) == []
+
+
+def test_the_step_selector_of_a_sweep_changes_what_is_drawn_and_read(driver: object,  # noqa: F811
+                                                                     pages: dict[str, Path]) -> None:
+    open_page(driver, pages["sweep_page"])
+    options = driver.execute_script("return Array.from(document.querySelectorAll('#step option'), "
+                                    "(o) => [o.value, o.textContent, o.selected])")  # fmt: skip
+    assert options == [["0", "step 0", False], ["1", "step 50", False], ["2", "step 200", True]]
+    assert "step 200" in driver.find_element(By.ID, "where").text
+    assert "layer 1 · sample 0 · bias" in driver.find_element(By.ID, "where").text
+    first = '#grid canvas[data-head="2"]'
+    seen = {pixels(driver, first)}
+    for step in ("0", "1"):
+        choose(driver, "step", step)
+        seen.add(pixels(driver, first))
+        assert f"step {STEPS[int(step)]} (checkpoint {int(step) + 1} of 3)" in driver.find_element(By.ID, "where").text
+    assert len(seen) == 3, "each checkpoint draws its own matrices"
+    choose(driver, "sample", "1")
+    text = hover(driver, driver.find_element(By.CSS_SELECTOR, first), 20, 7, region=(0, SWEEP_T, 0, SWEEP_T))
+    with h5py.File(pages["sweep"]) as f:
+        value = f["layer_1/bias"][1, 1, 1, 20, 7]
+    assert f"value {float(value):.4g} (exact)" in text, text
+    assert console_errors(driver) == []
+
+
+def test_the_difference_of_identical_files_is_drawn_in_the_diverging_maps_centre(driver: object,  # noqa: F811
+                                                                                 pages: dict[str, Path]) -> None:
+    import matplotlib as mpl
+
+    open_page(driver, pages["same"])
+    choose(driver, "source", "D")
+    centre = list(mpl.colormaps["RdBu_r"](0.5, bytes=True))  # matplotlib's colour for 0 on a scale around 0
+    css = '#grid canvas[data-head="3"]'
+    side = driver.execute_script(f"return document.querySelector('{css}').width")
+    for x, y in ((5, side - 5), (side // 2, side - 3), (3, side // 2)):  # below the diagonal: used cells
+        assert pixel(driver, css, x, y) == centre
+    assert pixel(driver, css, side - 5, 5)[3] == 0, "masked cells stay blank"
+    text = hover(driver, driver.find_element(By.CSS_SELECTOR, css), 50, 20)
+    assert "A - B · head 3" in text and "value 0 (exact)" in text, text
+    caption = driver.find_element(By.CSS_SELECTOR, '#grid .panel[data-panel="3"] figcaption').text
+    assert "A - B" in caption
+    redraw(driver, driver.find_element(By.CSS_SELECTOR, css).click)
+    label = driver.find_element(By.CSS_SELECTOR, ".fplot-label").text
+    assert label.startswith("A - B = ") and " minus " in label
+    assert console_errors(driver) == []
+
+
+def test_the_view_exports_as_png_and_svg(driver: object, pages: dict[str, Path]) -> None:  # noqa: F811
+    open_page(driver, pages["page"])
+    script = ("const done = arguments[arguments.length - 1]; window.biasviz.exportView(arguments[0])"
+              ".then((b) => b.arrayBuffer()).then((a) => { let s = ''; new Uint8Array(a).forEach((c) => {"
+              " s += String.fromCharCode(c); }); done(btoa(s)); });")  # fmt: skip
+    png = base64.b64decode(driver.execute_async_script(script, "png"))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    grid = rect(driver, "#grid")
+    assert width == pytest.approx(grid["right"] - grid["left"] + 24, abs=2) and height > grid["bottom"] - grid["top"]
+    svg = ET.fromstring(base64.b64decode(driver.execute_async_script(script, "svg")))
+    ns = "{http://www.w3.org/2000/svg}"
+    images = svg.findall(f"{ns}image")
+    assert len(images) == 24  # 12 heads and their 12 colour bars
+    assert all(im.get("href", "").startswith("data:image/png;base64,") for im in images)
+    texts = [t.text for t in svg.findall(f"{ns}text")]
+    assert "Head 12" in texts and any(t and "layer 3 · sample 0 · bias" in t for t in texts), texts
+    assert driver.execute_script("return document.querySelectorAll('svg, a[download]').length") == 0
+    assert console_errors(driver) == []
