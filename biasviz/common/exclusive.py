@@ -46,6 +46,10 @@ def writing_alone(target: str | Path, option: str = "--out") -> Iterator[None]:
     while True:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)  # the output's folder, as its writer would make it
+        except OSError as exc:
+            raise BiasvizError(f"cannot create the output folder {target.parent}: {exc.strerror}; choose another "
+                               f"{option}") from exc  # fmt: skip
+        try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as exc:  # an unwritable folder: name the output the user gave, not the lock file
             raise BiasvizError(os_error_message(exc, target)) from exc
