@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import biasviz
+from tests.test_trace import reference
 
 TOL = 1e-5
 
@@ -20,12 +21,6 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(((a.double() - b.double()).abs() <= TOL).all())
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None,
-              kept: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    s = (q.double() @ k.double().transpose(-2, -1)) * scale
-    if bias is not None:
-        s = s + bias.double()
-    return torch.softmax(s.masked_fill(~kept, float("-inf")), dim=-1).nan_to_num(0.0)
 
 
 def alibi(heads: int, t: int) -> torch.Tensor:
@@ -109,19 +104,23 @@ def test_a_softcap_is_never_taken_for_a_bias_whatever_the_scores(cap: float) -> 
     assert close(t.weights[0], torch.softmax(cap * torch.tanh(s / cap), dim=-1))
 
 
+def tiny_llama(impl: str) -> torch.nn.Module:
+    """Two layers, 4 query heads sharing 2 key heads, random weights (the same for every attention)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM._from_config(config, attn_implementation=impl).eval()
+
+
 # --- transformers: batched cached decoding with grouped-query heads and left padding --------------------------
 def test_llama_packed_gqa_decoding_reports_the_models_heads() -> None:
     """transformers packs q as (batch, KV heads, repeats * queries, dim) to decode one token with GQA and a
     mask; the trace reports (batch, heads, 1, keys) and equals eager ``output_attentions`` of the same step."""
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    from transformers import DynamicCache
 
-    def build(impl: str) -> LlamaForCausalLM:
-        config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-        torch.manual_seed(0)
-        return LlamaForCausalLM._from_config(config, attn_implementation=impl).eval()
-
-    sdpa, eager = build("sdpa"), build("eager")
+    sdpa, eager = tiny_llama("sdpa"), tiny_llama("eager")
     eager.load_state_dict(sdpa.state_dict())
     ids = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(0))
     pad = torch.ones(2, 9, dtype=torch.long)
@@ -129,7 +128,7 @@ def test_llama_packed_gqa_decoding_reports_the_models_heads() -> None:
     step = torch.tensor([[5], [7]])
     pad_step = torch.cat([pad, torch.ones(2, 1, dtype=torch.long)], dim=1)
 
-    def decode(model: LlamaForCausalLM, traced: bool) -> tuple[torch.Tensor, object, object]:
+    def decode(model: torch.nn.Module, traced: bool) -> tuple[torch.Tensor, object, object]:
         with torch.no_grad():
             cache = DynamicCache(config=model.config)
             model(ids, attention_mask=pad, past_key_values=cache, use_cache=True)
@@ -154,15 +153,8 @@ def test_llama_packed_gqa_decoding_reports_the_models_heads() -> None:
 
 def test_transformers_flex_path_mask_added_by_its_score_mod_is_a_mask() -> None:
     """transformers' flex path adds its padding mask (0 or finfo.min) in a score_mod: a mask, not a bias."""
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    def build(impl: str) -> LlamaForCausalLM:
-        config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
-        torch.manual_seed(0)
-        return LlamaForCausalLM._from_config(config, attn_implementation=impl).eval()
-
-    flex, eager = build("flex_attention"), build("eager")
+    flex, eager = tiny_llama("flex_attention"), tiny_llama("eager")
     eager.load_state_dict(flex.state_dict())
     ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
     pad = torch.ones(2, 12, dtype=torch.long)
