@@ -158,3 +158,21 @@ def test_an_output_in_a_new_folder(assets: dict[str, str], tmp_path: Path, capsy
         code, _, err = run_cli([*argv.format(**assets).split(), "--out", str(out)], capsys)
         assert code == 0, err
         assert out.exists() and sorted(p.name for p in out.parent.iterdir()) == [out.name]
+
+
+@pytest.mark.parametrize("kind", ["plot", "explore", "diagnose"])
+def test_every_command_removes_temporaries_of_killed_runs(assets: dict[str, str], tmp_path: Path, kind: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from biasviz.common.atomic import temporary_prefix
+
+    out = tmp_path / "figs"
+    out.mkdir()
+    target = {"plot": out / "alibi_bias.png", "explore": out / "page.html", "diagnose": out / "d.json"}[kind]
+    dead = out / f"{temporary_prefix(target)}{_dead_pid()}.tmp"
+    dead.write_bytes(b"\0" * 64)
+    argv = {"plot": ["plot", "--scheme", "alibi", "--input", assets["good"], "--format", "png", "--out-dir", str(out)],
+            "explore": ["explore", assets["good"], "--out", str(target)],
+            "diagnose": ["diagnose", assets["good"], "--json", str(target), "--no-figures"]}[kind]  # fmt: skip
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert target.exists() and not dead.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ def temporary_name(target: Path, suffix: str = "") -> Path:
     """A hidden name beside ``target``, unique to this process (same file system, so the move is atomic).
 
     ``.NAME.PID.tmp`` (``suffix`` after it for tools that go by the extension): the process id tells a
-    later run whether the file's writer is gone (:func:`biasviz.common.exclusive.remove_stale_temporaries`).
+    later run whether the file's writer is gone (:func:`remove_stale_temporaries`).
     """
     return target.with_name(f"{temporary_prefix(target)}{os.getpid()}.tmp{suffix}")
 
@@ -70,6 +71,34 @@ def remove_path(path: Path) -> None:
             path.unlink()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Remove the temporary files of ``target`` whose process has ended (a killed run's), and no other."""
+    prefix = temporary_prefix(target)
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.tmp(\.[a-z]+)?")
+    removed = []
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.fullmatch(entry.name)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        remove_path(Path(entry.path))
+        removed.append(Path(entry.path))
+    return removed
+
+
 @contextlib.contextmanager
 def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = None) -> Iterator[Path]:
     """Yield a temporary path for ``target``; move it into place when the block succeeds, remove it otherwise.
@@ -83,6 +112,7 @@ def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = 
     ('done', ['a.txt'])
     """
     target = Path(target)
+    remove_stale_temporaries(target)
     tmp = temporary_name(target) if tmp is None else tmp
     remove_path(tmp)
     try:
@@ -118,6 +148,7 @@ class Staged:
         if target.is_dir() and not target.is_symlink():
             raise BiasvizError(f"{target} is a folder; move it away or choose another --out-dir")
         check_inputs_kept(target, self._inputs, "--out-dir")
+        remove_stale_temporaries(target)
         tmp = temporary_name(target)
         remove_path(tmp)
         self._moves.append((tmp, target))

@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from biasviz.common.atomic import remove_path, temporary_prefix
+from biasviz.common.atomic import remove_stale_temporaries, temporary_prefix
 from biasviz.common.errors import BiasvizError, os_error_message
 
 
@@ -77,32 +76,4 @@ def writing_alone(target: str | Path, option: str = "--out") -> Iterator[None]:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
-def remove_stale_temporaries(target: Path) -> list[Path]:
-    """Remove the temporary files of ``target`` whose process has ended (call with the lock held)."""
-    prefix = temporary_prefix(target)
-    pattern = re.compile(re.escape(prefix) + r"(\d+)\.tmp(\.[a-z]+)?")
-    removed = []
-    try:
-        entries = list(os.scandir(target.parent))
-    except OSError:
-        return removed
-    for entry in entries:
-        m = pattern.fullmatch(entry.name)
-        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
-            continue
-        remove_path(Path(entry.path))
-        removed.append(Path(entry.path))
-    return removed
-
-
-__all__ = ["lock_name", "remove_stale_temporaries", "writing_alone"]
+__all__ = ["lock_name", "writing_alone"]
