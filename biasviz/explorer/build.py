@@ -267,7 +267,7 @@ class _Builder:
         heads, ranges = [], []
         profiles = self._stored_profiles(f, c, layer, kind)
         for h, m in enumerate(self._matrices(f, c, layer, kind, sample)):
-            ranges.append(ValueRange.of(m))  # every cell: the colour limits are the data's extremes
+            ranges.append(ValueRange.of(m, ValueRange.needs_percentile(kind)))  # every cell: the data's extremes
             levels = []
             if f is not None:
                 top, exact = self.overview

@@ -61,8 +61,9 @@ def head_heatmap(
     if ax is None:
         ax = Figure(figsize=(3.0, 2.6), layout="constrained").add_subplot()
     m = _as_matrix(matrix, causal)
-    norm_, cmap_ = (norm, _colormap(cmap)) if norm is not None else _scale(m, kind, log, cmap)
-    _HeatmapPainter(ax, m, seq_len or m.shape[-1], tick_step).paint(norm_, cmap_, title, colorbar)
+    values = ValueRange.of(m, ValueRange.needs_percentile(kind) and norm is None)  # one pass: scale and arrows
+    norm_, cmap_ = (norm, _colormap(cmap)) if norm is not None else _scale(values, kind, log, cmap)
+    _HeatmapPainter(ax, m, seq_len or m.shape[-1], tick_step, values=values).paint(norm_, cmap_, title, colorbar)
     return ax
 
 
@@ -157,7 +158,8 @@ class _HeatmapPainter:
                  panel_in: float | None = None, cell: int | None = None,
                  values: ValueRange | None = None) -> None:  # fmt: skip
         self.ax, self.m, self.seq_len, self.panel_in, self.cell = ax, matrix, seq_len, panel_in, cell
-        self.values = values if values is not None else ValueRange.of(matrix)  # the data behind the drawn cells
+        # the data behind the drawn cells (their extremes: where the colorbar gets arrows)
+        self.values = values if values is not None else ValueRange.of(matrix, percentile=False)
         self.step = tick_step or tick_step_for(seq_len)
 
     def paint(self, norm: Normalize, cmap: Colormap, title: str | None, colorbar: bool) -> None:
@@ -263,7 +265,7 @@ class _GridPainter:
         if self.opt.causal:
             mats[:, ~causal_cells(mats.shape[-1])] = np.nan
         if self.opt.ranges is None:
-            self.opt.ranges = [ValueRange.of(m) for m in mats]  # before reduction: the scales span every cell
+            self.opt.ranges = self._ranges_of(mats)  # before reduction: the scales span every cell
         if mats.shape[-1] > self.opt.max_cells:
             plan = plan_reduction(mats.shape[-1], self.opt.max_cells, self.opt.reduce)
             mats = block_reduce(mats, plan.factor, plan.how)
@@ -304,7 +306,10 @@ class _GridPainter:
         return fig
 
     def _ranges(self) -> list[ValueRange]:
-        return self.opt.ranges if self.opt.ranges is not None else [ValueRange.of(m) for m in self.mats]
+        return self.opt.ranges if self.opt.ranges is not None else self._ranges_of(self.mats)
+
+    def _ranges_of(self, mats: np.ndarray) -> list[ValueRange]:
+        return [ValueRange.of(m, ValueRange.needs_percentile(self.opt.kind)) for m in mats]
 
     def _scales(self) -> list[tuple[Normalize, Colormap]]:
         return head_scales(self.mats, self.opt.kind, shared_scale=self.opt.shared_scale, log=self.opt.log,

@@ -52,9 +52,9 @@ def load_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
     n_heads, seq_len = ds.shape[1], ds.shape[-1]
     plan = plan_reduction(seq_len, max_cells, reduce)
     out = np.empty((n_heads, plan.reduced_size, plan.reduced_size), dtype=np.float32)
-    ranges = []
+    ranges, with_top = [], ValueRange.needs_percentile(kind)
     for h, m in enumerate(iter_heads(bf, kind, layer=resolved, sample=sample, normalize=normalize)):
-        ranges.append(ValueRange.of(m))  # every cell, before the blocks average the extremes away
+        ranges.append(ValueRange.of(m, with_top))  # every cell, before the blocks average the extremes away
         out[h] = block_reduce(m, plan.factor, plan.how)
     label = sample if sample in ("mean", "std") else str(_samples(sample, ds.shape[0], bf)[0])
     return HeadMatrices(data=out, seq_len=seq_len, layer=resolved, sample=str(label), reduction=plan,
@@ -75,7 +75,7 @@ def load_summary_heads(bf: BiasFile, name: str, *, layer: int = -1, normalize: s
                                "afterwards (re-extract with --resolution at least the length, or without --summary)")
         m = subtract_diagonal(m)
     plan = plan_reduction(m.shape[-1], max_cells, reduce)
-    ranges = [ValueRange.of(head) for head in m]  # the finest the file holds: its stored blocks
+    ranges = [ValueRange.of(head, ValueRange.needs_percentile(name)) for head in m]  # the finest the file holds
     if plan.factor > 1:
         counts = bf.summary.counts if bf.summary is not None else np.ones(m.shape[-2:])
         m = weighted_block_mean(m, counts, plan.factor) if plan.how == "mean" else block_reduce(m, plan.factor, "max")

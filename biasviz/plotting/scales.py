@@ -44,13 +44,21 @@ class ValueRange:
     top: float  # the WEIGHTS_PERCENTILE-th percentile
 
     @classmethod
-    def of(cls, values: np.ndarray) -> ValueRange:
+    def of(cls, values: np.ndarray, percentile: bool = True) -> ValueRange:
+        """The range of ``values``; ``percentile=False`` skips the percentile (a partial sort of every cell),
+        which only a weights scale reads: ``top`` is then the largest value."""
         finite = np.asarray(values)[np.isfinite(values)]
         if finite.size == 0:
             return cls(0.0, 1.0, np.inf, 1.0)
         pos = finite[finite > 0]
-        return cls(float(finite.min()), float(finite.max()), float(pos.min()) if pos.size else np.inf,
-                   float(np.percentile(finite, WEIGHTS_PERCENTILE)))  # fmt: skip
+        hi = float(finite.max())
+        top = float(np.percentile(finite, WEIGHTS_PERCENTILE)) if percentile else hi
+        return cls(float(finite.min()), hi, float(pos.min()) if pos.size else np.inf, top)
+
+    @staticmethod
+    def needs_percentile(kind: str) -> bool:
+        """Whether a scale of ``kind`` ('bias', 'weights_std', 'bias_mean', ...) reads :attr:`top`."""
+        return kind.startswith("weights")
 
     @classmethod
     def joined(cls, ranges: Sequence[ValueRange]) -> ValueRange:
@@ -78,13 +86,6 @@ def _colormap(cmap: str | Colormap | None, default: str = "viridis") -> Colormap
     return base.with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
 
 
-def _finite_range(values: np.ndarray) -> tuple[float, float]:
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return 0.0, 1.0
-    return float(finite.min()), float(finite.max())
-
-
 def _changes_sign(lo: float, hi: float) -> bool:
     scale = max(abs(lo), abs(hi))
     return lo < -SIGN_TOLERANCE * scale and hi > SIGN_TOLERANCE * scale
@@ -101,7 +102,7 @@ def _scale(
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    r = values if isinstance(values, ValueRange) else ValueRange.of(values)
+    r = values if isinstance(values, ValueRange) else ValueRange.of(values, ValueRange.needs_percentile(kind))
     lo, hi = r.lo, r.hi
     if log:
         if hi <= 0:
@@ -133,7 +134,8 @@ def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_sc
     (:class:`ValueRange`), where ``mats`` were block-reduced for drawing. ``diverging``: True forces a map
     centred at 0 whatever the values (a difference of two files, all 0 where they agree).
     """
-    ranges = list(ranges) if ranges is not None else [ValueRange.of(np.asarray(m)) for m in mats]
+    with_top = ValueRange.needs_percentile(kind)
+    ranges = list(ranges) if ranges is not None else [ValueRange.of(np.asarray(m), with_top) for m in mats]
     if shared_scale:
         return [_scale(ValueRange.joined(ranges), kind, log, cmap, diverging)] * len(ranges) if ranges else []
     if diverging is None:
@@ -144,7 +146,7 @@ def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_sc
 def _extend(values: np.ndarray | ValueRange, norm: Normalize) -> str:
     """Which ends of the colorbar get an arrow: those where the data pass the scale (clipped weights, a log
     scale's floor)."""
-    r = values if isinstance(values, ValueRange) else ValueRange.of(values)
+    r = values if isinstance(values, ValueRange) else ValueRange.of(values, percentile=False)  # extremes only
     vmin, vmax = norm.vmin, norm.vmax
     if vmin is None or vmax is None:
         return "neither"
