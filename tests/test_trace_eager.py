@@ -80,6 +80,17 @@ def test_gpt_oss_attention_sinks() -> None:
         assert t.sinks[layer].shape == (2, 4, 12) and t.sinks[layer].std() > 0
 
 
+def traced_encoder(model: torch.nn.Module, padding: torch.Tensor) -> tuple[object, tuple[torch.Tensor, ...]]:
+    """An encoder's trace on IDS with ``padding``, and its own ``output_attentions``; the hidden states must be
+    those of the untraced model, bit for bit."""
+    with torch.no_grad():
+        with biasviz.trace(model) as t:
+            traced = model(IDS, attention_mask=padding).last_hidden_state
+        assert torch.equal(traced, model(IDS, attention_mask=padding).last_hidden_state)
+        expected = model(IDS, attention_mask=padding, output_attentions=True).attentions
+    return t, expected
+
+
 def test_bert_eager_with_padding_is_bidirectional() -> None:
     from transformers import BertConfig, BertModel
 
@@ -89,11 +100,7 @@ def test_bert_eager_with_padding_is_bidirectional() -> None:
     model = BertModel._from_config(config, attn_implementation="eager").eval()
     padding = torch.ones(2, 12, dtype=torch.long)
     padding[1, -4:] = 0
-    with torch.no_grad():
-        with biasviz.trace(model) as t:
-            traced = model(IDS, attention_mask=padding).last_hidden_state
-        assert torch.equal(traced, model(IDS, attention_mask=padding).last_hidden_state)
-        expected = model(IDS, attention_mask=padding, output_attentions=True).attentions
+    t, expected = traced_encoder(model, padding)
     for layer in range(2):
         assert close(t.weights[layer], expected[layer]) and not t.calls[layer].causal
     assert t.bias == {} and (t.weights[0][1, ..., -4:] == 0).all()
@@ -216,11 +223,8 @@ def test_t5_eager_relative_bias_against_its_own_compute_bias() -> None:
     model = T5EncoderModel._from_config(config, attn_implementation="eager").eval()
     padding = torch.ones(2, 12, dtype=torch.long)
     padding[1, -3:] = 0
+    t, expected = traced_encoder(model, padding)
     with torch.no_grad():
-        with biasviz.trace(model) as t:
-            traced = model(IDS, attention_mask=padding).last_hidden_state
-        assert torch.equal(traced, model(IDS, attention_mask=padding).last_hidden_state)
-        expected = model(IDS, attention_mask=padding, output_attentions=True).attentions
         own = model.encoder.block[0].layer[0].SelfAttention.compute_bias(12, 12)  # (1, H, T, T), shared by layers
     kept = padding.bool()[:, None, None, :].expand(2, 4, 12, 12)
     for layer in range(2):
