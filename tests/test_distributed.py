@@ -68,6 +68,35 @@ def test_torchrun_file_equals_the_one_process_file(model_dir: Path, capsys: pyte
     assert sorted(p.name for p in model_dir.iterdir() if p.name.startswith(".")) == []  # no shard left behind
 
 
+GROUP_FREED = """
+import os, weakref
+import torch.distributed as dist
+from biasviz.common.processes import all_true, process_group
+
+with process_group("cpu"):
+    import torch.distributed.nn  # as transformers imports it with a model, after the processes joined
+
+    group = weakref.ref(dist.group.WORLD)
+    all_true(True)
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("group alive" if group() is not None else "group freed", threads)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads of the process from /proc")
+def test_leaving_the_process_group_frees_it_and_stops_its_threads(model_dir: Path) -> None:
+    """A group kept alive past destroy_process_group keeps gloo's threads running into interpreter exit,
+    where releasing the last collective's tensors aborts the process (SIGABRT) now and then."""
+    (model_dir / "group_freed.py").write_text(GROUP_FREED)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "group_freed.py"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+    run = subprocess.run(command, cwd=model_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("group freed") == 2, run.stdout
+    assert "gloo" not in run.stdout, run.stdout  # pt_gloo_runloop, gloo_tcp_loop: joined
+
+
 def test_a_failing_process_leaves_nothing_at_out(model_dir: Path) -> None:
     code = model_dir / "fails.py"
     code.write_text("import os\nimport torch\nfrom tests.nano_gpt import GPT, GPTConfig\n\n"

@@ -63,6 +63,12 @@ def process_group(device: str) -> Iterator[tuple[World, torch.device]]:
         yield w, rank_device(device, w)
         return
     dev = rank_device(device, w)
+    # torch.distributed.nn binds group.WORLD as a default argument when first imported, and transformers
+    # imports it with the model: imported after joining, it would keep the group alive past
+    # destroy_process_group, and gloo's worker threads, still running at interpreter exit, abort the
+    # process when they release the last collective's tensors. Imported now, it binds None.
+    import torch.distributed.nn  # noqa: F401
+
     try:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=w.rank, world_size=w.size)
     except ValueError as exc:  # a rendezvous variable (MASTER_ADDR, MASTER_PORT) missing or malformed
