@@ -97,6 +97,31 @@ def test_leaving_the_process_group_frees_it_and_stops_its_threads(model_dir: Pat
     assert "gloo" not in run.stdout, run.stdout  # pt_gloo_runloop, gloo_tcp_loop: joined
 
 
+TRAIN_FROM_PYTHON = """
+import os
+import torch.distributed as dist
+from biasviz.training.loop import TrainSettings, train
+
+result = train(TrainSettings("alibi", steps=2, seq_len=16, batch_size=2, corpus="text.txt", device="cpu"), "api",
+               progress=False)
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("trained", len(result.losses), "joined" if dist.is_initialized() else "left", threads)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads of the process from /proc")
+def test_train_from_python_under_torchrun_joins_and_leaves_the_processes(model_dir: Path) -> None:
+    """``biasviz.training.train`` in a user's script under torchrun: trained together, then the group is gone."""
+    (model_dir / "train_api.py").write_text(TRAIN_FROM_PYTHON)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train_api.py"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
+    run = subprocess.run(command, cwd=model_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("trained 2 left") == 2 and "gloo" not in run.stdout, run.stdout
+    assert json.loads((model_dir / "api" / "training.json").read_text())["processes"] == 2
+
+
 def test_a_failing_process_leaves_nothing_at_out(model_dir: Path) -> None:
     code = model_dir / "fails.py"
     code.write_text("import os\nimport torch\nfrom tests.nano_gpt import GPT, GPTConfig\n\n"

@@ -19,7 +19,7 @@ from biasviz.common.checks import check_learning_rate, check_seed
 from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
 from biasviz.common.exclusive import writing_alone
 from biasviz.common.memory import attention_bytes, check_fits
-from biasviz.common.processes import World, rank_device, world
+from biasviz.common.processes import World, process_group
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 from biasviz.training.checkpoints import check_output, checkpoint_dir, share_mode
@@ -107,8 +107,13 @@ def train(settings: TrainSettings, out_dir: str | Path, *, force: bool = False, 
     out = Path(out_dir)
     base = check_settings(s)
     check_output(out, force)
-    w = world()
-    device = rank_device(s.device, w)
+    with process_group(s.device) as (w, device):  # under torchrun: joined here, unless the caller has (the CLI)
+        return _train_and_write(s, base, out, device, w, progress)
+
+
+def _train_and_write(s: TrainSettings, base: BiasGPTConfig, out: Path, device: torch.device, w: World,
+                     progress: bool) -> TrainResult:  # fmt: skip
+    """Process 0 trains into a temporary folder and moves it to ``out``; the others train alongside it."""
     check_fits(_training_bytes(base, s), f"training {s.batch_size} x {s.seq_len} tokens per step",
                "use a smaller --batch-size or a shorter --seq-len", device)  # fmt: skip
     if not w.main:  # the other processes train alongside process 0 and write nothing
@@ -225,12 +230,9 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
 
 
 def _data_parallel(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """DistributedDataParallel over the process group torchrun's processes joined (biasviz.extraction.distributed)."""
-    import torch.distributed as dist
+    """DistributedDataParallel over the process group torchrun's processes joined (:func:`train`)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
