@@ -23,10 +23,23 @@ from tests.conftest import run_cli, small_model
 TEXT = "def f(x):\n    return x * 2  # doubled\n" * 400
 
 
+CHECKOUT = Path(__file__).resolve().parents[1]  # on PYTHONPATH, for code the processes import from tests/
+ON_PROC = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads of the process from /proc")
+
+
 def torchrun(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``torchrun --standalone --nproc-per-node=2 -m biasviz ARGS`` (gloo on the CPU)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "biasviz",
-               *args]  # fmt: skip
+    return _torchrun(["-m", "biasviz", *args], cwd, env)
+
+
+def torchrun_script(code: str, name: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` written to ``cwd/name`` and run by two processes, as a user's script under torchrun."""
+    (cwd / name).write_text(code)
+    return _torchrun([name], cwd, {"PYTHONPATH": str(CHECKOUT)})
+
+
+def _torchrun(target: list[str], cwd: Path, env: dict[str, str] | None) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", *target]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
 
@@ -83,15 +96,11 @@ print("group alive" if group() is not None else "group freed", threads)
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads of the process from /proc")
+@ON_PROC
 def test_leaving_the_process_group_frees_it_and_stops_its_threads(model_dir: Path) -> None:
     """A group kept alive past destroy_process_group keeps gloo's threads running into interpreter exit,
     where releasing the last collective's tensors aborts the process (SIGABRT) now and then."""
-    (model_dir / "group_freed.py").write_text(GROUP_FREED)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "group_freed.py"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
-    run = subprocess.run(command, cwd=model_dir, env=env, capture_output=True, text=True, timeout=300)
+    run = torchrun_script(GROUP_FREED, "group_freed.py", model_dir)
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("group freed") == 2, run.stdout
     assert "gloo" not in run.stdout, run.stdout  # pt_gloo_runloop, gloo_tcp_loop: joined
@@ -109,14 +118,10 @@ print("trained", len(result.losses), "joined" if dist.is_initialized() else "lef
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the threads of the process from /proc")
+@ON_PROC
 def test_train_from_python_under_torchrun_joins_and_leaves_the_processes(model_dir: Path) -> None:
     """``biasviz.training.train`` in a user's script under torchrun: trained together, then the group is gone."""
-    (model_dir / "train_api.py").write_text(TRAIN_FROM_PYTHON)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "train_api.py"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # fmt: skip
-    run = subprocess.run(command, cwd=model_dir, env=env, capture_output=True, text=True, timeout=300)
+    run = torchrun_script(TRAIN_FROM_PYTHON, "train_api.py", model_dir)
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("trained 2 left") == 2 and "gloo" not in run.stdout, run.stdout
     assert json.loads((model_dir / "api" / "training.json").read_text())["processes"] == 2
@@ -131,7 +136,7 @@ def test_a_failing_process_leaves_nothing_at_out(model_dir: Path) -> None:
                     "        return super().forward(idx)\n\n"
                     "def make():\n    torch.manual_seed(0)\n"
                     "    return Failing(GPTConfig(vocab_size=300))\n")  # fmt: skip
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {"PYTHONPATH": str(CHECKOUT)}
     run = torchrun(["extract", "--model", f"{code}:make", "--samples", "4", "--seq-len", "32", "--text", "text.txt",
                     "--out", "failed.h5", "--quiet", "--device", "cpu"], model_dir, env)  # fmt: skip
     assert run.returncode != 0
