@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -19,10 +20,29 @@ from tests.conftest import ALL_SCHEMES, RELATIVE_SCHEMES, small_model
 def test_hook_names_are_pinned() -> None:
     names = sorted(hook_points(small_model("alibi")))
     assert names == [
-        "blocks.0.attn.hook_bias", "blocks.0.attn.hook_pattern",
-        "blocks.1.attn.hook_bias", "blocks.1.attn.hook_pattern",
+        "blocks.0.attn.hook_bias", "blocks.0.attn.hook_k", "blocks.0.attn.hook_pattern", "blocks.0.attn.hook_q",
+        "blocks.1.attn.hook_bias", "blocks.1.attn.hook_k", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_q",
     ]  # fmt: skip
     assert hook_name(1, "hook_pattern") == "blocks.1.attn.hook_pattern"
+
+
+def test_hook_q_and_k_pass_the_projections_split_by_head() -> None:
+    model = small_model("alibi").eval()
+    ids = torch.randint(0, 97, (2, 10))
+    got: dict[str, torch.Tensor] = {}
+    names = ["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"]
+    with capture(model, names, lambda t, name, _r: got.update({name: t})), torch.no_grad():
+        model(ids)
+    attn = model.blocks[1].attn
+    with torch.no_grad():  # the layer's input, by the model's own modules, projected by hand
+        x = model.blocks[0](model.embed(ids))
+        w, b = attn.c_attn.weight.double(), attn.c_attn.bias.double()
+        qkv = model.blocks[1].ln_1(x).double() @ w.T + b
+    c = model.config.n_embd
+    for name, part in (("hook_q", qkv[..., :c]), ("hook_k", qkv[..., c : 2 * c])):
+        t = got[f"blocks.1.attn.{name}"]
+        assert t.shape == (2, 10, model.config.n_head, c // model.config.n_head)
+        np.testing.assert_allclose(t.flatten(2).double().numpy(), part.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_presets_have_gpt2_small_shape_and_twelve_heads() -> None:
@@ -275,7 +295,7 @@ def _blocks_by_layer(model: BiasGPTForCausalLM, ids: torch.Tensor) -> tuple[dict
     handles = [b.attn.register_forward_pre_hook(lambda m, a, i=i: inputs.__setitem__(i, a[0]))
                for i, b in enumerate(model.blocks)]  # fmt: skip
     try:
-        with torch.no_grad(), capture(model, "blocks.*.attn.hook_*", keep):
+        with torch.no_grad(), capture(model, ["blocks.*.attn.hook_bias", "blocks.*.attn.hook_pattern"], keep):
             logits = model(ids).logits
     finally:
         for h in handles:
@@ -329,7 +349,8 @@ def test_training_path_passes_whole_matrices_once(monkeypatch) -> None:
     model = small_model("cable").train()
     ids = torch.randint(0, 97, (2, 20))
     seen: list[tuple[str, int, tuple[int, ...]]] = []
-    with capture(model, "blocks.*.attn.hook_*", lambda t, n, r0: seen.append((n, r0, tuple(t.shape)))):
+    names = ["blocks.*.attn.hook_bias", "blocks.*.attn.hook_pattern"]
+    with capture(model, names, lambda t, n, r0: seen.append((n, r0, tuple(t.shape)))):
         model(ids, labels=ids).loss.backward()
     assert sorted(seen) == sorted((f"blocks.{i}.attn.{k}", 0, (2, 12, 20, 20)) for i in range(2)
                                   for k in ("hook_bias", "hook_pattern"))  # fmt: skip
@@ -358,7 +379,7 @@ def test_no_grad_forward_forms_no_tensor_of_size_T_by_T(scheme: str, listen: boo
     monkeypatch.setattr(Attention, "block_elements", SMALL_BLOCKS)
     model = small_model(scheme)
     B, T = 2, 256
-    names = "blocks.*.attn.hook_*" if listen else []
+    names = ["blocks.*.attn.hook_bias", "blocks.*.attn.hook_pattern"] if listen else []
     with torch.no_grad(), Largest() as spy, contextlib.ExitStack() as stack:
         if listen:
             stack.enter_context(capture(model, names, lambda t, n, r0: None))

@@ -63,7 +63,7 @@ def _sampled_forward(scheme: str, ids: torch.Tensor) -> dict:
             above = square[:, torch.ones(rows, rows, dtype=torch.bool).triu(1)]
             past_diagonal[0] = max(past_diagonal[0], float(above.abs().max()) if above.numel() else 0.0)
 
-    with torch.inference_mode(), capture(model, "blocks.0.attn.hook_*", keep):
+    with torch.inference_mode(), capture(model, ["blocks.0.attn.hook_bias", "blocks.0.attn.hook_pattern"], keep):
         model(ids)
     return {
         "state": {k: v.clone() for k, v in model.blocks[0].attn.pos_bias.state_dict().items()},

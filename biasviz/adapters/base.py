@@ -186,6 +186,23 @@ class ModelAdapter:
 
             yield flush
 
+    # -- forming a layer's rows again (summaries linear in samples) ------------------------------
+    replays: ClassVar[bool] = False  # True: :meth:`keep` and :meth:`rows_again` are implemented
+
+    @contextlib.contextmanager
+    def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
+        """Within the block, each :meth:`forward` puts into ``bank`` (a :class:`~biasviz.summaries.bank.SampleBank`)
+        what :meth:`rows_again` needs of ``layers``, per sample and position; ``tick(batch)`` after every
+        attention layer run. The forward itself runs at full speed (nothing listens at the weights)."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int,
+                   want_bias: bool) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
+        """One sample's bias (None unless ``want_bias``) and weights (1, H, rows, r1) of query rows r0 .. r1 - 1,
+        formed from what :meth:`keep` put in ``bank``: the values the forward formed (causal models)."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def stopping_after(self, layers: list[int]) -> Iterator[None]:
         """Within the block, :meth:`forward` ends after the attention of the last of ``layers``."""

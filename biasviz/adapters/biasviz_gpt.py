@@ -33,6 +33,7 @@ class BiasGPTAdapter(ModelAdapter):
 
     architecture = "biasviz-gpt2"
     bias_convention = RELATIVE
+    replays = True
     accepts_attn_scale = False  # a checkpoint directory's config.json records its q.k scale
     model_types: ClassVar[tuple[str, ...]] = (MODEL_TYPE,)
 
@@ -119,6 +120,45 @@ class BiasGPTAdapter(ModelAdapter):
 
         with self.stopping_after(layers), capture(self.model, names, _send):
             yield lambda: None
+
+
+    @contextlib.contextmanager
+    def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
+        """q and k from ``hook_q``/``hook_k`` and, with a bias, the attention's input: (B, T, F) per layer."""
+        wanted = set(layers)
+
+        def _put(layer: int, name: str) -> Callable[..., None]:
+            def hook(_mod: nn.Module, args: tuple, out: torch.Tensor | None = None) -> None:
+                bank.put(layer, name, (args[0] if out is None else out).flatten(2))  # (B, T, F)
+
+            return hook
+
+        with contextlib.ExitStack() as stack:
+            for layer in range(max(layers) + 1):
+                attn = self.attention(layer)
+                hooks = []
+                if layer in wanted:
+                    hooks += [attn.hook_q.register_forward_hook(_put(layer, "q")),
+                              attn.hook_k.register_forward_hook(_put(layer, "k"))]  # fmt: skip
+                    if attn.adds_bias:  # the scheme's bias is formed again from the layer's input
+                        hooks.append(attn.register_forward_pre_hook(_put(layer, "x")))
+                if tick is not None:
+                    hooks.append(attn.register_forward_hook(lambda m, a, out: tick(a[0].shape[0])))
+                for h in hooks:
+                    stack.callback(h.remove)
+            stack.enter_context(self.stopping_after(layers))
+            yield
+
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int,
+                   want_bias: bool) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
+        attn = self.attention(layer)
+        heads, hd = attn.n_head, attn.head_dim
+        q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, hd)
+        k = bank.get(layer, "k", sample, 0, r1).view(1, r1, heads, hd)
+        x = None
+        if attn.adds_bias:
+            x = bank.get(layer, "x", sample, 0, bank.seq_len(layer, "x"))[None]  # (1, T, C): the whole input
+        return attn.rows_again(x, q, k, r0, want_bias)
 
 
 def load_biasviz_checkpoint(

@@ -9,7 +9,6 @@ once: then the samples run as one batch (memory grows with N·T, never with T²)
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from biasviz.adapters.base import ModelAdapter
 from biasviz.common.devices import placed
 from biasviz.common.errors import BiasvizError, check_interrupted
+from biasviz.common.progress import Progress
 from biasviz.extraction.run import (
     ExtractResult,
     _dtype_label,
@@ -33,6 +33,8 @@ from biasviz.extraction.run import (
 from biasviz.store.format import DEFAULT_RESOLUTION, block_size
 from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
+from biasviz.summaries.bank import SampleBank
+from biasviz.summaries.replay import replay_layer, row_blocks
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
 
 Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
@@ -56,14 +58,19 @@ Merge = Callable[[dict[tuple[str, int], QuantitySummary]], None]  # joins other 
 def summarise(
     adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
     batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
+    scratch: str | Path | None = None,
 ) -> dict[int, dict[str, Summary]]:  # fmt: skip
     """Run ``adapter`` over ``ids`` (N, T) and return the summaries of ``layer_list`` (the model is in place).
+
+    Samples run in batches of ``batch_size``. Adapters that can form a layer's rows again
+    (:attr:`ModelAdapter.replays`) keep per sample what forms them (q, k, the layer's input; in memory, or
+    in an anonymous file in ``scratch`` beyond the bank's budget) and form the rows block by block over all
+    samples afterwards (:mod:`biasviz.summaries.replay`): time linear in N, memory one batch plus the bank.
+    Others keep per-cell moments of the whole matrix, (H, T, T), merged batch after batch.
 
     ``merge`` (torchrun): per-cell moments are kept whatever the batch, and ``merge`` joins every process's into
     these before they are summarised; ``total_samples`` is then the number of samples over all processes.
     """
-    from tqdm.auto import tqdm
-
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
     block = block_size(seq_len, resolution)
@@ -71,10 +78,10 @@ def summarise(
         raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
                            "spread of a coarser map needs every sample of a cell in one process; run it in one "
                            "process")  # fmt: skip
-    joint = merge is None and (block > 1 or batch_size >= n)
-    batch = n if joint else batch_size
+    replay = merge is None and adapter.replays and bool(adapter.causal)
+    joint = not replay and merge is None and batch_size >= n
     has_bias = bool(adapter.adds_bias)
-    modes = {"weights": "joint" if joint else "cells"}
+    modes = {"weights": "joint" if replay or joint else "cells"}
     if has_bias:
         modes["bias"] = "shared" if bias_is_shared(adapter) else modes["weights"]
     # a shared bias of i - j alone is summarised from its T values: nothing of it is streamed
@@ -84,17 +91,38 @@ def summarise(
                                             causal=bool(adapter.causal), mode=mode, device=dev)
              for layer in layer_list for kind, mode in modes.items()
              if not (kind == "bias" and layer in direct)}  # fmt: skip
-    want_bias = any(kind == "bias" for kind, _ in parts)
+    show = False if progress is False else None
+    if replay:
+        _replayed(adapter, ids, layer_list, dev, parts, batch_size, show, scratch)
+    else:
+        _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, show)
+    if merge is not None:
+        merge(parts)
+    out: dict[int, dict[str, Summary]] = {layer: {} for layer in layer_list}
+    for (kind, layer), part in parts.items():
+        out[layer][kind] = part.result(total_samples=total)
+    for layer, f in direct.items():
+        out[layer]["bias"] = toeplitz_summary(f, seq_len, block, samples=total)
+    return out
+
+
+Parts = dict[tuple[str, int], QuantitySummary]
+
+
+def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
+              batch: int, show: bool | None) -> None:  # fmt: skip
+    """Every block the model forms goes into ``parts`` as it comes; samples in batches of ``batch``."""
+    n = len(ids)
 
     def sink(layer: int, kind: str, row0: int, tensor: torch.Tensor) -> None:
         part = parts.get((kind, layer))
         if part is not None:
             part.add(row0, tensor)
 
-    show = sys.stderr.isatty() if progress is None else progress
+    want_bias = any(kind == "bias" for kind, _ in parts)
     with (
         adapter.stream(layer_list, want_bias, sink) as flush,
-        tqdm(total=n, unit="sample", disable=not show, file=sys.stderr, desc="summarise", leave=False) as bar,
+        Progress(n, desc="summarise", unit="sample", show=show) as bar,
     ):
         for start in range(0, n, batch):
             chunk = ids[start : start + batch]  # (b, T)
@@ -106,14 +134,43 @@ def summarise(
                 p.end_batch()
             bar.update(len(chunk))
             check_interrupted()
-    if merge is not None:
-        merge(parts)
-    out: dict[int, dict[str, Summary]] = {layer: {} for layer in layer_list}
-    for (kind, layer), part in parts.items():
-        out[layer][kind] = part.result(total_samples=total)
-    for layer, f in direct.items():
-        out[layer]["bias"] = toeplitz_summary(f, seq_len, block, samples=total)
-    return out
+
+
+def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
+              batch: int, show: bool | None, scratch: str | Path | None) -> None:  # fmt: skip
+    """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
+
+    Progress counts blocks of query rows x samples x layers: a layer run in the forward counts as many
+    blocks as forming it again does, so that the rate and the time left hold across both phases.
+    """
+    n, seq_len = ids.shape
+    heads = adapter.n_heads
+    varying = {layer: (b := parts.get(("bias", layer))) is not None and b.mode != "shared" for layer in layer_list}
+    blocks = {layer: len(list(row_blocks(seq_len, heads, dev, varying[layer]))) for layer in layer_list}
+    per_layer = max(blocks.values())
+    total = n * per_layer * (max(layer_list) + 1) + n * sum(blocks.values())
+    bank = SampleBank(n, device=dev, directory=scratch)
+    try:
+        with Progress(total, desc="summarise: forward", unit="block", show=show) as bar:
+            with adapter.keep(layer_list, bank, tick=lambda b: bar.update(b * per_layer)):
+                for start in range(0, n, batch):
+                    bank.start = start
+                    adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
+                    check_interrupted()
+            for layer in layer_list:
+                bar.set_phase(f"summarise: layer {layer}")
+                own = {kind: p for (kind, at), p in parts.items() if at == layer}
+
+                def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> tuple[torch.Tensor | None,
+                                                                                       torch.Tensor]:  # fmt: skip
+                    return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
+
+                with torch.inference_mode():
+                    replay_layer(form, layer, own, samples=n, seq_len=seq_len, heads=heads, device=dev,
+                                 tick=bar.update)  # fmt: skip
+                bank.drop(layer)
+    finally:
+        bank.close()
 
 
 def summary_run(
@@ -121,6 +178,7 @@ def summary_run(
     batch_size: int = 1, device: str | torch.device = "auto", model_dtype: str | torch.dtype | None = None,
     seed: int | None = None, text_source: str = "", attrs: Mapping[str, Any] | None = None,
     progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
+    scratch: str | Path | None = None,
 ) -> tuple[dict[str, Any], list[int], dict[int, dict[str, Summary]], int]:  # fmt: skip
     """Checked windows -> (root attributes, layers, summaries, R); the model is left where and as it was."""
     if batch_size < 1:
@@ -136,7 +194,8 @@ def summary_run(
             meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
             meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
             summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
-                                  progress=progress, merge=merge, total_samples=total_samples)  # fmt: skip
+                                  progress=progress, merge=merge, total_samples=total_samples,
+                                  scratch=scratch)  # fmt: skip
     finally:
         adapter.model.train(was_training)
     return meta, layer_list, summaries, r
@@ -156,6 +215,7 @@ def extract_summary(
     out = _new_output(out, force)
     ids = check_windows(adapter, windows)
     n, seq_len = ids.shape
+    options.setdefault("scratch", out.parent)  # the bank's overflow goes where the user has room for the output
     meta, layer_list, summaries, r = summary_run(adapter, ids, **options)
     write_summary_file(out, attrs=meta, input_ids=ids, n_heads=adapter.n_heads, seq_len=seq_len, resolution=r,
                        block=block_size(seq_len, r), layers=layer_list, summaries=[summaries],

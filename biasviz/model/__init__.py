@@ -3,7 +3,7 @@
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from biasviz.model.config import PRESETS, BiasGPTConfig
-from biasviz.model.hooks import HOOK_BIAS, HOOK_PATTERN, HookPoint, capture, hook_name, hook_points
+from biasviz.model.hooks import HOOK_BIAS, HOOK_K, HOOK_PATTERN, HOOK_Q, HookPoint, capture, hook_name, hook_points
 from biasviz.model.modeling import BiasGPTForCausalLM
 
 AutoConfig.register(BiasGPTConfig.model_type, BiasGPTConfig, exist_ok=True)
@@ -18,5 +18,7 @@ __all__ = [
     "hook_name",
     "hook_points",
     "HOOK_BIAS",
+    "HOOK_K",
     "HOOK_PATTERN",
+    "HOOK_Q",
 ]

@@ -1,7 +1,8 @@
 """Named capture points in the model, in the spirit of TransformerLens' ``HookPoint``.
 
-Every attention layer owns two identity modules, ``blocks.{L}.attn.hook_bias`` and
-``blocks.{L}.attn.hook_pattern``; their module path is their name. A forward hook on one of them sees
+Every attention layer owns identity modules ``blocks.{L}.attn.hook_bias`` and ``blocks.{L}.attn.hook_pattern``
+(matrices, in blocks of rows) and ``hook_q``, ``hook_k`` (the whole sequence's queries and keys, as
+TransformerLens lays them out); their module path is their name. A forward hook on one of them sees
 the tensor that passes there. :func:`capture` attaches hooks only for the duration of a ``with`` block.
 
 Without autograd the attention forms its matrices one block of query rows at a time, so a hook sees
@@ -21,6 +22,8 @@ from torch import nn
 
 HOOK_BIAS = "hook_bias"  # [batch or 1, head, rows, keys] additive bias, before the causal mask
 HOOK_PATTERN = "hook_pattern"  # [batch, head, rows, keys] post-softmax attention weights (0 past the diagonal)
+HOOK_Q = "hook_q"  # [batch, position, head, head dim] the queries as the scores take them (whole sequence)
+HOOK_K = "hook_k"  # [batch, position, head, head dim] the keys
 
 
 def hook_name(layer: int, point: str) -> str:

@@ -53,6 +53,9 @@ class Attention(nn.Module):
         # (the whole matrix, row0 = 0 and rows = keys = T, in training).
         self.hook_bias = HookPoint()  # additive bias, before the causal mask: [batch or 1, head, rows, keys]
         self.hook_pattern = HookPoint()  # post-softmax weights, 0 past the diagonal: [batch, head, rows, keys]
+        # q and k as the scores take them (TransformerLens' layout): [batch, position, head, head dim]
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
 
     @property
     def adds_bias(self) -> bool:
@@ -68,8 +71,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in self.c_attn(x).split(C, dim=2))  # (B, T, H, hd)
+        q, k = self.hook_q(q), self.hook_k(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
         if self._needs_grad(q):
             y = self._full(x, q, k, v)  # (B, H, T, hd)
             y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
@@ -110,8 +114,7 @@ class Attention(nn.Module):
             bias = None if rows_of is None else self.hook_bias(rows_of(r0, r1), r0)  # (1 or B, H, rows, r1)
             q_blk, k_blk, v_blk = q[:, :, r0:r1], k[:, :, :r1], v[:, :, :r1]  # (B, H, rows | r1, hd)
             if eager:
-                square = causal_mask(r1 - r0, r1 - r0, x.device)  # (rows, rows): keys r0..r1-1
-                pattern = self.hook_pattern(attention_pattern(q_blk, k_blk, bias, square, self.scale), r0)
+                pattern = self.hook_pattern(self.pattern_rows(q_blk, k_blk, bias), r0)  # (B, H, rows, r1)
                 if dropout_p > 0:
                     pattern = F.dropout(pattern, dropout_p, self.training)
                 out = pattern.to(v.dtype) @ v_blk  # (B, H, rows, hd)
@@ -122,6 +125,29 @@ class Attention(nn.Module):
                 )  # (B, H, rows, hd)
             y[:, r0:r1] = out.transpose(1, 2)
         return y
+
+
+    def pattern_rows(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Weights of a causal block of query rows, the last ``rows`` of ``r1`` positions: q (B, H, rows, hd),
+        k (B, H, r1, hd), bias (1 or B, H, rows, r1) or None -> (B, H, rows, r1), in float32.
+
+        The one place the eager weights are formed: the forward and a summary forming a block again agree.
+        """
+        rows = q.shape[-2]
+        square = causal_mask(rows, rows, q.device)  # (rows, rows): keys r0..r1-1, the only masked columns
+        return attention_pattern(q, k, bias, square, self.scale)
+
+    @torch.no_grad()
+    def rows_again(self, x: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, r0: int,
+                   want_bias: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
+        """Bias (or None) and weights of query rows ``r0 ..`` of one input, formed again from what passed this
+        layer: its input ``x`` (B, T, C) (None without a bias), q (B, rows, H, hd) of those rows and k
+        (B, r1, H, hd) of keys 0 .. r1 - 1 (``hook_q``/``hook_k``'s layout). The same values the forward
+        passes through ``hook_bias`` and ``hook_pattern``; the bias is returned only when ``want_bias``."""
+        r1 = r0 + q.shape[1]
+        bias = self.pos_bias.rows(x)(r0, r1) if self.adds_bias else None  # (1 or B, H, rows, r1)
+        weights = self.pattern_rows(q.transpose(1, 2), k.transpose(1, 2), bias)
+        return (bias if want_bias else None), weights
 
 
 class MLP(nn.Module):

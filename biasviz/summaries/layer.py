@@ -49,7 +49,7 @@ class QuantitySummary:
         self.maps = BlockMaps(heads, seq_len, block, device, ("mean", "std"), causal=causal)
         self.diagonals = DiagonalSums(heads, seq_len, device)
         self.measures = BiasMeasureSums(heads, seq_len, device) if kind == "bias" else None
-        self.cells = CellMoments(heads, seq_len, device) if mode == "cells" else None
+        self.cells = CellMoments((heads, seq_len, seq_len), device) if mode == "cells" else None
         self.samples = 0  # samples seen so far (batches ended)
         self._batch = 0  # samples in the current batch
         self._taken = False  # shared: the one bias has been summarised
@@ -68,7 +68,7 @@ class QuantitySummary:
         """A block (S or 1, H, rows, K) of query rows ``row0 ..`` against keys ``0 .. K-1``, as formed."""
         if self.mode == "shared":
             if not self._taken:
-                self._rows(row0, block[0], None)
+                self.add_moments(row0, block[0], None)
             return
         if block.shape[0] == 1 and self._batch > 1:  # one tensor for the whole batch (a broadcast mask)
             block = block.expand(self._batch, *block.shape[1:])
@@ -77,20 +77,21 @@ class QuantitySummary:
             self.cells.add(row0, block)
             return
         if block.shape[0] == 1:
-            self._rows(row0, block[0], None)
+            self.add_moments(row0, block[0], None)
             return
         step = max(1, CELLS_PER_STEP // max(1, block.shape[1] * block.shape[-1]))
         for r in range(0, block.shape[-2], step):
             m = Moments.of(block[:, :, r : r + step])
-            self._rows(row0 + r, m.mean, m.std())
+            self.add_moments(row0 + r, m.mean, m.std())
 
-    def _rows(self, row0: int, mean: torch.Tensor, spread: torch.Tensor | None) -> None:
-        """Per-cell mean and spread (H, rows, K) of rows ``row0 ..``, into every running sum."""
+    def add_moments(self, row0: int, mean: torch.Tensor, spread: torch.Tensor | None) -> None:
+        """Per-cell mean and spread over samples (H, rows, K) of rows ``row0 ..``, into every running sum (spread
+        None: the same for every sample)."""
         rows, keys = mean.shape[-2:]
         step = max(1, CELLS_PER_STEP // max(1, self.heads * keys))
         if rows > step:
             for r in range(0, rows, step):
-                self._rows(row0 + r, mean[:, r : r + step], None if spread is None else spread[:, r : r + step])
+                self.add_moments(row0 + r, mean[:, r : r + step], None if spread is None else spread[:, r : r + step])
             return
         # weights are 0 wherever a query does not look; a bias holds values (or NaN) there, to be left out
         zero_outside = self.kind == "weights" or not self.causal
@@ -110,7 +111,7 @@ class QuantitySummary:
             for r0 in range(0, self.seq_len, step):
                 r1 = min(self.seq_len, r0 + step)
                 mean, spread = self.cells.rows(r0, r1, r1 if self.causal else self.seq_len)
-                self._rows(r0, mean, spread)
+                self.add_moments(r0, mean, spread)
         if self.diagonals.count.sum() == 0:  # no row arrived
             raise BiasvizError(f"nothing was captured for the {self.kind} of layer {self.layer}")
         n = self.samples if total_samples is None else total_samples

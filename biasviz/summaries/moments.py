@@ -58,16 +58,16 @@ class Moments:
 
 
 class CellMoments:
-    """Per-cell moments of one (head, query, key) quantity over batches of samples, kept at full resolution.
+    """Per-cell moments of a (head, query, key) quantity over batches of samples.
 
-    Used only when the maps are exact per cell (R >= T) and the samples do not fit in one batch: then the
-    result itself is (H, T, T), and these two float64 tensors are of the same order.
+    Two uses: maps exact per cell (R >= T) whose samples come in several batches or processes, where the
+    region is the whole (H, T, T) matrix (the result itself is that large); and a block of query rows
+    formed again sample after sample (:mod:`biasviz.summaries.replay`), where the region is (H, rows, keys).
     """
 
-    def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
-        shape = (heads, seq_len, seq_len)
-        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
-        self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
+    def __init__(self, shape: tuple[int, int, int], device: torch.device) -> None:
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, rows, keys)
+        self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, rows, keys)
         self.samples = 0  # samples merged so far: every query row has seen every finished batch
 
     def add(self, row0: int, block: torch.Tensor) -> None:
@@ -86,3 +86,62 @@ class CellMoments:
         """Mean and standard deviation over samples of query rows ``row0 .. row1-1``, keys ``0 .. keys-1``."""
         m = Moments(self.samples, self.mean[:, row0:row1, :keys], self.m2[:, row0:row1, :keys])
         return m.mean, m.std()
+
+
+class ShiftedSums:
+    """Per-cell mean and spread of samples that arrive one at a time (a block of rows formed sample by sample).
+
+    Each sample's difference from the first, d = x - x_0, is summed with d² in float32, which is as fast as
+    forming the block (float64 Welford updates cost four times as much); every :attr:`FOLD` samples the
+    sums move into float64, so rounding grows with ``FOLD``, not with the number of samples. Shifting by a
+    sample keeps the cancellation in var = E[d²] - E[d]² bounded, and identical samples give exactly 0.
+    """
+
+    FOLD = 16
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.shift: torch.Tensor | None = None
+        self.s1 = self.s2 = torch.empty(0)  # float32 sums since the last fold
+        self.f1: torch.Tensor | None = None  # float64 sums of the folded samples
+        self.f2: torch.Tensor | None = None
+        self._pending = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        """One sample's values (any shape, the same every time)."""
+        self.n += 1
+        if self.shift is None:
+            self.shift = x.to(torch.float32, copy=True)
+            self.s1, self.s2 = torch.zeros_like(self.shift), torch.zeros_like(self.shift)
+            return
+        d = torch.sub(x, self.shift)
+        self.s1.add_(d)
+        self.s2.addcmul_(d, d)
+        self._pending += 1
+        if self._pending == self.FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self.f1 is None or self.f2 is None:
+            self.f1, self.f2 = self.s1.double(), self.s2.double()
+        else:
+            self.f1.add_(self.s1)
+            self.f2.add_(self.s2)
+        self.s1.zero_()
+        self.s2.zero_()
+        self._pending = 0
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and population standard deviation, float32 (computed in float64 once anything was folded)."""
+        if self.shift is None:
+            raise ValueError("no sample was added")
+        if self.f1 is not None:
+            if self._pending:
+                self._fold()
+            s1, s2 = self.f1, self.f2
+        else:
+            s1, s2 = self.s1, self.s2
+        assert s2 is not None
+        mean_d = s1.div_(self.n)
+        var = s2.div_(self.n).sub_(mean_d * mean_d).clamp_(min=0.0)
+        return mean_d.add_(self.shift).float(), var.sqrt_().float()

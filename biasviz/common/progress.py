@@ -1,0 +1,72 @@
+"""Progress of long runs: a bar on a terminal, a heartbeat line every few seconds elsewhere.
+
+A run at 16K positions can take minutes per sample. On a terminal tqdm draws a bar with rate and time
+left; in a log (a redirected stderr, CI, a Slurm job) a bar's carriage returns are unreadable, so one
+plain line is written every ``interval`` seconds instead, with the same numbers. ``--quiet`` silences both.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+HEARTBEAT_SECONDS = 5.0
+
+
+class Progress:
+    """Counts ``total`` units of work (blocks of query rows x samples x layers, or samples).
+
+    ``show``: True or False, or None for "a bar on a terminal, a heartbeat line otherwise". ``desc`` can be
+    changed as the run moves from one phase to the next (it is part of every line).
+    """
+
+    def __init__(self, total: int, *, desc: str, unit: str, show: bool | None = None, stream: TextIO | None = None,
+                 interval: float | None = None) -> None:  # fmt: skip
+        self.stream = sys.stderr if stream is None else stream
+        self.total, self.unit, self.desc, self.n = max(int(total), 0), unit, desc, 0
+        self.interval = HEARTBEAT_SECONDS if interval is None else interval
+        self.enabled = show is not False
+        tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._bar: Any = None
+        if self.enabled and tty:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.total, unit=unit, desc=desc, file=self.stream, leave=False, dynamic_ncols=True)
+        self._start = time.monotonic()
+        self._last = self._start
+
+    def set_phase(self, desc: str) -> None:
+        self.desc = desc
+        if self._bar is not None:
+            self._bar.set_description(desc, refresh=False)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        from tqdm import tqdm
+
+        text = tqdm.format_meter(min(self.n, self.total), self.total, now - self._start, prefix=self.desc,
+                                 unit=self.unit, ncols=0)  # fmt: skip
+        print(text.strip(), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

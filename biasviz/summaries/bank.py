@@ -1,0 +1,121 @@
+"""Every sample's per-position tensors of a layer (q, k, the attention's input), kept until the layer is summarised.
+
+A per-cell spread over samples needs every sample's value of a cell at once. Rather than run every sample
+in one batch (memory N·T times the whole model's activations) or keep per-cell moments of every cell (T²),
+summaries keep what forms a layer's cells again - N·T·(a few times the width) numbers - and form them block
+of query rows by block of rows over all samples (:mod:`biasviz.summaries.replay`).
+
+Up to ``budget`` bytes stay in memory (on the device that computed them); beyond that an array goes to an
+anonymous temporary file (no name on disk: nothing is left behind, even by a killed run) in the folder the
+caller names - beside the output, where the user chose to have room - and is read back by position ranges.
+Positions are the leading axis of each sample's (T, F) array, so a prefix of keys is one contiguous read.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+BANK_BYTES = 1 << 30  # kept in memory by default (CPU); more goes to a temporary file
+CUDA_BANK_FRACTION = 0.25  # of the GPU's memory
+
+
+def default_budget(device: torch.device) -> int:
+    """Bytes a bank keeps in memory on ``device`` before it spills to disk."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1] * CUDA_BANK_FRACTION)
+    return BANK_BYTES
+
+
+class _Spilled:
+    """One (samples, T, F) array in an anonymous file, written and read by sample and position range."""
+
+    def __init__(self, directory: Path | None, shape: tuple[int, int, int], dtype: torch.dtype) -> None:
+        self.file = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 (closed by close()); O_TMPFILE where the system has it: never named
+        self.shape, self.dtype = shape, dtype
+        self.row_bytes = shape[2] * torch.empty((), dtype=dtype).element_size()
+
+    def _offset(self, sample: int, position: int) -> int:
+        return (sample * self.shape[1] + position) * self.row_bytes
+
+    def write(self, sample: int, values: torch.Tensor) -> None:
+        """``values`` (b, T, F): samples ``sample .. sample + b - 1``."""
+        raw = values.detach().to("cpu", self.dtype).contiguous().view(torch.uint8).numpy()
+        os.pwrite(self.file.fileno(), raw.tobytes(), self._offset(sample, 0))
+
+    def read(self, sample: int, start: int, stop: int) -> torch.Tensor:
+        n = (stop - start) * self.row_bytes
+        raw = os.pread(self.file.fileno(), n, self._offset(sample, start))
+        if len(raw) != n:
+            raise OSError(f"the temporary file of a summary returned {len(raw)} of {n} bytes")
+        flat = torch.from_numpy(np.frombuffer(bytearray(raw), dtype=np.uint8))
+        return flat.view(self.dtype).view(stop - start, self.shape[2])
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class SampleBank:
+    """Per (layer, name): every sample's (T, F) tensor. :attr:`start` is the first sample of the batch under way."""
+
+    def __init__(self, samples: int, *, device: torch.device, budget: int | None = None,
+                 directory: str | Path | None = None) -> None:  # fmt: skip
+        self.samples, self.device = samples, device
+        self.budget = default_budget(device) if budget is None else int(budget)
+        self.directory = None if directory is None else Path(directory)
+        self.start = 0
+        self.in_memory = 0  # bytes held in memory
+        self._arrays: dict[tuple[int, str], torch.Tensor | _Spilled] = {}
+
+    @property
+    def spilled(self) -> bool:
+        return any(isinstance(a, _Spilled) for a in self._arrays.values())
+
+    def put(self, layer: int, name: str, values: torch.Tensor) -> None:
+        """Keep ``values`` (b, T, F) as samples ``start .. start + b - 1`` of ``name`` in ``layer``."""
+        key = (layer, name)
+        array = self._arrays.get(key)
+        if array is None:
+            shape = (self.samples, values.shape[1], values.shape[2])
+            size = shape[0] * shape[1] * shape[2] * values.element_size()
+            if self.in_memory + size <= self.budget:
+                array = torch.empty(shape, dtype=values.dtype, device=self.device)
+                self.in_memory += size
+            else:
+                array = _Spilled(self.directory, shape, values.dtype)
+            self._arrays[key] = array
+        if isinstance(array, _Spilled):
+            array.write(self.start, values)
+        else:
+            array[self.start : self.start + values.shape[0]] = values.detach()
+
+    def has(self, layer: int, name: str) -> bool:
+        return (layer, name) in self._arrays
+
+    def seq_len(self, layer: int, name: str) -> int:
+        array = self._arrays[(layer, name)]
+        return array.shape[1]
+
+    def get(self, layer: int, name: str, sample: int, start: int, stop: int) -> torch.Tensor:
+        """Positions ``start .. stop - 1`` of one sample: (stop - start, F), on the bank's device."""
+        array = self._arrays[(layer, name)]
+        if isinstance(array, _Spilled):
+            return array.read(sample, start, stop).to(self.device)
+        return array[sample, start:stop]
+
+    def drop(self, layer: int) -> None:
+        """Forget ``layer`` (summarised): its memory or file is given back."""
+        for key in [k for k in self._arrays if k[0] == layer]:
+            array = self._arrays.pop(key)
+            if isinstance(array, _Spilled):
+                array.close()
+            else:
+                self.in_memory -= array.numel() * array.element_size()
+
+    def close(self) -> None:
+        for layer in {k[0] for k in self._arrays}:
+            self.drop(layer)

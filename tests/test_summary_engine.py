@@ -1,0 +1,117 @@
+"""The summary engine linear in samples: rows formed again over all samples, a bank spilled to disk, progress.
+
+Each summary is compared with a full extract of the same windows (every sample's every cell, read with
+h5py) reduced by numpy: per-cell mean and standard deviation over samples, then block means.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import biasviz.common.progress as progress_module
+import biasviz.summaries.bank as bank_module
+import biasviz.summaries.replay as replay_module
+from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+from biasviz.extraction.run import extract
+from biasviz.extraction.summary import extract_summary
+from biasviz.summaries.bank import SampleBank
+from tests.conftest import run_cli, small_model
+from tests.test_extract_summary import _block_means
+
+T = 48
+TEXT = "def f(x):\n    return x * 2  # a line of code\n" * 200
+
+
+def _windows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 97, size=(n, T))
+
+
+def _numpy_summary(full: h5py.File, layer: int, kind: str, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cell mean and std over samples of a full file's (N or 1, H, T, T), causal cells only; block means."""
+    x = full[f"layer_{layer}/{kind}"][()].astype(np.float64)
+    x = np.broadcast_to(x, (full.attrs["samples"], *x.shape[1:])).copy()
+    x[..., ~np.tril(np.ones((T, T), bool))] = np.nan
+    return _block_means(x.mean(0), block), _block_means(x.std(0), block)
+
+
+@pytest.mark.parametrize(("scheme", "resolution", "batch"),
+                         [("alibi", 7, 1), ("cable", 7, 2), ("fox", 16, 1), ("fire", T, 3), ("nope", 12, 5)])  # fmt: skip
+def test_rows_formed_again_from_a_spilled_bank_equal_the_full_extract(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, resolution: int, batch: int
+) -> None:  # fmt: skip
+    """Nothing kept in memory (every array in a temporary file) and blocks of a few rows: the same numbers."""
+    monkeypatch.setattr(bank_module, "BANK_BYTES", 0)
+    monkeypatch.setattr(replay_module, "REPLAY_BYTES", 12 * 72 * 200)  # ~200 cells a block: many blocks
+    ids = _windows(5, seed=2)
+    adapter = BiasGPTAdapter(small_model(scheme), source="test")
+    extract(adapter, ids, tmp_path / "full.h5", layers="all", device="cpu")
+    extract_summary(adapter, ids, tmp_path / "sum.h5", layers="all", resolution=resolution, batch_size=batch,
+                    device="cpu", progress=False)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.h5", "sum.h5"]  # the bank's files left no trace
+    with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summ:
+        b = summ.attrs["block"]
+        for layer in (0, 1):
+            kinds = ["weights"] + (["bias"] if "bias" in full[f"layer_{layer}"] else [])
+            for kind in kinds:
+                mean, std = _numpy_summary(full, layer, kind, b)
+                s = summ[f"layer_{layer}"]
+                np.testing.assert_allclose(s[f"{kind}_mean"][()], mean, rtol=1e-5, atol=1e-6, equal_nan=True)
+                np.testing.assert_allclose(s[f"{kind}_std"][()], std, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_the_number_of_batches_does_not_change_a_summary(tmp_path: Path) -> None:
+    ids = _windows(6, seed=5)
+    adapter = BiasGPTAdapter(small_model("cable"), source="test")
+    for batch in (1, 4, 6):
+        extract_summary(adapter, ids, tmp_path / f"{batch}.h5", resolution=10, batch_size=batch, device="cpu",
+                        progress=False)  # fmt: skip
+    with h5py.File(tmp_path / "1.h5") as one:
+        for batch in (4, 6):
+            with h5py.File(tmp_path / f"{batch}.h5") as other:
+                for name in ("weights_mean", "weights_std", "bias_mean", "bias_std", "weights_profile"):
+                    np.testing.assert_allclose(other[f"layer_1/{name}"][()], one[f"layer_1/{name}"][()], rtol=1e-6,
+                                               atol=1e-7, equal_nan=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("budget", [0, 1 << 30])
+def test_the_bank_reads_back_every_sample_and_range_exactly(tmp_path: Path, dtype: torch.dtype, budget: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randn(7, 30, 5, generator=gen).to(dtype)  # (samples, T, F)
+    bank = SampleBank(7, device=torch.device("cpu"), budget=budget, directory=tmp_path)
+    for start, stop in ((0, 3), (3, 4), (4, 7)):
+        bank.start = start
+        bank.put(2, "k", data[start:stop])
+    assert bank.spilled == (budget == 0) and bank.seq_len(2, "k") == 30
+    for sample in range(7):
+        for lo, hi in ((0, 30), (4, 9), (29, 30)):
+            got = bank.get(2, "k", sample, lo, hi)
+            assert got.dtype == dtype and torch.equal(got, data[sample, lo:hi])
+    bank.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_progress_in_a_log_is_a_heartbeat_line_in_blocks_and_quiet_silences_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """stderr not a terminal (a log, CI, Slurm): plain lines with the count, rate and time left; --quiet: none."""
+    small_model("alibi", vocab_size=300).save_pretrained(tmp_path / "model")
+    (tmp_path / "text.txt").write_text(TEXT)
+    monkeypatch.setattr(progress_module, "HEARTBEAT_SECONDS", 0.0)
+    common = ["extract", "--model", str(tmp_path / "model"), "--summary", "--samples", "3", "--seq-len", "40",
+              "--resolution", "8", "--text", str(tmp_path / "text.txt"), "--device", "cpu"]  # fmt: skip
+    code, _, err = run_cli([*common, "--out", str(tmp_path / "a.h5")], capsys)
+    assert code == 0, err
+    beats = [line for line in err.splitlines() if line.startswith("summarise")]
+    assert len(beats) >= 3 and "\r" not in err
+    assert all("block" in line and "/" in line and "<" in line for line in beats)  # count, rate, time left
+    assert any("forward" in line for line in beats) and any("layer 1" in line for line in beats)
+    counts = [int(line.split("/")[0].split()[-1]) for line in beats]
+    assert counts == sorted(counts) and counts[-1] == int(beats[-1].split("/")[1].split()[0])  # it ends at its total
+    code, _, err = run_cli([*common, "--out", str(tmp_path / "b.h5"), "--quiet"], capsys)
+    assert code == 0 and not [line for line in err.splitlines() if line.startswith("summarise")], err
