@@ -20,6 +20,7 @@ from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.extraction.run import extract
 from biasviz.extraction.summary import extract_summary
 from biasviz.summaries.bank import SampleBank
+from biasviz.summaries.moments import ShiftedSums
 from tests.conftest import run_cli, small_model
 from tests.test_extract_summary import _block_means
 
@@ -39,8 +40,10 @@ def _numpy_summary(full: h5py.File, layer: int, kind: str, block: int) -> tuple[
     return _block_means(x.mean(0), block), _block_means(x.std(0), block)
 
 
-@pytest.mark.parametrize(("scheme", "resolution", "batch"),
-                         [("alibi", 7, 1), ("cable", 7, 2), ("fox", 16, 1), ("fire", T, 3), ("nope", 12, 5)])  # fmt: skip
+CASES = [("alibi", 7, 1), ("cable", 7, 2), ("fox", 16, 1), ("fire", T, 3), ("nope", 12, 5)]
+
+
+@pytest.mark.parametrize(("scheme", "resolution", "batch"), CASES)
 def test_rows_formed_again_from_a_spilled_bank_equal_the_full_extract(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, resolution: int, batch: int
 ) -> None:  # fmt: skip
@@ -115,3 +118,26 @@ def test_progress_in_a_log_is_a_heartbeat_line_in_blocks_and_quiet_silences_it(
     assert counts == sorted(counts) and counts[-1] == int(beats[-1].split("/")[1].split()[0])  # it ends at its total
     code, _, err = run_cli([*common, "--out", str(tmp_path / "b.h5"), "--quiet"], capsys)
     assert code == 0 and not [line for line in err.splitlines() if line.startswith("summarise")], err
+
+
+@pytest.mark.parametrize("samples", [1, 2, 15, 16, 17, 40])
+def test_shifted_sums_give_numpys_mean_and_std_over_samples(samples: int) -> None:
+    """Across the float64 folds (every 16 samples) and for one sample; values far from 0 with a small spread."""
+    x = 50.0 + np.random.default_rng(samples).normal(size=(samples, 3, 5, 7)).astype(np.float32)
+    sums = ShiftedSums()
+    for a in range(samples):
+        sums.add(torch.from_numpy(x[a]))
+    for r0, r1, keys in ((0, 5, 7), (1, 3, 4)):
+        mean, std = sums.rows(r0, r1, keys)
+        want = x.astype(np.float64)[:, :, r0:r1, :keys]
+        np.testing.assert_allclose(mean.numpy(), want.mean(0), rtol=1e-6)
+        np.testing.assert_allclose(std.numpy(), want.std(0), rtol=2e-5, atol=1e-6)
+
+
+def test_identical_samples_have_a_spread_of_exactly_zero() -> None:
+    sums = ShiftedSums()
+    x = torch.randn(2, 4, 4) * 1e3
+    for _ in range(20):
+        sums.add(x)
+    mean, std = sums.rows(0, 4, 4)
+    assert torch.equal(mean, x) and not std.any()

@@ -112,11 +112,13 @@ class ShiftedSums:
         self.n += 1
         if self.shift is None:
             self.shift = x.to(torch.float32, copy=True)
-            self.s1, self.s2 = torch.zeros_like(self.shift), torch.zeros_like(self.shift)
             return
         d = torch.sub(x, self.shift)
-        self.s1.add_(d)
-        self.s2.addcmul_(d, d)
+        if self._pending == 0:  # the first difference since a fold starts the sums: no zeroed buffers
+            self.s1, self.s2 = d, d * d
+        else:
+            self.s1.add_(d)
+            self.s2.addcmul_(d, d)
         self._pending += 1
         if self._pending == self.FOLD:
             self._fold()
@@ -127,21 +129,23 @@ class ShiftedSums:
         else:
             self.f1.add_(self.s1)
             self.f2.add_(self.s2)
-        self.s1.zero_()
-        self.s2.zero_()
-        self._pending = 0
+        self._pending = 0  # the next difference starts new float32 sums
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean and population standard deviation, float32 (computed in float64 once anything was folded)."""
+    def rows(self, row0: int, row1: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and population standard deviation of rows ``row0 .. row1 - 1`` (the second-last axis) and the
+        first ``keys`` columns, float32; new tensors, so that a caller reads a large block in cache-sized parts."""
         if self.shift is None:
             raise ValueError("no sample was added")
-        if self.f1 is not None:
-            if self._pending:
-                self._fold()
-            s1, s2 = self.f1, self.f2
-        else:
-            s1, s2 = self.s1, self.s2
-        assert s2 is not None
-        mean_d = s1.div_(self.n)
-        var = s2.div_(self.n).sub_(mean_d * mean_d).clamp_(min=0.0)
-        return mean_d.add_(self.shift).float(), var.sqrt_().float()
+        if self.f1 is not None and self._pending:
+            self._fold()
+        cells = (..., slice(row0, row1), slice(None, keys))
+        if self.n == 1:  # one sample: its values, no spread
+            mean = self.shift[cells].clone()
+            return mean, torch.zeros_like(mean)
+        wide = self.f1 is not None
+        s1, s2 = (self.f1, self.f2) if wide else (self.s1, self.s2)
+        assert s1 is not None and s2 is not None
+        mean_d = s1[cells] * (1.0 / self.n)
+        spread = torch.addcmul(s2[cells] * (1.0 / self.n), mean_d, mean_d, value=-1.0).clamp_(min=0.0).sqrt_()
+        mean = mean_d.add_(self.shift[cells])
+        return (mean.float(), spread.float()) if wide else (mean, spread)
