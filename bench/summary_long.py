@@ -71,8 +71,9 @@ def main() -> None:
         child(args)
         return
     print(f"preset {args.preset}, scheme {args.scheme}, layer {args.layer}, R = {args.resolution}, CPU")
-    print("| T | samples | bare forward (s) | summary (s) | ratio | peak RSS forward | peak RSS summary | file |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| T | samples | bare forward (s) | summary (s) | ratio | summary s/sample | peak RSS forward | "
+          "peak RSS summary | file |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for t in args.seq_len:
         for n in args.samples:
             got = {}
@@ -89,6 +90,7 @@ def main() -> None:
                 got[mode] = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
             f, s = got["forward"], got["summary"]
             print(f"| {t} | {n} | {f['seconds']:.2f} | {s['seconds']:.2f} | {s['seconds'] / f['seconds']:.2f} | "
+                  f"{s['seconds'] / n:.2f} | "
                   f"{f['peak_rss'] / GIB:.2f} GiB | {s['peak_rss'] / GIB:.2f} GiB | {s['file_bytes'] / 1e6:.1f} MB |",
                   flush=True)  # fmt: skip
 

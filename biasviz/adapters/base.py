@@ -197,10 +197,13 @@ class ModelAdapter:
         raise NotImplementedError
         yield  # pragma: no cover
 
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int,
-                   want_bias: bool) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
-        """One sample's bias (None unless ``want_bias``) and weights (1, H, rows, r1) of query rows r0 .. r1 - 1,
-        formed from what :meth:`keep` put in ``bank``: the values the forward formed (causal models)."""
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Any:
+        """One sample's :class:`~biasviz.summaries.replay.Formed` rows r0 .. r1 - 1 of ``layer`` (bias only when
+        ``want_bias``), from what :meth:`keep` put in ``bank``: the values the forward formed (causal models)."""
+        raise NotImplementedError
+
+    def score_scale(self, layer: int) -> float:
+        """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
         raise NotImplementedError
 
     @contextlib.contextmanager

@@ -149,8 +149,9 @@ class BiasGPTAdapter(ModelAdapter):
             stack.enter_context(self.stopping_after(layers))
             yield
 
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int,
-                   want_bias: bool) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Any:
+        from biasviz.summaries.replay import Formed
+
         attn = self.attention(layer)
         heads, hd = attn.n_head, attn.head_dim
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, hd)
@@ -158,7 +159,10 @@ class BiasGPTAdapter(ModelAdapter):
         x = None
         if attn.adds_bias:
             x = bank.get(layer, "x", sample, 0, bank.seq_len(layer, "x"))[None]  # (1, T, C): the whole input
-        return attn.rows_again(x, q, k, r0, want_bias)
+        return Formed(*attn.rows_again(x, q, k, r0, want_bias))
+
+    def score_scale(self, layer: int) -> float:
+        return float(self.attention(layer).scale)
 
 
 def load_biasviz_checkpoint(

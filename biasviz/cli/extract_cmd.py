@@ -134,7 +134,7 @@ def warnings_as_notes() -> Iterator[None]:
     help="With --summary or --bias-only: at most R x R blocks per map, each ceil(T / R) positions wide "
     "(exact per cell when R = T) [default: 1024, or T when shorter].",
 )  # fmt: skip
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--quiet", is_flag=True, help="No progress: no bar on a terminal, no heartbeat lines in a log.")
 def extract(
     model: str, checkpoint: str | None, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None,
     tokenizer: str | None,

@@ -10,7 +10,6 @@ the GPU (the forward pass stops after the last captured layer, so there are no l
 from __future__ import annotations
 
 import platform
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from biasviz.adapters.base import Captured, ModelAdapter
 from biasviz.common.devices import placed, resolve_device, resolve_dtype
 from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
+from biasviz.common.progress import Progress
 from biasviz.store import BiasFileWriter
 
 
@@ -209,10 +209,7 @@ def _run(
     On a GPU the matrices are encoded there and compressed by host threads while the next batch is
     computed (:mod:`biasviz.store.gpu_encode`); on the CPU the writer masks, compresses and writes each batch.
     """
-    from tqdm.auto import tqdm
-
     n, seq_len = ids.shape
-    show = sys.stderr.isatty() if progress is None else progress
     writer = BiasFileWriter(
         out, attrs=meta, n_samples=n, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
         has_bias=has_bias, dtype=dtype, force=force, causal=bool(adapter.causal), bias_shared=bias_is_shared(adapter),
@@ -220,7 +217,7 @@ def _run(
     with (
         writer,
         adapter.capture(layer_list, want_bias=has_bias) as got,
-        tqdm(total=n, unit="sample", disable=not show, file=sys.stderr, desc="extract", leave=False) as bar,
+        Progress(n, desc="extract", unit="sample", show=progress) as bar,
         _ChunkSink(writer, dev) as sink,
     ):
         for start in range(0, n, batch_size):

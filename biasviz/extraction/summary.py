@@ -1,10 +1,11 @@
 """``extract --summary``: what figures and diagnostics read, reduced where the model runs and written once.
 
-The adapter streams blocks of query rows as the attention forms them (:meth:`ModelAdapter.stream`); each goes
-straight into the running sums of :mod:`biasviz.summaries` on the device that computed it, and nothing of size
-T² outlives its block unless the maps are exact per cell (R >= T). The file's size and this run's memory do not
-grow with the number of samples, except that maps coarser than cells need every sample's value of a cell at
-once: then the samples run as one batch (memory grows with N·T, never with T²).
+A per-cell spread over samples needs every sample's value of a cell at once. Adapters that can form a layer's
+rows again (biasviz's own models) keep per sample only what forms them (q, k, the layer's input) and then
+form each layer block of query rows by block of rows over all samples (:mod:`biasviz.summaries.replay`):
+time linear in the number of samples, memory one batch plus that bank. Other adapters stream the blocks
+they form (:meth:`ModelAdapter.stream`) into per-cell moments of the (H, T, T) matrix, merged batch after
+batch (or, in one batch, reduced at once). Nothing of size N·T² is ever held.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from biasviz.store.format import DEFAULT_RESOLUTION, block_size
 from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.bank import SampleBank
-from biasviz.summaries.replay import replay_layer, row_blocks
+from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.replay import Formed, LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
 
 Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
@@ -59,7 +61,7 @@ def summarise(
     adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
     batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
     scratch: str | Path | None = None,
-) -> dict[int, dict[str, Summary]]:  # fmt: skip
+) -> dict[int, dict[str, Any]]:  # fmt: skip
     """Run ``adapter`` over ``ids`` (N, T) and return the summaries of ``layer_list`` (the model is in place).
 
     Samples run in batches of ``batch_size``. Adapters that can form a layer's rows again
@@ -82,6 +84,8 @@ def summarise(
     joint = not replay and merge is None and batch_size >= n
     has_bias = bool(adapter.adds_bias)
     modes = {"weights": "joint" if replay or joint else "cells"}
+    if replay:  # the softmax's input is formed when the rows are formed again (SPEC section 12)
+        modes["scores"] = "joint"
     if has_bias:
         modes["bias"] = "shared" if bias_is_shared(adapter) else modes["weights"]
     # a shared bias of i - j alone is summarised from its T values: nothing of it is streamed
@@ -91,18 +95,20 @@ def summarise(
                                             causal=bool(adapter.causal), mode=mode, device=dev)
              for layer in layer_list for kind, mode in modes.items()
              if not (kind == "bias" and layer in direct)}  # fmt: skip
-    show = False if progress is False else None
+    extras: dict[int, PositionSummary] = {}
     if replay:
-        _replayed(adapter, ids, layer_list, dev, parts, batch_size, show, scratch)
+        extras = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block)
     else:
-        _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, show)
+        _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress)
     if merge is not None:
         merge(parts)
-    out: dict[int, dict[str, Summary]] = {layer: {} for layer in layer_list}
+    out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
     for (kind, layer), part in parts.items():
         out[layer][kind] = part.result(total_samples=total)
     for layer, f in direct.items():
         out[layer]["bias"] = toeplitz_summary(f, seq_len, block, samples=total)
+    for layer, extra in extras.items():
+        out[layer]["position"] = extra
     return out
 
 
@@ -137,11 +143,12 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
 
 
 def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
-              batch: int, show: bool | None, scratch: str | Path | None) -> None:  # fmt: skip
+              batch: int, show: bool | None, scratch: str | Path | None, block: int) -> dict[int, PositionSummary]:
     """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
 
     Progress counts blocks of query rows x samples x layers: a layer run in the forward counts as many
     blocks as forming it again does, so that the rate and the time left hold across both phases.
+    Returns each layer's SPEC section 12 extras (positional logits, the weights' key profile, sink shares).
     """
     n, seq_len = ids.shape
     heads = adapter.n_heads
@@ -150,6 +157,7 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     per_layer = max(blocks.values())
     total = n * per_layer * (max(layer_list) + 1) + n * sum(blocks.values())
     bank = SampleBank(n, device=dev, directory=scratch)
+    extras: dict[int, PositionSummary] = {}
     try:
         with Progress(total, desc="summarise: forward", unit="block", show=show) as bar:
             with adapter.keep(layer_list, bank, tick=lambda b: bar.update(b * per_layer)):
@@ -160,17 +168,39 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
             for layer in layer_list:
                 bar.set_phase(f"summarise: layer {layer}")
                 own = {kind: p for (kind, at), p in parts.items() if at == layer}
+                extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev),
+                                    sinks=torch.zeros(n, heads, dtype=torch.float64, device=dev))  # fmt: skip
+                if n >= 2:
+                    q_sum, k_sum = (_sample_sum(bank, layer, name, n, heads) for name in ("q", "k"))
+                    extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
+                                                  samples=n, seq_len=seq_len, block=block, device=dev)  # fmt: skip
 
-                def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> tuple[torch.Tensor | None,
-                                                                                       torch.Tensor]:  # fmt: skip
+                def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
                     return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
 
                 with torch.inference_mode():
-                    replay_layer(form, layer, own, samples=n, seq_len=seq_len, heads=heads, device=dev,
-                                 tick=bar.update)  # fmt: skip
+                    replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
+                                 adds_bias=bool(adapter.adds_bias), tick=bar.update)  # fmt: skip
                 bank.drop(layer)
+                positional = None if extra.positional is None else extra.positional.result()
+                extras[layer] = PositionSummary(
+                    positional_mean=None if positional is None else positional[0].cpu().numpy(),
+                    positional_profile=None if positional is None else positional[1].cpu().numpy(),
+                    key_profile=extra.keys.result().cpu().numpy(),
+                    sink_share=(extra.sinks / seq_len).float().cpu().numpy(),  # every query sees key 0
+                )
     finally:
         bank.close()
+    return extras
+
+
+def _sample_sum(bank: SampleBank, layer: int, name: str, n: int, heads: int) -> torch.Tensor:
+    """Σ over samples of one (T, H·hd) array of the bank, as (T, H, hd) float64."""
+    seq_len = bank.seq_len(layer, name)
+    total = bank.get(layer, name, 0, 0, seq_len).double()
+    for a in range(1, n):
+        total += bank.get(layer, name, a, 0, seq_len)
+    return total.view(seq_len, heads, -1)
 
 
 def summary_run(

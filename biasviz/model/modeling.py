@@ -72,6 +72,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in self.c_attn(x).split(C, dim=2))  # (B, T, H, hd)
+        if self.pos_bias is not None and self.pos_bias.rotary:
+            q, k = self.pos_bias.rotate(q, k)  # RoPE: the position enters q and k, not the scores
         q, k = self.hook_q(q), self.hook_k(k)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
         if self._needs_grad(q):
@@ -139,15 +141,20 @@ class Attention(nn.Module):
 
     @torch.no_grad()
     def rows_again(self, x: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, r0: int,
-                   want_bias: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:  # fmt: skip
-        """Bias (or None) and weights of query rows ``r0 ..`` of one input, formed again from what passed this
-        layer: its input ``x`` (B, T, C) (None without a bias), q (B, rows, H, hd) of those rows and k
-        (B, r1, H, hd) of keys 0 .. r1 - 1 (``hook_q``/``hook_k``'s layout). The same values the forward
-        passes through ``hook_bias`` and ``hook_pattern``; the bias is returned only when ``want_bias``."""
+                   want_bias: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Bias (or None), weights and scores of query rows ``r0 ..`` of one input, formed again from what passed
+        this layer: its input ``x`` (B, T, C) (None without a bias), q (B, rows, H, hd) of those rows and k
+        (B, r1, H, hd) of keys 0 .. r1 - 1 (``hook_q``/``hook_k``'s layout). The weights and bias are the values
+        the forward passes through ``hook_pattern`` and ``hook_bias``; the scores are the softmax's input
+        (scale·q·k + bias) before the causal mask. The bias is returned only when ``want_bias``."""
         r1 = r0 + q.shape[1]
         bias = self.pos_bias.rows(x)(r0, r1) if self.adds_bias else None  # (1 or B, H, rows, r1)
-        weights = self.pattern_rows(q.transpose(1, 2), k.transpose(1, 2), bias)
-        return (bias if want_bias else None), weights
+        qh, kh = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, rows | r1, hd)
+        weights = self.pattern_rows(qh, kh, bias)
+        scores = (qh.float() * self.scale) @ kh.float().transpose(-2, -1)  # as attention_pattern forms them
+        if bias is not None:
+            scores.add_(bias.float())
+        return (bias if want_bias else None), weights, scores
 
 
 class MLP(nn.Module):

@@ -15,7 +15,7 @@ from biasviz.schemes.registry import TABLE, SchemeInfo, all_names, canonical_nam
 if TYPE_CHECKING:
     from biasviz.schemes.base import PositionScheme
 
-_COPIED = ("aliases", "formula", "reference", "context_dependent", "adds_bias", "absolute_positions")
+_COPIED = ("aliases", "formula", "reference", "context_dependent", "adds_bias", "absolute_positions", "rotary")
 
 
 def register(cls: type) -> type:

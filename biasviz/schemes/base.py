@@ -71,6 +71,7 @@ class PositionScheme(nn.Module):
     context_dependent: ClassVar[bool] = False
     adds_bias: ClassVar[bool] = True
     absolute_positions: ClassVar[bool] = False  # uses learned absolute embeddings (limits the length)
+    rotary: ClassVar[bool] = False  # turns q and k by position (:meth:`rotate`) instead of adding a bias
     default_options: ClassVar[dict[str, Any]] = {}
     order: ClassVar[int] = 100  # position in listings (`biasviz schemes`, README)
 
@@ -133,6 +134,10 @@ class PositionScheme(nn.Module):
                 table = table.contiguous()  # each block's rows are then runs of the table: a fast copy
                 return lambda r0, r1: toeplitz_rows(table, T, r0, r1)
         return lambda r0, r1: self.bias(None if x is None else x[:, :r1], r1 - r0, r1)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k (B, T, H, hd) as the scores take them: unchanged, except in rotary schemes (RoPE)."""
+        return q, k
 
     @property
     def depends_on_input(self) -> bool:

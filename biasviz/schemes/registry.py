@@ -28,6 +28,7 @@ class SchemeInfo:
     context_dependent: bool = False  # the bias changes with the input
     adds_bias: bool = True  # False: no additive bias (learned absolute positions, NoPE)
     absolute_positions: bool = False  # uses learned absolute embeddings (limits the length)
+    rotary: bool = False  # turns q and k by their positions (RoPE) instead of adding a bias
     default_options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -46,6 +47,9 @@ TABLE: tuple[SchemeInfo, ...] = (
     SchemeInfo("fox", "fox", "FoX", "sum_{k=j+1..i} log sigmoid(w_h . x_k + beta_h)",
                "Lin et al., ICLR 2025 (Forgetting Transformer, FoX)", context_dependent=True,
                default_options={"gate": "full", "decay_time_min": None, "decay_time_max": None}),
+    SchemeInfo("rope", "rope", "RoPE", "none: q, k rotated by i * theta_f, theta_f = base^(-2f / d_rot)",
+               "Su et al., 2021 (RoFormer, RoPE)", adds_bias=False, rotary=True,
+               default_options={"base": 10000.0, "fraction": 1.0}),
     SchemeInfo("learned", "absolute", "Learned", "none (learned absolute position embeddings)",
                "Radford et al., 2019 (GPT-2)", adds_bias=False, absolute_positions=True),
     SchemeInfo("nope", "absolute", "NoPE", "none (no position information)",

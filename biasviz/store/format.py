@@ -78,11 +78,20 @@ def float16_overflow_error(kind: str, layer: int, peak: float) -> BiasvizError:
 
 # -- summary files (SPEC section 11: ``extract --summary``) -------------------------------------------------
 DEFAULT_RESOLUTION = 1024  # at most this many query and key blocks per map
-SUMMARY_MAPS = ("bias_mean", "bias_std", "weights_mean", "weights_std")  # (head, query_block, key_block)
+SUMMARY_MAPS = ("bias_mean", "bias_std", "weights_mean", "weights_std", "scores_mean", "scores_std",
+                "positional_mean")  # (head, query_block, key_block)
 SUMMARY_MAP_DIMS = ("head", "query_block", "key_block")
-PROFILES = ("bias_profile", "weights_profile")  # (stat, head, distance); stat 0 = mean, 1 = std
+PROFILES = ("bias_profile", "weights_profile", "scores_profile")  # (stat, head, distance); 0 = mean, 1 = std
 PROFILE_DIMS = ("stat", "head", "distance")
 PROFILE_STATS = ("mean", "std")
+# SPEC section 12 (summaries of models whose rows are formed again): the scores' maps and profile as above, and
+POSITIONAL_MEAN = "positional_mean"  # (head, query_block, key_block): block means of the positional logits P
+POSITIONAL_PROFILE = "positional_profile"  # (from_key, head, distance): P by distance over keys j >= from_key
+POSITIONAL_PROFILE_DIMS = ("from_key", "head", "distance")
+POSITIONAL_FROM_KEYS = (0, 4)  # over all keys, and past the first four (sinks, a BOS shared by every window)
+KEY_PROFILE = "weights_key_profile"  # (stat, head, key): the weights by key over samples and queries i >= j
+KEY_PROFILE_DIMS = ("stat", "head", "key")
+SINK_SHARE = "sink_share"  # (sample, head): per sample, the mean over queries of the weight on key 0
 DIAGNOSTICS = "diagnostics"  # (head,) compound dataset
 DIAGNOSTIC_FIELDS = ("context_dependence", "toeplitz_residual", "separability_residual")
 BLOCK_SCALES = ("query_block", "key_block")  # root datasets: the first position of each block

@@ -21,8 +21,12 @@ from biasviz.store.format import (
     BLOCK_SCALES,
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
+    KEY_PROFILE,
+    POSITIONAL_FROM_KEYS,
+    POSITIONAL_PROFILE,
     PROFILE_STATS,
     PROFILES,
+    SINK_SHARE,
     SUMMARY_MAPS,
     block_size,
     block_starts,
@@ -30,7 +34,7 @@ from biasviz.store.format import (
 )
 from biasviz.store.validation import AttrChecks, shape_text
 
-KIND_DATASETS = {kind: (f"{kind}_mean", f"{kind}_std", f"{kind}_profile") for kind in ("bias", "weights")}
+KIND_DATASETS = {kind: (f"{kind}_mean", f"{kind}_std", f"{kind}_profile") for kind in ("bias", "weights", "scores")}
 
 
 def causal_block_counts(seq_len: int, block: int, causal: bool = True) -> np.ndarray:
@@ -122,6 +126,27 @@ class SummaryLayout:
             raise self._damaged(f"{name} of layer {layer} holds NaN, infinite or negative-std values")
         return p[PROFILE_STATS.index("mean")], p[PROFILE_STATS.index("std")]
 
+    def read_positional_profile(self, layer: int, checkpoint: int = 0) -> np.ndarray:
+        """P by distance, float64 (from_key, head, distance): over all keys, and over keys j >= 4 (NaN where none)."""
+        p = self._read(layer, POSITIONAL_PROFILE, checkpoint).astype(np.float64)
+        if np.isinf(p).any() or not np.isfinite(p[0]).all():
+            raise self._damaged(f"{POSITIONAL_PROFILE} of layer {layer} holds infinite or NaN values")
+        return p
+
+    def read_key_profile(self, layer: int, checkpoint: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The weights by key j: (mean, std) over samples and the queries that see j, float64 (head, key)."""
+        p = self._read(layer, KEY_PROFILE, checkpoint).astype(np.float64)
+        if not np.isfinite(p).all() or (p < 0).any() or (p[0] > 1 + 1e-5).any():
+            raise self._damaged(f"{KEY_PROFILE} of layer {layer} holds values outside [0, 1]")
+        return p[0], p[1]
+
+    def read_sink_share(self, layer: int, checkpoint: int = 0) -> np.ndarray:
+        """Per sample and head, the mean weight on key 0 over the queries, float64 (sample, head)."""
+        p = self._read(layer, SINK_SHARE, checkpoint).astype(np.float64)
+        if not np.isfinite(p).all() or (p < 0).any() or (p > 1 + 1e-5).any():
+            raise self._damaged(f"{SINK_SHARE} of layer {layer} holds values outside [0, 1]")
+        return p
+
     def read_diagnostics(self, layer: int, checkpoint: int = 0) -> dict[str, np.ndarray]:
         """The diagnostics computed at extraction: field -> float64 (head,), NaN where undefined."""
         rec = self._read(layer, DIAGNOSTICS, checkpoint)
@@ -165,7 +190,7 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
     checks._refuse_other_files(group)
     if not isinstance(checks._h5.get(group), h5py.Group):
         raise BiasvizError(f"{checks.path} lists layer {layer} but has no group {group}")
-    names = (*SUMMARY_MAPS, *PROFILES, DIAGNOSTICS)
+    names = (*SUMMARY_MAPS, *PROFILES, DIAGNOSTICS, POSITIONAL_PROFILE, KEY_PROFILE, SINK_SHARE)
     held = tuple(n for n in names if checks._dataset(f"{group}/{n}") is not None)
     for kind, wanted in KIND_DATASETS.items():
         present = [n for n in wanted if n in held]
@@ -186,6 +211,12 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
             if ds.shape != (*lead, h) or any(f not in fields or fields[f][0].kind != "f" for f in DIAGNOSTIC_FIELDS):
                 raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {(*lead, h)} records with float "
                                   f"fields {', '.join(DIAGNOSTIC_FIELDS)}")  # fmt: skip
+            continue
+        if name in (POSITIONAL_PROFILE, KEY_PROFILE, SINK_SHARE):
+            first = len(POSITIONAL_FROM_KEYS) if name == POSITIONAL_PROFILE else len(PROFILE_STATS)
+            shape = (*lead, layout.n_samples, h) if name == SINK_SHARE else (*lead, first, h, t)
+            if ds.shape != shape or ds.dtype.kind != "f":
+                raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected float {shape}")
             continue
         if name in PROFILES:
             ok = ds.shape[:-1] == (*lead, len(PROFILE_STATS), h) and ds.shape[-1:] in [(n,) for n in lengths]

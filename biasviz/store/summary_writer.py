@@ -20,7 +20,14 @@ from biasviz.store.format import (
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
     FORMAT_VERSION,
+    KEY_PROFILE,
+    KEY_PROFILE_DIMS,
+    POSITIONAL_FROM_KEYS,
+    POSITIONAL_MEAN,
+    POSITIONAL_PROFILE,
+    POSITIONAL_PROFILE_DIMS,
     PROFILE_DIMS,
+    SINK_SHARE,
     SUMMARY_MAP_DIMS,
     block_starts,
     layer_group,
@@ -57,7 +64,7 @@ def write_summary_file(
             _root(f, attrs, input_ids, n_heads, seq_len, resolution, block, layers, checkpoints, causal)
             for layer in layers:
                 grp = f.create_group(layer_group(layer))
-                kinds = [k for k in ("bias", "weights") if k in summaries[0][layer]]
+                kinds = [k for k in ("bias", "weights", "scores") if k in summaries[0][layer]]
                 for kind in kinds:
                     parts = [s[layer][kind] for s in summaries]
                     _write(f, grp, f"{kind}_mean", [p.mean for p in parts], SUMMARY_MAP_DIMS, checkpoints)
@@ -66,11 +73,23 @@ def write_summary_file(
                 if "bias" in kinds:
                     diag = [s[layer]["bias"].diagnostics for s in summaries]
                     _write(f, grp, DIAGNOSTICS, [np.asarray(d) for d in diag], ("head",), checkpoints)
+                if "position" in summaries[0][layer]:
+                    _write_position(f, grp, [s[layer]["position"] for s in summaries], checkpoints)
     except FileExistsError:
         raise BiasvizError(f"{path} appeared while extracting; kept it, pass --force to overwrite") from None
     except OSError as exc:
         raise BiasvizError(os_error_message(exc, path)) from exc
     return path
+
+
+def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints: Sequence[int] | None) -> None:
+    """SPEC section 12: positional logits (two samples or more), the weights' key profile, the sink shares."""
+    if parts[0].positional_mean is not None:
+        _write(f, grp, POSITIONAL_MEAN, [p.positional_mean for p in parts], SUMMARY_MAP_DIMS, checkpoints)
+        _write(f, grp, POSITIONAL_PROFILE, [p.positional_profile for p in parts], POSITIONAL_PROFILE_DIMS,
+               checkpoints)  # fmt: skip
+    _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], KEY_PROFILE_DIMS, checkpoints)
+    _write(f, grp, SINK_SHARE, [p.sink_share for p in parts], ("sample", "head"), checkpoints)
 
 
 def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads: int, seq_len: int,
@@ -93,6 +112,8 @@ def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads
         "key_block": starts.copy(),
         "stat": np.asarray([0, 1], dtype=np.int32),  # 0: mean, 1: std
         "distance": np.arange(seq_len, dtype=np.int32),
+        "key": np.arange(seq_len, dtype=np.int32),
+        "from_key": np.asarray(POSITIONAL_FROM_KEYS, dtype=np.int32),
     }
     for name, values in scales.items():
         f.create_dataset(name, data=values).make_scale(name)
@@ -150,7 +171,12 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
                 one[layer] = {kind: SimpleNamespace(
                     mean=grp[f"{kind}_mean"][()], std=grp[f"{kind}_std"][()], profile=grp[f"{kind}_profile"][()],
                     diagnostics=grp[DIAGNOSTICS][()] if kind == "bias" and DIAGNOSTICS in grp else None,
-                ) for kind in ("bias", "weights") if f"{kind}_mean" in grp}  # fmt: skip
+                ) for kind in ("bias", "weights", "scores") if f"{kind}_mean" in grp}  # fmt: skip
+                if KEY_PROFILE in grp:
+                    one[layer]["position"] = SimpleNamespace(
+                        positional_mean=grp[POSITIONAL_MEAN][()] if POSITIONAL_MEAN in grp else None,
+                        positional_profile=grp[POSITIONAL_PROFILE][()] if POSITIONAL_PROFILE in grp else None,
+                        key_profile=grp[KEY_PROFILE][()], sink_share=grp[SINK_SHARE][()])  # fmt: skip
             per_step.append(one)
     assert first is not None, "no parts to join"
     (n_heads, seq_len, resolution, block, causal, layers), ids, meta = first

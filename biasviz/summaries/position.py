@@ -1,0 +1,99 @@
+"""SPEC section 12 in a summary: positional logits P from the sums of q and k, and the weights' key profile.
+
+P(i, j) = c·(Q(i)·K(j) − G(i, j)) / (N(N − 1)) + b̄(i, j), Q = Σ_a q_a, K = Σ_a k_a, G = Σ_a q_a(i)·k_a(j): the
+score a query of one text gives a key of another, averaged over pairs of different texts. Since
+c·G(i, j) = N·(s̄(i, j) − b̄(i, j)) with s̄ and b̄ the per-cell means over samples of the scores and the bias,
+a block of P needs only Q and K (H, T, d_head, summed once per layer) and the block's mean scores and bias,
+which the summary forms anyway: one (rows x d_head) by (d_head x keys) product per head and block, not
+per sample. The key profile w̄(j) (Gu et al.'s α_j) is a column mean of the per-cell mean weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from biasviz.summaries.layer import QuantitySummary
+
+FIRST_KEYS = 4  # the distance profile is also kept over keys j >= 4: sinks and a shared BOS sit in the first keys
+
+
+@dataclass
+class PositionSummary:
+    """What a file keeps of SPEC section 12 for one layer (besides the scores' own maps and profile)."""
+
+    positional_mean: np.ndarray | None  # (H, nb, nb) block means of P; None with one sample
+    positional_profile: np.ndarray | None  # (2, H, T) P by distance: over all keys, over keys j >= 4
+    key_profile: np.ndarray  # (2, H, T) the weights by key j: mean, std over samples and queries i >= j
+    sink_share: np.ndarray  # (N, H) per sample: mean over queries of w(i, 0)
+
+
+class Positional:
+    """Builds one layer's P block of rows by block of rows; its maps and profiles go through a QuantitySummary."""
+
+    def __init__(self, q_sum: torch.Tensor, k_sum: torch.Tensor, *, layer: int, scale: float, samples: int,
+                 seq_len: int, block: int, device: torch.device) -> None:  # fmt: skip
+        heads = q_sum.shape[1]
+        self.q = q_sum.permute(1, 0, 2).contiguous()  # (H, T, hd) float64
+        self.k = k_sum.permute(1, 0, 2).contiguous()
+        self.scale, self.n, self.seq_len = float(scale), samples, seq_len
+        self.part = QuantitySummary("positional", layer, heads=heads, seq_len=seq_len, block=block, causal=True,
+                                    mode="joint", device=device)  # fmt: skip
+        self.first = torch.zeros(heads, seq_len, FIRST_KEYS, dtype=torch.float64, device=device)  # P(i, j < 4)
+
+    def add(self, r0: int, scores_mean: torch.Tensor, bias_mean: torch.Tensor | None) -> None:
+        """Rows r0 .. r0 + rows - 1 from the block's per-cell mean scores (H, rows, r1) and mean bias (or None)."""
+        rows, r1 = scores_mean.shape[-2:]
+        n = self.n
+        cross = self.q[:, r0 : r0 + rows] @ self.k[:, :r1].transpose(1, 2)  # (H, rows, r1): Q(i)·K(j)
+        p = cross.mul_(self.scale)
+        if bias_mean is None:
+            p.sub_(scores_mean, alpha=n).div_(n * (n - 1))
+        else:
+            p.sub_(scores_mean - bias_mean, alpha=n).div_(n * (n - 1)).add_(bias_mean)
+        keep = min(FIRST_KEYS, r1)
+        self.first[:, r0 : r0 + rows, :keep] = p[..., :keep]
+        self.part.add_moments(r0, p.float(), None)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(H, nb, nb) block means of P, and its distance profile (2, H, T): over all cells, over keys j >= 4."""
+        summary = self.part.result(total_samples=self.n)
+        t = self.seq_len
+        mean_all = torch.as_tensor(summary.profile[0], dtype=torch.float64, device=self.first.device)  # (H, T) by d
+        d = torch.arange(t, device=self.first.device)
+        count_all = (t - d).double()
+        early = torch.zeros_like(mean_all)  # Σ over j < 4 of P(d + j, j)
+        count_early = torch.zeros(t, dtype=torch.float64, device=self.first.device)
+        for j in range(min(FIRST_KEYS, t)):
+            i = d + j
+            inside = i < t
+            early[:, inside] += self.first[:, i[inside], j]
+            count_early[inside] += 1
+        rest = count_all - count_early
+        from_key = (mean_all * count_all - early) / rest.clamp(min=1)
+        from_key = torch.where(rest > 0, from_key, float("nan"))
+        profile = torch.stack([mean_all, from_key]).float()
+        return torch.as_tensor(summary.mean), profile
+
+
+class KeyProfile:
+    """Per head and key j: mean and spread of the weights over samples and the queries that see j (i >= j)."""
+
+    def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
+        self.sums = torch.zeros(2, heads, seq_len, dtype=torch.float64, device=device)  # Σ w̄, Σ (σ² + w̄²)
+        self.seq_len = seq_len
+
+    def add(self, mean: torch.Tensor, spread: torch.Tensor) -> None:
+        """A block's per-cell mean and spread of the weights (H, rows, K), 0 where a query does not see a key."""
+        keys = mean.shape[-1]
+        self.sums[0, :, :keys] += mean.sum(1, dtype=torch.float64)
+        self.sums[1, :, :keys] += torch.addcmul(spread.square(), mean, mean).sum(1, dtype=torch.float64)
+
+    def result(self) -> torch.Tensor:
+        """(2, H, T) float32: mean and standard deviation by key."""
+        queries = torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.sums.device)  # T - j
+        mean = self.sums[0] / queries
+        var = (self.sums[1] / queries - mean * mean).clamp(min=0.0)
+        return torch.stack([mean, var.sqrt()]).float()
