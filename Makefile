@@ -15,6 +15,11 @@ DYNAMICS := kerple-log
 LONG     := alibi kerple-log
 LONG_LEN := 16384
 TRAIN_LEN := 128
+# Position in every model (SPEC section 12): the positional logits of the five, RoPE and NoPE (configs/rope.toml,
+# nope.toml train them), at the training length and at 16 times it
+POSITIONAL := $(SCHEMES) rope nope
+POS_LEN  := 2048
+POS_SAMPLES := 8
 RUNS    := runs
 DATA    := data
 FIGURES := figures
@@ -59,7 +64,7 @@ figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics,
 	@$(MAKE) --no-print-directory figure-files
 	@$(BIN)/python -m biasviz.cli.manifest record $(MANIFEST) $(RUNS) $(DATA) $(FIGURES)
 
-figure-files: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf
+figure-files: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf $(FIGURES)/positional.pdf
 
 # Each command reads only its own part of a config: a per-stage copy that is rewritten only when that part
 # changes, so editing [plot] re-plots without retraining. (The copy is refreshed on every run; cheap.)
@@ -93,6 +98,15 @@ $(DATA)/%-long.h5: $(RUNS)/%/model.safetensors
 $(FIGURES)/long_context.pdf: $(foreach s,$(LONG),$(DATA)/$(s)-long.h5)
 	$(BIN)/python -m biasviz.plotting.long_context $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/long_context
 
+# positional logits P (summaries of POS_SAMPLES windows) at the training length and at POS_LEN, side by side
+$(DATA)/%-pos-short.h5: $(RUNS)/%/model.safetensors
+	$(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(TRAIN_LEN) --samples $(POS_SAMPLES) --out $@ --force --quiet
+$(DATA)/%-pos-long.h5: $(RUNS)/%/model.safetensors
+	$(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(POS_LEN) --samples $(POS_SAMPLES) --resolution 256 --out $@ --force --quiet
+
+$(FIGURES)/positional.pdf: $(foreach s,$(POSITIONAL),$(DATA)/$(s)-pos-short.h5 $(DATA)/$(s)-pos-long.h5)
+	$(BIN)/python -m biasviz.plotting.positional_compare $^ --out $(FIGURES)/positional --note "tiny models, 300 steps on $(TRAIN_LEN)-token windows of Python's standard library"
+
 # one self-contained, interactive page per scheme (README, "Explorer")
 $(FIGURES)/%_explore.html: $(DATA)/%.h5
 	$(BIASVIZ) explore $< --out $@ --force
@@ -105,7 +119,7 @@ previews: figures  ## refresh the small PNG previews shown in README (figures/pr
 	$(BIN)/python -m biasviz.explorer.screenshot $(FIGURES)/kerple-log_explore.html $(FIGURES)/preview/explore_grid.png --select kind=weights --head 3
 	$(BIN)/python -m biasviz.explorer.screenshot $(FIGURES)/kerple-log_explore.html $(FIGURES)/preview/explore_focus.png --select kind=weights --enlarge 4 --zoom 0.55,0.62,0.5,0.57 --cell 0.5,0.4
 
-.PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(DATA)/%-sweep.h5 $(DATA)/%-long.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
+.PRECIOUS: $(RUNS)/%/model.safetensors $(DATA)/%.h5 $(DATA)/%-sweep.h5 $(DATA)/%-long.h5 $(DATA)/%-pos-short.h5 $(DATA)/%-pos-long.h5 $(STAGES)/%.train.json $(STAGES)/%.extract.json $(STAGES)/%.plot.json
 FORCE:
 
 bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, see BENCHMARKS.md)

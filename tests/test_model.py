@@ -267,6 +267,16 @@ def _perturbed(model: BiasGPTForCausalLM) -> BiasGPTForCausalLM:
     return model
 
 
+def _rope_by_hand(x: torch.Tensor, base: float, fraction: float) -> torch.Tensor:
+    """(B, H, T, hd) float64 turned pairwise: x_f + i x_{f + d/2} times exp(i * position * base^(-2f / d))."""
+    d = int(x.shape[-1] * fraction) // 2 * 2
+    half = d // 2
+    theta = base ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
+    angle = torch.arange(x.shape[-2], dtype=torch.float64)[:, None] * theta  # (T, d/2)
+    z = torch.complex(x[..., :half], x[..., half:d]) * torch.polar(torch.ones_like(angle), angle)
+    return torch.cat([z.real, z.imag, x[..., d:]], dim=-1)
+
+
 def _reference_weights(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax(q k^T / sqrt(d) + bias, causal) in float64 from the layer's own c_attn, by hand; and the bias."""
     B, T, C = x.shape
@@ -274,6 +284,8 @@ def _reference_weights(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Te
     w, b = attn.c_attn.weight.double(), attn.c_attn.bias.double()
     qkv = x.double() @ w.T + b  # (B, T, 3C)
     q, k = (qkv[..., n * C : (n + 1) * C].view(B, T, H, C // H).transpose(1, 2) for n in (0, 1))  # (B, H, T, hd)
+    if attn.pos_bias.rotary:  # RoPE, by hand: pairs (f, f + d/2) of the first d dimensions turn by i * theta_f
+        q, k = (_rope_by_hand(t, **attn.pos_bias.options) for t in (q, k))
     scores = q @ k.transpose(-2, -1) / math.sqrt(C // H)  # (B, H, T, T)
     bias = None
     if attn.pos_bias.adds_bias:

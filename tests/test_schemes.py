@@ -43,17 +43,19 @@ def scheme_bias(name: str, x: torch.Tensor | None = None, t: int = T, **options:
 
 
 def test_registry_holds_every_scheme_of_the_spec() -> None:
-    assert list(SCHEMES) == ["alibi", "kerple-log", "kerple-power", "fire", "t5", "cable", "fox", "learned", "nope"]
+    assert list(SCHEMES) == ["alibi", "kerple-log", "kerple-power", "fire", "t5", "cable", "fox", "rope", "learned",
+                             "nope"]  # fmt: skip
     assert canonical_name("kerple") == "kerple-log"
     assert canonical_name("T5-Bias") == "t5"
     assert set(all_names()) >= {"kerple", "t5-bias"}
     assert [n for n, c in SCHEMES.items() if c.context_dependent] == ["cable", "fox"]
-    assert [n for n, c in SCHEMES.items() if not c.adds_bias] == ["learned", "nope"]
+    assert [n for n, c in SCHEMES.items() if not c.adds_bias] == ["rope", "learned", "nope"]
+    assert [n for n, c in SCHEMES.items() if c.rotary] == ["rope"]
 
 
 def test_unknown_scheme_lists_the_valid_ones() -> None:
     with pytest.raises(BiasvizError, match="valid schemes: .*alibi.*t5-bias"):
-        canonical_name("rope")
+        canonical_name("xpos")
 
 
 # --- ALiBi ------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from biasviz.common.errors import BiasvizError, too_long
 from biasviz.store.format import KEY_POSITION, RELATIVE  # what a stored bias means
 from biasviz.tracing.stop import StopForward, stop_after
 
-__all__ = ["KEY_POSITION", "RELATIVE", "BlockSink", "Captured", "ModelAdapter", "StopForward", "stop_after"]
+__all__ = ["KEY_POSITION", "RELATIVE", "BlockSink", "Captured", "Formed", "ModelAdapter", "StopForward", "stop_after"]
 
 # sink(layer, kind, row0, block): kind "bias" or "weights"; block (1 or B, H, rows, keys) holds query rows
 # row0 .. row0 + rows - 1 against keys 0 .. keys - 1 (keys = row0 + rows for causal self-attention)
@@ -42,6 +42,16 @@ class Captured:
     def clear(self) -> None:
         self.bias.clear()
         self.weights.clear()
+
+
+@dataclass
+class Formed:
+    """One sample's rows r0 .. r1 - 1 of a layer, (1, H, rows, r1) each, as the attention forms them
+    (:meth:`ModelAdapter.rows_again`)."""
+
+    bias: torch.Tensor | None  # the additive part (None: the model adds none, or it was not asked for)
+    weights: torch.Tensor  # after the softmax, 0 where a query does not look
+    scores: torch.Tensor  # the softmax's input (before the causal mask)
 
 
 class ModelAdapter:
@@ -197,8 +207,8 @@ class ModelAdapter:
         raise NotImplementedError
         yield  # pragma: no cover
 
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Any:
-        """One sample's :class:`~biasviz.summaries.replay.Formed` rows r0 .. r1 - 1 of ``layer`` (bias only when
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Formed:
+        """One sample's :class:`Formed` rows r0 .. r1 - 1 of ``layer`` (bias only when
         ``want_bias``), from what :meth:`keep` put in ``bank``: the values the forward formed (causal models)."""
         raise NotImplementedError
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from biasviz.adapters.base import RELATIVE, BlockSink, Captured, ModelAdapter
+from biasviz.adapters.base import RELATIVE, BlockSink, Captured, Formed, ModelAdapter
 from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
 from biasviz.common.hashing import sha256_files
@@ -149,9 +149,7 @@ class BiasGPTAdapter(ModelAdapter):
             stack.enter_context(self.stopping_after(layers))
             yield
 
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Any:
-        from biasviz.summaries.replay import Formed
-
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Formed:
         attn = self.attention(layer)
         heads, hd = attn.n_head, attn.head_dim
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, hd)

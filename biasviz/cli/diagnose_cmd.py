@@ -36,6 +36,8 @@ class _FileResult:
     block: int | None = None  # a summary file's block size (its diagnostics were stored at extraction)
     resolution: int | None = None
     bias_only: bool = False
+    positional: list[HeadDiagnostics] | None = None  # P's measures per head (SPEC section 12), where stored
+    sinks: dict[str, object] | None = None
 
     def measured_on(self) -> str:
         """'T = 512, N = 8': the length and number of samples the numbers were measured on, for the figures."""
@@ -48,6 +50,10 @@ class _FileResult:
             "normalize": normalize, "source": str(self.path), "summary": self.block is not None}  # fmt: skip
         if self.block is not None:  # read from the file, as extract --summary computed them at full resolution
             doc.update(resolution=self.resolution, block=self.block)
+        if self.positional is not None:
+            doc["positional"] = {"heads": [h.as_json() for h in self.positional]}
+        if self.sinks is not None:
+            doc["sinks"] = self.sinks
         if self.sweep is not None:
             doc["checkpoints"] = [{"step": step, "heads": [h.as_json() for h in heads]} for step, heads in self.sweep]
         return doc
@@ -115,14 +121,20 @@ def _refuse_figure_options() -> None:
 
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
     from biasviz.diagnostics.measures import diagnose_dataset, diagnose_sweep
-    from biasviz.diagnostics.stored import stored_heads, stored_sweep
+    from biasviz.diagnostics.stored import stored_heads, stored_position, stored_sweep
     from biasviz.store import open_bias_file
 
     with open_bias_file(path, isolated=True) as bf:
         resolved = bf.resolve_layer(layer)
+        positional, sinks = stored_position(bf, resolved)
         if not bf.has_bias(resolved):
-            click.echo(f"note: skipped {path}: scheme '{bf.scheme}' adds no bias", err=True)
-            return None
+            if positional is None and sinks is None:
+                click.echo(f"note: skipped {path}: scheme '{bf.scheme}' adds no bias (extract --summary with two "
+                           "samples or more measures its positional logits)", err=True)  # fmt: skip
+                return None
+            return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
+                               seq_len=bf.seq_len, context_dependent=None, heads=[], block=bf.block,
+                               resolution=bf.resolution, positional=positional, sinks=sinks)  # fmt: skip
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
             click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                        "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
@@ -143,7 +155,8 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
             click.echo(f"note: {path}: {note}", err=True)
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                            seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
-                           sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only)  # fmt: skip
+                           sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only,
+                           positional=positional, sinks=sinks)  # fmt: skip
 
 
 def _name_uniquely(results: list[_FileResult]) -> None:
@@ -187,13 +200,21 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             "description": f"{DEFINITIONS}; sources: {sources}", "keywords": "biasviz; diagnostics"}  # fmt: skip
     layers = {r.layer for r in results}
     one_layer = len(layers) == 1
-    details = {literal(r.name): ("" if one_layer else f"layer {r.layer}, ") + r.measured_on() for r in results}
-    heads = {literal(r.name): r.heads for r in results}  # names from files: drawn as text, never math
+    details: dict[str, str] = {}
+    heads: dict[str, list[HeadDiagnostics]] = {}  # names from files: drawn as text, never math
+    for r in results:
+        where = ("" if one_layer else f"layer {r.layer}, ") + r.measured_on()
+        if r.heads:
+            heads[literal(r.name)], details[literal(r.name)] = r.heads, where
+        if r.positional:  # SPEC section 12: the positional logits P measured like a bias
+            heads[f"{literal(r.name)} P"], details[f"{literal(r.name)} P"] = r.positional, f"positional logits, {where}"
     title = f"Diagnostics per head, layer {next(iter(layers))}" if one_layer else "Diagnostics per head"
     written = save_figure(diagnostics_figure(heads, style=style, details=details, title=title),
                           out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style,
                           staged=staged)  # fmt: skip
     for k, r in enumerate(results):
+        if not r.heads:  # no bias: its positional logits are drawn by 'biasviz plot --kind profile'
+            continue
         fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)],
                            suptitle=f"{literal(r.name)} bias, layer {r.layer}, T = {r.seq_len}: "
                                     f"{profile_note(r.samples, r.bias_only)}")  # fmt: skip

@@ -45,13 +45,16 @@ def _parse_sample(value: str) -> int | str:
 )
 @click.option(
     "--kind",
-    type=click.Choice(["bias", "weights", "all", "dynamics", "profile", "std"]),
+    type=click.Choice(["bias", "weights", "all", "dynamics", "profile", "std", "positional", "sinks"]),
     default="bias",
     show_default=True,
     help="Draw the additive bias, the post-softmax attention weights, or both; 'profile': per head, the mean "
     "over samples and cells with i - j = d against d, with a +-1 std band (bias and weights); 'std': the "
     "per-cell standard deviation over samples (bias and weights); 'dynamics' (a sweep file from "
-    "'extract --checkpoints'): per head, the distance profile b(d) at each checkpoint, coloured by step.",
+    "'extract --checkpoints'): per head, the distance profile b(d) at each checkpoint, coloured by step; "
+    "'positional' (a summary of two samples or more): each head's positional logits P(i, j), relative to its "
+    "value at distance 0; 'sinks' (a summary): each head's mean weight on the first keys (SPEC section 12). "
+    "On a summary, 'profile' adds P(d) beside b(d).",
 )
 @click.option(
     "--step", type=int, default=None,
@@ -128,7 +131,7 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
         raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
     if kind == "bias" and log_scale:
         raise UsageError("--log applies to attention weights; use it with --kind weights, all, std or profile")
-    if log_distance and kind not in ("profile", "dynamics"):
+    if log_distance and kind not in ("profile", "dynamics", "positional"):
         raise UsageError("--log-distance applies to a distance axis: use it with --kind profile or dynamics")
     if kind in ("profile", "std") and sample_given and sample != "mean":
         raise UsageError(f"--kind {kind} is over all samples; --sample applies to --kind bias, weights or all")
@@ -142,6 +145,8 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
                        max_cells=max_cells, staged=staged, step=step, sample_given=sample_given)  # fmt: skip
         if kind == "dynamics":
             written = job.run_dynamics(out_dir, formats, dpi)
+        elif kind in ("positional", "sinks"):
+            written = job.run_position(kind, out_dir, formats, dpi)
         elif kind in ("profile", "std"):
             written = job.run(["bias", "weights"], out_dir, formats, dpi, what=kind)
         else:
@@ -239,7 +244,47 @@ class _PlotJob:
                     written += self._draw_profile(bf, kind, layer, out_dir, formats, dpi)
                 else:
                     written += self._draw(bf, kind, layer, out_dir, formats, dpi, std=what == "std")
+            if what == "profile" and bf.summary is not None and bf.summary.holds(layer, "positional_profile"):
+                written += self._draw_positional_profile(bf, layer, out_dir, formats, dpi)
         return written
+
+    def _draw_positional_profile(self, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
+                                 dpi: int) -> list[Path]:  # fmt: skip
+        from biasviz.plotting.positional import positional_profile_figure
+        from biasviz.plotting.save import save_figure
+
+        fig = positional_profile_figure(bf, layer, scheme=self.scheme, style=self.style,
+                                        log_distance=self.log_distance)  # fmt: skip
+        info = {"title": f"{self.scheme} positional logits against distance (layer {layer})",
+                "source": str(self.path),
+                "description": f"P(d) over all keys and over keys j >= 4, and b(d); {bf.n_samples} samples; "
+                               f"source: {self.path}",
+                "keywords": f"biasviz; scheme={self.scheme}; kind=positional_profile; layer={layer}"}  # fmt: skip
+        return save_figure(fig, out_dir / f"{self.scheme}_positional_profile", formats, dpi=dpi, info=info,
+                           style=self.style, staged=self.staged)  # fmt: skip
+
+    def run_position(self, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+        """SPEC section 12 from a summary: the grid of P (``positional``) or the weights' first keys (``sinks``)."""
+        from biasviz.plotting.heatmap import panel_cells
+        from biasviz.plotting.positional import positional_grid, sinks_figure
+        from biasviz.plotting.save import save_figure
+
+        with self._open() as bf:
+            self._check_scheme(bf.scheme)
+            layer = bf.resolve_layer(self.layer)
+            if kind == "positional":
+                fig = positional_grid(bf, layer, scheme=self.scheme, style=self.style,
+                                      shared_scale=bool(self.shared_scale), cmap=self.cmap,
+                                      max_cells=self.max_cells or panel_cells(self.style, dpi, bf.n_heads))  # fmt: skip
+                what = "positional logits P(i, j) minus each head's P at distance 0"
+            else:
+                fig = sinks_figure(bf, layer, scheme=self.scheme, style=self.style)
+                what = "mean attention weight on each of the first keys (sink share at key 0)"
+            info = {"title": f"{self.scheme} {kind} (layer {layer})", "source": str(self.path),
+                    "description": f"{what}; over {bf.n_samples} samples; source: {self.path}",
+                    "keywords": f"biasviz; scheme={self.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
+            return save_figure(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info, style=self.style,
+                               staged=self.staged)  # fmt: skip
 
     def _kinds_held(self, bf: BiasFile, kinds: list[str], layer: int, what: str) -> list[str]:
         """``kinds`` less those the file cannot hold (bias-only, no bias); an error when none is left."""

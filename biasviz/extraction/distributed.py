@@ -94,7 +94,7 @@ def summarise_parallel(
     try:
         result = summary_run(adapter, ids[w.block(len(ids))], attrs={**(attrs or {}), "processes": w.size},
                              progress=progress if w.main else False, merge=_join_cells(w),
-                             total_samples=len(ids), **options)  # fmt: skip
+                             gather=_join_banks(w), total_samples=len(ids), **options)  # fmt: skip
         if w.main:
             meta, layer_list, summaries, r = result
             write_summary_file(out, attrs=meta, input_ids=ids, n_heads=adapter.n_heads, seq_len=ids.shape[1],
@@ -108,6 +108,33 @@ def summarise_parallel(
     layers = result[1]
     size = out.stat().st_size if w.main else 0
     return ExtractResult(out, len(ids), ids.shape[1], layers, bool(adapter.adds_bias), time.perf_counter() - t0, size)
+
+
+def _join_banks(w: World) -> Any:
+    """A gather for :func:`biasviz.extraction.summary.summarise`: every process's bank (what forms its samples'
+    rows again) joined on process 0 in rank order, the order of the samples; None elsewhere."""
+    import torch
+    import torch.distributed as dist
+
+    def gather(bank: Any) -> Any:
+        from biasviz.summaries.bank import SampleBank
+
+        mine = {key: torch.stack([bank.get(*key, a, 0, bank.seq_len(*key)) for a in range(bank.samples)]).cpu()
+                for key in bank.names()}  # fmt: skip
+        gathered: list[Any] | None = [None] * w.size if w.main else None
+        dist.gather_object((bank.samples, mine), gathered, dst=0)
+        if not w.main:
+            return None
+        assert gathered is not None
+        joined = SampleBank(sum(n for n, _ in gathered), device=bank.device, budget=bank.budget,
+                            directory=bank.directory)  # fmt: skip
+        for n, arrays in gathered:
+            for (layer, name), values in arrays.items():
+                joined.put(layer, name, values)
+            joined.start += n
+        return joined
+
+    return gather
 
 
 def _join_cells(w: World) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.adapters.base import ModelAdapter
+from biasviz.adapters.base import Formed, ModelAdapter
 from biasviz.common.devices import placed
 from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.progress import Progress
@@ -36,7 +36,7 @@ from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
-from biasviz.summaries.replay import Formed, LayerExtras, replay_layer, row_blocks
+from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
 
 Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
@@ -55,12 +55,15 @@ def resolve_resolution(resolution: int | None, seq_len: int) -> int:
 
 
 Merge = Callable[[dict[tuple[str, int], QuantitySummary]], None]  # joins other processes' per-cell moments
+# torchrun with a model whose rows are formed again: every process's bank, joined in rank order on process 0
+# (None on the others, whose part ends there)
+Gather = Callable[[SampleBank], SampleBank | None]
 
 
 def summarise(
     adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
     batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
-    scratch: str | Path | None = None,
+    scratch: str | Path | None = None, gather: Gather | None = None,
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
     """Run ``adapter`` over ``ids`` (N, T) and return the summaries of ``layer_list`` (the model is in place).
 
@@ -72,6 +75,8 @@ def summarise(
 
     ``merge`` (torchrun): per-cell moments are kept whatever the batch, and ``merge`` joins every process's into
     these before they are summarised; ``total_samples`` is then the number of samples over all processes.
+    ``gather`` (torchrun, adapters that form rows again): the processes' banks are joined on process 0, which
+    forms the rows of every sample as one process would; the other processes return an empty result.
     """
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
@@ -80,7 +85,7 @@ def summarise(
         raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
                            "spread of a coarser map needs every sample of a cell in one process; run it in one "
                            "process")  # fmt: skip
-    replay = merge is None and adapter.replays and bool(adapter.causal)
+    replay = (merge is None or gather is not None) and adapter.replays and bool(adapter.causal)
     joint = not replay and merge is None and batch_size >= n
     has_bias = bool(adapter.adds_bias)
     modes = {"weights": "joint" if replay or joint else "cells"}
@@ -97,11 +102,14 @@ def summarise(
              if not (kind == "bias" and layer in direct)}  # fmt: skip
     extras: dict[int, PositionSummary] = {}
     if replay:
-        extras = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block)
+        got = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather)
+        if got is None:  # torchrun: process 0 summarises every sample
+            return {}
+        extras = got
     else:
         _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress)
-    if merge is not None:
-        merge(parts)
+        if merge is not None:
+            merge(parts)
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
     for (kind, layer), part in parts.items():
         out[layer][kind] = part.result(total_samples=total)
@@ -143,7 +151,8 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
 
 
 def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
-              batch: int, show: bool | None, scratch: str | Path | None, block: int) -> dict[int, PositionSummary]:
+              batch: int, show: bool | None, scratch: str | Path | None, block: int,
+              gather: Gather | None = None) -> dict[int, PositionSummary] | None:
     """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
 
     Progress counts blocks of query rows x samples x layers: a layer run in the forward counts as many
@@ -165,6 +174,12 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                     bank.start = start
                     adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
                     check_interrupted()
+            if gather is not None:
+                joined = gather(bank)
+                bank.close()
+                if joined is None:
+                    return None
+                bank, n = joined, joined.samples
             for layer in layer_list:
                 bar.set_phase(f"summarise: layer {layer}")
                 own = {kind: p for (kind, at), p in parts.items() if at == layer}
@@ -186,6 +201,7 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                 extras[layer] = PositionSummary(
                     positional_mean=None if positional is None else positional[0].cpu().numpy(),
                     positional_profile=None if positional is None else positional[1].cpu().numpy(),
+                    positional_diagnostics=None if positional is None else positional[2],
                     key_profile=extra.keys.result().cpu().numpy(),
                     sink_share=(extra.sinks / seq_len).float().cpu().numpy(),  # every query sees key 0
                 )
@@ -208,7 +224,7 @@ def summary_run(
     batch_size: int = 1, device: str | torch.device = "auto", model_dtype: str | torch.dtype | None = None,
     seed: int | None = None, text_source: str = "", attrs: Mapping[str, Any] | None = None,
     progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
-    scratch: str | Path | None = None,
+    scratch: str | Path | None = None, gather: Gather | None = None,
 ) -> tuple[dict[str, Any], list[int], dict[int, dict[str, Summary]], int]:  # fmt: skip
     """Checked windows -> (root attributes, layers, summaries, R); the model is left where and as it was."""
     if batch_size < 1:
@@ -225,7 +241,7 @@ def summary_run(
             meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
             summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
                                   progress=progress, merge=merge, total_samples=total_samples,
-                                  scratch=scratch)  # fmt: skip
+                                  scratch=scratch, gather=gather)  # fmt: skip
     finally:
         adapter.model.train(was_training)
     return meta, layer_list, summaries, r

@@ -16,10 +16,10 @@ from matplotlib.colors import Colormap, LogNorm, Normalize
 from biasviz.common.errors import BiasvizError
 
 #: What a panel can show: a bias, attention weights, or the standard deviation over samples of either.
-KINDS = ("bias", "weights", "bias_std", "weights_std")
+KINDS = ("bias", "weights", "bias_std", "weights_std", "positional")
 #: Default maps: perceptual sequential maps; a diverging map (white at 0) when values change sign.
 DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "bias_std": "viridis", "weights_std": "magma",
-                 "diverging": "RdBu_r"}  # fmt: skip
+                 "positional": "RdBu_r", "diverging": "RdBu_r"}  # fmt: skip
 #: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
 SIGN_TOLERANCE = 1e-3
 #: Linear scales of attention weights end at this percentile (the colorbar gets an arrow for larger ones).
@@ -138,6 +138,8 @@ def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_sc
     ranges = list(ranges) if ranges is not None else [ValueRange.of(np.asarray(m), with_top) for m in mats]
     if shared_scale:
         return [_scale(ValueRange.joined(ranges), kind, log, cmap, diverging)] * len(ranges) if ranges else []
+    if diverging is None and kind == "positional":  # P drawn relative to a reference: white at the reference
+        diverging = True
     if diverging is None:
         diverging = not log and not kind.endswith("_std") and any(_changes_sign(r.lo, r.hi) for r in ranges)
     return [_scale(r, kind, log, cmap, diverging) for r in ranges]

@@ -92,6 +92,7 @@ POSITIONAL_FROM_KEYS = (0, 4)  # over all keys, and past the first four (sinks, 
 KEY_PROFILE = "weights_key_profile"  # (stat, head, key): the weights by key over samples and queries i >= j
 KEY_PROFILE_DIMS = ("stat", "head", "key")
 SINK_SHARE = "sink_share"  # (sample, head): per sample, the mean over queries of the weight on key 0
+POSITIONAL_DIAGNOSTICS = "positional_diagnostics"  # (head,) compound, as DIAGNOSTICS, of P
 DIAGNOSTICS = "diagnostics"  # (head,) compound dataset
 DIAGNOSTIC_FIELDS = ("context_dependence", "toeplitz_residual", "separability_residual")
 BLOCK_SCALES = ("query_block", "key_block")  # root datasets: the first position of each block

@@ -280,9 +280,22 @@ class BiasFile(AttrChecks):
         """A summary's stored distance profile of ``kind``: (mean, std), each (head, distance), float64."""
         return self._layout(f"{kind} profile").read_profile(kind, self.resolve_layer(layer), self._checkpoint)
 
-    def stored_diagnostics(self, layer: int = -1) -> dict[str, np.ndarray]:
-        """A summary's diagnostics, computed at extraction at full resolution: field -> (head,), NaN if undefined."""
-        return self._layout("stored diagnostics").read_diagnostics(self.resolve_layer(layer), self._checkpoint)
+    def summary_array(self, name: str, layer: int = -1) -> np.ndarray:
+        """SPEC section 12 of a summary: ``positional_profile`` (from_key, head, distance), ``weights_key_profile``
+        (stat, head, key) or ``sink_share`` (sample, head), float64, checked."""
+        layout, resolved = self._layout(name.replace("_", " ")), self.resolve_layer(layer)
+        if name == "positional_profile":
+            return layout.read_positional_profile(resolved, self._checkpoint)
+        if name == "weights_key_profile":
+            return np.stack(layout.read_key_profile(resolved, self._checkpoint))
+        if name == "sink_share":
+            return layout.read_sink_share(resolved, self._checkpoint)
+        raise ValueError(f"not a section 12 array: {name!r}")
+
+    def stored_diagnostics(self, layer: int = -1, name: str = "diagnostics") -> dict[str, np.ndarray]:
+        """A summary's diagnostics, computed at extraction at full resolution: field -> (head,), NaN if undefined.
+        ``name``: ``diagnostics`` (the bias) or ``positional_diagnostics`` (the positional logits P)."""
+        return self._layout("stored diagnostics").read_diagnostics(self.resolve_layer(layer), self._checkpoint, name)
 
     def summary_datasets(self, layer: int = -1) -> tuple[str, ...]:
         """The names of the summary datasets a layer holds."""

@@ -22,6 +22,7 @@ from biasviz.store.format import (
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
     KEY_PROFILE,
+    POSITIONAL_DIAGNOSTICS,
     POSITIONAL_FROM_KEYS,
     POSITIONAL_PROFILE,
     PROFILE_STATS,
@@ -147,9 +148,10 @@ class SummaryLayout:
             raise self._damaged(f"{SINK_SHARE} of layer {layer} holds values outside [0, 1]")
         return p
 
-    def read_diagnostics(self, layer: int, checkpoint: int = 0) -> dict[str, np.ndarray]:
-        """The diagnostics computed at extraction: field -> float64 (head,), NaN where undefined."""
-        rec = self._read(layer, DIAGNOSTICS, checkpoint)
+    def read_diagnostics(self, layer: int, checkpoint: int = 0, name: str = DIAGNOSTICS) -> dict[str, np.ndarray]:
+        """The diagnostics computed at extraction (of the bias, or ``positional_diagnostics`` of P): field ->
+        float64 (head,), NaN where undefined."""
+        rec = self._read(layer, name, checkpoint)
         out = {f: np.asarray(rec[f], dtype=np.float64) for f in DIAGNOSTIC_FIELDS}
         for f, v in out.items():
             if np.isinf(v).any() or (v < 0).any():
@@ -190,7 +192,8 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
     checks._refuse_other_files(group)
     if not isinstance(checks._h5.get(group), h5py.Group):
         raise BiasvizError(f"{checks.path} lists layer {layer} but has no group {group}")
-    names = (*SUMMARY_MAPS, *PROFILES, DIAGNOSTICS, POSITIONAL_PROFILE, KEY_PROFILE, SINK_SHARE)
+    names = (*SUMMARY_MAPS, *PROFILES, DIAGNOSTICS, POSITIONAL_PROFILE, KEY_PROFILE, SINK_SHARE,
+             POSITIONAL_DIAGNOSTICS)
     held = tuple(n for n in names if checks._dataset(f"{group}/{n}") is not None)
     for kind, wanted in KIND_DATASETS.items():
         present = [n for n in wanted if n in held]
@@ -206,7 +209,7 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
     lengths = (t,) if layout.causal else (t, 2 * t - 1)
     for name in held:
         ds = checks._h5[f"{group}/{name}"]
-        if name == DIAGNOSTICS:
+        if name in (DIAGNOSTICS, POSITIONAL_DIAGNOSTICS):
             fields = ds.dtype.fields or {}
             if ds.shape != (*lead, h) or any(f not in fields or fields[f][0].kind != "f" for f in DIAGNOSTIC_FIELDS):
                 raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {(*lead, h)} records with float "

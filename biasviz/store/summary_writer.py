@@ -22,6 +22,7 @@ from biasviz.store.format import (
     FORMAT_VERSION,
     KEY_PROFILE,
     KEY_PROFILE_DIMS,
+    POSITIONAL_DIAGNOSTICS,
     POSITIONAL_FROM_KEYS,
     POSITIONAL_MEAN,
     POSITIONAL_PROFILE,
@@ -88,6 +89,8 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
         _write(f, grp, POSITIONAL_MEAN, [p.positional_mean for p in parts], SUMMARY_MAP_DIMS, checkpoints)
         _write(f, grp, POSITIONAL_PROFILE, [p.positional_profile for p in parts], POSITIONAL_PROFILE_DIMS,
                checkpoints)  # fmt: skip
+        _write(f, grp, POSITIONAL_DIAGNOSTICS, [np.asarray(p.positional_diagnostics) for p in parts], ("head",),
+               checkpoints)  # fmt: skip
     _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], KEY_PROFILE_DIMS, checkpoints)
     _write(f, grp, SINK_SHARE, [p.sink_share for p in parts], ("sample", "head"), checkpoints)
 
@@ -125,7 +128,7 @@ def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads
 def _write(f: h5py.File, grp: h5py.Group, name: str, parts: list[np.ndarray], dims: Sequence[str],
            checkpoints: Sequence[int] | None) -> None:  # fmt: skip
     data = parts[0] if checkpoints is None else np.stack(parts)
-    if name == DIAGNOSTICS:
+    if name in (DIAGNOSTICS, POSITIONAL_DIAGNOSTICS):
         data = np.asarray(data, dtype=[(k, np.float64) for k in DIAGNOSTIC_FIELDS])
     else:
         data = np.asarray(data, dtype=np.float32)
@@ -176,6 +179,8 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
                     one[layer]["position"] = SimpleNamespace(
                         positional_mean=grp[POSITIONAL_MEAN][()] if POSITIONAL_MEAN in grp else None,
                         positional_profile=grp[POSITIONAL_PROFILE][()] if POSITIONAL_PROFILE in grp else None,
+                        positional_diagnostics=grp[POSITIONAL_DIAGNOSTICS][()] if POSITIONAL_DIAGNOSTICS in grp
+                        else None,
                         key_profile=grp[KEY_PROFILE][()], sink_share=grp[SINK_SHARE][()])  # fmt: skip
             per_step.append(one)
     assert first is not None, "no parts to join"

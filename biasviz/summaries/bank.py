@@ -93,6 +93,10 @@ class SampleBank:
         else:
             array[self.start : self.start + values.shape[0]] = values.detach()
 
+    def names(self) -> list[tuple[int, str]]:
+        """Every (layer, name) held."""
+        return list(self._arrays)
+
     def has(self, layer: int, name: str) -> bool:
         return (layer, name) in self._arrays
 

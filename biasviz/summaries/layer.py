@@ -48,7 +48,7 @@ class QuantitySummary:
         self.heads, self.seq_len, self.causal = heads, seq_len, causal
         self.maps = BlockMaps(heads, seq_len, block, device, ("mean", "std"), causal=causal)
         self.diagonals = DiagonalSums(heads, seq_len, device)
-        self.measures = BiasMeasureSums(heads, seq_len, device) if kind == "bias" else None
+        self.measures = BiasMeasureSums(heads, seq_len, device) if kind in ("bias", "positional") else None
         self.cells = CellMoments((heads, seq_len, seq_len), device) if mode == "cells" else None
         self.samples = 0  # samples seen so far (batches ended)
         self._batch = 0  # samples in the current batch
@@ -117,6 +117,7 @@ class QuantitySummary:
         n = self.samples if total_samples is None else total_samples
         diagnostics = None
         if self.measures is not None:
-            diagnostics = self.measures.results(n, self.diagonals.toeplitz_rss())
+            # P is one matrix over all samples: it has no spread of its own, so no context dependence
+            diagnostics = self.measures.results(0 if self.kind == "positional" else n, self.diagonals.toeplitz_rss())
         return Summary(mean=self.maps.result("mean").cpu().numpy(), std=self.maps.result("std").cpu().numpy(),
                        profile=self.diagonals.profile().cpu().numpy(), diagnostics=diagnostics)  # fmt: skip

@@ -26,6 +26,7 @@ class PositionSummary:
 
     positional_mean: np.ndarray | None  # (H, nb, nb) block means of P; None with one sample
     positional_profile: np.ndarray | None  # (2, H, T) P by distance: over all keys, over keys j >= 4
+    positional_diagnostics: np.ndarray | None  # (H,) Toeplitz and separability residuals of P (SPEC 6, 10)
     key_profile: np.ndarray  # (2, H, T) the weights by key j: mean, std over samples and queries i >= j
     sink_share: np.ndarray  # (N, H) per sample: mean over queries of w(i, 0)
 
@@ -57,8 +58,9 @@ class Positional:
         self.first[:, r0 : r0 + rows, :keep] = p[..., :keep]
         self.part.add_moments(r0, p.float(), None)
 
-    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(H, nb, nb) block means of P, and its distance profile (2, H, T): over all cells, over keys j >= 4."""
+    def result(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """(H, nb, nb) block means of P, its distance profile (2, H, T) over all cells and over keys j >= 4, and
+        its diagnostics (H,) at full resolution (context dependence NaN: P is one matrix for all samples)."""
         summary = self.part.result(total_samples=self.n)
         t = self.seq_len
         mean_all = torch.as_tensor(summary.profile[0], dtype=torch.float64, device=self.first.device)  # (H, T) by d
@@ -75,7 +77,8 @@ class Positional:
         from_key = (mean_all * count_all - early) / rest.clamp(min=1)
         from_key = torch.where(rest > 0, from_key, float("nan"))
         profile = torch.stack([mean_all, from_key]).float()
-        return torch.as_tensor(summary.mean), profile
+        assert summary.diagnostics is not None
+        return torch.as_tensor(summary.mean), profile, summary.diagnostics
 
 
 class KeyProfile:

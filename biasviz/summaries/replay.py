@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from biasviz.adapters.base import Formed
 from biasviz.common.errors import check_interrupted
 from biasviz.model.attention import query_blocks
 from biasviz.summaries.layer import QuantitySummary
@@ -30,15 +31,6 @@ CHUNK_CELLS = 1 << 20  # cells finished and pooled at a time (4 MiB of float32: 
 # temporary (their float64 folds past 16 samples); the bias, scores and weights formed for one sample;
 # a bias that varies over samples keeps sums of its own
 CELL_BYTES, VARYING_BIAS_BYTES = 72, 28
-
-
-@dataclass
-class Formed:
-    """One sample's rows r0 .. r1 - 1 of a layer, (1, H, rows, r1) each, as the attention forms them."""
-
-    bias: torch.Tensor | None  # the additive part (None: the model adds none, or it was not asked for)
-    weights: torch.Tensor  # after the softmax, 0 where a query does not look
-    scores: torch.Tensor  # the softmax's input (before the causal mask)
 
 
 Former = Callable[[int, int, int, int, bool], Formed]  # (layer, sample, r0, r1, want_bias)

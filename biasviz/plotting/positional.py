@@ -1,0 +1,132 @@
+"""Figures of SPEC section 12 from a summary: the positional logits P, their distance profile, and the sinks.
+
+P(i, j) is the score a query at i of one text gives a key at j of another, averaged over pairs of texts, plus
+the mean additive part: what position alone gives, for RoPE and NoPE as for ALiBi. The softmax ignores a
+constant per query row, and each head's P has its own offset, so the grid draws each head's P relative to its
+own value at distance 0 (a diverging map, white where P equals P(d = 0)), and says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from biasviz.common.errors import BiasvizError
+from biasviz.diagnostics.stored import SINK_EPSILON
+from biasviz.plotting.diagnostics_plots import PALETTE
+from biasviz.plotting.heatmap import figure_width_in, grid_shape, head_grid
+from biasviz.plotting.load import HeadMatrices, load_summary_heads
+from biasviz.plotting.scales import ValueRange
+from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wrap_title
+from biasviz.store import BiasFile
+
+
+def need_position(bf: BiasFile, layer: int, what: str, positional: bool = True) -> int:
+    """The resolved layer, or one error saying why the file holds no SPEC section 12 data of it."""
+    resolved = bf.resolve_layer(layer)
+    if bf.summary is None:
+        raise BiasvizError(f"{what} are computed by 'biasviz extract --summary' (from the sums of q and k over "
+                           f"samples); {bf.path} is a full file: extract a summary of the same windows")  # fmt: skip
+    if bf.bias_only:
+        raise BiasvizError(f"{what} need a forward pass over text; {bf.path} was made with --bias-only")
+    name = "positional_mean" if positional else "weights_key_profile"
+    if not bf.summary.holds(resolved, name):
+        if positional and bf.n_samples < 2:
+            raise BiasvizError(f"positional logits need two samples or more (P pairs a query of one text with keys "
+                               f"of another); {bf.path} holds {bf.n_samples}: extract with --samples 2 or more")
+        raise BiasvizError(f"{bf.path} holds no {what} for layer {resolved}: it was made before biasviz stored "
+                           "them, or by a model whose attention biasviz cannot form again; extract it again")
+    return resolved
+
+
+def positional_heads(bf: BiasFile, layer: int, *, reduce: str = "mean", max_cells: int = 512) -> HeadMatrices:
+    """Each head's P map minus its own value at distance 0 (the diagonal's mean), ready for :func:`head_grid`."""
+    resolved = need_position(bf, layer, "positional logits")
+    heads = load_summary_heads(bf, "positional_mean", layer=resolved, reduce=reduce, max_cells=max_cells)
+    at_zero = bf.summary_array("positional_profile", resolved)[0, :, 0]  # (H,) P at d = 0, over all keys
+    heads.data = heads.data - at_zero[:, None, None]
+    full = bf.summary_map("positional_mean", resolved) - at_zero[:, None, None]  # what the scales span
+    heads.ranges = [ValueRange.of(m, percentile=False) for m in full]
+    return heads
+
+
+def positional_grid(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE,
+                    shared_scale: bool = False, cmap: str | None = None, max_cells: int = 512) -> Figure:  # fmt: skip
+    heads = positional_heads(bf, layer, max_cells=max_cells)
+    block = bf.block or 1
+    blocks = f", blocks of {block} × {block} positions" if block > 1 else ""
+    title = (f"{scheme}, layer {heads.layer}: positional logits P(i, j) − P(d = 0) of each head, "
+             f"over {bf.n_samples} samples{blocks}")  # fmt: skip
+    return head_grid(heads, kind="positional", shared_scale=shared_scale, cmap=cmap, style=style, causal=True,
+                     suptitle=title)  # fmt: skip
+
+
+def positional_profile_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE,
+                              log_distance: bool = False) -> Figure:  # fmt: skip
+    """Per head: P(d) over all keys and over keys j >= 4, and b(d) where the model adds a bias, in logits."""
+    resolved = need_position(bf, layer, "positional logits")
+    p = bf.summary_array("positional_profile", resolved)  # (2, H, T)
+    bias = bf.profile("bias", resolved)[0] if bf.summary.holds(resolved, "bias_profile") else None
+    lines = [("P(d), all keys", p[0], "-"), ("P(d), keys j ≥ 4", p[1], "--")]
+    if bias is not None:
+        lines.append(("b(d), the additive part", bias, ":"))
+    title = f"{scheme}, layer {resolved}: positional logits by distance, over {bf.n_samples} samples"
+    return _per_head(lines, title, "Logit", "Distance $i - j$", style, log_distance)
+
+
+def sinks_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE,
+                 keys: int = 16) -> Figure:  # fmt: skip
+    """Per head: the weights' key profile over the first ``keys`` keys; key 0's share is the sink share."""
+    resolved = need_position(bf, layer, "the weights' key profile", positional=False)
+    mean = bf.summary_array("weights_key_profile", resolved)[0][:, :keys]  # (H, keys)
+    share = bf.summary_array("sink_share", resolved)  # (N, H)
+    sink_mean = int((mean[:, 0] > SINK_EPSILON).sum())
+    per_sample = float((share > SINK_EPSILON).mean())
+    title = (f"{scheme}, layer {resolved}: mean weight on key j over {bf.n_samples} samples and the queries that "
+             f"see it; sink heads (key 0 > {SINK_EPSILON}): {sink_mean} of {mean.shape[0]} from the mean, "
+             f"{100 * per_sample:.0f}% of (sample, head) pairs")  # fmt: skip
+    return _per_head([("mean weight", mean, "-")], title, "Weight", "Key position $j$", style, False,
+                     threshold=SINK_EPSILON, markers=True)  # fmt: skip
+
+
+def _per_head(lines: list[tuple[str, np.ndarray, str]], title: str, ylabel: str, xlabel: str, style: str | None,
+              log_distance: bool, threshold: float | None = None, markers: bool = False) -> Figure:  # fmt: skip
+    heads = lines[0][1].shape[0]
+    with paper_context(style) if style else _null() as width:
+        rows, cols = grid_shape(heads)
+        width = width or 6.0
+        size = font_sizes(width)["base"]
+        wrapped = wrap_title(title, width, size)
+        fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.45 + 0.17 * wrapped.count("\n")),
+                     layout="constrained")  # fmt: skip
+        axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
+        for h, ax in enumerate(axes[:heads]):
+            for k, (label, values, ls) in enumerate(lines):
+                x = np.arange(values.shape[-1])
+                y = values[h]
+                if log_distance:
+                    x, y = x[1:], y[1:]
+                ax.plot(x, y, ls, color=PALETTE[k % len(PALETTE)], lw=0.9, label=label,
+                        marker="o" if markers else None, ms=2)  # fmt: skip
+            if threshold is not None:
+                ax.axhline(threshold, color="0.5", lw=0.6, ls="--")
+            if log_distance:
+                ax.set_xscale("log")
+            ax.set_title(f"head {h + 1}", fontsize=size)
+            ax.tick_params(labelsize=size * 0.85)
+        for ax in axes[heads:]:
+            ax.set_visible(False)
+        if len(lines) > 1:
+            fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(lines),
+                       fontsize=size * 0.9, frameon=False)  # fmt: skip
+        fig.supxlabel(xlabel, fontsize=size)
+        fig.supylabel(ylabel, fontsize=size)
+        fig.suptitle(wrapped, fontsize=size)
+        assert figure_width_in(fig) > 0
+    return fig
+
+
+def _null():  # noqa: ANN202 - a context yielding no width
+    import contextlib
+
+    return contextlib.nullcontext(None)

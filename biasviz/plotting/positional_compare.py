@@ -1,0 +1,109 @@
+"""Positional logits of several schemes side by side, at the training length and far past it (SPEC section 12).
+
+``python -m biasviz.plotting.positional_compare SHORT.h5 LONG.h5 [SHORT.h5 LONG.h5 ...] --out STEM`` takes
+summary pairs of one model each (the same model at two lengths, two samples or more) and draws one column per
+model: its most positional head's P(i, j) at the short length and at the long one, and every head's P(d)
+at the long length. P is what position alone gives a score, measured the same way for a bias (ALiBi, KERPLE,
+FIRE, T5, CABLE), a rotation (RoPE) or nothing at all (NoPE): the comparison the CABLE paper makes in words.
+Each head is drawn relative to its own P at distance 0 (the softmax ignores a constant per query row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+
+from biasviz.common.errors import BiasvizError
+from biasviz.plotting.positional import need_position
+from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
+
+
+def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
+    """(scheme, T, samples, P map relative to P(0) (H, nb, nb), P(d) - P(0) over all keys (H, T), block)."""
+    from biasviz.store import open_bias_file
+
+    with open_bias_file(path, isolated=True) as bf:
+        layer = need_position(bf, -1, "positional logits")
+        profile = bf.summary_array("positional_profile", layer)[0]  # (H, T)
+        p_map = bf.summary_map("positional_mean", layer) - profile[:, :1, None]
+        return bf.scheme, bf.seq_len, bf.n_samples, p_map, profile - profile[:, :1], bf.block or 1
+
+
+def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE, note: str = "") -> Figure:
+    columns = [(_read(short), _read(long)) for short, long in pairs]
+    with paper_context(style) as width:
+        width = width or 6.75
+        size = font_sizes(width)["base"]
+        cols = len(columns)
+        panel = width / cols
+        title = "Positional logits P(i, j) − P(d = 0): the most positional head at the training length and far past it"
+        if note:
+            title += f"; {note}"
+        wrapped = wrap_title(title, width, size)
+        fig = Figure(figsize=(width, 3 * panel + 0.9 + 0.15 * wrapped.count("\n")), layout="constrained")
+        axes = fig.subplots(3, cols, squeeze=False)
+        for c, (short, long) in enumerate(columns):
+            scheme, t_long, n, map_long, prof_long, _ = long
+            head = int(np.nanargmax(np.nanmax(prof_long, -1) - np.nanmin(prof_long, -1)))  # the widest P(d)
+            bound = max(float(np.nanmax(np.abs(m[head]))) for m in (short[3], map_long)) or 1.0
+            norm = Normalize(-bound, bound)
+            image = None
+            for r, (t, m) in enumerate(((short[1], short[3]), (t_long, map_long))):
+                ax = axes[r, c]
+                image = ax.imshow(m[head], cmap="RdBu_r", norm=norm, extent=(0, t, t, 0), interpolation="nearest")
+                ax.set_facecolor("0.85")  # cells no query sees (j > i): neutral grey, no value maps to it
+                ax.set_xticks([0, t])
+                ax.set_yticks([0, t])
+                ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
+                if c == 0:
+                    ax.set_ylabel(f"query i\nT = {t}" if r == 0 else f"query i\nT = {t}", fontsize=size * 0.85)
+            axes[0, c].set_title(f"{literal(scheme)}\nhead {head + 1}", fontsize=size)
+            cbar = fig.colorbar(image, ax=axes[:2, c], location="bottom", shrink=0.9, aspect=12, pad=0.02)
+            cbar.ax.tick_params(labelsize=size * 0.75, length=2)
+            cbar.set_label("logit", fontsize=size * 0.8)
+            ax = axes[2, c]
+            d = np.arange(1, t_long)
+            for h in range(prof_long.shape[0]):
+                ax.plot(d, prof_long[h, 1:], lw=1.2 if h == head else 0.5, color="C3" if h == head else "0.55",
+                        zorder=3 if h == head else 2)  # fmt: skip
+            ax.set_xscale("log")
+            ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
+            if c == 0:
+                ax.set_ylabel("P(d) − P(0)", fontsize=size * 0.85)
+        fig.supxlabel(f"key j (maps); distance d = i − j (bottom row, every head, T = {columns[0][1][1]}); "
+                      f"{columns[0][1][2]} samples per length", fontsize=size * 0.9)  # fmt: skip
+        fig.suptitle(wrapped, fontsize=size)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", type=Path, help="summary files in pairs: the short length, then the long")
+    p.add_argument("--out", type=Path, required=True, help="output stem: STEM.pdf and STEM.png")
+    p.add_argument("--note", default="", help="a clause added to the title (where the models come from)")
+    args = p.parse_args(argv)
+    try:
+        if len(args.files) % 2:
+            raise BiasvizError("give the summary files in pairs: each model at the short length, then the long")
+        from biasviz.plotting.save import save_figure
+
+        pairs = list(zip(args.files[0::2], args.files[1::2], strict=True))
+        fig = compare_figure(pairs, note=args.note)
+        written = save_figure(fig, args.out, ["pdf", "png"], dpi=300,
+                              info={"title": "Positional logits side by side", "source": " ".join(map(str, args.files)),
+                                    "keywords": "biasviz; positional logits; comparison"})  # fmt: skip
+    except BiasvizError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
