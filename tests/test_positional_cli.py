@@ -1,0 +1,151 @@
+"""SPEC section 12 from the command line: plot --kind positional / sinks / profile, diagnose, and bad input.
+
+Files come from ``biasviz extract --summary`` on small saved models; what the figures and the JSON show is
+compared with the file's own arrays read with h5py and reduced by numpy, never with biasviz's readers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+import biasviz.plotting.save as save_module
+from biasviz.diagnostics.measures import diagnose_array
+from tests.conftest import run_cli, small_model
+
+T = 40
+TEXT = "def f(x):\n    return [x * i for i in range(10)]  # a line of code\n" * 300
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import pytest as _pytest
+
+    d = tmp_path_factory.mktemp("pos")
+    (d / "text.txt").write_text(TEXT)
+    for scheme in ("rope", "alibi"):
+        small_model(scheme, vocab_size=300).save_pretrained(d / scheme)
+    common = ["extract", "--text", str(d / "text.txt"), "--seq-len", str(T), "--device", "cpu", "--quiet",
+              "--summary"]  # fmt: skip
+    made = {"rope": ["--model", str(d / "rope"), "--samples", "3", "--resolution", str(T)],
+            "alibi": ["--model", str(d / "alibi"), "--samples", "3", "--resolution", "8"],
+            "one": ["--model", str(d / "rope"), "--samples", "1", "--resolution", str(T)]}  # fmt: skip
+    from biasviz.cli import main
+
+    for name, args in made.items():
+        try:
+            main([*common, *args, "--out", str(d / f"{name}.h5")])
+        except SystemExit as exc:
+            _pytest.fail(f"extract {name} exited {exc.code}")
+    text = ["--text", str(d / "text.txt")]
+    for name, args in (("bias-only", ["--bias-only", "--resolution", "8"]), ("full", ["--samples", "2", *text])):
+        base = ["extract", "--model", str(d / "alibi"), "--seq-len", str(T), "--device", "cpu", "--quiet"]
+        try:
+            main([*base, *args, "--out", str(d / f"{name}.h5")])
+        except SystemExit as exc:
+            _pytest.fail(f"extract {name} exited {exc.code}")
+    return {name: d / f"{name}.h5" for name in ("rope", "alibi", "one", "bias-only", "full")}
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    caught: dict[str, Any] = {}
+    original = save_module.save_figure
+
+    def catch(fig: Any, stem: Any, *args: Any, **kwargs: Any) -> Any:
+        caught[Path(stem).name] = fig
+        return original(fig, stem, *args, **kwargs)
+
+    monkeypatch.setattr(save_module, "save_figure", catch)
+    return caught
+
+
+def test_the_positional_grid_draws_each_heads_p_relative_to_its_value_at_distance_0(
+    files: dict[str, Path], figures: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    code, out, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "positional",
+                              "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    assert code == 0, err
+    assert (tmp_path / "rope_positional.pdf").is_file() and (tmp_path / "rope_positional.png").is_file()
+    with h5py.File(files["rope"]) as f:
+        p = f["layer_1/positional_mean"][()].astype(np.float64)  # (H, T, T) at R = T
+    at_zero = np.array([np.diagonal(p[h]).mean() for h in range(p.shape[0])])
+    fig = figures["rope_positional"]
+    shown = [ax.get_images()[0].get_array() for ax in fig.axes if ax.get_images()]
+    assert len(shown) == 12
+    for h, image in enumerate(shown):
+        want = p[h] - at_zero[h]
+        got = np.ma.filled(np.ma.asarray(image, dtype=np.float64), np.nan)
+        lower = np.tril(np.ones((T, T), bool))
+        np.testing.assert_allclose(got[lower], want[lower], rtol=1e-5, atol=1e-6)
+    assert "P(d = 0)" in fig.get_suptitle() and "3 samples" in fig.get_suptitle()
+
+
+def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    code, _, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "sinks",
+                            "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    assert code == 0, err
+    with h5py.File(files["rope"]) as f:
+        key0 = f["layer_1/weights_key_profile"][0, :, :16]
+        share = f["layer_1/sink_share"][()]
+        p_all, p_late = f["layer_1/positional_profile"][()]
+    lines = [ax.get_lines()[0].get_ydata() for ax in figures["rope_sinks"].axes if ax.get_lines()]
+    np.testing.assert_allclose(np.array(lines), key0, rtol=1e-6)
+    title = figures["rope_sinks"].get_suptitle()
+    assert f"{int((key0[:, 0] > 0.3).sum())} of 12 from the mean" in title
+    assert f"{100 * (share > 0.3).mean():.0f}% of (sample, head) pairs" in title
+    code, out, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "profile",
+                              "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    assert code == 0, err
+    assert "rope_positional_profile.pdf" in out and "rope_weights_profile.pdf" in out
+    ax = next(a for a in figures["rope_positional_profile"].axes if a.get_lines())
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), p_all[0], rtol=1e-6)
+    np.testing.assert_allclose(ax.get_lines()[1].get_ydata(), p_late[0], rtol=1e-6, equal_nan=True)
+
+
+def test_diagnose_reports_ps_residuals_and_the_sink_heads(files: dict[str, Path], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    code, _, err = run_cli(["diagnose", str(files["rope"]), str(files["alibi"]), "--json", str(tmp_path / "d.json"),
+                            "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    assert code == 0, err
+    doc = json.loads((tmp_path / "d.json").read_text())["schemes"]
+    assert doc["rope"]["heads"] == []  # no bias, but measured all the same
+    with h5py.File(files["rope"]) as f:
+        p = f["layer_1/positional_mean"][()].astype(np.float64)
+        share = f["layer_1/sink_share"][()].astype(np.float64)
+        first = f["layer_1/weights_key_profile"][0, :, 0].astype(np.float64)
+    ref = diagnose_array(p[None])  # P as one (query, key) matrix per head, by the definitions of section 6
+    for h, d in enumerate(ref):
+        got = doc["rope"]["positional"]["heads"][h]
+        assert got["context_dependence"] is None
+        assert got["toeplitz_residual"] == pytest.approx(d.toeplitz_residual, rel=1e-4, abs=1e-6)
+        assert got["separability_residual"] == pytest.approx(d.separability_residual, rel=1e-4, abs=1e-6)
+    sinks = doc["rope"]["sinks"]
+    assert sinks["epsilon"] == 0.3
+    np.testing.assert_allclose(sinks["share_per_head"], first, rtol=1e-6)
+    assert sinks["sink_heads_per_sample"] == pytest.approx((share > 0.3).mean())
+    assert "positional" in doc["alibi"] and len(doc["alibi"]["heads"]) == 12
+
+
+@pytest.mark.parametrize(("name", "kind", "words"), [
+    ("one", "positional", "two samples or more"),
+    ("bias-only", "positional", "--bias-only"),
+    ("bias-only", "sinks", "--bias-only"),
+    ("full", "positional", "extract --summary"),
+])  # fmt: skip
+def test_position_figures_of_files_without_them_are_one_error(files: dict[str, Path], tmp_path: Path, name: str,
+                                                              kind: str, words: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    scheme = "rope" if name == "one" else "alibi"
+    code, _, err = run_cli(["plot", "--scheme", scheme, "--input", str(files[name]), "--kind", kind, "--out-dir",
+                            str(tmp_path / "out")], capsys)  # fmt: skip
+    assert code != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:") and words in lines[0], err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
