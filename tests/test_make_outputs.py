@@ -23,6 +23,7 @@ MAKEFILE = (ROOT / "Makefile").read_text()
 SCHEMES = re.search(r"^SCHEMES := (.+)$", MAKEFILE, re.M).group(1).split()
 DYNAMICS = re.search(r"^DYNAMICS := (.+)$", MAKEFILE, re.M).group(1).strip()
 LONG = re.search(r"^LONG\s+:= (.+)$", MAKEFILE, re.M).group(1).split()
+POSITIONAL = [*SCHEMES, *re.search(r"^POSITIONAL := \$\(SCHEMES\) (.+)$", MAKEFILE, re.M).group(1).split()]
 
 
 def made_by_make() -> set[str]:
@@ -34,6 +35,9 @@ def made_by_make() -> set[str]:
     paths |= {f"data/{DYNAMICS}-sweep.h5", f"figures/{DYNAMICS}_dynamics.pdf", f"figures/{DYNAMICS}_dynamics.png",
               f"figures/{DYNAMICS}_training.pdf", f"figures/{DYNAMICS}_training.png"}  # fmt: skip
     paths |= {f"data/{s}-long.h5" for s in LONG}
+    for s in POSITIONAL:
+        paths |= {f"runs/{s}", f"data/{s}-pos-short.h5", f"data/{s}-pos-long.h5"}
+    paths |= {"figures/positional.pdf", "figures/positional.png"}
     return paths | {"figures/diagnostics.pdf", "figures/diagnostics.png"}
 
 

@@ -34,6 +34,13 @@ def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
         return bf.scheme, bf.seq_len, bf.n_samples, p_map, profile - profile[:, :1], bf.block or 1
 
 
+def _short(v: float) -> str:
+    """A colorbar end in at most four characters: '-1.3k', '0.59', '80', '110'."""
+    if abs(v) >= 1000:
+        return f"{v / 1000:.2g}k"
+    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}"
+
+
 def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE, note: str = "") -> Figure:
     columns = [(_read(short), _read(long)) for short, long in pairs]
     with paper_context(style) as width:
@@ -45,27 +52,27 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
         if note:
             title += f"; {note}"
         wrapped = wrap_title(title, width, size)
-        fig = Figure(figsize=(width, 3 * panel + 0.9 + 0.15 * wrapped.count("\n")), layout="constrained")
+        fig = Figure(figsize=(width, 3 * panel + 1.3 + 0.15 * wrapped.count("\n")), layout="constrained")
         axes = fig.subplots(3, cols, squeeze=False)
         for c, (short, long) in enumerate(columns):
             scheme, t_long, n, map_long, prof_long, _ = long
             head = int(np.nanargmax(np.nanmax(prof_long, -1) - np.nanmin(prof_long, -1)))  # the widest P(d)
-            bound = max(float(np.nanmax(np.abs(m[head]))) for m in (short[3], map_long)) or 1.0
-            norm = Normalize(-bound, bound)
-            image = None
             for r, (t, m) in enumerate(((short[1], short[3]), (t_long, map_long))):
                 ax = axes[r, c]
-                image = ax.imshow(m[head], cmap="RdBu_r", norm=norm, extent=(0, t, t, 0), interpolation="nearest")
+                bound = float(np.nanmax(np.abs(m[head]))) or 1.0  # each map its own scale: P grows with length
+                image = ax.imshow(m[head], cmap="RdBu_r", norm=Normalize(-bound, bound), extent=(0, t, t, 0),
+                                  interpolation="nearest")  # fmt: skip
                 ax.set_facecolor("0.85")  # cells no query sees (j > i): neutral grey, no value maps to it
                 ax.set_xticks([0, t])
                 ax.set_yticks([0, t])
                 ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
                 if c == 0:
-                    ax.set_ylabel(f"query i\nT = {t}" if r == 0 else f"query i\nT = {t}", fontsize=size * 0.85)
+                    ax.set_ylabel(f"query i\nT = {t}", fontsize=size * 0.85)
+                cbar = fig.colorbar(image, ax=ax, location="bottom", shrink=0.95, aspect=10, pad=0.03,
+                                    ticks=[-bound, 0, bound])  # fmt: skip
+                cbar.ax.set_xticklabels([_short(-bound), "0", _short(bound)])
+                cbar.ax.tick_params(labelsize=size * 0.7, length=2, pad=1)
             axes[0, c].set_title(f"{literal(scheme)}\nhead {head + 1}", fontsize=size)
-            cbar = fig.colorbar(image, ax=axes[:2, c], location="bottom", shrink=0.9, aspect=12, pad=0.02)
-            cbar.ax.tick_params(labelsize=size * 0.75, length=2)
-            cbar.set_label("logit", fontsize=size * 0.8)
             ax = axes[2, c]
             d = np.arange(1, t_long)
             for h in range(prof_long.shape[0]):
@@ -75,8 +82,9 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
             ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
             if c == 0:
                 ax.set_ylabel("P(d) − P(0)", fontsize=size * 0.85)
-        fig.supxlabel(f"key j (maps); distance d = i − j (bottom row, every head, T = {columns[0][1][1]}); "
-                      f"{columns[0][1][2]} samples per length", fontsize=size * 0.9)  # fmt: skip
+        xlabel = (f"maps: key j, colours in logits; bottom: P(d) − P(0) by distance d = i − j, every head at "
+                  f"T = {columns[0][1][1]} (the mapped head in red); {columns[0][1][2]} samples per length")
+        fig.supxlabel(wrap_title(xlabel, width, size * 0.9), fontsize=size * 0.9)
         fig.suptitle(wrapped, fontsize=size)
     return fig
 

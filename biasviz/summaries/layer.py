@@ -27,6 +27,19 @@ MODES = ("shared", "joint", "cells")
 CELLS_PER_STEP = 1 << 22  # cells (heads x rows x keys) summarised at a time: bounds the temporaries
 
 
+def zero_above(v: torch.Tensor, row0: int) -> torch.Tensor:
+    """A copy of the causal row block ``v`` (..., rows, row0 + rows) with 0 where key j > query i.
+
+    Such cells lie in the block's trailing square only, so only that square is masked (a mask over the whole
+    block costs twenty times a copy on the CPU).
+    """
+    rows, keys = v.shape[-2:]
+    out = v.clone()
+    square = out[..., keys - rows :]
+    square.copy_(torch.where(used_cells(0, rows, rows, True, v.device), square, 0.0))
+    return out
+
+
 @dataclass
 class Summary:
     """What a file keeps of one quantity of one layer (SPEC section 11)."""
@@ -91,18 +104,22 @@ class QuantitySummary:
         step = max(1, CELLS_PER_STEP // max(1, self.heads * keys))
         if rows > step:
             for r in range(0, rows, step):
-                self.add_moments(row0 + r, mean[:, r : r + step], None if spread is None else spread[:, r : r + step])
+                cut = row0 + r + step if self.causal else keys  # a causal row block uses no key past its last row
+                self.add_moments(row0 + r, mean[:, r : r + step, :cut],
+                                 None if spread is None else spread[:, r : r + step, :cut])  # fmt: skip
             return
+        if self.causal and keys > row0 + rows:  # keys no query of these rows sees
+            mean, spread = mean[..., : row0 + rows], None if spread is None else spread[..., : row0 + rows]
+            keys = row0 + rows
         # weights are 0 wherever a query does not look; a bias holds values (or NaN) there, to be left out
-        zero_outside = self.kind == "weights" or not self.causal
-        used = None if zero_outside else used_cells(row0, rows, keys, self.causal, mean.device)
+        if self.causal and self.kind != "weights":
+            mean, spread = zero_above(mean, row0), None if spread is None else zero_above(spread, row0)
         values = {"mean": mean} if spread is None else {"mean": mean, "std": spread}
-        if not self.maps.add(row0, values, used):
+        if not self.maps.add(row0, values, None):
             raise non_finite_error(self.kind, self.layer)
         self.diagonals.add(row0, mean, spread)
         if self.measures is not None:
-            lower = used if used is not None else used_cells(row0, rows, keys, True, mean.device)
-            self.measures.add(row0, mean, spread, lower)
+            self.measures.add(row0, mean, spread, causal=self.causal)
 
     def result(self, total_samples: int | None = None) -> Summary:
         """The finished summary; ``total_samples`` (all processes') decides whether context dependence is defined."""

@@ -36,18 +36,26 @@ class BiasMeasureSums:
         self.col_sum = torch.zeros(heads, seq_len, **f64)  # Σ_{i>j} b̄(i, j), by j
         self.squares = torch.zeros(heads, 2, **f64)  # Σ_{j<i} b̄², Σ_i b̄(i, i)²
 
-    def add(self, row0: int, mean: torch.Tensor, spread: torch.Tensor | None, lower: torch.Tensor) -> None:
-        """Rows ``row0 ..``: ``mean``/``spread`` (H, rows, K); ``lower`` (rows, K) marks j <= i."""
-        rows, keys = lower.shape
+    def add(self, row0: int, mean: torch.Tensor, spread: torch.Tensor | None, causal: bool = True) -> None:
+        """Rows ``row0 ..``: ``mean``/``spread`` (H, rows, K), 0 in the cells j > i (a causal block has
+        K = row0 + rows; otherwise every cell is used). In float64: the separability residual is a difference of
+        two large sums; the shifted values are exactly 0 where the mean equals its first cell."""
+        rows, keys = mean.shape[-2:]
         if row0 == 0:
             self.ref = mean[:, 0, 0].double()
-        m = torch.where(lower, mean.double(), 0.0)  # (H, rows, K)
-        dev = torch.where(lower, m - self.ref[:, None, None], 0.0)
+        m = mean.double()  # (H, rows, K)
+        dev = m - self.ref[:, None, None]
+        if causal:  # the cells j > i, all in the trailing square, hold -ref: back to 0
+            from biasviz.summaries.layer import zero_above
+
+            dev = zero_above(dev, row0)
+            self.cells += rows * (rows + 1) // 2 + rows * row0
+        else:
+            self.cells += rows * keys
         self.shifted[:, 0] += dev.sum((1, 2))
         self.shifted[:, 1] += (dev * dev).sum((1, 2))
-        self.cells += int(lower.sum())
         if spread is not None:
-            self.spread_sum += torch.where(lower, spread.double(), 0.0).sum((1, 2))
+            self.spread_sum += spread.sum((1, 2), dtype=torch.float64)
         diag = torch.diagonal(m[:, :, row0 : row0 + rows], dim1=1, dim2=2)  # (H, rows): b̄(i, i)
         self.row_sum[:, row0 : row0 + rows] += m.sum(-1) - diag
         self.col_sum[:, :keys] += m.sum(1)

@@ -37,8 +37,10 @@ class Positional:
     def __init__(self, q_sum: torch.Tensor, k_sum: torch.Tensor, *, layer: int, scale: float, samples: int,
                  seq_len: int, block: int, device: torch.device) -> None:  # fmt: skip
         heads = q_sum.shape[1]
-        self.q = q_sum.permute(1, 0, 2).contiguous()  # (H, T, hd) float64
-        self.k = k_sum.permute(1, 0, 2).contiguous()
+        # float32 is enough: Q·K is about N² times a single q·k and is divided by N(N - 1), so its rounding
+        # stays at float32's resolution of one score; the sums themselves were taken in float64
+        self.q = (q_sum * (scale / (samples * (samples - 1)))).permute(1, 0, 2).float().contiguous()  # (H, T, hd)
+        self.k = k_sum.permute(1, 0, 2).float().contiguous()
         self.scale, self.n, self.seq_len = float(scale), samples, seq_len
         self.part = QuantitySummary("positional", layer, heads=heads, seq_len=seq_len, block=block, causal=True,
                                     mode="joint", device=device)  # fmt: skip
@@ -47,16 +49,15 @@ class Positional:
     def add(self, r0: int, scores_mean: torch.Tensor, bias_mean: torch.Tensor | None) -> None:
         """Rows r0 .. r0 + rows - 1 from the block's per-cell mean scores (H, rows, r1) and mean bias (or None)."""
         rows, r1 = scores_mean.shape[-2:]
-        n = self.n
-        cross = self.q[:, r0 : r0 + rows] @ self.k[:, :r1].transpose(1, 2)  # (H, rows, r1): Q(i)·K(j)
-        p = cross.mul_(self.scale)
+        # c·Q(i)·K(j) / (N(N - 1)) - (s̄ - b̄) / (N - 1) + b̄, with c·G = N (s̄ - b̄)
+        p = self.q[:, r0 : r0 + rows] @ self.k[:, :r1].transpose(1, 2)  # (H, rows, r1)
         if bias_mean is None:
-            p.sub_(scores_mean, alpha=n).div_(n * (n - 1))
+            p.sub_(scores_mean, alpha=1.0 / (self.n - 1))
         else:
-            p.sub_(scores_mean - bias_mean, alpha=n).div_(n * (n - 1)).add_(bias_mean)
+            p.sub_(scores_mean - bias_mean, alpha=1.0 / (self.n - 1)).add_(bias_mean)
         keep = min(FIRST_KEYS, r1)
         self.first[:, r0 : r0 + rows, :keep] = p[..., :keep]
-        self.part.add_moments(r0, p.float(), None)
+        self.part.add_moments(r0, p, None)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """(H, nb, nb) block means of P, its distance profile (2, H, T) over all cells and over keys j >= 4, and
@@ -90,9 +91,9 @@ class KeyProfile:
 
     def add(self, mean: torch.Tensor, spread: torch.Tensor) -> None:
         """A block's per-cell mean and spread of the weights (H, rows, K), 0 where a query does not see a key."""
-        keys = mean.shape[-1]
-        self.sums[0, :, :keys] += mean.sum(1, dtype=torch.float64)
-        self.sums[1, :, :keys] += torch.addcmul(spread.square(), mean, mean).sum(1, dtype=torch.float64)
+        keys = mean.shape[-1]  # a few rows: summed in their own precision, accumulated in float64
+        self.sums[0, :, :keys] += mean.sum(1).double()
+        self.sums[1, :, :keys] += torch.addcmul(spread * spread, mean, mean).sum(1).double()
 
     def result(self) -> torch.Tensor:
         """(2, H, T) float32: mean and standard deviation by key."""
