@@ -86,11 +86,21 @@ def attention_pattern(
                 masked = torch.cat([lead, masked], dim=-1)
             scores = scores.masked_fill(masked, float("-inf"))
         return torch.softmax(scores, dim=-1)
-    scores = (q.float() * scale) @ k.float().transpose(-2, -1)  # (B, H, Tq, Tk); q is the smaller operand
+    return masked_softmax_(attention_scores(q, k, bias, scale), masked)
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """The softmax's input without autograd, scale * q k^T + bias in float32, (B, H, Tq, Tk): a new tensor."""
+    scores = (q.float() * scale) @ k.float().transpose(-2, -1)  # q is the smaller operand
     if bias is not None:
         scores.add_(bias.float())
+    return scores
+
+
+def masked_softmax_(scores: torch.Tensor, masked: torch.Tensor | None) -> torch.Tensor:
+    """softmax over keys of ``scores`` in place, -inf first where ``masked`` (Tq, m) marks the last m keys."""
     if masked is not None:
-        scores[..., Tk - masked.shape[-1] :].masked_fill_(masked, float("-inf"))
+        scores[..., scores.shape[-1] - masked.shape[-1] :].masked_fill_(masked, float("-inf"))
     return torch.softmax(scores, dim=-1, out=scores)
 
 

@@ -17,7 +17,15 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 from biasviz.common.errors import too_long
-from biasviz.model.attention import attention_pattern, block_budget, causal_mask, query_blocks, sdpa_mask
+from biasviz.model.attention import (
+    attention_pattern,
+    attention_scores,
+    block_budget,
+    causal_mask,
+    masked_softmax_,
+    query_blocks,
+    sdpa_mask,
+)
 from biasviz.model.config import BiasGPTConfig
 from biasviz.model.hooks import HookPoint
 from biasviz.schemes import PositionScheme
@@ -147,13 +155,11 @@ class Attention(nn.Module):
         (B, r1, H, hd) of keys 0 .. r1 - 1 (``hook_q``/``hook_k``'s layout). The weights and bias are the values
         the forward passes through ``hook_pattern`` and ``hook_bias``; the scores are the softmax's input
         (scale·q·k + bias) before the causal mask. The bias is returned only when ``want_bias``."""
-        r1 = r0 + q.shape[1]
-        bias = self.pos_bias.rows(x)(r0, r1) if self.adds_bias else None  # (1 or B, H, rows, r1)
-        qh, kh = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, rows | r1, hd)
-        weights = self.pattern_rows(qh, kh, bias)
-        scores = (qh.float() * self.scale) @ kh.float().transpose(-2, -1)  # as attention_pattern forms them
-        if bias is not None:
-            scores.add_(bias.float())
+        rows = q.shape[1]
+        bias = self.pos_bias.rows(x)(r0, r0 + rows) if self.adds_bias else None  # (1 or B, H, rows, r1)
+        # the arithmetic of pattern_rows, with the scores kept: attention_pattern is these two steps
+        scores = attention_scores(q.transpose(1, 2), k.transpose(1, 2), bias, self.scale)  # (B, H, rows, r1)
+        weights = masked_softmax_(scores.clone(), causal_mask(rows, rows, q.device))
         return (bias if want_bias else None), weights, scores
 
 
