@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -124,3 +125,19 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
         code = int(exc.code or 0)
     got = capsys.readouterr()
     return code, got.out, got.err
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Every figure a command saves, by file stem (the figures are still written)."""
+    import biasviz.plotting.save as save_module
+
+    caught: dict[str, Any] = {}
+    original = save_module.save_figure
+
+    def catch(fig: Any, stem: Any, *args: Any, **kwargs: Any) -> Any:
+        caught[Path(stem).name] = fig
+        return original(fig, stem, *args, **kwargs)
+
+    monkeypatch.setattr(save_module, "save_figure", catch)
+    return caught

@@ -14,7 +14,6 @@ import h5py
 import numpy as np
 import pytest
 
-import biasviz.plotting.save as save_module
 from biasviz.diagnostics.measures import diagnose_array
 from tests.conftest import run_cli, small_model
 
@@ -50,19 +49,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         except SystemExit as exc:
             _pytest.fail(f"extract {name} exited {exc.code}")
     return {name: d / f"{name}.h5" for name in ("rope", "alibi", "one", "bias-only", "full")}
-
-
-@pytest.fixture
-def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    caught: dict[str, Any] = {}
-    original = save_module.save_figure
-
-    def catch(fig: Any, stem: Any, *args: Any, **kwargs: Any) -> Any:
-        caught[Path(stem).name] = fig
-        return original(fig, stem, *args, **kwargs)
-
-    monkeypatch.setattr(save_module, "save_figure", catch)
-    return caught
 
 
 def test_the_positional_grid_draws_each_heads_p_relative_to_its_value_at_distance_0(

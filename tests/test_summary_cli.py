@@ -15,7 +15,6 @@ import h5py
 import numpy as np
 import pytest
 
-import biasviz.plotting.save as save_module
 from biasviz.explorer.build import build_page_data
 from biasviz.store import open_bias_file
 from tests.conftest import run_cli
@@ -38,20 +37,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "shared": write_full(d / "alibi.h5", "alibi", a[:1], weights_of(cable(4, H, T)), shared=True),
         "sweep": write_summary(d / "sweep.h5", bias=b, weights=weights_of(b), resolution=R, steps=[0, 50, 100]),
     }
-
-
-@pytest.fixture
-def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Every figure the command saves, by file stem."""
-    caught: dict[str, Any] = {}
-    original = save_module.save_figure
-
-    def catch(fig: Any, stem: Any, *args: Any, **kwargs: Any) -> Any:
-        caught[Path(stem).name] = fig
-        return original(fig, stem, *args, **kwargs)
-
-    monkeypatch.setattr(save_module, "save_figure", catch)
-    return caught
 
 
 def panels(fig: Any) -> list[Any]:
