@@ -73,7 +73,7 @@ def test_shipped_configs_are_accepted_by_every_command(tmp_path) -> None:
 
     root = Path(__file__).resolve().parents[1]
     configs = sorted((root / "configs").glob("*.toml"))
-    assert {c.stem for c in configs} == {"alibi", "kerple-log", "fire", "t5", "cable"}
+    assert {c.stem for c in configs} == {"alibi", "kerple-log", "fire", "t5", "cable", "rope", "nope"}
     for path in configs:
         for command in ("train", "extract", "plot"):
             result = CliRunner().invoke(cli, [command, "--config", str(path), "--help"])

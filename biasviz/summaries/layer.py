@@ -19,25 +19,12 @@ import torch
 from biasviz.common.errors import BiasvizError
 from biasviz.store.format import non_finite_error
 from biasviz.summaries.diagonals import DiagonalSums
-from biasviz.summaries.maps import BlockMaps, used_cells
+from biasviz.summaries.maps import BlockMaps, zero_above
 from biasviz.summaries.measures import BiasMeasureSums
 from biasviz.summaries.moments import CellMoments, Moments
 
 MODES = ("shared", "joint", "cells")
 CELLS_PER_STEP = 1 << 22  # cells (heads x rows x keys) summarised at a time: bounds the temporaries
-
-
-def zero_above(v: torch.Tensor, row0: int) -> torch.Tensor:
-    """A copy of the causal row block ``v`` (..., rows, row0 + rows) with 0 where key j > query i.
-
-    Such cells lie in the block's trailing square only, so only that square is masked (a mask over the whole
-    block costs twenty times a copy on the CPU).
-    """
-    rows, keys = v.shape[-2:]
-    out = v.clone()
-    square = out[..., keys - rows :]
-    square.copy_(torch.where(used_cells(0, rows, rows, True, v.device), square, 0.0))
-    return out
 
 
 @dataclass

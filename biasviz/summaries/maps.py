@@ -26,6 +26,19 @@ def used_cells(row0: int, rows: int, keys: int, causal: bool, device: torch.devi
     return torch.arange(keys, device=device)[None, :] <= i
 
 
+def zero_above(v: torch.Tensor, row0: int) -> torch.Tensor:
+    """A copy of the causal row block ``v`` (..., rows, row0 + rows) with 0 where key j > query i.
+
+    Such cells lie in the block's trailing square only, so only that square is masked (a mask over the whole
+    block costs twenty times a copy on the CPU).
+    """
+    rows, keys = v.shape[-2:]
+    out = v.clone()
+    square = out[..., keys - rows :]
+    square.copy_(torch.where(used_cells(0, rows, rows, True, v.device), square, 0.0))
+    return out
+
+
 def _at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``table[..., index]`` with 0 where ``index < 0`` (the empty prefix)."""
     got = table[..., index.clamp(min=0)]

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from biasviz.store.format import DIAGNOSTIC_FIELDS
+from biasviz.summaries.maps import zero_above
 
 
 class BiasMeasureSums:
@@ -46,8 +47,6 @@ class BiasMeasureSums:
         m = mean.double()  # (H, rows, K)
         dev = m - self.ref[:, None, None]
         if causal:  # the cells j > i, all in the trailing square, hold -ref: back to 0
-            from biasviz.summaries.layer import zero_above
-
             dev = zero_above(dev, row0)
             self.cells += rows * (rows + 1) // 2 + rows * row0
         else:
