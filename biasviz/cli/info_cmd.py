@@ -100,9 +100,11 @@ def _layer_lines(f: Any, layer: int, group: str) -> list[str]:
     if not f.has_bias(layer):
         lines.append(f"  {group + '/bias':<16}absent (the scheme adds no bias)")
     if f.is_summary:
-        for name in f.summary_datasets(layer):
+        names = f.summary_datasets(layer)
+        width = max([24, *(len(group) + len(n) + 3 for n in names)])  # the longest name and two spaces
+        for name in names:
             ds = f.summary.h5[f"{group}/{name}"]
-            lines.append(f"  {group + '/' + name:<24}{_dtype(ds)} {tuple(ds.shape)}, {_filters(ds)}")
+            lines.append(f"  {group + '/' + name:<{width}}{_dtype(ds)} {tuple(ds.shape)}, {_filters(ds)}")
         return lines
     names = ("bias", "weights") if f.has_bias(layer) else ("weights",)
     for name in ("bias",) if f.bias_only else names:
