@@ -101,7 +101,8 @@ def _layer_lines(f: Any, layer: int, group: str) -> list[str]:
         lines.append(f"  {group + '/bias':<16}absent (the scheme adds no bias)")
     if f.is_summary:
         names = f.summary_datasets(layer)
-        width = max([24, *(len(group) + len(n) + 3 for n in names)])  # the longest name and two spaces
+        longest = max((len(group) + 1 + len(n) for n in names), default=0)
+        width = 24 if longest < 24 else longest + 2  # a column as wide as the longest name, at least a space
         for name in names:
             ds = f.summary.h5[f"{group}/{name}"]
             lines.append(f"  {group + '/' + name:<{width}}{_dtype(ds)} {tuple(ds.shape)}, {_filters(ds)}")
