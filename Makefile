@@ -59,7 +59,7 @@ lint: $(STAMP)  ## ruff
 # files something else replaced since the last build (a README example writing into figures/, say) is dated
 # back so that it is rebuilt; after building, the manifest records what was built (biasviz/cli/manifest.py).
 MANIFEST := $(STAGES)/built.json
-figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics and the long-context figure
+figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics, the long-context figure and the positional logits of every scheme
 	@$(BIN)/python -m biasviz.cli.manifest stale $(MANIFEST)
 	@$(MAKE) --no-print-directory figure-files
 	@$(BIN)/python -m biasviz.cli.manifest record $(MANIFEST) $(RUNS) $(DATA) $(FIGURES)

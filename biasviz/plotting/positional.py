@@ -112,7 +112,7 @@ def _per_head(lines: list[tuple[str, np.ndarray, str]], title: str, ylabel: str,
                 ax.axhline(threshold, color="0.5", lw=0.6, ls="--")
             if log_distance:
                 ax.set_xscale("log")
-            ax.set_title(f"head {h + 1}", fontsize=size)
+            ax.set_title(f"Head {h + 1}", fontsize=size)
             ax.tick_params(labelsize=size * 0.85)
         for ax in axes[heads:]:
             ax.set_visible(False)
