@@ -121,7 +121,6 @@ class BiasGPTAdapter(ModelAdapter):
         with self.stopping_after(layers), capture(self.model, names, _send):
             yield lambda: None
 
-
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
         """q and k from ``hook_q``/``hook_k`` and, with a bias, the attention's input: (B, T, F) per layer."""

@@ -186,7 +186,7 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                 extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev),
                                     sinks=torch.zeros(n, heads, dtype=torch.float64, device=dev))  # fmt: skip
                 if n >= 2:
-                    q_sum, k_sum = (_sample_sum(bank, layer, name, n, heads) for name in ("q", "k"))
+                    q_sum, k_sum = (_sample_sum(bank, layer, name, heads) for name in ("q", "k"))
                     extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
                                                   samples=n, seq_len=seq_len, block=block, device=dev)  # fmt: skip
 
@@ -210,11 +210,11 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     return extras
 
 
-def _sample_sum(bank: SampleBank, layer: int, name: str, n: int, heads: int) -> torch.Tensor:
-    """Σ over samples of one (T, H·hd) array of the bank, as (T, H, hd) float64."""
+def _sample_sum(bank: SampleBank, layer: int, name: str, heads: int) -> torch.Tensor:
+    """Σ over the bank's samples of one (T, H·hd) array, as (T, H, hd) float64."""
     seq_len = bank.seq_len(layer, name)
     total = bank.get(layer, name, 0, 0, seq_len).double()
-    for a in range(1, n):
+    for a in range(1, bank.samples):
         total += bank.get(layer, name, a, 0, seq_len)
     return total.view(seq_len, heads, -1)
 

@@ -136,7 +136,6 @@ class Attention(nn.Module):
             y[:, r0:r1] = out.transpose(1, 2)
         return y
 
-
     def pattern_rows(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Weights of a causal block of query rows, the last ``rows`` of ``r1`` positions: q (B, H, rows, hd),
         k (B, H, r1, hd), bias (1 or B, H, rows, r1) or None -> (B, H, rows, r1), in float32.

@@ -97,9 +97,6 @@ class SampleBank:
         """Every (layer, name) held."""
         return list(self._arrays)
 
-    def has(self, layer: int, name: str) -> bool:
-        return (layer, name) in self._arrays
-
     def seq_len(self, layer: int, name: str) -> int:
         array = self._arrays[(layer, name)]
         return array.shape[1]

@@ -49,7 +49,7 @@ class QuantitySummary:
         self.maps = BlockMaps(heads, seq_len, block, device, ("mean", "std"), causal=causal)
         self.diagonals = DiagonalSums(heads, seq_len, device)
         self.measures = BiasMeasureSums(heads, seq_len, device) if kind in ("bias", "positional") else None
-        self.cells = CellMoments((heads, seq_len, seq_len), device) if mode == "cells" else None
+        self.cells = CellMoments(heads, seq_len, device) if mode == "cells" else None
         self.samples = 0  # samples seen so far (batches ended)
         self._batch = 0  # samples in the current batch
         self._taken = False  # shared: the one bias has been summarised

@@ -58,16 +58,17 @@ class Moments:
 
 
 class CellMoments:
-    """Per-cell moments of a (head, query, key) quantity over batches of samples.
+    """Per-cell moments of one (head, query, key) quantity over batches of samples, kept at full resolution.
 
-    Two uses: maps exact per cell (R >= T) whose samples come in several batches or processes, where the
-    region is the whole (H, T, T) matrix (the result itself is that large); and a block of query rows
-    formed again sample after sample (:mod:`biasviz.summaries.replay`), where the region is (H, rows, keys).
+    Used only when the maps are exact per cell (R >= T) and the samples come in several batches (models whose
+    rows cannot be formed again) or processes: then the result itself is (H, T, T), and these two float64
+    tensors are of the same order.
     """
 
-    def __init__(self, shape: tuple[int, int, int], device: torch.device) -> None:
-        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, rows, keys)
-        self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, rows, keys)
+    def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
+        shape = (heads, seq_len, seq_len)
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
+        self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
         self.samples = 0  # samples merged so far: every query row has seen every finished batch
 
     def add(self, row0: int, block: torch.Tensor) -> None:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.layer import QuantitySummary
 
-FIRST_KEYS = 4  # the distance profile is also kept over keys j >= 4: sinks and a shared BOS sit in the first keys
+FIRST_KEYS = POSITIONAL_FROM_KEYS[1]  # the profile is also kept past the first keys: sinks and a shared BOS sit there
 
 
 @dataclass
