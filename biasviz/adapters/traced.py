@@ -14,6 +14,7 @@ import importlib.util
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.base import Captured, ModelAdapter
+from biasviz.adapters.base import Captured, Formed, ModelAdapter
 from biasviz.common.errors import BiasvizError
 from biasviz.tracing import AttentionCall, Trace
+from biasviz.tracing.calls import SdpaOperands, formed_rows, repeat_kv
 
 CAPTURED = "captured"  # the scheme recorded when the user names none: the bias is what the calls added
 PROBE_TOKENS = 64  # the probe pass reads this many tokens of the first sample
@@ -71,6 +73,8 @@ class TracedAdapter(ModelAdapter):
         self._chosen: list[AttentionCall] = []
         self._wanted: list[int] = []
         self._captured: Captured | None = None
+        self._keeping: _Keeping | None = None
+        self._formed: dict[int, _Kept] = {}  # per call kept for a summary: what forms its rows again
 
     # -- facts, from the probe -----------------------------------------------------------------
     @property
@@ -153,8 +157,65 @@ class TracedAdapter(ModelAdapter):
         finally:
             self._captured, self._wanted = previous
 
+    # -- forming rows again (summaries linear in samples) ----------------------------------------
+    @property
+    def replays(self) -> bool:  # type: ignore[override]
+        """SDPA calls that add no bias (RoPE, NoPE: Llama, Qwen, Mistral, Pythia) are formed again from their q
+        and k; a bias in the call (its float mask) could differ by sample, and would need (T, T) per sample."""
+        return bool(self._chosen) and all(c.kind == "sdpa" and not c.adds_bias for c in self._chosen)
+
+    @contextlib.contextmanager
+    def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
+        """Each :meth:`forward` puts the q and k of the calls ``layers`` into ``bank`` as the calls receive them
+        (after any rotation), (B, T, H·E) each, key heads repeated for grouped queries; the calls run unchanged."""
+        previous = self._keeping
+        self._keeping, self._formed = _Keeping(bank, sorted(layers), tick), {}
+        try:
+            yield
+        finally:
+            self._keeping = previous
+
+    def _keep_call(self, index: int, ops: SdpaOperands | None) -> None:
+        keeping = self._keeping
+        assert keeping is not None
+        if keeping.tick is not None:
+            keeping.tick(int(ops.q.shape[0]) if ops is not None else keeping.batch)
+        if ops is None:
+            return
+        if ops.additive is not None:
+            raise BiasvizError(f"attention call {index} added a bias for sample {keeping.bank.start} though it added "
+                               "none on the first: the model's bias depends on the input; summarise it with "
+                               "--resolution equal to --seq-len and --batch-size covering every sample")  # fmt: skip
+        kept = _Kept.of(ops)
+        first = self._formed.setdefault(index, kept)
+        if not first.same(kept):
+            raise BiasvizError(f"attention call {index} masked other cells for sample {keeping.bank.start} than for "
+                               "the first: a summary forms one mask for every sample")  # fmt: skip
+        heads = ops.q.shape[1]
+        keeping.bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
+        keeping.bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
+
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Formed:
+        """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32)."""
+        kept = self._formed[layer]
+        heads = self.n_heads
+        q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
+        k = bank.get(layer, "k", sample, 0, r1).view(1, r1, heads, -1).transpose(1, 2)
+        scores, weights = formed_rows(q, k, kept.scale, kept.rows(r0, r1, q.device))
+        return Formed(None, weights, scores)
+
+    def score_scale(self, layer: int) -> float:
+        return self._formed[layer].scale
+
+    # -- running ---------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor) -> None:
         """Run the model with the calls of :meth:`capture` traced; the forward stops after the last of them."""
+        if self._keeping is not None:
+            self._keeping.batch = int(input_ids.shape[0])
+            trace = Trace(self.model, self._keeping.layers, stop=True, keep=self._keep_call)
+            with torch.inference_mode(), one_call_per_layer(self.model), trace:
+                self._call_model(input_ids.to(self.device))
+            return
         if self._captured is None:  # not capturing: a plain pass
             with torch.inference_mode():
                 self._call_model(input_ids.to(self.device))
@@ -170,6 +231,48 @@ class TracedAdapter(ModelAdapter):
                 self._captured.bias[index] = bias[index]
             elif self.adds_bias:  # a call with no additive part beside calls with one: it adds 0
                 self._captured.bias[index] = torch.zeros(1, *weights[index].shape[1:], device=weights[index].device)
+
+
+@dataclass
+class _Keeping:
+    """A :meth:`TracedAdapter.keep` under way."""
+
+    bank: Any
+    layers: list[int]
+    tick: Callable[[int], None] | None
+    batch: int = 1
+
+
+@dataclass
+class _Kept:
+    """What a kept call forms every sample's rows with: its scale and its mask (None: exactly causal)."""
+
+    scale: float
+    mask: torch.Tensor | None  # (1, 1 or H, Tq, Tk) bool, the cells attended to, where not exactly causal
+
+    @classmethod
+    def of(cls, ops: SdpaOperands) -> _Kept:
+        kept = ops.kept
+        q_len, k_len = kept.shape[-2:]
+        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=kept.device).tril_()
+        if bool((kept == causal).all()):
+            return cls(ops.scale, None)
+        if kept.shape[0] > 1 and not bool((kept == kept[:1]).all()):
+            raise BiasvizError("an attention call masked different cells for samples of one batch: a summary forms "
+                               "one mask for every sample")  # fmt: skip
+        return cls(ops.scale, kept[:1])
+
+    def same(self, other: _Kept) -> bool:
+        if self.scale != other.scale or (self.mask is None) != (other.mask is None):
+            return False
+        return self.mask is None or bool(torch.equal(self.mask, other.mask))
+
+    def rows(self, r0: int, r1: int, device: torch.device) -> torch.Tensor:
+        """(1, 1 or H, rows, r1) bool: the cells of query rows r0 .. r1 - 1 that are attended to."""
+        if self.mask is None:
+            i = torch.arange(r0, r1, device=device)[:, None]
+            return (torch.arange(r1, device=device)[None, :] <= i)[None, None]
+        return self.mask[..., r0:r1, :r1].to(device)
 
 
 @contextlib.contextmanager

@@ -103,7 +103,7 @@ def _softmax_kept(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     return weights.masked_fill_(empty, 0.0) if bool(empty.any()) else weights
 
 
-def _repeat_kv(k: torch.Tensor, heads: int) -> torch.Tensor:
+def repeat_kv(k: torch.Tensor, heads: int) -> torch.Tensor:
     """Grouped-query attention: key head g serves query heads g*G ... g*G + G - 1 (as SDPA's enable_gqa)."""
     if k.shape[1] == heads:
         return k
@@ -115,7 +115,7 @@ def _repeat_kv(k: torch.Tensor, heads: int) -> torch.Tensor:
 def _scores(q: torch.Tensor, k: torch.Tensor, scale: float | None) -> torch.Tensor:
     """q . k * scale in float32 (B, H, Tq, Tk); the default scale is 1/sqrt(E), as both kernels use."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return (q.float() @ _repeat_kv(k, q.shape[1]).float().transpose(-2, -1)) * scale
+    return (q.float() @ repeat_kv(k, q.shape[1]).float().transpose(-2, -1)) * scale
 
 
 def _upper(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
@@ -128,26 +128,39 @@ def _is_causal(kept: torch.Tensor) -> bool:
     return not bool((kept & _upper(q_len, k_len, kept.device)).any())
 
 
-def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
-              inspect: bool = False, groups: int = 1) -> AttentionCall:  # fmt: skip
-    """One ``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)`` call.
+@dataclass
+class SdpaOperands:
+    """What one SDPA call forms its attention from, in the model's own (batch, heads, queries, keys)."""
 
-    Neither ``record`` nor ``inspect``: only its shape is read (a call before the one asked for).
-    ``groups`` > 1: the call's q packs ``groups`` query heads per key head (transformers' GQA decoding);
-    the call is reported in the model's own (batch, heads, queries, keys).
-    """
+    q: torch.Tensor  # (B, H, Tq, E)
+    k: torch.Tensor  # (B, H_kv, Tk, E): key heads are shared by groups of query heads where H_kv < H
+    kept: torch.Tensor  # (1 or B, 1 or H, Tq, Tk) bool: the cells the call attends to
+    additive: torch.Tensor | None  # (1 or B, 1 or H, Tq, Tk): a float mask that adds more than 0 and "masked"
+    scale: float  # what q.k is multiplied by
+
+    def facts(self, index: int) -> AttentionCall:
+        """The call's facts (heads, lengths, causal, adds a bias), nothing formed."""
+        batch, heads, q_len = self.q.shape[:3]
+        return AttentionCall(index, "sdpa", batch, heads, q_len, self.k.shape[-2], causal=_is_causal(self.kept),
+                             adds_bias=self.additive is not None)  # fmt: skip
+
+
+def _sdpa_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-    bound = dict(zip(names, args, strict=False)) | kwargs
+    return dict(zip(names, args, strict=False)) | kwargs
+
+
+def sdpa_operands(args: tuple[Any, ...], kwargs: dict[str, Any], groups: int = 1) -> SdpaOperands:
+    """The operands of ``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
+    enable_gqa)``; ``groups`` > 1: q packs ``groups`` query heads per key head (transformers' GQA decoding)."""
+    bound = _sdpa_bound(args, kwargs)
     q, k = _as_bhqk(bound["query"]), _as_bhqk(bound["key"])
     mask, is_causal = bound.get("attn_mask"), bool(bound.get("is_causal", False))
     if mask is not None:
         mask = _mask_4d(mask, bound["query"])
     if groups > 1:
         q, mask = _unpack_groups(q, mask, groups)
-    batch, heads, q_len = q.shape[:3]
-    k_len = k.shape[-2]
-    if not (record or inspect):
-        return AttentionCall(index, "sdpa", batch, heads, q_len, k_len)
+    q_len, k_len = q.shape[-2], k.shape[-2]
     kept = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=q.device)
     additive = None
     if is_causal:
@@ -160,18 +173,53 @@ def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
             additive = mask
     if additive is not None and bool(additive.masked_fill(~kept, 0).eq(0).all()):
         additive = None  # a float mask of 0 and "masked" only: a mask, not a bias
-    call = AttentionCall(index, "sdpa", batch, heads, q_len, k_len, causal=_is_causal(kept),
-                         adds_bias=additive is not None)  # fmt: skip
+    scale = bound.get("scale")
+    return SdpaOperands(q, k, kept, additive, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
+
+
+def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
+              inspect: bool = False, groups: int = 1) -> AttentionCall:  # fmt: skip
+    """One ``scaled_dot_product_attention`` call (:func:`sdpa_operands`), its bias and weights formed when
+    ``record``.
+
+    Neither ``record`` nor ``inspect``: only its shape is read (a call before the one asked for).
+    The call is reported in the model's own (batch, heads, queries, keys), packed GQA heads unpacked.
+    """
+    if not (record or inspect):
+        bound = _sdpa_bound(args, kwargs)
+        q, k = _as_bhqk(bound["query"]), _as_bhqk(bound["key"])
+        if groups > 1:
+            q, _ = _unpack_groups(q, None, groups)
+        return AttentionCall(index, "sdpa", q.shape[0], q.shape[1], q.shape[2], k.shape[-2])
+    ops = sdpa_operands(args, kwargs, groups)
+    call = ops.facts(index)
     if not record:
         return call
     with torch.no_grad():
-        scores = _scores(q, k, bound.get("scale"))
-        if additive is not None:
-            bias = additive.float().expand(-1, heads, q_len, k_len)
-            call.bias = bias.masked_fill(~kept, float("nan"))
-            scores = scores + bias
-        call.weights = _softmax_kept(scores, kept)
+        scores = formed_scores(ops)
+        call.bias = None if ops.additive is None else _bias(ops).masked_fill(~ops.kept, float("nan"))
+        call.weights = _softmax_kept(scores, ops.kept)
     return call
+
+
+def _bias(ops: SdpaOperands) -> torch.Tensor:
+    assert ops.additive is not None
+    return ops.additive.float().expand(-1, ops.q.shape[1], *ops.kept.shape[-2:])
+
+
+def formed_scores(ops: SdpaOperands) -> torch.Tensor:
+    """The softmax's input: q.k * scale plus the additive mask, float32 (B, H, Tq, Tk), every cell (masked ones too)."""
+    scores = _scores(ops.q, ops.k, ops.scale)
+    return scores if ops.additive is None else scores + _bias(ops)
+
+
+def formed_rows(
+    q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores and weights of queries (B, H, rows, E) against keys (B, H or fewer, keys, E) with no additive term,
+    as :func:`sdpa_call` forms them; ``kept`` (broadcastable to (B, H, rows, keys)) the cells attended to."""
+    scores = _scores(q, k, scale)
+    return scores, _softmax_kept(scores, kept)
 
 
 def packed_groups(depth: int = 12) -> int:

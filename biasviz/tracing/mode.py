@@ -14,13 +14,21 @@ cannot be formed still runs; the reason is in ``Trace.notes``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from biasviz.tracing.calls import AttentionCall, flex_call, packed_groups, sdpa_call, unformed
+from biasviz.tracing.calls import (
+    AttentionCall,
+    SdpaOperands,
+    flex_call,
+    packed_groups,
+    sdpa_call,
+    sdpa_operands,
+    unformed,
+)
 from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, softmax_dim
 from biasviz.tracing.stop import StopForward
 from biasviz.tracing.torch_layers import MHA, mha_call
@@ -46,11 +54,16 @@ class Trace:
     every intercepted call (also those not recorded) with its heads, lengths and notes; ``notes[L]`` says why
     a call has no bias (a step that is not additive) or was not formed, and ``sinks[L]`` is the share of
     each query's softmax on attention-sink columns, where the call has them.
+
+    ``keep(index, operands)``: for every call, its SDPA operands where it is one asked for (None otherwise); those
+    calls are not formed here but handed over (summaries form their rows again, block by block).
     """
 
     def __init__(self, model: torch.nn.Module | None = None, layers: Iterable[int] | None = None,
-                 *, stop: bool = False, inspect: bool = False) -> None:  # fmt: skip
+                 *, stop: bool = False, inspect: bool = False,
+                 keep: Callable[[int, SdpaOperands | None], None] | None = None) -> None:  # fmt: skip
         self.model = model
+        self.keep = keep
         self.inspect = inspect  # a probe: calls not recorded still tell whether they add a bias
         self.layers = None if layers is None else sorted({int(x) for x in layers})
         if self.layers is not None and any(x < 0 for x in self.layers):
@@ -86,6 +99,10 @@ class Trace:
     def intercept(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         index = len(self.calls)
         record = self.wants(index)
+        if self.keep is not None and record:
+            return self._keep(index, kind, func, args, kwargs)
+        if self.keep is not None:
+            self.keep(index, None)
         try:
             if kind == "sdpa":
                 call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups())
@@ -100,6 +117,16 @@ class Trace:
             call.note = (call.note + "; " if call.note else "") + f"dropout_p={dropout} in the call: weights " \
                         "recorded before dropout (put the model in eval mode)"  # fmt: skip
         self._append(call)
+        return func(*args, **kwargs)
+
+    def _keep(self, index: int, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call asked for in a keeping trace: its operands go to :attr:`keep`; nothing is formed."""
+        assert self.keep is not None
+        if kind != "sdpa":
+            raise TypeError(f"attention call {index} is a {kind} call: only SDPA calls are kept")
+        ops = sdpa_operands(args, kwargs, packed_groups())
+        self.keep(index, ops)
+        self._append(ops.facts(index))
         return func(*args, **kwargs)
 
     def _append(self, call: AttentionCall) -> None:
