@@ -95,6 +95,10 @@ def test_traced_llama_scores_positional_logits_key_profile_and_sinks_equal_numpy
                                    **tol)  # fmt: skip
         np.testing.assert_allclose(g["sink_share"][()], w[:, :, :, 0].mean(-1), **tol)
         assert "bias_mean" not in g
+    from biasviz.cli.extract_cmd import _summarised
+
+    said = _summarised(tmp_path / "sum.h5", 1, "captured")
+    assert said == "weights, scores and positional logits (scheme 'captured' adds no bias)"
 
 
 def test_traced_summary_equals_the_traced_full_extract_reduced(llama_dir: Path, tmp_path: Path) -> None:

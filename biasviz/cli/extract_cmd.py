@@ -248,6 +248,8 @@ def extract(
         if not w.main:
             return
         kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
+        if summary:
+            kinds = _summarised(result.path, result.layers[0], adapter.scheme)
         names = ", ".join(str(x) for x in result.layers)
         where = f", {w.size} processes" if w.size > 1 else ""
         if series is not None:
@@ -296,3 +298,15 @@ def _blocks(seq_len: int, resolution: int | None) -> str:
     b = block_size(seq_len, min(DEFAULT_RESOLUTION, seq_len) if resolution is None else resolution)
     nb = -(-seq_len // b)
     return f"{nb} x {nb} cells" if b == 1 else f"{nb} x {nb} blocks of {b} positions"
+
+
+def _summarised(path: Path, layer: int, scheme: str) -> str:
+    """What a summary file holds, as read back from it: bias, weights, scores, positional logits."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        names = set(f[f"layer_{layer}"])
+    held = [label for label, key in (("bias", "bias_mean"), ("weights", "weights_mean"), ("scores", "scores_mean"),
+                                     ("positional logits", "positional_mean")) if key in names]  # fmt: skip
+    text = ", ".join(held[:-1]) + f" and {held[-1]}" if len(held) > 1 else "".join(held)
+    return text if "bias" in held else f"{text} (scheme '{scheme}' adds no bias)"
