@@ -175,10 +175,10 @@ def test_all_layers_and_uneven_batches_stream_one_batch_at_a_time(tmp_path, monk
     sizes: list[int] = []
     original = BiasFileWriter.write_batch
 
-    def spy(self, input_ids, weights, bias=None):  # noqa: ANN001, ANN202
+    def spy(self, input_ids, weights, bias=None, scores=None):  # noqa: ANN001, ANN202
         sizes.append(len(input_ids))
         assert all(w.shape[0] == len(input_ids) for w in weights.values())
-        return original(self, input_ids, weights, bias)
+        return original(self, input_ids, weights, bias, scores)
 
     monkeypatch.setattr(BiasFileWriter, "write_batch", spy)
     model = distinct_params(small_model("cable"))

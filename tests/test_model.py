@@ -21,7 +21,9 @@ def test_hook_names_are_pinned() -> None:
     names = sorted(hook_points(small_model("alibi")))
     assert names == [
         "blocks.0.attn.hook_bias", "blocks.0.attn.hook_k", "blocks.0.attn.hook_pattern", "blocks.0.attn.hook_q",
+        "blocks.0.attn.hook_scores",
         "blocks.1.attn.hook_bias", "blocks.1.attn.hook_k", "blocks.1.attn.hook_pattern", "blocks.1.attn.hook_q",
+        "blocks.1.attn.hook_scores",
     ]  # fmt: skip
     assert hook_name(1, "hook_pattern") == "blocks.1.attn.hook_pattern"
 

@@ -38,10 +38,16 @@ class Captured:
 
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
     weights: dict[int, torch.Tensor] = field(default_factory=dict)
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, H, T, T), when asked (SPEC section 12)
 
     def clear(self) -> None:
         self.bias.clear()
         self.weights.clear()
+        self.scores.clear()
+
+    def of(self, kind: str) -> dict[int, torch.Tensor]:
+        """The tensors of ``kind``: 'bias', 'weights' or 'scores'."""
+        return {"bias": self.bias, "weights": self.weights, "scores": self.scores}[kind]
 
 
 @dataclass
@@ -166,9 +172,12 @@ class ModelAdapter:
         where the model has one (``extract --bias-only``); None where the bias is built inside the attention."""
         return None
 
+    captures_scores: ClassVar[bool] = False  # True: :meth:`capture` fills ``scores`` when asked
+
     @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
-        """Attach hooks on ``layers`` for the duration of the block; each forward fills the result.
+    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
+        """Attach hooks on ``layers`` for the duration of the block; each forward fills the result (the scores
+        too with ``want_scores``, for adapters that :attr:`captures_scores`).
 
         Implementations wrap their hooks in :meth:`stopping_after` so that :meth:`forward` stops early.
         """

@@ -21,7 +21,7 @@ from biasviz.adapters.base import RELATIVE, BlockSink, Captured, Formed, ModelAd
 from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
 from biasviz.common.hashing import sha256_files
-from biasviz.model import HOOK_BIAS, HOOK_PATTERN, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
+from biasviz.model import HOOK_BIAS, HOOK_PATTERN, HOOK_SCORES, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
 from biasviz.schemes import canonical_name
 
 CONFIG_FILE = "config.json"
@@ -34,6 +34,7 @@ class BiasGPTAdapter(ModelAdapter):
     architecture = "biasviz-gpt2"
     bias_convention = RELATIVE
     replays = True
+    captures_scores = True
     accepts_attn_scale = False  # a checkpoint directory's config.json records its q.k scale
     model_types: ClassVar[tuple[str, ...]] = (MODEL_TYPE,)
 
@@ -77,8 +78,8 @@ class BiasGPTAdapter(ModelAdapter):
         return any(s.depends_on_input for s in schemes) if schemes else super().context_dependent
 
     @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
-        """Full bias (1 or B, H, T, T) and weights (B, H, T, T) per layer, assembled from the row blocks.
+    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
+        """Full bias (1 or B, H, T, T), weights and scores (B, H, T, T) per layer, assembled from the row blocks.
 
         Each forward's first block (row0 = 0) starts new tensors (the caller may still hold the last
         ones); cells no block formed, j > i, hold NaN in the bias and 0 in the weights.
@@ -90,13 +91,13 @@ class BiasGPTAdapter(ModelAdapter):
             return lambda _mod, args: lengths.__setitem__(layer, args[0].shape[1])  # x: (B, T, C)
 
         def _store(layer: int, kind: str, row0: int, block: torch.Tensor) -> None:
-            target = got.bias if kind == "bias" else got.weights
+            target = got.of(kind)
             T, (rows, keys) = lengths[layer], block.shape[-2:]
             if row0 == 0 and rows == keys == T:  # the whole matrix at once: kept as it is
                 target[layer] = block
                 return
             if row0 == 0:
-                fill = float("nan") if kind == "bias" else 0.0
+                fill = 0.0 if kind == "weights" else float("nan")
                 target[layer] = torch.full((*block.shape[:2], T, T), fill, dtype=block.dtype, device=block.device)
             target[layer][:, :, row0 : row0 + rows, :keys] = block
 
@@ -104,18 +105,22 @@ class BiasGPTAdapter(ModelAdapter):
             for layer in layers:
                 handle = self.attention(layer).register_forward_pre_hook(_length(layer))
                 stack.callback(handle.remove)
-            stack.enter_context(self.stream(layers, want_bias, _store))
+            stack.enter_context(self.stream(layers, want_bias, _store, want_scores))
             yield got
 
     @contextlib.contextmanager
-    def stream(self, layers: list[int], want_bias: bool, sink: BlockSink) -> Iterator[Callable[[], None]]:
+    def stream(self, layers: list[int], want_bias: bool, sink: BlockSink,
+               want_scores: bool = False) -> Iterator[Callable[[], None]]:  # fmt: skip
         """Blocks straight from the hook points, as the attention forms them; ``flush`` has nothing to do."""
-        names = [hook_name(layer, HOOK_PATTERN) for layer in layers]
+        points = {HOOK_PATTERN: "weights"}
         if want_bias and self.adds_bias:
-            names += [hook_name(layer, HOOK_BIAS) for layer in layers]
+            points[HOOK_BIAS] = "bias"
+        if want_scores:
+            points[HOOK_SCORES] = "scores"
+        names = [hook_name(layer, point) for point in points for layer in layers]
 
         def _send(t: torch.Tensor, name: str, row0: int) -> None:
-            kind = "bias" if name.endswith(HOOK_BIAS) else "weights"
+            kind = points[name.rsplit(".", 1)[1]]
             sink(int(name.split(".")[1]), kind, row0, t.detach())  # (1 or B, H, rows, row0 + rows)
 
         with self.stopping_after(layers), capture(self.model, names, _send):

@@ -74,6 +74,7 @@ class TracedAdapter(ModelAdapter):
         self._wanted: list[int] = []
         self._captured: Captured | None = None
         self._keeping: _Keeping | None = None
+        self._want_scores = False
         self._formed: dict[int, _Kept] = {}  # per call kept for a summary: what forms its rows again
 
     # -- facts, from the probe -----------------------------------------------------------------
@@ -148,14 +149,16 @@ class TracedAdapter(ModelAdapter):
         return chosen
 
     # -- running ---------------------------------------------------------------------------------
+    captures_scores = True  # SDPA and flex_attention calls; others are reported as not captured
+
     @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
-        previous = self._captured, self._wanted
-        self._captured, self._wanted = Captured(), list(layers)
+    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
+        previous = self._captured, self._wanted, self._want_scores
+        self._captured, self._wanted, self._want_scores = Captured(), list(layers), want_scores
         try:
             yield self._captured
         finally:
-            self._captured, self._wanted = previous
+            self._captured, self._wanted, self._want_scores = previous
 
     # -- forming rows again (summaries linear in samples) ----------------------------------------
     @property
@@ -220,13 +223,16 @@ class TracedAdapter(ModelAdapter):
             with torch.inference_mode():
                 self._call_model(input_ids.to(self.device))
             return
-        with torch.inference_mode(), one_call_per_layer(self.model), Trace(self.model, self._wanted, stop=True) as t:
+        trace = Trace(self.model, self._wanted, stop=True, scores=self._want_scores)
+        with torch.inference_mode(), one_call_per_layer(self.model), trace as t:
             self._call_model(input_ids.to(self.device))
-        weights, bias = t.weights, t.bias
+        weights, bias, scores = t.weights, t.bias, t.scores
         for index in self._wanted:
             if index not in weights:
                 continue  # reported by the caller as nothing captured
             self._captured.weights[index] = weights[index]
+            if index in scores:
+                self._captured.scores[index] = scores[index]
             if index in bias:
                 self._captured.bias[index] = bias[index]
             elif self.adds_bias:  # a call with no additive part beside calls with one: it adds 0

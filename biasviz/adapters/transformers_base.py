@@ -97,7 +97,7 @@ class TransformersAdapter(ModelAdapter):
         return {"input_ids": input_ids, "use_cache": False}
 
     @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True) -> Iterator[Captured]:
+    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
         """Hooks on the attention modules of ``layers`` only; each forward overwrites the result."""
         captured = Captured()
         handles = []

@@ -134,13 +134,18 @@ def warnings_as_notes() -> Iterator[None]:
     help="With --summary or --bias-only: at most R x R blocks per map, each ceil(T / R) positions wide "
     "(exact per cell when R = T) [default: 1024, or T when shorter].",
 )  # fmt: skip
+@click.option(
+    "--capture", default=None, metavar="NAMES",
+    help="What a full file stores per layer, comma-separated: bias, weights, scores (the softmax's input, "
+    "SPEC section 12) [default: bias,weights]. Summaries always keep the scores' maps.",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress: no bar on a terminal, no heartbeat lines in a log.")
 def extract(
     model: str, checkpoint: str | None, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None,
     tokenizer: str | None,
     seed: int, batch_size: int, device: str, dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
     part: str | None, bias_only: bool, checkpoints: str | None, step_pattern: str | None, resume: bool, summary: bool,
-    resolution: int | None, quiet: bool,
+    resolution: int | None, capture: str | None, quiet: bool,
 ) -> None:  # fmt: skip
     """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
 
@@ -162,6 +167,7 @@ def extract(
         raise UsageError("--resolution applies with --summary or --bias-only")
     if summary and bias_only:
         raise UsageError("--bias-only with --resolution already writes a summary; drop --summary")
+    kinds = _capture_kinds(capture, summary=summary, bias_only=bias_only, sweep=bool(checkpoints))
     if bias_only:
         _refuse_with_bias_only(text=text, tokenizer=tokenizer, no_scale=no_scale)
     for given, flag in ((step_pattern, "--step-pattern"), (resume, "--resume")):
@@ -226,6 +232,8 @@ def extract(
                "progress": False if quiet else None}  # fmt: skip
         if summary:
             run["resolution"] = resolution
+        elif kinds is not None:
+            run["capture"] = kinds
         if checkpoints:
             from biasviz.extraction.sweep import extract_sweep
 
@@ -247,9 +255,11 @@ def extract(
             result = run_extract(adapter, windows, target, **run)
         if not w.main:
             return
-        kinds = "bias and weights" if result.has_bias else f"weights (scheme '{adapter.scheme}' adds no bias)"
         if summary:
-            kinds = _summarised(result.path, result.layers[0], adapter.scheme)
+            stored = _summarised(result.path, result.layers[0], adapter.scheme)
+        else:
+            stored = _listed([k for k in kinds or ("bias", "weights") if k != "bias" or result.has_bias],
+                             adapter.scheme, result.has_bias or bool(kinds and "bias" not in kinds))  # fmt: skip
         names = ", ".join(str(x) for x in result.layers)
         where = f", {w.size} processes" if w.size > 1 else ""
         if series is not None:
@@ -262,7 +272,7 @@ def extract(
         else:
             shape = f"{result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x {result.seq_len}"
         click.echo(
-            f"wrote {result.path}: {shape}, layer {names} {kinds}, {'float32' if summary else dtype}{where}, "
+            f"wrote {result.path}: {shape}, layer {names} {stored}, {'float32' if summary else dtype}{where}, "
             f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s"
         )
 
@@ -308,5 +318,25 @@ def _summarised(path: Path, layer: int, scheme: str) -> str:
         names = set(f[f"layer_{layer}"])
     held = [label for label, key in (("bias", "bias_mean"), ("weights", "weights_mean"), ("scores", "scores_mean"),
                                      ("positional logits", "positional_mean")) if key in names]  # fmt: skip
+    return _listed(held, scheme, "bias" in held)
+
+
+def _listed(held: list[str], scheme: str, adds_bias: bool) -> str:
+    """'bias, weights and scores'; where the model adds no bias, it says so."""
     text = ", ".join(held[:-1]) + f" and {held[-1]}" if len(held) > 1 else "".join(held)
-    return text if "bias" in held else f"{text} (scheme '{scheme}' adds no bias)"
+    return text if adds_bias else f"{text} (scheme '{scheme}' adds no bias)"
+
+
+def _capture_kinds(capture: str | None, *, summary: bool, bias_only: bool, sweep: bool) -> list[str] | None:
+    """--capture as the kinds a full file stores (None: the default), refused where it cannot apply."""
+    if capture is None:
+        return None
+    from biasviz.extraction.run import parse_capture
+
+    kinds = parse_capture(capture)
+    if summary or bias_only:
+        raise UsageError(f"--capture applies to full files; {'--summary' if summary else '--bias-only'} stores "
+                         f"{'the maps of bias, weights and scores' if summary else 'the bias alone'}")  # fmt: skip
+    if sweep and "scores" in kinds:
+        raise UsageError("--capture scores cannot apply with --checkpoints yet; extract each checkpoint with --model")
+    return kinds

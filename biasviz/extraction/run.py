@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,9 @@ from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.progress import Progress
 from biasviz.store import BiasFileWriter
+
+CAPTURABLE = ("bias", "weights", "scores")  # what a full file can store per layer, in file order (SPEC 2, 12)
+DEFAULT_CAPTURE = ("bias", "weights")
 
 
 @dataclass
@@ -146,6 +149,7 @@ def extract(
     text_source: str = "",
     attrs: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    capture: Sequence[str] = DEFAULT_CAPTURE,
 ) -> ExtractResult:
     """Run ``adapter`` on ``windows`` (samples, T) and write format-1 HDF5 to ``out``.
 
@@ -153,9 +157,14 @@ def extract(
     ``model_dtype`` (``float32``, ``bfloat16``, ``float16``; None keeps the model's) the precision the
     model runs in. The model runs on ``device`` and is left where and as it was afterwards.
     ``attrs`` adds root attributes (the tokenizer, say). ``progress`` None shows a bar on a terminal.
+    ``capture`` names what is stored (:func:`parse_capture`): bias and weights by default, scores on request.
     The file appears at ``out`` only when complete; an existing file is kept unless ``force``.
     """
     t0 = time.perf_counter()
+    kinds = parse_capture(capture)
+    if "scores" in kinds and not adapter.captures_scores:
+        raise BiasvizError(f"--capture scores: the {adapter.architecture} adapter does not form the scores; "
+                           "'extract --summary' stores their maps for biasviz's models and traced attention calls")
     out = _new_output(out, force)
     if batch_size < 1:
         raise BiasvizError(f"--batch-size must be at least 1, got {batch_size}")
@@ -169,14 +178,30 @@ def extract(
             adapter.prepare(ids)  # a traced model: its attention calls, from one pass where it will run
             layer_list = adapter.resolve_layers(layers)
             check_batch_memory(adapter, len(layer_list), min(batch_size, n), seq_len, dev)
-            has_bias = bool(adapter.adds_bias)
+            held = {"bias": "bias" in kinds and bool(adapter.adds_bias), "weights": "weights" in kinds,
+                    "scores": "scores" in kinds}  # fmt: skip
             meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
             meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
-            _run(adapter, ids, out, dev, meta, layer_list, has_bias, dtype, batch_size, force, progress)
+            _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress)
     finally:
         adapter.model.train(was_training)
     seconds = time.perf_counter() - t0
-    return ExtractResult(out, n, seq_len, layer_list, has_bias, seconds, out.stat().st_size)
+    return ExtractResult(out, n, seq_len, layer_list, held["bias"], seconds, out.stat().st_size)
+
+
+def parse_capture(names: str | Sequence[str]) -> list[str]:
+    """``'bias,weights,scores'`` (or a list) -> the kinds a full file stores, in file order; others are an error.
+
+    >>> parse_capture("scores, weights")
+    ['weights', 'scores']
+    """
+    given = [n.strip().lower() for n in (names.split(",") if isinstance(names, str) else names) if n.strip()]
+    bad = [n for n in given if n not in CAPTURABLE]
+    if bad or "weights" not in given:
+        why = f"unknown name(s) {', '.join(map(repr, bad))}" if bad else "the weights are always stored"
+        raise BiasvizError(f"--capture {','.join(given) or repr('')}: {why}; name some of {', '.join(CAPTURABLE)}, "
+                           "weights among them (the default is bias,weights; --bias-only stores the bias alone)")
+    return [n for n in CAPTURABLE if n in given]
 
 
 def _new_output(out: str | Path, force: bool) -> Path:
@@ -202,7 +227,7 @@ def _dtype_label(run_dtype: torch.dtype | None, model: torch.nn.Module) -> str:
 
 def _run(
     adapter: ModelAdapter, ids: np.ndarray, out: Path, dev: torch.device, meta: dict[str, Any], layer_list: list[int],
-    has_bias: bool, dtype: str, batch_size: int, force: bool, progress: bool | None,
+    held: dict[str, bool], dtype: str, batch_size: int, force: bool, progress: bool | None,
 ) -> None:  # fmt: skip
     """The capture loop: forward each batch and stream what was captured into the file.
 
@@ -212,11 +237,13 @@ def _run(
     n, seq_len = ids.shape
     writer = BiasFileWriter(
         out, attrs=meta, n_samples=n, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
-        has_bias=has_bias, dtype=dtype, force=force, causal=bool(adapter.causal), bias_shared=bias_is_shared(adapter),
+        has_bias=held["bias"], has_scores=held["scores"], dtype=dtype, force=force, causal=bool(adapter.causal),
+        bias_shared=bias_is_shared(adapter),
     )  # fmt: skip
+    kinds = [kind for kind, on in held.items() if on]
     with (
         writer,
-        adapter.capture(layer_list, want_bias=has_bias) as got,
+        adapter.capture(layer_list, want_bias=held["bias"], want_scores=held["scores"]) as got,
         Progress(n, desc="extract", unit="sample", show=progress) as bar,
         _ChunkSink(writer, dev) as sink,
     ):
@@ -224,10 +251,8 @@ def _run(
             batch = ids[start : start + batch_size]  # (b, T)
             got.clear()
             adapter.forward(torch.from_numpy(batch).to(dev))
-            _check_captured(got, layer_list, has_bias, adapter)
-            tensors = {("weights", layer): _storable(got.weights[layer]) for layer in layer_list}
-            if has_bias:
-                tensors.update({("bias", layer): _storable(got.bias[layer]) for layer in layer_list})
+            _check_captured(got, layer_list, kinds, adapter)
+            tensors = {(kind, layer): _storable(got.of(kind)[layer]) for kind in kinds for layer in layer_list}
             got.clear()
             sink.put(batch, tensors)
             bar.update(len(batch))
@@ -272,9 +297,9 @@ class _ChunkSink:
 
     def put(self, ids: np.ndarray, tensors: dict[tuple[str, int], torch.Tensor]) -> None:
         if self.encoder is None:
-            weights = {layer: t.cpu() for (kind, layer), t in tensors.items() if kind == "weights"}
-            bias = {layer: t.cpu() for (kind, layer), t in tensors.items() if kind == "bias"}
-            self.writer.write_batch(ids, weights, bias or None)
+            by_kind = {k: {layer: t.cpu() for (kind, layer), t in tensors.items() if kind == k} or None
+                       for k in ("weights", "bias", "scores")}  # fmt: skip
+            self.writer.write_batch(ids, by_kind["weights"] or {}, by_kind["bias"], by_kind["scores"])
             return
         first = self.writer.begin_batch(ids)
         limit = 4 * self.encoder.n_buffers  # compressed chunks waiting for their turn to be written
@@ -291,10 +316,11 @@ class _ChunkSink:
                 self.writer.write_chunk(chunk.kind, chunk.layer, first + s, chunk.head, data)
 
 
-def _check_captured(got: Captured, layers: list[int], has_bias: bool, adapter: ModelAdapter) -> None:
-    missing = [layer for layer in layers if layer not in got.weights]
-    if has_bias:
-        missing += [layer for layer in layers if layer not in got.bias]
+def _check_captured(got: Captured, layers: list[int], kinds: list[str], adapter: ModelAdapter) -> None:
+    missing = [layer for kind in kinds for layer in layers if layer not in got.of(kind)]
+    if "scores" in kinds and all(layer in got.weights for layer in layers) and missing:
+        raise BiasvizError(f"the scores of layer(s) {sorted(set(missing))} were not formed: --capture scores takes "
+                           "SDPA and flex_attention calls (and biasviz's own models)")  # fmt: skip
     if missing:
         raise BiasvizError(
             f"the {adapter.architecture} model ran but nothing was captured for layer(s) {sorted(set(missing))}; "

@@ -3,7 +3,17 @@
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from biasviz.model.config import PRESETS, BiasGPTConfig
-from biasviz.model.hooks import HOOK_BIAS, HOOK_K, HOOK_PATTERN, HOOK_Q, HookPoint, capture, hook_name, hook_points
+from biasviz.model.hooks import (
+    HOOK_BIAS,
+    HOOK_K,
+    HOOK_PATTERN,
+    HOOK_Q,
+    HOOK_SCORES,
+    HookPoint,
+    capture,
+    hook_name,
+    hook_points,
+)
 from biasviz.model.modeling import BiasGPTForCausalLM
 
 AutoConfig.register(BiasGPTConfig.model_type, BiasGPTConfig, exist_ok=True)
@@ -21,4 +31,5 @@ __all__ = [
     "HOOK_K",
     "HOOK_PATTERN",
     "HOOK_Q",
+    "HOOK_SCORES",
 ]

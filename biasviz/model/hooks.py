@@ -22,6 +22,7 @@ from torch import nn
 
 HOOK_BIAS = "hook_bias"  # [batch or 1, head, rows, keys] additive bias, before the causal mask
 HOOK_PATTERN = "hook_pattern"  # [batch, head, rows, keys] post-softmax attention weights (0 past the diagonal)
+HOOK_SCORES = "hook_scores"  # [batch, head, rows, keys] the softmax's input, scale * q.k + bias, before the mask
 HOOK_Q = "hook_q"  # [batch, position, head, head dim] the queries as the scores take them (whole sequence)
 HOOK_K = "hook_k"  # [batch, position, head, head dim] the keys
 

@@ -61,6 +61,7 @@ class Attention(nn.Module):
         # (the whole matrix, row0 = 0 and rows = keys = T, in training).
         self.hook_bias = HookPoint()  # additive bias, before the causal mask: [batch or 1, head, rows, keys]
         self.hook_pattern = HookPoint()  # post-softmax weights, 0 past the diagonal: [batch, head, rows, keys]
+        self.hook_scores = HookPoint()  # the softmax's input, scale·q·k + bias, every cell: [batch, head, rows, keys]
         # q and k as the scores take them (TransformerLens' layout): [batch, position, head, head dim]
         self.hook_q = HookPoint()
         self.hook_k = HookPoint()
@@ -97,6 +98,9 @@ class Attention(nn.Module):
         bias = self.hook_bias(self.pos_bias(x, T, T), 0) if self.adds_bias else None  # (1 or B, H, T, T)
         masked = causal_mask(T, T, x.device)  # (T, T)
         dropout_p = self.dropout if self.training else 0.0
+        if self.hook_scores.active:  # formed where someone listens only
+            self.hook_scores(attention_scores(q.detach(), k.detach(), None if bias is None else bias.detach(),
+                                              self.scale), 0)  # fmt: skip
         if self.hook_pattern.active:
             pattern = self.hook_pattern(attention_pattern(q, k, bias, masked, self.scale), 0)  # (B, H, T, T)
             if dropout_p > 0:
@@ -112,7 +116,7 @@ class Attention(nn.Module):
         """One block of query rows at a time, without autograd: (B, T, H, hd)."""
         B, H, T, hd = q.shape
         dropout_p = self.dropout if self.training else 0.0
-        eager = self.hook_pattern.active
+        eager = self.hook_pattern.active or self.hook_scores.active
         if not (eager or self.adds_bias):  # fused kernels are blocked themselves and mask by position
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
             return y.transpose(1, 2)  # (B, T, H, hd)
@@ -124,7 +128,7 @@ class Attention(nn.Module):
             bias = None if rows_of is None else self.hook_bias(rows_of(r0, r1), r0)  # (1 or B, H, rows, r1)
             q_blk, k_blk, v_blk = q[:, :, r0:r1], k[:, :, :r1], v[:, :, :r1]  # (B, H, rows | r1, hd)
             if eager:
-                pattern = self.hook_pattern(self.pattern_rows(q_blk, k_blk, bias), r0)  # (B, H, rows, r1)
+                pattern = self.hook_pattern(self._rows(q_blk, k_blk, bias, r0), r0)  # (B, H, rows, r1)
                 if dropout_p > 0:
                     pattern = F.dropout(pattern, dropout_p, self.training)
                 out = pattern.to(v.dtype) @ v_blk  # (B, H, rows, hd)
@@ -135,6 +139,14 @@ class Attention(nn.Module):
                 )  # (B, H, rows, hd)
             y[:, r0:r1] = out.transpose(1, 2)
         return y
+
+    def _rows(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, r0: int) -> torch.Tensor:
+        """The weights of a block of rows, its scores passed through ``hook_scores`` first where someone listens."""
+        if not self.hook_scores.active:
+            return self.pattern_rows(q, k, bias)
+        scores = self.hook_scores(attention_scores(q, k, bias, self.scale), r0)  # (B, H, rows, r1)
+        rows = q.shape[-2]
+        return masked_softmax_(scores.clone(), causal_mask(rows, rows, q.device))
 
     def pattern_rows(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Weights of a causal block of query rows, the last ``rows`` of ``r1`` positions: q (B, H, rows, hd),

@@ -49,14 +49,16 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         seq_len = _same(files, "lengths", lambda f: f.seq_len)
         causal = _same(files, "masks", lambda f: f.causal)
         dtype = _same(files, "storage types", lambda f: f.attrs["dtype"])
-        kinds = _same(files, "contents", lambda f: ["bias"] * f.has_bias(layers[0]) + ["weights"] * (not f.bias_only))
+        kinds = _same(files, "contents", lambda f: ["bias"] * f.has_bias(layers[0]) + ["weights"] * (not f.bias_only)
+                      + ["scores"] * f.has_scores(layers[0]))  # fmt: skip
         ids = [f.input_ids() for f in files]
         if along == "checkpoint" and any(not np.array_equal(i, ids[0]) for i in ids[1:]):
             raise BiasvizError("the checkpoints were run on different token windows; a sweep needs the same ones")
         meta = {k: v for k, v in files[0].attrs.items() if k not in _LAYOUT_ATTRS} | dict(attrs or {})
         n_samples = sum(len(i) for i in ids) if along == "sample" else len(ids[0])
         writer = BiasFileWriter(out, attrs=meta, n_samples=n_samples, n_heads=heads, seq_len=seq_len, layers=layers,
-                                has_bias="bias" in kinds, has_weights="weights" in kinds, dtype=dtype, force=force,
+                                has_bias="bias" in kinds, has_weights="weights" in kinds, has_scores="scores" in kinds,
+                                dtype=dtype, force=force,
                                 causal=causal, checkpoints=steps if along == "checkpoint" else None,
                                 bias_shared=all(f.bias_shared for f in files))  # fmt: skip
         with writer:

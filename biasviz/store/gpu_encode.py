@@ -33,7 +33,7 @@ PINNED_BUDGET = 2 << 30  # bytes of pinned host memory for the ring (at least tw
 class Chunk:
     """One compressed matrix on its way to the file: where it goes and the future of its bytes."""
 
-    kind: str  # "bias" or "weights"
+    kind: str  # "bias", "weights" or "scores"
     layer: int
     samples: tuple[int, ...]  # batch-relative samples that store it (all of them for a shared (1, ...) bias)
     head: int  # 0-based
@@ -88,7 +88,7 @@ class GpuChunkEncoder:
         m = matrix.to(torch.float32).masked_fill(self.masked, 0.0)
         checks = torch.stack([torch.isfinite(m).all().float(), m.abs().amax()])
         m = m.to(self.storage)
-        if kind == "bias":  # NaN with NumPy's bits (CUDA's float -> half conversion makes another NaN)
+        if kind != "weights":  # bias, scores: NaN with NumPy's bits (CUDA's float -> half conversion makes another)
             m.view(self._int).masked_fill_(self.masked, self._nan_bits)
         raw = m.view(torch.uint8)  # (T, T * itemsize)
         if self.shuffle:  # HDF5's shuffle: byte k of every element, for k = 0, 1, ...

@@ -116,7 +116,7 @@ class BiasFile(AttrChecks):
                                              bias_only=self.bias_only, causal=self._causal)  # fmt: skip
             return
         matrix = (self._n_heads, self._seq_len, self._seq_len)
-        shapes = {"weights": (*lead, self._n_samples, *matrix),
+        shapes = {"weights": (*lead, self._n_samples, *matrix), "scores": (*lead, self._n_samples, *matrix),
                   "bias": (*lead, 1 if self.bias_shared else self._n_samples, *matrix)}  # fmt: skip
         for layer in self._layers:
             self._refuse_other_files(layer_group(layer))
@@ -250,6 +250,11 @@ class BiasFile(AttrChecks):
         grp = self._h5[layer_group(self.resolve_layer(layer))]
         return ("bias_mean" if self.is_summary else "bias") in grp
 
+    def has_scores(self, layer: int = -1) -> bool:
+        """Whether the scores are stored (a full file extracted with --capture ...,scores; every summary's maps)."""
+        grp = self._h5[layer_group(self.resolve_layer(layer))]
+        return ("scores_mean" if self.is_summary else "scores") in grp
+
     # -- summary files (SPEC section 11) -------------------------------------------------------
     @property
     def summary(self) -> SummaryLayout | None:
@@ -321,13 +326,15 @@ class BiasFile(AttrChecks):
         if kind not in grp and kind == "weights":
             raise BiasvizError(f"{self.path} holds the bias only (extracted with --bias-only, no forward pass): "
                                "no attention weights")  # fmt: skip
+        if kind not in grp and kind == "scores":
+            raise BiasvizError(f"{self.path} holds no scores: extract with --capture bias,weights,scores to store them")
         if kind not in grp:
             raise BiasvizError(f"{self.path} holds no {kind} (scheme '{self.scheme}' adds no bias)")
         ds = grp[kind] if self._steps is None else OneCheckpoint(grp[kind], self._checkpoint)
         return SharedSamples(ds, self._n_samples) if kind == "bias" and self.bias_shared else ds  # type: ignore[return-value]
 
     def read(self, kind: str, layer: int = -1, sample: int | slice | None = None) -> np.ndarray:
-        """``kind`` ('bias' or 'weights') as float32: (sample, head, query, key), or
+        """``kind`` ('bias', 'weights' or 'scores') as float32: (sample, head, query, key), or
         (head, query, key) for one integer ``sample``."""
         ds = self.dataset(kind, layer)
         sel: Any = slice(None) if sample is None else sample

@@ -50,6 +50,7 @@ class BiasFileWriter:
         layers: Sequence[int],
         has_bias: bool,
         has_weights: bool = True,
+        has_scores: bool = False,
         dtype: str = "float32",
         force: bool = False,
         causal: bool = True,
@@ -75,6 +76,7 @@ class BiasFileWriter:
         self.layers = list(layers)
         self.has_bias = has_bias
         self.has_weights = has_weights  # False: a bias-only file (extract --bias-only), no forward pass ran
+        self.has_scores = has_scores  # the softmax's input too (extract --capture ...,scores; SPEC section 12)
         if not (has_bias or has_weights):
             raise ValueError("a file needs the bias, the weights or both")
         self.attrs = dict(attrs)
@@ -209,11 +211,12 @@ class BiasFileWriter:
         shape = (*lead, self.n_samples, self.n_heads, self.seq_len, self.seq_len)
         chunks = (*(1,) * len(lead), 1, 1, self._chunk_rows, self.seq_len)
         dims = DIMS if self.checkpoints is None else ("checkpoint", *DIMS)
-        kinds = (["bias"] if self.has_bias else []) + (["weights"] if self.has_weights else [])
+        kinds = [kind for kind, held in (("bias", self.has_bias), ("weights", self.has_weights),
+                                         ("scores", self.has_scores)) if held]  # fmt: skip
         for layer in self.layers:
             grp = f.create_group(layer_group(layer))
             for kind in kinds:
-                fill = np.nan if kind == "bias" else 0.0
+                fill = 0.0 if kind == "weights" else np.nan
                 one = (*lead, 1, *shape[len(lead) + 1 :])  # a shared bias: one sample stands for all
                 ds = grp.create_dataset(kind, shape=one if kind == "bias" and self.bias_shared else shape,
                                         dtype=self.dtype, chunks=chunks, fillvalue=fill, **self._filters)  # fmt: skip
@@ -242,7 +245,7 @@ class BiasFileWriter:
             peak = max(float(m.max()), -float(m.min()))
             if peak > FLOAT16_MAX:
                 raise float16_overflow_error(kind, layer, peak)
-        if kind == "bias":
+        if kind != "weights":  # a bias or scores: no value where a query does not look
             np.copyto(m, np.nan, where=self._mask)
         return m.astype(self.dtype, copy=False)
 
@@ -370,8 +373,10 @@ class BiasFileWriter:
         input_ids: Any,
         weights: Mapping[int, Any],
         bias: Mapping[int, Any] | None = None,
+        scores: Mapping[int, Any] | None = None,
     ) -> None:
-        """Append one batch: ``input_ids`` (b, T); per layer weights (b, H, T, T), bias (b or 1, H, T, T).
+        """Append one batch: ``input_ids`` (b, T); per layer weights (b, H, T, T), bias (b or 1, H, T, T) and,
+        in a file that holds them, scores (b, H, T, T).
 
         Arrays may be NumPy arrays or CPU tensors; they are read, never modified.
         """
@@ -384,6 +389,10 @@ class BiasFileWriter:
                 if bias is None or layer not in bias:
                     raise ValueError(f"no bias given for layer {layer}")
                 self._write_kind("bias", layer, bias[layer], start, b)
+            if self.has_scores:
+                if scores is None or layer not in scores:
+                    raise ValueError(f"no scores given for layer {layer}")
+                self._write_kind("scores", layer, scores[layer], start, b)
 
     @property
     def written(self) -> int:

@@ -46,6 +46,7 @@ class AttentionCall:
     weights: torch.Tensor | None = None
     note: str = ""
     sink: torch.Tensor | None = None  # (B, H, Tq): the softmax's share on attention-sink columns, if any
+    scores: torch.Tensor | None = None  # (B, H, Tq, Tk) float32, the softmax's input, masked cells NaN, when asked
 
 
 def _threshold(dtype: torch.dtype) -> float:
@@ -178,12 +179,13 @@ def sdpa_operands(args: tuple[Any, ...], kwargs: dict[str, Any], groups: int = 1
 
 
 def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
-              inspect: bool = False, groups: int = 1) -> AttentionCall:  # fmt: skip
+              inspect: bool = False, groups: int = 1, scores: bool = False) -> AttentionCall:  # fmt: skip
     """One ``scaled_dot_product_attention`` call (:func:`sdpa_operands`), its bias and weights formed when
     ``record``.
 
     Neither ``record`` nor ``inspect``: only its shape is read (a call before the one asked for).
-    The call is reported in the model's own (batch, heads, queries, keys), packed GQA heads unpacked.
+    The call is reported in the model's own (batch, heads, queries, keys), packed GQA heads unpacked;
+    with ``scores`` its scores are kept too.
     """
     if not (record or inspect):
         bound = _sdpa_bound(args, kwargs)
@@ -196,9 +198,11 @@ def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
     if not record:
         return call
     with torch.no_grad():
-        scores = formed_scores(ops)
+        formed = formed_scores(ops)
         call.bias = None if ops.additive is None else _bias(ops).masked_fill(~ops.kept, float("nan"))
-        call.weights = _softmax_kept(scores, ops.kept)
+        call.weights = _softmax_kept(formed, ops.kept)
+        if scores:
+            call.scores = formed.masked_fill(~ops.kept, float("nan"))
     return call
 
 
@@ -284,7 +288,7 @@ def _on_grid(fn: Callable[..., torch.Tensor], shape: tuple[int, int, int, int], 
 
 
 def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
-              inspect: bool = False) -> AttentionCall:  # fmt: skip
+              inspect: bool = False, scores: bool = False) -> AttentionCall:  # fmt: skip
     """One call of the ``flex_attention`` operator: (q, k, v, score_mod, block_mask tuple, scale, ...).
 
     The bias is the additive part of ``score_mod``: ``score_mod(s, b, h, i, j) - s``, evaluated on the
@@ -311,7 +315,7 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
             kept = _on_grid(lambda *a: mask_mod(*a, *buffers), shape, q.device).bool()
         identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
         call = AttentionCall(index, "flex_attention", batch, heads, q_len, k_len)
-        scores = _scores(q, k, bound.get("scale"))
+        formed = _scores(q, k, bound.get("scale"))
         additive = adds = True
         if not identity:
             buffers = tuple(bound.get("score_mod_other_buffers") or ())
@@ -319,13 +323,13 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
             def modded(s: torch.Tensor) -> torch.Tensor:
                 return _on_grid(lambda x, *a: score_mod(x, *a, *buffers), shape, q.device, score=s).float()
 
-            out = modded(scores)
+            out = modded(formed)
             # a score_mod may mask by itself (torch.where(i >= j, s + b, -inf), or finfo.min as transformers
             # adds its mask): those cells are masked, as a mask_mod's are, and not part of the bias
             kept = kept & (out > MASKED_BELOW)
-            offset = modded(torch.zeros_like(scores))
-            additive = _additive(scores, out, offset, kept) and all(
-                _additive(scores.new_full((), probe).expand_as(scores), modded(scores.new_full(scores.shape, probe)),
+            offset = modded(torch.zeros_like(formed))
+            additive = _additive(formed, out, offset, kept) and all(
+                _additive(formed.new_full((), probe).expand_as(formed), modded(formed.new_full(formed.shape, probe)),
                           offset, kept)
                 for probe in PROBES
             )  # fmt: skip
@@ -335,11 +339,13 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
             elif not additive:
                 call.note = "score_mod is not additive (score_mod(s) - s changes with s: softcapping, say); " \
                             "no bias recorded"  # fmt: skip
-            scores = out
+            formed = out
         call.causal = _is_causal(kept)
         call.adds_bias = not identity and additive and adds
         if record:
-            call.weights = _softmax_kept(scores, kept)
+            call.weights = _softmax_kept(formed, kept)
+            if scores:
+                call.scores = formed.masked_fill(~kept, float("nan"))
     return call
 
 

@@ -60,9 +60,10 @@ class Trace:
     """
 
     def __init__(self, model: torch.nn.Module | None = None, layers: Iterable[int] | None = None,
-                 *, stop: bool = False, inspect: bool = False,
+                 *, stop: bool = False, inspect: bool = False, scores: bool = False,
                  keep: Callable[[int, SdpaOperands | None], None] | None = None) -> None:  # fmt: skip
         self.model = model
+        self.keep_scores = scores  # the calls asked for keep their scores too (SDPA and flex_attention)
         self.keep = keep
         self.inspect = inspect  # a probe: calls not recorded still tell whether they add a bias
         self.layers = None if layers is None else sorted({int(x) for x in layers})
@@ -82,6 +83,11 @@ class Trace:
     @property
     def weights(self) -> dict[int, torch.Tensor]:
         return {c.index: c.weights for c in self.calls if c.weights is not None}
+
+    @property
+    def scores(self) -> dict[int, torch.Tensor]:
+        """(B, H, Tq, Tk) per call, with ``scores=True``: the softmax's input, masked cells NaN (SDPA, flex)."""
+        return {c.index: c.scores for c in self.calls if c.scores is not None}
 
     @property
     def sinks(self) -> dict[int, torch.Tensor]:
@@ -105,11 +111,12 @@ class Trace:
             self.keep(index, None)
         try:
             if kind == "sdpa":
-                call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups())
+                call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups(),
+                                 scores=self.keep_scores)  # fmt: skip
             elif kind == "multi_head_attention":
                 call = mha_call(index, args, kwargs, record, self.inspect)
             else:
-                call = flex_call(index, args, kwargs, record, self.inspect)
+                call = flex_call(index, args, kwargs, record, self.inspect, scores=self.keep_scores)
         except Exception as exc:  # a trace never breaks the call it observes: the call runs, the reason is kept
             call = unformed(index, kind, args, kwargs, exc)
         dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0) if kind == "sdpa" else 0.0
