@@ -25,6 +25,7 @@ from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.progress import Progress
 from biasviz.store import BiasFileWriter
+from biasviz.store.format import BIAS_DIFFERENCE
 
 CAPTURABLE = ("bias", "weights", "scores")  # what a full file can store per layer, in file order (SPEC 2, 12)
 DEFAULT_CAPTURE = ("bias", "weights")
@@ -99,10 +100,12 @@ def check_windows_memory(samples: int, seq_len: int) -> None:
     check_fits(samples * seq_len * 8, f"{samples} windows of {seq_len} tokens", _FIX_MEMORY)
 
 
-def check_batch_memory(adapter: ModelAdapter, layers: int, batch: int, seq_len: int, device: torch.device) -> None:
+def check_batch_memory(adapter: ModelAdapter, layers: int, batch: int, seq_len: int, device: torch.device,
+                       scores: bool = False) -> None:  # fmt: skip
     """Refuse, before the forward pass, a batch that cannot fit: one (B, H, T, T) float32 matrix per captured
-    layer for the weights and one for the bias, on the device."""
-    matrices = layers * (1 + int(bool(adapter.adds_bias)))
+    layer for the weights, one for the bias and one for the scores, and for a bias declared the same for every
+    input the first sample's per layer and one difference from it, on the device."""
+    matrices = layers * (1 + int(bool(adapter.adds_bias)) + int(scores)) + (layers + 1) * int(bias_is_shared(adapter))
     check_fits(attention_bytes(batch, adapter.n_heads, seq_len, matrices),
                f"a batch of {batch} x {adapter.n_heads} heads x {seq_len} x {seq_len}", _FIX_MEMORY, device)
 
@@ -177,7 +180,7 @@ def extract(
         with placed(adapter.model, dev, run_dtype):
             adapter.prepare(ids)  # a traced model: its attention calls, from one pass where it will run
             layer_list = adapter.resolve_layers(layers)
-            check_batch_memory(adapter, len(layer_list), min(batch_size, n), seq_len, dev)
+            check_batch_memory(adapter, len(layer_list), min(batch_size, n), seq_len, dev, "scores" in kinds)
             held = {"bias": "bias" in kinds and bool(adapter.adds_bias), "weights": "weights" in kinds,
                     "scores": "scores" in kinds}  # fmt: skip
             meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
@@ -241,6 +244,7 @@ def _run(
         bias_shared=bias_is_shared(adapter),
     )  # fmt: skip
     kinds = [kind for kind, on in held.items() if on]
+    agreement = SameBias() if writer.bias_shared else None
     with (
         writer,
         adapter.capture(layer_list, want_bias=held["bias"], want_scores=held["scores"]) as got,
@@ -252,11 +256,38 @@ def _run(
             got.clear()
             adapter.forward(torch.from_numpy(batch).to(dev))
             _check_captured(got, layer_list, kinds, adapter)
+            if agreement is not None and agreement.differs(got.bias):  # declared context-free, measured otherwise
+                sink.drain()
+                writer.unshare_bias()
             tensors = {(kind, layer): _storable(got.of(kind)[layer]) for kind in kinds for layer in layer_list}
             got.clear()
             sink.put(batch, tensors)
             bar.update(len(batch))
             check_interrupted()
+        if agreement is not None:
+            writer.record(BIAS_DIFFERENCE, agreement.largest)
+
+
+class SameBias:
+    """Measures whether a bias declared the same for every input is: each sample's against the first's.
+
+    :attr:`largest` is the largest |b_a(i, j) - b_0(i, j)| over samples, layers and cells (those a query sees;
+    0 when every sample's bias equals the first's bit for bit). One pass over what was captured, on its device;
+    the first sample's bias is kept (one (H, T, T) matrix per layer, as a batch of one holds).
+    """
+
+    def __init__(self) -> None:
+        self.first: dict[int, torch.Tensor] = {}
+        self.largest = 0.0
+
+    def differs(self, bias: Mapping[int, torch.Tensor]) -> bool:
+        """Take one batch's bias (layer -> (1 or B, H, T, T)); True when this batch is the first to differ."""
+        before = self.largest
+        for layer, b in bias.items():
+            first = self.first.setdefault(layer, b[:1].clone())
+            gap = torch.nan_to_num((b - first).abs_(), nan=0.0)  # masked cells are NaN in both
+            self.largest = max(self.largest, float(gap.amax()))
+        return before == 0.0 < self.largest
 
 
 _STORABLE = (torch.float32, torch.float16)
@@ -290,7 +321,7 @@ class _ChunkSink:
     def __exit__(self, exc_type: type | None, *exc: object) -> None:
         try:
             if exc_type is None:
-                self._flush(lambda: bool(self.pending))
+                self.drain()
         finally:
             if self.encoder is not None:
                 self.encoder.close()
@@ -306,6 +337,10 @@ class _ChunkSink:
         for chunk in self.encoder.encode(tensors):
             self.pending.append((first, chunk))
             self._flush(lambda: bool(self.pending) and (self.pending[0][1].data.done() or len(self.pending) > limit))
+
+    def drain(self) -> None:
+        """Write every chunk still in flight (before the file's layout changes)."""
+        self._flush(lambda: bool(self.pending))
 
     def _flush(self, more: Any) -> None:
         """Write finished chunks in order while ``more()`` says so (waiting for the oldest when needed)."""

@@ -19,11 +19,12 @@ import h5py
 import numpy as np
 
 from biasviz.common.errors import BiasvizError
+from biasviz.store.format import BIAS_DIFFERENCE
 from biasviz.store.reader import open_bias_file
 from biasviz.store.writer import BiasFileWriter
 
 # attributes the writer sets from the layout itself
-_LAYOUT_ATTRS = {"biasviz_format", "dtype", "n_heads", "seq_len", "causal", "layers", "samples"}
+_LAYOUT_ATTRS = {"biasviz_format", "dtype", "n_heads", "seq_len", "causal", "layers", "samples", "bias_shared"}
 
 
 def _same(parts: Sequence[Any], what: str, get: Any) -> Any:
@@ -55,12 +56,18 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         if along == "checkpoint" and any(not np.array_equal(i, ids[0]) for i in ids[1:]):
             raise BiasvizError("the checkpoints were run on different token windows; a sweep needs the same ones")
         meta = {k: v for k, v in files[0].attrs.items() if k not in _LAYOUT_ATTRS} | dict(attrs or {})
+        shared = all(f.bias_shared for f in files)
+        if along == "sample" and BIAS_DIFFERENCE in meta:  # measured in each part, and between parts here
+            gap = max([float(f.attrs.get(BIAS_DIFFERENCE, 0.0)) for f in files]
+                      + ([_largest_gap(files, layers)] if shared else []))  # fmt: skip
+            meta[BIAS_DIFFERENCE] = gap
+            shared = shared and gap == 0.0
         n_samples = sum(len(i) for i in ids) if along == "sample" else len(ids[0])
         writer = BiasFileWriter(out, attrs=meta, n_samples=n_samples, n_heads=heads, seq_len=seq_len, layers=layers,
                                 has_bias="bias" in kinds, has_weights="weights" in kinds, has_scores="scores" in kinds,
                                 dtype=dtype, force=force,
                                 causal=causal, checkpoints=steps if along == "checkpoint" else None,
-                                bias_shared=all(f.bias_shared for f in files))  # fmt: skip
+                                bias_shared=shared)  # fmt: skip
         with writer:
             if along == "checkpoint":
                 writer.begin_batch(ids[0])
@@ -71,6 +78,19 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
                     for kind in kinds:
                         _copy(part.dataset(kind, layer), writer, kind, layer, first, checkpoint)
     return out
+
+
+def _largest_gap(files: Sequence[Any], layers: Sequence[int]) -> float:
+    """The largest |b - b_first| between the stored (shared) biases of the parts, over used cells."""
+    gap = 0.0
+    for layer in layers:
+        first = files[0].dataset("bias", layer)
+        for other in files[1:]:
+            ds = other.dataset("bias", layer)
+            for h in range(files[0].n_heads):  # one (T, T) matrix at a time
+                d = np.abs(np.asarray(ds[0, h], dtype=np.float64) - np.asarray(first[0, h], dtype=np.float64))
+                gap = max(gap, float(np.nan_to_num(d, nan=0.0).max()))
+    return gap
 
 
 def _copy(src: h5py.Dataset, writer: BiasFileWriter, kind: str, layer: int, first: int,

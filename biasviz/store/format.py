@@ -76,6 +76,11 @@ def float16_overflow_error(kind: str, layer: int, peak: float) -> BiasvizError:
     )
 
 
+# a bias declared the same for every input (bias_shared), measured: the largest |b_a - b_0| over samples and cells
+# (0: stored once; above 0: every sample stored). Root attribute of full files and summaries.
+BIAS_DIFFERENCE = "bias_max_difference"
+
+
 # -- summary files (SPEC section 11: ``extract --summary``) -------------------------------------------------
 DEFAULT_RESOLUTION = 1024  # at most this many query and key blocks per map
 SUMMARY_MAPS = ("bias_mean", "bias_std", "weights_mean", "weights_std", "scores_mean", "scores_std",

@@ -1,0 +1,104 @@
+"""A bias declared the same for every input is measured, not assumed (every sample against the first).
+
+A test model registered as context-free (ALiBi) whose scheme secretly adds a tiny input-dependent term is
+caught: its bias is stored per sample, the file records the measured difference, and the context dependence
+computed from the file is above 0 and equals numpy's on every sample's bias. Real context-free schemes record
+a difference of exactly 0 and keep one stored bias.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+from biasviz.diagnostics.measures import diagnose_array
+from biasviz.extraction.run import bias_is_shared, extract
+from biasviz.store import open_bias_file
+from biasviz.store.format import BIAS_DIFFERENCE
+from tests.conftest import small_model
+
+T = 24
+SECRET = 1e-3
+
+
+def _secretly_dependent(model: torch.nn.Module) -> torch.nn.Module:
+    """Every layer's ALiBi plus SECRET times each query's mean input: still declared context-free."""
+    for block in model.blocks:
+        scheme = block.attn.pos_bias
+        declared = scheme.rows
+
+        def rows(x: torch.Tensor | None, declared=declared):  # noqa: ANN001, ANN202
+            inner = declared(x)
+            assert x is not None
+            return lambda r0, r1: inner(r0, r1) + SECRET * x[:, r0:r1].mean(-1)[:, None, :, None]
+
+        object.__setattr__(scheme, "rows", rows)
+    return model
+
+
+def _windows(n: int) -> np.ndarray:
+    return np.random.default_rng(8).integers(0, 97, size=(n, T))
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5])
+def test_a_secretly_input_dependent_bias_is_stored_per_sample(tmp_path: Path, batch_size: int) -> None:
+    adapter = BiasGPTAdapter(_secretly_dependent(small_model("alibi")), source="test")
+    assert bias_is_shared(adapter)  # what the declaration says
+    ids = _windows(5)
+    extract(adapter, ids, tmp_path / "x.h5", layers="all", device="cpu", progress=False, batch_size=batch_size)
+    with open_bias_file(tmp_path / "x.h5") as f:
+        assert not f.bias_shared
+        bias = f.read("bias", layer=1).astype(np.float64)  # (N, H, T, T)
+        assert f.attrs[BIAS_DIFFERENCE] > 0
+        lower = np.tril(np.ones((T, T), bool))
+        gap = np.abs(bias - bias[:1])[..., lower].max()
+        assert f.attrs[BIAS_DIFFERENCE] >= gap > 0  # the file's is over every layer
+        measured = diagnose_array(bias)
+    assert all(h.context_dependence is not None and h.context_dependence > 0 for h in measured)
+    spread = bias[..., lower].std(0)  # numpy on every sample's bias: mean over cells of the std over samples
+    scale = bias.mean(0)[..., lower].std(-1)
+    np.testing.assert_allclose([h.context_dependence for h in measured], spread.mean(-1) / scale, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "kerple-log", "fire", "t5"])
+def test_a_context_free_bias_is_measured_equal_and_stored_once(tmp_path: Path, scheme: str) -> None:
+    ids = _windows(4)
+    extract(BiasGPTAdapter(small_model(scheme), source="test"), ids, tmp_path / "x.h5", layers="all",
+            device="cpu", progress=False, batch_size=3)  # fmt: skip
+    with h5py.File(tmp_path / "x.h5") as f:
+        assert f.attrs["bias_shared"] and f.attrs[BIAS_DIFFERENCE] == 0.0
+        assert f["layer_0/bias"].shape[0] == 1
+
+
+def test_a_context_dependent_scheme_records_no_comparison(tmp_path: Path) -> None:
+    extract(BiasGPTAdapter(small_model("cable"), source="test"), _windows(3), tmp_path / "x.h5", device="cpu",
+            progress=False)  # fmt: skip
+    with h5py.File(tmp_path / "x.h5") as f:
+        assert BIAS_DIFFERENCE not in f.attrs and "bias_shared" not in f.attrs
+
+
+def test_torchrun_shards_whose_shared_biases_differ_are_joined_per_sample(tmp_path: Path) -> None:
+    """Each process measured its own samples equal; the join measures the processes' against each other."""
+    from biasviz.store.combine import combine
+
+    ids = _windows(4)
+    honest = BiasGPTAdapter(small_model("alibi"), source="test")
+    secret = BiasGPTAdapter(_secretly_dependent(small_model("alibi")), source="test")
+    extract(honest, ids[:2], tmp_path / "a.h5", device="cpu", progress=False, batch_size=2)
+    extract(secret, ids[2:3], tmp_path / "b.h5", device="cpu", progress=False)  # one sample: nothing to compare
+    extract(honest, ids[2:], tmp_path / "c.h5", device="cpu", progress=False, batch_size=2)
+    combine([tmp_path / "a.h5", tmp_path / "c.h5"], tmp_path / "same.h5", along="sample")
+    combine([tmp_path / "a.h5", tmp_path / "b.h5"], tmp_path / "joined.h5", along="sample")
+    with open_bias_file(tmp_path / "same.h5") as f:
+        assert f.bias_shared and f.attrs[BIAS_DIFFERENCE] == 0.0
+    with open_bias_file(tmp_path / "joined.h5") as f, open_bias_file(tmp_path / "b.h5") as b:
+        assert not f.bias_shared and f.attrs[BIAS_DIFFERENCE] > 0
+        bias = f.read("bias")
+        assert bias.shape[0] == 3
+        np.testing.assert_array_equal(bias[2], b.read("bias", sample=0))
+        np.testing.assert_array_equal(bias[0], bias[1])
