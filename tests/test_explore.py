@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import biasviz
+from biasviz.common.errors import BiasvizError
 from biasviz.explorer.build import build_page_data
 from biasviz.explorer.colors import colormap_table
 from biasviz.explorer.encode import NAN_CODE, dequantise, pack_exact, pack_quantised, quantise
@@ -253,3 +254,34 @@ def test_a_sweep_is_compared_only_with_a_sweep_of_the_same_steps(
     plain = make_bias_file(tmp_path / "plain.h5", "cable", n=1, heads=3, t=SWEEP_T, layers=(1,))
     with pytest.raises(biasviz.common.errors.BiasvizError, match="cannot be compared step by step"):
         build_page_data([sweep, plain])
+
+
+def test_a_summary_switches_to_scores_and_positional_logits(tmp_path: Path) -> None:
+    """SPEC section 12 in the page: a summary's scores and P, each head's values exactly the file's maps."""
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.extraction.run import extract
+    from biasviz.extraction.summary import extract_summary
+    from tests.conftest import small_model
+
+    ids = np.random.default_rng(3).integers(0, 97, size=(3, 32))
+    adapter = BiasGPTAdapter(small_model("rope"), source="test")
+    extract_summary(adapter, ids, tmp_path / "s.h5", layers=[1], resolution=32, device="cpu", progress=False)
+    page = biasviz.explore(tmp_path / "s.h5")
+    payload = page_payload(page.html)
+    assert payload["kinds"] == ["weights", "scores", "positional"]
+    with h5py.File(tmp_path / "s.h5") as f:
+        for kind in ("scores", "positional"):
+            for h in range(f.attrs["n_heads"]):
+                shown = unpack(payload["sets"][f"A|1|{kind}|mean"]["heads"][h]["levels"][0])
+                assert np.array_equal(shown, f[f"layer_1/{kind}_mean"][h], equal_nan=True)
+    only = page_payload(biasviz.explore(tmp_path / "s.h5", kind="positional").html)
+    assert only["kinds"] == ["positional"]
+    extract(adapter, ids, tmp_path / "full.h5", layers=[1], device="cpu", progress=False,
+            capture=["weights", "scores"])  # fmt: skip
+    full = page_payload(biasviz.explore(tmp_path / "full.h5").html)
+    assert full["kinds"] == ["weights", "scores"]
+    with h5py.File(tmp_path / "full.h5") as f:
+        shown = unpack(full["sets"]["A|1|scores|0"]["heads"][0]["levels"][0])
+        assert np.array_equal(shown, f["layer_1/scores"][0, 0], equal_nan=True)
+    with pytest.raises(BiasvizError, match="hold no positional"):
+        biasviz.explore(tmp_path / "full.h5", kind="positional")

@@ -14,8 +14,10 @@ from biasviz.cli.options import with_config
                 type=click.Path(dir_okay=True, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="HTML file to write.  [default: figures/<name>_explore.html]")  # fmt: skip
-@click.option("--kind", type=click.Choice(["bias", "weights", "all"]), default="all", show_default=True,
-              help="What the page can show: the bias, the attention weights, or both (switchable).")  # fmt: skip
+@click.option("--kind", type=click.Choice(["bias", "weights", "scores", "positional", "all"]), default="all",
+              show_default=True,
+              help="What the page can show: the bias, the attention weights, the scores (softmax input) or a "
+              "summary's positional logits P (SPEC section 12); 'all': every one the file holds.")  # fmt: skip
 @click.option("--layer", type=int, default=None,
               help="One layer (-1: the last stored).  [default: every layer the file holds]")  # fmt: skip
 @click.option("--max-mb", type=click.FloatRange(min=0.5), default=None,

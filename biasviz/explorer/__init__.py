@@ -55,15 +55,16 @@ def explore(path: str | Path, other: str | Path | None = None, *, kind: str = "a
             title: str | None = None) -> ExplorerPage:  # fmt: skip
     """Build the page for ``path`` (and ``other``, compared as A, B and A - B).
 
-    ``kind``: 'bias', 'weights' or 'all'; ``layer``: one layer (default: every layer stored);
+    ``kind``: 'bias', 'weights', 'scores', 'positional' (SPEC section 12) or 'all' (every one the file holds);
+    ``layer``: one layer (default: every layer stored);
     ``max_mb``: the size budget (default 14 MB up to 1024 positions, 38 MB beyond);
     ``tokenizer``: a tokenizer.json for the token read-out when the file's own cannot be found.
     """
-    from biasviz.explorer.build import build_page_data
+    from biasviz.explorer.build import KINDS, build_page_data
     from biasviz.explorer.page import render_page
 
-    if kind not in ("bias", "weights", "all"):
-        raise BiasvizError(f"kind must be 'bias', 'weights' or 'all', not '{kind}'")
+    if kind not in (*KINDS, "all"):
+        raise BiasvizError(f"kind must be one of {', '.join(KINDS)} or 'all', not '{kind}'")
     if max_mb is not None and not 0 < max_mb < math.inf:  # NaN fails this too
         raise BiasvizError(f"the size budget must be a positive, finite number of MB, not {max_mb}")
     paths = [Path(path)] + ([Path(other)] if other is not None else [])

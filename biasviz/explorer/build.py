@@ -49,7 +49,7 @@ OVERVIEW = 256
 #: then 16-bit, then blocks twice as large), down to :data:`MIN_OVERVIEW` cells a side.
 OVERVIEW_SHARE = 0.5
 MIN_OVERVIEW = 64
-KINDS = ("bias", "weights")
+KINDS = ("bias", "weights", "scores", "positional")  # what a page can switch between (SPEC 12: the last two)
 MB = 1_000_000
 
 
@@ -139,13 +139,18 @@ class _Builder:
         chosen = [k for k in wanted if k in available]
         if not chosen:
             what = " and ".join(str(f.path) for f in self.files)
+            other = "bias" if kind == "weights" else "weights"
             raise BiasvizError(f"{what} hold no {kind if kind != 'all' else 'bias or weights'} in layer "
-                               f"{self.layers[0]}; try --kind {'weights' if kind == 'bias' else 'bias'}")  # fmt: skip
+                               f"{self.layers[0]}; try --kind {other}")  # fmt: skip
         return chosen
 
     def _has(self, f: BiasFile, kind: str) -> bool:
         if kind == "weights":
             return not f.bias_only
+        if kind == "scores":
+            return all(f.has_scores(layer) for layer in self.layers)
+        if kind == "positional":  # a summary of two samples or more
+            return f.is_summary and all(f.has_positional(layer) for layer in self.layers)
         return all(f.has_bias(layer) for layer in self.layers)
 
     def _samples(self, f: BiasFile | None) -> list[int | str]:
@@ -295,8 +300,8 @@ class _Builder:
         if self.summary is None:
             return None
         if f is not None:
-            return (*_at(f, c).profile(kind, layer), self.summary.profile_start)
-        (ma, _), (mb, _) = (_at(x, c).profile(kind, layer) for x in self.files)
+            return (*_profile(_at(f, c), kind, layer), self.summary.profile_start)
+        (ma, _), (mb, _) = (_profile(_at(x, c), kind, layer) for x in self.files)
         return ma - mb, np.zeros_like(ma), self.summary.profile_start  # no spread over samples of a difference
 
     def _heads_of(self, f: BiasFile, layer: int, kind: str, sample: int | str) -> Iterator[np.ndarray]:
@@ -342,6 +347,14 @@ class _Builder:
 
     def _count(self, what: str) -> None:
         self.precision[what] = self.precision.get(what, 0) + 1
+
+
+def _profile(f: BiasFile, kind: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """A summary's stored (mean, std) by distance; P has no spread over samples (one matrix for all of them)."""
+    if kind == "positional":
+        mean = f.summary_array("positional_profile", layer)[0]  # over all keys
+        return mean, np.zeros_like(mean)
+    return f.profile(kind, layer)
 
 
 def _key(label: str, c: int | None, layer: int, kind: str, sample: int | str) -> str:

@@ -120,3 +120,8 @@ function fmt4(v) {
 }
 
 const LUTS = Object.fromEntries(Object.keys(DATA.cmaps).map((name) => [name, base64Bytes(DATA.cmaps[name])]));
+
+// What each kind is called: in the controls and caption, and (short) on the profile's value axis.
+const KIND_NAMES = { bias: "bias", weights: "attention weights", scores: "scores (softmax input)",
+  positional: "positional logits P" };
+const KIND_AXIS = { bias: "bias", weights: "weight", scores: "score", positional: "P" };

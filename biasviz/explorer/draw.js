@@ -264,7 +264,7 @@ function drawProfile(cv, profiles, names, head) {
   ctx.translate(12, top + (h - top - bottom) / 2);
   ctx.rotate(-Math.PI / 2);
   ctx.textAlign = "center";
-  ctx.fillText(state.kind === "bias" ? "bias" : "weight", 0, 0);
+  ctx.fillText(KIND_AXIS[state.kind] || state.kind, 0, 0);
   ctx.restore();
   const over = SUMMARY && !SUMMARY.bias_only ? "samples and cells" : "cells";
   ctx.textAlign = "left";

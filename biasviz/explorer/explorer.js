@@ -201,7 +201,7 @@ function describeView() {
     ? `A - B = ${path("A")} minus ${path("B")}` : `${state.source}: ${path(state.source)}`;
   const step = STEPS ? ` · step ${STEPS[state.step]} (checkpoint ${state.step + 1} of ${STEPS.length})` : "";
   const sample = SUMMARY ? "mean over samples" : state.sample === "mean" ? "mean over samples" : `sample ${state.sample}`;
-  const kind = state.kind === "bias" ? "bias" : "attention weights";
+  const kind = KIND_NAMES[state.kind] || state.kind;
   $("where").textContent = `${shown}${step} · layer ${state.layer} · ${sample} · ${kind}`;
 }
 
@@ -344,7 +344,7 @@ function setup() {
   if (STEPS) fill($("step"), STEPS.map((s, k) => [k, `step ${s}`]), state.step);
   $("step").closest("label").hidden = !STEPS;
   fill($("layer"), DATA.layers.map((l) => [l, `layer ${l}`]), state.layer);
-  fill($("kind"), DATA.kinds.map((k) => [k, k === "bias" ? "bias" : "attention weights"]), state.kind);
+  fill($("kind"), DATA.kinds.map((k) => [k, KIND_NAMES[k] || k]), state.kind);
   fill($("focus-head"), Array.from({ length: H }, (_, k) => [k + 1, `head ${k + 1}`]), 1);
   refreshSamples();
   $("sample").closest("label").hidden = Boolean(SUMMARY); // a summary holds the mean over samples only

@@ -16,10 +16,11 @@ from matplotlib.colors import Colormap, LogNorm, Normalize
 from biasviz.common.errors import BiasvizError
 
 #: What a panel can show: a bias, attention weights, or the standard deviation over samples of either.
-KINDS = ("bias", "weights", "bias_std", "weights_std", "positional")
+KINDS = ("bias", "weights", "bias_std", "weights_std", "positional", "scores", "scores_std")
 #: Default maps: perceptual sequential maps; a diverging map (white at 0) when values change sign.
 DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "bias_std": "viridis", "weights_std": "magma",
-                 "positional": "RdBu_r", "diverging": "RdBu_r"}  # fmt: skip
+                 "positional": "RdBu_r", "scores": "viridis", "scores_std": "viridis",
+                 "diverging": "RdBu_r"}  # fmt: skip
 #: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
 SIGN_TOLERANCE = 1e-3
 #: Linear scales of attention weights end at this percentile (the colorbar gets an arrow for larger ones).

@@ -17,7 +17,7 @@ import numpy as np
 
 from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import regular_file
-from biasviz.store.format import FORMAT_VERSION, REQUIRED_ATTRS, layer_group
+from biasviz.store.format import FORMAT_VERSION, POSITIONAL_MEAN, REQUIRED_ATTRS, layer_group
 from biasviz.store.guard import check_isolated
 from biasviz.store.summary_reader import SummaryLayout, validate_summary
 from biasviz.store.validation import AttrChecks, describe, plain
@@ -249,6 +249,11 @@ class BiasFile(AttrChecks):
     def has_bias(self, layer: int = -1) -> bool:
         grp = self._h5[layer_group(self.resolve_layer(layer))]
         return ("bias_mean" if self.is_summary else "bias") in grp
+
+    def has_positional(self, layer: int = -1) -> bool:
+        """Whether a summary holds the positional logits P (SPEC section 12: two samples or more)."""
+        grp = self._h5[layer_group(self.resolve_layer(layer))]
+        return self.is_summary and POSITIONAL_MEAN in grp
 
     def has_scores(self, layer: int = -1) -> bool:
         """Whether the scores are stored (a full file extracted with --capture ...,scores; every summary's maps)."""
