@@ -307,3 +307,27 @@ def test_org_name_without_checkpoints_says_how_to_read_the_cache(capsys: pytest.
                                                                  tmp_path: Path) -> None:  # fmt: skip
     rc, _, err = run_cli(["extract", "--model", "EleutherAI/pythia-tiny", "--out", str(tmp_path / "o.h5")], capsys)
     assert rc == 1 and "--model EleutherAI/pythia-tiny does not exist" in err and "with --checkpoints" in err
+
+
+def test_a_summary_sweep_of_rope_checkpoints_keeps_positional_logits_equal_to_single_runs(tmp_path: Path) -> None:
+    """SPEC section 12 over training: each checkpoint's slice of a sweep is that checkpoint summarised alone."""
+    from biasviz.adapters.traced import load_transformers_sdpa
+    from biasviz.extraction.summary import extract_summary
+
+    root = tmp_path / "run"
+    for k, name in enumerate(["step0", "step50", "step100"]):
+        tiny_neox(k).save_pretrained(root / name)
+    windows = np.random.default_rng(4).integers(0, VOCAB, size=(3, 16))
+    extract_sweep(root, "all", windows, tmp_path / "sweep.h5", summary=True, resolution=8, layers="all",
+                  device="cpu", progress=False)  # fmt: skip
+    with h5py.File(tmp_path / "sweep.h5") as sweep:
+        for index, name in enumerate(["step0", "step50", "step100"]):
+            single = tmp_path / f"{name}.h5"
+            extract_summary(load_transformers_sdpa(root / name), windows, single, layers="all", resolution=8,
+                            device="cpu", progress=False)  # fmt: skip
+            with h5py.File(single) as one:
+                for layer in (0, 1):
+                    for key in ("positional_mean", "positional_profile", "scores_mean", "weights_key_profile",
+                                "sink_share"):  # fmt: skip
+                        np.testing.assert_array_equal(sweep[f"layer_{layer}/{key}"][index],
+                                                      one[f"layer_{layer}/{key}"][()], err_msg=f"{name} {key}")
