@@ -224,7 +224,7 @@ class _Builder:
         return left
 
     def _header(self) -> dict[str, Any]:
-        from biasviz.explorer.colors import colormap_tables
+        from biasviz.explorer.colors import colormap_tables, masked_colors
         from biasviz.plotting.heatmap import DEFAULT_CMAPS
 
         a = self.files[0]
@@ -247,6 +247,7 @@ class _Builder:
             "summary": None if self.summary is None else {"block": self.block, "samples": a.n_samples,
                                                            "bias_only": a.bias_only},  # fmt: skip
             "cmaps": colormap_tables(),
+            "masked": masked_colors(),
             "diverging": DEFAULT_CMAPS["diverging"],
             "tokens": {label: self._tokens(f) for label, f in self._sources() if f is not None},
         }

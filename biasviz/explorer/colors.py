@@ -28,4 +28,15 @@ def colormap_tables() -> dict[str, str]:
     return {name: pack_bytes(colormap_table(name).tobytes()) for name in sorted(set(DEFAULT_CMAPS.values()))}
 
 
-__all__ = ["N_COLORS", "colormap_table", "colormap_tables"]
+def masked_colors() -> dict[str, list[int]]:
+    """Every default map's colour of masked cells, 8-bit RGB by name, as the figures draw them."""
+    import matplotlib as mpl
+
+    from biasviz.plotting.heatmap import DEFAULT_CMAPS
+    from biasviz.plotting.scales import masked_color
+
+    return {name: [round(255 * c) for c in masked_color(mpl.colormaps[name])]
+            for name in sorted(set(DEFAULT_CMAPS.values()))}  # fmt: skip
+
+
+__all__ = ["N_COLORS", "colormap_table", "colormap_tables", "masked_colors"]

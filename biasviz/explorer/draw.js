@@ -24,6 +24,7 @@ function paint(canvas, lv, scale, region) {
   const img = ctx.createImageData(w, h);
   const px = img.data;
   const lut = LUTS[scale[2]];
+  const masked = DATA.masked[scale[2]];
   const norm = normaliser(scale);
   const cols = new Int32Array(w);
   for (let x = 0; x < w; x++) cols[x] = Math.floor((j0 + Math.floor(((x + 0.5) * (j1 - j0)) / w)) / lv.f);
@@ -32,12 +33,15 @@ function paint(canvas, lv, scale, region) {
     for (let x = 0; x < w; x++) {
       const v = lv.at(row + cols[x]);
       const o = (y * w + x) * 4;
-      if (Number.isNaN(v)) continue; // masked: transparent, as in the figures
+      px[o + 3] = 255;
+      if (Number.isNaN(v)) { // masked: the neutral colour no value maps to, as in the figures
+        px.set(masked, o);
+        continue;
+      }
       const c = colourIndex(norm, v) * 3;
       px[o] = lut[c];
       px[o + 1] = lut[c + 1];
       px[o + 2] = lut[c + 2];
-      px[o + 3] = 255;
     }
   }
   ctx.putImageData(img, 0, 0);

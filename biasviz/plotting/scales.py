@@ -68,8 +68,29 @@ class ValueRange:
                    max(r.top for r in ranges))  # fmt: skip
 
 
+#: Masked cells (a key after its query): the first of these greys that no colour of the map comes near (a pale
+#: yellow for a map of greys).
+MASKED_CANDIDATES = ((0.82, 0.82, 0.82), (0.55, 0.55, 0.55), (0.30, 0.30, 0.30), (1.0, 0.93, 0.62))
+MASKED_DISTANCE = 0.12  # the least RGB distance between the masked colour and any colour a value maps to
+
+
+def masked_color(cmap: Colormap) -> tuple[float, float, float]:
+    """The neutral colour masked cells get under ``cmap``: a grey that no value maps to, so that a value of 0
+    (white in a diverging map) never looks masked.
+
+    >>> masked_color(mpl.colormaps["RdBu_r"]), masked_color(mpl.colormaps["Greys"])
+    ((0.82, 0.82, 0.82), (1.0, 0.93, 0.62))
+    """
+    table = cmap(np.linspace(0.0, 1.0, 256))[:, :3]
+    for grey in MASKED_CANDIDATES:
+        if float(np.min(np.linalg.norm(table - np.asarray(grey), axis=1))) >= MASKED_DISTANCE:
+            return grey
+    return MASKED_CANDIDATES[-1]
+
+
 def _colormap(cmap: str | Colormap | None, default: str = "viridis") -> Colormap:
-    """A copy of the named map with NaN fully transparent (seaborn names such as 'rocket' work too)."""
+    """A copy of the named map with NaN (masked cells) in its neutral :func:`masked_color` (seaborn names such as
+    'rocket' work too)."""
     if isinstance(cmap, Colormap):
         base = cmap
     else:
@@ -84,7 +105,7 @@ def _colormap(cmap: str | Colormap | None, default: str = "viridis") -> Colormap
             except KeyError:
                 raise BiasvizError(f"unknown colormap '{name}'; use a matplotlib or seaborn name such as "
                                    "viridis, magma, rocket, mako, RdBu_r, vlag") from None  # fmt: skip
-    return base.with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
+    return base.with_extremes(bad=(*masked_color(base), 1.0))
 
 
 def _changes_sign(lo: float, hi: float) -> bool:
