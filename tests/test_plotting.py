@@ -79,9 +79,12 @@ def test_sequential_scale_for_one_signed_bias_diverging_at_zero_otherwise() -> N
     assert norm.vmax == pytest.approx(0.0) and norm.vmin < 0
     mixed = alibi(3) + 0.5 * 2.0 ** (-8 * np.arange(1, 4) / 3)[:, None, None] * 100
     fig = head_grid(mixed)
-    for ax in image_axes(fig):
-        norm = ax.get_images()[0].norm
-        assert norm.vmin == pytest.approx(-norm.vmax)
+    lower = np.tril(np.ones(mixed.shape[1:], bool))
+    for h, ax in enumerate(image_axes(fig)):
+        norm = ax.get_images()[0].norm  # centred at 0, each side's limit the head's own extreme (lopsided)
+        cells = mixed[h][lower]
+        assert norm.vcenter == 0.0
+        assert norm.vmin == pytest.approx(min(cells.min(), 0.0)) and norm.vmax == pytest.approx(max(cells.max(), 0.0))
 
 
 def test_shared_scale_uses_one_norm_and_one_colorbar() -> None:
@@ -213,9 +216,11 @@ def test_one_figure_never_mixes_diverging_and_sequential_maps() -> None:
     fig = head_grid(bias)
     maps = {ax.get_images()[0].get_cmap().name for ax in image_axes(fig)}
     assert len(maps) == 1
-    for ax in image_axes(fig):
-        norm = ax.get_images()[0].norm
-        assert norm.vmin == pytest.approx(-norm.vmax)  # every panel centred at 0
+    lower = np.tril(np.ones(bias.shape[1:], bool))
+    for h, ax in enumerate(image_axes(fig)):
+        norm = ax.get_images()[0].norm  # every panel centred at 0, its limits the data's own on each side
+        assert norm.vcenter == 0.0 and norm.vmin == pytest.approx(min(bias[h][lower].min(), 0.0), abs=1e-8)
+        assert norm.vmax == pytest.approx(max(bias[h][lower].max(), 0.0), abs=1e-8)
 
 
 def test_unclipped_negative_bias_has_no_colorbar_arrow() -> None:

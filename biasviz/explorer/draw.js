@@ -3,6 +3,9 @@
 // value -> [0, 1] as matplotlib's Normalize (or LogNorm, clipped) does; the colour table does the rest
 function normaliser(scale) {
   const [lo, hi] = scale;
+  if (scale[3] === "centred") { // matplotlib's TwoSlopeNorm at 0: each sign over its own half of the map
+    return (v) => (v < 0 ? 0.5 * (v - lo) / -lo : 0.5 + (0.5 * v) / hi);
+  }
   if (scale[3] === "log") {
     const a = Math.log(lo);
     const span = Math.log(hi) - a || 1;
@@ -69,15 +72,18 @@ function regionRange(lv, region) {
 // A scale of the same kind as ``base`` (diverging, log or linear) spanning ``r``.
 function scaleOver(base, r) {
   if (!(r.hi >= r.lo)) return base;
-  if (base[2] === DATA.diverging) {
-    const bound = Math.max(Math.abs(r.lo), Math.abs(r.hi), 1e-12);
-    return [-bound, bound, base[2]];
-  }
+  if (base[3] === "centred") return centredScale(r.lo, r.hi, base[2]);
   if (base[3] === "log") {
     const floor = Math.max(r.positive, r.hi * 1e-4);
     return r.hi > 0 ? [Math.min(floor, r.hi), r.hi, base[2], "log"] : base;
   }
   return r.hi > r.lo ? [r.lo, r.hi, base[2]] : [r.lo - 0.5, r.hi + 0.5, base[2]];
+}
+
+// A diverging scale centred at 0 with lopsided limits (the data's own on each side), as biasviz plot draws.
+function centredScale(lo, hi, cmap) {
+  const tiny = 1e-9 * Math.max(-lo, hi, 1e-12);
+  return [Math.min(lo, -tiny), Math.max(hi, tiny), cmap, "centred"];
 }
 
 function colourBar(bar, scale) {
@@ -190,8 +196,7 @@ function drawFocusBar(cv, scale, side, title, ends) {
   ctx.strokeRect(4.5, top - 0.5, 16, bottom - top + 1);
   const [lo, hi] = scale;
   const log = scale[3] === "log";
-  const frac = log ? (v) => (Math.log(v) - Math.log(lo)) / (Math.log(hi) - Math.log(lo) || 1)
-    : (v) => (v - lo) / (hi - lo || 1);
+  const frac = normaliser(scale);
   ctx.fillStyle = "#222";
   ctx.textBaseline = "middle";
   const ticks = log ? logTicks(lo, hi) : niceTicks(lo, hi, Math.max(2, Math.floor(side / 80)));

@@ -34,11 +34,8 @@ function ownScale(source, head) {
 function scaleOf(source, head) {
   if (state.source !== "AB") return ownScale(source, head);
   const [a, b] = [ownScale("A", head), ownScale("B", head)];
-  const diverging = [a, b].find((s) => s[2] === DATA.diverging);
-  if (diverging) {
-    const bound = Math.max(Math.abs(a[0]), Math.abs(a[1]), Math.abs(b[0]), Math.abs(b[1]));
-    return [-bound, bound, diverging[2]];
-  }
+  const centred = [a, b].find((s) => s[3] === "centred");
+  if (centred) return centredScale(Math.min(a[0], b[0]), Math.max(a[1], b[1]), centred[2]);
   return [Math.min(a[0], b[0]), Math.max(a[1], b[1]), ...a.slice(2)];
 }
 

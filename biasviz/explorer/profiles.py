@@ -37,12 +37,15 @@ def profile_json(profiles: tuple[np.ndarray, ...], head: int) -> dict[str, Any]:
 
 
 def scale_json(scale: tuple[Any, Any]) -> list[Any]:
-    """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale."""
-    from matplotlib.colors import LogNorm
+    """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale or ``"centred"`` for a diverging one
+    centred at 0 with lopsided limits (each sign over its own half of the map)."""
+    from matplotlib.colors import LogNorm, TwoSlopeNorm
 
     norm, cmap = scale
     out = [float(norm.vmin), float(norm.vmax), str(cmap.name)]
-    return [*out, "log"] if isinstance(norm, LogNorm) else out
+    if isinstance(norm, LogNorm):
+        return [*out, "log"]
+    return [*out, "centred"] if isinstance(norm, TwoSlopeNorm) else out
 
 
 __all__ = ["distance_profile", "profile_json", "scale_json"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import matplotlib as mpl
 import numpy as np
-from matplotlib.colors import Colormap, LogNorm, Normalize
+from matplotlib.colors import Colormap, LogNorm, Normalize, TwoSlopeNorm
 
 from biasviz.common.errors import BiasvizError
 
@@ -136,13 +136,24 @@ def _scale(
             hi = max(r.top, 0.0) or hi
         return Normalize(vmin=0.0, vmax=hi if hi > 0 else 1.0), _colormap(cmap, DEFAULT_CMAPS[kind])
     if _changes_sign(lo, hi) if diverging is None else diverging:
-        bound = max(-lo, hi, 1e-12)
-        return Normalize(vmin=-bound, vmax=bound), _colormap(cmap, DEFAULT_CMAPS["diverging"])
+        return centred_norm(lo, hi), _colormap(cmap, DEFAULT_CMAPS["diverging"])
     if kind == "weights":  # heavy-tailed: the few largest weights would leave every other cell black
         hi = r.top if r.top > lo else hi
     if lo == hi:  # constant: give the colorbar a visible range around the value
         lo, hi = lo - 0.5, hi + 0.5
     return Normalize(vmin=lo, vmax=hi), _colormap(cmap, DEFAULT_CMAPS[kind])
+
+
+def centred_norm(lo: float, hi: float) -> TwoSlopeNorm:
+    """A diverging scale centred at 0 whose limits are the data's own on each side (lopsided): each sign gets
+    its half of the map, so neither half of the colours goes unused. A head of one sign in a diverging figure
+    uses the half of its sign (0 stays white in every panel).
+
+    >>> n = centred_norm(-0.8, 0.25); (n.vmin, n.vcenter, n.vmax), float(n(0.25)), float(n(-0.4))
+    ((-0.8, 0.0, 0.25), 1.0, 0.25)
+    """
+    tiny = 1e-9 * max(-lo, hi, 1e-12)
+    return TwoSlopeNorm(vcenter=0.0, vmin=min(lo, -tiny), vmax=max(hi, tiny))
 
 
 def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
