@@ -254,3 +254,18 @@ def test_matrices_prepared_by_load_heads_are_drawn_as_they_are(tmp_path) -> None
     np.testing.assert_array_equal(np.ma.filled(shown, np.nan), data[0])  # no second mask, copy or reduction
     np.testing.assert_array_equal(image_axes(fig)[0].get_xticks(), [0, 20, 40, 60])  # ticks in positions of T = 64
     assert "2" in fig.biasviz_reduction
+
+
+@pytest.mark.parametrize(("kind", "log", "label"), [("bias", False, "bias b(i, j)"),
+                                                    ("weights", True, "attention weight, log scale")])  # fmt: skip
+def test_every_colorbar_says_what_it_shows_in_print_sized_text(kind: str, log: bool, label: str) -> None:
+    data = alibi(3) if kind == "bias" else np.exp(alibi(3)) / np.exp(alibi(3)).sum(-1, keepdims=True)
+    fig = head_grid(data, kind=kind, log=log, style="icml-column")
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 3
+    for bar in bars:
+        text = bar.yaxis.label
+        assert text.get_text() == label and text.get_fontsize() >= 6.0
+    shared = head_grid(alibi(3), shared_scale=True)
+    (bar,) = [ax for ax in shared.axes if ax.get_label() == "<colorbar>"]
+    assert bar.yaxis.label.get_text() == "bias b(i, j), one scale for all heads"

@@ -148,6 +148,28 @@ def _as_matrix(matrix: np.ndarray, causal: bool) -> np.ndarray:
     return m
 
 
+#: What a colorbar shows, by kind (plain text: mathtext labels cost time in every grid).
+COLORBAR_LABELS = {"bias": "bias b(i, j)", "weights": "attention weight", "bias_std": "bias: std over samples",
+                   "weights_std": "weight: std over samples", "positional": "P(i, j) − P(d = 0)",
+                   "scores": "score s(i, j)", "scores_std": "score: std over samples"}  # fmt: skip
+
+
+def colorbar_label(kind: str, log: bool = False) -> str:
+    """The label of a colorbar of ``kind``: its quantity, and the scale where it is not linear.
+
+    >>> colorbar_label("weights", log=True)
+    'attention weight, log scale'
+    """
+    label = COLORBAR_LABELS.get(kind, kind)
+    return f"{label}, log scale" if log else label
+
+
+def _label_colorbar(cb: mpl.colorbar.Colorbar, label: str) -> None:
+    if label:
+        size = FontProperties(size=mpl.rcParams["ytick.labelsize"]).get_size_in_points()
+        cb.set_label(label, fontsize=size, labelpad=1.5)
+
+
 # -- drawing ----------------------------------------------------------------------------------------
 
 
@@ -162,7 +184,7 @@ class _HeatmapPainter:
         self.values = values if values is not None else ValueRange.of(matrix, percentile=False)
         self.step = tick_step or tick_step_for(seq_len)
 
-    def paint(self, norm: Normalize, cmap: Colormap, title: str | None, colorbar: bool) -> None:
+    def paint(self, norm: Normalize, cmap: Colormap, title: str | None, colorbar: bool, label: str = "") -> None:
         ax, n = self.ax, self.m.shape[0]
         # positions covered by the (possibly padded) blocks: each drawn cell spans ``cell`` positions, the last
         # block of an axis may be cut short by the axis limits
@@ -179,7 +201,7 @@ class _HeatmapPainter:
         if title:
             ax.set_title(title)
         if colorbar:
-            self._colorbar(im)
+            self._colorbar(im, label)
 
     def _ticks(self) -> None:
         ticks = np.arange(0, self.seq_len, self.step)
@@ -204,9 +226,10 @@ class _HeatmapPainter:
             stride = max(stride, math.ceil(len(ticks) / 4))
         return max(1, stride)
 
-    def _colorbar(self, im: mpl.image.AxesImage) -> None:
+    def _colorbar(self, im: mpl.image.AxesImage, label: str) -> None:
         fig = self.ax.get_figure(root=False)
         cb = fig.colorbar(im, ax=self.ax, fraction=0.05, pad=0.03, aspect=18, extend=_extend(self.values, im.norm))
+        _label_colorbar(cb, label)
         if not isinstance(im.norm, LogNorm):
             cb.locator = MaxNLocator(nbins=5 if figure_width_in(fig) >= 4.0 else 4)
             cb.formatter = ScalarFormatter(useOffset=False)  # plain text: mathtext labels cost 0.5 s a grid
@@ -292,7 +315,8 @@ class _GridPainter:
             for h in range(self.n_heads):
                 norm, cmap = scales[h]
                 _HeatmapPainter(axes[h], self.mats[h], self.seq_len, self.opt.tick_step, panel_in, cell,
-                                ranges[h]).paint(norm, cmap, self.titles[h], colorbar=not self.opt.shared_scale)
+                                ranges[h]).paint(norm, cmap, self.titles[h], colorbar=not self.opt.shared_scale,
+                                                 label=colorbar_label(self.opt.kind, self.opt.log))  # fmt: skip
             for ax in axes[self.n_heads :]:
                 ax.set_visible(False)
             if self.opt.shared_scale and self.n_heads:
@@ -319,6 +343,7 @@ class _GridPainter:
         images = axes[0].get_images()
         cb = fig.colorbar(images[0], ax=list(axes), fraction=0.03, pad=0.02, aspect=40,
                           extend=_extend(ValueRange.joined(self._ranges()), images[0].norm))  # fmt: skip
+        _label_colorbar(cb, colorbar_label(self.opt.kind, self.opt.log) + ", one scale for all heads")
         cb.outline.set_linewidth(0.5)
         cb.ax.tick_params(width=0.5, length=2.0, pad=1.5)
         if cb.solids is not None:
