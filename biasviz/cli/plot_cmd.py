@@ -337,12 +337,12 @@ class _PlotJob:
             note = f"per-cell standard deviation over {samples_phrase(bf)}" if std else None
             if not std and heads.sample == "mean":
                 note = f"mean over {samples_phrase(bf)}"
-            elif not std and bf.context_dependent and bf.n_samples > 1:  # which input the bias is of
-                note = f"sample {heads.sample} of {bf.n_samples} (the bias depends on the input)"
+            elif not std:
+                note = _which_sample(bf, kind, int(heads.sample))
         if std and not np.nan_to_num(heads.data).any():
             click.echo(f"note: the {kind} is the same for every sample: its standard deviation is 0 everywhere",
                        err=True)  # fmt: skip
-        suptitle = None if note is None else f"{self.scheme} {kind}, layer {heads.layer}: {note}"
+        suptitle = f"{self.scheme} {kind}, layer {heads.layer}, T = {bf.seq_len}: {note}"
         log = self.log_scale and kind == "weights"
         shared = log if self.shared_scale is None else self.shared_scale  # a log scale reads best as one
         fig = head_grid(heads, kind=panel_kind, shared_scale=shared, cmap=self.cmap,
@@ -380,3 +380,16 @@ class _PlotJob:
                 "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip
         return save_figure(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, dpi=dpi, info=info,
                            style=self.style, staged=self.staged)  # fmt: skip
+
+
+def _which_sample(bf: BiasFile, kind: str, sample: int) -> str:
+    """Which input one sample's figure shows, 1-based; a bias stored once says it was measured the same for all."""
+    from biasviz.store.format import BIAS_DIFFERENCE
+
+    if kind == "bias" and bf.bias_shared and bf.n_samples > 1:
+        measured = bf.attrs.get(BIAS_DIFFERENCE) == 0.0
+        return f"one bias for all {bf.n_samples} samples" + (" (measured: each equals the first)" if measured else "")
+    said = f"sample {sample + 1} of {bf.n_samples}"
+    if kind == "bias" and bf.context_dependent and bf.n_samples > 1:
+        said += " (the bias depends on the input)"
+    return said
