@@ -280,7 +280,7 @@ def extract(
 def _load(model: str, checkpoint: str | None, scheme: str | None, no_scale: bool, part: str | None) -> Any:
     """The adapter for ``--model``: a checkpoint or state dict, or the user's ``code.py:FACTORY``."""
     from biasviz.adapters import load_model
-    from biasviz.adapters.traced import is_factory_spec, load_factory
+    from biasviz.adapters.factory import is_factory_spec, load_factory
 
     with warnings_as_notes():
         if is_factory_spec(model):

@@ -11,7 +11,8 @@ import torch
 
 from biasviz.adapters import ModelAdapter, check_finite, load_model
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
-from biasviz.adapters.traced import TracedAdapter, is_factory_spec, load_factory
+from biasviz.adapters.factory import is_factory_spec, load_factory
+from biasviz.adapters.traced import TracedAdapter
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.run import ExtractResult
 from biasviz.extraction.run import extract as extract_with

@@ -30,9 +30,10 @@ from biasviz.store.format import (
     utc_now,
 )
 from biasviz.store.h5io import as_numpy, attr_value, drop_pending_writes
+from biasviz.store.shared_bias import SharedBiasSwitch
 
 
-class BiasFileWriter:
+class BiasFileWriter(SharedBiasSwitch):
     """Streams captured batches into a new format-1 file; use as a context manager.
 
     The file appears at ``path`` only when the ``with`` block ends without error; on any error
@@ -363,43 +364,6 @@ class BiasFileWriter:
         if self._skip(kind, sample):
             return
         self._h5[layer_group(layer)][kind][self._at(sample, head, checkpoint)] = self._matrix(kind, layer, matrix)
-
-    def record(self, key: str, value: Any) -> None:
-        """Set a root attribute of the file being written (a measurement known only once the samples ran)."""
-        assert self._h5 is not None
-        self._h5.attrs[key] = attr_value(key, value)
-
-    def unshare_bias(self) -> None:
-        """A bias declared the same for every sample was measured to differ: store every sample's from now on.
-
-        The samples written so far all equalled the first (that is what was measured up to now), so each gets
-        the first's stored chunks. Called between batches, with nothing of an earlier batch still in flight.
-        """
-        if not self.bias_shared:
-            return
-        if self.checkpoints is not None:
-            raise ValueError("a sweep's bias is shared or not per checkpoint file, before they are joined")
-        assert self._h5 is not None
-        self.bias_shared = False
-        if "bias_shared" in self._h5.attrs:
-            del self._h5.attrs["bias_shared"]
-        for layer in self.layers:
-            grp = self._h5[layer_group(layer)]
-            grp.move("bias", ".bias_first")
-            first = grp[".bias_first"]
-            shape = (self.n_samples, self.n_heads, self.seq_len, self.seq_len)
-            ds = grp.create_dataset("bias", shape=shape, dtype=self.dtype, chunks=first.chunks, fillvalue=np.nan,
-                                    **self._filters)  # fmt: skip
-            self._label(ds, DIMS)
-            for h in range(self.n_heads):  # one (T, T) matrix in memory at a time
-                matrix = first[0, h]
-                for sample in range(self._written):
-                    ds[sample, h] = matrix
-            del grp[".bias_first"]
-
-    def _skip(self, kind: str, sample: int) -> bool:
-        """A shared bias is stored at sample 0 only: the same matrix given for a later sample is not stored again."""
-        return kind == "bias" and self.bias_shared and sample != 0
 
     def write_batch(
         self,
