@@ -19,9 +19,10 @@ import torch
 from biasviz.common.errors import BiasvizError
 from biasviz.store.format import non_finite_error
 from biasviz.summaries.diagonals import DiagonalSums
-from biasviz.summaries.maps import BlockMaps, zero_above
+from biasviz.summaries.maps import BlockMaps, zero_above_
 from biasviz.summaries.measures import BiasMeasureSums
 from biasviz.summaries.moments import CellMoments, Moments
+from biasviz.summaries.scratch import Scratch
 
 MODES = ("shared", "joint", "cells")
 CELLS_PER_STEP = 1 << 22  # cells (heads x rows x keys) summarised at a time: bounds the temporaries
@@ -68,7 +69,7 @@ class QuantitySummary:
         """A block (S or 1, H, rows, K) of query rows ``row0 ..`` against keys ``0 .. K-1``, as formed."""
         if self.mode == "shared":
             if not self._taken:
-                self.add_moments(row0, block[0], None)
+                self.add_moments(row0, block[:1])
             return
         if block.shape[0] == 1 and self._batch > 1:  # one tensor for the whole batch (a broadcast mask)
             block = block.expand(self._batch, *block.shape[1:])
@@ -77,36 +78,34 @@ class QuantitySummary:
             self.cells.add(row0, block)
             return
         if block.shape[0] == 1:
-            self.add_moments(row0, block[0], None)
+            self.add_moments(row0, block)
             return
         step = max(1, CELLS_PER_STEP // max(1, block.shape[1] * block.shape[-1]))
         for r in range(0, block.shape[-2], step):
             m = Moments.of(block[:, :, r : r + step])
-            self.add_moments(row0 + r, m.mean, m.std())
+            self.add_moments(row0 + r, torch.stack([m.mean, m.std()]), owned=True)
 
-    def add_moments(self, row0: int, mean: torch.Tensor, spread: torch.Tensor | None) -> None:
-        """Per-cell mean and spread over samples (H, rows, K) of rows ``row0 ..``, into every running sum (spread
-        None: the same for every sample)."""
-        rows, keys = mean.shape[-2:]
+    def add_moments(self, row0: int, values: torch.Tensor, owned: bool = False, scratch: Scratch | None = None) -> None:
+        """Per-cell mean and, if ``values`` (S, H, rows, K) holds two, spread over samples of rows ``row0 ..``, into
+        every running sum (one: the same for every sample). ``owned``: the caller gives ``values`` up, so that
+        they are changed in place rather than copied; ``scratch``: the caller's memory for the temporaries."""
+        rows, keys = values.shape[-2:]
         step = max(1, CELLS_PER_STEP // max(1, self.heads * keys))
         if rows > step:
             for r in range(0, rows, step):
                 cut = row0 + r + step if self.causal else keys  # a causal row block uses no key past its last row
-                self.add_moments(row0 + r, mean[:, r : r + step, :cut],
-                                 None if spread is None else spread[:, r : r + step, :cut])  # fmt: skip
+                self.add_moments(row0 + r, values[..., r : r + step, :cut], owned, scratch)
             return
         if self.causal and keys > row0 + rows:  # keys no query of these rows sees
-            mean, spread = mean[..., : row0 + rows], None if spread is None else spread[..., : row0 + rows]
-            keys = row0 + rows
+            values = values[..., : row0 + rows]
         # weights are 0 wherever a query does not look; a bias holds values (or NaN) there, to be left out
         if self.causal and self.kind != "weights":
-            mean, spread = zero_above(mean, row0), None if spread is None else zero_above(spread, row0)
-        values = {"mean": mean} if spread is None else {"mean": mean, "std": spread}
-        if not self.maps.add(row0, values, None):
+            values = zero_above_(values if owned else values.clone())
+        if not self.maps.add(row0, values):
             raise non_finite_error(self.kind, self.layer)
-        self.diagonals.add(row0, mean, spread)
+        self.diagonals.add(row0, values, scratch)
         if self.measures is not None:
-            self.measures.add(row0, mean, spread, causal=self.causal)
+            self.measures.add(row0, values, self.causal, scratch)
 
     def result(self, total_samples: int | None = None) -> Summary:
         """The finished summary; ``total_samples`` (all processes') decides whether context dependence is defined."""
@@ -115,7 +114,7 @@ class QuantitySummary:
             for r0 in range(0, self.seq_len, step):
                 r1 = min(self.seq_len, r0 + step)
                 mean, spread = self.cells.rows(r0, r1, r1 if self.causal else self.seq_len)
-                self.add_moments(r0, mean, spread)
+                self.add_moments(r0, torch.stack([mean, spread]), owned=True)
         if self.diagonals.count.sum() == 0:  # no row arrived
             raise BiasvizError(f"nothing was captured for the {self.kind} of layer {self.layer}")
         n = self.samples if total_samples is None else total_samples

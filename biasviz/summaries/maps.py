@@ -14,35 +14,41 @@ from __future__ import annotations
 import torch
 
 
-def used_cells(row0: int, rows: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor:
-    """(rows, keys) bool: True where query ``row0 + r`` uses key ``j``.
+def zero_above_(v: torch.Tensor) -> torch.Tensor:
+    """``v``, a causal row block (..., rows, row0 + rows), with 0 where key j > query i, in place.
 
-    >>> used_cells(1, 2, 3, True, torch.device("cpu")).int().tolist()
-    [[1, 1, 0], [1, 1, 1]]
-    """
-    if not causal:
-        return torch.ones(rows, keys, dtype=torch.bool, device=device)
-    i = torch.arange(row0, row0 + rows, device=device)[:, None]
-    return torch.arange(keys, device=device)[None, :] <= i
+    Such cells lie in the block's trailing square only, so only that square is touched (a mask over the whole
+    block costs twenty times a copy on the CPU); set to 0, not multiplied by a mask, so -inf and NaN go too.
 
-
-def zero_above(v: torch.Tensor, row0: int) -> torch.Tensor:
-    """A copy of the causal row block ``v`` (..., rows, row0 + rows) with 0 where key j > query i.
-
-    Such cells lie in the block's trailing square only, so only that square is masked (a mask over the whole
-    block costs twenty times a copy on the CPU).
+    >>> zero_above_(torch.tensor([[1.0, 2.0, float("-inf")], [4.0, 5.0, 6.0]])).tolist()
+    [[1.0, 2.0, 0.0], [4.0, 5.0, 6.0]]
     """
     rows, keys = v.shape[-2:]
-    out = v.clone()
-    square = out[..., keys - rows :]
-    square.copy_(torch.where(used_cells(0, rows, rows, True, v.device), square, 0.0))
+    v[..., keys - rows :].tril_()
+    return v
+
+
+def _group_sums(x: torch.Tensor, dim: int, start: int, size: int) -> torch.Tensor:
+    """Sums of ``x`` along ``dim`` (negative) over the runs of positions ``start + n`` with the same
+    ``(start + n) // size``: a partial run at either end apart, the whole runs as one view (no copy, no index).
+
+    >>> _group_sums(torch.arange(7.0), -1, 1, 3).tolist()
+    [1.0, 9.0, 11.0]
+    """
+    n = x.shape[dim]
+    head = min(n, -start % size)
+    whole, tail = divmod(n - head, size)
+    shape = list(x.shape)
+    shape[dim] = (head > 0) + whole + (tail > 0)
+    out = x.new_empty(shape)
+    if head:
+        torch.sum(x.narrow(dim, 0, head), dim, keepdim=True, out=out.narrow(dim, 0, 1))
+    if whole:
+        runs = x.narrow(dim, head, whole * size).unflatten(dim, (whole, size))
+        torch.sum(runs, dim, out=out.narrow(dim, int(head > 0), whole))
+    if tail:
+        torch.sum(x.narrow(dim, n - tail, tail), dim, keepdim=True, out=out.narrow(dim, shape[dim] - 1, 1))
     return out
-
-
-def _at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table[..., index]`` with 0 where ``index < 0`` (the empty prefix)."""
-    got = table[..., index.clamp(min=0)]
-    return torch.where(index >= 0, got, 0.0)
 
 
 def block_sums(f: torch.Tensor, seq_len: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,11 +64,13 @@ def block_sums(f: torch.Tensor, seq_len: int, block: int) -> tuple[torch.Tensor,
     a0, b0 = starts[:, None], starts[None, :]
     a1, b1 = (a0 + block).clamp(max=seq_len), (b0 + block).clamp(max=seq_len)
     lo = torch.maximum(a0, b0)
+    # where G is read, shifted by the 0 in front of it below: every x < 0 (an empty prefix) reads that 0, no mask
+    at = [(x + 1).clamp_(min=0) for x in (a1 - 1 - b0, lo - 1 - b0, a1 - 1 - b1, lo - 1 - b1)]
 
     def total(values: torch.Tensor) -> torch.Tensor:
-        g = values.cumsum(-1).cumsum(-1)  # (H, T): G
-        out = _at(g, a1 - 1 - b0) - _at(g, lo - 1 - b0) - _at(g, a1 - 1 - b1) + _at(g, lo - 1 - b1)
-        return torch.where(a1 > b0, out, 0.0)  # no cell j <= i when the block lies above the diagonal
+        g = torch.nn.functional.pad(values.cumsum(-1).cumsum(-1), (1, 0))  # (H, T + 1): 0, then G
+        # a block above the diagonal reads four empty prefixes: 0, no cell j <= i
+        return g[..., at[0]] - g[..., at[1]] - g[..., at[2]] + g[..., at[3]]
 
     return total(f64), total(ones)[0]
 
@@ -74,48 +82,44 @@ class BlockMaps:
                  causal: bool = True) -> None:  # fmt: skip
         self.block, self.seq_len, self.causal = block, seq_len, causal
         self.n_blocks = -(-seq_len // block)
-        shape = (heads, self.n_blocks, self.n_blocks)
-        self.sums = {name: torch.zeros(shape, dtype=torch.float64, device=device) for name in names}
+        self.stacked = torch.zeros(len(names), heads, self.n_blocks, self.n_blocks, dtype=torch.float64, device=device)
+        self.sums = dict(zip(names, self.stacked.unbind(0), strict=True))  # (H, nb, nb) each
+        self._counts: torch.Tensor | None = None
 
-    def _pool(self, x: torch.Tensor, row0: int, into: torch.Tensor) -> torch.Tensor:
-        """Add (H, rows, K) cell values into ``into`` (H, nb, nb) by the block of each cell; returns the row sums
-        per key block (H, rows, nk), whose finiteness tells whether every cell was finite."""
-        rows, keys = x.shape[-2:]
-        b = self.block
-        whole = keys // b
-        if b == 1:
-            pooled = x
-        else:  # whole key blocks as a view, the last partial one apart: no padded copy
-            parts = [x[..., : whole * b].unflatten(-1, (whole, b)).sum(-1)]
-            if keys > whole * b:
-                parts.append(x[..., whole * b :].sum(-1, keepdim=True))
-            pooled = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]  # (H, rows, nk)
-        nk = pooled.shape[-1]
-        q = torch.arange(row0, row0 + rows, device=x.device) // b  # query block of each row
-        into[..., :nk].index_add_(1, q, pooled.to(into.dtype))
-        return pooled
+    def _pool(self, x: torch.Tensor, row0: int) -> torch.Tensor:
+        """(S, H, rows, K) cell values of rows ``row0 ..`` summed by block: (S, H, nq, nk) float64, for the query
+        blocks from ``row0 // block`` on. Rows first: a sum over a middle axis is fast, and the sum over a short
+        innermost axis (the keys of a block, slow on the CPU) then runs on one row per query block. Both sums in
+        the values' own precision, over a few rows at a time; only the running sums are float64."""
+        if self.block == 1:
+            return x.double()
+        return _group_sums(_group_sums(x, -2, row0, self.block), -1, 0, self.block).double()
 
-    def add(self, row0: int, values: dict[str, torch.Tensor], used: torch.Tensor | None) -> bool:
-        """Add rows ``row0 ..`` of each named (H, rows, K) per-cell value; ``used`` (rows, K) marks the used cells
-        (None: the values are already 0 wherever a cell is not used). Returns whether every value was finite.
+    def add(self, row0: int, values: torch.Tensor) -> bool:
+        """Add rows ``row0 ..`` of per-cell values (S, H, rows, K), the first S names' in order, 0 wherever a cell is
+        not used. Returns whether every value was finite.
 
         A name left out adds 0 (the spread over samples of a bias that is the same for all of them).
         """
-        finite = True
-        for name, v in values.items():
-            pooled = self._pool(v if used is None else torch.where(used, v, 0.0), row0, self.sums[name])
-            finite = finite and bool(torch.isfinite(pooled.sum(dtype=torch.float64)))
-        return finite
+        pooled = self._pool(values, row0)
+        q0 = row0 // self.block
+        self.stacked[: len(pooled), :, q0 : q0 + pooled.shape[-2], : pooled.shape[-1]] += pooled
+        return bool(torch.isfinite(pooled.sum()))
 
     def counts(self) -> torch.Tensor:
-        """(nb, nb) used cells per block: j <= i in a causal model, all of them otherwise."""
-        device = next(iter(self.sums.values())).device
+        """(nb, nb) used cells per block: j <= i in a causal model, all of them otherwise; worked out once, for
+        every name's result."""
+        if self._counts is not None:
+            return self._counts
+        device = self.stacked.device
         if self.causal:
             ones = torch.ones(1, self.seq_len, dtype=torch.float64, device=device)
-            return block_sums(ones, self.seq_len, self.block)[1]
-        sizes = torch.full((self.n_blocks,), float(self.block), dtype=torch.float64, device=device)
-        sizes[-1] = self.seq_len - self.block * (self.n_blocks - 1)
-        return sizes[:, None] * sizes[None, :]
+            self._counts = block_sums(ones, self.seq_len, self.block)[1]
+        else:
+            sizes = torch.full((self.n_blocks,), float(self.block), dtype=torch.float64, device=device)
+            sizes[-1] = self.seq_len - self.block * (self.n_blocks - 1)
+            self._counts = sizes[:, None] * sizes[None, :]
+        return self._counts
 
     def result(self, name: str) -> torch.Tensor:
         """(H, nb, nb) float32 block means, NaN where a block has no used cell."""

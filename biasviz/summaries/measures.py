@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from biasviz.store.format import DIAGNOSTIC_FIELDS
-from biasviz.summaries.maps import zero_above
+from biasviz.summaries.maps import zero_above_
+from biasviz.summaries.scratch import Scratch
 
 
 class BiasMeasureSums:
@@ -37,30 +38,33 @@ class BiasMeasureSums:
         self.col_sum = torch.zeros(heads, seq_len, **f64)  # Σ_{i>j} b̄(i, j), by j
         self.squares = torch.zeros(heads, 2, **f64)  # Σ_{j<i} b̄², Σ_i b̄(i, i)²
 
-    def add(self, row0: int, mean: torch.Tensor, spread: torch.Tensor | None, causal: bool = True) -> None:
-        """Rows ``row0 ..``: ``mean``/``spread`` (H, rows, K), 0 in the cells j > i (a causal block has
-        K = row0 + rows; otherwise every cell is used). In float64: the separability residual is a difference of
-        two large sums; the shifted values are exactly 0 where the mean equals its first cell."""
+    def add(self, row0: int, values: torch.Tensor, causal: bool = True, scratch: Scratch | None = None) -> None:
+        """Rows ``row0 ..``: the mean and, if ``values`` (S, H, rows, K) holds two, the spread, 0 in the cells j > i
+        (a causal block has K = row0 + rows; otherwise every cell is used). In float64: the separability residual
+        is a difference of two large sums; the shifted values are exactly 0 where the mean equals its first cell.
+        The two float64 copies (in ``scratch``, if given) are squared in place: no further temporaries."""
+        mean = values[0]
         rows, keys = mean.shape[-2:]
         if row0 == 0:
             self.ref = mean[:, 0, 0].double()
-        m = mean.double()  # (H, rows, K)
-        dev = m - self.ref[:, None, None]
+        m, dev = (scratch or Scratch()).take(mean.shape, 2, torch.float64, mean.device)  # (H, rows, K) each
+        m.copy_(mean)
+        torch.sub(m, self.ref[:, None, None], out=dev)
         if causal:  # the cells j > i, all in the trailing square, hold -ref: back to 0
-            dev = zero_above(dev, row0)
+            zero_above_(dev)
             self.cells += rows * (rows + 1) // 2 + rows * row0
         else:
             self.cells += rows * keys
         self.shifted[:, 0] += dev.sum((1, 2))
-        self.shifted[:, 1] += (dev * dev).sum((1, 2))
-        if spread is not None:
-            self.spread_sum += spread.sum((1, 2), dtype=torch.float64)
+        self.shifted[:, 1] += dev.square_().sum((1, 2))
+        if len(values) > 1:
+            self.spread_sum += values[1].sum((1, 2), dtype=torch.float64)
         diag = torch.diagonal(m[:, :, row0 : row0 + rows], dim1=1, dim2=2)  # (H, rows): b̄(i, i)
         self.row_sum[:, row0 : row0 + rows] += m.sum(-1) - diag
         self.col_sum[:, :keys] += m.sum(1)
         self.col_sum[:, row0 : row0 + rows] -= diag
         diag_sq = (diag * diag).sum(-1)
-        self.squares[:, 0] += (m * m).sum((1, 2)) - diag_sq
+        self.squares[:, 0] += m.square_().sum((1, 2)) - diag_sq  # last: diag is a view of m
         self.squares[:, 1] += diag_sq
 
     def results(self, samples: int, toeplitz_rss: torch.Tensor) -> np.ndarray:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from biasviz.summaries.scratch import Scratch
+
 
 @dataclass
 class Moments:
@@ -134,19 +136,37 @@ class ShiftedSums:
 
     def rows(self, row0: int, row1: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and population standard deviation of rows ``row0 .. row1 - 1`` (the second-last axis) and the
-        first ``keys`` columns, float32; new tensors, so that a caller reads a large block in cache-sized parts."""
+        first ``keys`` columns, float32: :meth:`moments` apart."""
+        mean, spread = self.moments(row0, row1, keys)
+        return mean, spread
+
+    def moments(self, row0: int, row1: int, keys: int, scratch: Scratch | None = None) -> torch.Tensor:
+        """:meth:`rows`' mean and spread stacked (2, ..., rows, keys) in one float32 tensor, new or in ``scratch``:
+        a caller reads a large block in cache-sized parts and may change them in place, and the summaries take
+        both in one pass.
+
+        >>> s = ShiftedSums(); s.add(torch.tensor([[1.0, 5.0]])); s.add(torch.tensor([[3.0, 5.0]]))
+        >>> s.moments(0, 1, 2).tolist()
+        [[[2.0, 5.0]], [[1.0, 0.0]]]
+        """
         if self.shift is None:
             raise ValueError("no sample was added")
         if self.f1 is not None and self._pending:
             self._fold()
         cells = (..., slice(row0, row1), slice(None, keys))
+        shift = self.shift[cells]
+        out = (scratch or Scratch()).take(shift.shape, 2, shift.dtype, shift.device)
         if self.n == 1:  # one sample: its values, no spread
-            mean = self.shift[cells].clone()
-            return mean, torch.zeros_like(mean)
+            out[0], out[1] = shift, 0.0
+            return out
         wide = self.f1 is not None
         s1, s2 = (self.f1, self.f2) if wide else (self.s1, self.s2)
         assert s1 is not None and s2 is not None
-        mean_d = s1[cells] * (1.0 / self.n)
-        spread = torch.addcmul(s2[cells] * (1.0 / self.n), mean_d, mean_d, value=-1.0).clamp_(min=0.0).sqrt_()
-        mean = mean_d.add_(self.shift[cells])
-        return (mean.float(), spread.float()) if wide else (mean, spread)
+        # float32 sums go straight into ``out``; float64 ones are finished in float64 and rounded once at the end
+        mean_d = torch.mul(s1[cells], 1.0 / self.n, out=None if wide else out[0])
+        spread = torch.mul(s2[cells], 1.0 / self.n, out=None if wide else out[1])
+        spread.addcmul_(mean_d, mean_d, value=-1.0).clamp_(min=0.0).sqrt_()
+        mean_d.add_(shift)
+        if wide:
+            out[0], out[1] = mean_d, spread
+        return out

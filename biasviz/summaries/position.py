@@ -17,6 +17,7 @@ import torch
 
 from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.layer import QuantitySummary
+from biasviz.summaries.scratch import Scratch
 
 FIRST_KEYS = POSITIONAL_FROM_KEYS[1]  # the profile is also kept past the first keys: sinks and a shared BOS sit there
 
@@ -46,19 +47,23 @@ class Positional:
         self.part = QuantitySummary("positional", layer, heads=heads, seq_len=seq_len, block=block, causal=True,
                                     mode="joint", device=device)  # fmt: skip
         self.first = torch.zeros(heads, seq_len, FIRST_KEYS, dtype=torch.float64, device=device)  # P(i, j < 4)
+        self._scratch = Scratch()  # a block of P and a temporary, kept while the layer's rows are formed
 
-    def add(self, r0: int, scores_mean: torch.Tensor, bias_mean: torch.Tensor | None) -> None:
-        """Rows r0 .. r0 + rows - 1 from the block's per-cell mean scores (H, rows, r1) and mean bias (or None)."""
+    def add(self, r0: int, scores_mean: torch.Tensor, bias_mean: torch.Tensor | None,
+            scratch: Scratch | None = None) -> None:  # fmt: skip
+        """Rows r0 .. r0 + rows - 1 from the block's per-cell mean scores (H, rows, r1) and mean bias (or None);
+        ``scratch``: the caller's memory for the summary's temporaries (P itself is formed in memory of its own)."""
         rows, r1 = scores_mean.shape[-2:]
         # c·Q(i)·K(j) / (N(N - 1)) - (s̄ - b̄) / (N - 1) + b̄, with c·G = N (s̄ - b̄)
-        p = self.q[:, r0 : r0 + rows] @ self.k[:, :r1].transpose(1, 2)  # (H, rows, r1)
+        p, diff = self._scratch.take(scores_mean.shape, 2, self.q.dtype, self.q.device)  # (H, rows, r1) each
+        torch.matmul(self.q[:, r0 : r0 + rows], self.k[:, :r1].transpose(1, 2), out=p)
         if bias_mean is None:
             p.sub_(scores_mean, alpha=1.0 / (self.n - 1))
         else:
-            p.sub_(scores_mean - bias_mean, alpha=1.0 / (self.n - 1)).add_(bias_mean)
+            p.sub_(torch.sub(scores_mean, bias_mean, out=diff), alpha=1.0 / (self.n - 1)).add_(bias_mean)
         keep = min(FIRST_KEYS, r1)
         self.first[:, r0 : r0 + rows, :keep] = p[..., :keep]
-        self.part.add_moments(r0, p, None)
+        self.part.add_moments(r0, p[None], owned=True, scratch=scratch)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """(H, nb, nb) block means of P, its distance profile (2, H, T) over all cells and over keys j >= 4, and
@@ -90,11 +95,12 @@ class KeyProfile:
         self.sums = torch.zeros(2, heads, seq_len, dtype=torch.float64, device=device)  # Σ w̄, Σ (σ² + w̄²)
         self.seq_len = seq_len
 
-    def add(self, mean: torch.Tensor, spread: torch.Tensor) -> None:
-        """A block's per-cell mean and spread of the weights (H, rows, K), 0 where a query does not see a key."""
-        keys = mean.shape[-1]  # a few rows: summed in their own precision, accumulated in float64
-        self.sums[0, :, :keys] += mean.sum(1).double()
-        self.sums[1, :, :keys] += torch.addcmul(spread * spread, mean, mean).sum(1).double()
+    def add(self, values: torch.Tensor) -> None:
+        """A block's per-cell mean and spread of the weights (2, H, rows, K), 0 where a query does not see a key;
+        squared in place (the caller's last use of them: no copy)."""
+        keys = values.shape[-1]  # a few rows: summed in their own precision, accumulated in float64
+        self.sums[0, :, :keys] += values[0].sum(1)
+        self.sums[1, :, :keys] += values.square_().sum(2).sum(0)  # Σ over rows of w̄² + σ²; an axis at a time: fast
 
     def result(self) -> torch.Tensor:
         """(2, H, T) float32: mean and standard deviation by key."""

@@ -22,6 +22,7 @@ from biasviz.model.attention import query_blocks
 from biasviz.summaries.layer import QuantitySummary
 from biasviz.summaries.moments import ShiftedSums
 from biasviz.summaries.position import KeyProfile, Positional
+from biasviz.summaries.scratch import Scratch
 
 REPLAY_BYTES = 1 << 26  # a block's sums and temporaries on the CPU (64 MiB: fastest of 16-256 MiB on 2 cores)
 CUDA_REPLAY_BYTES = 1 << 32  # on a GPU (4 GiB): few, large kernels
@@ -65,6 +66,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
     one sample's rows. A bias part in mode ``shared`` takes the first sample's values, spread 0."""
     bias = parts.get("bias")
     varying = bias is not None and bias.mode != "shared"
+    # each kind's finished chunk, and the summaries' temporaries: reused from block to block, given back with the layer
+    scratch = {kind: Scratch() for kind in ("weights", "scores", "bias", "work")}
     for r0, r1 in row_blocks(seq_len, heads, device, varying, budget):
         sums = {"weights": ShiftedSums(), "scores": ShiftedSums()}
         if varying:
@@ -81,30 +84,32 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             extras.sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
             tick(1)
             check_interrupted()
-        _finish(parts, extras, sums, first_bias, r0, r1, heads)
+        _finish(parts, extras, sums, first_bias, r0, r1, heads, scratch)
         del sums, first_bias
     for part in parts.values():
         part.samples = samples
 
 
 def _finish(parts: dict[str, QuantitySummary], extras: LayerExtras, sums: dict[str, ShiftedSums],
-            first_bias: torch.Tensor | None, r0: int, r1: int, heads: int) -> None:  # fmt: skip
+            first_bias: torch.Tensor | None, r0: int, r1: int, heads: int,
+            scratch: dict[str, Scratch]) -> None:  # fmt: skip
     """The block's per-cell mean and spread into every running sum, a few rows at a time: finishing, pooling and
-    the diagonal sums then run on data in the processor's cache, not on a block streamed from memory."""
+    the diagonal sums then run on data in the processor's cache, not on a block streamed from memory. The
+    positional logits read a chunk as it is; the summaries then take it over and change it in place."""
     step = max(1, CHUNK_CELLS // max(1, heads * r1))
     for c0 in range(0, r1 - r0, step):
         c1 = min(r1 - r0, c0 + step)
         keys = r0 + c1  # keys past the chunk's last row: none used
-        got = {kind: s.rows(c0, c1, keys) for kind, s in sums.items()}
-        for kind, (mean, spread) in got.items():
-            if kind in parts:
-                parts[kind].add_moments(r0 + c0, mean, spread)
-        if first_bias is not None:
+        got = {kind: s.moments(c0, c1, keys, scratch[kind]) for kind, s in sums.items()}  # (2, H, rows, keys)
+        if first_bias is not None:  # the same for every sample: read, not taken over
             b_mean = first_bias[:, c0:c1, :keys]
             if "bias" in parts:
-                parts["bias"].add_moments(r0 + c0, b_mean, None)
+                parts["bias"].add_moments(r0 + c0, b_mean[None], scratch=scratch["work"])
         else:
             b_mean = got["bias"][0] if "bias" in got else None
-        extras.keys.add(*got["weights"])
         if extras.positional is not None:
-            extras.positional.add(r0 + c0, got["scores"][0], b_mean)
+            extras.positional.add(r0 + c0, got["scores"][0], b_mean, scratch["work"])
+        for kind, values in got.items():
+            if kind in parts:
+                parts[kind].add_moments(r0 + c0, values, owned=True, scratch=scratch["work"])
+        extras.keys.add(got["weights"])  # last: it squares them in place (the weights' summary leaves them be)
