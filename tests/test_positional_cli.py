@@ -135,3 +135,51 @@ def test_position_figures_of_files_without_them_are_one_error(files: dict[str, P
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error:") and words in lines[0], err
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_the_diagnostics_figure_draws_each_heads_sink_share_where_the_file_holds_it(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fourth row: each head's mean weight on key 0, read from the file's key profile, with the threshold 0.3."""
+    import biasviz.plotting.save as save
+
+    drawn: dict[str, Any] = {}
+    keep = save.save_figure
+
+    def spy(fig: Any, stem: Path, *a: Any, **k: Any) -> Any:
+        drawn[Path(stem).name] = fig
+        return keep(fig, stem, *a, **k)
+
+    monkeypatch.setattr(save, "save_figure", spy)
+    code, _, err = run_cli(["diagnose", str(files["rope"]), str(files["alibi"]), "--json", str(tmp_path / "d.json"),
+                            "--out-dir", str(tmp_path), "--format", "png"], capsys)  # fmt: skip
+    assert code == 0, err
+    axes = drawn["diagnostics"].axes
+    assert len(axes) == 4 and "Sink share" in axes[-1].get_ylabel()
+    assert axes[-1].get_ylim() == (0.0, 1.0)
+    lines = [line for line in axes[-1].get_lines() if line.get_linestyle() == "None"]
+    assert len(lines) == 2  # one marker series per file, in the order given
+    for line, name in zip(lines, ("rope", "alibi"), strict=True):
+        with h5py.File(files[name]) as f:
+            first = f["layer_1/weights_key_profile"][0, :, 0].astype(np.float64)
+        np.testing.assert_allclose(line.get_ydata(), first, rtol=1e-6)
+        np.testing.assert_allclose(np.round(line.get_xdata()), np.arange(1, first.size + 1))
+    assert any(line.get_ydata()[0] == 0.3 for line in axes[-1].get_lines() if line.get_linestyle() != "None")
+
+
+def test_a_one_sample_summary_says_why_it_holds_no_positional_logits(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = files["rope"].parent / "rope"
+    text = files["rope"].parent / "text.txt"
+    base = ["extract", "--model", str(model), "--text", str(text), "--seq-len", str(T), "--device", "cpu", "--summary",
+            "--resolution", "8"]  # fmt: skip
+    code, out, err = run_cli([*base, "--samples", "1", "--out", str(tmp_path / "one.h5")], capsys)
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if "positional logits" in line]
+    assert len(notes) == 1 and notes[0].startswith("note:") and "two samples or more" in notes[0], err
+    with h5py.File(tmp_path / "one.h5") as f:
+        assert "positional_mean" not in f["layer_1"]
+    code, out, err = run_cli([*base, "--samples", "2", "--out", str(tmp_path / "two.h5")], capsys)
+    assert code == 0 and "two samples or more" not in err, err
+    assert "positional logits" in out

@@ -190,6 +190,7 @@ def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: P
 
 def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: str, dpi: int,
           staged: Staged) -> list[Path]:  # fmt: skip
+    from biasviz.diagnostics.stored import SINK_EPSILON
     from biasviz.plotting.diagnostics_plots import PALETTE, diagnostics_figure, profile_grid
     from biasviz.plotting.profiles import profile_note
     from biasviz.plotting.save import save_figure
@@ -202,16 +203,20 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     one_layer = len(layers) == 1
     details: dict[str, str] = {}
     heads: dict[str, list[HeadDiagnostics]] = {}  # names from files: drawn as text, never math
+    sinks: dict[str, list[float]] = {}  # SPEC section 12: each head's share of key 0, in the file's first entry
     for r in results:
         where = ("" if one_layer else f"layer {r.layer}, ") + r.measured_on()
+        first = len(heads)
         if r.heads:
             heads[literal(r.name)], details[literal(r.name)] = r.heads, where
         if r.positional:  # SPEC section 12: the positional logits P measured like a bias
             heads[f"{literal(r.name)} P"], details[f"{literal(r.name)} P"] = r.positional, f"positional logits, {where}"
+        if r.sinks is not None and len(heads) > first:
+            sinks[list(heads)[first]] = list(r.sinks["share_per_head"])  # type: ignore[call-overload]
     title = f"Diagnostics per head, layer {next(iter(layers))}" if one_layer else "Diagnostics per head"
-    written = save_figure(diagnostics_figure(heads, style=style, details=details, title=title),
-                          out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style,
-                          staged=staged)  # fmt: skip
+    figure = diagnostics_figure(heads, style=style, details=details, title=title, sinks=sinks,
+                                epsilon=SINK_EPSILON)  # fmt: skip
+    written = save_figure(figure, out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style, staged=staged)
     for k, r in enumerate(results):
         if not r.heads:  # no bias: its positional logits are drawn by 'biasviz plot --kind profile'
             continue

@@ -257,6 +257,10 @@ def extract(
             return
         if summary:
             stored = _summarised(result.path, result.layers[0], adapter.scheme)
+            if result.samples < 2 and "positional" not in stored:
+                click.echo("note: no positional logits P: P needs two samples or more (it pairs the queries of one "
+                           "text with the keys of another, SPEC section 12); run with --samples 2 or more",
+                           err=True)  # fmt: skip
         else:
             stored = _listed([k for k in kinds or ("bias", "weights") if k != "bias" or result.has_bias],
                              adapter.scheme, result.has_bias or bool(kinds and "bias" not in kinds))  # fmt: skip

@@ -36,20 +36,27 @@ METRICS = (("context_dependence", "Context dependence\n(std over inputs / std)")
 
 def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig: Figure | SubFigure | None = None,
                        style: str | None = DEFAULT_STYLE, details: Mapping[str, str] | None = None,
-                       title: str | None = None) -> Figure | SubFigure:  # fmt: skip
+                       title: str | None = None, sinks: Mapping[str, Sequence[float]] | None = None,
+                       epsilon: float = 0.3) -> Figure | SubFigure:  # fmt: skip
     """One row per metric (context dependence, Toeplitz and separability residuals), a marker per scheme and head.
 
     ``details``: per scheme, what it was measured on (length, samples): said once in the title when every
     scheme shares it, else in each legend entry. ``title``: what the figure shows (the layer), before that.
+    ``sinks``: per scheme (a key of ``results``), each head's mean attention weight on key 0 (SPEC section 12):
+    drawn in a fourth row on a linear 0-1 axis with the sink threshold ``epsilon`` (Gu et al. 2025).
     """
     details = dict(details or {})
     shared = set(details.values())
+    sinks = {name: share for name, share in (sinks or {}).items() if name in results}
     with _context(style) as width:
         if fig is None:
             width = width or 6.0
-            fig = Figure(figsize=(width, 0.9 * width), layout="constrained")
-        axes = fig.subplots(len(METRICS), 1, sharex=True, squeeze=False)[:, 0]
-        _MetricPainter(results).paint(axes)
+            fig = Figure(figsize=(width, (1.2 if sinks else 0.9) * width), layout="constrained")
+        axes = fig.subplots(len(METRICS) + bool(sinks), 1, sharex=True, squeeze=False)[:, 0]
+        painter = _MetricPainter(results)
+        painter.paint(axes[: len(METRICS)])
+        if sinks:
+            painter.paint_sinks(axes[-1], sinks, epsilon)
         one = len(shared) == 1 and len(details) == len(results)
         handles = [_legend_handle(k, name, heads, None if one else details.get(name))
                    for k, (name, heads) in enumerate(results.items())]  # fmt: skip
@@ -166,8 +173,33 @@ class _MetricPainter:
             for k, (_name, heads) in enumerate(self.results.items()):
                 top = max(top, self._scheme(ax, key, k, heads, offsets[k]))
             self._axis(ax, label, top)
-        axes[-1].set_xlabel("Head")
-        axes[-1].set_xticks(np.arange(1, self.n_heads + 1))
+        self._head_axis(axes[-1])
+
+    def paint_sinks(self, ax: Axes, sinks: Mapping[str, Sequence[float]], epsilon: float) -> None:
+        """Each head's mean weight on key 0, a scheme's marker and colour as in the rows above; a linear axis
+        (a share, 0 to 1) with the threshold above which Gu et al. (2025) call a head a sink."""
+        n = max(len(self.results), 1)
+        offsets = (np.arange(n) - (n - 1) / 2) * min(0.7 / n, 0.18)
+        for k, name in enumerate(self.results):
+            if name not in sinks:
+                continue
+            share = np.asarray(sinks[name], dtype=float)
+            ax.plot(np.arange(1, share.size + 1) + offsets[k], share, linestyle="none",
+                    marker=MARKERS[k % len(MARKERS)], markersize=3.5, color=PALETTE[k % len(PALETTE)])  # fmt: skip
+        ax.axhline(epsilon, color="0.3", linewidth=0.6, linestyle=(0, (3, 2)), zorder=0)
+        ax.annotate(f"sink: > {epsilon:g}", (1.0, epsilon), xycoords=("axes fraction", "data"), xytext=(-2, 2),
+                    textcoords="offset points", ha="right", va="bottom", fontsize="small", color="0.3")  # fmt: skip
+        ax.set_ylim(0.0, 1.0)
+        for h in range(1, self.n_heads):
+            ax.axvline(h + 0.5, color="0.85", linewidth=0.4, zorder=0)
+        ax.set_xlim(0.5, self.n_heads + 0.5)
+        ax.set_ylabel("Sink share\n(mean weight on key 0)")
+        ax.tick_params(width=0.5, length=2.0, pad=1.5)
+        self._head_axis(ax)
+
+    def _head_axis(self, ax: Axes) -> None:
+        ax.set_xlabel("Head")
+        ax.set_xticks(np.arange(1, self.n_heads + 1))
 
     @staticmethod
     def _scheme(ax: Axes, key: str, k: int, heads: Sequence[HeadDiagnostics], offset: float) -> float:
