@@ -19,6 +19,7 @@ from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.extraction.run import extract
 from biasviz.extraction.summary import extract_summary
 from biasviz.model import capture
+from biasviz.schemes.registry import TABLE
 from tests.conftest import small_model
 
 N, T = 3, 64
@@ -107,7 +108,14 @@ def test_scores_positional_logits_and_key_profile_equal_numpy_float64(tmp_path: 
         np.testing.assert_allclose(g["sink_share"][()], w[:, :, :, 0].mean(-1), **tol)
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "kerple-log", "t5", "fire"])
+CONTEXT_FREE = [s.name for s in TABLE if s.adds_bias and not s.context_dependent]  # every one the registry holds
+
+
+def test_the_context_free_schemes_are_the_ones_the_zero_q_k_test_expects() -> None:
+    assert {"alibi", "kerple-log", "kerple-power", "t5", "fire"} <= set(CONTEXT_FREE)
+
+
+@pytest.mark.parametrize("scheme", CONTEXT_FREE)
 def test_with_zero_q_and_k_the_positional_logits_are_the_bias(tmp_path: Path, scheme: str) -> None:
     model = small_model(scheme)
     with torch.no_grad():
