@@ -45,7 +45,8 @@ def child(args: argparse.Namespace) -> None:
                     adapter.forward(torch.from_numpy(ids[s : s + args.batch_size]))
         else:
             result = extract_summary(adapter, ids, Path(tmp) / "s.h5", layers=args.layer, resolution=args.resolution,
-                                     batch_size=args.batch_size, device="cpu", progress=False)  # fmt: skip
+                                     batch_size=args.batch_size, device="cpu", progress=False,
+                                     positional=not args.no_positional)  # fmt: skip
             out["file_bytes"] = result.bytes
         out["seconds"] = time.perf_counter() - t0
     out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -62,6 +63,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--resolution", type=int, default=1024)
     p.add_argument("--layer", default="-1")
+    p.add_argument("--no-positional", action="store_true", help="leave out the positional logits P (their cost)")
     p.add_argument("--repeat", type=int, default=1, help="fresh processes per measurement; the median is shown")
     p.add_argument("--mode", choices=["forward", "summary"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -70,7 +72,8 @@ def main() -> None:
         args.layer = "all" if args.layer == "all" else int(args.layer)
         child(args)
         return
-    print(f"preset {args.preset}, scheme {args.scheme}, layer {args.layer}, R = {args.resolution}, CPU")
+    print(f"preset {args.preset}, scheme {args.scheme}, layer {args.layer}, R = {args.resolution}, CPU"
+          + (", without P" if args.no_positional else ""))
     print("| T | samples | bare forward (s) | summary (s) | ratio | summary s/sample | peak RSS forward | "
           "peak RSS summary | file |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -80,7 +83,8 @@ def main() -> None:
             for mode in ("forward", "summary"):
                 cmd = [sys.executable, __file__, "--mode", mode, "--preset", args.preset, "--scheme", args.scheme,
                        "--seq-len", str(t), "--samples", str(n), "--batch-size", str(args.batch_size),
-                       "--resolution", str(min(args.resolution, t)), "--layer", args.layer]  # fmt: skip
+                       "--resolution", str(min(args.resolution, t)), "--layer", args.layer,
+                       *(["--no-positional"] if args.no_positional else [])]  # fmt: skip
                 runs = []
                 for _ in range(args.repeat):  # forward and summary alternate run by run would be fairer; close enough
                     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -201,3 +201,16 @@ def test_one_sample_has_no_positional_logits_but_keeps_the_rest(tmp_path: Path) 
         g = f["layer_1"]
         assert "positional_mean" not in g and "positional_profile" not in g
         assert {"scores_mean", "scores_std", "scores_profile", "weights_key_profile", "sink_share"} <= set(g)
+
+
+def test_leaving_out_the_positional_logits_changes_nothing_else(tmp_path: Path) -> None:
+    """``positional=False`` (to measure what P costs): no P, and every other dataset as with P, bit for bit."""
+    adapter = BiasGPTAdapter(small_model("alibi"), source="test")
+    for name, positional in (("with", True), ("without", False)):
+        extract_summary(adapter, _windows(), tmp_path / f"{name}.h5", layers=[1], resolution=16, device="cpu",
+                        progress=False, positional=positional)  # fmt: skip
+    with h5py.File(tmp_path / "with.h5") as a, h5py.File(tmp_path / "without.h5") as b:
+        kept = set(b["layer_1"])
+        assert set(a["layer_1"]) - kept == {"positional_mean", "positional_profile", "positional_diagnostics"}
+        for name in kept:
+            np.testing.assert_array_equal(a["layer_1"][name][()], b["layer_1"][name][()], err_msg=name)

@@ -63,7 +63,7 @@ Gather = Callable[[SampleBank], SampleBank | None]
 def summarise(
     adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
     batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
-    scratch: str | Path | None = None, gather: Gather | None = None,
+    scratch: str | Path | None = None, gather: Gather | None = None, positional: bool = True,
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
     """Run ``adapter`` over ``ids`` (N, T) and return the summaries of ``layer_list`` (the model is in place).
 
@@ -77,6 +77,7 @@ def summarise(
     these before they are summarised; ``total_samples`` is then the number of samples over all processes.
     ``gather`` (torchrun, adapters that form rows again): the processes' banks are joined on process 0, which
     forms the rows of every sample as one process would; the other processes return an empty result.
+    ``positional=False`` leaves out the positional logits P (SPEC section 12), to measure what they cost.
     """
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
@@ -102,7 +103,8 @@ def summarise(
              if not (kind == "bias" and layer in direct)}  # fmt: skip
     extras: dict[int, PositionSummary] = {}
     if replay:
-        got = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather)
+        got = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather,
+                        positional)  # fmt: skip
         if got is None:  # torchrun: process 0 summarises every sample
             return {}
         extras = got
@@ -152,7 +154,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
 
 def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None, scratch: str | Path | None, block: int,
-              gather: Gather | None = None) -> dict[int, PositionSummary] | None:
+              gather: Gather | None = None, positional: bool = True) -> dict[int, PositionSummary] | None:
     """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
 
     Progress counts blocks of query rows x samples x layers: a layer run in the forward counts as many
@@ -185,7 +187,7 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                 own = {kind: p for (kind, at), p in parts.items() if at == layer}
                 extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev),
                                     sinks=torch.zeros(n, heads, dtype=torch.float64, device=dev))  # fmt: skip
-                if n >= 2:
+                if n >= 2 and positional:
                     q_sum, k_sum = (_sample_sum(bank, layer, name, heads) for name in ("q", "k"))
                     extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
                                                   samples=n, seq_len=seq_len, block=block, device=dev)  # fmt: skip
@@ -224,7 +226,7 @@ def summary_run(
     batch_size: int = 1, device: str | torch.device = "auto", model_dtype: str | torch.dtype | None = None,
     seed: int | None = None, text_source: str = "", attrs: Mapping[str, Any] | None = None,
     progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
-    scratch: str | Path | None = None, gather: Gather | None = None,
+    scratch: str | Path | None = None, gather: Gather | None = None, positional: bool = True,
 ) -> tuple[dict[str, Any], list[int], dict[int, dict[str, Summary]], int]:  # fmt: skip
     """Checked windows -> (root attributes, layers, summaries, R); the model is left where and as it was."""
     if batch_size < 1:
@@ -241,7 +243,7 @@ def summary_run(
             meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
             summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
                                   progress=progress, merge=merge, total_samples=total_samples,
-                                  scratch=scratch, gather=gather)  # fmt: skip
+                                  scratch=scratch, gather=gather, positional=positional)  # fmt: skip
     finally:
         adapter.model.train(was_training)
     return meta, layer_list, summaries, r
