@@ -104,8 +104,8 @@ def check_batch_memory(adapter: ModelAdapter, layers: int, batch: int, seq_len: 
                        scores: bool = False) -> None:  # fmt: skip
     """Refuse, before the forward pass, a batch that cannot fit: one (B, H, T, T) float32 matrix per captured
     layer for the weights, one for the bias and one for the scores, and for a bias declared the same for every
-    input the first sample's per layer and one difference from it, on the device."""
-    matrices = layers * (1 + int(bool(adapter.adds_bias)) + int(scores)) + (layers + 1) * int(bias_is_shared(adapter))
+    input the first sample's per layer (compared with the others through a small buffer), on the device."""
+    matrices = layers * (1 + int(bool(adapter.adds_bias)) + int(scores) + int(bias_is_shared(adapter)))
     check_fits(attention_bytes(batch, adapter.n_heads, seq_len, matrices),
                f"a batch of {batch} x {adapter.n_heads} heads x {seq_len} x {seq_len}", _FIX_MEMORY, device)
 
@@ -256,12 +256,15 @@ def _run(
             got.clear()
             adapter.forward(torch.from_numpy(batch).to(dev))
             _check_captured(got, layer_list, kinds, adapter)
-            if agreement is not None and agreement.differs(got.bias):  # declared context-free, measured otherwise
+            later = start + batch_size < n  # a later batch is still to be compared with the first sample
+            # declared context-free, measured otherwise: store one bias per sample from now on
+            if agreement is not None and agreement.differs(got.bias, keep=later):
                 sink.drain()
                 writer.unshare_bias()
-            tensors = {(kind, layer): _storable(got.of(kind)[layer]) for kind in kinds for layer in layer_list}
+            # no name holds the batch's tensors once they are handed over: the next forward does not find the
+            # last batch's (B, H, T, T) matrices still alive beside its own
+            sink.put(batch, {(kind, layer): _storable(got.of(kind)[layer]) for kind in kinds for layer in layer_list})
             got.clear()
-            sink.put(batch, tensors)
             bar.update(len(batch))
             check_interrupted()
         if agreement is not None:
@@ -272,22 +275,56 @@ class SameBias:
     """Measures whether a bias declared the same for every input is: each sample's against the first's.
 
     :attr:`largest` is the largest |b_a(i, j) - b_0(i, j)| over samples, layers and cells (those a query sees;
-    0 when every sample's bias equals the first's bit for bit). One pass over what was captured, on its device;
-    the first sample's bias is kept (one (H, T, T) matrix per layer, as a batch of one holds).
+    0 when every sample's bias equals the first's bit for bit). One pass over what was captured, on its device,
+    through a small reused buffer (:func:`largest_gap`); the first sample's bias is kept (one (H, T, T) matrix
+    per layer, as a batch of one holds) only while a later batch is still to be compared with it.
     """
 
     def __init__(self) -> None:
         self.first: dict[int, torch.Tensor] = {}
         self.largest = 0.0
 
-    def differs(self, bias: Mapping[int, torch.Tensor]) -> bool:
-        """Take one batch's bias (layer -> (1 or B, H, T, T)); True when this batch is the first to differ."""
+    def differs(self, bias: Mapping[int, torch.Tensor], keep: bool = True) -> bool:
+        """Take one batch's bias (layer -> (1 or B, H, T, T)); True when this batch is the first to differ.
+
+        ``keep`` False says no later batch follows: the first batch's first sample is then compared with the
+        rest of its batch in place, and not copied.
+        """
         before = self.largest
         for layer, b in bias.items():
-            first = self.first.setdefault(layer, b[:1].clone())
-            gap = torch.nan_to_num((b - first).abs_(), nan=0.0)  # masked cells are NaN in both
-            self.largest = max(self.largest, float(gap.amax()))
+            first = self.first.get(layer)
+            others = b
+            if first is None:  # the first batch: its first sample against the others (itself would give 0)
+                first, others = b[:1], b[1:]
+                if keep:
+                    self.first[layer] = first.clone()  # the captured tensor is the caller's, not ours to hold
+            self.largest = max(self.largest, largest_gap(others, first))
         return before == 0.0 < self.largest
+
+
+GAP_ELEMENTS = 1 << 22  # cells compared at a time (16 MiB of float32): full-size differences would take B x H x T x T
+
+
+def largest_gap(others: torch.Tensor, first: torch.Tensor, elements: int = GAP_ELEMENTS) -> float:
+    """``float(torch.nan_to_num((others - first).abs_(), nan=0.0).amax())`` (0 for no ``others``), computed a block
+    of rows at a time in one reused buffer instead of full-size temporaries: others (n, H, T, K), first (1, H, T, K).
+    Cells NaN in both (those no query sees) count 0.
+
+    The largest of the blocks' largest values is the whole's, so the result is the same bit for bit.
+    """
+    n, heads, rows, keys = others.shape
+    if n == 0 or heads * rows * keys == 0:
+        return 0.0
+    step = max(1, min(rows, elements // max(keys, 1)))
+    buf = torch.empty(step, keys, dtype=torch.result_type(others, first), device=others.device)
+    peak = torch.zeros((), dtype=buf.dtype, device=buf.device)  # every gap is >= 0 after nan_to_num
+    for s in range(n):
+        for h in range(heads):
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                gap = torch.sub(others[s, h, r0:r1], first[0, h, r0:r1], out=buf[: r1 - r0]).abs_()
+                torch.maximum(peak, gap.nan_to_num_(nan=0.0).amax(), out=peak)
+    return float(peak)  # one device sync per batch and layer
 
 
 _STORABLE = (torch.float32, torch.float16)
