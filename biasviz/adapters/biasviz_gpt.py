@@ -49,7 +49,7 @@ class BiasGPTAdapter(ModelAdapter):
     ) -> None:
         cfg = model.config
         super().__init__(
-            model.eval(), scheme=cfg.scheme, n_layers=cfg.n_layer, n_heads=cfg.n_head, source=source, sha256=sha256,
+            model, scheme=cfg.scheme, n_layers=cfg.n_layer, n_heads=cfg.n_head, source=source, sha256=sha256,
             max_length=model.max_length, tokenizer=tokenizer, vocab_size=int(cfg.vocab_size),
             config_json=cfg.to_json_string(use_diff=False),
         )  # fmt: skip
@@ -213,5 +213,5 @@ def load_biasviz_checkpoint(
     if bad:
         detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:5]))}" for k, v in bad.items())
         raise BiasvizError(f"the weights in {directory} do not match its config.json ({detail})")
-    return BiasGPTAdapter(model, source=str(directory.resolve()), sha256=sha256_files(files),
+    return BiasGPTAdapter(model.eval(), source=str(directory.resolve()), sha256=sha256_files(files),
                           tokenizer=tokenizer_in(directory))  # fmt: skip

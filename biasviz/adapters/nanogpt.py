@@ -322,4 +322,5 @@ def load_state_dict_model(
     load_parameters(model, layout, name, p)
     tok = tokenizer_in(p.parent)
     arch = "gpt2-state-dict" if layout.conv1d else "nanogpt"
+    model.eval()
     return NanoGPTAdapter(model, source=str(p.resolve()), sha256=sha256_file(p), tokenizer=tok, architecture=arch)

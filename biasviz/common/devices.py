@@ -71,3 +71,20 @@ def placed(model: nn.Module, device: torch.device, dtype: torch.dtype | None = N
             p.data = data
         for m, name, b in owners:
             m._buffers[name] = b
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside the block; afterwards every submodule's own training flag is as it was.
+
+    ``model.train(flag)`` would set one flag on every submodule, so a part the user had put in eval mode inside
+    a model in train mode (a frozen encoder, say) would come back in train mode; each is restored by itself.
+    """
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, flag in flags:
+            m.training = flag
+

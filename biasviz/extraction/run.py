@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from biasviz.adapters.base import Captured, ModelAdapter
-from biasviz.common.devices import placed, resolve_device, resolve_dtype
+from biasviz.common.devices import evaluating, placed, resolve_device, resolve_dtype
 from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.progress import Progress
@@ -174,20 +174,15 @@ def extract(
     ids = check_windows(adapter, windows)
     n, seq_len = ids.shape
     dev, run_dtype = _where_to_run(device, model_dtype)
-    was_training = adapter.model.training
-    adapter.model.eval()
-    try:
-        with placed(adapter.model, dev, run_dtype):
-            adapter.prepare(ids)  # a traced model: its attention calls, from one pass where it will run
-            layer_list = adapter.resolve_layers(layers)
-            check_batch_memory(adapter, len(layer_list), min(batch_size, n), seq_len, dev, "scores" in kinds)
-            held = {"bias": "bias" in kinds and bool(adapter.adds_bias), "weights": "weights" in kinds,
-                    "scores": "scores" in kinds}  # fmt: skip
-            meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
-            meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
-            _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress)
-    finally:
-        adapter.model.train(was_training)
+    with evaluating(adapter.model), placed(adapter.model, dev, run_dtype):
+        adapter.prepare(ids)  # a traced model: its attention calls, from one pass where it will run
+        layer_list = adapter.resolve_layers(layers)
+        check_batch_memory(adapter, len(layer_list), min(batch_size, n), seq_len, dev, "scores" in kinds)
+        held = {"bias": "bias" in kinds and bool(adapter.adds_bias), "weights": "weights" in kinds,
+                "scores": "scores" in kinds}  # fmt: skip
+        meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
+        meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
+        _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress)
     seconds = time.perf_counter() - t0
     return ExtractResult(out, n, seq_len, layer_list, held["bias"], seconds, out.stat().st_size)
 

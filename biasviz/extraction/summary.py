@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from biasviz.adapters.base import Formed, ModelAdapter
-from biasviz.common.devices import placed
+from biasviz.common.devices import evaluating, placed
 from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.progress import Progress
 from biasviz.extraction.run import (
@@ -233,19 +233,14 @@ def summary_run(
         raise BiasvizError(f"--batch-size must be at least 1, got {batch_size}")
     r = resolve_resolution(resolution, ids.shape[1])
     dev, run_dtype = _where_to_run(device, model_dtype)
-    was_training = adapter.model.training
-    adapter.model.eval()
-    try:
-        with placed(adapter.model, dev, run_dtype):
-            adapter.prepare(ids)
-            layer_list = adapter.resolve_layers(layers)
-            meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
-            meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
-            summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
-                                  progress=progress, merge=merge, total_samples=total_samples,
-                                  scratch=scratch, gather=gather, positional=positional)  # fmt: skip
-    finally:
-        adapter.model.train(was_training)
+    with evaluating(adapter.model), placed(adapter.model, dev, run_dtype):
+        adapter.prepare(ids)
+        layer_list = adapter.resolve_layers(layers)
+        meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
+        meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
+        summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
+                              progress=progress, merge=merge, total_samples=total_samples,
+                              scratch=scratch, gather=gather, positional=positional)  # fmt: skip
     return meta, layer_list, summaries, r
 
 
