@@ -422,3 +422,19 @@ def test_a_captured_file_does_not_claim_to_know_its_context_dependence(tmp_path,
         assert not f.attrs["context_dependent_known"]
     rc, out, _ = run_cli(["info", str(tmp_path / "c.h5")], capsys)
     assert rc == 0 and "context dependence not recorded" in out and "context-independent" not in out
+
+
+@pytest.mark.parametrize("which", ["fused", "explicit"])
+def test_a_trace_inside_a_trace_records_each_call_once_in_each(which: str) -> None:
+    """The inner trace forms its calls with torch operations of its own: the outer one must not take them for
+    the model's (an SDPA call was recorded twice by the outer trace, once as itself and once as eager q.kᵀ)."""
+    model = dict(zip(("fused", "explicit"), nano_gpt.pair(), strict=True))[which]
+    idx = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), biasviz.trace(model) as alone:
+        model(idx)
+    with torch.no_grad(), biasviz.trace(model) as outer, biasviz.trace(model) as inner:
+        model(idx)
+    for t in (outer, inner):
+        assert [c.kind for c in t.calls] == [c.kind for c in alone.calls] and len(alone.calls) == 3
+        for layer, w in alone.weights.items():
+            assert torch.equal(t.weights[layer], w)

@@ -14,7 +14,8 @@ cannot be formed still runs; the reason is in ``Trace.notes``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -34,6 +35,22 @@ from biasviz.tracing.stop import StopForward
 from biasviz.tracing.torch_layers import MHA, mha_call
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
+# A trace forms a call with torch operations of its own (q.kᵀ, softmax); a trace around it (a trace inside a
+# trace) must not take those for the model's: while any trace of this thread forms, the others let them run.
+_FORMING = threading.local()
+
+
+@contextlib.contextmanager
+def _forming() -> Iterator[None]:
+    _FORMING.depth = getattr(_FORMING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _FORMING.depth -= 1
+
+
+def _others_forming() -> bool:
+    return getattr(_FORMING, "depth", 0) > 0
 
 
 def _kind(func: Any) -> str | None:
@@ -110,13 +127,14 @@ class Trace:
         if self.keep is not None:
             self.keep(index, None)
         try:
-            if kind == "sdpa":
-                call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups(),
-                                 scores=self.keep_scores)  # fmt: skip
-            elif kind == "multi_head_attention":
-                call = mha_call(index, args, kwargs, record, self.inspect)
-            else:
-                call = flex_call(index, args, kwargs, record, self.inspect, scores=self.keep_scores)
+            with _forming():
+                if kind == "sdpa":
+                    call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups(),
+                                     scores=self.keep_scores)  # fmt: skip
+                elif kind == "multi_head_attention":
+                    call = mha_call(index, args, kwargs, record, self.inspect)
+                else:
+                    call = flex_call(index, args, kwargs, record, self.inspect, scores=self.keep_scores)
         except Exception as exc:  # a trace never breaks the call it observes: the call runs, the reason is kept
             call = unformed(index, kind, args, kwargs, exc)
         dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0) if kind == "sdpa" else 0.0
@@ -131,7 +149,8 @@ class Trace:
         assert self.keep is not None
         if kind != "sdpa":
             raise TypeError(f"attention call {index} is a {kind} call: only SDPA calls are kept")
-        ops = sdpa_operands(args, kwargs, packed_groups())
+        with _forming():
+            ops = sdpa_operands(args, kwargs, packed_groups())
         self.keep(index, ops)
         self._append(ops.facts(index))
         return func(*args, **kwargs)
@@ -152,13 +171,14 @@ class Trace:
         if scores is not None and softmax_dim(args, kwargs) in (-1, x.dim() - 1):
             index = len(self.calls)
             try:
-                call = eager_call(index, x, scores, out, self.wants(index), self.inspect)
+                with _forming():
+                    call = eager_call(index, x, scores, out, self.wants(index), self.inspect)
             except Exception as exc:  # never break the model: its softmax has run, the reason is kept
                 call = AttentionCall(index, "eager", 1, 1, *x.shape[-2:], note=f"not formed ({type(exc).__name__}: "
                                      f"{exc}); the call ran unchanged")  # fmt: skip
             self._append(call)
             return out
-        with contextlib.suppress(Exception):  # following is bookkeeping: it must never fail the model's step
+        with contextlib.suppress(Exception), _forming():  # bookkeeping: it must never fail the model's step
             self.eager.after(name, args, kwargs, out)
         return out
 
@@ -189,6 +209,8 @@ class _Interceptor(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:  # fmt: skip
         kwargs = kwargs or {}
+        if _others_forming():  # another trace's own arithmetic (a trace inside this one): not the model's
+            return func(*args, **kwargs)
         kind = _kind(func)
         if kind is None:
             return self.trace.follow(func, args, kwargs)
