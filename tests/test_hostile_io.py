@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from tests.hostile import Case, make_assets, run, run_case
@@ -186,7 +187,31 @@ def _virtual(tmp: Path, paths: dict[str, str]) -> None:
     _fifo_behind(tmp, "src.h5")
 
 
+def _link_where_nothing_reads(kind: str) -> Prepare:
+    """A valid file plus one extra entry that no command reads, leading to another (existing) file."""
+
+    def prepare(tmp: Path, paths: dict[str, str]) -> None:
+        shutil.copy(paths["good"], tmp / "x.h5")
+        with h5py.File(tmp / "other.h5", "w") as o:
+            o["w"] = np.zeros(4, np.float32)
+        with h5py.File(tmp / "x.h5", "a") as f:
+            if kind == "external link":
+                f["layer_1/notes"] = h5py.ExternalLink(str(tmp / "other.h5"), "/w")
+            elif kind == "group link":
+                f["elsewhere"] = h5py.ExternalLink(str(tmp / "other.h5"), "/")
+            else:
+                layout = h5py.VirtualLayout(shape=(4,), dtype=np.float32)
+                layout[...] = h5py.VirtualSource(str(tmp / "other.h5"), "w", shape=(4,))
+                f.create_virtual_dataset("extra", layout)
+
+    return prepare
+
+
 HANGING_HDF5 = [
+    *(Case(f"{cmd.split()[0]}: {kind} where nothing reads", cmd, r"x\.h5 .*(external|another file)",
+           prepare=_link_where_nothing_reads(kind))
+      for kind, cmd in (("external link", "info {tmp}/x.h5"), ("group link", "plot --scheme alibi --input {tmp}/x.h5 "
+                        "--out-dir {tmp}/f"), ("virtual dataset", "diagnose {tmp}/x.h5 --out-dir {tmp}/f"))),
     Case("info: input_ids links to a FIFO", "info {tmp}/x.h5", r"x\.h5 .*(external|another file)",
          prepare=_external_link, subprocess=True),
     Case("plot: bias stored in a FIFO", "plot --scheme alibi --input {tmp}/x.h5 --out-dir {tmp}/f",

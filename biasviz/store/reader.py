@@ -81,6 +81,7 @@ class BiasFile(AttrChecks):
         missing = [k for k in REQUIRED_ATTRS if k not in a]
         if missing:
             raise BiasvizError(f"{self.path} lacks required attributes: {', '.join(missing)}")
+        self._refuse_other_files_anywhere()
         self._scheme = self._str_attr("scheme")
         self._context_dependent = self._bool_attr("context_dependent")
         self._n_heads = self._int_attr("n_heads", minimum=1)

@@ -71,6 +71,23 @@ class AttrChecks:
         if isinstance(obj, h5py.Dataset) and (obj.is_virtual or obj.external):
             raise self._bad(f"'{name}' keeps its data in another file (external or virtual storage)")
 
+    def _refuse_other_files_anywhere(self) -> None:
+        """No link anywhere in the file may lead to another file, and no dataset may keep its data in one: a
+        file that only reads its own datasets today could be read whole by a later command (``info``, a copy)."""
+        found: list[str] = []
+
+        def look(name: str, link: h5py.HardLink | h5py.SoftLink | h5py.ExternalLink) -> None:
+            if isinstance(link, h5py.ExternalLink) and not found:
+                found.append(f"'{name}' is an external link to another file ({short_text(link.filename)})")
+            elif isinstance(link, h5py.HardLink) and not found:
+                obj = self._h5.get(name)
+                if isinstance(obj, h5py.Dataset) and (obj.is_virtual or obj.external):
+                    found.append(f"'{name}' keeps its data in another file (external or virtual storage)")
+
+        self._h5.visititems_links(look)
+        if found:
+            raise self._bad(found[0])
+
     def _dataset(self, name: str) -> h5py.Dataset | None:
         """The dataset at ``name`` (None when absent), refused when it lives in another file or is no dataset."""
         if name not in self._h5:
