@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from biasviz.cli.options import config_option, figure_output_options, with_config
+from biasviz.cli.options import NonEmptyPath, config_option, figure_output_options, with_config
 from biasviz.common.errors import BiasvizError, UsageError, os_error_message
 from biasviz.common.outputs import check_output_file, file_stem
 
@@ -65,7 +65,7 @@ class _FileResult:
 @click.option(
     "--json",
     "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
     help="Where to write the metrics.  [default: <out-dir>/diagnostics.json]",
 )

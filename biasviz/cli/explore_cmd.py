@@ -6,13 +6,13 @@ from pathlib import Path
 
 import click
 
-from biasviz.cli.options import with_config
+from biasviz.cli.options import NonEmptyPath, with_config
 
 
 @click.command("explore")
 @click.argument("files", nargs=-1, required=True, metavar="FILE.h5 [FILE2.h5]",
                 type=click.Path(dir_okay=True, path_type=Path))
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", type=NonEmptyPath(dir_okay=False, path_type=Path), default=None,
               help="HTML file to write.  [default: figures/<name>_explore.html]")  # fmt: skip
 @click.option("--kind", type=click.Choice(["bias", "weights", "scores", "positional", "all"]), default="all",
               show_default=True,

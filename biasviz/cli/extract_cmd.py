@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from biasviz.cli.options import config_option, device_option, seed_option, with_config
+from biasviz.cli.options import NonEmptyPath, config_option, device_option, seed_option, with_config
 from biasviz.common.errors import BiasvizError, UsageError
 
 
@@ -90,7 +90,8 @@ def warnings_as_notes() -> Iterator[None]:
     help="Precision the model runs in (bfloat16/float16 halve its memory on a GPU). Attention weights are "
     "always formed in float32 from the model's q and k; the bias is what the model computes in this precision.",
 )  # fmt: skip
-@click.option("--out", default=None, help="HDF5 file to write [default: data/<scheme>.h5].")
+@click.option("--out", type=NonEmptyPath(dir_okay=False), default=None,
+              help="HDF5 file to write [default: data/<scheme>.h5].")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option(
     "--no-scale", is_flag=True,

@@ -174,6 +174,16 @@ if __name__ == "__main__":  # python -m biasviz.cli.options CONFIG COMMAND OUT  
     write_stage(*sys.argv[1:4])
 
 
+class NonEmptyPath(click.Path):
+    """A path option that refuses an empty value (``--out ""``, or ``out = ""`` in a config): empty would
+    otherwise read as the current folder or, for an output, silently as the default path."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty: give a path, or leave the option out for its default", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def config_option(f: F) -> F:
     """``--config FILE.toml``: option defaults from a file; options given on the command line win."""
     return click.option(
@@ -206,7 +216,7 @@ def figure_output_options(f: F) -> F:
         ),
         click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True, help="PNG resolution."),
         click.option(
-            "--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("figures"), show_default=True,
+            "--out-dir", type=NonEmptyPath(file_okay=False, path_type=Path), default=Path("figures"), show_default=True,
             help="Folder for the figures (created if missing).",
         ),
     ]  # fmt: skip

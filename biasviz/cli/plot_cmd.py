@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from biasviz.cli.options import config_option, figure_output_options, with_config
+from biasviz.cli.options import NonEmptyPath, config_option, figure_output_options, with_config
 from biasviz.common.errors import BiasvizError, UsageError
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def _parse_sample(value: str) -> int | str:
 @click.option(
     "--input",
     "input_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
     help="HDF5 file from 'biasviz extract'.  [default: data/<scheme>.h5]",
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from biasviz.cli.options import checked, config_option, device_option, seed_option, with_config
+from biasviz.cli.options import NonEmptyPath, checked, config_option, device_option, seed_option, with_config
 from biasviz.common.checks import check_learning_rate
 from biasviz.common.errors import UsageError
 
@@ -40,7 +40,7 @@ from biasviz.common.errors import UsageError
     "loadable by --model: "
     "for 'biasviz extract --checkpoints'. 0: only the final checkpoint.",
 )  # fmt: skip
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Checkpoint directory to write.")
+@click.option("--out", required=True, type=NonEmptyPath(file_okay=False), help="Checkpoint directory to write.")
 @click.option("--force", is_flag=True, help="Replace an existing biasviz checkpoint (never another folder).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(
