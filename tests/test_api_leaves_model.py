@@ -66,3 +66,30 @@ def test_the_flags_are_restored_when_the_forward_raises_midway(tmp_path: Path, w
     assert len(calls) == 2  # the forward ran, and raised in the second batch
     assert _flags(model) == before
     assert not (tmp_path / "a.h5").exists()
+
+
+@pytest.mark.parametrize("which", list(MODELS))
+@pytest.mark.parametrize("summary", [False, True])
+def test_a_model_on_the_meta_device_is_one_error_naming_a_weight(tmp_path: Path, which: str, summary: bool) -> None:
+    with torch.device("meta"):
+        model = MODELS[which]()
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    with pytest.raises(BiasvizError, match=r"weight '[\w.]+' is on the meta device .*load its weights"):
+        biasviz.extract(model, ids, tmp_path / "a.h5", device="cpu", summary=summary, progress=False)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_command_line_names_a_meta_weight_in_a_users_factory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import run_cli
+
+    code = tmp_path / "m.py"
+    code.write_text("import torch\nfrom torch import nn\n\n\ndef build():\n    with torch.device('meta'):\n"
+                    "        return nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 10))\n")  # fmt: skip
+    (tmp_path / "t.txt").write_text("abc " * 200)
+    status, _, err = run_cli(["extract", "--model", f"{code}:build", "--text", str(tmp_path / "t.txt"),
+                              "--seq-len", "8", "--out", str(tmp_path / "o.h5")], capsys)  # fmt: skip
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 1 and len(lines) == 1 and "meta device" in lines[0] and lines[0].startswith("Error:"), err
+    assert not (tmp_path / "o.h5").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter
 from biasviz.common.errors import BiasvizError
@@ -43,8 +44,20 @@ def hf_architectures() -> dict[str, Callable[..., ModelAdapter]]:
     return {mt: cls.open for cls in adapter_classes() for mt in getattr(cls, "model_types", ()) if mt not in native}
 
 
+def refuse_meta(model: Any, source: str) -> None:
+    """Refuse a model with a weight on the meta device (shapes, no values), naming it: nothing can be computed."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_meta:
+            raise BiasvizError(
+                f"{source}: weight '{name}' is on the meta device (shapes, no values: a model built under "
+                "torch.device('meta') or accelerate's init_empty_weights); load its weights first (to_empty() "
+                "and load_state_dict(), or from_pretrained())"
+            )
+
+
 def check_finite(adapter: ModelAdapter) -> None:
-    """Refuse a model whose weights hold NaN or infinity, naming the first such tensor.
+    """Refuse a model whose weights hold NaN or infinity, or have no values (the meta device), naming the first
+    such tensor.
 
     Checked once at load time, for every architecture: a broken checkpoint would otherwise give
     NaN biases and weights, or an error deep inside extraction that does not say where they came from.
@@ -54,6 +67,7 @@ def check_finite(adapter: ModelAdapter) -> None:
     model = getattr(adapter, "model", None)
     if not isinstance(model, torch.nn.Module):
         return
+    refuse_meta(model, adapter.source)
     tensors = [*model.named_parameters(), *model.named_buffers()]
     for name, t in tensors:
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.adapters import ModelAdapter, check_finite, load_model
+from biasviz.adapters import ModelAdapter, check_finite, load_model, refuse_meta
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.adapters.factory import is_factory_spec, load_factory
 from biasviz.adapters.traced import TracedAdapter
@@ -26,8 +26,11 @@ def as_adapter(model_or_path: Any, *, scheme: str | None = None,
     if isinstance(model_or_path, ModelAdapter):
         return model_or_path
     if isinstance(model_or_path, BiasGPTForCausalLM) and forward is None:  # our own: its hook points, any length
-        return BiasGPTAdapter(model_or_path, source=f"{type(model_or_path).__name__} (given in Python)")
+        ours = BiasGPTAdapter(model_or_path, source=f"{type(model_or_path).__name__} (given in Python)")
+        check_finite(ours)
+        return ours
     if isinstance(model_or_path, torch.nn.Module):
+        refuse_meta(model_or_path, f"{type(model_or_path).__name__} (given in Python)")
         adapter: ModelAdapter = TracedAdapter(model_or_path, forward=forward, scheme=scheme)
         check_finite(adapter)
         return adapter
