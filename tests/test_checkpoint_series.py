@@ -256,11 +256,20 @@ def test_a_resumed_sweep_equals_an_uninterrupted_one_bit_for_bit(
         extract_sweep("EleutherAI/pythia-tiny", "first,last", windows, out, resume=True, **options)
     import biasviz.adapters as adapters
 
+    # a finished part cut short (a disk that filled, a copy that stopped): one error naming it and the ways out
+    damaged = partial / "step-1.h5"
+    kept = damaged.read_bytes()
+    damaged.write_bytes(kept[: len(kept) // 2])
+    with pytest.raises(BiasvizError, match=r"--resume: checkpoint step1, finished by an earlier run, cannot be read "
+                       r"from .*step-1\.h5 .*delete that file .*--resume .*--force") as err:  # fmt: skip
+        extract_sweep("EleutherAI/pythia-tiny", "all", windows, out, resume=True, **options)
+    assert "\n" not in str(err.value)
+    damaged.unlink()
     calls: list[Path] = []
     real_load = adapters.load_model
     monkeypatch.setattr(adapters, "load_model", lambda p, *a, **k: calls.append(Path(p)) or real_load(p, *a, **k))
     extract_sweep("EleutherAI/pythia-tiny", "all", windows, out, resume=True, **options)
-    assert len(calls) == 4  # only the checkpoints missing were run
+    assert len(calls) == 5  # only the checkpoints missing were run: the four never run and the one deleted
     assert not partial.exists()
     assert_same_file(whole, out, may_differ={"created_utc"})
 

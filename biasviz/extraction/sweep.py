@@ -150,6 +150,7 @@ def _run_mine(mine: list[Checkpoint], series: Series, windows: np.ndarray, parti
     for c in mine:
         part = part_path(partial, c)
         if part.exists():  # finished by an earlier run (--resume)
+            _check_finished(part, c)
             last = last or _shape_of(part, summary)
             continue
         assert c.path is not None
@@ -160,6 +161,19 @@ def _run_mine(mine: list[Checkpoint], series: Series, windows: np.ndarray, parti
     if last is None:  # no checkpoint of its own (more processes than checkpoints): describe the first part
         last = ExtractResult(partial, len(windows), int(windows.shape[1]), [], False, 0.0, 0)
     return last
+
+
+def _check_finished(part: Path, c: Checkpoint) -> None:
+    """A part an earlier run finished must still read as a valid file (a disk that filled, a copy cut short)."""
+    from biasviz.store import open_bias_file
+
+    try:
+        open_bias_file(part).close()
+    except BiasvizError as exc:
+        reason = str(exc).removeprefix(f"{part} ").rstrip(".")
+        raise BiasvizError(f"--resume: checkpoint {c.name}, finished by an earlier run, cannot be read from {part} "
+                           f"({reason}); delete that file and run again with --resume to redo only it, or pass "
+                           "--force instead of --resume to start over") from None  # fmt: skip
 
 
 def _shape_of(part: Path, summary: bool) -> Any:
