@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,42 @@ def test_a_revision_in_the_cache_only_in_part_is_left_out_or_named(
     rc, out, err = run_cli([*base, "--checkpoints", "all"], capsys)
     assert rc == 0 and "2 checkpoints (steps 0, 9)" in out, err
     assert "Warning: EleutherAI/pythia-part: revisions step5 are in the cache only in part" in err
+    with h5py.File(tmp_path / "o.h5") as f:  # the file itself says what was left out, and why
+        assert json.loads(f.attrs["checkpoints_left_out"]) == {
+            "step5": "in the cache only in part (no config.json or weights)"}  # fmt: skip
+        assert "checkpoints_identical" not in f.attrs
+    rc, out, _ = run_cli(["info", str(tmp_path / "o.h5")], capsys)
+    assert rc == 0 and [line.split(None, 2)[2] for line in out.splitlines() if line.strip().startswith("left out")] \
+        == ["step5: in the cache only in part (no config.json or weights)"]  # fmt: skip
+
+
+def test_checkpoints_with_byte_identical_weights_are_named_in_a_warning_and_in_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Published series have revisions equal to one another (a step branch equal to main): said, not hidden."""
+    import shutil
+
+    root = tmp_path / "run"
+    tiny_bloom(0).save_pretrained(root / "checkpoint-0")
+    tiny_bloom(1).save_pretrained(root / "checkpoint-50")
+    shutil.copytree(root / "checkpoint-50", root / "checkpoint-100")  # the same weights under another step
+    shutil.copytree(root / "checkpoint-0", root / "checkpoint-150")
+    (tmp_path / "text.txt").write_text(TEXT)
+    rc, _, err = run_cli(["extract", "--model", str(root), "--checkpoints", "all", "--samples", "2", "--seq-len", "8",
+                          "--text", str(tmp_path / "text.txt"), "--device", "cpu", "--quiet", "--out",
+                          str(tmp_path / "s.h5")], capsys)  # fmt: skip
+    assert rc == 0, err
+    sha = {n: hashlib.sha256((root / n / "model.safetensors").read_bytes()).hexdigest() for n in os.listdir(root)}
+    want = [[a, b] for a in sorted(sha, key=lambda n: int(n.split("-")[1])) for b in sorted(sha, key=lambda n:
+            int(n.split("-")[1])) if int(a.split("-")[1]) < int(b.split("-")[1]) and sha[a] == sha[b]]  # fmt: skip
+    assert want == [["checkpoint-0", "checkpoint-150"], ["checkpoint-50", "checkpoint-100"]]
+    with h5py.File(tmp_path / "s.h5") as f:
+        assert json.loads(f.attrs["checkpoints_identical"]) == want
+    warning = [line for line in err.splitlines() if "byte-identical" in line]
+    assert len(warning) == 1 and "checkpoint-0 = checkpoint-150" in warning[0] and \
+        "checkpoint-50 = checkpoint-100" in warning[0]  # fmt: skip
+    rc, out, _ = run_cli(["info", str(tmp_path / "s.h5")], capsys)
+    assert "checkpoint-0 = checkpoint-150; checkpoint-50 = checkpoint-100 (byte-identical weights)" in out
 
 
 def test_org_name_without_checkpoints_says_how_to_read_the_cache(capsys: pytest.CaptureFixture[str],

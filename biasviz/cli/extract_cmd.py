@@ -239,9 +239,10 @@ def extract(
             from biasviz.extraction.sweep import extract_sweep
 
             options = {k: v for k, v in (("attn_scale", 1.0 if no_scale else None), ("part", part)) if v is not None}
-            result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, summary=summary, resume=resume,
-                                   series=series, w=w, model_options=options, first=adapter if w.main else None,
-                                   **run)  # fmt: skip
+            with warnings_as_notes():  # checkpoints found identical are said when the sweep is joined
+                result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, summary=summary,
+                                       resume=resume, series=series, w=w, model_options=options,
+                                       first=adapter if w.main else None, **run)  # fmt: skip
         elif summary and w.size > 1:
             from biasviz.extraction.distributed import summarise_parallel
 

@@ -15,7 +15,8 @@ _SHOWN = {  # attributes the summary prints in its own lines; the rest go under 
     "architecture",
     "model_sha256", "n_layers", "n_heads", "seq_len", "layers", "samples", "dtype", "device", "device_name",
     "seed", "text_source", "tokenizer", "created_utc", "biasviz_version", "torch_version", "config_json",
-    "causal", "batch_size", "summary", "resolution", "block", "bias_shared",
+    "causal", "batch_size", "summary", "resolution", "block", "bias_shared", "checkpoints_left_out",
+    "checkpoints_identical",
 }  # fmt: skip
 
 
@@ -61,6 +62,7 @@ def summary(path: Path) -> str:
             steps = ", ".join(map(str, f.checkpoints))
             lines.append(f"  checkpoints     {len(f.checkpoints)} (training steps {steps}): a leading dimension "
                          f"of {'every layer dataset' if f.is_summary else 'bias and weights'}")  # fmt: skip
+            lines += _sweep_notes(raw)
         for layer in layers:
             lines += _layer_lines(f, layer, layer_group(layer))
         masked = "causal (cells after the query: bias NaN, weights 0)" if f.causal else "bidirectional (no mask)"
@@ -78,6 +80,27 @@ def summary(path: Path) -> str:
         if a.get("config_json"):
             lines.append(f"  {'config':<16}stored as JSON (biasviz info --json shows it)")
     return "\n".join(lines)
+
+
+def _sweep_notes(raw: dict[str, Any]) -> list[str]:
+    """A sweep's checkpoints left out (and why) and those with byte-identical weights, as recorded (JSON text);
+    a value that is not what extract writes is shown as it is, never trusted."""
+    lines = []
+    for key, label in (("checkpoints_left_out", "left out"), ("checkpoints_identical", "identical")):
+        if key not in raw:
+            continue
+        try:
+            value = json.loads(raw[key])
+        except (TypeError, ValueError):
+            value = None
+        if key == "checkpoints_left_out" and isinstance(value, dict):
+            text = "; ".join(f"{_short(str(k))}: {_short(str(v))}" for k, v in value.items())
+        elif key == "checkpoints_identical" and isinstance(value, list) and all(isinstance(g, list) for g in value):
+            text = "; ".join(" = ".join(_short(str(n)) for n in g) for g in value) + " (byte-identical weights)"
+        else:
+            text = _short(raw[key])
+        lines.append(f"  {label:<15} {_short(text)}")
+    return lines
 
 
 def _shape_lines(f: Any) -> list[str]:

@@ -14,9 +14,10 @@ contiguous block of the checkpoints and process 0 joins them. Either way the fil
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ class Series:
     model: str  # what --model named
     source: str  # the folder, resolved, or ORG/NAME
     chosen: list[Checkpoint]
+    left_out: dict[str, str] = field(default_factory=dict)  # checkpoints found but not usable: name -> why
 
 
 def choose(spec: str, available: dict[int, Path], model_dir: str | Path) -> list[int]:
@@ -68,13 +70,15 @@ def _find_series(model: str | Path, spec: str, step_pattern: str | None = None) 
     if is_repo_id(text):
         series = hub_series(text, pattern)
         present = [c for c in series if c.path is not None]
-        if len(present) < len(series):
+        why = "in the cache only in part (no config.json or weights)"
+        left_out = {c.name: why for c in series if c.path is None}
+        if left_out:
             import warnings
 
-            partly = ", ".join(c.name for c in series if c.path is None)
-            warnings.warn(f"{text}: revisions {partly} are in the cache only in part (no config.json or weights) "
-                          "and are left out", UserWarning, stacklevel=2)  # fmt: skip
-        return Series(text, text, pick(spec, present, f"{text} (Hugging Face cache)", missing_revision(text, series)))
+            warnings.warn(f"{text}: revisions {', '.join(left_out)} are {why} and are left out (the file records "
+                          "them: checkpoints_left_out)", UserWarning, stacklevel=2)  # fmt: skip
+        chosen = pick(spec, present, f"{text} (Hugging Face cache)", missing_revision(text, series))
+        return Series(text, text, chosen, left_out)
     raise UsageError(f"--checkpoints needs --model DIR holding checkpoint folders, or ORG/NAME with revisions in the "
                      f"local Hugging Face cache; {text} is neither")  # fmt: skip
 
@@ -212,10 +216,34 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
              "checkpoint_tokens": np.asarray([-1 if c.tokens is None else c.tokens for c in series.chosen],
                                              dtype=np.int64),
              "processes": processes}  # fmt: skip
+    if series.left_out:
+        attrs["checkpoints_left_out"] = json.dumps(series.left_out)
+    identical = _identical(series.chosen, hashes)
+    if identical:
+        import warnings
+
+        groups = "; ".join(" = ".join(g) for g in identical)
+        warnings.warn(f"{series.source}: checkpoints with byte-identical weights ({groups}): their rows in the sweep "
+                      "are the same model (the file records them: checkpoints_identical)", UserWarning,
+                      stacklevel=2)  # fmt: skip
+        attrs["checkpoints_identical"] = json.dumps(identical)
     if summary:
         join_summary_files(parts, out, steps=steps, attrs=attrs, force=force)
     else:
         combine(parts, out, along="checkpoint", steps=steps, force=force, attrs=attrs)
+
+
+def _identical(chosen: list[Checkpoint], hashes: list[str]) -> list[list[str]]:
+    """Names of checkpoints whose weights hash the same (sha256 of their files), in groups of two or more.
+
+    >>> _identical([Checkpoint(s, f"step{s}", None) for s in (1, 2, 3)], ["a", "b", "a"])
+    [['step1', 'step3']]
+    """
+    groups: dict[str, list[str]] = {}
+    for c, h in zip(chosen, hashes, strict=True):
+        if h:  # an unknown hash (empty) proves nothing
+            groups.setdefault(h, []).append(c.name)
+    return [names for names in groups.values() if len(names) > 1]
 
 
 def _kept(partial: Path, series: Series) -> str:
