@@ -192,3 +192,27 @@ def test_the_view_exports_as_png_and_svg(driver: object, pages: dict[str, Path])
     assert "Head 12" in texts and any(t and "layer 3 · sample 0 · bias" in t for t in texts), texts
     assert driver.execute_script("return document.querySelectorAll('svg, a[download]').length") == 0
     assert console_errors(driver) == []
+
+
+def test_weights_never_scale_or_band_below_zero(driver: object, pages: dict[str, Path]) -> None:  # noqa: F811
+    """A zoomed region holding one value (an all-zero corner of the weights) keeps the whole head's scale, not a
+    range around it reaching below 0; the weights' distance profile stops its ±std band at 0."""
+    open_page(driver, pages["page"])
+    base = driver.execute_script("return biasviz.scaleOver([0, 0.8, 'viridis'], {lo: 0, hi: 0, positive: Infinity})")
+    assert base == [0, 0.8, "viridis"]
+    zoomed = driver.execute_script("return biasviz.scaleOver([0, 0.8, 'viridis'], {lo: 0.1, hi: 0.3, positive: 0.1})")
+    assert zoomed[:2] == [0.1, 0.3]
+    labels = driver.execute_script("""
+        const texts = [], fill = CanvasRenderingContext2D.prototype.fillText;
+        CanvasRenderingContext2D.prototype.fillText = function (t, x, y) { texts.push(String(t)); };
+        const cv = document.createElement('canvas'); cv.width = 600; cv.height = 300;
+        const {state, drawProfile} = biasviz, kind = state.kind;
+        const profile = {mean: [0.1, 0.05, 0.02, 0.01], std: [3, 3, 3, 3], d0: 0};
+        try {
+          state.kind = 'weights'; drawProfile(cv, [profile], ['A'], 1); const weights = texts.splice(0);
+          state.kind = 'bias'; drawProfile(cv, [profile], ['A'], 1); return [weights, texts.splice(0)];
+        } finally { state.kind = kind; CanvasRenderingContext2D.prototype.fillText = fill; }""")
+    numbers = [[float(t.replace("\u2212", "-")) for t in texts if t.replace("\u2212", "-").lstrip("-")
+                .replace(".", "", 1).isdigit()] for texts in labels]  # fmt: skip
+    assert min(numbers[0]) >= 0, labels[0]  # the weights' value axis starts at 0
+    assert min(numbers[1]) < 0, repr(labels[1])  # the same numbers as a bias: the band goes below 0

@@ -183,3 +183,29 @@ def test_a_one_sample_summary_says_why_it_holds_no_positional_logits(
     code, out, err = run_cli([*base, "--samples", "2", "--out", str(tmp_path / "two.h5")], capsys)
     assert code == 0 and "two samples or more" not in err, err
     assert "positional logits" in out
+
+
+def test_the_weights_profile_band_stops_at_zero(files: dict[str, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Attention weights are never below 0: the ±std band of their distance profile stops there, while the
+    profile's own mean - std does reach below 0 (else this test could not fail)."""
+    import biasviz.plotting.save as save
+
+    drawn: dict[str, Any] = {}
+    keep = save.save_figure
+    monkeypatch.setattr(save, "save_figure",
+                        lambda fig, stem, *a, **k: drawn.__setitem__(Path(stem).name, fig) or keep(fig, stem, *a, **k))
+    code, _, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "profile",
+                            "--format", "png", "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    assert code == 0, err
+    with h5py.File(files["rope"]) as f:
+        mean, std = f["layer_1/weights_profile"][()].astype(np.float64)
+    assert (mean - std < 0).any()
+    fig = drawn["rope_weights_profile"]
+    bands = [c for ax in fig.axes for c in ax.collections]
+    assert len(bands) == mean.shape[0]
+    for h, band in enumerate(bands):
+        low = band.get_paths()[0].vertices[:, 1]
+        assert low.min() >= 0.0
+        np.testing.assert_allclose(low.min(), np.maximum(mean[h] - std[h], 0).min(), atol=1e-6)

@@ -374,7 +374,8 @@ class _PlotJob:
         title = f"{self.scheme} {kind}, layer {layer}: {over}"
         fig = profile_grid(as_heads(profiles), style=self.style, color=PALETTE[0 if kind == "bias" else 5],
                            ylabel=YLABELS[kind], suptitle=title, start=profiles.start,
-                           log=self.log_scale and kind == "weights", log_distance=self.log_distance)  # fmt: skip
+                           log=self.log_scale and kind == "weights", log_distance=self.log_distance,
+                           nonnegative=kind == "weights")  # fmt: skip
         info = {"title": f"{self.scheme} {kind} against distance (layer {layer})", "source": str(self.path),
                 "description": f"{over} (population std); normalize {normalize}; source: {self.path}",
                 "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip

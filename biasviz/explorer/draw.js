@@ -77,7 +77,8 @@ function scaleOver(base, r) {
     const floor = Math.max(r.positive, r.hi * 1e-4);
     return r.hi > 0 ? [Math.min(floor, r.hi), r.hi, base[2], "log"] : base;
   }
-  return r.hi > r.lo ? [r.lo, r.hi, base[2]] : [r.lo - 0.5, r.hi + 0.5, base[2]];
+  // one value throughout (an all-zero corner of the weights): no range of its own, so the whole head's scale
+  return r.hi > r.lo ? [r.lo, r.hi, base[2]] : base;
 }
 
 // A diverging scale centred at 0 with lopsided limits (the data's own on each side), as biasviz plot draws.
@@ -225,12 +226,15 @@ function drawProfile(cv, profiles, names, head) {
   const right = 12;
   const top = 42;
   const bottom = 40;
+  // attention weights are never below 0: their band stops there (a spread is not a value the weights take)
+  const floor = state.kind === "weights" ? 0 : -Infinity;
+  const below = (p, k) => Math.max(p.mean[k] - p.std[k], floor);
   let lo = Infinity;
   let hi = -Infinity;
   for (const p of profiles) {
     p.mean.forEach((m, k) => {
       if (Number.isNaN(m)) return;
-      lo = Math.min(lo, m - p.std[k]);
+      lo = Math.min(lo, below(p, k));
       hi = Math.max(hi, m + p.std[k]);
     });
   }
@@ -243,7 +247,7 @@ function drawProfile(cv, profiles, names, head) {
     ctx.fillStyle = `rgba(${PROFILE_COLOURS[s]},0.22)`;
     ctx.beginPath();
     for (let k = 0; k < n; k++) ctx.lineTo(X(d0 + k), Y(p.mean[k] + p.std[k]));
-    for (let k = n - 1; k >= 0; k--) ctx.lineTo(X(d0 + k), Y(p.mean[k] - p.std[k]));
+    for (let k = n - 1; k >= 0; k--) ctx.lineTo(X(d0 + k), Y(below(p, k)));
     ctx.fill();
     ctx.strokeStyle = `rgb(${PROFILE_COLOURS[s]})`;
     ctx.lineWidth = 1.5;

@@ -418,7 +418,7 @@ function describe() {
   $("meta").textContent = `${s.join(" · ")} · ${H} heads · ${T} positions${steps}${what}`;
 }
 
-window.biasviz = { format: fmt4, exportView }; // for scripts driving the page (and its tests)
+window.biasviz = { format: fmt4, exportView, scaleOver, drawProfile, state }; // for scripts driving the page (and its tests)
 describe();
 setup();
 draw().catch((err) => {

@@ -87,18 +87,21 @@ def _legend_columns(handles: Sequence[Line2D], fig: Figure | SubFigure, most: in
 
 
 def profile_axes(diag: HeadDiagnostics, *, ax: Axes | None = None, color: str = PALETTE[0],
-                 title: str | None = None, start: int = 0, log: bool = False,
-                 log_distance: bool = False) -> Axes:  # fmt: skip
+                 title: str | None = None, start: int = 0, log: bool = False, log_distance: bool = False,
+                 nonnegative: bool = False) -> Axes:  # fmt: skip
     """Mean against distance d = i - j with a band of +-1 std (over samples and positions).
 
     ``start``: the distance of the first entry (negative for a bidirectional model's profile); ``log``: a
-    logarithmic value axis (attention weights), on which the band is cut at a tenth of the mean.
+    logarithmic value axis (attention weights), on which the band is cut at a tenth of the mean;
+    ``nonnegative``: a quantity that is never below 0 (attention weights), whose band stops at 0.
     """
     if ax is None:
         ax = Figure(figsize=(3.0, 2.2), layout="constrained").add_subplot()
     mean, std = diag.profile_mean, diag.profile_std
     d = np.arange(mean.size) + start
     lo, hi = mean - std, mean + std
+    if nonnegative:
+        lo = np.maximum(lo, 0.0)
     if log:
         lo = np.maximum(lo, 0.1 * mean)
         ax.set_yscale("log")
@@ -119,7 +122,7 @@ def profile_axes(diag: HeadDiagnostics, *, ax: Axes | None = None, color: str = 
 def profile_grid(results: Sequence[HeadDiagnostics], *, fig: Figure | SubFigure | None = None,
                  style: str | None = DEFAULT_STYLE, color: str = PALETTE[0], ylabel: str = "Bias (mean ± 1 std)",
                  suptitle: str | None = None, start: int = 0, log: bool = False,
-                 log_distance: bool = False) -> Figure | SubFigure:  # fmt: skip
+                 log_distance: bool = False, nonnegative: bool = False) -> Figure | SubFigure:  # fmt: skip
     """Distance profiles of every head, 3 per row like the heatmap grid (``suptitle``: one line above them)."""
     with _context(style) as width:
         rows, cols = grid_shape(len(results))
@@ -129,7 +132,8 @@ def profile_grid(results: Sequence[HeadDiagnostics], *, fig: Figure | SubFigure 
             fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.3 + extra), layout="constrained")
         axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
         for ax, diag in zip(axes, results, strict=False):
-            profile_axes(diag, ax=ax, color=color, start=start, log=log, log_distance=log_distance)
+            profile_axes(diag, ax=ax, color=color, start=start, log=log, log_distance=log_distance,
+                         nonnegative=nonnegative)
         for ax in axes[len(results) :]:
             ax.set_visible(False)
         size = font_sizes(figure_width_in(fig))["base"]
