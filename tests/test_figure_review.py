@@ -64,10 +64,32 @@ def test_float32_noise_is_drawn_as_zero_and_the_figure_says_what_it_measured() -
     filled = [y for y, face in _markers(fig) if face != "white"]
     assert all(np.all(np.abs(y) < NOISE) for y in hollow) and all(np.all(np.abs(y) >= NOISE) for y in filled)
     assert sum(y.size for y in hollow) == 12 * 3 + 0  # every alibi value (incl. its 8 noisy ones) is hollow
-    assert fig.get_suptitle() == "Diagnostics per head, layer 3; T = 512, N = 4"
+    assert fig.get_suptitle() == ("Diagnostics per head, layer 3; T = 512, N = 4; each relative to the head's "
+                                  "spread over cells")  # fmt: skip
     labels = [ax.get_ylabel() for ax in fig.axes]
-    assert labels[0].startswith("Context dependence\n(") and "std" in labels[0]
-    assert all("\n(" in label for label in labels), labels  # each row says what it measures
+    assert labels[0] == "Context dependence\n(spread over inputs)"
+    assert all("\n(" in label and "/ std" not in label for label in labels), labels  # each row says what it measures
+    assert [ax.get_xlabel() for ax in fig.axes] == ["", "", "Head"]  # once, under the last row
+
+
+def test_each_metric_axis_marks_where_its_scale_turns_from_linear_to_logarithmic() -> None:
+    """The 0 sits on a linear stretch below the first decade: a break mark on both spines says so."""
+    from biasviz.plotting.diagnostics_plots import LINTHRESH
+
+    heads = [_Head(h, 0.01 * h, 0.1, 0.0) for h in range(1, 13)]
+    fig = diagnostics_figure({"x": heads}, sinks={"x": [0.5] * 12})
+    FigureCanvasAgg(fig).draw()
+    metric_axes, sink_axis = fig.axes[:3], fig.axes[3]
+    for ax in metric_axes:
+        marks = [line for line in ax.get_lines() if not line.get_clip_on()]
+        assert len(marks) == 4  # two strokes on each spine
+        spine_x = ax.transAxes.transform([(0, 0), (1, 0)])[:, 0]
+        height = ax.transData.transform([(0, 0.5 * LINTHRESH)])[0, 1]
+        for line in marks:
+            xy = line.get_transform().transform(np.column_stack([line.get_xdata(), line.get_ydata()]))
+            assert np.abs(xy[:, 0].mean() - spine_x).min() < 0.5  # centred on a spine
+            assert abs(xy[:, 1].mean() - height) < 3 * fig.dpi / 72  # within 3 pt of the break
+    assert not [line for line in sink_axis.get_lines() if not line.get_clip_on()]  # a linear axis: no break
     legend = fig.legends[0]
     assert legend._ncols == len(legend.get_texts()), "one legend row"
 
@@ -193,3 +215,16 @@ def test_log_distance_applies_to_profiles_and_nothing_else(tmp_path: object, mak
     code, _, err = run_cli(["plot", "--scheme", "t5", "--input", str(f), "--log-distance", "--out-dir",
                             str(tmp_path / "f2")], capsys)  # fmt: skip
     assert code == 2 and "--log-distance applies to a distance axis" in err
+
+
+def test_at_a_columns_width_each_row_is_labelled_by_its_name_alone() -> None:
+    """3.25 in: the rows are too short for a two-line explanation beside them; the names still fit."""
+    heads = [_Head(h, 0.01 * h, 0.1, 0.0) for h in range(1, 13)]
+    fig = diagnostics_figure({"x": heads}, sinks={"x": [0.5] * 12}, style="icml-column")
+    FigureCanvasAgg(fig).draw()
+    assert [ax.get_ylabel() for ax in fig.axes] == ["Context\ndependence", "Toeplitz\nresidual",
+                                                     "Separability\nresidual", "Sink\nshare"]  # fmt: skip
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:  # each label within its own row's height
+        label, box = ax.yaxis.label.get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert label.height <= box.height + 1

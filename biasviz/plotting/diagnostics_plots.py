@@ -29,9 +29,16 @@ LINTHRESH = 1e-3
 #: drawn as 0, hollow, like exact zeros. JSON keeps the value as computed.
 NOISE = 1e-6
 #: Each row's metric, named and said in a few words (README, "Reading the figures and diagnostics").
-METRICS = (("context_dependence", "Context dependence\n(std over inputs / std)"),
-           ("toeplitz_residual", "Toeplitz residual\n(RMS off $i - j$ means / std)"),
-           ("separability_residual", "Separability residual\n(RMS off $s_i - s_j$ / std)"))  # fmt: skip
+METRICS = (("context_dependence", "Context dependence\n(spread over inputs)"),
+           ("toeplitz_residual", "Toeplitz residual\n(off the $i - j$ means)"),
+           ("separability_residual", "Separability residual\n(off $s_i - s_j$)"))  # fmt: skip
+#: Below this width (inches: a paper's column) the rows are too short for the explanations: names alone.
+NARROW = 4.0
+#: The sink row's label, and each label's short form for narrow figures.
+SINK_LABEL = "Sink share\n(mean weight on key 0)"
+SHORT = {label: label.split("\n")[0].replace(" ", "\n", 1) for label in (*(m[1] for m in METRICS), SINK_LABEL)}
+#: What every metric is relative to, said once on the figure (the README gives the definitions).
+RELATIVE_TO = "each relative to the head's spread over cells"
 
 
 def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig: Figure | SubFigure | None = None,
@@ -51,12 +58,14 @@ def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig:
     with _context(style) as width:
         if fig is None:
             width = width or 6.0
-            fig = Figure(figsize=(width, (1.2 if sinks else 0.9) * width), layout="constrained")
+            rows = len(METRICS) + bool(sinks)
+            fig = Figure(figsize=(width, max(0.3 * rows * width, 0.85 * rows + 1.4)), layout="constrained")
         axes = fig.subplots(len(METRICS) + bool(sinks), 1, sharex=True, squeeze=False)[:, 0]
-        painter = _MetricPainter(results)
+        painter = _MetricPainter(results, narrow=figure_width_in(fig) < NARROW)
         painter.paint(axes[: len(METRICS)])
         if sinks:
             painter.paint_sinks(axes[-1], sinks, epsilon)
+        painter.head_axis(axes[-1])
         one = len(shared) == 1 and len(details) == len(results)
         handles = [_legend_handle(k, name, heads, None if one else details.get(name))
                    for k, (name, heads) in enumerate(results.items())]  # fmt: skip
@@ -65,7 +74,7 @@ def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig:
                                   markersize=4, label=f"hollow: 0 (below {NOISE:.0e}, rounding)"))  # fmt: skip
             fig.legend(handles=handles, loc="outside lower center", ncol=_legend_columns(handles, fig, most=8),
                        frameon=False, handletextpad=0.3, columnspacing=1.0)  # fmt: skip
-        heading = "; ".join(x for x in (title, next(iter(shared)) if one else None) if x)
+        heading = "; ".join(x for x in (title, next(iter(shared)) if one else None, RELATIVE_TO) if x)
         if heading:
             size = font_sizes(figure_width_in(fig))["base"] if style else None
             fig.suptitle(wrap_title(heading, figure_width_in(fig), size), fontsize=size)
@@ -151,6 +160,18 @@ def _context(style: str | None) -> contextlib.AbstractContextManager[float | Non
     return paper_context(style) if style else contextlib.nullcontext(None)
 
 
+def _break_mark(ax: Axes, y: float) -> None:
+    """Two short slanted strokes across both vertical spines at data height ``y``: the scale changes there."""
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
+
+    at = blended_transform_factory(ax.transAxes, ax.transData)
+    for x in (0.0, 1.0):
+        where = ax.figure.dpi_scale_trans + ScaledTranslation(x, y, at)  # inches around (x, y)
+        for dy in (-1.3, 1.3):  # points
+            ax.add_line(Line2D([-3.5 / 72, 3.5 / 72], [(dy - 1.6) / 72, (dy + 1.6) / 72], color="0.15",
+                               linewidth=0.6, transform=where, clip_on=False))  # fmt: skip
+
+
 def _legend_handle(k: int, name: str, heads: Sequence[HeadDiagnostics], detail: str | None = None) -> Line2D:
     missing = any(h.context_dependence is None for h in heads)
     n = heads[0].samples if heads else 0
@@ -165,8 +186,9 @@ def _legend_handle(k: int, name: str, heads: Sequence[HeadDiagnostics], detail: 
 class _MetricPainter:
     """Places each scheme's per-head values side by side (dodged) on a symlog axis."""
 
-    def __init__(self, results: Mapping[str, Sequence[HeadDiagnostics]]) -> None:
+    def __init__(self, results: Mapping[str, Sequence[HeadDiagnostics]], narrow: bool = False) -> None:
         self.results = results
+        self.narrow = narrow  # a column's width: each row's label is its name alone
         self.n_heads = max((len(h) for h in results.values()), default=0)
 
     def paint(self, axes: Sequence[Axes]) -> None:
@@ -177,7 +199,6 @@ class _MetricPainter:
             for k, (_name, heads) in enumerate(self.results.items()):
                 top = max(top, self._scheme(ax, key, k, heads, offsets[k]))
             self._axis(ax, label, top)
-        self._head_axis(axes[-1])
 
     def paint_sinks(self, ax: Axes, sinks: Mapping[str, Sequence[float]], epsilon: float) -> None:
         """Each head's mean weight on key 0, a scheme's marker and colour as in the rows above; a linear axis
@@ -197,11 +218,10 @@ class _MetricPainter:
         for h in range(1, self.n_heads):
             ax.axvline(h + 0.5, color="0.85", linewidth=0.4, zorder=0)
         ax.set_xlim(0.5, self.n_heads + 0.5)
-        ax.set_ylabel("Sink share\n(mean weight on key 0)")
+        ax.set_ylabel(SHORT[SINK_LABEL] if self.narrow else SINK_LABEL)
         ax.tick_params(width=0.5, length=2.0, pad=1.5)
-        self._head_axis(ax)
 
-    def _head_axis(self, ax: Axes) -> None:
+    def head_axis(self, ax: Axes) -> None:
         ax.set_xlabel("Head")
         ax.set_xticks(np.arange(1, self.n_heads + 1))
 
@@ -222,11 +242,12 @@ class _MetricPainter:
         upper = max(10 ** np.ceil(np.log10(max(top, LINTHRESH * 10)) + 0.05), LINTHRESH * 10)
         ax.set_ylim(-LINTHRESH * 0.4, upper)
         ax.yaxis.set_minor_formatter(NullFormatter())
+        _break_mark(ax, 0.5 * LINTHRESH)  # the axis turns from linear (the 0) to logarithmic here
         ax.axhline(0.0, color="0.3", linewidth=0.5, zorder=0)
         for h in range(1, self.n_heads):
             ax.axvline(h + 0.5, color="0.85", linewidth=0.4, zorder=0)
         ax.set_xlim(0.5, self.n_heads + 0.5)
-        ax.set_ylabel(label)
+        ax.set_ylabel(SHORT[label] if self.narrow else label)
         ax.tick_params(width=0.5, length=2.0, pad=1.5)
 
 
