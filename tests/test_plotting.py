@@ -269,3 +269,30 @@ def test_every_colorbar_says_what_it_shows_in_print_sized_text(kind: str, log: b
     shared = head_grid(alibi(3), shared_scale=True)
     (bar,) = [ax for ax in shared.axes if ax.get_label() == "<colorbar>"]
     assert bar.yaxis.label.get_text() == "bias b(i, j), one scale for all heads"
+
+
+def test_one_tick_format_for_every_colorbar_of_a_figure() -> None:
+    """Heads whose colour bars step by 1, by 0.5 and by 0.02 all write 0 as "0" and no number with a
+    trailing zero ("1.0", "0.50"), and every label reads back as its tick's value."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    i, j = np.indices((16, 16))
+    d = (i - j).astype(np.float64)
+    data = np.stack([-0.25 * d, -d / 15.0, -0.006 * d])  # ranges -3.75..0, -1..0, -0.09..0
+    fig = head_grid(data, kind="bias", style="icml-column")
+    FigureCanvasAgg(fig).draw()
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    steps = set()
+    for bar in bars:
+        ticks = bar.yaxis.get_majorticklocs()
+        lo, hi = bar.get_ylim()
+        shown = [(t, text.get_text()) for t, text in zip(ticks, bar.yaxis.get_ticklabels(), strict=True)
+                 if lo - 1e-12 <= t <= hi + 1e-12]  # fmt: skip
+        steps.add(round(float(np.diff(ticks).min()), 6))
+        for value, label in shown:
+            assert label, (value, shown)
+            assert not ("." in label and label.endswith("0")), shown
+            assert float(label.replace("\u2212", "-")) == pytest.approx(value, abs=1e-9), shown
+            if value == 0:
+                assert label == "0", shown
+    assert len(steps) == 3  # three different steps: the rule holds whatever the step

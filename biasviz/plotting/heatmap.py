@@ -232,7 +232,7 @@ class _HeatmapPainter:
         _label_colorbar(cb, label)
         if not isinstance(im.norm, LogNorm):
             cb.locator = MaxNLocator(nbins=5 if figure_width_in(fig) >= 4.0 else 4)
-            cb.formatter = ScalarFormatter(useOffset=False)  # plain text: mathtext labels cost 0.5 s a grid
+            cb.formatter = TrimmedFormatter(useOffset=False)  # plain text: mathtext labels cost 0.5 s a grid
             cb.formatter.set_powerlimits((-3, 5))  # up to 99,999 in plain digits (ALiBi at 16k reaches 1e4)
             cb.update_ticks()
         cb.outline.set_linewidth(0.5)
@@ -240,6 +240,18 @@ class _HeatmapPainter:
         if cb.solids is not None:
             cb.solids.set_rasterized(True)
             cb.solids.set_edgecolor("face")
+
+
+class TrimmedFormatter(ScalarFormatter):
+    """Matplotlib's plain tick labels without trailing zeros: one rule for every colorbar of a figure, so that 0
+    reads "0" on every head (not "0" on one and "0.0" on the next) and 1 reads "1", whatever each bar's step.
+    """
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        text = super().__call__(x, pos)
+        if "." in text and "e" not in text.lower():
+            text = text.rstrip("0").rstrip(".")
+        return "0" if text in ("−0", "-0") else text
 
 
 @dataclass
