@@ -98,6 +98,7 @@ class ModelAdapter:
         self.tokenizer = tokenizer  # a tokenizers.Tokenizer or None
         self.vocab_size = vocab_size
         self.config_json = config_json  # the model's configuration, for the file's provenance
+        self.training: dict[str, Any] | None = None  # how biasviz trained it (training.json), where it says
         self._stop_layer: int | None = None
 
     # -- finding and opening ---------------------------------------------------------------------

@@ -23,6 +23,7 @@ from biasviz.common.errors import BiasvizError
 from biasviz.common.hashing import sha256_files
 from biasviz.model import HOOK_BIAS, HOOK_PATTERN, HOOK_SCORES, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
 from biasviz.schemes import canonical_name
+from biasviz.training.provenance import how_trained
 
 CONFIG_FILE = "config.json"
 MODEL_TYPE = BiasGPTConfig.model_type
@@ -213,5 +214,7 @@ def load_biasviz_checkpoint(
     if bad:
         detail = "; ".join(f"{k.replace('_', ' ')}: {', '.join(map(str, v[:5]))}" for k, v in bad.items())
         raise BiasvizError(f"the weights in {directory} do not match its config.json ({detail})")
-    return BiasGPTAdapter(model.eval(), source=str(directory.resolve()), sha256=sha256_files(files),
-                          tokenizer=tokenizer_in(directory))  # fmt: skip
+    adapter = BiasGPTAdapter(model.eval(), source=str(directory.resolve()), sha256=sha256_files(files),
+                             tokenizer=tokenizer_in(directory))  # fmt: skip
+    adapter.training = how_trained(directory)
+    return adapter

@@ -38,10 +38,13 @@ class _FileResult:
     bias_only: bool = False
     positional: list[HeadDiagnostics] | None = None  # P's measures per head (SPEC section 12), where stored
     sinks: dict[str, object] | None = None
+    trained: str | None = None  # how biasviz trained the model, where the file says (drawn as text)
 
     def measured_on(self) -> str:
-        """'T = 512, N = 8': the length and number of samples the numbers were measured on, for the figures."""
-        return f"T = {self.seq_len}, " + ("bias only" if self.bias_only else f"N = {self.samples}")
+        """'T = 512, N = 8': the length and number of samples the numbers were measured on, for the figures (and
+        how biasviz trained the model, where the file says)."""
+        said = f"T = {self.seq_len}, " + ("bias only" if self.bias_only else f"N = {self.samples}")
+        return said + (f", {self.trained}" if self.trained else "")
 
     def as_json(self, normalize: str) -> dict[str, object]:
         doc: dict[str, object] = {
@@ -134,7 +137,8 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
                 return None
             return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                                seq_len=bf.seq_len, context_dependent=None, heads=[], block=bf.block,
-                               resolution=bf.resolution, positional=positional, sinks=sinks)  # fmt: skip
+                               resolution=bf.resolution, positional=positional, sinks=sinks,
+                               trained=_trained(bf))  # fmt: skip
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
             click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                        "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
@@ -156,7 +160,15 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                            seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
                            sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only,
-                           positional=positional, sinks=sinks)  # fmt: skip
+                           positional=positional, sinks=sinks, trained=_trained(bf))  # fmt: skip
+
+
+def _trained(bf: object) -> str | None:
+    from biasviz.plotting.profiles import trained_note
+    from biasviz.plotting.style import literal
+
+    note = trained_note(getattr(bf, "attrs", {}).get("training"))
+    return literal(note) if note else None
 
 
 def _name_uniquely(results: list[_FileResult]) -> None:

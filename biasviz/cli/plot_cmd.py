@@ -342,7 +342,7 @@ class _PlotJob:
         if std and not np.nan_to_num(heads.data).any():
             click.echo(f"note: the {kind} is the same for every sample: its standard deviation is 0 everywhere",
                        err=True)  # fmt: skip
-        suptitle = f"{self.scheme} {kind}, layer {heads.layer}, T = {bf.seq_len}: {note}"
+        suptitle = f"{self.scheme} {kind}, layer {heads.layer}, T = {bf.seq_len}: {note}" + _trained(bf)
         log = self.log_scale and kind == "weights"
         shared = log if self.shared_scale is None else self.shared_scale  # a log scale reads best as one
         fig = head_grid(heads, kind=panel_kind, shared_scale=shared, cmap=self.cmap,
@@ -371,7 +371,7 @@ class _PlotJob:
         normalize = self.normalize if kind == "bias" else "none"
         profiles = file_profiles(bf, kind, layer, normalize)
         over = profile_note(bf.n_samples, bf.bias_only)
-        title = f"{self.scheme} {kind}, layer {layer}: {over}"
+        title = f"{self.scheme} {kind}, layer {layer}: {over}" + _trained(bf)
         fig = profile_grid(as_heads(profiles), style=self.style, color=PALETTE[0 if kind == "bias" else 5],
                            ylabel=YLABELS[kind], suptitle=title, start=profiles.start,
                            log=self.log_scale and kind == "weights", log_distance=self.log_distance,
@@ -381,6 +381,15 @@ class _PlotJob:
                 "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip
         return save_figure(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, dpi=dpi, info=info,
                            style=self.style, staged=self.staged)  # fmt: skip
+
+
+def _trained(bf: BiasFile) -> str:
+    """'; tiny model, 300 training steps on 128-token windows' where the file says how biasviz trained the model."""
+    from biasviz.plotting.profiles import trained_note
+    from biasviz.plotting.style import literal
+
+    note = trained_note(bf.attrs.get("training"))
+    return f"; {literal(note)}" if note else ""
 
 
 def _which_sample(bf: BiasFile, kind: str, sample: int) -> str:

@@ -1,0 +1,32 @@
+"""How a checkpoint biasviz trained came to be, read back from its ``training.json`` for the files made from it.
+
+A figure drawn from a model trained for 300 steps looks like noise beside a paper's figure of a model trained for
+100,000; the figure should say which it is. Only what names the run is kept (preset, steps, window length,
+corpus), each checked for its type: the file is data from elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from biasviz.training.loop import TRAINING_FILE
+
+
+def how_trained(directory: Path) -> dict[str, Any] | None:
+    """``{"preset", "steps", "seq_len", "corpus"}`` from ``directory/training.json``; None where there is none or
+    it does not say (a checkpoint biasviz did not train, a damaged file)."""
+    try:
+        doc = json.loads((Path(directory) / TRAINING_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    settings = doc.get("settings") if isinstance(doc, dict) else None
+    if not isinstance(settings, dict):
+        return None
+    out = {"preset": settings.get("preset"), "steps": doc.get("step"), "seq_len": settings.get("seq_len"),
+           "corpus": doc.get("corpus_source") or settings.get("corpus")}  # fmt: skip
+    if not (isinstance(out["steps"], int) and isinstance(out["seq_len"], int) and isinstance(out["preset"], str)):
+        return None
+    out["corpus"] = out["corpus"] if isinstance(out["corpus"], str) else ""
+    return out
