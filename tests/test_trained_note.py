@@ -88,3 +88,22 @@ def test_the_diagnostics_figure_says_how_it_was_trained(trained: dict[str, Path]
     code, _, err = run_cli(["diagnose", str(trained["full"]), "--out-dir", str(tmp_path), "--format", "png"], capsys)
     assert code == 0, err
     assert "tiny model, 3 training steps on 16-token windows" in " ".join(drawn["diagnostics"].get_suptitle().split())
+
+
+def test_a_sweep_records_the_steps_of_every_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "text.txt").write_text(TEXT)
+    code, _, err = run_cli(["train", "--scheme", "alibi", "--steps", "4", "--seq-len", "16", "--batch-size", "2",
+                            "--save-every", "2", "--corpus", str(tmp_path / "text.txt"), "--device", "cpu", "--quiet",
+                            "--out", str(tmp_path / "run")], capsys)  # fmt: skip
+    assert code == 0, err
+    code, _, err = run_cli(["extract", "--model", str(tmp_path / "run"), "--checkpoints", "all", "--text",
+                            str(tmp_path / "text.txt"), "--seq-len", "16", "--samples", "2", "--device", "cpu",
+                            "--quiet", "--out", str(tmp_path / "sweep.h5")], capsys)  # fmt: skip
+    assert code == 0, err
+    with h5py.File(tmp_path / "sweep.h5") as f:
+        steps = [int(x) for x in f["checkpoint"][()]]
+        got = json.loads(f.attrs["training"])
+    each = [json.loads((tmp_path / "run" / f"checkpoint-{s}" / "training.json").read_text())["step"] for s in steps]
+    assert got["steps"] == each == steps and got["preset"] == "tiny"
+    assert trained_note(json.dumps(got)) == (f"tiny model, checkpoints of {min(steps)} to {max(steps)} training "
+                                             "steps on 16-token windows")  # fmt: skip

@@ -205,10 +205,11 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
     missing = [c.name for c, p in zip(series.chosen, parts, strict=True) if not p.exists()]
     if missing:
         raise BiasvizError(f"{partial} lacks the checkpoints {', '.join(missing)}; run the command again with --resume")
-    hashes = []
+    hashes, trained = [], []
     for p in parts:
         with h5py.File(p, "r") as f:
             hashes.append(str(f.attrs["model_sha256"]))
+            trained.append(f.attrs.get("training"))
     steps = [c.step for c in series.chosen]
     attrs = {"source_model": series.source, "model_sha256": "per checkpoint: checkpoint_sha256",
              "checkpoint_sha256": {str(c.step): h for c, h in zip(series.chosen, hashes, strict=True)},
@@ -216,6 +217,9 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
              "checkpoint_tokens": np.asarray([-1 if c.tokens is None else c.tokens for c in series.chosen],
                                              dtype=np.int64),
              "processes": processes}  # fmt: skip
+    runs = [_json_object(t) for t in trained]
+    if all(runs):  # how biasviz trained it, with the steps of every checkpoint in order
+        attrs["training"] = json.dumps({**runs[-1], "steps": [r.get("steps") for r in runs]}, sort_keys=True)
     if series.left_out:
         attrs["checkpoints_left_out"] = json.dumps(series.left_out)
     identical = _identical(series.chosen, hashes)
@@ -231,6 +235,15 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
         join_summary_files(parts, out, steps=steps, attrs=attrs, force=force)
     else:
         combine(parts, out, along="checkpoint", steps=steps, force=force, attrs=attrs)
+
+
+def _json_object(text: Any) -> dict[str, Any]:
+    """A JSON object from an attribute's text; {} for anything else (the attribute is data, not trusted)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _identical(chosen: list[Checkpoint], hashes: list[str]) -> list[list[str]]:

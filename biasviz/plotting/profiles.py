@@ -74,6 +74,8 @@ def trained_note(value: Any) -> str | None:
 
     >>> trained_note('{"preset": "tiny", "steps": 300, "seq_len": 128, "corpus": "stdlib:/usr/lib/python3.11"}')
     'tiny model, 300 training steps on 128-token windows'
+    >>> trained_note('{"preset": "tiny", "steps": [0, 100, 300], "seq_len": 128}')
+    'tiny model, checkpoints of 0 to 300 training steps on 128-token windows'
     >>> trained_note('not json') is None
     True
     """
@@ -84,7 +86,12 @@ def trained_note(value: Any) -> str | None:
     if not isinstance(doc, dict):
         return None
     preset, steps, seq_len = doc.get("preset"), doc.get("steps"), doc.get("seq_len")
-    if not (isinstance(preset, str) and isinstance(steps, int) and isinstance(seq_len, int)) or len(preset) > 40:
+    if not (isinstance(preset, str) and isinstance(seq_len, int)) or len(preset) > 40:
+        return None
+    if isinstance(steps, list) and steps and all(isinstance(x, int) for x in steps):  # a sweep: every checkpoint's
+        span = f"{min(steps):,} to {max(steps):,}"
+        return f"{preset} model, checkpoints of {span} training steps on {seq_len}-token windows"
+    if not isinstance(steps, int) or isinstance(steps, bool):
         return None
     return f"{preset} model, {steps:,} training steps on {seq_len}-token windows"
 
