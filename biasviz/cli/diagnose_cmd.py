@@ -84,7 +84,8 @@ class _FileResult:
 @click.option("--no-figures", is_flag=True, help="Write the JSON only.")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite an existing JSON file (never one of the input files).")
 def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, layer: int, normalize: str,
-             formats_text: str, style: str, dpi: int, no_figures: bool, force: bool) -> None:  # fmt: skip
+             formats_text: str, style: str, width: str | None, dpi: int, no_figures: bool,
+             force: bool) -> None:  # fmt: skip
     """Measure how much each head's bias depends on the input and on more than i - j.
 
     Writes the metrics per scheme and head to JSON, OUT_DIR/diagnostics.pdf/.png (all schemes side by
@@ -93,10 +94,12 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
     """
     from biasviz.common.atomic import replacing_together
     from biasviz.plotting.save import parse_formats
+    from biasviz.plotting.style import with_width
 
     formats = parse_formats(formats_text)
     if no_figures:
         _refuse_figure_options()
+    style = with_width(style, width)
     target = json_path or out_dir / "diagnostics.json"
     check_output_file(target, with_config(*files), force, "--json")
     results = [r for r in (_diagnose_file(p, layer, normalize) for p in files) if r is not None]
@@ -116,7 +119,8 @@ def _refuse_figure_options() -> None:
     from click.core import ParameterSource
 
     ctx = click.get_current_context()
-    given = [f"--{name}" for name, param in (("format", "formats_text"), ("style", "style"), ("dpi", "dpi"))
+    given = [f"--{name}" for name, param in (("format", "formats_text"), ("style", "style"), ("width", "width"),
+                                             ("dpi", "dpi"))
              if ctx.get_parameter_source(param) == ParameterSource.COMMANDLINE]  # fmt: skip
     if given:
         raise UsageError(f"{', '.join(given)} shape the figures, and --no-figures draws none; drop one or the other")

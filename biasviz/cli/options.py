@@ -214,6 +214,10 @@ def figure_output_options(f: F) -> F:
             "--style", type=click.Choice(list(VENUE_WIDTHS)), default=DEFAULT_STYLE, show_default=True,
             help="Printed width: neurips/iclr 5.5 in, acl 6.3 in, icml 6.75 in, *-column one column.",
         ),
+        click.option(
+            "--width", default=None, metavar="column|page|INCHES",
+            help="Printed width: the style's one column, its full text width, or inches (2-10) [default: the style's].",
+        ),
         click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True, help="PNG resolution."),
         click.option(
             "--out-dir", type=NonEmptyPath(file_okay=False, path_type=Path), default=Path("figures"), show_default=True,

@@ -108,7 +108,7 @@ def _parse_sample(value: str) -> int | str:
 @figure_output_options
 def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
          normalize: str, shared_scale: bool | None, cmap: str | None, log_scale: bool, log_distance: bool,
-         formats_text: str, style: str, dpi: int, reduce_how: str, max_cells: int | None,
+         formats_text: str, style: str, width: str | None, dpi: int, reduce_how: str, max_cells: int | None,
          out_dir: Path) -> None:  # fmt: skip
     """Draw one panel per head (4 x 3 for 12 heads), as in Figures 10-14 of the CABLE paper.
 
@@ -124,6 +124,9 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
         name = scheme.strip()
         if not (input_path or Path("data") / f"{name}.h5").is_file() or not name.replace("-", "").isalnum():
             raise
+    from biasviz.plotting.style import with_width
+
+    style = with_width(style, width)
     sample = _parse_sample(sample_text)
     sample_given = click.get_current_context().get_parameter_source("sample_text") != ParameterSource.DEFAULT
     formats = parse_formats(formats_text)

@@ -27,12 +27,48 @@ DEFAULT_STYLE = "neurips"
 _SERIF = ["Times New Roman", "Times", "Nimbus Roman", "TeX Gyre Termes", "STIXGeneral"]
 
 
+#: Widths ``--width INCHES`` takes: a figure narrower than 2 in has no room for 12 heads, wider than 10 in no page.
+WIDTH_RANGE = (2.0, 10.0)
+
+
 def venue_width(style: str) -> float:
-    """Printed width in inches for a style name, e.g. ``venue_width('icml') == 6.75``."""
+    """Printed width in inches for a style name, e.g. ``venue_width('icml') == 6.75``, or for a width given as
+    such (``'3.5in'``, what :func:`with_width` makes of ``--width 3.5``)."""
     key = style.strip().lower()
+    if key.endswith("in") and key[:-2].replace(".", "", 1).isdigit():
+        return float(key[:-2])
     if key not in VENUE_WIDTHS:
         raise BiasvizError(f"unknown style '{style}'; valid styles: {', '.join(VENUE_WIDTHS)}")
     return VENUE_WIDTHS[key]
+
+
+def with_width(style: str, width: str | None) -> str:
+    """The style ``--style STYLE --width column|page|INCHES`` asks for: the venue's one-column or full text width,
+    or a width of its own (fonts as :func:`font_sizes` gives them for it: never below 6 pt).
+
+    >>> with_width("icml", "column"), with_width("icml-column", "page"), with_width("neurips", "3.5")
+    ('icml-column', 'icml', '3.5in')
+    """
+    if width is None:
+        return style
+    venue = style.removesuffix("-column")
+    choice = width.strip().lower()
+    if choice == "page":
+        return venue
+    if choice == "column":
+        if f"{venue}-column" not in VENUE_WIDTHS:
+            columns = ", ".join(k.removesuffix("-column") for k in VENUE_WIDTHS if k.endswith("-column"))
+            raise BiasvizError(f"--width column: {venue} prints one column (its page width is the column); "
+                               f"venues with two columns: {columns}; or give --width INCHES")  # fmt: skip
+        return f"{venue}-column"
+    try:
+        inches = float(choice.removesuffix("in"))
+    except ValueError:
+        raise BiasvizError(f"--width takes column, page or a width in inches, not {width!r}") from None
+    lo, hi = WIDTH_RANGE
+    if not lo <= inches <= hi:
+        raise BiasvizError(f"--width {width}: give a width from {lo:g} to {hi:g} inches")
+    return f"{inches:g}in"
 
 
 def font_sizes(width: float) -> dict[str, float]:
@@ -115,4 +151,5 @@ def paper_context(style: str = DEFAULT_STYLE) -> Iterator[float]:
         font_logger.setLevel(level)
 
 
-__all__ = ["VENUE_WIDTHS", "DEFAULT_STYLE", "venue_width", "font_sizes", "literal", "paper_context", "wrap_title"]
+__all__ = ["VENUE_WIDTHS", "DEFAULT_STYLE", "venue_width", "with_width", "font_sizes", "literal", "paper_context",
+           "wrap_title"]

@@ -1,0 +1,77 @@
+"""``--width column|page|INCHES``: the printed width a figure is drawn at, with every text at least 6 pt there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from matplotlib.text import Text
+
+from biasviz.common.errors import BiasvizError
+from biasviz.plotting.style import VENUE_WIDTHS, with_width
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def file(tmp_path_factory: pytest.TempPathFactory, make_bias_file: Any) -> Path:
+    return make_bias_file(tmp_path_factory.mktemp("width") / "alibi.h5", "alibi", n=2, t=64)
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    import biasviz.plotting.save as save
+
+    drawn: dict[str, Any] = {}
+    keep = save.save_figure
+    monkeypatch.setattr(save, "save_figure",
+                        lambda fig, s, *a, **k: drawn.__setitem__(Path(s).name, fig) or keep(fig, s, *a, **k))
+    return drawn
+
+
+@pytest.mark.parametrize(("style", "width", "inches"), [
+    ("icml", "column", VENUE_WIDTHS["icml-column"]),
+    ("icml-column", "page", VENUE_WIDTHS["icml"]),
+    ("acl", "column", VENUE_WIDTHS["acl-column"]),
+    ("neurips", "3.5", 3.5),
+    ("neurips", "2", 2.0),
+    ("icml", "7.25in", 7.25),
+])  # fmt: skip
+@pytest.mark.parametrize("command", ["plot", "diagnose"])
+def test_the_figure_is_drawn_at_the_width_asked_with_no_text_below_6_pt(
+    file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, style: str,
+    width: str, inches: float, command: str,
+) -> None:  # fmt: skip
+    drawn = _drawn(monkeypatch)
+    args = (["plot", "--scheme", "alibi", "--input", str(file)] if command == "plot"
+            else ["diagnose", str(file), "--json", str(tmp_path / "d.json")])  # fmt: skip
+    code, _, err = run_cli([*args, "--style", style, "--width", width, "--format", "png", "--out-dir",
+                            str(tmp_path)], capsys)  # fmt: skip
+    assert code == 0, err
+    fig = drawn["alibi_bias" if command == "plot" else "diagnostics"]
+    assert fig.get_figwidth() == pytest.approx(inches)
+    fig.canvas.draw()
+    sizes = {t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()}
+    assert sizes and min(sizes) >= 6.0, sorted(sizes)
+
+
+@pytest.mark.parametrize(("style", "width", "message"), [
+    ("neurips", "column", "neurips prints one column"),
+    ("icml", "wide", "column, page or a width in inches"),
+    ("icml", "1.5", "from 2 to 10 inches"),
+    ("icml", "12in", "from 2 to 10 inches"),
+])  # fmt: skip
+def test_a_width_that_cannot_be_is_one_error_line(file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  style: str, width: str, message: str) -> None:  # fmt: skip
+    with pytest.raises(BiasvizError, match=message):
+        with_width(style, width)
+    code, _, err = run_cli(["plot", "--scheme", "alibi", "--input", str(file), "--style", style, "--width", width,
+                            "--out-dir", str(tmp_path / "out")], capsys)  # fmt: skip
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("Error:") and message in lines[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_figures_refuses_a_width(file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["diagnose", str(file), "--no-figures", "--width", "column", "--json",
+                            str(tmp_path / "d.json")], capsys)  # fmt: skip
+    assert code != 0 and "--width" in err
