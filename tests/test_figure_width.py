@@ -18,16 +18,6 @@ def file(tmp_path_factory: pytest.TempPathFactory, make_bias_file: Any) -> Path:
     return make_bias_file(tmp_path_factory.mktemp("width") / "alibi.h5", "alibi", n=2, t=64)
 
 
-def _drawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    import biasviz.plotting.save as save
-
-    drawn: dict[str, Any] = {}
-    keep = save.save_figure
-    monkeypatch.setattr(save, "save_figure",
-                        lambda fig, s, *a, **k: drawn.__setitem__(Path(s).name, fig) or keep(fig, s, *a, **k))
-    return drawn
-
-
 @pytest.mark.parametrize(("style", "width", "inches"), [
     ("icml", "column", VENUE_WIDTHS["icml-column"]),
     ("icml-column", "page", VENUE_WIDTHS["icml"]),
@@ -38,16 +28,15 @@ def _drawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 ])  # fmt: skip
 @pytest.mark.parametrize("command", ["plot", "diagnose"])
 def test_the_figure_is_drawn_at_the_width_asked_with_no_text_below_6_pt(
-    file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, style: str,
+    file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], figures: dict[str, Any], style: str,
     width: str, inches: float, command: str,
 ) -> None:  # fmt: skip
-    drawn = _drawn(monkeypatch)
     args = (["plot", "--scheme", "alibi", "--input", str(file)] if command == "plot"
             else ["diagnose", str(file), "--json", str(tmp_path / "d.json")])  # fmt: skip
     code, _, err = run_cli([*args, "--style", style, "--width", width, "--format", "png", "--out-dir",
                             str(tmp_path)], capsys)  # fmt: skip
     assert code == 0, err
-    fig = drawn["alibi_bias" if command == "plot" else "diagnostics"]
+    fig = figures["alibi_bias" if command == "plot" else "diagnostics"]
     assert fig.get_figwidth() == pytest.approx(inches)
     fig.canvas.draw()
     sizes = {t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()}

@@ -138,23 +138,13 @@ def test_position_figures_of_files_without_them_are_one_error(files: dict[str, P
 
 
 def test_the_diagnostics_figure_draws_each_heads_sink_share_where_the_file_holds_it(
-    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], figures: dict[str, Any]
 ) -> None:
     """A fourth row: each head's mean weight on key 0, read from the file's key profile, with the threshold 0.3."""
-    import biasviz.plotting.save as save
-
-    drawn: dict[str, Any] = {}
-    keep = save.save_figure
-
-    def spy(fig: Any, stem: Path, *a: Any, **k: Any) -> Any:
-        drawn[Path(stem).name] = fig
-        return keep(fig, stem, *a, **k)
-
-    monkeypatch.setattr(save, "save_figure", spy)
     code, _, err = run_cli(["diagnose", str(files["rope"]), str(files["alibi"]), "--json", str(tmp_path / "d.json"),
                             "--out-dir", str(tmp_path), "--format", "png"], capsys)  # fmt: skip
     assert code == 0, err
-    axes = drawn["diagnostics"].axes
+    axes = figures["diagnostics"].axes
     assert len(axes) == 4 and "Sink share" in axes[-1].get_ylabel()
     assert axes[-1].get_ylim() == (0.0, 1.0)
     lines = [line for line in axes[-1].get_lines() if line.get_linestyle() == "None"]
@@ -187,22 +177,16 @@ def test_a_one_sample_summary_says_why_it_holds_no_positional_logits(
 
 def test_the_weights_profile_band_stops_at_zero(files: dict[str, Path], tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                                figures: dict[str, Any]) -> None:  # fmt: skip
     """Attention weights are never below 0: the ±std band of their distance profile stops there, while the
     profile's own mean - std does reach below 0 (else this test could not fail)."""
-    import biasviz.plotting.save as save
-
-    drawn: dict[str, Any] = {}
-    keep = save.save_figure
-    monkeypatch.setattr(save, "save_figure",
-                        lambda fig, stem, *a, **k: drawn.__setitem__(Path(stem).name, fig) or keep(fig, stem, *a, **k))
     code, _, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "profile",
                             "--format", "png", "--out-dir", str(tmp_path)], capsys)  # fmt: skip
     assert code == 0, err
     with h5py.File(files["rope"]) as f:
         mean, std = f["layer_1/weights_profile"][()].astype(np.float64)
     assert (mean - std < 0).any()
-    fig = drawn["rope_weights_profile"]
+    fig = figures["rope_weights_profile"]
     bands = [c for ax in fig.axes for c in ax.collections]
     assert len(bands) == mean.shape[0]
     for h, band in enumerate(bands):

@@ -62,32 +62,20 @@ def test_a_training_record_that_does_not_say_is_no_note(tmp_path: Path, doc: str
 def test_every_figure_of_a_trained_run_says_how_it_was_trained(trained: dict[str, Path], tmp_path: Path, name: str,
                                                                args: list[str], stem: str,
                                                                capsys: pytest.CaptureFixture[str],
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    import biasviz.plotting.save as save
-
-    drawn: dict[str, Any] = {}
-    keep = save.save_figure
-    monkeypatch.setattr(save, "save_figure",
-                        lambda fig, s, *a, **k: drawn.__setitem__(Path(s).name, fig) or keep(fig, s, *a, **k))
+                                                               figures: dict[str, Any]) -> None:  # fmt: skip
     code, _, err = run_cli(["plot", "--scheme", "alibi", "--input", str(trained[name]), *args, "--format", "png",
                             "--out-dir", str(tmp_path)], capsys)  # fmt: skip
     assert code == 0, err
-    title = " ".join(drawn[stem].get_suptitle().split())  # wrapped to the figure's width
+    title = " ".join(figures[stem].get_suptitle().split())  # wrapped to the figure's width
     assert title.endswith("tiny model, 3 training steps on 16-token windows"), title
 
 
 def test_the_diagnostics_figure_says_how_it_was_trained(trained: dict[str, Path], tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    import biasviz.plotting.save as save
-
-    drawn: dict[str, Any] = {}
-    keep = save.save_figure
-    monkeypatch.setattr(save, "save_figure",
-                        lambda fig, s, *a, **k: drawn.__setitem__(Path(s).name, fig) or keep(fig, s, *a, **k))
+                                                        figures: dict[str, Any]) -> None:  # fmt: skip
     code, _, err = run_cli(["diagnose", str(trained["full"]), "--out-dir", str(tmp_path), "--format", "png"], capsys)
     assert code == 0, err
-    assert "tiny model, 3 training steps on 16-token windows" in " ".join(drawn["diagnostics"].get_suptitle().split())
+    assert "tiny model, 3 training steps on 16-token windows" in " ".join(figures["diagnostics"].get_suptitle().split())
 
 
 def test_a_sweep_records_the_steps_of_every_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
