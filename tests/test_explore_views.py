@@ -89,6 +89,24 @@ def test_twelve_heads_fit_1400_by_900_and_the_readout_stays_in_view(
     assert console_errors(driver) == []
 
 
+def test_twelve_pairs_of_a_and_b_fit_1400_by_900_each_pair_captioned(
+    driver: object,  # noqa: F811
+    pages: dict[str, Path],
+    window: Callable[[int, int], None],
+) -> None:
+    window(1400, 900)
+    open_page(driver, pages["same"])
+    choose(driver, "source", "AB")
+    assert rect(driver, '#grid .panel[data-panel="12"]')["bottom"] <= 900, "12 pairs must fit without scrolling"
+    for head in (1, 12):
+        a, b = driver.find_elements(By.CSS_SELECTOR, f'#grid .panel[data-panel="{head}"] canvas[data-head]')[:2]
+        assert (a.get_attribute("data-source"), b.get_attribute("data-source")) == ("A", "B")
+        assert a.rect["x"] < b.rect["x"] and a.rect["width"] >= 120  # side by side, each large enough to read
+        caption = driver.find_element(By.CSS_SELECTOR, f'#grid .panel[data-panel="{head}"] figcaption').text
+        assert caption == f"Head {head} · A | B"
+    assert console_errors(driver) == []
+
+
 def test_the_enlarged_head_opens_at_its_top_with_its_colorbar_axes_and_zoom_scale(driver: object,  # noqa: F811
                                                                                   pages: dict[str, Path]) -> None:
     open_page(driver, pages["page"])

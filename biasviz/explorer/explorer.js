@@ -102,6 +102,7 @@ function gridCanvases(head) {
 async function drawGrid() {
   const shown = sourcesShown();
   const jobs = [];
+  $("grid").classList.toggle("pairs", shown.length > 1);
   for (let head = 1; head <= H; head++) {
     const panel = document.querySelector(`#grid .panel[data-panel="${head}"]`);
     panel.classList.toggle("pair", shown.length > 1);
