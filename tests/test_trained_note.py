@@ -10,7 +10,7 @@ from typing import Any
 import h5py
 import pytest
 
-from biasviz.plotting.profiles import trained_note
+from biasviz.plotting.titles import trained_note
 from biasviz.training.provenance import how_trained
 from tests.conftest import run_cli
 

@@ -168,8 +168,8 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
 
 
 def _trained(bf: object) -> str | None:
-    from biasviz.plotting.profiles import trained_note
     from biasviz.plotting.style import literal
+    from biasviz.plotting.titles import trained_note
 
     note = trained_note(getattr(bf, "attrs", {}).get("training"))
     return literal(note) if note else None

@@ -90,7 +90,7 @@ def warnings_as_notes() -> Iterator[None]:
     help="Precision the model runs in (bfloat16/float16 halve its memory on a GPU). Attention weights are "
     "always formed in float32 from the model's q and k; the bias is what the model computes in this precision.",
 )  # fmt: skip
-@click.option("--out", type=NonEmptyPath(dir_okay=False), default=None,
+@click.option("--out", type=NonEmptyPath(), default=None,
               help="HDF5 file to write [default: data/<scheme>.h5].")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option(

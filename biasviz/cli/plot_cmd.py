@@ -325,6 +325,7 @@ class _PlotJob:
         from biasviz.plotting.load import load_heads, load_summary_heads
         from biasviz.plotting.profiles import samples_phrase, summary_note
         from biasviz.plotting.save import save_figure
+        from biasviz.plotting.titles import trained_suffix, which_sample
 
         normalize = self.normalize if kind == "bias" else "none"
         cells = self.max_cells or panel_cells(self.style, dpi, bf.n_heads)
@@ -341,11 +342,11 @@ class _PlotJob:
             if not std and heads.sample == "mean":
                 note = f"mean over {samples_phrase(bf)}"
             elif not std:
-                note = _which_sample(bf, kind, int(heads.sample))
+                note = which_sample(bf, kind, int(heads.sample))
         if std and not np.nan_to_num(heads.data).any():
             click.echo(f"note: the {kind} is the same for every sample: its standard deviation is 0 everywhere",
                        err=True)  # fmt: skip
-        suptitle = f"{self.scheme} {kind}, layer {heads.layer}, T = {bf.seq_len}: {note}" + _trained(bf)
+        suptitle = f"{self.scheme} {kind}, layer {heads.layer}, T = {bf.seq_len}: {note}" + trained_suffix(bf)
         log = self.log_scale and kind == "weights"
         shared = log if self.shared_scale is None else self.shared_scale  # a log scale reads best as one
         fig = head_grid(heads, kind=panel_kind, shared_scale=shared, cmap=self.cmap,
@@ -370,11 +371,12 @@ class _PlotJob:
         from biasviz.plotting.diagnostics_plots import PALETTE, profile_grid
         from biasviz.plotting.profiles import YLABELS, as_heads, file_profiles, profile_note
         from biasviz.plotting.save import save_figure
+        from biasviz.plotting.titles import trained_suffix
 
         normalize = self.normalize if kind == "bias" else "none"
         profiles = file_profiles(bf, kind, layer, normalize)
         over = profile_note(bf.n_samples, bf.bias_only)
-        title = f"{self.scheme} {kind}, layer {layer}: {over}" + _trained(bf)
+        title = f"{self.scheme} {kind}, layer {layer}: {over}" + trained_suffix(bf)
         fig = profile_grid(as_heads(profiles), style=self.style, color=PALETTE[0 if kind == "bias" else 5],
                            ylabel=YLABELS[kind], suptitle=title, start=profiles.start,
                            log=self.log_scale and kind == "weights", log_distance=self.log_distance,
@@ -386,23 +388,3 @@ class _PlotJob:
                            style=self.style, staged=self.staged)  # fmt: skip
 
 
-def _trained(bf: BiasFile) -> str:
-    """'; tiny model, 300 training steps on 128-token windows' where the file says how biasviz trained the model."""
-    from biasviz.plotting.profiles import trained_note
-    from biasviz.plotting.style import literal
-
-    note = trained_note(bf.attrs.get("training"))
-    return f"; {literal(note)}" if note else ""
-
-
-def _which_sample(bf: BiasFile, kind: str, sample: int) -> str:
-    """Which input one sample's figure shows, 1-based; a bias stored once says it was measured the same for all."""
-    from biasviz.store.format import BIAS_DIFFERENCE
-
-    if kind == "bias" and bf.bias_shared and bf.n_samples > 1:
-        measured = bf.attrs.get(BIAS_DIFFERENCE) == 0.0
-        return f"one bias for all {bf.n_samples} samples" + (" (measured: each equals the first)" if measured else "")
-    said = f"sample {sample + 1} of {bf.n_samples}"
-    if kind == "bias" and bf.context_dependent and bf.n_samples > 1:
-        said += " (the bias depends on the input)"
-    return said

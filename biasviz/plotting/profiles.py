@@ -7,9 +7,6 @@ for a full file they are computed here, streamed one (sample, head) matrix at a 
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from biasviz.common.errors import BiasvizError
 from biasviz.diagnostics.measures import HeadDiagnostics
 from biasviz.diagnostics.profiles import Profiles, dataset_profiles
@@ -66,34 +63,4 @@ def summary_note(bf: BiasFile, what: str) -> str:
     return f"{over} over {samples_phrase(bf)}{blocks}"
 
 
-
-
-def trained_note(value: Any) -> str | None:
-    """'tiny model, 300 training steps on 128-token windows' from the ``training`` attribute a file records (JSON
-    text, from the checkpoint's training.json; None where it records none, or something else: data, not trusted).
-
-    >>> trained_note('{"preset": "tiny", "steps": 300, "seq_len": 128, "corpus": "stdlib:/usr/lib/python3.11"}')
-    'tiny model, 300 training steps on 128-token windows'
-    >>> trained_note('{"preset": "tiny", "steps": [0, 100, 300], "seq_len": 128}')
-    'tiny model, checkpoints of 0 to 300 training steps on 128-token windows'
-    >>> trained_note('not json') is None
-    True
-    """
-    try:
-        doc = json.loads(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-    if not isinstance(doc, dict):
-        return None
-    preset, steps, seq_len = doc.get("preset"), doc.get("steps"), doc.get("seq_len")
-    if not (isinstance(preset, str) and isinstance(seq_len, int)) or len(preset) > 40:
-        return None
-    if isinstance(steps, list) and steps and all(isinstance(x, int) for x in steps):  # a sweep: every checkpoint's
-        span = f"{min(steps):,} to {max(steps):,}"
-        return f"{preset} model, checkpoints of {span} training steps on {seq_len}-token windows"
-    if not isinstance(steps, int) or isinstance(steps, bool):
-        return None
-    return f"{preset} model, {steps:,} training steps on {seq_len}-token windows"
-
-
-__all__ = ["YLABELS", "as_heads", "file_profiles", "profile_note", "samples_phrase", "summary_note", "trained_note"]
+__all__ = ["YLABELS", "as_heads", "file_profiles", "profile_note", "samples_phrase", "summary_note"]
