@@ -129,6 +129,7 @@ def _refuse_figure_options() -> None:
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
     from biasviz.diagnostics.measures import diagnose_dataset, diagnose_sweep
     from biasviz.diagnostics.stored import stored_heads, stored_position, stored_sweep
+    from biasviz.plotting.titles import trained_text
     from biasviz.store import open_bias_file
 
     with open_bias_file(path, isolated=True) as bf:
@@ -142,7 +143,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
             return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                                seq_len=bf.seq_len, context_dependent=None, heads=[], block=bf.block,
                                resolution=bf.resolution, positional=positional, sinks=sinks,
-                               trained=_trained(bf))  # fmt: skip
+                               trained=trained_text(bf))  # fmt: skip
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
             click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                        "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
@@ -164,15 +165,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                            seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
                            sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only,
-                           positional=positional, sinks=sinks, trained=_trained(bf))  # fmt: skip
-
-
-def _trained(bf: object) -> str | None:
-    from biasviz.plotting.style import literal
-    from biasviz.plotting.titles import trained_note
-
-    note = trained_note(getattr(bf, "attrs", {}).get("training"))
-    return literal(note) if note else None
+                           positional=positional, sinks=sinks, trained=trained_text(bf))  # fmt: skip
 
 
 def _name_uniquely(results: list[_FileResult]) -> None:

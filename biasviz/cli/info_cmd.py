@@ -85,14 +85,13 @@ def summary(path: Path) -> str:
 def _sweep_notes(raw: dict[str, Any]) -> list[str]:
     """A sweep's checkpoints left out (and why) and those with byte-identical weights, as recorded (JSON text);
     a value that is not what extract writes is shown as it is, never trusted."""
+    from biasviz.store.h5io import json_attr
+
     lines = []
     for key, label in (("checkpoints_left_out", "left out"), ("checkpoints_identical", "identical")):
         if key not in raw:
             continue
-        try:
-            value = json.loads(raw[key])
-        except (TypeError, ValueError):
-            value = None
+        value = json_attr(raw[key])
         if key == "checkpoints_left_out" and isinstance(value, dict):
             text = "; ".join(f"{_short(str(k))}: {_short(str(v))}" for k, v in value.items())
         elif key == "checkpoints_identical" and isinstance(value, list) and all(isinstance(g, list) for g in value):

@@ -105,7 +105,6 @@ async function drawGrid() {
   $("grid").classList.toggle("pairs", shown.length > 1);
   for (let head = 1; head <= H; head++) {
     const panel = document.querySelector(`#grid .panel[data-panel="${head}"]`);
-    panel.classList.toggle("pair", shown.length > 1);
     let canvases = gridCanvases(head);
     while (canvases.length < shown.length) {
       panel.querySelector(".canvases").appendChild(canvases[0].cloneNode(false));

@@ -9,7 +9,6 @@ the GPU (the forward pass stops after the last captured layer, so there are no l
 
 from __future__ import annotations
 
-import json
 import platform
 import time
 from collections.abc import Mapping, Sequence
@@ -88,7 +87,7 @@ def provenance(
         "python_version": platform.python_version(),
     }
     if getattr(adapter, "training", None):  # how biasviz trained it: figures say so (a tiny run is not a paper's)
-        attrs["training"] = json.dumps(adapter.training, sort_keys=True)
+        attrs["training"] = adapter.training  # a dict: stored as JSON text
     if not getattr(adapter, "context_known", True):  # a traced model: only the data can tell (biasviz diagnose)
         attrs["context_dependent_known"] = False
     attrs.update(extra or {})

@@ -199,6 +199,7 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
     import h5py
 
     from biasviz.store.combine import combine
+    from biasviz.store.h5io import json_attr
     from biasviz.store.summary_writer import join_summary_files
 
     parts = [part_path(partial, c) for c in series.chosen]
@@ -217,11 +218,11 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
              "checkpoint_tokens": np.asarray([-1 if c.tokens is None else c.tokens for c in series.chosen],
                                              dtype=np.int64),
              "processes": processes}  # fmt: skip
-    runs = [_json_object(t) for t in trained]
-    if all(runs):  # how biasviz trained it, with the steps of every checkpoint in order
-        attrs["training"] = json.dumps({**runs[-1], "steps": [r.get("steps") for r in runs]}, sort_keys=True)
+    runs = [json_attr(t) for t in trained]
+    if all(isinstance(r, dict) for r in runs):  # how biasviz trained it, with the steps of every checkpoint in order
+        attrs["training"] = {**runs[-1], "steps": [r.get("steps") for r in runs]}
     if series.left_out:
-        attrs["checkpoints_left_out"] = json.dumps(series.left_out)
+        attrs["checkpoints_left_out"] = series.left_out
     identical = _identical(series.chosen, hashes)
     if identical:
         import warnings
@@ -235,15 +236,6 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
         join_summary_files(parts, out, steps=steps, attrs=attrs, force=force)
     else:
         combine(parts, out, along="checkpoint", steps=steps, force=force, attrs=attrs)
-
-
-def _json_object(text: Any) -> dict[str, Any]:
-    """A JSON object from an attribute's text; {} for anything else (the attribute is data, not trusted)."""
-    try:
-        value = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _identical(chosen: list[Checkpoint], hashes: list[str]) -> list[list[str]]:

@@ -6,12 +6,12 @@ read from the file (whose attributes are data from elsewhere: checked, never tru
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from biasviz.plotting.style import literal
 from biasviz.store import BiasFile
 from biasviz.store.format import BIAS_DIFFERENCE
+from biasviz.store.h5io import json_attr
 
 
 def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
@@ -25,10 +25,16 @@ def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
     return said
 
 
+def trained_text(bf: BiasFile) -> str | None:
+    """:func:`trained_note` of the file, drawn as the characters it holds (None where the file does not say)."""
+    note = trained_note(bf.attrs.get("training"))
+    return literal(note) if note else None
+
+
 def trained_suffix(bf: BiasFile) -> str:
     """'; tiny model, 300 training steps on 128-token windows' where the file says how biasviz trained the model."""
-    note = trained_note(bf.attrs.get("training"))
-    return f"; {literal(note)}" if note else ""
+    note = trained_text(bf)
+    return f"; {note}" if note else ""
 
 
 def trained_note(value: Any) -> str | None:
@@ -42,10 +48,7 @@ def trained_note(value: Any) -> str | None:
     >>> trained_note('not json') is None
     True
     """
-    try:
-        doc = json.loads(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
+    doc = json_attr(value)
     if not isinstance(doc, dict):
         return None
     preset, steps, seq_len = doc.get("preset"), doc.get("steps"), doc.get("seq_len")
@@ -59,4 +62,4 @@ def trained_note(value: Any) -> str | None:
     return f"{preset} model, {steps:,} training steps on {seq_len}-token windows"
 
 
-__all__ = ["trained_note", "trained_suffix", "which_sample"]
+__all__ = ["trained_note", "trained_suffix", "trained_text", "which_sample"]

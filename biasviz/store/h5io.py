@@ -27,6 +27,17 @@ def attr_value(key: str, value: Any) -> Any:
     raise TypeError(f"attribute {key!r}: cannot store a {type(value).__name__} as HDF5 data")
 
 
+def json_attr(value: Any) -> Any:
+    """What :func:`attr_value` stored as JSON text (a dict), read back; None for anything else (no text, not JSON):
+    an attribute is data from elsewhere, parsed, never trusted to be what biasviz wrote."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+
+
 def drop_pending_writes(f: h5py.File) -> None:
     """Point an abandoned file's descriptor at /dev/null, so that closing it cannot fail.
 
