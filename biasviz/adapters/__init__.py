@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter
+from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter, refuse_meta
 from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import regular_file
 
@@ -42,17 +41,6 @@ def hf_architectures() -> dict[str, Callable[..., ModelAdapter]]:
 
     native = set(BiasGPTAdapter.model_types)
     return {mt: cls.open for cls in adapter_classes() for mt in getattr(cls, "model_types", ()) if mt not in native}
-
-
-def refuse_meta(model: Any, source: str) -> None:
-    """Refuse a model with a weight on the meta device (shapes, no values), naming it: nothing can be computed."""
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t.is_meta:
-            raise BiasvizError(
-                f"{source}: weight '{name}' is on the meta device (shapes, no values: a model built under "
-                "torch.device('meta') or accelerate's init_empty_weights); load its weights first (to_empty() "
-                "and load_state_dict(), or from_pretrained())"
-            )
 
 
 def check_finite(adapter: ModelAdapter) -> None:

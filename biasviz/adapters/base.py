@@ -60,6 +60,17 @@ class Formed:
     scores: torch.Tensor  # the softmax's input (before the causal mask)
 
 
+def refuse_meta(model: Any, source: str) -> None:
+    """Refuse a model with a weight on the meta device (shapes, no values), naming it: nothing can be computed."""
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_meta:
+            raise BiasvizError(
+                f"{source}: weight '{name}' is on the meta device (shapes, no values: a model built under "
+                "torch.device('meta') or accelerate's init_empty_weights); load its weights first (to_empty() "
+                "and load_state_dict(), or from_pretrained())"
+            )
+
+
 class ModelAdapter:
     """Base class: a model plus everything extraction reads about it.
 

@@ -81,9 +81,7 @@ def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = 
         from biasviz.common.hashing import sha256_file
 
         sha = sha256_file(Path(checkpoint).expanduser())
-    from biasviz.adapters import check_finite, refuse_meta
-
-    refuse_meta(model, f"--model {spec}")
+    from biasviz.adapters import check_finite
 
     def forward(ids: torch.Tensor) -> Any:
         with users_code(spec, "the model's forward"):

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.base import Captured, Formed, ModelAdapter
+from biasviz.adapters.base import Captured, Formed, ModelAdapter, refuse_meta
 from biasviz.common.errors import BiasvizError
 from biasviz.tracing import AttentionCall, Trace
 from biasviz.tracing.calls import SdpaOperands, formed_rows, repeat_kv
@@ -61,6 +61,7 @@ class TracedAdapter(ModelAdapter):
     def __init__(self, model: nn.Module, *, forward: Callable[[torch.Tensor], Any] | None = None,
                  scheme: str | None = None, source: str = "", sha256: str = "", tokenizer: Any = None,
                  config_json: str = "") -> None:  # fmt: skip
+        refuse_meta(model, source or _describe(model))  # before anything reads its weights (the hash below)
         super().__init__(
             model, scheme=scheme or CAPTURED, n_layers=0, n_heads=0, source=source or _describe(model),
             sha256=sha256 or module_sha256(model), max_length=_max_length(model), tokenizer=tokenizer,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.adapters import ModelAdapter, check_finite, load_model, refuse_meta
+from biasviz.adapters import ModelAdapter, check_finite, load_model
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.adapters.factory import is_factory_spec, load_factory
 from biasviz.adapters.traced import TracedAdapter
@@ -30,7 +30,6 @@ def as_adapter(model_or_path: Any, *, scheme: str | None = None,
         check_finite(ours)
         return ours
     if isinstance(model_or_path, torch.nn.Module):
-        refuse_meta(model_or_path, f"{type(model_or_path).__name__} (given in Python)")
         adapter: ModelAdapter = TracedAdapter(model_or_path, forward=forward, scheme=scheme)
         check_finite(adapter)
         return adapter
