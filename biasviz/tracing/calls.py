@@ -124,6 +124,20 @@ def _upper(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu_(1)
 
 
+def one_layout(bias: torch.Tensor) -> torch.Tensor:
+    """(B, H, Tq, Tk) as (1, H, Tq, Tk) when every sample's bias is the same, masked cells included.
+
+    A model's bias reaches the trace broadcast over the batch on one attention path (an SDPA mask of
+    (1, H, T, T)) and expanded on another (eager code adding it to (B, H, T, T) scores): stored by what it
+    holds, not by how it arrived, the same model gives one layout whatever its attention path.
+    """
+    if bias.shape[0] == 1:
+        return bias
+    first = bias[:1]
+    same = (bias == first) | (bias.isnan() & first.isnan())
+    return first if bool(same.all()) else bias
+
+
 def _is_causal(kept: torch.Tensor) -> bool:
     q_len, k_len = kept.shape[-2:]
     return not bool((kept & _upper(q_len, k_len, kept.device)).any())
@@ -151,9 +165,11 @@ def _sdpa_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
     return dict(zip(names, args, strict=False)) | kwargs
 
 
-def sdpa_operands(args: tuple[Any, ...], kwargs: dict[str, Any], groups: int = 1) -> SdpaOperands:
+def sdpa_operands(args: tuple[Any, ...], kwargs: dict[str, Any], groups: int = 1,
+                  learned: bool = False) -> SdpaOperands:  # fmt: skip
     """The operands of ``scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale,
-    enable_gqa)``; ``groups`` > 1: q packs ``groups`` query heads per key head (transformers' GQA decoding)."""
+    enable_gqa)``; ``groups`` > 1: q packs ``groups`` query heads per key head (transformers' GQA decoding).
+    ``learned``: the float mask comes from the model's parameters, a bias even where it holds only zeros."""
     bound = _sdpa_bound(args, kwargs)
     q, k = _as_bhqk(bound["query"]), _as_bhqk(bound["key"])
     mask, is_causal = bound.get("attn_mask"), bool(bound.get("is_causal", False))
@@ -172,14 +188,15 @@ def sdpa_operands(args: tuple[Any, ...], kwargs: dict[str, Any], groups: int = 1
         else:
             kept = kept & (mask > _threshold(mask.dtype))
             additive = mask
-    if additive is not None and bool(additive.masked_fill(~kept, 0).eq(0).all()):
+    if additive is not None and not learned and bool(additive.masked_fill(~kept, 0).eq(0).all()):
         additive = None  # a float mask of 0 and "masked" only: a mask, not a bias
     scale = bound.get("scale")
     return SdpaOperands(q, k, kept, additive, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
 
 
 def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
-              inspect: bool = False, groups: int = 1, scores: bool = False) -> AttentionCall:  # fmt: skip
+              inspect: bool = False, groups: int = 1, scores: bool = False,
+              learned: bool = False) -> AttentionCall:  # fmt: skip
     """One ``scaled_dot_product_attention`` call (:func:`sdpa_operands`), its bias and weights formed when
     ``record``.
 
@@ -193,13 +210,13 @@ def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
         if groups > 1:
             q, _ = _unpack_groups(q, None, groups)
         return AttentionCall(index, "sdpa", q.shape[0], q.shape[1], q.shape[2], k.shape[-2])
-    ops = sdpa_operands(args, kwargs, groups)
+    ops = sdpa_operands(args, kwargs, groups, learned)
     call = ops.facts(index)
     if not record:
         return call
     with torch.no_grad():
         formed = formed_scores(ops)
-        call.bias = None if ops.additive is None else _bias(ops).masked_fill(~ops.kept, float("nan"))
+        call.bias = None if ops.additive is None else one_layout(_bias(ops).masked_fill(~ops.kept, float("nan")))
         call.weights = _softmax_kept(formed, ops.kept)
         if scores:
             call.scores = formed.masked_fill(~ops.kept, float("nan"))

@@ -5,11 +5,19 @@ product of two activations of three or more dimensions (``matmul``, ``@``, ``bmm
 two-operand ``einsum``; never a parameter, so no language-model head) starts a score tensor; the
 elementwise steps after it are followed — scaling, adding a tensor (the bias; a per-row constant is
 dropped, since the softmax cannot see it), masking (``masked_fill``/``where`` with -inf or a stand-in at
-or below the masked threshold), casts, and ``cat`` with extra columns (attention sinks); a softmax over its
-last dimension is one attention call. Its weights are that softmax's own output; its bias is what was
-added, scaled as the scores were. A step that is not additive (``tanh`` softcapping, a tensor product, a
-convolution over heads) is named in the call's note and no bias is recorded. Nothing is copied or patched:
-every operation runs as the model wrote it.
+or below the masked threshold), casts, and ``cat`` with extra columns (attention sinks) — and so are
+reshapes that only merge, split or reorder the leading (batch, head) dimensions (``view``, ``reshape``,
+``flatten``, ``unflatten``, ``permute``, ``transpose``: DeBERTa folds heads into the batch for ``bmm``), each
+cell followed to where it lands; a softmax over its last dimension is one attention call. Its weights are
+that softmax's own output; its bias is what was added, scaled and reshaped as the scores were.
+
+A product whose cells are then moved (a ``gather`` by relative position, a pad-and-shift) is no longer
+q.kᵀ cell for cell: DeBERTa's content-to-position and position-to-content terms, Transformer-XL's shifted
+position term. Added to the scores, such a term is part of the bias, exactly as the model added it
+(content-dependent: its context dependence is measured, not assumed); reaching the softmax by itself, it is
+named in the call's note. A step that is not additive (``tanh`` softcapping, a tensor product, a mix over
+heads) is named in the call's note and no bias is recorded. Nothing is copied or patched: every operation
+runs as the model wrote it, and an added term is formed again only for the calls recorded.
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from typing import Any
 
 import torch
 
-from biasviz.tracing.calls import AttentionCall, _is_causal, _threshold
+from biasviz.tracing.calls import AttentionCall, _is_causal, _threshold, one_layout
+from biasviz.tracing.provenance import Provenance
 
 PRODUCTS = frozenset({"matmul", "bmm", "baddbmm", "einsum"})
 ADD = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
@@ -31,15 +40,60 @@ DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "d
 MASK = frozenset({"masked_fill", "masked_fill_"})
 SAME = frozenset({"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone", "detach"})
 SOFTMAX = frozenset({"softmax", "_softmax"})
+# reshapes: followed when they keep the (query, key) dimensions, and so every cell's (i, j)
+RESHAPE = frozenset({"view", "reshape", "flatten", "unflatten", "view_as", "reshape_as", "squeeze", "unsqueeze"})
+PERMUTE = frozenset({"permute", "transpose", "transpose_", "swapaxes", "swapdims"})
+# steps that move cells to other (i, j): what comes out is no longer q.kᵀ cell for cell
+MOVE = frozenset(
+    {"gather", "take_along_dim", "index_select", "roll", "flip", "pad", "narrow", "__getitem__", "diagonal"}
+)
+Step = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Term:
+    """One tensor added to the scores, and what the scores went through since (replayed only when recorded)."""
+
+    tensor: torch.Tensor
+    shape: tuple[int, ...]  # the scores' shape when it was added
+    factor: float = 1.0
+    steps: tuple[Step, ...] = ()
+    learned: bool = False  # made from the model's parameters: a bias even where its values are 0
+
+    def formed(self) -> torch.Tensor:
+        t = self.tensor
+        if self.steps:
+            t = t.expand(self.shape)
+            for kind, arg in self.steps:
+                t = t.permute(arg) if kind == "permute" else t.reshape(arg)
+        return t.float() if self.factor == 1.0 else t.float() * self.factor
 
 
 @dataclass(frozen=True)
 class Scores:
-    """What is known of a score tensor since its product: the added bias (scaled along) and what broke it."""
+    """What is known of a score tensor since its product: the terms added and what broke additivity."""
 
-    bias: torch.Tensor | None = None
+    terms: tuple[Term, ...] = ()
     note: str = ""
     columns: tuple[int, int] | None = None  # (start, stop) of the real keys after a cat with sink columns
+    axes: tuple[int, int] = (-2, -1)  # where its query and key dimensions are (moved by a permute)
+    moved: bool = False  # its cells were moved (gathered, shifted): a term to add, not the scores themselves
+
+    def stepped(self, step: Step) -> Scores:
+        return replace(self, terms=tuple(replace(t, steps=(*t.steps, step)) for t in self.terms))
+
+    def scaled(self, factor: float) -> Scores:
+        return replace(self, terms=tuple(replace(t, factor=t.factor * factor) for t in self.terms))
+
+    def bias(self) -> torch.Tensor | None:
+        """The sum of the terms, formed (float32, broadcastable to the scores), or None."""
+        total = None
+        for term in self.terms:
+            total = term.formed() if total is None else total + term.formed()
+        return total
+
+    def noted(self, note: str) -> Scores:
+        return replace(self, note=self.note or note)
 
 
 def _activation(t: Any) -> bool:
@@ -65,8 +119,9 @@ def _masks(value: Any, dtype: torch.dtype) -> bool:
 class EagerTracker:
     """Score tensors in flight, by identity (weakly held), and what each has been through."""
 
-    def __init__(self) -> None:
+    def __init__(self, provenance: Provenance | None = None) -> None:
         self._scores: dict[int, tuple[weakref.ref, Scores]] = {}
+        self.provenance = provenance or Provenance(None)
 
     def __bool__(self) -> bool:
         return bool(self._scores)
@@ -89,7 +144,7 @@ class EagerTracker:
 
     def after(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Follow one operation that ran: start, carry or drop a score tensor."""
-        if name in PRODUCTS:
+        if name in PRODUCTS:  # a product starts scores (or mixes heads); it never carries them
             self._product(name, args, kwargs, out)
             return
         if not self._scores or not isinstance(out, torch.Tensor):
@@ -102,8 +157,7 @@ class EagerTracker:
             return
         i, scores = found[0]
         if len(found) > 1 and name not in MASK | {"where"}:
-            self._set(out, replace(scores, note=scores.note or "two products of activations added before the "
-                                   "softmax (a content-dependent term)"))  # fmt: skip
+            self._joined(name, flat, found, out)
             return
         if joined:
             kwargs = {"dim": args[1] if len(args) > 1 else kwargs.get("dim", 0)}
@@ -111,71 +165,129 @@ class EagerTracker:
         if carried is not None:
             self._set(out, carried)
 
+    def _joined(self, name: str, flat: list[Any], found: list[tuple[int, Scores]], out: torch.Tensor) -> None:
+        """Two tracked tensors in one step: the scores plus a moved product is the scores with that term added."""
+        still = [(i, s) for i, s in found if not s.moved]
+        if len(still) == 1 and len(found) == 2 and (name in ADD and still[0][0] in (0, 1) or name in SUB and
+                                                     still[0][0] == 0):  # fmt: skip
+            i, scores = still[0]
+            self._set(out, self._added(scores, flat[1 - i], -1.0 if name in SUB else 1.0, flat[i]))
+            return
+        if not still:
+            self._set(out, found[0][1])
+            return
+        self._set(out, still[0][1].noted("two products of activations added before the softmax (a "
+                                         "content-dependent term)"))  # fmt: skip
+
     def _product(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """A product of two activations starts a score tensor; one with tracked scores mixes them (a note)."""
         if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() < 3:
             return
         if name == "einsum":
             ops = list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
-            if len(ops) == 2 and all(_activation(o) for o in ops):
-                self._set(out, Scores())
+        else:
+            ops = [args[1], args[2]] if name == "baddbmm" else [args[0], args[1]]
+        if name == "einsum" and (mixed := _mixes_heads(args[0], ops, self.get)) is not None:
+            self._set(out, mixed.noted("the heads' scores are mixed (einsum) before the softmax"))
             return
-        first, second = (args[1], args[2]) if name == "baddbmm" else (args[0], args[1])
-        if not (_activation(first) and _activation(second)):
+        if not (len(ops) == 2 and all(_activation(o) for o in ops)):
             return
-        bias = None
+        scores = Scores()
         if name == "baddbmm":  # beta * input + alpha * (q @ k): alpha is the scale, beta * input the bias
             beta = kwargs.get("beta", 1)
-            bias = (args[0] if beta == 1 else args[0] * beta) if beta and isinstance(args[0], torch.Tensor) else None
-        self._set(out, Scores(bias=bias))
+            if beta and isinstance(args[0], torch.Tensor):
+                scores = self._added(scores, args[0], float(beta), out)
+        self._set(out, scores)
 
     def _carry(self, name: str, i: int, flat: list[Any], kwargs: dict[str, Any], s: Scores,
                out: torch.Tensor) -> Scores | None:  # fmt: skip
         x = flat[i]
         other = flat[1 - i] if len(flat) > 1 and i < 2 else None
+        if s.moved:  # a moved product: whatever it goes through, it is a term to add, if it is added
+            return s if out.is_floating_point() and out.dim() >= 2 else None
         if name in SAME:
             return s if out.shape == x.shape else None
+        if name in RESHAPE | PERMUTE:
+            return self._reshaped(name, flat, s, x, out)
         if name in ADD | SUB:
             sign = (-1.0 if name in SUB else 1.0) * float(kwargs.get("alpha", 1))
             if i != 0 and name in SUB:
-                return replace(s, note=s.note or "the scores are subtracted from a term (negated)")
+                return s.noted("the scores are subtracted from a term (negated)")
             return self._added(s, other, sign, x)
         if name in MUL | DIV:
             factor = _scalar(other)
             if factor is None:
-                return replace(s, note=s.note or f"the scores are {'multiplied' if name in MUL else 'divided'} "
-                                                 "by a tensor")  # fmt: skip
+                return s.noted(f"the scores are {'multiplied' if name in MUL else 'divided'} by a tensor")
             if name in DIV and i != 0:
-                return replace(s, note=s.note or "a number divided by the scores")
-            factor = factor if name in MUL else 1.0 / factor
-            return replace(s, bias=None if s.bias is None else s.bias * factor)
+                return s.noted("a number divided by the scores")
+            return s.scaled(factor if name in MUL else 1.0 / factor)
         if name in MASK:
             value = flat[2] if len(flat) > 2 else kwargs.get("value")
-            return s if i == 0 and _masks(value, x.dtype) else replace(s, note=s.note or "masked_fill with a "
-                                                                           "value that does not mask")  # fmt: skip
+            return s if i == 0 and _masks(value, x.dtype) else s.noted("masked_fill with a value that does not mask")
         if name == "where":
             fill = flat[2] if i == 1 else flat[1]
-            return s if i in (1, 2) and _masks(fill, x.dtype) else replace(s, note=s.note or "torch.where between "
-                                                                             "the scores and other values")  # fmt: skip
+            return s if i in (1, 2) and _masks(fill, x.dtype) else s.noted("torch.where between the scores and "
+                                                                             "other values")  # fmt: skip
         if name in ("cat", "concat", "concatenate"):
             dim = kwargs["dim"]
             tensors = [t for t in flat if isinstance(t, torch.Tensor)]
-            if dim not in (-1, x.dim() - 1) or len(tensors) < 2:
-                return None
-            start = sum(t.shape[-1] for t in tensors[:i])
-            return replace(s, columns=(start, start + x.shape[-1]))
+            if dim in (-1, x.dim() - 1) and len(tensors) >= 2 and s.axes == (-2, -1):
+                start = sum(t.shape[-1] for t in tensors[:i])
+                return replace(s, columns=(start, start + x.shape[-1]))
         if name in SOFTMAX:
             return None
-        if out.shape == x.shape and out.is_floating_point():  # any other elementwise step: not additive
+        if name not in MOVE and out.shape == x.shape and out.is_floating_point():  # elementwise: not additive
             what = "softcapping (tanh)" if name.startswith("tanh") else name
-            return replace(s, note=s.note or f"{what} applied to the scores before the softmax")
+            return s.noted(f"{what} applied to the scores before the softmax")
+        if out.is_floating_point() and out.dim() >= 2 and out.shape[-1] > 1:  # cells moved: a term, if added
+            return Scores(moved=True, note=f"the cells of q.kᵀ are moved ({name}) before the softmax")
         return None
 
     @staticmethod
-    def _added(s: Scores, other: Any, sign: float, x: torch.Tensor) -> Scores:
+    def _reshaped(name: str, flat: list[Any], s: Scores, x: torch.Tensor, out: torch.Tensor) -> Scores | None:
+        """A reshape or permute: followed when each cell keeps its (query, key); the terms replay it."""
+        if name in PERMUTE:
+            n = x.dim()
+            dims = _permutation(name, flat[1:], n)
+            if dims is None:
+                return None
+            q, k = (a % n for a in s.axes)
+            return replace(s.stepped(("permute", dims)), axes=(dims.index(q) - n, dims.index(k) - n))
+        if s.axes != (-2, -1) or out.shape[-2:] != x.shape[-2:] or out.numel() != x.numel():
+            return None  # the query or key dimension itself is split or merged: cells cannot be followed
+        return s.stepped(("reshape", tuple(out.shape)))
+
+    def _added(self, s: Scores, other: Any, sign: float, x: torch.Tensor) -> Scores:
         if isinstance(other, torch.Tensor) and other.numel() > 1 and other.shape[-1] > 1:
-            term = other if sign == 1.0 else other * sign  # held, not copied: a call not recorded costs nothing
-            return replace(s, bias=term if s.bias is None else s.bias + term)
+            # held, not copied: a call not recorded costs nothing
+            term = Term(other, tuple(x.shape), sign, learned=self.provenance.learned(other))
+            return replace(s, terms=(*s.terms, term))
         return s  # a number, or one value per row: the softmax cannot see it
+
+
+def _mixes_heads(equation: Any, ops: list[Any], get: Any) -> Scores | None:
+    """Tracked scores in an einsum that keeps their (query, key) subscripts: heads mixed (talking heads)."""
+    if not isinstance(equation, str) or "->" not in equation or "." in equation:
+        return None
+    inputs, output = equation.replace(" ", "").split("->")
+    for subscripts, op in zip(inputs.split(","), ops, strict=False):
+        s = get(op)
+        if s is not None and not s.moved and len(subscripts) >= 2 and output[-2:] == subscripts[-2:]:
+            return s
+    return None
+
+
+def _permutation(name: str, rest: list[Any], n: int) -> tuple[int, ...] | None:
+    """The dimension order a ``permute`` or ``transpose`` call makes, from its own arguments."""
+    if name == "permute":
+        dims = rest[0] if len(rest) == 1 and isinstance(rest[0], list | tuple) else rest
+        return tuple(int(d) % n for d in dims) if len(dims) == n else None
+    if len(rest) < 2 or not all(isinstance(d, int) for d in rest[:2]):
+        return None
+    a, b = rest[0] % n, rest[1] % n
+    order = list(range(n))
+    order[a], order[b] = order[b], order[a]
+    return tuple(order)
 
 
 def softmax_dim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -198,13 +310,14 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
     with torch.no_grad():
         kept = x4[..., start:stop] > _threshold(x.dtype)
         call.causal = _is_causal(kept)
-        bias = None
-        if s.bias is not None and not s.note:
-            b = _bhqk(s.bias.float().expand(*x.shape[:-1], s.bias.shape[-1]))
+        bias, added = None, s.bias() if s.terms and not s.note else None
+        if added is not None:
+            b = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]))
             if b.shape[-1] == x4.shape[-1]:  # added after a cat with sink columns: the real keys' part
                 b = b[..., start:stop]
-            if b.shape[-1] == stop - start and bool(b.masked_fill(~kept, 0).ne(0).any()):
-                bias = b.masked_fill(~kept, float("nan"))
+            learned = any(t.learned for t in s.terms)  # a learned table is a bias even where it holds zeros
+            if b.shape[-1] == stop - start and (learned or bool(b.masked_fill(~kept, 0).ne(0).any())):
+                bias = one_layout(b.masked_fill(~kept, float("nan")))
         call.adds_bias = bias is not None
         if record:
             call.bias = bias

@@ -31,6 +31,7 @@ from biasviz.tracing.calls import (
     unformed,
 )
 from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, softmax_dim
+from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.stop import StopForward
 from biasviz.tracing.torch_layers import MHA, mha_call
 
@@ -89,7 +90,8 @@ class Trace:
                              "after the forward (biasviz.extract resolves -1)")  # fmt: skip
         self.stop = stop and bool(self.layers)
         self.calls: list[AttentionCall] = []
-        self.eager = EagerTracker()
+        self.provenance = Provenance(model)  # which tensors come from the model's parameters (learned tables)
+        self.eager = EagerTracker(self.provenance)
         self._stack = contextlib.ExitStack()
 
     # -- results -----------------------------------------------------------------------------------
@@ -130,9 +132,9 @@ class Trace:
             with _forming():
                 if kind == "sdpa":
                     call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups(),
-                                     scores=self.keep_scores)  # fmt: skip
+                                     scores=self.keep_scores, learned=self._learned_mask(args, kwargs))  # fmt: skip
                 elif kind == "multi_head_attention":
-                    call = mha_call(index, args, kwargs, record, self.inspect)
+                    call = mha_call(index, args, kwargs, record, self.inspect, learned=self.provenance.learned)
                 else:
                     call = flex_call(index, args, kwargs, record, self.inspect, scores=self.keep_scores)
         except Exception as exc:  # a trace never breaks the call it observes: the call runs, the reason is kept
@@ -150,10 +152,13 @@ class Trace:
         if kind != "sdpa":
             raise TypeError(f"attention call {index} is a {kind} call: only SDPA calls are kept")
         with _forming():
-            ops = sdpa_operands(args, kwargs, packed_groups())
+            ops = sdpa_operands(args, kwargs, packed_groups(), self._learned_mask(args, kwargs))
         self.keep(index, ops)
         self._append(ops.facts(index))
         return func(*args, **kwargs)
+
+    def _learned_mask(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return self.provenance.learned(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))
 
     def _append(self, call: AttentionCall) -> None:
         self.calls.append(call)
@@ -164,7 +169,10 @@ class Trace:
         """Any other operation: it runs as written; the trace follows score tensors from product to softmax."""
         name = getattr(func, "__name__", "")
         if not self.eager and name not in PRODUCTS:  # no score tensor in flight: only a product can start one
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            with contextlib.suppress(Exception), _forming():
+                self.provenance.after(name, args, kwargs, out)
+            return out
         x = (args[0] if args else kwargs.get("input")) if name in SOFTMAX else None
         scores = self.eager.get(x) if x is not None else None
         out = func(*args, **kwargs)
@@ -179,6 +187,7 @@ class Trace:
             self._append(call)
             return out
         with contextlib.suppress(Exception), _forming():  # bookkeeping: it must never fail the model's step
+            self.provenance.after(name, args, kwargs, out)
             self.eager.after(name, args, kwargs, out)
         return out
 
@@ -187,8 +196,14 @@ class Trace:
         set_stance = getattr(torch.compiler, "set_stance", None)
         if set_stance is not None:
             self._stack.enter_context(set_stance("force_eager"))
+        if isinstance(self.model, torch.nn.Module):  # its arguments are the input, whatever their dtype
+            hook = self.model.register_forward_pre_hook(self._inputs, with_kwargs=True)
+            self._stack.callback(hook.remove)
         self._stack.enter_context(_Interceptor(self))
         return self
+
+    def _inputs(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.provenance.inputs(args, kwargs)
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
         self._stack.close()

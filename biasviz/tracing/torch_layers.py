@@ -10,12 +10,13 @@ model's call runs unchanged beside it). Its bias is the float ``attn_mask`` plus
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from biasviz.tracing.calls import AttentionCall, _is_causal, _threshold
+from biasviz.tracing.calls import AttentionCall, _is_causal, _threshold, one_layout
 
 MHA = F.multi_head_attention_forward
 _SIGNATURE = inspect.signature(MHA)
@@ -45,8 +46,11 @@ def _added(bound: dict[str, Any], batch: int, heads: int, q_len: int, k_len: int
 
 
 def mha_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
-             inspect_only: bool = False) -> AttentionCall:  # fmt: skip
-    """One ``multi_head_attention_forward`` call (query as (L, N, E), or (L, E) unbatched)."""
+             inspect_only: bool = False, learned: Callable[[Any], bool] | None = None) -> AttentionCall:  # fmt: skip
+    """One ``multi_head_attention_forward`` call (query as (L, N, E), or (L, E) unbatched).
+
+    ``learned(t)``: whether a tensor comes from the model's parameters (a float mask that is a learned bias,
+    recorded even where it holds only zeros)."""
     bound = _SIGNATURE.bind(*args, **kwargs).arguments
     query, heads = bound["query"], int(bound["num_heads"])
     unbatched = query.dim() == 2
@@ -61,9 +65,10 @@ def mha_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: 
         added = _added(bound, batch, heads, q_len, k_len, query, unbatched)
         kept = added > _threshold(query.dtype if query.is_floating_point() else torch.float32)
         call.causal = _is_causal(kept)
-        call.adds_bias = bool(added.masked_fill(~kept, 0).ne(0).any())
+        from_table = learned is not None and learned(bound.get("attn_mask"))
+        call.adds_bias = from_table or bool(added.masked_fill(~kept, 0).ne(0).any())
         if call.adds_bias and record:
-            call.bias = added.masked_fill(~kept, float("nan"))
+            call.bias = one_layout(added.masked_fill(~kept, float("nan")))
         if record:
             again = dict(bound, need_weights=True, average_attn_weights=False, training=False)
             weights = MHA(**again)[1].float()
