@@ -242,3 +242,31 @@ def test_a_zero_learned_table_is_a_bias_and_a_zero_padding_mask_is_not() -> None
         model(q, k, torch.ones(2, T, dtype=torch.bool))
     assert t.calls[0].adds_bias and torch.equal(t.bias[0], torch.zeros(1, H, T, T))
     assert not t.calls[1].adds_bias and 1 not in t.bias  # built from the input: a mask with nothing masked
+
+
+def test_deberta_scores_are_its_content_product_plus_the_relative_terms() -> None:
+    """``--capture scores`` of an eager call: the softmax's input, q·kᵀ / √(3d) (float64, from the model's own
+    projections) plus c2p + p2c; its softmax is ``output_attentions``."""
+    from biasviz.tracing.mode import Trace
+
+    model = deberta(2)
+    with torch.no_grad(), Trace(model, scores=True) as t:
+        model(IDS, attention_mask=PADDED)
+    with torch.no_grad():
+        expected = model(IDS, attention_mask=PADDED, output_attentions=True).attentions
+    twin = copy.deepcopy(model).double()
+    keep: dict[int, torch.Tensor] = {}
+    for index, layer in enumerate(twin.encoder.layer):
+        layer.attention.self.register_forward_pre_hook(lambda m, a, index=index: keep.__setitem__(index, a[0]))
+    with torch.no_grad():
+        twin(IDS, attention_mask=PADDED)
+    kept = (PADDED[:, None, :, None] * PADDED[:, None, None, :]).bool().expand(2, 4, 12, 12)
+    for layer in range(2):
+        attention = twin.encoder.layer[layer].attention.self
+        q, k = (attention.transpose_for_scores(proj(keep[layer]), 4).view(2, 4, 12, 16)
+                for proj in (attention.query_proj, attention.key_proj))  # fmt: skip
+        content = q @ k.transpose(-2, -1) / math.sqrt(16 * 3)  # c2p and p2c: a scale factor of 3
+        scores = t.scores[layer]
+        assert torch.isnan(scores[~kept]).all()
+        assert close(scores[kept] - t.bias[layer][kept], content[kept])
+        assert close(scores.nan_to_num(float("-inf")).softmax(-1)[kept], expected[layer][kept])

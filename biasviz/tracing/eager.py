@@ -297,8 +297,9 @@ def softmax_dim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
 
 
 def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record: bool,
-               inspect: bool) -> AttentionCall:  # fmt: skip
-    """One softmax over a score tensor: its weights (the softmax's own output), bias, masks and sink share."""
+               inspect: bool, scores: bool = False) -> AttentionCall:  # fmt: skip
+    """One softmax over a score tensor: its weights (the softmax's own output), bias, masks and sink share;
+    with ``scores``, the softmax's input itself (masked cells NaN)."""
     x4, out4 = (_bhqk(t) for t in (x, out))
     start, stop = s.columns if s.columns is not None else (0, x4.shape[-1])
     batch, heads, q_len = x4.shape[:3]
@@ -323,6 +324,8 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
             call.bias = bias
             # a copy: the model may change its tensor in place after the softmax (a row-zeroing masked_fill_)
             call.weights = out4[..., start:stop].to(torch.float32, copy=True)
+            if scores:
+                call.scores = x4[..., start:stop].float().masked_fill(~kept, float("nan"))
             if s.columns is not None:
                 call.sink = out4[..., :start].float().sum(-1) + out4[..., stop:].float().sum(-1)
     return call

@@ -81,7 +81,7 @@ class Trace:
                  *, stop: bool = False, inspect: bool = False, scores: bool = False,
                  keep: Callable[[int, SdpaOperands | None], None] | None = None) -> None:  # fmt: skip
         self.model = model
-        self.keep_scores = scores  # the calls asked for keep their scores too (SDPA and flex_attention)
+        self.keep_scores = scores  # the calls asked for keep their scores too (SDPA, flex_attention, eager)
         self.keep = keep
         self.inspect = inspect  # a probe: calls not recorded still tell whether they add a bias
         self.layers = None if layers is None else sorted({int(x) for x in layers})
@@ -105,7 +105,7 @@ class Trace:
 
     @property
     def scores(self) -> dict[int, torch.Tensor]:
-        """(B, H, Tq, Tk) per call, with ``scores=True``: the softmax's input, masked cells NaN (SDPA, flex)."""
+        """(B, H, Tq, Tk) per call, with ``scores=True``: the softmax's input, masked cells NaN (SDPA, flex, eager)."""
         return {c.index: c.scores for c in self.calls if c.scores is not None}
 
     @property
@@ -180,7 +180,7 @@ class Trace:
             index = len(self.calls)
             try:
                 with _forming():
-                    call = eager_call(index, x, scores, out, self.wants(index), self.inspect)
+                    call = eager_call(index, x, scores, out, self.wants(index), self.inspect, self.keep_scores)
             except Exception as exc:  # never break the model: its softmax has run, the reason is kept
                 call = AttentionCall(index, "eager", 1, 1, *x.shape[-2:], note=f"not formed ({type(exc).__name__}: "
                                      f"{exc}); the call ran unchanged")  # fmt: skip
