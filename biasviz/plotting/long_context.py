@@ -1,12 +1,12 @@
 """One figure of several models far past their training length, from summary files (``extract --summary``).
 
-Per file one row: the mean bias map of the first and the last head (positions on the axes, blocks where the
-file stores blocks) and the distance profiles b(d) of every head on a log distance axis (d >= 1), with the
-training length marked. Used by
-``make figures`` for ALiBi and KERPLE-log at T = 16384::
+Per file one row, named by its scheme: the mean bias map of the first and the last head (positions on the
+axes, blocks where the file stores blocks) and the distance profiles b(d) of every head on a log distance axis
+(d >= 1), with the training length marked. Panel titles are short ("Head 1"): a title wider than its panel
+runs into the query axis's first tick label. Used by ``make figures`` for ALiBi and KERPLE-log at T = 16384::
 
     python -m biasviz.plotting.long_context data/alibi-16k.h5 data/kerple-log-16k.h5 --train-len 128 \\
-        --out figures/long_context
+        --out figures/long_context [--width column|page|INCHES]
 """
 
 from __future__ import annotations
@@ -16,50 +16,78 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import BoundaryNorm
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from biasviz.plotting.heatmap import head_heatmap, tick_step_for
+from biasviz.plotting.heatmap import _label_colorbar, colorbar_label, head_heatmap, tick_step_for
 from biasviz.plotting.save import parse_formats, save_figure
-from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
+from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
+from biasviz.plotting.titles import trained_text
 from biasviz.store import open_bias_file
 from biasviz.store.reader import BiasFile
 
 HEAD_CMAP = "viridis"
 DISPLAY_NAMES = {"alibi": "ALiBi", "kerple-log": "KERPLE-log", "kerple-power": "KERPLE-power", "fire": "FIRE",
                  "t5": "T5", "cable": "CABLE", "fox": "FoX"}  # fmt: skip
+#: Below this width (inches: a paper's column) each file's profiles go below its two maps, not beside them.
+NARROW = 4.0
+#: Plain integers on the log distance axis (1, 10, 100, ...): the figure's one tick format, as on the maps' axes.
+PLAIN = FuncFormatter(lambda x, _pos: f"{x:.0f}")
 
 
 def long_context_figure(files: Sequence[BiasFile], *, train_len: int | None = None, layer: int = -1,
                         style: str = DEFAULT_STYLE) -> Figure:  # fmt: skip
-    """Rows of [head 1 map, head H map, every head's b(d)] for each summary file."""
+    """Rows of [head 1 map, head H map, every head's b(d)] for each summary file, each row titled by its scheme."""
     with paper_context(style) as width:
-        fig = Figure(figsize=(width, 1.75 * len(files) + 0.35), layout="constrained")
+        per_row = 3.3 if width < NARROW else 1.9  # two rows of panels per file at a column's width
+        fig = Figure(figsize=(width, per_row * len(files) + 0.6), layout="constrained")
         rows = fig.subfigures(len(files), 1, squeeze=False)[:, 0]
-        for sub, bf in zip(rows, files, strict=True):
-            _row(sub, bf, layer, train_len)
-        f0 = files[0]
-        what = f"mean over {f0.n_samples} samples" if f0.n_samples else "from the formula"
-        times = f" ({f0.seq_len / train_len:g}× the training length)" if train_len else ""
-        title = f"Layer {f0.resolve_layer(layer)} at T = {f0.seq_len}{times}, {what}"
-        size = font_sizes(width)["base"]
-        fig.suptitle(wrap_title(title, width, size), fontsize=size)
+        notes = [trained_text(bf) for bf in files]
+        shared = notes[0] if len(set(notes)) == 1 else None  # said once in the title when every row shares it
+        for sub, bf, note in zip(rows, files, notes, strict=True):
+            _row(sub, bf, layer, train_len, None if shared or not note else note)
+        fig.suptitle(wrap_title(_title(files[0], layer, train_len, shared), width, font_sizes(width)["base"]),
+                     fontsize=font_sizes(width)["base"])  # fmt: skip
     return fig
 
 
-def _row(sub: Figure, bf: BiasFile, layer: int, train_len: int | None) -> None:
+def _title(f0: BiasFile, layer: int, train_len: int | None, note: str | None) -> str:
+    """What the figure shows: layer, length, how the maps were averaged, and how the models were trained."""
+    n = f0.n_samples
+    what = "from the formula" if not n else "1 sample" if n == 1 else f"mean over {n} samples"
+    times = f" ({f0.seq_len / train_len:g}× the training length)" if train_len else ""
+    block = f0.block or 1
+    maps = f"; maps: means over {block} × {block} position blocks" if block > 1 else ""
+    return f"Layer {f0.resolve_layer(layer)} at T = {f0.seq_len}{times}, {what}{maps}" + (f"; {note}" if note else "")
+
+
+def _row(sub: SubFigure, bf: BiasFile, layer: int, train_len: int | None, note: str | None) -> None:
     maps = bf.summary_map("bias_mean", bf.resolve_layer(layer))  # (H, nb, nb)
     mean, _ = bf.profile("bias", bf.resolve_layer(layer))  # (H, T)
     heads = maps.shape[0]
     name = DISPLAY_NAMES.get(bf.scheme, literal(bf.scheme))
-    axes = sub.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.25]})
+    size = font_sizes(sub.get_figure(root=True).get_figwidth())
+    sub.suptitle(f"{name} ({note})" if note else name, fontsize=size["base"], fontweight="bold")
+    if sub.get_figure(root=True).get_figwidth() < NARROW:
+        grid = sub.subplot_mosaic([["first", "last"], ["profile", "profile"]], height_ratios=[1, 1.1])
+    else:
+        grid = sub.subplot_mosaic([["first", "last", "profile"]], width_ratios=[1, 1, 1.25])
+    axes = [grid["first"], grid["last"], grid["profile"]]
     for ax, h in zip(axes[:2], (0, heads - 1), strict=True):
-        head_heatmap(maps[h], ax=ax, kind="bias", seq_len=bf.seq_len, title=f"{name}, head {h + 1}",
+        head_heatmap(maps[h], ax=ax, kind="bias", seq_len=bf.seq_len, title=f"Head {h + 1}",
                      tick_step=tick_step_for(bf.seq_len) * 2)  # fmt: skip
+        _label_colorbar(ax.images[0].colorbar, colorbar_label("bias"))
         ax.set_xlabel("key $j$")
         ax.set_ylabel("query $i$")
-    ax = axes[2]
+    _profiles(sub, axes[2], mean, train_len, size["tick"])
+
+
+def _profiles(sub: SubFigure, ax: Axes, mean: np.ndarray, train_len: int | None, tick: float) -> None:
+    """Every head's b(d) on a log distance axis (d >= 1), the training length marked, a colorbar of heads."""
+    heads = mean.shape[0]
     d = np.arange(mean.shape[-1])
     cmap = _head_colours(heads)
     for h in range(heads):  # a log distance axis: the training length and 100x past it both get room
@@ -67,13 +95,16 @@ def _row(sub: Figure, bf: BiasFile, layer: int, train_len: int | None) -> None:
     if train_len:
         ax.axvline(train_len, color="0.3", linewidth=0.6, linestyle="--")
         ax.annotate("training length", (train_len, 0.05), xycoords=("data", "axes fraction"), xytext=(-2, 0),
-                    textcoords="offset points", ha="right", va="bottom", rotation=90,
-                    fontsize=font_sizes(6.0)["tick"], color="0.3")  # fmt: skip
+                    textcoords="offset points", ha="right", va="bottom", rotation=90, fontsize=tick,
+                    color="0.3")  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlim(1, d[-1])
+    ax.xaxis.set_major_locator(LogLocator(base=100))  # 1, 100, 10000: plain numbers that never touch
+    ax.xaxis.set_major_formatter(PLAIN)
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("distance $d = i - j$ (log)")
     ax.set_ylabel("mean bias $b(d)$")
-    ax.set_title(f"{name}, every head")
+    ax.set_title("Every head")
     ax.grid(True, linewidth=0.3, alpha=0.5)
     bar = sub.colorbar(cmap, ax=ax, ticks=[1, heads // 2, heads], fraction=0.06, pad=0.02)
     bar.set_label("head")
@@ -96,11 +127,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--train-len", type=int, default=None, help="the models' training length, marked on b(d)")
     p.add_argument("--format", default="pdf,png")
     p.add_argument("--style", default=DEFAULT_STYLE)
+    p.add_argument("--width", default=None, help="column, page or a width in inches (as plot --width)")
     args = p.parse_args(argv)
+    style = with_width(args.style, args.width)
     files = [open_bias_file(f) for f in args.files]
     try:
-        fig = long_context_figure(files, train_len=args.train_len, style=args.style)
-        for path in save_figure(fig, args.out, parse_formats(args.format)):
+        fig = long_context_figure(files, train_len=args.train_len, style=style)
+        for path in save_figure(fig, args.out, parse_formats(args.format), style=style):
             print(f"wrote {path}")
     finally:
         for f in files:
