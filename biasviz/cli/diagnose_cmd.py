@@ -248,6 +248,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
                     "description": f"context dependence and Toeplitz residual per head at each checkpoint; "
                                    f"source: {r.path}"}  # fmt: skip
             stem = out_dir / f"{file_stem(r.name)}_training"
-            written += save_figure(over_training(r.sweep, style=style), stem, formats, dpi=dpi, info=info,
+            title = f"{literal(r.name)} diagnostics over training: layer {r.layer}, {r.measured_on()}"
+            written += save_figure(over_training(r.sweep, style=style, title=title), stem, formats, dpi=dpi, info=info,
                                    style=style, staged=staged)  # fmt: skip
     return written

@@ -195,7 +195,7 @@ class _PlotJob:
     def run_dynamics(self, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
         from biasviz.diagnostics.measures import diagnose_sweep
         from biasviz.diagnostics.stored import stored_sweep
-        from biasviz.plotting.dynamics import dynamics_grid
+        from biasviz.plotting.dynamics import dynamics_grid, sweep_title
         from biasviz.plotting.save import save_figure
 
         with self._open() as bf:
@@ -210,13 +210,14 @@ class _PlotJob:
                 raise BiasvizError(f"{self.path} is a summary file: its profiles were computed at extraction "
                                    "without normalization; drop --normalize")  # fmt: skip
             sweep = stored_sweep(bf, layer) if bf.is_summary else diagnose_sweep(bf, layer, self.normalize)
+            title = sweep_title(bf, layer, self.scheme)
         steps = ", ".join(str(s) for s, _ in sweep)
         info = {"title": f"{self.scheme} bias against distance over training (layer {layer})",
                 "description": f"mean b(d) over samples and cells with i - j = d at steps {steps}; "
                                f"source: {self.path}",
                 "source": str(self.path),
                 "keywords": f"biasviz; scheme={self.scheme}; kind=dynamics; layer={layer}"}  # fmt: skip
-        fig = dynamics_grid(sweep, style=self.style, log_distance=self.log_distance)
+        fig = dynamics_grid(sweep, style=self.style, log_distance=self.log_distance, title=title)
         return save_figure(fig, out_dir / f"{self.scheme}_dynamics", formats,
                            dpi=dpi, info=info, style=self.style, staged=self.staged)  # fmt: skip
 
