@@ -173,3 +173,22 @@ def test_a_sliding_window_mask_is_formed_again_as_the_call_masked(tmp_path: Path
         np.testing.assert_allclose(summ["layer_0/weights_mean"][()], w.mean(0), rtol=1e-5, atol=1e-6, equal_nan=True)
         assert np.all(summ["layer_0/weights_mean"][:, 10, :6] == 0)  # keys before the window: never looked at
         assert "positional_mean" in summ["layer_0"]
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_every_traced_call_hands_over_its_own_rotated_q_and_k(llama_dir: Path, attention: str) -> None:
+    """With the scores, a call keeps the q and k it received (after the rotation, keys repeated per group) and its
+    scale, what P is made of: from SDPA's operands, or from an eager product followed through its reshapes."""
+    from transformers import LlamaForCausalLM
+
+    from biasviz.tracing.mode import Trace
+
+    ids = np.random.default_rng(2).integers(0, 100, size=(N, T))
+    r = _reference(llama_dir, ids, layer=1)
+    model = LlamaForCausalLM.from_pretrained(llama_dir, attn_implementation=attention).eval()
+    with torch.no_grad(), Trace(model, [1], scores=True) as t:
+        model(torch.from_numpy(ids))
+    call = t.calls[1]
+    assert call.kind == attention and call.scale == pytest.approx(r["scale"])
+    np.testing.assert_allclose(call.q.numpy(), r["q"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(call.k.numpy(), r["k"], rtol=1e-5, atol=1e-5)

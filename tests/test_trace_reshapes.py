@@ -246,7 +246,7 @@ def test_a_zero_learned_table_is_a_bias_and_a_zero_padding_mask_is_not() -> None
 
 def test_deberta_scores_are_its_content_product_plus_the_relative_terms() -> None:
     """``--capture scores`` of an eager call: the softmax's input, q·kᵀ / √(3d) (float64, from the model's own
-    projections) plus c2p + p2c; its softmax is ``output_attentions``."""
+    projections) plus c2p + p2c; its softmax is ``output_attentions``; the call's q and k give the first part."""
     from biasviz.tracing.mode import Trace
 
     model = deberta(2)
@@ -269,4 +269,7 @@ def test_deberta_scores_are_its_content_product_plus_the_relative_terms() -> Non
         scores = t.scores[layer]
         assert torch.isnan(scores[~kept]).all()
         assert close(scores[kept] - t.bias[layer][kept], content[kept])
+        call = t.calls[layer]  # the call's own q and k (the operands of its bmm, folded back to (B, H, T, E))
+        assert call.q is not None and call.q.shape == (2, 4, 12, 16) and call.k.shape == (2, 4, 12, 16)
+        assert close((call.scale * call.q @ call.k.transpose(-2, -1))[kept], content[kept])
         assert close(scores.nan_to_num(float("-inf")).softmax(-1)[kept], expected[layer][kept])

@@ -47,6 +47,14 @@ class AttentionCall:
     note: str = ""
     sink: torch.Tensor | None = None  # (B, H, Tq): the softmax's share on attention-sink columns, if any
     scores: torch.Tensor | None = None  # (B, H, Tq, Tk) float32, the softmax's input, masked cells NaN, when asked
+    # with the scores: the call's own q (B, H, Tq, E) and k (B, H, Tk, E, key heads repeated) in float32 and
+    # scale c, scores = c·q·kᵀ + bias (SPEC section 12's positional logits are made from them)
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    scale: float | None = None
+
+    def keep_operands(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+        self.q, self.k, self.scale = q.float(), repeat_kv(k, q.shape[1]).float(), float(scale)
 
 
 def _threshold(dtype: torch.dtype) -> float:
@@ -220,6 +228,7 @@ def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
         call.weights = _softmax_kept(formed, ops.kept)
         if scores:
             call.scores = formed.masked_fill(~ops.kept, float("nan"))
+            call.keep_operands(ops.q, ops.k, ops.scale)
     return call
 
 
@@ -363,6 +372,8 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
             call.weights = _softmax_kept(formed, kept)
             if scores:
                 call.scores = formed.masked_fill(~kept, float("nan"))
+                scale = bound.get("scale")
+                call.keep_operands(q, k, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     return call
 
 

@@ -23,7 +23,7 @@ runs as the model wrote it, and an added term is formed again only for the calls
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from numbers import Number
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch
 
 from biasviz.tracing.calls import AttentionCall, _is_causal, _threshold, one_layout
 from biasviz.tracing.provenance import Provenance
+from biasviz.tracing.scores import Scores, Term
 
 PRODUCTS = frozenset({"matmul", "bmm", "baddbmm", "einsum"})
 ADD = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
@@ -47,53 +48,6 @@ PERMUTE = frozenset({"permute", "transpose", "transpose_", "swapaxes", "swapdims
 MOVE = frozenset(
     {"gather", "take_along_dim", "index_select", "roll", "flip", "pad", "narrow", "__getitem__", "diagonal"}
 )
-Step = tuple[str, tuple[int, ...]]
-
-
-@dataclass(frozen=True)
-class Term:
-    """One tensor added to the scores, and what the scores went through since (replayed only when recorded)."""
-
-    tensor: torch.Tensor
-    shape: tuple[int, ...]  # the scores' shape when it was added
-    factor: float = 1.0
-    steps: tuple[Step, ...] = ()
-    learned: bool = False  # made from the model's parameters: a bias even where its values are 0
-
-    def formed(self) -> torch.Tensor:
-        t = self.tensor
-        if self.steps:
-            t = t.expand(self.shape)
-            for kind, arg in self.steps:
-                t = t.permute(arg) if kind == "permute" else t.reshape(arg)
-        return t.float() if self.factor == 1.0 else t.float() * self.factor
-
-
-@dataclass(frozen=True)
-class Scores:
-    """What is known of a score tensor since its product: the terms added and what broke additivity."""
-
-    terms: tuple[Term, ...] = ()
-    note: str = ""
-    columns: tuple[int, int] | None = None  # (start, stop) of the real keys after a cat with sink columns
-    axes: tuple[int, int] = (-2, -1)  # where its query and key dimensions are (moved by a permute)
-    moved: bool = False  # its cells were moved (gathered, shifted): a term to add, not the scores themselves
-
-    def stepped(self, step: Step) -> Scores:
-        return replace(self, terms=tuple(replace(t, steps=(*t.steps, step)) for t in self.terms))
-
-    def scaled(self, factor: float) -> Scores:
-        return replace(self, terms=tuple(replace(t, factor=t.factor * factor) for t in self.terms))
-
-    def bias(self) -> torch.Tensor | None:
-        """The sum of the terms, formed (float32, broadcastable to the scores), or None."""
-        total = None
-        for term in self.terms:
-            total = term.formed() if total is None else total + term.formed()
-        return total
-
-    def noted(self, note: str) -> Scores:
-        return replace(self, note=self.note or note)
 
 
 def _activation(t: Any) -> bool:
@@ -192,9 +146,11 @@ class EagerTracker:
             return
         if not (len(ops) == 2 and all(_activation(o) for o in ops)):
             return
-        scores = Scores()
+        scores = Scores(operands=(ops[0], ops[1]), equation=args[0] if name == "einsum" else None,
+                        lead=tuple(out.shape[:-2]))  # fmt: skip
         if name == "baddbmm":  # beta * input + alpha * (q @ k): alpha is the scale, beta * input the bias
             beta = kwargs.get("beta", 1)
+            scores = replace(scores, scale=float(kwargs.get("alpha", 1)))
             if beta and isinstance(args[0], torch.Tensor):
                 scores = self._added(scores, args[0], float(beta), out)
         self._set(out, scores)
@@ -326,6 +282,9 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
             call.weights = out4[..., start:stop].to(torch.float32, copy=True)
             if scores:
                 call.scores = x4[..., start:stop].float().masked_fill(~kept, float("nan"))
+                pair = s.q_and_k() if not s.note and s.columns is None else None
+                if pair is not None and pair[0].shape[:-1] == x.shape[:-1]:
+                    call.keep_operands(_bhqk(pair[0]), _bhqk(pair[1]), s.scale)
             if s.columns is not None:
                 call.sink = out4[..., :start].float().sum(-1) + out4[..., stop:].float().sum(-1)
     return call
