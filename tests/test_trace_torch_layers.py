@@ -121,3 +121,31 @@ def test_inference_fast_path_is_left_for_the_traced_path_with_equal_outputs() ->
         with biasviz.trace() as t:
             traced = enc(x)
     assert torch.allclose(fast, traced, atol=TOL) and t.weights[0].shape == (2, H, L, L)
+
+
+@pytest.mark.parametrize("form", ["batch_first", "sequence_first", "unbatched", "bias_kv_zero_attn"])
+def test_multihead_attention_scores_and_its_own_q_and_k(form: str) -> None:
+    """With the scores, a layer's call keeps the softmax's input and the q and k its in-projection makes:
+    against float64 from the packed weights, extra keys (``bias_k``, ``add_zero_attn``) appended as torch does."""
+    from biasviz.tracing.mode import Trace
+
+    torch.manual_seed(3)
+    extra = form == "bias_kv_zero_attn"
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=form != "sequence_first", add_bias_kv=extra,
+                                      add_zero_attn=extra).eval()  # fmt: skip
+    x = torch.randn(2, L, E)
+    inp = {"sequence_first": x.transpose(0, 1), "unbatched": x[0]}.get(form, x)
+    with torch.no_grad(), Trace(mha, scores=True) as t:
+        mha(inp, inp, inp, attn_mask=alibi_mask(L), need_weights=False)
+    w, b = mha.in_proj_weight.double(), mha.in_proj_bias.double()
+    q, k, _ = (x.double() @ w.T + b).split(E, dim=-1)
+    n = 1 if form == "unbatched" else 2
+    q, k = (z[:n].view(n, L, H, E // H).transpose(1, 2) for z in (q, k))
+    added = alibi_mask(L).double()
+    if extra:  # the learned key, then a zero key: both see every query, their mask column 0
+        k = torch.cat([k, mha.bias_k.double().view(1, H, 1, E // H).expand(n, -1, -1, -1),
+                       torch.zeros(n, H, 1, E // H, dtype=torch.float64)], dim=2)  # fmt: skip
+        added = torch.nn.functional.pad(added, (0, 2))
+    call = t.calls[0]
+    assert close(call.q, q) and close(call.k, k) and call.scale == pytest.approx(1 / math.sqrt(E // H))
+    assert close(t.scores[0], q @ k.transpose(-2, -1) / math.sqrt(E // H) + added)

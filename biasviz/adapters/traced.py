@@ -149,7 +149,7 @@ class TracedAdapter(ModelAdapter):
         return chosen
 
     # -- running ---------------------------------------------------------------------------------
-    captures_scores = True  # SDPA, flex_attention and eager calls; others are reported as not captured
+    captures_scores = True  # every traced call form keeps its scores (SDPA, flex, eager, torch's MHA layers)
 
     @contextlib.contextmanager
     def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:

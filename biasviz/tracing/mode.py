@@ -81,7 +81,7 @@ class Trace:
                  *, stop: bool = False, inspect: bool = False, scores: bool = False,
                  keep: Callable[[int, SdpaOperands | None], None] | None = None) -> None:  # fmt: skip
         self.model = model
-        self.keep_scores = scores  # the calls asked for keep their scores too (SDPA, flex_attention, eager)
+        self.keep_scores = scores  # the calls asked for keep their scores too (every kind of call)
         self.keep = keep
         self.inspect = inspect  # a probe: calls not recorded still tell whether they add a bias
         self.layers = None if layers is None else sorted({int(x) for x in layers})
@@ -105,7 +105,7 @@ class Trace:
 
     @property
     def scores(self) -> dict[int, torch.Tensor]:
-        """(B, H, Tq, Tk) per call, with ``scores=True``: the softmax's input, masked cells NaN (SDPA, flex, eager)."""
+        """(B, H, Tq, Tk) per call, with ``scores=True``: the softmax's input, masked cells NaN (every kind of call)."""
         return {c.index: c.scores for c in self.calls if c.scores is not None}
 
     @property
@@ -134,7 +134,9 @@ class Trace:
                     call = sdpa_call(index, args, kwargs, record, self.inspect, groups=packed_groups(),
                                      scores=self.keep_scores, learned=self._learned_mask(args, kwargs))  # fmt: skip
                 elif kind == "multi_head_attention":
-                    call = mha_call(index, args, kwargs, record, self.inspect, learned=self.provenance.learned)
+                    call = mha_call(
+                        index, args, kwargs, record, self.inspect, self.provenance.learned, self.keep_scores
+                    )
                 else:
                     call = flex_call(index, args, kwargs, record, self.inspect, scores=self.keep_scores)
         except Exception as exc:  # a trace never breaks the call it observes: the call runs, the reason is kept

@@ -10,6 +10,7 @@ model's call runs unchanged beside it). Its bias is the float ``attn_mask`` plus
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +46,38 @@ def _added(bound: dict[str, Any], batch: int, heads: int, q_len: int, k_len: int
     return total
 
 
+def _q_and_k(bound: dict[str, Any], heads: int, unbatched: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The layer's q (N, H, L, hd) and k (N, H, S, hd) as its own in-projection makes them (float32), with
+    ``bias_k`` and ``add_zero_attn``'s keys appended as the layer appends them, and the scale 1/√hd."""
+    query, key = bound["query"], bound["key"]
+    if unbatched:
+        query, key = query.unsqueeze(1), key.unsqueeze(1)
+    e = query.shape[-1]
+    hd = e // heads
+    if bound.get("use_separate_proj_weight"):
+        w_q, w_k = bound["q_proj_weight"], bound["k_proj_weight"]
+    else:
+        w_q, w_k = bound["in_proj_weight"][:e], bound["in_proj_weight"][e : 2 * e]
+    b = bound.get("in_proj_bias")
+    b_q, b_k = (None, None) if b is None else (b[:e], b[e : 2 * e])
+    q = F.linear(query.float(), w_q.float(), None if b_q is None else b_q.float())  # (L, N, E)
+    static_k = bound.get("static_k")
+    if static_k is not None:  # (N·H, S, hd), as given
+        k = static_k.float().view(query.shape[1], heads, -1, hd)
+    else:
+        k = F.linear(key.float(), w_k.float(), None if b_k is None else b_k.float())  # (S, N, E)
+        if bound.get("bias_k") is not None:
+            k = torch.cat([k, bound["bias_k"].float().expand(1, k.shape[1], e)])
+        k = k.view(k.shape[0], k.shape[1], heads, hd).permute(1, 2, 0, 3)
+    if bound.get("add_zero_attn"):
+        k = torch.cat([k, k.new_zeros(*k.shape[:2], 1, hd)], dim=2)
+    q = q.view(q.shape[0], q.shape[1], heads, hd).permute(1, 2, 0, 3)
+    return q, k, 1.0 / math.sqrt(hd)
+
+
 def mha_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
-             inspect_only: bool = False, learned: Callable[[Any], bool] | None = None) -> AttentionCall:  # fmt: skip
+             inspect_only: bool = False, learned: Callable[[Any], bool] | None = None,
+             scores: bool = False) -> AttentionCall:  # fmt: skip
     """One ``multi_head_attention_forward`` call (query as (L, N, E), or (L, E) unbatched).
 
     ``learned(t)``: whether a tensor comes from the model's parameters (a float mask that is a learned bias,
@@ -73,6 +104,10 @@ def mha_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: 
             again = dict(bound, need_weights=True, average_attn_weights=False, training=False)
             weights = MHA(**again)[1].float()
             call.weights = weights[None] if unbatched else weights
+        if record and scores:  # the softmax's input, from the layer's own projections; with its q and k
+            q, k, scale = _q_and_k(bound, heads, unbatched)
+            call.scores = (q @ k.transpose(-2, -1) * scale + added).masked_fill(~kept, float("nan"))
+            call.keep_operands(q, k, scale)
     if record and bound.get("training", True) and float(bound.get("dropout_p", 0.0)):
         call.note = f"dropout_p={bound['dropout_p']} in training mode: weights recorded before dropout"
     return call
