@@ -29,8 +29,9 @@ C, H, T, V, L = 48, 12, 32, 97, 2
 class RefAttention(nn.Module):
     """nanoGPT's CausalSelfAttention, plus CABLE's h_attn when asked; unscaled like the CABLE reference."""
 
-    def __init__(self, cable: bool, scaled: bool) -> None:
+    def __init__(self, cable: bool, scaled: bool, rope: bool = False) -> None:
         super().__init__()
+        self.rope = rope
         self.c_attn = nn.Linear(C, 3 * C)
         self.c_proj = nn.Linear(C, C)
         self.h_attn = nn.Linear(C, H) if cable else None
@@ -41,6 +42,13 @@ class RefAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, t, _ = x.shape
         q, k, v = (z.view(B, t, H, C // H).transpose(1, 2) for z in self.c_attn(x).split(C, dim=2))
+        if self.rope:  # rotated by GPT-NeoX's own function, angles position · 10000^(-2f/d)
+            from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
+
+            d = C // H
+            angles = torch.arange(t, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)
+            angles = torch.cat([angles, angles], dim=-1)
+            q, k = apply_rotary_pos_emb(q, k, angles.cos().float()[None], angles.sin().float()[None])
         att = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(C // H) if self.scaled else 1.0)
         if self.h_attn is not None:
             s = -torch.cumsum(F.softplus(self.h_attn(x)), dim=1).transpose(1, 2)  # (B, H, T)
@@ -53,10 +61,10 @@ class RefAttention(nn.Module):
 
 
 class RefBlock(nn.Module):
-    def __init__(self, cable: bool, scaled: bool) -> None:
+    def __init__(self, cable: bool, scaled: bool, rope: bool = False) -> None:
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
-        self.attn = RefAttention(cable, scaled)
+        self.attn = RefAttention(cable, scaled, rope)
         self.mlp = nn.ModuleDict({"c_fc": nn.Linear(C, 4 * C), "c_proj": nn.Linear(4 * C, C)})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,9 +73,9 @@ class RefBlock(nn.Module):
 
 
 class RefGPT(nn.Module):
-    def __init__(self, cable: bool = True, scaled: bool = False, wpe: bool = False) -> None:
+    def __init__(self, cable: bool = True, scaled: bool = False, wpe: bool = False, rope: bool = False) -> None:
         super().__init__()
-        parts = {"wte": nn.Embedding(V, C), "h": nn.ModuleList(RefBlock(cable, scaled) for _ in range(L))}
+        parts = {"wte": nn.Embedding(V, C), "h": nn.ModuleList(RefBlock(cable, scaled, rope) for _ in range(L))}
         if wpe:
             parts["wpe"] = nn.Embedding(T, C)
         parts["ln_f"] = nn.LayerNorm(C)
@@ -164,6 +172,22 @@ def test_scheme_needed_when_keys_do_not_tell(tmp_path):
     assert adapter.scheme == "alibi"
     with pytest.raises(BiasvizError, match="lacks weights.*pos_bias"):
         load_model(tmp_path / "nope.pt", "kerple")  # learned parameters that the file does not hold
+
+
+def test_a_nanogpt_state_dict_with_rotary_positions_loads_as_rope(tmp_path):
+    """No wpe and no h_attn: ``--scheme rope`` reads the same keys, and rotates as GPT-NeoX's own function does."""
+    ref = ref_model(cable=False, scaled=True, rope=True)
+    torch.save({"model": ref.state_dict(), "model_args": {"n_head": H}}, tmp_path / "rope.pt")
+    adapter = load_model(tmp_path / "rope.pt", "rope")
+    assert adapter.scheme == "rope" and adapter.n_heads == H
+    out = extract(adapter, ids(2), tmp_path / "r.h5", layers="all")
+    with torch.no_grad():
+        ref(torch.as_tensor(ids(2)))
+    with open_bias_file(out.path) as f:
+        assert not f.has_bias()
+        for layer in range(L):
+            np.testing.assert_allclose(f.read("weights", layer), ref.transformer.h[layer].attn.last["weights"].numpy(),
+                                       atol=2e-6)  # fmt: skip
 
 
 def test_head_count_assumed_from_64_wide_heads_with_a_warning(tmp_path):
