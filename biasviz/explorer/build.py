@@ -1,13 +1,14 @@
 """What the page shows, read from one or two format-1 files: every (source, layer, kind, sample) set of heads.
 
 Each head travels as a pyramid: a coarse overview (at most :data:`OVERVIEW` cells per axis, 16-bit, always
-there) for the grid, and as much detail as the size budget allows, best first: the full matrix exact
-(float32 bits), else the full matrix in 16-bit codes, else the finest block-mean level that fits.
-Two passes over the file: the first packs every overview and profile, so the second knows exactly what is
-left for detail. Detail goes to the sets in order: the checkpoint a sweep opens on (its last) before the
-others, and within one checkpoint the first sample (the page opens on it), the mean over samples, the other
-samples; the heads of a set share equally what is left when the set's turn comes, and what one head does
-not use (a bias that depends on i - j alone packs to almost nothing) passes on.
+there) for the grid, and as much detail as the size budget allows (:mod:`.detail`): every head its full matrix
+(16-bit codes) before any head is made exact (float32 bits), and block means only where a full matrix does not
+fit, so that an enlarged head is drawn cell by cell wherever the budget allows it.
+The overviews and profiles are packed first, so that the detail passes know exactly what is left. Detail goes
+to the sets in order: the checkpoint a sweep opens on (its last) before the others, and within one checkpoint
+the first sample (the page opens on it), the mean over samples, the other samples; the heads of a set share
+equally what is left when the set's turn comes, and what one head does not use (a bias that depends on i - j
+alone packs to almost nothing) passes on.
 
 Two files compared: A and B share the budget head by head (A's head h, then B's), and the difference A - B
 travels as no matrix at all: the page subtracts B's cells from A's at the finest level both hold, so a
@@ -35,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from biasviz.common.errors import BiasvizError
-from biasviz.explorer.encode import Packed, pack_bytes, pack_exact, pack_quantised
+from biasviz.explorer.detail import give_detail, precision_counts
+from biasviz.explorer.encode import pack_bytes, pack_exact, pack_quantised
 from biasviz.explorer.profiles import distance_profile, profile_json, scale_json
 from biasviz.explorer.tokens import find_tokenizer, token_strings
 from biasviz.plotting.load import iter_heads
@@ -180,7 +182,6 @@ class _Builder:
         cells = self._cells()
         self.overview = (overview_factor(cells), overview_factor(cells) == 1)  # (block factor, exact)
         while True:  # the first pass: every set's overviews, as fine as half the budget allows
-            self.precision = {}
             sets = {_key(label, c, layer, kind, sample): self._overviews(label, f, c, layer, kind, sample)
                     for c in self.checkpoints for label, f in self._sources() for layer in self.layers
                     for kind in self.kinds for sample in self._samples(f)}  # fmt: skip
@@ -192,8 +193,8 @@ class _Builder:
         head["overview"] = math.ceil(cells / self.overview[0])
         left = self.budget_mb * MB - len(json.dumps(head)) - size
         if not self.overview[1]:  # else every overview is the exact matrix already
-            for group, members in self._detail_groups():
-                left = self._pack_group(sets, group, members, left)
+            left = give_detail(sets, self._detail_groups(), _key, self._matrices, self._reduce, self.block, left)
+        self.precision = precision_counts(sets, self.block)
         return PageData({**head, "sets": sets}, self.precision, over_budget=max(0.0, -left / MB))
 
     def _detail_groups(self) -> list[tuple[tuple[Any, ...], list[tuple[str, BiasFile]]]]:
@@ -206,22 +207,6 @@ class _Builder:
                         for sample in self._samples(f) if f is not None else []:
                             groups.setdefault((c, layer, kind, sample), []).append((label, f))
         return sorted(groups.items(), key=lambda g: (g[0][0] != self.opening, _priority(g[0][3])))  # stable
-
-    def _pack_group(self, sets: dict[str, Any], group: tuple[Any, ...], members: list[tuple[str, BiasFile]],
-                    left: float) -> float:  # fmt: skip
-        """Detail for one group, head by head and file by file (A's head h, then B's); returns what is left."""
-        c, layer, kind, sample = group
-        levels = {label: [h["levels"] for h in sets[_key(label, *group)]["heads"]] for label, _ in members}
-        streams = [self._matrices(f, c, layer, kind, sample) for _, f in members]
-        waiting = len(members) * self.files[0].n_heads
-        for h, mats in enumerate(zip(*streams, strict=True)):
-            for (label, _), m in zip(members, mats, strict=True):
-                lv = levels[label][h]
-                detail = self._detail(m, lv[-1]["f"] // self.block, left / waiting)
-                waiting -= 1
-                left -= sum(p.nbytes for p in detail)
-                lv[:0] = [p.as_json() for p in detail]
-        return left
 
     def _header(self) -> dict[str, Any]:
         from biasviz.explorer.colors import colormap_tables, masked_colors
@@ -279,8 +264,6 @@ class _Builder:
                 top, exact = self.overview
                 overview = (replace(pack_exact(m), factor=self.block) if exact
                             else pack_quantised(self._reduce(m, top), top * self.block))  # fmt: skip
-                if exact:  # small enough to be its own overview: always exact
-                    self._count("exact (float32)")
                 levels.append(overview.as_json())
             profile = distance_profile(m) if profiles is None else profile_json(profiles, h)
             heads.append({"levels": levels, "profile": profile})
@@ -319,35 +302,6 @@ class _Builder:
         a, b = (self._heads_of(_at(x, c), layer, kind, sample) for x in self.files)
         for ma, mb in zip(a, b, strict=True):
             yield ma - mb
-
-    def _detail(self, m: np.ndarray, top: int, share: float) -> list[Packed]:
-        """The best detail that fits ``share`` bytes (second pass), finer than the overview.
-
-        ``top``: the overview's factor in cells of ``m`` (a summary's blocks, else positions)."""
-        exact = replace(pack_exact(m), factor=self.block)
-        if exact.nbytes <= share:
-            self._count("exact (float32)")
-            return [exact]
-        full = "full resolution, 16-bit" if self.block == 1 else "stored blocks, 16-bit"
-        if top == 1:  # the overview is the full matrix in 16 bits already
-            self._count(f"{full} (overview only)")
-            return []
-        packed = pack_quantised(m, self.block)
-        if packed.nbytes <= share:
-            self._count(full)
-            return [packed]
-        factor = 2
-        while factor < top:
-            level = pack_quantised(self._reduce(m, factor), factor * self.block)
-            if level.nbytes <= share:
-                self._count(f"{factor * self.block}x{factor * self.block} block means, 16-bit")
-                return [level]
-            factor *= 2
-        self._count(f"{top * self.block}x{top * self.block} block means, 16-bit (overview only)")
-        return []
-
-    def _count(self, what: str) -> None:
-        self.precision[what] = self.precision.get(what, 0) + 1
 
 
 def _profile(f: BiasFile, kind: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
