@@ -87,15 +87,101 @@ function centredScale(lo, hi, cmap) {
   return [Math.min(lo, -tiny), Math.max(hi, tiny), cmap, "centred"];
 }
 
+// A grid head's colour bar: the data's two limits above the ramp's ends, and below it round values (0 among
+// them when the scale crosses it) at their places on the ramp, as many as fit without touching (barTicks).
+const BAR_H = 8; // pixels of colours; tick marks hang below them
+const MARK_H = 3;
 function colourBar(bar, scale) {
-  const ramp = bar.querySelector("canvas");
-  const ctx = ramp.getContext("2d");
-  const img = ctx.createImageData(256, 1);
-  const lut = LUTS[scale[2]];
-  for (let k = 0; k < 256; k++) img.data.set([lut[3 * k], lut[3 * k + 1], lut[3 * k + 2], 255], 4 * k);
-  ctx.putImageData(img, 0, 0);
   bar.querySelector(".lo").textContent = fmt4(scale[0]);
   bar.querySelector(".hi").textContent = fmt4(scale[1]);
+  const ramp = bar.querySelector("canvas.ramp");
+  const width = Math.round(ramp.clientWidth) || 256; // one canvas pixel per screen pixel, so marks stay sharp
+  ramp.width = width;
+  ramp.height = BAR_H + MARK_H;
+  const ctx = ramp.getContext("2d");
+  const lut = LUTS[scale[2]];
+  for (let x = 0; x < width; x++) {
+    const k = Math.min(255, Math.floor(((x + 0.5) * 256) / width)) * 3;
+    ctx.fillStyle = `rgb(${lut[k]},${lut[k + 1]},${lut[k + 2]})`;
+    ctx.fillRect(x, 0, 1, BAR_H);
+  }
+  ctx.strokeStyle = "#bbb";
+  ctx.strokeRect(0.5, 0.5, width - 1, BAR_H - 1);
+  const row = bar.querySelector(".ticks");
+  ctx.font = getComputedStyle(row).font;
+  const ticks = barTicks(scale, width, (t) => ctx.measureText(t).width);
+  ctx.fillStyle = "#444";
+  row.replaceChildren(...ticks.map((t) => {
+    ctx.fillRect(Math.min(Math.floor(t.x), width - 1), BAR_H, 1, MARK_H);
+    const label = document.createElement("span");
+    label.textContent = t.text;
+    label.style.left = `${(100 * t.at) / width}%`;
+    return label;
+  }));
+  bar.dataset.ticks = ticks.map((t) => t.text).join(" "); // what the bar marks (for scripts and tests)
+}
+
+// Round values for a colour bar ``width`` pixels wide: multiples of 1, 2 or 5 times a power of ten (decades
+// on a log scale, every k-th when they crowd), at most ``MOST_TICKS`` of them: the most whose labels keep
+// ``GAP`` pixels apart, less those whose labels would pass the ramp's ends by more than ``SLACK`` pixels (each
+// sits by the limit printed above it). 0 is among them when the scale crosses it (a multiple of every step).
+// Each tick: its value, text (fmt4), mark ``x`` and label centre ``at``, in pixels from the left.
+const GAP = 6;
+const SLACK = 4; // less than half the grid's gap between panels: labels of neighbours never meet
+const MOST_TICKS = 5;
+function barTicks(scale, width, measure) {
+  const [lo, hi] = scale;
+  const frac = normaliser(scale);
+  const crosses = lo < 0 && hi > 0;
+  const limits = [fmt4(lo), fmt4(hi)]; // printed above the ramp's ends already: not again below them
+  const place = (vs) => vs.filter((v) => !limits.includes(fmt4(v))).map((v) => {
+    const x = frac(v) * width;
+    const text = fmt4(v);
+    return { value: v, text, x, at: x, w: measure(text) };
+  });
+  const inside = (t) => t.x - t.w / 2 >= -SLACK && t.x + t.w / 2 <= width + SLACK;
+  const apart = (ts) => ts.every((t, k) => k === 0 || t.x - ts[k - 1].x >= (t.w + ts[k - 1].w) / 2 + GAP);
+  let sets = [];
+  if (scale[3] === "log") {
+    const decades = logTicks(lo, hi).filter((v) => v >= lo && v <= hi);
+    sets = [1, 2, 3, 5, 10].map((k) => decades.filter((_, n) => (decades.length - 1 - n) % k === 0));
+  } else if (hi > lo) {
+    const top = Math.floor(Math.log10(hi - lo));
+    for (let e = top - 2; e <= top; e++) for (const m of [1, 2, 5]) sets.push(multiples(lo, hi, m * 10 ** e));
+  }
+  const zero = (ts) => !crosses || ts.some((t) => t.value === 0);
+  const placed = sets.map((vs) => place(vs).filter((t) => inside(t) || (crosses && t.value === 0)))
+    .filter((ts) => ts.length > 0 && ts.length <= MOST_TICKS && apart(ts) && zero(ts));
+  const best = placed.reduce((a, b) => (b.length > a.length ? b : a), []);
+  if (best.length && best.every(inside)) return best;
+  // no round value fits where it belongs: 0 where the scale crosses it, else the round value nearest the
+  // middle, its label moved inside the ramp's ends (its mark stays where the value is)
+  const mid = (lo + hi) / 2;
+  const near = sets.flat().reduce((a, v) => (Math.abs(v - mid) < Math.abs(a - mid) ? v : a), Infinity);
+  const ts = place([crosses ? 0 : Number.isFinite(near) ? near : lo]);
+  ts.forEach((t) => { t.at = Math.min(Math.max(t.x, t.w / 2 - SLACK), width + SLACK - t.w / 2); });
+  return ts;
+}
+
+// The multiples of ``step`` in [lo, hi] (0 exactly 0, never -0).
+function multiples(lo, hi, step) {
+  const out = [];
+  for (let k = Math.ceil(lo / step) - 1; k * step <= hi; k++) if (k * step >= lo) out.push(k === 0 ? 0 : k * step);
+  return out;
+}
+
+// The grid's colour bars, drawn for the ramps' widths on screen (again when the window changes size).
+function refreshBars() {
+  const shown = sourcesShown();
+  for (let head = 1; head <= H; head++) {
+    colourBar(document.querySelector(`#grid .panel[data-panel="${head}"] .cbar`), scaleOf(shown[0], head));
+  }
+}
+
+// What an enlarged head drawn from block means larger than a pixel says: its blocks are not the data's cells.
+function blockNote(lv, region, pixels) {
+  if (lv.f <= B || lv.f <= (region[1] - region[0]) / pixels) return "";
+  return ` · drawn as ${lv.f} × ${lv.f} block means: the page holds no finer data for this view (explore --max-mb)`;
 }
 
 // About ``count`` round values (1, 2 or 5 times a power of ten apart) in [lo, hi].

@@ -120,8 +120,8 @@ async function drawGrid() {
     });
     const names = shown.map(sourceName);
     panel.querySelector("figcaption").textContent = `Head ${head}${state.source === "A" && DATA.sources.length === 1 ? "" : ` · ${names.join(" | ")}`}`;
-    colourBar(panel.querySelector(".cbar"), scaleOf(shown[0], head));
   }
+  refreshBars(); // once every panel holds its canvases: the ramps' widths are final (a scroll bar included)
   await Promise.all(jobs);
 }
 
@@ -169,10 +169,12 @@ async function drawFocus() {
     cv.style.width = `${side}px`;
     cv.style.height = `${side}px`;
     paint(cv, picked[k], scale, region);
+    cv.dataset.cell = String(picked[k].f); // positions one drawn cell spans (1: each cell as it is)
     const token = tokenText(source, 0) === null ? null : (p) => tokenString(source, p);
     drawAxes(xaxis, yaxis, region, side, token);
     plot.querySelector(".fplot-label").textContent = source === "D"
       ? `A - B = ${DATA.sources[0].path} minus ${DATA.sources[1].path}` : `${sourceName(source)}: ${DATA.sources.find((s) => s.label === source).path}`;
+    plot.querySelector(".fplot-label").textContent += blockNote(picked[k], region, cv.width);
   });
   const title = zoomed ? "zoomed region" : "whole head";
   const ends = shown[0] === "D" ? ["B larger", "A larger"] : null;
@@ -368,7 +370,7 @@ function setup() {
     else $("marker").style.display = "none";
   });
   document.addEventListener("scroll", () => { $("marker").style.display = "none"; });
-  window.addEventListener("resize", () => { if (state.focus !== null) draw(); });
+  window.addEventListener("resize", () => { if (state.focus !== null) draw(); else refreshBars(); });
   setupZoom();
 }
 

@@ -31,8 +31,8 @@ def _panels(n_heads: int, seq_len: int) -> str:
     return "\n".join(
         f'<figure class="panel" data-panel="{h}"><figcaption>Head {h}</figcaption><div class="canvases">'
         f'<canvas data-head="{h}" data-source="A" width="{side}" height="{side}"></canvas></div>'
-        '<div class="cbar"><span class="lo"></span><canvas class="ramp" width="256" height="1"></canvas>'
-        '<span class="hi"></span></div></figure>'
+        '<div class="cbar"><span class="lo"></span><canvas class="ramp" width="256" height="11"></canvas>'
+        '<span class="hi"></span><div class="ticks"></div></div></figure>'
         for h in range(1, n_heads + 1)
     )
 
