@@ -24,14 +24,31 @@ RUNS    := runs
 DATA    := data
 FIGURES := figures
 STAGES  := $(RUNS)/stages
+# The tiny models' own words on the positional figure (paper-figures says its own)
+POS_NOTE := tiny models, 300 steps on $(TRAIN_LEN)-token windows of Python's standard library
+# Options after each config's own for `biasviz train` (paper-figures: the GPT-2-small preset, its steps and
+# length); with SAVE_EVERY, the DYNAMICS scheme saves a checkpoint that often and the others none.
+TRAIN_ARGS :=
+SAVE_EVERY :=
+
+# `make paper-figures`: GPT-2-small variants (SPEC section 2; the size of the paper's Figures 10-14) trained on
+# PAPER_LEN-token windows, on the GPU when there is one (biasviz train --device auto), and the same figures drawn
+# from them. Everything goes under paper/ (runs, data, figures), apart from what `make figures` and `make clean`
+# touch: hours of training are never swept away with the tiny models. Any of these can be set on the command line.
+PAPER         := paper
+PAPER_STEPS   := 10000
+PAPER_LEN     := 1024
+PAPER_SAVE    := 2500
+PAPER_POS_LEN := 4096
+PAPER_CORPUS  :=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint figures figure-files previews bench clean distclean
+.PHONY: help install test test-fast lint figures figure-files paper-figures previews bench clean distclean
 # a recipe interrupted half-way must not leave a target that looks finished
 .DELETE_ON_ERROR:
 
 help:  ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 # The CPU build of torch goes in first, so that pip keeps it when it installs biasviz (pyproject asks only
 # torch>=2.4, which on its own would pull the CUDA build and its packages onto a CPU machine). With your own
@@ -75,8 +92,11 @@ $(STAGES)/%.extract.json: configs/%.toml FORCE | $(STAMP)
 $(STAGES)/%.plot.json: configs/%.toml FORCE | $(STAMP)
 	@$(BIN)/python -m biasviz.cli.options $< plot $@
 
-$(RUNS)/%/model.safetensors: $(STAGES)/%.train.json
-	$(BIASVIZ) train --config configs/$*.toml --out $(RUNS)/$* --force --quiet
+# (TRAIN_ARGS, when given, are a stage of their own: changing them retrains)
+$(RUNS)/%/model.safetensors: $(STAGES)/%.train.json $(if $(TRAIN_ARGS),$(STAGES)/train-args.txt)
+	$(BIASVIZ) train --config configs/$*.toml --out $(RUNS)/$* --force --quiet $(TRAIN_ARGS)$(if $(SAVE_EVERY), --save-every $(if $(filter $*,$(DYNAMICS)),$(SAVE_EVERY),0))
+$(STAGES)/train-args.txt: FORCE
+	@mkdir -p $(@D) && echo '$(TRAIN_ARGS) $(SAVE_EVERY)' | cmp -s - $@ || echo '$(TRAIN_ARGS) $(SAVE_EVERY)' > $@
 
 $(DATA)/%.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
 	$(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --out $@ --force
@@ -105,7 +125,7 @@ $(DATA)/%-pos-long.h5: $(RUNS)/%/model.safetensors
 	$(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(POS_LEN) --samples $(POS_SAMPLES) --resolution 256 --out $@ --force --quiet
 
 $(FIGURES)/positional.pdf: $(foreach s,$(POSITIONAL),$(DATA)/$(s)-pos-short.h5 $(DATA)/$(s)-pos-long.h5)
-	$(BIN)/python -m biasviz.plotting.positional_compare $^ --out $(FIGURES)/positional --note "tiny models, 300 steps on $(TRAIN_LEN)-token windows of Python's standard library"
+	$(BIN)/python -m biasviz.plotting.positional_compare $^ --out $(FIGURES)/positional --note "$(POS_NOTE)"
 
 # one self-contained, interactive page per scheme (README, "Explorer")
 $(FIGURES)/%_explore.html: $(DATA)/%.h5
@@ -113,6 +133,13 @@ $(FIGURES)/%_explore.html: $(DATA)/%.h5
 
 $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
 	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --force --out-dir $(FIGURES)
+
+# The figure sets of `make figures` from GPT-2-small variants: the same rules, run with paper/ folders and options.
+paper-figures: $(STAMP)  ## train GPT-2-small variants (needs a GPU; duration not measured) and draw the same figures into paper/figures/
+	@$(MAKE) --no-print-directory figures RUNS=$(PAPER)/runs DATA=$(PAPER)/data FIGURES=$(PAPER)/figures \
+		TRAIN_LEN=$(PAPER_LEN) POS_LEN=$(PAPER_POS_LEN) SAVE_EVERY=$(PAPER_SAVE) \
+		TRAIN_ARGS="--preset gpt2-small --steps $(PAPER_STEPS) --seq-len $(PAPER_LEN)$(if $(PAPER_CORPUS), --corpus $(PAPER_CORPUS))" \
+		POS_NOTE="GPT-2-small models, $(PAPER_STEPS) steps on $(PAPER_LEN)-token windows of $(or $(PAPER_CORPUS),Python's standard library)"
 
 previews: figures  ## refresh the small PNG previews shown in README (figures/preview/)
 	$(BIN)/python -m biasviz.plotting.preview $(FIGURES) $(FIGURES)/preview
