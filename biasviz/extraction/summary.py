@@ -6,6 +6,19 @@ form each layer block of query rows by block of rows over all samples (:mod:`bia
 time linear in the number of samples, memory one batch plus that bank. Other adapters stream the blocks
 they form (:meth:`ModelAdapter.stream`) into per-cell moments of the (H, T, T) matrix, merged batch after
 batch (or, in one batch, reduced at once). Nothing of size N·T² is ever held.
+
+A bias the scheme declares the same for every input is measured, not assumed (SPEC section 11): every sample's
+bias rows are compared with the first sample's as they come (:mod:`biasviz.summaries.sharing`), and the largest
+difference over samples, layers and used cells is the root attribute ``bias_max_difference``, as in full files.
+Replayed models form each sample's bias rows anyway (the scores need them): :meth:`ModelAdapter.rows_again` passes
+them on, formed by the model's own scheme module from that sample's own layer input as its forward formed what it
+passed through ``hook_bias``; comparing them costs one read per sample and block, no pass over the model.
+Streamed models send every sample's blocks as the hooks see them; over several batches the first sample's (H, T, T)
+rows are kept, beside the per-cell moments of the same size that such a run keeps anyway. While every sample
+equals the first, one is summarised for all (or, for a bias of i - j alone, its f(d)); from the first difference
+on, the layer's bias is summarised per sample like a context-dependent one, so its spread and context dependence
+are measured. torchrun's processes that merge per-cell moments cannot compare with process 0's first sample: they
+summarise every sample's bias and record no difference.
 """
 
 from __future__ import annotations
@@ -31,7 +44,7 @@ from biasviz.extraction.run import (
     check_windows,
     provenance,
 )
-from biasviz.store.format import DEFAULT_RESOLUTION, block_size
+from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, block_size
 from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.bank import SampleBank
@@ -93,18 +106,22 @@ def summarise(
     if replay:  # the softmax's input is formed when the rows are formed again (SPEC section 12)
         modes["scores"] = "joint"
     if has_bias:
-        modes["bias"] = "shared" if bias_is_shared(adapter) else modes["weights"]
-    # a shared bias of i - j alone is summarised from its T values: nothing of it is streamed
-    direct = {layer: f for layer in layer_list if modes.get("bias") == "shared" and bool(adapter.causal)
+        # declared the same for every input: measured sample by sample against the first (QuantitySummary.agreement),
+        # summarised once while all agree. Processes that merge per-cell moments cannot compare theirs with process
+        # 0's first sample: there every sample's bias is summarised, whatever the declaration
+        declared = bias_is_shared(adapter) and (replay or merge is None)
+        modes["bias"] = "shared" if declared else modes["weights"]
+    # a shared bias of i - j alone is summarised from its T values, as long as every sample's rows, formed again for
+    # the scores anyway, equal the first's: nothing of it is summarised cell by cell
+    direct = {layer: f for layer in layer_list if replay and modes.get("bias") == "shared"
               and (f := distance_values(adapter.scheme_module(layer), seq_len)) is not None}  # fmt: skip
     parts = {(kind, layer): QuantitySummary(kind, layer, heads=adapter.n_heads, seq_len=seq_len, block=block,
-                                            causal=bool(adapter.causal), mode=mode, device=dev)
-             for layer in layer_list for kind, mode in modes.items()
-             if not (kind == "bias" and layer in direct)}  # fmt: skip
+                                            causal=bool(adapter.causal), mode=mode, device=dev, samples=n)
+             for layer in layer_list for kind, mode in modes.items()}  # fmt: skip
     extras: dict[int, PositionSummary] = {}
     if replay:
         got = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather,
-                        positional)  # fmt: skip
+                        positional, formula=set(direct))  # fmt: skip
         if got is None:  # torchrun: process 0 summarises every sample
             return {}
         extras = got
@@ -114,9 +131,11 @@ def summarise(
             merge(parts)
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
     for (kind, layer), part in parts.items():
-        out[layer][kind] = part.result(total_samples=total)
-    for layer, f in direct.items():
-        out[layer]["bias"] = toeplitz_summary(f, seq_len, block, samples=total)
+        if kind == "bias" and layer in direct and part.mode == "shared":  # every sample measured equal
+            out[layer][kind] = toeplitz_summary(direct[layer], seq_len, block, samples=total)
+            out[layer][kind].difference = part.difference
+        else:
+            out[layer][kind] = part.result(total_samples=total)
     for layer, extra in extras.items():
         out[layer]["position"] = extra
     return out
@@ -154,12 +173,14 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
 
 def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None, scratch: str | Path | None, block: int,
-              gather: Gather | None = None, positional: bool = True) -> dict[int, PositionSummary] | None:
+              gather: Gather | None = None, positional: bool = True,
+              formula: frozenset[int] | set[int] = frozenset()) -> dict[int, PositionSummary] | None:  # fmt: skip
     """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
 
     Progress counts blocks of query rows x samples x layers: a layer run in the forward counts as many
     blocks as forming it again does, so that the rate and the time left hold across both phases.
     Returns each layer's SPEC section 12 extras (positional logits, the weights' key profile, sink shares).
+    ``formula``: the layers whose bias, while measured the same for every sample, is summarised from f(d).
     """
     n, seq_len = ids.shape
     heads = adapter.n_heads
@@ -197,7 +218,8 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
 
                 with torch.inference_mode():
                     replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
-                                 adds_bias=bool(adapter.adds_bias), tick=bar.update)  # fmt: skip
+                                 adds_bias=bool(adapter.adds_bias), tick=bar.update,
+                                 formula=layer in formula)  # fmt: skip
                 bank.drop(layer)
                 positional = None if extra.positional is None else extra.positional.result()
                 extras[layer] = PositionSummary(
@@ -241,6 +263,9 @@ def summary_run(
         summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
                               progress=progress, merge=merge, total_samples=total_samples,
                               scratch=scratch, gather=gather, positional=positional)  # fmt: skip
+    measured = [got["bias"].difference for got in summaries.values() if "bias" in got]
+    if measured and all(gap is not None for gap in measured):  # the root attribute of full files, over every layer
+        meta[BIAS_DIFFERENCE] = max(measured)
     return meta, layer_list, summaries, r
 
 

@@ -2,7 +2,8 @@
 block maps, the distance profiles and the diagnostics, streamed over samples and blocks of query rows.
 
 :mod:`.moments` is where samples meet; :mod:`.maps`, :mod:`.diagonals` and :mod:`.measures` keep running sums
-of the rows they are given; :mod:`.layer` ties them together for one quantity of one layer.
+of the rows they are given; :mod:`.layer` ties them together for one quantity of one layer; :mod:`.sharing`
+measures whether a bias declared the same for every input is.
 """
 
 from biasviz.summaries.layer import MODES, QuantitySummary, Summary

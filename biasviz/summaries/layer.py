@@ -2,7 +2,10 @@
 
 How samples meet (:mod:`biasviz.summaries.moments`) sets the mode:
 
-- ``shared``: a context-free bias, the same for every sample: taken from the first batch, spread 0;
+- ``shared``: a bias declared context-free: the first sample's values stand for all, spread 0, for as long as every
+  sample's, compared with the first's as it comes (:mod:`biasviz.summaries.sharing`), equals it; the first that
+  differs turns the part into ``joint`` or ``cells`` from that block on, exactly as if it had been from the start
+  (every row before was the same in every sample, as measured);
 - ``joint``: one batch holds every sample, so each block of rows gives its per-cell mean and spread at once and
   nothing of size T² is kept (the mode whenever the maps are coarser than cells);
 - ``cells``: maps exact per cell (R >= T) with samples in several batches: per-cell moments are kept (the size
@@ -23,6 +26,7 @@ from biasviz.summaries.maps import BlockMaps, zero_above_
 from biasviz.summaries.measures import BiasMeasureSums
 from biasviz.summaries.moments import CellMoments, Moments
 from biasviz.summaries.scratch import Scratch
+from biasviz.summaries.sharing import Agreement
 
 MODES = ("shared", "joint", "cells")
 CELLS_PER_STEP = 1 << 22  # cells (heads x rows x keys) summarised at a time: bounds the temporaries
@@ -36,27 +40,47 @@ class Summary:
     std: np.ndarray  # (H, nb, nb) float32
     profile: np.ndarray  # (2, H, T) float32: mean, std by distance
     diagnostics: np.ndarray | None  # (H,) records of DIAGNOSTIC_FIELDS, bias only
+    difference: float | None = None  # a bias declared shared: the largest |b_a - b_0| measured (sharing.py)
 
 
 class QuantitySummary:
     """Receives blocks of query rows of one quantity (``bias`` or ``weights``) of one layer."""
 
     def __init__(self, kind: str, layer: int, *, heads: int, seq_len: int, block: int, causal: bool, mode: str,
-                 device: torch.device) -> None:  # fmt: skip
+                 device: torch.device, samples: int | None = None) -> None:  # fmt: skip
+        """``samples``: how many will come (None: unknown); a shared part keeps the first sample's rows to compare
+        later batches with only when they come in more than one batch."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.kind, self.layer, self.mode = kind, layer, mode
-        self.heads, self.seq_len, self.causal = heads, seq_len, causal
-        self.maps = BlockMaps(heads, seq_len, block, device, ("mean", "std"), causal=causal)
-        self.diagonals = DiagonalSums(heads, seq_len, device)
-        self.measures = BiasMeasureSums(heads, seq_len, device) if kind in ("bias", "positional") else None
+        self.heads, self.seq_len, self.causal, self.block, self.device = heads, seq_len, causal, block, device
+        self._sums()
         self.cells = CellMoments(heads, seq_len, device) if mode == "cells" else None
+        self.agreement = Agreement(device) if mode == "shared" else None  # declared the same for all: measured
         self.samples = 0  # samples seen so far (batches ended)
+        self._expected = samples
         self._batch = 0  # samples in the current batch
         self._taken = False  # shared: the one bias has been summarised
+        self._first: torch.Tensor | None = None  # shared over several batches: the first sample's rows (H, T, T)
+        self._keep = False  # whether to keep them
+
+    def _sums(self) -> None:
+        """New running sums (maps, diagonals, bias measures): nothing added yet."""
+        heads, seq_len, device = self.heads, self.seq_len, self.device
+        self.maps = BlockMaps(heads, seq_len, self.block, device, ("mean", "std"), causal=self.causal)
+        self.diagonals = DiagonalSums(heads, seq_len, device)
+        self.measures = BiasMeasureSums(heads, seq_len, device) if self.kind in ("bias", "positional") else None
+
+    @property
+    def difference(self) -> float | None:
+        """The largest |b_a - b_0| over samples and used cells measured so far; None where not declared shared."""
+        return None if self.agreement is None else self.agreement.largest
 
     def begin_batch(self, samples: int) -> None:
         self._batch = samples
+        # a later batch is compared with the first sample's rows: kept, as one batch of one would hold them
+        if self.samples == 0:
+            self._keep = self.agreement is not None and (self._expected is None or samples < self._expected)
 
     def end_batch(self) -> None:
         self.samples += self._batch
@@ -67,10 +91,14 @@ class QuantitySummary:
 
     def add(self, row0: int, block: torch.Tensor) -> None:
         """A block (S or 1, H, rows, K) of query rows ``row0 ..`` against keys ``0 .. K-1``, as formed."""
-        if self.mode == "shared":
-            if not self._taken:
-                self.add_moments(row0, block[:1])
-            return
+        if self.agreement is not None:  # declared the same for every sample: measured, whatever the mode by now
+            self._measure(row0, block)
+            if self.mode == "shared":
+                if self.agreement.largest == 0.0:
+                    if not self._taken:
+                        self.add_moments(row0, block[:1])
+                    return
+                self.unshare()
         if block.shape[0] == 1 and self._batch > 1:  # one tensor for the whole batch (a broadcast mask)
             block = block.expand(self._batch, *block.shape[1:])
         if self.mode == "cells":
@@ -84,6 +112,39 @@ class QuantitySummary:
         for r in range(0, block.shape[-2], step):
             m = Moments.of(block[:, :, r : r + step])
             self.add_moments(row0 + r, torch.stack([m.mean, m.std()]), owned=True)
+
+    def _measure(self, row0: int, block: torch.Tensor) -> None:
+        """Compare ``block``'s samples with the first sample's rows (the first batch's first, kept while later
+        batches are to come), into :attr:`agreement`."""
+        assert self.agreement is not None
+        rows, keys = block.shape[-2:]
+        if self.samples == 0:  # the first batch: its first sample is the reference
+            first, others = block[:1], block[1:]
+            if self._keep:
+                if self._first is None:
+                    self._first = torch.zeros(self.heads, self.seq_len, self.seq_len, dtype=block.dtype,
+                                              device=block.device)  # fmt: skip
+                self._first[:, row0 : row0 + rows, :keys] = block[0]
+        else:
+            assert self._first is not None, "a shared part over several batches keeps its first sample's rows"
+            first, others = self._first[None, :, row0 : row0 + rows, :keys], block
+        self.agreement.compare(first, others, row0 if self.causal else None)
+        self.agreement.settle()
+
+    def unshare(self) -> None:
+        """Measured to differ: summarise every sample from here on. Rows summarised before held the same values in
+        every sample, so the first's values with spread 0 are what a per-sample summary has of them: a part fed
+        block by block (``joint``) goes on from there; one whose batches meet in per-cell moments (``cells``)
+        starts them from the first's values, m2 = 0, over the samples seen, and its running sums anew."""
+        if self._first is None:
+            self.mode = "joint"
+            return
+        self.mode = "cells"
+        with torch.inference_mode(False):  # called inside the model's forward: the sums outlive it
+            self.cells = CellMoments(self.heads, self.seq_len, self.device)
+            self.cells.mean.copy_(self._first)
+            self._sums()  # cells are summarised at the end, every row at once
+        self.cells.samples = self.samples
 
     def add_moments(self, row0: int, values: torch.Tensor, owned: bool = False, scratch: Scratch | None = None) -> None:
         """Per-cell mean and, if ``values`` (S, H, rows, K) holds two, spread over samples of rows ``row0 ..``, into
@@ -123,4 +184,5 @@ class QuantitySummary:
             # P is one matrix over all samples: it has no spread of its own, so no context dependence
             diagnostics = self.measures.results(0 if self.kind == "positional" else n, self.diagonals.toeplitz_rss())
         return Summary(mean=self.maps.result("mean").cpu().numpy(), std=self.maps.result("std").cpu().numpy(),
-                       profile=self.diagonals.profile().cpu().numpy(), diagnostics=diagnostics)  # fmt: skip
+                       profile=self.diagonals.profile().cpu().numpy(), diagnostics=diagnostics,
+                       difference=self.difference)  # fmt: skip

@@ -58,36 +58,91 @@ def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: boo
     return query_blocks(seq_len, per_cell, budget)
 
 
+class _Blocks:
+    """The query blocks of a layer, sized for what it sums: smaller once a bias measured to vary keeps sums of its
+    own. :attr:`done` is the first row not yet finished; a block left unfinished when :attr:`varying` turns is
+    given again, in blocks of the new size (each block of the smaller size cut to start there: it fits too)."""
+
+    def __init__(self, seq_len: int, heads: int, device: torch.device, varying: bool, budget: int | None) -> None:
+        self.seq_len, self.heads, self.device, self.budget = seq_len, heads, device, budget
+        self.varying, self.done = varying, 0
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        while self.done < self.seq_len:
+            varying = self.varying
+            for r0, r1 in row_blocks(self.seq_len, self.heads, self.device, varying, self.budget):
+                if r1 <= self.done:
+                    continue
+                yield max(r0, self.done), r1
+                if self.varying != varying:
+                    break
+
+
 def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], extras: LayerExtras, *,
                  samples: int, seq_len: int, heads: int, device: torch.device, adds_bias: bool,
-                 tick: Callable[[int], None] = lambda n: None, budget: int | None = None) -> None:  # fmt: skip
-    """Feed ``parts`` (``weights``, ``scores``, and ``bias`` unless it is summarised otherwise) and ``extras`` of
-    ``layer`` with every block of query rows over ``samples``; ``form(layer, sample, r0, r1, want_bias)`` forms
-    one sample's rows. A bias part in mode ``shared`` takes the first sample's values, spread 0."""
+                 tick: Callable[[int], None] = lambda n: None, budget: int | None = None,
+                 formula: bool = False) -> None:  # fmt: skip
+    """Feed ``parts`` (``weights``, ``scores``, ``bias``) and ``extras`` of ``layer`` with every block of query rows
+    over ``samples``; ``form(layer, sample, r0, r1, want_bias)`` forms one sample's rows.
+
+    A bias part in mode ``shared`` (declared the same for every input) is measured: every sample's rows, as
+    formed, against the first sample's (its :attr:`~QuantitySummary.agreement`). While all agree the first's stand
+    for all, spread 0 (``formula``: the part is fed nothing, the caller summarises the scheme's f(d) instead); the
+    block where one first differs is formed again with the bias summed per sample, and so is every block after it
+    (with ``formula``, the first sample's rows of the blocks before are formed again and fed first)."""
     bias = parts.get("bias")
-    varying = bias is not None and bias.mode != "shared"
+    agreement = None if bias is None else bias.agreement
+    blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget)
     # each kind's finished chunk, and the summaries' temporaries: reused from block to block, given back with the layer
     scratch = {kind: Scratch() for kind in ("weights", "scores", "bias", "work")}
-    for r0, r1 in row_blocks(seq_len, heads, device, varying, budget):
+    for r0, r1 in blocks:
+        varying = blocks.varying
         sums = {"weights": ShiftedSums(), "scores": ShiftedSums()}
         if varying:
             sums["bias"] = ShiftedSums()
-        first_bias = None
+        first = None  # the first sample's bias rows (1, H, rows, r1)
+        sinks = torch.zeros_like(extras.sinks)  # the block's, added once it is finished
         for a in range(samples):
-            got = form(layer, a, r0, r1, adds_bias and (varying or a == 0))
+            got = form(layer, a, r0, r1, adds_bias and (varying or agreement is not None or a == 0))
+            if got.bias is not None:  # compared first, while the rows just formed are still in the cache
+                if a == 0:
+                    first = got.bias
+                elif agreement is not None:
+                    agreement.compare(first, got.bias, r0)
             sums["weights"].add(got.weights[0])
             sums["scores"].add(got.scores[0])
             if varying:
                 sums["bias"].add(got.bias[0])
-            elif a == 0 and got.bias is not None:  # the same for every sample: the first stands for all
-                first_bias = got.bias[0].float()
-            extras.sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
+            sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
             tick(1)
             check_interrupted()
-        _finish(parts, extras, sums, first_bias, r0, r1, heads, scratch)
-        del sums, first_bias
+        if agreement is not None and not varying and agreement.settle() > 0.0:  # the first difference
+            assert bias is not None
+            if formula:  # the part took nothing yet: the rows before, the same in every sample, from the first's
+                _first_rows(form, layer, bias, blocks, scratch["work"])
+                formula = False
+            bias.unshare()
+            blocks.varying = True
+            continue
+        fed = parts if varying or not formula else {k: p for k, p in parts.items() if k != "bias"}
+        _finish(fed, extras, sums, None if varying or first is None else first[0].float(), r0, r1, heads, scratch)
+        extras.sinks += sinks
+        blocks.done = r1
+        del sums, first
+    if agreement is not None:
+        agreement.settle()
     for part in parts.values():
         part.samples = samples
+
+
+def _first_rows(form: Former, layer: int, bias: QuantitySummary, blocks: _Blocks, scratch: Scratch) -> None:
+    """The first sample's bias rows of the blocks finished so far, formed again, into ``bias`` (spread 0)."""
+    for r0, r1 in row_blocks(blocks.seq_len, blocks.heads, blocks.device, False, blocks.budget):
+        if r0 >= blocks.done:
+            return
+        got = form(layer, 0, r0, r1, True)
+        assert got.bias is not None
+        bias.add_moments(r0, got.bias.float(), scratch=scratch)
 
 
 def _finish(parts: dict[str, QuantitySummary], extras: LayerExtras, sums: dict[str, ShiftedSums],
