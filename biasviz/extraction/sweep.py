@@ -199,6 +199,7 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
     import h5py
 
     from biasviz.store.combine import combine
+    from biasviz.store.format import BIAS_DIFFERENCE
     from biasviz.store.h5io import json_attr
     from biasviz.store.summary_writer import join_summary_files
 
@@ -206,11 +207,12 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
     missing = [c.name for c, p in zip(series.chosen, parts, strict=True) if not p.exists()]
     if missing:
         raise BiasvizError(f"{partial} lacks the checkpoints {', '.join(missing)}; run the command again with --resume")
-    hashes, trained = [], []
+    hashes, trained, gaps = [], [], []
     for p in parts:
         with h5py.File(p, "r") as f:
             hashes.append(str(f.attrs["model_sha256"]))
             trained.append(f.attrs.get("training"))
+            gaps.append(f.attrs.get(BIAS_DIFFERENCE))
     steps = [c.step for c in series.chosen]
     attrs = {"source_model": series.source, "model_sha256": "per checkpoint: checkpoint_sha256",
              "checkpoint_sha256": {str(c.step): h for c, h in zip(series.chosen, hashes, strict=True)},
@@ -233,6 +235,8 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
                       stacklevel=2)  # fmt: skip
         attrs["checkpoints_identical"] = json.dumps(identical)
     if summary:
+        if all(gap is not None for gap in gaps):  # a bias declared shared, measured in each checkpoint: the largest
+            attrs[BIAS_DIFFERENCE] = max(float(gap) for gap in gaps)
         join_summary_files(parts, out, steps=steps, attrs=attrs, force=force)
     else:
         combine(parts, out, along="checkpoint", steps=steps, force=force, attrs=attrs)
