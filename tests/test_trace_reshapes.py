@@ -48,7 +48,8 @@ def deberta(version: int, **extra: object) -> torch.nn.Module:
     return model_cls._from_config(config, attn_implementation="eager").eval()
 
 
-def relative_terms_float64(model: torch.nn.Module) -> list[torch.Tensor]:
+def relative_terms_float64(model: torch.nn.Module, ids: torch.Tensor = IDS,
+                           mask: torch.Tensor | None = PADDED) -> list[torch.Tensor]:  # fmt: skip
     """c2p + p2c of every layer, as the model's own bias method returns them, run in a float64 copy."""
     twin = copy.deepcopy(model).double()
     found: list[torch.Tensor] = []
@@ -63,7 +64,7 @@ def relative_terms_float64(model: torch.nn.Module) -> list[torch.Tensor]:
 
         setattr(attention, name, keep)
     with torch.no_grad():
-        twin(IDS, attention_mask=PADDED)
+        twin(ids) if mask is None else twin(ids, attention_mask=mask)
     return found
 
 

@@ -39,11 +39,14 @@ class Captured:
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
     weights: dict[int, torch.Tensor] = field(default_factory=dict)
     scores: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, H, T, T), when asked (SPEC section 12)
+    # with the scores, where the adapter knows them: the call's q and k (B, H, T, hd) and its scale c
+    operands: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
 
     def clear(self) -> None:
         self.bias.clear()
         self.weights.clear()
         self.scores.clear()
+        self.operands.clear()
 
     def of(self, kind: str) -> dict[int, torch.Tensor]:
         """The tensors of ``kind``: 'bias', 'weights' or 'scores'."""
@@ -197,15 +200,18 @@ class ModelAdapter:
         yield Captured()  # pragma: no cover
 
     @contextlib.contextmanager
-    def stream(self, layers: list[int], want_bias: bool, sink: BlockSink) -> Iterator[Callable[[], None]]:
-        """Send ``layers``' bias and weights to ``sink`` in blocks of query rows, never assembled.
+    def stream(self, layers: list[int], want_bias: bool, sink: BlockSink,
+               want_scores: bool = False) -> Iterator[Callable[[], None]]:  # fmt: skip
+        """Send ``layers``' bias and weights (and scores) to ``sink`` in blocks of query rows, never assembled.
 
         For summaries at any length: a caller that reduces each block as it comes needs no (H, T, T)
         tensor where the model forms none. Yields ``flush``, to call after each :meth:`forward`. This
         default runs on :meth:`capture`: ``flush`` sends each captured (full) tensor as one block with
         row0 = 0 (keys = T), then clears them; adapters whose models form blocks send them as they come.
+        With the scores, a call's q and k go too, as kinds "q" and "k" (B, H, T, hd), k multiplied by the
+        call's scale, where the adapter knows them (SPEC section 12's positional logits are made of them).
         """
-        with self.capture(layers, want_bias) as got:
+        with self.capture(layers, want_bias, want_scores and self.captures_scores) as got:
 
             def flush() -> None:
                 for layer in sorted(got.weights.keys() | got.bias.keys()):
@@ -213,6 +219,12 @@ class ModelAdapter:
                         sink(layer, "bias", 0, got.bias[layer])  # (1 or B, H, T, T)
                     if layer in got.weights:
                         sink(layer, "weights", 0, got.weights[layer])  # (B, H, T, T)
+                    if layer in got.scores:
+                        sink(layer, "scores", 0, got.scores[layer])  # (B, H, T, T)
+                    if layer in got.operands:
+                        q, k, scale = got.operands[layer]
+                        sink(layer, "q", 0, q)
+                        sink(layer, "k", 0, k * scale)
                 got.clear()
 
             yield flush

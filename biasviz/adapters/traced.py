@@ -227,12 +227,16 @@ class TracedAdapter(ModelAdapter):
         with torch.inference_mode(), one_call_per_layer(self.model), trace as t:
             self._call_model(input_ids.to(self.device))
         weights, bias, scores = t.weights, t.bias, t.scores
+        calls = {c.index: c for c in t.calls}
         for index in self._wanted:
             if index not in weights:
                 continue  # reported by the caller as nothing captured
             self._captured.weights[index] = weights[index]
             if index in scores:
                 self._captured.scores[index] = scores[index]
+                call = calls[index]
+                if call.q is not None and call.k is not None and call.scale is not None and not call.note:
+                    self._captured.operands[index] = (call.q, call.k, call.scale)
             if index in bias:
                 self._captured.bias[index] = bias[index]
             elif self.adds_bias:  # a call with no additive part beside calls with one: it adds 0

@@ -50,6 +50,7 @@ from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
+from biasviz.summaries.streamed_position import StreamedPosition
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
 
 Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
@@ -103,8 +104,10 @@ def summarise(
     joint = not replay and merge is None and batch_size >= n
     has_bias = bool(adapter.adds_bias)
     modes = {"weights": "joint" if replay or joint else "cells"}
-    if replay:  # the softmax's input is formed when the rows are formed again (SPEC section 12)
-        modes["scores"] = "joint"
+    # models streamed in one process give their scores, q and k as they run, where the adapter captures them
+    streamed_position = not replay and merge is None and adapter.captures_scores
+    if replay or streamed_position:  # the softmax's input, formed again or streamed (SPEC section 12)
+        modes["scores"] = modes["weights"]
     if has_bias:
         # declared the same for every input: measured sample by sample against the first (QuantitySummary.agreement),
         # summarised once while all agree. Processes that merge per-cell moments cannot compare theirs with process
@@ -126,9 +129,13 @@ def summarise(
             return {}
         extras = got
     else:
-        _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress)
+        position = {layer: StreamedPosition(layer, heads=adapter.n_heads, seq_len=seq_len, samples=n, block=block,
+                                            causal=bool(adapter.causal), device=dev, positional=positional)
+                    for layer in layer_list} if streamed_position else {}  # fmt: skip
+        _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position)
         if merge is not None:
             merge(parts)
+        extras = {layer: p.result() for layer, p in position.items()}
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
     for (kind, layer), part in parts.items():
         if kind == "bias" and layer in direct and part.mode == "shared":  # every sample measured equal
@@ -145,23 +152,31 @@ Parts = dict[tuple[str, int], QuantitySummary]
 
 
 def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
-              batch: int, show: bool | None) -> None:  # fmt: skip
-    """Every block the model forms goes into ``parts`` as it comes; samples in batches of ``batch``."""
+              batch: int, show: bool | None,
+              position: Mapping[int, StreamedPosition] | None = None) -> None:  # fmt: skip
+    """Every block the model forms goes into ``parts`` as it comes; samples in batches of ``batch``. ``position``:
+    the layers whose scores, q and k (and bias and weights) also go into SPEC section 12's sums."""
     n = len(ids)
+    position = position or {}
+    first = [0]  # the batch under way's first sample
 
     def sink(layer: int, kind: str, row0: int, tensor: torch.Tensor) -> None:
         part = parts.get((kind, layer))
         if part is not None:
             part.add(row0, tensor)
+        if layer in position:
+            position[layer].add(kind, first[0], row0, tensor)
 
     want_bias = any(kind == "bias" for kind, _ in parts)
+    want_scores = any(kind == "scores" for kind, _ in parts)
     with (
-        adapter.stream(layer_list, want_bias, sink) as flush,
+        adapter.stream(layer_list, want_bias, sink, want_scores) as flush,
         Progress(n, desc="summarise", unit="sample", show=show) as bar,
     ):
         for start in range(0, n, batch):
             chunk = ids[start : start + batch]  # (b, T)
-            for p in parts.values():
+            first[0] = start
+            for p in [*parts.values(), *position.values()]:
                 p.begin_batch(len(chunk))
             adapter.forward(torch.from_numpy(chunk).to(dev))
             flush()

@@ -37,14 +37,14 @@ class Positional:
     """Builds one layer's P block of rows by block of rows; its maps and profiles go through a QuantitySummary."""
 
     def __init__(self, q_sum: torch.Tensor, k_sum: torch.Tensor, *, layer: int, scale: float, samples: int,
-                 seq_len: int, block: int, device: torch.device) -> None:  # fmt: skip
+                 seq_len: int, block: int, device: torch.device, causal: bool = True) -> None:  # fmt: skip
         heads = q_sum.shape[1]
         # float32 is enough: Q·K is about N² times a single q·k and is divided by N(N - 1), so its rounding
         # stays at float32's resolution of one score; the sums themselves were taken in float64
         self.q = (q_sum * (scale / (samples * (samples - 1)))).permute(1, 0, 2).float().contiguous()  # (H, T, hd)
         self.k = k_sum.permute(1, 0, 2).float().contiguous()
         self.scale, self.n, self.seq_len = float(scale), samples, seq_len
-        self.part = QuantitySummary("positional", layer, heads=heads, seq_len=seq_len, block=block, causal=True,
+        self.part = QuantitySummary("positional", layer, heads=heads, seq_len=seq_len, block=block, causal=causal,
                                     mode="joint", device=device)  # fmt: skip
         self.first = torch.zeros(heads, seq_len, FIRST_KEYS, dtype=torch.float64, device=device)  # P(i, j < 4)
         self._scratch = Scratch()  # a block of P and a temporary, kept while the layer's rows are formed
@@ -89,11 +89,19 @@ class Positional:
 
 
 class KeyProfile:
-    """Per head and key j: mean and spread of the weights over samples and the queries that see j (i >= j)."""
+    """Per head and key j: mean and spread of the weights over samples and the queries that see j (i >= j when
+    causal; every query otherwise)."""
 
-    def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
+    def __init__(self, heads: int, seq_len: int, device: torch.device, causal: bool = True) -> None:
         self.sums = torch.zeros(2, heads, seq_len, dtype=torch.float64, device=device)  # Σ w̄, Σ (σ² + w̄²)
-        self.seq_len = seq_len
+        self.seq_len, self.causal = seq_len, causal
+
+    def add_samples(self, weights: torch.Tensor, samples: int) -> None:
+        """Samples' own weights (B, H, rows, K), 0 where a query does not see a key, of ``samples`` in all: the
+        same sums, since Σ_i w̄ = Σ_a Σ_i w_a / N and Σ_i (σ² + w̄²) = Σ_a Σ_i w_a² / N."""
+        keys = weights.shape[-1]
+        self.sums[0, :, :keys] += weights.sum(2).sum(0) / samples
+        self.sums[1, :, :keys] += weights.square().sum(2).sum(0) / samples
 
     def add(self, values: torch.Tensor) -> None:
         """A block's per-cell mean and spread of the weights (2, H, rows, K), 0 where a query does not see a key;
@@ -104,7 +112,9 @@ class KeyProfile:
 
     def result(self) -> torch.Tensor:
         """(2, H, T) float32: mean and standard deviation by key."""
-        queries = torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.sums.device)  # T - j
+        queries = (torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.sums.device)  # T - j
+                   if self.causal else torch.full((self.seq_len,), float(self.seq_len), dtype=torch.float64,
+                                                  device=self.sums.device))  # fmt: skip
         mean = self.sums[0] / queries
         var = (self.sums[1] / queries - mean * mean).clamp(min=0.0)
         return torch.stack([mean, var.sqrt()]).float()

@@ -1,0 +1,103 @@
+"""SPEC section 12 for models whose rows cannot be formed again: P, the key profile and sinks as the model streams.
+
+Models biasviz cannot replay (a bias in the call: DeBERTa's relative terms, a float mask, eager attention, torch's
+MHA layers) send each sample's blocks of scores, bias and weights as they form them, with the q and k each call
+received (:attr:`~biasviz.tracing.calls.AttentionCall.q`). A summary of such a model already keeps per-cell
+moments of the whole (H, T, T) matrix; P needs, besides the sums Q and K, two more per-cell sums of that size:
+Σ_a s_a and Σ_a b_a, since c·G = Σ_a (s_a − b_a). At the end P is formed block of rows by block of rows from them
+(:class:`~biasviz.summaries.position.Positional`), as for replayed models. The weights give the key profile and
+each sample's sink share as they pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from biasviz.common.errors import BiasvizError
+from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+
+ROWS = 256  # query rows of P formed at a time at the end
+
+
+class StreamedPosition:
+    """One layer's SPEC section 12 sums over every sample streamed through it."""
+
+    def __init__(self, layer: int, *, heads: int, seq_len: int, samples: int, block: int, causal: bool,
+                 device: torch.device, positional: bool = True) -> None:  # fmt: skip
+        self.layer, self.heads, self.seq_len, self.samples = layer, heads, seq_len, samples
+        self.block, self.causal, self.device = block, causal, device
+        self.positional = positional and samples >= 2  # P needs two texts
+        self.q: torch.Tensor | None = None  # (T, H, hd) float64: Σ_a q_a
+        self.k: torch.Tensor | None = None
+        self.scale: float | None = None
+        self.scores = torch.zeros(heads, seq_len, seq_len, device=device) if self.positional else None
+        self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
+        self.keys = KeyProfile(heads, seq_len, device, causal=causal)
+        self.sinks = torch.zeros(samples, heads, dtype=torch.float64, device=device)
+
+    def operands(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+        """A batch's q (B, H, T, hd) and k (B, H, T, hd, key heads repeated), as its call received them."""
+        if not self.positional:
+            return
+        if self.scale is not None and abs(scale - self.scale) > 1e-6 * abs(self.scale):
+            raise BiasvizError(f"attention call {self.layer} scaled q·k by {scale} for one batch and by {self.scale} "
+                               "for another: positional logits need one scale")  # fmt: skip
+        self.scale = float(scale)
+        q_sum, k_sum = (t.double().sum(0).transpose(0, 1) for t in (q, k))  # (T, H, hd)
+        self.q = q_sum if self.q is None else self.q + q_sum
+        self.k = k_sum if self.k is None else self.k + k_sum
+
+    _pending: torch.Tensor | None = None  # a batch's q, until its k comes
+
+    def add(self, kind: str, first: int, row0: int, block: torch.Tensor) -> None:
+        """Rows ``row0 ..`` of samples ``first ..`` of one kind ("scores", "bias", "weights"): (B or 1, H, rows, K),
+        masked cells NaN (0 in the weights); a bias of one sample for the whole batch counts for each."""
+        if kind in ("q", "k"):  # the call's q, then its k already multiplied by the call's scale
+            if kind == "q":
+                self._pending = block
+            elif self._pending is not None:
+                self.operands(self._pending, block, 1.0)
+                self._pending = None
+            return
+        rows, keys = block.shape[-2:]
+        if kind == "weights":
+            w = block.double()
+            self.keys.add_samples(w, self.samples)
+            self.sinks[first : first + w.shape[0]] += w[..., 0].sum(-1)
+            return
+        if not self.positional or kind not in ("scores", "bias"):
+            return
+        total = block.nan_to_num(0.0).sum(0) * (1 if block.shape[0] > 1 else self._batch)
+        if kind == "scores":
+            assert self.scores is not None
+            self.scores[:, row0 : row0 + rows, :keys] += total
+        else:
+            if self.bias is None:
+                self.bias = torch.zeros_like(self.scores)
+            self.bias[:, row0 : row0 + rows, :keys] += total
+
+    _batch = 1  # samples in the batch under way (a bias block shared by the batch counts once per sample)
+
+    def begin_batch(self, size: int) -> None:
+        self._batch = size
+
+    def result(self) -> PositionSummary:
+        """P's block means, distance profile and diagnostics (None with one sample), the key profile, sink shares."""
+        mean = profile = diagnostics = None
+        if self.positional and self.q is not None and self.k is not None and self.scale is not None:
+            assert self.scores is not None
+            p = Positional(self.q, self.k, layer=self.layer, scale=self.scale, samples=self.samples,
+                           seq_len=self.seq_len, block=self.block, device=self.device, causal=self.causal)  # fmt: skip
+            n = self.samples
+            for r0 in range(0, self.seq_len, ROWS):
+                r1 = min(r0 + ROWS, self.seq_len)
+                keys = r1 if self.causal else self.seq_len
+                scores = self.scores[:, r0:r1, :keys] / n
+                bias = None if self.bias is None else self.bias[:, r0:r1, :keys] / n
+                p.add(r0, scores.contiguous(), None if bias is None else bias.contiguous())
+            got = p.result()
+            mean, profile, diagnostics = got[0].cpu().numpy(), got[1].cpu().numpy(), got[2]
+        seen = self.seq_len  # every query sees key 0, causal or not
+        return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
+                               key_profile=self.keys.result().cpu().numpy(),
+                               sink_share=(self.sinks / seen).float().cpu().numpy())  # fmt: skip
