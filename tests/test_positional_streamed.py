@@ -1,7 +1,8 @@
 """SPEC section 12 for models whose rows cannot be formed again, from what they stream: a transformers Llama in
-eager attention (the scores followed from its product) and DeBERTa-v2 (bidirectional, its relative terms the
-additive part). Scores, P, the key profile and sink shares in a summary at R = T against numpy float64 from the
-models' own q and k (forward hooks, transformers' own rotation; DeBERTa's own projections and bias method)."""
+eager attention (the scores followed from its product), DeBERTa-v2 (bidirectional, its relative terms the
+additive part) and torch's MultiheadAttention (q and k from its in-projection, a float mask as the bias).
+Scores, P, the key profile and sink shares in a summary at R = T against numpy float64 from the models' own q
+and k (forward hooks, transformers' own rotation; DeBERTa's own projections and bias method)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,42 @@ def test_deberta_summary_positional_logits_include_its_relative_terms(tmp_path: 
         np.testing.assert_allclose(g["positional_mean"][()], positional(q, k, c, terms), **TOL)
         np.testing.assert_allclose(g["weights_key_profile"][0], w.mean(axis=(0, 2)), **TOL)
         np.testing.assert_allclose(g["sink_share"][()], w[:, :, :, 0].mean(-1), **TOL)
+
+
+class MHAModel(torch.nn.Module):
+    """torch's MultiheadAttention over embeddings, with an ALiBi-like float mask (a bias, no causal mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 32)
+        self.attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+        i = torch.arange(T, dtype=torch.float32)
+        self.register_buffer("mask", -0.25 * (i[:, None] - i[None, :]).abs())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        return self.attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]
+
+
+def test_torch_multihead_attention_summary_positional_logits(tmp_path: Path) -> None:
+    torch.manual_seed(4)
+    model = MHAModel().eval()
+    ids = np.random.default_rng(3).integers(0, 100, size=(N, T))
+    biasviz.extract(model, ids, tmp_path / "sum.h5", layers=[0], summary=True, resolution=T, batch_size=2,
+                    device="cpu", progress=False)  # fmt: skip
+    with torch.no_grad():
+        x = model.embed(torch.from_numpy(ids)).double()
+        w, b = model.attn.in_proj_weight.double(), model.attn.in_proj_bias.double()
+        q, k, _ = (x @ w.T + b).split(32, dim=-1)
+        q, k = (z.view(N, T, 4, 8).transpose(1, 2).numpy() for z in (q, k))
+    c, bias = 1 / np.sqrt(8), model.mask.double().numpy()
+    scores = c * np.einsum("ahid,ahjd->ahij", q, k) + bias
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    with h5py.File(tmp_path / "sum.h5") as f:
+        g = f["layer_0"]
+        np.testing.assert_allclose(g["scores_mean"][()], scores.mean(0), **TOL)
+        np.testing.assert_allclose(g["positional_mean"][()], positional(q, k, c, np.broadcast_to(bias, scores.shape)),
+                                   **TOL)  # fmt: skip
+        np.testing.assert_allclose(g["weights_key_profile"][0], weights.mean(axis=(0, 2)), **TOL)
+        np.testing.assert_allclose(g["sink_share"][()], weights[:, :, :, 0].mean(-1), **TOL)
