@@ -114,7 +114,9 @@ def test_bad_capture_is_one_error_line_and_nothing_written(ckpt: Path, tmp_path:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_adapter_that_cannot_form_scores_says_so(tmp_path: Path) -> None:
+def test_a_transformers_adapter_stores_scores_and_one_that_cannot_says_so(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """GPT-2's hooks see no scores, its traced forward does: c·q·k from its own c_attn; an adapter that forms
+    none (a user's ModelAdapter, say) is one clear error."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from biasviz.adapters import load_model
@@ -122,6 +124,19 @@ def test_an_adapter_that_cannot_form_scores_says_so(tmp_path: Path) -> None:
     config = GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=64)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     adapter = load_model(tmp_path / "gpt2")
+    windows = _windows()
+    extract(adapter, windows, tmp_path / "x.h5", device="cpu", progress=False, capture=["weights", "scores"])
+    model = adapter.model  # GPT2Model: no language-model head
+    with torch.no_grad():
+        hidden = model.wte(torch.from_numpy(windows)) + model.wpe.weight[: windows.shape[1]]
+        q, k, _ = model.h[0].attn.c_attn(model.h[0].ln_1(hidden)).double().split(32, dim=2)
+        q, k = (x.view(*windows.shape, 2, 16).transpose(1, 2) for x in (q, k))
+        want = (q @ k.transpose(-1, -2) / 4.0).numpy()
+    t = windows.shape[1]
+    want[..., ~np.tril(np.ones((t, t), bool))] = np.nan
+    with h5py.File(tmp_path / "x.h5") as f:
+        np.testing.assert_allclose(f["layer_0/scores"][()], want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    monkeypatch.setattr(adapter, "captures_scores", False)
     with pytest.raises(BiasvizError, match="does not form the scores"):
-        extract(adapter, _windows(), tmp_path / "x.h5", device="cpu", progress=False, capture=["weights", "scores"])
-    assert not (tmp_path / "x.h5").exists()
+        extract(adapter, windows, tmp_path / "y.h5", device="cpu", progress=False, capture=["weights", "scores"])
+    assert not (tmp_path / "y.h5").exists()

@@ -410,3 +410,36 @@ def test_cli_part_is_refused_for_single_stack_models(dirs, tmp_path, capsys) -> 
         main(["extract", "--model", str(dirs["bloom"]), "--part", "decoder", "--out", str(tmp_path / "x.h5")])
     assert exit_info.value.code == 1
     assert "--part applies to encoder-decoder models" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------- scores (SPEC 12)
+
+
+def _gpt2_qk(mod: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    q, k, _ = (x.view(B, T, H, -1).transpose(1, 2) for x in mod.c_attn(hidden).split(48, dim=2))
+    return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+
+
+@pytest.mark.parametrize(("model_type", "qk"), [("bloom", _bloom_qk), ("mpt", _mpt_qk), ("falcon", _falcon_qk),
+                                                ("t5", _t5_qk), ("gpt2", _gpt2_qk)])  # fmt: skip
+def test_every_transformers_adapter_captures_the_scores_and_their_q_and_k(dirs, ids, model_type: str, qk) -> None:
+    """The scores of the captured layer are the library's own scaled q·k (its modules, recomputed here) plus the
+    bias the adapter captures, masked cells NaN; the call's q and k give the same product."""
+    adapter = _load(dirs, model_type)
+    assert adapter.captures_scores
+    seen: dict[str, torch.Tensor] = {}
+    attn = adapter.attention(LAYER)
+    handle = attn.register_forward_hook(lambda mod, args, out: seen.__setitem__("qk", qk(mod, args[0])))
+    try:
+        with adapter.capture([LAYER], want_scores=True) as cap:
+            adapter.forward(ids)
+    finally:
+        handle.remove()
+    scores, bias = cap.scores[LAYER], cap.bias.get(LAYER)
+    expected = seen["qk"] + (0.0 if bias is None else bias)
+    kept = ~scores.isnan()
+    if adapter.causal:
+        assert bool((kept == torch.ones(T, T, dtype=torch.bool).tril()).all())
+    torch.testing.assert_close(scores[kept], expected.expand_as(scores)[kept], atol=1e-5, rtol=1e-5)
+    q, k, scale = cap.operands[LAYER]
+    torch.testing.assert_close((scale * q @ k.transpose(-1, -2))[kept], seen["qk"][kept], atol=1e-5, rtol=1e-5)

@@ -96,6 +96,11 @@ class TransformersAdapter(ModelAdapter):
     def model_inputs(self, input_ids: torch.Tensor) -> dict[str, Any]:
         return {"input_ids": input_ids, "use_cache": False}
 
+    # the scores are no module's output: with them, the forward is traced and the captured layers' attention
+    # calls (eager softmax) are formed from the model's own dataflow (biasviz.tracing), with their q and k
+    captures_scores = True
+    _trace: Any = None
+
     @contextlib.contextmanager
     def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
         """Hooks on the attention modules of ``layers`` only; each forward overwrites the result."""
@@ -106,6 +111,10 @@ class TransformersAdapter(ModelAdapter):
                 module = self.attention(layer)
 
                 def pre_hook(mod: nn.Module, args: tuple, kwargs: dict, layer: int = layer) -> None:
+                    if self._trace is not None:  # the attention call this module makes next: formed, with its scores
+                        self._trace.layers.append(len(self._trace.calls))
+                    if not want_bias:
+                        return
                     bias = self._bias_in(mod, args, kwargs)
                     if bias is not None:
                         captured.bias[layer] = bias  # (1 or B, H, T, T)
@@ -119,12 +128,37 @@ class TransformersAdapter(ModelAdapter):
                     if weights is None:
                         raise BiasvizError(f"{self.architecture} layer {layer} returned no attention weights")
                     captured.weights[layer] = weights.detach()  # (B, H, T, T), left on its device
+                    call = self._trace.calls[-1] if self._trace is not None and self._trace.calls else None
+                    if call is not None and call.scores is not None:
+                        captured.scores[layer] = call.scores
+                        if call.q is not None and call.k is not None and call.scale is not None and not call.note:
+                            captured.operands[layer] = (call.q, call.k, call.scale)
 
-                if want_bias:
+                if want_bias or want_scores:
                     handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
                 handles.append(module.register_forward_hook(hook))
-            with self.stopping_after(layers):
-                yield captured
+            previous, self._scoring = self._scoring, want_scores
+            try:
+                with self.stopping_after(layers):
+                    yield captured
+            finally:
+                self._scoring = previous
         finally:
             for handle in handles:
                 handle.remove()
+
+    _scoring = False
+
+    def forward(self, input_ids: torch.Tensor) -> None:
+        """The model's forward; traced while the scores are captured (only the captured layers' calls formed)."""
+        if not self._scoring:
+            super().forward(input_ids)
+            return
+        from biasviz.tracing.mode import Trace
+
+        self._trace = Trace(self.model, [], scores=True)
+        try:
+            with self._trace:
+                super().forward(input_ids)
+        finally:
+            self._trace = None

@@ -139,8 +139,10 @@ class EagerTracker:
             return
         if name == "einsum":
             ops = list(args[1]) if len(args) == 2 and isinstance(args[1], list | tuple) else list(args[1:])
-        else:
-            ops = [args[1], args[2]] if name == "baddbmm" else [args[0], args[1]]
+        else:  # positional or by keyword: baddbmm(input, batch1, batch2), matmul(input, other), bmm(input, mat2)
+            names = {"baddbmm": ("input", "batch1", "batch2"), "bmm": ("input", "mat2")}.get(name, ("input", "other"))
+            bound = dict(zip(names, args, strict=False)) | kwargs
+            ops = [bound.get(n) for n in names[-2:]]
         if name == "einsum" and (mixed := _mixes_heads(args[0], ops, self.get)) is not None:
             self._set(out, mixed.noted("the heads' scores are mixed (einsum) before the softmax"))
             return
@@ -151,8 +153,8 @@ class EagerTracker:
         if name == "baddbmm":  # beta * input + alpha * (q @ k): alpha is the scale, beta * input the bias
             beta = kwargs.get("beta", 1)
             scores = replace(scores, scale=float(kwargs.get("alpha", 1)))
-            if beta and isinstance(args[0], torch.Tensor):
-                scores = self._added(scores, args[0], float(beta), out)
+            if beta and isinstance(bound.get("input"), torch.Tensor):
+                scores = self._added(scores, bound["input"], float(beta), out)
         self._set(out, scores)
 
     def _carry(self, name: str, i: int, flat: list[Any], kwargs: dict[str, Any], s: Scores,
