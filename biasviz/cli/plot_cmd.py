@@ -128,16 +128,29 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
 
     style = with_width(style, width)
     sample = _parse_sample(sample_text)
-    sample_given = click.get_current_context().get_parameter_source("sample_text") != ParameterSource.DEFAULT
+    ctx = click.get_current_context()
+    sample_given = ctx.get_parameter_source("sample_text") != ParameterSource.DEFAULT
     formats = parse_formats(formats_text)
+    # One config file serves every kind (configs/fire.toml sets log = true for the weights): a config value that
+    # does not apply to this kind is left out; typed on the command line, it is still an error.
+    from_config = {n for n in ("normalize", "log_scale", "log_distance", "sample_text")
+                   if ctx.get_parameter_source(n) == ParameterSource.DEFAULT_MAP}  # fmt: skip
     if kind == "weights" and normalize != "none":
-        raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
+        if "normalize" not in from_config:
+            raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
+        normalize = "none"
     if kind == "bias" and log_scale:
-        raise UsageError("--log applies to attention weights; use it with --kind weights, all, std or profile")
+        if "log_scale" not in from_config:
+            raise UsageError("--log applies to attention weights; use it with --kind weights, all, std or profile")
+        log_scale = False
     if log_distance and kind not in ("profile", "dynamics", "positional"):
-        raise UsageError("--log-distance applies to a distance axis: use it with --kind profile or dynamics")
+        if "log_distance" not in from_config:
+            raise UsageError("--log-distance applies to a distance axis: use it with --kind profile or dynamics")
+        log_distance = False
     if kind in ("profile", "std") and sample_given and sample != "mean":
-        raise UsageError(f"--kind {kind} is over all samples; --sample applies to --kind bias, weights or all")
+        if "sample_text" not in from_config:
+            raise UsageError(f"--kind {kind} is over all samples; --sample applies to --kind bias, weights or all")
+        sample_given = False
     from biasviz.common.atomic import replacing_together
 
     path = input_path or Path("data") / f"{name}.h5"
