@@ -1,5 +1,5 @@
 # biasviz — `make figures` rebuilds every figure from nothing; `make test` runs the test suite.
-# Both install what they need into .venv first (Python 3.10+ and pip are all that must exist).
+# Both install what they need into .venv first (Python 3.11+ and pip are all that must exist).
 
 PYTHON ?= python3
 VENV   := .venv
