@@ -11,12 +11,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter, refuse_meta
 from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import regular_file
+
+if TYPE_CHECKING:
+    from biasviz.adapters.device_map import Placement
 
 
 def adapter_classes() -> list[type[ModelAdapter]]:
@@ -52,12 +56,20 @@ def check_finite(adapter: ModelAdapter) -> None:
     """
     import torch
 
+    from biasviz.common.devices import device_mapped, placed_weights
+
     model = getattr(adapter, "model", None)
     if not isinstance(model, torch.nn.Module):
         return
-    refuse_meta(model, adapter.source)
-    tensors = [*model.named_parameters(), *model.named_buffers()]
+    if device_mapped(model):  # the weights in memory (offloaded ones too); those on the disk are not read ahead
+        tensors: Iterable[tuple[str, Any]] = placed_weights(model)
+    else:
+        refuse_meta(model, adapter.source)
+        tensors = [*model.named_parameters(), *model.named_buffers()]
     for name, t in tensors:
+        if t is None:
+            raise BiasvizError(f"{adapter.source}: weight '{name}' has no values (on the meta device, and no device "
+                               "map's hook holds it)")  # fmt: skip
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             kinds = [k for k, bad in (("NaN", t.isnan().any()), ("infinite", t.isinf().any())) if bool(bad)]
             raise BiasvizError(
@@ -73,9 +85,17 @@ def load_model(
     *,
     attn_scale: float | None = None,
     part: str | None = None,
+    placement: Placement | None = None,
 ) -> ModelAdapter:
-    """Load whatever ``--model`` names, wrap it in the right adapter and check its weights are finite."""
-    adapter = _load_model(path, scheme, attn_scale=attn_scale, part=part)
+    """Load whatever ``--model`` names, wrap it in the right adapter and check its weights are finite.
+
+    ``placement`` (:func:`biasviz.adapters.device_map.placement_from`, with an offload folder from
+    :func:`~biasviz.adapters.device_map.offload_space`) spreads a transformers model with a device map.
+    """
+    from biasviz.adapters.device_map import loading_with
+
+    with loading_with(placement):
+        adapter = _load_model(path, scheme, attn_scale=attn_scale, part=part, placed=placement is not None)
     check_finite(adapter)
     return adapter
 
@@ -86,6 +106,7 @@ def _load_model(
     *,
     attn_scale: float | None = None,
     part: str | None = None,
+    placed: bool = False,
 ) -> ModelAdapter:
     """Ask each adapter whether it can open ``path``; the first that can loads it (on the CPU, in eval mode).
 
@@ -117,6 +138,10 @@ def _load_model(
         if part is not None and part not in cls.parts:
             what = model_type(p) if (p / "config.json").is_file() else p.name
             raise BiasvizError(f"--part applies to encoder-decoder models (T5); {p} is a '{what}' model")
+        if placed and not getattr(cls, "placeable", False):
+            kind = cls.architecture or cls.__name__
+            raise BiasvizError(f"--device-map applies to transformers model directories; {p} is a '{kind}' "
+                               "checkpoint, loaded whole: use --device")  # fmt: skip
         options = {k: v for k, v in (("attn_scale", attn_scale), ("part", part)) if v is not None}
         return cls.open(p, scheme, **options)
     if p.is_dir():

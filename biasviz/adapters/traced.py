@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from biasviz.adapters.base import Captured, Formed, ModelAdapter, refuse_meta
+from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import BiasvizError
 from biasviz.tracing import AttentionCall, Trace
 from biasviz.tracing.calls import SdpaOperands, formed_rows, repeat_kv
@@ -61,7 +62,8 @@ class TracedAdapter(ModelAdapter):
     def __init__(self, model: nn.Module, *, forward: Callable[[torch.Tensor], Any] | None = None,
                  scheme: str | None = None, source: str = "", sha256: str = "", tokenizer: Any = None,
                  config_json: str = "") -> None:  # fmt: skip
-        refuse_meta(model, source or _describe(model))  # before anything reads its weights (the hash below)
+        if not (device_mapped(model) and sha256):  # a device map's offloaded weights sit on meta between calls
+            refuse_meta(model, source or _describe(model))  # before anything reads its weights (the hash below)
         super().__init__(
             model, scheme=scheme or CAPTURED, n_layers=0, n_heads=0, source=source or _describe(model),
             sha256=sha256 or module_sha256(model), max_length=_max_length(model), tokenizer=tokenizer,
@@ -80,8 +82,7 @@ class TracedAdapter(ModelAdapter):
     # -- facts, from the probe -----------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        first = next(iter(self.model.parameters()), None)
-        return first.device if first is not None else torch.device("cpu")
+        return input_device(self.model)  # a device map's: where the first layer runs
 
     @property
     def adds_bias(self) -> bool:
@@ -316,40 +317,52 @@ def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> Traced
     """A transformers checkpoint of an architecture with no adapter, loaded with SDPA attention and traced.
 
     Eager attention where SDPA cannot express the model (attention-logit softcapping, as Gemma2's) or where
-    transformers has no SDPA path for the architecture: the trace follows eager attention too.
+    transformers has no SDPA path for the architecture: the trace follows eager attention too. With a device map
+    (:func:`~biasviz.adapters.device_map.current_placement`) the model is spread as it says, in its precision.
     """
     import json
-
-    import transformers
 
     from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
 
     kind = model_type(directory)
     config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     softcapped = isinstance(config, dict) and config.get("attn_logit_softcapping") is not None
-    reason = ""
-    for impl in ("eager",) if softcapped else ("sdpa", "eager"):
-        kwargs: dict[str, Any] = {"attn_implementation": impl, "local_files_only": True, "trust_remote_code": False}
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
-            try:
-                model = auto.from_pretrained(str(directory), **kwargs)
-                break
-            except (ValueError, KeyError, OSError, TypeError) as exc:
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        else:
-            continue
-        break
-    else:
+    model, reason = _from_pretrained(directory, ("eager",) if softcapped else ("sdpa", "eager"))
+    if model is None:
         raise BiasvizError(f"{directory} is a '{kind}' model, which has no biasviz adapter, and transformers cannot "
                            f"load it with SDPA or eager attention: {reason}")  # fmt: skip
     config_json = (directory / "config.json").read_text(encoding="utf-8")
-    return TracedAdapter(model.float().eval(), forward=lambda ids: model(input_ids=ids, use_cache=False),
+    if not device_mapped(model):
+        model = model.float()
+    return TracedAdapter(model.eval(), forward=lambda ids: model(input_ids=ids, use_cache=False),
                          scheme=scheme, source=str(directory.resolve()), sha256=parameters_sha256(directory),
                          tokenizer=tokenizer_in(directory), config_json=config_json)  # fmt: skip
 
 
+def _from_pretrained(directory: Path, implementations: tuple[str, ...]) -> tuple[nn.Module | None, str]:
+    """The model of the first attention implementation and auto class that load it, or None and why none did."""
+    import transformers
+
+    from biasviz.adapters.device_map import current_placement, load_placed
+
+    placement = current_placement()
+    reason = ""
+    for impl in implementations:
+        kwargs: dict[str, Any] = {"attn_implementation": impl, "local_files_only": True, "trust_remote_code": False}
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+            try:
+                if placement is not None:
+                    return load_placed(auto, directory, placement, attn_implementation=impl), ""
+                return auto.from_pretrained(str(directory), **kwargs), ""
+            except (ValueError, KeyError, OSError, TypeError) as exc:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return None, reason
+
+
 class TransformersSdpaAdapter(TracedAdapter):
     """Any other transformers architecture (Llama, Qwen, BERT, ...): SDPA (or eager) attention, traced. Asked last."""
+
+    placeable = True  # loads with a device map (extract --device-map)
 
     @classmethod
     def can_open(cls, path: Path) -> bool:

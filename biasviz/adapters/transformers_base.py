@@ -18,6 +18,7 @@ from torch import nn
 
 from biasviz.adapters.base import Captured, ModelAdapter
 from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
+from biasviz.common.devices import input_device
 from biasviz.common.errors import BiasvizError
 
 
@@ -32,13 +33,20 @@ def check_scheme(requested: str | None, actual: str, what: str) -> None:
 
 
 def load_eager(auto_class: Any, path: Path) -> nn.Module:
-    """Load a local directory in float32 with eager attention (the only path that forms the weights)."""
+    """Load a local directory in float32 with eager attention (the only path that forms the weights); with a device
+    map (:func:`~biasviz.adapters.device_map.current_placement`) spread as it says, in its precision."""
+    from biasviz.adapters.device_map import current_placement, load_placed
+
+    placement = current_placement()
     try:
+        if placement is not None:
+            return load_placed(auto_class, path, placement, attn_implementation="eager")
         model = auto_class.from_pretrained(
             path, attn_implementation="eager", local_files_only=True, dtype=torch.float32
         )
-    except (OSError, ValueError) as exc:
-        raise BiasvizError(f"cannot load the transformers model in {path}: {exc}") from exc
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BiasvizError(f"cannot load the transformers model in {path}: {first}") from exc
     return model.eval()
 
 
@@ -70,6 +78,7 @@ class TransformersAdapter(ModelAdapter):
     """
 
     model_types: ClassVar[tuple[str, ...]] = ()  # config.json model_type values this adapter opens
+    placeable: ClassVar[bool] = True  # loads with a device map (extract --device-map)
 
     def __init__(self, model: nn.Module, **kwargs: Any) -> None:
         kwargs.setdefault("vocab_size", int(model.config.vocab_size))
@@ -83,6 +92,11 @@ class TransformersAdapter(ModelAdapter):
     @property
     def context_dependent(self) -> bool:
         return False  # none of these biases depends on the input
+
+    @property
+    def device(self) -> torch.device:
+        """Where the inputs go: where the first layer runs when a device map spread the model."""
+        return input_device(self.model)
 
     def _bias_in(self, module: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor | None:
         return None

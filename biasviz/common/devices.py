@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,8 +50,14 @@ def placed(model: nn.Module, device: torch.device, dtype: torch.dtype | None = N
 
     Parameters keep their identity (hooks, optimisers and tied weights still see the same objects):
     only their data is swapped for a converted copy and swapped back at the end, so the caller's
-    model is neither moved nor rounded by an extraction. A model already in place is not copied.
+    model is neither moved nor rounded by an extraction. A model already in place is not copied. A model placed
+    by a device map (:func:`device_mapped`) is left where it is: its inputs go to :func:`input_device`.
     """
+
+    if device_mapped(model):  # spread by a device map: every module stays where the map put it
+        _check_precision(model, dtype)
+        yield model
+        return
 
     def convert(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None)
@@ -88,3 +95,109 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         for m, flag in flags:
             m.training = flag
 
+
+
+# -- models spread by a device map (transformers' device_map, accelerate's hooks) -------------------------------
+
+
+def device_mapped(model: nn.Module) -> bool:
+    """Whether ``model`` was placed by a device map (``from_pretrained(device_map=...)``), so must not be moved."""
+    return bool(getattr(model, "hf_device_map", None))
+
+
+def _hooks(module: nn.Module) -> list[Any]:
+    """accelerate's hooks on ``module`` (a SequentialHook holds several)."""
+    hook = getattr(module, "_hf_hook", None)
+    return [] if hook is None else list(getattr(hook, "hooks", [hook]))
+
+
+def _as_device(value: Any) -> torch.device:
+    return torch.device("cuda", value) if isinstance(value, int) else torch.device(value)
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where ``model`` takes its inputs: where its first parameter lies (the CPU if it has none); for a model placed
+    by a device map, where its input embedding runs (an offloaded one lies on the meta device: its hook says)."""
+    if not device_mapped(model):
+        first_parameter = next(iter(model.parameters()), None)
+        return first_parameter.device if first_parameter is not None else torch.device("cpu")
+    first = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = first() if callable(first) else None
+    except (NotImplementedError, AttributeError):
+        embedding = None
+    for module in ([embedding] if isinstance(embedding, nn.Module) else []) + list(model.modules()):
+        for hook in _hooks(module):
+            if getattr(hook, "execution_device", None) is not None:
+                return _as_device(hook.execution_device)
+        real = next((p for p in module.parameters() if not p.is_meta), None)
+        if real is not None:
+            return real.device
+    return torch.device("cpu")
+
+
+def placed_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor | None]]:
+    """Every parameter and buffer of ``model`` that has its values in memory (an offloaded one, on the meta device
+    between calls, from where its hook keeps it in host memory); None for one that has no values anywhere. Weights
+    offloaded to the disk are left out: read ahead, they would cost what the device map saves (a layer after the last
+    captured one is never read)."""
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():
+        stores = [h.weights_map for h in _hooks(module) if getattr(h, "offload", False) and h.weights_map is not None]
+        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            if id(t) in seen:  # a tied weight, seen under its first name
+                continue
+            seen.add(id(t))
+            full = f"{prefix}.{name}" if prefix else name
+            if not t.is_meta:
+                yield full, t
+                continue
+            held = [kept for kept in (_kept(store, name) for store in stores) if kept is not None]
+            if not held:
+                yield full, None
+            elif isinstance(held[0], torch.Tensor):
+                yield full, held[0]
+
+
+def _kept(store: Any, name: str) -> torch.Tensor | bool | None:
+    """Where an offload hook's store keeps ``name``: the tensor in host memory, True on the disk, None nowhere.
+
+    accelerate's stores are a ``PrefixedDataset`` over an ``OffloadedWeightsLoader`` (a state dict in memory, an
+    index of files on the disk), or a plain dict; none is read from the disk here.
+    """
+    loader, key = getattr(store, "dataset", store), getattr(store, "prefix", "") + name
+    memory = getattr(loader, "state_dict", loader)
+    if isinstance(memory, Mapping) and key in memory:
+        return memory[key]
+    index = getattr(loader, "index", None)
+    return True if isinstance(index, Mapping) and key in index else None
+
+
+def _check_precision(model: nn.Module, dtype: torch.dtype | None) -> None:
+    """A device-mapped model runs in the precision it was loaded in: converting it would move every weight."""
+    own = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if dtype is not None and own is not None and dtype != own:
+        raise BiasvizError(f"the model was placed by a device map in {str(own).removeprefix('torch.')}; it runs in "
+                           f"that precision, not {str(dtype).removeprefix('torch.')} (load it in the precision wanted: "
+                           "--model-dtype with --device-map)")  # fmt: skip
+
+
+class PeakMemory:
+    """The most memory each device held: the process's peak resident set on the CPU (since it started), the most
+    torch allocated on each CUDA device since this object was made. Called when a file is finished, so that the
+    attribute covers the whole run (loading included)."""
+
+    def __init__(self) -> None:
+        self.cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        for index in self.cuda:
+            torch.cuda.reset_peak_memory_stats(index)
+
+    def __call__(self) -> dict[str, int]:
+        import resource
+        import sys
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        peaks = {"cpu": int(rss if sys.platform == "darwin" else rss * 1024)}
+        for index in self.cuda:
+            peaks[f"cuda:{index}"] = int(torch.cuda.max_memory_allocated(index))
+        return peaks

@@ -266,6 +266,8 @@ def _run(
             check_interrupted()
         if agreement is not None:
             writer.record(BIAS_DIFFERENCE, agreement.largest)
+        for key in [k for k, v in meta.items() if callable(v)]:  # measured at the end (a device map's peak memory)
+            writer.record(key, meta[key])
 
 
 class SameBias:

@@ -13,7 +13,10 @@ import numpy as np
 
 
 def attr_value(key: str, value: Any) -> Any:
-    """A value HDF5 stores as plain data: None -> '', lists -> arrays, dicts -> JSON text."""
+    """A value HDF5 stores as plain data: None -> '', lists -> arrays, dicts -> JSON text; a callable is measured now
+    (a device's peak memory, recorded when the file is finished)."""
+    if callable(value):
+        value = value()
     if value is None:
         return ""
     if isinstance(value, (str, Path)):
