@@ -10,7 +10,14 @@ from typing import Any
 
 import click
 
-from biasviz.cli.options import NonEmptyPath, config_option, device_option, seed_option, with_config
+from biasviz.cli.options import (
+    NonEmptyPath,
+    config_option,
+    device_map_options,
+    device_option,
+    seed_option,
+    with_config,
+)
 from biasviz.common.errors import BiasvizError, UsageError
 
 
@@ -81,6 +88,7 @@ def warnings_as_notes() -> Iterator[None]:
 @seed_option
 @click.option("--batch-size", default=1, show_default=True, type=click.IntRange(min=1), help="Windows per forward.")
 @device_option
+@device_map_options
 @click.option(
     "--dtype", default="float32", show_default=True, type=click.Choice(["float32", "float16"]),
     help="Storage type of bias and weights.",
@@ -144,7 +152,8 @@ def warnings_as_notes() -> Iterator[None]:
 def extract(
     model: str, checkpoint: str | None, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None,
     tokenizer: str | None,
-    seed: int, batch_size: int, device: str, dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
+    seed: int, batch_size: int, device: str, device_map: str | None, max_memory: str | None, offload_folder: str | None,
+    dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
     part: str | None, bias_only: bool, checkpoints: str | None, step_pattern: str | None, resume: bool, summary: bool,
     resolution: int | None, capture: str | None, quiet: bool,
 ) -> None:  # fmt: skip
@@ -154,6 +163,8 @@ def extract(
     hold NaN (bias) and 0 (weights). With --summary: per layer the mean and spread over samples as maps,
     distance profiles and diagnostics, at any --seq-len. The file appears only when complete.
     """
+    from biasviz.adapters.device_map import offload_space, placement_attrs
+    from biasviz.common.devices import PeakMemory
     from biasviz.common.exclusive import writing_alone
     from biasviz.common.outputs import check_output_file
     from biasviz.common.processes import process_group
@@ -176,6 +187,7 @@ def extract(
             raise UsageError(f"{flag} applies with --checkpoints")
     if checkpoints and (bias_only or checkpoint):
         raise UsageError(f"--checkpoints cannot apply with {'--bias-only' if bias_only else '--checkpoint'}")
+    placement = _placement(device_map, max_memory, offload_folder, model_dtype, device, bias_only, checkpoint)
     inputs = with_config(model, text, tokenizer, checkpoint)
     if out:  # checked before the model is loaded
         check_output_file(Path(out), inputs, force)
@@ -196,8 +208,11 @@ def extract(
     with process_group(device) as (w, dev), contextlib.ExitStack() as held:  # under torchrun: one of several
         if w.size > 1 and bias_only:
             raise UsageError("--bias-only runs in one process; start it without torchrun")
+        placement, peaks = held.enter_context(offload_space(placement)), PeakMemory() if placement else None
         first = str(series.chosen[0].path) if series is not None else model  # its tokenizer reads the text
-        adapter = _load(first, None if series else checkpoint, scheme, no_scale, part)
+        adapter = _load(first, None if series else checkpoint, scheme, no_scale, part, placement)
+        if placement is not None:  # the model stays where the map put it; inputs go where its first layer runs
+            dev = adapter.device
         target = check_output_file(Path(out) if out else Path("data") / f"{adapter.scheme}.h5", inputs, force)
         if w.main:  # one process writes the target: a second run to the same --out fails now, not at the end
             held.enter_context(writing_alone(target))
@@ -229,7 +244,8 @@ def extract(
             ids = encode_prefix(documents, tok, window_span(samples, seq_len))
         windows = sample_windows(ids, samples, seq_len, seed)
         run = {"layers": chosen, "dtype": dtype, "batch_size": batch_size, "device": dev, "model_dtype": model_dtype,
-               "force": force, "seed": seed, "text_source": text_source, "attrs": {"tokenizer": tok_desc},
+               "force": force, "seed": seed, "text_source": text_source,
+               "attrs": {"tokenizer": tok_desc, **placement_attrs(adapter.model, placement, peaks)},
                "progress": False if quiet else None}  # fmt: skip
         if summary:
             run["resolution"] = resolution
@@ -238,7 +254,8 @@ def extract(
         if checkpoints:
             from biasviz.extraction.sweep import extract_sweep
 
-            options = {k: v for k, v in (("attn_scale", 1.0 if no_scale else None), ("part", part)) if v is not None}
+            options = {k: v for k, v in (("attn_scale", 1.0 if no_scale else None), ("part", part),
+                                         ("placement", placement)) if v is not None}  # fmt: skip
             with warnings_as_notes():  # checkpoints found identical are said when the sweep is joined
                 result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, summary=summary,
                                        resume=resume, series=series, w=w, model_options=options,
@@ -283,20 +300,39 @@ def extract(
         )
 
 
-def _load(model: str, checkpoint: str | None, scheme: str | None, no_scale: bool, part: str | None) -> Any:
+def _load(model: str, checkpoint: str | None, scheme: str | None, no_scale: bool, part: str | None,
+          placement: Any = None) -> Any:  # fmt: skip
     """The adapter for ``--model``: a checkpoint or state dict, or the user's ``code.py:FACTORY``."""
     from biasviz.adapters import load_model
     from biasviz.adapters.factory import is_factory_spec, load_factory
 
     with warnings_as_notes():
         if is_factory_spec(model):
-            for given, flag in ((no_scale, "--no-scale"), (part, "--part")):
+            for given, flag in ((no_scale, "--no-scale"), (part, "--part"), (placement, "--device-map")):
                 if given:
                     raise UsageError(f"{flag} does not apply to --model CODE.py:FACTORY (your code builds the model)")
             return load_factory(model, checkpoint, scheme)
         if checkpoint is not None:
             raise UsageError("--checkpoint applies to --model CODE.py:FACTORY only; give a checkpoint as --model")
-        return load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part)
+        return load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part, placement=placement)
+
+
+def _placement(device_map: str | None, max_memory: str | None, offload_folder: str | None, model_dtype: str,
+               device: str, bias_only: bool, checkpoint: str | None) -> Any:  # fmt: skip
+    """The checked --device-map, --max-memory and --offload-folder (None without a map), before anything loads."""
+    from biasviz.adapters.device_map import placement_from
+    from biasviz.common.processes import world
+
+    if device_map is not None and world().size > 1:  # refused before the processes wait for each other
+        raise UsageError("--device-map runs in one process (the map spreads one model over this machine's devices); "
+                         "start it without torchrun")  # fmt: skip
+    if device_map is not None and device.strip().lower() != "auto":
+        raise UsageError(f"--device {device} does not apply with --device-map: the map places every module (inputs go "
+                         "where the first layer runs); use --max-memory to choose the devices")  # fmt: skip
+    if device_map is not None and (bias_only or checkpoint):
+        raise UsageError(f"--device-map cannot apply with {'--bias-only' if bias_only else '--checkpoint'}: it loads "
+                         "a transformers model directory to run it")  # fmt: skip
+    return placement_from(device_map, max_memory, offload_folder, model_dtype)
 
 
 def _refuse_with_bias_only(**given: object) -> None:

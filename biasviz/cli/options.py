@@ -234,3 +234,28 @@ def seed_option(f: F) -> F:
 
     return click.option("--seed", default=0, show_default=True, type=int, callback=checked(check_seed),
                         help="Random seed, 0 to 2^63 - 1 (reproducible runs).")(f)  # fmt: skip
+
+
+def device_map_options(f: F) -> F:
+    """``--device-map``, ``--max-memory``, ``--offload-folder``: a model larger than a device, spread by accelerate."""
+    options = [
+        click.option(
+            "--device-map", default=None, metavar="auto|balanced|sequential|FILE.json",
+            help="Spread a transformers model over the GPUs, host memory and the disk (accelerate: "
+            "pip install 'biasviz[big]'): a strategy, or a JSON file of module names to cpu, disk or a GPU index. "
+            "The model stays where the map puts it; inputs go where its first layer runs.",
+        ),
+        click.option(
+            "--max-memory", default=None, metavar="DEVICE=SIZE,...",
+            help="With --device-map auto|balanced|sequential: the most each device may hold, e.g. 0=70GiB,cpu=100GiB "
+            "(what does not fit goes to the disk).",
+        ),
+        click.option(
+            "--offload-folder", default=None, type=NonEmptyPath(),
+            help="With --device-map: where weights offloaded to the disk may be written [default: a temporary folder, "
+            "removed afterwards].",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f

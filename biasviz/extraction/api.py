@@ -19,10 +19,13 @@ from biasviz.extraction.run import extract as extract_with
 from biasviz.model import BiasGPTForCausalLM
 
 
-def as_adapter(model_or_path: Any, *, scheme: str | None = None,
-               forward: Callable[[torch.Tensor], Any] | None = None) -> ModelAdapter:  # fmt: skip
+def as_adapter(model_or_path: Any, *, scheme: str | None = None, forward: Callable[[torch.Tensor], Any] | None = None,
+               placement: Any = None) -> ModelAdapter:  # fmt: skip
     """An adapter for what the user gave: an adapter, a ``torch.nn.Module`` (traced), ``code.py:FACTORY``,
-    or anything ``--model`` accepts."""
+    or anything ``--model`` accepts (``placement``: a transformers directory spread by a device map)."""
+    if placement is not None and (not isinstance(model_or_path, (str, Path)) or is_factory_spec(model_or_path)):
+        raise BiasvizError("device_map= applies to a transformers model directory; a model you built or loaded "
+                           "yourself (with from_pretrained(device_map=...), say) is run where it is")  # fmt: skip
     if isinstance(model_or_path, ModelAdapter):
         return model_or_path
     if isinstance(model_or_path, BiasGPTForCausalLM) and forward is None:  # our own: its hook points, any length
@@ -38,7 +41,7 @@ def as_adapter(model_or_path: Any, *, scheme: str | None = None,
     if isinstance(model_or_path, (str, Path)):
         if is_factory_spec(model_or_path):
             return load_factory(str(model_or_path), scheme=scheme)
-        return load_model(model_or_path, scheme)
+        return load_model(model_or_path, scheme, placement=placement)
     raise BiasvizError(f"cannot extract from a {type(model_or_path).__name__}: give a torch.nn.Module or a path")
 
 
@@ -62,6 +65,9 @@ def extract(
     scheme: str | None = None,
     summary: bool = False,
     resolution: int | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[Any, Any] | None = None,
+    offload_folder: str | Path | None = None,
     **options: Any,
 ) -> ExtractResult:
     """Run a model on token ids (samples, T) and write its biases and attention weights as format 1.
@@ -72,8 +78,28 @@ def extract(
     (default: the checkpoint's, or "captured"). Other ``options`` are :func:`biasviz.extraction.run.extract`'s
     (``dtype``, ``model_dtype``, ``progress``, ``attrs``). ``summary=True`` writes the SPEC section 11 summary
     instead of every sample's matrices, with maps of at most ``resolution`` x ``resolution`` blocks.
+    ``device_map`` (``max_memory``, ``offload_folder``): a transformers directory too large for one device, spread
+    by accelerate as ``extract --device-map`` does; it runs where the map puts it (``device`` stays "auto").
     """
-    adapter = as_adapter(model_or_path, scheme=scheme, forward=forward)
+    from biasviz.adapters.device_map import offload_space, placement_attrs, placement_from
+    from biasviz.common.devices import PeakMemory
+
+    placement = placement_from(device_map, max_memory, offload_folder, options.get("model_dtype"))
+    if placement is not None and str(device) != "auto":
+        raise BiasvizError(f"device={device!r} does not apply with device_map: the map places every module")
+    with offload_space(placement) as placement:  # a temporary offload folder lives as long as the run
+        peaks = PeakMemory() if placement is not None else None
+        adapter = as_adapter(model_or_path, scheme=scheme, forward=forward, placement=placement)
+        if placement is not None:  # inputs go where the first layer runs; the file says where each module ran
+            device = adapter.device
+            options["attrs"] = {**(options.get("attrs") or {}), **placement_attrs(adapter.model, placement, peaks)}
+        return _extract(adapter, input_ids, out, layers=layers, batch_size=batch_size, device=device, force=force,
+                        summary=summary, resolution=resolution, **options)  # fmt: skip
+
+
+def _extract(adapter: ModelAdapter, input_ids: Any, out: str | Path, *, layers: int | str | list[int],
+             batch_size: int, device: str | torch.device, force: bool, summary: bool, resolution: int | None,
+             **options: Any) -> ExtractResult:  # fmt: skip
     options.setdefault("text_source", "input_ids given to biasviz.extract")
     if summary:
         from biasviz.extraction.summary import extract_summary
