@@ -4,30 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
 
 from biasviz.cli.options import NonEmptyPath, config_option, figure_output_options, with_config
-from biasviz.common.errors import BiasvizError, UsageError
+from biasviz.cli.plot_options import fit_to_kind, parse_sample
+from biasviz.common.errors import BiasvizError
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from biasviz.common.atomic import Staged
     from biasviz.store import BiasFile
 
 
-def _parse_sample(value: str) -> int | str:
-    text = value.strip().lower()
-    if text == "mean":
-        return "mean"
-    try:
-        k = int(text)
-    except ValueError:
-        raise UsageError(f"--sample must be a sample index (0, 1, ...) or 'mean', not '{value}'") from None
-    if k < 0:
-        raise UsageError(f"--sample must be 0 or more, not {k}")
-    return k
+#: ``ctx.meta`` key of a list that takes the figures (with the style they are saved in) instead of files: biasviz.plot
+KEEP_FIGURES = "biasviz.keep_figures"
 
 
 @click.command("plot")
@@ -127,30 +121,12 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
     from biasviz.plotting.style import with_width
 
     style = with_width(style, width)
-    sample = _parse_sample(sample_text)
+    sample = parse_sample(sample_text)
     ctx = click.get_current_context()
     sample_given = ctx.get_parameter_source("sample_text") != ParameterSource.DEFAULT
     formats = parse_formats(formats_text)
-    # One config file serves every kind (configs/fire.toml sets log = true for the weights): a config value that
-    # does not apply to this kind is left out; typed on the command line, it is still an error.
-    from_config = {n for n in ("normalize", "log_scale", "log_distance", "sample_text")
-                   if ctx.get_parameter_source(n) == ParameterSource.DEFAULT_MAP}  # fmt: skip
-    if kind == "weights" and normalize != "none":
-        if "normalize" not in from_config:
-            raise UsageError("--normalize diagonal applies to the bias; drop it for --kind weights")
-        normalize = "none"
-    if kind == "bias" and log_scale:
-        if "log_scale" not in from_config:
-            raise UsageError("--log applies to attention weights; use it with --kind weights, all, std or profile")
-        log_scale = False
-    if log_distance and kind not in ("profile", "dynamics", "positional"):
-        if "log_distance" not in from_config:
-            raise UsageError("--log-distance applies to a distance axis: use it with --kind profile or dynamics")
-        log_distance = False
-    if kind in ("profile", "std") and sample_given and sample != "mean":
-        if "sample_text" not in from_config:
-            raise UsageError(f"--kind {kind} is over all samples; --sample applies to --kind bias, weights or all")
-        sample_given = False
+    normalize, log_scale, log_distance, sample_given = fit_to_kind(ctx, kind, normalize, log_scale, log_distance,
+                                                                   sample, sample_given)  # fmt: skip
     from biasviz.common.atomic import replacing_together
 
     path = input_path or Path("data") / f"{name}.h5"
@@ -158,7 +134,8 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
         job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
                        shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, log_distance=log_distance,
                        style=style, reduce_how=reduce_how,
-                       max_cells=max_cells, staged=staged, step=step, sample_given=sample_given)  # fmt: skip
+                       max_cells=max_cells, staged=staged, step=step, sample_given=sample_given,
+                       keep=ctx.meta.get(KEEP_FIGURES))  # fmt: skip
         if kind == "dynamics":
             written = job.run_dynamics(out_dir, formats, dpi)
         elif kind in ("positional", "sinks"):
@@ -190,6 +167,17 @@ class _PlotJob:
     staged: Staged | None = None
     step: int | None = None
     sample_given: bool = False  # --sample was given (command line or config), not left at its default
+    keep: list[tuple[Figure, str | None]] | None = None  # Python's biasviz.plot: the figures, not files
+
+    def _save(self, fig: Figure, stem: Path, formats: list[str], **options: Any) -> list[Path]:
+        """Save ``fig``, or keep it with its style for ``biasviz.plot``: Python gets the figure the command writes."""
+        from biasviz.plotting.save import save_figure
+        from biasviz.plotting.style import DEFAULT_STYLE
+
+        if self.keep is not None:
+            self.keep.append((fig, options.get("style", DEFAULT_STYLE)))
+            return []
+        return save_figure(fig, stem, formats, **options)
 
     def _open(self) -> BiasFile:
         """The file, showing the checkpoint of ``--step`` in a sweep (the last by default)."""
@@ -209,7 +197,6 @@ class _PlotJob:
         from biasviz.diagnostics.measures import diagnose_sweep
         from biasviz.diagnostics.stored import stored_sweep
         from biasviz.plotting.dynamics import dynamics_grid, sweep_title
-        from biasviz.plotting.save import save_figure
 
         with self._open() as bf:
             self._check_scheme(bf.scheme)
@@ -231,7 +218,7 @@ class _PlotJob:
                 "source": str(self.path),
                 "keywords": f"biasviz; scheme={self.scheme}; kind=dynamics; layer={layer}"}  # fmt: skip
         fig = dynamics_grid(sweep, style=self.style, log_distance=self.log_distance, title=title)
-        return save_figure(fig, out_dir / f"{self.scheme}_dynamics", formats,
+        return self._save(fig, out_dir / f"{self.scheme}_dynamics", formats,
                            dpi=dpi, info=info, style=self.style, staged=self.staged)  # fmt: skip
 
     def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int, what: str = "matrix") -> list[Path]:
@@ -268,7 +255,6 @@ class _PlotJob:
     def _draw_positional_profile(self, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
                                  dpi: int) -> list[Path]:  # fmt: skip
         from biasviz.plotting.positional import positional_profile_figure
-        from biasviz.plotting.save import save_figure
 
         fig = positional_profile_figure(bf, layer, scheme=self.scheme, style=self.style,
                                         log_distance=self.log_distance)  # fmt: skip
@@ -277,14 +263,13 @@ class _PlotJob:
                 "description": f"P(d) over all keys and over keys j >= 4, and b(d); {bf.n_samples} samples; "
                                f"source: {self.path}",
                 "keywords": f"biasviz; scheme={self.scheme}; kind=positional_profile; layer={layer}"}  # fmt: skip
-        return save_figure(fig, out_dir / f"{self.scheme}_positional_profile", formats, dpi=dpi, info=info,
+        return self._save(fig, out_dir / f"{self.scheme}_positional_profile", formats, dpi=dpi, info=info,
                            style=self.style, staged=self.staged)  # fmt: skip
 
     def run_position(self, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
         """SPEC section 12 from a summary: the grid of P (``positional``) or the weights' first keys (``sinks``)."""
         from biasviz.plotting.heatmap import panel_cells
         from biasviz.plotting.positional import positional_grid, sinks_figure
-        from biasviz.plotting.save import save_figure
 
         with self._open() as bf:
             self._check_scheme(bf.scheme)
@@ -300,7 +285,7 @@ class _PlotJob:
             info = {"title": f"{self.scheme} {kind} (layer {layer})", "source": str(self.path),
                     "description": f"{what}; over {bf.n_samples} samples; source: {self.path}",
                     "keywords": f"biasviz; scheme={self.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
-            return save_figure(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info, style=self.style,
+            return self._save(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info, style=self.style,
                                staged=self.staged)  # fmt: skip
 
     def _kinds_held(self, bf: BiasFile, kinds: list[str], layer: int, what: str) -> list[str]:
@@ -338,7 +323,6 @@ class _PlotJob:
         from biasviz.plotting.heatmap import head_grid, panel_cells
         from biasviz.plotting.load import load_heads, load_summary_heads
         from biasviz.plotting.profiles import samples_phrase, summary_note
-        from biasviz.plotting.save import save_figure
         from biasviz.plotting.titles import trained_suffix, which_sample
 
         normalize = self.normalize if kind == "bias" else "none"
@@ -378,13 +362,12 @@ class _PlotJob:
             "keywords": (f"biasviz; scheme={self.scheme}; kind={panel_kind}; layer={heads.layer}; sample={sample}; "
                          f"normalize={normalize}; reduction={reduction}; source={self.path}"),
         }  # fmt: skip
-        return save_figure(fig, out_dir / stem, formats, dpi=dpi, info=info, staged=self.staged)
+        return self._save(fig, out_dir / stem, formats, dpi=dpi, info=info, staged=self.staged)
 
     def _draw_profile(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str],
                       dpi: int) -> list[Path]:  # fmt: skip
         from biasviz.plotting.diagnostics_plots import PALETTE, profile_grid
         from biasviz.plotting.profiles import YLABELS, as_heads, file_profiles, profile_note
-        from biasviz.plotting.save import save_figure
         from biasviz.plotting.titles import trained_suffix
 
         normalize = self.normalize if kind == "bias" else "none"
@@ -398,7 +381,7 @@ class _PlotJob:
         info = {"title": f"{self.scheme} {kind} against distance (layer {layer})", "source": str(self.path),
                 "description": f"{over} (population std); normalize {normalize}; source: {self.path}",
                 "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip
-        return save_figure(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, dpi=dpi, info=info,
+        return self._save(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, dpi=dpi, info=info,
                            style=self.style, staged=self.staged)  # fmt: skip
 
 

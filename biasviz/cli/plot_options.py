@@ -1,0 +1,46 @@
+"""``biasviz plot``'s option values checked against the kind drawn, whether typed or read from a config file."""
+
+from __future__ import annotations
+
+import click
+from click.core import ParameterSource
+
+from biasviz.common.errors import UsageError
+
+
+def parse_sample(value: str) -> int | str:
+    """``--sample``: an index from 0, or ``mean``."""
+    text = value.strip().lower()
+    if text == "mean":
+        return "mean"
+    try:
+        k = int(text)
+    except ValueError:
+        raise UsageError(f"--sample must be a sample index (0, 1, ...) or 'mean', not '{value}'") from None
+    if k < 0:
+        raise UsageError(f"--sample must be 0 or more, not {k}")
+    return k
+
+
+def fit_to_kind(ctx: click.Context, kind: str, normalize: str, log_scale: bool, log_distance: bool,
+                sample: int | str, sample_given: bool) -> tuple[str, bool, bool, bool]:  # fmt: skip
+    """(normalize, log_scale, log_distance, sample_given) with what does not apply to ``kind`` left out.
+
+    One config file serves every kind (``configs/fire.toml`` sets ``log = true`` for its weights), so a value
+    read from it that does not apply to this kind is dropped; typed on the command line it is a usage error.
+    """
+    misfits = {
+        "normalize": (kind == "weights" and normalize != "none",
+                      "--normalize diagonal applies to the bias; drop it for --kind weights"),
+        "log_scale": (kind == "bias" and log_scale,
+                      "--log applies to attention weights; use it with --kind weights, all, std or profile"),
+        "log_distance": (log_distance and kind not in ("profile", "dynamics", "positional"),
+                         "--log-distance applies to a distance axis: use it with --kind profile or dynamics"),
+        "sample_text": (kind in ("profile", "std") and sample_given and sample != "mean",
+                        f"--kind {kind} is over all samples; --sample applies to --kind bias, weights or all"),
+    }  # fmt: skip
+    for option, (misfit, message) in misfits.items():
+        if misfit and ctx.get_parameter_source(option) != ParameterSource.DEFAULT_MAP:
+            raise UsageError(message)
+    return ("none" if misfits["normalize"][0] else normalize, log_scale and not misfits["log_scale"][0],
+            log_distance and not misfits["log_distance"][0], sample_given and not misfits["sample_text"][0])
