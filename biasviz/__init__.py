@@ -20,13 +20,17 @@ those above it in this list (``tests/test_layout.py`` holds the order and checks
 
 ``biasviz.trace(model)``, ``biasviz.extract(model_or_path, input_ids, out)`` and ``biasviz.explore(...)`` are
 the Python API; they import torch on first use, so ``import biasviz`` (and the CLI's ``--help``) stays light.
+``biasviz.open(path)`` reads a file read-only, labelled (``.bias(...)``, ``["layer_3/bias_mean"]``,
+``.to_xarray()``, ``.plot(kind=...)``, ``.explore()``), and ``biasviz.plot(path, kind=...)`` returns the figure
+``biasviz plot`` saves; neither imports torch.
 """
 
 from typing import Any
 
 from biasviz.common.version import __version__
 
-_LAZY = {"trace": "biasviz.tracing", "extract": "biasviz.extraction.api", "explore": "biasviz.explorer"}
+_LAZY = {"trace": "biasviz.tracing", "extract": "biasviz.extraction.api", "explore": "biasviz.explorer",
+         "open": "biasviz.cli.notebook", "plot": "biasviz.cli.notebook"}
 
 
 def __getattr__(name: str) -> Any:
@@ -38,4 +42,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'biasviz' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "explore", "extract", "trace"]
+__all__ = ["__version__", "explore", "extract", "open", "plot", "trace"]

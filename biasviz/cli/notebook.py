@@ -1,0 +1,113 @@
+"""``biasviz.open`` and ``biasviz.plot``: the commands' files and figures where researchers work, in Python.
+
+:class:`View` adds to the store's read-only :class:`~biasviz.store.view.FileView` what sits above the store: the
+figures of ``biasviz plot`` (the command itself runs, every check included, and hands its figures over instead
+of writing them), the page of ``biasviz explore``, and the text of ``biasviz info`` as its ``repr``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from biasviz.common.errors import BiasvizError, UsageError
+from biasviz.store.view import FileView
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from biasviz.explorer import ExplorerPage
+
+
+class View(FileView):
+    """A biasviz file opened read-only (see :class:`FileView`), with its figures and explorer page."""
+
+    def __repr__(self) -> str:
+        from biasviz.cli.info_cmd import summary
+
+        return summary(self.path)
+
+    def plot(self, kind: str = "bias", **options: Any) -> Figure | list[Figure]:
+        """The figure ``biasviz plot --kind KIND`` saves for this file; options as :func:`plot`."""
+        options.setdefault("scheme", self.scheme)
+        return plot(self.path, kind, **options)
+
+    def explore(self, other: str | Path | None = None, **options: Any) -> ExplorerPage:
+        """The page ``biasviz explore`` writes (``.save(path)``; shown inline in Jupyter), as ``biasviz.explore``."""
+        from biasviz.explorer import explore
+
+        return explore(self.path, other, **options)
+
+
+def open(path: str | Path) -> View:  # noqa: A001 - biasviz.open, as h5py.File or xarray.open_dataset
+    """Open a biasviz file (full, summary or sweep) read-only, with labelled access, xarray and figures."""
+    return View(path)
+
+
+# Python keyword -> the option of `biasviz plot` it sets (flags: True adds the option alone)
+_OPTIONS = {"layer": "--layer", "sample": "--sample", "step": "--step", "normalize": "--normalize", "cmap": "--cmap",
+            "log": "--log", "log_distance": "--log-distance", "style": "--style", "width": "--width", "dpi": "--dpi",
+            "reduce": "--reduce", "max_cells": "--max-cells"}  # fmt: skip
+
+
+def plot(path: str | Path, kind: str = "bias", *, scheme: str | None = None, shared_scale: bool | None = None,
+         **options: Any) -> Figure | list[Figure]:  # fmt: skip
+    """The matplotlib figure ``biasviz plot --input PATH --kind KIND`` saves, pixel for pixel, not written anywhere.
+
+    Keywords are the command's options: ``layer``, ``sample`` (an index or 'mean'), ``step``, ``normalize``,
+    ``shared_scale``, ``cmap``, ``log``, ``log_distance``, ``style``, ``width``, ``dpi`` (the PNG resolution,
+    which also sets how finely large matrices are drawn), ``reduce``, ``max_cells``. Kinds that draw more than
+    one figure (``all``, ``profile``, ``std``) return a list. The figure draws itself in the paper style the
+    command saves it in, so ``fig.savefig(..., dpi=dpi)`` gives the command's PNG and Jupyter shows it inline.
+    """
+    import click
+
+    from biasviz.cli.plot_cmd import KEEP_FIGURES
+    from biasviz.cli.plot_cmd import plot as command
+
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"plot() got unknown option(s) {', '.join(unknown)}; it takes {', '.join(sorted(_OPTIONS))}")
+    if scheme is None:
+        with FileView(path) as view:
+            scheme = view.scheme
+    args = ["--input", str(path), "--kind", kind, "--scheme", scheme]
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        args += [_OPTIONS[name]] if value is True else [_OPTIONS[name], str(value)]
+    if shared_scale is not None:
+        args.append("--shared-scale" if shared_scale else "--per-head-scale")
+    kept: list[tuple[Figure, str | None]] = []
+    try:
+        ctx = command.make_context("plot", args)
+    except click.ClickException as exc:  # a value the command does not take: the message it would print
+        raise UsageError(exc.format_message()) from None
+    ctx.meta[KEEP_FIGURES] = kept
+    with ctx:
+        command.invoke(ctx)
+    if not kept:
+        raise BiasvizError(f"biasviz plot --kind {kind} drew no figure for {path}")
+    figures = [_in_style(fig, style) for fig, style in kept]
+    return figures[0] if len(figures) == 1 else figures
+
+
+def _in_style(fig: Figure, style: str | None) -> Figure:
+    """``fig``, drawn from now on inside the paper style it is saved in (the math font and tick sizes are read
+    when a figure is drawn), so that it looks the same in a notebook, in ``savefig`` and in the command's file."""
+    if style is None:
+        return fig
+    from matplotlib.figure import Figure as _Figure
+
+    from biasviz.plotting.style import paper_context
+
+    class PaperFigure(_Figure):
+        def draw(self, renderer: Any) -> None:
+            with paper_context(style):
+                super().draw(renderer)
+
+    fig.__class__ = PaperFigure
+    return fig
+
+
+__all__ = ["View", "open", "plot"]

@@ -1,0 +1,258 @@
+"""A read-only, labelled view of a format-1 file (full, summary or sweep): what ``biasviz.open`` returns.
+
+Every array comes through :class:`~biasviz.store.reader.BiasFile`, so a view checks and reads a file exactly as
+the commands do (a shared bias broadcast over samples, a summary's empty blocks NaN). This module only puts
+names on what the reader returns: layers, heads numbered from 1 (as in figures), samples and training steps,
+and the file's HDF5 dimension scales as the dimensions and coordinates of :meth:`FileView.to_xarray`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from biasviz.common.errors import BiasvizError
+from biasviz.store import format as fmt
+from biasviz.store.reader import BiasFile, open_bias_file
+
+MATRICES = ("bias", "weights", "scores")  # a full file's (sample, head, query, key) datasets
+COMPOUND = ("diagnostics", "positional_diagnostics")  # (head,) records of fmt.DIAGNOSTIC_FIELDS
+XARRAY_EXTRA = "pip install 'biasviz[xarray]'"
+
+
+class FileView:
+    """A biasviz file opened read-only, addressed by layer, head (from 1), sample and training step.
+
+    ``view.bias(layer=-1, sample=0)``, ``view.weights(head=3)``, ``view["layer_3/bias_mean"]`` and
+    ``view.to_xarray()``; close it (or use ``with``) to release the file.
+    """
+
+    def __init__(self, path: str | Path, *, isolated: bool = True) -> None:
+        self._file: BiasFile = open_bias_file(path, isolated=isolated)
+
+    # -- what the file is ------------------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    @property
+    def kind(self) -> str:
+        """``summary`` (extract --summary: block means, profiles, diagnostics) or ``full`` (every sample's)."""
+        return "summary" if self._file.is_summary else "full"
+
+    @property
+    def scheme(self) -> str:
+        return self._file.scheme
+
+    @property
+    def layers(self) -> list[int]:
+        """The layers stored (0-based, as in ``layer_L``)."""
+        return self._file.layers
+
+    @property
+    def heads(self) -> list[int]:
+        """Head numbers, from 1 as in figures and in the file's ``/head`` scale."""
+        return list(range(1, self._file.n_heads + 1))
+
+    @property
+    def samples(self) -> list[int]:
+        return list(range(self._file.n_samples))
+
+    @property
+    def seq_len(self) -> int:
+        return self._file.seq_len
+
+    @property
+    def steps(self) -> list[int] | None:
+        """The training steps of a sweep's checkpoints (``extract --checkpoints``); None for one checkpoint."""
+        return self._file.checkpoints
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The root attributes, read as plain data."""
+        return self._file.attrs
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> FileView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        steps = f", steps {self.steps}" if self.steps else ""
+        return (f"<biasviz {self.kind} file {self.path}: {self.scheme}, layers {self.layers}, {len(self.heads)} heads,"
+                f" {len(self.samples)} samples, T = {self.seq_len}{steps}>")  # fmt: skip
+
+    # -- labelled arrays -------------------------------------------------------------------------------
+    def bias(self, layer: int = -1, *, sample: int | str | None = None, head: int | None = None,
+             step: int | None = None) -> np.ndarray:  # fmt: skip
+        """The bias of ``layer``: (sample, head, query, key) of a full file, (head, query_block, key_block) of a
+        summary's mean map. ``sample``: an index (the axis dropped) or ``'mean'``; ``head``: a head from 1;
+        ``step``: a sweep's checkpoint by training step (None: every checkpoint, a leading axis)."""
+        return self._matrix("bias", layer, sample, head, step)
+
+    def weights(self, layer: int = -1, *, sample: int | str | None = None, head: int | None = None,
+                step: int | None = None) -> np.ndarray:  # fmt: skip
+        """The post-softmax attention weights, addressed as :meth:`bias`."""
+        return self._matrix("weights", layer, sample, head, step)
+
+    def scores(self, layer: int = -1, *, sample: int | str | None = None, head: int | None = None,
+               step: int | None = None) -> np.ndarray:  # fmt: skip
+        """The softmax's input (stored with ``--capture ...,scores``, and in every summary), as :meth:`bias`."""
+        return self._matrix("scores", layer, sample, head, step)
+
+    def keys(self) -> list[str]:
+        """The names ``view[name]`` reads: ``input_ids`` and ``layer_L/DATASET`` of every layer."""
+        groups = [(fmt.layer_group(layer), self._held(layer)) for layer in self.layers]
+        return ["input_ids", *(f"{group}/{name}" for group, names in groups for name in names)]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        """``view["layer_3/bias_mean"]``, ``view["layer_3/weights"]``, ``view["input_ids"]``: the dataset as the
+        reader reads it, every checkpoint of a sweep along a leading axis."""
+        if name == "input_ids":
+            return self._file.input_ids()
+        group, _, dataset = name.partition("/")
+        if group.startswith("layer_") and group[6:].isdigit() and int(group[6:]) in self.layers:
+            layer = int(group[6:])
+            if dataset in self._held(layer):
+                return self._each_step(lambda f: _read(f, layer, dataset), None)
+        raise KeyError(f"{name!r} is not in {self.path}; it holds {', '.join(self.keys())}")
+
+    def dims(self, name: str) -> list[tuple[str, np.ndarray | None]]:
+        """``(label, coordinate values or None)`` of each dimension of ``name`` (as in :meth:`keys`), read from the
+        file's HDF5 dimension scales; a scale with a ``names`` attribute (``stat``) gives those names."""
+        if name != "input_ids" and name not in self.keys():
+            raise KeyError(f"{name!r} is not in {self.path}; it holds {', '.join(self.keys())}")
+        ds = self._file._h5[name]  # the reader's open file: only the labels and scales are read here
+        out = []
+        named = _layout_dims(name.rpartition("/")[2])
+        named = ("checkpoint", *named) if len(named) == ds.ndim - 1 else named
+        for k, dim in enumerate(ds.dims):
+            label = dim.label or (named[k] if len(named) == ds.ndim else f"dim_{k}")
+            coord = None
+            if len(dim):
+                scale = dim[0]
+                names = scale.attrs.get("names")
+                coord = np.asarray(names.split(",")) if isinstance(names, str) else np.asarray(scale[()])
+            out.append((label, coord))
+        return out
+
+    def to_xarray(self, layer: int | None = -1) -> Any:
+        """The layer's datasets (and ``input_ids``) as an ``xarray.Dataset``, dimensions and coordinates from the
+        file's dimension scales; ``layer=None``: every layer, along a ``layer`` dimension. Needs the extra
+        ``biasviz[xarray]``."""
+        try:
+            import xarray as xr
+        except ImportError:
+            raise BiasvizError(f"to_xarray needs xarray, an optional extra of biasviz: {XARRAY_EXTRA}") from None
+        if layer is None:
+            parts = [self._layer_dataset(xr, one) for one in self.layers]
+            data = xr.concat(parts, dim="layer").assign_coords(layer=self.layers)
+        else:
+            data = self._layer_dataset(xr, self._file.resolve_layer(layer))
+        data["input_ids"] = _labelled(xr, self._file.input_ids(), self.dims("input_ids"))
+        data.attrs.update(self.attrs)
+        return data
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _held(self, layer: int) -> tuple[str, ...]:
+        f = self._file
+        if f.is_summary:
+            return f.summary_datasets(layer)
+        return tuple(k for k, held in zip(MATRICES, (f.has_bias(layer), not f.bias_only, f.has_scores(layer)),
+                                          strict=True) if held)  # fmt: skip
+
+    def _each_step(self, read: Any, step: int | None) -> Any:
+        """``read(BiasFile)`` at one checkpoint (``step``), or stacked over every checkpoint of a sweep."""
+        steps = self.steps
+        if steps is None:
+            if step is not None:
+                raise BiasvizError(f"step {step}: {self.path} is not a sweep (one checkpoint)")
+            return read(self._file)
+        if step is not None:
+            if step not in steps:
+                raise BiasvizError(f"step {step} is not in {self.path}; it holds steps {', '.join(map(str, steps))}")
+            return read(self._file.at_checkpoint(steps.index(step)))
+        parts = [read(self._file.at_checkpoint(k)) for k in range(len(steps))]
+        return np.stack(parts) if isinstance(parts[0], np.ndarray) else parts
+
+    def _matrix(self, kind: str, layer: int, sample: int | str | None, head: int | None,
+                step: int | None) -> np.ndarray:  # fmt: skip
+        f = self._file
+        resolved = f.resolve_layer(layer)
+        if head is not None and head not in self.heads:
+            raise BiasvizError(f"head {head} is not in {self.path}: heads are numbered 1 to {len(self.heads)}")
+        h: Any = slice(None) if head is None else head - 1
+        if f.is_summary:
+            if sample not in (None, "mean"):
+                raise f.not_per_sample(f"sample {sample}")
+            return self._each_step(lambda b: b.summary_map(f"{kind}_mean", resolved)[h], step)
+        if isinstance(sample, int) and not 0 <= sample < f.n_samples:
+            raise BiasvizError(f"sample {sample} is not in {self.path}; it holds samples 0 to {f.n_samples - 1}")
+        if sample not in (None, "mean") and not isinstance(sample, int):
+            raise BiasvizError(f"sample must be an index, 'mean' or None (all), not {sample!r}")
+        s: Any = sample if isinstance(sample, int) else slice(None)
+
+        def read(b: BiasFile) -> np.ndarray:
+            cells = np.asarray(b.dataset(kind, resolved)[s, h], dtype=np.float32)
+            return cells.mean(axis=0, dtype=np.float64) if sample == "mean" else cells  # float64: no drift over N
+
+        return self._each_step(read, step)
+
+    def _layer_dataset(self, xr: Any, layer: int) -> Any:
+        variables = {}
+        for name in self._held(layer):
+            key = f"{fmt.layer_group(layer)}/{name}"
+            dims, values = self.dims(key), self[key]
+            if name in COMPOUND:
+                for field in fmt.DIAGNOSTIC_FIELDS:
+                    variables[f"{name}_{field}"] = _labelled(xr, values[field], dims)
+            else:
+                variables[name] = _labelled(xr, values, dims)
+        return xr.Dataset(variables)
+
+
+def _layout_dims(name: str) -> tuple[str, ...]:
+    """The dimensions SPEC sections 4, 11 and 12 give a dataset, for files that do not label their own."""
+    known = {"input_ids": ("sample", "query"), fmt.POSITIONAL_PROFILE: fmt.POSITIONAL_PROFILE_DIMS,
+             fmt.KEY_PROFILE: fmt.KEY_PROFILE_DIMS, fmt.SINK_SHARE: ("sample", "head")}  # fmt: skip
+    if name in MATRICES:
+        return fmt.DIMS
+    if name in fmt.SUMMARY_MAPS:
+        return fmt.SUMMARY_MAP_DIMS
+    if name in fmt.PROFILES:
+        return fmt.PROFILE_DIMS
+    return ("head",) if name in COMPOUND else known.get(name, ())
+
+
+def _labelled(xr: Any, values: np.ndarray, dims: list[tuple[str, np.ndarray | None]]) -> Any:
+    """``values`` as a DataArray named by ``dims``, with each scale that fits its axis as the coordinate."""
+    coords = {d: c for (d, c), n in zip(dims, values.shape, strict=True) if c is not None and len(c) == n}
+    return xr.DataArray(values, dims=[d for d, _ in dims], coords=coords)
+
+
+def _read(f: BiasFile, layer: int, name: str) -> np.ndarray:
+    """One dataset of ``layer`` at ``f``'s checkpoint, through the reader (diagnostics: a record per head)."""
+    if name in MATRICES:
+        return f.read(name, layer)
+    if name in fmt.SUMMARY_MAPS:
+        return f.summary_map(name, layer)
+    if name in fmt.PROFILES:
+        return np.stack(f.profile(name.removesuffix("_profile"), layer))
+    if name in (fmt.POSITIONAL_PROFILE, fmt.KEY_PROFILE, fmt.SINK_SHARE):
+        return f.summary_array(name, layer)
+    if name in COMPOUND:
+        fields = f.stored_diagnostics(layer, name)
+        out = np.zeros(f.n_heads, dtype=[(k, np.float64) for k in fmt.DIAGNOSTIC_FIELDS])
+        for k in fmt.DIAGNOSTIC_FIELDS:
+            out[k] = fields[k]
+        return out
+    raise BiasvizError(f"{fmt.layer_group(layer)}/{name} of {f.path} is not a dataset biasviz reads")
+
+
+__all__ = ["FileView"]

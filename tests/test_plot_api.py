@@ -1,0 +1,70 @@
+"""``biasviz.plot`` and ``view.plot`` return the figure ``biasviz plot`` saves: rendered at the same dpi, outside
+any style context (as a notebook or a script's ``savefig`` renders it), pixel for pixel the command's PNG."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+
+import biasviz
+from biasviz.common.errors import BiasvizError, UsageError
+from tests.conftest import run_cli
+from tests.summary_files import cable, weights_of, write_summary
+
+DPI = 60
+
+
+def pixels_of(fig: object) -> np.ndarray:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)  # type: ignore[attr-defined]
+    buf.seek(0)
+    return mpimg.imread(buf, format="png")
+
+
+def command_png(args: list[str], out: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, np.ndarray]:
+    code, _, err = run_cli(["plot", *args, "--format", "png", "--dpi", str(DPI), "--out-dir", str(out)], capsys)
+    assert code == 0, err
+    return {p.stem: mpimg.imread(p) for p in sorted(out.glob("*.png"))}
+
+
+def test_the_returned_figure_is_the_commands_png(tmp_path: Path, make_bias_file: Callable[..., Path],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    file = make_bias_file(tmp_path / "cable.h5", "cable", n=3, t=24)
+    want = command_png(["--scheme", "cable", "--input", str(file), "--kind", "weights", "--sample", "1", "--log",
+                        "--style", "acl-column"], tmp_path / "cli", capsys)  # fmt: skip
+    fig = biasviz.plot(file, kind="weights", sample=1, log=True, style="acl-column", dpi=DPI)
+    assert set(want) == {"cable_weights"}
+    got = pixels_of(fig)
+    assert got.shape == want["cable_weights"].shape and np.array_equal(got, want["cable_weights"])
+    # a different option gives a different picture: the comparison can fail
+    assert not np.array_equal(pixels_of(biasviz.plot(file, kind="weights", sample=2, log=True, style="acl-column",
+                                                     dpi=DPI)), got)  # fmt: skip
+    assert not list(tmp_path.glob("figures"))  # nothing written by the Python calls
+
+
+def test_view_plot_of_a_summary_returns_each_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bias = cable(3, 4, 16)
+    file = write_summary(tmp_path / "s.h5", bias=bias, weights=weights_of(bias), resolution=8)
+    want = command_png(["--scheme", "cable", "--input", str(file), "--kind", "profile"], tmp_path / "cli", capsys)
+    with biasviz.open(file) as view:
+        figs = view.plot(kind="profile", dpi=DPI)
+        assert isinstance(figs, list) and len(figs) == len(want) == 2
+        for fig, stem in zip(figs, sorted(want), strict=True):  # bias, then weights: the command's order
+            assert np.array_equal(pixels_of(fig), want[stem]), stem
+        with pytest.raises(BiasvizError, match="summary file"):
+            view.plot(kind="bias", sample=1)
+
+
+def test_options_are_checked_as_the_command_checks_them(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    file = make_bias_file(tmp_path / "alibi.h5", t=16)
+    with pytest.raises(UsageError, match="--log applies to attention weights"):
+        biasviz.plot(file, kind="bias", log=True)
+    with pytest.raises(UsageError, match="kind"):
+        biasviz.plot(file, kind="heatmap")
+    with pytest.raises(TypeError, match="colour"):
+        biasviz.plot(file, colour="red")
