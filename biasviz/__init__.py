@@ -42,4 +42,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'biasviz' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "explore", "extract", "open", "plot", "trace"]
+# (``open`` is left out of ``import *``, where it would hide Python's own ``open``)
+__all__ = ["__version__", "explore", "extract", "plot", "trace"]

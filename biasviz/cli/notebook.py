@@ -95,19 +95,31 @@ def plot(path: str | Path, kind: str = "bias", *, scheme: str | None = None, sha
 def _in_style(fig: Figure, style: str | None) -> Figure:
     """``fig``, drawn from now on inside the paper style it is saved in (the math font and tick sizes are read
     when a figure is drawn), so that it looks the same in a notebook, in ``savefig`` and in the command's file."""
-    if style is None:
-        return fig
+    if style is not None:
+        fig.__class__ = __getattr__("StyledFigure")
+        fig._biasviz_style = style  # type: ignore[attr-defined]
+    return fig
+
+
+def __getattr__(name: str) -> Any:
+    """``StyledFigure``, made on first use (matplotlib is imported only by figures) and kept here by its name, so
+    that a pickled figure finds its class again."""
+    if name != "StyledFigure":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from matplotlib.figure import Figure as _Figure
 
     from biasviz.plotting.style import paper_context
 
-    class PaperFigure(_Figure):
+    class StyledFigure(_Figure):
+        """A figure of ``biasviz plot`` that draws itself in the paper style its files are saved in."""
+
         def draw(self, renderer: Any) -> None:
-            with paper_context(style):
+            with paper_context(self._biasviz_style):
                 super().draw(renderer)
 
-    fig.__class__ = PaperFigure
-    return fig
+    StyledFigure.__module__, StyledFigure.__qualname__ = __name__, name
+    globals()[name] = StyledFigure
+    return StyledFigure
 
 
 __all__ = ["View", "open", "plot"]
