@@ -166,6 +166,7 @@ def test_to_xarray_without_xarray_names_the_extra(views: dict[str, Any], monkeyp
         views["full"].to_xarray()
 
 
+@pytest.mark.slow
 def test_repr_is_what_biasviz_info_prints(files: dict[str, Path], views: dict[str, Any],
                                           capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(["info", str(files["summary"])], capsys)
@@ -173,12 +174,14 @@ def test_repr_is_what_biasviz_info_prints(files: dict[str, Path], views: dict[st
     assert repr(views["summary"]) == out.rstrip("\n")
 
 
+@pytest.mark.slow
 def test_explore_returns_the_page_biasviz_explore_builds(files: dict[str, Path], views: dict[str, Any]) -> None:
     page = views["summary"].explore(kind="bias")
     assert type(page) is type(biasviz.explore(files["summary"], kind="bias"))
     assert page.html == biasviz.explore(files["summary"], kind="bias").html
 
 
+@pytest.mark.slow
 def test_import_and_open_leave_torch_matplotlib_and_xarray_out(files: dict[str, Path]) -> None:
     code = ("import sys, biasviz\nv = biasviz.open(sys.argv[1])\nv.bias(sample=0)\nv['layer_1/weights']\nrepr(v)\n"
             "print(sorted(m for m in ('torch', 'matplotlib', 'xarray', 'transformers') if m in sys.modules))")

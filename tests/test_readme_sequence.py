@@ -141,6 +141,7 @@ def after_make(tmp_path: Path, make_bias_file: Callable[..., Path], monkeypatch:
     return tmp_path
 
 
+@pytest.mark.slow
 def test_existing_outputs_are_refused_and_readme_examples_run(after_make: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """The rule the walk above relies on, on the real commands; then README's explorer examples, as written."""
