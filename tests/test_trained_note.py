@@ -76,6 +76,10 @@ def test_the_diagnostics_figure_says_how_it_was_trained(trained: dict[str, Path]
     code, _, err = run_cli(["diagnose", str(trained["full"]), "--out-dir", str(tmp_path), "--format", "png"], capsys)
     assert code == 0, err
     assert "tiny model, 3 training steps on 16-token windows" in " ".join(figures["diagnostics"].get_suptitle().split())
+    # the profile figure diagnose draws too: how trained, and that its ±std band has width 0 (ALiBi: every diagonal
+    # constant, every sample measured equal), rather than a band too thin to see
+    profile = " ".join(figures["alibi_profile"].get_suptitle().split())
+    assert profile.endswith("; std 0 at every distance; tiny model, 3 training steps on 16-token windows"), profile
 
 
 def test_a_sweep_records_the_steps_of_every_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -199,6 +199,8 @@ def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: P
 
 def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: str, dpi: int,
           staged: Staged) -> list[Path]:  # fmt: skip
+    import numpy as np
+
     from biasviz.diagnostics.stored import SINK_EPSILON
     from biasviz.plotting.diagnostics_plots import PALETTE, diagnostics_figure, profile_grid
     from biasviz.plotting.profiles import profile_note
@@ -229,17 +231,22 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     for k, r in enumerate(results):
         if not r.heads:  # no bias: its positional logits are drawn by 'biasviz plot --kind profile'
             continue
-        fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)],
-                           suptitle=f"{literal(r.name)} bias, layer {r.layer}, T = {r.seq_len}: "
-                                    f"{profile_note(r.samples, r.bias_only)}")  # fmt: skip
+        flat = all(not np.any(np.nan_to_num(np.asarray(h.profile_std))) for h in r.heads)  # a band of width 0
+        suptitle = (
+            f"{literal(r.name)} bias, layer {r.layer}, T = {r.seq_len}: {profile_note(r.samples, r.bias_only)}"
+            + ("; std 0 at every distance" if flat else "")
+            + (f"; {literal(r.trained)}" if r.trained else "")
+        )
+        fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)], suptitle=suptitle)
         info = {
             "title": f"{r.name} bias against distance (layer {r.layer}, {r.samples} samples)",
             "source": str(r.path),
             "keywords": f"biasviz; scheme={r.scheme}; layer={r.layer}",
             "description": f"mean and +-1 population std over samples and cells with i - j = d; source: {r.path}",
         }
-        written += save_figure(fig, out_dir / f"{file_stem(r.name)}_profile", formats, dpi=dpi, info=info,
-                               style=style, staged=staged)
+        written += save_figure(
+            fig, out_dir / f"{file_stem(r.name)}_profile", formats, dpi=dpi, info=info, style=style, staged=staged
+        )
         if r.sweep is not None:
             from biasviz.plotting.dynamics import over_training
 
