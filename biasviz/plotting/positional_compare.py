@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from biasviz.common.errors import BiasvizError
 from biasviz.plotting.positional import need_position
+from biasviz.plotting.scales import _changes_sign, centred_norm
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
 
 
@@ -34,11 +35,15 @@ def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
         return bf.scheme, bf.seq_len, bf.n_samples, p_map, profile - profile[:, :1], bf.block or 1
 
 
-def _short(v: float) -> str:
-    """A colorbar end in at most four characters: '-1.3k', '0.59', '80', '110'."""
-    if abs(v) >= 1000:
-        return f"{v / 1000:.2g}k"
-    return f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}"
+def _short(v: float, pos: int | None = None) -> str:
+    """A number in at most five characters, one format for every label of the figure (colour bars and profile
+    axes): '−1.3k', '0.59', '80', '−0.25', '0'.
+
+    >>> [_short(v) for v in (-1300.0, 0.59, 80.0, -0.25, 0.0, -1000.0)]
+    ['−1.3k', '0.59', '80', '−0.25', '0', '−1k']
+    """
+    text = f"{v / 1000:.2g}k" if abs(v) >= 1000 else f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}"
+    return "0" if float(v) == 0.0 else text.replace("-", "\N{MINUS SIGN}")
 
 
 def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE, note: str = "") -> Figure:
@@ -59,18 +64,25 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
             head = int(np.nanargmax(np.nanmax(prof_long, -1) - np.nanmin(prof_long, -1)))  # the widest P(d)
             for r, (t, m) in enumerate(((short[1], short[3]), (t_long, map_long))):
                 ax = axes[r, c]
-                bound = float(np.nanmax(np.abs(m[head]))) or 1.0  # each map its own scale: P grows with length
-                image = ax.imshow(m[head], cmap="RdBu_r", norm=Normalize(-bound, bound), extent=(0, t, t, 0),
-                                  interpolation="nearest")  # fmt: skip
+                # each map its own scale (P grows with length), from its own extremes on each side of 0: white at
+                # P(0), a side the map lacks left out rather than given half the colours
+                lo, hi = float(np.nanmin(m[head])), float(np.nanmax(m[head]))
+                if not _changes_sign(lo, hi):  # rounding on the far side of 0 (P(0) itself): no colours of its own
+                    lo, hi = min(lo, 0.0), max(hi, 0.0)
+                    lo, hi = (lo, 0.0) if -lo >= hi else (0.0, hi)
+                norm = centred_norm(lo, hi)
+                image = ax.imshow(m[head], cmap="RdBu_r", norm=norm, extent=(0, t, t, 0), interpolation="nearest")
                 ax.set_facecolor("0.85")  # cells no query sees (j > i): neutral grey, no value maps to it
                 ax.set_xticks([0, t])
                 ax.set_yticks([0, t])
                 ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
                 if c == 0:
                     ax.set_ylabel(f"query i\nT = {t}", fontsize=size * 0.85)
-                cbar = fig.colorbar(image, ax=ax, location="bottom", shrink=0.95, aspect=10, pad=0.03,
-                                    ticks=[-bound, 0, bound])  # fmt: skip
-                cbar.ax.set_xticklabels([_short(-bound), "0", _short(bound)])
+                ends = [v for v, side in ((norm.vmin, lo), (0.0, 1.0), (norm.vmax, hi)) if side != 0.0]  # 0 mid-bar
+                cbar = fig.colorbar(image, ax=ax, location="bottom", shrink=0.95, aspect=10, pad=0.03, ticks=ends)
+                cbar.ax.set_xticklabels([_short(v) for v in ends])
+                if lo == 0.0 or hi == 0.0:  # one sign: the bar shows the half of the map in use, no empty half
+                    cbar.ax.set_xlim(0.0 if lo == 0.0 else norm.vmin, 0.0 if hi == 0.0 else norm.vmax)
                 cbar.ax.tick_params(labelsize=size * 0.7, length=2, pad=1)
             axes[0, c].set_title(f"{literal(scheme)}\nhead {head + 1}", fontsize=size)
             ax = axes[2, c]
@@ -79,11 +91,14 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
                 ax.plot(d, prof_long[h, 1:], lw=1.2 if h == head else 0.5, color="C3" if h == head else "0.55",
                         zorder=3 if h == head else 2)  # fmt: skip
             ax.set_xscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(_short))
             ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
             if c == 0:
                 ax.set_ylabel("P(d) − P(0)", fontsize=size * 0.85)
-        xlabel = (f"maps: key j, colours in logits; bottom: P(d) − P(0) by distance d = i − j, every head at "
-                  f"T = {columns[0][1][1]} (the mapped head in red); {columns[0][1][2]} samples per length")
+        xlabel = (
+            f"maps: key j, colours in logits; bottom: P(d) − P(0) by distance d = i − j, every head at "
+            f"T = {columns[0][1][1]} (the mapped head in red); {columns[0][1][2]} samples per length"
+        )
         fig.supxlabel(wrap_title(xlabel, width, size * 0.9), fontsize=size * 0.9)
         fig.suptitle(wrapped, fontsize=size)
     return fig
