@@ -67,13 +67,16 @@ def placement_from(device_map: str | Mapping[str, Any] | None, max_memory: str |
                 raise BiasvizError(f"{flag} applies with --device-map (auto, balanced, sequential or a JSON file)")
         return None
     require_accelerate()
+    _give_back_freed_weights()  # before the run allocates anything large
     mapping = _read_map(device_map)
     budgets = parse_max_memory(max_memory) if max_memory is not None else None
     if isinstance(mapping, dict) and budgets is not None:
         raise BiasvizError("--max-memory applies with --device-map auto, balanced or sequential (the budgets a map is "
                            "computed from); a JSON map already says where every module goes")  # fmt: skip
     folder = None if offload_folder is None else check_offload_folder(offload_folder)
-    dtype = "float32" if model_dtype is None else str(model_dtype).removeprefix("torch.")
+    from biasviz.common.devices import resolve_dtype
+
+    dtype = str(resolve_dtype(model_dtype) or "float32").removeprefix("torch.")
     return Placement(mapping, budgets, folder, dtype)
 
 
@@ -109,6 +112,8 @@ def _read_map(spec: str | Mapping[str, Any]) -> str | dict[str, Device]:
 
 
 def _check_map(data: dict[Any, Any], where: str) -> dict[str, Device]:
+    if not data:
+        raise BiasvizError(f"--device-map {where} is empty; give every module a device (cpu, disk or a GPU index)")
     out = {}
     for module, device in data.items():
         if not isinstance(module, str):
@@ -259,21 +264,39 @@ def load_placed(auto_class: Any, path: Path, placement: Placement, **kwargs: Any
     with init_empty_weights():
         empty = auto_class.from_config(config, trust_remote_code=False)
     _check_against(empty, placement, dtype)
-    assert placement.offload_folder is not None, "offload_space gives every placement a folder"
+    folder = placement.offload_folder  # None (no offload_space): weights from a safetensors file need none
     try:
-        placement.offload_folder.mkdir(parents=True, exist_ok=True)
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BiasvizError(f"cannot create the offload folder {placement.offload_folder}: {exc.strerror}") from None
+        raise BiasvizError(f"cannot create the offload folder {folder}: {exc.strerror}") from None
     with _quiet("accelerate.big_modeling"):  # "Some parameters are on the meta device ...": what offloading means
         model = auto_class.from_pretrained(
             str(path), device_map=placement.device_map, max_memory=placement.max_memory,
-            offload_folder=str(placement.offload_folder), local_files_only=True, dtype=dtype, **kwargs,
+            offload_folder=None if folder is None else str(folder), local_files_only=True, dtype=dtype, **kwargs,
         )  # fmt: skip
     if not getattr(model, "hf_device_map", None):  # everything fitted on one device: no hooks, but placed all the same
         from biasviz.common.devices import input_device
 
         model.hf_device_map = {"": _spelled(input_device(model))}
     return model.eval()
+
+
+def _give_back_freed_weights() -> None:
+    """Offloaded weights come and go a layer at a time, each a block of megabytes. glibc raises its mmap threshold
+    as such blocks are freed, after which it serves them from its heap and keeps what was freed: a 1.1B model's
+    summary at T = 2048 peaked at 4.7 GiB of RSS instead of 3.5 (BENCHMARKS.md, section 12). A fixed 1 MiB threshold,
+    set before the run allocates anything large, gives every freed block back at once (glibc on Linux; a
+    MALLOC_MMAP_THRESHOLD_ the user set wins). It holds for the rest of the process."""
+    import ctypes
+    import ctypes.util
+
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 128 << 10)  # M_TRIM_THRESHOLD back to its default: the raised threshold had raised it too
 
 
 @contextlib.contextmanager
@@ -305,7 +328,7 @@ def _check_against(empty: Any, placement: Placement, dtype: Any) -> None:
             top = ", ".join(n for n, _ in empty.named_children())
             raise BiasvizError(f"--device-map names '{unknown[0]}', which is not a module of this "
                                f"{type(empty).__name__} (its top-level modules: {top})")  # fmt: skip
-        keys = [k for k, _ in [*empty.named_parameters(), *empty.named_buffers()]]
+        keys = list(empty.state_dict())  # parameters and persistent buffers: what accelerate places
         left = [k for k in keys if not any(m == "" or k == m or k.startswith(m + ".") for m in placement.device_map)]
         if left:
             raise BiasvizError(f"--device-map places no module holding '{left[0]}' ({len(left)} weight(s) left out); "
