@@ -218,3 +218,29 @@ def test_placement_text_is_stable_across_temporary_folders() -> None:
         assert a.offload_folder != b.offload_folder and str(a) == str(b)
         assert a.offload_folder.name.startswith(OFFLOAD_PREFIX)
     assert not a.offload_folder.exists() and not b.offload_folder.exists()
+
+
+def test_a_sweep_of_hub_revisions_is_placed_checkpoint_by_checkpoint(models, tmp_path: Path, capsys,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     temp_root: Path) -> None:  # fmt: skip
+    """--model ORG/NAME --checkpoints all from the local hub cache: every revision loads with the map."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.series_models import save_revision
+
+    cache = tmp_path / "hub"
+    config = LlamaConfig.from_pretrained(models["llama"])
+    for step in (100, 200):
+        torch.manual_seed(step)
+        save_revision(cache, "org/llama-tiny", f"step{step}", LlamaForCausalLM(config).eval())
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    base = ["extract", "--model", "org/llama-tiny", "--checkpoints", "all", "--summary", "--text", str(models["text"]),
+            "--seq-len", str(T), "--samples", "2", "--quiet"]  # fmt: skip
+    code, out, err = run_cli([*base, "--device-map", "auto", "--max-memory", f"cpu={BUDGET['cpu']}",
+                              "--out", str(tmp_path / "placed.h5")], capsys)  # fmt: skip
+    assert code == 0, err
+    assert "2 checkpoints" in out
+    assert run_cli([*base, "--out", str(tmp_path / "memory.h5")], capsys)[0] == 0
+    _assert_same_cells(tmp_path / "placed.h5", tmp_path / "memory.h5")
+    assert not list(temp_root.iterdir())
