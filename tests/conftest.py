@@ -114,6 +114,17 @@ def make_bias_file() -> Callable[..., Path]:
     return make
 
 
+@pytest.fixture
+def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folder biasviz makes its temporary folders in (tempfile's), here a fresh one the test can watch."""
+    import tempfile
+
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
+
+
 def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """Run ``biasviz ARGS`` in-process: (exit code, stdout, stderr) of this call only."""
     from biasviz.cli import main

@@ -9,7 +9,6 @@ weights only while it runs. Every dataset of the placed run must equal the in-me
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import h5py
@@ -42,15 +41,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=4, n_head=4)).save_pretrained(root / "bloom")
     (root / "text.txt").write_text(TEXT)
     return {"llama": root / "llama", "bloom": root / "bloom", "text": root / "text.txt"}
-
-
-@pytest.fixture
-def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The temporary folder biasviz makes its offload folder in, watched by the test."""
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
-    return root
 
 
 def _ids() -> np.ndarray:

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,14 +42,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          "left_out": {k: v for k, v in GOOD_MAP.items() if k != "lm_head"},
                          "no_device": {**GOOD_MAP, "model.layers.1": "tpu"}}.items():  # fmt: skip
         (root / f"{name}.json").write_text(json.dumps(layout))
-    return root
-
-
-@pytest.fixture
-def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "tmp"
-    root.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(root))
     return root
 
 
