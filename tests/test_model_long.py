@@ -1,7 +1,7 @@
-"""Our own models at T = 32768: the attention forms its bias and weights in blocks of query rows, never (H, T, T).
+"""Our own models at T = 16384: the attention forms its bias and weights in blocks of query rows, never (H, T, T).
 
-One 1-layer, 12-head model per scheme runs a forward pass at T = 32768 with hooks that keep a few hundred
-sampled cells of each block (never the matrix: a dense (12, T, T) float32 tensor is 51.5 GB). The sampled
+One 1-layer, 12-head model per scheme runs a forward pass at T = 16384 with hooks that keep a few hundred
+sampled cells of each block (never the matrix: a dense (12, T, T) float32 tensor is 12.9 GB). The sampled
 bias must follow each scheme's formula, computed here from the module's parameters and the definitions
 (SPEC section 1), and the sampled weight rows must sum to 1 and be 0 past the diagonal. The forward passes
 run in two child processes, so that each one's peak resident memory (``resource.getrusage``) is its own.
@@ -25,11 +25,11 @@ from biasviz.model.attention import BLOCK_ELEMENTS
 
 pytestmark = pytest.mark.slow
 
-T = 32768
+T = 16384  # 128 times the tiny models' training length; the code path is the same at any T
 H = 12
 SCHEMES = ("alibi", "kerple-log", "fire", "t5")
 CELLS_PER_BLOCK = 200  # sampled bias cells per block
-PEAK_LIMIT_GIB = 3.0
+PEAK_LIMIT_GIB = 1.0  # 0.5 GiB measured each time (the interpreter, torch and transformers included)
 
 
 def _sampled_forward(scheme: str, ids: torch.Tensor) -> dict:
@@ -111,7 +111,7 @@ def long_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_peak_memory_stays_far_below_one_dense_matrix(long_run: dict) -> None:
-    dense_gib = H * T * T * 4 / 2**30  # 48 GiB (51.5 GB): one (H, T, T) float32 tensor
+    dense_gib = H * T * T * 4 / 2**30  # 12 GiB (12.9 GB): one (H, T, T) float32 tensor
     assert long_run["peak_gib"] < PEAK_LIMIT_GIB < dense_gib / 10, long_run
     for scheme in SCHEMES:
         shapes = long_run["results"][scheme]["shapes"]
