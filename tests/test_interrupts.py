@@ -180,3 +180,21 @@ def test_an_interrupt_inside_a_finaliser_is_raised_at_the_next_step_not_printed(
     with pytest.raises(KeyboardInterrupt):
         check_interrupted()
     check_interrupted()  # raised once only
+
+
+def test_an_interrupt_a_library_turns_into_its_own_error_is_still_an_interrupt(monkeypatch, capsys) -> None:  # noqa: ANN001
+    """h5py, interrupted inside a type conversion, raises a TypeError with the KeyboardInterrupt as its context:
+    one Error line and exit code 130, as for any Ctrl-C, never a traceback."""
+    import biasviz.cli as cli_module
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise TypeError("Operation not defined for data type class") from None
+
+    monkeypatch.setattr(cli_module.cli, "main", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_module.main(["info", "x.h5"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 130 and err == "Error: interrupted; no partial output was left behind.\n", err

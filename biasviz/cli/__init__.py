@@ -133,10 +133,30 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(130)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except Exception as exc:  # a library that turned a Ctrl-C into its own error (h5py inside a type conversion)
+        if not _from_interrupt(exc):
+            raise
+        if debug:
+            traceback.print_exc()
+        click.echo("Error: interrupted; no partial output was left behind.", err=True)
+        sys.exit(130)
     finally:
         sys.unraisablehook = previous_hook
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _from_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while handling a Ctrl-C or SIGTERM: h5py, interrupted inside one of its
+    conversions, raises a TypeError of its own with the KeyboardInterrupt as its context."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _interrupts_reach_main(unraisable: object) -> None:
