@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from biasviz.common.errors import BiasvizError
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 
 ROWS = 256  # query rows of P formed at a time at the end
@@ -28,21 +27,16 @@ class StreamedPosition:
         self.block, self.causal, self.device = block, causal, device
         self.positional = positional and samples >= 2  # P needs two texts
         self.q: torch.Tensor | None = None  # (T, H, hd) float64: Σ_a q_a
-        self.k: torch.Tensor | None = None
-        self.scale: float | None = None
-        self.scores = torch.zeros(heads, seq_len, seq_len, device=device) if self.positional else None
+        self.k: torch.Tensor | None = None  # Σ_a c·k_a: the stream sends k multiplied by the call's scale c
+        self.scores: torch.Tensor | None = None  # Σ_a s_a, from the first scores block on
         self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
         self.keys = KeyProfile(heads, seq_len, device, causal=causal)
         self.sinks = torch.zeros(samples, heads, dtype=torch.float64, device=device)
 
-    def operands(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
-        """A batch's q (B, H, T, hd) and k (B, H, T, hd, key heads repeated), as its call received them."""
+    def operands(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """A batch's q (B, H, T, hd) and c·k (B, H, T, hd, key heads repeated), as its call received them."""
         if not self.positional:
             return
-        if self.scale is not None and abs(scale - self.scale) > 1e-6 * abs(self.scale):
-            raise BiasvizError(f"attention call {self.layer} scaled q·k by {scale} for one batch and by {self.scale} "
-                               "for another: positional logits need one scale")  # fmt: skip
-        self.scale = float(scale)
         q_sum, k_sum = (t.double().sum(0).transpose(0, 1) for t in (q, k))  # (T, H, hd)
         self.q = q_sum if self.q is None else self.q + q_sum
         self.k = k_sum if self.k is None else self.k + k_sum
@@ -56,7 +50,7 @@ class StreamedPosition:
             if kind == "q":
                 self._pending = block
             elif self._pending is not None:
-                self.operands(self._pending, block, 1.0)
+                self.operands(self._pending, block)
                 self._pending = None
             return
         rows, keys = block.shape[-2:]
@@ -68,13 +62,10 @@ class StreamedPosition:
         if not self.positional or kind not in ("scores", "bias"):
             return
         total = block.nan_to_num(0.0).sum(0) * (1 if block.shape[0] > 1 else self._batch)
-        if kind == "scores":
-            assert self.scores is not None
-            self.scores[:, row0 : row0 + rows, :keys] += total
-        else:
-            if self.bias is None:
-                self.bias = torch.zeros_like(self.scores)
-            self.bias[:, row0 : row0 + rows, :keys] += total
+        name = "scores" if kind == "scores" else "bias"
+        if getattr(self, name) is None:
+            setattr(self, name, torch.zeros(self.heads, self.seq_len, self.seq_len, device=self.device))
+        getattr(self, name)[:, row0 : row0 + rows, :keys] += total
 
     _batch = 1  # samples in the batch under way (a bias block shared by the batch counts once per sample)
 
@@ -84,9 +75,8 @@ class StreamedPosition:
     def result(self) -> PositionSummary:
         """P's block means, distance profile and diagnostics (None with one sample), the key profile, sink shares."""
         mean = profile = diagnostics = None
-        if self.positional and self.q is not None and self.k is not None and self.scale is not None:
-            assert self.scores is not None
-            p = Positional(self.q, self.k, layer=self.layer, scale=self.scale, samples=self.samples,
+        if self.positional and self.q is not None and self.k is not None and self.scores is not None:
+            p = Positional(self.q, self.k, layer=self.layer, scale=1.0, samples=self.samples,
                            seq_len=self.seq_len, block=self.block, device=self.device, causal=self.causal)  # fmt: skip
             n = self.samples
             for r0 in range(0, self.seq_len, ROWS):
@@ -97,7 +87,7 @@ class StreamedPosition:
                 p.add(r0, scores.contiguous(), None if bias is None else bias.contiguous())
             got = p.result()
             mean, profile, diagnostics = got[0].cpu().numpy(), got[1].cpu().numpy(), got[2]
-        seen = self.seq_len  # every query sees key 0, causal or not
+        # every query sees key 0, causal or not
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
                                key_profile=self.keys.result().cpu().numpy(),
-                               sink_share=(self.sinks / seen).float().cpu().numpy())  # fmt: skip
+                               sink_share=(self.sinks / self.seq_len).float().cpu().numpy())  # fmt: skip
