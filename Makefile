@@ -64,17 +64,17 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## create .venv and install biasviz with its test tools
 
 test: $(STAMP)  ## run the whole test suite (CPU; CUDA tests skip without a GPU)
-	$(BIN)/python -m pytest tests biasviz
+	$(BIN)/python -m pytest tests src/biasviz
 
 test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs), in under 30 s
-	$(BIN)/python -m pytest tests biasviz -m "not slow" -q
+	$(BIN)/python -m pytest tests src/biasviz -m "not slow" -q
 
 lint: $(STAMP)  ## ruff
-	$(BIN)/ruff check biasviz tests
+	$(BIN)/ruff check src tests bench
 
 # `make` alone goes by time stamps; the manifest goes by content: before building, every target one of whose
 # files something else replaced since the last build (a README example writing into figures/, say) is dated
-# back so that it is rebuilt; after building, the manifest records what was built (biasviz/cli/manifest.py).
+# back so that it is rebuilt; after building, the manifest records what was built (src/biasviz/cli/manifest.py).
 MANIFEST := $(STAGES)/built.json
 figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics, the long-context figure and the positional logits of every scheme
 	@$(BIN)/python -m biasviz.cli.manifest stale $(MANIFEST)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "biasviz"
+ROOT = Path(__file__).resolve().parents[1] / "src" / "biasviz"
 
 STAGES = (
     "common",
