@@ -158,8 +158,9 @@ class ModelAdapter:
         if self.max_length is not None and seq_len > self.max_length:
             raise too_long(self.scheme, self.max_length, seq_len, what="--seq-len")
 
-    def prepare(self, ids: Any) -> None:
-        """Learn what only a forward pass tells (a traced model's attention calls) from the first sample."""
+    def prepare(self, ids: Any, layers: Any = None) -> None:
+        """Learn what only a forward pass tells (a traced model's attention calls) from the first sample; ``layers``
+        (``--layer`` as given) says which calls will be asked for."""
 
     def resolve_layers(self, spec: int | str | list[int]) -> list[int]:
         """``-1`` (last), an index, a list, or ``"all"`` -> sorted 0-based layer indices."""

@@ -270,8 +270,10 @@ def load_placed(auto_class: Any, path: Path, placement: Placement, **kwargs: Any
             folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BiasvizError(f"cannot create the offload folder {folder}: {exc.strerror}") from None
-    with _quiet("accelerate.big_modeling"):  # "Some parameters are on the meta device ...": what offloading means
-        model = auto_class.from_pretrained(
+    from biasviz.adapters.offload_reads import disk_weights_unread
+
+    with _quiet("accelerate.big_modeling"), disk_weights_unread():  # the quiet: "Some parameters are on the meta
+        model = auto_class.from_pretrained(  # device ...", which is what offloading means
             str(path), device_map=placement.device_map, max_memory=placement.max_memory,
             offload_folder=None if folder is None else str(folder), local_files_only=True, dtype=dtype, **kwargs,
         )  # fmt: skip

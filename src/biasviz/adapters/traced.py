@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from biasviz.adapters.base import Captured, Formed, ModelAdapter, refuse_meta
+from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import BiasvizError
 from biasviz.tracing import AttentionCall, Trace
@@ -93,20 +94,22 @@ class TracedAdapter(ModelAdapter):
         """Whether the file can say if the bias depends on the input: only for a scheme the registry knows."""
         return self.scheme != CAPTURED
 
-    def prepare(self, ids: np.ndarray) -> None:
+    def prepare(self, ids: np.ndarray, layers: Any = None) -> None:
         """Run the first sample once, counting the attention calls and reading their heads and masks.
 
         The probe reads the first ``PROBE_TOKENS`` tokens only (the calls do not depend on the length in
         the models this is for); a model that refuses the shorter input (a mask built for one length) is
-        probed at full length.
+        probed at full length. With a device map, the layers after the last of ``layers`` (``--layer``) read
+        no weight (:mod:`biasviz.adapters.probe_reads`).
         """
         first = torch.as_tensor(ids[:1])
+        last = last_asked(layers) if device_mapped(self.model) else None
         try:
-            probe = self._probe(first[:, :PROBE_TOKENS])
+            probe = self._probe(first[:, :PROBE_TOKENS], last)
         except Exception:
             if first.shape[1] <= PROBE_TOKENS:
                 raise
-            probe = self._probe(first)
+            probe = self._probe(first, last)
         if not probe.calls:
             raise BiasvizError(
                 f"{self.source} ran without calling scaled_dot_product_attention, flex_attention or torch's "
@@ -119,10 +122,11 @@ class TracedAdapter(ModelAdapter):
         self.n_layers = len(probe.calls)
         self.n_heads = probe.calls[-1].heads
 
-    def _probe(self, ids: torch.Tensor) -> Trace:
+    def _probe(self, ids: torch.Tensor, last: int | None = None) -> Trace:
         """One pass in which every call is inspected and none formed (extraction has put the model in eval mode)."""
         inspect = Trace(self.model, layers=[], inspect=True)
-        with torch.inference_mode(), one_call_per_layer(self.model), inspect as probe:
+        unread = unread_after(self.model, lambda: len(inspect.calls), last)
+        with torch.inference_mode(), one_call_per_layer(self.model), inspect as probe, unread:
             self._call_model(ids.to(self.device))
         return probe
 

@@ -177,7 +177,7 @@ def extract(
     n, seq_len = ids.shape
     dev, run_dtype = _where_to_run(device, model_dtype)
     with evaluating(adapter.model), placed(adapter.model, dev, run_dtype):
-        adapter.prepare(ids)  # a traced model: its attention calls, from one pass where it will run
+        adapter.prepare(ids, layers)  # a traced model: its attention calls, from one pass where it will run
         layer_list = adapter.resolve_layers(layers)
         check_batch_memory(adapter, len(layer_list), min(batch_size, n), seq_len, dev, "scores" in kinds)
         held = {"bias": "bias" in kinds and bool(adapter.adds_bias), "weights": "weights" in kinds,

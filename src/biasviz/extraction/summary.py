@@ -271,7 +271,7 @@ def summary_run(
     r = resolve_resolution(resolution, ids.shape[1])
     dev, run_dtype = _where_to_run(device, model_dtype)
     with evaluating(adapter.model), placed(adapter.model, dev, run_dtype):
-        adapter.prepare(ids)
+        adapter.prepare(ids, layers)
         layer_list = adapter.resolve_layers(layers)
         meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
         meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
