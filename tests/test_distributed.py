@@ -307,3 +307,80 @@ def test_torchrun_summary_equals_the_one_process_summary(
     assert rc == 0, err  # one process: any resolution
     run = torchrun([*base, "--resolution", "10", "--out", "coarse2.h5"], model_dir)
     assert run.returncode == 1 and "exact per cell" in run.stderr and not (model_dir / "coarse2.h5").exists()
+
+
+STREAMED = '''import torch
+
+
+class Model(torch.nn.Module):
+    """torch's MultiheadAttention over embeddings, a distance penalty as its float mask (a bias): streamed."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(300, 32)
+        self.attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        i = torch.arange(ids.shape[1], dtype=torch.float32)
+        mask = -0.25 * (i[:, None] - i[None, :]).abs()
+        return self.attn(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+
+def make():
+    torch.manual_seed(4)
+    return Model().eval()
+'''
+
+
+def test_torchrun_summary_of_a_streamed_model_keeps_the_positional_logits(
+    model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model summarised from what it streams (torch's MHA layer): two processes' sums of q, k, scores and bias,
+    key profiles and sink shares joined in rank order give one process's file, and P is its definition."""
+    import importlib.util
+
+    import torch
+
+    (model_dir / "streamed.py").write_text(STREAMED)
+    t, n = 20, 5
+    common = ["extract", "--model", "streamed.py:make", "--samples", str(n), "--seq-len", str(t), "--text", "text.txt",
+              "--quiet", "--device", "cpu", "--summary", "--resolution", str(t), "--force"]  # fmt: skip
+    run = torchrun([*common, "--out", "streamed-two.h5"], model_dir)
+    assert run.returncode == 0, run.stderr
+    monkeypatch.chdir(model_dir)
+    rc, _, err = run_cli([*common, "--out", "streamed-one.h5"], capsys)
+    assert rc == 0, err
+    one, two = datasets(model_dir / "streamed-one.h5"), datasets(model_dir / "streamed-two.h5")
+    assert one.keys() == two.keys()
+    for name in ("positional_mean", "positional_profile", "weights_key_profile", "sink_share", "scores_mean"):
+        assert f"layer_0/{name}" in two, name
+    for name in one:
+        if one[name].dtype.names:
+            for field in one[name].dtype.names:
+                np.testing.assert_allclose(two[name][field], one[name][field], rtol=1e-6, atol=1e-7, err_msg=name)
+        else:
+            np.testing.assert_allclose(two[name], one[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    # P, the key profile and the sink shares from their definitions, in float64 from the model's own projections
+    spec = importlib.util.spec_from_file_location("streamed", model_dir / "streamed.py")
+    assert spec is not None and spec.loader is not None
+    code = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(code)
+    model, ids = code.make(), torch.from_numpy(two["input_ids"].astype(np.int64))
+    with torch.no_grad():
+        x = model.embed(ids).double()
+        q, k, _ = (x @ model.attn.in_proj_weight.double().T + model.attn.in_proj_bias.double()).split(32, dim=-1)
+        q, k = (z.view(n, t, 4, 8).transpose(1, 2).numpy() for z in (q, k))
+    i = np.arange(t, dtype=np.float64)
+    c, bias = 1 / np.sqrt(8), -0.25 * np.abs(i[:, None] - i[None, :])
+    scores = c * np.einsum("ahid,ahjd->ahij", q, k) + bias
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    cross = np.einsum("hid,hjd->hij", q.sum(0), k.sum(0)) - np.einsum("ahid,ahjd->hij", q, k)
+    p = c * cross / (n * (n - 1)) + bias
+    by_distance = np.stack([np.diagonal(p[0], -d).mean() for d in range(t)])  # head 0, over cells with i - j = d
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    np.testing.assert_allclose(two["layer_0/positional_mean"], p, **tol)
+    np.testing.assert_allclose(two["layer_0/positional_profile"][0, 0], by_distance, **tol)
+    np.testing.assert_allclose(two["layer_0/weights_key_profile"][0], weights.mean(axis=(0, 2)), **tol)
+    np.testing.assert_allclose(two["layer_0/sink_share"], weights[:, :, :, 0].mean(-1), **tol)

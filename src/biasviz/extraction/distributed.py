@@ -138,10 +138,12 @@ def _join_banks(w: World) -> Any:
 
 
 def _join_cells(w: World) -> Any:
-    """A merge for :func:`biasviz.extraction.summary.summarise`: every process's per-cell moments into process 0's."""
+    """A merge for :func:`biasviz.extraction.summary.summarise`: every process's per-cell moments into process 0's,
+    and a streamed model's SPEC section 12 sums (q, k, scores, bias, the key profile's; sink shares one sample after
+    another), added in rank order: the order of a one-process run's batches."""
     import torch.distributed as dist
 
-    def merge(parts: dict[tuple[str, int], Any]) -> None:
+    def merge(parts: dict[tuple[str, int], Any], position: Any = None) -> bool:
         for key in sorted(parts):
             cells = parts[key].cells
             if cells is None:  # a bias shared by every sample: the same in every process
@@ -159,5 +161,12 @@ def _join_cells(w: World) -> Any:
             for other in each[1:]:  # rank order: the order of a one-process run's batches
                 joined = joined.merged(other)
             cells.mean, cells.m2, cells.samples = joined.mean, joined.m2, joined.n
+        for layer in sorted(position or {}):
+            states: list[Any] | None = [None] * w.size if w.main else None
+            dist.gather_object(position[layer].state(), states, dst=0)
+            if w.main:
+                assert states is not None
+                position[layer].join(states)
+        return w.main
 
     return merge

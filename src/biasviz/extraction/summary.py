@@ -68,7 +68,9 @@ def resolve_resolution(resolution: int | None, seq_len: int) -> int:
     return int(resolution)
 
 
-Merge = Callable[[dict[tuple[str, int], QuantitySummary]], None]  # joins other processes' per-cell moments
+# joins other processes' per-cell moments, and their SPEC section 12 sums of streamed layers (a dict by layer), into
+# process 0's: True where this process holds the joined result
+Merge = Callable[[dict[tuple[str, int], QuantitySummary], Mapping[int, StreamedPosition]], bool]
 # torchrun with a model whose rows are formed again: every process's bank, joined in rank order on process 0
 # (None on the others, whose part ends there)
 Gather = Callable[[SampleBank], SampleBank | None]
@@ -104,8 +106,8 @@ def summarise(
     joint = not replay and merge is None and batch_size >= n
     has_bias = bool(adapter.adds_bias)
     modes = {"weights": "joint" if replay or joint else "cells"}
-    # models streamed in one process give their scores, q and k as they run, where the adapter captures them
-    streamed_position = not replay and merge is None and adapter.captures_scores
+    # streamed models give their scores, q and k as they run, where the adapter captures them (joined under torchrun)
+    streamed_position = not replay and adapter.captures_scores
     if replay or streamed_position:  # the softmax's input, formed again or streamed (SPEC section 12)
         modes["scores"] = modes["weights"]
     if has_bias:
@@ -129,13 +131,12 @@ def summarise(
             return {}
         extras = got
     else:
-        position = {layer: StreamedPosition(layer, heads=adapter.n_heads, seq_len=seq_len, samples=n, block=block,
-                                            causal=bool(adapter.causal), device=dev, positional=positional)
-                    for layer in layer_list} if streamed_position else {}  # fmt: skip
+        position = {layer: StreamedPosition(layer, heads=adapter.n_heads, seq_len=seq_len, samples=total, local=n,
+                                            block=block, causal=bool(adapter.causal), device=dev,
+                                            positional=positional) for layer in layer_list} if streamed_position else {}
         _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position)
-        if merge is not None:
-            merge(parts)
-        extras = {layer: p.result() for layer, p in position.items()}
+        held = merge(parts, position) if merge is not None else True
+        extras = {layer: p.result() for layer, p in position.items()} if held else {}
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
     for (kind, layer), part in parts.items():
         if kind == "bias" and layer in direct and part.mode == "shared":  # every sample measured equal

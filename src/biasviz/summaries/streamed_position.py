@@ -7,6 +7,10 @@ moments of the whole (H, T, T) matrix; P needs, besides the sums Q and K, two mo
 Σ_a s_a and Σ_a b_a, since c·G = Σ_a (s_a − b_a). At the end P is formed block of rows by block of rows from them
 (:class:`~biasviz.summaries.position.Positional`), as for replayed models. The weights give the key profile and
 each sample's sink share as they pass.
+
+Under torchrun each process streams its block of samples; :meth:`StreamedPosition.state` gives its sums and
+:meth:`StreamedPosition.join` adds every process's in rank order (the order of the samples) on process 0, which
+then forms P as one process would.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ class StreamedPosition:
     """One layer's SPEC section 12 sums over every sample streamed through it."""
 
     def __init__(self, layer: int, *, heads: int, seq_len: int, samples: int, block: int, causal: bool,
-                 device: torch.device, positional: bool = True) -> None:  # fmt: skip
+                 device: torch.device, positional: bool = True, local: int | None = None) -> None:  # fmt: skip
+        """``samples``: N, over every process; ``local``: those this process streams (default: all of them)."""
         self.layer, self.heads, self.seq_len, self.samples = layer, heads, seq_len, samples
         self.block, self.causal, self.device = block, causal, device
         self.positional = positional and samples >= 2  # P needs two texts
@@ -31,7 +36,7 @@ class StreamedPosition:
         self.scores: torch.Tensor | None = None  # Σ_a s_a, from the first scores block on
         self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
         self.keys = KeyProfile(heads, seq_len, device, causal=causal)
-        self.sinks = torch.zeros(samples, heads, dtype=torch.float64, device=device)
+        self.sinks = torch.zeros(samples if local is None else local, heads, dtype=torch.float64, device=device)
 
     def operands(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """A batch's q (B, H, T, hd) and c·k (B, H, T, hd, key heads repeated), as its call received them."""
@@ -71,6 +76,27 @@ class StreamedPosition:
 
     def begin_batch(self, size: int) -> None:
         self._batch = size
+
+    _SUMS = ("q", "k", "scores", "bias")
+
+    def state(self) -> dict[str, torch.Tensor | None]:
+        """This process's sums, on the CPU, for :meth:`join` in process 0."""
+        sums = {name: getattr(self, name) for name in self._SUMS}
+        sums.update(keys=self.keys.sums, sinks=self.sinks)
+        return {name: None if t is None else t.cpu() for name, t in sums.items()}
+
+    def join(self, states: list[dict[str, torch.Tensor | None]]) -> None:
+        """Every process's :meth:`state`, in rank order (this one's among them): the sums over all samples, added in
+        that order, and the samples' sink shares one after another."""
+        for name in (*self._SUMS, "keys"):
+            total = None
+            for part in (s[name] for s in states if s[name] is not None):
+                total = part.to(self.device) if total is None else total + part.to(self.device)
+            if name == "keys":
+                self.keys.sums = total
+            else:
+                setattr(self, name, total)
+        self.sinks = torch.cat([s["sinks"] for s in states if s["sinks"] is not None]).to(self.device)
 
     def result(self) -> PositionSummary:
         """P's block means, distance profile and diagnostics (None with one sample), the key profile, sink shares."""
