@@ -35,17 +35,22 @@ T, LAYER = 64, 3
 TEXT = "the cat sat on the mat. a dog ran in the park. "
 
 
-@pytest.fixture(scope="module")
-def driver() -> Iterator[object]:
-    if CHROMIUM is None or CHROMEDRIVER is None:  # modules that borrow this fixture skip with it
-        pytest.skip("needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver)")
+def make_driver() -> object:
+    """Headless chromium at 1280 x 1400 CSS pixels, one device pixel each, keeping the console's messages."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1400",
                 "--force-device-scale-factor=1"):  # fmt: skip
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    drv = webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
+    return webdriver.Chrome(service=webdriver.ChromeService(CHROMEDRIVER), options=options)
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[object]:
+    if CHROMIUM is None or CHROMEDRIVER is None:  # modules that borrow this fixture skip with it
+        pytest.skip("needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver)")
+    drv = make_driver()
     yield drv
     drv.quit()
 

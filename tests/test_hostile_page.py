@@ -97,3 +97,61 @@ def test_every_field_shows_the_injection_as_text(driver: object, pages: list[tup
             assert f"query {json.dumps(text, ensure_ascii=False)} (id {i})" in readout, readout
         assert driver.execute_script("return window.__pwned") is None
         assert console_errors(driver) == []
+
+
+# -- the same cases through the notebook's inline form (ExplorerPage._repr_html_) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def inline_pages(tmp_path_factory: pytest.TempPathFactory, make_bias_file: Callable[..., Path]) -> list[Path]:
+    """Per injection, a notebook-like page holding ``_repr_html_()`` of the page of a file named by it, whose scheme,
+    recorded model and tokenizer hold it, titled by it; and whether the frame's document is the page, character
+    for character (read back by Python's own HTML parser)."""
+    from html.parser import HTMLParser
+
+    import biasviz
+
+    class Frames(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.srcdocs: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "iframe":
+                self.srcdocs.append(dict(attrs)["srcdoc"] or "")
+
+    root = tmp_path_factory.mktemp("hostile-inline")
+    out = []
+    for k, text in enumerate(INJECTIONS):
+        folder = root / f"case{k}"
+        folder.mkdir()
+        a = make_bias_file(folder / file_name(text), text, n=1, heads=2, t=T, attrs={"tokenizer": text, "model": text})
+        page = biasviz.explore(a, title=text)
+        inline = page._repr_html_()
+        parser = Frames()
+        parser.feed(inline)
+        assert parser.srcdocs == [page.html], text
+        host = folder / "notebook.html"
+        host.write_text(f"<!doctype html><html><body><p id='cell'>out[1]:</p>{inline}</body></html>", encoding="utf-8")
+        out.append(host)
+    return out
+
+
+def test_every_field_reaches_the_inline_page_as_text(driver: object, inline_pages: list[Path]) -> None:  # noqa: F811
+    from tests.test_explore_browser import wait_for
+
+    for text, host in zip(INJECTIONS, inline_pages, strict=True):
+        driver.get(host.as_uri())
+        assert driver.execute_script("return document.querySelectorAll('script, img, svg').length") == 0
+        frames = driver.find_elements(By.TAG_NAME, "iframe")
+        assert len(frames) == 1
+        driver.switch_to.frame(frames[0])
+        wait_for(driver, "return document.body.dataset.ready === '1'")
+        assert driver.execute_script("return document.querySelectorAll('script').length") == 2
+        assert driver.find_element(By.CSS_SELECTOR, "header h1").get_attribute("textContent") == text
+        meta = driver.find_element(By.ID, "meta").get_attribute("textContent")
+        assert f"({text})" in meta and file_name(text)[: -len(".h5")] in meta, meta
+        assert driver.execute_script("return window.__pwned") is None
+        driver.switch_to.default_content()
+        assert driver.execute_script("return window.__pwned") is None, "a script from the data ran in the notebook"
+        assert console_errors(driver) == []

@@ -94,11 +94,15 @@ def plot(path: str | Path, kind: str = "bias", *, scheme: str | None = None, sha
 
 def _in_style(fig: Figure, style: str | None) -> Figure:
     """``fig``, drawn from now on inside the paper style it is saved in (the math font and tick sizes are read
-    when a figure is drawn), so that it looks the same in a notebook, in ``savefig`` and in the command's file."""
-    if style is not None:
-        fig.__class__ = __getattr__("StyledFigure")
-        fig._biasviz_style = style  # type: ignore[attr-defined]
+    when a figure is drawn), so that it looks the same in a notebook, in ``savefig`` and in the command's file;
+    it shows itself in a notebook whether or not pyplot's inline backend was ever loaded."""
+    fig.__class__ = __getattr__("StyledFigure")
+    fig._biasviz_style = style  # type: ignore[attr-defined]
     return fig
+
+
+#: A figure shown inline is drawn at this many pixels an inch, and displayed at half that (sharp on HiDPI screens)
+INLINE_DPI = 200
 
 
 def __getattr__(name: str) -> Any:
@@ -114,8 +118,21 @@ def __getattr__(name: str) -> Any:
         """A figure of ``biasviz plot`` that draws itself in the paper style its files are saved in."""
 
         def draw(self, renderer: Any) -> None:
+            if self._biasviz_style is None:
+                super().draw(renderer)
+                return
             with paper_context(self._biasviz_style):
                 super().draw(renderer)
+
+        def _repr_png_(self) -> tuple[bytes, dict[str, int]]:
+            """The figure as Jupyter shows it (where pyplot's inline backend has not claimed figures already):
+            a PNG at ``INLINE_DPI``, displayed at half its pixels, the printed width on a 100-dpi screen."""
+            import io
+
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=INLINE_DPI)
+            width, height = self.get_size_inches()
+            return buffer.getvalue(), {"width": round(width * INLINE_DPI / 2), "height": round(height * INLINE_DPI / 2)}
 
     StyledFigure.__module__, StyledFigure.__qualname__ = __name__, name
     globals()[name] = StyledFigure
