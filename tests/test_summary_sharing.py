@@ -160,7 +160,7 @@ def test_processes_that_merge_their_moments_summarise_every_sample_of_a_declared
     """torchrun, models streamed: a process cannot compare its samples with process 0's first, so each is summed."""
     adapter = Streamed(_secretly_dependent(small_model("alibi")), source="test")
     out = summarise(adapter, _windows(), [1], torch.device("cpu"), resolution=T, batch_size=2, progress=False,
-                    merge=lambda parts: None)  # fmt: skip
+                    merge=lambda parts, position: True)  # fmt: skip
     bias = out[1]["bias"]
     assert bias.difference is None  # nothing compared, so nothing claimed
     assert (bias.diagnostics["context_dependence"] > 0).all()
