@@ -43,7 +43,7 @@ PAPER_POS_LEN := 4096
 PAPER_CORPUS  :=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint figures figure-files paper-figures previews bench clean distclean
+.PHONY: help install test test-fast lint docs figures figure-files paper-figures previews bench clean distclean
 # a recipe interrupted half-way must not leave a target that looks finished
 .DELETE_ON_ERROR:
 
@@ -71,6 +71,18 @@ test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs)
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check src tests bench
+
+# The site reads the sources without importing them (mkdocstrings), so only the `docs` extra's own packages are
+# installed (read from pyproject.toml), not torch: a fresh clone builds it in well under a minute.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['docs']))" \
+		| xargs $(BIN)/python -m pip install --quiet
+	@touch $@
+
+docs: $(DOCS_STAMP)  ## build the documentation site into site/ (offline, strict: open site/index.html)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
 
 # `make` alone goes by time stamps; the manifest goes by content: before building, every target one of whose
 # files something else replaced since the last build (a README example writing into figures/, say) is dated
@@ -160,5 +172,6 @@ bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, 
 clean:  ## remove built checkpoints, HDF5 files and figures (keeps .venv)
 	rm -rf $(RUNS) $(DATA) $(FIGURES)/*.pdf $(FIGURES)/*.png $(FIGURES)/*.svg $(FIGURES)/*.html $(FIGURES)/diagnostics.json
 
-distclean: clean  ## also remove .venv
+distclean: clean  ## also remove .venv and the built site
+	rm -rf site
 	rm -rf $(VENV)

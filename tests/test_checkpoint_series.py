@@ -286,11 +286,11 @@ def test_resume_needs_an_unfinished_sweep(hub: dict[str, Any], tmp_path: Path, m
     assert rc == 2 and "--resume applies with --checkpoints" in err
 
 
-def test_readme_shows_the_table_the_code_uses() -> None:
+def test_the_sweeps_page_shows_the_table_the_code_uses() -> None:
     from biasviz.training.series import pattern_table
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert pattern_table() in readme
+    page = (Path(__file__).resolve().parents[1] / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    assert pattern_table() in page
 
 
 def test_a_revision_in_the_cache_only_in_part_is_left_out_or_named(

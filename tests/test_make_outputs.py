@@ -1,9 +1,9 @@
 """What ``make figures`` built is never quietly replaced, and is rebuilt when something else replaced it.
 
-The README's shell examples are read command by command: none may write where ``make figures`` writes
-unless it refuses to replace an existing file (no ``--force``; ``plot`` has none and always replaces, so it
-must name another ``--out-dir``). The manifest that ``make figures`` keeps dates back every target one of
-whose files changed content, so ``make`` rebuilds it.
+The shell examples of README and the site's pages are read command by command: none may write where
+``make figures`` writes unless it refuses to replace an existing file (no ``--force``; ``plot`` has none and
+always replaces, so it must name another ``--out-dir``). The manifest that ``make figures`` keeps dates back
+every target one of whose files changed content, so ``make`` rebuilds it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from biasviz.cli.manifest import record, stale, target_of
+from tests.docs_pages import blocks
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
 MAKEFILE = (ROOT / "Makefile").read_text()
 SCHEMES = re.search(r"^SCHEMES := (.+)$", MAKEFILE, re.M).group(1).split()
 DYNAMICS = re.search(r"^DYNAMICS := (.+)$", MAKEFILE, re.M).group(1).strip()
@@ -43,7 +43,7 @@ def made_by_make() -> set[str]:
 
 def readme_commands() -> list[list[str]]:
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+    for _, block in blocks("bash"):
         for line in block.splitlines():
             line = line.split("  #")[0].strip()
             if line.startswith(("biasviz ", "torchrun ")) and "..." not in line and "[" not in line:

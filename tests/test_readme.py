@@ -1,4 +1,5 @@
-"""README tells the truth: its scheme table comes from the registry, and its Python examples run."""
+"""README and the site tell the truth: the scheme table comes from the registry, and every Python example runs
+(README's and the site's pages', in reading order)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 
 from biasviz.cli.schemes_cmd import scheme_rows
 from biasviz.schemes import SCHEMES
+from tests.docs_pages import blocks
+from tests.docs_pages import text as page_text
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -27,10 +30,11 @@ def test_scheme_table_is_the_registry() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "biasviz.cli", "schemes", "--markdown"], capture_output=True, text=True, check=True
     ).stdout.strip()
-    assert out in README
+    page = page_text("schemes.md")
+    assert out in page
     assert [r["name"] for r in scheme_rows()] == list(SCHEMES)
     for name in SCHEMES:
-        assert f"`{name}`" in README
+        assert f"`{name}`" in page
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +55,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
+PYTHON_BLOCKS = blocks("python")
 
 
-@pytest.mark.parametrize("index", range(len(PYTHON_BLOCKS)))
+@pytest.mark.parametrize("index", range(len(PYTHON_BLOCKS)), ids=[f"{p}-{k}" for k, (p, _) in enumerate(PYTHON_BLOCKS)])
 def test_python_examples_run(index: int, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code = PYTHON_BLOCKS[index]
+    page, code = PYTHON_BLOCKS[index]
     if "import xarray" in code or "to_xarray" in code:
         pytest.importorskip("xarray")
     monkeypatch.chdir(workdir)
-    exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "__readme__"})
+    exec(compile(code, f"{page} python block {index + 1}", "exec"), {"__name__": "__readme__"})

@@ -1,6 +1,7 @@
-"""README's examples run as written, in order, right after ``make figures``.
+"""The examples of README and of the documentation site run as written, in order, right after ``make figures``.
 
-A new user runs ``make figures`` and then copies the examples one after the other. Every command that refuses
+A new user runs ``make figures`` and then copies the examples one after the other: README's, then the site's
+pages in the order of its navigation (``tests/docs_pages.py``). Every command that refuses
 to replace an output (``train --out``, ``extract --out``, ``explore --out``, ``diagnose --json``) must find its
 output free, or say ``--force`` where it replaces what an earlier example wrote; no example may replace what
 ``make figures`` made. The files ``make figures`` leaves are read off the Makefile's own variables; the rule
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.docs_pages import blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -44,10 +46,10 @@ def make_figures_outputs() -> set[str]:
 
 
 def readme_commands() -> list[list[str]]:
-    """Every biasviz command of README's shell blocks after the first (``make figures``, ``make test``), in order."""
-    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)[1:]
+    """Every biasviz command of the shell blocks of README and the site's pages, in reading order (the two set-up
+    commands, ``make figures`` and ``make test``, are make's)."""
     commands = []
-    for block in blocks:
+    for _, block in blocks("bash"):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if "biasviz" in words and words[0] in ("biasviz", "torchrun"):
@@ -123,7 +125,7 @@ def test_every_readme_example_finds_its_output_free_after_make_figures() -> None
 
 def test_python_examples_write_nothing_make_figures_made() -> None:
     made = make_figures_outputs()
-    code = "\n".join(re.findall(r"```python\n(.*?)```", README, re.S))
+    code = "\n".join(code for _, code in blocks("python"))
     written = re.findall(r"""(?:\.save|savefig|extract)\([^)]*?["']((?:data|figures|runs)/[^"']+)["']""", code)
     assert written, "the python blocks write files"
     assert not set(written) & made, set(written) & made

@@ -124,6 +124,14 @@ def __getattr__(name: str) -> Any:
             with paper_context(self._biasviz_style):
                 super().draw(renderer)
 
+        def savefig(self, *args: Any, **kwargs: Any) -> None:
+            """``Figure.savefig`` with the command's font settings: TrueType fonts embedded in PDF and PostScript
+            (never Type 3, which some publishers refuse), SVG text kept as text."""
+            import matplotlib as mpl
+
+            with mpl.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none"}):
+                super().savefig(*args, **kwargs)
+
         def _repr_png_(self) -> tuple[bytes, dict[str, int]]:
             """The figure as Jupyter shows it (where pyplot's inline backend has not claimed figures already):
             a PNG at ``INLINE_DPI``, displayed at half its pixels, the printed width on a 100-dpi screen."""

@@ -50,6 +50,7 @@ class ExplorerPage:
 
     @property
     def nbytes(self) -> int:
+        """The page's size in bytes (UTF-8)."""
         return len(self.html.encode("utf-8"))
 
     def _repr_html_(self) -> str:

@@ -35,6 +35,7 @@ class FileView:
     # -- what the file is ------------------------------------------------------------------------------
     @property
     def path(self) -> Path:
+        """The file's path."""
         return self._file.path
 
     @property
@@ -44,6 +45,7 @@ class FileView:
 
     @property
     def scheme(self) -> str:
+        """The scheme the file records (``captured`` for a traced model whose scheme was not named)."""
         return self._file.scheme
 
     @property
@@ -58,10 +60,12 @@ class FileView:
 
     @property
     def samples(self) -> list[int]:
+        """Sample indices, from 0 (the windows of ``input_ids``)."""
         return list(range(self._file.n_samples))
 
     @property
     def seq_len(self) -> int:
+        """T: the positions of each window."""
         return self._file.seq_len
 
     @property
@@ -75,6 +79,7 @@ class FileView:
         return self._file.attrs
 
     def close(self) -> None:
+        """Release the file (``with biasviz.open(...) as view:`` does it on leaving the block)."""
         self._file.close()
 
     def __enter__(self) -> FileView:

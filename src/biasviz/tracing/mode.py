@@ -97,10 +97,12 @@ class Trace:
     # -- results -----------------------------------------------------------------------------------
     @property
     def bias(self) -> dict[int, torch.Tensor]:
+        """(1 or B, H, Tq, Tk) float32 per call that adds a bias: the term added to the scaled scores, masked NaN."""
         return {c.index: c.bias for c in self.calls if c.bias is not None}
 
     @property
     def weights(self) -> dict[int, torch.Tensor]:
+        """(B, H, Tq, Tk) float32 per recorded call: the post-softmax attention weights, masked cells 0."""
         return {c.index: c.weights for c in self.calls if c.weights is not None}
 
     @property
@@ -115,13 +117,17 @@ class Trace:
 
     @property
     def notes(self) -> dict[int, str]:
+        """Per call, why it has no bias (a step that is not additive) or was not formed, where there is a reason."""
         return {c.index: c.note for c in self.calls if c.note}
 
     def wants(self, index: int) -> bool:
+        """Whether call ``index`` is one to form (``layers`` given to :func:`trace`, or every call)."""
         return self.layers is None or index in self.layers
 
     # -- interception ------------------------------------------------------------------------------
     def intercept(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one attention call (``kind``: sdpa, flex or multi_head_attention) as the model made it, and record
+        it; called by the function mode, not by users."""
         index = len(self.calls)
         record = self.wants(index)
         if self.keep is not None and record:
@@ -240,11 +246,13 @@ def trace(model: torch.nn.Module | None = None, layers: Iterable[int] | None = N
     ``layers`` limits what is formed (call indices from 0; the rest are only counted); ``stop`` ends the
     forward quietly after the last of them, saving the rest of the model (and its memory).
 
-    >>> import torch, biasviz
-    >>> q = k = v = torch.randn(1, 2, 4, 8)
-    >>> with biasviz.trace() as t:
-    ...     _ = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    >>> t.weights[0].shape, float(t.weights[0][0, 0, 0, 1])
-    (torch.Size([1, 2, 4, 4]), 0.0)
+    For example::
+
+        >>> import torch, biasviz
+        >>> q = k = v = torch.randn(1, 2, 4, 8)
+        >>> with biasviz.trace() as t:
+        ...     _ = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> t.weights[0].shape, float(t.weights[0][0, 0, 0, 1])
+        (torch.Size([1, 2, 4, 4]), 0.0)
     """
     return Trace(model, layers, stop=stop)
