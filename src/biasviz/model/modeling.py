@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 from biasviz.common.errors import too_long
+from biasviz.model import fused
 from biasviz.model.attention import (
     attention_pattern,
     attention_scores,
@@ -120,6 +121,10 @@ class Attention(nn.Module):
         if not (eager or self.adds_bias):  # fused kernels are blocked themselves and mask by position
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
             return y.transpose(1, 2)  # (B, T, H, hd)
+        if not (eager or self.hook_bias.active or dropout_p > 0) and fused.wanted(x.device, T):
+            terms = self.pos_bias.score_terms(x)  # the bias in a form the kernel reads per cell, or None
+            if terms is not None and fused.fits(q, terms):
+                return fused.attend(q, k, v, terms, self.scale).transpose(1, 2)  # (B, T, H, hd)
         rows_of = self.pos_bias.rows(x) if self.adds_bias else None  # (r0, r1) -> (1 or B, H, rows, r1)
         # contiguous, so that each block's keys k[:, :, :r1] are (B * H) matrices matmul reads without a copy
         q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, hd)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -16,6 +17,18 @@ from torch import nn
 from biasviz.common.errors import BiasvizError
 
 RowsFn = Callable[[int, int], torch.Tensor]  # (r0, r1) -> bias of queries r0..r1-1 vs keys 0..r1-1
+
+
+@dataclass(frozen=True)
+class ScoreTerms:
+    """A bias in a form a fused kernel reads cell by cell, without any (H, T, T) tensor: exactly one is set.
+
+    ``distance`` (H, 2T - 1): b_h(i, j) is entry T - 1 - (i - j), the table :meth:`PositionScheme.rows` copies
+    blocks from. ``ends`` (B, H, T): b_h(i, j) = ends[h, i] - ends[h, j] (a difference of cumulative sums).
+    """
+
+    distance: torch.Tensor | None = None
+    ends: torch.Tensor | None = None
 
 
 def relative_distance(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -134,6 +147,14 @@ class PositionScheme(nn.Module):
                 table = table.contiguous()  # each block's rows are then runs of the table: a fast copy
                 return lambda r0, r1: toeplitz_rows(table, T, r0, r1)
         return lambda r0, r1: self.bias(None if x is None else x[:, :r1], r1 - r0, r1)
+
+    def score_terms(self, x: torch.Tensor) -> ScoreTerms | None:
+        """The bias of a whole forward over ``x`` (B, T, C) as :class:`ScoreTerms`, the values :meth:`rows` forms
+        blocks of; None where it has no such form (then the attention forms blocks of rows). The default is the
+        distance table of a scheme with a :meth:`distance_bias`."""
+        T = x.shape[1]
+        table = self.distance_bias(torch.arange(T - 1, -T, -1, device=x.device))  # (H, 2T - 1): d = T-1 .. 1-T
+        return None if table is None else ScoreTerms(distance=table.contiguous())
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k (B, T, H, hd) as the scores take them: unchanged, except in rotary schemes (RoPE)."""

@@ -10,7 +10,7 @@ from torch import nn
 
 from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, RowsFn
+from biasviz.schemes.base import PositionScheme, RowsFn, ScoreTerms
 
 
 @register
@@ -49,3 +49,7 @@ class CABLE(PositionScheme):
             raise BiasvizError("the CABLE bias depends on the input: it needs the attention input x")
         s = self.cumulative_cost(x)  # (B, H, T)
         return lambda r0, r1: s[:, :, r0:r1, None] - s[:, :, None, :r1]  # (B, H, rows, r1)
+
+    def score_terms(self, x: torch.Tensor) -> ScoreTerms:
+        """b_h(i, j) = s_i - s_j from the cumulative sum itself."""
+        return ScoreTerms(ends=self.cumulative_cost(x))

@@ -24,7 +24,7 @@ from torch import nn
 
 from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, RowsFn, option_number, relative_distance
+from biasviz.schemes.base import PositionScheme, RowsFn, ScoreTerms, option_number, relative_distance
 
 GATES = ("full", "bias_only", "fixed")
 
@@ -111,3 +111,7 @@ class FoX(PositionScheme):
             return super().rows(x)
         c = self.cumulative_gate(x)  # (B, H, T)
         return lambda r0, r1: c[:, :, r0:r1, None] - c[:, :, None, :r1]  # (B, H, rows, r1)
+
+    def score_terms(self, x: torch.Tensor) -> ScoreTerms | None:
+        """With the full gate, c_i - c_j from the cumulative sum itself; else the distance table."""
+        return super().score_terms(x) if self.gate != "full" else ScoreTerms(ends=self.cumulative_gate(x))

@@ -1,0 +1,147 @@
+"""The fused attention (FlexAttention with the bias as a score_mod) against float64 math and the blocked path.
+
+Every registered scheme, at a length of several flex blocks that is not a multiple of one (300 = 2 x 128 + 44),
+with a batch of two windows one of which is padded with one token: the model's logits and every hook's blocks
+with flex must equal the blocked SDPA path, and one attention layer must equal softmax(scale q k^T + b) v formed
+in float64 from the scheme's own full ``bias``. Skipped where torch's compiler cannot build the kernel.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, capture, fused
+from biasviz.schemes import SCHEMES
+
+T = 300  # > 2 flex blocks, not a multiple of 128
+
+
+@pytest.fixture(autouse=True)
+def _compiler() -> None:
+    """Skip where torch's compiler cannot build the kernel (checked when a test here runs, not at collection)."""
+    why = fused.unavailable(torch.device("cpu"))
+    if why is not None:
+        pytest.skip(f"FlexAttention cannot compile here: {why}")
+
+
+def model_of(scheme: str, seed: int = 0) -> BiasGPTForCausalLM:
+    torch.manual_seed(seed)
+    config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=4, n_embd=64, vocab_size=97, n_positions=512)
+    model = BiasGPTForCausalLM(config).eval()
+    with torch.no_grad():  # trained-looking parameters: schemes start at values that hide mistakes (T5's 0 table)
+        for name, p in model.named_parameters():
+            if "pos_bias" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def windows() -> torch.Tensor:
+    ids = torch.randint(1, 97, (2, T), generator=torch.Generator().manual_seed(1))
+    ids[1, T - 60 :] = 0  # the second window padded at its end with token 0
+    return ids
+
+
+def run(model: BiasGPTForCausalLM, ids: torch.Tensor, mode: str, monkeypatch) -> tuple[torch.Tensor, dict]:
+    """Logits, and layer 1's bias and weights as the hooks see them (blocks put back together)."""
+    monkeypatch.setenv("BIASVIZ_ATTENTION", mode)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(t: torch.Tensor, name: str, r0: int) -> None:
+        full = seen.setdefault(name, torch.zeros(t.shape[0], t.shape[1], T, T))
+        full[:, :, r0 : r0 + t.shape[2], : t.shape[3]] = t
+
+    points = ["blocks.1.attn.hook_pattern"] + (["blocks.1.attn.hook_bias"] if model.blocks[1].attn.adds_bias else [])
+    with torch.no_grad(), capture(model, points, keep):
+        logits = model(ids).logits
+    return logits, seen
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_flex_equals_blocked_path(scheme: str, monkeypatch) -> None:
+    model, ids = model_of(scheme), windows()
+    flex_logits, flex_seen = run(model, ids, "flex", monkeypatch)
+    sdpa_logits, sdpa_seen = run(model, ids, "sdpa", monkeypatch)
+    scale = sdpa_logits.abs().max()
+    assert (flex_logits - sdpa_logits).abs().max() <= 1e-5 * scale
+    assert flex_seen.keys() == sdpa_seen.keys()
+    for name in flex_seen:  # within float32 rounding of the largest value (CABLE's sums of hundreds of costs)
+        atol = 1e-5 * max(1.0, sdpa_seen[name].abs().max().item())
+        torch.testing.assert_close(flex_seen[name], sdpa_seen[name], rtol=1e-5, atol=atol)
+
+
+def test_flex_runs_where_a_bias_has_a_kernel_form(monkeypatch) -> None:
+    """The fused path is taken for schemes with score terms (not silently the blocked one), never for FIRE, and
+    never for a layer someone listens to (here layer 1: its weights are formed by the eager path)."""
+    calls: list[str] = []
+    real = fused.attend
+
+    def counted(q, k, v, terms, scale):
+        calls.append("distance" if terms.distance is not None else "ends")
+        return real(q, k, v, terms, scale)
+
+    monkeypatch.setattr(fused, "attend", counted)
+    for scheme, expected in [("alibi", ["distance"]), ("cable", ["ends"]), ("fire", [])]:
+        calls.clear()
+        run(model_of(scheme), windows(), "flex", monkeypatch)
+        assert calls == expected, scheme
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "kerple-log", "t5", "cable", "fox"])
+def test_flex_layer_equals_float64_math(scheme: str, monkeypatch) -> None:
+    """One attention layer through the kernel against softmax(scale q k^T + b) v in float64, b the scheme's own
+    full (B or 1, H, T, T) ``bias`` (not the table or cumulative sums the kernel reads)."""
+    monkeypatch.setenv("BIASVIZ_ATTENTION", "flex")
+    attn = model_of(scheme).blocks[0].attn
+    x = torch.randn(2, T, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = attn(x)
+        ref = copy.deepcopy(attn).double()
+        B, H, hd = 2, ref.n_head, ref.head_dim
+        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in ref.c_attn(x.double()).split(64, dim=2))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hd) + ref.pos_bias.bias(x.double(), T, T)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, 64)
+        expected = ref.c_proj(y)
+    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_without_a_compiler_the_blocked_path_runs(monkeypatch) -> None:
+    """When the kernel cannot be compiled, the probe says why and forwards take the blocked SDPA path."""
+    def broken():
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(fused, "_compiled", broken)
+    monkeypatch.setattr(fused, "_probe", {})
+    assert "no C++ compiler" in fused.unavailable(torch.device("cpu"))
+    model, ids = model_of("alibi"), windows()
+    logits, _ = run(model, ids, "flex", monkeypatch)  # would raise through `broken` if flex were called
+    reference, _ = run(model, ids, "sdpa", monkeypatch)
+    assert torch.equal(logits, reference)
+
+
+def test_causal_block_mask_is_the_causal_mask() -> None:
+    """The block structure built from its shape equals flex's own block mask of i >= j, cell by cell."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    for n in (130, 256, 300):
+        built = fused.causal_block_mask(n, torch.device("cpu")).to_dense()
+        evaluated = create_block_mask(lambda b, h, i, j: i >= j, None, None, n, n, device="cpu").to_dense()
+        assert torch.equal(built, evaluated)
+
+
+def test_no_more_kernels_than_torch_compiles(monkeypatch) -> None:
+    """Past torch's recompile limit flex would run unfused (every cell at once): new shapes take the blocked path,
+    shapes already compiled keep the kernel."""
+    import torch._dynamo.config as dynamo
+
+    monkeypatch.setattr(fused, "_shapes", set())
+    limit = getattr(dynamo, "recompile_limit", getattr(dynamo, "cache_size_limit", 8))
+    terms = fused.ScoreTerms(distance=torch.zeros(1, 1))
+    shapes = [torch.empty(1, 2, n, 8) for n in range(2, limit + 4)]
+    allowed = [fused.fits(q, terms) for q in shapes]
+    assert allowed == [True] * (limit - 1) + [False] * 3
+    assert fused.fits(shapes[0], terms)
