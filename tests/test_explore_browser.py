@@ -163,6 +163,40 @@ def test_numbers_are_formatted_as_python_formats_them(driver: object, files: dic
     assert got == [format(v, ".4g") for v in values]
 
 
+def test_a_negative_zero_reads_0_in_the_read_out_and_on_the_colour_bars(driver: object, files: dict[str, Path],
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    """ALiBi's diagonal is stored as -0.0 (-m * 0): the page never prints "-0" (FIGURES.md, ticks), not in the
+    read-out, not at a colour bar's end, not on the enlarged head's bar or its profile."""
+    with h5py.File(files["alibi"]) as f:
+        bias = f[f"layer_{LAYER}/bias"][0, 0]
+    assert bias[9, 9] == 0 and np.signbit(bias[9, 9]) and np.nanmax(bias) == 0  # the file holds -0.0 there
+    page = biasviz.explore(files["alibi"]).save(tmp_path / "alibi.html")
+    record = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """
+      window.drawnText = [];  // every text the page's canvases draw
+      const fill = CanvasRenderingContext2D.prototype.fillText;
+      CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+        window.drawnText.push(String(text)); return fill.call(this, text, ...rest); };"""})  # fmt: skip
+    try:
+        open_page(driver, page)
+    finally:
+        driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": record["identifier"]})
+    assert driver.execute_script("return window.biasviz.format(-0)") == "0"
+    canvas = driver.find_element(By.CSS_SELECTOR, '#grid canvas[data-head="1"]')
+    text = hover(driver, canvas, 9, 9)
+    assert "d = i - j = 0 · value 0 (exact)" in text, text
+    bars = driver.execute_script("return Array.from(document.querySelectorAll('#grid .cbar'), (b) =>"
+                                 " [b.querySelector('.lo').textContent, b.querySelector('.hi').textContent,"
+                                 " b.dataset.ticks])")  # fmt: skip
+    assert len(bars) == 12 and all(hi == "0" for _, hi, _ in bars), bars
+    redraw(driver, lambda: canvas.click())  # the enlarged head: its colour bar and distance profile
+    assert driver.find_element(By.ID, "focus").is_displayed()
+    hover(driver, driver.find_element(By.CSS_SELECTOR, "#focus-canvases canvas"), 9, 9)
+    shown = driver.execute_script("return [document.body.innerText, ...window.drawnText]")
+    words = " ".join(shown).replace("\u2212", "-").replace("(", " ").split()
+    assert len(shown) > 20 and not [w for w in words if w.startswith("-0") and float(w.rstrip(".,)")) == 0], words
+    assert console_errors(driver) == []
+
+
 def test_switching_kind_sample_and_scale_redraws_and_reads_the_new_values(driver: object,
                                                                           files: dict[str, Path]) -> None:  # fmt: skip
     open_page(driver, files["page"])

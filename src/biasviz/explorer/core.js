@@ -93,11 +93,12 @@ function differenceLevel(a, b) {
   return { n, f, exact, bytes: 0, at, what, step: (a.step || 0) + (b.step || 0) };
 }
 
-// Python's format(v, ".4g"), ties to even included, so the page shows what numpy/h5py users print.
+// Python's format(v, ".4g"), ties to even included, so the page shows what numpy/h5py users print; except
+// that a negative zero (ALiBi's diagonal, -m * 0) reads "0", as on the figures: no "-0" anywhere.
 function fmt4(v) {
   if (Number.isNaN(v)) return "nan";
   if (!Number.isFinite(v)) return v > 0 ? "inf" : "-inf";
-  if (v === 0) return Object.is(v, -0) ? "-0" : "0";
+  if (v === 0) return "0";
   const full = Math.abs(v).toExponential(19);
   let exp = parseInt(full.slice(full.indexOf("e") + 1), 10);
   const digits = full[0] + full.slice(2, full.indexOf("e"));
