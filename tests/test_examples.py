@@ -91,6 +91,16 @@ def executed(clone: Path) -> dict[str, object]:
         return {name: run.result() for name, run in runs.items()}
 
 
+def test_no_cell_prints_a_progress_bar_or_a_warning(executed: dict[str, object]) -> None:
+    """The notebooks pass progress=False: nothing on stderr, neither transformers' "Loading weights" bar nor the
+    TqdmWarning that tqdm.auto gives in a kernel without ipywidgets."""
+    for name, nb in executed.items():
+        texts = [(o.get("name"), o.get("text", "")) for c in nb.cells for o in c.get("outputs", [])]
+        errs = [text for stream, text in texts if stream == "stderr"]
+        bars = [text for _, text in texts if re.search(r"it/s\]|%\|", text)]
+        assert errs == [] and bars == [], (name, errs, bars)
+
+
 def test_your_model_notebook_traces_explores_and_stores(executed: dict[str, object], clone: Path) -> None:
     nb = executed["01_your_model.ipynb"]
     text = text_of(nb)

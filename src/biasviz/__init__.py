@@ -37,8 +37,14 @@ def __getattr__(name: str) -> Any:
     """The Python API, imported on first use so that ``import biasviz`` (and the CLI) stays fast."""
     if name in _LAZY:
         import importlib
+        import warnings
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        with warnings.catch_warnings():
+            # transformers imports tqdm.auto, which in a Jupyter kernel without ipywidgets warns that its notebook
+            # bars are missing: biasviz draws none there (progress goes to stderr as lines, or nowhere)
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            module = importlib.import_module(_LAZY[name])
+        return getattr(module, name)
     raise AttributeError(f"module 'biasviz' has no attribute {name!r}")
 
 

@@ -7,8 +7,11 @@ plain line is written every ``interval`` seconds instead, with the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 HEARTBEAT_SECONDS = 5.0
@@ -70,3 +73,34 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def library_bars(show: bool | None) -> Iterator[None]:
+    """With ``show`` False, transformers' own progress bars (the "Loading weights" of ``from_pretrained``) and the
+    Hugging Face Hub's are off inside the block, and back as they were after it: ``progress=False`` means no
+    progress output at all, and a caller's own settings outlive the call. Otherwise nothing changes."""
+    if show is not False:
+        yield
+        return
+    import importlib
+
+    from transformers.utils import logging as hf_logging
+
+    hub_bars = importlib.import_module("huggingface_hub.utils.tqdm")  # the module (its package exports a class)
+    was_on = hf_logging.is_progress_bar_enabled()
+    states = getattr(hub_bars, "progress_bar_states", None)  # the Hub's switches, global and per group
+    saved = dict(states) if isinstance(states, dict) else None
+    with warnings.catch_warnings():  # an HF_HUB_DISABLE_PROGRESS_BARS=0 in the environment warns; it wins anyway
+        warnings.simplefilter("ignore")
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if was_on:
+                hf_logging.enable_progress_bar()
+        if saved is not None and isinstance(states, dict):
+            states.clear()
+            states.update(saved)

@@ -76,20 +76,23 @@ def extract(
     signatures; its SDPA / flex_attention calls are traced and ``layers`` are call indices), a biasviz
     checkpoint, or any path ``biasviz extract --model`` accepts. ``scheme`` names the bias in the file
     (default: the checkpoint's, or "captured"). Other ``options`` are :func:`biasviz.extraction.run.extract`'s
-    (``dtype``, ``model_dtype``, ``progress``, ``attrs``). ``summary=True`` writes the SPEC section 11 summary
+    (``dtype``, ``model_dtype``, ``progress``, ``attrs``); ``progress=False`` prints nothing at all, transformers'
+    "Loading weights" bar included. ``summary=True`` writes the SPEC section 11 summary
     instead of every sample's matrices, with maps of at most ``resolution`` x ``resolution`` blocks.
     ``device_map`` (``max_memory``, ``offload_folder``): a transformers directory too large for one device, spread
     by accelerate as ``extract --device-map`` does; it runs where the map puts it (``device`` stays "auto").
     """
     from biasviz.adapters.device_map import offload_space, placement_attrs, placement_from
     from biasviz.common.devices import PeakMemory
+    from biasviz.common.progress import library_bars
 
     placement = placement_from(device_map, max_memory, offload_folder, options.get("model_dtype"))
     if placement is not None and str(device) != "auto":
         raise BiasvizError(f"device={device!r} does not apply with device_map: the map places every module")
     with offload_space(placement) as placement:  # a temporary offload folder lives as long as the run
         peaks = PeakMemory() if placement is not None else None
-        adapter = as_adapter(model_or_path, scheme=scheme, forward=forward, placement=placement)
+        with library_bars(options.get("progress")):  # progress=False: no "Loading weights" bar either
+            adapter = as_adapter(model_or_path, scheme=scheme, forward=forward, placement=placement)
         if placement is not None:  # inputs go where the first layer runs; the file says where each module ran
             device = adapter.device
             options["attrs"] = {**(options.get("attrs") or {}), **placement_attrs(adapter.model, placement, peaks)}

@@ -145,6 +145,7 @@ def _run_mine(mine: list[Checkpoint], series: Series, windows: np.ndarray, parti
               options: dict[str, Any]) -> Any:  # fmt: skip
     """Extract this process's checkpoints that have no finished part yet; the last result (any, for its shape)."""
     from biasviz.adapters import load_model
+    from biasviz.common.progress import library_bars
     from biasviz.extraction.run import ExtractResult, extract
     from biasviz.extraction.summary import extract_summary
 
@@ -159,7 +160,8 @@ def _run_mine(mine: list[Checkpoint], series: Series, windows: np.ndarray, parti
             continue
         assert c.path is not None
         reuse = first is not None and c == series.chosen[0]
-        adapter = first if reuse else load_model(c.path, scheme, **(model_options or {}))
+        with library_bars(options["progress"]):
+            adapter = first if reuse else load_model(c.path, scheme, **(model_options or {}))
         last = run(adapter, windows, part, force=False, **options)
         del adapter
     if last is None:  # no checkpoint of its own (more processes than checkpoints): describe the first part
