@@ -33,7 +33,8 @@ _shapes: set[tuple] = set()  # the kernels compiled so far: each new shape is a 
 
 def mode() -> str:
     """``BIASVIZ_ATTENTION``: ``auto`` (default: flex where it works and pays), ``flex`` (flex wherever it works,
-    any length) or ``sdpa`` (never flex: the blocked SDPA path, for comparison)."""
+    any length) or ``sdpa`` (never flex: the blocked SDPA path without autograd and every cell at once with it, the
+    paths before the fused ones, for comparison)."""
     value = os.environ.get("BIASVIZ_ATTENTION", "auto").strip().lower() or "auto"
     return value if value in MODES else "auto"
 

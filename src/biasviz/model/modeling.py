@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 from biasviz.common.errors import too_long
-from biasviz.model import fused
+from biasviz.model import blocked_grad, fused
 from biasviz.model.attention import (
     attention_pattern,
     attention_scores,
@@ -94,8 +94,15 @@ class Attention(nn.Module):
         return self.c_proj(y)
 
     def _full(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Every cell at once, differentiable (training): (B, H, T, hd)."""
+        """Differentiable (training): (B, H, T, hd). A bias with a compact form (:meth:`score_terms`) goes through
+        the blocked recomputation, which keeps no (query, key) cell for the backward pass; otherwise every cell
+        at once, as GPT-2 does (FIRE, dropout on the weights, or a hook listening)."""
         T = x.shape[1]
+        listened = self.hook_bias.active or self.hook_pattern.active or self.hook_scores.active
+        if self.adds_bias and not listened and not (self.training and self.dropout > 0) and fused.mode() != "sdpa":
+            terms = self.pos_bias.score_terms(x)
+            if terms is not None:
+                return blocked_grad.attend(q, k, v, terms, self.scale)
         bias = self.hook_bias(self.pos_bias(x, T, T), 0) if self.adds_bias else None  # (1 or B, H, T, T)
         masked = causal_mask(T, T, x.device)  # (T, T)
         dropout_p = self.dropout if self.training else 0.0
