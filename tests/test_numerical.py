@@ -59,6 +59,21 @@ def test_state_dict_with_inf_is_refused(tmp_path: Path, capsys: pytest.CaptureFi
     assert "'embed.weight' holds infinite values" in line
 
 
+@pytest.mark.parametrize("where", [0, 6, 7, 13, 29])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weights_are_checked_slice_by_slice_to_the_last_value(monkeypatch: pytest.MonkeyPatch, where: int,
+                                                              dtype: torch.dtype) -> None:  # fmt: skip
+    """A large weight is checked a slice at a time (7 values here): a NaN in any slice, the last one short, is found."""
+    import biasviz.adapters as adapters
+
+    monkeypatch.setattr(adapters, "FINITE_STEP", 7)
+    weight = torch.ones(5, 6, dtype=dtype)
+    assert adapters._all_finite(weight)
+    weight.view(-1)[where] = float("nan")
+    assert not np.isfinite(weight.float().numpy()).all()  # numpy's word on it
+    assert adapters._all_finite(weight) is False
+
+
 def test_float16_overflow_names_the_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """ALiBi with slopes of 1e4: at distance 15 the bias is -1.5e5, beyond float16's 65504."""
     model = small_model("alibi", vocab_size=300, scheme_options={"slopes": [1e4] * 12})
