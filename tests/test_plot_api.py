@@ -4,6 +4,7 @@ any style context (as a notebook or a script's ``savefig`` renders it), pixel fo
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,3 +70,23 @@ def test_options_are_checked_as_the_command_checks_them(tmp_path: Path, make_bia
         biasviz.plot(file, kind="heatmap")
     with pytest.raises(TypeError, match="colour"):
         biasviz.plot(file, colour="red")
+
+
+@pytest.mark.parametrize("kind", ["bias", "profile", "std"])
+def test_no_figure_of_alibi_prints_a_negative_zero(tmp_path: Path, make_bias_file: Callable[..., Path],
+                                                   kind: str) -> None:  # fmt: skip
+    """ALiBi's diagonal is stored as -0.0 (-m * 0), its colour bars end there: every label reads 0, never -0."""
+    import h5py
+    from matplotlib.text import Text
+
+    data = make_bias_file(tmp_path / "alibi.h5", "alibi", t=32)
+    with h5py.File(data) as f:
+        assert np.signbit(f["layer_3/bias"][0, 0, 5, 5])  # the file holds -0.0 on the diagonal
+    figures = biasviz.plot(data, kind=kind)
+    texts = []
+    for fig in figures if isinstance(figures, list) else [figures]:
+        fig.canvas.draw()
+        texts += [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+        texts += [t.get_text() for ax in fig.axes for t in ax.get_xticklabels() + ax.get_yticklabels()]  # colour bars
+    words = " ".join(texts).replace("\N{MINUS SIGN}", "-").replace("(", " ").replace(",", " ").split()
+    assert texts and not [w for w in words if re.fullmatch(r"-0(\.0*)?", w.rstrip(".;:"))], texts
