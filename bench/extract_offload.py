@@ -1,21 +1,26 @@
-"""``extract --device-map`` against the same extract in memory: a 1.1B-parameter Llama, mostly on the disk.
+"""``extract --device-map`` against the same extract in memory: a 1.1B or a 3.2B Llama, mostly on the disk.
 
-A random-weight Llama of TinyLlama's shape (hidden 2048, 22 layers, 32 heads, 4 key-value heads, vocabulary 32000:
-1.1B parameters, 2.2 GB of bfloat16 on disk) is made locally from its config once (nothing is downloaded) and kept
-in ``--model-dir`` (outside the repository: ~/.cache/biasviz-bench). Each run is one ``biasviz extract --summary
---layer -1`` child process at T = 2048, timed, its peak RSS read from the kernel's accounting of that child alone
-(``wait4``):
+A random-weight Llama of TinyLlama's shape (``--shape 1b``: hidden 2048, 22 layers, 32 heads, 4 key-value heads,
+vocabulary 32000: 1.1B parameters, 2.05 GiB of bfloat16 on disk) or of Llama-3.2-3B's (``--shape 3b``: hidden 3072,
+28 layers, 24 heads, 8 key-value heads, vocabulary 128256, tied embeddings: 3.21B parameters, 5.98 GiB) is made
+locally from its config once (nothing is downloaded) and kept in ``--model-dir`` (outside the repository:
+~/.cache/biasviz-bench). Each run is one ``biasviz extract --summary --layer -1`` child process at T = 2048, timed,
+its peak RSS read from the kernel's accounting of that child alone (``wait4``), and its anonymous memory and mapped
+file pages (RssAnon, RssFile) sampled from /proc every 10 ms:
 
 - placed: ``--device-map auto --max-memory cpu=1GiB --offload-folder DIR``: the embedding and what fits in 1 GiB stay
   in memory, every other layer is read from the safetensors file while it runs;
-- in memory: the same command without a device map (skip it with ``--placed-only`` where 4.4 GB of float32 weights
-  do not fit).
+- in memory: the same command without a device map (skip it with ``--placed-only`` where the weights do not fit), or
+  with ``--python-twin`` the model loaded by transformers in ``--model-dtype`` and ``biasviz.extract`` on the placed
+  run's windows (the command loads float32 and converts, which needs both at once).
 
 Both files' datasets are then compared (largest difference). Peak RSS of the placed run must stay below the size of
-the weights.
+the weights. ``--phases`` runs the placed extract in one process phase by phase (loading, probe, summary).
 
     .venv/bin/python bench/extract_offload.py                         # both runs, 2 samples
     .venv/bin/python bench/extract_offload.py --placed-only --max-memory cpu=512MiB
+    .venv/bin/python bench/extract_offload.py --shape 3b --model-dtype bfloat16 --python-twin
+    .venv/bin/python bench/extract_offload.py --shape 3b --model-dtype bfloat16 --phases   # after a placed run
 """
 
 from __future__ import annotations
