@@ -16,6 +16,11 @@ import torch
 # Scores per query block, counted over batch, heads, rows and keys (B * H * rows * r1):
 BLOCK_ELEMENTS = 1 << 20  # CPU: 4 MiB of float32 (measured fastest on 2 cores: 2^18 and 2^22 are slower)
 CUDA_BLOCK_ELEMENTS = 1 << 26  # CUDA: 256 MiB of float32; few, large kernels
+# A block passed to SDPA with its bias as a mask: each call has a fixed cost, so a block near query 16K of the
+# 4 MiB budget (5 rows) is thousands of calls; at least MIN_ROWS rows (measured fastest at T = 4096-8192 on 2
+# cores: 64 rows 2.1-2.3x the causal kernel, the 4 MiB budget 2.5-2.8x), unless that takes over SDPA_BLOCK_CAP.
+MIN_ROWS = 64
+SDPA_BLOCK_CAP = 1 << 26
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:

@@ -19,6 +19,8 @@ from transformers.modeling_outputs import CausalLMOutput
 from biasviz.common.errors import too_long
 from biasviz.model import blocked_grad, fused
 from biasviz.model.attention import (
+    MIN_ROWS,
+    SDPA_BLOCK_CAP,
     attention_pattern,
     attention_scores,
     block_budget,
@@ -136,7 +138,10 @@ class Attention(nn.Module):
         # contiguous, so that each block's keys k[:, :, :r1] are (B * H) matrices matmul reads without a copy
         q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, hd)
         y = torch.empty(B, T, H, hd, dtype=v.dtype, device=v.device)  # (B, T, H, hd)
-        for r0, r1 in query_blocks(T, B * H, block_budget(x.device, self.block_elements)):
+        budget = block_budget(x.device, self.block_elements)
+        if not eager and self.block_elements is None:  # SDPA calls: at least MIN_ROWS rows, within a memory cap
+            budget = max(budget, min(B * H * MIN_ROWS * T, SDPA_BLOCK_CAP))
+        for r0, r1 in query_blocks(T, B * H, budget):
             bias = None if rows_of is None else self.hook_bias(rows_of(r0, r1), r0)  # (1 or B, H, rows, r1)
             q_blk, k_blk, v_blk = q[:, :, r0:r1], k[:, :, :r1], v[:, :, :r1]  # (B, H, rows | r1, hd)
             if eager:
