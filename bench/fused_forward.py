@@ -6,7 +6,7 @@ then times one forward of one window of T tokens without gradients (``forward``)
 last layer at resolution 1024 (``summary``), or training steps (``train``). ``attention`` picks our path:
 ``auto`` (FlexAttention where it pays), ``sdpa`` (the blocked SDPA path with a bias mask). Nothing is downloaded.
 
-    .venv/bin/python bench/fused_forward.py --seq-len 8192 16384 --schemes alibi kerple-log t5
+    .venv/bin/python bench/fused_forward.py --seq-len 8192 16384 --schemes alibi kerple-log t5 --summary alibi
     .venv/bin/python bench/fused_forward.py --train --seq-len 1024 --batch-size 4
 """
 
@@ -112,7 +112,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, nargs="+", default=[8192])
     parser.add_argument("--schemes", nargs="+", default=["alibi", "kerple-log", "t5"])
     parser.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "sdpa"])
-    parser.add_argument("--summary", action="store_true", help="also extract --summary (R = --resolution)")
+    parser.add_argument("--summary", nargs="*", default=None, metavar="SCHEME",
+                        help="also extract --summary (R = --resolution) of these schemes (none named: every one)")
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--resolution", type=int, default=1024)
     parser.add_argument("--train", action="store_true", help="training steps instead of forwards")
@@ -142,7 +143,8 @@ def main() -> None:
             print_row(seq_len, *rows[-1], rows[0][3])
         for scheme in args.schemes:
             for attention in args.attention:
-                modes = [mode] + (["summary"] if args.summary and not args.train else [])
+                summary = args.summary is not None and (not args.summary or scheme in args.summary)
+                modes = [mode] + (["summary"] if summary and not args.train else [])
                 for m in modes:
                     rows.append((scheme, attention, m, run_child([*base, "--mode", m, "--scheme", scheme], attention)))
                     print_row(seq_len, *rows[-1], rows[0][3])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -66,7 +67,10 @@ def unavailable(device: torch.device) -> str | None:
     """None when compiled FlexAttention runs on this device type, else why not (checked once per process)."""
     with _probe_lock:
         if device.type not in _probe:
-            _probe[device.type] = _try(device)
+            _probe[device.type] = why = _try(device)
+            if why is not None:
+                warnings.warn(f"FlexAttention does not run on {device.type} here ({why}); attention takes the "
+                              "blocked SDPA path (the same numbers, slower at long lengths)", stacklevel=2)  # fmt: skip
         return _probe[device.type]
 
 
