@@ -146,3 +146,15 @@ def test_no_more_kernels_than_torch_compiles(monkeypatch) -> None:
     allowed = [fused.fits(q, terms) for q in shapes]
     assert allowed == [True] * (limit - 1) + [False] * 3
     assert fused.fits(shapes[0], terms)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "cable"])
+def test_flex_on_cuda_equals_blocked_path(scheme: str, monkeypatch) -> None:
+    """On a GPU the kernel is compiled by Triton: the same comparison."""
+    if fused.unavailable(torch.device("cuda")) is not None:
+        pytest.skip(f"FlexAttention cannot compile on this GPU: {fused.unavailable(torch.device('cuda'))}")
+    model, ids = model_of(scheme).cuda(), windows().cuda()
+    flex, _ = run(model, ids, "flex", monkeypatch)
+    sdpa, _ = run(model, ids, "sdpa", monkeypatch)
+    assert (flex - sdpa).abs().max() <= 1e-5 * sdpa.abs().max()
