@@ -37,7 +37,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("placed")
     llama = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
-    LlamaForCausalLM(llama).save_pretrained(root / "llama")
+    LlamaForCausalLM(llama).save_pretrained(root / "llama", max_shard_size="200KB")  # several files, as large models
     BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=4, n_head=4)).save_pretrained(root / "bloom")
     (root / "text.txt").write_text(TEXT)
     return {"llama": root / "llama", "bloom": root / "bloom", "text": root / "text.txt"}
