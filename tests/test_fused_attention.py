@@ -124,6 +124,30 @@ def test_without_a_compiler_the_blocked_path_runs(monkeypatch) -> None:
     assert torch.equal(logits, reference)
 
 
+def test_a_failing_first_call_falls_back_once(monkeypatch) -> None:
+    """No probe kernel is compiled before a forward: its first call is the probe. When it fails, the forward
+    takes the blocked path with the same numbers, says so once, and later forwards never try again."""
+    tries: list[int] = []
+
+    def broken():
+        tries.append(1)
+        raise RuntimeError("no C++ compiler")
+
+    model, ids = model_of("t5"), windows()
+    monkeypatch.setenv("BIASVIZ_ATTENTION", "sdpa")
+    with torch.no_grad():
+        reference = model(ids).logits
+    monkeypatch.setattr(fused, "_compiled", broken)
+    monkeypatch.setattr(fused, "_probe", {})
+    monkeypatch.setenv("BIASVIZ_ATTENTION", "flex")
+    with torch.no_grad():
+        with pytest.warns(UserWarning, match="no C\\+\\+ compiler"):
+            first = model(ids).logits
+        second = model(ids).logits
+    assert torch.equal(first, reference) and torch.equal(second, reference)
+    assert len(tries) == 1
+
+
 def test_causal_block_mask_is_the_causal_mask() -> None:
     """The block structure built from its shape equals flex's own block mask of i >= j, cell by cell."""
     from torch.nn.attention.flex_attention import create_block_mask

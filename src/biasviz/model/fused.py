@@ -45,7 +45,7 @@ def wanted(device: torch.device, seq_len: int) -> bool:
     chosen = mode()
     if chosen == "sdpa" or (chosen == "auto" and seq_len < MIN_LEN):
         return False
-    return unavailable(device) is None
+    return _probe.get(device.type) is None  # not known to fail: the first real call is the probe (see attend_or_none)
 
 
 def fits(q: torch.Tensor, terms: ScoreTerms) -> bool:
@@ -64,14 +64,39 @@ def fits(q: torch.Tensor, terms: ScoreTerms) -> bool:
 
 
 def unavailable(device: torch.device) -> str | None:
-    """None when compiled FlexAttention runs on this device type, else why not (checked once per process)."""
+    """None when compiled FlexAttention runs on this device type, else why not (a small kernel compiled once per
+    process, unless a real call has already told)."""
     with _probe_lock:
         if device.type not in _probe:
-            _probe[device.type] = why = _try(device)
-            if why is not None:
-                warnings.warn(f"FlexAttention does not run on {device.type} here ({why}); attention takes the "
-                              "blocked SDPA path (the same numbers, slower at long lengths)", stacklevel=2)  # fmt: skip
+            _failed(device, _try(device))
         return _probe[device.type]
+
+
+def _failed(device: torch.device, why: str | None) -> None:
+    _probe[device.type] = why
+    if why is not None:
+        warnings.warn(f"FlexAttention does not run on {device.type} here ({why}); attention takes the blocked "
+                      "SDPA path (the same numbers, slower at long lengths)", stacklevel=3)  # fmt: skip
+
+
+def attend_or_none(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: ScoreTerms, scale: float):
+    """:func:`attend`, or None where the kernel cannot be built here (then noted once, and never tried again).
+
+    The first call on a device is its probe: no separate kernel is compiled to find out (a compilation costs
+    5-10 s on 2 CPU cores, a tenth of a forward at T = 8192)."""
+    try:
+        out = attend(q, k, v, terms, scale)
+    except Exception as err:  # a missing compiler, an unsupported device: the blocked SDPA path is used
+        if _probe.get(q.device.type, "") is None:  # it ran before on this device: a real error, not the compiler
+            raise
+        _failed(q.device, _reason(err))
+        return None
+    _probe.setdefault(q.device.type, None)
+    return out
+
+
+def _reason(err: Exception) -> str:
+    return f"{type(err).__name__}: {err}".splitlines()[0][:200]
 
 
 def _try(device: torch.device) -> str | None:
@@ -81,7 +106,7 @@ def _try(device: torch.device) -> str | None:
         out = attend(q, q, q, ScoreTerms(distance=table), 0.25)
         return None if bool(torch.isfinite(out).all()) else "FlexAttention returned non-finite values"
     except Exception as err:  # a missing compiler, an unsupported device: the blocked SDPA path is used
-        return f"{type(err).__name__}: {err}".splitlines()[0][:200]
+        return _reason(err)
 
 
 @functools.lru_cache(maxsize=8)

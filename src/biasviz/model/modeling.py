@@ -132,8 +132,10 @@ class Attention(nn.Module):
             return y.transpose(1, 2)  # (B, T, H, hd)
         if not (eager or self.hook_bias.active or dropout_p > 0) and fused.wanted(x.device, T):
             terms = self.pos_bias.score_terms(x)  # the bias in a form the kernel reads per cell, or None
-            if terms is not None and fused.fits(q, terms):
-                return fused.attend(q, k, v, terms, self.scale).transpose(1, 2)  # (B, T, H, hd)
+            fits = terms is not None and fused.fits(q, terms)
+            out = fused.attend_or_none(q, k, v, terms, self.scale) if fits else None
+            if out is not None:
+                return out.transpose(1, 2)  # (B, T, H, hd)
         rows_of = self.pos_bias.rows(x) if self.adds_bias else None  # (r0, r1) -> (1 or B, H, rows, r1)
         # contiguous, so that each block's keys k[:, :, :r1] are (B * H) matrices matmul reads without a copy
         q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, hd)
