@@ -34,6 +34,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(root / "llama")
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(root / "llama_bf16")  # its config says bfloat16
     small_model("alibi", vocab_size=300).save_pretrained(root / "ours")
     (root / "text.txt").write_text(TEXT)
     (root / "a_file").write_text("not a folder\n")
@@ -83,6 +84,17 @@ def test_each_mistake_is_one_error_line_and_nothing_is_written(env: Path, tmp_pa
     assert re.search(pattern, lines[0]), lines[0]
     assert not out.exists() and not stdout
     assert not list(tmp_path.glob("*.tmp")) and not list(temp_root.iterdir())
+
+
+def test_a_budget_is_weighed_in_the_precision_the_model_runs_in(env: Path, tmp_path: Path, capsys) -> None:
+    """A bfloat16 checkpoint run in float32 (the default): a layer takes twice its size on disk. 64 + 2·32 key and
+    value rows of 64, 3·128 MLP rows of 64 and two norms: 36,992 values, 144.5 KiB in float32, 72.3 KiB in bfloat16."""
+    out = tmp_path / "out.h5"
+    code, _, err = run_cli(_argv(env, out, "--device-map", "auto", "--max-memory", "cpu=100KiB", model="llama_bf16"),
+                           capsys)  # fmt: skip
+    assert code == 1 and len(err.strip().splitlines()) == 1 and err.startswith("Error: "), err
+    assert re.search(r"100.0 KiB; it cannot hold one layer \(model\.layers\.\d: 144.5 KiB in float32\)", err), err
+    assert not out.exists()
 
 
 def test_a_biasviz_checkpoint_is_not_placed(env: Path, tmp_path: Path, capsys) -> None:

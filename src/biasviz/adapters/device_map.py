@@ -263,7 +263,7 @@ def load_placed(auto_class: Any, path: Path, placement: Placement, **kwargs: Any
     config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     with init_empty_weights():
         empty = auto_class.from_config(config, trust_remote_code=False)
-    _check_against(empty, placement, dtype)
+    _check_against(empty.to(dtype), placement, dtype)  # sized in the precision it runs in, not the checkpoint's
     folder = placement.offload_folder  # None (no offload_space): weights from a safetensors file need none
     try:
         if folder is not None:
