@@ -148,14 +148,33 @@ def test_a_failing_first_call_falls_back_once(monkeypatch) -> None:
     assert len(tries) == 1
 
 
-def test_causal_block_mask_is_the_causal_mask() -> None:
-    """The block structure built from its shape equals flex's own block mask of i >= j, cell by cell."""
-    from torch.nn.attention.flex_attention import create_block_mask
+@pytest.mark.parametrize("tiles", [(128, 128), (256, 512), (512, 256)])
+def test_causal_block_mask_is_the_causal_mask(tiles: tuple[int, int], monkeypatch) -> None:
+    """The block structure built from its shape against i >= j evaluated cell by cell over the T x T cells: a block
+    is read (whole or through the mask) exactly when one of its cells has j <= i, and read whole only when all do."""
+    monkeypatch.setattr(fused, "Q_BLOCK", tiles[0])
+    monkeypatch.setattr(fused, "KV_BLOCK", tiles[1])
+    fused.causal_block_mask.cache_clear()
+    bq, bk = tiles
 
-    for n in (130, 256, 300):
-        built = fused.causal_block_mask(n, torch.device("cpu")).to_dense()
-        evaluated = create_block_mask(lambda b, h, i, j: i >= j, None, None, n, n, device="cpu").to_dense()
-        assert torch.equal(built, evaluated)
+    def blocks_of(num: torch.Tensor, idx: torch.Tensor) -> set[tuple[int, int]]:
+        return {(r, int(c)) for r in range(num.shape[-1]) for c in idx[0, 0, r, : num[0, 0, r]]}
+
+    try:
+        for n in (130, 300, 1100):
+            built = fused.causal_block_mask(n, torch.device("cpu"))
+            whole = blocks_of(built.full_kv_num_blocks, built.full_kv_indices)
+            masked = blocks_of(built.kv_num_blocks, built.kv_indices)
+            i = torch.arange(n)
+            keep = i[:, None] >= i[None, :]  # (n, n)
+            for r in range(-(-n // bq)):
+                for c in range(-(-n // bk)):
+                    cells = keep[r * bq : (r + 1) * bq, c * bk : (c + 1) * bk]
+                    assert ((r, c) in whole or (r, c) in masked) == bool(cells.any()), (n, r, c)
+                    assert (r, c) not in whole or bool(cells.all()), (n, r, c)
+                    assert not ((r, c) in whole and (r, c) in masked)
+    finally:
+        fused.causal_block_mask.cache_clear()
 
 
 def test_no_more_kernels_than_torch_compiles(monkeypatch) -> None:

@@ -25,7 +25,10 @@ import torch
 from biasviz.schemes.base import ScoreTerms
 
 MIN_LEN = 2048  # below it one compilation (5-10 s on 2 cores) costs more than the kernel saves
-BLOCK = 128  # FlexAttention's block of queries and keys: the block mask's granularity
+BLOCK = 128  # FlexAttention's block of queries and keys on a GPU: the block mask's granularity
+# On the CPU the blocks are also the kernel's tiles; at T = 8192 (2 cores) 128 x 128 took 1.15 s, 256 x 256 1.17,
+# 256 x 512 (SDPA's own CPU split) 1.20, 512 x 512 1.19: flex's default is kept
+Q_BLOCK, KV_BLOCK = 128, 128
 MODES = ("auto", "flex", "sdpa")
 _probe_lock = threading.Lock()
 _probe: dict[str, str | None] = {}  # device type -> None (works) or the reason it does not
@@ -111,23 +114,37 @@ def _try(device: torch.device) -> str | None:
 
 @functools.lru_cache(maxsize=8)
 def causal_block_mask(seq_len: int, device: torch.device):  # -> BlockMask
-    """The causal mask as flex's block structure, built from its known shape (no T x T evaluation): block row r
-    reads key blocks 0 .. r - 1 whole and its diagonal block through the mask."""
+    """The causal mask as flex's block structure, built from its known shape (no T x T evaluation): query block r
+    reads the key blocks wholly at or before its first query whole, and those crossing its rows through the mask.
+    On the CPU the blocks are also the kernel's tiles (Q_BLOCK x KV_BLOCK)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    n = -(-seq_len // BLOCK)
-    rows = torch.arange(n, device=device, dtype=torch.int32)
-    diagonal = rows.view(1, 1, n, 1).clone()  # (1, 1, n, 1): the one partial block of each row
-    full = torch.arange(n, device=device, dtype=torch.int32).view(1, 1, 1, n).expand(1, 1, n, n).contiguous()
-    return BlockMask.from_kv_blocks(
-        torch.ones(1, 1, n, device=device, dtype=torch.int32),
-        torch.cat([diagonal, torch.zeros(1, 1, n, n - 1, device=device, dtype=torch.int32)], dim=-1),
-        rows.view(1, 1, n).clone(),  # block row r: r whole blocks before the diagonal
-        full,
-        BLOCK_SIZE=BLOCK,
-        mask_mod=_causal,
-        seq_lengths=(seq_len, seq_len),
-    )
+    bq, bk = blocks(device)
+    nq, nk = -(-seq_len // bq), -(-seq_len // bk)
+    first_q = torch.arange(nq, device=device) * bq  # (nq,)
+    last_q = torch.clamp(first_q + bq - 1, max=seq_len - 1)
+    last_k = torch.arange(nk, device=device) * bk + bk - 1  # (nk,)
+    full = last_k[None, :] <= first_q[:, None]  # (nq, nk): every key of the block at or before every query
+    seen = (torch.arange(nk, device=device) * bk)[None, :] <= last_q[:, None]  # some key at or before some query
+    partial = seen & ~full
+
+    def packed(which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        counts = which.sum(-1, dtype=torch.int32)  # (nq,)
+        order = torch.argsort((~which).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # chosen blocks first
+        return counts.view(1, 1, nq), order.view(1, 1, nq, nk).contiguous()
+
+    kv_num, kv_idx = packed(partial)
+    full_num, full_idx = packed(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(bq, bk), mask_mod=_causal,
+                                    seq_lengths=(seq_len, seq_len))  # fmt: skip
+
+
+def blocks(device: torch.device) -> tuple[int, int]:
+    """(query, key) block of the mask: on the CPU the kernel's tiles (Q_BLOCK x KV_BLOCK); elsewhere flex's
+    default, 128."""
+    if device.type == "cpu":
+        return Q_BLOCK, KV_BLOCK
+    return BLOCK, BLOCK
 
 
 def _causal(b: torch.Tensor, h: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
