@@ -14,23 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from biasviz.model.attention import causal_mask, query_blocks
-from biasviz.schemes.base import ScoreTerms, toeplitz_rows
+from biasviz.model.attention import attention_scores, causal_mask, query_blocks
+from biasviz.schemes.base import ScoreTerms
 
 BLOCK_ELEMENTS = 1 << 22  # scores per block (B * H * rows * keys): 16 MiB of float32, a few temporaries of it
 
 
-def bias_rows(terms: ScoreTerms, seq_len: int, r0: int, r1: int) -> torch.Tensor:
-    """The bias of queries r0..r1-1 against keys 0..r1-1 from its compact form: (1 or B, H, rows, r1)."""
-    if terms.distance is not None:
-        return toeplitz_rows(terms.distance, seq_len, r0, r1)
-    return terms.ends[:, :, r0:r1, None] - terms.ends[:, :, None, :r1]
-
-
 def _masked_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float, r0: int) -> torch.Tensor:
     """scale q k^T + b of one causal block of rows, -inf past the diagonal, float32: (B, H, rows, r1)."""
-    scores = (q.float() * scale) @ k.float().transpose(-2, -1)
-    scores.add_(bias)
+    scores = attention_scores(q, k, bias, scale)
     rows = q.shape[-2]
     scores[..., r0:].masked_fill_(causal_mask(rows, rows, q.device), float("-inf"))
     return scores
@@ -44,7 +36,7 @@ class _Attention(torch.autograd.Function):
         out = torch.empty_like(v)
         lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
         for r0, r1 in query_blocks(T, B * H, BLOCK_ELEMENTS):
-            scores = _masked_scores(q[:, :, r0:r1], k[:, :, :r1], bias_rows(terms, T, r0, r1), scale, r0)
+            scores = _masked_scores(q[:, :, r0:r1], k[:, :, :r1], terms.rows(r0, r1), scale, r0)
             lse[:, :, r0:r1] = torch.logsumexp(scores, dim=-1)
             weights = torch.softmax(scores, dim=-1, out=scores)
             out[:, :, r0:r1] = (weights @ v[:, :, :r1].float()).to(v.dtype)
@@ -67,7 +59,7 @@ class _Attention(torch.autograd.Function):
         for r0, r1 in query_blocks(T, B * H, BLOCK_ELEMENTS):
             q_b, k_b, v_b = q[:, :, r0:r1].float(), k[:, :, :r1].float(), v[:, :, :r1].float()
             do_b = grad_out[:, :, r0:r1]
-            scores = _masked_scores(q_b, k_b, bias_rows(terms, T, r0, r1), scale, r0)
+            scores = _masked_scores(q_b, k_b, terms.rows(r0, r1), scale, r0)
             weights = torch.exp(scores.sub_(lse[:, :, r0:r1, None]))  # (B, H, rows, r1); 0 past the diagonal
             dv[:, :, :r1] += weights.transpose(-2, -1) @ do_b
             d_scores = weights.mul_((do_b @ v_b.transpose(-2, -1)).sub_(delta[:, :, r0:r1, None]))  # dS

@@ -30,6 +30,12 @@ class ScoreTerms:
     distance: torch.Tensor | None = None
     ends: torch.Tensor | None = None
 
+    def rows(self, r0: int, r1: int) -> torch.Tensor:
+        """The bias of queries r0..r1-1 against keys 0..r1-1: (1 or B, H, rows, r1), a new tensor."""
+        if self.distance is not None:
+            return toeplitz_rows(self.distance, (self.distance.shape[-1] + 1) // 2, r0, r1)
+        return self.ends[:, :, r0:r1, None] - self.ends[:, :, None, :r1]
+
 
 def relative_distance(q_len: int, k_len: int, device: torch.device | None = None) -> torch.Tensor:
     """Distance d = i - j between query i and key j, as a (Tq, Tk) long tensor.
@@ -136,24 +142,25 @@ class PositionScheme(nn.Module):
         key past its last row), so that no (H, T, T) tensor exists at long lengths. Each call returns a
         new tensor, which the caller may overwrite. The default calls :meth:`bias` on the prefix
         ``x[:, :r1]`` (queries are the last ``q_len`` of ``k_len`` positions, so the values are those of
-        ``bias(x, T, T)[:, :, r0:r1, :r1]``); a scheme with a :meth:`distance_bias` copies each block out of
-        one per-head table (one pass, no formula per cell); schemes with other work per forward (sums
-        over ``x``) override it to do that work once.
+        ``bias(x, T, T)[:, :, r0:r1, :r1]``); a scheme with :meth:`score_terms` forms every block from them,
+        computed once per forward (a distance table: one pass, no formula per cell; CABLE's and FoX's
+        cumulative sums over ``x``); schemes with other work per forward override it to do that work once.
         """
-        if x is not None:
-            T = x.shape[1]
-            table = self.distance_bias(torch.arange(T - 1, -T, -1, device=x.device))  # (H, 2T - 1): d = T-1 .. 1-T
-            if table is not None:
-                table = table.contiguous()  # each block's rows are then runs of the table: a fast copy
-                return lambda r0, r1: toeplitz_rows(table, T, r0, r1)
+        terms = self.score_terms(x)
+        if terms is not None:
+            return terms.rows
         return lambda r0, r1: self.bias(None if x is None else x[:, :r1], r1 - r0, r1)
 
-    def score_terms(self, x: torch.Tensor) -> ScoreTerms | None:
+    def score_terms(self, x: torch.Tensor | None) -> ScoreTerms | None:
         """The bias of a whole forward over ``x`` (B, T, C) as :class:`ScoreTerms`, the values :meth:`rows` forms
         blocks of; None where it has no such form (then the attention forms blocks of rows). The default is the
-        distance table of a scheme with a :meth:`distance_bias`."""
+        distance table of a scheme with a :meth:`distance_bias` (None without ``x``, which gives the length); a
+        scheme whose bias needs the input raises a :class:`BiasvizError` without it."""
+        if x is None:
+            return None
         T = x.shape[1]
         table = self.distance_bias(torch.arange(T - 1, -T, -1, device=x.device))  # (H, 2T - 1): d = T-1 .. 1-T
+        # contiguous: each block's rows are then runs of the table, a fast copy
         return None if table is None else ScoreTerms(distance=table.contiguous())
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ from torch import nn
 
 from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, RowsFn, ScoreTerms
+from biasviz.schemes.base import PositionScheme, ScoreTerms
 
 
 @register
@@ -31,25 +31,18 @@ class CABLE(PositionScheme):
         nn.init.normal_(self.proj.weight, std=0.02)
         nn.init.zeros_(self.proj.bias)
 
-    def cumulative_cost(self, x: torch.Tensor) -> torch.Tensor:
+    def cumulative_cost(self, x: torch.Tensor | None) -> torch.Tensor:
         """s_t for every position: (B, H, T); computed in float32 for long sequences."""
+        if x is None:
+            raise BiasvizError("the CABLE bias depends on the input: it needs the attention input x")
         rates = F.softplus(self.proj(x).float())  # (B, T, H)
         return -torch.cumsum(rates, dim=1).transpose(1, 2)  # (B, H, T)
 
     def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
-        if x is None:
-            raise BiasvizError("the CABLE bias depends on the input: it needs the attention input x")
         s = self.cumulative_cost(x)  # (B, H, Tk)
         s_q = s[:, :, k_len - q_len :]  # (B, H, Tq)
         return s_q[:, :, :, None] - s[:, :, None, :]  # (B, H, Tq, Tk)
 
-    def rows(self, x: torch.Tensor | None) -> RowsFn:
-        """Blocks of query rows from one cumulative sum per forward (per block it would cost O(T * C))."""
-        if x is None:
-            raise BiasvizError("the CABLE bias depends on the input: it needs the attention input x")
-        s = self.cumulative_cost(x)  # (B, H, T)
-        return lambda r0, r1: s[:, :, r0:r1, None] - s[:, :, None, :r1]  # (B, H, rows, r1)
-
-    def score_terms(self, x: torch.Tensor) -> ScoreTerms:
-        """b_h(i, j) = s_i - s_j from the cumulative sum itself."""
+    def score_terms(self, x: torch.Tensor | None) -> ScoreTerms:
+        """b_h(i, j) = s_i - s_j from one cumulative sum per forward (per block of rows it would cost O(T * C))."""
         return ScoreTerms(ends=self.cumulative_cost(x))

@@ -24,7 +24,7 @@ from torch import nn
 
 from biasviz.common.errors import BiasvizError
 from biasviz.schemes import register
-from biasviz.schemes.base import PositionScheme, RowsFn, ScoreTerms, option_number, relative_distance
+from biasviz.schemes.base import PositionScheme, ScoreTerms, option_number, relative_distance
 
 GATES = ("full", "bias_only", "fixed")
 
@@ -105,13 +105,6 @@ class FoX(PositionScheme):
             raise BiasvizError("the FoX bias with gate 'full' depends on the input: it needs the attention input x")
         return torch.cumsum(F.logsigmoid(self.proj(x).float()), dim=1).transpose(1, 2)  # (B, H, T)
 
-    def rows(self, x: torch.Tensor | None) -> RowsFn:
-        """With the full gate, blocks of query rows from one cumulative sum per forward."""
-        if self.gate != "full":
-            return super().rows(x)
-        c = self.cumulative_gate(x)  # (B, H, T)
-        return lambda r0, r1: c[:, :, r0:r1, None] - c[:, :, None, :r1]  # (B, H, rows, r1)
-
-    def score_terms(self, x: torch.Tensor) -> ScoreTerms | None:
-        """With the full gate, c_i - c_j from the cumulative sum itself; else the distance table."""
+    def score_terms(self, x: torch.Tensor | None) -> ScoreTerms | None:
+        """With the full gate, c_i - c_j from one cumulative sum per forward; else the distance table."""
         return super().score_terms(x) if self.gate != "full" else ScoreTerms(ends=self.cumulative_gate(x))
