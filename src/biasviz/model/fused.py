@@ -71,7 +71,8 @@ def unavailable(device: torch.device) -> str | None:
     process, unless a real call has already told)."""
     with _probe_lock:
         if device.type not in _probe:
-            _failed(device, _try(device))
+            q = torch.randn(1, 2, 2 * BLOCK, 16, device=device)
+            attend_or_none(q, q, q, ScoreTerms(distance=torch.randn(2, 4 * BLOCK - 1, device=device)), 0.25)
         return _probe[device.type]
 
 
@@ -92,24 +93,10 @@ def attend_or_none(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: Sco
     except Exception as err:  # a missing compiler, an unsupported device: the blocked SDPA path is used
         if _probe.get(q.device.type, "") is None:  # it ran before on this device: a real error, not the compiler
             raise
-        _failed(q.device, _reason(err))
+        _failed(q.device, f"{type(err).__name__}: {err}".splitlines()[0][:200])
         return None
     _probe.setdefault(q.device.type, None)
     return out
-
-
-def _reason(err: Exception) -> str:
-    return f"{type(err).__name__}: {err}".splitlines()[0][:200]
-
-
-def _try(device: torch.device) -> str | None:
-    try:
-        q = torch.randn(1, 2, 2 * BLOCK, 16, device=device)
-        table = torch.randn(2, 4 * BLOCK - 1, device=device)
-        out = attend(q, q, q, ScoreTerms(distance=table), 0.25)
-        return None if bool(torch.isfinite(out).all()) else "FlexAttention returned non-finite values"
-    except Exception as err:  # a missing compiler, an unsupported device: the blocked SDPA path is used
-        return _reason(err)
 
 
 @functools.lru_cache(maxsize=8)
