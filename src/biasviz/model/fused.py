@@ -72,7 +72,9 @@ def unavailable(device: torch.device) -> str | None:
     with _probe_lock:
         if device.type not in _probe:
             q = torch.randn(1, 2, 2 * BLOCK, 16, device=device)
-            attend_or_none(q, q, q, ScoreTerms(distance=torch.randn(2, 4 * BLOCK - 1, device=device)), 0.25)
+            out = attend_or_none(q, q, q, ScoreTerms(distance=torch.randn(2, 4 * BLOCK - 1, device=device)), 0.25)
+            if out is not None and not bool(torch.isfinite(out).all()):
+                _failed(device, "FlexAttention returned non-finite values")
         return _probe[device.type]
 
 
