@@ -53,6 +53,20 @@ def datasets(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def assert_same_datasets(one: dict[str, np.ndarray], two: dict[str, np.ndarray],
+                         field_tol: tuple[float, float]) -> None:
+    """Two files' datasets, name by name: the same names; values within 1e-6 relative (1e-7 absolute), the fields
+    of compound datasets within ``field_tol`` (relative, absolute)."""
+    assert one.keys() == two.keys()
+    for name in one:
+        if one[name].dtype.names:
+            for field in one[name].dtype.names:
+                np.testing.assert_allclose(two[name][field], one[name][field], rtol=field_tol[0], atol=field_tol[1],
+                                           err_msg=name)  # fmt: skip
+        else:
+            np.testing.assert_allclose(two[name], one[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved 2-layer ALiBi model whose vocabulary holds every byte (so text is read as UTF-8 bytes)."""
@@ -296,13 +310,7 @@ def test_torchrun_summary_equals_the_one_process_summary(
     rc, _, err = run_cli([*common, "--out", f"{scheme}-one.h5"], capsys)
     assert rc == 0, err
     one, two = datasets(model_dir / f"{scheme}-one.h5"), datasets(model_dir / f"{scheme}-two.h5")
-    assert one.keys() == two.keys()
-    for name in one:
-        if one[name].dtype.names:
-            for field in one[name].dtype.names:
-                np.testing.assert_allclose(two[name][field], one[name][field], rtol=1e-9, atol=1e-12, err_msg=name)
-        else:
-            np.testing.assert_allclose(two[name], one[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert_same_datasets(one, two, field_tol=(1e-9, 1e-12))
     rc, _, err = run_cli([*base, "--resolution", "10", "--out", "coarse.h5"], capsys)
     assert rc == 0, err  # one process: any resolution
     run = torchrun([*base, "--resolution", "10", "--out", "coarse2.h5"], model_dir)
@@ -352,15 +360,9 @@ def test_torchrun_summary_of_a_streamed_model_keeps_the_positional_logits(
     rc, _, err = run_cli([*common, "--out", "streamed-one.h5"], capsys)
     assert rc == 0, err
     one, two = datasets(model_dir / "streamed-one.h5"), datasets(model_dir / "streamed-two.h5")
-    assert one.keys() == two.keys()
     for name in ("positional_mean", "positional_profile", "weights_key_profile", "sink_share", "scores_mean"):
         assert f"layer_0/{name}" in two, name
-    for name in one:
-        if one[name].dtype.names:
-            for field in one[name].dtype.names:
-                np.testing.assert_allclose(two[name][field], one[name][field], rtol=1e-6, atol=1e-7, err_msg=name)
-        else:
-            np.testing.assert_allclose(two[name], one[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert_same_datasets(one, two, field_tol=(1e-6, 1e-7))
     # P, the key profile and the sink shares from their definitions, in float64 from the model's own projections
     spec = importlib.util.spec_from_file_location("streamed", model_dir / "streamed.py")
     assert spec is not None and spec.loader is not None
