@@ -25,7 +25,16 @@ def peak_rss_bytes() -> int:
 
 
 def current_rss_bytes() -> int:
+    return _status_bytes("VmRSS")
+
+
+def peak_hwm_bytes() -> int:
+    """This process's peak resident memory (VmHWM), reset by exec, unlike a forked child's ru_maxrss."""
+    return _status_bytes("VmHWM")
+
+
+def _status_bytes(key: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
     return 0

@@ -21,15 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-GIB = 1024**3
-
-
-def vm_hwm() -> int:
-    """This process's peak resident memory in bytes (reset by exec, unlike a forked child's ru_maxrss)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import GIB, peak_hwm_bytes  # noqa: E402
 
 
 def floor_model(seq_len: int):  # -> transformers GPT2LMHeadModel
@@ -95,7 +88,7 @@ def child(args: argparse.Namespace) -> dict[str, object]:
             extract_summary(adapter, ids, Path(tmp) / "s.h5", layers=-1, resolution=args.resolution,
                             batch_size=1, device="cpu", progress=False, positional=args.samples > 1)  # fmt: skip
             out["first_s"] = time.perf_counter() - t0
-    out["peak_gib"] = vm_hwm() / GIB
+    out["peak_gib"] = peak_hwm_bytes() / GIB
     return out
 
 
