@@ -104,7 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, nargs="+", default=[8192])
     parser.add_argument("--schemes", nargs="+", default=["alibi", "kerple-log", "t5"])
-    parser.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "sdpa"])
+    parser.add_argument("--attention", nargs="+", default=["auto"], choices=["auto", "flex", "table", "sdpa"])
     parser.add_argument("--summary", nargs="*", default=None, metavar="SCHEME",
                         help="also extract --summary (R = --resolution) of these schemes (none named: every one)")
     parser.add_argument("--samples", type=int, default=2)

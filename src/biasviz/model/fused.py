@@ -10,6 +10,11 @@ blocks past the diagonal. No (H, T, T) tensor and no bias block ever exists.
 Used for forwards without autograd (extraction, summaries, evaluation) where nobody listens to the layer's
 bias, scores or weights, when torch's compiler works on this machine (probed once per process; a missing C++
 compiler falls back to the blocked SDPA path) and the length is worth a compilation (:data:`MIN_LEN`).
+
+On the CPU a bias that is a function of i - j alone (a distance table: ALiBi, KERPLE, T5, FoX with a fixed gate)
+goes through SDPA's own kernel instead (:func:`attend_by_table`), at any length and with no compilation: its mask
+is the table itself seen through strides, so no bias block is ever written either. torch's CPU FlexAttention kernel
+is 1.4x SDPA's causal kernel before any bias is read; the strided mask costs 1.1x (BENCHMARKS section 13).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from biasviz.schemes.base import ScoreTerms
 
@@ -29,26 +35,86 @@ BLOCK = 128  # FlexAttention's block of queries and keys on a GPU: the block mas
 # On the CPU the blocks are also the kernel's tiles; at T = 8192 (2 cores) 128 x 128 took 1.15 s, 256 x 256 1.17,
 # 256 x 512 (SDPA's own CPU split) 1.20, 512 x 512 1.19: flex's default is kept
 Q_BLOCK, KV_BLOCK = 128, 128
-MODES = ("auto", "flex", "sdpa")
+MODES = ("auto", "flex", "table", "sdpa")
+# Query rows per SDPA call of the strided-table path: each call computes its last rows x rows / 2 cells past the
+# diagonal for nothing (rows / T of the work); fewer rows are more calls. At T = 8192 on 2 cores 512 rows took
+# 1.18-1.36x the causal kernel, 768-1024 1.03-1.12x, 1536-2048 1.17-1.23x.
+TABLE_ROWS = 1024
 _probe_lock = threading.Lock()
 _probe: dict[str, str | None] = {}  # device type -> None (works) or the reason it does not
 _shapes: set[tuple] = set()  # the kernels compiled so far: each new shape is a compilation of its own
 
 
 def mode() -> str:
-    """``BIASVIZ_ATTENTION``: ``auto`` (default: flex where it works and pays), ``flex`` (flex wherever it works,
-    any length) or ``sdpa`` (never flex: the blocked SDPA path without autograd and every cell at once with it, the
-    paths before the fused ones, for comparison)."""
+    """``BIASVIZ_ATTENTION``: ``auto`` (default: on the CPU the strided table for distance biases, flex elsewhere
+    where it works and pays), ``flex`` (flex wherever it works, any length), ``table`` (the strided table wherever
+    the bias has one, on any device; other biases take the blocked path) or ``sdpa`` (neither: the blocked SDPA path
+    without autograd and every cell at once with it, the paths before the fused ones, for comparison)."""
     value = os.environ.get("BIASVIZ_ATTENTION", "auto").strip().lower() or "auto"
     return value if value in MODES else "auto"
 
 
-def wanted(device: torch.device, seq_len: int) -> bool:
-    """Whether a forward of ``seq_len`` positions on ``device`` runs through FlexAttention."""
+def route(device: torch.device, seq_len: int, terms: ScoreTerms | None, table: bool = True) -> str | None:
+    """The kernel a forward of ``seq_len`` positions with the bias ``terms`` takes on ``device``: ``"table"``
+    (:func:`attend_by_table`; not where ``table`` is False), ``"flex"`` (:func:`attend`) or None (the blocked SDPA
+    path).
+
+    Not the table while a torch function mode intercepts calls (``biasviz.trace``): its SDPA calls see blocks of
+    rows in reverse order against a strided mask, which a trace would record as they are rather than as the layer.
+    """
     chosen = mode()
-    if chosen == "sdpa" or (chosen == "auto" and seq_len < MIN_LEN):
-        return False
-    return _probe.get(device.type) is None  # not known to fail: the first real call is the probe (see attend_or_none)
+    if terms is None or chosen == "sdpa":
+        return None
+    table = table and terms.distance is not None and not _intercepted()
+    if table and (chosen == "table" or (chosen == "auto" and device.type == "cpu")):
+        return "table"
+    if chosen == "table" or (chosen == "auto" and seq_len < MIN_LEN):
+        return None
+    return "flex" if _probe.get(device.type) is None else None  # the first real call is the probe (attend_or_none)
+
+
+def _intercepted() -> bool:
+    """Whether a torch function mode (a trace) sees every call now."""
+    enabled = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+    return bool(enabled()) if enabled is not None else False
+
+
+def attend_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: ScoreTerms | None, scale: float,
+                 table: bool = True) -> torch.Tensor | None:  # fmt: skip
+    """Causal attention with the bias ``terms`` through the fastest kernel that runs here, (B, H, T, hd); None where
+    none does (no compact form, ``BIASVIZ_ATTENTION=sdpa``, a compiler that fails, torch's recompile limit): then
+    the caller's blocked SDPA path runs, with the same numbers. ``table``: whether the strided table may run."""
+    chosen = route(q.device, q.shape[-2], terms, table)
+    if chosen == "table":
+        return attend_by_table(q, k, v, terms.distance, scale)
+    if chosen == "flex" and fits(q, terms):
+        return attend_or_none(q, k, v, terms, scale)
+    return None
+
+
+def attend_by_table(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, scale: float,
+                    rows: int | None = None) -> torch.Tensor:  # fmt: skip
+    """Causal softmax(scale * q k^T + f(i - j)) v through SDPA, the mask an overlapping strided view of the
+    distance table (H, 2T - 1) (entry m holds f(T - 1 - m)): (B, H, T, hd), no (H, rows, keys) block written.
+
+    A view's strides must be positive, and f(i - j) with rows in order would need a row stride of -1; with the
+    rows of a block reversed (a = r1 - 1 - i) the entry is T - r1 + a + j, strides (1, 1). Entries past m = T - 1
+    (keys after the query) become -inf in a copy of the table: the causal mask comes with the bias. SDPA's
+    ``is_causal`` aligns top-left, which is wrong for a block with r0 > 0; each block sees keys 0..r1-1 only.
+    """
+    B, H, T, hd = q.shape
+    rows = rows or TABLE_ROWS
+    table = distance.to(q.dtype).clone()  # (H, 2T - 1), written below
+    table[:, T:] = float("-inf")  # d = T - 1 - m < 0
+    width = table.stride(0)
+    y = torch.empty(B, T, H, hd, dtype=v.dtype, device=v.device).transpose(1, 2)  # (B, H, T, hd), stored (B, T, H, hd)
+    for r0 in range(0, T, rows):
+        r1 = min(T, r0 + rows)
+        mask = table.as_strided((1, H, r1 - r0, r1), (0, width, 1, 1), T - r1)  # (1, H, rows reversed, r1)
+        out = F.scaled_dot_product_attention(q[:, :, r0:r1].flip(-2), k[:, :, :r1], v[:, :, :r1], attn_mask=mask,
+                                             scale=scale)  # fmt: skip
+        y[:, :, r0:r1] = out.flip(-2)  # (B, H, rows, hd)
+    return y
 
 
 def fits(q: torch.Tensor, terms: ScoreTerms) -> bool:

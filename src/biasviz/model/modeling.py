@@ -45,7 +45,8 @@ class Attention(nn.Module):
     nobody listens at ``hook_pattern``; and an eager one that forms them and passes them through it.
     """
 
-    block_elements: int | None = None  # scores per query block; None: the device's default (attention.py)
+    # scores per query block; None: the device's default. Set, it also keeps the strided table (blocks of its own) out
+    block_elements: int | None = None
 
     def __init__(self, config: BiasGPTConfig, scheme: PositionScheme | None, owns_scheme: bool = True) -> None:
         super().__init__()
@@ -130,10 +131,10 @@ class Attention(nn.Module):
         if not (eager or self.adds_bias):  # fused kernels are blocked themselves and mask by position
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
             return y.transpose(1, 2)  # (B, T, H, hd)
-        if not (eager or self.hook_bias.active or dropout_p > 0) and fused.wanted(x.device, T):
-            terms = self.pos_bias.score_terms(x)  # the bias in a form the kernel reads per cell, or None
-            fits = terms is not None and fused.fits(q, terms)
-            out = fused.attend_or_none(q, k, v, terms, self.scale) if fits else None
+        if not (eager or self.hook_bias.active or dropout_p > 0) and fused.mode() != "sdpa":
+            terms = self.pos_bias.score_terms(x)  # the bias in a form a kernel reads per cell, or None
+            # blocks of rows asked for: not the table's own blocks
+            out = fused.attend_fused(q, k, v, terms, self.scale, table=self.block_elements is None)
             if out is not None:
                 return out.transpose(1, 2)  # (B, T, H, hd)
         rows_of = self.pos_bias.rows(x) if self.adds_bias else None  # (r0, r1) -> (1 or B, H, rows, r1)

@@ -1,0 +1,164 @@
+"""The strided-table attention (SDPA with the distance table as its mask, seen through strides) against float64
+math and the blocked path.
+
+No compiler is involved, so nothing here skips. The table path is forced (``BIASVIZ_ATTENTION=table``) with blocks
+of 128 rows at T = 300, so that a forward spans three blocks, the last one short, and a batch of two windows, one
+padded with one token.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, capture, fused
+from biasviz.schemes import SCHEMES
+
+T = 300
+DISTANCE_SCHEMES = ["alibi", "kerple-log", "kerple-power", "t5"]  # with their default options
+FOX_BIAS_ONLY = {"gate": "bias_only"}  # FoX's context-free gate: a table too (its default gate is not)
+
+
+@pytest.fixture(autouse=True)
+def _small_blocks(monkeypatch) -> None:
+    monkeypatch.setattr(fused, "TABLE_ROWS", 128)
+
+
+def model_of(scheme: str, **extra) -> BiasGPTForCausalLM:
+    torch.manual_seed(0)
+    config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=4, n_embd=64, vocab_size=97, n_positions=512, **extra)
+    model = BiasGPTForCausalLM(config).eval()
+    with torch.no_grad():  # away from the initial values, which hide mistakes (T5's table starts at 0)
+        for name, p in model.named_parameters():
+            if "pos_bias" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def windows() -> torch.Tensor:
+    ids = torch.randint(1, 97, (2, T), generator=torch.Generator().manual_seed(1))
+    ids[1, T - 60 :] = 0
+    return ids
+
+
+def test_the_distance_schemes_have_a_table() -> None:
+    x = torch.zeros(1, 8, 64)
+    for scheme in sorted(SCHEMES):
+        terms = model_of(scheme).blocks[0].attn.pos_bias
+        terms = terms.score_terms(x) if terms is not None and terms.adds_bias else None
+        assert (terms is not None and terms.distance is not None) == (scheme in DISTANCE_SCHEMES), scheme
+
+
+@pytest.mark.parametrize(("scheme", "options"), [(s, {}) for s in DISTANCE_SCHEMES] + [("fox", FOX_BIAS_ONLY)])
+def test_table_layer_equals_float64_math(scheme: str, options: dict, monkeypatch) -> None:
+    """One layer against softmax(scale q k^T + b) v in float64, b from the scheme's own full ``bias``."""
+    monkeypatch.setenv("BIASVIZ_ATTENTION", "table")
+    attn = model_of(scheme, scheme_options=options).blocks[0].attn
+    x = torch.randn(2, T, 64, generator=torch.Generator().manual_seed(2))
+    calls: list[int] = []
+    real = fused.attend_by_table
+    monkeypatch.setattr(fused, "attend_by_table", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        out = attn(x)
+        ref = copy.deepcopy(attn).double()
+        B, H, hd = 2, ref.n_head, ref.head_dim
+        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in ref.c_attn(x.double()).split(64, dim=2))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hd) + ref.pos_bias.bias(x.double(), T, T)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        expected = ref.c_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, 64))
+    assert calls == [1]
+    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def run(model: BiasGPTForCausalLM, ids: torch.Tensor, mode: str, monkeypatch) -> tuple[torch.Tensor, dict]:
+    """Logits, and layer 1's bias and weights as the hooks see them; layer 0 is not listened to."""
+    monkeypatch.setenv("BIASVIZ_ATTENTION", mode)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(t: torch.Tensor, name: str, r0: int) -> None:
+        full = seen.setdefault(name, torch.zeros(t.shape[0], t.shape[1], T, T))
+        full[:, :, r0 : r0 + t.shape[2], : t.shape[3]] = t
+
+    points = ["blocks.1.attn.hook_pattern"] + (["blocks.1.attn.hook_bias"] if model.blocks[1].attn.adds_bias else [])
+    with torch.no_grad(), capture(model, points, keep):
+        logits = model(ids).logits
+    return logits, seen
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_table_equals_blocked_path(scheme: str, monkeypatch) -> None:
+    """Every scheme: with the table forced, logits and the listened layer's blocks equal the blocked path's (schemes
+    without a table take the blocked path themselves)."""
+    model, ids = model_of(scheme), windows()
+    table_logits, table_seen = run(model, ids, "table", monkeypatch)
+    sdpa_logits, sdpa_seen = run(model, ids, "sdpa", monkeypatch)
+    assert (table_logits - sdpa_logits).abs().max() <= 1e-5 * sdpa_logits.abs().max()
+    assert table_seen.keys() == sdpa_seen.keys()
+    for name in table_seen:
+        torch.testing.assert_close(table_seen[name], sdpa_seen[name], rtol=1e-5, atol=1e-5)
+
+
+def test_the_mask_is_the_table_seen_through_strides(monkeypatch) -> None:
+    """No bias block is written: every mask SDPA receives is a view of one (H, 2T - 1) table, and its cells are
+    f(i - j) for the block's rows (in reverse order) with -inf past the diagonal."""
+    seen: list[tuple[int, int, int, int]] = []  # (storage, storage bytes, r1, rows)
+    real = fused.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append((attn_mask.untyped_storage().data_ptr(), attn_mask.untyped_storage().nbytes(), k.shape[-2],
+                     q.shape[-2]))  # fmt: skip
+        rows, r1 = q.shape[-2], k.shape[-2]
+        i = torch.arange(r1 - 1, r1 - rows - 1, -1)[:, None]  # the block's rows, reversed
+        d = i - torch.arange(r1)[None, :]
+        expected = torch.where(d >= 0, -slopes[:, None, None] * d, float("-inf"))  # ALiBi with these slopes
+        torch.testing.assert_close(attn_mask[0], expected, rtol=0, atol=1e-6 * T)
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(fused.F, "scaled_dot_product_attention", spy)
+    H, hd = 4, 16
+    slopes = torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(H)])
+    d = torch.arange(T - 1, -T, -1).float()  # entry m holds d = T - 1 - m
+    table = -slopes[:, None] * d[None, :]
+    q, k, v = (torch.randn(1, H, T, hd) for _ in range(3))
+    fused.attend_by_table(q, k, v, table, 0.25)
+    assert [(r1, rows) for _, _, r1, rows in seen] == [(128, 128), (256, 128), (300, 44)]
+    assert len({ptr for ptr, *_ in seen}) == 1 and seen[0][1] == H * (2 * T - 1) * 4
+
+
+def test_auto_takes_the_table_on_the_cpu(monkeypatch) -> None:
+    """Without a listener, ``auto`` sends a distance bias to the table at any length on the CPU, and leaves a bias
+    without one (CABLE below flex's length, FIRE) to the blocked path."""
+    calls: list[str] = []
+    real = fused.attend_by_table
+    monkeypatch.setattr(fused, "attend_by_table", lambda *a, **k: calls.append("table") or real(*a, **k))
+    monkeypatch.setattr(fused, "attend", lambda *a, **k: calls.append("flex"))
+    monkeypatch.setenv("BIASVIZ_ATTENTION", "auto")
+    for scheme, expected in [("alibi", 2), ("t5", 2), ("cable", 0), ("fire", 0)]:
+        calls.clear()
+        with torch.no_grad():
+            model_of(scheme)(windows())
+        assert calls == ["table"] * expected, scheme
+
+
+def test_a_trace_sees_the_layer_not_the_table(monkeypatch) -> None:
+    """Under ``biasviz.trace`` the layer's SDPA call is the plain one: its bias is the scheme's f(i - j) for rows in
+    order (the table's calls would show rows reversed against a strided mask)."""
+    import biasviz
+
+    calls: list[int] = []
+    real = fused.attend_by_table
+    monkeypatch.setattr(fused, "attend_by_table", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setenv("BIASVIZ_ATTENTION", "auto")
+    model = model_of("alibi")
+    ids = windows()[:1, :40]
+    with torch.no_grad(), biasviz.trace() as t:
+        model(ids)
+    assert calls == []
+    want = model.blocks[0].attn.pos_bias.bias(None, 40, 40)  # (1, H, T, T)
+    got = t.bias[0]
+    masked = torch.ones(40, 40, dtype=torch.bool).triu(1)
+    assert torch.isnan(got[..., masked]).all()
+    torch.testing.assert_close(got[..., ~masked], want[..., ~masked].float(), rtol=0, atol=1e-6)
