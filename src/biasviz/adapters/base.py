@@ -113,7 +113,7 @@ class ModelAdapter:
         self.vocab_size = vocab_size
         self.config_json = config_json  # the model's configuration, for the file's provenance
         self.training: dict[str, Any] | None = None  # how biasviz trained it (training.json), where it says
-        self._stop_layer: int | None = None
+        self._stop_at: nn.Module | None = None  # forward ends once this module has run
 
     # -- finding and opening ---------------------------------------------------------------------
     @classmethod
@@ -251,13 +251,14 @@ class ModelAdapter:
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def stopping_after(self, layers: list[int]) -> Iterator[None]:
-        """Within the block, :meth:`forward` ends after the attention of the last of ``layers``."""
-        previous, self._stop_layer = self._stop_layer, max(layers)
+    def stopping_after(self, layers: list[int], module: nn.Module | None = None) -> Iterator[None]:
+        """Within the block, :meth:`forward` ends after the attention of the last of ``layers``, or after ``module``
+        (a point within it past which nothing is wanted)."""
+        previous, self._stop_at = self._stop_at, self.attention(max(layers)) if module is None else module
         try:
             yield
         finally:
-            self._stop_layer = previous
+            self._stop_at = previous
 
     def model_inputs(self, input_ids: torch.Tensor) -> dict[str, Any]:
         """The keyword arguments of the model's call for (B, T) token ids."""
@@ -270,6 +271,5 @@ class ModelAdapter:
         layers and the (T, V) logits cannot change what was captured, and at long lengths the logits
         alone cost more memory than a layer.
         """
-        stop = None if self._stop_layer is None else self.attention(self._stop_layer)
-        with torch.inference_mode(), stop_after(stop):
+        with torch.inference_mode(), stop_after(self._stop_at):
             self.model(**self.model_inputs(input_ids.to(self.device)))

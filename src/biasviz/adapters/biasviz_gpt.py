@@ -147,11 +147,12 @@ class BiasGPTAdapter(ModelAdapter):
                               attn.hook_k.register_forward_hook(_put(layer, "k"))]  # fmt: skip
                     if attn.adds_bias:  # the scheme's bias is formed again from the layer's input
                         hooks.append(attn.register_forward_pre_hook(_put(layer, "x")))
-                if tick is not None:
-                    hooks.append(attn.register_forward_hook(lambda m, a, out: tick(a[0].shape[0])))
+                if tick is not None:  # at k, which the last layer reaches too
+                    hooks.append(attn.hook_k.register_forward_hook(lambda m, a, out: tick(a[0].shape[0])))
                 for h in hooks:
                     stack.callback(h.remove)
-            stack.enter_context(self.stopping_after(layers))
+            # the rows are formed again from q, k and x: the last layer's attention itself is never needed
+            stack.enter_context(self.stopping_after(layers, self.attention(max(layers)).hook_k))
             yield
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Formed:
