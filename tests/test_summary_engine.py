@@ -141,3 +141,40 @@ def test_identical_samples_have_a_spread_of_exactly_zero() -> None:
         sums.add(x)
     mean, std = sums.rows(0, 4, 4)
     assert torch.equal(mean, x) and not std.any()
+
+
+def test_the_bank_forward_ends_at_the_last_layers_k() -> None:
+    """What fills the bank needs q, k and x of the captured layers: the last one's attention output (its c_proj),
+    everything after it, and the logits never run; an earlier captured layer's attention does (the next needs it)."""
+    model = small_model("alibi")
+    adapter = BiasGPTAdapter(model, source="test")
+    ran: list[str] = []
+    hooks = [model.blocks[0].attn.c_proj.register_forward_hook(lambda *a: ran.append("c_proj 0")),
+             model.blocks[1].attn.hook_k.register_forward_hook(lambda *a: ran.append("k 1")),
+             model.blocks[1].attn.c_proj.register_forward_hook(lambda *a: ran.append("c_proj 1"))]  # fmt: skip
+    bank = SampleBank(2, device=torch.device("cpu"))
+    try:
+        with adapter.keep([0, 1], bank):
+            adapter.forward(torch.as_tensor(_windows(2)))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran == ["c_proj 0", "k 1"]
+    assert {name for _, name in bank.names()} == {"q", "k", "x"}
+    assert bank.get(1, "k", 1, 0, T).shape == (T, model.config.n_embd)
+
+
+def test_replayed_blocks_hold_at_least_sixteen_rows_within_the_cap() -> None:
+    """A block's scores read every key of its prefix: blocks of a few rows at long lengths are bound by memory. The
+    default budget gives every block at least MIN_REPLAY_ROWS rows (the last one apart), within REPLAY_CAP bytes."""
+    cpu = torch.device("cpu")
+    per_cell = 12 * replay_module.CELL_BYTES
+    for seq_len in (4096, 32768):
+        blocks = list(replay_module.row_blocks(seq_len, 12, cpu, False))
+        assert blocks[0][0] == 0 and blocks[-1][1] == seq_len
+        assert all(b[1] == a[0] for b, a in zip(blocks, blocks[1:], strict=False))
+        assert all(r1 - r0 >= replay_module.MIN_REPLAY_ROWS for r0, r1 in blocks[:-1])
+        assert all((r1 - r0) * r1 * per_cell <= replay_module.REPLAY_CAP for r0, r1 in blocks)
+    capped = list(replay_module.row_blocks(65536, 12, cpu, False))  # 16 rows would pass the cap: fewer rows
+    assert all((r1 - r0) * r1 * per_cell <= replay_module.REPLAY_CAP for r0, r1 in capped)
+    assert capped[-2][1] - capped[-2][0] < replay_module.MIN_REPLAY_ROWS

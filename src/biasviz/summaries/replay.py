@@ -26,6 +26,12 @@ from biasviz.summaries.scratch import Scratch
 
 REPLAY_BYTES = 1 << 26  # a block's sums and temporaries on the CPU (64 MiB: fastest of 16-256 MiB on 2 cores)
 CUDA_REPLAY_BYTES = 1 << 32  # on a GPU (4 GiB): few, large kernels
+# ... but at least MIN_REPLAY_ROWS query rows, up to REPLAY_CAP: forming a block's scores reads every key of its
+# prefix, so a block of a few rows is a matrix-vector product bound by memory (GPT-2-small shape, T = 32768, one
+# layer, N = 1: 64 MiB blocks of 2-5 rows took 196 s, of which 114 s were the q k^T products; at least 16 rows
+# 68-78 s; 24 rows (680 MiB) 136 s and 32 rows 125 s, blocks past the caches and fresh pages each)
+MIN_REPLAY_ROWS = 16
+REPLAY_CAP = 1 << 29
 CHUNK_CELLS = 1 << 20  # cells finished and pooled at a time (4 MiB of float32: in cache)
 # bytes per (head, query, key) cell: for the weights and the scores, the shift and float32 sums and one
 # temporary (their float64 folds past 16 samples); the bias, scores and weights formed for one sample;
@@ -52,9 +58,10 @@ def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: boo
     >>> list(row_blocks(4, 1, torch.device("cpu"), False, budget=72 * 6))
     [(0, 2), (2, 3), (3, 4)]
     """
+    per_cell = heads * (CELL_BYTES + (VARYING_BIAS_BYTES if varying_bias else 0))
     if budget is None:
         budget = CUDA_REPLAY_BYTES if device.type == "cuda" else REPLAY_BYTES
-    per_cell = heads * (CELL_BYTES + (VARYING_BIAS_BYTES if varying_bias else 0))
+        budget = max(budget, min(REPLAY_CAP, per_cell * MIN_REPLAY_ROWS * seq_len))
     return query_blocks(seq_len, per_cell, budget)
 
 
