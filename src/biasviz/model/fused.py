@@ -1,20 +1,22 @@
-"""Attention with a positional bias at the speed of a fused kernel: FlexAttention with the bias as a ``score_mod``.
+"""Attention with a positional bias at the speed of a fused kernel, without any (H, T, T) tensor or bias block.
 
-SDPA takes a bias only as a materialised mask: every block of query rows needs its (H, rows, keys) bias
-copied out and read back, and the CPU kernel does more work with a mask than with ``is_causal`` (measured:
-2.1-2.8x the causal kernel at T = 4096-8192, BENCHMARKS section 13). FlexAttention compiles the bias into the
-kernel instead: the scheme hands over a small tensor (:class:`~biasviz.schemes.base.ScoreTerms`: a table of the
-2T - 1 distances, or one value per position), the kernel reads it per cell, and a causal block mask skips the
-blocks past the diagonal. No (H, T, T) tensor and no bias block ever exists.
+SDPA takes a bias only as a mask tensor. Written out, every block of query rows needs its (H, rows, keys) bias
+copied and read back (2.1-2.8x the causal kernel at T = 4096-8192 on the CPU, BENCHMARKS section 13). Two ways
+around it, chosen by :func:`route`:
 
-Used for forwards without autograd (extraction, summaries, evaluation) where nobody listens to the layer's
-bias, scores or weights, when torch's compiler works on this machine (probed once per process; a missing C++
-compiler falls back to the blocked SDPA path) and the length is worth a compilation (:data:`MIN_LEN`).
+- A bias of i - j alone (ALiBi, KERPLE, T5, FoX with a context-free gate) is a Toeplitz matrix: with the rows of a
+  block reversed it is an overlapping strided view of the scheme's table of 2T - 1 distances, and SDPA's CPU
+  kernel reads a mask through its strides (:func:`attend_by_table`). No compilation, any length; 1.1x the causal
+  kernel where torch's CPU FlexAttention kernel is 1.4x before it reads any bias. The default on the CPU.
+- FlexAttention compiles the bias into the kernel (:func:`attend`): the scheme hands over a small tensor
+  (:class:`~biasviz.schemes.base.ScoreTerms`: the distance table, or one value per position for s_i - s_j), the
+  kernel reads it per cell, and a causal block mask skips the blocks past the diagonal. Used for CABLE and FoX's
+  full gate, and for every such bias on a GPU, when torch's compiler works on this machine (probed by the first
+  real call; a missing C++ compiler falls back to the blocked SDPA path) and the length is worth a compilation
+  (:data:`MIN_LEN`).
 
-On the CPU a bias that is a function of i - j alone (a distance table: ALiBi, KERPLE, T5, FoX with a fixed gate)
-goes through SDPA's own kernel instead (:func:`attend_by_table`), at any length and with no compilation: its mask
-is the table itself seen through strides, so no bias block is ever written either. torch's CPU FlexAttention kernel
-is 1.4x SDPA's causal kernel before any bias is read; the strided mask costs 1.1x (BENCHMARKS section 13).
+Both serve forwards without autograd (extraction, summaries, evaluation) where nobody listens to the layer's
+bias, scores or weights.
 """
 
 from __future__ import annotations
