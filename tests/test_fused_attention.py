@@ -28,9 +28,9 @@ def _compiler() -> None:
         pytest.skip(f"FlexAttention cannot compile here: {why}")
 
 
-def model_of(scheme: str, seed: int = 0) -> BiasGPTForCausalLM:
+def model_of(scheme: str, seed: int = 0, **extra) -> BiasGPTForCausalLM:
     torch.manual_seed(seed)
-    config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=4, n_embd=64, vocab_size=97, n_positions=512)
+    config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=4, n_embd=64, vocab_size=97, n_positions=512, **extra)
     model = BiasGPTForCausalLM(config).eval()
     with torch.no_grad():  # trained-looking parameters: schemes start at values that hide mistakes (T5's 0 table)
         for name, p in model.named_parameters():
@@ -58,6 +58,21 @@ def run(model: BiasGPTForCausalLM, ids: torch.Tensor, mode: str, monkeypatch) ->
     with torch.no_grad(), capture(model, points, keep):
         logits = model(ids).logits
     return logits, seen
+
+
+def layer_and_float64(attn) -> tuple[torch.Tensor, torch.Tensor]:
+    """One attention layer's output on a random (2, T, 64) input, and softmax(scale q k^T + b) v in float64 with b
+    the scheme's own full (B or 1, H, T, T) ``bias`` (not the table or cumulative sums a kernel reads)."""
+    x = torch.randn(2, T, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = attn(x)
+        ref = copy.deepcopy(attn).double()
+        B, H, hd = 2, ref.n_head, ref.head_dim
+        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in ref.c_attn(x.double()).split(64, dim=2))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hd) + ref.pos_bias.bias(x.double(), T, T)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, 64)
+        return out, ref.c_proj(y)
 
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
@@ -95,17 +110,7 @@ def test_flex_layer_equals_float64_math(scheme: str, monkeypatch) -> None:
     """One attention layer through the kernel against softmax(scale q k^T + b) v in float64, b the scheme's own
     full (B or 1, H, T, T) ``bias`` (not the table or cumulative sums the kernel reads)."""
     monkeypatch.setenv("BIASVIZ_ATTENTION", "flex")
-    attn = model_of(scheme).blocks[0].attn
-    x = torch.randn(2, T, 64, generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        out = attn(x)
-        ref = copy.deepcopy(attn).double()
-        B, H, hd = 2, ref.n_head, ref.head_dim
-        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in ref.c_attn(x.double()).split(64, dim=2))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(hd) + ref.pos_bias.bias(x.double(), T, T)
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-        y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, 64)
-        expected = ref.c_proj(y)
+    out, expected = layer_and_float64(model_of(scheme).blocks[0].attn)
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 

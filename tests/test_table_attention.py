@@ -8,16 +8,19 @@ padded with one token.
 
 from __future__ import annotations
 
-import copy
-import math
-
 import pytest
 import torch
 
-from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, capture, fused
+from biasviz.model import fused
 from biasviz.schemes import SCHEMES
+from tests.test_fused_attention import (  # T = 300: several blocks, one padded window
+    T,
+    layer_and_float64,
+    model_of,
+    run,
+    windows,
+)
 
-T = 300
 DISTANCE_SCHEMES = ["alibi", "kerple-log", "kerple-power", "t5"]  # with their default options
 FOX_BIAS_ONLY = {"gate": "bias_only"}  # FoX's context-free gate: a table too (its default gate is not)
 
@@ -25,23 +28,6 @@ FOX_BIAS_ONLY = {"gate": "bias_only"}  # FoX's context-free gate: a table too (i
 @pytest.fixture(autouse=True)
 def _small_blocks(monkeypatch) -> None:
     monkeypatch.setattr(fused, "TABLE_ROWS", 128)
-
-
-def model_of(scheme: str, **extra) -> BiasGPTForCausalLM:
-    torch.manual_seed(0)
-    config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=4, n_embd=64, vocab_size=97, n_positions=512, **extra)
-    model = BiasGPTForCausalLM(config).eval()
-    with torch.no_grad():  # away from the initial values, which hide mistakes (T5's table starts at 0)
-        for name, p in model.named_parameters():
-            if "pos_bias" in name:
-                p.add_(0.3 * torch.randn_like(p))
-    return model
-
-
-def windows() -> torch.Tensor:
-    ids = torch.randint(1, 97, (2, T), generator=torch.Generator().manual_seed(1))
-    ids[1, T - 60 :] = 0
-    return ids
 
 
 def test_the_distance_schemes_have_a_table() -> None:
@@ -56,36 +42,12 @@ def test_the_distance_schemes_have_a_table() -> None:
 def test_table_layer_equals_float64_math(scheme: str, options: dict, monkeypatch) -> None:
     """One layer against softmax(scale q k^T + b) v in float64, b from the scheme's own full ``bias``."""
     monkeypatch.setenv("BIASVIZ_ATTENTION", "table")
-    attn = model_of(scheme, scheme_options=options).blocks[0].attn
-    x = torch.randn(2, T, 64, generator=torch.Generator().manual_seed(2))
     calls: list[int] = []
     real = fused.attend_by_table
     monkeypatch.setattr(fused, "attend_by_table", lambda *a, **k: calls.append(1) or real(*a, **k))
-    with torch.no_grad():
-        out = attn(x)
-        ref = copy.deepcopy(attn).double()
-        B, H, hd = 2, ref.n_head, ref.head_dim
-        q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in ref.c_attn(x.double()).split(64, dim=2))
-        scores = q @ k.transpose(-2, -1) / math.sqrt(hd) + ref.pos_bias.bias(x.double(), T, T)
-        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-        expected = ref.c_proj((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, 64))
+    out, expected = layer_and_float64(model_of(scheme, scheme_options=options).blocks[0].attn)
     assert calls == [1]
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
-
-
-def run(model: BiasGPTForCausalLM, ids: torch.Tensor, mode: str, monkeypatch) -> tuple[torch.Tensor, dict]:
-    """Logits, and layer 1's bias and weights as the hooks see them; layer 0 is not listened to."""
-    monkeypatch.setenv("BIASVIZ_ATTENTION", mode)
-    seen: dict[str, torch.Tensor] = {}
-
-    def keep(t: torch.Tensor, name: str, r0: int) -> None:
-        full = seen.setdefault(name, torch.zeros(t.shape[0], t.shape[1], T, T))
-        full[:, :, r0 : r0 + t.shape[2], : t.shape[3]] = t
-
-    points = ["blocks.1.attn.hook_pattern"] + (["blocks.1.attn.hook_bias"] if model.blocks[1].attn.adds_bias else [])
-    with torch.no_grad(), capture(model, points, keep):
-        logits = model(ids).logits
-    return logits, seen
 
 
 @pytest.mark.parametrize("scheme", sorted(SCHEMES))
