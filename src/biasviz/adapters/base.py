@@ -236,8 +236,8 @@ class ModelAdapter:
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
         """Within the block, each :meth:`forward` puts into ``bank`` (a :class:`~biasviz.summaries.bank.SampleBank`)
-        what :meth:`rows_again` needs of ``layers``, per sample and position; ``tick(batch)`` after every
-        attention layer run. The forward itself runs at full speed (nothing listens at the weights)."""
+        what :meth:`rows_again` needs of ``layers``, per sample and position; ``tick(batch)`` as each
+        attention layer is reached. The forward itself runs at full speed (nothing listens at the weights)."""
         raise NotImplementedError
         yield  # pragma: no cover
 
@@ -267,7 +267,8 @@ class ModelAdapter:
     def forward(self, input_ids: torch.Tensor) -> None:
         """Run the model on (B, T) token ids without gradients; the hooks keep what is needed.
 
-        Inside :meth:`capture` the pass ends once the last captured attention module has run: later
+        Inside :meth:`capture` the pass ends once the last captured attention module has run (inside
+        :meth:`keep`, where an adapter says so, earlier: at the point past which nothing it keeps is formed): later
         layers and the (T, V) logits cannot change what was captured, and at long lengths the logits
         alone cost more memory than a layer.
         """

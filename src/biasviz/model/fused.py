@@ -106,7 +106,7 @@ def attend_by_table(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance:
     """
     B, H, T, hd = q.shape
     rows = rows or TABLE_ROWS
-    table = distance.to(q.dtype).clone()  # (H, 2T - 1), written below
+    table = distance.to(q.dtype, copy=True)  # (H, 2T - 1), written below: one copy whatever the dtype
     table[:, T:] = float("-inf")  # d = T - 1 - m < 0
     width = table.stride(0)
     y = torch.empty(B, T, H, hd, dtype=v.dtype, device=v.device).transpose(1, 2)  # (B, H, T, hd), stored (B, T, H, hd)
