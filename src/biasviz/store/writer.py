@@ -16,7 +16,7 @@ import numpy as np
 from biasviz.common.atomic import publish, temporary_name
 from biasviz.common.errors import BiasvizError, os_error_message
 from biasviz.common.exclusive import writing_alone
-from biasviz.store.deflate import deflate
+from biasviz.store.deflate import encode_chunk
 from biasviz.store.failures import DeferredWriteErrors
 from biasviz.store.format import (
     DIMS,
@@ -255,10 +255,7 @@ class BiasFileWriter(SharedBiasSwitch):
 
         Runs in worker threads: NumPy and deflate release the GIL, so matrices compress in parallel.
         """
-        m = self._matrix(kind, layer, src)
-        if self._filters.get("shuffle"):  # HDF5's shuffle: byte k of every element, for k = 0, 1, ...
-            m = m.reshape(-1).view(np.uint8).reshape(-1, self.dtype.itemsize).T
-        return deflate(np.ascontiguousarray(m).data, self.deflate_level)
+        return encode_chunk(self._matrix(kind, layer, src), self.deflate_level, self.shuffled)
 
     def _direct(self) -> bool:
         """Whether chunks are compressed here (in parallel) and written as they are stored.
