@@ -17,7 +17,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 BANK_BYTES = 1 << 30  # kept in memory by default (CPU); more goes to a temporary file
@@ -38,25 +37,38 @@ class _Spilled:
         self.file = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 (closed by close()); O_TMPFILE where the system has it: never named
         self.shape, self.dtype = shape, dtype
         self.row_bytes = shape[2] * torch.empty((), dtype=dtype).element_size()
+        self._buffer = torch.empty(0, dtype=torch.uint8)  # what read() returns a view of
 
     def _offset(self, sample: int, position: int) -> int:
         return (sample * self.shape[1] + position) * self.row_bytes
 
     def write(self, sample: int, values: torch.Tensor) -> None:
         """``values`` (b, T, F): samples ``sample .. sample + b - 1``."""
-        raw = values.detach().to("cpu", self.dtype).contiguous().view(torch.uint8).numpy()
-        os.pwrite(self.file.fileno(), raw.tobytes(), self._offset(sample, 0))
+        raw = memoryview(values.detach().to("cpu", self.dtype).contiguous().view(torch.uint8).numpy())
+        offset, done = self._offset(sample, 0), 0
+        while done < len(raw):  # one call writes at most about 2 GiB on Linux
+            done += os.pwrite(self.file.fileno(), raw[done:], offset + done)
 
     def read(self, sample: int, start: int, stop: int) -> torch.Tensor:
+        """Positions ``start .. stop - 1`` of one sample, read straight into this array's one buffer: valid until
+        the next read of this array. A block of rows formed again reads a sample's keys (and input) once per block
+        and sample, tens of MB each at T = 16384: a new copy each time (bytes, then a bytearray) cost more than
+        forming the rows, and fresh pages every time more still."""
         n = (stop - start) * self.row_bytes
-        raw = os.pread(self.file.fileno(), n, self._offset(sample, start))
-        if len(raw) != n:
-            raise OSError(f"the temporary file of a summary returned {len(raw)} of {n} bytes")
-        flat = torch.from_numpy(np.frombuffer(bytearray(raw), dtype=np.uint8))
+        if self._buffer.numel() < n:  # once: as large as the largest read, a whole sample
+            self._buffer = torch.empty(self.shape[1] * self.row_bytes, dtype=torch.uint8)
+        flat = self._buffer[:n]
+        into, offset, done = memoryview(flat.numpy()), self._offset(sample, start), 0
+        while done < n:  # as for writes: at most about 2 GiB a call
+            got = os.preadv(self.file.fileno(), [into[done:]], offset + done)
+            if got == 0:
+                raise OSError(f"the temporary file of a summary returned {done} of {n} bytes")
+            done += got
         return flat.view(self.dtype).view(stop - start, self.shape[2])
 
     def close(self) -> None:
         self.file.close()
+        self._buffer = torch.empty(0, dtype=torch.uint8)
 
 
 class SampleBank:
@@ -102,7 +114,9 @@ class SampleBank:
         return array.shape[1]
 
     def get(self, layer: int, name: str, sample: int, start: int, stop: int) -> torch.Tensor:
-        """Positions ``start .. stop - 1`` of one sample: (stop - start, F), on the bank's device."""
+        """Positions ``start .. stop - 1`` of one sample: (stop - start, F), on the bank's device. From the temporary
+        file on the CPU it is a view of that array's one read buffer: valid until the next ``get`` of the same
+        (layer, name)."""
         array = self._arrays[(layer, name)]
         if isinstance(array, _Spilled):
             return array.read(sample, start, stop).to(self.device)
