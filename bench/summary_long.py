@@ -30,6 +30,10 @@ def child(args: argparse.Namespace) -> None:
     from biasviz.extraction.summary import extract_summary
     from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 
+    if args.bank_bytes is not None:  # how much of the bank stays in memory (0: all of it in the temporary file)
+        import biasviz.summaries.bank as bank
+
+        bank.BANK_BYTES = args.bank_bytes
     torch.manual_seed(0)
     config = BiasGPTConfig.from_preset(args.preset, args.scheme)
     model = BiasGPTForCausalLM(config).eval()
@@ -64,6 +68,7 @@ def main() -> None:
     p.add_argument("--resolution", type=int, default=1024)
     p.add_argument("--layer", default="-1")
     p.add_argument("--no-positional", action="store_true", help="leave out the positional logits P (their cost)")
+    p.add_argument("--bank-bytes", type=int, help="bytes of the bank kept in memory (default 1 GiB; 0: all on disk)")
     p.add_argument("--repeat", type=int, default=1, help="fresh processes per measurement; the median is shown")
     p.add_argument("--mode", choices=["forward", "summary"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -84,7 +89,8 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--mode", mode, "--preset", args.preset, "--scheme", args.scheme,
                        "--seq-len", str(t), "--samples", str(n), "--batch-size", str(args.batch_size),
                        "--resolution", str(min(args.resolution, t)), "--layer", args.layer,
-                       *(["--no-positional"] if args.no_positional else [])]  # fmt: skip
+                       *(["--no-positional"] if args.no_positional else []),
+                       *([] if args.bank_bytes is None else ["--bank-bytes", str(args.bank_bytes)])]  # fmt: skip
                 runs = []
                 for _ in range(args.repeat):  # forward and summary alternate run by run would be fairer; close enough
                     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
