@@ -7,6 +7,7 @@ compression is most of the cost of writing captured matrices. Levels above 3 go 
 
 from __future__ import annotations
 
+import os
 import zlib
 from typing import Any
 
@@ -29,6 +30,15 @@ def deflate(data: Any, level: int) -> bytes:
     if _isal is not None and 0 <= level <= ISAL_MAX_LEVEL:
         return _isal.compress(data, level)
     return zlib.compress(data, level)
+
+
+def compression_threads(requested: int | None = None) -> int:
+    """Threads that compress chunks: ``requested``, or one per core; at least one.
+
+    >>> compression_threads(0), compression_threads(3)
+    (1, 3)
+    """
+    return max(1, os.cpu_count() or 1) if requested is None else max(1, int(requested))
 
 
 def encode_chunk(chunk: np.ndarray, level: int, shuffle: bool) -> bytes:

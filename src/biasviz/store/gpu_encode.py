@@ -14,7 +14,6 @@ The bytes are identical to what :class:`biasviz.store.BiasFileWriter` produces o
 
 from __future__ import annotations
 
-import os
 import queue
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from biasviz.store.deflate import deflate
+from biasviz.store.deflate import compression_threads, deflate
 from biasviz.store.format import FLOAT16_MAX, float16_overflow_error, non_finite_error
 
 PINNED_BUDGET = 2 << 30  # bytes of pinned host memory for the ring (at least two matrices)
@@ -66,7 +65,7 @@ class GpuChunkEncoder:
                                                                          device=device)  # fmt: skip
         self.stream = torch.cuda.Stream(device)
         self.nbytes = seq_len * seq_len * self.itemsize
-        self.workers = max(1, os.cpu_count() or 1) if workers is None else max(1, workers)
+        self.workers = compression_threads(workers)
         self.n_buffers = max(2, min(self.workers + 1, pinned_budget // max(self.nbytes, 1)))
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._allocated = 0

@@ -6,7 +6,6 @@ maps, two (stat, head, distance) profiles and the (head,) diagnostics, whatever 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 from biasviz.common.atomic import replacing
 from biasviz.common.errors import BiasvizError, os_error_message
 from biasviz.common.exclusive import writing_alone
-from biasviz.store.deflate import encode_chunk
+from biasviz.store.deflate import compression_threads, encode_chunk
 from biasviz.store.format import (
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
@@ -39,7 +38,7 @@ from biasviz.store.format import (
 )
 from biasviz.store.h5io import attr_value
 
-SUMMARY_DEFLATE_LEVEL = 1  # maps and profiles are written once; level 1 is within a few % of level 4's size
+SUMMARY_DEFLATE_LEVEL = 1  # the level summary files have always used
 
 
 class LayerSummary(Protocol):
@@ -152,7 +151,7 @@ def _write_compressed(grp: h5py.Group, name: str, data: np.ndarray) -> h5py.Data
     ds = grp.create_dataset(name, shape=data.shape, dtype=data.dtype, chunks=chunk, compression="gzip",
                             compression_opts=SUMMARY_DEFLATE_LEVEL, shuffle=True)  # fmt: skip
     leading = list(np.ndindex(data.shape[:-2]))
-    with ThreadPoolExecutor(max(1, min(len(leading), os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(min(len(leading), compression_threads())) as pool:
         encoded = pool.map(lambda at: encode_chunk(data[at], SUMMARY_DEFLATE_LEVEL, shuffle=True), leading)
         for at, chunk_bytes in zip(leading, encoded, strict=True):
             ds.id.write_direct_chunk((*at, 0, 0), chunk_bytes, 0)

@@ -4,7 +4,6 @@ that is moved into place only when complete, so an interrupted run never leaves 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 from biasviz.common.atomic import publish, temporary_name
 from biasviz.common.errors import BiasvizError, os_error_message
 from biasviz.common.exclusive import writing_alone
-from biasviz.store.deflate import encode_chunk
+from biasviz.store.deflate import compression_threads, encode_chunk
 from biasviz.store.failures import DeferredWriteErrors
 from biasviz.store.format import (
     DIMS,
@@ -87,7 +86,7 @@ class BiasFileWriter(SharedBiasSwitch):
         self.causal = causal
         self._chunk_rows = chunk_rows(seq_len, self.dtype.itemsize)
         # compression threads (gzip): all cores by default; 1 compresses in the calling thread
-        self._workers = max(1, os.cpu_count() or 1) if workers is None else max(1, int(workers))
+        self._workers = compression_threads(workers)
         self._executor: ThreadPoolExecutor | None = None
         # True where masked; a bidirectional model (causal=False, e.g. a T5 encoder) uses every cell
         self._mask = ~causal_cells(seq_len) if causal else np.zeros((seq_len, seq_len), dtype=bool)

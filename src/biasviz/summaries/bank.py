@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from biasviz.summaries.scratch import Scratch
+
 BANK_BYTES = 1 << 30  # kept in memory by default (CPU); more goes to a temporary file
 CUDA_BANK_FRACTION = 0.25  # of the GPU's memory
 
@@ -37,7 +39,7 @@ class _Spilled:
         self.file = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 (closed by close()); O_TMPFILE where the system has it: never named
         self.shape, self.dtype = shape, dtype
         self.row_bytes = shape[2] * torch.empty((), dtype=dtype).element_size()
-        self._buffer = torch.empty(0, dtype=torch.uint8)  # what read() returns a view of
+        self._read = Scratch()  # what read() returns a view of
 
     def _offset(self, sample: int, position: int) -> int:
         return (sample * self.shape[1] + position) * self.row_bytes
@@ -47,7 +49,10 @@ class _Spilled:
         raw = memoryview(values.detach().to("cpu", self.dtype).contiguous().view(torch.uint8).numpy())
         offset, done = self._offset(sample, 0), 0
         while done < len(raw):  # one call writes at most about 2 GiB on Linux
-            done += os.pwrite(self.file.fileno(), raw[done:], offset + done)
+            wrote = os.pwrite(self.file.fileno(), raw[done:], offset + done)
+            if wrote == 0:
+                raise OSError(f"the temporary file of a summary took {done} of {len(raw)} bytes")
+            done += wrote
 
     def read(self, sample: int, start: int, stop: int) -> torch.Tensor:
         """Positions ``start .. stop - 1`` of one sample, read straight into this array's one buffer: valid until
@@ -55,9 +60,8 @@ class _Spilled:
         and sample, tens of MB each at T = 16384: a new copy each time (bytes, then a bytearray) cost more than
         forming the rows, and fresh pages every time more still."""
         n = (stop - start) * self.row_bytes
-        if self._buffer.numel() < n:  # once: as large as the largest read, a whole sample
-            self._buffer = torch.empty(self.shape[1] * self.row_bytes, dtype=torch.uint8)
-        flat = self._buffer[:n]
+        # taken whole-sample every time: the buffer is allocated once, not grown as reads of key prefixes grow
+        flat = self._read.take((self.shape[1] * self.row_bytes,), 1, torch.uint8, torch.device("cpu"))[0, :n]
         into, offset, done = memoryview(flat.numpy()), self._offset(sample, start), 0
         while done < n:  # as for writes: at most about 2 GiB a call
             got = os.preadv(self.file.fileno(), [into[done:]], offset + done)
@@ -68,7 +72,7 @@ class _Spilled:
 
     def close(self) -> None:
         self.file.close()
-        self._buffer = torch.empty(0, dtype=torch.uint8)
+        self._read = Scratch()
 
 
 class SampleBank:
