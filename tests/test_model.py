@@ -186,6 +186,23 @@ def test_attention_pattern_equals_reference_softmax(bias_batch: int | None, mask
     torch.testing.assert_close(grad.detach().double(), want, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize(("rows", "keys"), [(1, 1), (5, 5), (5, 19)])
+def test_masked_softmax_leaves_the_scores_as_they_were_and_equals_the_in_place_one(rows: int, keys: int) -> None:
+    """The copy-free softmax of a block: the reference softmax, bit for bit the in-place one, scores untouched."""
+    from biasviz.model.attention import causal_mask, masked_softmax, masked_softmax_
+
+    scores = torch.randn(2, 3, rows, keys, generator=torch.Generator().manual_seed(1)) * 4
+    before = scores.clone()
+    square = causal_mask(rows, rows, scores.device)
+    got = masked_softmax(scores, square)
+    assert torch.equal(scores, before)
+    assert torch.equal(got, masked_softmax_(before.clone(), square))
+    full = torch.zeros(rows, keys, dtype=torch.bool)
+    full[:, keys - rows :] = square
+    want = torch.softmax(before.double().masked_fill(full, float("-inf")), dim=-1)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize(("q_len", "per_cell", "budget"), [(1, 1, 1), (5, 1, 6), (100, 12, 1), (300, 12, 5000),
                                                             (1000, 24, 1 << 20), (64, 1, 1 << 30)])  # fmt: skip
 def test_query_blocks_cover_every_row_within_the_budget(q_len: int, per_cell: int, budget: int) -> None:

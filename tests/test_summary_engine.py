@@ -48,9 +48,11 @@ CASES = [("alibi", 7, 1), ("cable", 7, 2), ("fox", 16, 1), ("fire", T, 3), ("nop
 def test_rows_formed_again_from_a_spilled_bank_equal_the_full_extract(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, resolution: int, batch: int
 ) -> None:  # fmt: skip
-    """Nothing kept in memory (every array in a temporary file) and blocks of a few rows: the same numbers."""
+    """Nothing kept in memory (every array in a temporary file), blocks of a few rows, each finished a row at a
+    time: the same numbers."""
     monkeypatch.setattr(bank_module, "BANK_BYTES", 0)
     monkeypatch.setattr(replay_module, "REPLAY_BYTES", 12 * 72 * 200)  # ~200 cells a block: many blocks
+    monkeypatch.setattr(replay_module, "CHUNK_CELLS", 1)  # one row per step
     ids = _windows(5, seed=2)
     adapter = BiasGPTAdapter(small_model(scheme), source="test")
     extract(adapter, ids, tmp_path / "full.h5", layers="all", device="cpu")

@@ -109,6 +109,17 @@ def masked_softmax_(scores: torch.Tensor, masked: torch.Tensor | None) -> torch.
     return torch.softmax(scores, dim=-1, out=scores)
 
 
+def masked_softmax(scores: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """:func:`masked_softmax_` into a new tensor, ``scores`` left as they were: only the masked last m columns are
+    set aside and put back, not the whole block copied (a pass over the block less; the same arithmetic)."""
+    tail = scores[..., scores.shape[-1] - masked.shape[-1] :]
+    kept = tail.clone()
+    tail.masked_fill_(masked, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    tail.copy_(kept)
+    return weights
+
+
 def sdpa_mask(bias: torch.Tensor, r0: int, r1: int, dtype: torch.dtype, owned: bool) -> torch.Tensor:
     """The ``attn_mask`` of SDPA for the causal query block r0..r1-1 against keys 0..r1-1: the bias block
     in ``dtype`` with -inf where key j > query i, (1 or B, H, rows, r1).

@@ -25,7 +25,7 @@ from biasviz.model.attention import (
     attention_scores,
     block_budget,
     causal_mask,
-    masked_softmax_,
+    masked_softmax,
     query_blocks,
     sdpa_mask,
 )
@@ -166,7 +166,7 @@ class Attention(nn.Module):
             return self.pattern_rows(q, k, bias)
         scores = self.hook_scores(attention_scores(q, k, bias, self.scale), r0)  # (B, H, rows, r1)
         rows = q.shape[-2]
-        return masked_softmax_(scores.clone(), causal_mask(rows, rows, q.device))
+        return masked_softmax(scores, causal_mask(rows, rows, q.device))
 
     def pattern_rows(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Weights of a causal block of query rows, the last ``rows`` of ``r1`` positions: q (B, H, rows, hd),
@@ -190,7 +190,7 @@ class Attention(nn.Module):
         bias = self.pos_bias.rows(x)(r0, r0 + rows) if self.adds_bias else None  # (1 or B, H, rows, r1)
         # the arithmetic of pattern_rows, with the scores kept: attention_pattern is these two steps
         scores = attention_scores(q.transpose(1, 2), k.transpose(1, 2), bias, self.scale)  # (B, H, rows, r1)
-        weights = masked_softmax_(scores.clone(), causal_mask(rows, rows, q.device))
+        weights = masked_softmax(scores, causal_mask(rows, rows, q.device))
         return (bias if want_bias else None), weights, scores
 
 

@@ -12,9 +12,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from biasviz.summaries.scratch import Scratch
+
+
+def sqrt_(x: torch.Tensor) -> torch.Tensor:
+    """``x.sqrt_()``, through numpy's kernel on the CPU: torch's CPU square root takes a slow path on zeros and
+    subnormal numbers (2.4 and 15 ns a value against numpy's 0.35 and 0.8, one thread, BENCHMARKS.md section 9), and
+    a spread over samples is mostly such numbers: every cell a query cannot see, or whose weight underflows.
+
+    >>> sqrt_(torch.tensor([0.0, 4.0, 1e-40])).tolist()[:2]
+    [0.0, 2.0]
+    """
+    if x.device.type != "cpu" or x.requires_grad:
+        return x.sqrt_()
+    values = x.numpy()  # shares x's memory, whatever its strides
+    np.sqrt(values, out=values)
+    return x
 
 
 @dataclass
@@ -56,7 +72,7 @@ class Moments:
 
     def std(self) -> torch.Tensor:
         """Population standard deviation (ddof 0)."""
-        return torch.sqrt(torch.clamp(self.m2 / max(self.n, 1), min=0.0))
+        return sqrt_(torch.clamp(self.m2 / max(self.n, 1), min=0.0))
 
 
 class CellMoments:
@@ -165,7 +181,7 @@ class ShiftedSums:
         # float32 sums go straight into ``out``; float64 ones are finished in float64 and rounded once at the end
         mean_d = torch.mul(s1[cells], 1.0 / self.n, out=None if wide else out[0])
         spread = torch.mul(s2[cells], 1.0 / self.n, out=None if wide else out[1])
-        spread.addcmul_(mean_d, mean_d, value=-1.0).clamp_(min=0.0).sqrt_()
+        sqrt_(spread.addcmul_(mean_d, mean_d, value=-1.0).clamp_(min=0.0))
         mean_d.add_(shift)
         if wide:
             out[0], out[1] = mean_d, spread
