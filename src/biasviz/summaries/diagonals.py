@@ -29,26 +29,42 @@ class DiagonalSums:
 
     def add(self, row0: int, values: torch.Tensor, scratch: Scratch | None = None) -> None:
         """Rows ``row0 ..`` of the per-cell mean and, if ``values`` (S, H, rows, K) holds two, the standard
-        deviation over samples (else 0); K >= row0 + rows: every row's keys reach its diagonal. The skewed copy
-        is made in ``scratch``, if given.
+        deviation over samples (else 0); K >= row0 + rows: every row's keys reach its diagonal. Temporaries are
+        made in ``scratch``, if given.
 
-        The block is copied skewed, row r shifted by ``rows - 1 - r``, so that each column holds one distance
-        (column c: d = row0 + rows - 1 - c) and a sum over rows is a sum along the diagonals. The cells the copy
-        leaves hold the mean's shift (and 0 for the spread), so they are exactly 0 once the shift is subtracted.
-        The mean's and the spread's squares are summed together, into the adjacent slots DEV_SQ and SPREAD_SQ.
+        Distances 0 .. row0, which every row reaches, are read as a skewed view of the block itself (row r's
+        keys r .. r + row0, a row stride one longer): the shift is subtracted and the spread squared straight
+        from it, and a sum over rows is a sum along the diagonals. The rows - 1 longer distances, reached by
+        some rows only, go through a small skewed copy whose cells before a row's first key hold the shift
+        (and 0 for the spread), so they are exactly 0 once the shift is subtracted. The mean's and the
+        spread's squares go into the adjacent slots DEV_SQ and SPREAD_SQ.
         """
         t = self.seq_len
-        _, heads, rows, keys = values.shape
+        s, heads, rows, keys = values.shape
         span = row0 + rows  # distances row0 + rows - 1 .. 0: slots t - span .. t - 1
         if keys < span:
             raise ValueError(f"rows {row0} .. {span - 1} need {span} keys, got {keys}")
+        scratch = scratch or Scratch()
         # the first cell (d, 0) of each diagonal that starts in these rows is its shift
         self.ref[:, t - row0 - rows : t - row0] = values[0, :, :, 0].flip(-1).double()
-        ref = self.ref[:, t - span :].to(values.dtype)  # (H, span)
-        z = self._skewed(values, ref, span, scratch or Scratch())  # (S, H, rows, span)
-        dev = z[0].sub_(ref[:, None, :])
-        self.sums[DEV, :, t - span :] += dev.sum(1)  # a block's rows in float32, the running sums in float64
-        self.sums[DEV_SQ : DEV_SQ + len(z), :, t - span :] += z.square_().sum(2)
+        ref = self.ref[:, t - span :].to(values.dtype)  # (H, span): column c holds distance span - 1 - c
+        lead = rows - 1  # columns 0 .. rows - 2: distances row0 + 1 .. row0 + rows - 1
+        st = values.stride()
+        every = values.as_strided((s, heads, rows, row0 + 1), (st[0], st[1], st[2] + st[3], st[3]),
+                                  values.storage_offset())  # (S, H, rows, row0 + 1): row r's keys r .. r + row0
+        out = scratch.take(every.shape[1:], s, values.dtype, values.device)
+        dev = torch.sub(every[0], ref[:, None, lead:], out=out[0])
+        slots = slice(t - row0 - 1, t)
+        self.sums[DEV, :, slots] += dev.sum(1)  # a block's rows in float32, the running sums in float64
+        self.sums[DEV_SQ, :, slots] += dev.square_().sum(1)
+        if s > 1:
+            self.sums[SPREAD_SQ, :, slots] += torch.mul(every[1], every[1], out=out[1]).sum(1)
+        if lead:
+            z = self._skewed(values[..., :lead], ref[:, :lead], lead, scratch)  # (S, H, rows, lead)
+            z[0].sub_(ref[:, None, :lead])
+            slots = slice(t - span, t - row0 - 1)
+            self.sums[DEV, :, slots] += z[0].sum(1)
+            self.sums[DEV_SQ : DEV_SQ + s, :, slots] += z.square_().sum(2)
         self.count[t - span :] += torch.arange(1, span + 1, device=values.device).clamp_(max=rows)
 
     @staticmethod
