@@ -10,6 +10,8 @@ results of torchrun's processes. Identical samples give a spread of exactly 0.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,11 +19,16 @@ import torch
 
 from biasviz.summaries.scratch import Scratch
 
+PARALLEL_VALUES = 1 << 18  # values from which a square root is split over torch's intra-op threads
+_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}  # by process (a forked child has no threads) and count
+
 
 def sqrt_(x: torch.Tensor) -> torch.Tensor:
     """``x.sqrt_()``, through numpy's kernel on the CPU: torch's CPU square root takes a slow path on zeros and
-    subnormal numbers (2.4 and 15 ns a value against numpy's 0.35 and 0.8, one thread, BENCHMARKS.md section 9), and
-    a spread over samples is mostly such numbers: every cell a query cannot see, or whose weight underflows.
+    subnormal numbers (2.4 and 15 ns a value against numpy's 0.35 and 0.8, one thread; BENCHMARKS.md section 9)
+    and is not correctly rounded there, and a spread over samples is mostly such numbers: every cell a query
+    cannot see, or whose weight underflows. Large arrays are split along their first axis over torch's threads
+    (numpy lets go of the interpreter's lock while it works).
 
     >>> sqrt_(torch.tensor([0.0, 4.0, 1e-40])).tolist()[:2]
     [0.0, 2.0]
@@ -29,7 +36,15 @@ def sqrt_(x: torch.Tensor) -> torch.Tensor:
     if x.device.type != "cpu" or x.requires_grad:
         return x.sqrt_()
     values = x.numpy()  # shares x's memory, whatever its strides
-    np.sqrt(values, out=values)
+    threads = torch.get_num_threads()
+    if threads < 2 or values.size < PARALLEL_VALUES or values.ndim == 0 or len(values) < 2:
+        np.sqrt(values, out=values)
+        return x
+    key = (os.getpid(), threads)
+    pool = _pools.get(key) or _pools.setdefault(key, ThreadPoolExecutor(threads, "biasviz-sqrt"))
+    parts = np.array_split(values, min(threads, len(values)))  # views
+    for _ in pool.map(lambda part: np.sqrt(part, out=part), parts):
+        pass
     return x
 
 
