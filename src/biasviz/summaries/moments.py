@@ -33,7 +33,7 @@ def sqrt_(x: torch.Tensor) -> torch.Tensor:
     >>> sqrt_(torch.tensor([0.0, 4.0, 1e-40])).tolist()[:2]
     [0.0, 2.0]
     """
-    if x.device.type != "cpu" or x.requires_grad:
+    if x.device.type != "cpu" or x.requires_grad or x.dtype not in (torch.float32, torch.float64) or x.is_neg():
         return x.sqrt_()
     values = x.numpy()  # shares x's memory, whatever its strides
     threads = torch.get_num_threads()
