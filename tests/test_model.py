@@ -244,6 +244,32 @@ def test_a_hook_that_replaces_the_pattern_is_used_in_full() -> None:
     assert not torch.allclose(replaced, kept)  # the replacement, masked cells included, reached the output
 
 
+def test_scores_a_hook_returns_are_never_written_to() -> None:
+    """A hook may return scores it keeps, or a broadcast view no kernel can write: the weights come from a copy."""
+    model = small_model("nope")
+    ids = torch.randint(0, 97, (1, 9))
+    row = torch.randn(1, 12, 1, 9)
+    returned = row.expand(1, 12, 9, 9)  # every query the same scores: one memory location per key
+    seen = {}
+
+    def keep_pattern(module, args, out):  # noqa: ANN001, ANN202
+        seen["pattern"] = out.clone()
+
+    attn = model.blocks[1].attn
+    with torch.no_grad():
+        handles = [attn.hook_scores.register_forward_hook(lambda *_: returned),
+                   attn.hook_pattern.register_forward_hook(keep_pattern)]  # fmt: skip
+        try:
+            model(ids)
+        finally:
+            for h in handles:
+                h.remove()
+    assert torch.equal(returned, row.expand(1, 12, 9, 9))
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    want = torch.softmax(returned.double().masked_fill(~causal, float("-inf")), dim=-1)
+    torch.testing.assert_close(seen["pattern"].double(), want, rtol=0, atol=1e-6)
+
+
 def test_initialisation_reaches_modules_whose_weights_sit_in_children() -> None:
     torch.manual_seed(0)
     model = BiasGPTForCausalLM(BiasGPTConfig.from_preset("tiny", "t5", n_layer=4))

@@ -111,7 +111,8 @@ def masked_softmax_(scores: torch.Tensor, masked: torch.Tensor | None) -> torch.
 
 def masked_softmax(scores: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
     """:func:`masked_softmax_` into a new tensor, ``scores`` left as they were: only the masked last m columns are
-    set aside and put back, not the whole block copied (a pass over the block less; the same arithmetic)."""
+    set aside and put back, not the whole block copied (a pass over the block less; the same arithmetic). For
+    scores the caller owns: they are written to for a moment (not for a tensor a hook returned)."""
     tail = scores[..., scores.shape[-1] - masked.shape[-1] :]
     kept = tail.clone()
     tail.masked_fill_(masked, float("-inf"))

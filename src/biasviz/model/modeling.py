@@ -26,6 +26,7 @@ from biasviz.model.attention import (
     block_budget,
     causal_mask,
     masked_softmax,
+    masked_softmax_,
     query_blocks,
     sdpa_mask,
 )
@@ -166,7 +167,8 @@ class Attention(nn.Module):
             return self.pattern_rows(q, k, bias)
         scores = self.hook_scores(attention_scores(q, k, bias, self.scale), r0)  # (B, H, rows, r1)
         rows = q.shape[-2]
-        return masked_softmax(scores, causal_mask(rows, rows, q.device))
+        # copied: what a hook returned may be a view it keeps, read-only or overlapping, and must not be written to
+        return masked_softmax_(scores.clone(), causal_mask(rows, rows, q.device))
 
     def pattern_rows(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """Weights of a causal block of query rows, the last ``rows`` of ``r1`` positions: q (B, H, rows, hd),
