@@ -156,7 +156,10 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
                 heads = sweep[-1][1] if sweep else stored_heads(bf, resolved)
             else:
                 sweep = None if bf.checkpoints is None else diagnose_sweep(bf, resolved, normalize)
-                heads = sweep[-1][1] if sweep else list(diagnose_dataset(bf.dataset("bias", resolved), normalize))
+                if sweep:
+                    heads = sweep[-1][1]
+                else:  # over the cells the model used: j <= i when causal, every cell when bidirectional
+                    heads = list(diagnose_dataset(bf.dataset("bias", resolved), normalize, bf.causal))
         except ValueError as exc:  # NaN/inf in used cells: a damaged or hand-made file
             raise BiasvizError(f"{path}: {exc}; the file is damaged; extract it again") from exc
         notes = dict.fromkeys(n.split(": ", 1)[1] for h in heads for n in h.notes)

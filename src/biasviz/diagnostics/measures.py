@@ -1,10 +1,12 @@
 """Context-independence diagnostics (README, "Reading the figures and diagnostics"), in plain numpy.
 
-Per head, over the causal cells C = {(i, j): j <= i}, with b_s the bias of sample s and b̄ its mean:
+Per head, over the cells C the model uses (SPEC section 13: C = {(i, j): j <= i} in a causal model, every cell in a
+bidirectional one), with b_s the bias of sample s and b̄ its mean:
 
 - context dependence = mean over C of std over samples of b_s(i, j), divided by std over C of b̄;
 - Toeplitz residual = RMS over C of (b̄(i, j) - mean of b̄ over its diagonal i - j), divided by std over C of b̄;
-- distance profile = mean and std of b_s(i, j) over all samples and cells with i - j = d, for every d.
+- separability residual = RMS over C of b̄(i, j) - (s_i - s_j) for the least-squares s, divided likewise;
+- distance profile = mean and std of b_s(i, j) over all samples and cells with i - j = d, for every d >= 0.
 
 Every standard deviation is the population one (ddof=0). Samples are streamed: one (query, key)
 matrix at a time is added to running sums, so memory does not grow with the number of samples.
@@ -64,32 +66,34 @@ def subtract_diagonal(matrix: np.ndarray) -> np.ndarray:
 
 
 def diagnose_head(samples: Iterable[np.ndarray], head: int = 1, normalize: str = "none",
-                  repeat: int = 1) -> HeadDiagnostics:  # fmt: skip
+                  repeat: int = 1, causal: bool = True) -> HeadDiagnostics:  # fmt: skip
     """Diagnostics of one head from its (query, key) bias matrices, one per sample (streamed).
 
     ``repeat``: each matrix stands for that many identical samples (a bias stored once for all samples,
     ``bias_shared``): it is read once, and its context dependence is exactly 0 as soon as it counts twice.
+    ``causal``: over the cells j <= i (a causal model), else over every cell (a bidirectional one).
     """
     acc: _HeadAccumulator | None = None
     for matrix in samples:
         m = np.asarray(matrix)
         if acc is None:
-            acc = _HeadAccumulator(m.shape[-1])
+            acc = _HeadAccumulator(m.shape[-1], causal)
         acc.add(_normalized(m, normalize), repeat)
     if acc is None:
         raise ValueError("no samples given")
     return acc.result(head)
 
 
-def diagnose_array(bias: np.ndarray, normalize: str = "none") -> list[HeadDiagnostics]:
+def diagnose_array(bias: np.ndarray, normalize: str = "none", causal: bool = True) -> list[HeadDiagnostics]:
     """Diagnostics of every head of a (sample, head, query, key) array."""
     b = np.asarray(bias)
     if b.ndim != 4 or b.shape[-1] != b.shape[-2]:
         raise ValueError(f"expected a (sample, head, query, key) array, got shape {b.shape}")
-    return [diagnose_head((b[s, h] for s in range(b.shape[0])), h + 1, normalize) for h in range(b.shape[1])]
+    return [diagnose_head((b[s, h] for s in range(b.shape[0])), h + 1, normalize, causal=causal)
+            for h in range(b.shape[1])]  # fmt: skip
 
 
-def diagnose_dataset(dataset: object, normalize: str = "none") -> Iterator[HeadDiagnostics]:
+def diagnose_dataset(dataset: object, normalize: str = "none", causal: bool = True) -> Iterator[HeadDiagnostics]:
     """Diagnostics of each head of an HDF5 (sample, head, query, key) dataset, read one matrix at a time.
 
     Each read is one stored chunk (one sample, one head), so a 4096-position file never loads whole. A bias
@@ -101,7 +105,7 @@ def diagnose_dataset(dataset: object, normalize: str = "none") -> Iterator[HeadD
     n_samples, n_heads = stored.shape[:2]  # type: ignore[attr-defined]
     for h in range(n_heads):
         mats = (np.asarray(stored[s, h], dtype=np.float32) for s in range(n_samples))  # type: ignore[index]
-        yield diagnose_head(mats, h + 1, normalize, repeat)
+        yield diagnose_head(mats, h + 1, normalize, repeat, causal)
 
 
 def diagnose_sweep(bias_file: Any, layer: int, normalize: str = "none") -> list[tuple[int, list[HeadDiagnostics]]]:
@@ -109,7 +113,8 @@ def diagnose_sweep(bias_file: Any, layer: int, normalize: str = "none") -> list[
     steps = bias_file.checkpoints
     if steps is None:
         raise ValueError("not a sweep file")
-    return [(step, list(diagnose_dataset(bias_file.at_checkpoint(c).dataset("bias", layer), normalize)))
+    causal = bool(getattr(bias_file, "causal", True))
+    return [(step, list(diagnose_dataset(bias_file.at_checkpoint(c).dataset("bias", layer), normalize, causal)))
             for c, step in enumerate(steps)]  # fmt: skip
 
 
@@ -125,12 +130,15 @@ def _normalized(matrix: np.ndarray, normalize: str) -> np.ndarray:
 
 
 def separability_rms(causal_values: np.ndarray, cells: np.ndarray) -> float:
-    """RMS over the causal cells of b(i, j) - (s_i - s_j) for the least-squares s (``cells``: the (T, T)
-    lower-triangle mask, ``causal_values``: b on it, row-major).
+    """RMS over the used cells of b(i, j) - (s_i - s_j) for the least-squares s (``cells``: the (T, T) mask of
+    the cells used, the lower triangle of a causal model or every cell of a bidirectional one;
+    ``causal_values``: b on it, row-major).
 
     Cumulative-decay biases (ALiBi, CABLE, FoX) are exactly s_i - s_j. Over the pairs j < i (the diagonal's
     residual is b(i, i) whatever s) the normal equations are those of a complete graph's Laplacian, T s - 1 S =
-    r with r_k = sum_{j<k} b(k, j) - sum_{i>k} b(i, k), so s = r / T is a least-squares solution.
+    r with r_k = sum_{j<k} b(k, j) - sum_{i>k} b(i, k), so s = r / T is a least-squares solution. Over every
+    pair i != j each pair of positions is met twice, once each way: 2 (T s - 1 S) = r with r_k the sum of row k
+    less the sum of column k (diagonal left out), so s = r / (2T).
 
     >>> t = 5; cells = np.tril(np.ones((t, t), bool)); s = np.arange(t) ** 2.0
     >>> round(separability_rms((s[:, None] - s[None, :])[cells], cells), 12)
@@ -141,7 +149,7 @@ def separability_rms(causal_values: np.ndarray, cells: np.ndarray) -> float:
     b[cells] = causal_values
     diag = np.diagonal(b).copy()
     r = (b.sum(axis=1) - diag) - (b.sum(axis=0) - diag)
-    s = r / t
+    s = r / t if not cells[0, 1:].any() else r / (2 * t)
     i, j = np.nonzero(cells)
     return float(np.sqrt(np.mean((b[i, j] - (s[i] - s[j])) ** 2)))
 
@@ -153,19 +161,31 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 class _HeadAccumulator:
-    """Shifted running sums over the causal cells of one head, stored as a flat lower triangle."""
+    """Shifted running sums over the used cells of one head (the lower triangle of a causal model, every cell of a
+    bidirectional one), stored flat in row-major order."""
 
-    def __init__(self, seq_len: int) -> None:
+    def __init__(self, seq_len: int, causal: bool = True) -> None:
         self.seq_len = seq_len
-        self.cells = np.tril(np.ones((seq_len, seq_len), dtype=bool))
-        pos = np.arange(seq_len, dtype=np.int32)
-        self.dist = np.subtract.outer(pos, pos)[self.cells]  # d = i - j of each causal cell, row-major
+        self.causal = causal
+        full = np.ones((seq_len, seq_len), dtype=bool)
+        self.cells = np.tril(full) if causal else full
+        pos = np.arange(seq_len, dtype=np.int64)
+        signed = np.subtract.outer(pos, pos)[self.cells]  # d = i - j of each used cell, row-major
+        # diagonals by signed distance, slot d + T - 1; a causal model uses d >= 0 only (slots T - 1 ..)
+        self.slot = signed + seq_len - 1
+        self.per_slot = np.bincount(self.slot, minlength=2 * seq_len - 1).astype(np.float64)
+        first = np.zeros(2 * seq_len - 1, dtype=np.int64)
+        order = np.arange(len(signed))[::-1]  # written last to first: each diagonal keeps its first cell
+        first[self.slot[order]] = order
+        self.slot_start = first  # each diagonal's first used cell (row-major), as an index into the used cells
+        self.lower = signed >= 0  # the profile's cells: distances d = i - j >= 0
+        self.dist = signed[self.lower]
         self.per_dist = np.bincount(self.dist, minlength=seq_len).astype(np.float64)
-        self.diag_start = (pos.astype(np.int64) * (pos + 1)) // 2  # flat index of cell (d, 0)
+        self.diag_start = first[seq_len - 1 :]  # cell (d, 0) of each d >= 0
         self.n = 0
         self.first: np.ndarray | None = None  # first sample: the shift for the per-cell sums
-        self.sum = np.zeros(self.dist.shape, dtype=np.float64)
-        self.sumsq = np.zeros(self.dist.shape, dtype=np.float64)
+        self.sum = np.zeros(self.slot.shape, dtype=np.float64)  # per used cell
+        self.sumsq = np.zeros(self.slot.shape, dtype=np.float64)
         self.profile_ref: np.ndarray | None = None  # first sample's b(d, 0): the shift per distance
         self.profile_sum = np.zeros(seq_len, dtype=np.float64)
         self.profile_sumsq = np.zeros(seq_len, dtype=np.float64)
@@ -176,7 +196,8 @@ class _HeadAccumulator:
             raise ValueError(f"matrix of shape {matrix.shape}; expected {(self.seq_len, self.seq_len)}")
         x = np.asarray(matrix, dtype=np.float64)[self.cells]
         if not np.isfinite(x).all():
-            raise ValueError("the bias has NaN or infinite values in causal cells (j <= i)")
+            used = "causal cells (j <= i)" if self.causal else "cells (a bidirectional model uses every cell)"
+            raise ValueError(f"the bias has NaN or infinite values in {used}")
         if self.first is None:
             self.first = x
             self.profile_ref = x[self.diag_start]
@@ -184,7 +205,7 @@ class _HeadAccumulator:
         self.sum += count * dev
         self.sumsq += count * (dev * dev)
         assert self.profile_ref is not None
-        pdev = x - self.profile_ref[self.dist]
+        pdev = x[self.lower] - self.profile_ref[self.dist]
         self.profile_sum += count * np.bincount(self.dist, weights=pdev, minlength=self.seq_len)
         self.profile_sumsq += count * np.bincount(self.dist, weights=pdev * pdev, minlength=self.seq_len)
         self.n += count
@@ -193,7 +214,7 @@ class _HeadAccumulator:
         assert self.first is not None and self.profile_ref is not None
         notes: list[str] = []
         mean_dev = self.sum / self.n
-        mean = self.first + mean_dev  # b̄ over the causal cells
+        mean = self.first + mean_dev  # b̄ over the used cells
         spread = float(np.std(mean - mean[0]))  # std over C of b̄ (shifted: exactly 0 for a constant)
         if self.n < 2:
             dependence = None
@@ -201,10 +222,12 @@ class _HeadAccumulator:
         else:
             sample_std = np.sqrt(np.maximum(self.sumsq / self.n - mean_dev * mean_dev, 0.0))
             dependence = _ratio(float(sample_std.mean()), spread)
-        shifted = mean - mean[self.diag_start][self.dist]  # b̄ minus its diagonal's first cell
-        diag_mean = np.bincount(self.dist, weights=shifted, minlength=self.seq_len) / self.per_dist
-        residual = _ratio(float(np.sqrt(np.mean((shifted - diag_mean[self.dist]) ** 2))), spread)
-        undefined = "undefined (the mean bias is constant over the causal cells, the sums are not)"
+        shifted = mean - mean[self.slot_start][self.slot]  # b̄ minus its diagonal's first cell
+        slots = len(self.per_slot)
+        diag_mean = np.bincount(self.slot, weights=shifted, minlength=slots) / np.maximum(self.per_slot, 1.0)
+        residual = _ratio(float(np.sqrt(np.mean((shifted - diag_mean[self.slot]) ** 2))), spread)
+        used = "causal" if self.causal else "used"
+        undefined = f"undefined (the mean bias is constant over the {used} cells, the sums are not)"
         if dependence is None and self.n >= 2:
             notes.append(f"head {head}: context dependence {undefined}")
         if residual is None:

@@ -95,3 +95,40 @@ class DiagonalSums:
         n = torch.clamp(self.count, min=1.0)
         per_d = self.sums[DEV_SQ] - self.sums[DEV] ** 2 / n
         return torch.clamp(per_d, min=0.0).sum(-1)
+
+
+class UpperDiagonalSums:
+    """Sums along the diagonals j - i = d > 0, the keys after their query that a bidirectional model uses: the
+    Toeplitz residual's other half (the profile keeps d = i - j >= 0, :class:`DiagonalSums`).
+
+    Each diagonal is shifted by its first cell (0, d), which the first row block holds, so a bias that depends on
+    j - i alone leaves exactly 0. Cells are gathered by their distance (a bidirectional block is O(rows x T) anyway).
+    """
+
+    def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
+        self.seq_len = seq_len
+        self.ref = torch.zeros(heads, seq_len, dtype=torch.float64, device=device)  # (H, T): b̄(0, d)
+        self.sums = torch.zeros(2, heads, seq_len, dtype=torch.float64, device=device)  # DEV, DEV_SQ by d
+        self.count = torch.zeros(seq_len, dtype=torch.float64, device=device)
+
+    def add(self, row0: int, values: torch.Tensor) -> None:
+        """Rows ``row0 ..`` of the per-cell mean, ``values[0]`` (H, rows, T), every key present."""
+        mean = values[0]
+        rows, keys = mean.shape[-2:]
+        if keys != self.seq_len:
+            raise ValueError(f"a bidirectional block holds every key: {keys} of {self.seq_len}")
+        if row0 == 0:
+            self.ref = mean[:, 0, :].double()
+        device = mean.device
+        d = torch.arange(keys, device=device)[None, :] - torch.arange(row0, row0 + rows, device=device)[:, None]
+        after = d > 0
+        dist = d[after]  # (n,)
+        dev = mean[:, after].double() - self.ref[:, dist]  # (H, n)
+        self.sums[DEV].index_add_(1, dist, dev)
+        self.sums[DEV_SQ].index_add_(1, dist, dev.square_())
+        self.count.index_add_(0, dist, torch.ones_like(dist, dtype=torch.float64))
+
+    def toeplitz_rss(self) -> torch.Tensor:
+        """(H,) sum over the cells j > i of (b̄ - its diagonal's mean)²."""
+        n = torch.clamp(self.count, min=1.0)
+        return torch.clamp(self.sums[DEV_SQ] - self.sums[DEV] ** 2 / n, min=0.0).sum(-1)

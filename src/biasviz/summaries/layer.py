@@ -21,7 +21,7 @@ import torch
 
 from biasviz.common.errors import BiasvizError
 from biasviz.store.format import non_finite_error
-from biasviz.summaries.diagonals import DiagonalSums
+from biasviz.summaries.diagonals import DiagonalSums, UpperDiagonalSums
 from biasviz.summaries.maps import BlockMaps, zero_above_
 from biasviz.summaries.measures import BiasMeasureSums
 from biasviz.summaries.moments import CellMoments, Moments
@@ -70,6 +70,8 @@ class QuantitySummary:
         self.maps = BlockMaps(heads, seq_len, self.block, device, ("mean", "std"), causal=self.causal)
         self.diagonals = DiagonalSums(heads, seq_len, device)
         self.measures = BiasMeasureSums(heads, seq_len, device) if self.kind in ("bias", "positional") else None
+        # a bidirectional model's Toeplitz residual also runs along the diagonals after the query (SPEC section 13)
+        self.upper = UpperDiagonalSums(heads, seq_len, device) if self.measures and not self.causal else None
 
     @property
     def difference(self) -> float | None:
@@ -167,6 +169,8 @@ class QuantitySummary:
         self.diagonals.add(row0, values, scratch)
         if self.measures is not None:
             self.measures.add(row0, values, self.causal, scratch)
+        if self.upper is not None:
+            self.upper.add(row0, values)
 
     def result(self, total_samples: int | None = None) -> Summary:
         """The finished summary; ``total_samples`` (all processes') decides whether context dependence is defined."""
@@ -182,7 +186,8 @@ class QuantitySummary:
         diagnostics = None
         if self.measures is not None:
             # P is one matrix over all samples: it has no spread of its own, so no context dependence
-            diagnostics = self.measures.results(0 if self.kind == "positional" else n, self.diagonals.toeplitz_rss())
+            rss = self.diagonals.toeplitz_rss() + (0.0 if self.upper is None else self.upper.toeplitz_rss())
+            diagnostics = self.measures.results(0 if self.kind == "positional" else n, rss)
         return Summary(mean=self.maps.result("mean").cpu().numpy(), std=self.maps.result("std").cpu().numpy(),
                        profile=self.diagonals.profile().cpu().numpy(), diagnostics=diagnostics,
                        difference=self.difference)  # fmt: skip

@@ -9,7 +9,11 @@ deviation over samples:
 - separability residual: the least-squares s of b̄(i, j) ≈ s_i - s_j over the pairs j < i has the closed
   form s = g / T with g_t = Σ_{j<t} b̄(t, j) - Σ_{i>t} b̄(i, t) (a complete graph's Laplacian, as in
   :func:`biasviz.diagnostics.measures.separability_rms`), so its residual sum of squares is
-  Σ_{j<i} b̄² - |g|² / T, plus Σ_i b̄(i, i)² for the diagonal cells that no s can change.
+  Σ_{j<i} b̄² - |g|² / T, plus Σ_i b̄(i, i)² for the diagonal cells that no s can change. A bidirectional model
+  uses every pair i != j (each pair met both ways): g_t = Σ_{j!=t} b̄(t, j) - Σ_{i!=t} b̄(i, t), s = g / (2T),
+  and the residual is Σ_{i!=j} b̄² - |g|² / (2T), plus the diagonal's.
+
+Over C = every cell for a bidirectional model (SPEC section 13).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class BiasMeasureSums:
         self.spread_sum = torch.zeros(heads, **f64)  # sum over C of σ
         self.row_sum = torch.zeros(heads, seq_len, **f64)  # Σ_{j<i} b̄(i, j), by i
         self.col_sum = torch.zeros(heads, seq_len, **f64)  # Σ_{i>j} b̄(i, j), by j
-        self.squares = torch.zeros(heads, 2, **f64)  # Σ_{j<i} b̄², Σ_i b̄(i, i)²
+        self.squares = torch.zeros(heads, 2, **f64)  # Σ_{j<i} b̄² (Σ_{j!=i} bidirectional), Σ_i b̄(i, i)²
+        self.causal = True
 
     def add(self, row0: int, values: torch.Tensor, causal: bool = True, scratch: Scratch | None = None) -> None:
         """Rows ``row0 ..``: the mean and, if ``values`` (S, H, rows, K) holds two, the spread, 0 in the cells j > i
@@ -45,6 +50,7 @@ class BiasMeasureSums:
         The two float64 copies (in ``scratch``, if given) are squared in place: no further temporaries."""
         mean = values[0]
         rows, keys = mean.shape[-2:]
+        self.causal = causal
         if row0 == 0:
             self.ref = mean[:, 0, 0].double()
         m, dev = (scratch or Scratch()).take(mean.shape, 2, torch.float64, mean.device)  # (H, rows, K) each
@@ -73,7 +79,8 @@ class BiasMeasureSums:
         s1, s2 = (self.shifted[:, k].cpu().numpy() for k in range(2))
         spread = np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
         g = (self.row_sum - self.col_sum).cpu().numpy()
-        sep_rss = self.squares[:, 0].cpu().numpy() - (g * g).sum(-1) / self.seq_len + self.squares[:, 1].cpu().numpy()
+        pairs = self.seq_len if self.causal else 2 * self.seq_len  # each pair met once (causal) or both ways
+        sep_rss = self.squares[:, 0].cpu().numpy() - (g * g).sum(-1) / pairs + self.squares[:, 1].cpu().numpy()
         toeplitz = toeplitz_rss.cpu().numpy()
         spread_sum = self.spread_sum.cpu().numpy()
         out = np.zeros(len(spread), dtype=[(name, np.float64) for name in DIAGNOSTIC_FIELDS])
