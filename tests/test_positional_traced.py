@@ -169,9 +169,11 @@ def test_a_sliding_window_mask_is_formed_again_as_the_call_masked(tmp_path: Path
                     progress=False)  # fmt: skip
     with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summ:
         w = full["layer_0/weights"][()].astype(np.float64)
-        w[..., ~np.tril(np.ones((24, 24), bool))] = np.nan
+        i, j = np.indices((24, 24))
+        w[..., ~((j <= i) & (j > i - 5))] = np.nan  # SPEC section 13: cells outside the window are in no mean
         np.testing.assert_allclose(summ["layer_0/weights_mean"][()], w.mean(0), rtol=1e-5, atol=1e-6, equal_nan=True)
-        assert np.all(summ["layer_0/weights_mean"][:, 10, :6] == 0)  # keys before the window: never looked at
+        assert np.all(np.isnan(summ["layer_0/weights_mean"][:, 10, :6]))  # keys before the window: never looked at
+        assert summ.attrs["mask"] == "model" and np.array_equal(summ["layer_0/attended"][0], (j <= i) & (j > i - 5))
         assert "positional_mean" in summ["layer_0"]
 
 

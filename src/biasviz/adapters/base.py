@@ -250,6 +250,11 @@ class ModelAdapter:
         """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
         raise NotImplementedError
 
+    def attended(self, layer: int) -> torch.Tensor | None:
+        """The cells ``layer`` attends to, (1, 1 or H, T, T) bool, as the forward under :meth:`keep` masked them, where
+        that is not the causal triangle (a sliding window, a block mask); None: exactly causal."""
+        return None
+
     @contextlib.contextmanager
     def stopping_after(self, layers: list[int], module: nn.Module | None = None) -> Iterator[None]:
         """Within the block, :meth:`forward` ends after the attention of the last of ``layers``, or after ``module``

@@ -215,6 +215,9 @@ class TracedAdapter(ModelAdapter):
     def score_scale(self, layer: int) -> float:
         return self._formed[layer].scale
 
+    def attended(self, layer: int) -> torch.Tensor | None:
+        return self._formed[layer].mask
+
     # -- running ---------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor) -> None:
         """Run the model with the calls of :meth:`capture` traced; the forward stops after the last of them."""

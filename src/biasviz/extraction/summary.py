@@ -44,9 +44,10 @@ from biasviz.extraction.run import (
     check_windows,
     provenance,
 )
-from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, block_size
+from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, MASK, block_size
 from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
+from biasviz.summaries.attended import Attended
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
@@ -222,12 +223,17 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
             for layer in layer_list:
                 bar.set_phase(f"summarise: layer {layer}")
                 own = {kind: p for (kind, at), p in parts.items() if at == layer}
-                extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev),
+                mask = adapter.attended(layer)  # a model's own mask: every quantity over its cells (SPEC 13)
+                attended = None if mask is None else Attended(mask.to(dev))
+                for part in own.values() if attended is not None else ():
+                    part.attend(attended)
+                extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev, attended=attended),
                                     sinks=torch.zeros(n, heads, dtype=torch.float64, device=dev))  # fmt: skip
                 if n >= 2 and positional:
                     q_sum, k_sum = (_sample_sum(bank, layer, name, heads) for name in ("q", "k"))
                     extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
-                                                  samples=n, seq_len=seq_len, block=block, device=dev)  # fmt: skip
+                                                  samples=n, seq_len=seq_len, block=block, device=dev,
+                                                  attended=attended)  # fmt: skip
 
                 def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
                     return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
@@ -243,7 +249,10 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                     positional_profile=None if positional is None else positional[1].cpu().numpy(),
                     positional_diagnostics=None if positional is None else positional[2],
                     key_profile=extra.keys.result().cpu().numpy(),
-                    sink_share=(extra.sinks / seq_len).float().cpu().numpy(),  # every query sees key 0
+                    # over the queries that see key 0: every query, unless the model's own mask hides it from some
+                    sink_share=(extra.sinks / (seq_len if attended is None else attended.per_key[:, 0].to(dev)))
+                    .float().cpu().numpy(),
+                    attended=None if attended is None else attended.block_shares(block, heads).cpu().numpy(),
                 )
     finally:
         bank.close()
@@ -279,6 +288,8 @@ def summary_run(
         summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
                               progress=progress, merge=merge, total_samples=total_samples,
                               scratch=scratch, gather=gather, positional=positional)  # fmt: skip
+    own_mask = any(getattr(got.get("position"), "attended", None) is not None for got in summaries.values())
+    meta[MASK] = "model" if own_mask else "causal" if adapter.causal else "bidirectional"
     measured = [got["bias"].difference for got in summaries.values() if "bias" in got]
     if measured and all(gap is not None for gap in measured):  # the root attribute of full files, over every layer
         meta[BIAS_DIFFERENCE] = max(measured)

@@ -98,6 +98,10 @@ KEY_PROFILE = "weights_key_profile"  # (stat, head, key): the weights by key ove
 KEY_PROFILE_DIMS = ("stat", "head", "key")
 SINK_SHARE = "sink_share"  # (sample, head): per sample, the mean over queries of the weight on key 0
 POSITIONAL_DIAGNOSTICS = "positional_diagnostics"  # (head,) compound, as DIAGNOSTICS, of P
+# (head, query_block, key_block): the share of each block's cells the call attends to, in a layer whose own mask is
+# not the causal triangle (a sliding window, a block mask: SPEC section 13); root attribute MASK says which rule
+ATTENDED = "attended"
+MASK = "mask"  # root attribute: "causal", "bidirectional" or "model" (some layer's own mask, its ATTENDED stored)
 DIAGNOSTICS = "diagnostics"  # (head,) compound dataset
 DIAGNOSTIC_FIELDS = ("context_dependence", "toeplitz_residual", "separability_residual")
 BLOCK_SCALES = ("query_block", "key_block")  # root datasets: the first position of each block

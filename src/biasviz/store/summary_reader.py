@@ -18,6 +18,7 @@ import numpy as np
 
 from biasviz.common.errors import BiasvizError
 from biasviz.store.format import (
+    ATTENDED,
     BLOCK_SCALES,
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
@@ -91,6 +92,21 @@ class SummaryLayout:
     def holds(self, layer: int, name: str) -> bool:
         return name in self.contents.get(layer, ())
 
+    def used(self, layer: int, checkpoint: int = 0) -> np.ndarray:
+        """(query block, key block), or (head, ...) for a layer with its own mask: the blocks with attended cells."""
+        if not self.holds(layer, ATTENDED):
+            return self.counts > 0
+        share = self._read(layer, ATTENDED, checkpoint).astype(np.float64)
+        if not np.isfinite(share).all() or (share < 0).any() or (share > 1).any():
+            raise self._damaged(f"{ATTENDED} of layer {layer} holds values outside [0, 1]")
+        return (self.counts > 0) & (share > 0)
+
+    def _finite(self, layer: int, values: np.ndarray) -> bool:
+        """No infinite value; NaN only in a layer with its own mask (a distance or key no query attends to)."""
+        if np.isinf(values).any():
+            return False
+        return self.holds(layer, ATTENDED) or bool(np.isfinite(values).all())
+
     def _read(self, layer: int, name: str, checkpoint: int) -> np.ndarray:
         if not self.holds(layer, name):
             raise BiasvizError(f"{self.path} holds no {name} in layer {layer}: {self._why_absent(name)}")
@@ -111,7 +127,7 @@ class SummaryLayout:
         if name not in SUMMARY_MAPS:
             raise ValueError(f"name must be one of {SUMMARY_MAPS}, not {name!r}")
         m = self._read(layer, name, checkpoint).astype(np.float32)
-        used = np.broadcast_to(self.counts > 0, m.shape)
+        used = np.broadcast_to(self.used(layer, checkpoint), m.shape)
         if not np.isfinite(m[used]).all():
             raise self._damaged(f"{name} of layer {layer} holds NaN or infinite values in blocks with cells")
         if name.endswith("_std") and (m[used] < 0).any():
@@ -123,28 +139,28 @@ class SummaryLayout:
         """``kind``'s distance profile: (mean, std), each float64 (head, distance) from ``profile_start``."""
         name = f"{kind}_profile"
         p = self._read(layer, name, checkpoint).astype(np.float64)
-        if not np.isfinite(p).all() or (p[PROFILE_STATS.index("std")] < 0).any():
+        if not self._finite(layer, p) or (p[PROFILE_STATS.index("std")] < 0).any():
             raise self._damaged(f"{name} of layer {layer} holds NaN, infinite or negative-std values")
         return p[PROFILE_STATS.index("mean")], p[PROFILE_STATS.index("std")]
 
     def read_positional_profile(self, layer: int, checkpoint: int = 0) -> np.ndarray:
         """P by distance, float64 (from_key, head, distance): over all keys, and over keys j >= 4 (NaN where none)."""
         p = self._read(layer, POSITIONAL_PROFILE, checkpoint).astype(np.float64)
-        if np.isinf(p).any() or not np.isfinite(p[0]).all():
+        if np.isinf(p).any() or not self._finite(layer, p[0]):
             raise self._damaged(f"{POSITIONAL_PROFILE} of layer {layer} holds infinite or NaN values")
         return p
 
     def read_key_profile(self, layer: int, checkpoint: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """The weights by key j: (mean, std) over samples and the queries that see j, float64 (head, key)."""
         p = self._read(layer, KEY_PROFILE, checkpoint).astype(np.float64)
-        if not np.isfinite(p).all() or (p < 0).any() or (p[0] > 1 + 1e-5).any():
+        if not self._finite(layer, p) or (p < 0).any() or (p[0] > 1 + 1e-5).any():
             raise self._damaged(f"{KEY_PROFILE} of layer {layer} holds values outside [0, 1]")
         return p[0], p[1]
 
     def read_sink_share(self, layer: int, checkpoint: int = 0) -> np.ndarray:
         """Per sample and head, the mean weight on key 0 over the queries, float64 (sample, head)."""
         p = self._read(layer, SINK_SHARE, checkpoint).astype(np.float64)
-        if not np.isfinite(p).all() or (p < 0).any() or (p > 1 + 1e-5).any():
+        if not self._finite(layer, p) or (p < 0).any() or (p > 1 + 1e-5).any():
             raise self._damaged(f"{SINK_SHARE} of layer {layer} holds values outside [0, 1]")
         return p
 
@@ -193,7 +209,7 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
     if not isinstance(checks._h5.get(group), h5py.Group):
         raise BiasvizError(f"{checks.path} lists layer {layer} but has no group {group}")
     names = (*SUMMARY_MAPS, *PROFILES, DIAGNOSTICS, POSITIONAL_PROFILE, KEY_PROFILE, SINK_SHARE,
-             POSITIONAL_DIAGNOSTICS)
+             POSITIONAL_DIAGNOSTICS, ATTENDED)
     held = tuple(n for n in names if checks._dataset(f"{group}/{n}") is not None)
     for kind, wanted in KIND_DATASETS.items():
         present = [n for n in wanted if n in held]

@@ -19,6 +19,7 @@ from biasviz.common.errors import BiasvizError, os_error_message
 from biasviz.common.exclusive import writing_alone
 from biasviz.store.deflate import compression_threads, encode_chunk
 from biasviz.store.format import (
+    ATTENDED,
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
     FORMAT_VERSION,
@@ -97,6 +98,8 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
                checkpoints)  # fmt: skip
     _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], KEY_PROFILE_DIMS, checkpoints)
     _write(f, grp, SINK_SHARE, [p.sink_share for p in parts], ("sample", "head"), checkpoints)
+    if getattr(parts[0], "attended", None) is not None:  # the layer's own mask (SPEC section 13)
+        _write(f, grp, ATTENDED, [p.attended for p in parts], SUMMARY_MAP_DIMS, checkpoints)
 
 
 def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads: int, seq_len: int,
@@ -201,7 +204,8 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
                         positional_profile=grp[POSITIONAL_PROFILE][()] if POSITIONAL_PROFILE in grp else None,
                         positional_diagnostics=grp[POSITIONAL_DIAGNOSTICS][()] if POSITIONAL_DIAGNOSTICS in grp
                         else None,
-                        key_profile=grp[KEY_PROFILE][()], sink_share=grp[SINK_SHARE][()])  # fmt: skip
+                        key_profile=grp[KEY_PROFILE][()], sink_share=grp[SINK_SHARE][()],
+                        attended=grp[ATTENDED][()] if ATTENDED in grp else None)  # fmt: skip
             per_step.append(one)
     assert first is not None, "no parts to join"
     (n_heads, seq_len, resolution, block, causal, layers), ids, meta = first

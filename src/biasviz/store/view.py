@@ -228,7 +228,7 @@ def _layout_dims(name: str) -> tuple[str, ...]:
              fmt.KEY_PROFILE: fmt.KEY_PROFILE_DIMS, fmt.SINK_SHARE: ("sample", "head")}  # fmt: skip
     if name in MATRICES:
         return fmt.DIMS
-    if name in fmt.SUMMARY_MAPS:
+    if name in fmt.SUMMARY_MAPS or name == fmt.ATTENDED:
         return fmt.SUMMARY_MAP_DIMS
     if name in fmt.PROFILES:
         return fmt.PROFILE_DIMS

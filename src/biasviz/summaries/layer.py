@@ -21,7 +21,8 @@ import torch
 
 from biasviz.common.errors import BiasvizError
 from biasviz.store.format import non_finite_error
-from biasviz.summaries.diagonals import DiagonalSums, UpperDiagonalSums
+from biasviz.summaries.attended import Attended
+from biasviz.summaries.diagonals import DiagonalSums, MaskedDiagonalSums, UpperDiagonalSums
 from biasviz.summaries.maps import BlockMaps, zero_above_
 from biasviz.summaries.measures import BiasMeasureSums
 from biasviz.summaries.moments import CellMoments, Moments
@@ -30,6 +31,9 @@ from biasviz.summaries.sharing import Agreement
 
 MODES = ("shared", "joint", "cells")
 CELLS_PER_STEP = 1 << 22  # cells (heads x rows x keys) summarised at a time: bounds the temporaries
+# Over a model's own mask the separability residual solves L s = g with L (T, T): 2 s at T = 2048 on 2 cores, and
+# T^3 beyond; longer calls store it as NaN (full files give it at any length through diagnose)
+MASKED_SEPARABILITY_LEN = 2048
 
 
 @dataclass
@@ -54,6 +58,7 @@ class QuantitySummary:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.kind, self.layer, self.mode = kind, layer, mode
         self.heads, self.seq_len, self.causal, self.block, self.device = heads, seq_len, causal, block, device
+        self.attended: Attended | None = None  # a model's own mask, where it is not the causal triangle
         self._sums()
         self.cells = CellMoments(heads, seq_len, device) if mode == "cells" else None
         self.agreement = Agreement(device) if mode == "shared" else None  # declared the same for all: measured
@@ -69,9 +74,20 @@ class QuantitySummary:
         heads, seq_len, device = self.heads, self.seq_len, self.device
         self.maps = BlockMaps(heads, seq_len, self.block, device, ("mean", "std"), causal=self.causal)
         self.diagonals = DiagonalSums(heads, seq_len, device)
+        self.masked = None if self.attended is None else MaskedDiagonalSums(heads, seq_len, device, self.attended)
+        if self.attended is not None:  # each block averages its attended cells
+            self.maps.set_counts(self.attended.block_counts(self.block))
         self.measures = BiasMeasureSums(heads, seq_len, device) if self.kind in ("bias", "positional") else None
         # a bidirectional model's Toeplitz residual also runs along the diagonals after the query (SPEC section 13)
         self.upper = UpperDiagonalSums(heads, seq_len, device) if self.measures and not self.causal else None
+
+    def attend(self, attended: Attended) -> None:
+        """Summarise over the cells of a model's own mask (SPEC section 13) rather than the causal triangle; before
+        any row is added."""
+        if self.diagonals.count.sum() > 0:
+            raise ValueError("a mask is set before any row is added")
+        self.attended = attended
+        self._sums()
 
     @property
     def difference(self) -> float | None:
@@ -161,6 +177,9 @@ class QuantitySummary:
             return
         if self.causal and keys > row0 + rows:  # keys no query of these rows sees
             values = values[..., : row0 + rows]
+        if self.attended is not None:
+            self._add_attended(row0, values)
+            return
         # weights are 0 wherever a query does not look; a bias holds values (or NaN) there, to be left out
         if self.causal and self.kind != "weights":
             values = zero_above_(values if owned else values.clone())
@@ -172,6 +191,19 @@ class QuantitySummary:
         if self.upper is not None:
             self.upper.add(row0, values)
 
+    def _add_attended(self, row0: int, values: torch.Tensor) -> None:
+        """Rows over a model's own mask: the cells left out are 0 in every sum (NaN or whatever they held gone) and
+        out of every count."""
+        assert self.attended is not None and self.masked is not None
+        rows, keys = values.shape[-2:]
+        mask = self.attended.rows(row0, row0 + rows, keys).to(values.device)  # (1 or H, rows, K)
+        values = values.masked_fill(~mask, 0.0)
+        if not self.maps.add(row0, values):
+            raise non_finite_error(self.kind, self.layer)
+        self.masked.add(row0, values, mask)
+        if self.measures is not None:
+            self.measures.add(row0, values, self.causal, mask=mask)
+
     def result(self, total_samples: int | None = None) -> Summary:
         """The finished summary; ``total_samples`` (all processes') decides whether context dependence is defined."""
         if self.cells is not None:
@@ -180,14 +212,22 @@ class QuantitySummary:
                 r1 = min(self.seq_len, r0 + step)
                 mean, spread = self.cells.rows(r0, r1, r1 if self.causal else self.seq_len)
                 self.add_moments(r0, torch.stack([mean, spread]), owned=True)
-        if self.diagonals.count.sum() == 0:  # no row arrived
+        if self.diagonals.count.sum() == 0 and not (self.masked is not None and self.masked.seen):  # no row arrived
             raise BiasvizError(f"nothing was captured for the {self.kind} of layer {self.layer}")
         n = self.samples if total_samples is None else total_samples
         diagnostics = None
         if self.measures is not None:
             # P is one matrix over all samples: it has no spread of its own, so no context dependence
-            rss = self.diagonals.toeplitz_rss() + (0.0 if self.upper is None else self.upper.toeplitz_rss())
-            diagnostics = self.measures.results(0 if self.kind == "positional" else n, rss)
+            if self.masked is not None:
+                assert self.attended is not None
+                # s_i - s_j over a mask's own pairs: a (T, T) least-squares solve, up to MASKED_SEPARABILITY_LEN
+                fit = self.attended.laplacian() if self.seq_len <= MASKED_SEPARABILITY_LEN else False
+                diagnostics = self.measures.results(0 if self.kind == "positional" else n, self.masked.toeplitz_rss(),
+                                                    fit)  # fmt: skip
+            else:
+                rss = self.diagonals.toeplitz_rss() + (0.0 if self.upper is None else self.upper.toeplitz_rss())
+                diagnostics = self.measures.results(0 if self.kind == "positional" else n, rss)
         return Summary(mean=self.maps.result("mean").cpu().numpy(), std=self.maps.result("std").cpu().numpy(),
-                       profile=self.diagonals.profile().cpu().numpy(), diagnostics=diagnostics,
+                       profile=(self.diagonals if self.masked is None else self.masked).profile().cpu().numpy(),
+                       diagnostics=diagnostics,
                        difference=self.difference)  # fmt: skip

@@ -106,6 +106,10 @@ class BlockMaps:
         self.stacked[: len(pooled), :, q0 : q0 + pooled.shape[-2], : pooled.shape[-1]] += pooled
         return bool(torch.isfinite(pooled.sum()))
 
+    def set_counts(self, counts: torch.Tensor) -> None:
+        """The used cells per block (1 or H, nb, nb) of a model's own mask, in place of the geometry's."""
+        self._counts = counts.to(self.stacked.device)
+
     def counts(self) -> torch.Tensor:
         """(nb, nb) used cells per block: j <= i in a causal model, all of them otherwise; worked out once, for
         every name's result."""

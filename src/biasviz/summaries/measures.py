@@ -43,11 +43,13 @@ class BiasMeasureSums:
         self.squares = torch.zeros(heads, 2, **f64)  # Σ_{j<i} b̄² (Σ_{j!=i} bidirectional), Σ_i b̄(i, i)²
         self.causal = True
 
-    def add(self, row0: int, values: torch.Tensor, causal: bool = True, scratch: Scratch | None = None) -> None:
+    def add(self, row0: int, values: torch.Tensor, causal: bool = True, scratch: Scratch | None = None,
+            mask: torch.Tensor | None = None) -> None:  # fmt: skip
         """Rows ``row0 ..``: the mean and, if ``values`` (S, H, rows, K) holds two, the spread, 0 in the cells j > i
         (a causal block has K = row0 + rows; otherwise every cell is used). In float64: the separability residual
         is a difference of two large sums; the shifted values are exactly 0 where the mean equals its first cell.
-        The two float64 copies (in ``scratch``, if given) are squared in place: no further temporaries."""
+        The two float64 copies (in ``scratch``, if given) are squared in place: no further temporaries. ``mask``
+        (1 or H, rows, K): the cells a model's own mask attends to (SPEC section 13), the others 0 in ``values``."""
         mean = values[0]
         rows, keys = mean.shape[-2:]
         self.causal = causal
@@ -56,7 +58,10 @@ class BiasMeasureSums:
         m, dev = (scratch or Scratch()).take(mean.shape, 2, torch.float64, mean.device)  # (H, rows, K) each
         m.copy_(mean)
         torch.sub(m, self.ref[:, None, None], out=dev)
-        if causal:  # the cells j > i, all in the trailing square, hold -ref: back to 0
+        if mask is not None:  # the cells left out hold -ref: back to 0, and each head counts its own
+            dev.masked_fill_(~mask, 0.0)
+            self.cells = self.cells + mask.sum((1, 2), dtype=torch.float64).cpu().numpy()
+        elif causal:  # the cells j > i, all in the trailing square, hold -ref: back to 0
             zero_above_(dev)
             self.cells += rows * (rows + 1) // 2 + rows * row0
         else:
@@ -73,22 +78,48 @@ class BiasMeasureSums:
         self.squares[:, 0] += m.square_().sum((1, 2)) - diag_sq  # last: diag is a view of m
         self.squares[:, 1] += diag_sq
 
-    def results(self, samples: int, toeplitz_rss: torch.Tensor) -> np.ndarray:
-        """(H,) records of ``DIAGNOSTIC_FIELDS`` (NaN where undefined), as ``biasviz diagnose`` defines them."""
-        n = max(self.cells, 1)
+    def results(self, samples: int, toeplitz_rss: torch.Tensor,
+                laplacian: torch.Tensor | bool | None = None) -> np.ndarray:  # fmt: skip
+        """(H,) records of ``DIAGNOSTIC_FIELDS`` (NaN where undefined), as ``biasviz diagnose`` defines them.
+
+        ``laplacian`` (1 or H, T, T): a model's own mask's pairs (:meth:`Attended.laplacian`), where the closed
+        forms of the triangle and the square do not hold; the least-squares s then solves L s = g. False: such a
+        mask, too long to solve for: the separability residual is NaN.
+        """
+        n = np.maximum(np.broadcast_to(np.asarray(self.cells, dtype=np.float64), (len(self.ref),)), 1.0)
         s1, s2 = (self.shifted[:, k].cpu().numpy() for k in range(2))
         spread = np.sqrt(np.maximum(s2 / n - (s1 / n) ** 2, 0.0))
         g = (self.row_sum - self.col_sum).cpu().numpy()
-        pairs = self.seq_len if self.causal else 2 * self.seq_len  # each pair met once (causal) or both ways
-        sep_rss = self.squares[:, 0].cpu().numpy() - (g * g).sum(-1) / pairs + self.squares[:, 1].cpu().numpy()
+        squares = self.squares[:, 0].cpu().numpy() + self.squares[:, 1].cpu().numpy()
+        if laplacian is False:
+            sep_rss = np.full(len(g), np.nan)
+        elif isinstance(laplacian, torch.Tensor):
+            sep_rss = squares - _fitted(laplacian, g)
+        else:
+            pairs = self.seq_len if self.causal else 2 * self.seq_len  # each pair met once (causal) or both ways
+            sep_rss = squares - (g * g).sum(-1) / pairs
         toeplitz = toeplitz_rss.cpu().numpy()
         spread_sum = self.spread_sum.cpu().numpy()
         out = np.zeros(len(spread), dtype=[(name, np.float64) for name in DIAGNOSTIC_FIELDS])
         for h in range(len(spread)):
-            dependence = _ratio(spread_sum[h] / n, spread[h]) if samples >= 2 else math.nan
-            out[h] = (dependence, _ratio(math.sqrt(max(toeplitz[h], 0.0) / n), spread[h]),
-                      _ratio(math.sqrt(max(sep_rss[h], 0.0) / n), spread[h]))  # fmt: skip
+            dependence = _ratio(spread_sum[h] / n[h], spread[h]) if samples >= 2 else math.nan
+            separability = math.nan if math.isnan(sep_rss[h]) else _ratio(math.sqrt(max(sep_rss[h], 0.0) / n[h]),
+                                                                           spread[h])  # fmt: skip
+            out[h] = (dependence, _ratio(math.sqrt(max(toeplitz[h], 0.0) / n[h]), spread[h]), separability)
         return out
+
+
+def _fitted(laplacian: torch.Tensor, g: np.ndarray) -> np.ndarray:
+    """(H,) s·g for the least-squares s of L s = g, per head (L (1 or H, T, T)): the part of Σ b̄² that s_i - s_j
+    explains (the residual is Σ b̄² - s·g at the solution). g lies in L's range (each pair adds to one position
+    what it takes from the other), so the minimum-norm solution of the pseudo-inverse is the least-squares one."""
+    lap = laplacian.double().cpu()
+    rhs = torch.as_tensor(g, dtype=torch.float64)  # (H, T)
+    if lap.shape[0] == 1:  # one mask for every head: one factorisation
+        s = torch.linalg.lstsq(lap[0], rhs.T, driver="gelsd").solution.T
+    else:
+        s = torch.linalg.lstsq(lap, rhs[..., None], driver="gelsd").solution[..., 0]
+    return (s * rhs).sum(-1).numpy()
 
 
 def _ratio(numerator: float, denominator: float) -> float:

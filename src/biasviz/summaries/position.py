@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from biasviz.store.format import POSITIONAL_FROM_KEYS
+from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import QuantitySummary
 from biasviz.summaries.scratch import Scratch
 
@@ -31,13 +32,15 @@ class PositionSummary:
     positional_diagnostics: np.ndarray | None  # (H,) Toeplitz and separability residuals of P (SPEC 6, 10)
     key_profile: np.ndarray  # (2, H, T) the weights by key j: mean, std over samples and queries i >= j
     sink_share: np.ndarray  # (N, H) per sample: mean over queries of w(i, 0)
+    attended: np.ndarray | None = None  # (H, nb, nb) share of attended cells per block, where not causal (SPEC 13)
 
 
 class Positional:
     """Builds one layer's P block of rows by block of rows; its maps and profiles go through a QuantitySummary."""
 
     def __init__(self, q_sum: torch.Tensor, k_sum: torch.Tensor, *, layer: int, scale: float, samples: int,
-                 seq_len: int, block: int, device: torch.device, causal: bool = True) -> None:  # fmt: skip
+                 seq_len: int, block: int, device: torch.device, causal: bool = True,
+                 attended: Attended | None = None) -> None:  # fmt: skip
         heads = q_sum.shape[1]
         # float32 is enough: Q·K is about N² times a single q·k and is divided by N(N - 1), so its rounding
         # stays at float32's resolution of one score; the sums themselves were taken in float64
@@ -46,6 +49,9 @@ class Positional:
         self.scale, self.n, self.seq_len = float(scale), samples, seq_len
         self.part = QuantitySummary("positional", layer, heads=heads, seq_len=seq_len, block=block, causal=causal,
                                     mode="joint", device=device)  # fmt: skip
+        self.attended = attended  # a model's own mask: P over its cells (SPEC section 13)
+        if attended is not None:
+            self.part.attend(attended)
         self.first = torch.zeros(heads, seq_len, FIRST_KEYS, dtype=torch.float64, device=device)  # P(i, j < 4)
         self._scratch = Scratch()  # a block of P and a temporary, kept while the layer's rows are formed
 
@@ -62,7 +68,10 @@ class Positional:
         else:
             p.sub_(torch.sub(scores_mean, bias_mean, out=diff), alpha=1.0 / (self.n - 1)).add_(bias_mean)
         keep = min(FIRST_KEYS, r1)
-        self.first[:, r0 : r0 + rows, :keep] = p[..., :keep]
+        early = p[..., :keep]
+        if self.attended is not None:  # cells left out count for nothing
+            early = early.masked_fill(~self.attended.rows(r0, r0 + rows, keep).to(p.device), 0.0)
+        self.first[:, r0 : r0 + rows, :keep] = early
         self.part.add_moments(r0, p[None], owned=True, scratch=scratch)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
@@ -80,9 +89,15 @@ class Positional:
             inside = i < t
             early[:, inside] += self.first[:, i[inside], j]
             count_early[inside] += 1
+        if self.attended is not None:  # the attended cells of each distance, and of its first keys
+            count_all = self.attended.per_distance.to(mean_all.device)
+            count_early = self.attended.early_counts(FIRST_KEYS).to(mean_all.device)
+            mean_all = torch.nan_to_num(mean_all)  # no attended cell at d: 0 cells, 0 sum
         rest = count_all - count_early
         from_key = (mean_all * count_all - early) / rest.clamp(min=1)
         from_key = torch.where(rest > 0, from_key, float("nan"))
+        if self.attended is not None:
+            mean_all = torch.where(count_all > 0, mean_all, float("nan"))
         profile = torch.stack([mean_all, from_key]).float()
         assert summary.diagnostics is not None
         return torch.as_tensor(summary.mean), profile, summary.diagnostics
@@ -92,9 +107,10 @@ class KeyProfile:
     """Per head and key j: mean and spread of the weights over samples and the queries that see j (i >= j when
     causal; every query otherwise)."""
 
-    def __init__(self, heads: int, seq_len: int, device: torch.device, causal: bool = True) -> None:
+    def __init__(self, heads: int, seq_len: int, device: torch.device, causal: bool = True,
+                 attended: Attended | None = None) -> None:  # fmt: skip
         self.sums = torch.zeros(2, heads, seq_len, dtype=torch.float64, device=device)  # Σ w̄, Σ (σ² + w̄²)
-        self.seq_len, self.causal = seq_len, causal
+        self.seq_len, self.causal, self.attended = seq_len, causal, attended
 
     def add_samples(self, weights: torch.Tensor, samples: int) -> None:
         """Samples' own weights (B, H, rows, K), 0 where a query does not see a key, of ``samples`` in all: the
@@ -115,6 +131,9 @@ class KeyProfile:
         queries = (torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.sums.device)  # T - j
                    if self.causal else torch.full((self.seq_len,), float(self.seq_len), dtype=torch.float64,
                                                   device=self.sums.device))  # fmt: skip
+        if self.attended is not None:  # the queries a model's own mask lets see each key
+            queries = self.attended.per_key.to(self.sums.device)
         mean = self.sums[0] / queries
         var = (self.sums[1] / queries - mean * mean).clamp(min=0.0)
-        return torch.stack([mean, var.sqrt()]).float()
+        out = torch.stack([mean, var.sqrt()])
+        return torch.where(queries > 0, out, float("nan")).float()

@@ -1,0 +1,90 @@
+"""The cells a call attends to, where that is not the causal triangle (SPEC section 13): one mask for every sample.
+
+A sliding window, a local layer or a flex block mask leaves cells j <= i out. Every summary quantity is then taken
+over the attended cells only: a map's block averages its attended cells (NaN with none), a profile divides by the
+attended cells at each distance, the key profile by the queries that see each key, the diagnostics run over the
+attended cells. This class holds the mask and the counts those divisions need, worked out once per layer.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from biasviz.summaries.maps import _group_sums
+
+ROWS_PER_STEP = 256  # rows of the mask counted at a time (a float copy of a few rows, whatever T)
+
+
+class Attended:
+    """A (1 or H, T, T) boolean mask of the attended cells, the same for every sample, with its counts."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        if mask.dim() == 4:  # (1, 1 or H, T, T): the batch of one that stands for every sample
+            mask = mask[0]
+        self.mask = mask.bool()
+        self.seq_len = mask.shape[-1]
+
+    def rows(self, r0: int, r1: int, keys: int) -> torch.Tensor:
+        """(1 or H, rows, keys): the attended cells of query rows r0 .. r1 - 1 against keys 0 .. keys - 1."""
+        return self.mask[:, r0:r1, :keys]
+
+    @functools.cached_property
+    def per_distance(self) -> torch.Tensor:
+        """(1 or H, T) float64: attended cells at each distance d = i - j (cells j > i are never attended here)."""
+        out = torch.zeros(self.mask.shape[0], self.seq_len, dtype=torch.float64, device=self.mask.device)
+        for d in range(self.seq_len):
+            out[:, d] = torch.diagonal(self.mask, offset=-d, dim1=1, dim2=2).sum(-1)
+        return out
+
+    @functools.cached_property
+    def per_key(self) -> torch.Tensor:
+        """(1 or H, T) float64: the queries that see each key."""
+        return self.mask.sum(1, dtype=torch.float64)
+
+    @functools.cached_property
+    def total(self) -> torch.Tensor:
+        """(1 or H,) float64: attended cells in all."""
+        return self.mask.sum((1, 2), dtype=torch.float64)
+
+    def block_counts(self, block: int) -> torch.Tensor:
+        """(1 or H, nb, nb) float64: attended cells per block of ``block`` x ``block`` positions."""
+        t = self.seq_len
+        nb = -(-t // block)
+        out = torch.zeros(self.mask.shape[0], nb, nb, dtype=torch.float64, device=self.mask.device)
+        step = max(block, ROWS_PER_STEP // block * block)  # whole query blocks at a time
+        for r0 in range(0, t, step):
+            rows = self.mask[:, r0 : r0 + step].float()
+            pooled = _group_sums(_group_sums(rows, -2, r0, block), -1, 0, block)
+            out[:, r0 // block : r0 // block + pooled.shape[1]] += pooled.double()
+        return out
+
+    def block_shares(self, block: int, heads: int) -> torch.Tensor:
+        """(H, nb, nb) float32: the share of each block's cells attended to (what a file stores as ``attended``)."""
+        t = self.seq_len
+        sizes = torch.full((-(-t // block),), float(block), dtype=torch.float64, device=self.mask.device)
+        sizes[-1] = t - block * (len(sizes) - 1)
+        share = self.block_counts(block) / (sizes[:, None] * sizes[None, :])
+        return share.expand(heads, -1, -1).float()
+
+    def early_counts(self, first_keys: int) -> torch.Tensor:
+        """(1 or H, T) float64: attended cells (d + j, j) with j < ``first_keys``, by distance d."""
+        t = self.seq_len
+        d = torch.arange(t, device=self.mask.device)
+        out = torch.zeros(self.mask.shape[0], t, dtype=torch.float64, device=self.mask.device)
+        for j in range(min(first_keys, t)):
+            i = d + j
+            inside = i < t
+            out[:, inside] += self.mask[:, i[inside], j].double()
+        return out
+
+    def laplacian(self) -> torch.Tensor:
+        """(1 or H, T, T) float64: the Laplacian of the pairs i != j attended to (each way counted), whose least
+        squares s_i - s_j gives the separability residual over these cells."""
+        m = self.mask.double()
+        m.diagonal(dim1=1, dim2=2).zero_()
+        a = m + m.transpose(1, 2)
+        lap = -a
+        lap.diagonal(dim1=1, dim2=2).add_(a.sum(-1))
+        return lap

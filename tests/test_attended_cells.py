@@ -1,0 +1,134 @@
+"""Summaries over the cells a model's own mask attends to (SPEC section 13): a sliding-window transformers model.
+
+The reference is float64 math on the q, k, scale and mask caught at the model's own SDPA call during a plain
+forward (torch's function wrapped here, not through biasviz): weights by softmax over the attended cells only, the
+positional logits P(i, j) as the mean over ordered pairs of different texts of c·q_a(i)·k_b(j), and every mean,
+profile and diagnostic over the attended cells. A cell outside the window is NaN in every map.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import biasviz
+
+T, N, HEADS, KV_HEADS, VOCAB, WINDOW = 16, 3, 4, 2, 64, 5
+
+
+def caught_call(model: torch.nn.Module, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """q, k (key heads repeated), scale and the attended cells of the model's one SDPA call, as it made it."""
+    seen: dict[str, torch.Tensor] = {}
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def wrapped(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
+        groups = q.shape[1] // k.shape[1]
+        seen["q"], seen["k"] = q.double(), k.repeat_interleave(groups, dim=1).double()
+        seen["scale"] = torch.tensor(q.shape[-1] ** -0.5 if scale is None else scale)
+        i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+        kept = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool)
+        if is_causal:
+            kept &= j <= i
+        if attn_mask is not None:
+            kept = kept & (attn_mask if attn_mask.dtype == torch.bool else attn_mask > -1e9)
+        seen["kept"] = torch.broadcast_to(kept, (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]))
+        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                        enable_gqa=enable_gqa, **kw)  # fmt: skip
+
+    torch.nn.functional.scaled_dot_product_attention = wrapped
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+    return seen
+
+
+def reference(call: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    q, k, c = call["q"].numpy(), call["k"].numpy(), float(call["scale"])
+    kept = call["kept"].numpy()  # (N, H, T, T)
+    assert (kept == kept[:1]).all() and not kept[0, 0, T - 1, 0]  # one mask for all; the window hides key 0
+    mask = kept[0]
+    scores = c * np.einsum("nhid,nhjd->nhij", q, k)
+    z = np.where(kept, scores, -np.inf)
+    w = np.exp(z - z.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    nan = np.where(mask, 1.0, np.nan)
+    # P: the mean over ordered pairs a != b of c q_a(i) . k_b(j)
+    pairs = [(a, b) for a in range(N) for b in range(N) if a != b]
+    p = np.mean([c * np.einsum("hid,hjd->hij", q[a], k[b]) for a, b in pairs], axis=0)
+    d = np.subtract.outer(np.arange(T), np.arange(T))
+    out = {"weights_mean": w.mean(0) * nan, "weights_std": w.std(0) * nan, "scores_mean": scores.mean(0) * nan,
+           "positional_mean": p * nan}  # fmt: skip
+    profile = np.full((2, HEADS, T), np.nan)
+    for dist in range(T):
+        cells = mask & (d == dist)  # (H, T, T)
+        for h in range(HEADS):
+            if cells[h].any():
+                values = w[:, h][:, cells[h]]  # (N, cells)
+                profile[:, h, dist] = values.mean(), values.std()
+    out["weights_profile"] = profile
+    seen_by = mask.sum(1)  # (H, T): queries that see each key
+    key_mean = w.sum(2).mean(0) / seen_by
+    key_sq = (w**2).sum(2).mean(0) / seen_by
+    out["weights_key_profile"] = np.stack([key_mean, np.sqrt(np.maximum(key_sq - key_mean**2, 0.0))])
+    out["sink_share"] = w[:, :, :, 0].sum(-1) / seen_by[:, 0]
+    out["positional_diagnostics"] = np.array([diagnostics(p[h], mask[h]) for h in range(HEADS)])
+    return out
+
+
+def diagnostics(m: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
+    """Toeplitz and separability residuals of one head's P over the attended cells, by explicit least squares."""
+    i, j = np.nonzero(mask)
+    values = m[i, j]
+    spread = values.std()
+    diag_mean = {dist: values[i - j == dist].mean() for dist in set(i - j)}
+    toeplitz = np.sqrt(np.mean([(v - diag_mean[a - b]) ** 2 for v, a, b in zip(values, i, j, strict=True)]))
+    design = np.zeros((len(values), T))
+    off = i != j
+    design[np.arange(len(values))[off], i[off]] = 1.0
+    design[np.arange(len(values))[off], j[off]] = -1.0
+    s = np.linalg.lstsq(design, values, rcond=None)[0]
+    separability = np.sqrt(np.mean((values - design @ s) ** 2))
+    return toeplitz / spread, separability / spread
+
+
+@pytest.fixture(scope="module")
+def window(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(hidden_size=32, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                           num_hidden_layers=1, intermediate_size=64, vocab_size=VOCAB, sliding_window=WINDOW,
+                           max_position_embeddings=64, attn_implementation="sdpa")  # fmt: skip
+    model = MistralForCausalLM(config).eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(2))
+    expected = reference(caught_call(model, ids))
+    out = tmp_path_factory.mktemp("window") / "s.h5"
+    biasviz.extract(model, ids, out, summary=True, progress=False)
+    return out, expected
+
+
+@pytest.mark.parametrize("name", ["weights_mean", "weights_std", "scores_mean", "positional_mean", "weights_profile",
+                                  "weights_key_profile", "sink_share"])  # fmt: skip
+def test_every_map_and_profile_is_over_the_window(window, name: str) -> None:
+    path, expected = window
+    with h5py.File(path, "r") as f:
+        got = f["layer_0"][name][()]
+    want = expected[name]
+    assert np.array_equal(np.isnan(got), np.isnan(want)), name  # cells outside the window: NaN, and only those
+    # a spread by key is the root of a difference of float32 sums of squares: about 1e-8 of the squares' scale
+    atol = 1e-5 if name == "weights_key_profile" else 2e-6
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=atol, equal_nan=True)
+
+
+def test_positional_diagnostics_are_over_the_window(window) -> None:
+    path, expected = window
+    with h5py.File(path, "r") as f:
+        got = f["layer_0"]["positional_diagnostics"][()]
+    measured = np.array([[row["toeplitz_residual"], row["separability_residual"]] for row in got])
+    np.testing.assert_allclose(measured, expected["positional_diagnostics"], rtol=1e-4)
