@@ -101,7 +101,7 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
         _refuse_figure_options()
     style = with_width(style, width)
     target = json_path or out_dir / "diagnostics.json"
-    check_output_file(target, with_config(*files), force, "--json")
+    check_output_file(target, with_config(*files), force, "--json" if json_path else "--out-dir")
     results = [r for r in (_diagnose_file(p, layer, normalize) for p in files) if r is not None]
     if not results:
         raise BiasvizError("none of the files holds a bias; nothing to diagnose")
@@ -183,6 +183,7 @@ def _name_uniquely(results: list[_FileResult]) -> None:
 
 
 def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: Path) -> None:
+    from biasviz.common.atomic import write_new
     from biasviz.common.version import __version__
 
     doc = {
@@ -192,7 +193,7 @@ def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: P
     }  # fmt: skip
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        write_new(tmp, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         raise BiasvizError(os_error_message(exc, target)) from exc
 

@@ -8,9 +8,11 @@ and no temporary file behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -123,10 +125,43 @@ def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = 
             remove_path(tmp)
 
 
+def open_beside(path: str | Path, *, new: bool = True, mode: int = 0o666) -> int:
+    """A descriptor (read-write) of a file biasviz makes beside an output: a temporary file, a lock, a manifest.
+
+    Never through a symbolic link planted at that name: ``O_NOFOLLOW`` refuses one (dangling or not) rather
+    than create a file at its target, outside the output's folder; ``new`` adds ``O_EXCL``, so that a file
+    that appeared meanwhile is an error, never written through. Only a regular file is ever returned (a FIFO
+    or device planted at a lock's name is refused, not opened for good). The one way biasviz opens them.
+    """
+    from biasviz.common.errors import BiasvizError
+
+    path = Path(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_EXCL if new else 0)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.EEXIST and path.is_symlink()):
+            raise BiasvizError(f"{path} is a symbolic link where biasviz keeps its own file; remove it (biasviz "
+                               "never follows a link there)") from None  # fmt: skip
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BiasvizError(f"{path} is not a regular file where biasviz keeps its own file; remove it")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def write_new(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8) to ``path``, a new file made by :func:`open_beside` (never a link's target)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with os.fdopen(open_beside(path), "wb") as f:
+        f.write(raw)
+
+
 def write_text(target: str | Path, text: str) -> None:
     """Replace ``target`` with ``text`` (UTF-8) atomically."""
     with replacing(target) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        write_new(tmp, text)
 
 
 class Staged:
@@ -142,9 +177,10 @@ class Staged:
     def temporary(self, target: str | Path) -> Path:
         """A temporary path for ``target``, moved there by :meth:`publish`."""
         from biasviz.common.errors import BiasvizError
-        from biasviz.common.outputs import check_inputs_kept
+        from biasviz.common.outputs import check_inputs_kept, check_no_loop
 
         target = Path(target)
+        check_no_loop(target, "--out-dir")
         if target.is_dir() and not target.is_symlink():
             raise BiasvizError(f"{target} is a folder; move it away or choose another --out-dir")
         check_inputs_kept(target, self._inputs, "--out-dir")

@@ -31,7 +31,7 @@ class ExplorerPage:
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         """Write the page atomically; an existing file is kept unless ``force`` (as `extract` does)."""
-        from biasviz.common.atomic import replacing
+        from biasviz.common.atomic import replacing, write_new
 
         target = Path(path)
         if target.exists() and not force:
@@ -40,7 +40,7 @@ class ExplorerPage:
             target.parent.mkdir(parents=True, exist_ok=True)
         try:
             with replacing(target, overwrite=force) as tmp:
-                tmp.write_text(self.html, encoding="utf-8")
+                write_new(tmp, self.html)
         except FileExistsError:
             raise BiasvizError(f"{target} appeared while the page was written; pass --force to overwrite it") from None
         return target

@@ -1,0 +1,100 @@
+"""Nothing trusted, nothing lost: what biasviz makes beside an output, outputs raced for, settings, the notebook API.
+
+Each case is run from the user's side (the CLI in this process, or ``biasviz.open``) on tiny inputs, and checks
+one clear ``Error:`` line (or exception), and that nothing is created outside the output's folder or lost.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, small_model
+from tests.test_untrusted import write_valid
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("trust")
+    small_model("alibi", n_layer=1).save_pretrained(root / "ck")
+    return {"ck": root / "ck", "good": write_valid(root / "good.h5")}
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's working folder, and beside it a folder ``elsewhere`` that nothing may write into."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    return tmp_path / "work"
+
+
+def one_error(code: int, err: str, pattern: str = "") -> str:
+    """The single ``Error:`` line of a failed command (and no traceback)."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code in (1, 2) and len(lines) == 1 and lines[0].startswith("Error: "), (code, err)
+    assert pattern in lines[0], lines[0]
+    return lines[0]
+
+
+def bias_only(ck: Path, out: str, *more: str) -> list[str]:
+    return ["extract", "--model", str(ck), "--bias-only", "--seq-len", "8", "--quiet", "--out", out, *more]
+
+
+# -- 1. files next to the output ---------------------------------------------------------------------------
+
+
+def test_a_link_planted_at_the_lock_creates_nothing_elsewhere(assets: dict[str, Path], here: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A dangling link at ``.x.h5.lock`` is refused, not followed: the old code created ``elsewhere/planted``."""
+    planted = here.parent / "elsewhere" / "planted"
+    (here / ".x.h5.lock").symlink_to(planted)
+    code, _, err = run_cli(bias_only(assets["ck"], "x.h5"), capsys)
+    one_error(code, err, ".x.h5.lock is a symbolic link")
+    assert not planted.exists() and not planted.is_symlink()
+    assert sorted(p.name for p in here.iterdir()) == [".x.h5.lock"]
+
+
+def test_a_link_raced_in_at_a_temporary_name_is_never_written_through(
+        assets: dict[str, Path], here: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """A link that appears at the JSON's temporary name after biasviz cleared it: refused, nothing elsewhere."""
+    import biasviz.common.atomic as atomic
+
+    planted = here.parent / "elsewhere" / "planted.json"
+    clear = atomic.remove_path
+
+    def clear_then_plant(path: Path) -> None:
+        clear(path)
+        if path.name.endswith(".tmp") and path.name.startswith(".d.json."):
+            path.symlink_to(planted)
+
+    monkeypatch.setattr(atomic, "remove_path", clear_then_plant)
+    code, _, err = run_cli(["diagnose", str(assets["good"]), "--json", "d.json", "--no-figures"], capsys)
+    one_error(code, err, "is a symbolic link")
+    assert not planted.exists()
+    assert not (here / "d.json").exists() and not (here / "d.json").is_symlink()
+
+
+LOOPS = [
+    ("extract --out", lambda a: bias_only(a["ck"], "loop"), "--out"),
+    ("extract --out inside", lambda a: bias_only(a["ck"], "loop/x.h5", "--force"), "--out"),
+    ("diagnose --json", lambda a: ["diagnose", str(a["good"]), "--json", "loop", "--no-figures"], "--json"),
+    ("explore --out --force", lambda a: ["explore", str(a["good"]), "--out", "loop", "--force"], "--out"),
+    ("plot --out-dir", lambda a: ["plot", "--scheme", "alibi", "--input", str(a["good"]), "--out-dir", "loop",
+                                  "--format", "png"], "--out-dir"),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("name", "argv", "option"), LOOPS, ids=[c[0] for c in LOOPS])
+def test_an_output_that_is_a_link_loop_is_one_error(assets: dict[str, Path], here: Path,
+                                                    capsys: pytest.CaptureFixture[str], name: str,
+                                                    argv: object, option: str) -> None:  # fmt: skip
+    os.symlink("loop", here / "loop")
+    code, _, err = run_cli(argv(assets), capsys)  # type: ignore[operator]
+    line = one_error(code, err, "symbolic link loop")
+    assert line.endswith(f"choose another {option}"), line
+    assert sorted(p.name for p in here.iterdir()) == ["loop"]
