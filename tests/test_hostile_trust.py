@@ -98,3 +98,40 @@ def test_an_output_that_is_a_link_loop_is_one_error(assets: dict[str, Path], her
     line = one_error(code, err, "symbolic link loop")
     assert line.endswith(f"choose another {option}"), line
     assert sorted(p.name for p in here.iterdir()) == ["loop"]
+
+
+# -- 2. races on outputs that must not be overwritten --------------------------------------------------------
+
+RACED = [
+    ("diagnose --json", lambda a: ["diagnose", str(a["good"]), "--json", "out", "--no-figures"], "--json"),
+    ("explore --out", lambda a: ["explore", str(a["good"]), "--out", "out"], "--out"),
+    ("extract --out", lambda a: bias_only(a["ck"], "out"), "--out"),
+    ("extract --out --resolution", lambda a: bias_only(a["ck"], "out", "--resolution", "4"), "--out"),
+]
+
+
+@pytest.mark.parametrize(("name", "argv", "option"), RACED, ids=[c[0] for c in RACED])
+def test_the_first_of_two_writers_wins_and_keeps_its_file(assets: dict[str, Path], here: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch, name: str, argv: object,
+                                                         option: str) -> None:  # fmt: skip
+    """Another process creates ``out`` just before this one moves its finished file there (after every check):
+    this one fails with one line, and the winner's file stays as it was."""
+    import biasviz.common.atomic as atomic
+    import biasviz.store.writer as writer
+
+    target = here / "out"
+    move = atomic.publish
+
+    def other_process_wins(tmp: Path, path: Path, **kwargs: bool) -> None:
+        if Path(path).name == "out" and not target.exists():
+            target.write_text("the winner's work")
+        move(tmp, path, **kwargs)
+
+    monkeypatch.setattr(atomic, "publish", other_process_wins)
+    monkeypatch.setattr(writer, "publish", other_process_wins)
+    code, _, err = run_cli(argv(assets), capsys)  # type: ignore[operator]
+    line = one_error(code, err, "out already exists")
+    assert line.endswith(f"choose another {option}"), line
+    assert target.read_text() == "the winner's work"
+    assert sorted(p.name for p in here.iterdir()) == ["out"]

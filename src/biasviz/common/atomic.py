@@ -54,15 +54,40 @@ def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
         os.replace(tmp, target)
         return
     try:
-        os.link(tmp, target)  # atomic, fails if the target exists
+        os.link(tmp, target, follow_symlinks=False)  # atomic, fails if the target exists
     except FileExistsError:
         raise
-    except OSError:  # no hard links here (or a directory)
-        if target.exists():
-            raise FileExistsError(target) from None
-        os.replace(tmp, target)
+    except OSError:  # no hard links here (or a directory): a rename that refuses to replace, where there is one
+        if not _rename_noreplace(tmp, target):
+            if target.exists() or target.is_symlink():
+                raise FileExistsError(target) from None
+            os.replace(tmp, target)
         return
     tmp.unlink()
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (Linux ``renameat2(RENAME_NOREPLACE)``), in one step.
+
+    True when renamed; FileExistsError when ``dst`` exists; False where the system has no such call.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError, TypeError):
+        return False
+    at_fdcwd, noreplace = -100, 1
+    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code == errno.EEXIST:
+        raise FileExistsError(code, os.strerror(code), str(dst))
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # not this system or file system
+        return False
+    raise OSError(code, os.strerror(code), str(dst))
 
 
 def remove_path(path: Path) -> None:
@@ -102,8 +127,12 @@ def remove_stale_temporaries(target: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = None) -> Iterator[Path]:
+def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = None,
+              option: str = "--out") -> Iterator[Path]:  # fmt: skip
     """Yield a temporary path for ``target``; move it into place when the block succeeds, remove it otherwise.
+
+    Without ``overwrite`` the move fails if ``target`` exists, in one step (:func:`publish`): a file another
+    process made meanwhile is kept, and the error names ``option``.
 
     The temporary path is a file name or, if the block makes a directory there, a directory.
 
@@ -119,7 +148,12 @@ def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = 
     remove_path(tmp)
     try:
         yield tmp
-        publish(tmp, target, overwrite=overwrite)
+        try:
+            publish(tmp, target, overwrite=overwrite)
+        except FileExistsError:
+            from biasviz.common.outputs import appeared_meanwhile
+
+            raise appeared_meanwhile(target, option) from None
     finally:
         if tmp.exists() or tmp.is_symlink():
             remove_path(tmp)
@@ -172,10 +206,12 @@ class Staged:
 
     def __init__(self, inputs: Iterable[str | Path | None] = ()) -> None:
         self._moves: list[tuple[Path, Path]] = []
+        self._new: dict[Path, str] = {}  # targets never overwritten, and the option that names each
         self._inputs = list(inputs)  # files the outputs are made from: never a target
 
-    def temporary(self, target: str | Path) -> Path:
-        """A temporary path for ``target``, moved there by :meth:`publish`."""
+    def temporary(self, target: str | Path, *, overwrite: bool = True, option: str = "--out") -> Path:
+        """A temporary path for ``target``, moved there by :meth:`publish`; without ``overwrite`` a file that
+        appeared at ``target`` meanwhile is kept, and the whole set is not published (``option`` names it)."""
         from biasviz.common.errors import BiasvizError
         from biasviz.common.outputs import check_inputs_kept, check_no_loop
 
@@ -188,16 +224,29 @@ class Staged:
         tmp = temporary_name(target)
         remove_path(tmp)
         self._moves.append((tmp, target))
+        if not overwrite:
+            self._new[tmp] = option
         return tmp
 
     def publish(self) -> None:
-        """Move every file into place (renames within one folder: quick, and no space is needed)."""
-        from biasviz.common.errors import BiasvizError, os_error_message
+        """Move every file into place (renames within one folder: quick, and no space is needed).
 
+        The files that must not overwrite go first, each in one step that fails if its target exists: a
+        second process that won the race keeps its file, and nothing of this set replaces anything.
+        """
+        from biasviz.common.errors import BiasvizError, os_error_message
+        from biasviz.common.outputs import appeared_meanwhile
+
+        self._moves.sort(key=lambda move: move[0] not in self._new)
         while self._moves:
             tmp, target = self._moves[0]
             try:
-                os.replace(tmp, target)
+                if tmp in self._new:
+                    publish(tmp, target, overwrite=False)
+                else:
+                    os.replace(tmp, target)
+            except FileExistsError:
+                raise appeared_meanwhile(target, self._new.get(tmp, "--out")) from None
             except OSError as exc:
                 raise BiasvizError(os_error_message(exc, target)) from exc
             self._moves.pop(0)

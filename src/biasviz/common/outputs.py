@@ -114,6 +114,12 @@ def check_output_file(target: Path, inputs: Iterable[str | Path | None] = (), fo
     return target
 
 
+def appeared_meanwhile(target: Path, option: str = "--out") -> BiasvizError:
+    """The one message for a never-overwrite output that another process created while this one worked."""
+    return BiasvizError(f"{target} already exists: it appeared while this run was writing it and was kept as it "
+                        f"is; pass --force to overwrite it or choose another {option}")  # fmt: skip
+
+
 _STEM_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_+.")
 STEM_MAX = 80
 

@@ -38,11 +38,8 @@ class ExplorerPage:
             raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
         if target.parent and not target.parent.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with replacing(target, overwrite=force) as tmp:
-                write_new(tmp, self.html)
-        except FileExistsError:
-            raise BiasvizError(f"{target} appeared while the page was written; pass --force to overwrite it") from None
+        with replacing(target, overwrite=force) as tmp:  # a page another process made meanwhile is kept
+            write_new(tmp, self.html)
         return target
 
     def __repr__(self) -> str:  # the page's text is megabytes: a notebook's plain-text form names it instead
