@@ -135,3 +135,65 @@ def test_the_first_of_two_writers_wins_and_keeps_its_file(assets: dict[str, Path
     assert line.endswith(f"choose another {option}"), line
     assert target.read_text() == "the winner's work"
     assert sorted(p.name for p in here.iterdir()) == ["out"]
+
+
+# -- 3. settings and small lies ---------------------------------------------------------------------------------
+
+SETTINGS = [
+    ("BIASVIZ_ATTENTION for extract", {"BIASVIZ_ATTENTION": "garbage"}, lambda a: bias_only(a["ck"], "x.h5"),
+     "BIASVIZ_ATTENTION='garbage' is not one of auto, flex, table, sdpa"),
+    ("BIASVIZ_ATTENTION for train", {"BIASVIZ_ATTENTION": "Fast"}, lambda a: ["train", "--scheme", "alibi",
+     "--out", "x"], "BIASVIZ_ATTENTION='Fast' is not one of auto"),  # fmt: skip
+    ("a device given twice", {}, lambda a: ["extract", "--model", str(a["ck"]), "--device-map", "auto",
+     "--max-memory", "cpu=1GiB,cpu=600000", "--out", "x.h5"], "--max-memory names cpu twice"),  # fmt: skip
+    ("a size of 400 digits", {}, lambda a: ["extract", "--model", str(a["ck"]), "--device-map", "auto",
+     "--max-memory", "cpu=" + "9" * 400, "--out", "x.h5"], "is more than any machine has"),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("name", "env", "argv", "said"), SETTINGS, ids=[c[0] for c in SETTINGS])
+def test_a_setting_biasviz_does_not_know_is_one_error(
+        assets: dict[str, Path], here: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        name: str, env: dict[str, str], argv: object, said: str) -> None:  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code, _, err = run_cli(argv(assets), capsys)  # type: ignore[operator]
+    line = one_error(code, err, said)
+    assert len(line) < 200, line
+    assert list(here.iterdir()) == []
+
+
+def test_a_resolution_above_the_length_is_the_exact_map(assets: dict[str, Path], here: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """SPEC section 11: R >= T gives blocks of one position (exact per cell), the same maps as R = T."""
+    import h5py
+    import numpy as np
+
+    for r in (48, 64):
+        code, _, err = run_cli(bias_only(assets["ck"], f"r{r}.h5", "--seq-len", "48", "--resolution", str(r)),
+                               capsys)  # fmt: skip
+        assert code == 0, err
+    with h5py.File("r48.h5") as exact, h5py.File("r64.h5") as above:
+        assert above.attrs["resolution"] == 64 and above.attrs["block"] == 1
+        np.testing.assert_array_equal(above["layer_0/bias_mean"][()], exact["layer_0/bias_mean"][()])
+
+
+def test_a_library_warning_is_one_warning_line(assets: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Not ``/path/to/lib.py:12: UserWarning: ...`` and a line of the library's source."""
+    import warnings
+
+    import biasviz.cli.info_cmd as info_cmd
+
+    summary = info_cmd.summary
+
+    def warns(path: Path) -> str:
+        warnings.warn("the library says\n  something", UserWarning, stacklevel=1)
+        return summary(path)
+
+    monkeypatch.setattr(info_cmd, "summary", warns)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        code, out, err = run_cli(["info", str(assets["good"])], capsys)
+    assert code == 0 and "good.h5" in out
+    assert err == "Warning: the library says something\n"

@@ -53,9 +53,12 @@ def train(
     Under torchrun each process takes its part of every batch (DistributedDataParallel); the batch is
     --batch-size per process, and process 0 writes the checkpoint.
     """
+    from biasviz.common.settings import attention_mode
     from biasviz.schemes import canonical_name
     from biasviz.training.loop import TrainSettings
     from biasviz.training.loop import train as run_training
+
+    attention_mode()  # checked before any work
 
     if isinstance(scheme_options, str):
         try:
