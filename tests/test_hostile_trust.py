@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -197,3 +198,104 @@ def test_a_library_warning_is_one_warning_line(assets: dict[str, Path], capsys: 
         code, out, err = run_cli(["info", str(assets["good"])], capsys)
     assert code == 0 and "good.h5" in out
     assert err == "Warning: the library says something\n"
+
+
+# -- 4. the notebook API's arguments ----------------------------------------------------------------------------
+
+
+def write_small_sweep(path: Path, steps: tuple[int, ...] = (0, 1, 2), heads: int = 3, n: int = 2, t: int = 8) -> Path:
+    """A sweep whose steps are 0, 1, 2: where the string '1' was once "not in" a file holding step 1."""
+    import numpy as np
+
+    from biasviz.store import BiasFileWriter
+    from tests.conftest import SYNTHETIC_ATTRS, softmax_weights, synthetic_bias
+
+    meta = {**SYNTHETIC_ATTRS, "scheme": "alibi", "context_dependent": False}
+    with BiasFileWriter(path, attrs=meta, n_samples=n, n_heads=heads, seq_len=t, layers=[1], has_bias=True,
+                        checkpoints=list(steps), force=True) as writer:  # fmt: skip
+        writer.begin_batch(np.zeros((n, t), np.int32))
+        for c in range(len(steps)):
+            bias = synthetic_bias("alibi", n, heads, t) * (c + 1)
+            for s in range(n):
+                for h in range(heads):
+                    writer.write_matrix("bias", 1, s, h, bias[s, h], checkpoint=c)
+                    writer.write_matrix("weights", 1, s, h, softmax_weights(bias)[s, h], checkpoint=c)
+    return path
+
+
+@pytest.fixture(scope="module")
+def views(assets: dict[str, Path]) -> Any:
+    import biasviz
+
+    full = biasviz.open(assets["good"])  # layer 1, heads 1 to 3, samples 0 and 1
+    sweep = biasviz.open(write_small_sweep(assets["good"].with_name("sweep.h5")))
+    yield {"full": full, "sweep": sweep}
+    full.close()
+    sweep.close()
+
+
+def test_numpy_integers_index_as_python_integers_do(views: dict[str, Any]) -> None:
+    import numpy as np
+
+    full, sweep = views["full"], views["sweep"]
+    np.testing.assert_array_equal(full.bias(layer=np.int64(1), head=np.int32(2), sample=np.int64(1)),
+                                  full.bias(layer=1, head=2, sample=1))  # fmt: skip
+    np.testing.assert_array_equal(sweep.weights(step=np.int64(1), sample=np.uint8(0)), sweep.weights(step=1, sample=0))
+    assert full.to_xarray(layer=np.int64(-1))["bias"].shape == (2, 3, 8, 8)
+
+
+WRONG = [
+    ("full", {"layer": 1.0}, TypeError, "layer must be an integer, not 1.0 (float); "),
+    ("full", {"layer": 1.5}, TypeError, "good.h5 holds layers 1, and -1 is the last"),
+    ("full", {"layer": "1"}, TypeError, "layer must be an integer, not '1' (str)"),
+    ("full", {"layer": None}, TypeError, "layer must be an integer, not None"),
+    ("full", {"layer": 4}, ValueError, "layer 4 is not in "),
+    ("full", {"head": "3"}, TypeError, "head must be an integer, not '3' (str); heads are numbered 1 to 3"),
+    ("full", {"head": True}, TypeError, "head must be an integer, not True (bool)"),
+    ("full", {"head": 4}, ValueError, "head 4 is not in "),
+    ("full", {"sample": 0.5}, TypeError, "good.h5 holds samples 0, 1"),
+    ("full", {"sample": "all"}, ValueError, "sample must be an index, 'mean' or None"),
+    ("full", {"step": 1}, ValueError, "is not a sweep"),
+    ("sweep", {"step": "1"}, TypeError, "step must be an integer, not '1' (str)"),
+    ("sweep", {"step": 1.0}, TypeError, "step must be an integer, not 1.0 (float)"),
+    ("sweep", {"step": 3}, ValueError, "step 3 is not in "),
+]
+
+
+@pytest.mark.parametrize(("which", "kwargs", "kind", "said"), WRONG, ids=[f"{w[0]}-{w[1]}" for w in WRONG])
+def test_a_wrong_argument_names_itself_and_what_it_may_be(views: dict[str, Any], which: str, kwargs: dict[str, Any],
+                                                          kind: type[Exception], said: str) -> None:  # fmt: skip
+    for method in ("bias", "weights"):
+        with pytest.raises(kind) as caught:
+            getattr(views[which], method)(**kwargs)
+        message = str(caught.value)
+        assert said in message, message
+        value = next(iter(kwargs.values()))
+        if "is not in" in message:  # never "step 1 is not in the file; it holds steps 0, 1, 2"
+            listed = message.rsplit("holds ", 1)[-1]
+            assert str(value) not in listed.replace(" to ", ",").split(","), message
+
+
+def test_view_index_and_plot_and_explore_arguments_are_checked(views: dict[str, Any]) -> None:
+    full = views["full"]
+    with pytest.raises(TypeError, match=r"view\[\.\.\.\] takes a dataset name .* not 0 \(int\)"):
+        full[0]
+    with pytest.raises(TypeError, match=r"layer must be an integer, not 1\.5 \(float\)"):
+        full.plot(layer=1.5)
+    with pytest.raises(TypeError, match=r"layer must be an integer, not 'x' \(str\)"):
+        full.explore(layer="x")
+
+
+def test_every_call_after_close_says_the_view_is_closed(assets: dict[str, Path]) -> None:
+    import biasviz
+
+    view = biasviz.open(assets["good"])
+    view.close()
+    view.close()  # again: nothing
+    assert "closed" in repr(view)
+    calls = [lambda: view.bias(), lambda: view.weights(head=1), lambda: view.layers, lambda: view["input_ids"],
+             lambda: view.keys(), lambda: view.dims("input_ids"), lambda: view.plot(), lambda: view.explore(),
+             lambda: view.to_xarray()]  # fmt: skip
+    for call in calls:
+        with pytest.raises(ValueError, match=r"this view of .*good\.h5 is closed; open the file again"):
+            call()
