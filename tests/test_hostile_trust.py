@@ -6,7 +6,10 @@ one clear ``Error:`` line (or exception), and that nothing is created outside th
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +302,76 @@ def test_every_call_after_close_says_the_view_is_closed(assets: dict[str, Path])
     for call in calls:
         with pytest.raises(ValueError, match=r"this view of .*good\.h5 is closed; open the file again"):
             call()
+
+
+# -- 5. size before work -------------------------------------------------------------------------------------------
+
+DEEP = "[" * 50000 + "]" * 50000  # Python's parser recursed once a level: a RecursionError
+
+
+def _edited_config(key: str, value: object) -> Callable[[Path], None]:
+    def edit(ck: Path) -> None:
+        config = json.loads((ck / "config.json").read_text())
+        config[key] = "DEEP" if value is DEEP else value
+        (ck / "config.json").write_text(json.dumps(config).replace('"DEEP"', DEEP))
+
+    return edit
+
+
+CLAIMS = [
+    ("zero heads", _edited_config("n_head", 0), "/ck: n_head must be a whole number of at least 1, not 0"),
+    ("100000 layers", _edited_config("n_layer", 100000), "(100000 layers of width 48), but its weights"),
+    ("a config nested 50000 deep", _edited_config("extra", DEEP), "config.json nests arrays or objects more than 64"),
+]
+
+
+@pytest.mark.parametrize(("name", "edit", "said"), CLAIMS, ids=[c[0] for c in CLAIMS])
+def test_a_checkpoint_that_claims_too_much_is_refused_before_work(
+        assets: dict[str, Path], here: Path, capsys: pytest.CaptureFixture[str], name: str,
+        edit: Callable[[Path], None], said: str) -> None:  # fmt: skip
+    ck = here / "ck"
+    shutil.copytree(assets["ck"], ck)
+    edit(ck)
+    code, _, err = run_cli(bias_only(ck, "x.h5"), capsys)
+    one_error(code, err, said)
+    assert sorted(p.name for p in here.iterdir()) == ["ck"]
+
+
+def _deep_training_json(here: Path, assets: dict[str, Path]) -> list[str]:
+    shutil.copytree(assets["ck"], here / "ck")
+    (here / "ck" / "training.json").write_text('{"settings": ' + DEEP + "}")
+    return bias_only(here / "ck", "x.h5")
+
+
+def _deep_attribute(here: Path, assets: dict[str, Path]) -> list[str]:
+    import h5py
+
+    shutil.copy(assets["good"], here / "deep.h5")
+    with h5py.File(here / "deep.h5", "r+") as f:
+        f.attrs["training"] = DEEP
+    return ["diagnose", str(here / "deep.h5"), "--json", "d.json", "--no-figures"]
+
+
+def _deep_map(here: Path, assets: dict[str, Path]) -> list[str]:
+    (here / "map.json").write_text('{"lm_head": ' + DEEP + "}")
+    return ["extract", "--model", str(assets["ck"]), "--device-map", "map.json", "--out", "x.h5"]
+
+
+DEEP_CASES = [  # (name, the command, the Error line; None: not what biasviz wrote, left unread, the command works)
+    ("a device map", _deep_map, "map.json nests arrays or objects more than 64 levels deep"),
+    ("--scheme-options", lambda h, a: ["train", "--scheme", "alibi", "--scheme-options", DEEP, "--out", "x"],
+     "--scheme-options nests arrays or objects more than 64 levels deep"),
+    ("a training.json", _deep_training_json, None),
+    ("an HDF5 attribute", _deep_attribute, None),
+]
+
+
+@pytest.mark.parametrize(("name", "argv", "said"), DEEP_CASES, ids=[c[0] for c in DEEP_CASES])
+def test_deep_json_from_outside_is_one_error_or_left_unread(
+        assets: dict[str, Path], here: Path, capsys: pytest.CaptureFixture[str], name: str,
+        argv: Callable[[Path, dict[str, Path]], list[str]], said: str | None) -> None:  # fmt: skip
+    code, _, err = run_cli(argv(here, assets), capsys)
+    if said is not None:
+        one_error(code, err, said)
+    else:
+        assert code == 0 and "Traceback" not in err, err

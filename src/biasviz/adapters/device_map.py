@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.jsondoc import JSONTooLarge, loads
 
 STRATEGIES = ("auto", "balanced", "sequential")  # computed by accelerate from the budgets
 OFFLOAD_PREFIX = "biasviz-offload-"  # a temporary offload folder: biasviz-offload-PID-XXXX in the temp folder
@@ -102,7 +103,9 @@ def _read_map(spec: str | Mapping[str, Any]) -> str | dict[str, Device]:
     from biasviz.common.inputs import read_text
 
     try:
-        data = json.loads(read_text(path, "device map"))
+        data = loads(read_text(path, "device map"), f"--device-map {path}")
+    except JSONTooLarge:
+        raise
     except ValueError as exc:
         raise BiasvizError(f"--device-map {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or not data:

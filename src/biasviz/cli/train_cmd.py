@@ -10,6 +10,7 @@ import click
 from biasviz.cli.options import NonEmptyPath, checked, config_option, device_option, seed_option, with_config
 from biasviz.common.checks import check_learning_rate
 from biasviz.common.errors import UsageError
+from biasviz.common.jsondoc import loads
 
 
 @click.command()
@@ -62,7 +63,7 @@ def train(
 
     if isinstance(scheme_options, str):
         try:
-            scheme_options = json.loads(scheme_options)
+            scheme_options = loads(scheme_options, "--scheme-options")
         except json.JSONDecodeError as exc:
             raise UsageError(f"--scheme-options is not valid JSON: {exc.msg}") from None
     if scheme_options is not None and not isinstance(scheme_options, dict):
