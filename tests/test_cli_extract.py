@@ -191,9 +191,19 @@ def test_extract_summary_from_the_cli(ckpt, tmp_path, capsys):
 @pytest.mark.parametrize(("extra", "message"), [
     (["--resolution", "8"], "--resolution applies with --summary"),
     (["--summary", "--resolution", "0"], "--resolution must be"),
-    (["--summary", "--resolution", "25"], "above --seq-len"),
 ])  # fmt: skip
 def test_summary_options_that_cannot_apply(ckpt, tmp_path, capsys, extra, message):
     out = tmp_path / "s.h5"
     code, _, err = run(extract_args(ckpt, *extra, "--out", str(out)), capsys)
     assert code in (1, 2) and "Error:" in err and message in err and not out.exists()
+
+
+def test_a_resolution_above_the_length_gives_the_exact_maps(ckpt, tmp_path, capsys):
+    """SPEC section 11: R >= T makes blocks of one position, the same maps as R = T (R stored as given)."""
+    paths = {r: tmp_path / f"r{r}.h5" for r in (24, 25)}
+    for r, out in paths.items():
+        code, _, err = run(extract_args(ckpt, "--summary", "--resolution", str(r), "--out", str(out)), capsys)
+        assert code == 0, err
+    with h5py.File(paths[24]) as exact, h5py.File(paths[25]) as above:
+        assert above.attrs["resolution"] == 25 and above.attrs["block"] == exact.attrs["block"] == 1
+        np.testing.assert_array_equal(above["layer_1/bias_mean"][()], exact["layer_1/bias_mean"][()])

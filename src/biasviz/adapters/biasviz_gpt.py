@@ -169,6 +169,30 @@ class BiasGPTAdapter(ModelAdapter):
         return float(self.attention(layer).scale)
 
 
+def config_parameters(config: BiasGPTConfig) -> int:
+    """At least as many parameters as ``config`` describes: every block's 12 d x d matrices (attention 4, MLP 8)
+    and the token table; biases, norms and position tables left out, so the bound never exceeds the truth."""
+    return config.n_layer * 12 * config.n_embd**2 + config.vocab_size * config.n_embd
+
+
+def check_claimed_size(config: BiasGPTConfig, files: list[Path], directory: Path) -> None:
+    """Before any weight is read or any layer built: a config that describes a model larger than its weight files
+    could hold (2 bytes a parameter at the least), or than this machine's memory, is one clear error.
+
+    A config.json claiming 100,000 layers would otherwise build them all, at random, before the load finds the
+    weights missing.
+    """
+    from biasviz.common.memory import check_fits, size_text
+
+    claimed = config_parameters(config)
+    stored = sum(f.stat().st_size for f in files)
+    if 2 * claimed > stored + (1 << 20):
+        raise BiasvizError(f"{directory / CONFIG_FILE} describes a model of at least {claimed:,} parameters "
+                           f"({config.n_layer} layers of width {config.n_embd}), but its weights ({size_text(stored)}) "
+                           f"hold at most {stored // 2:,}: the config does not belong to these weights")  # fmt: skip
+    check_fits(4 * claimed, f"the model in {directory}", "load it on a machine with more memory")
+
+
 def load_biasviz_checkpoint(
     path: str | Path,
     scheme: str | None = None,
@@ -197,6 +221,7 @@ def load_biasviz_checkpoint(
     for file in files:
         if file.suffix == ".safetensors":
             check_safetensors(file)
+    check_claimed_size(config, files, directory)
     try:
         model, info = BiasGPTForCausalLM.from_pretrained(
             directory,

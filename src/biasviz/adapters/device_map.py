@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.jsondoc import JSONTooLarge, loads
 
 STRATEGIES = ("auto", "balanced", "sequential")  # computed by accelerate from the budgets
 OFFLOAD_PREFIX = "biasviz-offload-"  # a temporary offload folder: biasviz-offload-PID-XXXX in the temp folder
@@ -102,7 +103,9 @@ def _read_map(spec: str | Mapping[str, Any]) -> str | dict[str, Device]:
     from biasviz.common.inputs import read_text
 
     try:
-        data = json.loads(read_text(path, "device map"))
+        data = loads(read_text(path, "device map"), f"--device-map {path}")
+    except JSONTooLarge:
+        raise
     except ValueError as exc:
         raise BiasvizError(f"--device-map {path} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or not data:
@@ -141,6 +144,9 @@ def parse_device(value: Any, what: str, *, disk: bool) -> Device:
     return index
 
 
+LARGEST_SIZE = 2.0**63  # bytes: beyond any machine, and beyond what a C size can hold
+
+
 def parse_size(text: str, what: str) -> int:
     """``70GiB``, ``1.5GB``, ``512MiB``, ``1000000`` (bytes) -> bytes.
 
@@ -150,7 +156,11 @@ def parse_size(text: str, what: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?b|b)?\s*", str(text), flags=re.IGNORECASE)
     if match is None:
         raise BiasvizError(f"{what}: '{text}' is not a size; write e.g. 70GiB, 500MB or a number of bytes")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+    size = float(match.group(1)) * _UNITS[(match.group(2) or "").upper()]
+    if not size < LARGEST_SIZE:  # 400 digits: inf, which no int holds
+        shown = text.strip() if len(text.strip()) <= 24 else f"{text.strip()[:20]}... ({len(text.strip())} characters)"
+        raise BiasvizError(f"{what}: '{shown}' is more than any machine has (at most {LARGEST_SIZE:.0e} bytes)")
+    return int(size)
 
 
 def parse_max_memory(spec: str | Mapping[Any, Any]) -> dict[Device, int]:
@@ -177,6 +187,8 @@ def parse_max_memory(spec: str | Mapping[Any, Any]) -> dict[Device, int]:
         size = value if isinstance(value, int) and not isinstance(value, bool) else parse_size(value, "--max-memory")
         if size <= 0:
             raise BiasvizError(f"--max-memory {key.strip()}={value}: a budget must be more than 0 bytes")
+        if device in out:  # the last of two budgets winning silently would not be what either said
+            raise BiasvizError(f"--max-memory names {device} twice; give each device one budget")
         out[device] = size
     return out
 

@@ -35,14 +35,14 @@ def check_safetensors(path: Path) -> None:
 
     The layout: 8 bytes of header length n, n bytes of JSON header giving each tensor's byte range, the data.
     """
-    import json
+    from biasviz.common.jsondoc import loads
 
     size = path.stat().st_size
     with regular_file(path, "safetensors file").open("rb") as f:
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else -1
         try:
-            header = json.loads(f.read(n)) if 0 <= n <= size - 8 else None
+            header = loads(f.read(n), str(path), max_bytes=n + 1) if 0 <= n <= size - 8 else None
         except ValueError:
             header = None
     tensors = [v for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
@@ -126,10 +126,10 @@ def load_tensor_file(path: str | Path) -> Any:
 
 def model_type(directory: Path) -> str:
     """The ``model_type`` of a transformers-style directory's config.json."""
-    import json
+    from biasviz.common.jsondoc import loads
 
     try:
-        config = json.loads(read_text(directory / "config.json", "config.json"))
+        config = loads(read_text(directory / "config.json", "config.json"), str(directory / "config.json"))
     except ValueError as exc:
         raise BiasvizError(f"cannot read {directory / 'config.json'}: {exc}") from exc
     if not isinstance(config, dict) or not config.get("model_type"):

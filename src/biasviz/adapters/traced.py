@@ -327,12 +327,11 @@ def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> Traced
     transformers has no SDPA path for the architecture: the trace follows eager attention too. With a device map
     (:func:`~biasviz.adapters.device_map.current_placement`) the model is spread as it says, in its precision.
     """
-    import json
-
     from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
+    from biasviz.common.jsondoc import loads
 
     kind = model_type(directory)
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    config = loads((directory / "config.json").read_text(encoding="utf-8"), str(directory / "config.json"))
     softcapped = isinstance(config, dict) and config.get("attn_logit_softcapping") is not None
     model, reason = _from_pretrained(directory, ("eager",) if softcapped else ("sdpa", "eager"))
     if model is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import traceback
+import warnings
 
 import click
 
@@ -103,6 +104,7 @@ def _main(argv: list[str] | None) -> None:
     _quiet_libraries()
     previous = _terminate_as_interrupt()
     previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupts_reach_main
+    previous_show, warnings.showwarning = warnings.showwarning, _one_line_warning
     try:
         cli.main(args=args, prog_name="biasviz", standalone_mode=False)
     except click.exceptions.Abort as exc:  # Click's word for a Ctrl-C; a sweep's says what it kept
@@ -142,8 +144,23 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(130)
     finally:
         sys.unraisablehook = previous_hook
+        warnings.showwarning = previous_show
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: object = None, line: str | None = None) -> None:  # fmt: skip
+    """A library's warning as the user reads it: one ``Warning:`` line, not a file name and a line of source code.
+
+    Under torchrun only process 0 says it (every process would say the same).
+    """
+    import os
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    click.echo(f"Warning: {text or category.__name__}", err=True)
 
 
 def _from_interrupt(exc: BaseException) -> bool:

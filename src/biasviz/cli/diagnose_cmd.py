@@ -101,14 +101,15 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
         _refuse_figure_options()
     style = with_width(style, width)
     target = json_path or out_dir / "diagnostics.json"
-    check_output_file(target, with_config(*files), force, "--json")
+    option = "--json" if json_path else "--out-dir"
+    check_output_file(target, with_config(*files), force, option)
     results = [r for r in (_diagnose_file(p, layer, normalize) for p in files) if r is not None]
     if not results:
         raise BiasvizError("none of the files holds a bias; nothing to diagnose")
     _name_uniquely(results)
     # the JSON and the figures are replaced together, or not at all; never over an input
     with replacing_together(with_config(*files)) as staged:
-        _write_json(staged.temporary(target), results, normalize, target)
+        _write_json(staged.temporary(target, overwrite=force, option=option), results, normalize, target)
         written = [target] + ([] if no_figures else _draw(results, out_dir, formats, style, dpi, staged))
     for path in written:
         click.echo(f"wrote {path}")
@@ -186,6 +187,7 @@ def _name_uniquely(results: list[_FileResult]) -> None:
 
 
 def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: Path) -> None:
+    from biasviz.common.atomic import write_new
     from biasviz.common.version import __version__
 
     doc = {
@@ -195,7 +197,7 @@ def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: P
     }  # fmt: skip
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        write_new(tmp, json.dumps(doc, indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         raise BiasvizError(os_error_message(exc, target)) from exc
 

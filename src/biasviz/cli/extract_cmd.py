@@ -168,12 +168,14 @@ def extract(
     from biasviz.common.exclusive import writing_alone
     from biasviz.common.outputs import check_output_file
     from biasviz.common.processes import process_group
+    from biasviz.common.settings import attention_mode
     from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
     from biasviz.extraction.distributed import extract_parallel
     from biasviz.extraction.run import check_seq_len, check_windows_memory
     from biasviz.extraction.run import extract as run_extract
     from biasviz.extraction.tokens import resolve_tokenizer
 
+    attention_mode()  # checked before any work
     layers = parse_layers(layer)
     if resolution is not None and not (summary or bias_only):
         raise UsageError("--resolution applies with --summary or --bias-only")

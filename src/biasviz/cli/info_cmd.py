@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from biasviz.common.jsondoc import loads
+
 _SHOWN = {  # attributes the summary prints in its own lines; the rest go under "other"
     "biasviz_format", "scheme", "context_dependent", "context_dependent_known", "bias_convention", "source_model",
     "architecture",
@@ -195,7 +197,7 @@ def info(file: str, as_json: bool) -> None:
             attrs = f.attrs
         if isinstance(attrs.get("config_json"), str) and attrs["config_json"]:
             with contextlib.suppress(ValueError, RecursionError):  # plain JSON data; else keep the text as stored
-                attrs["config_json"] = json.loads(attrs["config_json"])
+                attrs["config_json"] = loads(attrs["config_json"], "the attribute config_json")
         attrs["biasviz_layout"] = layout(path)  # not an attribute: what the file holds, as the reader sees it
         click.echo(json.dumps(finite_json(attrs), indent=2, sort_keys=True, default=str, allow_nan=False))
         return

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from biasviz.common.atomic import write_text
 from biasviz.common.hashing import sha256_file
+from biasviz.common.jsondoc import loads
 
 
 def target_of(path: Path, runs: Path, figures: Path) -> Path:
@@ -60,7 +61,7 @@ def stale_files(manifest: Path) -> list[tuple[Path, Path]]:
     """(target, the first of its files that changed or went missing) for every target dated back."""
     if not manifest.is_file():
         return []
-    doc = json.loads(manifest.read_text(encoding="utf-8"))
+    doc = loads(manifest.read_text(encoding="utf-8"), str(manifest))
     touched: dict[Path, Path] = {}
     for name, entry in doc["files"].items():
         path, target = Path(name), Path(entry["target"])

@@ -23,6 +23,8 @@ class View(FileView):
     """A biasviz file opened read-only (see :class:`FileView`), with its figures and explorer page."""
 
     def __repr__(self) -> str:
+        if self._closed:
+            return f"<biasviz file {self.path} (closed)>"
         from biasviz.cli.info_cmd import summary
 
         return summary(self.path)
@@ -36,6 +38,7 @@ class View(FileView):
         """The page ``biasviz explore`` writes (``.save(path)``; shown inline in Jupyter), as ``biasviz.explore``."""
         from biasviz.explorer import explore
 
+        self._f  # noqa: B018 - a closed view explores nothing
         return explore(self.path, other, **options)
 
 
@@ -68,6 +71,7 @@ def plot(path: str | Path, kind: str = "bias", *, scheme: str | None = None, sha
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(f"plot() got unknown option(s) {', '.join(unknown)}; it takes {', '.join(sorted(_OPTIONS))}")
+    options = _checked(options)
     if scheme is None:
         with FileView(path) as view:
             scheme = view.scheme
@@ -90,6 +94,23 @@ def plot(path: str | Path, kind: str = "bias", *, scheme: str | None = None, sha
         raise BiasvizError(f"biasviz plot --kind {kind} drew no figure for {path}")
     figures = [_in_style(fig, style) for fig, style in kept]
     return figures[0] if len(figures) == 1 else figures
+
+
+def _checked(options: dict[str, Any]) -> dict[str, Any]:
+    """The index options as the notebook API takes them everywhere (:mod:`biasviz.common.arguments`): numpy
+    integers as integers; a float, a string or a bool one clear TypeError naming the option."""
+    from biasviz.common.arguments import ArgumentValueError, whole
+
+    out = dict(options)
+    for name, valid in (("layer", "a stored layer, -1 the last"), ("step", "a training step of the sweep")):
+        if out.get(name) is not None:
+            out[name] = whole(name, out[name], valid)
+    sample = out.get("sample")
+    if isinstance(sample, str) and sample != "mean":
+        raise ArgumentValueError(f"sample must be an index or 'mean', not {sample!r}")
+    if sample is not None and not isinstance(sample, str):
+        out["sample"] = whole("sample", sample, "an index from 0, or 'mean'")
+    return out
 
 
 def _in_style(fig: Figure, style: str | None) -> Figure:

@@ -10,6 +10,7 @@ import click
 from biasviz.cli.options import NonEmptyPath, checked, config_option, device_option, seed_option, with_config
 from biasviz.common.checks import check_learning_rate
 from biasviz.common.errors import UsageError
+from biasviz.common.jsondoc import loads
 
 
 @click.command()
@@ -53,13 +54,16 @@ def train(
     Under torchrun each process takes its part of every batch (DistributedDataParallel); the batch is
     --batch-size per process, and process 0 writes the checkpoint.
     """
+    from biasviz.common.settings import attention_mode
     from biasviz.schemes import canonical_name
     from biasviz.training.loop import TrainSettings
     from biasviz.training.loop import train as run_training
 
+    attention_mode()  # checked before any work
+
     if isinstance(scheme_options, str):
         try:
-            scheme_options = json.loads(scheme_options)
+            scheme_options = loads(scheme_options, "--scheme-options")
         except json.JSONDecodeError as exc:
             raise UsageError(f"--scheme-options is not valid JSON: {exc.msg}") from None
     if scheme_options is not None and not isinstance(scheme_options, dict):

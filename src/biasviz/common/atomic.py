@@ -8,9 +8,11 @@ and no temporary file behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -52,15 +54,40 @@ def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
         os.replace(tmp, target)
         return
     try:
-        os.link(tmp, target)  # atomic, fails if the target exists
+        os.link(tmp, target, follow_symlinks=False)  # atomic, fails if the target exists
     except FileExistsError:
         raise
-    except OSError:  # no hard links here (or a directory)
-        if target.exists():
-            raise FileExistsError(target) from None
-        os.replace(tmp, target)
+    except OSError:  # no hard links here (or a directory): a rename that refuses to replace, where there is one
+        if not _rename_noreplace(tmp, target):
+            if target.exists() or target.is_symlink():
+                raise FileExistsError(target) from None
+            os.replace(tmp, target)
         return
     tmp.unlink()
+
+
+def _rename_noreplace(src: Path, dst: Path) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists (Linux ``renameat2(RENAME_NOREPLACE)``), in one step.
+
+    True when renamed; FileExistsError when ``dst`` exists; False where the system has no such call.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError, TypeError):
+        return False
+    at_fdcwd, noreplace = -100, 1
+    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), noreplace) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code == errno.EEXIST:
+        raise FileExistsError(code, os.strerror(code), str(dst))
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # not this system or file system
+        return False
+    raise OSError(code, os.strerror(code), str(dst))
 
 
 def remove_path(path: Path) -> None:
@@ -100,8 +127,12 @@ def remove_stale_temporaries(target: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = None) -> Iterator[Path]:
+def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = None,
+              option: str = "--out") -> Iterator[Path]:  # fmt: skip
     """Yield a temporary path for ``target``; move it into place when the block succeeds, remove it otherwise.
+
+    Without ``overwrite`` the move fails if ``target`` exists, in one step (:func:`publish`): a file another
+    process made meanwhile is kept, and the error names ``option``.
 
     The temporary path is a file name or, if the block makes a directory there, a directory.
 
@@ -117,16 +148,54 @@ def replacing(target: str | Path, *, overwrite: bool = True, tmp: Path | None = 
     remove_path(tmp)
     try:
         yield tmp
-        publish(tmp, target, overwrite=overwrite)
+        try:
+            publish(tmp, target, overwrite=overwrite)
+        except FileExistsError:
+            from biasviz.common.outputs import appeared_meanwhile
+
+            raise appeared_meanwhile(target, option) from None
     finally:
         if tmp.exists() or tmp.is_symlink():
             remove_path(tmp)
 
 
+def open_beside(path: str | Path, *, new: bool = True, mode: int = 0o666) -> int:
+    """A descriptor (read-write) of a file biasviz makes beside an output: a temporary file, a lock, a manifest.
+
+    Never through a symbolic link planted at that name: ``O_NOFOLLOW`` refuses one (dangling or not) rather
+    than create a file at its target, outside the output's folder; ``new`` adds ``O_EXCL``, so that a file
+    that appeared meanwhile is an error, never written through. Only a regular file is ever returned (a FIFO
+    or device planted at a lock's name is refused, not opened for good). The one way biasviz opens them.
+    """
+    from biasviz.common.errors import BiasvizError
+
+    path = Path(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_EXCL if new else 0)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.EEXIST and path.is_symlink()):
+            raise BiasvizError(f"{path} is a symbolic link where biasviz keeps its own file; remove it (biasviz "
+                               "never follows a link there)") from None  # fmt: skip
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BiasvizError(f"{path} is not a regular file where biasviz keeps its own file; remove it")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def write_new(path: str | Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8) to ``path``, a new file made by :func:`open_beside` (never a link's target)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    with os.fdopen(open_beside(path), "wb") as f:
+        f.write(raw)
+
+
 def write_text(target: str | Path, text: str) -> None:
     """Replace ``target`` with ``text`` (UTF-8) atomically."""
     with replacing(target) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        write_new(tmp, text)
 
 
 class Staged:
@@ -137,14 +206,17 @@ class Staged:
 
     def __init__(self, inputs: Iterable[str | Path | None] = ()) -> None:
         self._moves: list[tuple[Path, Path]] = []
+        self._new: dict[Path, str] = {}  # targets never overwritten, and the option that names each
         self._inputs = list(inputs)  # files the outputs are made from: never a target
 
-    def temporary(self, target: str | Path) -> Path:
-        """A temporary path for ``target``, moved there by :meth:`publish`."""
+    def temporary(self, target: str | Path, *, overwrite: bool = True, option: str = "--out") -> Path:
+        """A temporary path for ``target``, moved there by :meth:`publish`; without ``overwrite`` a file that
+        appeared at ``target`` meanwhile is kept, and the whole set is not published (``option`` names it)."""
         from biasviz.common.errors import BiasvizError
-        from biasviz.common.outputs import check_inputs_kept
+        from biasviz.common.outputs import check_inputs_kept, check_no_loop
 
         target = Path(target)
+        check_no_loop(target, "--out-dir")
         if target.is_dir() and not target.is_symlink():
             raise BiasvizError(f"{target} is a folder; move it away or choose another --out-dir")
         check_inputs_kept(target, self._inputs, "--out-dir")
@@ -152,16 +224,29 @@ class Staged:
         tmp = temporary_name(target)
         remove_path(tmp)
         self._moves.append((tmp, target))
+        if not overwrite:
+            self._new[tmp] = option
         return tmp
 
     def publish(self) -> None:
-        """Move every file into place (renames within one folder: quick, and no space is needed)."""
-        from biasviz.common.errors import BiasvizError, os_error_message
+        """Move every file into place (renames within one folder: quick, and no space is needed).
 
+        The files that must not overwrite go first, each in one step that fails if its target exists: a
+        second process that won the race keeps its file, and nothing of this set replaces anything.
+        """
+        from biasviz.common.errors import BiasvizError, os_error_message
+        from biasviz.common.outputs import appeared_meanwhile
+
+        self._moves.sort(key=lambda move: move[0] not in self._new)
         while self._moves:
             tmp, target = self._moves[0]
             try:
-                os.replace(tmp, target)
+                if tmp in self._new:
+                    publish(tmp, target, overwrite=False)
+                else:
+                    os.replace(tmp, target)
+            except FileExistsError:
+                raise appeared_meanwhile(target, self._new.get(tmp, "--out")) from None
             except OSError as exc:
                 raise BiasvizError(os_error_message(exc, target)) from exc
             self._moves.pop(0)

@@ -14,8 +14,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from biasviz.common.atomic import remove_stale_temporaries, temporary_prefix
+from biasviz.common.atomic import open_beside, remove_stale_temporaries, temporary_prefix
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.outputs import make_output_folder
 
 
 def lock_name(target: Path) -> Path:
@@ -43,13 +44,9 @@ def writing_alone(target: str | Path, option: str = "--out") -> Iterator[None]:
             _HELD[key] -= 1
         return
     while True:
+        make_output_folder(target.parent, option)  # the output's folder, as its writer would make it
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)  # the output's folder, as its writer would make it
-        except OSError as exc:
-            raise BiasvizError(f"cannot create the output folder {target.parent}: {exc.strerror}; choose another "
-                               f"{option}") from exc  # fmt: skip
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = open_beside(lock, new=False)  # never through a link planted there
         except OSError as exc:  # an unwritable folder: name the output the user gave, not the lock file
             raise BiasvizError(os_error_message(exc, target)) from exc
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -9,12 +10,46 @@ from pathlib import Path
 from biasviz.common.errors import BiasvizError
 
 
+def resolved(path: Path) -> Path:
+    """``path`` with its links followed as far as they go (a link loop stops there, never raises)."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):  # RuntimeError: Python 3.11's word for a link loop
+        return Path(os.path.abspath(path))
+
+
+def link_loop(path: Path) -> bool:
+    """Whether ``path`` (or a folder on its way) is a symbolic link loop: nothing can ever be found there."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def check_no_loop(path: Path, option: str = "--out") -> None:
+    """One clear error for an output path that is a link loop, before anything reads or writes there."""
+    if link_loop(Path(path)):
+        raise BiasvizError(f"{path} is a symbolic link loop (too many levels of symbolic links); remove the link or "
+                           f"choose another {option}")  # fmt: skip
+
+
+def make_output_folder(folder: Path, option: str = "--out") -> None:
+    """Create an output's folder (and its parents) as its writer would; a failure is one clear error."""
+    check_no_loop(folder, option)
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BiasvizError(f"cannot create the output folder {folder}: {exc.strerror}; choose another "
+                           f"{option}") from exc  # fmt: skip
+
+
 def same_file(a: Path, b: Path) -> bool:
     """Whether ``a`` and ``b`` name one file, however spelled (links, ``..``)."""
     try:
         return os.path.samefile(a, b)
     except OSError:
-        return a.resolve() == b.resolve()
+        return resolved(a) == resolved(b)
 
 
 def input_path(spec: str | Path | None) -> Path | None:
@@ -37,16 +72,16 @@ def input_clash(target: Path, inputs: Iterable[str | Path | None]) -> Path | Non
     """
     target = Path(target)
     here = target.exists() or target.is_symlink()
-    where = target.resolve()
+    where = resolved(target)
     for spec in inputs:
         p = input_path(spec)
         if p is None or not p.exists():
             continue
         if same_file(p, target):
             return p
-        if here and p.is_dir() and where.is_relative_to(p.resolve()):
+        if here and p.is_dir() and where.is_relative_to(resolved(p)):
             return p
-        if target.is_dir() and p.resolve().is_relative_to(where):
+        if target.is_dir() and resolved(p).is_relative_to(where):
             return p
     return None
 
@@ -58,7 +93,7 @@ def check_inputs_kept(target: Path, inputs: Iterable[str | Path | None], option:
         return
     if same_file(clash, Path(target)):
         raise BiasvizError(f"{target} is one of the input files; give another {option}")
-    inside = Path(target).is_dir() and clash.resolve().is_relative_to(Path(target).resolve())
+    inside = Path(target).is_dir() and resolved(clash).is_relative_to(resolved(Path(target)))
     detail = f"holds an input ({clash})" if inside else f"is inside an input folder ({clash})"
     raise BiasvizError(f"{target} {detail}; give another {option}")
 
@@ -70,12 +105,19 @@ def check_output_file(target: Path, inputs: Iterable[str | Path | None] = (), fo
     An input file is refused even with ``force``: writing there would destroy what the output is made from.
     """
     target = Path(target)
+    check_no_loop(target, option)
     if target.is_dir():
         raise BiasvizError(f"{target} is a folder; give a file path for {option}")
     check_inputs_kept(target, inputs, option)
     if (target.exists() or target.is_symlink()) and not force:
         raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another {option}")
     return target
+
+
+def appeared_meanwhile(target: Path, option: str = "--out") -> BiasvizError:
+    """The one message for a never-overwrite output that another process created while this one worked."""
+    return BiasvizError(f"{target} already exists: it appeared while this run was writing it and was kept as it "
+                        f"is; pass --force to overwrite it or choose another {option}")  # fmt: skip
 
 
 _STEM_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_+.")

@@ -31,18 +31,15 @@ class ExplorerPage:
 
     def save(self, path: str | Path, *, force: bool = False) -> Path:
         """Write the page atomically; an existing file is kept unless ``force`` (as `extract` does)."""
-        from biasviz.common.atomic import replacing
+        from biasviz.common.atomic import replacing, write_new
 
         target = Path(path)
         if target.exists() and not force:
             raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another --out")
         if target.parent and not target.parent.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with replacing(target, overwrite=force) as tmp:
-                tmp.write_text(self.html, encoding="utf-8")
-        except FileExistsError:
-            raise BiasvizError(f"{target} appeared while the page was written; pass --force to overwrite it") from None
+        with replacing(target, overwrite=force) as tmp:  # a page another process made meanwhile is kept
+            write_new(tmp, self.html)
         return target
 
     def __repr__(self) -> str:  # the page's text is megabytes: a notebook's plain-text form names it instead
@@ -76,12 +73,19 @@ def explore(path: str | Path | Any, other: str | Path | Any | None = None, *, ki
 
     Returns an :class:`ExplorerPage`: ``page.save(path)`` writes it, and in a notebook it shows inline.
     """
+    import numbers
+
+    from biasviz.common.arguments import ArgumentTypeError, whole
     from biasviz.explorer.build import KINDS, build_page_data
     from biasviz.explorer.page import render_page
     from biasviz.explorer.traced import is_trace, trace_file
 
     if kind not in (*KINDS, "all"):
         raise BiasvizError(f"kind must be one of {', '.join(KINDS)} or 'all', not '{kind}'")
+    if layer is not None:
+        layer = whole("layer", layer, "a stored layer, -1 the last, or None for every layer")
+    if max_mb is not None and (isinstance(max_mb, bool) or not isinstance(max_mb, numbers.Real)):
+        raise ArgumentTypeError(f"max_mb must be a number of MB, not {max_mb!r} ({type(max_mb).__name__})")
     if max_mb is not None and not 0 < max_mb < math.inf:  # NaN fails this too
         raise BiasvizError(f"the size budget must be a positive, finite number of MB, not {max_mb}")
     if input_ids is not None and not is_trace(path):

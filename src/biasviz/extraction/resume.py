@@ -19,6 +19,7 @@ import numpy as np
 
 from biasviz.common.atomic import write_text
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.jsondoc import loads
 from biasviz.training.series import Checkpoint
 
 PLAN = "plan.json"
@@ -105,7 +106,7 @@ def _stored_plan(partial: Path) -> dict[str, Any] | None:
     if not partial.is_dir():
         return None
     try:
-        plan = json.loads((partial / PLAN).read_text(encoding="utf-8"))
+        plan = loads((partial / PLAN).read_text(encoding="utf-8"), str(partial / PLAN))
     except (OSError, ValueError):
         raise BiasvizError(f"{partial / PLAN} is missing or damaged; pass --force instead of --resume to start "
                            "over") from None  # fmt: skip

@@ -58,14 +58,12 @@ Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weight
 
 
 def resolve_resolution(resolution: int | None, seq_len: int) -> int:
-    """R: as given (1 .. T), or the default 1024 capped at T."""
+    """R: as given (at least 1), or the default 1024 capped at T. R >= T gives blocks of one position: the maps
+    exact per cell (SPEC section 11), as with R = T; R is stored as given."""
     if resolution is None:
         return min(DEFAULT_RESOLUTION, seq_len)
     if isinstance(resolution, bool) or not isinstance(resolution, (int, np.integer)) or resolution < 1:
         raise BiasvizError(f"--resolution must be a whole number of at least 1, not {resolution!r}")
-    if resolution > seq_len:
-        raise BiasvizError(f"--resolution {resolution} is above --seq-len {seq_len}: a map has at most one block per "
-                           f"position; use --resolution {seq_len} for the exact per-cell map")  # fmt: skip
     return int(resolution)
 
 

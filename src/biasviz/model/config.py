@@ -6,6 +6,7 @@ from typing import Any
 
 from transformers import PreTrainedConfig
 
+from biasviz.common.arguments import ArgumentValueError
 from biasviz.common.errors import BiasvizError
 from biasviz.schemes import canonical_name, get_scheme
 
@@ -60,6 +61,10 @@ class BiasGPTConfig(PreTrainedConfig):
         **kwargs: Any,
     ) -> None:
         self.scheme = canonical_name(scheme)
+        for name, value in (("n_layer", n_layer), ("n_head", n_head), ("n_embd", n_embd), ("vocab_size", vocab_size),
+                            ("n_positions", n_positions)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # 0 heads: a division by zero
+                raise ArgumentValueError(f"{name} must be a whole number of at least 1, not {value!r}")
         if scheme_options is not None and not isinstance(scheme_options, dict):
             raise BiasvizError(f"scheme_options must be a mapping of option names to values, not {scheme_options!r}")
         self.scheme_options = dict(scheme_options or {})

@@ -22,7 +22,6 @@ bias, scores or weights.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from biasviz.common.settings import ATTENTION_MODES
 from biasviz.schemes.base import ScoreTerms
 
 MIN_LEN = 2048  # below it one compilation (5-10 s on 2 cores) costs more than the kernel saves
@@ -37,7 +37,7 @@ BLOCK = 128  # FlexAttention's block of queries and keys on a GPU: the block mas
 # On the CPU the blocks are also the kernel's tiles; at T = 8192 (2 cores) 128 x 128 took 1.15 s, 256 x 256 1.17,
 # 256 x 512 (SDPA's own CPU split) 1.20, 512 x 512 1.19: flex's default is kept
 Q_BLOCK, KV_BLOCK = 128, 128
-MODES = ("auto", "flex", "table", "sdpa")
+MODES = ATTENTION_MODES
 # Query rows per SDPA call of the strided-table path: each call computes its last rows x rows / 2 cells past the
 # diagonal for nothing (rows / T of the work); fewer rows are more calls. At T = 8192 on 2 cores 512 rows took
 # 1.18-1.36x the causal kernel, 768-1024 1.03-1.12x, 1536-2048 1.17-1.23x.
@@ -52,8 +52,9 @@ def mode() -> str:
     where it works and pays), ``flex`` (flex wherever it works, any length), ``table`` (the strided table wherever
     the bias has one, on any device; other biases take the blocked path) or ``sdpa`` (neither: the blocked SDPA path
     without autograd and every cell at once with it, the paths before the fused ones, for comparison)."""
-    value = os.environ.get("BIASVIZ_ATTENTION", "auto").strip().lower() or "auto"
-    return value if value in MODES else "auto"
+    from biasviz.common.settings import attention_mode
+
+    return attention_mode()
 
 
 def route(device: torch.device, seq_len: int, terms: ScoreTerms | None, table: bool = True) -> str | None:

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from biasviz.common.atomic import Staged, replacing
 from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
+from biasviz.common.outputs import make_output_folder
 from biasviz.common.version import __version__
 from biasviz.plotting.style import DEFAULT_STYLE, paper_context
 
@@ -40,12 +41,7 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str], *, dpi: f
     applies the paper settings read at save time (math font, font embedding); None keeps the caller's.
     """
     stem = Path(stem)
-    try:
-        stem.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BiasvizError(
-            f"cannot create the output folder {stem.parent}: {exc.strerror}; choose another --out-dir"
-        ) from exc
+    make_output_folder(stem.parent, "--out-dir")
     paths = []
     for fmt in formats:
         target = stem.with_name(f"{stem.name}.{fmt}")

@@ -11,6 +11,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from biasviz.common.jsondoc import loads
+
 
 def attr_value(key: str, value: Any) -> Any:
     """A value HDF5 stores as plain data: None -> '', lists -> arrays, dicts -> JSON text; a callable is measured now
@@ -36,8 +38,8 @@ def json_attr(value: Any) -> Any:
     if not isinstance(value, str):
         return None
     try:
-        return json.loads(value)
-    except ValueError:
+        return loads(value, "an attribute")
+    except ValueError:  # JSONTooLarge too: deeper than any attribute biasviz writes
         return None
 
 

@@ -81,8 +81,6 @@ def write_summary_file(
                     _write(f, grp, DIAGNOSTICS, [np.asarray(d) for d in diag], ("head",), checkpoints)
                 if "position" in summaries[0][layer]:
                     _write_position(f, grp, [s[layer]["position"] for s in summaries], checkpoints)
-    except FileExistsError:
-        raise BiasvizError(f"{path} appeared while extracting; kept it, pass --force to overwrite") from None
     except OSError as exc:
         raise BiasvizError(os_error_message(exc, path)) from exc
     return path

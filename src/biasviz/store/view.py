@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from biasviz.common.arguments import ArgumentTypeError, ArgumentValueError, pick, whole
 from biasviz.common.errors import BiasvizError
 from biasviz.store import format as fmt
 from biasviz.store.reader import BiasFile, open_bias_file
@@ -31,6 +32,15 @@ class FileView:
 
     def __init__(self, path: str | Path, *, isolated: bool = True) -> None:
         self._file: BiasFile = open_bias_file(path, isolated=isolated)
+        self._closed = False
+
+    @property
+    def _f(self) -> BiasFile:
+        """The open file; after :meth:`close` every use is one clear ValueError (not h5py's invalid object id)."""
+        if self._closed:
+            raise ArgumentValueError(f"this view of {self._file.path} is closed; open the file again with "
+                                     f"biasviz.open({str(self._file.path)!r})")  # fmt: skip
+        return self._file
 
     # -- what the file is ------------------------------------------------------------------------------
     @property
@@ -41,54 +51,59 @@ class FileView:
     @property
     def kind(self) -> str:
         """``summary`` (extract --summary: block means, profiles, diagnostics) or ``full`` (every sample's)."""
-        return "summary" if self._file.is_summary else "full"
+        return "summary" if self._f.is_summary else "full"
 
     @property
     def scheme(self) -> str:
         """The scheme the file records (``captured`` for a traced model whose scheme was not named)."""
-        return self._file.scheme
+        return self._f.scheme
 
     @property
     def layers(self) -> list[int]:
         """The layers stored (0-based, as in ``layer_L``)."""
-        return self._file.layers
+        return self._f.layers
 
     @property
     def heads(self) -> list[int]:
         """Head numbers, from 1 as in figures and in the file's ``/head`` scale."""
-        return list(range(1, self._file.n_heads + 1))
+        return list(range(1, self._f.n_heads + 1))
 
     @property
     def samples(self) -> list[int]:
         """Sample indices, from 0 (the windows of ``input_ids``)."""
-        return list(range(self._file.n_samples))
+        return list(range(self._f.n_samples))
 
     @property
     def seq_len(self) -> int:
         """T: the positions of each window."""
-        return self._file.seq_len
+        return self._f.seq_len
 
     @property
     def steps(self) -> list[int] | None:
         """The training steps of a sweep's checkpoints (``extract --checkpoints``); None for one checkpoint."""
-        return self._file.checkpoints
+        return self._f.checkpoints
 
     @property
     def attrs(self) -> dict[str, Any]:
         """The root attributes, read as plain data."""
-        return self._file.attrs
+        return self._f.attrs
 
     def close(self) -> None:
-        """Release the file (``with biasviz.open(...) as view:`` does it on leaving the block)."""
-        self._file.close()
+        """Release the file (``with biasviz.open(...) as view:`` does it on leaving the block); again: nothing."""
+        if not self._closed:
+            self._closed = True
+            self._file.close()
 
     def __enter__(self) -> FileView:
+        self._f  # noqa: B018 - a closed view cannot be entered
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
+        if self._closed:
+            return f"<biasviz file {self.path} (closed)>"
         steps = f", steps {self.steps}" if self.steps else ""
         return (f"<biasviz {self.kind} file {self.path}: {self.scheme}, layers {self.layers}, {len(self.heads)} heads,"
                 f" {len(self.samples)} samples, T = {self.seq_len}{steps}>")  # fmt: skip
@@ -119,8 +134,9 @@ class FileView:
     def __getitem__(self, name: str) -> np.ndarray:
         """``view["layer_3/bias_mean"]``, ``view["layer_3/weights"]``, ``view["input_ids"]``: the dataset as the
         reader reads it, every checkpoint of a sweep along a leading axis."""
+        _check_name(name, self.path)
         if name == "input_ids":
-            return self._file.input_ids()
+            return self._f.input_ids()
         group, _, dataset = name.partition("/")
         if group.startswith("layer_") and group[6:].isdigit() and int(group[6:]) in self.layers:
             layer = int(group[6:])
@@ -131,9 +147,10 @@ class FileView:
     def dims(self, name: str) -> list[tuple[str, np.ndarray | None]]:
         """``(label, coordinate values or None)`` of each dimension of ``name`` (as in :meth:`keys`), read from the
         file's HDF5 dimension scales; a scale with a ``names`` attribute (``stat``) gives those names."""
+        _check_name(name, self.path)
         if name != "input_ids" and name not in self.keys():
             raise KeyError(f"{name!r} is not in {self.path}; it holds {', '.join(self.keys())}")
-        ds = self._file._h5[name]  # the reader's open file: only the labels and scales are read here
+        ds = self._f._h5[name]  # the reader's open file: only the labels and scales are read here
         out = []
         named = _layout_dims(name.rpartition("/")[2])
         named = ("checkpoint", *named) if len(named) == ds.ndim - 1 else named
@@ -159,14 +176,14 @@ class FileView:
             parts = [self._layer_dataset(xr, one) for one in self.layers]
             data = xr.concat(parts, dim="layer").assign_coords(layer=self.layers)
         else:
-            data = self._layer_dataset(xr, self._file.resolve_layer(layer))
-        data["input_ids"] = _labelled(xr, self._file.input_ids(), self.dims("input_ids"))
+            data = self._layer_dataset(xr, pick("layer", layer, self.layers, self.path, negative=True))
+        data["input_ids"] = _labelled(xr, self._f.input_ids(), self.dims("input_ids"))
         data.attrs.update(self.attrs)
         return data
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _held(self, layer: int) -> tuple[str, ...]:
-        f = self._file
+        f = self._f
         if f.is_summary:
             return f.summary_datasets(layer)
         return tuple(k for k, held in zip(MATRICES, (f.has_bias(layer), not f.bias_only, f.has_scores(layer)),
@@ -175,32 +192,32 @@ class FileView:
     def _each_step(self, read: Any, step: int | None) -> Any:
         """``read(BiasFile)`` at one checkpoint (``step``), or stacked over every checkpoint of a sweep."""
         steps = self.steps
+        if step is not None:
+            whole("step", step, "a training step of a sweep's checkpoints, or None")
         if steps is None:
             if step is not None:
-                raise BiasvizError(f"step {step}: {self.path} is not a sweep (one checkpoint)")
-            return read(self._file)
+                raise ArgumentValueError(f"step {step!r}: {self.path} is not a sweep (one checkpoint); leave step "
+                                         "out")  # fmt: skip
+            return read(self._f)
         if step is not None:
-            if step not in steps:
-                raise BiasvizError(f"step {step} is not in {self.path}; it holds steps {', '.join(map(str, steps))}")
-            return read(self._file.at_checkpoint(steps.index(step)))
-        parts = [read(self._file.at_checkpoint(k)) for k in range(len(steps))]
+            return read(self._f.at_checkpoint(steps.index(pick("step", step, steps, self.path))))
+        parts = [read(self._f.at_checkpoint(k)) for k in range(len(steps))]
         return np.stack(parts) if isinstance(parts[0], np.ndarray) else parts
 
     def _matrix(self, kind: str, layer: int, sample: int | str | None, head: int | None,
                 step: int | None) -> np.ndarray:  # fmt: skip
-        f = self._file
-        resolved = f.resolve_layer(layer)
-        if head is not None and head not in self.heads:
-            raise BiasvizError(f"head {head} is not in {self.path}: heads are numbered 1 to {len(self.heads)}")
-        h: Any = slice(None) if head is None else head - 1
+        f = self._f
+        resolved = pick("layer", layer, f.layers, f.path, negative=True)
+        h: Any = slice(None) if head is None else pick("head", head, self.heads, f.path,
+                                                           described=f"heads are numbered 1 to {len(self.heads)}") - 1
+        if isinstance(sample, str) and sample != "mean":
+            raise ArgumentValueError(f"sample must be an index, 'mean' or None (every sample), not {sample!r}")
+        if sample is not None and not isinstance(sample, str):
+            if f.is_summary:  # an index of the right kind, but a summary keeps no sample's matrices
+                raise f.not_per_sample(f"sample {whole('sample', sample, 'a summary takes mean or None')}")
+            sample = pick("sample", sample, self.samples, f.path)
         if f.is_summary:
-            if sample not in (None, "mean"):
-                raise f.not_per_sample(f"sample {sample}")
             return self._each_step(lambda b: b.summary_map(f"{kind}_mean", resolved)[h], step)
-        if isinstance(sample, int) and not 0 <= sample < f.n_samples:
-            raise BiasvizError(f"sample {sample} is not in {self.path}; it holds samples 0 to {f.n_samples - 1}")
-        if sample not in (None, "mean") and not isinstance(sample, int):
-            raise BiasvizError(f"sample must be an index, 'mean' or None (all), not {sample!r}")
         s: Any = sample if isinstance(sample, int) else slice(None)
 
         def read(b: BiasFile) -> np.ndarray:
@@ -220,6 +237,14 @@ class FileView:
             else:
                 variables[name] = _labelled(xr, values, dims)
         return xr.Dataset(variables)
+
+
+def _check_name(name: Any, path: Path) -> None:
+    """``view[NAME]`` takes a dataset's name: an index (``view[0]``) says what to use instead."""
+    if not isinstance(name, str):
+        raise ArgumentTypeError(f"view[...] takes a dataset name such as 'layer_0/bias' (view.keys() lists those of "
+                                f"{path}), not {name!r} ({type(name).__name__}); a layer's matrices are "
+                                "view.bias(layer=...), view.weights(layer=...)")  # fmt: skip
 
 
 def _layout_dims(name: str) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import numpy as np
 from biasviz.common.atomic import publish, temporary_name
 from biasviz.common.errors import BiasvizError, os_error_message
 from biasviz.common.exclusive import writing_alone
+from biasviz.common.outputs import appeared_meanwhile
 from biasviz.store.deflate import compression_threads, encode_chunk
 from biasviz.store.failures import DeferredWriteErrors
 from biasviz.store.format import (
@@ -181,7 +182,7 @@ class BiasFileWriter(SharedBiasSwitch):
         except FileExistsError:
             with contextlib.suppress(FileNotFoundError):
                 self._tmp.unlink()
-            raise BiasvizError(f"{self.path} appeared while extracting; kept it, pass --force to overwrite") from None
+            raise appeared_meanwhile(self.path) from None
 
     # -- layout ----------------------------------------------------------------------------
     def _create_layout(self) -> None:

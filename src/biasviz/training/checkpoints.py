@@ -6,12 +6,12 @@ checkpoint, a checkpoint beside which the user keeps notes, or a link, is refuse
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.jsondoc import loads
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -23,7 +23,7 @@ SAVED_STEP = re.compile(r"checkpoint-(\d+)")  # train --save-every's checkpoints
 
 def _model_type(directory: Path) -> str | None:
     try:
-        config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+        config = loads((directory / CONFIG_FILE).read_text(encoding="utf-8"), str(directory / CONFIG_FILE))
     except (OSError, ValueError):
         return None
     return config.get("model_type") if isinstance(config, dict) else None

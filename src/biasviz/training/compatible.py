@@ -7,12 +7,12 @@ say (``config.json`` and the tensor shapes in the safetensors headers; nothing i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.jsondoc import JSONTooLarge, loads
 
 #: Configuration keys that say how a checkpoint was saved, not what model it is.
 VOLATILE_KEYS = frozenset({"_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash",
@@ -24,7 +24,9 @@ def _config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = loads(path.read_text(encoding="utf-8"), str(path))
+    except JSONTooLarge:
+        raise
     except (OSError, ValueError) as exc:
         raise BiasvizError(f"{path} cannot be read as JSON ({exc}); the checkpoint is damaged") from None
     return {k: v for k, v in doc.items() if k not in VOLATILE_KEYS} if isinstance(doc, dict) else {}

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from biasviz.common.atomic import replacing
+from biasviz.common.atomic import replacing, write_new
 from biasviz.common.checks import check_learning_rate, check_seed
 from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
 from biasviz.common.exclusive import writing_alone
@@ -188,7 +188,7 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
             "torch_version": torch.__version__,
             "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
         }  # fmt: skip
-        (directory / TRAINING_FILE).write_text(json.dumps(record, indent=2))
+        write_new(directory / TRAINING_FILE, json.dumps(record, indent=2))
 
     saving = tmp is not None and s.save_every > 0
     if saving:

@@ -7,10 +7,10 @@ corpus), each checked for its type: the file is data from elsewhere.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from biasviz.common.jsondoc import loads
 from biasviz.training.loop import TRAINING_FILE
 
 
@@ -18,7 +18,7 @@ def how_trained(directory: Path) -> dict[str, Any] | None:
     """``{"preset", "steps", "seq_len", "corpus"}`` from ``directory/training.json``; None where there is none or
     it does not say (a checkpoint biasviz did not train, a damaged file)."""
     try:
-        doc = json.loads((Path(directory) / TRAINING_FILE).read_text(encoding="utf-8"))
+        doc = loads((Path(directory) / TRAINING_FILE).read_text(encoding="utf-8"), TRAINING_FILE)
     except (OSError, ValueError):
         return None
     settings = doc.get("settings") if isinstance(doc, dict) else None
