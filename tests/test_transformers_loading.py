@@ -113,6 +113,32 @@ def test_bart_loads_as_saved_and_every_call_is_traced(saved, tmp_path) -> None:
             torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
 
+def test_bart_summary_takes_each_call_by_its_own_mask(saved, tmp_path) -> None:
+    """A summary of every call: the encoder and cross attention over every cell, the decoder's self-attention
+    causally (cells after the query NaN); each map the mean over samples of the eager model's own weights."""
+    import h5py
+    from transformers import BartForConditionalGeneration
+
+    import biasviz
+
+    ids = torch.randint(3, V, (3, T), generator=torch.Generator().manual_seed(2))
+    out = tmp_path / "bart-summary.h5"
+    biasviz.extract(saved["bart"], ids.numpy(), out, layers="all", summary=True, resolution=T, progress=False)
+    eager = BartForConditionalGeneration.from_pretrained(saved["bart"], attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = eager(input_ids=ids, output_attentions=True)
+    order = [ref.encoder_attentions[0], ref.decoder_attentions[0], ref.cross_attentions[0]]
+    after = torch.ones(T, T, dtype=torch.bool).triu(1)
+    with h5py.File(out) as f:
+        for call, expected in enumerate(order):
+            got = torch.from_numpy(f[f"layer_{call}/weights_mean"][()])  # (head, query, key)
+            mean = expected.mean(0)
+            if call == 1:
+                assert bool(got[:, after].isnan().all())
+                got, mean = got[:, ~after], mean[:, ~after]
+            torch.testing.assert_close(got, mean, atol=1e-6, rtol=0)
+
+
 def test_bart_cli_runs_are_reproducible(saved, text, tmp_path, capsys) -> None:
     """Two runs of one command store the same weights (no head or embedding drawn at random on load)."""
     from biasviz.store import open_bias_file

@@ -153,6 +153,11 @@ class TracedAdapter(ModelAdapter):
         self.causal = all(c.causal for c in calls)
         return chosen
 
+    def layer_causal(self, layer: int) -> bool:
+        """Each call's own rule: an encoder-decoder's encoder and cross attention see every key, its decoder's
+        self-attention only the keys up to the query."""
+        return bool(self.calls[layer].causal) if 0 <= layer < len(self.calls) else bool(self.causal)
+
     # -- running ---------------------------------------------------------------------------------
     captures_scores = True  # every traced call form keeps its scores (SDPA, flex, eager, torch's MHA layers)
 
