@@ -154,6 +154,12 @@ def test_bart_cli_runs_are_reproducible(saved, text, tmp_path, capsys) -> None:
         assert np.array_equal(a, b)
 
 
+def test_part_on_a_traced_encoder_decoder_points_to_layer(saved, text, tmp_path, capsys) -> None:
+    code, _, err = run_cli([*_extract_args(saved["bart"], text, tmp_path / "x.h5"), "--part", "decoder"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and "encoder-decoder, traced whole" in lines[0] and "--layer" in lines[0]
+
+
 # -------------------------------------------------------------------------------------- weights that do not fit
 
 
