@@ -192,6 +192,19 @@ def test_gpt2_weights_under_a_mistral_config_are_refused_on_the_traced_path(save
         load_model(target)
 
 
+def test_weights_of_layers_the_config_leaves_out_are_refused(tmp_path) -> None:
+    """Two layers saved, a config of one: the second layer's weights would be dropped without a word."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=V, n_embd=16, n_layer=2, n_head=2, n_positions=32)).save_pretrained(
+        tmp_path / "two")
+    config = json.loads((tmp_path / "two" / "config.json").read_text())
+    (tmp_path / "two" / "config.json").write_text(json.dumps({**config, "n_layer": 1}))
+    with pytest.raises(BiasvizError, match=r"have no place in the model .*h\.1\.attn\.c_attn\.weight"):
+        load_model(tmp_path / "two")
+
+
 def test_a_tied_head_is_not_missing(saved) -> None:
     """GPT-2 ties its head to the embedding on purpose: the head is not saved, and not reported missing."""
     from safetensors.torch import load_file

@@ -78,9 +78,20 @@ def _check_labels(model: Any, directory: Path) -> None:
                            "save the model again")  # fmt: skip
 
 
-def check_loading_info(info: dict[str, Any], directory: Path, model_class: str) -> None:
-    """Stop where transformers reports weights missing (initialised at random) or of another shape; tied weights
-    the library ties on purpose are not reported missing. Unexpected keys (a head the class does not use) pass."""
+def _without_a_place(unexpected: Iterable[str], model: Any) -> list[str]:
+    """The unexpected weights that name a part of the model's own body (``h.1.attn...`` of a GPT-2 whose config has
+    one layer): weights of the checkpoint the config leaves out. A head the loaded class has no use for (``lm_head``,
+    ``cls``, ``pooler`` of a base model) is not its body."""
+    base = getattr(model, "base_model", model)
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
+    body = {name for name, _ in base.named_children()}
+    return [key for key in unexpected if key.removeprefix(prefix).split(".")[0] in body]
+
+
+def check_loading_info(info: dict[str, Any], directory: Path, model_class: str, model: Any = None) -> None:
+    """Stop where transformers reports weights missing (initialised at random), of another shape, or left out of
+    the model's body; tied weights the library ties on purpose are not reported missing. Unexpected keys of a head
+    the class does not use pass."""
     missing = set(info.get("missing_keys") or ())
     mismatched = [m[0] if isinstance(m, tuple) else m for m in info.get("mismatched_keys") or ()]
     if missing:
@@ -91,6 +102,11 @@ def check_loading_info(info: dict[str, Any], directory: Path, model_class: str) 
         raise WeightsMismatch(f"the weights in {directory} do not fit its config.json: loaded as {model_class}, "
                            f"{len(mismatched)} weights have another shape: {_named(mismatched)}")  # fmt: skip
     conversions = info.get("conversion_errors") or {}
+    unplaced = _without_a_place(info.get("unexpected_keys") or (), model) if model is not None else []
+    if unplaced:
+        raise WeightsMismatch(f"the weights in {directory} do not fit its config.json: loaded as {model_class}, "
+                              f"{len(unplaced)} weights of the files have no place in the model and would be left "
+                              f"out: {_named(unplaced)}; is config.json the one saved with these weights?")  # fmt: skip
     errors = [str(e) for e in info.get("error_msgs") or ()] + [f"{k}: {v}" for k, v in dict(conversions).items()]
     if errors:
         raise BiasvizError(f"cannot load the weights in {directory} as {model_class}: {errors[0].splitlines()[0]}")
@@ -116,7 +132,7 @@ def load_checked(model_class: Any, directory: Path, **kwargs: Any) -> Any:
     except RuntimeError as exc:  # a shape that does not fit, among others
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise WeightsMismatch(f"cannot load the weights in {directory} as {_class_name(model_class)}: {first}") from exc
-    check_loading_info(info, directory, type(model).__name__)
+    check_loading_info(info, directory, type(model).__name__, model)
     _check_labels(model, directory)
     return model
 
