@@ -274,3 +274,45 @@ def test_deberta_scores_are_its_content_product_plus_the_relative_terms() -> Non
         assert call.q is not None and call.q.shape == (2, 4, 12, 16) and call.k.shape == (2, 4, 12, 16)
         assert close((call.scale * call.q @ call.k.transpose(-2, -1))[kept], content[kept])
         assert close(scores.nan_to_num(float("-inf")).softmax(-1)[kept], expected[layer][kept])
+
+
+# --- a bias of the batch added to one sample's scores ------------------------------------------------------------
+class _SharedScores(torch.nn.Module):
+    """One text's q·kᵀ (batch 1) plus a relative bias of batch 2, the sum then folded to (B·H, T, T) and back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(f(x).view(1, 5, 2, 4).transpose(1, 2) for f in (self.q, self.k))  # (1, H, T, E)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        q, k = self.qk(x)
+        scores = q @ k.transpose(-1, -2) / 2.0 + mask  # (1, H, T, T)
+        scores = scores + bias  # (2, H, T, T): the scores grow to the bias's batch
+        scores = scores.reshape(-1, 5, 5).reshape(2, 2, 5, 5)
+        return torch.softmax(scores, dim=-1)
+
+
+def test_a_bias_of_the_batch_added_to_one_samples_scores_is_formed() -> None:
+    """The terms and the product follow the scores to the batch the bias broadcasts them to (the call was left
+    unformed: 'expanded size (1) must match (2)'); bias, weights and scores against the module's own numbers."""
+    from biasviz.tracing.mode import Trace
+
+    model = _SharedScores()
+    x = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(1))
+    mask = torch.randn(1, 1, 5, 5, generator=torch.Generator().manual_seed(2))
+    bias = torch.randn(2, 2, 5, 5, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), Trace(model, [0], scores=True) as t:
+        out = model(x, mask, bias)
+    with torch.no_grad():
+        q, k = model.qk(x)
+        scores = q @ k.transpose(-1, -2) / 2.0 + mask + bias  # (2, H, T, T)
+    assert [c.note for c in t.calls] == [""]
+    assert close(t.weights[0], out) and close(t.bias[0], (mask + bias).expand(2, 2, 5, 5))
+    assert close(t.scores[0], scores)
+    call = t.calls[0]  # q and k as the call's: the product broadcast with the scores
+    assert call.q is not None and call.k is not None
+    assert close(call.scale * call.q @ call.k.transpose(-1, -2) + mask + bias, scores)

@@ -255,9 +255,27 @@ def test_falcon_eager_without_repair_adds_alibi_twice(dirs, ids) -> None:
     torch.testing.assert_close(_causal_softmax(scores + 2 * bias), weights, atol=1e-6, rtol=1e-5)
 
 
-def test_falcon_with_rotary_embeddings_is_refused(dirs) -> None:
-    with pytest.raises(BiasvizError, match="rotary"):
-        load_falcon(dirs["falcon_rope"])
+def test_falcon_with_rotary_embeddings_is_traced_like_any_rope_model(dirs, ids, tmp_path) -> None:
+    """``alibi: false`` adds no bias: the model is traced, and the weights of every call are the eager model's own
+    ``output_attentions``."""
+    from transformers import FalconForCausalLM
+
+    import biasviz
+    from biasviz.adapters.traced import TracedAdapter
+    from biasviz.store import open_bias_file
+
+    adapter = load_falcon(dirs["falcon_rope"])
+    assert isinstance(adapter, TracedAdapter) and type(adapter.model) is FalconForCausalLM
+    out = tmp_path / "falcon-rope.h5"
+    biasviz.extract(dirs["falcon_rope"], ids.numpy(), out, layers="all", progress=False)
+    eager = FalconForCausalLM.from_pretrained(dirs["falcon_rope"], attn_implementation="eager").eval()
+    with torch.no_grad():
+        attentions = eager(ids, output_attentions=True).attentions
+    with open_bias_file(out) as f:
+        assert list(f.layers) == [0, 1] and f.attrs["n_heads"] == H
+        for layer in f.layers:
+            torch.testing.assert_close(torch.from_numpy(f.read("weights", layer=layer)), attentions[layer],
+                                       atol=1e-6, rtol=0)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------------ T5

@@ -149,6 +149,10 @@ def _load_model(
             raise BiasvizError("--no-scale applies to nanoGPT-style state dicts only")
         if part is not None and part not in cls.parts:
             what = model_type(p) if (p / "config.json").is_file() else p.name
+            if _encoder_decoder(p):
+                raise BiasvizError(f"--part applies to T5 models; {p} is a '{what}' encoder-decoder, traced whole: "
+                                   "its encoder, decoder and cross-attention calls are layers, chosen with --layer "
+                                   "(--layer all lists them)")  # fmt: skip
             raise BiasvizError(f"--part applies to encoder-decoder models (T5); {p} is a '{what}' model")
         if placed and not getattr(cls, "placeable", False):
             kind = cls.architecture or cls.__name__
@@ -168,6 +172,17 @@ def _load_model(
         f"cannot tell what {p} is: give a checkpoint directory (config.json + weights) or a state dict "
         f"({', '.join(STATE_DICT_SUFFIXES)})"
     )
+
+
+def _encoder_decoder(path: Path) -> bool:
+    """Whether ``path`` is a transformers directory whose config.json says ``is_encoder_decoder``."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("is_encoder_decoder") is True
 
 
 __all__ = [

@@ -162,6 +162,10 @@ class ModelAdapter:
         """Learn what only a forward pass tells (a traced model's attention calls) from the first sample; ``layers``
         (``--layer`` as given) says which calls will be asked for."""
 
+    def layer_causal(self, layer: int) -> bool:
+        """Whether ``layer`` attends causally; one rule for every layer unless the model's calls differ."""
+        return bool(self.causal)
+
     def resolve_layers(self, spec: int | str | list[int]) -> list[int]:
         """``-1`` (last), an index, a list, or ``"all"`` -> sorted 0-based layer indices."""
         if spec == "all":

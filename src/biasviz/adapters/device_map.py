@@ -274,7 +274,10 @@ def load_placed(auto_class: Any, path: Path, placement: Placement, **kwargs: Any
     dtype = getattr(torch, placement.dtype)
     config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     with init_empty_weights():
-        empty = auto_class.from_config(config, trust_remote_code=False)
+        if hasattr(auto_class, "from_config"):  # an auto class
+            empty = auto_class.from_config(config, trust_remote_code=False)
+        else:  # the class config.json names (biasviz.adapters.loading.model_classes)
+            empty = auto_class._from_config(config)
     _check_against(empty.to(dtype), placement, dtype)  # sized in the precision it runs in, not the checkpoint's
     folder = placement.offload_folder  # None (no offload_space): weights from a safetensors file need none
     try:
@@ -282,12 +285,13 @@ def load_placed(auto_class: Any, path: Path, placement: Placement, **kwargs: Any
             folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BiasvizError(f"cannot create the offload folder {folder}: {exc.strerror}") from None
+    from biasviz.adapters.loading import load_checked
     from biasviz.adapters.offload_reads import disk_weights_unread
 
     with _quiet("accelerate.big_modeling"), disk_weights_unread():  # the quiet: "Some parameters are on the meta
-        model = auto_class.from_pretrained(  # device ...", which is what offloading means
-            str(path), device_map=placement.device_map, max_memory=placement.max_memory,
-            offload_folder=None if folder is None else str(folder), local_files_only=True, dtype=dtype, **kwargs,
+        model = load_checked(  # device ...", which is what offloading means
+            auto_class, path, device_map=placement.device_map, max_memory=placement.max_memory,
+            offload_folder=None if folder is None else str(folder), dtype=dtype, **kwargs,
         )  # fmt: skip
     if not getattr(model, "hf_device_map", None):  # everything fitted on one device: no hooks, but placed all the same
         from biasviz.common.devices import input_device

@@ -28,7 +28,6 @@ from biasviz.adapters.transformers_base import (
     keys_to_query_rows,
     load_eager,
 )
-from biasviz.common.errors import BiasvizError
 
 
 class BloomAdapter(TransformersAdapter):
@@ -156,16 +155,17 @@ def load_mpt(path: Path, scheme: str | None = None) -> ModelAdapter:
 
 
 def load_falcon(path: Path, scheme: str | None = None, repair_eager_alibi: bool = True) -> ModelAdapter:
-    """A Falcon directory with ``alibi: true`` (e.g. Falcon-RW); rotary Falcon models have no bias to show."""
+    """A Falcon directory. With ``alibi: true`` (e.g. Falcon-RW) its bias is captured by hooks; a rotary Falcon
+    (``alibi: false``, Falcon-7B/40B) adds none and is traced like any RoPE model
+    (:func:`~biasviz.adapters.traced.load_transformers_sdpa`: weights, scores, positional logits)."""
     from transformers import AutoConfig, AutoModel
 
     path = Path(path)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     if not getattr(config, "alibi", False):
-        raise BiasvizError(
-            f"the Falcon model in {path} uses rotary position embeddings (alibi: false), not an additive bias; "
-            "biasviz reads Falcon models with ALiBi only"
-        )
+        from biasviz.adapters.traced import load_transformers_sdpa
+
+        return load_transformers_sdpa(path, scheme)
     check_scheme(scheme, "alibi", "Falcon with ALiBi")
     model = load_eager(AutoModel, path)
     common = directory_facts(path, len(model.h), config.num_attention_heads)

@@ -34,16 +34,18 @@ def check_scheme(requested: str | None, actual: str, what: str) -> None:
 
 def load_eager(auto_class: Any, path: Path) -> nn.Module:
     """Load a local directory in float32 with eager attention (the only path that forms the weights); with a device
-    map (:func:`~biasviz.adapters.device_map.current_placement`) spread as it says, in its precision."""
+    map (:func:`~biasviz.adapters.device_map.current_placement`) spread as it says, in its precision. Weights that do
+    not fit the config are an error (:func:`~biasviz.adapters.loading.load_checked`)."""
     from biasviz.adapters.device_map import current_placement, load_placed
+    from biasviz.adapters.loading import load_checked
 
     placement = current_placement()
     try:
         if placement is not None:
             return load_placed(auto_class, path, placement, attn_implementation="eager")
-        model = auto_class.from_pretrained(
-            path, attn_implementation="eager", local_files_only=True, dtype=torch.float32
-        )
+        model = load_checked(auto_class, path, attn_implementation="eager", dtype=torch.float32)
+    except BiasvizError:
+        raise
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BiasvizError(f"cannot load the transformers model in {path}: {first}") from exc

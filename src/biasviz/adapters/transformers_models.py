@@ -1,4 +1,5 @@
-"""Adapters for public transformers models: BLOOM, MPT, Falcon (ALiBi; :mod:`.transformers_alibi`),
+"""Adapters for public transformers models: BLOOM, MPT, Falcon (ALiBi; :mod:`.transformers_alibi`; a rotary Falcon
+is traced),
 T5/mT5 (relative buckets) and GPT-2 (weights only), and the table of what ``--model`` opens.
 
 Each adapter loads a ``save_pretrained`` directory with eager attention and captures, with forward
@@ -136,6 +137,7 @@ SUPPORTED: list[tuple[str, str, str]] = [
     ("BLOOM", "alibi", "biasviz extract --model DIR --out data/bloom.h5"),
     ("MPT", "alibi", "biasviz extract --model DIR --out data/mpt.h5"),
     ("Falcon (alibi: true)", "alibi", "biasviz extract --model DIR --out data/falcon.h5"),
+    ("Falcon (alibi: false, rotary; traced)", "none", "biasviz extract --model DIR --out data/falcon-rope.h5"),
     ("T5 / mT5 encoder", "t5", "biasviz extract --model DIR --out data/t5-encoder.h5"),
     ("T5 / mT5 decoder", "t5", "biasviz extract --model DIR --part decoder --out data/t5-decoder.h5"),
     ("GPT-2 (weights only)", "learned", "biasviz extract --model DIR --out data/gpt2.h5"),

@@ -120,7 +120,8 @@ def summarise(
     direct = {layer: f for layer in layer_list if replay and modes.get("bias") == "shared"
               and (f := distance_values(adapter.scheme_module(layer), seq_len)) is not None}  # fmt: skip
     parts = {(kind, layer): QuantitySummary(kind, layer, heads=adapter.n_heads, seq_len=seq_len, block=block,
-                                            causal=bool(adapter.causal), mode=mode, device=dev, samples=n)
+                                            causal=adapter.layer_causal(layer), mode=mode, device=dev,
+                                            samples=n)
              for layer in layer_list for kind, mode in modes.items()}  # fmt: skip
     extras: dict[int, PositionSummary] = {}
     if replay:
@@ -131,7 +132,7 @@ def summarise(
         extras = got
     else:
         position = {layer: StreamedPosition(layer, heads=adapter.n_heads, seq_len=seq_len, samples=total, local=n,
-                                            block=block, causal=bool(adapter.causal), device=dev,
+                                            block=block, causal=adapter.layer_causal(layer), device=dev,
                                             positional=positional) for layer in layer_list} if streamed_position else {}
         _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position)
         held = merge(parts, position) if merge is not None else True

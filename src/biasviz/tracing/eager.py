@@ -217,10 +217,22 @@ class EagerTracker:
 
     def _added(self, s: Scores, other: Any, sign: float, x: torch.Tensor) -> Scores:
         if isinstance(other, torch.Tensor) and other.numel() > 1 and other.shape[-1] > 1:
+            shape = tuple(torch.broadcast_shapes(x.shape, other.shape))
+            if shape != tuple(x.shape):  # a term of more samples (or heads) than the scores: they grow to its layout
+                s = _grown(s, shape)
             # held, not copied: a call not recorded costs nothing
-            term = Term(other, tuple(x.shape), sign, learned=self.provenance.learned(other))
+            term = Term(other, shape, sign, learned=self.provenance.learned(other))
             return replace(s, terms=(*s.terms, term))
         return s  # a number, or one value per row: the softmax cannot see it
+
+
+def _grown(s: Scores, shape: tuple[int, ...]) -> Scores:
+    """Scores broadcast to ``shape`` by a term added to them (one sample's scores plus a bias of the batch): the
+    terms before it are formed as they stand (their steps led to the scores' former layout) and broadcast with
+    them; q and k follow where nothing has reshaped the product yet."""
+    terms = tuple(Term(t.formed(), shape, learned=t.learned) for t in s.terms)
+    lead = shape[:-2] if not s.steps and s.lead is not None else s.lead
+    return replace(s, terms=terms, lead=lead)
 
 
 def _mixes_heads(equation: Any, ops: list[Any], get: Any) -> Scores | None:
