@@ -137,6 +137,14 @@ def test_bart_summary_takes_each_call_by_its_own_mask(saved, tmp_path) -> None:
                 assert bool(got[:, after].isnan().all())
                 got, mean = got[:, ~after], mean[:, ~after]
             torch.testing.assert_close(got, mean, atol=1e-6, rtol=0)
+        # the decoder's causal rule travels with its layer: the reader takes its maps as they are
+        assert f.attrs["mask"] == "model" and not f.attrs["causal"]
+        assert np.array_equal(f["layer_1/attended"][0], np.tril(np.ones((T, T))))
+    from biasviz.store import open_bias_file
+
+    with open_bias_file(out) as bf:
+        read = bf.summary_map("weights_mean", 1)  # validated: before, "damaged" (NaN in blocks with cells)
+    assert np.isnan(read[:, after.numpy()]).all() and np.isfinite(read[:, ~after.numpy()]).all()
 
 
 def test_bart_cli_runs_are_reproducible(saved, text, tmp_path, capsys) -> None:

@@ -146,7 +146,19 @@ def summarise(
             out[layer][kind] = part.result(total_samples=total)
     for layer, extra in extras.items():
         out[layer]["position"] = extra
+        if adapter.layer_causal(layer) and not adapter.causal and extra.attended is None:
+            # a causal call in a model whose others see every key (an encoder-decoder's decoder): its own rule
+            # travels with it, as the share of each block's cells j <= i (SPEC section 13)
+            extra.attended = _triangle_share(seq_len, block, adapter.n_heads)
     return out
+
+
+def _triangle_share(seq_len: int, block: int, heads: int) -> np.ndarray:
+    """(H, nb, nb) float32: the share of each block's cells with j <= i."""
+    from biasviz.store.summary_reader import causal_block_counts
+
+    share = causal_block_counts(seq_len, block, True) / causal_block_counts(seq_len, block, False)
+    return np.broadcast_to(share, (heads, *share.shape)).astype(np.float32)
 
 
 Parts = dict[tuple[str, int], QuantitySummary]
