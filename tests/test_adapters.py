@@ -455,13 +455,16 @@ def test_default_stream_sends_what_capture_holds(tmp_path):
         assert sent == []  # nothing until the caller flushes
         flush()
         assert [(layer, kind, row0) for layer, kind, row0, _ in sent] == [
-            (0, "bias", 0), (0, "weights", 0), (1, "bias", 0), (1, "weights", 0)]  # fmt: skip
+            (0, "attended", 0), (0, "bias", 0), (0, "weights", 0),
+            (1, "attended", 0), (1, "bias", 0), (1, "weights", 0)]  # fmt: skip
         flush()
-        assert len(sent) == 4  # flush cleared what it sent
-    assert set(want) == {(layer, kind) for layer, kind, _, _ in sent}
+        assert len(sent) == 6  # flush cleared what it sent
+    assert set(want) == {(layer, kind) for layer, kind, _, _ in sent if kind != "attended"}
     for layer, kind, _, t in sent:
         assert t.shape[-2:] == (T, T)  # one block: the whole matrix
-        assert torch.equal(t, want[layer, kind])
+        # first the cells the call attended to (SPEC section 13): where its bias is a number
+        expected = torch.isfinite(want[layer, "bias"]) if kind == "attended" else want[layer, kind]
+        assert torch.equal(t, expected)
     weights_only: list[str] = []
     with adapter.stream([1], False, lambda layer, kind, row0, t: weights_only.append(kind)) as flush:
         adapter.forward(x)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import biasviz
+from biasviz.common.errors import BiasvizError
 
 T, N, HEADS, KV_HEADS, VOCAB, WINDOW = 16, 3, 4, 2, 64, 5
 
@@ -97,8 +98,11 @@ def diagnostics(m: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
     return toeplitz / spread, separability / spread
 
 
-@pytest.fixture(scope="module")
-def window(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def window(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    """A summary of the model through its SDPA call (whose rows are formed again) or its eager attention (whose
+    weights stream as the model forms them), against the reference from the SDPA call of the same weights."""
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(0)
@@ -108,6 +112,7 @@ def window(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np
     model = MistralForCausalLM(config).eval()
     ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(2))
     expected = reference(caught_call(model, ids))
+    model.set_attn_implementation(request.param)
     out = tmp_path_factory.mktemp("window") / "s.h5"
     biasviz.extract(model, ids, out, summary=True, progress=False)
     return out, expected
@@ -132,3 +137,28 @@ def test_positional_diagnostics_are_over_the_window(window) -> None:
         got = f["layer_0"]["positional_diagnostics"][()]
     measured = np.array([[row["toeplitz_residual"], row["separability_residual"]] for row in got])
     np.testing.assert_allclose(measured, expected["positional_diagnostics"], rtol=1e-4)
+
+
+class Padded(torch.nn.Module):
+    """A call whose float mask adds a bias and hides the keys of a sample's left padding (token 0): each sample masks
+    other cells."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 2 * 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids).view(*ids.shape, 2, 8).transpose(1, 2)
+        t = ids.shape[-1]
+        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+        mask = torch.where(j <= i, -0.1 * (i - j).float(), float("-inf"))[None, None]
+        mask = mask.masked_fill((ids == 0)[:, None, None, :], float("-inf"))  # (B, 1, T, T)
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+
+
+def test_masks_that_differ_by_sample_are_refused_never_averaged(tmp_path: Path) -> None:
+    ids = torch.randint(1, VOCAB, (3, T), generator=torch.Generator().manual_seed(3))
+    ids[1, :4] = 0  # one sample padded on the left
+    with pytest.raises(BiasvizError, match="takes one mask for every sample"):
+        biasviz.extract(Padded(), ids, tmp_path / "s.h5", summary=True, progress=False)
+    assert not (tmp_path / "s.h5").exists()

@@ -214,12 +214,17 @@ class ModelAdapter:
         default runs on :meth:`capture`: ``flush`` sends each captured (full) tensor as one block with
         row0 = 0 (keys = T), then clears them; adapters whose models form blocks send them as they come.
         With the scores, a call's q and k go too, as kinds "q" and "k" (B, H, T, hd), k multiplied by the
-        call's scale, where the adapter knows them (SPEC section 12's positional logits are made of them).
+        call's scale, where the adapter knows them (SPEC section 12's positional logits are made of them). Before
+        them all, kind "attended": the cells the call attended to (SPEC section 13), where its scores show them.
         """
         with self.capture(layers, want_bias, want_scores and self.captures_scores) as got:
 
             def flush() -> None:
                 for layer in sorted(got.weights.keys() | got.bias.keys()):
+                    # first, the cells the call attended to: its scores (or bias) are NaN exactly where it masked
+                    marked = got.scores.get(layer, got.bias.get(layer))
+                    if marked is not None:
+                        sink(layer, "attended", 0, torch.isfinite(marked))  # (B or 1, H, T, T) bool
                     if want_bias and layer in got.bias:
                         sink(layer, "bias", 0, got.bias[layer])  # (1 or B, H, T, T)
                     if layer in got.weights:

@@ -172,8 +172,12 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     n = len(ids)
     position = position or {}
     first = [0]  # the batch under way's first sample
+    masks: dict[int, torch.Tensor | None] = {}  # per layer: its own mask, None where causal or every cell
 
     def sink(layer: int, kind: str, row0: int, tensor: torch.Tensor) -> None:
+        if kind == "attended":
+            _attend(adapter, layer, tensor, masks, parts, position, first[0])
+            return
         part = parts.get((kind, layer))
         if part is not None:
             part.add(row0, tensor)
@@ -197,6 +201,42 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                 p.end_batch()
             bar.update(len(chunk))
             check_interrupted()
+
+
+def _attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[int, torch.Tensor | None],
+            parts: Parts, position: Mapping[int, StreamedPosition], first: int) -> None:  # fmt: skip
+    """A streamed call's attended cells (B or 1, H, T, T): where they are not the causal triangle (or, in a call that
+    sees every key, every cell), every summary of the layer is taken over them (SPEC section 13), one mask for every
+    sample; a mask that differs by sample (padding, packed documents) is refused, never averaged over."""
+    mask = kept[:1]
+    if kept.shape[0] > 1 and not bool((kept == mask).all()):
+        raise BiasvizError(f"attention call {layer} masked different cells for different samples (padding or packed "
+                           "documents): a summary takes one mask for every sample; extract without --summary, or "
+                           "give windows of one document each")  # fmt: skip
+    if layer in masks:
+        known = masks[layer]
+        same = bool(_plain(mask, adapter.layer_causal(layer))) if known is None else bool(torch.equal(known, mask))
+        if not same:
+            raise BiasvizError(f"attention call {layer} masked other cells for sample {first} than for the first: a "
+                               "summary takes one mask for every sample")  # fmt: skip
+        return
+    if _plain(mask, adapter.layer_causal(layer)):
+        masks[layer] = None
+        return
+    masks[layer] = mask
+    attended = Attended(mask.to(kept.device))
+    for (_, at), part in parts.items():
+        if at == layer:
+            part.attend(attended)
+    if layer in position:
+        position[layer].attend(attended)
+
+
+def _plain(mask: torch.Tensor, causal: bool) -> bool:
+    """Whether ``mask`` (1, H, T, T) is the causal triangle (``causal``) or every cell: no mask of the call's own."""
+    t = mask.shape[-1]
+    full = torch.ones(t, t, dtype=torch.bool, device=mask.device)
+    return bool((mask == (full.tril() if causal else full)).all())
 
 
 def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,

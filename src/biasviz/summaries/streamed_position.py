@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from biasviz.summaries.attended import Attended
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 
 ROWS = 256  # query rows of P formed at a time at the end
@@ -37,6 +38,13 @@ class StreamedPosition:
         self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
         self.keys = KeyProfile(heads, seq_len, device, causal=causal)
         self.sinks = torch.zeros(samples if local is None else local, heads, dtype=torch.float64, device=device)
+
+    attended: Attended | None = None  # the call's own mask, where not the causal triangle (SPEC section 13)
+
+    def attend(self, attended: Attended) -> None:
+        """Every quantity over the cells of the call's own mask; before any block is added."""
+        self.attended = attended
+        self.keys.attended = attended
 
     def operands(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """A batch's q (B, H, T, hd) and c·k (B, H, T, hd, key heads repeated), as its call received them."""
@@ -103,7 +111,8 @@ class StreamedPosition:
         mean = profile = diagnostics = None
         if self.positional and self.q is not None and self.k is not None and self.scores is not None:
             p = Positional(self.q, self.k, layer=self.layer, scale=1.0, samples=self.samples,
-                           seq_len=self.seq_len, block=self.block, device=self.device, causal=self.causal)  # fmt: skip
+                           seq_len=self.seq_len, block=self.block, device=self.device, causal=self.causal,
+                           attended=self.attended)  # fmt: skip
             n = self.samples
             for r0 in range(0, self.seq_len, ROWS):
                 r1 = min(r0 + ROWS, self.seq_len)
@@ -113,7 +122,9 @@ class StreamedPosition:
                 p.add(r0, scores.contiguous(), None if bias is None else bias.contiguous())
             got = p.result()
             mean, profile, diagnostics = got[0].cpu().numpy(), got[1].cpu().numpy(), got[2]
-        # every query sees key 0, causal or not
+        # every query sees key 0, causal or not, unless the call's own mask hides it from some
+        seeing = self.seq_len if self.attended is None else self.attended.per_key[:, 0].to(self.sinks.device)
+        shares = None if self.attended is None else self.attended.block_shares(self.block, self.heads).cpu().numpy()
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
                                key_profile=self.keys.result().cpu().numpy(),
-                               sink_share=(self.sinks / self.seq_len).float().cpu().numpy())  # fmt: skip
+                               sink_share=(self.sinks / seeing).float().cpu().numpy(), attended=shares)  # fmt: skip
