@@ -162,3 +162,54 @@ def test_masks_that_differ_by_sample_are_refused_never_averaged(tmp_path: Path) 
     with pytest.raises(BiasvizError, match="takes one mask for every sample"):
         biasviz.extract(Padded(), ids, tmp_path / "s.h5", summary=True, progress=False)
     assert not (tmp_path / "s.h5").exists()
+
+
+def test_softcapped_calls_keep_scores_and_positional_logits_before_the_cap(tmp_path: Path) -> None:
+    """Gemma-2 caps its scores (c·tanh(s / c)) before the softmax, one layer in a sliding window: the summary stores
+    the scores the call's inputs give (scale·q·kᵀ, before the cap) and P from q and k (SPEC section 13), each over the
+    attended cells, while its weights are the capped softmax's."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    from transformers.models.gemma2 import modeling_gemma2
+
+    torch.manual_seed(0)
+    config = Gemma2Config(hidden_size=32, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=8,
+                          num_hidden_layers=2, intermediate_size=64, vocab_size=VOCAB, sliding_window=WINDOW,
+                          attn_logit_softcapping=5.0, final_logit_softcapping=None, max_position_embeddings=64,
+                          attn_implementation="eager")  # fmt: skip
+    model = Gemma2ForCausalLM(config).eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    seen: list[dict[str, torch.Tensor]] = []
+    original = modeling_gemma2.eager_attention_forward
+
+    def caught(module, query, key, value, attention_mask, *args, scaling=None, softcap=None, **kwargs):
+        groups = query.shape[1] // key.shape[1]
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        kept = (attention_mask[..., :T] > -1e9) if attention_mask is not None else (j <= i)
+        seen.append({"q": query.double(), "k": key.repeat_interleave(groups, dim=1).double(), "c": scaling,
+                     "cap": softcap, "kept": torch.broadcast_to(kept, (N, HEADS, T, T))})  # fmt: skip
+        return original(module, query, key, value, attention_mask, *args, scaling=scaling, softcap=softcap, **kwargs)
+
+    modeling_gemma2.eager_attention_forward = caught
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        modeling_gemma2.eager_attention_forward = original
+    out = tmp_path / "g.h5"
+    biasviz.extract(model, ids, out, layers="all", summary=True, progress=False)
+    pairs = [(a, b) for a in range(N) for b in range(N) if a != b]
+    with h5py.File(out, "r") as f:
+        for layer, call in enumerate(seen):
+            q, k, c, cap = call["q"].numpy(), call["k"].numpy(), call["c"], call["cap"]
+            mask = call["kept"][0].numpy()
+            nan = np.where(mask, 1.0, np.nan)
+            scores = c * np.einsum("nhid,nhjd->nhij", q, k)
+            z = np.where(call["kept"].numpy(), cap * np.tanh(scores / cap), -np.inf)
+            w = np.exp(z - z.max(-1, keepdims=True))
+            w /= w.sum(-1, keepdims=True)
+            p = np.mean([c * np.einsum("hid,hjd->hij", q[a], k[b]) for a, b in pairs], axis=0)
+            g = f[f"layer_{layer}"]
+            np.testing.assert_allclose(g["scores_mean"][()], scores.mean(0) * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
+            np.testing.assert_allclose(g["positional_mean"][()], p * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
+            np.testing.assert_allclose(g["weights_mean"][()], w.mean(0) * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
+    assert not bool(seen[0]["kept"][0, 0, T - 1, 0]) and bool(seen[1]["kept"][0, 0, T - 1, 0])  # a window, then all

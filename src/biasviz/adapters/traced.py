@@ -248,7 +248,9 @@ class TracedAdapter(ModelAdapter):
             if index in scores:
                 self._captured.scores[index] = scores[index]
                 call = calls[index]
-                if call.q is not None and call.k is not None and call.scale is not None and not call.note:
+                formed_before = "positional logits are scale·q·kᵀ before" in call.note  # softcapping after q·kᵀ
+                if call.q is not None and call.k is not None and call.scale is not None and (not call.note
+                                                                                              or formed_before):
                     self._captured.operands[index] = (call.q, call.k, call.scale)
             if index in bias:
                 self._captured.bias[index] = bias[index]

@@ -196,7 +196,9 @@ class EagerTracker:
             return None
         if name not in MOVE and out.shape == x.shape and out.is_floating_point():  # elementwise: not additive
             what = "softcapping (tanh)" if name.startswith("tanh") else name
-            return s.noted(f"{what} applied to the scores before the softmax")
+            softcap = name.startswith("tanh") and not s.note and s.capped_at is None  # c·tanh(x / c) of q·kᵀ
+            return replace(s.noted(f"{what} applied to the scores before the softmax"),
+                           capped_at=s.scale if softcap else None)  # fmt: skip
         if out.is_floating_point() and out.dim() >= 2 and out.shape[-1] > 1:  # cells moved: a term, if added
             return Scores(moved=True, note=f"the cells of q.kᵀ are moved ({name}) before the softmax")
         return None
@@ -266,6 +268,15 @@ def softmax_dim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     return dim if isinstance(dim, int) else None
 
 
+def _masks_only(added: torch.Tensor | None, kept: torch.Tensor, shape: torch.Size) -> bool:
+    """Whether the terms added to scores of ``shape`` only mask: 0 on every attended cell (``kept``, as (B, H, Tq,
+    Tk)), the rest masked away."""
+    if added is None:
+        return True
+    b = _bhqk(added.expand(shape))
+    return b.shape == kept.shape and not bool(b.masked_fill(~kept, 0).ne(0).any())
+
+
 def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record: bool,
                inspect: bool, scores: bool = False) -> AttentionCall:  # fmt: skip
     """One softmax over a score tensor: its weights (the softmax's own output), bias, masks and sink share;
@@ -296,9 +307,16 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
             call.weights = out4[..., start:stop].to(torch.float32, copy=True)
             if scores:
                 call.scores = x4[..., start:stop].float().masked_fill(~kept, float("nan"))
-                pair = s.q_and_k() if not s.note and s.columns is None else None
+                capped = s.capped_at is not None and s.columns is None and _masks_only(s.bias(), kept, x.shape)
+                pair = s.q_and_k() if (not s.note or capped) and s.columns is None else None
                 if pair is not None and pair[0].shape[:-1] == x.shape[:-1]:
-                    call.keep_operands(_bhqk(pair[0]), _bhqk(pair[1]), s.scale)
+                    q, k = _bhqk(pair[0]), _bhqk(pair[1])
+                    call.keep_operands(q, k, s.scale)  # softcapping's c·tanh(x / c): the factors cancel
+                    if capped:  # the scores as the call's inputs give them: scale·q·kᵀ, before the softcapping
+                        assert call.q is not None and call.k is not None
+                        formed = (call.q @ call.k.transpose(-2, -1)) * call.scale
+                        call.scores = formed.masked_fill(~kept, float("nan"))
+                        call.note += "; its scores and positional logits are scale·q·kᵀ before that step"
             if s.columns is not None:
                 call.sink = out4[..., :start].float().sum(-1) + out4[..., stop:].float().sum(-1)
     return call

@@ -47,6 +47,9 @@ class Scores:
     scale: float = 1.0
     steps: tuple[Step, ...] = ()
     lead: tuple[int, ...] | None = None  # the product's leading dimensions
+    # an elementwise step that is not additive (softcapping) after a plain scale·q·kᵀ: the scale it met, so that the
+    # scores the call's inputs give (SPEC section 13) and the positional logits are formed before it
+    capped_at: float | None = None
 
     def stepped(self, step: Step) -> Scores:
         terms = tuple(replace(t, steps=(*t.steps, step)) for t in self.terms)
