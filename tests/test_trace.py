@@ -438,3 +438,20 @@ def test_a_trace_inside_a_trace_records_each_call_once_in_each(which: str) -> No
         assert [c.kind for c in t.calls] == [c.kind for c in alone.calls] and len(alone.calls) == 3
         for layer, w in alone.weights.items():
             assert torch.equal(t.weights[layer], w)
+
+
+@pytest.mark.parametrize("variant", ["causal_lower_right", "causal_upper_left"])
+def test_torch_causal_bias_masks_are_read_as_the_cells_they_stand_for(variant: str) -> None:
+    """torch's CausalBias is a tensor subclass standing for a mask (aligned at the lower right or the upper left when
+    queries and keys differ in number): the weights are a softmax over the cells torch's own materialisation keeps."""
+    from torch.nn.attention import bias as torch_bias
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 2, 4, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g)
+    mask = getattr(torch_bias, variant)(4, 6)
+    with biasviz.trace() as t:
+        torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+    kept = mask._materialize(q.device)
+    expected = torch.softmax((q.double() @ k.double().transpose(-1, -2) / 8**0.5).masked_fill(~kept, -torch.inf), -1)
+    torch.testing.assert_close(t.weights[0].double(), expected, atol=1e-6, rtol=0)
+    assert type(t.weights[0]) is torch.Tensor

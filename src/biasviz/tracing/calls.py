@@ -181,6 +181,8 @@ def sdpa_operands(args: tuple[Any, ...], kwargs: dict[str, Any], groups: int = 1
     bound = _sdpa_bound(args, kwargs)
     q, k = _as_bhqk(bound["query"]), _as_bhqk(bound["key"])
     mask, is_causal = bound.get("attn_mask"), bool(bound.get("is_causal", False))
+    if mask is not None and (type(mask) is not torch.Tensor and not isinstance(mask, torch.nn.Parameter)):
+        mask = _dense_mask(mask, bound["query"])
     if mask is not None:
         mask = _mask_4d(mask, bound["query"])
     if groups > 1:
@@ -200,6 +202,16 @@ def sdpa_operands(args: tuple[Any, ...], kwargs: dict[str, Any], groups: int = 1
         additive = None  # a float mask of 0 and "masked" only: a mask, not a bias
     scale = bound.get("scale")
     return SdpaOperands(q, k, kept, additive, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
+
+
+def _dense_mask(mask: Any, query: torch.Tensor) -> torch.Tensor:
+    """torch's ``CausalBias`` (``causal_lower_right``, ``causal_upper_left``), a tensor subclass that is no tensor of
+    cells: the (Tq, Tk) boolean mask it stands for, as SDPA applies it. Other tensor subclasses are read as they are
+    (as plain tensors)."""
+    materialize = getattr(mask, "_materialize", None)
+    if materialize is not None:
+        return materialize(query.device).as_subclass(torch.Tensor)
+    return mask.as_subclass(torch.Tensor) if isinstance(mask, torch.Tensor) else mask
 
 
 def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
