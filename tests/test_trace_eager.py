@@ -251,3 +251,21 @@ def test_a_softcapped_transformers_directory_is_loaded_eager_and_traced(tmp_path
         assert "layer_0/bias" not in f
         for layer in range(2):
             assert close(torch.from_numpy(f[f"layer_{layer}/weights"][:]), expected[layer])
+
+
+def test_x_transformers_softclamped_logits_are_traced_with_a_note() -> None:
+    """x-transformers' softclamp is a TorchScript function, which no torch function mode sees: the call is still
+    reported, with the library's own weights and a note saying why it has no bias (before: no call at all)."""
+    xt = pytest.importorskip("x_transformers")
+    torch.manual_seed(0)
+    layers = xt.Decoder(dim=32, depth=2, heads=2, attn_flash=False, attn_softclamp_logits=True,
+                        attn_logit_softclamp_value=5.0)  # fmt: skip
+    model = xt.TransformerWrapper(num_tokens=50, max_seq_len=32, attn_layers=layers).eval()
+    ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        with biasviz.trace(model) as t:
+            model(ids)
+        _, maps = model(ids, return_attn=True)  # x-transformers' own post-softmax attention
+    assert len(t.calls) == 2 and t.bias == {}
+    for layer in range(2):
+        assert "cannot see" in t.notes[layer] and close(t.weights[layer], maps[layer])

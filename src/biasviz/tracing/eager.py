@@ -75,6 +75,7 @@ class EagerTracker:
 
     def __init__(self, provenance: Provenance | None = None) -> None:
         self._scores: dict[int, tuple[weakref.ref, Scores]] = {}
+        self._softmaxed: dict[int, weakref.ref] = {}  # the weights of the calls so far, by identity
         self.provenance = provenance or Provenance(None)
 
     def __bool__(self) -> bool:
@@ -85,6 +86,28 @@ class EagerTracker:
             return None
         entry = self._scores.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else None
+
+    def softmaxed(self, weights: torch.Tensor) -> None:
+        """The weights a call produced: a product of them (with v) starts no score tensor of :meth:`lost`."""
+        key = id(weights)
+        self._softmaxed[key] = weakref.ref(weights, lambda ref, key=key: self._softmaxed.pop(key, None))
+
+    def was_softmaxed(self, t: torch.Tensor) -> bool:
+        ref = self._softmaxed.get(id(t))
+        return ref is not None and ref() is t
+
+    def lost(self, x: torch.Tensor) -> Scores | None:
+        """A softmax over a tensor the trace did not see made, while scores of its very shape are in flight: they
+        went through a step no torch function mode sees (a TorchScript function: x-transformers' softclamp), so the
+        call is reported with its weights and a note rather than missed. The scores in flight are then dropped."""
+        live = [s for ref, s in self._scores.values() if (t := ref()) is not None and not s.moved
+                and t.shape == x.shape and s.operands is not None
+                and not any(self.was_softmaxed(o) for o in s.operands)]  # fmt: skip
+        if not live:
+            return None
+        self._scores.clear()
+        return Scores(note="the scores went through a step the trace cannot see (a TorchScript function, say) "
+                           "before the softmax")  # fmt: skip
 
     def _set(self, t: torch.Tensor, scores: Scores) -> None:
         key = id(t)

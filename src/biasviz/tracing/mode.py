@@ -183,6 +183,8 @@ class Trace:
             return out
         x = (args[0] if args else kwargs.get("input")) if name in SOFTMAX else None
         scores = self.eager.get(x) if x is not None else None
+        if scores is None and isinstance(x, torch.Tensor) and softmax_dim(args, kwargs) in (-1, x.dim() - 1):
+            scores = self.eager.lost(x)
         out = func(*args, **kwargs)
         if scores is not None and softmax_dim(args, kwargs) in (-1, x.dim() - 1):
             index = len(self.calls)
@@ -192,6 +194,8 @@ class Trace:
             except Exception as exc:  # never break the model: its softmax has run, the reason is kept
                 call = AttentionCall(index, "eager", 1, 1, *x.shape[-2:], note=f"not formed ({type(exc).__name__}: "
                                      f"{exc}); the call ran unchanged")  # fmt: skip
+            if isinstance(out, torch.Tensor):
+                self.eager.softmaxed(out)  # a product of these weights (with v) is no score tensor
             self._append(call)
             return out
         with contextlib.suppress(Exception), _forming():  # bookkeeping: it must never fail the model's step
