@@ -43,9 +43,10 @@ SLOW_MODULES = {"test_interrupts", "test_cli_plot", "test_cli_imports", "test_un
                 "test_hostile_io", "test_distributed", "test_explore_browser", "test_summary_cli",
                 "test_model_long", "test_checkpoint_series_torchrun", "test_hostile_page", "test_hostile_values",
                 "test_hostile_outputs", "test_hostile_usercode", "test_hostile_concurrent", "test_hostile_names",
-                "test_hostile_sweeps", "test_figure_review", "test_explore_views", "test_trace_eager",
-                "test_trace_forms", "test_trace_torch_layers", "test_checkpoint_series", "test_explore_review",
-                "test_figure_layout", "test_examples", "test_paper_figures", "test_docs"}  # fmt: skip
+                "test_hostile_sweeps", "test_hostile_bytes", "test_figure_review", "test_explore_views",
+                "test_trace_eager", "test_trace_forms", "test_trace_torch_layers", "test_checkpoint_series",
+                "test_explore_review", "test_figure_layout", "test_examples", "test_paper_figures",
+                "test_docs"}  # fmt: skip
 SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png_and_svg_carry_metadata",
               "test_presets_have_gpt2_small_shape_and_twelve_heads", "test_a_compiled_model_is_traced_eagerly",
               "test_cli_extracts_from_code_and_factory_with_a_checkpoint",

@@ -21,6 +21,7 @@ from biasviz.adapters.base import RELATIVE, BlockSink, Captured, Formed, ModelAd
 from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
 from biasviz.common.hashing import sha256_files
+from biasviz.common.names import utf8_path
 from biasviz.model import HOOK_BIAS, HOOK_PATTERN, HOOK_SCORES, BiasGPTConfig, BiasGPTForCausalLM, capture, hook_name
 from biasviz.schemes import canonical_name
 from biasviz.training.provenance import how_trained
@@ -224,7 +225,7 @@ def load_biasviz_checkpoint(
     check_claimed_size(config, files, directory)
     try:
         model, info = BiasGPTForCausalLM.from_pretrained(
-            directory,
+            utf8_path(directory),  # safetensors opens only paths that are valid UTF-8
             config=config,
             dtype=torch.float32,
             local_files_only=True,

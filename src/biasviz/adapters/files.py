@@ -17,6 +17,7 @@ from typing import Any
 from biasviz.common.errors import BiasvizError
 from biasviz.common.hashing import sha256_files
 from biasviz.common.inputs import read_text, regular_file
+from biasviz.common.names import utf8_path
 
 PARAMETER_FILE_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
 
@@ -102,7 +103,7 @@ def load_tensor_file(path: str | Path) -> Any:
 
         check_safetensors(p)
         try:
-            return load_file(str(p), device="cpu")
+            return load_file(utf8_path(p), device="cpu")
         except (SafetensorError, OSError, ValueError) as exc:
             raise BiasvizError(f"{p} is not a readable safetensors file: {exc}") from exc
     try:

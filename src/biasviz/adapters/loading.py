@@ -19,6 +19,7 @@ from typing import Any
 
 from biasviz.adapters.files import check_safetensors, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
+from biasviz.common.names import utf8_path
 
 SHOWN = 5  # names an error lists before it counts the rest
 _INTEGER_LABELS = {"BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64"}
@@ -44,7 +45,7 @@ def check_weight_files(directory: Path) -> None:
     for file in sorted(Path(directory).glob("*.safetensors")):
         check_safetensors(file)
         try:
-            with safe_open(str(file), framework="pt") as f:
+            with safe_open(utf8_path(file), framework="pt") as f:
                 f.keys()
         except (SafetensorError, OSError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -123,7 +124,7 @@ def load_checked(model_class: Any, directory: Path, **kwargs: Any) -> Any:
     kwargs = {"local_files_only": True, "trust_remote_code": False, **kwargs, "output_loading_info": True}
     try:
         with _report_quiet():  # its loading report: what is wrong with the weights is checked, and said, below
-            model, info = model_class.from_pretrained(str(directory), **kwargs)
+            model, info = model_class.from_pretrained(utf8_path(directory), **kwargs)  # safetensors: UTF-8 paths
     except pickle.UnpicklingError as exc:  # transformers reads .bin files with weights_only: this one names code
         bins = sorted(directory.glob("*.bin"))
         raise unsafe_pickle_error(bins[0] if bins else directory, exc) from None

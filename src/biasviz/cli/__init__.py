@@ -99,6 +99,13 @@ def _exit_past_damaged_hdf5(code: object) -> None:
 
 
 def _main(argv: list[str] | None) -> None:
+    from biasviz.common.names import escaping_output
+
+    with escaping_output():  # a message quoting a name the terminal cannot show is printed escaped, not a crash
+        _command(argv)
+
+
+def _command(argv: list[str] | None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     _quiet_libraries()

@@ -11,6 +11,7 @@ import click
 
 from biasviz.cli.options import NonEmptyPath, config_option, figure_output_options, with_config
 from biasviz.common.errors import BiasvizError, UsageError, os_error_message
+from biasviz.common.names import display_name, utf8_data
 from biasviz.common.outputs import check_output_file, file_stem
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class _FileResult:
         doc: dict[str, object] = {
             "heads": [h.as_json() for h in self.heads], "scheme": self.scheme, "layer": self.layer,
             "samples": self.samples, "seq_len": self.seq_len, "context_dependent": self.context_dependent,
-            "normalize": normalize, "source": str(self.path), "summary": self.block is not None}  # fmt: skip
+            "normalize": normalize, "source": display_name(self.path), "summary": self.block is not None}  # fmt: skip
         if self.block is not None:  # read from the file, as extract --summary computed them at full resolution
             doc.update(resolution=self.resolution, block=self.block)
         if self.positional is not None:
@@ -197,7 +198,7 @@ def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: P
     }  # fmt: skip
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_new(tmp, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        write_new(tmp, json.dumps(utf8_data(doc), indent=2, allow_nan=False) + "\n")
     except OSError as exc:
         raise BiasvizError(os_error_message(exc, target)) from exc
 
@@ -212,7 +213,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     from biasviz.plotting.save import save_figure
     from biasviz.plotting.style import literal
 
-    sources = "; ".join(f"{r.name}={r.path}" for r in results)
+    sources = "; ".join(f"{r.name}={display_name(r.path)}" for r in results)
     info = {"title": "Context-independence diagnostics", "source": sources,
             "description": f"{DEFINITIONS}; sources: {sources}", "keywords": "biasviz; diagnostics"}  # fmt: skip
     layers = {r.layer for r in results}
@@ -245,7 +246,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
         fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)], suptitle=suptitle)
         info = {
             "title": f"{r.name} bias against distance (layer {r.layer}, {r.samples} samples)",
-            "source": str(r.path),
+            "source": display_name(r.path),
             "keywords": f"biasviz; scheme={r.scheme}; layer={r.layer}",
             "description": f"mean and +-1 population std over samples and cells with i - j = d; source: {r.path}",
         }
@@ -255,7 +256,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
         if r.sweep is not None:
             from biasviz.plotting.dynamics import over_training
 
-            info = {"title": f"{r.name} diagnostics over training (layer {r.layer})", "source": str(r.path),
+            info = {"title": f"{r.name} diagnostics over training (layer {r.layer})", "source": display_name(r.path),
                     "keywords": f"biasviz; scheme={r.scheme}; layer={r.layer}; over training",
                     "description": f"context dependence and Toeplitz residual per head at each checkpoint; "
                                    f"source: {r.path}"}  # fmt: skip

@@ -12,6 +12,7 @@ from click.core import ParameterSource
 from biasviz.cli.options import NonEmptyPath, config_option, figure_output_options, with_config
 from biasviz.cli.plot_options import fit_to_kind, parse_sample
 from biasviz.common.errors import BiasvizError
+from biasviz.common.names import display_name
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -215,7 +216,7 @@ class _PlotJob:
         info = {"title": f"{self.scheme} bias against distance over training (layer {layer})",
                 "description": f"mean b(d) over samples and cells with i - j = d at steps {steps}; "
                                f"source: {self.path}",
-                "source": str(self.path),
+                "source": display_name(self.path),
                 "keywords": f"biasviz; scheme={self.scheme}; kind=dynamics; layer={layer}"}  # fmt: skip
         fig = dynamics_grid(sweep, style=self.style, log_distance=self.log_distance, title=title)
         return self._save(fig, out_dir / f"{self.scheme}_dynamics", formats,
@@ -259,7 +260,7 @@ class _PlotJob:
         fig = positional_profile_figure(bf, layer, scheme=self.scheme, style=self.style,
                                         log_distance=self.log_distance)  # fmt: skip
         info = {"title": f"{self.scheme} positional logits against distance (layer {layer})",
-                "source": str(self.path),
+                "source": display_name(self.path),
                 "description": f"P(d) over all keys and over keys j >= 4, and b(d); {bf.n_samples} samples; "
                                f"source: {self.path}",
                 "keywords": f"biasviz; scheme={self.scheme}; kind=positional_profile; layer={layer}"}  # fmt: skip
@@ -282,7 +283,7 @@ class _PlotJob:
             else:
                 fig = sinks_figure(bf, layer, scheme=self.scheme, style=self.style)
                 what = "mean attention weight on each of the first keys (sink share at key 0)"
-            info = {"title": f"{self.scheme} {kind} (layer {layer})", "source": str(self.path),
+            info = {"title": f"{self.scheme} {kind} (layer {layer})", "source": display_name(self.path),
                     "description": f"{what}; over {bf.n_samples} samples; source: {self.path}",
                     "keywords": f"biasviz; scheme={self.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
             return self._save(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info, style=self.style,
@@ -358,7 +359,7 @@ class _PlotJob:
         info = {
             "title": f"{self.scheme} {panel_kind} (layer {heads.layer}, sample {sample})",
             "description": f"{what}; {note or 'one sample'}; reduction: {reduction}; source: {self.path}",
-            "source": str(self.path),
+            "source": display_name(self.path),
             "keywords": (f"biasviz; scheme={self.scheme}; kind={panel_kind}; layer={heads.layer}; sample={sample}; "
                          f"normalize={normalize}; reduction={reduction}; source={self.path}"),
         }  # fmt: skip
@@ -378,7 +379,7 @@ class _PlotJob:
                            ylabel=YLABELS[kind], suptitle=title, start=profiles.start,
                            log=self.log_scale and kind == "weights", log_distance=self.log_distance,
                            nonnegative=kind == "weights")  # fmt: skip
-        info = {"title": f"{self.scheme} {kind} against distance (layer {layer})", "source": str(self.path),
+        info = {"title": f"{self.scheme} {kind} against distance (layer {layer})", "source": display_name(self.path),
                 "description": f"{over} (population std); normalize {normalize}; source: {self.path}",
                 "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip
         return self._save(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, dpi=dpi, info=info,

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from biasviz.common.atomic import write_new
 from biasviz.common.errors import BiasvizError
-from biasviz.common.inputs import regular_file
+from biasviz.common.inputs import read_text, regular_file
 
 EOS = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -33,7 +34,7 @@ def build_tokenizer(documents: list[str], vocab_size: int) -> Tokenizer:
 
 def save_tokenizer(tok: Tokenizer, directory: str | Path) -> Path:
     path = Path(directory) / TOKENIZER_FILE
-    tok.save(str(path))
+    write_new(path, tok.to_str())  # by Python, not the library: it takes only paths that are valid UTF-8
     return path
 
 
@@ -46,7 +47,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise BiasvizError(f"no tokenizer at {p}; give a tokenizer.json file or a directory holding one")
     regular_file(p, "tokenizer.json")
     try:
-        return Tokenizer.from_file(str(p))
+        return Tokenizer.from_str(read_text(p, "tokenizer.json"))  # any path the system allows
     except Exception as exc:  # tokenizers raises plain Exceptions for malformed files
         raise BiasvizError(f"{p} is not a readable tokenizers JSON file ({exc})") from exc
 

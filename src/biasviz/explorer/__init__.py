@@ -76,6 +76,7 @@ def explore(path: str | Path | Any, other: str | Path | Any | None = None, *, ki
     import numbers
 
     from biasviz.common.arguments import ArgumentTypeError, whole
+    from biasviz.common.names import display_name
     from biasviz.explorer.build import KINDS, build_page_data
     from biasviz.explorer.page import render_page
     from biasviz.explorer.traced import is_trace, trace_file
@@ -100,7 +101,7 @@ def explore(path: str | Path | Any, other: str | Path | Any | None = None, *, ki
                 names.append("trace" if source.model is None else f"trace of {type(source.model).__name__}")
             elif isinstance(source, str | Path):
                 paths.append(Path(source))
-                names.append(Path(source).stem)
+                names.append(display_name(Path(source).stem))  # shown in the page: valid UTF-8
             else:
                 raise BiasvizError(f"explore takes a file path or a biasviz.trace, not {type(source).__name__}")
         # a trace's file holds the one call asked for (as a call index, which the file's layers keep)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.names import display_name
 from biasviz.explorer.detail import give_detail, precision_counts
 from biasviz.explorer.encode import pack_bytes, pack_exact, pack_quantised
 from biasviz.explorer.profiles import distance_profile, profile_json, scale_json
@@ -215,7 +216,7 @@ class _Builder:
         a = self.files[0]
         names = {"A": "A", "B": "B", "D": "A - B"}
         sources = [{"label": label, "name": names[label],
-                    "path": str(f.path) if f is not None else "", "scheme": f.scheme if f is not None else "",
+                    "path": display_name(f.path) if f is not None else "", "scheme": f.scheme if f is not None else "",
                     "samples": [str(s) for s in self._samples(f)]} for label, f in self._sources()]  # fmt: skip
         return {
             "format": 1,

@@ -11,6 +11,7 @@ import json
 import re
 from importlib import resources
 
+from biasviz.common.names import utf8_data, utf8_text
 from biasviz.common.version import __version__
 from biasviz.explorer.build import PageData
 
@@ -66,7 +67,7 @@ _SCRIPT_UNSAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", 
 
 def script_json(value: object) -> str:
     """``value`` as JSON that can sit inside a ``<script>`` element whatever strings it holds."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).translate(_SCRIPT_UNSAFE)
+    return json.dumps(utf8_data(value), separators=(",", ":"), allow_nan=False).translate(_SCRIPT_UNSAFE)
 
 
 def render_page(data: PageData, title: str) -> str:
@@ -74,7 +75,7 @@ def render_page(data: PageData, title: str) -> str:
     p = data.payload
     parts = {
         "VERSION": html.escape(__version__),
-        "TITLE": html.escape(title),
+        "TITLE": html.escape(utf8_text(title)),
         "CSS": _asset("explorer.css"),
         "PANELS": _panels(p["n_heads"], p["seq_len"]),
         "FOCUS": str(min(FOCUS_PIXELS, max(p["seq_len"], 256))),

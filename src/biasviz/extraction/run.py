@@ -23,6 +23,7 @@ from biasviz.adapters.base import Captured, ModelAdapter
 from biasviz.common.devices import evaluating, placed, resolve_device, resolve_dtype
 from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
+from biasviz.common.names import display_name
 from biasviz.common.progress import Progress
 from biasviz.store import BiasFileWriter
 from biasviz.store.format import BIAS_DIFFERENCE
@@ -68,14 +69,14 @@ def provenance(
     attrs: dict[str, Any] = {
         "scheme": adapter.scheme,
         "context_dependent": bool(adapter.context_dependent),
-        "source_model": adapter.source,
+        "source_model": display_name(adapter.source),  # names as valid UTF-8, told apart (common.names)
         "model_sha256": adapter.sha256,
         "architecture": adapter.architecture,
         "n_layers": int(adapter.n_layers),
         "device": dev,
         "device_name": dev_name,
         "seed": -1 if seed is None else int(seed),
-        "text_source": text_source,
+        "text_source": display_name(text_source),
         "bias_convention": adapter.bias_convention,
         "config_json": adapter.config_json or "",
         "batch_size": int(batch_size),

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from biasviz.common.errors import BiasvizError, UsageError
+from biasviz.common.names import display_name
 from biasviz.common.outputs import check_output_file
 from biasviz.common.processes import World, all_true
 from biasviz.extraction.resume import part_path, partial_dir, plan_of, prepare
@@ -216,9 +217,10 @@ def _join(series: Series, partial: Path, out: Path, *, summary: bool, force: boo
             trained.append(f.attrs.get("training"))
             gaps.append(f.attrs.get(BIAS_DIFFERENCE))
     steps = [c.step for c in series.chosen]
-    attrs = {"source_model": series.source, "model_sha256": "per checkpoint: checkpoint_sha256",
+    attrs = {"source_model": display_name(series.source), "model_sha256": "per checkpoint: checkpoint_sha256",
              "checkpoint_sha256": {str(c.step): h for c, h in zip(series.chosen, hashes, strict=True)},
-             "checkpoint_names": np.asarray([c.name for c in series.chosen], dtype=h5py.string_dtype()),
+             "checkpoint_names": np.asarray([display_name(c.name) for c in series.chosen],
+                                           dtype=h5py.string_dtype()),
              "checkpoint_tokens": np.asarray([-1 if c.tokens is None else c.tokens for c in series.chosen],
                                              dtype=np.int64),
              "processes": processes}  # fmt: skip

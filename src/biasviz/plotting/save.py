@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from biasviz.common.atomic import Staged, replacing
 from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
+from biasviz.common.names import utf8_text
 from biasviz.common.outputs import make_output_folder
 from biasviz.common.version import __version__
 from biasviz.plotting.style import DEFAULT_STYLE, paper_context
@@ -52,6 +53,8 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str], *, dpi: f
 
 
 def _metadata(fmt: str, info: dict[str, str]) -> dict[str, object]:
+    """The format's metadata; names that are not UTF-8 (the input file's) escaped, as PNG, PDF and SVG need."""
+    info = {key: utf8_text(str(value)) for key, value in info.items()}
     title, desc = info.get("title", ""), info.get("description", "")
     source, keywords = info.get("source", ""), info.get("keywords", "")
     creator = f"biasviz {__version__}"

@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 
 from biasviz.common.jsondoc import loads
+from biasviz.common.names import display_name, utf8_data, utf8_text
 
 
 def attr_value(key: str, value: Any) -> Any:
@@ -21,10 +22,12 @@ def attr_value(key: str, value: Any) -> Any:
         value = value()
     if value is None:
         return ""
-    if isinstance(value, (str, Path)):
-        return str(value)  # plain str: h5py cannot store str subclasses (torch's version string is one)
+    if isinstance(value, Path):
+        return display_name(value)  # HDF5 strings are UTF-8: a name that is not is recorded escaped
+    if isinstance(value, str):
+        return utf8_text(str(value))  # plain str: h5py cannot store str subclasses (torch's version string is one)
     if isinstance(value, Mapping):
-        return json.dumps(value, sort_keys=True, default=str)
+        return json.dumps(utf8_data(value), sort_keys=True, default=lambda v: utf8_text(str(v)))
     if isinstance(value, (list, tuple)):
         return np.asarray(value)
     if isinstance(value, (bool, int, float, np.generic, np.ndarray)):

@@ -13,6 +13,7 @@ from typing import Any
 
 from biasviz.common.errors import BiasvizError
 from biasviz.common.jsondoc import JSONTooLarge, loads
+from biasviz.common.names import utf8_path
 
 #: Configuration keys that say how a checkpoint was saved, not what model it is.
 VOLATILE_KEYS = frozenset({"_name_or_path", "transformers_version", "torch_dtype", "dtype", "_commit_hash",
@@ -39,7 +40,7 @@ def _shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {}
     for file in sorted(folder.glob("*.safetensors")):
         try:
-            with safe_open(str(file), framework="numpy") as f:
+            with safe_open(utf8_path(file), framework="numpy") as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                     shapes[key] = tuple(f.get_slice(key).get_shape())
         except Exception as exc:  # noqa: BLE001 - a damaged header is the checkpoint's problem, said by name

@@ -19,6 +19,7 @@ from biasviz.common.checks import check_learning_rate, check_seed
 from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
 from biasviz.common.exclusive import writing_alone
 from biasviz.common.memory import attention_bytes, check_fits
+from biasviz.common.names import display_name, utf8_data
 from biasviz.common.processes import World, process_group
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
@@ -181,14 +182,18 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
         """config.json, model.safetensors, tokenizer.json and training.json: loadable by ``--model``."""
         model.save_pretrained(directory)
         save_tokenizer(tok, directory)
+        settings = asdict(s)  # the corpus's name recorded as valid UTF-8 text (common.names)
+        if isinstance(settings.get("corpus"), str):
+            settings["corpus"] = display_name(settings["corpus"])
         record = {
-            "settings": asdict(s), "device": str(device), "processes": w.size, "step": step,
-            "corpus_source": corpus.source, "corpus_chars": corpus.n_bytes, "corpus_tokens": int(len(tokens)),
+            "settings": settings, "device": str(device), "processes": w.size, "step": step,
+            "corpus_source": display_name(corpus.source), "corpus_chars": corpus.n_bytes,
+            "corpus_tokens": int(len(tokens)),
             "seconds": round(seconds, 2), "final_loss": float(np.mean(losses[-10:])) if losses else None,
             "torch_version": torch.__version__,
             "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
         }  # fmt: skip
-        write_new(directory / TRAINING_FILE, json.dumps(record, indent=2))
+        write_new(directory / TRAINING_FILE, json.dumps(utf8_data(record), indent=2))
 
     saving = tmp is not None and s.save_every > 0
     if saving:
