@@ -43,7 +43,7 @@ PAPER_POS_LEN := 4096
 PAPER_CORPUS  :=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint docs figures figure-files paper-figures previews bench clean distclean
+.PHONY: help install test test-fast lint docs figures figure-files record-built paper-figures previews bench clean distclean
 # a recipe interrupted half-way must not leave a target that looks finished
 .DELETE_ON_ERROR:
 
@@ -88,12 +88,22 @@ docs: $(DOCS_STAMP)  ## build the documentation site into site/ (offline, strict
 # files something else replaced since the last build (a README example writing into figures/, say) is dated
 # back so that it is rebuilt; after building, the manifest records what was built (src/biasviz/cli/manifest.py).
 MANIFEST := $(STAGES)/built.json
+FIGURE_FILES := $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf $(FIGURES)/positional.pdf
+# every target `make figures` builds: the manifest records their files only, and `make clean` removes only them
+# (a run or file of your own beside them, runs/mine or data/mine.h5, is neither recorded nor removed)
+BUILT := $(FIGURE_FILES) $(foreach s,$(POSITIONAL),$(RUNS)/$(s)/model.safetensors $(DATA)/$(s)-pos-short.h5 $(DATA)/$(s)-pos-long.h5) \
+	$(foreach s,$(SCHEMES),$(DATA)/$(s).h5) $(DATA)/$(DYNAMICS)-sweep.h5 $(foreach s,$(LONG),$(DATA)/$(s)-long.h5)
+# the manifest's tool, with or without .venv (make clean works without one)
+MANIFEST_TOOL = $(if $(wildcard $(BIN)/python),$(BIN)/python,PYTHONPATH=src $(PYTHON)) -m biasviz.cli.manifest
 figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics, the long-context figure and the positional logits of every scheme
 	@$(BIN)/python -m biasviz.cli.manifest stale $(MANIFEST)
 	@$(MAKE) --no-print-directory figure-files
-	@$(BIN)/python -m biasviz.cli.manifest record $(MANIFEST) $(RUNS) $(DATA) $(FIGURES)
+	@$(MAKE) --no-print-directory record-built
 
-figure-files: $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf $(FIGURES)/positional.pdf
+record-built:  # the manifest of what the build made (its targets' files only)
+	@$(MANIFEST_TOOL) record $(MANIFEST) $(RUNS) $(DATA) $(FIGURES) $(BUILT)
+
+figure-files: $(FIGURE_FILES)
 
 # Each command reads only its own part of a config: a per-stage copy that is rewritten only when that part
 # changes, so editing [plot] re-plots without retraining. (The copy is refreshed on every run; cheap.)
@@ -169,8 +179,10 @@ bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, 
 	$(BIN)/python bench/bench_plot.py
 	$(BIN)/python bench/bench_explore.py --seq-len 1024 4096
 
-clean:  ## remove built checkpoints, HDF5 files and figures (keeps .venv)
-	rm -rf $(RUNS) $(DATA) $(FIGURES)/*.pdf $(FIGURES)/*.png $(FIGURES)/*.svg $(FIGURES)/*.html $(FIGURES)/diagnostics.json
+clean:  ## remove the checkpoints, HDF5 files and figures `make figures` made, and nothing of yours (keeps .venv)
+	@$(MANIFEST_TOOL) clean $(MANIFEST) $(RUNS) $(DATA) $(FIGURES) $(BUILT)
+	rm -rf $(STAGES)
+	@rmdir $(RUNS) 2>/dev/null || true
 
 distclean: clean  ## also remove .venv and the built site
 	rm -rf site

@@ -166,20 +166,20 @@ def test_the_step_selector_of_a_sweep_changes_what_is_drawn_and_read(driver: obj
     assert console_errors(driver) == []
 
 
-def test_the_difference_of_identical_files_is_drawn_in_the_diverging_maps_centre(driver: object,  # noqa: F811
-                                                                                 pages: dict[str, Path]) -> None:
+def test_the_difference_of_identical_files_is_drawn_as_0_at_the_foot_of_a_sequential_map(driver: object,  # noqa: F811
+                                                                                        pages: dict[str, Path]) -> None:
     import matplotlib as mpl
 
     open_page(driver, pages["same"])
     choose(driver, "source", "D")
-    centre = list(mpl.colormaps["RdBu_r"](0.5, bytes=True))  # matplotlib's colour for 0 on a scale around 0
+    centre = list(mpl.colormaps["viridis"](0.0, bytes=True))  # all 0: one sign, a scale from 0 to 1 (the figures')
     css = '#grid canvas[data-head="3"]'
     side = driver.execute_script(f"return document.querySelector('{css}').width")
     for x, y in ((5, side - 5), (side // 2, side - 3), (3, side // 2)):  # below the diagonal: used cells
         assert pixel(driver, css, x, y) == centre
     from biasviz.plotting.scales import masked_color
 
-    masked = [round(255 * c) for c in masked_color(mpl.colormaps["RdBu_r"])]
+    masked = [round(255 * c) for c in masked_color(mpl.colormaps["viridis"])]
     assert pixel(driver, css, side - 5, 5) == [*masked, 255], "masked cells: the figures' neutral colour, not 0's"
     text = hover(driver, driver.find_element(By.CSS_SELECTOR, css), 50, 20)
     assert "A - B · head 3" in text and "value 0 (exact)" in text, text

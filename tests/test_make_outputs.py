@@ -126,3 +126,36 @@ def test_every_file_maps_to_the_make_target_that_writes_it(name: str, target: st
     rules = {f"$(FIGURES)/{name}:", f"$(FIGURES)/{re.sub(r'^[a-z-]+_', '%_', name)}:", f"$(RUNS)/%/{name}:",
              f"$(DATA)/%{Path(target).suffix}:"}  # the rule for this target, by name or by pattern
     assert any(line.startswith(tuple(rules)) for line in MAKEFILE.splitlines()), rules
+
+
+def _make(target: str, root: Path, makefile: Path = ROOT / "Makefile") -> None:
+    """Run one target of the Makefile on folders under ``root`` (the venv this test runs in as its .venv)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    folders = [f"RUNS={root / 'runs'}", f"DATA={root / 'data'}", f"FIGURES={root / 'figures'}",
+               f"BIN={Path(sys.executable).parent}"]  # fmt: skip
+    done = subprocess.run(["make", "--no-print-directory", "-f", str(makefile), target, *folders], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_make_clean_removes_what_make_figures_made_and_never_a_users_own_files(tmp_path: Path) -> None:
+    import json
+
+    built = ["runs/alibi/model.safetensors", "runs/alibi/checkpoint-100/model.safetensors", "runs/rope/config.json",
+             "data/alibi.h5", "data/alibi-long.h5", "figures/alibi_bias.pdf", "figures/alibi_weights.png",
+             "figures/diagnostics.json", "figures/positional.png", "figures/cable_explore.html"]  # fmt: skip
+    mine = ["runs/mine/model.safetensors", "runs/mine/checkpoint-5/model.safetensors", "data/mine.h5",
+            "data/mine/part.h5", "figures/mine_bias.pdf", "figures/notes.txt"]  # fmt: skip
+    for name in [*built, *mine, "runs/stages/alibi.plot.json"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(name.encode())
+    _make("record-built", tmp_path)  # what a `make figures` that had nothing to build ends with
+    doc = json.loads((tmp_path / "runs/stages/built.json").read_text())
+    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in doc["files"]) == sorted(built)
+    _make("clean", tmp_path)
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted(mine)
+    assert not (tmp_path / "runs/alibi").exists() and not (tmp_path / "runs/stages").exists()

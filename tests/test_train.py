@@ -102,3 +102,19 @@ def test_compiled_training_matches_eager_losses(corpus, tmp_path) -> None:
     eager = train(base, tmp_path / "e", progress=False)
     compiled = train(TrainSettings(**{**base.__dict__, "compile": True}), tmp_path / "c", progress=False)
     assert compiled.losses == pytest.approx(eager.losses, rel=1e-3, abs=1e-3)
+
+
+def test_train_writes_heartbeat_lines_when_stderr_is_not_a_terminal(corpus, tmp_path, capsys, monkeypatch) -> None:
+    """In a log (CI, Slurm, a redirected stderr) the run says how far it got, as extract does: one plain line per
+    heartbeat interval (here 0 s: one per step), with the step count, and no bar's carriage returns."""
+    import biasviz.common.progress as progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT_SECONDS", 0.0)
+    train(settings("alibi", corpus, steps=3), tmp_path / "o", progress=True)
+    err = capsys.readouterr().err  # pytest's capture: not a terminal
+    lines = [line for line in err.splitlines() if line.startswith("train alibi")]
+    assert [line.split(": ", 1)[1].split()[:2] for line in lines] == [["33%", "1/3"], ["67%", "2/3"], ["100%", "3/3"]]
+    assert "loss" in lines[-1] and ("step/s" in lines[-1] or "s/step" in lines[-1]) and "\r" not in err, err
+    capsys.readouterr()
+    train(settings("alibi", corpus, steps=3), tmp_path / "q", progress=False)  # --quiet: nothing at all
+    assert "train alibi" not in capsys.readouterr().err

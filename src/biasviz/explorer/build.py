@@ -12,8 +12,8 @@ alone packs to almost nothing) passes on.
 
 Two files compared: A and B share the budget head by head (A's head h, then B's), and the difference A - B
 travels as no matrix at all: the page subtracts B's cells from A's at the finest level both hold, so a
-comparison costs what its two files cost. Only A - B's colour scales (from every cell, always diverging
-around 0) and distance profiles are packed here.
+comparison costs what its two files cost. Only A - B's colour scales (from every cell, by the figures' rules:
+diverging around 0 where the difference changes sign) and distance profiles are packed here.
 
 Colour scales are computed from every cell of each head at full resolution (:class:`ValueRange`, taken while
 the heads stream past), so a page's colour limits are the data's extremes, as ``biasviz plot``'s are.
@@ -268,11 +268,9 @@ class _Builder:
                 levels.append(overview.as_json())
             profile = distance_profile(m) if profiles is None else profile_json(profiles, h)
             heads.append({"levels": levels, "profile": profile})
-        scale_kind = "bias" if f is None else kind
-        diverging = True if f is None else None  # a difference is centred at 0 whatever its values
-        scales = {"head": [scale_json(s) for s in head_scales([], scale_kind, ranges=ranges, diverging=diverging)],
-                  "shared": scale_json(head_scales([], scale_kind, shared_scale=True, ranges=ranges,
-                                                    diverging=diverging)[0])}  # fmt: skip
+        scale_kind = "bias" if f is None else kind  # A - B: the figures' rules (diverging where it changes sign)
+        scales = {"head": [scale_json(s) for s in head_scales([], scale_kind, ranges=ranges)],
+                  "shared": scale_json(head_scales([], scale_kind, shared_scale=True, ranges=ranges)[0])}
         if scale_kind == "weights":  # heavy-tailed: the page offers plot's --log scale too
             scales["log_head"] = [scale_json(s) for s in head_scales([], "weights", log=True, ranges=ranges)]
             scales["log_shared"] = scale_json(head_scales([], "weights", shared_scale=True, log=True,

@@ -17,14 +17,23 @@ from dataclasses import dataclass
 import matplotlib as mpl
 import numpy as np
 from matplotlib.axes import Axes
-from matplotlib.colors import Colormap, LogNorm, Normalize
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.font_manager import FontProperties
-from matplotlib.ticker import MaxNLocator, ScalarFormatter
+from matplotlib.ticker import ScalarFormatter
 
 from biasviz.plotting.load import HeadMatrices
 from biasviz.plotting.reduce import DEFAULT_MAX_CELLS, Reduction, block_reduce, plan_reduction
-from biasviz.plotting.scales import DEFAULT_CMAPS, KINDS, ValueRange, _colormap, _extend, _scale, head_scales
+from biasviz.plotting.scales import (
+    DEFAULT_CMAPS,
+    KINDS,
+    ValueRange,
+    _colormap,
+    _extend,
+    colour_scale,
+    format_colorbars,
+    head_scales,
+)
 from biasviz.plotting.style import font_sizes, paper_context, wrap_title
 from biasviz.store import causal_cells
 
@@ -62,8 +71,11 @@ def head_heatmap(
         ax = Figure(figsize=(3.0, 2.6), layout="constrained").add_subplot()
     m = _as_matrix(matrix, causal)
     values = ValueRange.of(m, ValueRange.needs_percentile(kind) and norm is None)  # one pass: scale and arrows
-    norm_, cmap_ = (norm, _colormap(cmap)) if norm is not None else _scale(values, kind, log, cmap)
-    _HeatmapPainter(ax, m, seq_len or m.shape[-1], tick_step, values=values).paint(norm_, cmap_, title, colorbar)
+    norm_, cmap_ = (norm, _colormap(cmap)) if norm is not None else colour_scale(values, kind, log=log, cmap=cmap)
+    painter = _HeatmapPainter(ax, m, seq_len or m.shape[-1], tick_step, values=values)
+    painter.paint(norm_, cmap_, title, colorbar)
+    if painter.colorbar is not None:
+        format_colorbars([painter.colorbar])
     return ax
 
 
@@ -183,6 +195,7 @@ class _HeatmapPainter:
         # the data behind the drawn cells (their extremes: where the colorbar gets arrows)
         self.values = values if values is not None else ValueRange.of(matrix, percentile=False)
         self.step = tick_step or tick_step_for(seq_len)
+        self.colorbar: mpl.colorbar.Colorbar | None = None  # labelled by format_colorbars, once per figure
 
     def paint(self, norm: Normalize, cmap: Colormap, title: str | None, colorbar: bool, label: str = "") -> None:
         ax, n = self.ax, self.m.shape[0]
@@ -230,11 +243,7 @@ class _HeatmapPainter:
         fig = self.ax.get_figure(root=False)
         cb = fig.colorbar(im, ax=self.ax, fraction=0.05, pad=0.03, aspect=18, extend=_extend(self.values, im.norm))
         _label_colorbar(cb, label)
-        if not isinstance(im.norm, LogNorm):
-            cb.locator = MaxNLocator(nbins=5 if figure_width_in(fig) >= 4.0 else 4)
-            cb.formatter = TrimmedFormatter(useOffset=False)  # plain text: mathtext labels cost 0.5 s a grid
-            cb.formatter.set_powerlimits((-3, 5))  # up to 99,999 in plain digits (ALiBi at 16k reaches 1e4)
-            cb.update_ticks()
+        self.colorbar = cb
         cb.outline.set_linewidth(0.5)
         cb.ax.tick_params(width=0.5, length=2.0, pad=1.5)
         if cb.solids is not None:
@@ -324,15 +333,19 @@ class _GridPainter:
             cell = self.opt.block * self.reduction.factor if known else None
             panel_in = figure_width_in(fig) / cols * (0.56 if cols == N_COLS else 0.7)  # image width once laid out
             ranges = self._ranges()
+            bars = []
             for h in range(self.n_heads):
                 norm, cmap = scales[h]
-                _HeatmapPainter(axes[h], self.mats[h], self.seq_len, self.opt.tick_step, panel_in, cell,
-                                ranges[h]).paint(norm, cmap, self.titles[h], colorbar=not self.opt.shared_scale,
-                                                 label=colorbar_label(self.opt.kind, self.opt.log))  # fmt: skip
+                painter = _HeatmapPainter(axes[h], self.mats[h], self.seq_len, self.opt.tick_step, panel_in, cell,
+                                          ranges[h])  # fmt: skip
+                painter.paint(norm, cmap, self.titles[h], colorbar=not self.opt.shared_scale,
+                              label=colorbar_label(self.opt.kind, self.opt.log))
+                bars += [painter.colorbar] if painter.colorbar is not None else []
             for ax in axes[self.n_heads :]:
                 ax.set_visible(False)
             if self.opt.shared_scale and self.n_heads:
-                self._shared_colorbar(fig, axes[: self.n_heads])
+                bars.append(self._shared_colorbar(fig, axes[: self.n_heads]))
+            format_colorbars(bars, nbins=5 if figure_width_in(fig) >= 4.0 else 4)  # one number format per figure
             sizes = font_sizes(figure_width_in(fig))
             fig.supxlabel("Key position", fontsize=sizes["base"])
             fig.supylabel("Query position", fontsize=sizes["base"])
@@ -351,7 +364,7 @@ class _GridPainter:
         return head_scales(self.mats, self.opt.kind, shared_scale=self.opt.shared_scale, log=self.opt.log,
                            cmap=self.opt.cmap, ranges=self._ranges())  # fmt: skip
 
-    def _shared_colorbar(self, fig: Figure | SubFigure, axes: np.ndarray) -> None:
+    def _shared_colorbar(self, fig: Figure | SubFigure, axes: np.ndarray) -> mpl.colorbar.Colorbar:
         images = axes[0].get_images()
         cb = fig.colorbar(images[0], ax=list(axes), fraction=0.03, pad=0.02, aspect=40,
                           extend=_extend(ValueRange.joined(self._ranges()), images[0].norm))  # fmt: skip
@@ -361,6 +374,7 @@ class _GridPainter:
         if cb.solids is not None:
             cb.solids.set_rasterized(True)
             cb.solids.set_edgecolor("face")
+        return cb
 
 
 __all__ = ["KINDS", "DEFAULT_CMAPS", "figure_width_in", "head_heatmap", "head_grid", "head_scales", "grid_shape",

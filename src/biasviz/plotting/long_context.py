@@ -24,6 +24,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from biasviz.plotting.heatmap import _label_colorbar, colorbar_label, head_heatmap, tick_step_for
 from biasviz.plotting.save import parse_formats, save_figure
+from biasviz.plotting.scales import format_colorbars
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
 from biasviz.plotting.titles import trained_text
 from biasviz.store import open_bias_file
@@ -49,6 +50,8 @@ def long_context_figure(files: Sequence[BiasFile], *, train_len: int | None = No
         shared = notes[0] if len(set(notes)) == 1 else None  # said once in the title when every row shares it
         for sub, bf, note in zip(rows, files, notes, strict=True):
             _row(sub, bf, layer, train_len, None if shared or not note else note)
+        maps = [im.colorbar for sub in rows for ax in sub.axes for im in ax.images if im.colorbar is not None]
+        format_colorbars(maps)  # one number format over every map's colour bar
         fig.suptitle(wrap_title(_title(files[0], layer, train_len, shared), width, font_sizes(width)["base"]),
                      fontsize=font_sizes(width)["base"])  # fmt: skip
     return fig

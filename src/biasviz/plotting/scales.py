@@ -1,6 +1,18 @@
-"""Colour scales of the heatmaps: one family of map per figure, diverging at 0 when values change sign.
+"""Colour scales of the heatmaps: one decision per head (:func:`colour_scale`), and the ticks of its colour bar.
 
-Shared by ``biasviz plot`` (:mod:`.heatmap`) and the explorer, so that a page shows the colours of the figure.
+Every heatmap of biasviz takes its colours from :func:`colour_scale`: ``biasviz plot`` and the notebook API
+(:mod:`.heatmap`), the long-context figure and the explorer page, so that one cell of one file gets one colour
+wherever it is drawn. The rules, from a head's values at the finest resolution the file holds (every finite
+cell, :class:`ValueRange`):
+
+* values of one sign (or all 0): a sequential map from the head's own minimum to its own maximum;
+* values that change sign: a diverging map centred at 0 with symmetric limits ``±max|v|`` (equal colours on the
+  two sides mean equal magnitudes);
+* linear attention weights end at their 99.5th percentile (an arrow marks the larger ones); a log scale runs
+  from the smallest positive weight (at least 1e-4 of the largest) to the largest; a standard deviation over
+  samples runs from 0 to its largest value.
+
+Colour bars are labelled at both ends, with one number format per figure (:func:`format_colorbars`).
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ from biasviz.common.errors import BiasvizError
 KINDS = ("bias", "weights", "bias_std", "weights_std", "positional", "scores", "scores_std")
 #: Default maps: perceptual sequential maps; a diverging map (white at 0) when values change sign.
 DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "bias_std": "viridis", "weights_std": "magma",
-                 "positional": "RdBu_r", "scores": "viridis", "scores_std": "viridis",
+                 "positional": "viridis", "scores": "viridis", "scores_std": "viridis",
                  "diverging": "RdBu_r"}  # fmt: skip
 #: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
 SIGN_TOLERANCE = 1e-3
@@ -113,14 +125,19 @@ def _changes_sign(lo: float, hi: float) -> bool:
     return lo < -SIGN_TOLERANCE * scale and hi > SIGN_TOLERANCE * scale
 
 
-def _scale(
-    values: np.ndarray | ValueRange, kind: str, log: bool, cmap: str | Colormap | None, diverging: bool | None = None
+def colour_scale(
+    values: np.ndarray | ValueRange, kind: str = "bias", *, log: bool = False, cmap: str | Colormap | None = None
 ) -> tuple[Normalize, Colormap]:
-    """Norm and colormap for ``values`` (or their :class:`ValueRange`): log for weights on request, diverging
-    at 0 on a sign change.
+    """The norm and colour map of one head (or of heads sharing one scale): the single decision every heatmap
+    and the explorer use, so that a value gets the same colour wherever it is drawn (rules: module docstring).
 
-    ``diverging`` forces the choice (a grid makes it once for all its panels, so that one figure
-    never mixes a diverging and a sequential map); None decides from ``values``.
+    ``values``: the head's matrix, or its :class:`ValueRange` taken at full resolution before a long matrix was
+    block-reduced for drawing (a block mean does not reach the data's extremes).
+
+    >>> n, _ = colour_scale(ValueRange(-0.8, 0.25, 0.25, 0.25)); (n.vmin, n.vcenter, n.vmax)
+    (-0.8, 0.0, 0.8)
+    >>> n, _ = colour_scale(ValueRange(-3.0, 0.0, np.inf, 0.0)); type(n).__name__, n.vmin, n.vmax
+    ('Normalize', -3.0, 0.0)
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
@@ -135,47 +152,38 @@ def _scale(
         if kind == "weights_std":
             hi = max(r.top, 0.0) or hi
         return Normalize(vmin=0.0, vmax=hi if hi > 0 else 1.0), _colormap(cmap, DEFAULT_CMAPS[kind])
-    if _changes_sign(lo, hi) if diverging is None else diverging:
+    if _changes_sign(lo, hi):
         return centred_norm(lo, hi), _colormap(cmap, DEFAULT_CMAPS["diverging"])
     if kind == "weights":  # heavy-tailed: the few largest weights would leave every other cell black
         hi = r.top if r.top > lo else hi
-    if lo == hi:  # constant: give the colorbar a visible range around the value
-        lo, hi = lo - 0.5, hi + 0.5
+    if lo == hi:  # one value throughout: a range from 0 to it (all 0: from 0 to 1), the value at one end
+        lo, hi = (min(lo, 0.0), max(hi, 0.0)) if lo != 0.0 else (0.0, 1.0)
     return Normalize(vmin=lo, vmax=hi), _colormap(cmap, DEFAULT_CMAPS[kind])
 
 
 def centred_norm(lo: float, hi: float) -> TwoSlopeNorm:
-    """A diverging scale centred at 0 whose limits are the data's own on each side (lopsided): each sign gets
-    its half of the map, so neither half of the colours goes unused. A head of one sign in a diverging figure
-    uses the half of its sign (0 stays white in every panel).
+    """A diverging scale centred at 0 with symmetric limits ``±max(|lo|, |hi|)``: a colour means the same
+    magnitude on both sides of 0 (for values that change sign; :func:`colour_scale` decides).
 
-    >>> n = centred_norm(-0.8, 0.25); (n.vmin, n.vcenter, n.vmax), float(n(0.25)), float(n(-0.4))
-    ((-0.8, 0.0, 0.25), 1.0, 0.25)
+    >>> n = centred_norm(-0.8, 0.25); (n.vmin, n.vcenter, n.vmax), float(n(0.4)), float(n(-0.4))
+    ((-0.8, 0.0, 0.8), 0.75, 0.25)
     """
-    tiny = 1e-9 * max(-lo, hi, 1e-12)
-    return TwoSlopeNorm(vcenter=0.0, vmin=min(lo, -tiny), vmax=max(hi, tiny))
+    m = max(-lo, hi, 1e-30)
+    return TwoSlopeNorm(vcenter=0.0, vmin=-m, vmax=m)
 
 
 def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
                 log: bool = False, cmap: str | Colormap | None = None,
-                ranges: Sequence[ValueRange] | None = None,
-                diverging: bool | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
-    """The norm and colour map of each head's panel, as a grid draws them (the explorer reuses them).
-
-    One family of map per figure: diverging for every panel as soon as one changes sign; with
-    ``shared_scale`` one scale over all heads together. ``ranges``: each head's values at full resolution
-    (:class:`ValueRange`), where ``mats`` were block-reduced for drawing. ``diverging``: True forces a map
-    centred at 0 whatever the values (a difference of two files, all 0 where they agree).
+                ranges: Sequence[ValueRange] | None = None) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
+    """The norm and colour map of each head's panel (:func:`colour_scale` per head), as a grid draws them and
+    the explorer colours its cells; with ``shared_scale`` one scale over all heads together. ``ranges``: each
+    head's values at full resolution (:class:`ValueRange`), where ``mats`` were block-reduced for drawing.
     """
     with_top = ValueRange.needs_percentile(kind)
     ranges = list(ranges) if ranges is not None else [ValueRange.of(np.asarray(m), with_top) for m in mats]
     if shared_scale:
-        return [_scale(ValueRange.joined(ranges), kind, log, cmap, diverging)] * len(ranges) if ranges else []
-    if diverging is None and kind == "positional":  # P drawn relative to a reference: white at the reference
-        diverging = True
-    if diverging is None:
-        diverging = not log and not kind.endswith("_std") and any(_changes_sign(r.lo, r.hi) for r in ranges)
-    return [_scale(r, kind, log, cmap, diverging) for r in ranges]
+        return [colour_scale(ValueRange.joined(ranges), kind, log=log, cmap=cmap)] * len(ranges) if ranges else []
+    return [colour_scale(r, kind, log=log, cmap=cmap) for r in ranges]
 
 
 def _extend(values: np.ndarray | ValueRange, norm: Normalize) -> str:
@@ -191,4 +199,83 @@ def _extend(values: np.ndarray | ValueRange, norm: Normalize) -> str:
     return {(True, True): "both", (True, False): "min", (False, True): "max"}.get((low, high), "neither")
 
 
-__all__ = ["DEFAULT_CMAPS", "KINDS", "LOG_FLOOR", "SIGN_TOLERANCE", "WEIGHTS_PERCENTILE", "ValueRange", "head_scales"]
+#: Interior ticks of a colour bar keep this fraction of its length from either end (the end labels' room).
+END_ROOM = 0.18
+MOST_DECIMALS = 6
+
+
+def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4) -> list[float]:
+    """Where a colour bar is labelled: both ends (the scale's limits) and the round values between them that
+    keep :data:`END_ROOM` from the ends (0 always, on a scale that crosses it).
+
+    >>> bar_ticks(-7.3, 0.0)
+    [-7.3, -4.0, -2.0, 0.0]
+    >>> bar_ticks(-0.8, 0.8)
+    [-0.8, -0.5, 0.0, 0.5, 0.8]
+    """
+    from matplotlib.ticker import LogLocator, MaxNLocator
+
+    if not vmax > vmin:
+        return [vmin]
+    if log:
+        inner = LogLocator(base=10.0, numticks=8).tick_values(vmin, vmax)
+        span, where = np.log10(vmax / vmin), lambda t: np.log10(t / vmin)
+    else:
+        inner = MaxNLocator(nbins=nbins, steps=[1, 2, 5, 10]).tick_values(vmin, vmax)
+        span, where = vmax - vmin, lambda t: t - vmin
+    keep = [float(t) for t in inner if END_ROOM <= where(t) / span <= 1 - END_ROOM or (t == 0.0 and vmin < 0 < vmax)]
+    return [float(vmin), *keep, float(vmax)]
+
+
+def _decimals(value: float) -> int:
+    """The fewest decimals that write a round tick value exactly (at most :data:`MOST_DECIMALS`)."""
+    for k in range(MOST_DECIMALS + 1):
+        if abs(round(value, k) - value) <= 1e-9 * max(abs(value), 1e-12):
+            return k
+    return MOST_DECIMALS
+
+
+def linear_decimals(ticks: Sequence[float]) -> int:
+    """Decimals for a linear bar with ``ticks`` (its ends first and last): two significant digits of its span,
+    and enough for every round value between the ends.
+
+    >>> linear_decimals([-7.3, -6.0, -4.0, -2.0, 0.0]), linear_decimals([0.0, 0.5, 1.0]), linear_decimals([-1300, 0])
+    (1, 1, 0)
+    """
+    span = abs(ticks[-1] - ticks[0])
+    need = 1 - int(np.floor(np.log10(span))) if span > 0 else 0
+    return min(MOST_DECIMALS, max([need, 0, *(_decimals(t) for t in ticks[1:-1])]))
+
+
+def tick_text(value: float, decimals: int | None) -> str:
+    """One tick label: ``decimals`` fixed decimals (a linear bar), or two significant digits (``None``: a log
+    bar); a typographic minus, and never "−0".
+
+    >>> [tick_text(v, 1) for v in (-7.34, -0.01, 2.0)], tick_text(0.000123, None)
+    (['−7.3', '0.0', '2.0'], '0.00012')
+    """
+    text = f"{value:.2g}" if decimals is None else f"{value:.{decimals}f}"
+    if float(text) == 0.0:
+        text = text.lstrip("-")
+    return text.replace("-", "\N{MINUS SIGN}")
+
+
+def format_colorbars(bars: Sequence[mpl.colorbar.Colorbar], nbins: int = 4) -> None:
+    """Label every colour bar of one figure at both ends and at round values between, in one number format for
+    the whole figure: the same decimals on every linear bar (the most any bar needs), two significant digits on
+    log bars."""
+    plan = []
+    for cb in bars:
+        norm = cb.norm
+        log = isinstance(norm, LogNorm)
+        plan.append((cb, log, bar_ticks(float(norm.vmin), float(norm.vmax), log=log, nbins=nbins)))
+    linear = [ticks for _, log, ticks in plan if not log]
+    decimals = max((linear_decimals(t) for t in linear), default=0)
+    for cb, log, ticks in plan:
+        cb.set_ticks(ticks, labels=[tick_text(t, None if log else decimals) for t in ticks])
+        cb.minorticks_off()
+
+
+
+__all__ = ["DEFAULT_CMAPS", "KINDS", "LOG_FLOOR", "SIGN_TOLERANCE", "WEIGHTS_PERCENTILE", "ValueRange", "bar_ticks",
+           "colour_scale", "format_colorbars", "head_scales", "tick_text"]

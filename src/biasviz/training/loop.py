@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from biasviz.common.atomic import replacing, write_new
 from biasviz.common.checks import check_learning_rate, check_seed
@@ -21,6 +20,7 @@ from biasviz.common.exclusive import writing_alone
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name, utf8_data
 from biasviz.common.processes import World, process_group
+from biasviz.common.progress import Progress
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 from biasviz.training.checkpoints import check_output, checkpoint_dir, share_mode
@@ -199,9 +199,9 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
     if saving:
         save(checkpoint_dir(tmp, 0), 0, 0.0)  # the initialisation, where every sweep starts
     start = last = time.perf_counter()
-    bar = tqdm(range(s.steps), desc=f"train {config.scheme}", disable=None if progress and w.main else True,
-               leave=False)  # fmt: skip
-    for step in bar:
+    # a bar on a terminal, a heartbeat line every few seconds in a log (as extract), nothing with --quiet
+    bar = Progress(s.steps, desc=f"train {config.scheme}", unit="step", show=None if progress and w.main else False)
+    for step in range(s.steps):
         # one global batch of batch_size x processes windows, drawn alike everywhere; each process takes its part
         starts = rng.integers(0, len(tokens) - s.seq_len, size=s.batch_size * w.size)
         mine = starts[w.rank * s.batch_size : (w.rank + 1) * s.batch_size]
@@ -223,10 +223,12 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
         step_seconds.append(now - last)
         last = now
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.set_phase(f"train {config.scheme}, loss {losses[-1]:.3f}")
+        bar.update()
         done = step + 1
         if saving and (done % s.save_every == 0 or done == s.steps):
             save(checkpoint_dir(tmp, done), done, now - start)
+    bar.close()
     seconds = time.perf_counter() - start
     if tmp is not None:
         model.eval().to("cpu")
