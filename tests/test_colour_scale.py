@@ -1,9 +1,10 @@
-"""One colour-scale decision for every heatmap (issue #51), read back from what is drawn.
+"""One colour-scale decision for every heatmap, read back from what is drawn.
 
 Expectations are computed here from matplotlib's own colour maps and the data written, never from biasviz's
 scale objects: a one-sign head gets a sequential map over its own range, a head that changes sign a diverging
-map centred at 0 with symmetric limits; both ends of every colour bar are labelled, in one number format per
-figure; and a cell gets the same colour in ``biasviz plot``'s PNG, the notebook API's figure and the explorer.
+map centred at 0 with the data's own (lopsided) limits; both ends of every colour bar are labelled, in one number
+format per figure; and a cell gets the same colour in ``biasviz plot``'s PNG, the notebook API's figure and
+the explorer.
 """
 
 from __future__ import annotations
@@ -41,12 +42,11 @@ def _shown(bar: mpl.axes.Axes) -> list[tuple[float, str]]:
                                                              bar.yaxis.get_ticklabels(), strict=True)]  # fmt: skip
 
 
-def test_one_sign_is_sequential_over_its_own_range_and_a_sign_change_symmetric_about_0() -> None:
+def test_one_sign_is_sequential_over_its_own_range_and_a_sign_change_centred_at_0() -> None:
     heads = _heads()
     bars = _bars(head_grid(heads, kind="bias", max_cells=T))
     cells = [h[LOWER].astype(np.float64) for h in heads]
-    m = max(-cells[2].min(), cells[2].max())
-    want = [(cells[0].min(), 0.0), (0.0, 1.0), (-m, m)]  # all 0: from 0 to 1, the value at one end
+    want = [(cells[0].min(), 0.0), (0.0, 1.0), (cells[2].min(), cells[2].max())]  # all 0: from 0 to 1
     maps = ["viridis", "viridis", "RdBu_r"]
     for bar, (lo, hi) in zip(bars, want, strict=True):
         assert bar.get_ylim() == pytest.approx((lo, hi), abs=1e-6)  # the bar spans exactly the limits
@@ -74,7 +74,7 @@ def test_one_number_format_for_every_colour_bar_of_a_figure() -> None:
             assert number == pytest.approx(value, abs=0.5 * 10.0**-places + 1e-12)
         positions = sorted(v for v, _ in shown)
         assert min(np.diff(positions)) > 0.15 * (hi - lo)  # labels never collide
-    assert decimals == {2}  # the finest bar (±0.06, a span of 0.12) sets the decimals of every label
+    assert len(decimals) == 1 and decimals != {0}  # one format: the finest bar (-0.06 .. 0.03) sets every label's
 
 
 def _write(path: Path, bias: np.ndarray) -> Path:
@@ -93,9 +93,9 @@ def _expected(heads: np.ndarray, h: int, i: int, j: int) -> np.ndarray:
     cells = heads[h][LOWER].astype(np.float64)
     v = float(heads[h, i, j])
     lo, hi = cells.min(), cells.max()
-    if lo < 0 < hi:
-        m = max(-lo, hi)
-        return np.asarray(mpl.colormaps["RdBu_r"]((v + m) / (2 * m))[:3])
+    if lo < 0 < hi:  # each sign over its half of the map: lo at 0, 0 at the middle, hi at 1
+        x = 0.5 * (v - lo) / -lo if v < 0 else 0.5 + 0.5 * v / hi
+        return np.asarray(mpl.colormaps["RdBu_r"](x)[:3])
     return np.asarray(mpl.colormaps["viridis"]((v - lo) / (hi - lo))[:3])
 
 
@@ -134,3 +134,16 @@ def test_a_cell_has_one_colour_in_plot_the_notebook_and_the_explorer(tmp_path: P
         frac = (0.5 * (v - lo) / -lo if v < 0 else 0.5 + 0.5 * v / hi) if tag == ["centred"] else (v - lo) / (hi - lo)
         rgb = table[min(255, max(0, int(np.floor(frac * 256))))] / 255
         assert np.abs(rgb - want).max() <= 1.5 / 255, (h, i, j)
+
+
+def test_a_head_of_rounding_noise_is_drawn_as_0_not_as_a_diverging_bar() -> None:
+    """A head whose values are all about 1e-9 (FIRE at initialisation) changes sign only by rounding: it gets the
+    all-zero scale (0 to 1, sequential), and the figure's labels keep the other heads' format (no six decimals)."""
+    d = np.subtract.outer(np.arange(T), np.arange(T)).astype(np.float64)
+    data = np.stack([-0.25 * d, 1e-9 * np.sin(d)])
+    fig = head_grid(data, kind="bias", max_cells=T)
+    noise, first = _bars(fig)[1], _bars(fig)[0]
+    assert noise.get_ylim() == pytest.approx((0.0, 1.0))
+    panel = [ax.get_images()[0] for ax in fig.axes if ax.get_images()][1]
+    assert panel.get_cmap().name == "viridis"
+    assert all(len(label.split(".")[-1]) <= 2 for _, label in _shown(first))

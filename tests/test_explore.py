@@ -147,9 +147,8 @@ def test_two_files_give_a_difference(tmp_path: Path, make_bias_file: Callable[..
     got_a, got_b = (unpack(payload["sets"][f"{s}|3|bias|1"]["heads"][4]["levels"][0]) for s in "AB")
     assert np.array_equal(got_a - got_b, stored_a - stored_b, equal_nan=True)
     diff = stored_a - stored_b
-    lo, hi = float(np.nanmin(diff)), float(np.nanmax(diff))  # every cell's extremes, centred at 0 (symmetric)
-    m = max(-lo, hi)
-    assert lo < 0 < hi and payload["sets"]["D|3|bias|1"]["scale"]["head"][4] == [-m, m, "RdBu_r", "centred"]
+    lo, hi = float(np.nanmin(diff)), float(np.nanmax(diff))  # every cell's extremes, centred at 0
+    assert lo < 0 < hi and payload["sets"]["D|3|bias|1"]["scale"]["head"][4] == [lo, hi, "RdBu_r", "centred"]
 
 
 def test_files_that_differ_in_shape_are_not_compared(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:

@@ -3,7 +3,7 @@
 // value -> [0, 1] as matplotlib's Normalize (or LogNorm, clipped) does; the colour table does the rest
 function normaliser(scale) {
   const [lo, hi] = scale;
-  if (scale[3] === "centred") { // matplotlib's TwoSlopeNorm at 0 (limits symmetric: the same as a linear scale)
+  if (scale[3] === "centred") { // matplotlib's TwoSlopeNorm at 0: each sign over its own half of the map
     return (v) => (v < 0 ? 0.5 * (v - lo) / -lo : 0.5 + (0.5 * v) / hi);
   }
   if (scale[3] === "log") {
@@ -81,10 +81,9 @@ function scaleOver(base, r) {
   return r.hi > r.lo ? [r.lo, r.hi, base[2]] : base;
 }
 
-// A diverging scale centred at 0 with symmetric limits (±the larger magnitude), as biasviz plot draws.
+// A diverging scale centred at 0 with the data's own ends (each sign over its half), as biasviz plot draws.
 function centredScale(lo, hi, cmap) {
-  const m = Math.max(-lo, hi, 1e-30);
-  return [-m, m, cmap, "centred"];
+  return [Math.min(lo, -1e-30), Math.max(hi, 1e-30), cmap, "centred"];
 }
 
 // A grid head's colour bar: the data's two limits above the ramp's ends, and below it round values (0 among

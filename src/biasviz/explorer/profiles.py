@@ -38,7 +38,7 @@ def profile_json(profiles: tuple[np.ndarray, ...], head: int) -> dict[str, Any]:
 
 def scale_json(scale: tuple[Any, Any]) -> list[Any]:
     """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale or ``"centred"`` for a diverging one
-    centred at 0 (symmetric limits, as :func:`biasviz.plotting.scales.colour_scale` decides)."""
+    centred at 0 (each sign over its half, as :func:`biasviz.plotting.scales.colour_scale` decides)."""
     from matplotlib.colors import LogNorm, TwoSlopeNorm
 
     norm, cmap = scale

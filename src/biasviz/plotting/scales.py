@@ -5,9 +5,10 @@ Every heatmap of biasviz takes its colours from :func:`colour_scale`: ``biasviz 
 wherever it is drawn. The rules, from a head's values at the finest resolution the file holds (every finite
 cell, :class:`ValueRange`):
 
-* values of one sign (or all 0): a sequential map from the head's own minimum to its own maximum;
-* values that change sign: a diverging map centred at 0 with symmetric limits ``±max|v|`` (equal colours on the
-  two sides mean equal magnitudes);
+* values of one sign (or all 0): a sequential map from the head's own minimum to its own maximum; a head whose
+  values are all below :data:`ZERO_BELOW` in size (0 within float32 rounding) is drawn as 0 on the all-zero scale;
+* values that change sign: a diverging map centred at 0, each side over its own range (lopsided limits when the
+  two sides differ: both ends are the data's, as ../FIGURES.md asks, and no half of the bar is left empty);
 * linear attention weights end at their 99.5th percentile (an arrow marks the larger ones); a log scale runs
   from the smallest positive weight (at least 1e-4 of the largest) to the largest; a standard deviation over
   samples runs from 0 to its largest value.
@@ -35,6 +36,9 @@ DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "bias_std": "viridis", "
                  "diverging": "RdBu_r"}  # fmt: skip
 #: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
 SIGN_TOLERANCE = 1e-3
+#: A head whose every value is this small is 0 within float32's rounding of the sums it is made of (FIRE's MLP at
+#: initialisation gives +-1e-9): drawn as 0 on the all-zero scale, never as a diverging bar stretched over noise.
+ZERO_BELOW = 1e-6
 #: Linear scales of attention weights end at this percentile (the colorbar gets an arrow for larger ones).
 WEIGHTS_PERCENTILE = 99.5
 #: Lower end of a log scale for attention weights, as a fraction of the largest weight.
@@ -135,7 +139,7 @@ def colour_scale(
     block-reduced for drawing (a block mean does not reach the data's extremes).
 
     >>> n, _ = colour_scale(ValueRange(-0.8, 0.25, 0.25, 0.25)); (n.vmin, n.vcenter, n.vmax)
-    (-0.8, 0.0, 0.8)
+    (-0.8, 0.0, 0.25)
     >>> n, _ = colour_scale(ValueRange(-3.0, 0.0, np.inf, 0.0)); type(n).__name__, n.vmin, n.vmax
     ('Normalize', -3.0, 0.0)
     """
@@ -152,6 +156,8 @@ def colour_scale(
         if kind == "weights_std":
             hi = max(r.top, 0.0) or hi
         return Normalize(vmin=0.0, vmax=hi if hi > 0 else 1.0), _colormap(cmap, DEFAULT_CMAPS[kind])
+    if max(abs(lo), abs(hi)) < ZERO_BELOW and not kind.startswith("weights"):
+        return Normalize(vmin=0.0, vmax=1.0), _colormap(cmap, DEFAULT_CMAPS[kind])  # 0 within rounding
     if _changes_sign(lo, hi):
         return centred_norm(lo, hi), _colormap(cmap, DEFAULT_CMAPS["diverging"])
     if kind == "weights":  # heavy-tailed: the few largest weights would leave every other cell black
@@ -162,14 +168,14 @@ def colour_scale(
 
 
 def centred_norm(lo: float, hi: float) -> TwoSlopeNorm:
-    """A diverging scale centred at 0 with symmetric limits ``±max(|lo|, |hi|)``: a colour means the same
-    magnitude on both sides of 0 (for values that change sign; :func:`colour_scale` decides).
+    """A diverging scale centred at 0 whose ends are the data's own ``lo`` < 0 < ``hi``: each sign over its half of
+    the map, so the palest colour is 0 and each end the largest value of its sign (for values that change sign;
+    :func:`colour_scale` decides).
 
-    >>> n = centred_norm(-0.8, 0.25); (n.vmin, n.vcenter, n.vmax), float(n(0.4)), float(n(-0.4))
-    ((-0.8, 0.0, 0.8), 0.75, 0.25)
+    >>> n = centred_norm(-0.8, 0.25); (n.vmin, n.vcenter, n.vmax), float(n(0.25)), float(n(-0.4)), float(n(0))
+    ((-0.8, 0.0, 0.25), 1.0, 0.25, 0.5)
     """
-    m = max(-lo, hi, 1e-30)
-    return TwoSlopeNorm(vcenter=0.0, vmin=-m, vmax=m)
+    return TwoSlopeNorm(vcenter=0.0, vmin=min(lo, -1e-30), vmax=max(hi, 1e-30))
 
 
 def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
@@ -277,5 +283,5 @@ def format_colorbars(bars: Sequence[mpl.colorbar.Colorbar], nbins: int = 4) -> N
 
 
 
-__all__ = ["DEFAULT_CMAPS", "KINDS", "LOG_FLOOR", "SIGN_TOLERANCE", "WEIGHTS_PERCENTILE", "ValueRange", "bar_ticks",
-           "colour_scale", "format_colorbars", "head_scales", "tick_text"]
+__all__ = ["DEFAULT_CMAPS", "KINDS", "LOG_FLOOR", "SIGN_TOLERANCE", "WEIGHTS_PERCENTILE", "ZERO_BELOW", "ValueRange",
+           "bar_ticks", "colour_scale", "format_colorbars", "head_scales", "tick_text"]
