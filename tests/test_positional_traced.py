@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import biasviz
-from biasviz.adapters.traced import load_transformers_sdpa
+from biasviz.adapters.transformers_traced import load_transformers_sdpa
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.summary import extract_summary
 from tests.test_positional import LOWER, T, _block_means

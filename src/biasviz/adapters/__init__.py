@@ -34,7 +34,7 @@ def adapter_classes() -> list[type[ModelAdapter]]:
         if exc.name != "biasviz.adapters.transformers_models":
             raise  # the module exists but something it needs is missing: say so, do not hide it
         TRANSFORMERS_ADAPTERS = []
-    from biasviz.adapters.traced import TransformersSdpaAdapter
+    from biasviz.adapters.transformers_traced import TransformersSdpaAdapter
 
     return [BiasGPTAdapter, NanoGPTAdapter, *TRANSFORMERS_ADAPTERS, TransformersSdpaAdapter]
 

@@ -157,13 +157,13 @@ def load_mpt(path: Path, scheme: str | None = None) -> ModelAdapter:
 def load_falcon(path: Path, scheme: str | None = None, repair_eager_alibi: bool = True) -> ModelAdapter:
     """A Falcon directory. With ``alibi: true`` (e.g. Falcon-RW) its bias is captured by hooks; a rotary Falcon
     (``alibi: false``, Falcon-7B/40B) adds none and is traced like any RoPE model
-    (:func:`~biasviz.adapters.traced.load_transformers_sdpa`: weights, scores, positional logits)."""
+    (:func:`~biasviz.adapters.transformers_traced.load_transformers_sdpa`: weights, scores, positional logits)."""
     from transformers import AutoConfig, AutoModel
 
     path = Path(path)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     if not getattr(config, "alibi", False):
-        from biasviz.adapters.traced import load_transformers_sdpa
+        from biasviz.adapters.transformers_traced import load_transformers_sdpa
 
         return load_transformers_sdpa(path, scheme)
     check_scheme(scheme, "alibi", "Falcon with ALiBi")

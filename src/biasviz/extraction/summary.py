@@ -57,6 +57,9 @@ from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
 Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
 
 
+MAX_RESOLUTION = 2**31 - 1  # R above T is the exact map as R = T is; beyond this it is only a number to refuse
+
+
 def resolve_resolution(resolution: int | None, seq_len: int) -> int:
     """R: as given (at least 1), or the default 1024 capped at T. R >= T gives blocks of one position: the maps
     exact per cell (SPEC section 11), as with R = T; R is stored as given."""
@@ -64,6 +67,9 @@ def resolve_resolution(resolution: int | None, seq_len: int) -> int:
         return min(DEFAULT_RESOLUTION, seq_len)
     if isinstance(resolution, bool) or not isinstance(resolution, (int, np.integer)) or resolution < 1:
         raise BiasvizError(f"--resolution must be a whole number of at least 1, not {resolution!r}")
+    if resolution > max(seq_len, MAX_RESOLUTION):  # stored as given: an attribute holds 64 bits at most
+        raise BiasvizError(f"--resolution {resolution} is beyond any map biasviz can write; --resolution {seq_len} "
+                           "(or anything from --seq-len up) already gives the exact per-cell map")  # fmt: skip
     return int(resolution)
 
 

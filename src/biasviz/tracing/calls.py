@@ -205,13 +205,10 @@ def sdpa_operands(args: tuple[Any, ...], kwargs: dict[str, Any], groups: int = 1
 
 
 def _dense_mask(mask: Any, query: torch.Tensor) -> torch.Tensor:
-    """torch's ``CausalBias`` (``causal_lower_right``, ``causal_upper_left``), a tensor subclass that is no tensor of
-    cells: the (Tq, Tk) boolean mask it stands for, as SDPA applies it. Other tensor subclasses are read as they are
-    (as plain tensors)."""
+    """torch's ``CausalBias`` (a tensor subclass standing for a mask): the (Tq, Tk) boolean mask SDPA applies for it;
+    any other tensor subclass is read as a plain tensor."""
     materialize = getattr(mask, "_materialize", None)
-    if materialize is not None:
-        return materialize(query.device).as_subclass(torch.Tensor)
-    return mask.as_subclass(torch.Tensor) if isinstance(mask, torch.Tensor) else mask
+    return (materialize(query.device) if materialize is not None else mask).as_subclass(torch.Tensor)
 
 
 def sdpa_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
