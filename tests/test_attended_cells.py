@@ -213,3 +213,36 @@ def test_softcapped_calls_keep_scores_and_positional_logits_before_the_cap(tmp_p
             np.testing.assert_allclose(g["positional_mean"][()], p * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
             np.testing.assert_allclose(g["weights_mean"][()], w.mean(0) * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
     assert not bool(seen[0]["kept"][0, 0, T - 1, 0]) and bool(seen[1]["kept"][0, 0, T - 1, 0])  # a window, then all
+
+
+def test_a_flex_block_mask_window_is_summarised_over_its_cells(tmp_path: Path) -> None:
+    """flex_attention with a sliding-window block mask (streamed: its rows are not formed again): the mean weights
+    over the window, NaN outside it, against float64 math on the module's own q and k."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def window(b, h, q, kv):  # noqa: ANN001, ANN202 - flex's mask_mod signature
+        return (kv <= q) & (kv > q - 4)
+
+    class Windowed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, 16)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids).view(*ids.shape, 2, 8).transpose(1, 2)
+            return flex_attention(x, x, x, block_mask=create_block_mask(window, None, None, T, T, device="cpu"))
+
+    torch.manual_seed(0)
+    model = Windowed().eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(6))
+    biasviz.extract(model, ids, tmp_path / "f.h5", summary=True, progress=False)
+    with torch.no_grad():
+        x = model.embed(ids).view(N, T, 2, 8).transpose(1, 2).double()
+    i, j = np.indices((T, T))
+    keep = (j <= i) & (j > i - 4)
+    z = np.where(keep, (x @ x.transpose(-1, -2)).numpy() / np.sqrt(8), -np.inf)
+    w = np.exp(z - z.max(-1, keepdims=True))
+    w = (w / w.sum(-1, keepdims=True)).mean(0) * np.where(keep, 1.0, np.nan)
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        assert f.attrs["mask"] == "model"
+        np.testing.assert_allclose(f["layer_0/weights_mean"][()], w, rtol=2e-5, atol=2e-6, equal_nan=True)
