@@ -9,6 +9,7 @@ profile and diagnostic over the attended cells. A cell outside the window is NaN
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -246,3 +247,55 @@ def test_a_flex_block_mask_window_is_summarised_over_its_cells(tmp_path: Path) -
     with h5py.File(tmp_path / "f.h5", "r") as f:
         assert f.attrs["mask"] == "model"
         np.testing.assert_allclose(f["layer_0/weights_mean"][()], w, rtol=2e-5, atol=2e-6, equal_nan=True)
+
+
+def test_sink_columns_and_a_row_shift_keep_the_scores_and_positional_logits_of_the_keys(tmp_path: Path) -> None:
+    """GPT-OSS appends a learned sink column to every row and subtracts the row maximum before the softmax: the
+    summary stores the keys' scores unshifted (scale·q·kᵀ) and P from q and k over the attended cells (a sliding
+    layer, then a global one), while its weights are the model's own (the sink's share left out)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
+    torch.manual_seed(0)
+    config = GptOssConfig(hidden_size=32, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=8,
+                          num_hidden_layers=2, intermediate_size=32, vocab_size=VOCAB, num_local_experts=2,
+                          num_experts_per_tok=1, sliding_window=WINDOW, max_position_embeddings=64,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                          attn_implementation="eager")  # fmt: skip
+    model = GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(7))
+    seen: list[dict[str, Any]] = []
+    original = modeling_gpt_oss.eager_attention_forward
+
+    def caught(module, query, key, value, attention_mask, scaling, *args, **kwargs):
+        out = original(module, query, key, value, attention_mask, scaling, *args, **kwargs)
+        groups = query.shape[1] // key.shape[1]
+        seen.append({"q": query.double(), "k": key.repeat_interleave(groups, dim=1).double(), "c": scaling,
+                     "kept": torch.broadcast_to(attention_mask[..., :T] > -1e9, (N, HEADS, T, T)),
+                     "w": out[1].double()})  # fmt: skip
+        return out
+
+    modeling_gpt_oss.eager_attention_forward = caught
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        modeling_gpt_oss.eager_attention_forward = original
+    out = tmp_path / "o.h5"
+    biasviz.extract(model, ids, out, layers="all", summary=True, progress=False)
+    pairs = [(a, b) for a in range(N) for b in range(N) if a != b]
+    with h5py.File(out, "r") as f:
+        for layer, call in enumerate(seen):
+            q, k, c = call["q"].numpy(), call["k"].numpy(), call["c"]
+            nan = np.where(call["kept"][0].numpy(), 1.0, np.nan)
+            scores = c * np.einsum("nhid,nhjd->nhij", q, k)
+            p = np.mean([c * np.einsum("hid,hjd->hij", q[a], k[b]) for a, b in pairs], axis=0)
+            g = f[f"layer_{layer}"]
+            np.testing.assert_allclose(g["scores_mean"][()], scores.mean(0) * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
+            np.testing.assert_allclose(g["positional_mean"][()], p * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
+            np.testing.assert_allclose(g["weights_mean"][()], call["w"].numpy().mean(0) * nan, rtol=2e-5, atol=2e-6,
+                                       equal_nan=True)  # fmt: skip
+    assert not bool(seen[0]["kept"][0, 0, T - 1, 0]) and bool(seen[1]["kept"][0, 0, T - 1, 0])

@@ -25,7 +25,7 @@ from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import BiasvizError
 from biasviz.tracing import AttentionCall, Trace
-from biasviz.tracing.calls import SdpaOperands, formed_rows, repeat_kv
+from biasviz.tracing.calls import FORMED_BEFORE, SdpaOperands, formed_rows, repeat_kv
 
 CAPTURED = "captured"  # the scheme recorded when the user names none: the bias is what the calls added
 PROBE_TOKENS = 64  # the probe pass reads this many tokens of the first sample
@@ -247,7 +247,7 @@ class TracedAdapter(ModelAdapter):
             if index in scores:
                 self._captured.scores[index] = scores[index]
                 call = calls[index]
-                formed_before = "positional logits are scale·q·kᵀ before" in call.note  # softcapping after q·kᵀ
+                formed_before = FORMED_BEFORE in call.note  # softcapping, sink columns: q and k still hold
                 if call.q is not None and call.k is not None and call.scale is not None and (not call.note
                                                                                               or formed_before):
                     self._captured.operands[index] = (call.q, call.k, call.scale)

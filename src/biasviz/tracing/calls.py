@@ -22,6 +22,7 @@ import torch
 MASKED_BELOW = -1e9
 # float16 cannot hold -1e9: there a quarter of its range (finfo.min = -65504) marks a masked cell
 MASKED_BELOW_HALF = torch.finfo(torch.float16).min / 4
+FORMED_BEFORE = "its scores and positional logits are"  # a note's words: formed from q and k, whatever came after
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from biasviz.tracing.calls import AttentionCall, _is_causal, _threshold, one_layout
+from biasviz.tracing.calls import FORMED_BEFORE, AttentionCall, _is_causal, _threshold, one_layout
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.scores import Scores, Term
 
@@ -248,7 +248,8 @@ class EagerTracker:
             # held, not copied: a call not recorded costs nothing
             term = Term(other, shape, sign, learned=self.provenance.learned(other))
             return replace(s, terms=(*s.terms, term))
-        return s  # a number, or one value per row: the softmax cannot see it
+        shifts = isinstance(other, torch.Tensor) or (isinstance(other, Number) and other != 0)
+        return replace(s, shifted=True) if shifts else s  # a number, or one value per row: the softmax cannot see it
 
 
 def _grown(s: Scores, shape: tuple[int, ...]) -> Scores:
@@ -331,15 +332,20 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
             if scores:
                 call.scores = x4[..., start:stop].float().masked_fill(~kept, float("nan"))
                 capped = s.capped_at is not None and s.columns is None and _masks_only(s.bias(), kept, x.shape)
-                pair = s.q_and_k() if (not s.note or capped) and s.columns is None else None
-                if pair is not None and pair[0].shape[:-1] == x.shape[:-1]:
+                pair = s.q_and_k() if not s.note or capped else None
+                if pair is not None and pair[0].shape[:-1] == x.shape[:-1] and pair[1].shape[-2] == stop - start:
                     q, k = _bhqk(pair[0]), _bhqk(pair[1])
                     call.keep_operands(q, k, s.scale)  # softcapping's c·tanh(x / c): the factors cancel
-                    if capped:  # the scores as the call's inputs give them: scale·q·kᵀ, before the softcapping
-                        assert call.q is not None and call.k is not None
+                    assert call.q is not None and call.k is not None
+                    if capped or s.shifted:  # the scores as the call's inputs give them: scale·q·kᵀ (+ its bias)
                         formed = (call.q @ call.k.transpose(-2, -1)) * call.scale
+                        formed = formed if bias is None else formed + bias
                         call.scores = formed.masked_fill(~kept, float("nan"))
-                        call.note += "; its scores and positional logits are scale·q·kᵀ before that step"
+                    if capped:
+                        call.note += f"; {FORMED_BEFORE} scale·q·kᵀ before that step"
+                    if s.columns is not None:  # sink columns beside the keys (GPT-OSS): the keys' own part
+                        sinks = f"attention-sink columns beside the keys: {FORMED_BEFORE} over the keys alone"
+                        call.note = f"{call.note}; {sinks}" if call.note else sinks
             if s.columns is not None:
                 call.sink = out4[..., :start].float().sum(-1) + out4[..., stop:].float().sum(-1)
     return call

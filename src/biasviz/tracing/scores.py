@@ -50,6 +50,9 @@ class Scores:
     # an elementwise step that is not additive (softcapping) after a plain scale·q·kᵀ: the scale it met, so that the
     # scores the call's inputs give (SPEC section 13) and the positional logits are formed before it
     capped_at: float | None = None
+    # a per-row constant was added (the row maximum subtracted for stability, as GPT-OSS does): the softmax cannot see
+    # it, but the scores the call's inputs give are formed again from q and k rather than read shifted
+    shifted: bool = False
 
     def stepped(self, step: Step) -> Scores:
         terms = tuple(replace(t, steps=(*t.steps, step)) for t in self.terms)
