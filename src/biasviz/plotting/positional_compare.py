@@ -24,6 +24,7 @@ from biasviz.common.errors import BiasvizError
 from biasviz.plotting.positional import need_position
 from biasviz.plotting.scales import ValueRange, _decimals, colour_scale, format_colorbars, tick_text
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
+from biasviz.plotting.titles import figure_title, samples_text
 
 
 def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
@@ -66,6 +67,18 @@ def _profile_decimals(axes: list[Axes]) -> int:
     return max((_decimals(v) for v in ticks), default=0)
 
 
+def _title(first: tuple[Path, Path], columns: list, note: str) -> str:
+    """:func:`figure_title` of the comparison: the layer and samples of the first model, both lengths."""
+    from biasviz.store import open_bias_file
+
+    with open_bias_file(first[1], isolated=True) as bf:
+        layer, n_layers = bf.resolve_layer(-1), bf.n_layers
+    (short, long), n = columns[0], columns[0][1][2]
+    return figure_title("Positional logits P(i, j) − P(d = 0), the most positional head", layer=layer,
+                        n_layers=n_layers, seq_len=f"{short[1]} (training length) and {long[1]}",
+                        which=samples_text(n), details=[note or None])  # fmt: skip
+
+
 def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE, note: str = "") -> Figure:
     columns = [(_read(short), _read(long)) for short, long in pairs]
     with paper_context(style) as width:
@@ -73,9 +86,7 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
         size = font_sizes(width)["base"]
         cols = len(columns)
         panel = width / cols
-        title = "Positional logits P(i, j) − P(d = 0): the most positional head at the training length and far past it"
-        if note:
-            title += f"; {note}"
+        title = _title(pairs[0], columns, note)
         wrapped = wrap_title(title, width, size)
         fig = Figure(figsize=(width, 3 * panel + 1.3 + 0.15 * wrapped.count("\n")), layout="constrained")
         axes = fig.subplots(3, cols, squeeze=False)
@@ -102,7 +113,7 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v, decimals)))
         xlabel = (
             f"bottom: P(d) − P(0) by distance d = i − j, every head at "
-            f"T = {columns[0][1][1]} (the mapped head in red); {columns[0][1][2]} samples per length"
+            f"T = {columns[0][1][1]} (the mapped head in red)"
         )
         fig.supxlabel(wrap_title(xlabel, width, size * 0.9), fontsize=size * 0.9)
         fig.suptitle(wrapped, fontsize=size)
