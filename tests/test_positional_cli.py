@@ -97,6 +97,14 @@ def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[
     assert " ".join(figures["rope_positional_profile"].get_suptitle().split()).startswith(
         f"rope positional logits by distance: layer 1 of 2, final; T = {T}; mean of 3 samples")
     assert title.startswith(f"rope weight on the first keys: layer 1 of 2, final; T = {T}")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figures["rope_positional_profile"]
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    labels = [t for t in (fig._supxlabel, *(a.xaxis.label for a in fig.axes)) if t is not None and t.get_text()]
+    assert labels and not any(legend.overlaps(t.get_window_extent(renderer)) for t in labels)  # the legend clear
 
 
 def test_diagnose_reports_ps_residuals_and_the_sink_heads(files: dict[str, Path], tmp_path: Path,

@@ -120,11 +120,18 @@ def _per_head(lines: list[tuple[str, np.ndarray, str]], title: str, ylabel: str,
         if len(lines) > 1:
             fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(lines),
                        fontsize=size * 0.9, frameon=False)  # fmt: skip
-        fig.supxlabel(xlabel, fontsize=size)
+        for ax in _bottom_row(axes[:heads], cols):  # each column's lowest panel: the legend below keeps clear
+            ax.set_xlabel(xlabel, fontsize=size)
         fig.supylabel(ylabel, fontsize=size)
         fig.suptitle(wrapped, fontsize=size)
         assert figure_width_in(fig) > 0
     return fig
+
+
+def _bottom_row(axes: np.ndarray, cols: int) -> list:
+    """The lowest drawn panel of each column: where the distance axis is labelled (a supxlabel would sit under an
+    outside legend, which constrained layout does not place around it)."""
+    return [axes[c::cols][-1] for c in range(min(cols, len(axes)))]
 
 
 def _null():  # noqa: ANN202 - a context yielding no width
