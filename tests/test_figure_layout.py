@@ -83,7 +83,7 @@ def test_long_context_titles_and_ticks_never_overlap(summaries: list[Path], styl
             f.close()
     texts = [t for t, _, _ in check_print(fig, style)]
     title = fig.get_suptitle().replace("\n", " ")
-    assert "T = 64" in title and "mean over 2 samples" in title and "4 × 4 position blocks" in title
+    assert "T = 64" in title and "mean of 2 samples" in title and "block means of 4 × 4 positions" in title
     assert "tiny model, 300 training steps" in title, title
     assert {"ALiBi", "KERPLE-log"} <= set(texts)  # each row named once, its panels titled short
     bars = [ax for ax in fig.findobj(lambda a: getattr(a, "get_label", None) and a.get_label() == "<colorbar>")]
@@ -154,6 +154,6 @@ def test_plot_kind_dynamics_titles_the_figure_from_the_file(tmp_path: Path, caps
     fig = figures["cable_dynamics"]
     check_print(fig, "icml-column")
     title = fig.get_suptitle().replace("\n", " ")
-    assert title.startswith(f"cable bias over training: layer 1, T = {SWEEP_T}, mean over 2 samples"), title
+    assert title.startswith(f"cable bias over training: layer 1 of 4; T = {SWEEP_T}; mean of 2 samples"), title
     assert f"checkpoints of {STEPS[0]} to {STEPS[-1]:,} steps" in title, title
 

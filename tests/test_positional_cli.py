@@ -69,7 +69,8 @@ def test_the_positional_grid_draws_each_heads_p_relative_to_its_value_at_distanc
         got = np.ma.filled(np.ma.asarray(image, dtype=np.float64), np.nan)
         lower = np.tril(np.ones((T, T), bool))
         np.testing.assert_allclose(got[lower], want[lower], rtol=1e-5, atol=1e-6)
-    assert "P(d = 0)" in fig.get_suptitle() and "3 samples" in fig.get_suptitle()
+    assert " ".join(fig.get_suptitle().split()).startswith(
+        f"rope positional logits P(i, j) − P(d = 0): layer 1 of 2, final; T = {T}; mean of 3 samples")
 
 
 def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,
@@ -83,7 +84,7 @@ def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[
         p_all, p_late = f["layer_1/positional_profile"][()]
     lines = [ax.get_lines()[0].get_ydata() for ax in figures["rope_sinks"].axes if ax.get_lines()]
     np.testing.assert_allclose(np.array(lines), key0, rtol=1e-6)
-    title = figures["rope_sinks"].get_suptitle()
+    title = " ".join(figures["rope_sinks"].get_suptitle().split())  # wrapped to the figure's width
     assert f"{int((key0[:, 0] > 0.3).sum())} of 12 from the mean" in title
     assert f"{100 * (share > 0.3).mean():.0f}% of (sample, head) pairs" in title
     code, out, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "profile",
@@ -93,6 +94,17 @@ def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[
     ax = next(a for a in figures["rope_positional_profile"].axes if a.get_lines())
     np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), p_all[0], rtol=1e-6)
     np.testing.assert_allclose(ax.get_lines()[1].get_ydata(), p_late[0], rtol=1e-6, equal_nan=True)
+    assert " ".join(figures["rope_positional_profile"].get_suptitle().split()).startswith(
+        f"rope positional logits by distance: layer 1 of 2, final; T = {T}; mean of 3 samples")
+    assert title.startswith(f"rope weight on the first keys: layer 1 of 2, final; T = {T}")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = figures["rope_positional_profile"]
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    labels = [t for t in (fig._supxlabel, *(a.xaxis.label for a in fig.axes)) if t is not None and t.get_text()]
+    assert labels and not any(legend.overlaps(t.get_window_extent(renderer)) for t in labels)  # the legend clear
 
 
 def test_diagnose_reports_ps_residuals_and_the_sink_heads(files: dict[str, Path], tmp_path: Path,

@@ -40,6 +40,7 @@ class _FileResult:
     positional: list[HeadDiagnostics] | None = None  # P's measures per head (SPEC section 12), where stored
     sinks: dict[str, object] | None = None
     trained: str | None = None  # how biasviz trained the model, where the file says (drawn as text)
+    n_layers: int | None = None  # how many layers the model has (titles say 'layer 11 of 12, final')
 
     def measured_on(self) -> str:
         """'T = 512, N = 8': the length and number of samples the numbers were measured on, for the figures (and
@@ -145,7 +146,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
             return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                                seq_len=bf.seq_len, context_dependent=None, heads=[], block=bf.block,
                                resolution=bf.resolution, positional=positional, sinks=sinks,
-                               trained=trained_text(bf))  # fmt: skip
+                               trained=trained_text(bf), n_layers=bf.n_layers)  # fmt: skip
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
             click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                        "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
@@ -170,7 +171,8 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                            seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
                            sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only,
-                           positional=positional, sinks=sinks, trained=trained_text(bf))  # fmt: skip
+                           positional=positional, sinks=sinks, trained=trained_text(bf),
+                           n_layers=bf.n_layers)  # fmt: skip
 
 
 def _name_uniquely(results: list[_FileResult]) -> None:
@@ -212,6 +214,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     from biasviz.plotting.profiles import profile_note
     from biasviz.plotting.save import save_figure
     from biasviz.plotting.style import literal
+    from biasviz.plotting.titles import figure_title, layer_text, samples_text
 
     sources = "; ".join(f"{r.name}={display_name(r.path)}" for r in results)
     info = {"title": "Context-independence diagnostics", "source": sources,
@@ -230,7 +233,10 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             heads[f"{literal(r.name)} P"], details[f"{literal(r.name)} P"] = r.positional, f"positional logits, {where}"
         if r.sinks is not None and len(heads) > first:
             sinks[list(heads)[first]] = list(r.sinks["share_per_head"])  # type: ignore[call-overload]
-    title = f"Diagnostics per head, layer {next(iter(layers))}" if one_layer else "Diagnostics per head"
+    counts = {r.n_layers for r in results}
+    title = "Diagnostics per head"
+    if one_layer:
+        title += ", " + layer_text(next(iter(layers)), next(iter(counts)) if len(counts) == 1 else None)
     figure = diagnostics_figure(heads, style=style, details=details, title=title, sinks=sinks,
                                 epsilon=SINK_EPSILON)  # fmt: skip
     written = save_figure(figure, out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style, staged=staged)
@@ -238,11 +244,10 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
         if not r.heads:  # no bias: its positional logits are drawn by 'biasviz plot --kind profile'
             continue
         flat = all(not np.any(np.nan_to_num(np.asarray(h.profile_std))) for h in r.heads)  # a band of width 0
-        suptitle = (
-            f"{literal(r.name)} bias, layer {r.layer}, T = {r.seq_len}: {profile_note(r.samples, r.bias_only)}"
-            + ("; std 0 at every distance" if flat else "")
-            + (f"; {literal(r.trained)}" if r.trained else "")
-        )
+        suptitle = figure_title(f"{literal(r.name)} bias by distance", layer=r.layer, n_layers=r.n_layers,
+                                seq_len=r.seq_len, which=profile_note(r.samples, r.bias_only),
+                                details=["std 0 at every distance" if flat else None],
+                                trained=literal(r.trained) if r.trained else None)  # fmt: skip
         fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)], suptitle=suptitle)
         info = {
             "title": f"{r.name} bias against distance (layer {r.layer}, {r.samples} samples)",
@@ -261,7 +266,10 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
                     "description": f"context dependence and Toeplitz residual per head at each checkpoint; "
                                    f"source: {r.path}"}  # fmt: skip
             stem = out_dir / f"{file_stem(r.name)}_training"
-            title = f"{literal(r.name)} diagnostics over training: layer {r.layer}, {r.measured_on()}"
+            title = figure_title(f"{literal(r.name)} diagnostics over training", layer=r.layer,
+                                 n_layers=r.n_layers, seq_len=r.seq_len,
+                                 which=samples_text(r.samples, bias_only=r.bias_only),
+                                 trained=literal(r.trained) if r.trained else None)  # fmt: skip
             written += save_figure(over_training(r.sweep, style=style, title=title), stem, formats, dpi=dpi, info=info,
                                    style=style, staged=staged)  # fmt: skip
     return written

@@ -323,29 +323,28 @@ class _PlotJob:
 
         from biasviz.plotting.heatmap import head_grid, panel_cells
         from biasviz.plotting.load import load_heads, load_summary_heads
-        from biasviz.plotting.profiles import samples_phrase, summary_note
-        from biasviz.plotting.titles import trained_suffix, which_sample
+        from biasviz.plotting.profiles import blocks_note, samples_phrase
+        from biasviz.plotting.titles import file_title, which_sample
 
         normalize = self.normalize if kind == "bias" else "none"
         cells = self.max_cells or panel_cells(self.style, dpi, bf.n_heads)
         panel_kind, stem = (f"{kind}_std", f"{self.scheme}_{kind}_std") if std else (kind, f"{self.scheme}_{kind}")
-        note = None
+        which = f"per-cell standard deviation over {samples_phrase(bf)}" if std else None  # None: the mean
+        details: list[str | None] = []
         if bf.is_summary:
             heads = load_summary_heads(bf, f"{kind}_{'std' if std else 'mean'}", layer=layer, normalize=normalize,
                                        reduce=self.reduce_how, max_cells=cells)  # fmt: skip
-            note = summary_note(bf, "std" if std else "mean")
+            details.append(blocks_note(bf, "std" if std else "mean"))
         else:
             heads = load_heads(bf, kind, layer=layer, sample="std" if std else self.sample, normalize=normalize,
                                reduce=self.reduce_how, max_cells=cells)  # fmt: skip
-            note = f"per-cell standard deviation over {samples_phrase(bf)}" if std else None
-            if not std and heads.sample == "mean":
-                note = f"mean over {samples_phrase(bf)}"
-            elif not std:
-                note = which_sample(bf, kind, int(heads.sample))
+            if not std and heads.sample != "mean":
+                which = which_sample(bf, kind, int(heads.sample))
         if std and not np.nan_to_num(heads.data).any():
             click.echo(f"note: the {kind} is the same for every sample: its standard deviation is 0 everywhere",
                        err=True)  # fmt: skip
-        suptitle = f"{self.scheme} {kind}, layer {heads.layer}, T = {bf.seq_len}: {note}" + trained_suffix(bf)
+        suptitle = file_title(bf, f"{self.scheme} {kind}", heads.layer, which, details)
+        note = suptitle.split(": ", 1)[1]
         log = self.log_scale and kind == "weights"
         shared = log if self.shared_scale is None else self.shared_scale  # a log scale reads best as one
         fig = head_grid(heads, kind=panel_kind, shared_scale=shared, cmap=self.cmap,
@@ -369,12 +368,12 @@ class _PlotJob:
                       dpi: int) -> list[Path]:  # fmt: skip
         from biasviz.plotting.diagnostics_plots import PALETTE, profile_grid
         from biasviz.plotting.profiles import YLABELS, as_heads, file_profiles, profile_note
-        from biasviz.plotting.titles import trained_suffix
+        from biasviz.plotting.titles import file_title
 
         normalize = self.normalize if kind == "bias" else "none"
         profiles = file_profiles(bf, kind, layer, normalize)
         over = profile_note(bf.n_samples, bf.bias_only)
-        title = f"{self.scheme} {kind}, layer {layer}: {over}" + trained_suffix(bf)
+        title = file_title(bf, f"{self.scheme} {kind} by distance", layer, which=over)
         fig = profile_grid(as_heads(profiles), style=self.style, color=PALETTE[0 if kind == "bias" else 5],
                            ylabel=YLABELS[kind], suptitle=title, start=profiles.start,
                            log=self.log_scale and kind == "weights", log_distance=self.log_distance,

@@ -28,7 +28,7 @@ from biasviz.diagnostics.measures import HeadDiagnostics
 from biasviz.plotting.diagnostics_plots import LINTHRESH, METRICS, NARROW, NOISE, PALETTE, SHORT, _break_mark, _context
 from biasviz.plotting.heatmap import TrimmedFormatter, figure_width_in, grid_shape, tick_step_for
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, wrap_title
-from biasviz.plotting.titles import trained_note
+from biasviz.plotting.titles import figure_title, samples_text, trained_note
 from biasviz.store import BiasFile
 from biasviz.store.h5io import json_attr
 
@@ -56,17 +56,19 @@ def log_distance_axis(ax: object, first: int = 0) -> None:
 
 def sweep_title(bf: BiasFile, layer: int, scheme: str) -> str:
     """What a sweep's figure shows: scheme, layer, length, the samples its profiles average and how the model
-    was trained (where the file says), e.g. 'kerple-log bias over training: layer 1, T = 512, mean over 4
-    samples and the cells at each distance; tiny model, checkpoints of 0 to 300 training steps ...'."""
+    was trained (where the file says), in :func:`figure_title`'s words, e.g. 'kerple-log bias over training:
+    layer 1 of 2, final; T = 512; mean of 4 samples and the cells at each distance; tiny model, checkpoints of 0
+    to 300 training steps ...'."""
     n = bf.n_samples
-    over = "the scheme's formula" if bf.bias_only else f"mean over {n} sample{'s' * (n != 1)} and the cells"
+    over = "the scheme's formula" if bf.bias_only else f"{samples_text(n)} and the cells"
     steps = [int(s) for s in bf.checkpoints or []]
     doc = json_attr(bf.attrs.get("training"))
     if isinstance(doc, dict) and steps:  # the steps the file holds, whatever one checkpoint's own record says
         doc = {**doc, "steps": steps}
     note = trained_note(json.dumps(doc)) if isinstance(doc, dict) else None
     note = literal(note) if note else f"checkpoints of {min(steps, default=0):,} to {max(steps, default=0):,} steps"
-    return f"{literal(scheme)} bias over training: layer {layer}, T = {bf.seq_len}, {over} at each distance; {note}"
+    return figure_title(f"{literal(scheme)} bias over training", layer=layer, n_layers=bf.n_layers,
+                        seq_len=bf.seq_len, which=f"{over} at each distance", trained=note)  # fmt: skip
 
 
 def _plain_ticks(ax: Axes, width: float, axis: str = "y") -> None:

@@ -162,7 +162,7 @@ def _as_matrix(matrix: np.ndarray, causal: bool) -> np.ndarray:
 
 #: What a colorbar shows, by kind (plain text: mathtext labels cost time in every grid).
 COLORBAR_LABELS = {"bias": "bias b(i, j)", "weights": "attention weight", "bias_std": "bias: std over samples",
-                   "weights_std": "weight: std over samples", "positional": "P(i, j) − P(d = 0)",
+                   "weights_std": "weight: std over samples", "positional": "P(i, j) − P(0)",
                    "scores": "score s(i, j)", "scores_std": "score: std over samples"}  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from biasviz.plotting.heatmap import _label_colorbar, colorbar_label, head_heatm
 from biasviz.plotting.save import parse_formats, save_figure
 from biasviz.plotting.scales import format_colorbars
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
-from biasviz.plotting.titles import trained_text
+from biasviz.plotting.titles import figure_title, samples_text, trained_text
 from biasviz.store import open_bias_file
 from biasviz.store.reader import BiasFile
 
@@ -58,13 +58,14 @@ def long_context_figure(files: Sequence[BiasFile], *, train_len: int | None = No
 
 
 def _title(f0: BiasFile, layer: int, train_len: int | None, note: str | None) -> str:
-    """What the figure shows: layer, length, how the maps were averaged, and how the models were trained."""
-    n = f0.n_samples
-    what = "from the formula" if not n else "1 sample" if n == 1 else f"mean over {n} samples"
+    """What the figure shows (:func:`figure_title`): layer, length, how the maps were averaged, and how the models
+    were trained."""
     times = f" ({f0.seq_len / train_len:g}× the training length)" if train_len else ""
     block = f0.block or 1
-    maps = f"; maps: means over {block} × {block} position blocks" if block > 1 else ""
-    return f"Layer {f0.resolve_layer(layer)} at T = {f0.seq_len}{times}, {what}{maps}" + (f"; {note}" if note else "")
+    maps = f"maps: block means of {block} × {block} positions" if block > 1 else None
+    return figure_title("Bias far past the training length", layer=f0.resolve_layer(layer), n_layers=f0.n_layers,
+                        seq_len=f"{f0.seq_len}{times}", which=samples_text(f0.n_samples, bias_only=f0.bias_only),
+                        details=[maps], trained=note)  # fmt: skip
 
 
 def _row(sub: SubFigure, bf: BiasFile, layer: int, train_len: int | None, note: str | None) -> None:

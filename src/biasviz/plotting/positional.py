@@ -16,8 +16,10 @@ from biasviz.diagnostics.stored import SINK_EPSILON
 from biasviz.plotting.diagnostics_plots import PALETTE
 from biasviz.plotting.heatmap import figure_width_in, grid_shape, head_grid
 from biasviz.plotting.load import HeadMatrices, load_summary_heads
+from biasviz.plotting.profiles import blocks_note
 from biasviz.plotting.scales import ValueRange
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wrap_title
+from biasviz.plotting.titles import file_title
 from biasviz.store import BiasFile
 
 
@@ -53,10 +55,8 @@ def positional_heads(bf: BiasFile, layer: int, *, reduce: str = "mean", max_cell
 def positional_grid(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE,
                     shared_scale: bool = False, cmap: str | None = None, max_cells: int = 512) -> Figure:  # fmt: skip
     heads = positional_heads(bf, layer, max_cells=max_cells)
-    block = bf.block or 1
-    blocks = f", blocks of {block} × {block} positions" if block > 1 else ""
-    title = (f"{scheme}, layer {heads.layer}: positional logits P(i, j) − P(d = 0) of each head, "
-             f"over {bf.n_samples} samples{blocks}")  # fmt: skip
+    title = file_title(bf, f"{scheme} positional logits P(i, j) − P(d = 0)", heads.layer,
+                       details=[blocks_note(bf)])  # fmt: skip
     return head_grid(heads, kind="positional", shared_scale=shared_scale, cmap=cmap, style=style, causal=True,
                      suptitle=title)  # fmt: skip
 
@@ -70,7 +70,7 @@ def positional_profile_figure(bf: BiasFile, layer: int, *, scheme: str, style: s
     lines = [("P(d), all keys", p[0], "-"), ("P(d), keys j ≥ 4", p[1], "--")]
     if bias is not None:
         lines.append(("b(d), the additive part", bias, ":"))
-    title = f"{scheme}, layer {resolved}: positional logits by distance, over {bf.n_samples} samples"
+    title = file_title(bf, f"{scheme} positional logits by distance", resolved)
     return _per_head(lines, title, "Logit", "Distance $i - j$", style, log_distance)
 
 
@@ -82,9 +82,10 @@ def sinks_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = D
     share = bf.summary_array("sink_share", resolved)  # (N, H)
     sink_mean = int((mean[:, 0] > SINK_EPSILON).sum())
     per_sample = float((share > SINK_EPSILON).mean())
-    title = (f"{scheme}, layer {resolved}: mean weight on key j over {bf.n_samples} samples and the queries that "
-             f"see it; sink heads (key 0 > {SINK_EPSILON}): {sink_mean} of {mean.shape[0]} from the mean, "
-             f"{100 * per_sample:.0f}% of (sample, head) pairs")  # fmt: skip
+    title = file_title(bf, f"{scheme} weight on the first keys", resolved,
+                       which=f"mean over {bf.n_samples} samples and the queries that see each key",
+                       details=[f"sink heads (key 0 > {SINK_EPSILON}): {sink_mean} of {mean.shape[0]} from the mean, "
+                                f"{100 * per_sample:.0f}% of (sample, head) pairs"])  # fmt: skip
     return _per_head([("mean weight", mean, "-")], title, "Weight", "Key position $j$", style, False,
                      threshold=SINK_EPSILON, markers=True)  # fmt: skip
 
@@ -119,11 +120,18 @@ def _per_head(lines: list[tuple[str, np.ndarray, str]], title: str, ylabel: str,
         if len(lines) > 1:
             fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(lines),
                        fontsize=size * 0.9, frameon=False)  # fmt: skip
-        fig.supxlabel(xlabel, fontsize=size)
+        for ax in _bottom_row(axes[:heads], cols):  # each column's lowest panel: the legend below keeps clear
+            ax.set_xlabel(xlabel, fontsize=size)
         fig.supylabel(ylabel, fontsize=size)
         fig.suptitle(wrapped, fontsize=size)
         assert figure_width_in(fig) > 0
     return fig
+
+
+def _bottom_row(axes: np.ndarray, cols: int) -> list:
+    """The lowest drawn panel of each column: where the distance axis is labelled (a supxlabel would sit under an
+    outside legend, which constrained layout does not place around it)."""
+    return [axes[c::cols][-1] for c in range(min(cols, len(axes)))]
 
 
 def _null():  # noqa: ANN202 - a context yielding no width

@@ -15,13 +15,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.colorbar import Colorbar
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from biasviz.common.errors import BiasvizError
 from biasviz.plotting.positional import need_position
-from biasviz.plotting.scales import _changes_sign, centred_norm
+from biasviz.plotting.scales import ValueRange, _decimals, colour_scale, format_colorbars, tick_text
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
+from biasviz.plotting.titles import figure_title, samples_text
 
 
 def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
@@ -35,15 +38,45 @@ def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
         return bf.scheme, bf.seq_len, bf.n_samples, p_map, profile - profile[:, :1], bf.block or 1
 
 
-def _short(v: float, pos: int | None = None) -> str:
-    """A number in at most five characters, one format for every label of the figure (colour bars and profile
-    axes): '−1.3k', '0.59', '80', '−0.25', '0'.
+#: What every map's colour bar shows (its quantity, in logits), on lines that fit a narrow panel.
+BAR_LABEL = "positional logit\nP(i, j) − P(0)"
 
-    >>> [_short(v) for v in (-1300.0, 0.59, 80.0, -0.25, 0.0, -1000.0)]
-    ['−1.3k', '0.59', '80', '−0.25', '0', '−1k']
-    """
-    text = f"{v / 1000:.2g}k" if abs(v) >= 1000 else f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}"
-    return "0" if float(v) == 0.0 else text.replace("-", "\N{MINUS SIGN}")
+
+def _map(fig: Figure, ax: Axes, m: np.ndarray, t: int, block: int, size: float, first: bool) -> Colorbar:
+    """One head's P map on :func:`colour_scale` (the heatmaps' one decision, from every cell the file holds: block
+    means where it holds blocks, and the bar says so), with its labelled colour bar below."""
+    norm, cmap = colour_scale(ValueRange.of(m, percentile=False), "positional")
+    image = ax.imshow(m, cmap=cmap, norm=norm, extent=(0, t, t, 0), interpolation="nearest")
+    image.set_rasterized(True)
+    ax.set_xticks([0, t])
+    ax.set_yticks([0, t])
+    ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
+    ax.set_xlabel("key j", fontsize=size * 0.8, labelpad=0)
+    if first:
+        ax.set_ylabel(f"T = {t}\nquery i", fontsize=size * 0.85)
+    bar = fig.colorbar(image, ax=ax, location="bottom", shrink=0.95, aspect=10, pad=0.02)
+    blocks = f"\n{block} × {block} block means" if block > 1 else ""
+    bar.set_label(BAR_LABEL + blocks, fontsize=size * 0.7, labelpad=1)
+    bar.ax.tick_params(labelsize=size * 0.7, length=2, pad=1)
+    return bar
+
+
+def _profile_decimals(axes: list[Axes]) -> int:
+    """Decimals that write every tick of the profile axes exactly (the figure's one format takes at least these)."""
+    ticks = [float(v) for ax in axes for v in ax.get_yticks() if ax.get_ylim()[0] <= v <= ax.get_ylim()[1]]
+    return max((_decimals(v) for v in ticks), default=0)
+
+
+def _title(first: tuple[Path, Path], columns: list, note: str) -> str:
+    """:func:`figure_title` of the comparison: the layer and samples of the first model, both lengths."""
+    from biasviz.store import open_bias_file
+
+    with open_bias_file(first[1], isolated=True) as bf:
+        layer, n_layers = bf.resolve_layer(-1), bf.n_layers
+    (short, long), n = columns[0], columns[0][1][2]
+    return figure_title("Positional logits P(i, j) − P(d = 0), the most positional head", layer=layer,
+                        n_layers=n_layers, seq_len=f"{short[1]} (training length) and {long[1]}",
+                        which=samples_text(n), details=[note or None])  # fmt: skip
 
 
 def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE, note: str = "") -> Figure:
@@ -53,37 +86,16 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
         size = font_sizes(width)["base"]
         cols = len(columns)
         panel = width / cols
-        title = "Positional logits P(i, j) − P(d = 0): the most positional head at the training length and far past it"
-        if note:
-            title += f"; {note}"
+        title = _title(pairs[0], columns, note)
         wrapped = wrap_title(title, width, size)
         fig = Figure(figsize=(width, 3 * panel + 1.3 + 0.15 * wrapped.count("\n")), layout="constrained")
         axes = fig.subplots(3, cols, squeeze=False)
+        bars = []
         for c, (short, long) in enumerate(columns):
             scheme, t_long, n, map_long, prof_long, _ = long
             head = int(np.nanargmax(np.nanmax(prof_long, -1) - np.nanmin(prof_long, -1)))  # the widest P(d)
-            for r, (t, m) in enumerate(((short[1], short[3]), (t_long, map_long))):
-                ax = axes[r, c]
-                # each map its own scale (P grows with length), from its own extremes on each side of 0: white at
-                # P(0), a side the map lacks left out rather than given half the colours
-                lo, hi = float(np.nanmin(m[head])), float(np.nanmax(m[head]))
-                if not _changes_sign(lo, hi):  # rounding on the far side of 0 (P(0) itself): no colours of its own
-                    lo, hi = min(lo, 0.0), max(hi, 0.0)
-                    lo, hi = (lo, 0.0) if -lo >= hi else (0.0, hi)
-                norm = centred_norm(lo, hi)
-                image = ax.imshow(m[head], cmap="RdBu_r", norm=norm, extent=(0, t, t, 0), interpolation="nearest")
-                ax.set_facecolor("0.85")  # cells no query sees (j > i): neutral grey, no value maps to it
-                ax.set_xticks([0, t])
-                ax.set_yticks([0, t])
-                ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
-                if c == 0:
-                    ax.set_ylabel(f"query i\nT = {t}", fontsize=size * 0.85)
-                ends = [v for v, side in ((norm.vmin, lo), (0.0, 1.0), (norm.vmax, hi)) if side != 0.0]  # 0 mid-bar
-                cbar = fig.colorbar(image, ax=ax, location="bottom", shrink=0.95, aspect=10, pad=0.03, ticks=ends)
-                cbar.ax.set_xticklabels([_short(v) for v in ends])
-                if lo == 0.0 or hi == 0.0:  # one sign: the bar shows the half of the map in use, no empty half
-                    cbar.ax.set_xlim(0.0 if lo == 0.0 else norm.vmin, 0.0 if hi == 0.0 else norm.vmax)
-                cbar.ax.tick_params(labelsize=size * 0.7, length=2, pad=1)
+            for r, (t, m, block) in enumerate(((short[1], short[3], short[5]), (t_long, map_long, long[5]))):
+                bars.append(_map(fig, axes[r, c], m[head], t, block, size, first=c == 0))
             axes[0, c].set_title(f"{literal(scheme)}\nhead {head + 1}", fontsize=size)
             ax = axes[2, c]
             d = np.arange(1, t_long)
@@ -91,13 +103,17 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
                 ax.plot(d, prof_long[h, 1:], lw=1.2 if h == head else 0.5, color="C3" if h == head else "0.55",
                         zorder=3 if h == head else 2)  # fmt: skip
             ax.set_xscale("log")
-            ax.yaxis.set_major_formatter(FuncFormatter(_short))
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 5, 10]))
             ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
             if c == 0:
-                ax.set_ylabel("P(d) − P(0)", fontsize=size * 0.85)
+                ax.set_ylabel("P(d) − P(0), logits", fontsize=size * 0.85)
+        profiles = list(axes[2])
+        decimals = format_colorbars(bars, nbins=0, at_least=_profile_decimals(profiles))  # one format throughout
+        for ax in profiles:
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v, decimals)))
         xlabel = (
-            f"maps: key j, colours in logits; bottom: P(d) − P(0) by distance d = i − j, every head at "
-            f"T = {columns[0][1][1]} (the mapped head in red); {columns[0][1][2]} samples per length"
+            f"bottom: P(d) − P(0) by distance d = i − j, every head at "
+            f"T = {columns[0][1][1]} (the mapped head in red)"
         )
         fig.supxlabel(wrap_title(xlabel, width, size * 0.9), fontsize=size * 0.9)
         fig.suptitle(wrapped, fontsize=size)

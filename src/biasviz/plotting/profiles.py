@@ -52,15 +52,13 @@ def profile_note(n_samples: int, bias_only: bool) -> str:
     return f"mean ± 1 std over {n_samples} sample{'s' * (n_samples != 1)} and the cells at each distance"
 
 
-def summary_note(bf: BiasFile, what: str) -> str:
-    """How a summary's map was made, for the line above the panels, e.g. 'mean over 64 samples, in blocks of
-    16 × 16 positions'. ``what``: 'mean' or 'std'."""
+def blocks_note(bf: BiasFile, what: str = "mean") -> str | None:
+    """What a summary's cells are, for its title: 'block means of 16 × 16 positions' (``what`` 'std': 'in blocks
+    of ...'), None where each cell is one position."""
     block = bf.block or 1
-    blocks = f", in blocks of {block} × {block} positions" if block > 1 else ""
-    if bf.bias_only:
-        return f"from {samples_phrase(bf)}{blocks}"
-    over = "mean" if what == "mean" else "per-cell standard deviation"
-    return f"{over} over {samples_phrase(bf)}{blocks}"
+    if block == 1:
+        return None
+    return f"{'block means of' if what == 'mean' else 'in blocks of'} {block} × {block} positions"
 
 
-__all__ = ["YLABELS", "as_heads", "file_profiles", "profile_note", "samples_phrase", "summary_note"]
+__all__ = ["YLABELS", "as_heads", "file_profiles", "profile_note", "samples_phrase", "blocks_note"]

@@ -212,10 +212,13 @@ MOST_DECIMALS = 6
 
 def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4) -> list[float]:
     """Where a colour bar is labelled: both ends (the scale's limits) and the round values between them that
-    keep :data:`END_ROOM` from the ends (0 always, on a scale that crosses it).
+    keep :data:`END_ROOM` from the ends (``nbins`` 0: none but 0, for a short bar); 0 on a scale that crosses it,
+    unless its label would touch an end's.
 
     >>> bar_ticks(-7.3, 0.0)
     [-7.3, -4.0, -2.0, 0.0]
+    >>> bar_ticks(-19.5, 0.004), bar_ticks(-0.02, 0.03, nbins=0)
+    ([-19.5, -15.0, -10.0, -5.0, 0.004], [-0.02, 0.0, 0.03])
     >>> bar_ticks(-0.8, 0.8)
     [-0.8, -0.5, 0.0, 0.5, 0.8]
     """
@@ -223,13 +226,17 @@ def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4) ->
 
     if not vmax > vmin:
         return [vmin]
-    if log:
+    if nbins < 1:  # the ends alone (and 0 between them): a bar too short for more labels
+        inner = np.array([0.0]) if vmin < 0 < vmax else np.array([])
+        span, where = vmax - vmin, lambda t: t - vmin
+    elif log:
         inner = LogLocator(base=10.0, numticks=8).tick_values(vmin, vmax)
         span, where = np.log10(vmax / vmin), lambda t: np.log10(t / vmin)
     else:
         inner = MaxNLocator(nbins=nbins, steps=[1, 2, 5, 10]).tick_values(vmin, vmax)
         span, where = vmax - vmin, lambda t: t - vmin
-    keep = [float(t) for t in inner if END_ROOM <= where(t) / span <= 1 - END_ROOM or (t == 0.0 and vmin < 0 < vmax)]
+    keep = [float(t) for t in inner if END_ROOM <= where(t) / span <= 1 - END_ROOM
+            or (t == 0.0 and END_ROOM / 2 <= where(t) / span <= 1 - END_ROOM / 2)]  # fmt: skip
     return [float(vmin), *keep, float(vmax)]
 
 
@@ -266,20 +273,21 @@ def tick_text(value: float, decimals: int | None) -> str:
     return text.replace("-", "\N{MINUS SIGN}")
 
 
-def format_colorbars(bars: Sequence[mpl.colorbar.Colorbar], nbins: int = 4) -> None:
+def format_colorbars(bars: Sequence[mpl.colorbar.Colorbar], nbins: int = 4, at_least: int = 0) -> int:
     """Label every colour bar of one figure at both ends and at round values between, in one number format for
-    the whole figure: the same decimals on every linear bar (the most any bar needs), two significant digits on
-    log bars."""
+    the whole figure: the same decimals on every linear bar (the most any bar needs, and ``at_least``: what other
+    axes of the figure need), two significant digits on log bars. Returns the decimals, for those other axes."""
     plan = []
     for cb in bars:
         norm = cb.norm
         log = isinstance(norm, LogNorm)
         plan.append((cb, log, bar_ticks(float(norm.vmin), float(norm.vmax), log=log, nbins=nbins)))
     linear = [ticks for _, log, ticks in plan if not log]
-    decimals = max((linear_decimals(t) for t in linear), default=0)
+    decimals = max([at_least, *(linear_decimals(t) for t in linear)])
     for cb, log, ticks in plan:
         cb.set_ticks(ticks, labels=[tick_text(t, None if log else decimals) for t in ticks])
         cb.minorticks_off()
+    return decimals
 
 
 

@@ -1,11 +1,13 @@
-"""What a figure's title says of the data it draws: which input, and how the model was trained.
+"""What a figure's title says of the data it draws: scheme, layer, length, which input, how the model was trained.
 
-A reader of a figure cannot tell one sample from a mean, or a tiny run from a trained GPT-2; the title says so,
-read from the file (whose attributes are data from elsewhere: checked, never trusted).
+A reader of a figure cannot tell one sample from a mean, the last layer from the first, or a tiny run from a
+trained GPT-2; the title says so, read from the file (whose attributes are data from elsewhere: checked, never
+trusted). :func:`figure_title` words it, the same way in every figure kind.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from biasviz.plotting.style import literal
@@ -19,10 +21,55 @@ def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
     if kind == "bias" and bf.bias_shared and bf.n_samples > 1:
         measured = bf.attrs.get(BIAS_DIFFERENCE) == 0.0
         return f"one bias for all {bf.n_samples} samples" + (" (measured: each equals the first)" if measured else "")
-    said = f"sample {sample + 1} of {bf.n_samples}"
+    said = samples_text(bf.n_samples, sample)
     if kind == "bias" and bf.context_dependent and bf.n_samples > 1:
         said += " (the bias depends on the input)"
     return said
+
+
+def layer_text(layer: int, n_layers: int | None) -> str:
+    """The layer as files and ``--layer`` count it (from 0), with how many the model has, so the last one is plain.
+
+    >>> layer_text(11, 12), layer_text(0, 12), layer_text(3, None)
+    ('layer 11 of 12, final', 'layer 0 of 12', 'layer 3')
+    """
+    if not n_layers:
+        return f"layer {layer}"
+    return f"layer {layer} of {n_layers}" + (", final" if layer == n_layers - 1 else "")
+
+
+def samples_text(n_samples: int, sample: int | None = None, bias_only: bool = False) -> str:
+    """Which input: 'mean of 64 samples', or one sample counted from 1 ('sample 3 of 64', ``sample`` from 0).
+
+    >>> samples_text(64), samples_text(1), samples_text(64, 2), samples_text(0, bias_only=True)
+    ('mean of 64 samples', '1 sample', 'sample 3 of 64', "the scheme's formula (no text)")
+    """
+    if bias_only:
+        return "the scheme's formula (no text)"
+    if sample is not None:
+        return f"sample {sample + 1} of {n_samples}"
+    return "1 sample" if n_samples == 1 else f"mean of {n_samples} samples"
+
+
+def figure_title(what: str, *, layer: int, n_layers: int | None, seq_len: int | str, which: str,
+                 details: Sequence[str | None] = (), trained: str | None = None) -> str:  # fmt: skip
+    """The one wording of every figure's title: what it shows (scheme and quantity), the layer, T, which input, then
+    ``details`` (how the figure was made) and how the model was trained, each its own clause.
+
+    >>> figure_title("alibi bias", layer=11, n_layers=12, seq_len=512, which="mean of 64 samples")
+    'alibi bias: layer 11 of 12, final; T = 512; mean of 64 samples'
+    """
+    clauses = [layer_text(layer, n_layers), f"T = {seq_len}", which, *details, trained]
+    return f"{what}: " + "; ".join(c for c in clauses if c)
+
+
+def file_title(bf: BiasFile, what: str, layer: int, which: str | None = None,
+               details: Sequence[str | None] = ()) -> str:  # fmt: skip
+    """:func:`figure_title` of a file: its layer count, length, samples (the mean, unless ``which`` says another
+    input) and training record."""
+    which = which or samples_text(bf.n_samples, bias_only=bf.bias_only)
+    return figure_title(what, layer=layer, n_layers=bf.n_layers, seq_len=bf.seq_len, which=which, details=details,
+                        trained=trained_text(bf))  # fmt: skip
 
 
 def trained_text(bf: BiasFile) -> str | None:
@@ -62,4 +109,5 @@ def trained_note(value: Any) -> str | None:
     return f"{preset} model, {steps:,} training steps on {seq_len}-token windows"
 
 
-__all__ = ["trained_note", "trained_suffix", "trained_text", "which_sample"]
+__all__ = ["figure_title", "file_title", "layer_text", "samples_text", "trained_note", "trained_suffix", "trained_text",
+           "which_sample"]
