@@ -210,7 +210,7 @@ END_ROOM = 0.18
 MOST_DECIMALS = 6
 
 
-def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4) -> list[float]:
+def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4, centred: bool = False) -> list[float]:
     """Where a colour bar is labelled: both ends (the scale's limits) and the round values between them that
     keep :data:`END_ROOM` from the ends (``nbins`` 0: none but 0, for a short bar); 0 on a scale that crosses it,
     unless its label would touch an end's.
@@ -221,6 +221,12 @@ def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4) ->
     ([-19.5, -15.0, -10.0, -5.0, 0.004], [-0.02, 0.0, 0.03])
     >>> bar_ticks(-0.8, 0.8)
     [-0.8, -0.5, 0.0, 0.5, 0.8]
+
+    ``centred``: a diverging bar with each sign over its half (:func:`centred_norm`), where a value sits at its
+    place on the bar, not in proportion to the data: each half gets round values of its own, 0 at the middle.
+
+    >>> bar_ticks(-0.93, 0.02, centred=True)
+    [-0.93, -0.5, 0.0, 0.01, 0.02]
     """
     from matplotlib.ticker import LogLocator, MaxNLocator
 
@@ -232,6 +238,10 @@ def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4) ->
     elif log:
         inner = LogLocator(base=10.0, numticks=8).tick_values(vmin, vmax)
         span, where = np.log10(vmax / vmin), lambda t: np.log10(t / vmin)
+    elif centred and vmin < 0 < vmax:
+        half = MaxNLocator(nbins=max(1, nbins // 2), steps=[1, 2, 5, 10])
+        inner = np.unique(np.concatenate([half.tick_values(vmin, 0.0), half.tick_values(0.0, vmax)]))
+        span, where = 1.0, lambda t: 0.5 * (t - vmin) / -vmin if t < 0 else 0.5 + 0.5 * t / vmax
     else:
         inner = MaxNLocator(nbins=nbins, steps=[1, 2, 5, 10]).tick_values(vmin, vmax)
         span, where = vmax - vmin, lambda t: t - vmin
@@ -281,7 +291,8 @@ def format_colorbars(bars: Sequence[mpl.colorbar.Colorbar], nbins: int = 4, at_l
     for cb in bars:
         norm = cb.norm
         log = isinstance(norm, LogNorm)
-        plan.append((cb, log, bar_ticks(float(norm.vmin), float(norm.vmax), log=log, nbins=nbins)))
+        centred = isinstance(norm, TwoSlopeNorm)
+        plan.append((cb, log, bar_ticks(float(norm.vmin), float(norm.vmax), log=log, nbins=nbins, centred=centred)))
     linear = [ticks for _, log, ticks in plan if not log]
     decimals = max([at_least, *(linear_decimals(t) for t in linear)])
     for cb, log, ticks in plan:
