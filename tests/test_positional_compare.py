@@ -46,7 +46,7 @@ def test_each_map_is_on_the_heatmaps_colour_scale_with_labelled_bars_in_one_form
         assert (image.norm.vmin, image.norm.vmax) == pytest.approx((want.vmin, want.vmax), rel=1e-6)
     fig.canvas.draw()
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
-    assert len(bars) == 2 and all("positional logit" in b.get_xlabel() for b in bars)  # each says its quantity
+    assert len(bars) == 2 and all(b.get_xlabel() == "P(i, j) − P(0)\n(logits)" for b in bars)  # each says its quantity
     labels = [t.get_text() for b in bars for t in b.get_xticklabels() if t.get_text()]
     labels += [t.get_text() for ax in fig.axes[-1:] for t in ax.get_yticklabels() if t.get_text()]  # P(d) axis
     decimals = {len(t.split(".")[1]) if "." in t else 0 for t in labels}

@@ -38,8 +38,8 @@ def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
         return bf.scheme, bf.seq_len, bf.n_samples, p_map, profile - profile[:, :1], bf.block or 1
 
 
-#: What every map's colour bar shows (its quantity, in logits), on lines that fit a narrow panel.
-BAR_LABEL = "positional logit\nP(i, j) − P(0)"
+#: What every map's colour bar shows (its quantity, in logits), on lines that fit a seventh of a page.
+BAR_LABEL = "P(i, j) − P(0)\n(logits)"
 
 
 def _map(fig: Figure, ax: Axes, m: np.ndarray, t: int, block: int, size: float, first: bool) -> Colorbar:
@@ -52,11 +52,11 @@ def _map(fig: Figure, ax: Axes, m: np.ndarray, t: int, block: int, size: float, 
     ax.set_yticks([0, t])
     ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
     ax.set_xlabel("key j", fontsize=size * 0.8, labelpad=0)
-    if first:
-        ax.set_ylabel(f"T = {t}\nquery i", fontsize=size * 0.85)
+    if first:  # the row's length, and block means where the file holds no finer maps
+        blocks = f"\n{block} × {block} block means" if block > 1 else ""
+        ax.set_ylabel(f"T = {t}{blocks}\nquery i", fontsize=size * 0.85)
     bar = fig.colorbar(image, ax=ax, location="bottom", shrink=0.95, aspect=10, pad=0.02)
-    blocks = f"\n{block} × {block} block means" if block > 1 else ""
-    bar.set_label(BAR_LABEL + blocks, fontsize=size * 0.7, labelpad=1)
+    bar.set_label(BAR_LABEL, fontsize=size * 0.7, labelpad=1)
     bar.ax.tick_params(labelsize=size * 0.7, length=2, pad=1)
     return bar
 
@@ -108,7 +108,8 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
             if c == 0:
                 ax.set_ylabel("P(d) − P(0), logits", fontsize=size * 0.85)
         profiles = list(axes[2])
-        decimals = format_colorbars(bars, nbins=0, at_least=_profile_decimals(profiles))  # one format throughout
+        # a seventh of a page holds two labels: the ends alone (0 is the diverging map's white), one format throughout
+        decimals = format_colorbars(bars, nbins=-1, at_least=_profile_decimals(profiles))
         for ax in profiles:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v, decimals)))
         xlabel = (

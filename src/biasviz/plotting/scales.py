@@ -212,7 +212,8 @@ MOST_DECIMALS = 6
 
 def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4, centred: bool = False) -> list[float]:
     """Where a colour bar is labelled: both ends (the scale's limits) and the round values between them that
-    keep :data:`END_ROOM` from the ends (``nbins`` 0: none but 0, for a short bar); 0 on a scale that crosses it,
+    keep :data:`END_ROOM` from the ends (``nbins`` 0: none but 0, for a short bar; below 0: the ends alone); 0 on
+    a scale that crosses it,
     unless its label would touch an end's.
 
     >>> bar_ticks(-7.3, 0.0)
@@ -232,8 +233,8 @@ def bar_ticks(vmin: float, vmax: float, *, log: bool = False, nbins: int = 4, ce
 
     if not vmax > vmin:
         return [vmin]
-    if nbins < 1:  # the ends alone (and 0 between them): a bar too short for more labels
-        inner = np.array([0.0]) if vmin < 0 < vmax else np.array([])
+    if nbins < 1:  # the ends alone (and 0 between them, unless ``nbins`` < 0): a bar too short for more labels
+        inner = np.array([0.0]) if vmin < 0 < vmax and nbins == 0 else np.array([])
         span, where = vmax - vmin, lambda t: t - vmin
     elif log:
         inner = LogLocator(base=10.0, numticks=8).tick_values(vmin, vmax)
