@@ -69,8 +69,21 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+_SCRIPT = False  # running as the installed script (not main(argv) from Python, whose signal handlers are kept)
+
+
+def output_in_place() -> None:
+    """The command's output is complete and in place: a Ctrl-C or SIGTERM from here on has nothing left to stop and
+    must not report the run as interrupted (it would claim the old file was kept). The installed script only."""
+    if _SCRIPT:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn user errors into one ``Error:`` line and an exit code."""
+    global _SCRIPT
+    _SCRIPT = argv is None
     try:
         _main(argv)
     except SystemExit as exc:

@@ -234,6 +234,9 @@ def extract(
                 result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
                                            model_dtype=model_dtype, force=force)  # fmt: skip
                 shape = f"{seq_len} x {seq_len}, {dtype}"
+            from biasviz.cli import output_in_place
+
+            output_in_place()  # complete and at --out
             click.echo(f"wrote {result.path}: the bias of layer {', '.join(map(str, result.layers))}, "
                        f"{adapter.n_heads} heads x {shape}, no text (--bias-only), "
                        f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s")  # fmt: skip
@@ -274,6 +277,9 @@ def extract(
             result = extract_parallel(adapter, windows, target, w=w, **run)
         else:
             result = run_extract(adapter, windows, target, **run)
+        from biasviz.cli import output_in_place
+
+        output_in_place()  # the file is complete and at --out: what follows only reports it
         if not w.main:
             return
         if summary:
