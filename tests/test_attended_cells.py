@@ -165,6 +165,23 @@ def test_masks_that_differ_by_sample_are_refused_never_averaged(tmp_path: Path) 
     assert not (tmp_path / "s.h5").exists()
 
 
+def _forward_caught(module: Any, caught: Any, model: torch.nn.Module, ids: torch.Tensor) -> None:
+    """One plain forward of ``model`` with transformers' ``module.eager_attention_forward`` wrapped by ``caught``."""
+    original = module.eager_attention_forward
+    module.eager_attention_forward = caught(original)
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        module.eager_attention_forward = original
+
+
+def _pairwise(q: np.ndarray, k: np.ndarray, c: float) -> np.ndarray:
+    """P(i, j): the mean over ordered pairs a != b of texts of c·q_a(i)·k_b(j)."""
+    pairs = [(a, b) for a in range(len(q)) for b in range(len(q)) if a != b]
+    return np.mean([c * np.einsum("hid,hjd->hij", q[a], k[b]) for a, b in pairs], axis=0)
+
+
 def test_softcapped_calls_keep_scores_and_positional_logits_before_the_cap(tmp_path: Path) -> None:
     """Gemma-2 caps its scores (c·tanh(s / c)) before the softmax, one layer in a sliding window: the summary stores
     the scores the call's inputs give (scale·q·kᵀ, before the cap) and P from q and k (SPEC section 13), each over the
@@ -179,26 +196,23 @@ def test_softcapped_calls_keep_scores_and_positional_logits_before_the_cap(tmp_p
                           attn_implementation="eager")  # fmt: skip
     model = Gemma2ForCausalLM(config).eval()
     ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
-    seen: list[dict[str, torch.Tensor]] = []
-    original = modeling_gemma2.eager_attention_forward
+    seen: list[dict[str, Any]] = []
 
-    def caught(module, query, key, value, attention_mask, *args, scaling=None, softcap=None, **kwargs):
-        groups = query.shape[1] // key.shape[1]
-        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-        kept = (attention_mask[..., :T] > -1e9) if attention_mask is not None else (j <= i)
-        seen.append({"q": query.double(), "k": key.repeat_interleave(groups, dim=1).double(), "c": scaling,
-                     "cap": softcap, "kept": torch.broadcast_to(kept, (N, HEADS, T, T))})  # fmt: skip
-        return original(module, query, key, value, attention_mask, *args, scaling=scaling, softcap=softcap, **kwargs)
+    def caught(original):  # noqa: ANN001, ANN202
+        def wrapped(module, query, key, value, attention_mask, *args, scaling=None, softcap=None, **kwargs):
+            groups = query.shape[1] // key.shape[1]
+            i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+            kept = (attention_mask[..., :T] > -1e9) if attention_mask is not None else (j <= i)
+            seen.append({"q": query.double(), "k": key.repeat_interleave(groups, dim=1).double(), "c": scaling,
+                         "cap": softcap, "kept": torch.broadcast_to(kept, (N, HEADS, T, T))})  # fmt: skip
+            return original(module, query, key, value, attention_mask, *args, scaling=scaling, softcap=softcap,
+                            **kwargs)  # fmt: skip
 
-    modeling_gemma2.eager_attention_forward = caught
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        modeling_gemma2.eager_attention_forward = original
+        return wrapped
+
+    _forward_caught(modeling_gemma2, caught, model, ids)
     out = tmp_path / "g.h5"
     biasviz.extract(model, ids, out, layers="all", summary=True, progress=False)
-    pairs = [(a, b) for a in range(N) for b in range(N) if a != b]
     with h5py.File(out, "r") as f:
         for layer, call in enumerate(seen):
             q, k, c, cap = call["q"].numpy(), call["k"].numpy(), call["c"], call["cap"]
@@ -208,7 +222,7 @@ def test_softcapped_calls_keep_scores_and_positional_logits_before_the_cap(tmp_p
             z = np.where(call["kept"].numpy(), cap * np.tanh(scores / cap), -np.inf)
             w = np.exp(z - z.max(-1, keepdims=True))
             w /= w.sum(-1, keepdims=True)
-            p = np.mean([c * np.einsum("hid,hjd->hij", q[a], k[b]) for a, b in pairs], axis=0)
+            p = _pairwise(q, k, c)
             g = f[f"layer_{layer}"]
             np.testing.assert_allclose(g["scores_mean"][()], scores.mean(0) * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
             np.testing.assert_allclose(g["positional_mean"][()], p * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
@@ -268,31 +282,27 @@ def test_sink_columns_and_a_row_shift_keep_the_scores_and_positional_logits_of_t
             layer.self_attn.sinks.normal_()
     ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(7))
     seen: list[dict[str, Any]] = []
-    original = modeling_gpt_oss.eager_attention_forward
 
-    def caught(module, query, key, value, attention_mask, scaling, *args, **kwargs):
-        out = original(module, query, key, value, attention_mask, scaling, *args, **kwargs)
-        groups = query.shape[1] // key.shape[1]
-        seen.append({"q": query.double(), "k": key.repeat_interleave(groups, dim=1).double(), "c": scaling,
-                     "kept": torch.broadcast_to(attention_mask[..., :T] > -1e9, (N, HEADS, T, T)),
-                     "w": out[1].double()})  # fmt: skip
-        return out
+    def caught(original):  # noqa: ANN001, ANN202
+        def wrapped(module, query, key, value, attention_mask, scaling, *args, **kwargs):
+            out = original(module, query, key, value, attention_mask, scaling, *args, **kwargs)
+            groups = query.shape[1] // key.shape[1]
+            seen.append({"q": query.double(), "k": key.repeat_interleave(groups, dim=1).double(), "c": scaling,
+                         "kept": torch.broadcast_to(attention_mask[..., :T] > -1e9, (N, HEADS, T, T)),
+                         "w": out[1].double()})  # fmt: skip
+            return out
 
-    modeling_gpt_oss.eager_attention_forward = caught
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        modeling_gpt_oss.eager_attention_forward = original
+        return wrapped
+
+    _forward_caught(modeling_gpt_oss, caught, model, ids)
     out = tmp_path / "o.h5"
     biasviz.extract(model, ids, out, layers="all", summary=True, progress=False)
-    pairs = [(a, b) for a in range(N) for b in range(N) if a != b]
     with h5py.File(out, "r") as f:
         for layer, call in enumerate(seen):
             q, k, c = call["q"].numpy(), call["k"].numpy(), call["c"]
             nan = np.where(call["kept"][0].numpy(), 1.0, np.nan)
             scores = c * np.einsum("nhid,nhjd->nhij", q, k)
-            p = np.mean([c * np.einsum("hid,hjd->hij", q[a], k[b]) for a, b in pairs], axis=0)
+            p = _pairwise(q, k, c)
             g = f[f"layer_{layer}"]
             np.testing.assert_allclose(g["scores_mean"][()], scores.mean(0) * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
             np.testing.assert_allclose(g["positional_mean"][()], p * nan, rtol=2e-5, atol=2e-6, equal_nan=True)
