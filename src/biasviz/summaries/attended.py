@@ -25,6 +25,7 @@ class Attended:
             mask = mask[0]
         self.mask = mask.bool()
         self.seq_len = mask.shape[-1]
+        self._blocks: dict[int, torch.Tensor] = {}  # block size -> attended cells per block
 
     def rows(self, r0: int, r1: int, keys: int) -> torch.Tensor:
         """(1 or H, rows, keys): the attended cells of query rows r0 .. r1 - 1 against keys 0 .. keys - 1."""
@@ -43,13 +44,11 @@ class Attended:
         """(1 or H, T) float64: the queries that see each key."""
         return self.mask.sum(1, dtype=torch.float64)
 
-    @functools.cached_property
-    def total(self) -> torch.Tensor:
-        """(1 or H,) float64: attended cells in all."""
-        return self.mask.sum((1, 2), dtype=torch.float64)
-
     def block_counts(self, block: int) -> torch.Tensor:
-        """(1 or H, nb, nb) float64: attended cells per block of ``block`` x ``block`` positions."""
+        """(1 or H, nb, nb) float64: attended cells per block of ``block`` x ``block`` positions; counted once per
+        block size (every part of the layer, and the file's shares, divide by the same counts)."""
+        if block in self._blocks:
+            return self._blocks[block]
         t = self.seq_len
         nb = -(-t // block)
         out = torch.zeros(self.mask.shape[0], nb, nb, dtype=torch.float64, device=self.mask.device)
@@ -58,15 +57,15 @@ class Attended:
             rows = self.mask[:, r0 : r0 + step].float()
             pooled = _group_sums(_group_sums(rows, -2, r0, block), -1, 0, block)
             out[:, r0 // block : r0 // block + pooled.shape[1]] += pooled.double()
+        self._blocks[block] = out
         return out
 
     def block_shares(self, block: int, heads: int) -> torch.Tensor:
         """(H, nb, nb) float32: the share of each block's cells attended to (what a file stores as ``attended``)."""
-        t = self.seq_len
-        sizes = torch.full((-(-t // block),), float(block), dtype=torch.float64, device=self.mask.device)
-        sizes[-1] = t - block * (len(sizes) - 1)
-        share = self.block_counts(block) / (sizes[:, None] * sizes[None, :])
-        return share.expand(heads, -1, -1).float()
+        from biasviz.store.summary_reader import causal_block_counts
+
+        cells = torch.as_tensor(causal_block_counts(self.seq_len, block, causal=False), device=self.mask.device)
+        return (self.block_counts(block) / cells).expand(heads, -1, -1).float()
 
     def early_counts(self, first_keys: int) -> torch.Tensor:
         """(1 or H, T) float64: attended cells (d + j, j) with j < ``first_keys``, by distance d."""
