@@ -53,6 +53,7 @@ from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.streamed_position import StreamedPosition
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
+from biasviz.summaries.weight_measures import WeightMeasures
 
 Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
 
@@ -85,6 +86,7 @@ def summarise(
     adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
     batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
     scratch: str | Path | None = None, gather: Gather | None = None, positional: bool = True,
+    measures: bool = True,
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
     """Run ``adapter`` over ``ids`` (N, T) and return the summaries of ``layer_list`` (the model is in place).
 
@@ -98,7 +100,8 @@ def summarise(
     these before they are summarised; ``total_samples`` is then the number of samples over all processes.
     ``gather`` (torchrun, adapters that form rows again): the processes' banks are joined on process 0, which
     forms the rows of every sample as one process would; the other processes return an empty result.
-    ``positional=False`` leaves out the positional logits P (SPEC section 12), to measure what they cost.
+    ``positional=False`` leaves out the positional logits P (SPEC section 12), ``measures=False`` SPEC section 14's
+    measures of the weights: to measure what they cost.
     """
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
@@ -132,14 +135,15 @@ def summarise(
     extras: dict[int, PositionSummary] = {}
     if replay:
         got = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather,
-                        positional, formula=set(direct))  # fmt: skip
+                        positional, formula=set(direct), measures=measures)  # fmt: skip
         if got is None:  # torchrun: process 0 summarises every sample
             return {}
         extras = got
     else:
         position = {layer: StreamedPosition(layer, heads=adapter.n_heads, seq_len=seq_len, samples=total, local=n,
                                             block=block, causal=adapter.layer_causal(layer), device=dev,
-                                            positional=positional) for layer in layer_list} if streamed_position else {}
+                                            positional=positional, measures=measures)
+                    for layer in layer_list} if streamed_position else {}
         _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position)
         held = merge(parts, position) if merge is not None else True
         extras = {layer: p.result() for layer, p in position.items()} if held else {}
@@ -248,7 +252,8 @@ def _plain(mask: torch.Tensor, causal: bool) -> bool:
 def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None, scratch: str | Path | None, block: int,
               gather: Gather | None = None, positional: bool = True,
-              formula: frozenset[int] | set[int] = frozenset()) -> dict[int, PositionSummary] | None:  # fmt: skip
+              formula: frozenset[int] | set[int] = frozenset(),
+              measures: bool = True) -> dict[int, PositionSummary] | None:  # fmt: skip
     """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
 
     Progress counts blocks of query rows x samples x layers: a layer run in the forward counts as many
@@ -286,6 +291,9 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                     part.attend(attended)
                 extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev, attended=attended),
                                     sinks=torch.zeros(n, heads, dtype=torch.float64, device=dev))  # fmt: skip
+                if measures:  # SPEC section 14
+                    extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
+                                                    device=dev, attended=attended)  # fmt: skip
                 if n >= 2 and positional:
                     q_sum, k_sum = (_sample_sum(bank, layer, name, heads) for name in ("q", "k"))
                     extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
@@ -310,6 +318,7 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                     sink_share=(extra.sinks / (seq_len if attended is None else attended.per_key[:, 0].to(dev)))
                     .float().cpu().numpy(),
                     attended=None if attended is None else attended.block_shares(block, heads).cpu().numpy(),
+                    measures=None if extra.measures is None else extra.measures.result().arrays,
                 )
     finally:
         bank.close()
@@ -331,6 +340,7 @@ def summary_run(
     seed: int | None = None, text_source: str = "", attrs: Mapping[str, Any] | None = None,
     progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
     scratch: str | Path | None = None, gather: Gather | None = None, positional: bool = True,
+    measures: bool = True,
 ) -> tuple[dict[str, Any], list[int], dict[int, dict[str, Summary]], int]:  # fmt: skip
     """Checked windows -> (root attributes, layers, summaries, R); the model is left where and as it was."""
     if batch_size < 1:
@@ -344,7 +354,8 @@ def summary_run(
         meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
         summaries = summarise(adapter, ids, layer_list, dev, resolution=r, batch_size=batch_size,
                               progress=progress, merge=merge, total_samples=total_samples,
-                              scratch=scratch, gather=gather, positional=positional)  # fmt: skip
+                              scratch=scratch, gather=gather, positional=positional,
+                              measures=measures)  # fmt: skip
     own_mask = any(getattr(got.get("position"), "attended", None) is not None for got in summaries.values())
     meta[MASK] = "model" if own_mask else "causal" if adapter.causal else "bidirectional"
     measured = [got["bias"].difference for got in summaries.values() if "bias" in got]

@@ -293,7 +293,9 @@ class BiasFile(AttrChecks):
 
     def summary_array(self, name: str, layer: int = -1) -> np.ndarray:
         """SPEC section 12 of a summary: ``positional_profile`` (from_key, head, distance), ``weights_key_profile``
-        (stat, head, key) or ``sink_share`` (sample, head), float64, checked."""
+        (stat, head, key) or ``sink_share`` (sample, head), float64, checked; or any of SPEC section 14
+        (:data:`biasviz.store.datasets.ROWS`: ``band_mass``, ``context_mass``, ``weights_entropy``, ``sink_keys``
+        and the ``_se`` beside each mean)."""
         layout, resolved = self._layout(name.replace("_", " ")), self.resolve_layer(layer)
         if name == "positional_profile":
             return layout.read_positional_profile(resolved, self._checkpoint)
@@ -301,7 +303,11 @@ class BiasFile(AttrChecks):
             return np.stack(layout.read_key_profile(resolved, self._checkpoint))
         if name == "sink_share":
             return layout.read_sink_share(resolved, self._checkpoint)
-        raise ValueError(f"not a section 12 array: {name!r}")
+        from biasviz.store.datasets import ROWS
+
+        if name in ROWS:  # SPEC section 14, as its row in the table of datasets says
+            return layout.read_measure(name, resolved, self._checkpoint)
+        raise ValueError(f"not a section 12 or 14 array: {name!r}")
 
     def stored_diagnostics(self, layer: int = -1, name: str = "diagnostics") -> dict[str, np.ndarray]:
         """A summary's diagnostics, computed at extraction at full resolution: field -> (head,), NaN if undefined.

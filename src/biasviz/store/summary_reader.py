@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from biasviz.common.errors import BiasvizError
+from biasviz.store import datasets
 from biasviz.store.format import (
     ATTENDED,
     BLOCK_SCALES,
@@ -164,6 +165,22 @@ class SummaryLayout:
             raise self._damaged(f"{SINK_SHARE} of layer {layer} holds values outside [0, 1]")
         return p
 
+    def read_measure(self, name: str, layer: int, checkpoint: int = 0) -> np.ndarray:
+        """A dataset of SPEC section 14 (a row of :data:`biasviz.store.datasets.ROWS`), checked as its row says:
+        float64, or (index, share) records for ``sink_keys``; NaN where nothing was attended."""
+        row = datasets.ROWS.get(name)
+        if row is None:
+            raise ValueError(f"name must be one of {tuple(datasets.ROWS)}, not {name!r}")
+        values = self._read(layer, name, checkpoint)
+        fault = datasets.values_fault(row, values)
+        if fault is not None:
+            raise self._damaged(f"{name} of layer {layer} {fault}")
+        return values if row.compound else values.astype(np.float64)
+
+    def distance_bins(self) -> np.ndarray:
+        """(bin, 2) int64: the first and last distance of each bin of SPEC section 14."""
+        return datasets.distance_bins(self.seq_len)
+
     def read_diagnostics(self, layer: int, checkpoint: int = 0, name: str = DIAGNOSTICS) -> dict[str, np.ndarray]:
         """The diagnostics computed at extraction (of the bias, or ``positional_diagnostics`` of P): field ->
         float64 (head,), NaN where undefined."""
@@ -209,7 +226,7 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
     if not isinstance(checks._h5.get(group), h5py.Group):
         raise BiasvizError(f"{checks.path} lists layer {layer} but has no group {group}")
     names = (*SUMMARY_MAPS, *PROFILES, DIAGNOSTICS, POSITIONAL_PROFILE, KEY_PROFILE, SINK_SHARE,
-             POSITIONAL_DIAGNOSTICS, ATTENDED)
+             POSITIONAL_DIAGNOSTICS, ATTENDED, *datasets.ROWS)
     held = tuple(n for n in names if checks._dataset(f"{group}/{n}") is not None)
     for kind, wanted in KIND_DATASETS.items():
         present = [n for n in wanted if n in held]
@@ -223,8 +240,16 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
         raise checks._bad(f"it is a summary file but lacks {group}/{DIAGNOSTICS}")
     h, nb, t, lead = layout.n_heads, layout.n_blocks, layout.seq_len, layout.lead
     lengths = (t,) if layout.causal else (t, 2 * t - 1)
+    sizes = datasets.dimension_sizes(heads=h, seq_len=t, samples=layout.n_samples, blocks=nb)
     for name in held:
         ds = checks._h5[f"{group}/{name}"]
+        if name in datasets.ROWS:  # SPEC section 14: the table says its shape
+            row = datasets.ROWS[name]
+            shape = (*lead, *datasets.shape_of(row, sizes))
+            kind_ok = ds.dtype.names is not None if row.compound else ds.dtype.kind == "f"
+            if ds.shape != shape or not kind_ok:
+                raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {shape} {row.dims}")
+            continue
         if name in (DIAGNOSTICS, POSITIONAL_DIAGNOSTICS):
             fields = ds.dtype.fields or {}
             if ds.shape != (*lead, h) or any(f not in fields or fields[f][0].kind != "f" for f in DIAGNOSTIC_FIELDS):

@@ -17,6 +17,7 @@ import numpy as np
 from biasviz.common.atomic import replacing
 from biasviz.common.errors import BiasvizError, os_error_message
 from biasviz.common.exclusive import writing_alone
+from biasviz.store import datasets
 from biasviz.store.deflate import compression_threads, encode_chunk
 from biasviz.store.format import (
     ATTENDED,
@@ -96,6 +97,10 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
                checkpoints)  # fmt: skip
     _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], KEY_PROFILE_DIMS, checkpoints)
     _write(f, grp, SINK_SHARE, [p.sink_share for p in parts], ("sample", "head"), checkpoints)
+    measures = [getattr(p, "measures", None) or {} for p in parts]
+    for name, row in datasets.ROWS.items():  # SPEC section 14: what the table lists and the summary holds
+        if all(name in m for m in measures):
+            _write(f, grp, name, [m[name] for m in measures], row.dims, checkpoints)
     if getattr(parts[0], "attended", None) is not None:  # the layer's own mask (SPEC section 13)
         _write(f, grp, ATTENDED, [p.attended for p in parts], SUMMARY_MAP_DIMS, checkpoints)
 
@@ -122,10 +127,15 @@ def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads
         "distance": np.arange(seq_len, dtype=np.int32),
         "key": np.arange(seq_len, dtype=np.int32),
         "from_key": np.asarray(POSITIONAL_FROM_KEYS, dtype=np.int32),
+        "distance_bin": np.arange(len(datasets.distance_bins(seq_len)), dtype=np.int32),
+        "segment": np.arange(datasets.SEGMENTS, dtype=np.int32),
+        "rank": np.arange(datasets.SINK_RANKS, dtype=np.int32),
     }
     for name, values in scales.items():
         f.create_dataset(name, data=values).make_scale(name)
     f["stat"].attrs["names"] = "mean,std"
+    bins = f.create_dataset(datasets.DISTANCE_BINS, data=datasets.distance_bins(seq_len))
+    bins.attrs["columns"] = "first,last"
     ds = f.create_dataset("input_ids", data=ids)
     _label(f, ds, ("sample", "query"))
 
@@ -135,6 +145,8 @@ def _write(f: h5py.File, grp: h5py.Group, name: str, parts: list[np.ndarray], di
     data = parts[0] if checkpoints is None else np.stack(parts)
     if name in (DIAGNOSTICS, POSITIONAL_DIAGNOSTICS):
         data = np.asarray(data, dtype=[(k, np.float64) for k in DIAGNOSTIC_FIELDS])
+    elif name in datasets.ROWS and datasets.ROWS[name].compound:
+        data = np.asarray(data, dtype=datasets.SINK_DTYPE)
     else:
         data = np.asarray(data, dtype=np.float32)
     if data.ndim >= 3 and data.nbytes > 1 << 20:
@@ -203,7 +215,8 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
                         positional_diagnostics=grp[POSITIONAL_DIAGNOSTICS][()] if POSITIONAL_DIAGNOSTICS in grp
                         else None,
                         key_profile=grp[KEY_PROFILE][()], sink_share=grp[SINK_SHARE][()],
-                        attended=grp[ATTENDED][()] if ATTENDED in grp else None)  # fmt: skip
+                        attended=grp[ATTENDED][()] if ATTENDED in grp else None,
+                        measures={name: grp[name][()] for name in datasets.ROWS if name in grp})  # fmt: skip
             per_step.append(one)
     assert first is not None, "no parts to join"
     (n_heads, seq_len, resolution, block, causal, layers), ids, meta = first

@@ -16,6 +16,7 @@ import numpy as np
 from biasviz.common.arguments import ArgumentTypeError, ArgumentValueError, pick, whole
 from biasviz.common.errors import BiasvizError
 from biasviz.store import format as fmt
+from biasviz.store.datasets import ROWS
 from biasviz.store.reader import BiasFile, open_bias_file
 
 MATRICES = ("bias", "weights", "scores")  # a full file's (sample, head, query, key) datasets
@@ -234,6 +235,9 @@ class FileView:
             if name in COMPOUND:
                 for field in fmt.DIAGNOSTIC_FIELDS:
                     variables[f"{name}_{field}"] = _labelled(xr, values[field], dims)
+            elif values.dtype.names:  # records (sink_keys): one variable per field
+                for field in values.dtype.names:
+                    variables[f"{name}_{field}"] = _labelled(xr, values[field], dims)
             else:
                 variables[name] = _labelled(xr, values, dims)
         return xr.Dataset(variables)
@@ -257,6 +261,8 @@ def _layout_dims(name: str) -> tuple[str, ...]:
         return fmt.SUMMARY_MAP_DIMS
     if name in fmt.PROFILES:
         return fmt.PROFILE_DIMS
+    if name in ROWS:
+        return ROWS[name].dims
     return ("head",) if name in COMPOUND else known.get(name, ())
 
 
@@ -274,7 +280,7 @@ def _read(f: BiasFile, layer: int, name: str) -> np.ndarray:
         return f.summary_map(name, layer)
     if name in fmt.PROFILES:
         return np.stack(f.profile(name.removesuffix("_profile"), layer))
-    if name in (fmt.POSITIONAL_PROFILE, fmt.KEY_PROFILE, fmt.SINK_SHARE):
+    if name in (fmt.POSITIONAL_PROFILE, fmt.KEY_PROFILE, fmt.SINK_SHARE) or name in ROWS:
         return f.summary_array(name, layer)
     if name in COMPOUND:
         fields = f.stored_diagnostics(layer, name)

@@ -33,6 +33,7 @@ class PositionSummary:
     key_profile: np.ndarray  # (2, H, T) the weights by key j: mean, std over samples and queries i >= j
     sink_share: np.ndarray  # (N, H) per sample: mean over queries of w(i, 0)
     attended: np.ndarray | None = None  # (H, nb, nb) share of attended cells per block, where not causal (SPEC 13)
+    measures: dict[str, np.ndarray] | None = None  # SPEC section 14: name -> array (biasviz.store.datasets)
 
 
 class Positional:

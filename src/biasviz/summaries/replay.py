@@ -23,6 +23,7 @@ from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import ShiftedSums
 from biasviz.summaries.position import KeyProfile, Positional
 from biasviz.summaries.scratch import Scratch
+from biasviz.summaries.weight_measures import WeightMeasures
 
 REPLAY_BYTES = 1 << 26  # a block's sums and temporaries on the CPU (64 MiB: fastest of 16-256 MiB on 2 cores)
 CUDA_REPLAY_BYTES = 1 << 32  # on a GPU (4 GiB): few, large kernels
@@ -51,6 +52,7 @@ class LayerExtras:
     positional: Positional | None  # None with one sample: P needs two texts
     keys: KeyProfile
     sinks: torch.Tensor  # (N, H) float64: Σ_i w_a(i, 0), per sample
+    measures: WeightMeasures | None = None  # SPEC section 14's measures of the weights
 
 
 def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool,
@@ -111,6 +113,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             sums["bias"] = ShiftedSums()
         first = None  # the first sample's bias rows (1, H, rows, r1)
         sinks = torch.zeros_like(extras.sinks)  # the block's, added once it is finished
+        if extras.measures is not None:  # so are the measures' sums, where the block may be formed again
+            extras.measures.hold()
         for a in range(samples):
             got = form(layer, a, r0, r1, adds_bias and (varying or agreement is not None or a == 0))
             if got.bias is not None:  # compared first, while the rows just formed are still in the cache
@@ -123,6 +127,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             if varying:
                 sums["bias"].add(got.bias[0])
             sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
+            if extras.measures is not None:
+                extras.measures.add(a, r0, got.weights)
             tick(1)
             check_interrupted()
         if agreement is not None and not varying and agreement.settle() > 0.0:  # the first difference
@@ -132,10 +138,14 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 formula = False
             bias.unshare()
             blocks.varying = True
+            if extras.measures is not None:
+                extras.measures.discard()
             continue
         fed = parts if varying or not formula else {k: p for k, p in parts.items() if k != "bias"}
         _finish(fed, extras, sums, None if varying or first is None else first[0].float(), r0, r1, heads, scratch)
         extras.sinks += sinks
+        if extras.measures is not None:
+            extras.measures.commit()
         blocks.done = r1
         del sums, first
     if agreement is not None:

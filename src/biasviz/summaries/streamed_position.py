@@ -19,6 +19,7 @@ import torch
 
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.weight_measures import WeightMeasures
 
 ROWS = 256  # query rows of P formed at a time at the end
 
@@ -27,8 +28,10 @@ class StreamedPosition:
     """One layer's SPEC section 12 sums over every sample streamed through it."""
 
     def __init__(self, layer: int, *, heads: int, seq_len: int, samples: int, block: int, causal: bool,
-                 device: torch.device, positional: bool = True, local: int | None = None) -> None:  # fmt: skip
-        """``samples``: N, over every process; ``local``: those this process streams (default: all of them)."""
+                 device: torch.device, positional: bool = True, local: int | None = None,
+                 measures: bool = True) -> None:  # fmt: skip
+        """``samples``: N, over every process; ``local``: those this process streams (default: all of them);
+        ``measures``: SPEC section 14's measures of the weights."""
         self.layer, self.heads, self.seq_len, self.samples = layer, heads, seq_len, samples
         self.block, self.causal, self.device = block, causal, device
         self.positional = positional and samples >= 2  # P needs two texts
@@ -38,6 +41,7 @@ class StreamedPosition:
         self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
         self.keys = KeyProfile(heads, seq_len, device, causal=causal)
         self.sinks = torch.zeros(samples if local is None else local, heads, dtype=torch.float64, device=device)
+        self.measures = self._measures(None) if measures else None
 
     attended: Attended | None = None  # the call's own mask, where not the causal triangle (SPEC section 13)
 
@@ -45,6 +49,12 @@ class StreamedPosition:
         """Every quantity over the cells of the call's own mask; before any block is added."""
         self.attended = attended
         self.keys.attended = attended
+        if self.measures is not None:
+            self.measures = self._measures(attended)
+
+    def _measures(self, attended: Attended | None) -> WeightMeasures:
+        return WeightMeasures(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len, block=self.block,
+                              causal=self.causal, device=self.device, attended=attended)  # fmt: skip
 
     def operands(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """A batch's q (B, H, T, hd) and c·k (B, H, T, hd, key heads repeated), as its call received them."""
@@ -71,6 +81,8 @@ class StreamedPosition:
             w = block.double()
             self.keys.add_samples(w, self.samples)
             self.sinks[first : first + w.shape[0]] += w[..., 0].sum(-1)
+            if self.measures is not None:
+                self.measures.add(first, row0, w)
             return
         if not self.positional or kind not in ("scores", "bias"):
             return
@@ -91,6 +103,8 @@ class StreamedPosition:
         """This process's sums, on the CPU, for :meth:`join` in process 0."""
         sums = {name: getattr(self, name) for name in self._SUMS}
         sums.update(keys=self.keys.sums, sinks=self.sinks)
+        if self.measures is not None:
+            sums.update({f"measures.{name}": t for name, t in self.measures.sums().items()})
         return {name: None if t is None else t.cpu() for name, t in sums.items()}
 
     def join(self, states: list[dict[str, torch.Tensor | None]]) -> None:
@@ -105,6 +119,10 @@ class StreamedPosition:
             else:
                 setattr(self, name, total)
         self.sinks = torch.cat([s["sinks"] for s in states if s["sinks"] is not None]).to(self.device)
+        if self.measures is not None:
+            self.measures = self._measures(self.attended)  # now over every process's samples
+            self.measures.join([{k.removeprefix("measures."): v for k, v in s.items() if k.startswith("measures.")}
+                                for s in states])  # fmt: skip
 
     def result(self) -> PositionSummary:
         """P's block means, distance profile and diagnostics (None with one sample), the key profile, sink shares."""
@@ -127,4 +145,5 @@ class StreamedPosition:
         shares = None if self.attended is None else self.attended.block_shares(self.block, self.heads).cpu().numpy()
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
                                key_profile=self.keys.result().cpu().numpy(),
-                               sink_share=(self.sinks / seeing).float().cpu().numpy(), attended=shares)  # fmt: skip
+                               sink_share=(self.sinks / seeing).float().cpu().numpy(), attended=shares,
+                               measures=None if self.measures is None else self.measures.result().arrays)  # fmt: skip

@@ -1,0 +1,109 @@
+"""The table of SPEC section 14's summary datasets: one row each (name, dimensions, what its values may be, how
+checkpoints join), read by the writer, the joiner, the validator, the reader and the xarray view alike, so that a
+new measure is its computation plus a row here.
+
+Dimensions are named; :func:`dimension_sizes` gives each its length in a file, so a row's shape is never spelled
+twice. ``check`` says what a reader accepts: ``share`` values in [0, 1] (NaN where nothing was attended), ``std``
+and ``se`` at least 0, ``value`` any finite number or NaN, ``sinks`` the compound (index, share) records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DIRECT_DISTANCES = 16  # distances 0 .. 15 each have a bin of their own
+LOG_STEPS = 48  # from 16 on, edges 16 (T / 16)^(k / 48), k = 0 .. 48
+SEGMENTS = 10  # context_mass: tenths of the keys a query sees
+SINK_RANKS = 8  # sink_keys: the top keys kept per sample and head
+MIN_SE_SAMPLES = 3  # a standard error needs N >= 3 (SPEC section 14)
+DISTANCE_BINS = "distance_bins"  # root dataset (distance_bin, 2): first and last distance of each bin
+SINK_DTYPE = np.dtype([("index", np.int32), ("share", np.float32)])
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    """One dataset of a summary layer: its name, dimensions (a sweep adds ``checkpoint`` in front), and checks."""
+
+    name: str
+    dims: tuple[str, ...]
+    check: str  # "share", "value", "std", "se", "sinks"
+    doc: str
+
+    @property
+    def compound(self) -> bool:
+        return self.check == "sinks"
+
+
+# SPEC section 14, the measures over the weights (stat = mean, std over samples)
+MEASURES: tuple[DatasetRow, ...] = (
+    DatasetRow("band_mass", ("stat", "head", "distance_bin"), "share",
+               "weight a query puts on the keys at each distance bin"),
+    DatasetRow("context_mass", ("stat", "head", "segment"), "share",
+               "weight on each tenth of the keys a query sees"),
+    DatasetRow("weights_entropy", ("stat", "head", "query_block"), "value",
+               "entropy (nats) of each query's weights, block-averaged"),
+    DatasetRow("sink_keys", ("sample", "head", "rank"), "sinks",
+               "per sample and head, the keys with the highest mean received weight"),
+)  # fmt: skip
+# the standard error beside a mean over samples: its mean row's shape without the stat axis
+STANDARD_ERRORS: tuple[DatasetRow, ...] = (
+    *(DatasetRow(f"{row.name}_se", row.dims[1:], "se", f"standard error of {row.name}'s mean over samples")
+      for row in MEASURES if row.dims[0] == "stat"),
+    DatasetRow("weights_key_profile_se", ("head", "key"), "se", "standard error of the key profile's mean"),
+    DatasetRow("sink_share_se", ("head",), "se", "standard error of the mean sink share over samples"),
+)  # fmt: skip
+ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
+
+
+def distance_bins(seq_len: int) -> np.ndarray:
+    """(bins, 2) int64: the first and last distance of each bin (SPEC section 14): one per distance 0 .. 15, then
+    edges e_k = round(16 (T / 16)^(k / 48)), duplicates removed, bin k = [e_k, e_(k+1) - 1], the last ending at T - 1.
+
+    >>> distance_bins(4).tolist()
+    [[0, 0], [1, 1], [2, 2], [3, 3]]
+    >>> distance_bins(18).tolist()[-3:]
+    [[15, 15], [16, 16], [17, 17]]
+    """
+    direct = [(d, d) for d in range(min(DIRECT_DISTANCES, seq_len))]
+    if seq_len <= DIRECT_DISTANCES:
+        return np.asarray(direct, dtype=np.int64).reshape(-1, 2)
+    k = np.arange(LOG_STEPS + 1)
+    edges = np.floor(DIRECT_DISTANCES * (seq_len / DIRECT_DISTANCES) ** (k / LOG_STEPS) + 0.5).astype(np.int64)
+    edges = np.unique(np.clip(edges, DIRECT_DISTANCES, seq_len))
+    edges[-1] = seq_len
+    spans = [(int(a), int(b) - 1) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    return np.asarray(direct + spans, dtype=np.int64)
+
+
+def dimension_sizes(*, heads: int, seq_len: int, samples: int, blocks: int) -> dict[str, int]:
+    """The length of every named dimension in a file of these sizes."""
+    return {"stat": 2, "head": heads, "distance_bin": len(distance_bins(seq_len)), "segment": SEGMENTS,
+            "query_block": blocks, "sample": samples, "rank": SINK_RANKS, "key": seq_len}  # fmt: skip
+
+
+def shape_of(row: DatasetRow, sizes: dict[str, int]) -> tuple[int, ...]:
+    return tuple(sizes[d] for d in row.dims)
+
+
+def values_fault(row: DatasetRow, values: np.ndarray) -> str | None:
+    """What is wrong with ``values`` for ``row`` (None: nothing): the reader's one check per kind of row."""
+    if row.compound:
+        if values.dtype.names is None or set(values.dtype.names) != set(SINK_DTYPE.names or ()):
+            return "is not (index, share) records"
+        share, index = values["share"].astype(np.float64), values["index"]
+        kept = index >= 0
+        if np.isinf(share).any() or (share[kept] < 0).any() or (share[kept] > 1 + 1e-5).any():
+            return "holds shares outside [0, 1]"
+        return None
+    v = np.asarray(values, dtype=np.float64)
+    if np.isinf(v).any():
+        return "holds infinite values"
+    if row.check in ("std", "se") and (v < 0).any():
+        return "holds negative spreads"
+    if row.check == "share":
+        stat_mean = v[0] if row.dims[0] == "stat" else v
+        if (stat_mean < -1e-6).any() or (stat_mean > 1 + 1e-5).any():
+            return "holds shares outside [0, 1]"
+    return None

@@ -1,0 +1,52 @@
+"""SPEC section 14's measures written out query by query in float64, for tests to compare biasviz's with."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from biasviz.store.datasets import SEGMENTS, distance_bins
+
+
+def reference(w: np.ndarray, mask: np.ndarray, block: int) -> dict[str, np.ndarray]:
+    """Per sample, from weights (N, H, T, T) and the attended cells (H or 1, T, T): band mass, context mass, entropy
+    block means and the mean received weight per key, by SPEC section 14's definitions, one query at a time."""
+    n, h, t, _ = w.shape
+    bins = distance_bins(t)
+    m = np.broadcast_to(mask, (h, t, t))
+    band = np.full((n, h, len(bins)), np.nan)
+    context = np.full((n, h, SEGMENTS), np.nan)
+    nqb = -(-t // block)
+    entropy = np.full((n, h, nqb), np.nan)
+    received = np.full((n, h, t), np.nan)
+    for a in range(n):
+        for hh in range(h):
+            for b, (lo, hi) in enumerate(bins):
+                vals = []
+                for i in range(t):
+                    keys = [j for j in range(t) if m[hh, i, j] and lo <= abs(i - j) <= hi]
+                    if keys:
+                        vals.append(sum(w[a, hh, i, j] for j in keys))
+                if vals:
+                    band[a, hh, b] = np.mean(vals)
+            segs = []
+            for i in range(t):
+                keys = [j for j in range(t) if m[hh, i, j]]
+                if len(keys) >= SEGMENTS:
+                    row = np.zeros(SEGMENTS)
+                    for r, j in enumerate(keys):
+                        row[math.floor(SEGMENTS * r / len(keys))] += w[a, hh, i, j]
+                    segs.append(row)
+            if segs:
+                context[a, hh] = np.mean(segs, axis=0)
+            for qb in range(nqb):
+                ents = [-sum(x * math.log(x) for x in w[a, hh, i] if x > 0)
+                        for i in range(qb * block, min(t, qb * block + block)) if m[hh, i].any()]  # fmt: skip
+                if ents:
+                    entropy[a, hh, qb] = np.mean(ents)
+            for j in range(t):
+                qs = [i for i in range(t) if m[hh, i, j]]
+                if qs:
+                    received[a, hh, j] = np.mean([w[a, hh, i, j] for i in qs])
+    return {"band_mass": band, "context_mass": context, "weights_entropy": entropy, "received": received}

@@ -1,0 +1,96 @@
+"""SPEC section 14's weight measures in summaries, against float64 math from the q and k caught at the model's own
+attention call (not through biasviz): our rotary model (its rows formed again), a sliding-window transformers model
+through SDPA (formed again) and through eager attention (streamed as the model forms them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import biasviz
+from biasviz.model import capture
+from biasviz.store.reader import open_bias_file
+from tests.conftest import small_model
+from tests.measures_reference import reference
+from tests.test_attended_cells import HEADS, KV_HEADS, VOCAB, WINDOW, caught_call
+
+N, T, RESOLUTION = 4, 48, 12  # blocks of 4 positions
+
+
+def softmax_weights(q: np.ndarray, k: np.ndarray, scale: float, kept: np.ndarray) -> np.ndarray:
+    """(N, H, T, T) softmax of c q k over the attended cells, 0 elsewhere."""
+    z = np.where(kept, scale * np.einsum("nhid,nhjd->nhij", q, k), -np.inf)
+    w = np.exp(z - z.max(-1, keepdims=True))
+    return w / w.sum(-1, keepdims=True)
+
+
+def check_file(path: Path, layer: int, w: np.ndarray, mask: np.ndarray) -> None:
+    """Every SPEC section 14 weight measure of ``layer`` in ``path`` equals the reference from ``w``."""
+    f = open_bias_file(path)
+    block = f.block
+    ref = reference(w, mask, block)
+    n = w.shape[0]
+    for name in ("band_mass", "context_mass", "weights_entropy"):
+        x = ref[name]
+        got = f.summary_array(name, layer)
+        np.testing.assert_allclose(got[0], x.mean(0), rtol=2e-5, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(got[1], x.std(0), rtol=2e-4, atol=2e-6, err_msg=name)
+        se = np.sqrt(((x - x.mean(0)) ** 2).sum(0) / (n * (n - 1)))
+        np.testing.assert_allclose(f.summary_array(f"{name}_se", layer), se, rtol=2e-4, atol=2e-6, err_msg=name)
+    recv = np.nan_to_num(ref["received"], nan=-1.0)
+    sinks = f.summary_array("sink_keys", layer)
+    np.testing.assert_allclose(sinks["share"], -np.sort(-recv, -1)[..., :8], rtol=2e-5, atol=1e-7)
+    picked = np.take_along_axis(recv, sinks["index"].astype(np.int64), -1)
+    np.testing.assert_allclose(picked, sinks["share"], rtol=2e-5, atol=1e-7)  # the index is the key with that share
+    loo = np.stack([np.delete(ref["received"], a, 0).mean(0) for a in range(n)])
+    jack = np.sqrt((n - 1) / n * ((loo - loo.mean(0)) ** 2).sum(0))
+    np.testing.assert_allclose(f.summary_array("weights_key_profile_se", layer), jack, rtol=2e-4, atol=1e-7)
+    np.testing.assert_allclose(f.summary_array("sink_share_se", layer), jack[..., 0], rtol=2e-4, atol=1e-7)
+
+
+def test_rotary_model_rows_formed_again(tmp_path: Path) -> None:
+    model = small_model("rope")
+    ids = np.random.default_rng(5).integers(0, 97, size=(N, T))
+    layer = 1
+    got: dict[str, torch.Tensor] = {}
+    names = [f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"]
+    with capture(model, names, lambda t, name, _r: got.update({name.rsplit("_", 1)[1]: t})), torch.no_grad():
+        model(torch.from_numpy(ids))
+    q, k = (got[x].double().numpy().transpose(0, 2, 1, 3) for x in ("q", "k"))
+    mask = np.tril(np.ones((1, T, T), bool))
+    w = softmax_weights(q, k, float(model.blocks[layer].attn.scale), mask[None])
+    out = tmp_path / "s.h5"
+    biasviz.extract(model, ids, out, layers=[layer], summary=True, resolution=RESOLUTION, device="cpu",
+                    progress=False)  # fmt: skip
+    check_file(out, layer, w, mask)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_sliding_window_model(tmp_path: Path, attention: str) -> None:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(hidden_size=32, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                           num_hidden_layers=1, intermediate_size=64, vocab_size=VOCAB, sliding_window=WINDOW,
+                           max_position_embeddings=64, attn_implementation="sdpa")  # fmt: skip
+    model = MistralForCausalLM(config).eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(2))
+    call = caught_call(model, ids)
+    kept = call["kept"].numpy()
+    w = softmax_weights(call["q"].numpy(), call["k"].numpy(), float(call["scale"]), kept)
+    model.set_attn_implementation(attention)
+    out = tmp_path / "s.h5"
+    biasviz.extract(model, ids, out, summary=True, resolution=RESOLUTION, progress=False)
+    check_file(out, 0, w, kept[0])
+
+
+def test_two_samples_store_no_standard_error(tmp_path: Path) -> None:
+    model = small_model("alibi")
+    ids = np.random.default_rng(1).integers(0, 97, size=(2, 16))
+    out = tmp_path / "s.h5"
+    biasviz.extract(model, ids, out, layers=[0], summary=True, device="cpu", progress=False)
+    held = open_bias_file(out).summary_datasets(0)
+    assert "band_mass" in held and not [name for name in held if name.endswith("_se")]
