@@ -4,6 +4,7 @@ through SDPA (formed again) and through eager attention (streamed as the model f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,28 @@ def test_rotary_model_rows_formed_again(tmp_path: Path) -> None:
     biasviz.extract(model, ids, out, layers=[layer], summary=True, resolution=RESOLUTION, device="cpu",
                     progress=False)  # fmt: skip
     check_file(out, layer, w, mask)
+    check_diagnose(out, w, mask)
+
+
+def check_diagnose(path: Path, w: np.ndarray, mask: np.ndarray) -> None:
+    """``diagnose --json`` lists each head's top keys and the secondary sinks (top key not 0) as the reference has
+    them, and each measure with its SE."""
+    from click.testing import CliRunner
+
+    from biasviz.cli import cli
+
+    out = path.parent / "d.json"
+    result = CliRunner().invoke(cli, ["diagnose", str(path), "--no-figures", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = next(iter(json.loads(out.read_text())["schemes"].values()))
+    ref = reference(w, mask, 1)
+    received = np.nanmean(ref["received"], 0)  # (H, T) mean over samples
+    top = np.argmax(np.nan_to_num(received, nan=-1.0), -1)
+    assert doc["sinks"]["secondary_sink_heads"] == [h + 1 for h in range(len(top)) if top[h] != 0]
+    assert [row[0]["key"] for row in doc["sinks"]["top_keys_per_head"]] == top.tolist()
+    x = ref["band_mass"]
+    se = np.sqrt(((x - x.mean(0)) ** 2).sum(0) / (len(x) * (len(x) - 1)))
+    np.testing.assert_allclose(np.asarray(doc["measures"]["band_mass"]["se"], float), se, rtol=2e-4, atol=2e-6)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -85,6 +108,7 @@ def test_sliding_window_model(tmp_path: Path, attention: str) -> None:
     out = tmp_path / "s.h5"
     biasviz.extract(model, ids, out, summary=True, resolution=RESOLUTION, progress=False)
     check_file(out, 0, w, kept[0])
+    check_diagnose(out, w, kept[0])
 
 
 def test_two_samples_store_no_standard_error(tmp_path: Path) -> None:

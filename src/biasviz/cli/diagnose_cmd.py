@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 
 DEFINITIONS = ("README, Reading the figures and diagnostics; over the causal cells j <= i; "
                "population standard deviations (ddof=0); "
-               "context_dependence is null with fewer than 2 samples; a constant mean bias gives 0")  # fmt: skip
+               "context_dependence is null with fewer than 2 samples; a constant mean bias gives 0; "
+               "measures (SPEC section 14, docs/position-measures.md): mean, std over samples and se = "
+               "sqrt(sum (x_a - mean)^2 / (N (N - 1))), the delete-one jackknife, with 3 samples or more")  # fmt: skip
 
 
 @dataclass
@@ -39,6 +41,7 @@ class _FileResult:
     bias_only: bool = False
     positional: list[HeadDiagnostics] | None = None  # P's measures per head (SPEC section 12), where stored
     sinks: dict[str, object] | None = None
+    measures: dict[str, object] | None = None  # SPEC section 14, with standard errors, where stored
     trained: str | None = None  # how biasviz trained the model, where the file says (drawn as text)
     n_layers: int | None = None  # how many layers the model has (titles say 'layer 11 of 12, final')
 
@@ -59,6 +62,8 @@ class _FileResult:
             doc["positional"] = {"heads": [h.as_json() for h in self.positional]}
         if self.sinks is not None:
             doc["sinks"] = self.sinks
+        if self.measures is not None:
+            doc["measures"] = self.measures
         if self.sweep is not None:
             doc["checkpoints"] = [{"step": step, "heads": [h.as_json() for h in heads]} for step, heads in self.sweep]
         return doc
@@ -131,13 +136,14 @@ def _refuse_figure_options() -> None:
 
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
     from biasviz.diagnostics.measures import diagnose_dataset, diagnose_sweep
-    from biasviz.diagnostics.stored import stored_heads, stored_position, stored_sweep
+    from biasviz.diagnostics.stored import stored_heads, stored_measures, stored_position, stored_sweep
     from biasviz.plotting.titles import trained_text
     from biasviz.store import open_bias_file
 
     with open_bias_file(path, isolated=True) as bf:
         resolved = bf.resolve_layer(layer)
         positional, sinks = stored_position(bf, resolved)
+        measures = stored_measures(bf, resolved)
         if not bf.has_bias(resolved):
             if positional is None and sinks is None:
                 click.echo(f"note: skipped {path}: scheme '{bf.scheme}' adds no bias (extract --summary with two "
@@ -146,7 +152,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
             return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                                seq_len=bf.seq_len, context_dependent=None, heads=[], block=bf.block,
                                resolution=bf.resolution, positional=positional, sinks=sinks,
-                               trained=trained_text(bf), n_layers=bf.n_layers)  # fmt: skip
+                               measures=measures, trained=trained_text(bf), n_layers=bf.n_layers)  # fmt: skip
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
             click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                        "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
@@ -171,7 +177,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                            seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
                            sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only,
-                           positional=positional, sinks=sinks, trained=trained_text(bf),
+                           positional=positional, sinks=sinks, measures=measures, trained=trained_text(bf),
                            n_layers=bf.n_layers)  # fmt: skip
 
 

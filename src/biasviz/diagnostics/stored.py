@@ -14,6 +14,7 @@ import numpy as np
 from biasviz.diagnostics.measures import HeadDiagnostics
 
 SINK_EPSILON = 0.3  # Gu et al. 2025: a head whose first key takes more than this share of the weight is a sink
+TOP_KEYS = 8  # the keys listed per head by received weight (SPEC section 14's sink_keys)
 
 UNDEFINED = {
     "context_dependence": "context dependence is not defined (it needs at least 2 samples)",
@@ -64,7 +65,55 @@ def stored_position(bias_file: Any, layer: int) -> tuple[list[HeadDiagnostics] |
         sinks = {"epsilon": SINK_EPSILON, "share_per_head": [float(x) for x in first],
                  "sink_heads_from_mean": float((first > SINK_EPSILON).mean()),
                  "sink_heads_per_sample": float((share > SINK_EPSILON).mean())}  # fmt: skip
+        sinks.update(_sink_keys(bias_file, summary, layer))
     return heads, sinks
+
+
+def _listed(x: np.ndarray) -> list[Any]:
+    """An array as JSON lists, NaN as null."""
+    return [_listed(v) for v in x] if x.ndim > 1 else [_value(float(v)) for v in x]
+
+
+def _sink_keys(bias_file: Any, summary: Any, layer: int) -> dict[str, Any]:
+    """SPEC section 14: the SE of each head's share of key 0, each head's top keys by mean received weight, and
+    the heads whose top key is not key 0 (secondary sinks), from the mean over samples and per sample."""
+    out: dict[str, Any] = {}
+    if summary.holds(layer, "sink_share_se"):
+        out["share_se_per_head"] = _listed(bias_file.summary_array("sink_share_se", layer))
+    received = bias_file.summary_array("weights_key_profile", layer)[0]  # (H, T) mean weight each key receives
+    top = np.argsort(-np.nan_to_num(received, nan=-1.0), axis=-1, kind="stable")[:, :TOP_KEYS]
+    out["top_keys_per_head"] = [[{"key": int(j), "share": _value(float(received[h, j]))} for j in row]
+                                for h, row in enumerate(top)]  # fmt: skip
+    out["secondary_sink_heads"] = [h + 1 for h in range(len(top)) if top[h, 0] != 0]
+    if summary.holds(layer, "sink_keys"):
+        first = bias_file.summary_array("sink_keys", layer)["index"][..., 0]  # (N, H): each sample's top key
+        out["samples_with_secondary_top_key_per_head"] = [float(x) for x in (first != 0).mean(0)]
+    return out
+
+
+def stored_measures(bias_file: Any, layer: int) -> dict[str, Any] | None:
+    """SPEC section 14's measures of a summary layer as JSON: each mean with its spread over samples and its SE
+    (absent with fewer than 3 samples), by head; None where the file holds none."""
+    from biasviz.store.datasets import MEASURES
+
+    summary = getattr(bias_file, "summary", None)
+    if summary is None or bias_file.bias_only:
+        return None
+    out: dict[str, Any] = {}
+    for row in MEASURES:
+        if row.compound or not summary.holds(layer, row.name):
+            continue
+        values = bias_file.summary_array(row.name, layer)
+        doc = {"axis": row.dims[-1], "mean": _listed(values[0]), "std": _listed(values[1])}
+        if summary.holds(layer, f"{row.name}_se"):
+            doc["se"] = _listed(bias_file.summary_array(f"{row.name}_se", layer))
+        out[row.name] = doc
+    if not out:
+        return None
+    out["distance_bins"] = [[int(a), int(b)] for a, b in summary.distance_bins()]
+    if bias_file.n_samples < 3:
+        out["note"] = "no standard errors: they need 3 samples or more"
+    return out
 
 
 def stored_sweep(bias_file: Any, layer: int) -> list[tuple[int, list[HeadDiagnostics]]]:
@@ -75,4 +124,4 @@ def stored_sweep(bias_file: Any, layer: int) -> list[tuple[int, list[HeadDiagnos
     return [(step, stored_heads(bias_file.at_checkpoint(c), layer)) for c, step in enumerate(steps)]
 
 
-__all__ = ["SINK_EPSILON", "stored_heads", "stored_position", "stored_sweep"]
+__all__ = ["SINK_EPSILON", "stored_heads", "stored_measures", "stored_position", "stored_sweep"]
