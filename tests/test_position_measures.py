@@ -118,3 +118,25 @@ def test_two_samples_store_no_standard_error(tmp_path: Path) -> None:
     biasviz.extract(model, ids, out, layers=[0], summary=True, device="cpu", progress=False)
     held = open_bias_file(out).summary_datasets(0)
     assert "band_mass" in held and not [name for name in held if name.endswith("_se")]
+
+
+def test_bands_and_context_figures_draw_the_stored_means_and_their_95_bands(tmp_path: Path) -> None:
+    """What is drawn is read back: each panel's line is the stored mean (bands: over each bin's width), its shaded
+    band mean ± 1.96 SE from the stored SE."""
+    from biasviz.plotting.measures_plots import bands_figure, context_figure
+
+    model = small_model("alibi")
+    ids = np.random.default_rng(7).integers(0, 97, size=(5, 40))
+    out = tmp_path / "s.h5"
+    biasviz.extract(model, ids, out, layers=[1], summary=True, device="cpu", progress=False)
+    f = open_bias_file(out)
+    bins = f.summary.distance_bins()
+    width = bins[:, 1] - bins[:, 0] + 1
+    for draw, name, scale in ((bands_figure, "band_mass", width), (context_figure, "context_mass", 1)):
+        fig = draw(f, 1, scheme="alibi")
+        mean, se = f.summary_array(name, 1)[0], f.summary_array(f"{name}_se", 1)
+        for h, ax in enumerate(a for a in fig.axes if a.get_visible()):
+            np.testing.assert_allclose(ax.lines[0].get_ydata(), mean[h] / scale, rtol=1e-6)
+            band = ax.collections[0].get_paths()[0].vertices[:, 1]
+            top = (mean[h] + 1.959963984540054 * se[h]) / scale
+            assert np.isclose(band.max(), top.max(), rtol=1e-6), (name, h)

@@ -40,7 +40,8 @@ KEEP_FIGURES = "biasviz.keep_figures"
 )
 @click.option(
     "--kind",
-    type=click.Choice(["bias", "weights", "all", "dynamics", "profile", "std", "positional", "sinks"]),
+    type=click.Choice(["bias", "weights", "all", "dynamics", "profile", "std", "positional", "sinks", "bands",
+                       "context"]),
     default="bias",
     show_default=True,
     help="Draw the additive bias, the post-softmax attention weights, or both; 'profile': per head, the mean "
@@ -49,7 +50,8 @@ KEEP_FIGURES = "biasviz.keep_figures"
     "'extract --checkpoints'): per head, the distance profile b(d) at each checkpoint, coloured by step; "
     "'positional' (a summary of two samples or more): each head's positional logits P(i, j), relative to its "
     "value at distance 0; 'sinks' (a summary): each head's mean weight on the first keys (SPEC section 12). "
-    "On a summary, 'profile' adds P(d) beside b(d).",
+    "On a summary, 'profile' adds P(d) beside b(d). 'bands' and 'context' (a summary, SPEC section 14): the "
+    "weight a query puts at each distance, and on each tenth of the keys it sees, with 95% bands over samples.",
 )
 @click.option(
     "--step", type=int, default=None,
@@ -139,7 +141,7 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
                        keep=ctx.meta.get(KEEP_FIGURES))  # fmt: skip
         if kind == "dynamics":
             written = job.run_dynamics(out_dir, formats, dpi)
-        elif kind in ("positional", "sinks"):
+        elif kind in ("positional", "sinks", "bands", "context"):
             written = job.run_position(kind, out_dir, formats, dpi)
         elif kind in ("profile", "std"):
             written = job.run(["bias", "weights"], out_dir, formats, dpi, what=kind)
@@ -270,12 +272,16 @@ class _PlotJob:
     def run_position(self, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
         """SPEC section 12 from a summary: the grid of P (``positional``) or the weights' first keys (``sinks``)."""
         from biasviz.plotting.heatmap import panel_cells
+        from biasviz.plotting.measures_plots import MEASURE_FIGURES
         from biasviz.plotting.positional import positional_grid, sinks_figure
 
         with self._open() as bf:
             self._check_scheme(bf.scheme)
             layer = bf.resolve_layer(self.layer)
-            if kind == "positional":
+            if kind in MEASURE_FIGURES:  # SPEC section 14
+                draw, what = MEASURE_FIGURES[kind]
+                fig = draw(bf, layer, scheme=self.scheme, style=self.style)
+            elif kind == "positional":
                 fig = positional_grid(bf, layer, scheme=self.scheme, style=self.style,
                                       shared_scale=bool(self.shared_scale), cmap=self.cmap,
                                       max_cells=self.max_cells or panel_cells(self.style, dpi, bf.n_heads))  # fmt: skip
