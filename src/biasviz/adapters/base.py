@@ -233,6 +233,7 @@ class ModelAdapter:
                         sink(layer, "scores", 0, got.scores[layer])  # (B, H, T, T)
                     if layer in got.operands:
                         q, k, scale = got.operands[layer]
+                        sink(layer, "scale", 0, torch.tensor(float(scale)))
                         sink(layer, "q", 0, q)
                         sink(layer, "k", 0, k * scale)
                 got.clear()
@@ -258,6 +259,13 @@ class ModelAdapter:
     def score_scale(self, layer: int) -> float:
         """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
         raise NotImplementedError
+
+    def rotary(self, layer: int) -> Any:
+        """How ``layer``'s call pairs the dims it rotates (:class:`biasviz.summaries.frequency.RotaryLayout`), as the
+        model's own rotary module says; None where it has none (SPEC section 14's frequency measures need it)."""
+        from biasviz.summaries.frequency import find_rotary
+
+        return find_rotary(self.model)
 
     def attended(self, layer: int) -> torch.Tensor | None:
         """The cells ``layer`` attends to, (1, 1 or H, T, T) bool, as the forward under :meth:`keep` masked them, where

@@ -73,6 +73,15 @@ class BiasGPTAdapter(ModelAdapter):
     def scheme_module(self, layer: int) -> nn.Module | None:
         return self.model.blocks[layer].attn.pos_bias
 
+    def rotary(self, layer: int) -> Any:
+        """The ``rope`` scheme's layout: half-split over its first ``rotary_dim`` dims (SPEC section 12)."""
+        from biasviz.summaries.frequency import RotaryLayout
+
+        module = self.scheme_module(layer)
+        if not getattr(module, "rotary", False):
+            return None
+        return RotaryLayout(interleaved=False, rotary_dims=int(module.rotary_dim))
+
     @property
     def context_dependent(self) -> bool:
         """As the model's scheme modules say (FoX with a bias-only gate is context-free)."""

@@ -49,6 +49,7 @@ from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.bank import SampleBank
+from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.streamed_position import StreamedPosition
@@ -142,7 +143,8 @@ def summarise(
     else:
         position = {layer: StreamedPosition(layer, heads=adapter.n_heads, seq_len=seq_len, samples=total, local=n,
                                             block=block, causal=adapter.layer_causal(layer), device=dev,
-                                            positional=positional, measures=measures)
+                                            positional=positional, measures=measures,
+                                            rotary=adapter.rotary(layer) if measures else None)
                     for layer in layer_list} if streamed_position else {}
         _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position)
         held = merge(parts, position) if merge is not None else True
@@ -307,6 +309,7 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                     replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
                                  adds_bias=bool(adapter.adds_bias), tick=bar.update,
                                  formula=layer in formula)  # fmt: skip
+                frequency = {} if extra.measures is None else _frequency_use(adapter, bank, layer, heads)
                 bank.drop(layer)
                 positional = None if extra.positional is None else extra.positional.result()
                 extras[layer] = PositionSummary(
@@ -318,11 +321,23 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                     sink_share=(extra.sinks / (seq_len if attended is None else attended.per_key[:, 0].to(dev)))
                     .float().cpu().numpy(),
                     attended=None if attended is None else attended.block_shares(block, heads).cpu().numpy(),
-                    measures=None if extra.measures is None else extra.measures.result().arrays,
+                    measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency},
                 )
     finally:
         bank.close()
     return extras
+
+
+def _frequency_use(adapter: ModelAdapter, bank: SampleBank, layer: int, heads: int) -> dict[str, np.ndarray]:
+    """SPEC section 14's ``frequency_use`` from every sample's q and k in the bank, where the call rotates them."""
+    layout = adapter.rotary(layer)
+    if layout is None:
+        return {}
+    use = FrequencyUse(layout, bank.samples)
+    for a in range(bank.samples):
+        q, k = (bank.get(layer, name, a, 0, bank.seq_len(layer, name)) for name in ("q", "k"))
+        use.add(a, *(x.view(1, x.shape[0], heads, -1).transpose(1, 2) for x in (q, k)))
+    return use.result()
 
 
 def _sample_sum(bank: SampleBank, layer: int, name: str, heads: int) -> torch.Tensor:

@@ -46,6 +46,8 @@ MEASURES: tuple[DatasetRow, ...] = (
                "entropy (nats) of each query's weights, block-averaged"),
     DatasetRow("sink_keys", ("sample", "head", "rank"), "sinks",
                "per sample and head, the keys with the highest mean received weight"),
+    DatasetRow("frequency_use", ("operand", "head", "pair"), "norm",
+               "rotary calls: mean 2-norm of each rotary pair of q (0) and k (1), the unrotated dims last"),
 )  # fmt: skip
 # the standard error beside a mean over samples: its mean row's shape without the stat axis
 STANDARD_ERRORS: tuple[DatasetRow, ...] = (
@@ -53,6 +55,7 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
       for row in MEASURES if row.dims[0] == "stat"),
     DatasetRow("weights_key_profile_se", ("head", "key"), "se", "standard error of the key profile's mean"),
     DatasetRow("sink_share_se", ("head",), "se", "standard error of the mean sink share over samples"),
+    DatasetRow("frequency_use_se", ("operand", "head", "pair"), "se", "standard error of frequency_use"),
 )  # fmt: skip
 ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
 
@@ -77,10 +80,11 @@ def distance_bins(seq_len: int) -> np.ndarray:
     return np.asarray(direct + spans, dtype=np.int64)
 
 
-def dimension_sizes(*, heads: int, seq_len: int, samples: int, blocks: int) -> dict[str, int]:
-    """The length of every named dimension in a file of these sizes."""
-    return {"stat": 2, "head": heads, "distance_bin": len(distance_bins(seq_len)), "segment": SEGMENTS,
-            "query_block": blocks, "sample": samples, "rank": SINK_RANKS, "key": seq_len}  # fmt: skip
+def dimension_sizes(*, heads: int, seq_len: int, samples: int, blocks: int, pairs: int = 0) -> dict[str, int]:
+    """The length of every named dimension in a file of these sizes (``pairs``: the rotary pairs a layer's
+    ``frequency_use`` holds, its own: the model's layout decides it)."""
+    return {"stat": 2, "operand": 2, "head": heads, "distance_bin": len(distance_bins(seq_len)), "segment": SEGMENTS,
+            "query_block": blocks, "sample": samples, "rank": SINK_RANKS, "key": seq_len, "pair": pairs}  # fmt: skip
 
 
 def shape_of(row: DatasetRow, sizes: dict[str, int]) -> tuple[int, ...]:
@@ -100,7 +104,7 @@ def values_fault(row: DatasetRow, values: np.ndarray) -> str | None:
     v = np.asarray(values, dtype=np.float64)
     if np.isinf(v).any():
         return "holds infinite values"
-    if row.check in ("std", "se") and (v < 0).any():
+    if row.check in ("std", "se", "norm") and (v < 0).any():
         return "holds negative spreads"
     if row.check == "share":
         stat_mean = v[0] if row.dims[0] == "stat" else v

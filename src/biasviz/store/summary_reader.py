@@ -245,6 +245,8 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
         ds = checks._h5[f"{group}/{name}"]
         if name in datasets.ROWS:  # SPEC section 14: the table says its shape
             row = datasets.ROWS[name]
+            if "pair" in row.dims and ds.ndim == len(lead) + len(row.dims):  # the model's own number of pairs
+                sizes["pair"] = max(1, ds.shape[len(lead) + row.dims.index("pair")])
             shape = (*lead, *datasets.shape_of(row, sizes))
             kind_ok = ds.dtype.names is not None if row.compound else ds.dtype.kind == "f"
             if ds.shape != shape or not kind_ok:

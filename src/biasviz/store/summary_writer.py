@@ -124,6 +124,7 @@ def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads
         "query_block": starts,
         "key_block": starts.copy(),
         "stat": np.asarray([0, 1], dtype=np.int32),  # 0: mean, 1: std
+        "operand": np.asarray([0, 1], dtype=np.int32),  # 0: q, 1: k
         "distance": np.arange(seq_len, dtype=np.int32),
         "key": np.arange(seq_len, dtype=np.int32),
         "from_key": np.asarray(POSITIONAL_FROM_KEYS, dtype=np.int32),
@@ -134,6 +135,7 @@ def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads
     for name, values in scales.items():
         f.create_dataset(name, data=values).make_scale(name)
     f["stat"].attrs["names"] = "mean,std"
+    f["operand"].attrs["names"] = "q,k"
     bins = f.create_dataset(datasets.DISTANCE_BINS, data=datasets.distance_bins(seq_len))
     bins.attrs["columns"] = "first,last"
     ds = f.create_dataset("input_ids", data=ids)
@@ -174,7 +176,8 @@ def _write_compressed(grp: h5py.Group, name: str, data: np.ndarray) -> h5py.Data
 def _label(f: h5py.File, ds: h5py.Dataset, dims: Sequence[str]) -> None:
     for axis, name in enumerate(dims):
         ds.dims[axis].label = name
-        ds.dims[axis].attach_scale(f[name])
+        if name in f and f[name].shape == (ds.shape[axis],):  # a rotary pair's axis has no scale: its own length
+            ds.dims[axis].attach_scale(f[name])
 
 
 # attributes the summary layout sets itself

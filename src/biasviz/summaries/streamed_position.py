@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from biasviz.summaries.attended import Attended
+from biasviz.summaries.frequency import FrequencyUse, RotaryLayout
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.weight_measures import WeightMeasures
 
@@ -29,7 +30,7 @@ class StreamedPosition:
 
     def __init__(self, layer: int, *, heads: int, seq_len: int, samples: int, block: int, causal: bool,
                  device: torch.device, positional: bool = True, local: int | None = None,
-                 measures: bool = True) -> None:  # fmt: skip
+                 measures: bool = True, rotary: RotaryLayout | None = None) -> None:  # fmt: skip
         """``samples``: N, over every process; ``local``: those this process streams (default: all of them);
         ``measures``: SPEC section 14's measures of the weights."""
         self.layer, self.heads, self.seq_len, self.samples = layer, heads, seq_len, samples
@@ -42,6 +43,8 @@ class StreamedPosition:
         self.keys = KeyProfile(heads, seq_len, device, causal=causal)
         self.sinks = torch.zeros(samples if local is None else local, heads, dtype=torch.float64, device=device)
         self.measures = self._measures(None) if measures else None
+        self.frequency = FrequencyUse(rotary, len(self.sinks)) if measures and rotary is not None else None
+        self._scale = 1.0  # the call's c, by which the stream multiplied k
 
     attended: Attended | None = None  # the call's own mask, where not the causal triangle (SPEC section 13)
 
@@ -69,10 +72,15 @@ class StreamedPosition:
     def add(self, kind: str, first: int, row0: int, block: torch.Tensor) -> None:
         """Rows ``row0 ..`` of samples ``first ..`` of one kind ("scores", "bias", "weights"): (B or 1, H, rows, K),
         masked cells NaN (0 in the weights); a bias of one sample for the whole batch counts for each."""
+        if kind == "scale":  # before q and k
+            self._scale = float(block)
+            return
         if kind in ("q", "k"):  # the call's q, then its k already multiplied by the call's scale
             if kind == "q":
                 self._pending = block
             elif self._pending is not None:
+                if self.frequency is not None:
+                    self.frequency.add(first, self._pending, block / self._scale)
                 self.operands(self._pending, block)
                 self._pending = None
             return
@@ -105,6 +113,8 @@ class StreamedPosition:
         sums.update(keys=self.keys.sums, sinks=self.sinks)
         if self.measures is not None:
             sums.update({f"measures.{name}": t for name, t in self.measures.sums().items()})
+        if self.frequency is not None and self.frequency.per_sample is not None:
+            sums["frequency"] = self.frequency.per_sample
         return {name: None if t is None else t.cpu() for name, t in sums.items()}
 
     def join(self, states: list[dict[str, torch.Tensor | None]]) -> None:
@@ -123,6 +133,9 @@ class StreamedPosition:
             self.measures = self._measures(self.attended)  # now over every process's samples
             self.measures.join([{k.removeprefix("measures."): v for k, v in s.items() if k.startswith("measures.")}
                                 for s in states])  # fmt: skip
+        if self.frequency is not None:
+            self.frequency.samples = self.samples
+            self.frequency.per_sample = torch.cat([s["frequency"] for s in states]).to(self.device)
 
     def result(self) -> PositionSummary:
         """P's block means, distance profile and diagnostics (None with one sample), the key profile, sink shares."""
@@ -146,4 +159,13 @@ class StreamedPosition:
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
                                key_profile=self.keys.result().cpu().numpy(),
                                sink_share=(self.sinks / seeing).float().cpu().numpy(), attended=shares,
-                               measures=None if self.measures is None else self.measures.result().arrays)  # fmt: skip
+                               measures=self._measure_arrays())  # fmt: skip
+
+    def _measure_arrays(self) -> dict | None:
+        """SPEC section 14's arrays: the weights' measures, and the rotary frequencies' use where the call rotates."""
+        if self.measures is None:
+            return None
+        arrays = self.measures.result().arrays
+        if self.frequency is not None and self.frequency.per_sample is not None:
+            arrays.update(self.frequency.result())
+        return arrays
