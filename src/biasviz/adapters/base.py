@@ -261,9 +261,9 @@ class ModelAdapter:
         raise NotImplementedError
 
     def rotary(self, layer: int) -> Any:
-        """How ``layer``'s call pairs the dims it rotates (:class:`biasviz.summaries.frequency.RotaryLayout`), as the
+        """How ``layer``'s call pairs the dims it rotates (:class:`biasviz.adapters.rotary.RotaryLayout`), as the
         model's own rotary module says; None where it has none (SPEC section 14's frequency measures need it)."""
-        from biasviz.summaries.frequency import find_rotary
+        from biasviz.adapters.rotary import find_rotary
 
         return find_rotary(self.model)
 

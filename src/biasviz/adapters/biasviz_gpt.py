@@ -75,7 +75,7 @@ class BiasGPTAdapter(ModelAdapter):
 
     def rotary(self, layer: int) -> Any:
         """The ``rope`` scheme's layout: half-split over its first ``rotary_dim`` dims (SPEC section 12)."""
-        from biasviz.summaries.frequency import RotaryLayout
+        from biasviz.adapters.rotary import RotaryLayout
 
         module = self.scheme_module(layer)
         if not getattr(module, "rotary", False):

@@ -49,7 +49,7 @@ from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.bank import SampleBank
-from biasviz.summaries.frequency import FrequencyUse
+from biasviz.summaries.frequency import frequency_from_bank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.streamed_position import StreamedPosition
@@ -309,7 +309,8 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                     replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
                                  adds_bias=bool(adapter.adds_bias), tick=bar.update,
                                  formula=layer in formula)  # fmt: skip
-                frequency = {} if extra.measures is None else _frequency_use(adapter, bank, layer, heads)
+                frequency = ({} if extra.measures is None
+                             else frequency_from_bank(adapter.rotary(layer), bank, layer, heads))  # fmt: skip
                 bank.drop(layer)
                 positional = None if extra.positional is None else extra.positional.result()
                 extras[layer] = PositionSummary(
@@ -326,18 +327,6 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     finally:
         bank.close()
     return extras
-
-
-def _frequency_use(adapter: ModelAdapter, bank: SampleBank, layer: int, heads: int) -> dict[str, np.ndarray]:
-    """SPEC section 14's ``frequency_use`` from every sample's q and k in the bank, where the call rotates them."""
-    layout = adapter.rotary(layer)
-    if layout is None:
-        return {}
-    use = FrequencyUse(layout, bank.samples)
-    for a in range(bank.samples):
-        q, k = (bank.get(layer, name, a, 0, bank.seq_len(layer, name)) for name in ("q", "k"))
-        use.add(a, *(x.view(1, x.shape[0], heads, -1).transpose(1, 2) for x in (q, k)))
-    return use.result()
 
 
 def _sample_sum(bank: SampleBank, layer: int, name: str, heads: int) -> torch.Tensor:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from biasviz.adapters.rotary import RotaryLayout
 from biasviz.summaries.attended import Attended
-from biasviz.summaries.frequency import FrequencyUse, RotaryLayout
+from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.weight_measures import WeightMeasures
 
