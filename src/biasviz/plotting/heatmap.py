@@ -3,8 +3,8 @@
 ``head_heatmap`` draws one matrix into an Axes; ``head_grid`` draws one panel per head (3 columns,
 ``Head 1`` ... ``Head H``), each with its own colorbar unless one shared scale is asked for. Both
 return what they drew into, so users can compose their own figures. Query rows run top to bottom and
-key columns left to right; NaN cells (the causal mask) are transparent. The image is rasterized so a
-PDF keeps vector text and axes around a compact bitmap without seams between cells.
+key columns left to right; NaN cells (the causal mask) take a neutral colour of their own. A PDF or SVG keeps
+vector text and axes around each panel's bitmap, embedded at its own resolution: one image pixel per drawn cell.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ from biasviz.store import causal_cells
 
 N_COLS = 3
 #: Cells are drawn as they are, never filtered: a filter mixes neighbouring cells into colours that are not on
-#: the colorbar (T5's bucket stripes blur). Long matrices are block-reduced first (every cell counted in its
-#: block's mean), so nearest sampling at the raster's resolution drops no information worth a pixel.
-INTERPOLATION = "nearest"
+#: the colorbar (T5's bucket stripes blur). 'none' (not 'nearest', and the image not rasterized): a PDF or SVG
+#: embeds the matrix itself, one image pixel per cell, whatever dpi it is saved at (a 512-cell panel saved at
+#: 100 dpi kept 134 of them); a PNG samples the nearest cell, so matrices larger than its panel's pixels are
+#: block-reduced first (every cell counted in its block's mean).
+INTERPOLATION = "none"
 _NICE_STEPS = (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000)
 
 
@@ -207,7 +209,6 @@ class _HeatmapPainter:
         im = ax.imshow(self.m, cmap=cmap, norm=norm, origin="upper", interpolation=INTERPOLATION,
                        interpolation_stage="data", extent=(-0.5, span - 0.5, span - 0.5, -0.5),
                        aspect="equal")  # fmt: skip
-        im.set_rasterized(True)
         ax.set_xlim(-0.5, self.seq_len - 0.5)
         ax.set_ylim(self.seq_len - 0.5, -0.5)
         self._ticks()
