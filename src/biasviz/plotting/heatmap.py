@@ -252,6 +252,16 @@ class _HeatmapPainter:
             cb.solids.set_edgecolor("face")
 
 
+def _bar_length_pt(fig: Figure | SubFigure, bars: Sequence[mpl.colorbar.Colorbar]) -> float | None:
+    """The printed length in points of the shortest of ``bars`` once the figure is laid out (the layout engine
+    shrinks a 12-head grid's bars at a column's width to about half a panel's width)."""
+    if not bars:
+        return None
+    root = fig.get_figure(root=True)
+    root.draw_without_rendering()
+    return min(cb.ax.get_window_extent().height for cb in bars) / root.dpi * 72
+
+
 class TrimmedFormatter(ScalarFormatter):
     """Matplotlib's plain tick labels without trailing zeros: one rule for every colorbar of a figure, so that 0
     reads "0" on every head (not "0" on one and "0.0" on the next) and 1 reads "1", whatever each bar's step.
@@ -346,7 +356,8 @@ class _GridPainter:
                 ax.set_visible(False)
             if self.opt.shared_scale and self.n_heads:
                 bars.append(self._shared_colorbar(fig, axes[: self.n_heads]))
-            format_colorbars(bars, nbins=5 if figure_width_in(fig) >= 4.0 else 4)  # one number format per figure
+            # one number format per figure; labels spaced for the shortest bar as laid out
+            format_colorbars(bars, nbins=5 if figure_width_in(fig) >= 4.0 else 4, length_pt=_bar_length_pt(fig, bars))
             sizes = font_sizes(figure_width_in(fig))
             fig.supxlabel("Key position", fontsize=sizes["base"])
             fig.supylabel("Query position", fontsize=sizes["base"])
