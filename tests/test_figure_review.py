@@ -136,7 +136,7 @@ def test_colorbar_limits_of_a_4096_position_figure_are_the_data_extremes(long_fi
         assert extends and set(extends) == {"max"}  # the clipped largest weights: an arrow
 
 
-@pytest.mark.parametrize(("sample", "said"), [("0", "sample 1 of 3 (the bias depends on the input"),
+@pytest.mark.parametrize(("sample", "said"), [("0", "sample 0 of 3 (the bias depends on the input"),
                                               ("mean", "mean of 3 samples")])  # fmt: skip
 def test_a_context_dependent_bias_says_which_sample_it_shows(tmp_path: object, make_bias_file: object,
                                                             capsys: pytest.CaptureFixture[str], sample: str,

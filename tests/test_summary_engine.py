@@ -7,6 +7,7 @@ h5py) reduced by numpy: per-cell mean and standard deviation over samples, then 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import h5py
@@ -123,10 +124,18 @@ def test_progress_in_a_log_is_a_heartbeat_line_in_blocks_and_quiet_silences_it(
     assert code == 0, err
     beats = [line for line in err.splitlines() if line.startswith("summarise")]
     assert len(beats) >= 3 and "\r" not in err
-    assert all("block" in line and "/" in line and "<" in line for line in beats)  # count, rate, time left
-    assert any("forward" in line for line in beats) and any("layer 1" in line for line in beats)
-    counts = [int(line.split("/")[0].split()[-1]) for line in beats]
-    assert counts == sorted(counts) and counts[-1] == int(beats[-1].split("/")[1].split()[0])  # it ends at its total
+    assert all("/" in line and "<" in line for line in beats)  # count, rate, time left
+    # one count per phase, named on every line: the forward (3 samples x 2 layers), then the layer's blocks
+    phases: dict[str, list[tuple[int, int]]] = {}
+    for line in beats:
+        m = re.match(r"summarise \(phase \d of 2\): (forward|layer 1): +\d+% (\d+)/(\d+) \[", line)
+        assert m, line
+        phases.setdefault(m.group(1), []).append((int(m.group(2)), int(m.group(3))))
+    assert list(phases) == ["forward", "layer 1"], list(phases)
+    assert {total for _, total in phases["forward"]} == {3 * 2}
+    for counts in phases.values():
+        assert [d for d, _ in counts] == sorted(d for d, _ in counts) and counts[-1][0] == counts[-1][1]
+    assert all(line.startswith("summarise (phase 1 of 2): forward") for line in beats[: len(phases["forward"])])
     code, _, err = run_cli([*common, "--out", str(tmp_path / "b.h5"), "--quiet"], capsys)
     assert code == 0 and not [line for line in err.splitlines() if line.startswith("summarise")], err
 

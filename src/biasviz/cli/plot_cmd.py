@@ -10,7 +10,7 @@ import click
 from click.core import ParameterSource
 
 from biasviz.cli.options import NonEmptyPath, config_option, figure_output_options, with_config
-from biasviz.cli.plot_options import fit_to_kind, parse_sample
+from biasviz.cli.plot_options import check_scheme, fit_to_kind, kinds_held, parse_sample
 from biasviz.common.errors import BiasvizError
 from biasviz.common.names import display_name
 
@@ -102,11 +102,14 @@ KEEP_FIGURES = "biasviz.keep_figures"
     help="Largest matrix drawn cell for cell; larger ones are block-reduced first.  [default: as many cells as a "
     "panel has pixels at --dpi (and at 300 dpi in PDF/SVG), so no cell is dropped]",
 )
+@click.option("--caption", is_flag=True,
+              help="Also write <figure>.tex beside each figure: a LaTeX \\caption{...} saying what it shows, from the "
+                   "file (replaced as the figures are).")  # fmt: skip
 @figure_output_options
 def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
          normalize: str, shared_scale: bool | None, cmap: str | None, log_scale: bool, log_distance: bool,
          formats_text: str, style: str, width: str | None, dpi: int, reduce_how: str, max_cells: int | None,
-         out_dir: Path) -> None:  # fmt: skip
+         out_dir: Path, caption: bool = False) -> None:  # fmt: skip
     """Draw one panel per head (4 x 3 for 12 heads), as in Figures 10-14 of the CABLE paper.
 
     Writes OUT_DIR/<scheme>_bias.pdf/.png (and <scheme>_weights.* for --kind weights|all).
@@ -138,7 +141,7 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
                        shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, log_distance=log_distance,
                        style=style, reduce_how=reduce_how,
                        max_cells=max_cells, staged=staged, step=step, sample_given=sample_given,
-                       keep=ctx.meta.get(KEEP_FIGURES))  # fmt: skip
+                       keep=ctx.meta.get(KEEP_FIGURES), caption=caption)  # fmt: skip
         if kind == "dynamics":
             written = job.run_dynamics(out_dir, formats, dpi)
         elif kind in ("positional", "sinks", "bands", "context"):
@@ -171,16 +174,24 @@ class _PlotJob:
     step: int | None = None
     sample_given: bool = False  # --sample was given (command line or config), not left at its default
     keep: list[tuple[Figure, str | None]] | None = None  # Python's biasviz.plot: the figures, not files
+    caption: bool = False  # --caption: <stem>.tex beside the figures
 
-    def _save(self, fig: Figure, stem: Path, formats: list[str], **options: Any) -> list[Path]:
-        """Save ``fig``, or keep it with its style for ``biasviz.plot``: Python gets the figure the command writes."""
+    def _save(self, fig: Figure, stem: Path, formats: list[str], caption: str | None = None,
+              **options: Any) -> list[Path]:  # fmt: skip
+        """Save ``fig`` (and, with --caption, its LaTeX caption as ``stem.tex``), or keep it with its style for
+        ``biasviz.plot``: Python gets the figure the command writes, its caption as ``fig.biasviz_caption``."""
+        from biasviz.plotting.caption import write_caption
         from biasviz.plotting.save import save_figure
         from biasviz.plotting.style import DEFAULT_STYLE
 
         if self.keep is not None:
+            fig.biasviz_caption = caption  # type: ignore[attr-defined]
             self.keep.append((fig, options.get("style", DEFAULT_STYLE)))
             return []
-        return save_figure(fig, stem, formats, **options)
+        written = save_figure(fig, stem, formats, **options)
+        if self.caption and caption is not None and self.staged is not None:
+            written.append(write_caption(stem, caption, self.staged))
+        return written
 
     def _open(self) -> BiasFile:
         """The file, showing the checkpoint of ``--step`` in a sweep (the last by default)."""
@@ -199,6 +210,7 @@ class _PlotJob:
     def run_dynamics(self, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
         from biasviz.diagnostics.measures import diagnose_sweep
         from biasviz.diagnostics.stored import stored_sweep
+        from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
         from biasviz.plotting.dynamics import dynamics_grid, sweep_title
 
         with self._open() as bf:
@@ -214,14 +226,15 @@ class _PlotJob:
                                    "without normalization; drop --normalize")  # fmt: skip
             sweep = stored_sweep(bf, layer) if bf.is_summary else diagnose_sweep(bf, layer, self.normalize)
             title = sweep_title(bf, layer, self.scheme)
-        steps = ", ".join(str(s) for s, _ in sweep)
+            steps = ", ".join(str(s) for s, _ in sweep)
+            caption = Caption(self.scheme, PROFILE_QUANTITIES["dynamics"], layer, f"steps {steps}").latex(bf)
         info = {"title": f"{self.scheme} bias against distance over training (layer {layer})",
                 "description": f"mean b(d) over samples and cells with i - j = d at steps {steps}; "
                                f"source: {self.path}",
                 "source": display_name(self.path),
                 "keywords": f"biasviz; scheme={self.scheme}; kind=dynamics; layer={layer}"}  # fmt: skip
         fig = dynamics_grid(sweep, style=self.style, log_distance=self.log_distance, title=title)
-        return self._save(fig, out_dir / f"{self.scheme}_dynamics", formats,
+        return self._save(fig, out_dir / f"{self.scheme}_dynamics", formats, caption,
                            dpi=dpi, info=info, style=self.style, staged=self.staged)  # fmt: skip
 
     def run(self, kinds: list[str], out_dir: Path, formats: list[str], dpi: int, what: str = "matrix") -> list[Path]:
@@ -257,7 +270,9 @@ class _PlotJob:
 
     def _draw_positional_profile(self, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
                                  dpi: int) -> list[Path]:  # fmt: skip
+        from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
         from biasviz.plotting.positional import positional_profile_figure
+        from biasviz.plotting.titles import samples_text
 
         fig = positional_profile_figure(bf, layer, scheme=self.scheme, style=self.style,
                                         log_distance=self.log_distance)  # fmt: skip
@@ -266,14 +281,18 @@ class _PlotJob:
                 "description": f"P(d) over all keys and over keys j >= 4, and b(d); {bf.n_samples} samples; "
                                f"source: {self.path}",
                 "keywords": f"biasviz; scheme={self.scheme}; kind=positional_profile; layer={layer}"}  # fmt: skip
-        return self._save(fig, out_dir / f"{self.scheme}_positional_profile", formats, dpi=dpi, info=info,
-                           style=self.style, staged=self.staged)  # fmt: skip
+        caption = Caption(self.scheme, PROFILE_QUANTITIES["positional"], layer, samples_text(bf.n_samples))
+        return self._save(fig, out_dir / f"{self.scheme}_positional_profile", formats, caption.latex(bf), dpi=dpi,
+                           info=info, style=self.style, staged=self.staged)  # fmt: skip
 
     def run_position(self, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
         """SPEC section 12 from a summary: the grid of P (``positional``) or the weights' first keys (``sinks``)."""
+        from biasviz.plotting.caption import PROFILE_QUANTITIES, QUANTITIES, Caption, grid_reading
         from biasviz.plotting.heatmap import panel_cells
         from biasviz.plotting.measures_plots import MEASURE_FIGURES
         from biasviz.plotting.positional import positional_grid, sinks_figure
+        from biasviz.plotting.profiles import blocks_note
+        from biasviz.plotting.titles import samples_text
 
         with self._open() as bf:
             self._check_scheme(bf.scheme)
@@ -286,51 +305,34 @@ class _PlotJob:
                                       shared_scale=bool(self.shared_scale), cmap=self.cmap,
                                       max_cells=self.max_cells or panel_cells(self.style, dpi, bf.n_heads))  # fmt: skip
                 what = "positional logits P(i, j) minus each head's P at distance 0"
+                caption = Caption(self.scheme, QUANTITIES["positional"], layer, samples_text(bf.n_samples),
+                                  [d for d in [blocks_note(bf)] if d],
+                                  grid_reading(fig, bf.causal, "positional", bool(self.shared_scale)))  # fmt: skip
             else:
                 fig = sinks_figure(bf, layer, scheme=self.scheme, style=self.style)
                 what = "mean attention weight on each of the first keys (sink share at key 0)"
+                caption = Caption(self.scheme, PROFILE_QUANTITIES["sinks"], layer, samples_text(bf.n_samples))
             info = {"title": f"{self.scheme} {kind} (layer {layer})", "source": display_name(self.path),
                     "description": f"{what}; over {bf.n_samples} samples; source: {self.path}",
                     "keywords": f"biasviz; scheme={self.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
-            return self._save(fig, out_dir / f"{self.scheme}_{kind}", formats, dpi=dpi, info=info, style=self.style,
-                               staged=self.staged)  # fmt: skip
+            return self._save(fig, out_dir / f"{self.scheme}_{kind}", formats, caption.latex(bf), dpi=dpi, info=info,
+                               style=self.style, staged=self.staged)  # fmt: skip
 
     def _kinds_held(self, bf: BiasFile, kinds: list[str], layer: int, what: str) -> list[str]:
-        """``kinds`` less those the file cannot hold (bias-only, no bias); an error when none is left."""
-        either = what != "matrix"  # profile and std draw whichever of bias and weights the file holds
-        if bf.bias_only and "weights" in kinds:
-            if kinds == ["weights"]:
-                raise BiasvizError(f"{self.path} holds the bias only (extract --bias-only): no attention "
-                                   "weights to plot; use --kind bias")  # fmt: skip
-            kinds = [k for k in kinds if k != "weights"]
-        if "bias" in kinds and not bf.has_bias(layer):
-            if kinds == ["bias"]:
-                raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {self.path} holds none; "
-                                   "plot its attention weights with --kind weights")  # fmt: skip
-            if not either:
-                click.echo(f"note: scheme '{bf.scheme}' adds no bias; drawing the attention weights only", err=True)
-            kinds = [k for k in kinds if k != "bias"]
-        return kinds
+        return kinds_held(bf, kinds, layer, what, self.path)
 
     def _check_scheme(self, stored: str) -> None:
-        from biasviz.schemes import canonical_name
-
-        try:
-            stored_name = canonical_name(stored)
-        except BiasvizError:
-            stored_name = stored
-        if stored_name != self.scheme:
-            raise BiasvizError(f"{self.path} holds scheme '{stored}', not '{self.scheme}'; "
-                               f"pass --scheme {stored} or another --input")  # fmt: skip
+        check_scheme(stored, self.scheme, self.path)
 
     def _draw(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str], dpi: int,
               std: bool = False) -> list[Path]:  # fmt: skip
         import numpy as np
 
+        from biasviz.plotting.caption import QUANTITIES, Caption, grid_reading
         from biasviz.plotting.heatmap import head_grid, panel_cells
         from biasviz.plotting.load import load_heads, load_summary_heads
         from biasviz.plotting.profiles import blocks_note, samples_phrase
-        from biasviz.plotting.titles import file_title, which_sample
+        from biasviz.plotting.titles import file_title, samples_text, which_sample
 
         normalize = self.normalize if kind == "bias" else "none"
         cells = self.max_cells or panel_cells(self.style, dpi, bf.n_heads)
@@ -368,13 +370,21 @@ class _PlotJob:
             "keywords": (f"biasviz; scheme={self.scheme}; kind={panel_kind}; layer={heads.layer}; sample={sample}; "
                          f"normalize={normalize}; reduction={reduction}; source={self.path}"),
         }  # fmt: skip
-        return self._save(fig, out_dir / stem, formats, dpi=dpi, info=info, staged=self.staged)
+        if normalize == "diagonal":
+            details.append("each row relative to its value on the diagonal (--normalize diagonal)")
+        if heads.reduction.factor > 1:
+            details.append(f"drawn as {heads.reduction.how}s of {heads.reduction.factor} × {heads.reduction.factor} "
+                           f"{'blocks' if bf.is_summary else 'cells'} (--max-cells)")  # fmt: skip
+        caption = Caption(self.scheme, QUANTITIES[panel_kind], heads.layer, which or samples_text(bf.n_samples),
+                          [d for d in details if d], grid_reading(fig, bf.causal, panel_kind, shared, log))  # fmt: skip
+        return self._save(fig, out_dir / stem, formats, caption.latex(bf), dpi=dpi, info=info, staged=self.staged)
 
     def _draw_profile(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str],
                       dpi: int) -> list[Path]:  # fmt: skip
+        from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
         from biasviz.plotting.diagnostics_plots import PALETTE, profile_grid
         from biasviz.plotting.profiles import YLABELS, as_heads, file_profiles, profile_note
-        from biasviz.plotting.titles import file_title
+        from biasviz.plotting.titles import file_title, samples_text
 
         normalize = self.normalize if kind == "bias" else "none"
         profiles = file_profiles(bf, kind, layer, normalize)
@@ -387,7 +397,9 @@ class _PlotJob:
         info = {"title": f"{self.scheme} {kind} against distance (layer {layer})", "source": display_name(self.path),
                 "description": f"{over} (population std); normalize {normalize}; source: {self.path}",
                 "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip
-        return self._save(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, dpi=dpi, info=info,
-                           style=self.style, staged=self.staged)  # fmt: skip
+        which = samples_text(bf.n_samples, bias_only=bf.bias_only)
+        caption = Caption(self.scheme, PROFILE_QUANTITIES[kind], layer, which)
+        return self._save(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, caption.latex(bf), dpi=dpi,
+                           info=info, style=self.style, staged=self.staged)  # fmt: skip
 
 

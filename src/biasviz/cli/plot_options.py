@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import click
 from click.core import ParameterSource
 
-from biasviz.common.errors import UsageError
+from biasviz.common.errors import BiasvizError, UsageError
+
+if TYPE_CHECKING:
+    from biasviz.store import BiasFile
 
 
 def parse_sample(value: str) -> int | str:
@@ -44,3 +50,34 @@ def fit_to_kind(ctx: click.Context, kind: str, normalize: str, log_scale: bool, 
             raise UsageError(message)
     return ("none" if misfits["normalize"][0] else normalize, log_scale and not misfits["log_scale"][0],
             log_distance and not misfits["log_distance"][0], sample_given and not misfits["sample_text"][0])
+
+
+def kinds_held(bf: BiasFile, kinds: list[str], layer: int, what: str, path: Path) -> list[str]:
+    """``kinds`` less those the file cannot hold (bias-only, no bias); an error when none is left."""
+    either = what != "matrix"  # profile and std draw whichever of bias and weights the file holds
+    if bf.bias_only and "weights" in kinds:
+        if kinds == ["weights"]:
+            raise BiasvizError(f"{path} holds the bias only (extract --bias-only): no attention "
+                               "weights to plot; use --kind bias")  # fmt: skip
+        kinds = [k for k in kinds if k != "weights"]
+    if "bias" in kinds and not bf.has_bias(layer):
+        if kinds == ["bias"]:
+            raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {path} holds none; "
+                               "plot its attention weights with --kind weights")  # fmt: skip
+        if not either:
+            click.echo(f"note: scheme '{bf.scheme}' adds no bias; drawing the attention weights only", err=True)
+        kinds = [k for k in kinds if k != "bias"]
+    return kinds
+
+
+def check_scheme(stored: str, scheme: str, path: Path) -> None:
+    """An error unless the file at ``path`` holds ``scheme`` (``--scheme`` names the input and the outputs)."""
+    from biasviz.schemes import canonical_name
+
+    try:
+        stored_name = canonical_name(stored)
+    except BiasvizError:
+        stored_name = stored
+    if stored_name != scheme:
+        raise BiasvizError(f"{path} holds scheme '{stored}', not '{scheme}'; "
+                           f"pass --scheme {stored} or another --input")  # fmt: skip

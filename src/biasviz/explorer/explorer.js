@@ -198,7 +198,7 @@ function describeView() {
   const path = (label) => DATA.sources.find((s) => s.label === label).path;
   const shown = state.source === "AB" ? "A | B side by side" : state.source === "D"
     ? `A - B = ${path("A")} minus ${path("B")}` : `${state.source}: ${path(state.source)}`;
-  const step = STEPS ? ` · step ${STEPS[state.step]} (checkpoint ${state.step + 1} of ${STEPS.length})` : "";
+  const step = STEPS ? ` · step ${STEPS[state.step]} (checkpoint ${state.step} of ${STEPS.length}, from 0)` : "";
   const sample = SUMMARY ? "mean over samples" : state.sample === "mean" ? "mean over samples" : `sample ${state.sample}`;
   const kind = KIND_NAMES[state.kind] || state.kind;
   $("where").textContent = `${shown}${step} · layer ${state.layer} · ${sample} · ${kind}`;

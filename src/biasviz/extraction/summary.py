@@ -258,8 +258,10 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
               measures: bool = True) -> dict[int, PositionSummary] | None:  # fmt: skip
     """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
 
-    Progress counts blocks of query rows x samples x layers: a layer run in the forward counts as many
-    blocks as forming it again does, so that the rate and the time left hold across both phases.
+    Each phase has a progress bar (a heartbeat line in a log) of its own, named "summarise (phase K of P): ...":
+    the forward (samples x layers run), then forming each layer's rows (blocks of query rows x samples). One bar
+    over both read 67 % when the forward was done and then ran on for minutes: the phases go at different rates,
+    so a rate and a time left hold only within one.
     Returns each layer's SPEC section 12 extras (positional logits, the weights' key profile, sink shares).
     ``formula``: the layers whose bias, while measured the same for every sample, is summarised from f(d).
     """
@@ -267,63 +269,65 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     heads = adapter.n_heads
     varying = {layer: (b := parts.get(("bias", layer))) is not None and b.mode != "shared" for layer in layer_list}
     blocks = {layer: len(list(row_blocks(seq_len, heads, dev, varying[layer]))) for layer in layer_list}
-    per_layer = max(blocks.values())
-    total = n * per_layer * (max(layer_list) + 1) + n * sum(blocks.values())
+    phases = 1 + len(layer_list)
+
+    def phase(k: int, what: str, total: int, unit: str) -> Progress:
+        return Progress(total, desc=f"summarise (phase {k} of {phases}): {what}", unit=unit, show=show)
+
     bank = SampleBank(n, device=dev, directory=scratch)
     extras: dict[int, PositionSummary] = {}
     try:
-        with Progress(total, desc="summarise: forward", unit="block", show=show) as bar:
-            with adapter.keep(layer_list, bank, tick=lambda b: bar.update(b * per_layer)):
-                for start in range(0, n, batch):
-                    bank.start = start
-                    adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
-                    check_interrupted()
-            if gather is not None:
-                joined = gather(bank)
-                bank.close()
-                if joined is None:
-                    return None
-                bank, n = joined, joined.samples
-            for layer in layer_list:
-                bar.set_phase(f"summarise: layer {layer}")
-                own = {kind: p for (kind, at), p in parts.items() if at == layer}
-                mask = adapter.attended(layer)  # a model's own mask: every quantity over its cells (SPEC 13)
-                attended = None if mask is None else Attended(mask.to(dev))
-                for part in own.values() if attended is not None else ():
-                    part.attend(attended)
-                extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev, attended=attended),
-                                    sinks=torch.zeros(n, heads, dtype=torch.float64, device=dev))  # fmt: skip
-                if measures:  # SPEC section 14
-                    extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
-                                                    device=dev, attended=attended)  # fmt: skip
-                if n >= 2 and positional:
-                    q_sum, k_sum = (_sample_sum(bank, layer, name, heads) for name in ("q", "k"))
-                    extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
-                                                  samples=n, seq_len=seq_len, block=block, device=dev,
-                                                  attended=attended)  # fmt: skip
+        # the forward counts each sample through each layer
+        with phase(1, "forward", n * (max(layer_list) + 1), "layer") as bar, adapter.keep(layer_list, bank, bar.update):
+            for start in range(0, n, batch):
+                bank.start = start
+                adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
+                check_interrupted()
+        if gather is not None:
+            joined = gather(bank)
+            bank.close()
+            if joined is None:
+                return None
+            bank, n = joined, joined.samples
+        for k, layer in enumerate(layer_list, start=2):
+            own = {kind: p for (kind, at), p in parts.items() if at == layer}
+            mask = adapter.attended(layer)  # a model's own mask: every quantity over its cells (SPEC 13)
+            attended = None if mask is None else Attended(mask.to(dev))
+            for part in own.values() if attended is not None else ():
+                part.attend(attended)
+            extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev, attended=attended),
+                                sinks=torch.zeros(n, heads, dtype=torch.float64, device=dev))  # fmt: skip
+            if measures:  # SPEC section 14
+                extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
+                                                device=dev, attended=attended)  # fmt: skip
+            if n >= 2 and positional:
+                q_sum, k_sum = (_sample_sum(bank, layer, name, heads) for name in ("q", "k"))
+                extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
+                                              samples=n, seq_len=seq_len, block=block, device=dev,
+                                              attended=attended)  # fmt: skip
 
-                def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
-                    return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
+            def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
+                return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
 
-                with torch.inference_mode():
-                    replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
-                                 adds_bias=bool(adapter.adds_bias), tick=bar.update,
-                                 formula=layer in formula)  # fmt: skip
-                frequency = ({} if extra.measures is None
-                             else frequency_from_bank(adapter.rotary(layer), bank, layer, heads))  # fmt: skip
-                bank.drop(layer)
-                positional = None if extra.positional is None else extra.positional.result()
-                extras[layer] = PositionSummary(
-                    positional_mean=None if positional is None else positional[0].cpu().numpy(),
-                    positional_profile=None if positional is None else positional[1].cpu().numpy(),
-                    positional_diagnostics=None if positional is None else positional[2],
-                    key_profile=extra.keys.result().cpu().numpy(),
-                    # over the queries that see key 0: every query, unless the model's own mask hides it from some
-                    sink_share=(extra.sinks / (seq_len if attended is None else attended.per_key[:, 0].to(dev)))
-                    .float().cpu().numpy(),
-                    attended=None if attended is None else attended.block_shares(block, heads).cpu().numpy(),
-                    measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency},
-                )
+            with torch.inference_mode(), phase(k, f"layer {layer}", n * blocks[layer], "block") as bar:
+                replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
+                             adds_bias=bool(adapter.adds_bias), tick=bar.update,
+                             formula=layer in formula)  # fmt: skip
+            frequency = ({} if extra.measures is None
+                         else frequency_from_bank(adapter.rotary(layer), bank, layer, heads))  # fmt: skip
+            bank.drop(layer)
+            positional = None if extra.positional is None else extra.positional.result()
+            extras[layer] = PositionSummary(
+                positional_mean=None if positional is None else positional[0].cpu().numpy(),
+                positional_profile=None if positional is None else positional[1].cpu().numpy(),
+                positional_diagnostics=None if positional is None else positional[2],
+                key_profile=extra.keys.result().cpu().numpy(),
+                # over the queries that see key 0: every query, unless the model's own mask hides it from some
+                sink_share=(extra.sinks / (seq_len if attended is None else attended.per_key[:, 0].to(dev)))
+                .float().cpu().numpy(),
+                attended=None if attended is None else attended.block_shares(block, heads).cpu().numpy(),
+                measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency},
+            )
     finally:
         bank.close()
     return extras

@@ -3,8 +3,8 @@
 ``head_heatmap`` draws one matrix into an Axes; ``head_grid`` draws one panel per head (3 columns,
 ``Head 1`` ... ``Head H``), each with its own colorbar unless one shared scale is asked for. Both
 return what they drew into, so users can compose their own figures. Query rows run top to bottom and
-key columns left to right; NaN cells (the causal mask) are transparent. The image is rasterized so a
-PDF keeps vector text and axes around a compact bitmap without seams between cells.
+key columns left to right; NaN cells (the causal mask) take a neutral colour of their own. A PDF or SVG keeps
+vector text and axes around each panel's bitmap, embedded at its own resolution: one image pixel per drawn cell.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ from biasviz.store import causal_cells
 
 N_COLS = 3
 #: Cells are drawn as they are, never filtered: a filter mixes neighbouring cells into colours that are not on
-#: the colorbar (T5's bucket stripes blur). Long matrices are block-reduced first (every cell counted in its
-#: block's mean), so nearest sampling at the raster's resolution drops no information worth a pixel.
-INTERPOLATION = "nearest"
+#: the colorbar (T5's bucket stripes blur). 'none' (not 'nearest', and the image not rasterized): a PDF or SVG
+#: embeds the matrix itself, one image pixel per cell, whatever dpi it is saved at (a 512-cell panel saved at
+#: 100 dpi kept 134 of them); a PNG samples the nearest cell, so matrices larger than its panel's pixels are
+#: block-reduced first (every cell counted in its block's mean).
+INTERPOLATION = "none"
 _NICE_STEPS = (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000)
 
 
@@ -207,7 +209,6 @@ class _HeatmapPainter:
         im = ax.imshow(self.m, cmap=cmap, norm=norm, origin="upper", interpolation=INTERPOLATION,
                        interpolation_stage="data", extent=(-0.5, span - 0.5, span - 0.5, -0.5),
                        aspect="equal")  # fmt: skip
-        im.set_rasterized(True)
         ax.set_xlim(-0.5, self.seq_len - 0.5)
         ax.set_ylim(self.seq_len - 0.5, -0.5)
         self._ticks()
@@ -249,6 +250,16 @@ class _HeatmapPainter:
         if cb.solids is not None:
             cb.solids.set_rasterized(True)
             cb.solids.set_edgecolor("face")
+
+
+def _bar_length_pt(fig: Figure | SubFigure, bars: Sequence[mpl.colorbar.Colorbar]) -> float | None:
+    """The printed length in points of the shortest of ``bars`` once the figure is laid out (the layout engine
+    shrinks a 12-head grid's bars at a column's width to about half a panel's width)."""
+    if not bars:
+        return None
+    root = fig.get_figure(root=True)
+    root.draw_without_rendering()
+    return min(cb.ax.get_window_extent().height for cb in bars) / root.dpi * 72
 
 
 class TrimmedFormatter(ScalarFormatter):
@@ -345,7 +356,8 @@ class _GridPainter:
                 ax.set_visible(False)
             if self.opt.shared_scale and self.n_heads:
                 bars.append(self._shared_colorbar(fig, axes[: self.n_heads]))
-            format_colorbars(bars, nbins=5 if figure_width_in(fig) >= 4.0 else 4)  # one number format per figure
+            # one number format per figure; labels spaced for the shortest bar as laid out
+            format_colorbars(bars, nbins=5 if figure_width_in(fig) >= 4.0 else 4, length_pt=_bar_length_pt(fig, bars))
             sizes = font_sizes(figure_width_in(fig))
             fig.supxlabel("Key position", fontsize=sizes["base"])
             fig.supylabel("Query position", fontsize=sizes["base"])

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import matplotlib as mpl
 import numpy as np
 from matplotlib.colors import Colormap, LogNorm, Normalize, TwoSlopeNorm
+from matplotlib.font_manager import FontProperties
 
 from biasviz.common.errors import BiasvizError
 
@@ -284,16 +285,40 @@ def tick_text(value: float, decimals: int | None) -> str:
     return text.replace("-", "\N{MINUS SIGN}")
 
 
-def format_colorbars(bars: Sequence[mpl.colorbar.Colorbar], nbins: int = 4, at_least: int = 0) -> int:
+def spaced_ticks(ticks: Sequence[float], norm: Normalize, gap: float) -> list[float]:
+    """``ticks`` (ends first and last) less the interior ones whose place on the bar (``norm``: 0 .. 1) is within
+    ``gap`` of an end or of a tick kept before them; 0 is kept first, then the others in order. On a short bar (a
+    12-head grid at a column's width: 0.6 in) a lopsided diverging scale puts its round values of one half next
+    to an end; their labels touched.
+
+    >>> spaced_ticks([-7.94, -5.0, 0.0, 0.01, 0.02], TwoSlopeNorm(0.0, -7.94, 0.02), gap=0.2)
+    [-7.94, 0.0, 0.01, 0.02]
+    """
+    if len(ticks) < 3:
+        return list(ticks)
+    kept = [ticks[0], ticks[-1]]
+    for t in sorted(ticks[1:-1], key=lambda t: t != 0.0):
+        if all(abs(float(norm(t)) - float(norm(k))) >= gap for k in kept):
+            kept.append(t)
+    return sorted(kept)
+
+
+def format_colorbars(bars: Sequence[mpl.colorbar.Colorbar], nbins: int = 4, at_least: int = 0,
+                     length_pt: float | None = None) -> int:  # fmt: skip
     """Label every colour bar of one figure at both ends and at round values between, in one number format for
     the whole figure: the same decimals on every linear bar (the most any bar needs, and ``at_least``: what other
-    axes of the figure need), two significant digits on log bars. Returns the decimals, for those other axes."""
+    axes of the figure need), two significant digits on log bars. Returns the decimals, for those other axes.
+    ``length_pt``: the printed length of the shortest bar, in points: labels keep 1.5 lines apart on it."""
+    size = FontProperties(size=mpl.rcParams["ytick.labelsize"]).get_size_in_points()
     plan = []
     for cb in bars:
         norm = cb.norm
         log = isinstance(norm, LogNorm)
         centred = isinstance(norm, TwoSlopeNorm)
-        plan.append((cb, log, bar_ticks(float(norm.vmin), float(norm.vmax), log=log, nbins=nbins, centred=centred)))
+        ticks = bar_ticks(float(norm.vmin), float(norm.vmax), log=log, nbins=nbins, centred=centred)
+        if length_pt:
+            ticks = spaced_ticks(ticks, norm, 1.5 * size / length_pt)
+        plan.append((cb, log, ticks))
     linear = [ticks for _, log, ticks in plan if not log]
     decimals = max([at_least, *(linear_decimals(t) for t in linear)])
     for cb, log, ticks in plan:
@@ -304,4 +329,4 @@ def format_colorbars(bars: Sequence[mpl.colorbar.Colorbar], nbins: int = 4, at_l
 
 
 __all__ = ["DEFAULT_CMAPS", "KINDS", "LOG_FLOOR", "SIGN_TOLERANCE", "WEIGHTS_PERCENTILE", "ZERO_BELOW", "ValueRange",
-           "bar_ticks", "colour_scale", "format_colorbars", "head_scales", "tick_text"]
+           "bar_ticks", "colour_scale", "format_colorbars", "head_scales", "spaced_ticks", "tick_text"]

@@ -23,8 +23,11 @@ VENUE_WIDTHS: dict[str, float] = {
 }
 DEFAULT_STYLE = "neurips"
 
-#: Times-like serif fonts, the text face of these venues; STIX ships with matplotlib, so one is always found.
-_SERIF = ["Times New Roman", "Times", "Nimbus Roman", "TeX Gyre Termes", "STIXGeneral"]
+#: The text face: STIX, Times-like as these venues' text, shipped with matplotlib as TrueType files, and the face of
+#: its math text (``mathtext.fontset = stix``), so that text and formulas match and every machine draws the same
+#: figure. A system Times is not taken: Nimbus Roman and TeX Gyre Termes are CFF (OpenType) fonts, which a PDF
+#: embeds as "CID Type 0C" where poppler warns "Mismatch between font type and embedded font file".
+_SERIF = ["STIXGeneral"]
 
 
 #: Widths ``--width INCHES`` takes: a figure narrower than 2 in has no room for 12 heads, wider than 10 in no page.
@@ -79,18 +82,34 @@ def font_sizes(width: float) -> dict[str, float]:
 
 
 def _serif_family() -> str:
-    """The first installed font of ``_SERIF``, named concretely so that text keeps it when saved elsewhere."""
+    """The first installed font of ``_SERIF`` whose outlines are TrueType, named concretely so that text keeps it
+    when saved elsewhere (a matplotlib without its STIX files: its default serif, DejaVu Serif, also TrueType)."""
     from matplotlib import font_manager
 
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    return next((name for name in _SERIF if name in installed), "serif")
+    installed = {f.name for f in font_manager.fontManager.ttflist if truetype_outlines(f.fname)}
+    return next((name for name in _SERIF if name in installed), "DejaVu Serif")
+
+
+def truetype_outlines(path: str) -> bool:
+    """Whether the font file at ``path`` holds TrueType outlines (what ``pdf.fonttype = 42`` embeds cleanly), not
+    CFF ones (an OpenType ``OTTO`` file), read from its first bytes (a collection: its first font's)."""
+    try:
+        with open(path, "rb") as f:
+            tag = f.read(4)
+            if tag == b"ttcf":
+                f.seek(12)
+                f.seek(int.from_bytes(f.read(4), "big"))
+                tag = f.read(4)
+    except OSError:
+        return False
+    return tag in (b"\x00\x01\x00\x00", b"true")
 
 
 def _rc(width: float) -> dict[str, object]:
     sizes = font_sizes(width)
     return {
         "font.family": _serif_family(),
-        "font.serif": _SERIF,
+        "font.serif": [*_SERIF, "DejaVu Serif"],
         "mathtext.fontset": "stix",
         "font.size": sizes["base"],
         "axes.titlesize": sizes["title"],
@@ -143,7 +162,7 @@ def paper_context(style: str = DEFAULT_STYLE) -> Iterator[float]:
     width = venue_width(style)
     font_logger = logging.getLogger("matplotlib.font_manager")
     level = font_logger.level
-    font_logger.setLevel(logging.ERROR)  # missing Times variants are expected; STIX stands in quietly
+    font_logger.setLevel(logging.ERROR)  # a glyph STIX lacks falls back to DejaVu quietly
     try:
         with mpl.rc_context(_rc(width)):
             yield width
@@ -152,4 +171,4 @@ def paper_context(style: str = DEFAULT_STYLE) -> Iterator[float]:
 
 
 __all__ = ["VENUE_WIDTHS", "DEFAULT_STYLE", "venue_width", "with_width", "font_sizes", "literal", "paper_context",
-           "wrap_title"]
+           "truetype_outlines", "wrap_title"]

@@ -17,7 +17,8 @@ from biasviz.store.h5io import json_attr
 
 
 def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
-    """Which input one sample's figure shows, 1-based; a bias stored once says it was measured the same for all."""
+    """Which input one sample's figure shows, counted from 0 as ``--sample`` is; a bias stored once says it was
+    measured the same for all."""
     if kind == "bias" and bf.bias_shared and bf.n_samples > 1:
         measured = bf.attrs.get(BIAS_DIFFERENCE) == 0.0
         return f"one bias for all {bf.n_samples} samples" + (" (measured: each equals the first)" if measured else "")
@@ -39,15 +40,16 @@ def layer_text(layer: int, n_layers: int | None) -> str:
 
 
 def samples_text(n_samples: int, sample: int | None = None, bias_only: bool = False) -> str:
-    """Which input: 'mean of 64 samples', or one sample counted from 1 ('sample 3 of 64', ``sample`` from 0).
+    """Which input: 'mean of 64 samples', or one sample as ``--sample`` and ``input_ids`` count it, from 0, with how
+    many there are ('sample 2 of 64' is ``--sample 2``), as layers are counted ('layer 11 of 12').
 
     >>> samples_text(64), samples_text(1), samples_text(64, 2), samples_text(0, bias_only=True)
-    ('mean of 64 samples', '1 sample', 'sample 3 of 64', "the scheme's formula (no text)")
+    ('mean of 64 samples', '1 sample', 'sample 2 of 64', "the scheme's formula (no text)")
     """
     if bias_only:
         return "the scheme's formula (no text)"
     if sample is not None:
-        return f"sample {sample + 1} of {n_samples}"
+        return f"sample {sample} of {n_samples}"
     return "1 sample" if n_samples == 1 else f"mean of {n_samples} samples"
 
 
