@@ -13,6 +13,8 @@ from biasviz.cli.options import NonEmptyPath, config_option, figure_output_optio
 from biasviz.cli.plot_options import check_scheme, fit_to_kind, kinds_held, parse_sample
 from biasviz.common.errors import BiasvizError
 from biasviz.common.names import display_name
+from biasviz.plotting.kinds import NAMES as PLOT_KIND_NAMES
+from biasviz.plotting.kinds import kind_help
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -40,18 +42,10 @@ KEEP_FIGURES = "biasviz.keep_figures"
 )
 @click.option(
     "--kind",
-    type=click.Choice(["bias", "weights", "all", "dynamics", "profile", "std", "positional", "sinks", "bands",
-                       "context"]),
+    type=click.Choice(PLOT_KIND_NAMES),
     default="bias",
     show_default=True,
-    help="Draw the additive bias, the post-softmax attention weights, or both; 'profile': per head, the mean "
-    "over samples and cells with i - j = d against d, with a +-1 std band (bias and weights); 'std': the "
-    "per-cell standard deviation over samples (bias and weights); 'dynamics' (a sweep file from "
-    "'extract --checkpoints'): per head, the distance profile b(d) at each checkpoint, coloured by step; "
-    "'positional' (a summary of two samples or more): each head's positional logits P(i, j), relative to its "
-    "value at distance 0; 'sinks' (a summary): each head's mean weight on the first keys (SPEC section 12). "
-    "On a summary, 'profile' adds P(d) beside b(d). 'bands' and 'context' (a summary, SPEC section 14): the "
-    "weight a query puts at each distance, and on each tenth of the keys it sees, with 95% bands over samples.",
+    help=kind_help(),
 )
 @click.option(
     "--step", type=int, default=None,
