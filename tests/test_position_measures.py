@@ -28,9 +28,30 @@ def softmax_weights(q: np.ndarray, k: np.ndarray, scale: float, kept: np.ndarray
     return w / w.sum(-1, keepdims=True)
 
 
-def check_file(path: Path, layer: int, w: np.ndarray, mask: np.ndarray) -> None:
-    """Every SPEC section 14 weight measure of ``layer`` in ``path`` equals the reference from ``w``."""
+def profile_se(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(N, H, T, T) values, (H or 1, T, T) attended cells -> (H, T) SE over samples of each sample's mean at each
+    distance i - j = d >= 0 over the attended cells (NaN where none)."""
+    n, h, t, _ = x.shape
+    m = np.broadcast_to(mask, (h, t, t))
+    d = np.subtract.outer(np.arange(t), np.arange(t))
+    per = np.full((n, h, t), np.nan)
+    for hh in range(h):
+        for dist in range(t):
+            cells = m[hh] & (d == dist)
+            if cells.any():
+                per[:, hh, dist] = x[:, hh][:, cells].mean(-1)
+    return np.sqrt(((per - per.mean(0)) ** 2).sum(0) / (n * (n - 1)))
+
+
+def check_file(path: Path, layer: int, w: np.ndarray, mask: np.ndarray, scores: np.ndarray | None = None) -> None:
+    """Every SPEC section 14 weight measure of ``layer`` in ``path`` equals the reference from ``w``, and the
+    profiles' SEs those of the weights and (given) the scores."""
     f = open_bias_file(path)
+    np.testing.assert_allclose(f.summary_array("weights_profile_se", layer), profile_se(w, mask), rtol=2e-4,
+                               atol=1e-7)  # fmt: skip
+    if scores is not None:
+        np.testing.assert_allclose(f.summary_array("scores_profile_se", layer), profile_se(scores, mask),
+                                   rtol=2e-4, atol=1e-6)  # fmt: skip
     block = f.block
     ref = reference(w, mask, block)
     n = w.shape[0]
@@ -62,11 +83,12 @@ def test_rotary_model_rows_formed_again(tmp_path: Path) -> None:
         model(torch.from_numpy(ids))
     q, k = (got[x].double().numpy().transpose(0, 2, 1, 3) for x in ("q", "k"))
     mask = np.tril(np.ones((1, T, T), bool))
-    w = softmax_weights(q, k, float(model.blocks[layer].attn.scale), mask[None])
+    c = float(model.blocks[layer].attn.scale)
+    w = softmax_weights(q, k, c, mask[None])
     out = tmp_path / "s.h5"
     biasviz.extract(model, ids, out, layers=[layer], summary=True, resolution=RESOLUTION, device="cpu",
                     progress=False)  # fmt: skip
-    check_file(out, layer, w, mask)
+    check_file(out, layer, w, mask, c * np.einsum("nhid,nhjd->nhij", q, k))
     check_diagnose(out, w, mask)
 
 
@@ -103,11 +125,12 @@ def test_sliding_window_model(tmp_path: Path, attention: str) -> None:
     ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(2))
     call = caught_call(model, ids)
     kept = call["kept"].numpy()
-    w = softmax_weights(call["q"].numpy(), call["k"].numpy(), float(call["scale"]), kept)
+    q, k, c = call["q"].numpy(), call["k"].numpy(), float(call["scale"])
+    w = softmax_weights(q, k, c, kept)
     model.set_attn_implementation(attention)
     out = tmp_path / "s.h5"
     biasviz.extract(model, ids, out, summary=True, resolution=RESOLUTION, progress=False)
-    check_file(out, 0, w, kept[0])
+    check_file(out, 0, w, kept[0], c * np.einsum("nhid,nhjd->nhij", q, k))
     check_diagnose(out, w, kept[0])
 
 
@@ -195,3 +218,21 @@ def test_frequency_use_of_an_interleaved_rotary_model(tmp_path: Path, attention:
     out = tmp_path / "s.h5"
     biasviz.extract(model, ids, out, summary=True, progress=False)
     _check_frequency_use(out, 0, call["q"].numpy(), call["k"].numpy(), [(2 * f, 2 * f + 1) for f in range(2)], 4)
+
+
+@pytest.mark.parametrize("scheme", ["cable", "alibi"])
+def test_bias_profile_se_from_each_samples_bias(tmp_path: Path, scheme: str) -> None:
+    """CABLE's bias depends on the text: its profile's SE is that of each sample's own bias (a full extract's);
+    ALiBi's is measured the same in every sample: SE 0."""
+    from tests.test_positional import _reference, _windows
+
+    model = small_model(scheme)
+    ids = _windows()
+    r = _reference(model, ids, tmp_path, layer=1)
+    out = tmp_path / "s.h5"
+    biasviz.extract(model, ids, out, layers=[1], summary=True, device="cpu", progress=False)
+    mask = np.tril(np.ones((1, ids.shape[1], ids.shape[1]), bool))
+    expected = profile_se(np.nan_to_num(r["bias"]), mask)
+    got = open_bias_file(out).summary_array("bias_profile_se", 1)
+    np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6)
+    assert (got > 1e-4).any() == (scheme == "cable")

@@ -52,6 +52,7 @@ from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.frequency import frequency_from_bank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
+from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
 from biasviz.summaries.streamed_position import StreamedPosition
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
 from biasviz.summaries.weight_measures import WeightMeasures
@@ -300,6 +301,8 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
             if measures:  # SPEC section 14
                 extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
                                                 device=dev, attended=attended)  # fmt: skip
+                extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
+                                                     device=dev, attended=attended)  # fmt: skip
             if n >= 2 and positional:
                 q_sum, k_sum = (_sample_sum(bank, layer, name, heads) for name in ("q", "k"))
                 extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
@@ -314,7 +317,8 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                              adds_bias=bool(adapter.adds_bias), tick=bar.update,
                              formula=layer in formula)  # fmt: skip
             frequency = ({} if extra.measures is None
-                         else frequency_from_bank(adapter.rotary(layer), bank, layer, heads))  # fmt: skip
+                         else {**frequency_from_bank(adapter.rotary(layer), bank, layer, heads),
+                               **profile_errors(extra.profiles, own, n)})  # fmt: skip
             bank.drop(layer)
             positional = None if extra.positional is None else extra.positional.result()
             extras[layer] = PositionSummary(

@@ -56,6 +56,8 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
     DatasetRow("weights_key_profile_se", ("head", "key"), "se", "standard error of the key profile's mean"),
     DatasetRow("sink_share_se", ("head",), "se", "standard error of the mean sink share over samples"),
     DatasetRow("frequency_use_se", ("operand", "head", "pair"), "se", "standard error of frequency_use"),
+    *(DatasetRow(f"{kind}_profile_se", ("head", "distance"), "se", f"standard error of {kind}_profile's mean")
+      for kind in ("bias", "weights", "scores")),
 )  # fmt: skip
 ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
 
@@ -80,10 +82,13 @@ def distance_bins(seq_len: int) -> np.ndarray:
     return np.asarray(direct + spans, dtype=np.int64)
 
 
-def dimension_sizes(*, heads: int, seq_len: int, samples: int, blocks: int, pairs: int = 0) -> dict[str, int]:
+def dimension_sizes(*, heads: int, seq_len: int, samples: int, blocks: int, pairs: int = 0,
+                    causal: bool = True) -> dict[str, int]:  # fmt: skip
     """The length of every named dimension in a file of these sizes (``pairs``: the rotary pairs a layer's
-    ``frequency_use`` holds, its own: the model's layout decides it)."""
-    return {"stat": 2, "operand": 2, "head": heads, "distance_bin": len(distance_bins(seq_len)), "segment": SEGMENTS,
+    ``frequency_use`` holds, its own: the model's layout decides it; a bidirectional file's profiles run over
+    2T - 1 signed distances)."""
+    return {"distance": seq_len if causal else 2 * seq_len - 1, "stat": 2, "operand": 2, "head": heads,
+            "distance_bin": len(distance_bins(seq_len)), "segment": SEGMENTS,
             "query_block": blocks, "sample": samples, "rank": SINK_RANKS, "key": seq_len, "pair": pairs}  # fmt: skip
 
 

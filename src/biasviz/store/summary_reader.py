@@ -240,7 +240,7 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
         raise checks._bad(f"it is a summary file but lacks {group}/{DIAGNOSTICS}")
     h, nb, t, lead = layout.n_heads, layout.n_blocks, layout.seq_len, layout.lead
     lengths = (t,) if layout.causal else (t, 2 * t - 1)
-    sizes = datasets.dimension_sizes(heads=h, seq_len=t, samples=layout.n_samples, blocks=nb)
+    sizes = datasets.dimension_sizes(heads=h, seq_len=t, samples=layout.n_samples, blocks=nb, causal=layout.causal)
     for name in held:
         ds = checks._h5[f"{group}/{name}"]
         if name in datasets.ROWS:  # SPEC section 14: the table says its shape

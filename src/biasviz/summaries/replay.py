@@ -12,7 +12,7 @@ linear in the number of samples; memory is one block's moments plus the bank, wh
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ from biasviz.model.attention import query_blocks
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import ShiftedSums
 from biasviz.summaries.position import KeyProfile, Positional
+from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.scratch import Scratch
 from biasviz.summaries.weight_measures import WeightMeasures
 
@@ -53,6 +54,22 @@ class LayerExtras:
     keys: KeyProfile
     sinks: torch.Tensor  # (N, H) float64: Σ_i w_a(i, 0), per sample
     measures: WeightMeasures | None = None  # SPEC section 14's measures of the weights
+    profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
+
+    def hold(self) -> None:
+        for part in self._per_sample():
+            part.hold()
+
+    def commit(self) -> None:
+        for part in self._per_sample():
+            part.commit()
+
+    def discard(self) -> None:
+        for part in self._per_sample():
+            part.discard()
+
+    def _per_sample(self) -> list:
+        return [*([] if self.measures is None else [self.measures]), *self.profiles.values()]
 
 
 def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool,
@@ -113,8 +130,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             sums["bias"] = ShiftedSums()
         first = None  # the first sample's bias rows (1, H, rows, r1)
         sinks = torch.zeros_like(extras.sinks)  # the block's, added once it is finished
-        if extras.measures is not None:  # so are the measures' sums, where the block may be formed again
-            extras.measures.hold()
+        extras.hold()  # so are the per-sample sums, where the block may be formed again
         for a in range(samples):
             got = form(layer, a, r0, r1, adds_bias and (varying or agreement is not None or a == 0))
             if got.bias is not None:  # compared first, while the rows just formed are still in the cache
@@ -129,6 +145,9 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
             if extras.measures is not None:
                 extras.measures.add(a, r0, got.weights)
+            for kind, values in (("weights", got.weights), ("scores", got.scores), ("bias", got.bias)):
+                if kind in extras.profiles and values is not None and (kind != "bias" or varying):
+                    extras.profiles[kind].add(a, r0, values)
             tick(1)
             check_interrupted()
         if agreement is not None and not varying and agreement.settle() > 0.0:  # the first difference
@@ -138,14 +157,12 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 formula = False
             bias.unshare()
             blocks.varying = True
-            if extras.measures is not None:
-                extras.measures.discard()
+            extras.discard()
             continue
         fed = parts if varying or not formula else {k: p for k, p in parts.items() if k != "bias"}
         _finish(fed, extras, sums, None if varying or first is None else first[0].float(), r0, r1, heads, scratch)
         extras.sinks += sinks
-        if extras.measures is not None:
-            extras.measures.commit()
+        extras.commit()
         blocks.done = r1
         del sums, first
     if agreement is not None:

@@ -18,9 +18,11 @@ from __future__ import annotations
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
+from biasviz.store.datasets import MIN_SE_SAMPLES
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.weight_measures import WeightMeasures
 
 ROWS = 256  # query rows of P formed at a time at the end
@@ -45,6 +47,8 @@ class StreamedPosition:
         self.sinks = torch.zeros(samples if local is None else local, heads, dtype=torch.float64, device=device)
         self.measures = self._measures(None) if measures else None
         self.frequency = FrequencyUse(rotary, len(self.sinks)) if measures and rotary is not None else None
+        self._measured = measures
+        self.profiles = self._profiles(None)
         self._scale = 1.0  # the call's c, by which the stream multiplied k
 
     attended: Attended | None = None  # the call's own mask, where not the causal triangle (SPEC section 13)
@@ -55,6 +59,16 @@ class StreamedPosition:
         self.keys.attended = attended
         if self.measures is not None:
             self.measures = self._measures(attended)
+        self.profiles = self._profiles(attended)
+
+    def _profiles(self, attended: Attended | None) -> dict[str, SampleProfiles]:
+        """Each sample's profile of the weights, scores and bias, for their SE (3 samples or more, over every
+        process)."""
+        if not self._measured or self.samples < MIN_SE_SAMPLES:
+            return {}
+        return {kind: SampleProfiles(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len,
+                                     causal=self.causal, device=self.device, attended=attended)
+                for kind in ("weights", "scores", "bias")}  # fmt: skip
 
     def _measures(self, attended: Attended | None) -> WeightMeasures:
         return WeightMeasures(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len, block=self.block,
@@ -86,6 +100,9 @@ class StreamedPosition:
                 self._pending = None
             return
         rows, keys = block.shape[-2:]
+        if kind in self.profiles:  # a bias of one sample for the whole batch counts for each
+            self.profiles[kind].add(first, row0, block.expand(self._batch, *block.shape[1:])
+                                    if block.shape[0] == 1 else block)  # fmt: skip
         if kind == "weights":
             w = block.double()
             self.keys.add_samples(w, self.samples)
@@ -116,6 +133,7 @@ class StreamedPosition:
             sums.update({f"measures.{name}": t for name, t in self.measures.sums().items()})
         if self.frequency is not None and self.frequency.per_sample is not None:
             sums["frequency"] = self.frequency.per_sample
+        sums.update({f"profile.{kind}": p.sums for kind, p in self.profiles.items()})
         return {name: None if t is None else t.cpu() for name, t in sums.items()}
 
     def join(self, states: list[dict[str, torch.Tensor | None]]) -> None:
@@ -134,6 +152,8 @@ class StreamedPosition:
             self.measures = self._measures(self.attended)  # now over every process's samples
             self.measures.join([{k.removeprefix("measures."): v for k, v in s.items() if k.startswith("measures.")}
                                 for s in states])  # fmt: skip
+        for kind, p in self.profiles.items():  # per-sample sums one after another; the mask's counts are the same
+            p.sums = torch.cat([s[f"profile.{kind}"] for s in states]).to(self.device)
         if self.frequency is not None:
             self.frequency.samples = self.samples
             self.frequency.per_sample = torch.cat([s["frequency"] for s in states]).to(self.device)
@@ -167,6 +187,8 @@ class StreamedPosition:
         if self.measures is None:
             return None
         arrays = self.measures.result().arrays
+        arrays.update({f"{kind}_profile_se": se.float().cpu().numpy() for kind, p in self.profiles.items()
+                       if p.count.sum() > 0 and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:
             arrays.update(self.frequency.result())
         return arrays

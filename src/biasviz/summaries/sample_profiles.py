@@ -1,0 +1,107 @@
+"""Each sample's distance profile, for the standard error of a stored profile's mean (SPEC section 14): per sample,
+the sum of its values over the attended cells of every distance, (N, H, 2T - 1) sums, nothing of size T².
+
+A block of rows is skewed into a buffer whose column is the distance (row r moved right by rows - 1 - r), so one
+sum over rows gives every distance of the block at once, for every sample of the block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from biasviz.store.datasets import MIN_SE_SAMPLES
+from biasviz.summaries.attended import Attended
+from biasviz.summaries.weight_measures import sample_stats
+
+
+class SampleProfiles:
+    """Per sample and head, sums by signed distance j - i + T - 1 (slot 0 .. 2T - 2) of one quantity's values."""
+
+    def __init__(self, *, samples: int, heads: int, seq_len: int, causal: bool, device: torch.device,
+                 attended: Attended | None = None) -> None:  # fmt: skip
+        self.seq_len, self.causal, self.attended, self.device = seq_len, causal, attended, device
+        self.sums = torch.zeros(samples, heads, 2 * seq_len - 1, dtype=torch.float64, device=device)
+        self.count = torch.zeros(1 if attended is None else attended.mask.shape[0], 2 * seq_len - 1,
+                                 dtype=torch.float64, device=device)  # fmt: skip
+        self._pending: list[tuple[slice, slice, torch.Tensor]] | None = None
+
+    def hold(self) -> None:
+        """Additions wait for :meth:`commit` (dropped by :meth:`discard`): a block formed again counts once."""
+        self._pending = []
+
+    def commit(self) -> None:
+        for at, slots, amount in self._pending or ():
+            self.sums[at, :, slots] += amount
+        self._pending = None
+
+    def discard(self) -> None:
+        self._pending = None
+
+    def _mask(self, r0: int, rows: int, keys: int) -> torch.Tensor:
+        if self.attended is not None:
+            return self.attended.rows(r0, r0 + rows, keys).to(self.device)
+        i = torch.arange(r0, r0 + rows, device=self.device)[:, None]
+        j = torch.arange(keys, device=self.device)[None, :]
+        return (j <= i)[None] if self.causal else torch.ones(1, rows, keys, dtype=torch.bool, device=self.device)
+
+    def _skew_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, rows, K) -> (B, H, K + rows - 1): column c sums the cells with j - r = c - (rows - 1)."""
+        b, h, rows, keys = x.shape
+        width = keys + rows - 1
+        z = torch.zeros(b, h, rows, width, dtype=x.dtype, device=x.device)
+        z.as_strided(x.shape, (h * rows * width, rows * width, width - 1, 1), rows - 1).copy_(x)
+        return z.sum(2, dtype=torch.float64)
+
+    def add(self, first: int, r0: int, block: torch.Tensor) -> None:
+        """Samples ``first ..``'s rows ``r0 ..`` (B, H, rows, K) against keys 0 .. K - 1; cells the call does not
+        attend to are left out whatever they hold (NaN, 0)."""
+        _, _, rows, keys = block.shape
+        mask = self._mask(r0, rows, keys)
+        values = torch.where(mask, block, 0.0)
+        start = self.seq_len - rows - r0  # the slot of column 0
+        slots = slice(start, start + keys + rows - 1)
+        at = slice(first, first + block.shape[0])
+        amount = self._skew_sum(values)
+        if self._pending is None:
+            self.sums[at, :, slots] += amount
+        else:
+            self._pending.append((at, slots, amount))
+        if first == 0:  # the mask is the same for every sample: its cells counted once
+            self.count[:, slots] += self._skew_sum(mask[None].to(block.dtype))[0]
+
+    def standard_error(self) -> torch.Tensor | None:
+        """(H, T) for a causal call (distance 0 .. T - 1), (H, 2T - 1) for a bidirectional one (i - j from -(T - 1),
+        as stored profiles run): the SE over samples of each sample's mean by distance; None with N < 3."""
+        per_sample = torch.where(self.count > 0, self.sums / self.count.clamp(min=1), float("nan"))
+        _, se = sample_stats(per_sample)
+        if se is None:
+            return None
+        se = se.flip(-1)  # slot 2T - 2 - k holds i - j = k - (T - 1)
+        return se[:, self.seq_len - 1 :] if self.causal else se
+
+
+def per_sample_profiles(parts: dict[str, Any], *, samples: int, heads: int, seq_len: int, causal: bool,
+                        device: torch.device, attended: Attended | None) -> dict[str, SampleProfiles]:  # fmt: skip
+    """One accumulator per quantity of a layer (``parts``: kind -> its QuantitySummary) whose profile gets an SE:
+    none below 3 samples; a bias summarised once for all (declared the same, measured so far) has none: its SE is 0
+    as long as it stays so (:func:`profile_errors`)."""
+    if samples < MIN_SE_SAMPLES:
+        return {}
+    kinds = [kind for kind, part in parts.items() if kind in ("weights", "scores", "bias") and part.mode != "shared"]
+    return {kind: SampleProfiles(samples=samples, heads=heads, seq_len=seq_len, causal=causal, device=device,
+                                 attended=attended) for kind in kinds}  # fmt: skip
+
+
+def profile_errors(profiles: dict[str, SampleProfiles], parts: dict[str, Any], samples: int) -> dict[str, Any]:
+    """``<kind>_profile_se`` arrays: each accumulator's SE; a bias measured the same in every sample to the end, 0;
+    one that turned out to differ part-way has none (its rows before were summarised once for all)."""
+    out = {f"{kind}_profile_se": se.float().cpu().numpy() for kind, p in profiles.items()
+           if (se := p.standard_error()) is not None}  # fmt: skip
+    bias = parts.get("bias")
+    if bias is not None and bias.mode == "shared" and samples >= MIN_SE_SAMPLES:
+        width = bias.seq_len if bias.causal else 2 * bias.seq_len - 1
+        out["bias_profile_se"] = np.zeros((bias.heads, width), dtype=np.float32)
+    return out
