@@ -74,14 +74,15 @@ def test_measures_match_definitions(case: str) -> None:
 
 
 def test_band_mass_sums_to_one_per_query() -> None:
-    """With one query block per row and bins covering every distance, each query's masses sum to 1."""
+    """Every query puts all its weight in the bins: the bins' masses times the queries that have keys in them
+    (T - first distance, causal) sum to the number of queries."""
     t = 40
     mask = np.tril(np.ones((1, t, t), bool))
     w = _weights(np.random.default_rng(0), 1, 1, t, mask)
     wm = WeightMeasures(samples=1, heads=1, seq_len=t, block=1, causal=True, device=torch.device("cpu"))
     wm.add(0, 0, torch.as_tensor(w, dtype=torch.float32))
-    per_query_sum = wm.band.sum(-1)  # Σ over queries of Σ over bins = Σ over queries of 1
-    assert per_query_sum.item() == pytest.approx(t, rel=1e-5)
+    mass = wm.result().arrays["band_mass"][0, 0]
+    assert float((mass * (t - distance_bins(t)[:, 0])).sum()) == pytest.approx(t, rel=1e-5)
 
 
 def test_no_standard_error_below_three_samples() -> None:

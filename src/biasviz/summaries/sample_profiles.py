@@ -14,7 +14,19 @@ import torch
 
 from biasviz.store.datasets import MIN_SE_SAMPLES
 from biasviz.summaries.attended import Attended
-from biasviz.summaries.weight_measures import sample_stats
+
+
+def sample_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-sample values (N, ...) -> ((2, ...) mean and std over samples (ddof 0), SE or None with N < 3).
+
+    The SE sqrt(Σ (x_a - x̄)² / (N (N - 1))) is the delete-one jackknife of a mean. NaN in a sample (nothing
+    attended there) leaves that entry NaN."""
+    n = x.shape[0]
+    mean = x.mean(0)
+    dev2 = (x - mean).square().sum(0)
+    std = (dev2 / n).sqrt()
+    se = (dev2 / (n * (n - 1))).sqrt() if n >= MIN_SE_SAMPLES else None
+    return torch.stack([mean, std]), se
 
 
 class SampleProfiles:
@@ -53,29 +65,71 @@ class SampleProfiles:
         width = keys + rows - 1
         z = torch.zeros(b, h, rows, width, dtype=x.dtype, device=x.device)
         z.as_strided(x.shape, (h * rows * width, rows * width, width - 1, 1), rows - 1).copy_(x)
-        return z.sum(2, dtype=torch.float64)
+        return z.sum(2).double()
 
     def add(self, first: int, r0: int, block: torch.Tensor) -> None:
         """Samples ``first ..``'s rows ``r0 ..`` (B, H, rows, K) against keys 0 .. K - 1; cells the call does not
         attend to are left out whatever they hold (NaN, 0)."""
         _, _, rows, keys = block.shape
+        at = slice(first, first + block.shape[0])
+        if self.attended is None and self.causal and r0 >= rows - 1 and keys >= r0 + rows:
+            self._add_causal(at, r0, block)
+            return
         mask = self._mask(r0, rows, keys)
         values = torch.where(mask, block, 0.0)
         start = self.seq_len - rows - r0  # the slot of column 0
         slots = slice(start, start + keys + rows - 1)
-        at = slice(first, first + block.shape[0])
-        amount = self._skew_sum(values)
+        self._put(at, slots, self._skew_sum(values))
+        if first == 0 and self.attended is not None:  # the mask is the same for every sample: counted once
+            self.count[:, slots] += self._skew_sum(mask[None].to(block.dtype))[0]
+
+    def _add_causal(self, at: slice, r0: int, block: torch.Tensor) -> None:
+        """A causal block past the first rows, read in place: distances 0 .. r0, which every row reaches, as a
+        strided view (row r's keys r .. r + r0, a row stride one longer); the longer ones of the first rows - 1 keys
+        (j < r) through a small skewed copy. Cells after a row's query are never read."""
+        b, h, rows, _ = block.shape
+        st = block.stride()
+        every = block.as_strided((b, h, rows, r0 + 1), (st[0], st[1], st[2] + st[3], st[3]), block.storage_offset())
+        t = self.seq_len
+        self._put(at, slice(t - 1 - r0, t), every.sum(2).double())  # column c: d = r0 - c
+        if rows > 1:
+            first_keys = block[..., : rows - 1]
+            r = torch.arange(rows, device=block.device)[:, None]
+            lower = torch.arange(rows - 1, device=block.device)[None, :] < r  # j < r: not in the view above
+            start = t - rows - r0
+            self._put(at, slice(start, start + 2 * rows - 2), self._skew_sum(torch.where(lower, first_keys, 0.0)))
+
+    def _put(self, at: slice, slots: slice, amount: torch.Tensor) -> None:
         if self._pending is None:
             self.sums[at, :, slots] += amount
         else:
             self._pending.append((at, slots, amount))
-        if first == 0:  # the mask is the same for every sample: its cells counted once
-            self.count[:, slots] += self._skew_sum(mask[None].to(block.dtype))[0]
+
+    def distance_sums(self) -> torch.Tensor:
+        """(N, H, T) per sample, the sums over the attended cells at each distance d = |i - j| = 0 .. T - 1."""
+        t = self.seq_len
+        total = self.sums[..., :t].flip(-1)  # slot t - 1 - d holds i - j = d >= 0
+        if not self.causal:
+            total = total.clone()
+            total[..., 1:] += self.sums[..., t:]  # slot t - 1 + e holds j - i = e > 0
+        return total
+
+    def counts(self) -> torch.Tensor:
+        """(1 or H, 2T - 1): the attended cells of each slot (closed form where the call's mask is its rule)."""
+        if self.attended is not None:
+            return self.count
+        t = self.seq_len
+        e = torch.arange(2 * t - 1, device=self.device) - (t - 1)  # j - i
+        cells = (t - e.abs()).double()
+        if self.causal:
+            cells = torch.where(e <= 0, cells, 0.0)
+        return cells[None]
 
     def standard_error(self) -> torch.Tensor | None:
         """(H, T) for a causal call (distance 0 .. T - 1), (H, 2T - 1) for a bidirectional one (i - j from -(T - 1),
         as stored profiles run): the SE over samples of each sample's mean by distance; None with N < 3."""
-        per_sample = torch.where(self.count > 0, self.sums / self.count.clamp(min=1), float("nan"))
+        count = self.counts()
+        per_sample = torch.where(count > 0, self.sums / count.clamp(min=1), float("nan"))
         _, se = sample_stats(per_sample)
         if se is None:
             return None
@@ -90,7 +144,8 @@ def per_sample_profiles(parts: dict[str, Any], *, samples: int, heads: int, seq_
     as long as it stays so (:func:`profile_errors`)."""
     if samples < MIN_SE_SAMPLES:
         return {}
-    kinds = [kind for kind, part in parts.items() if kind in ("weights", "scores", "bias") and part.mode != "shared"]
+    # the weights' own come with their measures (WeightMeasures.diagonals)
+    kinds = [kind for kind, part in parts.items() if kind in ("scores", "bias") and part.mode != "shared"]
     return {kind: SampleProfiles(samples=samples, heads=heads, seq_len=seq_len, causal=causal, device=device,
                                  attended=attended) for kind in kinds}  # fmt: skip
 

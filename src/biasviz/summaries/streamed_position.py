@@ -68,7 +68,7 @@ class StreamedPosition:
             return {}
         return {kind: SampleProfiles(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len,
                                      causal=self.causal, device=self.device, attended=attended)
-                for kind in ("weights", "scores", "bias")}  # fmt: skip
+                for kind in ("scores", "bias")}  # fmt: skip (the weights' come with their measures)
 
     def _measures(self, attended: Attended | None) -> WeightMeasures:
         return WeightMeasures(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len, block=self.block,

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from biasviz.store.datasets import MIN_SE_SAMPLES, SEGMENTS, SINK_DTYPE, SINK_RANKS, distance_bins
+from biasviz.store.datasets import SEGMENTS, SINK_DTYPE, SINK_RANKS, distance_bins
 from biasviz.summaries.attended import Attended
+from biasviz.summaries.sample_profiles import SampleProfiles, sample_stats
 
 
 @dataclass
@@ -29,17 +30,27 @@ class MeasureSummary:
     arrays: dict[str, np.ndarray]
 
 
-def sample_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-sample values (N, ...) -> ((2, ...) mean and std over samples (ddof 0), SE or None with N < 3).
+def _prefix(cums: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Σ over keys j < index from inclusive cumulative sums (..., rows, K); ``index`` (rows, n) or (..., rows, n)
+    in 0 .. K (0: nothing)."""
+    idx = index.expand(*cums.shape[:-1], index.shape[-1]) if index.dim() == 2 else index
+    return cums.gather(-1, (idx - 1).clamp(min=0)) * (idx > 0)
 
-    The SE sqrt(Σ (x_a - x̄)² / (N (N - 1))) is the delete-one jackknife of a mean. NaN in a sample (nothing
-    attended there) leaves that entry NaN."""
-    n = x.shape[0]
-    mean = x.mean(0)
-    dev2 = (x - mean).square().sum(0)
-    std = (dev2 / n).sqrt()
-    se = (dev2 / (n * (n - 1))).sqrt() if n >= MIN_SE_SAMPLES else None
-    return torch.stack([mean, std]), se
+
+@dataclass
+class _Plan:
+    """A block's mask, worked into what every sample's sums need."""
+
+    key: tuple[int, int, int]  # (r0, rows, keys)
+    ranges: list[tuple[torch.Tensor, torch.Tensor]]  # per distance bin, key ranges [a, b) by row
+    bounds: torch.Tensor  # (1 or H, rows, S + 1): the first key of each tenth, then K
+    qualifies: torch.Tensor  # (1 or H, rows): the query sees 10 keys or more
+    looks: torch.Tensor  # (1 or H, rows): the query sees a key
+    q0: int
+    q1: int
+    qblock: torch.Tensor  # (rows,) each row's query block - q0
+    mask_cums: torch.Tensor | None  # (1 or H, rows, K) attended keys up to each key; None: causal
+    seen: torch.Tensor
 
 
 class WeightMeasures:
@@ -53,7 +64,6 @@ class WeightMeasures:
         self.lo, self.hi = bins[:, 0], bins[:, 1]
         nqb = -(-seq_len // block)
         f64 = {"dtype": torch.float64, "device": device}
-        self.band = torch.zeros(samples, heads, len(bins), **f64)
         self.context = torch.zeros(samples, heads, SEGMENTS, **f64)
         self.entropy = torch.zeros(samples, heads, nqb, **f64)
         self.columns = torch.zeros(samples, heads, seq_len, **f64)  # Σ_i w_a(i, j)
@@ -63,19 +73,26 @@ class WeightMeasures:
         self.context_queries = torch.zeros(heads_of_mask, 1, **f64)
         self.block_queries = torch.zeros(heads_of_mask, nqb, **f64)
         self._pending: list[tuple[torch.Tensor, tuple, torch.Tensor]] | None = None  # (sum, where, amount)
+        self._planned: _Plan | None = None
+        # each sample's weights by distance: the band masses (a bin's distances summed) and the profile's SE
+        self.diagonals = SampleProfiles(samples=samples, heads=heads, seq_len=seq_len, causal=causal, device=device,
+                                        attended=attended)  # fmt: skip
 
     def hold(self) -> None:
         """From here on, additions wait for :meth:`commit` (or are dropped by :meth:`discard`): a block that may be
         formed again (a bias measured to differ) counts once."""
         self._pending = []
+        self.diagonals.hold()
 
     def commit(self) -> None:
         for total, where, amount in self._pending or ():
             total[where] += amount
         self._pending = None
+        self.diagonals.commit()
 
     def discard(self) -> None:
         self._pending = None
+        self.diagonals.discard()
 
     def _put(self, total: torch.Tensor, where: tuple, amount: torch.Tensor) -> None:
         if self._pending is None:
@@ -103,57 +120,77 @@ class WeightMeasures:
         return [before, after]
 
     @staticmethod
-    def _range_sums(prefix: torch.Tensor, ranges: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Σ over keys in each range, from ``prefix`` (..., rows, K + 1) with prefix[..., k] = Σ_{j < k}."""
+    def _range_sums(cums: torch.Tensor, ranges: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Σ over keys in each range [a, b), from the inclusive cumulative sums ``cums`` (..., rows, K)."""
         total = None
         for a, b in ranges:
-            lead = prefix.shape[:-2]
-            idx_a, idx_b = (t.expand(*lead, *t.shape) for t in (a, b))
-            part = prefix.gather(-1, idx_b) - prefix.gather(-1, idx_a)
+            part = _prefix(cums, b) - _prefix(cums, a)
             total = part if total is None else total + part
         assert total is not None
         return total
+
+    def _plan(self, r0: int, rows: int, keys: int) -> _Plan:
+        """What the mask decides for a block of rows, the same for every sample: worked out once per block."""
+        key = (r0, rows, keys)
+        if self._planned is not None and self._planned.key == key:
+            return self._planned
+        r1 = r0 + rows
+        i = torch.arange(r0, r1, device=self.device)
+        s = torch.arange(SEGMENTS + 1, device=self.device)
+        ranges = self._band_ranges(r0, r1, keys)
+        if self.attended is None and self.causal:  # rank r is key r; a query i sees i + 1 keys
+            seen = (i + 1)[None]
+            bounds = (-(-(s[None, :] * seen[0, :, None]) // SEGMENTS))[None]  # (1, rows, S + 1) first key of each
+            mask_cums = None
+        else:
+            mask = self._mask(r0, r1, keys)  # (1 or H, rows, K)
+            seen = mask.sum(-1)
+            mask_cums = mask.long().cumsum(-1)  # attended keys up to and including each key
+            need = -(-(s[None, None, :] * seen[..., None]) // SEGMENTS)  # the first rank of each segment
+            bounds = torch.searchsorted(mask_cums, (need + 1).contiguous())  # the key of that rank
+        q0 = r0 // self.block
+        plan = _Plan(key=key, ranges=ranges, bounds=bounds, qualifies=(seen >= SEGMENTS).double(),
+                     looks=(seen > 0).double(), q0=q0, q1=(r1 - 1) // self.block + 1, qblock=i // self.block - q0,
+                     mask_cums=mask_cums, seen=seen)  # fmt: skip
+        self._planned = plan
+        return plan
 
     def add(self, first: int, r0: int, weights: torch.Tensor) -> None:
         """Samples ``first ..``'s weights (B, H, rows, K) of query rows ``r0 ..`` against keys ``0 .. K - 1``, 0
         where a query does not look (the rows of every sample come exactly once, in any order)."""
         b, _, rows, keys = weights.shape
-        r1 = r0 + rows
-        w = weights.double()
-        mask = self._mask(r0, r1, keys)  # (1 or H, rows, K)
-        prefix = torch.nn.functional.pad(w.cumsum(-1), (1, 0))  # (B, H, rows, K + 1)
+        plan = self._plan(r0, rows, keys)
+        cums = torch.cumsum(weights, -1, dtype=torch.float64)  # (B, H, rows, K): a tenth's weight, exactly
         at = slice(first, first + b)
-        ranges = self._band_ranges(r0, r1, keys)
-        self._put(self.band, (at,), self._range_sums(prefix, ranges).sum(-2))
-        seen = mask.sum(-1)  # (1 or H, rows): keys each query sees
-        ranks = mask.long().cumsum(-1)  # attended keys up to and including each key
-        s = torch.arange(SEGMENTS + 1, device=self.device)
-        need = -(-(s[None, None, :] * seen[..., None]) // SEGMENTS)  # first rank of each segment (ceil)
-        bounds = torch.searchsorted(ranks.contiguous(), (need + 1).contiguous())  # (1 or H, rows, S + 1) key index
-        segment = prefix.gather(-1, bounds[..., 1:].expand(b, self.heads, -1, -1)) - prefix.gather(
-            -1, bounds[..., :-1].expand(b, self.heads, -1, -1))  # fmt: skip
-        qualifies = (seen >= SEGMENTS).double()  # (1 or H, rows)
-        self._put(self.context, (at,), (segment * qualifies[None, ..., None]).sum(-2))
-        entropy = torch.special.entr(w).sum(-1)  # (B, H, rows)
-        q0, q1 = r0 // self.block, (r1 - 1) // self.block + 1
-        qblock = torch.arange(r0, r1, device=self.device) // self.block - q0
-        looks = (seen > 0).double()
-        by_block = torch.zeros(b, self.heads, q1 - q0, dtype=torch.float64, device=self.device)
-        self._put(self.entropy, (at, slice(None), slice(q0, q1)), by_block.index_add_(-1, qblock, entropy * looks))
-        self._put(self.columns, (at, slice(None), slice(0, keys)), w.sum(-2))
+        self.diagonals.add(first, r0, weights)  # the band masses: each bin's distances summed at the end
+        bounds = plan.bounds.expand(b, self.heads, -1, -1)
+        starts = _prefix(cums, bounds)  # Σ before each segment's first key
+        segment = starts[..., 1:] - starts[..., :-1]
+        self._put(self.context, (at,), (segment * plan.qualifies[None, ..., None]).sum(-2))
+        # -w log w, 0 where w = 0: the clamp only keeps log finite there (3x faster than torch.special.entr)
+        entropy = -(weights * weights.clamp_min(torch.finfo(weights.dtype).tiny).log()).sum(-1).double()  # (B, H, rows)
+        by_block = torch.zeros(b, self.heads, plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
+        by_block.index_add_(-1, plan.qblock, entropy * plan.looks)
+        self._put(self.entropy, (at, slice(None), slice(plan.q0, plan.q1)), by_block)
+        self._put(self.columns, (at, slice(None), slice(0, keys)), weights.sum(-2).double())
         if first == 0:  # the counts come from the mask, the same for every sample: once
-            present = self._range_sums(torch.nn.functional.pad(mask.double().cumsum(-1), (1, 0)), ranges) > 0
+            if plan.mask_cums is None:  # causal: a query i has keys at the bin's distances from distance lo on
+                present = (plan.ranges[0][1] > plan.ranges[0][0])[None]
+            else:
+                present = self._range_sums(plan.mask_cums, plan.ranges) > 0
             self._put(self.band_queries, (), present.double().sum(-2))
-            self._put(self.context_queries, (), qualifies.sum(-1, keepdim=True))
-            counts = torch.zeros(looks.shape[0], q1 - q0, dtype=torch.float64, device=self.device)
-            self._put(self.block_queries, (slice(None), slice(q0, q1)), counts.index_add_(-1, qblock, looks))
+            self._put(self.context_queries, (), plan.qualifies.sum(-1, keepdim=True))
+            counts = torch.zeros(plan.looks.shape[0], plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
+            self._put(self.block_queries, (slice(None), slice(plan.q0, plan.q1)),
+                      counts.index_add_(-1, plan.qblock, plan.looks))  # fmt: skip
 
-    PER_SAMPLE = ("band", "context", "entropy", "columns")
+    PER_SAMPLE = ("context", "entropy", "columns")
     COUNTS = ("band_queries", "context_queries", "block_queries")
 
     def sums(self) -> dict[str, torch.Tensor]:
         """This process's sums, on the CPU (torchrun: joined on process 0 by :meth:`join`)."""
-        return {name: getattr(self, name).cpu() for name in (*self.PER_SAMPLE, *self.COUNTS)}
+        sums = {name: getattr(self, name).cpu() for name in (*self.PER_SAMPLE, *self.COUNTS)}
+        return {**sums, "diagonals": self.diagonals.sums.cpu(), "diagonal_counts": self.diagonals.count.cpu()}
 
     def join(self, parts: list[dict[str, torch.Tensor]]) -> None:
         """Every process's :meth:`sums` in rank order: per-sample sums one after another, the mask's counts (the
@@ -162,7 +199,9 @@ class WeightMeasures:
             setattr(self, name, torch.cat([p[name] for p in parts]).to(self.device))
         for name in self.COUNTS:
             setattr(self, name, parts[0][name].to(self.device))
-        self.n = len(self.band)
+        self.diagonals.sums = torch.cat([p["diagonals"] for p in parts]).to(self.device)
+        self.diagonals.count = parts[0]["diagonal_counts"].to(self.device)
+        self.n = len(self.columns)
 
     def per_key(self) -> torch.Tensor:
         """(1 or H, T): the queries that see each key."""
@@ -181,7 +220,10 @@ class WeightMeasures:
         def per_query(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
             return torch.where(count > 0, total / count.clamp(min=1), float("nan"))
 
-        per_sample = {"band_mass": per_query(self.band, self.band_queries[None]),
+        by_distance = self.diagonals.distance_sums()  # (N, H, T)
+        ends = torch.cat([torch.zeros_like(by_distance[..., :1]), by_distance.cumsum(-1)], -1)
+        band = ends[..., self.hi + 1] - ends[..., self.lo]  # (N, H, bins): each bin's distances
+        per_sample = {"band_mass": per_query(band, self.band_queries[None]),
                       "context_mass": per_query(self.context, self.context_queries[None]),
                       "weights_entropy": per_query(self.entropy, self.block_queries[None])}  # fmt: skip
         received = per_query(self.columns, self.per_key()[None])  # (N, H, T) mean received weight
@@ -196,6 +238,9 @@ class WeightMeasures:
             _, se = sample_stats(x)
             if se is not None:
                 out[name] = se.float().cpu().numpy()
+        se = self.diagonals.standard_error()
+        if se is not None:
+            out["weights_profile_se"] = se.float().cpu().numpy()
         out["sink_keys"] = top_keys(received)
         return MeasureSummary(out)
 
