@@ -119,3 +119,14 @@ def test_95_intervals_cover_the_true_mean_in_93_to_97_percent_of_400_runs() -> N
         mean, se = got["band_mass"][0, 0, 0], got["band_mass_se"][0, 0]
         covered += abs(mean - truth) <= 1.959963984540054 * se
     assert 0.93 <= covered / runs <= 0.97, covered / runs
+
+
+def test_the_file_format_page_lists_every_dataset_of_the_table() -> None:
+    """docs/hdf5.md names every row of the table of datasets (a new measure is a row and a line there)."""
+    from pathlib import Path
+
+    from biasviz.store.datasets import DISTANCE_BINS, ROWS
+
+    page = (Path(__file__).parents[1] / "docs" / "hdf5.md").read_text()
+    missing = [name for name in (*ROWS, DISTANCE_BINS) if name not in page]
+    assert not missing, missing
