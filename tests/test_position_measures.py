@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
 
 import biasviz
 from biasviz.model import capture
+from biasviz.store.datasets import distance_bins
 from biasviz.store.reader import open_bias_file
 from tests.conftest import small_model
 from tests.measures_reference import reference
@@ -236,3 +238,78 @@ def test_bias_profile_se_from_each_samples_bias(tmp_path: Path, scheme: str) -> 
     got = open_bias_file(out).summary_array("bias_profile_se", 1)
     np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6)
     assert (got > 1e-4).any() == (scheme == "cable")
+
+
+def _split_reference(q: np.ndarray, k: np.ndarray, c: float, groups: list[np.ndarray], t: int) -> np.ndarray:
+    """(N, H, T, hd) -> (H, groups, bins): P restricted to each group of dims (the mean over ordered pairs of
+    different texts of c q_a(i)·k_b(j)), averaged over each distance bin's causal cells."""
+    n = len(q)
+    bins = distance_bins(t)
+    d = np.subtract.outer(np.arange(t), np.arange(t))
+    out = np.zeros((q.shape[1], len(groups), len(bins)))
+    for g, dims in enumerate(groups):
+        p = np.mean([c * np.einsum("hid,hjd->hij", q[a][..., dims], k[b][..., dims])
+                     for a in range(n) for b in range(n) if a != b], axis=0)  # fmt: skip
+        for bi, (lo, hi) in enumerate(bins):
+            cells = (d >= lo) & (d <= hi)
+            out[:, g, bi] = p[:, cells].mean(-1)
+    return out
+
+
+def _check_positional_frequency(path: Path, layer: int, q: np.ndarray, k: np.ndarray, c: float,
+                                groups: list[np.ndarray]) -> None:  # fmt: skip
+    t = q.shape[2]
+    f = open_bias_file(path)
+    got = f.summary_array("positional_frequency", layer)
+    np.testing.assert_allclose(got, _split_reference(q, k, c, groups, t), rtol=1e-4, atol=1e-7)
+    n = len(q)  # the jackknife from scratch: every delete-one P formed again from the other texts
+    left = np.stack([_split_reference(np.delete(q, a, 0), np.delete(k, a, 0), c, groups, t) for a in range(n)])
+    jack = np.sqrt((n - 1) / n * ((left - left.mean(0)) ** 2).sum(0))
+    np.testing.assert_allclose(f.summary_array("positional_frequency_se", layer), jack, rtol=1e-3, atol=1e-7)
+    with h5py.File(path) as h5:
+        assert h5[f"layer_{layer}/positional_frequency"].attrs["pair_sum_residual"] < 1e-5
+    # P's distance profile (no additive bias: P is the sum over every dim), its jackknife SE from scratch
+    every = [np.concatenate(groups)]
+    d = np.subtract.outer(np.arange(t), np.arange(t))
+
+    def by_distance(qq: np.ndarray, kk: np.ndarray) -> np.ndarray:
+        m = len(qq)
+        p = np.mean([c * np.einsum("hid,hjd->hij", qq[a][..., every[0]], kk[b][..., every[0]])
+                     for a in range(m) for b in range(m) if a != b], axis=0)  # fmt: skip
+        return np.stack([p[:, d == dist].mean(-1) for dist in range(t)], -1)
+
+    left_p = np.stack([by_distance(np.delete(q, a, 0), np.delete(k, a, 0)) for a in range(n)])
+    jack_p = np.sqrt((n - 1) / n * ((left_p - left_p.mean(0)) ** 2).sum(0))
+    np.testing.assert_allclose(f.summary_array("positional_profile_se", layer), jack_p, rtol=1e-3, atol=1e-7)
+
+
+def test_positional_frequency_of_a_partial_half_split_rotary_model(tmp_path: Path) -> None:
+    """P split by pair (f, f + d_rot/2) and the unrotated dims, by distance bin, and its jackknife SE."""
+    model = small_model("rope", scheme_options={"fraction": 0.5})
+    ids = np.random.default_rng(8).integers(0, 97, size=(N, 30))
+    got: dict[str, torch.Tensor] = {}
+    names = ["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"]
+    with capture(model, names, lambda t, name, _r: got.update({name.rsplit("_", 1)[1]: t})), torch.no_grad():
+        model(torch.from_numpy(ids))
+    q, k = (got[x].double().numpy().transpose(0, 2, 1, 3) for x in ("q", "k"))
+    rotated, hd = int(model.blocks[1].attn.pos_bias.rotary_dim), q.shape[-1]
+    half = rotated // 2
+    groups = [np.array([f, f + half]) for f in range(half)] + [np.arange(rotated, hd)]
+    out = tmp_path / "s.h5"
+    biasviz.extract(model, ids, out, layers=[1], summary=True, device="cpu", progress=False)
+    _check_positional_frequency(out, 1, q, k, float(model.blocks[1].attn.scale), groups)
+
+
+def test_positional_frequency_of_an_interleaved_rotary_model(tmp_path: Path) -> None:
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    torch.manual_seed(1)
+    config = GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=1, n_head=4, rotary_dim=4,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")  # fmt: skip
+    model = GPTJForCausalLM(config).eval()
+    ids = torch.randint(0, VOCAB, (N, 24), generator=torch.Generator().manual_seed(4))
+    call = caught_call(model, ids)
+    out = tmp_path / "s.h5"
+    biasviz.extract(model, ids, out, summary=True, progress=False)
+    groups = [np.array([0, 1]), np.array([2, 3]), np.arange(4, 8)]
+    _check_positional_frequency(out, 0, call["q"].numpy(), call["k"].numpy(), float(call["scale"]), groups)

@@ -47,10 +47,10 @@ from biasviz.extraction.run import (
 from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, MASK, block_size
 from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
-from biasviz.summaries.attended import Attended
+from biasviz.summaries.attended import Attended, triangle_share
 from biasviz.summaries.bank import SampleBank
-from biasviz.summaries.frequency import frequency_from_bank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
 from biasviz.summaries.streamed_position import StreamedPosition
@@ -162,16 +162,8 @@ def summarise(
         if adapter.layer_causal(layer) and not adapter.causal and extra.attended is None:
             # a causal call in a model whose others see every key (an encoder-decoder's decoder): its own rule
             # travels with it, as the share of each block's cells j <= i (SPEC section 13)
-            extra.attended = _triangle_share(seq_len, block, adapter.n_heads)
+            extra.attended = triangle_share(seq_len, block, adapter.n_heads)
     return out
-
-
-def _triangle_share(seq_len: int, block: int, heads: int) -> np.ndarray:
-    """(H, nb, nb) float32: the share of each block's cells with j <= i."""
-    from biasviz.store.summary_reader import causal_block_counts
-
-    share = causal_block_counts(seq_len, block, True) / causal_block_counts(seq_len, block, False)
-    return np.broadcast_to(share, (heads, *share.shape)).astype(np.float32)
 
 
 Parts = dict[tuple[str, int], QuantitySummary]
@@ -317,10 +309,12 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                              adds_bias=bool(adapter.adds_bias), tick=bar.update,
                              formula=layer in formula)  # fmt: skip
             frequency = ({} if extra.measures is None
-                         else {**frequency_from_bank(adapter.rotary(layer), bank, layer, heads),
+                         else {**rotary_measures(adapter, bank, layer, heads, attended, positional),
                                **profile_errors(extra.profiles, own, n)})  # fmt: skip
             bank.drop(layer)
             positional = None if extra.positional is None else extra.positional.result()
+            if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself
+                add_pair_sum_residual(frequency, positional[1][0], attended)
             extras[layer] = PositionSummary(
                 positional_mean=None if positional is None else positional[0].cpu().numpy(),
                 positional_profile=None if positional is None else positional[1].cpu().numpy(),

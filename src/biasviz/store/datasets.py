@@ -48,6 +48,8 @@ MEASURES: tuple[DatasetRow, ...] = (
                "per sample and head, the keys with the highest mean received weight"),
     DatasetRow("frequency_use", ("operand", "head", "pair"), "norm",
                "rotary calls: mean 2-norm of each rotary pair of q (0) and k (1), the unrotated dims last"),
+    DatasetRow("positional_frequency", ("head", "pair", "distance_bin"), "value",
+               "rotary calls: P - mean bias restricted to each rotary pair's dims, over each bin's attended cells"),
 )  # fmt: skip
 # the standard error beside a mean over samples: its mean row's shape without the stat axis
 STANDARD_ERRORS: tuple[DatasetRow, ...] = (
@@ -56,10 +58,16 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
     DatasetRow("weights_key_profile_se", ("head", "key"), "se", "standard error of the key profile's mean"),
     DatasetRow("sink_share_se", ("head",), "se", "standard error of the mean sink share over samples"),
     DatasetRow("frequency_use_se", ("operand", "head", "pair"), "se", "standard error of frequency_use"),
+    DatasetRow("positional_frequency_se", ("head", "pair", "distance_bin"), "se",
+               "delete-one jackknife standard error of positional_frequency"),
+    DatasetRow("positional_profile_se", ("head", "distance"), "se",
+               "delete-one jackknife standard error of P's distance profile over all keys (no additive bias)"),
     *(DatasetRow(f"{kind}_profile_se", ("head", "distance"), "se", f"standard error of {kind}_profile's mean")
       for kind in ("bias", "weights", "scores")),
 )  # fmt: skip
 ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
+# numbers a dataset carries as attributes: the pairs of positional_frequency summed against P - mean bias
+ATTRIBUTES = ("pair_sum_residual",)
 
 
 def distance_bins(seq_len: int) -> np.ndarray:

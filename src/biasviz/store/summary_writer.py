@@ -100,7 +100,9 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
     measures = [getattr(p, "measures", None) or {} for p in parts]
     for name, row in datasets.ROWS.items():  # SPEC section 14: what the table lists and the summary holds
         if all(name in m for m in measures):
-            _write(f, grp, name, [m[name] for m in measures], row.dims, checkpoints)
+            ds = _write(f, grp, name, [m[name] for m in measures], row.dims, checkpoints)
+            for key in (k for k in measures[-1] if k.startswith(f"{name}.")):  # its attributes (the last step's)
+                ds.attrs[key.removeprefix(f"{name}.")] = float(measures[-1][key])
     if getattr(parts[0], "attended", None) is not None:  # the layer's own mask (SPEC section 13)
         _write(f, grp, ATTENDED, [p.attended for p in parts], SUMMARY_MAP_DIMS, checkpoints)
 
@@ -143,7 +145,7 @@ def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads
 
 
 def _write(f: h5py.File, grp: h5py.Group, name: str, parts: list[np.ndarray], dims: Sequence[str],
-           checkpoints: Sequence[int] | None) -> None:  # fmt: skip
+           checkpoints: Sequence[int] | None) -> h5py.Dataset:  # fmt: skip
     data = parts[0] if checkpoints is None else np.stack(parts)
     if name in (DIAGNOSTICS, POSITIONAL_DIAGNOSTICS):
         data = np.asarray(data, dtype=[(k, np.float64) for k in DIAGNOSTIC_FIELDS])
@@ -156,6 +158,7 @@ def _write(f: h5py.File, grp: h5py.Group, name: str, parts: list[np.ndarray], di
     else:
         ds = grp.create_dataset(name, data=data)
     _label(f, ds, dims if checkpoints is None else ("checkpoint", *dims))
+    return ds
 
 
 def _write_compressed(grp: h5py.Group, name: str, data: np.ndarray) -> h5py.Dataset:
@@ -219,7 +222,9 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
                         else None,
                         key_profile=grp[KEY_PROFILE][()], sink_share=grp[SINK_SHARE][()],
                         attended=grp[ATTENDED][()] if ATTENDED in grp else None,
-                        measures={name: grp[name][()] for name in datasets.ROWS if name in grp})  # fmt: skip
+                        measures={**{name: grp[name][()] for name in datasets.ROWS if name in grp},
+                                  **{f"{name}.{k}": v for name in datasets.ROWS if name in grp
+                                     for k, v in grp[name].attrs.items() if k in datasets.ATTRIBUTES}})  # fmt: skip
             per_step.append(one)
     assert first is not None, "no parts to join"
     (n_heads, seq_len, resolution, block, causal, layers), ids, meta = first

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from biasviz.summaries.maps import _group_sums
@@ -87,3 +88,11 @@ class Attended:
         lap = -a
         lap.diagonal(dim1=1, dim2=2).add_(a.sum(-1))
         return lap
+
+
+def triangle_share(seq_len: int, block: int, heads: int) -> np.ndarray:
+    """(H, nb, nb) float32: the share of each block's cells with j <= i (a causal call among bidirectional ones)."""
+    from biasviz.store.summary_reader import causal_block_counts
+
+    share = causal_block_counts(seq_len, block, True) / causal_block_counts(seq_len, block, False)
+    return np.broadcast_to(share, (heads, *share.shape)).astype(np.float32)

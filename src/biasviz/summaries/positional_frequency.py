@@ -1,0 +1,168 @@
+"""SPEC section 14's ``positional_frequency``: the positional logits P (SPEC section 12) split by rotary pair and
+averaged over the attended cells of each distance bin, with its delete-one jackknife SE over samples, and the SE of
+P's distance profile the same way.
+
+P(i, j) − b̄(i, j) = c·(Q(i)·K(j) − G(i, j)) / (N(N − 1)) is a sum over the head's dims, so restricting the dot
+products to a pair's two dims splits it exactly. Summed over the cells of one distance d, each term is a
+cross-correlation along the positions: Σ_i Q(i)·K(i − d) for every d at once by FFT, O(T log T) per dim, and
+G's Σ_a Σ_i q_a(i)·k_a(i − d) one per sample. Leaving sample a out changes Q, K and G by its own q_a and k_a
+alone, so every delete-one P comes from the same transforms. Cells at a distance are all attended or none only
+where the call's mask is a rule of distance (causal, every key, a sliding window); for other masks nothing is
+stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from biasviz.adapters.rotary import RotaryLayout
+from biasviz.store.datasets import MIN_SE_SAMPLES, distance_bins
+from biasviz.summaries.attended import Attended
+from biasviz.summaries.frequency import frequency_from_bank
+
+
+def cells_by_distance(seq_len: int, causal: bool, attended: Attended | None) -> torch.Tensor | None:
+    """(1 or H, T): attended cells at each distance |i - j|, or None where the mask is no rule of distance (some
+    distance partly attended)."""
+    d = torch.arange(seq_len, dtype=torch.float64)
+    full = (seq_len - d) * (1 if causal else 2)
+    if not causal:
+        full[0] = seq_len
+    if attended is None:
+        return full[None]
+    if not causal:
+        return None
+    per = attended.per_distance.cpu()
+    return per if bool(((per == 0) | (per == full)).all()) else None
+
+
+class PairCorrelations:
+    """Per head: each sample's sums over cells at each distance of q_a·K, Q·k_a and q_a·k_a by dim, reduced to
+    pairs; enough for P by pair and distance and every delete-one P."""
+
+    def __init__(self, layout: RotaryLayout, head_dim: int, seq_len: int, causal: bool) -> None:
+        self.layout, self.seq_len, self.causal = layout, seq_len, causal
+        a, b = layout.pair_dims()
+        group = torch.full((head_dim,), -1, dtype=torch.long)
+        group[a] = torch.arange(len(a))
+        group[b] = torch.arange(len(b))
+        rest = head_dim > layout.rotary_dims
+        group[layout.rotary_dims :] = len(a)
+        self.group, self.pairs = group, len(a) + int(rest)
+
+    def _by_distance(self, x_hat: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
+        """(T + 1, dims) transforms of x and y -> (pairs, T): Σ over cells at distance |i - j| of x(i)·y(j) by
+        pair."""
+        t = self.seq_len
+        lags = torch.fft.irfft(x_hat * y_hat.conj(), n=2 * t, dim=0)  # (2T, dims): lag m = i - j (mod 2T)
+        total = lags[:t].clone()  # i - j = d >= 0
+        if not self.causal:
+            total[1:] += lags[t + 1 :].flip(0)  # j - i = e > 0 at 2T - e
+        out = torch.zeros(self.pairs, t, dtype=torch.float64)
+        out.index_add_(0, self.group, total.T)
+        return out
+
+    def head(self, q: list[torch.Tensor], k: list[torch.Tensor], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head's per-sample q_a, k_a (T, dims) -> (P − b̄ summed over the cells at each distance, by pair:
+        (pairs, T); the same with each sample left out: (N, pairs, T))."""
+        n, t = len(q), self.seq_len
+        fq = [torch.fft.rfft(x.double(), n=2 * t, dim=0) for x in q]
+        fk = [torch.fft.rfft(x.double(), n=2 * t, dim=0) for x in k]
+        sum_q, sum_k = sum(fq), sum(fk)
+        own = [self._by_distance(a, b) for a, b in zip(fq, fk, strict=True)]
+        cross = self._by_distance(sum_q, sum_k)
+        same = sum(own)
+        p = scale * (cross - same) / (n * (n - 1))
+        if n < MIN_SE_SAMPLES:
+            return p, torch.empty(0)
+        left = []
+        for a in range(n):  # Q - q_a, K - k_a: cross loses q_a·K and Q·k_a and regains q_a·k_a; G loses q_a·k_a
+            cross_a = cross - self._by_distance(fq[a], sum_k) - self._by_distance(sum_q, fk[a]) + own[a]
+            left.append(scale * (cross_a - (same - own[a])) / ((n - 1) * (n - 2)))
+        return p, torch.stack(left)
+
+
+def jackknife(theta: torch.Tensor) -> torch.Tensor:
+    """Delete-one estimates (N, ...) -> the jackknife SE √((N − 1)/N · Σ_a (θ_(−a) − mean θ_(−a))²)."""
+    n = theta.shape[0]
+    return torch.sqrt((n - 1) / n * (theta - theta.mean(0)).square().sum(0))
+
+
+def _per_bin(sums: torch.Tensor, by_bin: torch.Tensor, bin_cells: torch.Tensor) -> torch.Tensor:
+    """Sums over the cells of each distance (..., T) -> means over each bin's cells (..., bins), NaN with none."""
+    return torch.where(bin_cells > 0, sums @ by_bin.T / bin_cells.clamp(min=1), float("nan"))
+
+
+def positional_frequency(layout: RotaryLayout | None, bank: object, layer: int, *, heads: int, scale: float,
+                         causal: bool, attended: Attended | None) -> dict[str, np.ndarray]:  # fmt: skip
+    """``positional_frequency`` (H, pairs, bins), its SE and ``positional_profile_se`` (H, T) from every sample's q
+    and k in the bank; {} without a rotary layout, two samples, or a mask that is a rule of distance."""
+    samples = bank.samples  # type: ignore[attr-defined]
+    seq_len = bank.seq_len(layer, "q")  # type: ignore[attr-defined]
+    cells = cells_by_distance(seq_len, causal, attended)
+    if layout is None or samples < 2 or cells is None:
+        return {}
+    q_all = [bank.get(layer, "q", a, 0, seq_len).view(seq_len, heads, -1) for a in range(samples)]  # type: ignore
+    k_all = [bank.get(layer, "k", a, 0, seq_len).view(seq_len, heads, -1) for a in range(samples)]  # type: ignore
+    corr = PairCorrelations(layout, q_all[0].shape[-1], seq_len, causal)
+    bins = torch.as_tensor(distance_bins(seq_len))
+    by_bin = torch.zeros(len(bins), seq_len, dtype=torch.float64)  # which distances each bin sums
+    for b, (lo, hi) in enumerate(bins.tolist()):
+        by_bin[b, lo : hi + 1] = 1.0
+    out_p, out_se, out_profile_se = [], [], []
+    for h in range(heads):
+        p, left = corr.head([x[:, h] for x in q_all], [x[:, h] for x in k_all], scale)
+        n_cells = cells[min(h, len(cells) - 1)]  # (T,)
+        bin_cells = by_bin @ n_cells
+        out_p.append(_per_bin(p, by_bin, bin_cells))
+        if left.numel():
+            out_se.append(jackknife(_per_bin(left, by_bin, bin_cells)))
+            profile = torch.where(n_cells > 0, left.sum(1) / n_cells.clamp(min=1), float("nan"))  # (N, T)
+            out_profile_se.append(jackknife(profile))
+    got = {"positional_frequency": torch.stack(out_p).float().numpy()}
+    if out_se:
+        got["positional_frequency_se"] = torch.stack(out_se).float().numpy()
+        got["positional_profile_se"] = torch.stack(out_profile_se).float().numpy()
+    return got
+
+
+def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: Attended | None,
+                    positional: bool) -> dict[str, np.ndarray]:  # fmt: skip
+    """A replayed layer's SPEC section 14 measures of its rotary pairs: ``frequency_use`` and (``positional``)
+    ``positional_frequency`` with their SEs, and the SE of P's profile where the model adds no bias; {} where the
+    call rotates nothing."""
+    layout = adapter.rotary(layer)
+    got = frequency_from_bank(layout, bank, layer, heads)
+    if positional:
+        split = positional_frequency(layout, bank, layer, heads=heads, scale=adapter.score_scale(layer), causal=True,
+                                     attended=attended)  # fmt: skip
+        if adapter.adds_bias:  # P's delete-one estimates would need each sample's bias too
+            split.pop("positional_profile_se", None)
+        got.update(split)
+    return got
+
+
+def add_pair_sum_residual(measures: dict[str, Any], p_by_distance: torch.Tensor, attended: Attended | None) -> None:
+    """``positional_frequency``'s pairs summed against P (its distance profile, formed from the sums of q and k block
+    by block: another computation) over each bin's cells: max |difference| / max |P| as the attribute
+    ``pair_sum_residual`` (for a model that adds no bias, P - mean bias is P)."""
+    split = measures.get("positional_frequency")
+    if split is None:
+        return
+    t = p_by_distance.shape[-1]
+    cells = cells_by_distance(t, True, attended)
+    assert cells is not None, "positional_frequency is stored only where the mask is a rule of distance"
+    p = torch.as_tensor(p_by_distance, dtype=torch.float64).nan_to_num()
+    by_bin = torch.zeros(len(distance_bins(t)), t, dtype=torch.float64)
+    for b, (lo, hi) in enumerate(distance_bins(t).tolist()):
+        by_bin[b, lo : hi + 1] = 1.0
+    bin_cells = by_bin @ cells.T  # (bins, 1 or H)
+    mean = ((p * cells) @ by_bin.T) / bin_cells.T.clamp(min=1)  # (H, bins)
+    summed = torch.as_tensor(split, dtype=torch.float64).sum(1)
+    valid = bin_cells.T.expand_as(mean) > 0
+    scale = float(mean[valid].abs().max()) if valid.any() else 0.0
+    gap = float((summed - mean)[valid].abs().max()) if valid.any() else 0.0
+    measures["positional_frequency.pair_sum_residual"] = gap / scale if scale > 0 else gap
