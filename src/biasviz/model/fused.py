@@ -147,7 +147,8 @@ def head_groups(far: list[int], seq_len: int, rows: int) -> list[tuple[slice | t
     H = len(far)
     blocks = [(r0, min(seq_len, r0 + rows)) for r0 in range(0, seq_len, rows)]
 
-    def cells(reach: int) -> int:  # per head
+    @functools.cache
+    def cells(reach: int) -> int:  # per head: one sum per distinct reach, not per pair of heads
         return sum((r1 - r0) * (r1 - first_key(r0, reach, seq_len)) for r0, r1 in blocks)
 
     order = sorted(range(H), key=lambda h: -far[h])
