@@ -8,6 +8,8 @@ padded with one token.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -124,3 +126,43 @@ def test_a_trace_sees_the_layer_not_the_table(monkeypatch) -> None:
     masked = torch.ones(40, 40, dtype=torch.bool).triu(1)
     assert torch.isnan(got[..., masked]).all()
     torch.testing.assert_close(got[..., ~masked], want[..., ~masked].float(), rtol=0, atol=1e-6)
+
+
+def test_far_keys_without_weight_are_left_out(monkeypatch) -> None:
+    """Steep slopes (in no order over the heads) make far keys' weights underflow: those entries become -inf only
+    where every cell's weight is below exp(-90) in float64, heads that share reach share calls (a run of heads in
+    order as a view, others picked out), the calls skip keys no row of theirs weighs, and the output still equals
+    float64 math."""
+    monkeypatch.setattr(fused, "CALL_CELLS", 0)  # a call costs nothing: heads with other reaches get calls of their own
+    H, hd = 6, 16
+    gen = torch.Generator().manual_seed(3)
+    slopes = torch.tensor([0.9, 0.02, 0.5, 0.7, 0.001, 0.45])
+    q, k, v = (0.3 * torch.randn(2, H, T, hd, generator=gen) for _ in range(3))
+    d = torch.arange(T - 1, -T, -1).float()  # entry m holds d = T - 1 - m
+    table = -slopes[:, None] * d.abs()[None, :]
+    cells: list[int] = []  # (head, query, key) cells per call
+    real = fused.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        cells.append(q.shape[1] * q.shape[2] * k.shape[2])
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(fused.F, "scaled_dot_product_attention", spy)
+    out = fused.attend_by_table(q, k, v, table, 0.25)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    bias = (-slopes[:, None, None].double() * (i - j)).masked_fill(j > i, float("-inf"))
+    weights = torch.softmax(0.25 * q.double() @ k.double().transpose(-2, -1) + bias, dim=-1)
+    expected = weights @ v.double()
+    assert (out.double() - expected).abs().max() <= 1e-6 * expected.abs().max()
+    cut = table.clone()
+    cut[:, T:] = float("-inf")
+    far = fused.negligible(cut, q, k, 0.25)
+    assert far[4] == 0 and far[1] == 0 and (far[[0, 2, 3, 5]] > 0).all()
+    dropped = (cut[:, :T] == float("-inf")).flip(-1)  # (H, d): distances left out, d = 0 .. T - 1
+    for h in range(H):
+        at = dropped[h][(i - j).clamp(min=0)] & (j <= i)  # (T, T): the cells of those distances
+        assert weights[:, h][:, at].max() < math.exp(-90) if at.any() else True
+    groups = fused.head_groups(far.tolist(), T, fused.TABLE_ROWS)
+    assert len(groups) > 1 and any(not isinstance(heads, slice) for heads, _ in groups)
+    every = sum((r1 - r0) * r1 for r0, r1 in [(0, 128), (128, 256), (256, T)])  # per head, keys 0 .. r1 - 1
+    assert sum(cells) < H * every  # blocks of steep heads left their far keys out
