@@ -27,11 +27,10 @@ def child(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
+    from bench.common import peak_rss_bytes
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
     from biasviz.extraction.summary import extract_summary
     from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
-
-    from bench.common import peak_rss_bytes
 
     torch.manual_seed(0)
     config = BiasGPTConfig.from_preset(args.preset, args.scheme, n_positions=max(1024, args.seq_len))
