@@ -313,3 +313,22 @@ def test_positional_frequency_of_an_interleaved_rotary_model(tmp_path: Path) -> 
     biasviz.extract(model, ids, out, summary=True, progress=False)
     groups = [np.array([0, 1]), np.array([2, 3]), np.arange(4, 8)]
     _check_positional_frequency(out, 0, call["q"].numpy(), call["k"].numpy(), float(call["scale"]), groups)
+
+
+def test_diagnose_json_gives_the_rotary_measures_and_their_standard_errors(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from biasviz.cli import cli
+
+    model = small_model("rope", scheme_options={"fraction": 0.5})
+    ids = np.random.default_rng(9).integers(0, 97, size=(N, 24))
+    out = tmp_path / "s.h5"
+    biasviz.extract(model, ids, out, layers=[1], summary=True, device="cpu", progress=False)
+    result = CliRunner().invoke(cli, ["diagnose", str(out), "--no-figures", "--json", str(tmp_path / "d.json")])
+    assert result.exit_code == 0, result.output
+    doc = next(iter(json.loads((tmp_path / "d.json").read_text())["schemes"].values()))["measures"]
+    f = open_bias_file(out)
+    np.testing.assert_allclose(np.asarray(doc["frequency_use"]["k"], float), f.summary_array("frequency_use", 1)[1],
+                               rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(np.asarray(doc["positional_frequency"]["se"], float),
+                               f.summary_array("positional_frequency_se", 1), rtol=1e-6)  # fmt: skip

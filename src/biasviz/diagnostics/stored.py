@@ -104,7 +104,12 @@ def stored_measures(bias_file: Any, layer: int) -> dict[str, Any] | None:
         if row.compound or not summary.holds(layer, row.name):
             continue
         values = bias_file.summary_array(row.name, layer)
-        doc = {"axis": row.dims[-1], "mean": _listed(values[0]), "std": _listed(values[1])}
+        if row.dims[0] == "stat":
+            doc = {"axis": row.dims[-1], "mean": _listed(values[0]), "std": _listed(values[1])}
+        elif row.dims[0] == "operand":  # frequency_use: q's and k's pair norms by head
+            doc = {"axis": row.dims[-1], "q": _listed(values[0]), "k": _listed(values[1])}
+        else:  # positional_frequency: (head, pair, distance_bin)
+            doc = {"axes": list(row.dims[1:]), "mean": _listed(values)}
         if summary.holds(layer, f"{row.name}_se"):
             doc["se"] = _listed(bias_file.summary_array(f"{row.name}_se", layer))
         out[row.name] = doc
