@@ -58,6 +58,10 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
     DatasetRow("frequency_use_se", ("operand", "head", "pair"), "se", "standard error of frequency_use"),
 )  # fmt: skip
 ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
+# attributes a dataset carries, given beside its array under the same keys: how many of frequency_use's rows are
+# rotary pairs (one row past them: the unrotated dims together) and the model's layout of them
+ROW_ATTRS: dict[str, tuple[str, ...]] = {"frequency_use": ("rotary_pairs", "rotary_layout")}
+ROTARY_LAYOUTS = ("half-split", "interleaved")
 
 
 def distance_bins(seq_len: int) -> np.ndarray:
