@@ -136,3 +136,31 @@ def test_a_joined_sweep_keeps_which_rows_are_rotary_pairs(tmp_path: Path) -> Non
     out = join_summary_files(parts, tmp_path / "sweep.h5", steps=[0, 100], attrs={})
     f = open_bias_file(out)
     assert f.summary.rotary_pairs(1) == (3, "half-split")
+
+
+def test_notebook_plot_and_xarray_view_of_the_measures(tmp_path: Path) -> None:
+    """``biasviz.plot(path, "frequency")`` is the command's figure; ``to_xarray`` labels every SPEC section 14
+    dataset: the bins' distances, which rows are rotary pairs, sink_keys as two variables."""
+    xr = pytest.importorskip("xarray")
+    path = _summary(tmp_path / "r.h5", "rope", scheme_options={"fraction": 0.5})
+    f = open_bias_file(path)
+    use = f.summary_array("frequency_use", 1)
+    fig = biasviz.plot(path, "frequency")
+    np.testing.assert_allclose(fig.axes[0].lines[1].get_ydata(), use[1, 0, :3], rtol=1e-6)  # head 1's k
+    assert "rotary pair" in fig.biasviz_caption
+    with biasviz.open(path) as view:
+        ds = view.to_xarray()
+    assert isinstance(ds, xr.Dataset)
+    assert ds["frequency_use"].dims == ("operand", "head", "pair")
+    assert ds["frequency_use"].attrs["rotary_pairs"] == 3 and ds["rotary"].values.tolist() == [True] * 3 + [False]
+    np.testing.assert_allclose(ds["frequency_use"].sel(operand="k", head=2).values, use[1, 1], rtol=1e-6)
+    bins = f.summary.distance_bins()
+    assert ds["band_mass"].dims == ("stat", "head", "distance_bin")
+    assert ds["distance_first"].values.tolist() == bins[:, 0].tolist()
+    assert ds["distance_last"].values.tolist() == bins[:, 1].tolist()
+    sinks = f.summary_array("sink_keys", 1)
+    for field in ("index", "share"):
+        assert ds[f"sink_keys_{field}"].dims == ("sample", "head", "rank")
+        np.testing.assert_array_equal(ds[f"sink_keys_{field}"].values, sinks[field])
+    for name in ("band_mass_se", "context_mass_se", "weights_entropy_se", "frequency_use_se"):
+        assert name in ds
