@@ -78,7 +78,7 @@ def test_summary_kinds_write_their_figure_and_caption(tmp_path: Path, capsys: An
     assert code == 0, err
     caption = (tmp_path / f"rope_{kind}.tex").read_text()
     assert (tmp_path / f"rope_{kind}.pdf").stat().st_size > 0
-    assert "mean of 4 samples" in caption and "95 \\% interval" in caption
+    assert "mean of 4 samples" in caption and "95\\% interval" in caption
 
 
 def test_profile_of_a_summary_adds_the_entropy_with_its_band_and_the_uniform_head(tmp_path: Path, capsys: Any,
@@ -117,7 +117,7 @@ def test_sinks_figure_shades_the_key_profile_95_band(tmp_path: Path) -> None:
         verts = ax.collections[0].get_paths()[0].vertices[:, 1]
         assert np.isclose(verts.max(), (mean[h] + Z95 * se[h]).max(), rtol=1e-6)
         assert np.isclose(verts.min(), (mean[h] - Z95 * se[h]).min(), rtol=1e-6)
-    assert "95 % interval" in fig._suptitle.get_text()
+    assert "95% interval" in fig._suptitle.get_text()
 
 
 def test_two_samples_draw_no_band_and_say_why(tmp_path: Path) -> None:

@@ -64,8 +64,8 @@ def se_note(bf: BiasFile, layer: int, kind: str) -> str:
 
 def _band_note(bf: BiasFile, se: np.ndarray | None) -> str:
     if se is None:
-        return f"no 95 % band: a standard error needs 3 samples or more (the file holds {bf.n_samples})"
-    return "shaded: 95 % interval of the mean over samples (± 1.96 SE)"
+        return f"no 95% band: a standard error needs 3 samples or more (the file holds {bf.n_samples})"
+    return "shaded: 95% interval of the mean over samples (± 1.96 SE)"
 
 
 def bands_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE) -> Figure:
