@@ -20,6 +20,9 @@ TRAIN_LEN := 128
 POSITIONAL := $(SCHEMES) rope nope
 POS_LEN  := 2048
 POS_SAMPLES := 8
+# Position as papers measure it (SPEC section 14), on one page from the same POS_LEN summaries: rotary frequency
+# use, band mass and the context U-curve, each with its 95 % band over the POS_SAMPLES windows
+MEASURES := rope alibi
 RUNS    := runs
 DATA    := data
 FIGURES := figures
@@ -88,14 +91,14 @@ docs: $(DOCS_STAMP)  ## build the documentation site into site/ (offline, strict
 # files something else replaced since the last build (a README example writing into figures/, say) is dated
 # back so that it is rebuilt; after building, the manifest records what was built (src/biasviz/cli/manifest.py).
 MANIFEST := $(STAGES)/built.json
-FIGURE_FILES := $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf $(FIGURES)/positional.pdf
+FIGURE_FILES := $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf $(FIGURES)/positional.pdf $(FIGURES)/position_measures.pdf
 # every target `make figures` builds: the manifest records their files only, and `make clean` removes only them
 # (a run or file of your own beside them, runs/mine or data/mine.h5, is neither recorded nor removed)
 BUILT := $(FIGURE_FILES) $(foreach s,$(POSITIONAL),$(RUNS)/$(s)/model.safetensors $(DATA)/$(s)-pos-short.h5 $(DATA)/$(s)-pos-long.h5) \
 	$(foreach s,$(SCHEMES),$(DATA)/$(s).h5) $(DATA)/$(DYNAMICS)-sweep.h5 $(foreach s,$(LONG),$(DATA)/$(s)-long.h5)
 # the manifest's tool, with or without .venv (make clean works without one)
 MANIFEST_TOOL = $(if $(wildcard $(BIN)/python),$(BIN)/python,PYTHONPATH=src $(PYTHON)) -m biasviz.cli.manifest
-figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics, the long-context figure and the positional logits of every scheme
+figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics, the long-context figure, the positional logits of every scheme and the position measures of RoPE and ALiBi
 	@$(BIN)/python -m biasviz.cli.manifest stale $(MANIFEST)
 	@$(MAKE) --no-print-directory figure-files
 	@$(MAKE) --no-print-directory record-built
@@ -148,6 +151,9 @@ $(DATA)/%-pos-long.h5: $(RUNS)/%/model.safetensors
 
 $(FIGURES)/positional.pdf: $(foreach s,$(POSITIONAL),$(DATA)/$(s)-pos-short.h5 $(DATA)/$(s)-pos-long.h5)
 	$(BIN)/python -m biasviz.plotting.positional_compare $^ --out $(FIGURES)/positional --note "$(POS_NOTE)"
+
+$(FIGURES)/position_measures.pdf: $(foreach s,$(MEASURES),$(DATA)/$(s)-pos-long.h5)
+	$(BIN)/python -m biasviz.plotting.measures_page $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/position_measures
 
 # one self-contained, interactive page per scheme (README, "Explorer")
 $(FIGURES)/%_explore.html: $(DATA)/%.h5

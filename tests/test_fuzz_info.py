@@ -97,7 +97,7 @@ def test_fuzz_info_never_ends_in_a_traceback(tmp_path: Path, capsys: pytest.Capt
     assert code == 0, err
     rng = random.Random(20240601)
     outcomes: dict[int, int] = {0: 0, 1: 0}
-    for i in range(120):
+    for i in range(70):
         target = tmp_path / f"case{i}.h5"
         desc = _case(rng, valid, target)
         for as_json in (False, True):
@@ -109,7 +109,7 @@ def test_fuzz_info_never_ends_in_a_traceback(tmp_path: Path, capsys: pytest.Capt
             assert "Traceback" not in err, (i, desc, err)
             outcomes[code] += 1
         target.unlink()
-    assert outcomes[1] > 100  # most cases are broken files, and were reported as such
+    assert outcomes[1] > 100  # most of the 140 runs met broken files, reported as such
 
 
 MUTATIONS: list[tuple[str, Callable[[h5py.File], None], str]] = [

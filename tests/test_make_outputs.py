@@ -37,7 +37,8 @@ def made_by_make() -> set[str]:
     paths |= {f"data/{s}-long.h5" for s in LONG}
     for s in POSITIONAL:
         paths |= {f"runs/{s}", f"data/{s}-pos-short.h5", f"data/{s}-pos-long.h5"}
-    paths |= {"figures/positional.pdf", "figures/positional.png"}
+    paths |= {"figures/positional.pdf", "figures/positional.png", "figures/position_measures.pdf",
+              "figures/position_measures.png"}
     return paths | {"figures/diagnostics.pdf", "figures/diagnostics.png"}
 
 
@@ -118,6 +119,7 @@ def test_the_manifest_rebuilds_a_replaced_figure_set(tmp_path: Path) -> None:
                                                             "figures/kerple-log_dynamics.pdf"),
     ("figures/long_context.png", "figures/long_context.pdf"), ("figures/t5_profile.png", "figures/diagnostics.pdf"),
     ("figures/diagnostics.json", "figures/diagnostics.pdf"),
+    ("figures/position_measures.png", "figures/position_measures.pdf"),
     ("figures/cable_explore.html", "figures/cable_explore.html"),
 ])  # fmt: skip
 def test_every_file_maps_to_the_make_target_that_writes_it(name: str, target: str) -> None:

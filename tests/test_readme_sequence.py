@@ -40,7 +40,7 @@ def make_figures_outputs() -> set[str]:
     out |= {f"data/{s}-long.h5" for s in long}
     out |= {f"data/{s}-pos-{n}.h5" for s in positional for n in ("short", "long")}
     figures = [f"{s}_{k}" for s in schemes for k in ("bias", "weights", "profile")]
-    figures += [f"{s}_dynamics" for s in dynamics] + ["diagnostics", "long_context", "positional"]
+    figures += [f"{s}_dynamics" for s in dynamics] + ["diagnostics", "long_context", "positional", "position_measures"]
     out |= {f"figures/{f}.{ext}" for f in figures for ext in ("pdf", "png")}
     return out | {f"figures/{s}_explore.html" for s in schemes} | {"figures/diagnostics.json"}
 

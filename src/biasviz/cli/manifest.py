@@ -34,7 +34,8 @@ def target_of(path: Path, runs: Path, figures: Path) -> Path:
     if path.parent == figures:
         stem = path.name.rsplit(".", 1)[0]
         for pattern, target in ((r"(.+)_(bias|weights)", "{}_bias.pdf"), (r"(.+)_dynamics", "{}_dynamics.pdf"),
-                                (r"long_context", "long_context.pdf"), (r"positional", "positional.pdf")):  # fmt: skip
+                                (r"long_context", "long_context.pdf"), (r"positional", "positional.pdf"),
+                                (r"position_measures", "position_measures.pdf")):  # fmt: skip
             m = re.fullmatch(pattern, stem)
             if m:
                 return figures / target.format(*m.groups()[:1])

@@ -14,7 +14,7 @@ from biasviz.cli.plot_options import check_scheme, fit_to_kind, kinds_held, pars
 from biasviz.common.errors import BiasvizError
 from biasviz.common.names import display_name
 from biasviz.plotting.kinds import NAMES as PLOT_KIND_NAMES
-from biasviz.plotting.kinds import kind_help
+from biasviz.plotting.kinds import SUMMARY_KINDS, kind_help
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -138,7 +138,7 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
                        keep=ctx.meta.get(KEEP_FIGURES), caption=caption)  # fmt: skip
         if kind == "dynamics":
             written = job.run_dynamics(out_dir, formats, dpi)
-        elif kind in ("positional", "sinks", "bands", "context"):
+        elif kind in SUMMARY_KINDS:
             written = job.run_position(kind, out_dir, formats, dpi)
         elif kind in ("profile", "std"):
             written = job.run(["bias", "weights"], out_dir, formats, dpi, what=kind)
@@ -258,59 +258,17 @@ class _PlotJob:
                     written += self._draw_profile(bf, kind, layer, out_dir, formats, dpi)
                 else:
                     written += self._draw(bf, kind, layer, out_dir, formats, dpi, std=what == "std")
-            if what == "profile" and bf.summary is not None and bf.summary.holds(layer, "positional_profile"):
-                written += self._draw_positional_profile(bf, layer, out_dir, formats, dpi)
+            if what == "profile":  # a summary's P(d) and the entropy of its weights
+                from biasviz.cli.plot_position import summary_profiles
+
+                written += summary_profiles(self, bf, layer, out_dir, formats, dpi)
         return written
 
-    def _draw_positional_profile(self, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
-                                 dpi: int) -> list[Path]:  # fmt: skip
-        from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
-        from biasviz.plotting.positional import positional_profile_figure
-        from biasviz.plotting.titles import samples_text
-
-        fig = positional_profile_figure(bf, layer, scheme=self.scheme, style=self.style,
-                                        log_distance=self.log_distance)  # fmt: skip
-        info = {"title": f"{self.scheme} positional logits against distance (layer {layer})",
-                "source": display_name(self.path),
-                "description": f"P(d) over all keys and over keys j >= 4, and b(d); {bf.n_samples} samples; "
-                               f"source: {self.path}",
-                "keywords": f"biasviz; scheme={self.scheme}; kind=positional_profile; layer={layer}"}  # fmt: skip
-        caption = Caption(self.scheme, PROFILE_QUANTITIES["positional"], layer, samples_text(bf.n_samples))
-        return self._save(fig, out_dir / f"{self.scheme}_positional_profile", formats, caption.latex(bf), dpi=dpi,
-                           info=info, style=self.style, staged=self.staged)  # fmt: skip
-
     def run_position(self, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
-        """SPEC section 12 from a summary: the grid of P (``positional``) or the weights' first keys (``sinks``)."""
-        from biasviz.plotting.caption import PROFILE_QUANTITIES, QUANTITIES, Caption, grid_reading
-        from biasviz.plotting.heatmap import panel_cells
-        from biasviz.plotting.measures_plots import MEASURE_FIGURES
-        from biasviz.plotting.positional import positional_grid, sinks_figure
-        from biasviz.plotting.profiles import blocks_note
-        from biasviz.plotting.titles import samples_text
+        """SPEC sections 12 and 14 from a summary (:mod:`biasviz.cli.plot_position`)."""
+        from biasviz.cli.plot_position import run_position
 
-        with self._open() as bf:
-            self._check_scheme(bf.scheme)
-            layer = bf.resolve_layer(self.layer)
-            if kind in MEASURE_FIGURES:  # SPEC section 14
-                draw, what = MEASURE_FIGURES[kind]
-                fig = draw(bf, layer, scheme=self.scheme, style=self.style)
-            elif kind == "positional":
-                fig = positional_grid(bf, layer, scheme=self.scheme, style=self.style,
-                                      shared_scale=bool(self.shared_scale), cmap=self.cmap,
-                                      max_cells=self.max_cells or panel_cells(self.style, dpi, bf.n_heads))  # fmt: skip
-                what = "positional logits P(i, j) minus each head's P at distance 0"
-                caption = Caption(self.scheme, QUANTITIES["positional"], layer, samples_text(bf.n_samples),
-                                  [d for d in [blocks_note(bf)] if d],
-                                  grid_reading(fig, bf.causal, "positional", bool(self.shared_scale)))  # fmt: skip
-            else:
-                fig = sinks_figure(bf, layer, scheme=self.scheme, style=self.style)
-                what = "mean attention weight on each of the first keys (sink share at key 0)"
-                caption = Caption(self.scheme, PROFILE_QUANTITIES["sinks"], layer, samples_text(bf.n_samples))
-            info = {"title": f"{self.scheme} {kind} (layer {layer})", "source": display_name(self.path),
-                    "description": f"{what}; over {bf.n_samples} samples; source: {self.path}",
-                    "keywords": f"biasviz; scheme={self.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
-            return self._save(fig, out_dir / f"{self.scheme}_{kind}", formats, caption.latex(bf), dpi=dpi, info=info,
-                               style=self.style, staged=self.staged)  # fmt: skip
+        return run_position(self, kind, out_dir, formats, dpi)
 
     def _kinds_held(self, bf: BiasFile, kinds: list[str], layer: int, what: str) -> list[str]:
         return kinds_held(bf, kinds, layer, what, self.path)

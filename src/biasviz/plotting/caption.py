@@ -49,6 +49,14 @@ PROFILE_QUANTITIES = {
     r"with the bias $b(d)$ where the model adds one (logits)",
     "sinks": r"mean attention weight on each of the first keys $j$ (key 0's weight is the head's sink share)",
     "dynamics": r"mean bias $b_h(d)$ against distance $d = i - j$ at each training checkpoint (logits)",
+    "bands": r"attention weight a query puts on the keys at each distance $d = i - j$ (per distance: each bin's "
+    r"weight over its width), mean over queries and samples",
+    "context": r"attention weight on each tenth of the keys a query sees (earliest first), mean over queries and "
+    r"samples",
+    "frequency": r"mean 2-norm of each rotary pair $f$ of $q$ and of $k$ ($f = 0$ turns fastest), over samples and "
+    r"positions (right of a dotted line, where there are any: the unrotated dims, one norm for all of them)",
+    "entropy": r"entropy $-\sum_j a_h(i, j) \ln a_h(i, j)$ of each query's attention weights (nats), mean over "
+    r"samples",
 }
 
 

@@ -29,8 +29,11 @@ PLOT_KINDS: tuple[PlotKind, ...] = (
              "summary"),
     PlotKind("context", "the weight on each tenth of the keys a query sees, with 95% bands (SPEC section 14)",
              "summary"),
+    PlotKind("frequency", "per head, the mean norm of each rotary pair of q and k against the pair (0: fastest), "
+             "with 95% bands (rotary models; SPEC section 14)", "summary"),
 )  # fmt: skip
 NAMES = tuple(k.name for k in PLOT_KINDS)
+SUMMARY_KINDS = tuple(k.name for k in PLOT_KINDS if k.needs == "summary")  # drawn from a summary's own datasets
 
 
 def kind_help() -> str:

@@ -9,11 +9,14 @@ each tenth of the keys a query sees, earliest first, against the 0.1 a uniform h
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from biasviz.common.errors import BiasvizError
 from biasviz.plotting.diagnostics_plots import PALETTE
@@ -22,6 +25,7 @@ from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wra
 from biasviz.plotting.titles import file_title
 from biasviz.store import BiasFile
 from biasviz.store.datasets import SEGMENTS
+from biasviz.store.format import block_starts
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
 
@@ -47,10 +51,21 @@ def _with_se(bf: BiasFile, name: str, layer: int) -> tuple[np.ndarray, np.ndarra
     return mean, se
 
 
+# each figure kind's profile -> the standard error drawn as its band
+_SE_OF = {"bands": "band_mass_se", "context": "context_mass_se", "frequency": "frequency_use_se",
+          "entropy": "weights_entropy_se", "sinks": "weights_key_profile_se"}  # fmt: skip
+
+
+def se_note(bf: BiasFile, layer: int, kind: str) -> str:
+    """What a figure of ``kind`` says of its band: the 95 % interval it shades, or why it has none."""
+    held = bf.summary is not None and bf.summary.holds(bf.resolve_layer(layer), _SE_OF[kind])
+    return _band_note(bf, np.zeros(0) if held else None)
+
+
 def _band_note(bf: BiasFile, se: np.ndarray | None) -> str:
     if se is None:
-        return f"no 95 % band: a standard error needs 3 samples or more (the file holds {bf.n_samples})"
-    return "shaded: 95 % interval of the mean over samples (± 1.96 SE)"
+        return f"no 95% band: a standard error needs 3 samples or more (the file holds {bf.n_samples})"
+    return "shaded: 95% interval of the mean over samples (± 1.96 SE)"
 
 
 def bands_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE) -> Figure:
@@ -81,11 +96,92 @@ def context_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None =
                      reference=1 / SEGMENTS, style=style)  # fmt: skip
 
 
-def _per_head(x: np.ndarray, mean: np.ndarray, se: np.ndarray | None, title: str, *, ylabel: str, xlabel: str,
-              log_x: bool, reference: float | None, style: str | None = DEFAULT_STYLE) -> Figure:  # fmt: skip
-    """A panel per head: ``mean`` (H, points) against ``x``, its 95 % band where ``se`` is given, every panel on
-    one y scale (heads are compared by height)."""
-    heads = mean.shape[0]
+def frequency_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE) -> Figure:
+    """Per head: the mean 2-norm of each rotary pair of q and of k against the pair's index f (0 turns fastest), with
+    95 % bands, as Barbero et al.'s (ICLR 2025) frequency-usage figure; a partial rotary model's unrotated dims (one
+    norm for all of them) drawn apart, right of a dotted line, with 95 % error bars."""
+    resolved = bf.resolve_layer(layer)
+    if bf.summary is not None and not bf.bias_only and not bf.summary.holds(resolved, "frequency_use") \
+            and bf.summary.holds(resolved, "band_mass"):  # fmt: skip
+        raise BiasvizError(f"{bf.path} holds no frequency_use for layer {resolved}: rotary frequencies are measured "
+                           f"where the attention call rotates q and k (RoPE), and biasviz found no rotary module in "
+                           f"the {bf.scheme} model (ALiBi and other additive schemes rotate nothing)")  # fmt: skip
+    resolved = need_measure(bf, layer, "frequency_use", "the rotary frequencies' use (frequency_use)")
+    use = bf.summary_array("frequency_use", resolved)
+    se = bf.summary_array("frequency_use_se", resolved) if bf.summary.holds(resolved, "frequency_use_se") else None
+    said = bf.summary.rotary_pairs(resolved)
+    pairs = use.shape[-1] if said is None else said[0]
+    details = ["q: solid, blue; k: dashed, orange", f"{pairs} rotary pairs" + ("" if said is None else f", {said[1]}"),
+               _band_note(bf, se)]
+    if pairs < use.shape[-1]:
+        details.insert(2, "right of the dotted line: the unrotated dims, one norm for all of them")
+    elif said is None:
+        details.insert(2, "the file does not say whether its last row is the unrotated dims")
+    title = file_title(bf, f"{scheme} rotary frequency use", resolved, details=details)
+    series = [Series(use[o, :, :pairs], None if se is None else se[o, :, :pairs], PALETTE[c], dashes)
+              for o, (c, dashes) in enumerate(((0, "-"), (5, "--")))]  # fmt: skip
+
+    def unrotated(ax: Axes, h: int, size: float) -> None:
+        ticks = [t for t in MaxNLocator(nbins=4, integer=True).tick_values(0, pairs - 1) if 0 <= t <= pairs - 1]
+        if pairs == use.shape[-1]:
+            ax.set_xticks(ticks)
+            return
+        ax.axvline(pairs, color="0.5", lw=0.6, ls=":")
+        for o, c in enumerate((0, 5)):  # q and k side by side
+            err = None if se is None else Z95 * se[o, h, pairs]
+            ax.errorbar([pairs + 0.85 + 0.3 * o], [use[o, h, pairs]], yerr=err, fmt="s", ms=2.4, color=PALETTE[c],
+                        elinewidth=0.7, capsize=1.2, gid=f"unrotated {'qk'[o]}")  # fmt: skip
+        ax.set_xticks([*ticks, pairs + 1], [f"{t:g}" for t in ticks] + ["unrot."])
+
+    return _per_head(np.arange(pairs, dtype=np.float64), series, None, title,
+                     ylabel="Mean 2-norm of the pair", log_x=False, reference=None, style=style, after=unrotated,
+                     xlabel="Rotary pair $f$ (0: fastest frequency, $\\theta_f$ = base$^{-2f/d_{rot}}$)")  # fmt: skip
+
+
+def entropy_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE) -> Figure:
+    """Per head: the entropy (nats) of a query's weights, averaged over each block of queries and over samples,
+    with its 95 % band, against the query's position; dotted, a head that spreads its weight evenly over the keys
+    it sees (ln of their count: the most a query can have), where the file's mask says what that count is."""
+    resolved = need_measure(bf, layer, "weights_entropy", "the entropy of the weights (weights_entropy)")
+    mean, se = _with_se(bf, "weights_entropy", resolved)
+    starts = block_starts(bf.seq_len, bf.block)
+    ends = np.minimum(starts + bf.block, bf.seq_len)
+    x = (starts + ends - 1) / 2
+    uniform = None
+    if bf.attrs.get("mask") in ("causal", "bidirectional") and not bf.summary.holds(resolved, "attended"):
+        seen = [np.log(np.arange(a, b) + 1.0) if bf.causal else np.full(b - a, np.log(bf.seq_len))
+                for a, b in zip(starts, ends, strict=True)]  # fmt: skip
+        uniform = np.array([v.mean() for v in seen])
+    block = "each query" if bf.block == 1 else f"blocks of {bf.block} queries"
+    details = [f"{block}; dotted: even weight on every key seen, ln({'i + 1' if bf.causal else 'T'})"
+               if uniform is not None else block, _band_note(bf, se)]  # fmt: skip
+    title = file_title(bf, f"{scheme} entropy of the attention weights", resolved, details=details)
+
+    def reference(ax: Axes, h: int, size: float) -> None:
+        if uniform is not None:
+            ax.plot(x, uniform, ":", color="0.5", lw=0.7)
+
+    return _per_head(x, mean, se, title, ylabel="Entropy of a query's weights (nats)", xlabel="Query position $i$",
+                     log_x=False, reference=None, style=style, after=reference)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line per panel: ``mean`` (H, points) against the figure's x, its 95 % band where ``se`` is given."""
+
+    mean: np.ndarray
+    se: np.ndarray | None
+    colour: str = PALETTE[0]
+    dashes: str = "-"
+
+
+def _per_head(x: np.ndarray, mean: np.ndarray | Sequence[Series], se: np.ndarray | None, title: str, *, ylabel: str,
+              xlabel: str, log_x: bool, reference: float | None, style: str | None = DEFAULT_STYLE,
+              after: Callable[[Axes, int, float], None] | None = None) -> Figure:  # fmt: skip
+    """A panel per head: each series' mean against ``x``, its 95 % band where it has an SE, every panel on one y
+    scale (heads are compared by height); ``after(ax, head, size)`` draws what else a panel holds."""
+    series = [Series(mean, se)] if isinstance(mean, np.ndarray) else list(mean)
+    heads = series[0].mean.shape[0]
     with paper_context(style) if style else nullcontext() as width:
         rows, cols = grid_shape(heads)
         width = width or 6.0
@@ -94,13 +190,17 @@ def _per_head(x: np.ndarray, mean: np.ndarray, se: np.ndarray | None, title: str
         fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.45 + 0.17 * wrapped.count("\n")),
                      layout="constrained")  # fmt: skip
         axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True).ravel()
-        colour = PALETTE[0]
+        marker = {"marker": "o", "ms": 1.6} if len(x) <= 48 else {}
         for h, ax in enumerate(axes[:heads]):
-            if se is not None:
-                ax.fill_between(x, mean[h] - Z95 * se[h], mean[h] + Z95 * se[h], color=colour, alpha=0.25, lw=0)
-            ax.plot(x, mean[h], "-", color=colour, lw=0.9, marker="o", ms=1.6)
+            for s in series:
+                if s.se is not None:
+                    ax.fill_between(x, s.mean[h] - Z95 * s.se[h], s.mean[h] + Z95 * s.se[h], color=s.colour,
+                                    alpha=0.25, lw=0)  # fmt: skip
+                ax.plot(x, s.mean[h], s.dashes, color=s.colour, lw=0.9, **marker)
             if reference is not None:
                 ax.axhline(reference, color="0.5", lw=0.6, ls=":")
+            if after is not None:
+                after(ax, h, size)
             if log_x:  # weights per distance span decades: both axes logarithmic
                 ax.set_xscale("log")
                 ax.set_yscale("log")
@@ -122,4 +222,5 @@ def _per_head(x: np.ndarray, mean: np.ndarray, se: np.ndarray | None, title: str
 MEASURE_FIGURES = {
     "bands": (bands_figure, "weight a query puts on each distance bin, with a 95 % band over samples"),
     "context": (context_figure, "weight on each tenth of the keys a query sees, with a 95 % band over samples"),
+    "frequency": (frequency_figure, "mean norm of each rotary pair of q and of k, with a 95 % band over samples"),
 }

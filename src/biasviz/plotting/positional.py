@@ -16,6 +16,7 @@ from biasviz.diagnostics.stored import SINK_EPSILON
 from biasviz.plotting.diagnostics_plots import PALETTE
 from biasviz.plotting.heatmap import figure_width_in, grid_shape, head_grid
 from biasviz.plotting.load import HeadMatrices, load_summary_heads
+from biasviz.plotting.measures_plots import Z95, se_note
 from biasviz.plotting.profiles import blocks_note
 from biasviz.plotting.scales import ValueRange
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wrap_title
@@ -80,18 +81,22 @@ def sinks_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = D
     resolved = need_position(bf, layer, "the weights' key profile", positional=False)
     mean = bf.summary_array("weights_key_profile", resolved)[0][:, :keys]  # (H, keys)
     share = bf.summary_array("sink_share", resolved)  # (N, H)
+    se = (bf.summary_array("weights_key_profile_se", resolved)[:, :keys]
+          if bf.summary.holds(resolved, "weights_key_profile_se") else None)  # fmt: skip
     sink_mean = int((mean[:, 0] > SINK_EPSILON).sum())
     per_sample = float((share > SINK_EPSILON).mean())
     title = file_title(bf, f"{scheme} weight on the first keys", resolved,
                        which=f"mean over {bf.n_samples} samples and the queries that see each key",
                        details=[f"sink heads (key 0 > {SINK_EPSILON}): {sink_mean} of {mean.shape[0]} from the mean, "
-                                f"{100 * per_sample:.0f}% of (sample, head) pairs"])  # fmt: skip
+                                f"{100 * per_sample:.0f}% of (sample, head) pairs", se_note(bf, resolved, "sinks")])
     return _per_head([("mean weight", mean, "-")], title, "Weight", "Key position $j$", style, False,
-                     threshold=SINK_EPSILON, markers=True)  # fmt: skip
+                     threshold=SINK_EPSILON, markers=True, band=se)  # fmt: skip
 
 
 def _per_head(lines: list[tuple[str, np.ndarray, str]], title: str, ylabel: str, xlabel: str, style: str | None,
-              log_distance: bool, threshold: float | None = None, markers: bool = False) -> Figure:  # fmt: skip
+              log_distance: bool, threshold: float | None = None, markers: bool = False,
+              band: np.ndarray | None = None) -> Figure:  # fmt: skip
+    """A panel per head of ``lines``; ``band``: the first line's standard error, shaded as its 95 % interval."""
     heads = lines[0][1].shape[0]
     with paper_context(style) if style else _null() as width:
         rows, cols = grid_shape(heads)
@@ -107,6 +112,9 @@ def _per_head(lines: list[tuple[str, np.ndarray, str]], title: str, ylabel: str,
                 y = values[h]
                 if log_distance:
                     x, y = x[1:], y[1:]
+                if band is not None and k == 0:
+                    half = Z95 * band[h][-len(y) :]
+                    ax.fill_between(x, y - half, y + half, color=PALETTE[0], alpha=0.25, lw=0)
                 ax.plot(x, y, ls, color=PALETTE[k % len(PALETTE)], lw=0.9, label=label,
                         marker="o" if markers else None, ms=2)  # fmt: skip
             if threshold is not None:

@@ -11,7 +11,7 @@ from biasviz.common.atomic import replacing
 
 PREVIEW_WIDTH = 520  # pixels: sharp on a README page, a few hundred kB at most
 PREVIEWS = ("*_bias.png", "*_weights.png", "diagnostics.png", "cable_profile.png", "*_dynamics.png",
-            "long_context.png", "positional.png")
+            "long_context.png", "positional.png", "position_measures.png")
 
 
 def make_previews(src: str | Path, dst: str | Path, width: int = PREVIEW_WIDTH) -> list[Path]:

@@ -66,8 +66,12 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
       for kind in ("bias", "weights", "scores")),
 )  # fmt: skip
 ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
-# numbers a dataset carries as attributes: the pairs of positional_frequency summed against P - mean bias
-ATTRIBUTES = ("pair_sum_residual",)
+# attributes a dataset carries, given beside its array under the same keys: how many of frequency_use's rows are
+# rotary pairs (one row past them: the unrotated dims together) and the model's layout of them; the pairs of
+# positional_frequency summed against P - mean bias (max |difference| / max |P - mean bias|)
+ROW_ATTRS: dict[str, tuple[str, ...]] = {"frequency_use": ("rotary_pairs", "rotary_layout"),
+                                         "positional_frequency": ("pair_sum_residual",)}  # fmt: skip
+ROTARY_LAYOUTS = ("half-split", "interleaved")
 
 
 def distance_bins(seq_len: int) -> np.ndarray:

@@ -177,6 +177,21 @@ class SummaryLayout:
             raise self._damaged(f"{name} of layer {layer} {fault}")
         return values if row.compound else values.astype(np.float64)
 
+    def rotary_pairs(self, layer: int) -> tuple[int, str] | None:
+        """How many of ``frequency_use``'s rows are rotary pairs (one more row: the unrotated dims) and their layout
+        ('half-split', 'interleaved'); None where the file does not say (made before it recorded them)."""
+        attrs = self.h5[f"{layer_group(layer)}/frequency_use"].attrs
+        pairs, layout = attrs.get("rotary_pairs"), attrs.get("rotary_layout")
+        if pairs is None or layout is None:
+            return None
+        rows = self.h5[f"{layer_group(layer)}/frequency_use"].shape[-1]
+        layout = layout.decode("utf-8", "replace") if isinstance(layout, bytes) else layout
+        if (not isinstance(pairs, int | np.integer) or not 1 <= int(pairs) <= rows or rows - int(pairs) > 1
+                or layout not in datasets.ROTARY_LAYOUTS):  # fmt: skip
+            raise self._damaged(f"frequency_use of layer {layer} says it holds {pairs!r} rotary pairs "
+                                f"({layout!r}) in {rows} rows")  # fmt: skip
+        return int(pairs), str(layout)
+
     def distance_bins(self) -> np.ndarray:
         """(bin, 2) int64: the first and last distance of each bin of SPEC section 14."""
         return datasets.distance_bins(self.seq_len)

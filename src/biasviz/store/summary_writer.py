@@ -100,9 +100,10 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
     measures = [getattr(p, "measures", None) or {} for p in parts]
     for name, row in datasets.ROWS.items():  # SPEC section 14: what the table lists and the summary holds
         if all(name in m for m in measures):
-            ds = _write(f, grp, name, [m[name] for m in measures], row.dims, checkpoints)
-            for key in (k for k in measures[-1] if k.startswith(f"{name}.")):  # its attributes (the last step's)
-                ds.attrs[key.removeprefix(f"{name}.")] = float(measures[-1][key])
+            _write(f, grp, name, [m[name] for m in measures], row.dims, checkpoints)
+    for name, keys in datasets.ROW_ATTRS.items():  # what says how to read a dataset (rotary pairs)
+        if name in grp:
+            grp[name].attrs.update({key: measures[0][key] for key in keys if key in measures[0]})
     if getattr(parts[0], "attended", None) is not None:  # the layer's own mask (SPEC section 13)
         _write(f, grp, ATTENDED, [p.attended for p in parts], SUMMARY_MAP_DIMS, checkpoints)
 
@@ -223,8 +224,8 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
                         key_profile=grp[KEY_PROFILE][()], sink_share=grp[SINK_SHARE][()],
                         attended=grp[ATTENDED][()] if ATTENDED in grp else None,
                         measures={**{name: grp[name][()] for name in datasets.ROWS if name in grp},
-                                  **{f"{name}.{k}": v for name in datasets.ROWS if name in grp
-                                     for k, v in grp[name].attrs.items() if k in datasets.ATTRIBUTES}})  # fmt: skip
+                                  **{key: grp[name].attrs[key] for name, keys in datasets.ROW_ATTRS.items()
+                                     if name in grp for key in keys if key in grp[name].attrs}})  # fmt: skip
             per_step.append(one)
     assert first is not None, "no parts to join"
     (n_heads, seq_len, resolution, block, causal, layers), ids, meta = first

@@ -240,7 +240,16 @@ class FileView:
                     variables[f"{name}_{field}"] = _labelled(xr, values[field], dims)
             else:
                 variables[name] = _labelled(xr, values, dims)
-        return xr.Dataset(variables)
+        data = xr.Dataset(variables)
+        if "distance_bin" in data.dims:  # SPEC section 14's bins: the first and last distance of each
+            bins = self._f.summary.distance_bins()
+            data = data.assign_coords(distance_first=("distance_bin", bins[:, 0]),
+                                      distance_last=("distance_bin", bins[:, 1]))  # fmt: skip
+        said = self._f.summary.rotary_pairs(layer) if "frequency_use" in data else None
+        if said is not None:  # which rows of frequency_use are rotary pairs (False: the unrotated dims together)
+            data = data.assign_coords(rotary=("pair", np.arange(data.sizes["pair"]) < said[0]))
+            data["frequency_use"].attrs.update(rotary_pairs=said[0], rotary_layout=said[1])
+        return data
 
 
 def _check_name(name: Any, path: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
@@ -42,17 +41,19 @@ class FrequencyUse:
             pairs = torch.cat([pairs, rest.square().sum(-1, keepdim=True).sqrt()], dim=-1)
         return pairs.mean(-2)
 
-    def result(self) -> dict[str, np.ndarray]:
-        """``frequency_use`` (2: q, k; H; pairs [+ unrotated]) and, with 3 samples or more, its SE."""
+    def result(self) -> dict[str, Any]:
+        """``frequency_use`` (2: q, k; H; pairs [+ unrotated]), with 3 samples or more its SE, and the attributes
+        that say which rows are rotary pairs (:data:`biasviz.store.datasets.ROW_ATTRS`)."""
         assert self.per_sample is not None, "no q and k arrived"
         stats, se = sample_stats(self.per_sample)
-        out = {"frequency_use": stats[0].float().cpu().numpy()}
+        out: dict[str, Any] = {"frequency_use": stats[0].float().cpu().numpy(),
+                               "rotary_pairs": self.layout.rotary_dims // 2, "rotary_layout": self.layout.name}
         if se is not None:
             out["frequency_use_se"] = se.float().cpu().numpy()
         return out
 
 
-def frequency_from_bank(layout: RotaryLayout | None, bank: Any, layer: int, heads: int) -> dict[str, np.ndarray]:
+def frequency_from_bank(layout: RotaryLayout | None, bank: Any, layer: int, heads: int) -> dict[str, Any]:
     """``frequency_use`` from every sample's q and k kept in a :class:`~biasviz.summaries.bank.SampleBank` ({} where
     the call rotates nothing)."""
     if layout is None:

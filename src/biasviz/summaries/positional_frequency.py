@@ -165,4 +165,4 @@ def add_pair_sum_residual(measures: dict[str, Any], p_by_distance: torch.Tensor,
     valid = bin_cells.T.expand_as(mean) > 0
     scale = float(mean[valid].abs().max()) if valid.any() else 0.0
     gap = float((summed - mean)[valid].abs().max()) if valid.any() else 0.0
-    measures["positional_frequency.pair_sum_residual"] = gap / scale if scale > 0 else gap
+    measures["pair_sum_residual"] = gap / scale if scale > 0 else gap

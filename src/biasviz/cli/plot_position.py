@@ -1,0 +1,119 @@
+"""``biasviz plot``'s figures of a summary's position datasets: SPEC section 12 (the grid of P, its distance profile,
+the sinks) and section 14 (band mass, the context U-curve, rotary frequency use, the entropy of the weights), each
+saved with its metadata and, with ``--caption``, its LaTeX caption."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from biasviz.common.names import display_name
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from biasviz.common.atomic import Staged
+    from biasviz.store import BiasFile
+
+
+class _PlotJob(Protocol):
+    """What these figures read of ``plot``'s job (:class:`biasviz.cli.plot_cmd._PlotJob`)."""
+
+    scheme: str
+    path: Path
+    layer: int
+    style: str
+    shared_scale: bool | None
+    cmap: str | None
+    log_distance: bool
+    max_cells: int | None
+    staged: Staged | None
+
+    def _open(self) -> BiasFile: ...
+
+    def _check_scheme(self, stored: str) -> None: ...
+
+    def _save(self, fig: Figure, stem: Path, formats: list[str], caption: str | None = None,
+              **options: Any) -> list[Path]: ...  # fmt: skip
+
+
+def run_position(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    """The grid of P (``positional``), the weights' first keys (``sinks``) or a SPEC section 14 figure."""
+    from biasviz.plotting.caption import PROFILE_QUANTITIES, QUANTITIES, Caption, grid_reading
+    from biasviz.plotting.heatmap import panel_cells
+    from biasviz.plotting.measures_plots import MEASURE_FIGURES, se_note
+    from biasviz.plotting.positional import positional_grid, sinks_figure
+    from biasviz.plotting.profiles import blocks_note
+    from biasviz.plotting.titles import samples_text
+
+    with job._open() as bf:
+        job._check_scheme(bf.scheme)
+        layer = bf.resolve_layer(job.layer)
+        which = samples_text(bf.n_samples)
+        if kind in MEASURE_FIGURES:  # SPEC section 14
+            draw, what = MEASURE_FIGURES[kind]
+            fig = draw(bf, layer, scheme=job.scheme, style=job.style)
+            caption = Caption(job.scheme, PROFILE_QUANTITIES[kind], layer, which, [se_note(bf, layer, kind)])
+        elif kind == "positional":
+            fig = positional_grid(bf, layer, scheme=job.scheme, style=job.style,
+                                  shared_scale=bool(job.shared_scale), cmap=job.cmap,
+                                  max_cells=job.max_cells or panel_cells(job.style, dpi, bf.n_heads))  # fmt: skip
+            what = "positional logits P(i, j) minus each head's P at distance 0"
+            caption = Caption(job.scheme, QUANTITIES["positional"], layer, which, [d for d in [blocks_note(bf)] if d],
+                              grid_reading(fig, bf.causal, "positional", bool(job.shared_scale)))  # fmt: skip
+        else:
+            fig = sinks_figure(bf, layer, scheme=job.scheme, style=job.style)
+            what = "mean attention weight on each of the first keys (sink share at key 0)"
+            caption = Caption(job.scheme, PROFILE_QUANTITIES["sinks"], layer, which, [se_note(bf, layer, "sinks")])
+        info = {"title": f"{job.scheme} {kind} (layer {layer})", "source": display_name(job.path),
+                "description": f"{what}; over {bf.n_samples} samples; source: {job.path}",
+                "keywords": f"biasviz; scheme={job.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
+        return job._save(fig, out_dir / f"{job.scheme}_{kind}", formats, caption.latex(bf), dpi=dpi, info=info,
+                         style=job.style, staged=job.staged)  # fmt: skip
+
+
+def summary_profiles(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
+                     dpi: int) -> list[Path]:  # fmt: skip
+    """What ``--kind profile`` adds on a summary that holds it: P(d) beside b(d), and the entropy of the weights."""
+    written: list[Path] = []
+    if bf.summary is None:
+        return written
+    if bf.summary.holds(layer, "positional_profile"):
+        written += _positional_profile(job, bf, layer, out_dir, formats, dpi)
+    if bf.summary.holds(layer, "weights_entropy"):
+        written += _entropy(job, bf, layer, out_dir, formats, dpi)
+    return written
+
+
+def _positional_profile(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
+                        dpi: int) -> list[Path]:  # fmt: skip
+    from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
+    from biasviz.plotting.positional import positional_profile_figure
+    from biasviz.plotting.titles import samples_text
+
+    fig = positional_profile_figure(bf, layer, scheme=job.scheme, style=job.style, log_distance=job.log_distance)
+    info = {"title": f"{job.scheme} positional logits against distance (layer {layer})",
+            "source": display_name(job.path),
+            "description": f"P(d) over all keys and over keys j >= 4, and b(d); {bf.n_samples} samples; "
+                           f"source: {job.path}",
+            "keywords": f"biasviz; scheme={job.scheme}; kind=positional_profile; layer={layer}"}  # fmt: skip
+    caption = Caption(job.scheme, PROFILE_QUANTITIES["positional"], layer, samples_text(bf.n_samples))
+    return job._save(fig, out_dir / f"{job.scheme}_positional_profile", formats, caption.latex(bf), dpi=dpi,
+                     info=info, style=job.style, staged=job.staged)  # fmt: skip
+
+
+def _entropy(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
+    from biasviz.plotting.measures_plots import entropy_figure, se_note
+    from biasviz.plotting.titles import samples_text
+
+    fig = entropy_figure(bf, layer, scheme=job.scheme, style=job.style)
+    info = {"title": f"{job.scheme} entropy of the attention weights by query position (layer {layer})",
+            "source": display_name(job.path),
+            "description": f"entropy (nats) of each query's weights, block means over {bf.n_samples} samples, with a "
+                           f"95% band; source: {job.path}",
+            "keywords": f"biasviz; scheme={job.scheme}; kind=entropy; layer={layer}"}  # fmt: skip
+    caption = Caption(job.scheme, PROFILE_QUANTITIES["entropy"], layer, samples_text(bf.n_samples),
+                      [se_note(bf, layer, "entropy")])  # fmt: skip
+    return job._save(fig, out_dir / f"{job.scheme}_entropy", formats, caption.latex(bf), dpi=dpi, info=info,
+                     style=job.style, staged=job.staged)  # fmt: skip
