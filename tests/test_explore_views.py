@@ -156,7 +156,8 @@ def test_the_step_selector_of_a_sweep_changes_what_is_drawn_and_read(driver: obj
     for step in ("0", "1"):
         choose(driver, "step", step)
         seen.add(pixels(driver, first))
-        assert f"step {STEPS[int(step)]} (checkpoint {int(step) + 1} of 3)" in driver.find_element(By.ID, "where").text
+        where = driver.find_element(By.ID, "where").text
+        assert f"step {STEPS[int(step)]} (checkpoint {int(step)} of 3, from 0)" in where
     assert len(seen) == 3, "each checkpoint draws its own matrices"
     choose(driver, "sample", "1")
     text = hover(driver, driver.find_element(By.CSS_SELECTOR, first), 20, 7, region=(0, SWEEP_T, 0, SWEEP_T))
