@@ -332,3 +332,16 @@ def test_diagnose_json_gives_the_rotary_measures_and_their_standard_errors(tmp_p
                                rtol=1e-6)  # fmt: skip
     np.testing.assert_allclose(np.asarray(doc["positional_frequency"]["se"], float),
                                f.summary_array("positional_frequency_se", 1), rtol=1e-6)  # fmt: skip
+
+
+def test_extract_says_why_no_rotary_measures_are_stored(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from biasviz.cli.extract_cmd import _summarised
+
+    for scheme, said in (("alibi", "no rotary module was found"), ("rope", None)):
+        out = tmp_path / f"{scheme}.h5"
+        ids = np.random.default_rng(2).integers(0, 97, size=(3, 16))
+        biasviz.extract(small_model(scheme), ids, out, layers=[1], summary=True, device="cpu", progress=False)
+        listed = _summarised(out, 1, scheme)
+        err = capsys.readouterr().err
+        assert ("rotary frequencies" in listed) == (said is None)
+        assert (said in err) if said else "note" not in err

@@ -367,7 +367,14 @@ def _summarised(path: Path, layer: int, scheme: str) -> str:
     with h5py.File(path, "r") as f:
         names = set(f[f"layer_{layer}"])
     held = [label for label, key in (("bias", "bias_mean"), ("weights", "weights_mean"), ("scores", "scores_mean"),
-                                     ("positional logits", "positional_mean")) if key in names]  # fmt: skip
+                                     ("positional logits", "positional_mean"), ("position measures", "band_mass"),
+                                     ("rotary frequencies", "frequency_use")) if key in names]  # fmt: skip
+    if "band_mass" in names and "frequency_use" not in names:
+        click.echo("note: no rotary frequency measures (SPEC section 14): no rotary module was found in the model",
+                   err=True)  # fmt: skip
+    elif "frequency_use" in names and "positional_frequency" not in names:
+        click.echo("note: no positional_frequency: it needs two samples, the model's rows formed again and a mask "
+                   "that is a rule of distance", err=True)  # fmt: skip
     return _listed(held, scheme, "bias" in held)
 
 
