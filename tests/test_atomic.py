@@ -37,3 +37,31 @@ def test_without_overwrite_a_file_that_appeared_is_kept(tmp_path) -> None:
     assert target.read_text() == "theirs"
     write_text(target, "replaced")
     assert target.read_text() == "replaced"
+
+
+def test_a_signal_as_the_file_lands_is_handled_after_the_publish_hook(tmp_path, monkeypatch) -> None:
+    """when_published: SIGINT held back across the move and the hook (an extract's output_in_place, which then
+    ignores it); the handler sees it only after both."""
+    import os
+    import signal
+
+    from biasviz.common import atomic
+
+    order: list[str] = []
+    real_move = atomic._move
+
+    def move_then_signal(tmp, target, overwrite) -> None:
+        real_move(tmp, target, overwrite)
+        order.append("moved")
+        os.kill(os.getpid(), signal.SIGINT)  # as the file lands
+
+    monkeypatch.setattr(atomic, "_move", move_then_signal)
+    previous = signal.signal(signal.SIGINT, lambda *_: order.append("signal"))
+    try:
+        atomic.when_published(lambda: order.append("hook"))
+        (tmp_path / "new").write_text("complete")
+        atomic.publish(tmp_path / "new", tmp_path / "out")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert order == ["moved", "hook", "signal"]
+    assert (tmp_path / "out").read_text() == "complete"

@@ -80,6 +80,14 @@ def output_in_place() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def in_place_when_published() -> None:
+    """The one file a command writes counts as in place the moment it lands (:func:`output_in_place` runs right
+    after the move, signals held back across both): no window in which a late Ctrl-C reports the old file kept."""
+    from biasviz.common.atomic import when_published
+
+    when_published(output_in_place)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn user errors into one ``Error:`` line and an exit code."""
     global _SCRIPT

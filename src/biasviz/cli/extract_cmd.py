@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from biasviz.cli import in_place_when_published, output_in_place
 from biasviz.cli.options import (
     NonEmptyPath,
     config_option,
@@ -234,8 +235,6 @@ def extract(
                 result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
                                            model_dtype=model_dtype, force=force)  # fmt: skip
                 shape = f"{seq_len} x {seq_len}, {dtype}"
-            from biasviz.cli import output_in_place
-
             output_in_place()  # complete and at --out
             click.echo(f"wrote {result.path}: the bias of layer {', '.join(map(str, result.layers))}, "
                        f"{adapter.n_heads} heads x {shape}, no text (--bias-only), "
@@ -272,13 +271,13 @@ def extract(
         elif summary:
             from biasviz.extraction.summary import extract_summary
 
+            in_place_when_published()
             result = extract_summary(adapter, windows, target, **run)
         elif w.size > 1:
             result = extract_parallel(adapter, windows, target, w=w, **run)
         else:
+            in_place_when_published()
             result = run_extract(adapter, windows, target, **run)
-        from biasviz.cli import output_in_place
-
         output_in_place()  # the file is complete and at --out: what follows only reports it
         if not w.main:
             return

@@ -12,8 +12,9 @@ import errno
 import os
 import re
 import shutil
+import signal
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 #: Longest name (bytes) kept whole in a temporary name; beyond it the name is cut and a hash added, so that
@@ -42,12 +43,37 @@ def temporary_name(target: Path, suffix: str = "") -> Path:
     return target.with_name(f"{temporary_prefix(target)}{os.getpid()}.tmp{suffix}")
 
 
+_after_publish: list[Callable[[], None]] = []  # what a command does once its output is in place (cli.output_in_place)
+
+
+def when_published(hook: Callable[[], None]) -> None:
+    """Call ``hook`` right after the next output is moved into place, with SIGINT and SIGTERM held back across
+    the move and the hook: a signal that comes as the file lands is handled by what the hook set (an extract
+    whose output is in place ignores it rather than report the old file kept)."""
+    _after_publish.append(hook)
+
+
 def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
     """Move ``tmp`` to ``target``; without ``overwrite`` raise FileExistsError rather than replace a file.
 
     Without ``overwrite`` the move is a hard link, which fails if the target appeared in the meantime
-    (no check-then-write race); file systems without hard links fall back to a checked rename.
+    (no check-then-write race); file systems without hard links fall back to a checked rename. Hooks of
+    :func:`when_published` run right after the move, signals held back across both.
     """
+    if not _after_publish:
+        _move(tmp, target, overwrite)
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        _move(tmp, target, overwrite)
+        while _after_publish:
+            _after_publish.pop(0)()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _move(tmp: Path, target: Path, overwrite: bool) -> None:
     if overwrite:
         if target.is_dir() and tmp.is_dir():
             shutil.rmtree(target)

@@ -262,6 +262,10 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
             row = datasets.ROWS[name]
             if "pair" in row.dims and ds.ndim == len(lead) + len(row.dims):  # the model's own number of pairs
                 sizes["pair"] = max(1, ds.shape[len(lead) + row.dims.index("pair")])
+            if "distance" in row.dims and not layout.causal and ds.ndim == len(lead) + len(row.dims):
+                # a file that sees every key may hold a causal call (an encoder-decoder's decoder): T distances
+                got = ds.shape[len(lead) + row.dims.index("distance")]
+                sizes["distance"] = got if got in lengths else sizes["distance"]
             shape = (*lead, *datasets.shape_of(row, sizes))
             kind_ok = ds.dtype.names is not None if row.compound else ds.dtype.kind == "f"
             if ds.shape != shape or not kind_ok:
