@@ -53,7 +53,7 @@ class PairCorrelations:
         group[layout.rotary_dims :] = len(a)
         self.group, self.pairs = group, len(a) + int(rest)
 
-    def _by_distance(self, x_hat: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
+    def by_distance(self, x_hat: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
         """(T + 1, dims) transforms of x and y -> (pairs, T): Σ over cells at distance |i - j| of x(i)·y(j) by
         pair."""
         t = self.seq_len
@@ -65,24 +65,9 @@ class PairCorrelations:
         out.index_add_(0, self.group, total.T)
         return out
 
-    def head(self, q: list[torch.Tensor], k: list[torch.Tensor], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head's per-sample q_a, k_a (T, dims) -> (P − b̄ summed over the cells at each distance, by pair:
-        (pairs, T); the same with each sample left out: (N, pairs, T))."""
-        n, t = len(q), self.seq_len
-        fq = [torch.fft.rfft(x.double(), n=2 * t, dim=0) for x in q]
-        fk = [torch.fft.rfft(x.double(), n=2 * t, dim=0) for x in k]
-        sum_q, sum_k = sum(fq), sum(fk)
-        own = [self._by_distance(a, b) for a, b in zip(fq, fk, strict=True)]
-        cross = self._by_distance(sum_q, sum_k)
-        same = sum(own)
-        p = scale * (cross - same) / (n * (n - 1))
-        if n < MIN_SE_SAMPLES:
-            return p, torch.empty(0)
-        left = []
-        for a in range(n):  # Q - q_a, K - k_a: cross loses q_a·K and Q·k_a and regains q_a·k_a; G loses q_a·k_a
-            cross_a = cross - self._by_distance(fq[a], sum_k) - self._by_distance(sum_q, fk[a]) + own[a]
-            left.append(scale * (cross_a - (same - own[a])) / ((n - 1) * (n - 2)))
-        return p, torch.stack(left)
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, ...) positions first -> its zero-padded transform (T + 1, ...), for :meth:`by_distance`."""
+        return torch.fft.rfft(x.double(), n=2 * self.seq_len, dim=0)
 
 
 def jackknife(theta: torch.Tensor) -> torch.Tensor:
@@ -96,36 +81,58 @@ def _per_bin(sums: torch.Tensor, by_bin: torch.Tensor, bin_cells: torch.Tensor) 
     return torch.where(bin_cells > 0, sums @ by_bin.T / bin_cells.clamp(min=1), float("nan"))
 
 
-def positional_frequency(layout: RotaryLayout | None, bank: object, layer: int, *, heads: int, scale: float,
+def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, heads: int, scale: float,
                          causal: bool, attended: Attended | None) -> dict[str, np.ndarray]:  # fmt: skip
     """``positional_frequency`` (H, pairs, bins), its SE and ``positional_profile_se`` (H, T) from every sample's q
-    and k in the bank; {} without a rotary layout, two samples, or a mask that is a rule of distance."""
-    samples = bank.samples  # type: ignore[attr-defined]
-    seq_len = bank.seq_len(layer, "q")  # type: ignore[attr-defined]
-    cells = cells_by_distance(seq_len, causal, attended)
-    if layout is None or samples < 2 or cells is None:
+    and k in the bank; {} without a rotary layout, two samples, or a mask that is a rule of distance.
+
+    Two passes over the samples, one at a time, so that memory does not grow with N: the first sums q, k and
+    G's correlations; the second, with the sums' transforms, forms each delete-one P and keeps only its bins and
+    its profile."""
+    n = bank.samples
+    t = bank.seq_len(layer, "q")
+    cells = cells_by_distance(t, causal, attended)
+    if layout is None or n < 2 or cells is None:
         return {}
-    q_all = [bank.get(layer, "q", a, 0, seq_len).view(seq_len, heads, -1) for a in range(samples)]  # type: ignore
-    k_all = [bank.get(layer, "k", a, 0, seq_len).view(seq_len, heads, -1) for a in range(samples)]  # type: ignore
-    corr = PairCorrelations(layout, q_all[0].shape[-1], seq_len, causal)
-    bins = torch.as_tensor(distance_bins(seq_len))
-    by_bin = torch.zeros(len(bins), seq_len, dtype=torch.float64)  # which distances each bin sums
-    for b, (lo, hi) in enumerate(bins.tolist()):
+
+    def operands(a: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(bank.get(layer, name, a, 0, t).view(t, heads, -1) for name in ("q", "k"))  # type: ignore
+
+    head_dim = operands(0)[0].shape[-1]
+    corr = PairCorrelations(layout, head_dim, t, causal)
+    sum_q = torch.zeros(t, heads, head_dim, dtype=torch.float64)
+    sum_k = torch.zeros_like(sum_q)
+    same = torch.zeros(heads, corr.pairs, t, dtype=torch.float64)  # G by pair and distance
+    for a in range(n):
+        q, k = operands(a)
+        sum_q += q
+        sum_k += k
+        for h in range(heads):
+            same[h] += corr.by_distance(corr.transform(q[:, h]), corr.transform(k[:, h]))
+    fq, fk = corr.transform(sum_q), corr.transform(sum_k)  # (T + 1, H, hd)
+    cross = torch.stack([corr.by_distance(fq[:, h], fk[:, h]) for h in range(heads)])
+    p = scale * (cross - same) / (n * (n - 1))  # (H, pairs, T): P - b̄ summed over each distance's cells
+    by_bin = torch.zeros(len(distance_bins(t)), t, dtype=torch.float64)  # which distances each bin sums
+    for b, (lo, hi) in enumerate(distance_bins(t).tolist()):
         by_bin[b, lo : hi + 1] = 1.0
-    out_p, out_se, out_profile_se = [], [], []
-    for h in range(heads):
-        p, left = corr.head([x[:, h] for x in q_all], [x[:, h] for x in k_all], scale)
-        n_cells = cells[min(h, len(cells) - 1)]  # (T,)
-        bin_cells = by_bin @ n_cells
-        out_p.append(_per_bin(p, by_bin, bin_cells))
-        if left.numel():
-            out_se.append(jackknife(_per_bin(left, by_bin, bin_cells)))
-            profile = torch.where(n_cells > 0, left.sum(1) / n_cells.clamp(min=1), float("nan"))  # (N, T)
-            out_profile_se.append(jackknife(profile))
-    got = {"positional_frequency": torch.stack(out_p).float().numpy()}
-    if out_se:
-        got["positional_frequency_se"] = torch.stack(out_se).float().numpy()
-        got["positional_profile_se"] = torch.stack(out_profile_se).float().numpy()
+    n_cells = cells.expand(heads, -1)  # (H, T)
+    bin_cells = n_cells @ by_bin.T  # (H, bins)
+    got = {"positional_frequency": _per_bin(p, by_bin, bin_cells[:, None]).float().numpy()}
+    if n < MIN_SE_SAMPLES:
+        return got
+    left_bins = torch.zeros(n, heads, corr.pairs, len(by_bin), dtype=torch.float64)
+    left_profile = torch.zeros(n, heads, t, dtype=torch.float64)
+    for a in range(n):  # Q - q_a, K - k_a: cross loses q_a·K and Q·k_a and regains q_a·k_a; G loses q_a·k_a
+        q, k = operands(a)
+        for h in range(heads):
+            qa, ka = corr.transform(q[:, h]), corr.transform(k[:, h])
+            own = corr.by_distance(qa, ka)
+            cross_a = cross[h] - corr.by_distance(qa, fk[:, h]) - corr.by_distance(fq[:, h], ka) + own
+            left = scale * (cross_a - (same[h] - own)) / ((n - 1) * (n - 2))  # (pairs, T)
+            left_bins[a, h] = _per_bin(left, by_bin, bin_cells[h])
+            left_profile[a, h] = torch.where(n_cells[h] > 0, left.sum(0) / n_cells[h].clamp(min=1), float("nan"))
+    got["positional_frequency_se"] = jackknife(left_bins).float().numpy()
+    got["positional_profile_se"] = jackknife(left_profile).float().numpy()
     return got
 
 
