@@ -52,6 +52,8 @@ class PairCorrelations:
         rest = head_dim > layout.rotary_dims
         group[layout.rotary_dims :] = len(a)
         self.group, self.pairs = group, len(a) + int(rest)
+        self.onehot = torch.zeros(self.pairs, head_dim, dtype=torch.float64)
+        self.onehot[group, torch.arange(head_dim)] = 1.0
 
     def by_distance(self, x_hat: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
         """(T + 1, dims) transforms of x and y -> (pairs, T): Σ over cells at distance |i - j| of x(i)·y(j) by
@@ -61,9 +63,7 @@ class PairCorrelations:
         total = lags[:t].clone()  # i - j = d >= 0
         if not self.causal:
             total[1:] += lags[t + 1 :].flip(0)  # j - i = e > 0 at 2T - e
-        out = torch.zeros(self.pairs, t, dtype=torch.float64)
-        out.index_add_(0, self.group, total.T)
-        return out
+        return self.onehot @ total.T  # (pairs, dims) x (dims, T): each pair's dims summed
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """(T, ...) positions first -> its zero-padded transform (T + 1, ...), for :meth:`by_distance`."""
