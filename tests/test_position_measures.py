@@ -134,6 +134,15 @@ def test_sliding_window_model(tmp_path: Path, attention: str) -> None:
     biasviz.extract(model, ids, out, summary=True, resolution=RESOLUTION, progress=False)
     check_file(out, 0, w, kept[0], c * np.einsum("nhid,nhjd->nhij", q, k))
     check_diagnose(out, w, kept[0])
+    f = open_bias_file(out)  # Mistral rotates half-split over every dim: P by pair over the window's cells
+    half = q.shape[-1] // 2
+    np.testing.assert_allclose(f.summary_array("frequency_use", 0)[0],
+                               np.hypot(q[..., :half], q[..., half:]).mean(2).mean(0), rtol=1e-5)  # fmt: skip
+    if attention == "sdpa":  # formed again from the bank: P split by pair (the streamed path stores no split)
+        groups = [np.array([f_, f_ + half]) for f_ in range(half)]
+        np.testing.assert_allclose(f.summary_array("positional_frequency", 0),
+                                   _split_reference(q, k, c, groups, T, WINDOW), rtol=1e-4, atol=1e-7,
+                                   equal_nan=True)  # fmt: skip
 
 
 def test_two_samples_store_no_standard_error(tmp_path: Path) -> None:
@@ -240,9 +249,10 @@ def test_bias_profile_se_from_each_samples_bias(tmp_path: Path, scheme: str) -> 
     assert (got > 1e-4).any() == (scheme == "cable")
 
 
-def _split_reference(q: np.ndarray, k: np.ndarray, c: float, groups: list[np.ndarray], t: int) -> np.ndarray:
+def _split_reference(q: np.ndarray, k: np.ndarray, c: float, groups: list[np.ndarray], t: int,
+                     window: int | None = None) -> np.ndarray:  # fmt: skip
     """(N, H, T, hd) -> (H, groups, bins): P restricted to each group of dims (the mean over ordered pairs of
-    different texts of c q_a(i)·k_b(j)), averaged over each distance bin's causal cells."""
+    different texts of c q_a(i)·k_b(j)), averaged over each distance bin's causal cells (within ``window``)."""
     n = len(q)
     bins = distance_bins(t)
     d = np.subtract.outer(np.arange(t), np.arange(t))
@@ -251,8 +261,8 @@ def _split_reference(q: np.ndarray, k: np.ndarray, c: float, groups: list[np.nda
         p = np.mean([c * np.einsum("hid,hjd->hij", q[a][..., dims], k[b][..., dims])
                      for a in range(n) for b in range(n) if a != b], axis=0)  # fmt: skip
         for bi, (lo, hi) in enumerate(bins):
-            cells = (d >= lo) & (d <= hi)
-            out[:, g, bi] = p[:, cells].mean(-1)
+            cells = (d >= lo) & (d <= hi) & (d < (window or t))
+            out[:, g, bi] = p[:, cells].mean(-1) if cells.any() else np.nan
     return out
 
 
