@@ -57,11 +57,18 @@ def test_a_signal_as_the_file_lands_is_handled_after_the_publish_hook(tmp_path, 
 
     monkeypatch.setattr(atomic, "_move", move_then_signal)
     previous = signal.signal(signal.SIGINT, lambda *_: order.append("signal"))
+    import threading
+
+    done = threading.Event()  # another thread, as torch's and the writer's pools: the kernel may hand it the signal
+    other = threading.Thread(target=done.wait)
+    other.start()
     try:
         atomic.when_published(lambda: order.append("hook"))
         (tmp_path / "new").write_text("complete")
         atomic.publish(tmp_path / "new", tmp_path / "out")
     finally:
+        done.set()
+        other.join()
         signal.signal(signal.SIGINT, previous)
     assert order == ["moved", "hook", "signal"]
     assert (tmp_path / "out").read_text() == "complete"

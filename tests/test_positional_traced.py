@@ -98,7 +98,8 @@ def test_traced_llama_scores_positional_logits_key_profile_and_sinks_equal_numpy
     from biasviz.cli.extract_cmd import _summarised
 
     said = _summarised(tmp_path / "sum.h5", 1, "captured")
-    assert said == "weights, scores and positional logits (scheme 'captured' adds no bias)"
+    assert said == ("weights, scores, positional logits, position measures and rotary frequencies "
+                    "(scheme 'captured' adds no bias)")
 
 
 def test_traced_summary_equals_the_traced_full_extract_reduced(llama_dir: Path, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import stat
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -60,17 +61,38 @@ def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
     (no check-then-write race); file systems without hard links fall back to a checked rename. Hooks of
     :func:`when_published` run right after the move, signals held back across both.
     """
-    if not _after_publish:
+    if not _after_publish or threading.current_thread() is not threading.main_thread():
         _move(tmp, target, overwrite)
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    # Python runs signal handlers in the main thread between bytecodes, whichever thread the kernel delivered
+    # them to (masking this thread alone would not stop torch's or a pool's threads from taking them): a handler
+    # that only notes the signal holds it back; it is handled once the hooks have said how
+    held = (signal.SIGINT, signal.SIGTERM)
+    noted: list[int] = []
+
+    def note(signum: int, _frame: object) -> None:
+        noted.append(signum)
+
+    before = {s: signal.signal(s, note) for s in held}
     try:
         _move(tmp, target, overwrite)
         while _after_publish:
             _after_publish.pop(0)()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        for s, handler in before.items():
+            if signal.getsignal(s) is note:  # a hook that set its own (SIG_IGN) keeps it
+                signal.signal(s, handler)
+        for signum in noted:
+            _handle(signum)
+
+
+def _handle(signum: int) -> None:
+    """A signal held back, handled as the process now would: its handler called, ignored, or the default."""
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
 
 
 def _move(tmp: Path, target: Path, overwrite: bool) -> None:
