@@ -23,6 +23,17 @@ from tests.test_attended_cells import HEADS, KV_HEADS, VOCAB, WINDOW, caught_cal
 N, T, RESOLUTION = 4, 48, 12  # blocks of 4 positions
 
 
+def hooked_qk(model: torch.nn.Module, layer: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q and k (N, H, T, hd) float64 as the model's attention call receives them, read at its hook points in a
+    plain forward (not through biasviz's extraction)."""
+    got: dict[str, torch.Tensor] = {}
+    names = [f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"]
+    with capture(model, names, lambda t, name, _r: got.update({name.rsplit("_", 1)[1]: t})), torch.no_grad():
+        model(torch.from_numpy(ids))
+    q, k = (got[x].double().numpy().transpose(0, 2, 1, 3) for x in ("q", "k"))
+    return q, k
+
+
 def softmax_weights(q: np.ndarray, k: np.ndarray, scale: float, kept: np.ndarray) -> np.ndarray:
     """(N, H, T, T) softmax of c q k over the attended cells, 0 elsewhere."""
     z = np.where(kept, scale * np.einsum("nhid,nhjd->nhij", q, k), -np.inf)
@@ -79,11 +90,7 @@ def test_rotary_model_rows_formed_again(tmp_path: Path) -> None:
     model = small_model("rope")
     ids = np.random.default_rng(5).integers(0, 97, size=(N, T))
     layer = 1
-    got: dict[str, torch.Tensor] = {}
-    names = [f"blocks.{layer}.attn.hook_q", f"blocks.{layer}.attn.hook_k"]
-    with capture(model, names, lambda t, name, _r: got.update({name.rsplit("_", 1)[1]: t})), torch.no_grad():
-        model(torch.from_numpy(ids))
-    q, k = (got[x].double().numpy().transpose(0, 2, 1, 3) for x in ("q", "k"))
+    q, k = hooked_qk(model, layer, ids)
     mask = np.tril(np.ones((1, T, T), bool))
     c = float(model.blocks[layer].attn.scale)
     w = softmax_weights(q, k, c, mask[None])
@@ -201,11 +208,7 @@ def test_frequency_use_of_our_rotary_model(tmp_path: Path, fraction: float) -> N
     """Half-split pairs (f, f + d_rot/2) of the rope scheme, full and partial (the unrotated dims one last row)."""
     model = small_model("rope", scheme_options={"fraction": fraction})
     ids = np.random.default_rng(5).integers(0, 97, size=(N, 24))
-    got: dict[str, torch.Tensor] = {}
-    names = ["blocks.0.attn.hook_q", "blocks.0.attn.hook_k"]
-    with capture(model, names, lambda t, name, _r: got.update({name.rsplit("_", 1)[1]: t})), torch.no_grad():
-        model(torch.from_numpy(ids))
-    q, k = (got[x].double().numpy().transpose(0, 2, 1, 3) for x in ("q", "k"))
+    q, k = hooked_qk(model, 0, ids)
     rotated = int(model.blocks[0].attn.pos_bias.rotary_dim)
     out = tmp_path / "s.h5"
     biasviz.extract(model, ids, out, layers=[0], summary=True, device="cpu", progress=False)
@@ -297,11 +300,7 @@ def test_positional_frequency_of_a_partial_half_split_rotary_model(tmp_path: Pat
     """P split by pair (f, f + d_rot/2) and the unrotated dims, by distance bin, and its jackknife SE."""
     model = small_model("rope", scheme_options={"fraction": 0.5})
     ids = np.random.default_rng(8).integers(0, 97, size=(N, 30))
-    got: dict[str, torch.Tensor] = {}
-    names = ["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"]
-    with capture(model, names, lambda t, name, _r: got.update({name.rsplit("_", 1)[1]: t})), torch.no_grad():
-        model(torch.from_numpy(ids))
-    q, k = (got[x].double().numpy().transpose(0, 2, 1, 3) for x in ("q", "k"))
+    q, k = hooked_qk(model, 1, ids)
     rotated, hd = int(model.blocks[1].attn.pos_bias.rotary_dim), q.shape[-1]
     half = rotated // 2
     groups = [np.array([f, f + half]) for f in range(half)] + [np.arange(rotated, hd)]

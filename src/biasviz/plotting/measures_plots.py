@@ -9,8 +9,8 @@ each tenth of the keys a query sees, earliest first, against the 0.1 a uniform h
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,14 +182,7 @@ def _per_head(x: np.ndarray, mean: np.ndarray | Sequence[Series], se: np.ndarray
     scale (heads are compared by height); ``after(ax, head, size)`` draws what else a panel holds."""
     series = [Series(mean, se)] if isinstance(mean, np.ndarray) else list(mean)
     heads = series[0].mean.shape[0]
-    with paper_context(style) if style else nullcontext() as width:
-        rows, cols = grid_shape(heads)
-        width = width or 6.0
-        size = font_sizes(width)["base"]
-        wrapped = wrap_title(title, width, size)
-        fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.45 + 0.17 * wrapped.count("\n")),
-                     layout="constrained")  # fmt: skip
-        axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True).ravel()
+    with head_panels(heads, title, style, sharey=True) as (fig, axes, size, _):
         marker = {"marker": "o", "ms": 1.6} if len(x) <= 48 else {}
         for h, ax in enumerate(axes[:heads]):
             for s in series:
@@ -207,15 +200,31 @@ def _per_head(x: np.ndarray, mean: np.ndarray | Sequence[Series], se: np.ndarray
                 ax.yaxis.set_minor_formatter(NullFormatter())  # decades labelled, one format per axis
             else:
                 ax.set_ylim(bottom=0)
+        fig.supxlabel(xlabel, fontsize=size)
+        fig.supylabel(ylabel, fontsize=size)
+    return fig
+
+
+@contextlib.contextmanager
+def head_panels(heads: int, title: str, style: str | None, *, sharey: bool = False) -> Iterator[tuple]:
+    """A figure of one panel per head in the paper style, titled 'Head h' (the panels past the heads hidden, the
+    title wrapped to the width once the caller has drawn): yields (figure, axes, base font size, columns)."""
+    with paper_context(style) if style else contextlib.nullcontext() as width:
+        rows, cols = grid_shape(heads)
+        width = width or 6.0
+        size = font_sizes(width)["base"]
+        wrapped = wrap_title(title, width, size)
+        fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.45 + 0.17 * wrapped.count("\n")),
+                     layout="constrained")  # fmt: skip
+        axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=sharey).ravel()
+        for h, ax in enumerate(axes[:heads]):
             ax.set_title(f"Head {h + 1}", fontsize=size)
             ax.tick_params(labelsize=size * 0.85)
         for ax in axes[heads:]:
             ax.set_visible(False)
-        fig.supxlabel(xlabel, fontsize=size)
-        fig.supylabel(ylabel, fontsize=size)
+        yield fig, axes, size, cols
         fig.suptitle(wrapped, fontsize=size)
         assert figure_width_in(fig) > 0
-    return fig
 
 
 # plot kind -> (draw function, what its figure shows: for the saved file's metadata)

@@ -14,12 +14,12 @@ from matplotlib.figure import Figure
 from biasviz.common.errors import BiasvizError
 from biasviz.diagnostics.stored import SINK_EPSILON
 from biasviz.plotting.diagnostics_plots import PALETTE
-from biasviz.plotting.heatmap import figure_width_in, grid_shape, head_grid
+from biasviz.plotting.heatmap import head_grid
 from biasviz.plotting.load import HeadMatrices, load_summary_heads
-from biasviz.plotting.measures_plots import Z95, se_note
+from biasviz.plotting.measures_plots import Z95, head_panels, se_note
 from biasviz.plotting.profiles import blocks_note
 from biasviz.plotting.scales import ValueRange
-from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wrap_title
+from biasviz.plotting.style import DEFAULT_STYLE
 from biasviz.plotting.titles import file_title
 from biasviz.store import BiasFile
 
@@ -98,14 +98,7 @@ def _per_head(lines: list[tuple[str, np.ndarray, str]], title: str, ylabel: str,
               band: np.ndarray | None = None) -> Figure:  # fmt: skip
     """A panel per head of ``lines``; ``band``: the first line's standard error, shaded as its 95 % interval."""
     heads = lines[0][1].shape[0]
-    with paper_context(style) if style else _null() as width:
-        rows, cols = grid_shape(heads)
-        width = width or 6.0
-        size = font_sizes(width)["base"]
-        wrapped = wrap_title(title, width, size)
-        fig = Figure(figsize=(width, rows * width / cols * 0.62 + 0.45 + 0.17 * wrapped.count("\n")),
-                     layout="constrained")  # fmt: skip
-        axes = fig.subplots(rows, cols, squeeze=False, sharex=True).ravel()
+    with head_panels(heads, title, style) as (fig, axes, size, cols):
         for h, ax in enumerate(axes[:heads]):
             for k, (label, values, ls) in enumerate(lines):
                 x = np.arange(values.shape[-1])
@@ -121,18 +114,12 @@ def _per_head(lines: list[tuple[str, np.ndarray, str]], title: str, ylabel: str,
                 ax.axhline(threshold, color="0.5", lw=0.6, ls="--")
             if log_distance:
                 ax.set_xscale("log")
-            ax.set_title(f"Head {h + 1}", fontsize=size)
-            ax.tick_params(labelsize=size * 0.85)
-        for ax in axes[heads:]:
-            ax.set_visible(False)
         if len(lines) > 1:
             fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(lines),
                        fontsize=size * 0.9, frameon=False)  # fmt: skip
         for ax in _bottom_row(axes[:heads], cols):  # each column's lowest panel: the legend below keeps clear
             ax.set_xlabel(xlabel, fontsize=size)
         fig.supylabel(ylabel, fontsize=size)
-        fig.suptitle(wrapped, fontsize=size)
-        assert figure_width_in(fig) > 0
     return fig
 
 
@@ -141,8 +128,3 @@ def _bottom_row(axes: np.ndarray, cols: int) -> list:
     outside legend, which constrained layout does not place around it)."""
     return [axes[c::cols][-1] for c in range(min(cols, len(axes)))]
 
-
-def _null():  # noqa: ANN202 - a context yielding no width
-    import contextlib
-
-    return contextlib.nullcontext(None)
