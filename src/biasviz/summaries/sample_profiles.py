@@ -39,6 +39,7 @@ class SampleProfiles:
         self.count = torch.zeros(1 if attended is None else attended.mask.shape[0], 2 * seq_len - 1,
                                  dtype=torch.float64, device=device)  # fmt: skip
         self._pending: list[tuple[slice, slice, torch.Tensor]] | None = None
+        self.seen = False  # whether any block came (a model that adds no bias sends none of it)
 
     def hold(self) -> None:
         """Additions wait for :meth:`commit` (dropped by :meth:`discard`): a block formed again counts once."""
@@ -72,6 +73,7 @@ class SampleProfiles:
         attend to are left out whatever they hold (NaN, 0)."""
         _, _, rows, keys = block.shape
         at = slice(first, first + block.shape[0])
+        self.seen = True
         if self.attended is None and self.causal and r0 >= rows - 1 and keys >= r0 + rows:
             self._add_causal(at, r0, block)
             return

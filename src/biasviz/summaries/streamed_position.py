@@ -188,7 +188,7 @@ class StreamedPosition:
             return None
         arrays = self.measures.result().arrays
         arrays.update({f"{kind}_profile_se": se.float().cpu().numpy() for kind, p in self.profiles.items()
-                       if p.count.sum() > 0 and (se := p.standard_error()) is not None})  # fmt: skip
+                       if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:
             arrays.update(self.frequency.result())
         return arrays
