@@ -234,8 +234,9 @@ def test_frequency_use_of_an_interleaved_rotary_model(tmp_path: Path, attention:
     _check_frequency_use(out, 0, call["q"].numpy(), call["k"].numpy(), [(2 * f, 2 * f + 1) for f in range(2)], 4)
     q, k = call["q"].numpy(), call["k"].numpy()  # a plain causal call: the scores' profile SE on both paths
     scores = float(call["scale"]) * np.einsum("nhid,nhjd->nhij", q, k)
-    np.testing.assert_allclose(open_bias_file(out).summary_array("scores_profile_se", 0),
-                               profile_se(scores, np.tril(np.ones((1, 20, 20), bool))), rtol=2e-4, atol=1e-6)  # fmt: skip
+    causal = np.tril(np.ones((1, 20, 20), bool))
+    np.testing.assert_allclose(open_bias_file(out).summary_array("scores_profile_se", 0), profile_se(scores, causal),
+                               rtol=2e-4, atol=1e-6)  # fmt: skip
 
 
 @pytest.mark.parametrize("scheme", ["cable", "alibi"])
