@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
-from biasviz.summaries.weight_measures import sample_stats
+from biasviz.summaries.sample_profiles import sample_stats
 
 
 class FrequencyUse:
@@ -53,13 +53,8 @@ class FrequencyUse:
         return out
 
 
-def frequency_from_bank(layout: RotaryLayout | None, bank: Any, layer: int, heads: int) -> dict[str, Any]:
-    """``frequency_use`` from every sample's q and k kept in a :class:`~biasviz.summaries.bank.SampleBank` ({} where
-    the call rotates nothing)."""
-    if layout is None:
-        return {}
-    use = FrequencyUse(layout, bank.samples)
+def frequency_from_bank(bank: Any, layer: int, heads: int, use: FrequencyUse) -> None:
+    """Feed ``use`` every sample's q and k kept in a :class:`~biasviz.summaries.bank.SampleBank`."""
     for a in range(bank.samples):
         q, k = (bank.get(layer, name, a, 0, bank.seq_len(layer, name)) for name in ("q", "k"))
         use.add(a, *(x.view(1, x.shape[0], heads, -1).transpose(1, 2) for x in (q, k)))
-    return use.result()

@@ -21,7 +21,7 @@ import torch
 from biasviz.adapters.rotary import RotaryLayout
 from biasviz.store.datasets import MIN_SE_SAMPLES, distance_bins
 from biasviz.summaries.attended import Attended
-from biasviz.summaries.frequency import frequency_from_bank
+from biasviz.summaries.frequency import FrequencyUse, frequency_from_bank
 
 
 def cells_by_distance(seq_len: int, causal: bool, attended: Attended | None) -> torch.Tensor | None:
@@ -82,13 +82,14 @@ def _per_bin(sums: torch.Tensor, by_bin: torch.Tensor, bin_cells: torch.Tensor) 
 
 
 def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, heads: int, scale: float,
-                         causal: bool, attended: Attended | None) -> dict[str, np.ndarray]:  # fmt: skip
+                         causal: bool, attended: Attended | None,
+                         use: FrequencyUse | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """``positional_frequency`` (H, pairs, bins), its SE and ``positional_profile_se`` (H, T) from every sample's q
     and k in the bank; {} without a rotary layout, two samples, or a mask that is a rule of distance.
 
     Two passes over the samples, one at a time, so that memory does not grow with N: the first sums q, k and
-    G's correlations; the second, with the sums' transforms, forms each delete-one P and keeps only its bins and
-    its profile."""
+    G's correlations (and feeds ``use``, the pairs' norms, from the same reads); the second, with the sums'
+    transforms, forms each delete-one P and keeps only its bins and its profile."""
     n = bank.samples
     t = bank.seq_len(layer, "q")
     cells = cells_by_distance(t, causal, attended)
@@ -98,13 +99,15 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     def operands(a: int) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(bank.get(layer, name, a, 0, t).view(t, heads, -1) for name in ("q", "k"))  # type: ignore
 
-    head_dim = operands(0)[0].shape[-1]
-    corr = PairCorrelations(layout, head_dim, t, causal)
-    sum_q = torch.zeros(t, heads, head_dim, dtype=torch.float64)
+    q, k = operands(0)
+    corr = PairCorrelations(layout, q.shape[-1], t, causal)
+    sum_q = torch.zeros(t, heads, q.shape[-1], dtype=torch.float64)
     sum_k = torch.zeros_like(sum_q)
     same = torch.zeros(heads, corr.pairs, t, dtype=torch.float64)  # G by pair and distance
     for a in range(n):
-        q, k = operands(a)
+        q, k = (q, k) if a == 0 else operands(a)
+        if use is not None:
+            use.add(a, q.permute(1, 0, 2)[None], k.permute(1, 0, 2)[None])
         sum_q += q
         sum_k += k
         for h in range(heads):
@@ -142,14 +145,18 @@ def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: A
     ``positional_frequency`` with their SEs, and the SE of P's profile where the model adds no bias; {} where the
     call rotates nothing."""
     layout = adapter.rotary(layer)
-    got = frequency_from_bank(layout, bank, layer, heads)
+    if layout is None:
+        return {}
+    use = FrequencyUse(layout, bank.samples)  # fed by P's first pass over the samples, where P is split
+    split = {}
     if positional:
         split = positional_frequency(layout, bank, layer, heads=heads, scale=adapter.score_scale(layer), causal=True,
-                                     attended=attended)  # fmt: skip
+                                     attended=attended, use=use)  # fmt: skip
         if adapter.adds_bias:  # P's delete-one estimates would need each sample's bias too
             split.pop("positional_profile_se", None)
-        got.update(split)
-    return got
+    if use.per_sample is None:  # no pass was made for P: the norms alone
+        frequency_from_bank(bank, layer, heads, use)
+    return {**use.result(), **split}
 
 
 def add_pair_sum_residual(measures: dict[str, Any], p_by_distance: torch.Tensor, attended: Attended | None) -> None:

@@ -50,7 +50,6 @@ class _Plan:
     q1: int
     qblock: torch.Tensor  # (rows,) each row's query block - q0
     mask_cums: torch.Tensor | None  # (1 or H, rows, K) attended keys up to each key; None: causal
-    seen: torch.Tensor
 
 
 class WeightMeasures:
@@ -151,7 +150,7 @@ class WeightMeasures:
         q0 = r0 // self.block
         plan = _Plan(key=key, ranges=ranges, bounds=bounds, qualifies=(seen >= SEGMENTS).double(),
                      looks=(seen > 0).double(), q0=q0, q1=(r1 - 1) // self.block + 1, qblock=i // self.block - q0,
-                     mask_cums=mask_cums, seen=seen)  # fmt: skip
+                     mask_cums=mask_cums)  # fmt: skip
         self._planned = plan
         return plan
 
