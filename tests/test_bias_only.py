@@ -22,15 +22,15 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory):
     return root
 
 
-def test_alibi_at_4096_is_minus_slope_times_distance(checkpoints, tmp_path, capsys) -> None:
+def test_alibi_at_2048_is_minus_slope_times_distance(checkpoints, tmp_path, capsys) -> None:
     out = tmp_path / "a.h5"
-    code, stdout, err = run_cli(["extract", "--model", str(checkpoints / "alibi"), "--bias-only", "--seq-len", "4096",
+    code, stdout, err = run_cli(["extract", "--model", str(checkpoints / "alibi"), "--bias-only", "--seq-len", "2048",
                                  "--out", str(out), "--device", "cpu"], capsys)  # fmt: skip
     assert code == 0, err
     with open_bias_file(out) as f:
-        assert f.bias_only and f.n_samples == 1 and f.seq_len == 4096
+        assert f.bias_only and f.n_samples == 1 and f.seq_len == 2048
         assert (f.input_ids() == -1).all()  # no token was read
-        i = np.arange(4096)
+        i = np.arange(2048)
         d = (i[:, None] - i[None, :]).astype(np.float64)
         lower = d >= 0
         for h in (0, 5, 11):  # m_h = 2^(-8 h / 12), heads from 1

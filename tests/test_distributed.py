@@ -311,6 +311,8 @@ def test_torchrun_summary_equals_the_one_process_summary(
     assert rc == 0, err
     one, two = datasets(model_dir / f"{scheme}-one.h5"), datasets(model_dir / f"{scheme}-two.h5")
     assert_same_datasets(one, two, field_tol=(1e-9, 1e-12))
+    if scheme != "alibi":  # the refusal below is the same for every scheme
+        return
     rc, _, err = run_cli([*base, "--resolution", "10", "--out", "coarse.h5"], capsys)
     assert rc == 0, err  # one process: any resolution
     run = torchrun([*base, "--resolution", "10", "--out", "coarse2.h5"], model_dir)

@@ -70,7 +70,8 @@ def test_shape_finite_diagonal_toeplitz(name: str, h: int, t: int, b: int, seed:
         assert threshold is not None
         keep[int(threshold) :, :] = False
     picked = step[..., keep]
-    assert picked.numel() == 0 or picked.abs().max() <= 1e-5
+    # float32 rounding of the values themselves (a vectorised pow's body and tail round apart): relative to their size
+    assert picked.numel() == 0 or picked.abs().max() <= 1e-5 * (1 + out[..., cells].abs().max())
 
 
 @SETTINGS
