@@ -50,3 +50,27 @@ def reference(w: np.ndarray, mask: np.ndarray, block: int) -> dict[str, np.ndarr
                 if qs:
                     received[a, hh, j] = np.mean([w[a, hh, i, j] for i in qs])
     return {"band_mass": band, "context_mass": context, "weights_entropy": entropy, "received": received}
+
+
+def block_means(x: np.ndarray, mask: np.ndarray, block: int) -> np.ndarray:
+    """(N, H, T, T) values, (1 or H, T, T) attended cells -> (N, H, nb, nb) each sample's mean over a block's attended
+    cells (NaN where it has none)."""
+    n, h, t, _ = x.shape
+    m = np.broadcast_to(mask, (h, t, t))
+    nb = -(-t // block)
+    per = np.full((n, h, nb, nb), np.nan)
+    for qb in range(nb):
+        for kb in range(nb):
+            rows, keys = slice(qb * block, (qb + 1) * block), slice(kb * block, (kb + 1) * block)
+            cells = m[:, rows, keys]  # (h, r, k)
+            count = cells.sum((-1, -2))
+            total = np.where(cells[None], x[:, :, rows, keys], 0.0).sum((-1, -2))
+            per[:, :, qb, kb] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return per
+
+
+def map_se(x: np.ndarray, mask: np.ndarray, block: int) -> np.ndarray:
+    """(H, nb, nb): the SE over samples of each sample's block mean, sqrt(Σ (x_a - x̄)² / (N (N - 1)))."""
+    per = block_means(x, mask, block)
+    n = len(per)
+    return np.sqrt(((per - per.mean(0)) ** 2).sum(0) / (n * (n - 1)))

@@ -17,7 +17,7 @@ from biasviz.model import capture
 from biasviz.store.datasets import distance_bins
 from biasviz.store.reader import open_bias_file
 from tests.conftest import small_model
-from tests.measures_reference import reference
+from tests.measures_reference import map_se, reference
 from tests.test_attended_cells import HEADS, KV_HEADS, VOCAB, WINDOW, caught_call
 
 N, T, RESOLUTION = 4, 48, 12  # blocks of 4 positions
@@ -66,6 +66,11 @@ def check_file(path: Path, layer: int, w: np.ndarray, mask: np.ndarray, scores: 
         np.testing.assert_allclose(f.summary_array("scores_profile_se", layer), profile_se(scores, mask),
                                    rtol=2e-4, atol=1e-6)  # fmt: skip
     block = f.block
+    np.testing.assert_allclose(f.summary_array("weights_mean_se", layer), map_se(w, mask, block), rtol=2e-4,
+                               atol=1e-7, equal_nan=True)  # fmt: skip
+    if scores is not None:
+        np.testing.assert_allclose(f.summary_array("scores_mean_se", layer), map_se(scores, mask, block), rtol=2e-4,
+                                   atol=1e-6, equal_nan=True)  # fmt: skip
     ref = reference(w, mask, block)
     n = w.shape[0]
     for name in ("band_mass", "context_mass", "weights_entropy"):
@@ -145,6 +150,14 @@ def test_sliding_window_model(tmp_path: Path, attention: str) -> None:
     half = q.shape[-1] // 2
     np.testing.assert_allclose(f.summary_array("frequency_use", 0)[0],
                                np.hypot(q[..., :half], q[..., half:]).mean(2).mean(0), rtol=1e-5)  # fmt: skip
+    if attention == "sdpa":  # formed again from the bank: P's map SE over the window's cells, per cell products
+        from tests.test_map_errors import jackknife_p
+
+        r = {"q": q, "k": k, "bias": np.zeros((N, q.shape[1], T, T)), "scale": c}
+        np.testing.assert_allclose(f.summary_array("positional_mean_se", 0), jackknife_p(r, kept[0], f.block),
+                                   rtol=1e-3, atol=1e-6, equal_nan=True)  # fmt: skip
+    else:
+        assert "positional_mean_se" not in f.summary_datasets(0)  # streamed: q and k not kept
     if attention == "sdpa":  # formed again from the bank: P split by pair (the streamed path stores no split)
         groups = [np.array([f_, f_ + half]) for f_ in range(half)]
         np.testing.assert_allclose(f.summary_array("positional_frequency", 0),
@@ -240,21 +253,29 @@ def test_frequency_use_of_an_interleaved_rotary_model(tmp_path: Path, attention:
 
 
 @pytest.mark.parametrize("scheme", ["cable", "alibi"])
-def test_bias_profile_se_from_each_samples_bias(tmp_path: Path, scheme: str) -> None:
-    """CABLE's bias depends on the text: its profile's SE is that of each sample's own bias (a full extract's);
+def test_bias_profile_and_map_se_from_each_samples_bias(tmp_path: Path, scheme: str) -> None:
+    """CABLE's bias depends on the text: its profile's and map's SEs are those of each sample's own bias (a full
+    extract's), at blocks of one position (from the stored spread) and of several (each sample's block means);
     ALiBi's is measured the same in every sample: SE 0."""
     from tests.test_positional import _reference, _windows
 
     model = small_model(scheme)
     ids = _windows()
+    t = ids.shape[1]
     r = _reference(model, ids, tmp_path, layer=1)
-    out = tmp_path / "s.h5"
-    biasviz.extract(model, ids, out, layers=[1], summary=True, device="cpu", progress=False)
-    mask = np.tril(np.ones((1, ids.shape[1], ids.shape[1]), bool))
-    expected = profile_se(np.nan_to_num(r["bias"]), mask)
-    got = open_bias_file(out).summary_array("bias_profile_se", 1)
-    np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6)
-    assert (got > 1e-4).any() == (scheme == "cable")
+    mask = np.tril(np.ones((1, t, t), bool))
+    bias = np.nan_to_num(r["bias"])
+    for resolution in (t, t // 3):
+        out = tmp_path / f"s{resolution}.h5"
+        biasviz.extract(model, ids, out, layers=[1], summary=True, resolution=resolution, device="cpu",
+                        progress=False)  # fmt: skip
+        f = open_bias_file(out)
+        got = f.summary_array("bias_profile_se", 1)
+        np.testing.assert_allclose(got, profile_se(bias, mask), rtol=2e-4, atol=1e-6)
+        assert (got > 1e-4).any() == (scheme == "cable")
+        mean_se = f.summary_array("bias_mean_se", 1)
+        np.testing.assert_allclose(mean_se, map_se(bias, mask, f.block), rtol=2e-4, atol=1e-6, equal_nan=True)
+        assert (mean_se > 1e-4).any() == (scheme == "cable")
 
 
 def _split_reference(q: np.ndarray, k: np.ndarray, c: float, groups: list[np.ndarray], t: int,

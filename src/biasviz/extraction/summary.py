@@ -50,8 +50,10 @@ from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, triangle_share
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
+from biasviz.summaries.sample_blocks import block_errors, map_errors, sample_blocks
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
 from biasviz.summaries.streamed_position import StreamedPosition
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
@@ -158,6 +160,9 @@ def summarise(
         else:
             out[layer][kind] = part.result(total_samples=total)
     for layer, extra in extras.items():
+        if extra.measures is not None:  # the maps' SEs the per-sample block means did not give (SPEC section 14)
+            map_errors(extra.measures, out[layer], {k: p for (k, at), p in parts.items() if at == layer},
+                       samples=total, block=block)  # fmt: skip
         out[layer]["position"] = extra
         if adapter.layer_causal(layer) and not adapter.causal and extra.attended is None:
             # a causal call in a model whose others see every key (an encoder-decoder's decoder): its own rule
@@ -295,11 +300,18 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                                                 device=dev, attended=attended)  # fmt: skip
                 extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
                                                      device=dev, attended=attended)  # fmt: skip
+                extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,
+                                             seq_len=seq_len, block=block, causal=True, samples=n, device=dev,
+                                             attended=attended)  # fmt: skip
             if n >= 2 and positional:
-                q_sum, k_sum = (_sample_sum(bank, layer, name, heads) for name in ("q", "k"))
+                q_sum, k_sum = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))
                 extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
                                               samples=n, seq_len=seq_len, block=block, device=dev,
                                               attended=attended)  # fmt: skip
+                if measures and n >= 3:  # its block map's SE (SPEC section 14)
+                    extra.jackknife = PositionalJackknife(q_sum, k_sum, bank.operands(layer), samples=n, block=block,
+                                                          scale=adapter.score_scale(layer), seq_len=seq_len,
+                                                          device=dev, attended=attended)  # fmt: skip
 
             def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
                 return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
@@ -310,7 +322,8 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                              formula=layer in formula)  # fmt: skip
             frequency = ({} if extra.measures is None
                          else {**rotary_measures(adapter, bank, layer, heads, attended, positional),
-                               **profile_errors(extra.profiles, own, n)})  # fmt: skip
+                               **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks),
+                               **block_errors({"positional": extra.jackknife} if extra.jackknife else {})})  # fmt: skip
             bank.drop(layer)
             positional = None if extra.positional is None else extra.positional.result()
             if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself
@@ -329,15 +342,6 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     finally:
         bank.close()
     return extras
-
-
-def _sample_sum(bank: SampleBank, layer: int, name: str, heads: int) -> torch.Tensor:
-    """Σ over the bank's samples of one (T, H·hd) array, as (T, H, hd) float64."""
-    seq_len = bank.seq_len(layer, name)
-    total = bank.get(layer, name, 0, 0, seq_len).double()
-    for a in range(1, bank.samples):
-        total += bank.get(layer, name, a, 0, seq_len)
-    return total.view(seq_len, heads, -1)
 
 
 def summary_run(

@@ -60,9 +60,14 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
     DatasetRow("frequency_use_se", ("operand", "head", "pair"), "se", "standard error of frequency_use"),
     DatasetRow("positional_frequency_se", ("head", "pair", "distance_bin"), "se",
                "delete-one jackknife standard error of positional_frequency"),
+    DatasetRow("positional_mean_se", ("head", "query_block", "key_block"), "se",
+               "delete-one jackknife standard error of positional_mean, block by block"),
     DatasetRow("positional_profile_se", ("head", "distance"), "se",
                "delete-one jackknife standard error of P's distance profile over all keys (no additive bias)"),
     *(DatasetRow(f"{kind}_profile_se", ("head", "distance"), "se", f"standard error of {kind}_profile's mean")
+      for kind in ("bias", "weights", "scores")),
+    *(DatasetRow(f"{kind}_mean_se", ("head", "query_block", "key_block"), "se",
+                 f"standard error of {kind}_mean: over samples of each sample's block mean")
       for kind in ("bias", "weights", "scores")),
 )  # fmt: skip
 ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
@@ -101,7 +106,8 @@ def dimension_sizes(*, heads: int, seq_len: int, samples: int, blocks: int, pair
     2T - 1 signed distances)."""
     return {"distance": seq_len if causal else 2 * seq_len - 1, "stat": 2, "operand": 2, "head": heads,
             "distance_bin": len(distance_bins(seq_len)), "segment": SEGMENTS,
-            "query_block": blocks, "sample": samples, "rank": SINK_RANKS, "key": seq_len, "pair": pairs}  # fmt: skip
+            "query_block": blocks, "key_block": blocks, "sample": samples, "rank": SINK_RANKS, "key": seq_len,
+            "pair": pairs}  # fmt: skip
 
 
 def shape_of(row: DatasetRow, sizes: dict[str, int]) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -138,3 +139,16 @@ class SampleBank:
     def close(self) -> None:
         for layer in {k[0] for k in self._arrays}:
             self.drop(layer)
+
+    def sample_sum(self, layer: int, name: str, heads: int) -> torch.Tensor:
+        """Σ over the samples of one (T, H·d) array, as (T, H, d) float64."""
+        seq_len = self.seq_len(layer, name)
+        total = self.get(layer, name, 0, 0, seq_len).double()
+        for a in range(1, self.samples):
+            total += self.get(layer, name, a, 0, seq_len)
+        return total.view(seq_len, heads, -1)
+
+    def operands(self, layer: int) -> Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]:
+        """(a, r0, r1) -> sample a's q at rows r0 .. r1 - 1 and k at keys 0 .. r1 - 1, as :meth:`get` gives them
+        (valid until the next read of the same name)."""
+        return lambda a, r0, r1: (self.get(layer, "q", a, r0, r1), self.get(layer, "k", a, 0, r1))

@@ -75,6 +75,20 @@ def block_sums(f: torch.Tensor, seq_len: int, block: int) -> tuple[torch.Tensor,
     return total(f64), total(ones)[0]
 
 
+def geometry_counts(seq_len: int, block: int, causal: bool, device: torch.device | None = None) -> torch.Tensor:
+    """(nb, nb) float64 cells per block of a call with no mask of its own: j <= i where causal, every cell otherwise.
+
+    >>> geometry_counts(3, 2, True).tolist(), geometry_counts(3, 2, False).tolist()
+    ([[3.0, 0.0], [2.0, 1.0]], [[4.0, 2.0], [2.0, 1.0]])
+    """
+    if causal:
+        return block_sums(torch.ones(1, seq_len, dtype=torch.float64, device=device), seq_len, block)[1]
+    n_blocks = -(-seq_len // block)
+    sizes = torch.full((n_blocks,), float(block), dtype=torch.float64, device=device)
+    sizes[-1] = seq_len - block * (n_blocks - 1)
+    return sizes[:, None] * sizes[None, :]
+
+
 class BlockMaps:
     """Running block sums of per-cell values (the mean and the spread over samples); counts come from geometry."""
 
@@ -113,16 +127,8 @@ class BlockMaps:
     def counts(self) -> torch.Tensor:
         """(nb, nb) used cells per block: j <= i in a causal model, all of them otherwise; worked out once, for
         every name's result."""
-        if self._counts is not None:
-            return self._counts
-        device = self.stacked.device
-        if self.causal:
-            ones = torch.ones(1, self.seq_len, dtype=torch.float64, device=device)
-            self._counts = block_sums(ones, self.seq_len, self.block)[1]
-        else:
-            sizes = torch.full((self.n_blocks,), float(self.block), dtype=torch.float64, device=device)
-            sizes[-1] = self.seq_len - self.block * (self.n_blocks - 1)
-            self._counts = sizes[:, None] * sizes[None, :]
+        if self._counts is None:
+            self._counts = geometry_counts(self.seq_len, self.block, self.causal, self.stacked.device)
         return self._counts
 
     def result(self, name: str) -> torch.Tensor:

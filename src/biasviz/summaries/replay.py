@@ -22,6 +22,8 @@ from biasviz.model.attention import query_blocks
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import ShiftedSums
 from biasviz.summaries.position import KeyProfile, Positional
+from biasviz.summaries.positional_blocks import PositionalJackknife
+from biasviz.summaries.sample_blocks import SampleBlocks
 from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.scratch import Scratch
 from biasviz.summaries.weight_measures import WeightMeasures
@@ -55,6 +57,8 @@ class LayerExtras:
     sinks: torch.Tensor  # (N, H) float64: Σ_i w_a(i, 0), per sample
     measures: WeightMeasures | None = None  # SPEC section 14's measures of the weights
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
+    blocks: dict[str, SampleBlocks] = field(default_factory=dict)  # kind -> each sample's block means (the maps' SE)
+    jackknife: PositionalJackknife | None = None  # P's block means with each sample left out (their SE)
 
     def hold(self) -> None:
         for part in self._per_sample():
@@ -69,7 +73,8 @@ class LayerExtras:
             part.discard()
 
     def _per_sample(self) -> list:
-        return [*([] if self.measures is None else [self.measures]), *self.profiles.values()]
+        return [*([] if self.measures is None else [self.measures]), *self.profiles.values(), *self.blocks.values(),
+                *([] if self.jackknife is None else [self.jackknife])]
 
 
 def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool,
@@ -145,9 +150,15 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
             if extras.measures is not None:
                 extras.measures.add(a, r0, got.weights)
+            pooled = {}  # each kind's block sums, where formed: P's jackknife takes them up
             for kind, values in (("weights", got.weights), ("scores", got.scores), ("bias", got.bias)):
-                if kind in extras.profiles and values is not None and (kind != "bias" or varying):
-                    extras.profiles[kind].add(a, r0, values)
+                if values is not None and (kind != "bias" or varying):
+                    if kind in extras.profiles:
+                        extras.profiles[kind].add(a, r0, values)
+                    if kind in extras.blocks:
+                        pooled[kind] = extras.blocks[kind].add(a, r0, values)
+            if extras.jackknife is not None:
+                extras.jackknife.add_sample(a, r0, got.scores, got.bias if varying else None, pooled)
             tick(1)
             check_interrupted()
         if agreement is not None and not varying and agreement.settle() > 0.0:  # the first difference
@@ -163,6 +174,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
         _finish(fed, extras, sums, None if varying or first is None else first[0].float(), r0, r1, heads, scratch)
         extras.sinks += sinks
         extras.commit()
+        for per_sample in (*extras.blocks.values(), *([] if extras.jackknife is None else [extras.jackknife])):
+            per_sample.finish(r1)  # every sample's rows up to r1 have come
         blocks.done = r1
         del sums, first
     if agreement is not None:

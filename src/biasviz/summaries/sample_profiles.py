@@ -14,6 +14,7 @@ import torch
 
 from biasviz.store.datasets import MIN_SE_SAMPLES
 from biasviz.summaries.attended import Attended
+from biasviz.summaries.pending import Pending
 
 
 def sample_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -29,7 +30,7 @@ def sample_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     return torch.stack([mean, std]), se
 
 
-class SampleProfiles:
+class SampleProfiles(Pending):
     """Per sample and head, sums by signed distance j - i + T - 1 (slot 0 .. 2T - 2) of one quantity's values."""
 
     def __init__(self, *, samples: int, heads: int, seq_len: int, causal: bool, device: torch.device,
@@ -38,20 +39,7 @@ class SampleProfiles:
         self.sums = torch.zeros(samples, heads, 2 * seq_len - 1, dtype=torch.float64, device=device)
         self.count = torch.zeros(1 if attended is None else attended.mask.shape[0], 2 * seq_len - 1,
                                  dtype=torch.float64, device=device)  # fmt: skip
-        self._pending: list[tuple[slice, slice, torch.Tensor]] | None = None
         self.seen = False  # whether any block came (a model that adds no bias sends none of it)
-
-    def hold(self) -> None:
-        """Additions wait for :meth:`commit` (dropped by :meth:`discard`): a block formed again counts once."""
-        self._pending = []
-
-    def commit(self) -> None:
-        for at, slots, amount in self._pending or ():
-            self.sums[at, :, slots] += amount
-        self._pending = None
-
-    def discard(self) -> None:
-        self._pending = None
 
     def _mask(self, r0: int, rows: int, keys: int) -> torch.Tensor:
         if self.attended is not None:
@@ -81,7 +69,7 @@ class SampleProfiles:
         values = torch.where(mask, block, 0.0)
         start = self.seq_len - rows - r0  # the slot of column 0
         slots = slice(start, start + keys + rows - 1)
-        self._put(at, slots, self._skew_sum(values))
+        self._put(self.sums, (at, slice(None), slots), self._skew_sum(values))
         if first == 0 and self.attended is not None:  # the mask is the same for every sample: counted once
             self.count[:, slots] += self._skew_sum(mask[None].to(block.dtype))[0]
 
@@ -93,19 +81,14 @@ class SampleProfiles:
         st = block.stride()
         every = block.as_strided((b, h, rows, r0 + 1), (st[0], st[1], st[2] + st[3], st[3]), block.storage_offset())
         t = self.seq_len
-        self._put(at, slice(t - 1 - r0, t), every.sum(2).double())  # column c: d = r0 - c
+        self._put(self.sums, (at, slice(None), slice(t - 1 - r0, t)), every.sum(2).double())  # column c: d = r0 - c
         if rows > 1:
             first_keys = block[..., : rows - 1]
             r = torch.arange(rows, device=block.device)[:, None]
             lower = torch.arange(rows - 1, device=block.device)[None, :] < r  # j < r: not in the view above
             start = t - rows - r0
-            self._put(at, slice(start, start + 2 * rows - 2), self._skew_sum(torch.where(lower, first_keys, 0.0)))
-
-    def _put(self, at: slice, slots: slice, amount: torch.Tensor) -> None:
-        if self._pending is None:
-            self.sums[at, :, slots] += amount
-        else:
-            self._pending.append((at, slots, amount))
+            skewed = self._skew_sum(torch.where(lower, first_keys, 0.0))
+            self._put(self.sums, (at, slice(None), slice(start, start + 2 * rows - 2)), skewed)
 
     def distance_sums(self) -> torch.Tensor:
         """(N, H, T) per sample, the sums over the attended cells at each distance d = |i - j| = 0 .. T - 1."""

@@ -22,6 +22,7 @@ from biasviz.store.datasets import MIN_SE_SAMPLES
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.weight_measures import WeightMeasures
 
@@ -62,8 +63,11 @@ class StreamedPosition:
         self.profiles = self._profiles(attended)
 
     def _profiles(self, attended: Attended | None) -> dict[str, SampleProfiles]:
-        """Each sample's profile of the weights, scores and bias, for their SE (3 samples or more, over every
-        process)."""
+        """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process), and
+        (as :attr:`blocks`) each sample's block means of all three, for the maps' SE."""
+        self.blocks = sample_blocks(("weights", "scores", "bias") if self._measured else (), heads=self.heads,
+                                    seq_len=self.seq_len, block=self.block, causal=self.causal, samples=self.samples,
+                                    device=self.device, attended=attended)  # fmt: skip
         if not self._measured or self.samples < MIN_SE_SAMPLES:
             return {}
         return {kind: SampleProfiles(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len,
@@ -100,9 +104,16 @@ class StreamedPosition:
                 self._pending = None
             return
         rows, keys = block.shape[-2:]
+        every = block.expand(self._batch, *block.shape[1:]) if block.shape[0] == 1 else block
         if kind in self.profiles:  # a bias of one sample for the whole batch counts for each
-            self.profiles[kind].add(first, row0, block.expand(self._batch, *block.shape[1:])
-                                    if block.shape[0] == 1 else block)  # fmt: skip
+            self.profiles[kind].add(first, row0, every)
+        if kind in self.blocks:  # the batch's rows come in order: the query blocks before row0 + rows are complete
+            if first != self._first:
+                self._first = first
+                for b in self.blocks.values():
+                    b.begin(first, self._batch)
+            self.blocks[kind].add(first, row0, every)
+            self.blocks[kind].finish(row0 + rows)
         if kind == "weights":
             w = block.double()
             self.keys.add_samples(w, self.samples)
@@ -119,6 +130,7 @@ class StreamedPosition:
         getattr(self, name)[:, row0 : row0 + rows, :keys] += total
 
     _batch = 1  # samples in the batch under way (a bias block shared by the batch counts once per sample)
+    _first = -1  # its first sample, once a block of it came
 
     def begin_batch(self, size: int) -> None:
         self._batch = size
@@ -186,7 +198,7 @@ class StreamedPosition:
         """SPEC section 14's arrays: the weights' measures, and the rotary frequencies' use where the call rotates."""
         if self.measures is None:
             return None
-        arrays = self.measures.result().arrays
+        arrays = {**self.measures.result().arrays, **block_errors(self.blocks)}
         arrays.update({f"{kind}_profile_se": se.float().cpu().numpy() for kind, p in self.profiles.items()
                        if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:

@@ -20,6 +20,7 @@ import torch
 
 from biasviz.store.datasets import SEGMENTS, SINK_DTYPE, SINK_RANKS, distance_bins
 from biasviz.summaries.attended import Attended
+from biasviz.summaries.pending import Pending
 from biasviz.summaries.sample_profiles import SampleProfiles, sample_stats
 
 
@@ -52,7 +53,7 @@ class _Plan:
     mask_cums: torch.Tensor | None  # (1 or H, rows, K) attended keys up to each key; None: causal
 
 
-class WeightMeasures:
+class WeightMeasures(Pending):
     """One layer's per-sample sums for band mass, context mass, entropy and the keys' received weight."""
 
     def __init__(self, *, samples: int, heads: int, seq_len: int, block: int, causal: bool,
@@ -71,33 +72,13 @@ class WeightMeasures:
         self.band_queries = torch.zeros(heads_of_mask, len(bins), **f64)
         self.context_queries = torch.zeros(heads_of_mask, 1, **f64)
         self.block_queries = torch.zeros(heads_of_mask, nqb, **f64)
-        self._pending: list[tuple[torch.Tensor, tuple, torch.Tensor]] | None = None  # (sum, where, amount)
         self._planned: _Plan | None = None
         # each sample's weights by distance: the band masses (a bin's distances summed) and the profile's SE
         self.diagonals = SampleProfiles(samples=samples, heads=heads, seq_len=seq_len, causal=causal, device=device,
                                         attended=attended)  # fmt: skip
 
-    def hold(self) -> None:
-        """From here on, additions wait for :meth:`commit` (or are dropped by :meth:`discard`): a block that may be
-        formed again (a bias measured to differ) counts once."""
-        self._pending = []
-        self.diagonals.hold()
-
-    def commit(self) -> None:
-        for total, where, amount in self._pending or ():
-            total[where] += amount
-        self._pending = None
-        self.diagonals.commit()
-
-    def discard(self) -> None:
-        self._pending = None
-        self.diagonals.discard()
-
-    def _put(self, total: torch.Tensor, where: tuple, amount: torch.Tensor) -> None:
-        if self._pending is None:
-            total[where] += amount
-        else:
-            self._pending.append((total, where, amount))
+    def _held(self) -> list[Pending]:
+        return [self.diagonals]
 
     def _mask(self, r0: int, r1: int, keys: int) -> torch.Tensor:
         """(1 or H, rows, keys) bool: the cells the call attends to."""

@@ -1,0 +1,45 @@
+"""Additions that can wait: a block of rows formed again (a bias measured to differ part-way) must count once.
+
+The replayed path forms a block of query rows for every sample and only then learns whether the block stands or
+is formed again; every per-sample accumulator fed in that loop holds its additions from :meth:`Pending.hold` until
+:meth:`Pending.commit` (or drops them on :meth:`Pending.discard`). Outside a hold, additions go in at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Pending:
+    """Running sums whose additions may be held back (see the module)."""
+
+    _pending: list[tuple[torch.Tensor, Any, torch.Tensor]] | None = None  # (sum, where, amount)
+
+    def _held(self) -> list[Pending]:
+        """Other accumulators this one feeds, held, committed and discarded with it."""
+        return []
+
+    def hold(self) -> None:
+        self._pending = []
+        for part in self._held():
+            part.hold()
+
+    def commit(self) -> None:
+        for total, where, amount in self._pending or ():
+            total[where] += amount
+        self._pending = None
+        for part in self._held():
+            part.commit()
+
+    def discard(self) -> None:
+        self._pending = None
+        for part in self._held():
+            part.discard()
+
+    def _put(self, total: torch.Tensor, where: Any, amount: torch.Tensor) -> None:
+        if self._pending is None:
+            total[where] += amount
+        else:
+            self._pending.append((total, where, amount))

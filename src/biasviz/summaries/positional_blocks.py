@@ -1,0 +1,102 @@
+"""The standard error of P's block map (SPEC section 14): the delete-one jackknife over samples, block by block.
+
+With sample a left out (Q, K the sums of q and k over all N samples, G = Σ_a q_a·k_a, c the call's scale):
+
+    P_(−a) = [c(Q·K − G) − c(q_a·K + Q·k_a) + 2(s_a − b_a)] / ((N − 1)(N − 2)) + (N b̄ − b_a) / (N − 1)
+
+since Σ over pairs b ≠ d of the others is Q·K − G less a's row and column, and c q_a·k_a = s_a − b_a. What varies
+with a is z_a = [2 s_a − N b_a − c(q_a·K + Q·k_a)] / ((N − 1)(N − 2)), linear in the cells, so each sample's block
+mean of z_a is folded over samples as any other (:class:`~biasviz.summaries.sample_blocks.SampleBlocks`), and the
+jackknife SE is √((N − 1)/N · Σ_a (z̄_a − mean z̄)²). A bias the same in every sample is a constant: left out.
+
+q_a·K + Q·k_a summed over a block's cells j <= i needs no (rows x keys) product: below the diagonal it is
+(Σ_i q_a(i))·(Σ_j K(j)) + (Σ_i Q(i))·(Σ_j k_a(j)) over the block's rows and keys, and on the diagonal
+Σ_i q_a(i)·K_c(i) + Q(i)·k_a,c(i) with K_c the sums of K over the block's keys up to i. A call with a mask of its
+own forms the cells (one product per sample and block of rows) and sums those it attends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from biasviz.summaries.attended import Attended
+from biasviz.summaries.maps import _group_sums
+from biasviz.summaries.sample_blocks import Pooled, SampleBlocks
+
+Operands = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (a, r0, r1) -> q_a rows, k_a keys
+
+
+def _within_blocks(x: torch.Tensor, start: int, block: int) -> torch.Tensor:
+    """(H, n, d) positions ``start ..`` (``start`` a block's first) -> the sums over each block up to each position.
+
+    >>> _within_blocks(torch.ones(1, 5, 1), 0, 2)[0, :, 0].tolist()
+    [1.0, 2.0, 1.0, 2.0, 1.0]
+    """
+    h, n, d = x.shape
+    pad = -n % block
+    padded = torch.nn.functional.pad(x, (0, 0, 0, pad)).view(h, (n + pad) // block, block, d)
+    return padded.cumsum(2).view(h, n + pad, d)[:, :n]
+
+
+class PositionalJackknife(SampleBlocks):
+    """Each sample's block means of z_a (see the module), folded over samples: ``positional_mean_se``."""
+
+    def __init__(self, q_sum: torch.Tensor, k_sum: torch.Tensor, operands: Operands, *, scale: float,
+                 samples: int, seq_len: int, block: int, device: torch.device,
+                 attended: Attended | None = None) -> None:  # fmt: skip
+        """``q_sum``, ``k_sum``: (T, H, d) float64 over every sample, as P's; ``operands(a, r0, r1)``: sample a's q
+        at rows r0 .. r1 - 1 and k at keys 0 .. r1 - 1, (rows or r1, H·d), as the call received them."""
+        heads = q_sum.shape[1]
+        super().__init__(heads=heads, seq_len=seq_len, block=block, causal=True, device=device, attended=attended)
+        self.begin(0, samples)
+        n = samples
+        denom = (n - 1) * (n - 2)
+        self.weights = {"scores": 2.0 / denom, "bias": -n / denom, "operands": -scale / denom}
+        self.samples, self.operands = n, operands
+        self.q = q_sum.to(device=device, dtype=torch.float64).transpose(0, 1).contiguous()  # (H, T, d)
+        self.k = k_sum.to(device=device, dtype=torch.float64).transpose(0, 1).contiguous()
+        if attended is None:
+            self.k_blocks = _group_sums(self.k, -2, 0, block)  # (H, nb, d)
+            self.k_within = _within_blocks(self.k, 0, block)  # (H, T, d)
+
+    def add_sample(self, a: int, r0: int, scores: torch.Tensor, bias: torch.Tensor | None,
+                   pooled: dict[str, Pooled] | None = None) -> None:  # fmt: skip
+        """Sample a's rows r0 .. of scores (1, H, rows, r1) and of a bias that differs by sample (None: none, or the
+        same for every sample); ``pooled``: their block sums where another accumulator formed them already."""
+        pooled = pooled or {}
+        rows, r1 = scores.shape[-2:]
+        terms = [(pooled.get(kind) or self.pool(r0, values), self.weights[kind])
+                 for kind, values in (("scores", scores), ("bias", bias)) if values is not None]  # fmt: skip
+        self.add_sums(a, r0, rows, [*terms, (self._operand_sums(a, r0, r1), self.weights["operands"])])
+
+    def _operand_sums(self, a: int, r0: int, r1: int) -> Pooled:
+        """Σ over each block's attended cells of q_a(i)·K(j) + Q(i)·k_a(j), rows r0 .. r1 - 1."""
+        q_rows, k_keys = self.operands(a, r0, r1)
+        h, b = self.heads, self.block
+        qa = q_rows.to(self.device, torch.float64).view(r1 - r0, h, -1).transpose(0, 1)  # (H, rows, d)
+        ka = k_keys.to(self.device, torch.float64).view(r1, h, -1).transpose(0, 1)  # (H, r1, d)
+        q_all = self.q[:, r0:r1]
+        if self.attended is not None:
+            cells = qa @ self.k[:, :r1].transpose(1, 2) + q_all @ ka.transpose(1, 2)  # (H, rows, r1)
+            return self.pool(r0, cells[None])
+        q0, last = r0 // b, (r1 - 1) // b  # the rows' first and last query blocks
+        qa_g, q_g = _group_sums(qa, -2, r0, b), _group_sums(q_all, -2, r0, b)  # (H, nq, d)
+        ka_blocks = _group_sums(ka[:, : last * b], -2, 0, b)  # (H, last, d): every key block before the last
+        below = qa_g @ self.k_blocks[:, :last].transpose(1, 2) + q_g @ ka_blocks.transpose(1, 2)  # (H, nq, last)
+        out = torch.zeros(h, qa_g.shape[1], last + 1, dtype=torch.float64, device=self.device)
+        out[..., :last] = below
+        qb = torch.arange(q0, last + 1, device=self.device)[:, None]
+        out[..., :last].masked_fill_(torch.arange(last, device=self.device)[None, :] >= qb, 0.0)  # keys after
+        ka_within = _within_blocks(ka[:, q0 * b : r1], 0, b)[:, r0 - q0 * b :]  # (H, rows, d)
+        diagonal = (qa * self.k_within[:, r0:r1]).sum(-1) + (q_all * ka_within).sum(-1)  # (H, rows)
+        on = _group_sums(diagonal, -1, r0, b)  # (H, nq)
+        out[:, torch.arange(len(qb)), qb[:, 0]] = on
+        return [(0, out[None])]
+
+    def standard_error(self) -> np.ndarray | None:
+        """(H, nb, nb) float32: the delete-one jackknife SE of P's block means; None below 3 samples."""
+        se = super().standard_error()  # √(m2 / (N (N - 1)))
+        return None if se is None else (se * (self.samples - 1)).astype(np.float32)

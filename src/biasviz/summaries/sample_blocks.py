@@ -1,0 +1,175 @@
+"""Each sample's block means of one quantity, for the standard error of a block map's mean (SPEC section 14).
+
+A map's block value is the mean over samples of each sample's mean over the block's attended cells; its SE needs
+each sample's block mean, not the per-cell spread (cells of one block move together). A query block whose rows all
+come in one block of rows is folded at once: its per-sample means x_a go into Σ x_a and Σ x_a² (float64, additive,
+so a block of rows formed again can be held back and dropped, :mod:`biasviz.summaries.pending`). Only a query block
+that straddles two blocks of rows is carried, its samples' sums (S, H, nb), until its last row has come. Kept: two
+(H, nb, nb) float64 arrays and at most a few carried query blocks, whatever N is.
+
+With blocks of one position (R >= T) a sample's block mean is its cell, so the SE follows from the stored per-cell
+spread itself, std / sqrt(N - 1) (:func:`errors_from_spread`), and nothing is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from biasviz.store.datasets import MIN_SE_SAMPLES
+from biasviz.summaries.attended import Attended
+from biasviz.summaries.maps import _group_sums, geometry_counts
+from biasviz.summaries.pending import Pending
+
+KINDS = ("bias", "weights", "scores")
+Pooled = list[tuple[int, torch.Tensor]]  # sums by block: (first key block, (B, H, query blocks, key blocks))
+
+
+class SampleBlocks(Pending):
+    """Σ x_a and Σ x_a² over samples of each sample's block means x_a of one quantity of one layer."""
+
+    def __init__(self, *, heads: int, seq_len: int, block: int, causal: bool, device: torch.device,
+                 attended: Attended | None = None) -> None:  # fmt: skip
+        self.heads, self.seq_len, self.block, self.causal = heads, seq_len, block, causal
+        self.attended, self.device = attended, device
+        self.n_blocks = nb = -(-seq_len // block)
+        # (1 or H, nb, nb) the attended cells of each block, as the map divides by them
+        counts = geometry_counts(seq_len, block, causal)[None] if attended is None else attended.block_counts(block)
+        self.counts = counts.to(device=device, dtype=torch.float64)
+        self.n = torch.zeros(nb, dtype=torch.float64, device=device)  # samples folded, per query block
+        self.sums = torch.zeros(2, heads, nb, nb, dtype=torch.float64, device=device)  # Σ x_a, Σ x_a²
+        self.carry: dict[int, torch.Tensor] = {}  # straddling query block -> (S, H, nb) each sample's sums so far
+        self._first, self._size = 0, 1  # the samples under way: ``first ..`` (``size`` of them)
+
+    def begin(self, first: int, size: int) -> None:
+        """Samples ``first .. first + size - 1`` come next (a batch; every sample at once where rows are formed
+        again); what is still carried is folded first."""
+        self.finish(self.seq_len)
+        self._first, self._size = first, size
+
+    def pool(self, r0: int, values: torch.Tensor) -> Pooled:
+        """(B, H, rows, K) values -> their sums over attended cells by block: [(first key block, (B, H, nq, n))]."""
+        rows, keys = values.shape[-2:]
+        b = self.block
+
+        def pooled(x: torch.Tensor, k0: int) -> torch.Tensor:
+            return _group_sums(_group_sums(x, -2, r0, b), -1, k0, b).double()
+
+        if self.attended is not None:
+            mask = self.attended.rows(r0, r0 + rows, keys).to(values.device)
+            return [(0, pooled(values.masked_fill(~mask, 0.0), 0))]
+        if not self.causal:
+            return [(0, pooled(values, 0))]
+        # causal: every key before r0 is seen by every row; the trailing square keeps its lower triangle only
+        parts = [(0, pooled(values[..., :r0], 0))] if r0 > 0 else []
+        square = values[..., r0 : r0 + rows].clone().tril_()
+        return [*parts, (r0 // b, pooled(square, r0))]
+
+    def add(self, first: int, r0: int, values: torch.Tensor) -> Pooled:
+        """Samples ``first ..``'s rows ``r0 ..`` (B, H, rows, K); cells not attended are left out (NaN, -inf, 0).
+        Returns their sums by block, for another accumulator to take up (:meth:`add_sums`)."""
+        parts = self.pool(r0, values)
+        self.add_sums(first, r0, values.shape[-2], [(parts, 1.0)])
+        return parts
+
+    def add_sums(self, first: int, r0: int, rows: int, terms: list[tuple[Pooled, float]]) -> None:
+        """Samples ``first ..``'s sums over the attended cells of blocks, rows ``r0 .. r0 + rows - 1``: the sum of
+        each term's block sums times its weight. Query blocks wholly inside those rows are folded now; the others
+        carried."""
+        b = self.block
+        q0, q1 = r0 // b, (r0 + rows - 1) // b + 1
+        dense: torch.Tensor | None = None  # (S, H, nq, nb)
+        for parts, weight in terms:
+            for k0, sums in parts:
+                if dense is None:
+                    dense = torch.zeros(sums.shape[0], self.heads, q1 - q0, self.n_blocks, dtype=torch.float64,
+                                        device=self.device)  # fmt: skip
+                dense[..., k0 : k0 + sums.shape[3]].add_(sums, alpha=weight)
+        assert dense is not None
+        whole = [q for q in range(q0, q1) if q * b >= r0 and min((q + 1) * b, self.seq_len) <= r0 + rows]
+        if whole:
+            w0, w1 = whole[0], whole[-1] + 1
+            self._fold(dense[:, :, w0 - q0 : w1 - q0], w0)
+        at = slice(first - self._first, first - self._first + dense.shape[0])
+        for q in range(q0, q1):
+            if whole and whole[0] <= q <= whole[-1]:
+                continue
+            carry = self.carry.get(q)
+            if carry is None:
+                carry = self.carry[q] = torch.zeros(self._size, self.heads, self.n_blocks, dtype=torch.float64,
+                                                    device=self.device)  # fmt: skip
+            self._put(carry, at, dense[:, :, q - q0])
+
+    def _fold(self, sums: torch.Tensor, q0: int) -> None:
+        """Samples' complete sums (S, H, nq, nb) of query blocks ``q0 ..``: their means into Σ x and Σ x²."""
+        x = sums / self.counts[:, q0 : q0 + sums.shape[2]]  # NaN where a block has no attended cell
+        rows = slice(q0, q0 + sums.shape[2])
+        self._put(self.sums, (slice(None), slice(None), rows), torch.stack([x.sum(0), x.square().sum(0)]))
+        self._put(self.n, rows, torch.full((sums.shape[2],), float(sums.shape[0]), device=self.device,
+                                           dtype=torch.float64))  # fmt: skip
+
+    def finish(self, upto: int) -> None:
+        """Fold the carried query blocks whose rows all lie before ``upto`` (every sample under way sent them)."""
+        for q in sorted(self.carry):
+            if min((q + 1) * self.block, self.seq_len) > upto:
+                break
+            self._fold(self.carry.pop(q)[:, :, None], q)
+
+    def standard_error(self) -> np.ndarray | None:
+        """(H, nb, nb) float32: sqrt(Σ (x_a - x̄)² / (N (N - 1))) over each sample's block mean; NaN where a block has
+        no attended cell; None below 3 samples."""
+        self.finish(self.seq_len)
+        if int(self.n.min()) < MIN_SE_SAMPLES:
+            return None
+        n = self.n[None, :, None]
+        total, squares = self.sums
+        spread = (squares - total.square() / n).clamp(min=0.0)  # Σ (x_a - x̄)²
+        se = (spread / (n * (n - 1))).sqrt()
+        return torch.where(self.counts > 0, se, float("nan")).float().cpu().numpy()
+
+
+def sample_blocks(kinds: Iterable[str], *, heads: int, seq_len: int, block: int, causal: bool, samples: int,
+                  device: torch.device, attended: Attended | None) -> dict[str, SampleBlocks]:  # fmt: skip
+    """One accumulator per quantity of a layer whose every sample's rows will come (a bias summarised once while
+    measured the same for every sample is not fed: :func:`map_errors`); none below 3 samples, or with blocks of one
+    position (:func:`errors_from_spread`)."""
+    if samples < MIN_SE_SAMPLES or block == 1:
+        return {}
+    out = {kind: SampleBlocks(heads=heads, seq_len=seq_len, block=block, causal=causal, device=device,
+                              attended=attended) for kind in kinds}  # fmt: skip
+    for b in out.values():  # every sample at once, unless batches say otherwise (SampleBlocks.begin)
+        b.begin(0, samples)
+    return out
+
+
+def block_errors(blocks: dict[str, SampleBlocks]) -> dict[str, np.ndarray]:
+    """``<kind>_mean_se`` of each accumulator that saw 3 samples or more."""
+    return {f"{kind}_mean_se": se for kind, b in blocks.items() if (se := b.standard_error()) is not None}
+
+
+def errors_from_spread(std: np.ndarray, samples: int) -> np.ndarray:
+    """Blocks of one position: a sample's block mean is its cell, so SE = std / sqrt(N - 1) with the per-cell
+    std over samples (ddof 0) the map stores (NaN stays NaN)."""
+    return (std.astype(np.float64) / np.sqrt(samples - 1)).astype(np.float32)
+
+
+def map_errors(measures: dict[str, Any], summaries: dict[str, Any], parts: dict[str, Any], *, samples: int,
+               block: int) -> None:  # fmt: skip
+    """Into ``measures``, the ``<kind>_mean_se`` of one layer that the accumulators did not give: with blocks of one
+    position, from the stored spread; a bias measured the same in every sample to the end, 0 on every block with an
+    attended cell. A bias that turned out to differ part-way, its earlier rows summarised once for all, has none
+    (as its profile's SE). Nothing below 3 samples."""
+    if samples < MIN_SE_SAMPLES:
+        return
+    for kind, summary in summaries.items():
+        name = f"{kind}_mean_se"
+        if kind not in KINDS or name in measures:
+            continue
+        part = parts.get(kind)
+        if block == 1:
+            measures[name] = errors_from_spread(summary.std, samples)
+        elif part is not None and part.mode == "shared":
+            measures[name] = np.where(np.isnan(summary.mean), np.nan, 0.0).astype(np.float32)
