@@ -19,6 +19,7 @@ from biasviz.explorer.build import build_page_data
 from biasviz.explorer.colors import colormap_table
 from biasviz.explorer.encode import NAN_CODE, dequantise, pack_exact, pack_quantised, quantise
 from biasviz.explorer.tokens import token_strings
+from biasviz.store import open_bias_file
 from tests.conftest import SYNTHETIC_ATTRS, run_cli, softmax_weights, synthetic_bias
 
 
@@ -274,6 +275,19 @@ def test_a_summary_switches_to_scores_and_positional_logits(tmp_path: Path) -> N
             for h in range(f.attrs["n_heads"]):
                 shown = unpack(payload["sets"][f"A|1|{kind}|mean"]["heads"][h]["levels"][0])
                 assert np.array_equal(shown, f[f"layer_1/{kind}_mean"][h], equal_nan=True)
+    # SPEC section 14 under each head of the weights: band mass per distance (each bin's over its width) and
+    # context mass, with their SEs, as the file holds them; bins as /distance_bins' first and last distance
+    bf = open_bias_file(tmp_path / "s.h5")
+    bins = np.asarray(payload["sets"]["A|1|weights|mean"]["heads"][0]["measures"]["bins"])
+    np.testing.assert_array_equal(bins, bf.summary.distance_bins())
+    width = bins[:, 1] - bins[:, 0] + 1.0
+    for h in range(bf.n_heads):
+        m = payload["sets"]["A|1|weights|mean"]["heads"][h]["measures"]
+        for key, name, scale in (("band", "band_mass", width), ("context", "context_mass", 1.0)):
+            for part, want in (("mean", bf.summary_array(name, 1)[0, h]), ("se", bf.summary_array(f"{name}_se", 1)[h])):
+                got = np.frombuffer(base64.b64decode(m[key][part]), "<f4")
+                np.testing.assert_allclose(got, want / scale, rtol=1e-6, equal_nan=True, err_msg=f"{name} {part}")
+    assert all("measures" not in head for head in payload["sets"]["A|1|scores|mean"]["heads"])
     only = page_payload(biasviz.explore(tmp_path / "s.h5", kind="positional").html)
     assert only["kinds"] == ["positional"]
     extract(adapter, ids, tmp_path / "full.h5", layers=[1], device="cpu", progress=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,11 +89,14 @@ class _FileResult:
     help="'diagonal' subtracts each row's diagonal value first (for biases stored up to a per-row constant).",
 )
 @figure_output_options
+@click.option("--caption", is_flag=True,
+              help="Also write <figure>.tex beside each figure: a LaTeX \\caption{...} saying what it shows, from the "
+                   "files (replaced as the figures are).")  # fmt: skip
 @click.option("--no-figures", is_flag=True, help="Write the JSON only.")  # fmt: skip
 @click.option("--force", is_flag=True, help="Overwrite an existing JSON file (never one of the input files).")
 def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, layer: int, normalize: str,
              formats_text: str, style: str, width: str | None, dpi: int, no_figures: bool,
-             force: bool) -> None:  # fmt: skip
+             force: bool, caption: bool = False) -> None:  # fmt: skip
     """Measure how much each head's bias depends on the input and on more than i - j.
 
     Writes the metrics per scheme and head to JSON, OUT_DIR/diagnostics.pdf/.png (all schemes side by
@@ -117,7 +121,7 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
     # the JSON and the figures are replaced together, or not at all; never over an input
     with replacing_together(with_config(*files)) as staged:
         _write_json(staged.temporary(target, overwrite=force, option=option), results, normalize, target)
-        written = [target] + ([] if no_figures else _draw(results, out_dir, formats, style, dpi, staged))
+        written = [target] + ([] if no_figures else _draw(results, out_dir, formats, style, dpi, staged, caption))
     for path in written:
         click.echo(f"wrote {path}")
 
@@ -128,10 +132,11 @@ def _refuse_figure_options() -> None:
 
     ctx = click.get_current_context()
     given = [f"--{name}" for name, param in (("format", "formats_text"), ("style", "style"), ("width", "width"),
-                                             ("dpi", "dpi"))
+                                             ("dpi", "dpi"), ("caption", "caption"))
              if ctx.get_parameter_source(param) == ParameterSource.COMMANDLINE]  # fmt: skip
     if given:
-        raise UsageError(f"{', '.join(given)} shape the figures, and --no-figures draws none; drop one or the other")
+        raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for the figures, and --no-figures "
+                         "draws none; drop one or the other")  # fmt: skip
 
 
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
@@ -212,7 +217,8 @@ def _write_json(tmp: Path, results: list[_FileResult], normalize: str, target: P
 
 
 def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: str, dpi: int,
-          staged: Staged) -> list[Path]:  # fmt: skip
+          staged: Staged, caption: bool = False) -> list[Path]:  # fmt: skip
+    """The figures (and, with ``caption``, each one's LaTeX caption beside it, staged with them)."""
     import numpy as np
 
     from biasviz.diagnostics.stored import SINK_EPSILON
@@ -246,6 +252,8 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     figure = diagnostics_figure(heads, style=style, details=details, title=title, sinks=sinks,
                                 epsilon=SINK_EPSILON)  # fmt: skip
     written = save_figure(figure, out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style, staged=staged)
+    if caption:
+        written += _captions(results, out_dir, staged, one_layer, bool(sinks))
     for k, r in enumerate(results):
         if not r.heads:  # no bias: its positional logits are drawn by 'biasviz plot --kind profile'
             continue
@@ -279,3 +287,34 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             written += save_figure(over_training(r.sweep, style=style, title=title), stem, formats, dpi=dpi, info=info,
                                    style=style, staged=staged)  # fmt: skip
     return written
+
+
+def _captions(results: list[_FileResult], out_dir: Path, staged: Staged, one_layer: bool, sinks: bool) -> list[Path]:
+    """``--caption``: diagnostics.tex for the figure of every file, <name>_profile.tex and <name>_training.tex beside
+    each file's own figures; every value read from a file escaped (:mod:`biasviz.plotting.caption`)."""
+    from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption, diagnostics_caption, write_caption
+    from biasviz.plotting.profiles import profile_note
+    from biasviz.plotting.titles import layer_text, samples_text
+    from biasviz.store import open_bias_file
+
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open_bias_file(r.path)) for r in results]
+        first = results[0]
+        layer = layer_text(first.layer, first.n_layers) if one_layer else None
+        entries = [(r.name, bf, r.measured_on() if one_layer else f"layer {r.layer}, {r.measured_on()}")
+                   for r, bf in zip(results, files, strict=True)]  # fmt: skip
+        written = [write_caption(out_dir / "diagnostics", diagnostics_caption(entries, layer, sinks), staged)]
+        for r, bf in zip(results, files, strict=True):
+            if not r.heads:
+                continue
+            text = Caption(r.scheme, PROFILE_QUANTITIES["bias"], r.layer, profile_note(r.samples, r.bias_only))
+            written.append(write_caption(out_dir / f"{file_stem(r.name)}_profile", text.latex(bf), staged))
+            if r.sweep is not None:
+                over = Caption(r.scheme, TRAINING_QUANTITY, r.layer, samples_text(r.samples, bias_only=r.bias_only))
+                written.append(write_caption(out_dir / f"{file_stem(r.name)}_training", over.latex(bf), staged))
+    return written
+
+
+#: What the figure over training draws (biasviz's own LaTeX).
+TRAINING_QUANTITY = (r"context dependence and Toeplitz residual of the bias at each training checkpoint, each relative "
+                     r"to the head's spread over cells")  # fmt: skip

@@ -39,6 +39,7 @@ from biasviz.common.errors import BiasvizError
 from biasviz.common.names import display_name
 from biasviz.explorer.detail import give_detail, precision_counts
 from biasviz.explorer.encode import pack_bytes, pack_exact, pack_quantised
+from biasviz.explorer.measures import layer_measures
 from biasviz.explorer.profiles import distance_profile, profile_json, scale_json
 from biasviz.explorer.tokens import find_tokenizer, token_strings
 from biasviz.plotting.load import iter_heads
@@ -258,6 +259,7 @@ class _Builder:
 
         heads, ranges = [], []
         profiles = self._stored_profiles(f, c, layer, kind)
+        measures = None if f is None else layer_measures(_at(f, c), layer, kind)  # SPEC section 14, where held
         for h, m in enumerate(self._matrices(f, c, layer, kind, sample)):
             ranges.append(ValueRange.of(m, ValueRange.needs_percentile(kind)))  # every cell: the data's extremes
             levels = []
@@ -267,7 +269,10 @@ class _Builder:
                             else pack_quantised(self._reduce(m, top), top * self.block))  # fmt: skip
                 levels.append(overview.as_json())
             profile = distance_profile(m) if profiles is None else profile_json(profiles, h)
-            heads.append({"levels": levels, "profile": profile})
+            head = {"levels": levels, "profile": profile}
+            if measures is not None:
+                head["measures"] = measures[h]
+            heads.append(head)
         scale_kind = "bias" if f is None else kind  # A - B: the figures' rules (diverging where it changes sign)
         scales = {"head": [scale_json(s) for s in head_scales([], scale_kind, ranges=ranges)],
                   "shared": scale_json(head_scales([], scale_kind, shared_scale=True, ranges=ranges)[0])}

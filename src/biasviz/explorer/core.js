@@ -1,4 +1,4 @@
-// biasviz explorer, part 1 of 4: the page's data, its decoding (see encode.py for the packing) and numbers.
+// biasviz explorer, part 1 of 5: the page's data, its decoding (see encode.py for the packing) and numbers.
 // The four parts run in order inside one function scope (explorer.html); explorer.js starts the page.
 window.biasvizStartMs = performance.now();
 const DATA = JSON.parse(document.getElementById("biasviz-data").textContent);

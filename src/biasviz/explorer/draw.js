@@ -1,4 +1,4 @@
-// biasviz explorer, part 2 of 4: painting matrices, colour bars, axes and the distance profile.
+// biasviz explorer, part 2 of 5: painting matrices, colour bars, axes and the distance profile.
 
 // value -> [0, 1] as matplotlib's Normalize (or LogNorm, clipped) does; the colour table does the rest
 function normaliser(scale) {

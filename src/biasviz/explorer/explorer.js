@@ -1,4 +1,4 @@
-// biasviz explorer, part 4 of 4: what is selected, the grid, the enlarged head, the read-out and the controls.
+// biasviz explorer, part 5 of 5: what is selected, the grid, the enlarged head, the read-out and the controls.
 
 const state = {
   source: "A",
@@ -184,8 +184,24 @@ async function drawFocus() {
   const pcv = $("profile");
   [pcv.width, pcv.height] = room >= 420 ? [room, Math.min(320, side)] : [Math.min(1000, $("focus").clientWidth), 250];
   drawProfile(pcv, profiles, shown.map(sourceName), head);
+  const measures = shown.map((s) => measuresOf(s, head));
+  const mcv = $("measures");
+  mcv.hidden = !measures.some((m) => m);
+  if (!mcv.hidden) {
+    [mcv.width, mcv.height] = [pcv.width, 230];
+    drawMeasures(mcv, measures, shown.map(sourceName), head);
+  }
   const [i0, i1, j0, j1] = region;
   $("focus-title").textContent = `Head ${head}: queries ${i0}-${i1 - 1}, keys ${j0}-${j1 - 1}`;
+}
+
+// A head's band and context mass (SPEC section 14), where its file holds them: means and SEs as Float32Arrays.
+function measuresOf(source, head) {
+  const m = DATA.sets[setKey(source)].heads[head - 1].measures;
+  if (!m) return null;
+  const arrays = (x) => ({ mean: new Float32Array(base64Bytes(x.mean).buffer),
+    se: x.se ? new Float32Array(base64Bytes(x.se).buffer) : null });
+  return { bins: m.bins, band: arrays(m.band), context: arrays(m.context) };
 }
 
 function profileOf(source, head) {

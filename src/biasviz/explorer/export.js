@@ -1,4 +1,4 @@
-// biasviz explorer, part 3 of 4: the current view as a PNG or an SVG file, made in the page (no network).
+// biasviz explorer, part 4 of 5: the current view as a PNG or an SVG file, made in the page (no network).
 // Every visible canvas of the view is placed where it is on screen; every visible label is text (SVG <text>).
 
 function viewRoot() {

@@ -20,7 +20,7 @@ GRID_PIXELS = 320
 #: The enlarged head's canvas, pixels a side (shown smaller where the window is).
 FOCUS_PIXELS = 720
 #: The page's script, in the order it runs (one function scope: explorer.html wraps them).
-SCRIPTS = ("core.js", "draw.js", "export.js", "explorer.js")
+SCRIPTS = ("core.js", "draw.js", "measures.js", "export.js", "explorer.js")
 
 
 def _asset(name: str) -> str:

@@ -141,13 +141,7 @@ class Caption:
 
     def latex(self, bf: BiasFile) -> str:
         """The ``\\caption{...}`` text, one line per sentence, ending in a newline."""
-        model = [f"Scheme \\texttt{{{latex_escape(self.scheme)}}}"]
-        for label, name in (("model", "source_model"), ("architecture", "architecture")):
-            text = _file_text(bf, name)
-            if text:
-                model.append(f"{label} {latex_escape(text)}")
-        note = trained_note(bf.attrs.get("training"))
-        model.append(latex_escape(note) if note else "training not recorded in the file")
+        model = model_clauses(bf, self.scheme)
         where = [latex_escape(layer_text(self.layer, bf.n_layers).capitalize())] if self.layer is not None else []
         where += [f"$T = {int(bf.seq_len)}$", latex_escape(self.which)]
         text_source = _file_text(bf, "text_source")
@@ -159,9 +153,47 @@ class Caption:
             lines.append("; ".join(latex_escape(d) for d in self.details) + ".")
         if self.reading:
             lines.append(self.reading)
-        body = "\n  ".join(lines)
-        return (f"% written by biasviz plot --caption; \\input this file inside a figure environment\n"
-                f"\\caption{{{body}}}\n")  # fmt: skip
+        return caption_text(lines, "plot")
+
+
+def model_clauses(bf: BiasFile, scheme: str) -> list[str]:
+    """'Scheme \\texttt{alibi}', the model and architecture the file names, how it was trained: LaTeX, escaped."""
+    model = [f"Scheme \\texttt{{{latex_escape(scheme)}}}"]
+    for label, name in (("model", "source_model"), ("architecture", "architecture")):
+        text = _file_text(bf, name)
+        if text:
+            model.append(f"{label} {latex_escape(text)}")
+    note = trained_note(bf.attrs.get("training"))
+    model.append(latex_escape(note) if note else "training not recorded in the file")
+    return model
+
+
+def caption_text(lines: Sequence[str], command: str) -> str:
+    """The file's text: a comment saying where it came from, then ``\\caption{...}`` of ``lines``."""
+    body = "\n  ".join(lines)
+    return (f"% written by biasviz {command} --caption; \\input this file inside a figure environment\n"
+            f"\\caption{{{body}}}\n")  # fmt: skip
+
+
+#: The diagnostics figure's rows, in biasviz's own words (README, "Reading the figures and diagnostics").
+DIAGNOSTICS_ROWS = (r"context dependence (the bias' spread over inputs), Toeplitz residual (its distance from its "
+                    r"mean at each distance $i - j$) and separability residual (from the best $s_i - s_j$), each "
+                    r"relative to the head's spread over cells")  # fmt: skip
+
+
+def diagnostics_caption(entries: Sequence[tuple[str, BiasFile, str]], layer: str | None, sinks: bool) -> str:
+    """The caption of ``diagnose``'s figure of every file: ``entries`` (the name drawn, its file, what it was measured
+    on: 'T = 512, N = 8'), the layer when every file shares it, whether a sink row is drawn."""
+    what = f"Per head and scheme: {DIAGNOSTICS_ROWS}"
+    if sinks:
+        what += ", and the sink share (the mean attention weight on key 0)"
+    lines = [what + r"; on a symmetric-log axis, values below $10^{-6}$ (float rounding) drawn hollow at 0."]
+    if layer:
+        lines.append(latex_escape(layer.capitalize()) + ".")
+    for name, bf, measured in entries:
+        lines.append(f"\\texttt{{{latex_escape(name)}}}: " + "; ".join(model_clauses(bf, bf.scheme)) +
+                     f"; {latex_escape(measured)}.")  # fmt: skip
+    return caption_text(lines, "diagnose")
 
 
 def matrix_reading(causal: bool) -> str:
@@ -186,10 +218,13 @@ __all__ = [
     "PROFILE_QUANTITIES",
     "QUANTITIES",
     "Caption",
+    "caption_text",
+    "diagnostics_caption",
     "drawn_scales",
     "grid_reading",
     "latex_escape",
     "matrix_reading",
+    "model_clauses",
     "scale_sentence",
     "write_caption",
 ]

@@ -1,0 +1,47 @@
+"""The focused head's SPEC section 14 measures on the page (summary files, the weights): the weight a query puts at
+each distance bin and on each tenth of the keys it sees, with their standard errors where the file holds them.
+
+The page draws them under the distance profile, each with its 95 % interval (mean ± 1.96 SE), as ``plot --kind
+bands`` and ``--kind context`` do: per distance, each bin's weight over its width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from biasviz.explorer.encode import pack_bytes
+from biasviz.store import BiasFile
+
+
+def _packed(values: np.ndarray) -> str:
+    return pack_bytes(np.asarray(values, "<f4").tobytes())
+
+
+def layer_measures(f: BiasFile, layer: int, kind: str) -> list[dict[str, Any]] | None:
+    """Per head, what the page draws of band and context mass; None where the file holds none (not a summary of the
+    weights, or one written before SPEC section 14)."""
+    if not f.is_summary or kind != "weights" or f.summary is None:
+        return None
+    resolved = f.resolve_layer(layer)
+    if not (f.summary.holds(resolved, "band_mass") and f.summary.holds(resolved, "context_mass")):
+        return None
+    bins = f.summary.distance_bins()
+    width = (bins[:, 1] - bins[:, 0] + 1).astype(np.float64)
+    got = {}
+    for name, scale in (("band_mass", width), ("context_mass", 1.0)):
+        mean = f.summary_array(name, resolved)[0] / scale
+        se = f.summary_array(f"{name}_se", resolved) / scale if f.summary.holds(resolved, f"{name}_se") else None
+        got[name] = (mean, se)
+    heads = []
+    for h in range(f.n_heads):
+        one = {}
+        for key, name in (("band", "band_mass"), ("context", "context_mass")):
+            mean, se = got[name]
+            one[key] = {"mean": _packed(mean[h]), "se": None if se is None else _packed(se[h])}
+        heads.append(one)
+    return [{**m, "bins": bins.tolist()} for m in heads]
+
+
+__all__ = ["layer_measures"]
