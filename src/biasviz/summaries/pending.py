@@ -13,21 +13,22 @@ import torch
 
 
 class Pending:
-    """Running sums whose additions may be held back (see the module)."""
+    """Running sums whose additions may be held back (see the module). Held additions to the same place of the same
+    sum are added up as they come (every sample of a block of rows into one place: one buffer, not one per sample)."""
 
-    _pending: list[tuple[torch.Tensor, Any, torch.Tensor]] | None = None  # (sum, where, amount)
+    _pending: dict[tuple[int, str], list[Any]] | None = None  # (sum, where) -> [sum, where, amount so far]
 
     def _held(self) -> list[Pending]:
         """Other accumulators this one feeds, held, committed and discarded with it."""
         return []
 
     def hold(self) -> None:
-        self._pending = []
+        self._pending = {}
         for part in self._held():
             part.hold()
 
     def commit(self) -> None:
-        for total, where, amount in self._pending or ():
+        for total, where, amount in (self._pending or {}).values():
             total[where] += amount
         self._pending = None
         for part in self._held():
@@ -41,5 +42,10 @@ class Pending:
     def _put(self, total: torch.Tensor, where: Any, amount: torch.Tensor) -> None:
         if self._pending is None:
             total[where] += amount
+            return
+        key = (id(total), repr(where))
+        held = self._pending.get(key)
+        if held is None:
+            self._pending[key] = [total, where, amount.clone()]
         else:
-            self._pending.append((total, where, amount))
+            held[2] += amount

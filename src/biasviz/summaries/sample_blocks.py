@@ -92,7 +92,7 @@ class SampleBlocks(Pending):
         whole = [q for q in range(q0, q1) if q * b >= r0 and min((q + 1) * b, self.seq_len) <= r0 + rows]
         if whole:
             w0, w1 = whole[0], whole[-1] + 1
-            self._fold(dense[:, :, w0 - q0 : w1 - q0], w0)
+            self._fold(dense[:, :, w0 - q0 : w1 - q0], w0)  # in place: dense is this call's own
         at = slice(first - self._first, first - self._first + dense.shape[0])
         for q in range(q0, q1):
             if whole and whole[0] <= q <= whole[-1]:
@@ -104,12 +104,25 @@ class SampleBlocks(Pending):
             self._put(carry, at, dense[:, :, q - q0])
 
     def _fold(self, sums: torch.Tensor, q0: int) -> None:
-        """Samples' complete sums (S, H, nq, nb) of query blocks ``q0 ..``: their means into Σ x and Σ x²."""
-        x = sums / self.counts[:, q0 : q0 + sums.shape[2]]  # NaN where a block has no attended cell
-        rows = slice(q0, q0 + sums.shape[2])
-        self._put(self.sums, (slice(None), slice(None), rows), torch.stack([x.sum(0), x.square().sum(0)]))
-        self._put(self.n, rows, torch.full((sums.shape[2],), float(sums.shape[0]), device=self.device,
-                                           dtype=torch.float64))  # fmt: skip
+        """Samples' complete sums (S, H, nq, nb) of query blocks ``q0 ..``: their means into Σ x and Σ x², added in
+        place (held: into one buffer for every sample of the block of rows)."""
+        nq = sums.shape[2]
+        rows = slice(q0, q0 + nq)
+        x = sums.div_(self.counts[:, rows])  # NaN where a block has no attended cell; the sums are the caller's
+        if self._pending is None:
+            target = self.sums[:, :, rows]
+        else:
+            key = (id(self.sums), repr(rows))
+            held = self._pending.get(key)
+            if held is None:
+                held = self._pending[key] = [self.sums, (slice(None), slice(None), rows),
+                                             torch.zeros(2, self.heads, nq, self.n_blocks, dtype=torch.float64,
+                                                         device=self.device)]  # fmt: skip
+            target = held[2]
+        for one in x:  # a sample at a time: no (S, ...) square of it
+            target[0] += one
+            target[1].addcmul_(one, one)
+        self._put(self.n, rows, torch.full((nq,), float(len(x)), dtype=torch.float64, device=self.device))
 
     def finish(self, upto: int) -> None:
         """Fold the carried query blocks whose rows all lie before ``upto`` (every sample under way sent them)."""
@@ -120,15 +133,15 @@ class SampleBlocks(Pending):
 
     def standard_error(self) -> np.ndarray | None:
         """(H, nb, nb) float32: sqrt(Σ (x_a - x̄)² / (N (N - 1))) over each sample's block mean; NaN where a block has
-        no attended cell; None below 3 samples."""
+        no attended cell; None below 3 samples. Once only: the sums are used up."""
         self.finish(self.seq_len)
         if int(self.n.min()) < MIN_SE_SAMPLES:
             return None
         n = self.n[None, :, None]
-        total, squares = self.sums
-        spread = (squares - total.square() / n).clamp(min=0.0)  # Σ (x_a - x̄)²
-        se = (spread / (n * (n - 1))).sqrt()
-        return torch.where(self.counts > 0, se, float("nan")).float().cpu().numpy()
+        total, squares = self.sums  # worked in place, a map's size each: the sums are not needed after
+        spread = squares.sub_(total.square_().div_(n)).clamp_(min=0.0)  # Σ (x_a - x̄)²
+        se = spread.div_(n * (n - 1)).sqrt_().masked_fill_(self.counts == 0, float("nan"))
+        return se.float().cpu().numpy()
 
 
 def sample_blocks(kinds: Iterable[str], *, heads: int, seq_len: int, block: int, causal: bool, samples: int,
