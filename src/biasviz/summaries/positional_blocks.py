@@ -56,8 +56,9 @@ class PositionalJackknife(SampleBlocks):
         denom = (n - 1) * (n - 2)
         self.weights = {"scores": 2.0 / denom, "bias": -n / denom, "operands": -scale / denom}
         self.samples, self.operands = n, operands
-        self.q = q_sum.to(device=device, dtype=torch.float64).transpose(0, 1).contiguous()  # (H, T, d)
-        self.k = k_sum.to(device=device, dtype=torch.float64).transpose(0, 1).contiguous()
+        # float32, as P's own product Q·K (summary.position): each term's rounding stays at one score's resolution
+        self.q = q_sum.to(device=device, dtype=torch.float32).transpose(0, 1).contiguous()  # (H, T, d)
+        self.k = k_sum.to(device=device, dtype=torch.float32).transpose(0, 1).contiguous()
         if attended is None:
             self.k_blocks = _group_sums(self.k, -2, 0, block)  # (H, nb, d)
             self.k_within = _within_blocks(self.k, 0, block)  # (H, T, d)
@@ -76,22 +77,22 @@ class PositionalJackknife(SampleBlocks):
         """Σ over each block's attended cells of q_a(i)·K(j) + Q(i)·k_a(j), rows r0 .. r1 - 1."""
         q_rows, k_keys = self.operands(a, r0, r1)
         h, b = self.heads, self.block
-        qa = q_rows.to(self.device).view(r1 - r0, h, -1).transpose(0, 1).double()  # (H, rows, d): a few rows
+        qa = q_rows.to(self.device, torch.float32).view(r1 - r0, h, -1).transpose(0, 1)  # (H, rows, d): a few rows
         q_all = self.q[:, r0:r1]
         if self.attended is not None:
-            ka = k_keys.to(self.device).view(r1, h, -1).transpose(0, 1).double()  # (H, r1, d)
+            ka = k_keys.to(self.device, torch.float32).view(r1, h, -1).transpose(0, 1)  # (H, r1, d)
             cells = qa @ self.k[:, :r1].transpose(1, 2) + q_all @ ka.transpose(1, 2)  # (H, rows, r1)
             return self.pool(r0, cells[None])
         q0, last = r0 // b, (r1 - 1) // b  # the rows' first and last query blocks
-        keys = k_keys.to(self.device).view(r1, h, -1)  # positions first, as stored: summed along them in float32
-        ka_blocks = _group_sums(keys[: last * b], -3, 0, b).double().transpose(0, 1)  # (H, last, d): key blocks
+        keys = k_keys.to(self.device, torch.float32).view(r1, h, -1)  # positions first, as stored: summed along them
+        ka_blocks = _group_sums(keys[: last * b], -3, 0, b).transpose(0, 1)  # (H, last, d): key blocks
         qa_g, q_g = _group_sums(qa, -2, r0, b), _group_sums(q_all, -2, r0, b)  # (H, nq, d)
         below = qa_g @ self.k_blocks[:, :last].transpose(1, 2) + q_g @ ka_blocks.transpose(1, 2)  # (H, nq, last)
-        out = torch.zeros(h, qa_g.shape[1], last + 1, dtype=torch.float64, device=self.device)
+        out = torch.zeros(h, qa_g.shape[1], last + 1, dtype=torch.float32, device=self.device)
         out[..., :last] = below
         qb = torch.arange(q0, last + 1, device=self.device)[:, None]
         out[..., :last].masked_fill_(torch.arange(last, device=self.device)[None, :] >= qb, 0.0)  # keys after
-        own = keys[q0 * b : r1].transpose(0, 1).double()  # (H, positions, d): the rows' own key blocks
+        own = keys[q0 * b : r1].transpose(0, 1)  # (H, positions, d): the rows' own key blocks
         ka_within = _within_blocks(own, 0, b)[:, r0 - q0 * b :]  # (H, rows, d)
         diagonal = (qa * self.k_within[:, r0:r1]).sum(-1) + (q_all * ka_within).sum(-1)  # (H, rows)
         on = _group_sums(diagonal, -1, r0, b)  # (H, nq)

@@ -55,8 +55,8 @@ class SampleBlocks(Pending):
         rows, keys = values.shape[-2:]
         b = self.block
 
-        def pooled(x: torch.Tensor, k0: int) -> torch.Tensor:
-            return _group_sums(_group_sums(x, -2, r0, b), -1, k0, b).double()
+        def pooled(x: torch.Tensor, k0: int) -> torch.Tensor:  # in the values' precision: a sample's few cells
+            return _group_sums(_group_sums(x, -2, r0, b), -1, k0, b)
 
         if self.attended is not None:
             mask = self.attended.rows(r0, r0 + rows, keys).to(values.device)
@@ -81,12 +81,14 @@ class SampleBlocks(Pending):
         carried."""
         b = self.block
         q0, q1 = r0 // b, (r0 + rows - 1) // b + 1
-        dense: torch.Tensor | None = None  # (S, H, nq, nb)
+        dense: torch.Tensor | None = None  # (S, H, nq, nb): one sample's sums in their own precision; a weighted
+        # combination of several (P's jackknife) in float64, where the terms may be far larger than their sum
+        exact = len(terms) > 1 or terms[0][1] != 1.0
         for parts, weight in terms:
             for k0, sums in parts:
                 if dense is None:
-                    dense = torch.zeros(sums.shape[0], self.heads, q1 - q0, self.n_blocks, dtype=torch.float64,
-                                        device=self.device)  # fmt: skip
+                    dense = torch.zeros(sums.shape[0], self.heads, q1 - q0, self.n_blocks, device=self.device,
+                                        dtype=torch.float64 if exact else sums.dtype)  # fmt: skip
                 dense[..., k0 : k0 + sums.shape[3]].add_(sums, alpha=weight)
         assert dense is not None
         whole = [q for q in range(q0, q1) if q * b >= r0 and min((q + 1) * b, self.seq_len) <= r0 + rows]
