@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from tests.test_explore import STEPS, SWEEP_T, write_sweep
@@ -189,6 +190,26 @@ def test_the_difference_of_identical_files_is_drawn_as_0_at_the_foot_of_a_sequen
     redraw(driver, driver.find_element(By.CSS_SELECTOR, css).click)
     label = driver.find_element(By.CSS_SELECTOR, ".fplot-label").text
     assert label.startswith("A - B = ") and " minus " in label
+    # the bar's ends say what is there: every cell equal (its 1 is room, no value), never "A larger" / "B larger"
+    assert driver.find_element(By.ID, "focus-cbar").get_attribute("data-ends") == "A = B|"
+    assert console_errors(driver) == []
+
+
+def test_a_difference_of_one_sign_labels_only_the_end_it_reaches(driver: object, tmp_path: Path) -> None:  # noqa: F811
+    """A - B >= 0 everywhere (B is A less a positive amount): the top of the bar says A larger, the bottom does not
+    say B larger; where A - B changes sign, each end says its own."""
+    from tests.test_cli_plot import _alibi, write_file
+
+    a = _alibi(2)
+    b = a - 0.25 - np.abs(np.random.default_rng(0).normal(size=a.shape)).astype(np.float32)
+    mixed = a + np.random.default_rng(1).normal(size=a.shape).astype(np.float32)
+    pa, pb, pm = (write_file(tmp_path / f"{n}.h5", "alibi", x) for n, x in (("a", a), ("b", b), ("m", mixed)))
+    for other, want in ((pb, "|A larger"), (pm, "B larger|A larger")):
+        page = biasviz.explore(pa, other).save(tmp_path / f"{other.stem}.html")
+        open_page(driver, page)
+        choose(driver, "source", "D")
+        redraw(driver, driver.find_element(By.CSS_SELECTOR, '#grid canvas[data-head="2"]').click)
+        assert driver.find_element(By.ID, "focus-cbar").get_attribute("data-ends") == want
     assert console_errors(driver) == []
 
 

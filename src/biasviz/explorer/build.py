@@ -255,7 +255,7 @@ class _Builder:
         """A set's colour scales, and each head's overview and distance profile (first pass).
 
         A - B (``f`` None) gets scales and profiles only: the page derives its cells from A's and B's."""
-        from biasviz.plotting.scales import head_scales
+        from biasviz.plotting.scales import ZERO_BELOW, head_scales
 
         heads, ranges = [], []
         profiles = self._stored_profiles(f, c, layer, kind)
@@ -274,8 +274,10 @@ class _Builder:
                 head["measures"] = measures[h]
             heads.append(head)
         scale_kind = "bias" if f is None else kind  # A - B: the figures' rules (diverging where it changes sign)
-        scales = {"head": [scale_json(s) for s in head_scales([], scale_kind, ranges=ranges)],
-                  "shared": scale_json(head_scales([], scale_kind, shared_scale=True, ranges=ranges)[0])}
+        zero = [max(abs(r.lo), abs(r.hi)) < ZERO_BELOW for r in ranges]  # 0 within rounding: said, not drawn to 1
+        scales = {"head": [scale_json(s, z) for s, z in zip(head_scales([], scale_kind, ranges=ranges), zero,
+                                                             strict=True)],
+                  "shared": scale_json(head_scales([], scale_kind, shared_scale=True, ranges=ranges)[0], all(zero))}
         if scale_kind == "weights":  # heavy-tailed: the page offers plot's --log scale too
             scales["log_head"] = [scale_json(s) for s in head_scales([], "weights", log=True, ranges=ranges)]
             scales["log_shared"] = scale_json(head_scales([], "weights", shared_scale=True, log=True,

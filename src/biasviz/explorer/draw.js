@@ -297,6 +297,7 @@ function drawFocusBar(cv, scale, side, title, ends) {
     ctx.fillText(ends[1], 2, 28);
     ctx.fillText(ends[0], 2, side - 6);
   }
+  cv.dataset.ends = ends ? ends.join("|") : ""; // bottom|top, as drawn: for a reader of the page (and its tests)
 }
 
 const PROFILE_COLOURS = ["31,119,180", "255,127,14"];

@@ -177,7 +177,7 @@ async function drawFocus() {
     plot.querySelector(".fplot-label").textContent += blockNote(picked[k], region, cv.width);
   });
   const title = zoomed ? "zoomed region" : "whole head";
-  const ends = shown[0] === "D" ? ["B larger", "A larger"] : null;
+  const ends = shown[0] === "D" ? differenceEnds(scale) : null;
   drawFocusBar($("focus-cbar"), scale, side, title, ends);
   const profiles = shown.map((s) => profileOf(s, head));
   const room = $("focus").clientWidth - $("focus-wrap").offsetWidth - 24;
@@ -193,6 +193,17 @@ async function drawFocus() {
   }
   const [i0, i1, j0, j1] = region;
   $("focus-title").textContent = `Head ${head}: queries ${i0}-${i1 - 1}, keys ${j0}-${j1 - 1}`;
+}
+
+// What the ends of a difference's colour bar say, from the value at each: which file is larger there. Where
+// A - B keeps one sign, the other end is not "B larger" (or "A larger"): it is where they are equal, or unlabelled.
+function differenceEnds(scale) {
+  if (scale[3] === "zero") return ["A = B", ""]; // every value 0: the bar's 1 is room, not a value
+  const [lo, hi] = scale;
+  const said = (v) => (v > 0 ? "A larger" : v < 0 ? "B larger" : "A = B");
+  if (lo < 0 && hi > 0) return [said(lo), said(hi)];
+  if (lo >= 0) return [lo === 0 ? said(0) : "", said(hi)];
+  return [said(lo), hi === 0 ? said(0) : ""];
 }
 
 // A head's band and context mass (SPEC section 14), where its file holds them: means and SEs as Float32Arrays.

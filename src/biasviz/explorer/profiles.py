@@ -36,16 +36,19 @@ def profile_json(profiles: tuple[np.ndarray, ...], head: int) -> dict[str, Any]:
             "std": pack_bytes(np.asarray(std[head], "<f4").tobytes())}  # fmt: skip
 
 
-def scale_json(scale: tuple[Any, Any]) -> list[Any]:
-    """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale or ``"centred"`` for a diverging one
-    centred at 0 (each sign over its half, as :func:`biasviz.plotting.scales.colour_scale` decides)."""
+def scale_json(scale: tuple[Any, Any], zero: bool = False) -> list[Any]:
+    """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale, ``"centred"`` for a diverging one
+    centred at 0 (each sign over its half, as :func:`biasviz.plotting.scales.colour_scale` decides) or ``"zero"``
+    where every value is 0 within rounding (``zero``: the scale then runs 0 to 1 with nothing at 1)."""
     from matplotlib.colors import LogNorm, TwoSlopeNorm
 
     norm, cmap = scale
     out = [float(norm.vmin), float(norm.vmax), str(cmap.name)]
     if isinstance(norm, LogNorm):
         return [*out, "log"]
-    return [*out, "centred"] if isinstance(norm, TwoSlopeNorm) else out
+    if isinstance(norm, TwoSlopeNorm):
+        return [*out, "centred"]
+    return [*out, "zero"] if zero else out
 
 
 __all__ = ["distance_profile", "profile_json", "scale_json"]
