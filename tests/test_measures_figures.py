@@ -164,3 +164,22 @@ def test_notebook_plot_and_xarray_view_of_the_measures(tmp_path: Path) -> None:
         np.testing.assert_array_equal(ds[f"sink_keys_{field}"].values, sinks[field])
     for name in ("band_mass_se", "context_mass_se", "weights_entropy_se", "frequency_use_se"):
         assert name in ds
+
+
+def test_every_heads_line_and_band_lie_inside_the_shared_scale(tmp_path: Path) -> None:
+    """The per-head line figures (context U-curve, frequency use) share one y scale over heads: it reaches the top
+    of the highest head's line and band, whichever head that is (a scale set per panel froze at the first head's top
+    and cut off the lines of higher heads); and on a file's context figure, every drawn point lies inside."""
+    from biasviz.plotting.measures_plots import _per_head, context_figure
+
+    x = np.linspace(0.05, 0.95, 10)
+    mean = np.full((6, 10), 0.1)
+    mean[4, -1] = 0.4  # a later head reaches highest
+    se = np.full((6, 10), 0.01)
+    fig = _per_head(x, mean, se, "t", ylabel="y", xlabel="x", log_x=False, reference=0.1, style=None)
+    lo, hi = fig.axes[0].get_ylim()
+    assert lo == 0 and hi >= 0.4 + Z95 * 0.01
+    f = open_bias_file(_summary(tmp_path / "r.h5", "rope", samples=4))
+    panels = [a for a in context_figure(f, 1, scheme="rope").axes if a.get_visible()]
+    top = panels[0].get_ylim()[1]
+    assert top >= max(np.nanmax(line.get_ydata()) for ax in panels for line in ax.lines)

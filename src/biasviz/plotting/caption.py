@@ -68,7 +68,8 @@ def latex_escape(text: object) -> str:
     """
     raw = str(text)
     cut = raw[:MOST_CHARS] + ("..." if len(raw) > MOST_CHARS else "")
-    return "".join(_LATEX.get(c, " " if c.isspace() or not c.isprintable() else c) for c in cut)
+    return "".join(_LATEX.get(c, "~" if c == "\u00a0" else " " if c.isspace() or not c.isprintable() else c)
+                   for c in cut)
 
 
 def _file_text(bf: BiasFile, name: str) -> str | None:
@@ -150,7 +151,8 @@ class Caption:
         lines = [f"{self.what[:1].upper()}{self.what[1:]}, per head ({int(bf.n_heads)} heads).",
                  "; ".join(model) + ".", "; ".join(where) + "."]  # fmt: skip
         if self.details:
-            lines.append("; ".join(latex_escape(d) for d in self.details) + ".")
+            said = "; ".join(latex_escape(d) for d in self.details)
+            lines.append(said[:1].upper() + said[1:] + ".")
         if self.reading:
             lines.append(self.reading)
         return caption_text(lines, "plot")

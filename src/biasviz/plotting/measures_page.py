@@ -101,7 +101,7 @@ def _title(files: Sequence[BiasFile], train_len: int | None, cut: list[str]) -> 
                         seq_len=f"{f0.seq_len}{times}", which=samples_text(f0.n_samples),
                         details=["three heads per model, the same in its panels: the most local (most weight on "
                                  "distances 0-15), the median and the least local", "rotary pairs: q solid, k dashed",
-                                 "shaded: 95% interval of the mean over samples (± 1.96 SE)",
+                                 "shaded: 95% interval of the mean over samples (±1.96\u00a0SE)",
                                  f"{' and '.join(cut)}: weight by distance shown down to a millionth of its largest"
                                  if cut else None],
                         trained=notes.pop() if len(notes) == 1 else None)  # fmt: skip

@@ -65,7 +65,7 @@ def se_note(bf: BiasFile, layer: int, kind: str) -> str:
 def _band_note(bf: BiasFile, se: np.ndarray | None) -> str:
     if se is None:
         return f"no 95% band: a standard error needs 3 samples or more (the file holds {bf.n_samples})"
-    return "shaded: 95% interval of the mean over samples (± 1.96 SE)"
+    return "shaded: 95% interval of the mean over samples (±1.96\u00a0SE)"
 
 
 def bands_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE) -> Figure:
@@ -198,8 +198,11 @@ def _per_head(x: np.ndarray, mean: np.ndarray | Sequence[Series], se: np.ndarray
                 ax.set_xscale("log")
                 ax.set_yscale("log")
                 ax.yaxis.set_minor_formatter(NullFormatter())  # decades labelled, one format per axis
-            else:
-                ax.set_ylim(bottom=0)
+        if not log_x:  # from 0 to the top of every head's line and band, set once for the shared scale (set per
+            # panel, the first head's top froze it and cut off the higher heads' lines)
+            tops = [np.nanmax(s.mean + (0 if s.se is None else Z95 * np.nan_to_num(s.se))) for s in series]
+            top = max([t for t in tops if np.isfinite(t)] + [reference or 0.0])
+            axes[0].set_ylim(0, top * 1.05 if top > 0 else 1.0)
         fig.supxlabel(xlabel, fontsize=size)
         fig.supylabel(ylabel, fontsize=size)
     return fig
