@@ -309,9 +309,10 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                                               samples=n, seq_len=seq_len, block=block, device=dev,
                                               attended=attended)  # fmt: skip
                 if measures and n >= 3:  # its block map's SE (SPEC section 14)
-                    extra.jackknife = PositionalJackknife(q_sum, k_sum, bank.operands(layer), samples=n, block=block,
-                                                          scale=adapter.score_scale(layer), seq_len=seq_len,
-                                                          device=dev, attended=attended)  # fmt: skip
+                    extra.blocks["positional"] = PositionalJackknife(q_sum, k_sum, bank.operands(layer), samples=n,
+                                                                     block=block, scale=adapter.score_scale(layer),
+                                                                     seq_len=seq_len, device=dev,
+                                                                     attended=attended)  # fmt: skip
 
             def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
                 return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
@@ -322,8 +323,7 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                              formula=layer in formula)  # fmt: skip
             frequency = ({} if extra.measures is None
                          else {**rotary_measures(adapter, bank, layer, heads, attended, positional),
-                               **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks),
-                               **block_errors({"positional": extra.jackknife} if extra.jackknife else {})})  # fmt: skip
+                               **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks)})  # fmt: skip
             bank.drop(layer)
             positional = None if extra.positional is None else extra.positional.result()
             if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself

@@ -39,13 +39,16 @@ class Pending:
         for part in self._held():
             part.discard()
 
-    def _put(self, total: torch.Tensor, where: Any, amount: torch.Tensor) -> None:
+    def _target(self, total: torch.Tensor, where: Any) -> torch.Tensor:
+        """Where an addition to ``total[where]`` goes, to be added to in place: that part of the sum itself, or while
+        held, the one buffer that every addition to that place adds up in until :meth:`commit`."""
         if self._pending is None:
-            total[where] += amount
-            return
+            return total[where]
         key = (id(total), repr(where))
         held = self._pending.get(key)
         if held is None:
-            self._pending[key] = [total, where, amount.clone()]
-        else:
-            held[2] += amount
+            held = self._pending[key] = [total, where, torch.zeros_like(total[where])]
+        return held[2]
+
+    def _put(self, total: torch.Tensor, where: Any, amount: torch.Tensor) -> None:
+        self._target(total, where).add_(amount)

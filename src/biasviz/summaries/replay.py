@@ -57,8 +57,8 @@ class LayerExtras:
     sinks: torch.Tensor  # (N, H) float64: Σ_i w_a(i, 0), per sample
     measures: WeightMeasures | None = None  # SPEC section 14's measures of the weights
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
-    blocks: dict[str, SampleBlocks] = field(default_factory=dict)  # kind -> each sample's block means (the maps' SE)
-    jackknife: PositionalJackknife | None = None  # P's block means with each sample left out (their SE)
+    # kind -> each sample's block means (the maps' SE); "positional": P's with each sample left out (its jackknife)
+    blocks: dict[str, SampleBlocks] = field(default_factory=dict)
 
     def hold(self) -> None:
         for part in self._per_sample():
@@ -73,8 +73,7 @@ class LayerExtras:
             part.discard()
 
     def _per_sample(self) -> list:
-        return [*([] if self.measures is None else [self.measures]), *self.profiles.values(), *self.blocks.values(),
-                *([] if self.jackknife is None else [self.jackknife])]
+        return [*([] if self.measures is None else [self.measures]), *self.profiles.values(), *self.blocks.values()]
 
 
 def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool,
@@ -128,6 +127,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
     blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget)
     # each kind's finished chunk, and the summaries' temporaries: reused from block to block, given back with the layer
     scratch = {kind: Scratch() for kind in ("weights", "scores", "bias", "work")}
+    jackknife = extras.blocks.get("positional")  # P's: fed the samples' scores, bias and operands
+    assert jackknife is None or isinstance(jackknife, PositionalJackknife)
     for r0, r1 in blocks:
         varying = blocks.varying
         sums = {"weights": ShiftedSums(), "scores": ShiftedSums()}
@@ -157,8 +158,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                         extras.profiles[kind].add(a, r0, values)
                     if kind in extras.blocks:
                         pooled[kind] = extras.blocks[kind].add(a, r0, values)
-            if extras.jackknife is not None:
-                extras.jackknife.add_sample(a, r0, got.scores, got.bias if varying else None, pooled)
+            if jackknife is not None:
+                jackknife.add_sample(a, r0, got.scores, got.bias if varying else None, pooled)
             tick(1)
             check_interrupted()
         if agreement is not None and not varying and agreement.settle() > 0.0:  # the first difference
@@ -174,7 +175,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
         _finish(fed, extras, sums, None if varying or first is None else first[0].float(), r0, r1, heads, scratch)
         extras.sinks += sinks
         extras.commit()
-        for per_sample in (*extras.blocks.values(), *([] if extras.jackknife is None else [extras.jackknife])):
+        for per_sample in extras.blocks.values():
             per_sample.finish(r1)  # every sample's rows up to r1 have come
         blocks.done = r1
         del sums, first

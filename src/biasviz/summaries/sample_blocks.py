@@ -111,16 +111,7 @@ class SampleBlocks(Pending):
         nq = sums.shape[2]
         rows = slice(q0, q0 + nq)
         x = sums.div_(self.counts[:, rows])  # NaN where a block has no attended cell; the sums are the caller's
-        if self._pending is None:
-            target = self.sums[:, :, rows]
-        else:
-            key = (id(self.sums), repr(rows))
-            held = self._pending.get(key)
-            if held is None:
-                held = self._pending[key] = [self.sums, (slice(None), slice(None), rows),
-                                             torch.zeros(2, self.heads, nq, self.n_blocks, dtype=torch.float64,
-                                                         device=self.device)]  # fmt: skip
-            target = held[2]
+        target = self._target(self.sums, (slice(None), slice(None), rows))
         for one in x:  # a sample at a time: no (S, ...) square of it
             target[0] += one
             target[1].addcmul_(one, one)
