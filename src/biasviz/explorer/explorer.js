@@ -188,7 +188,7 @@ async function drawFocus() {
   const mcv = $("measures");
   mcv.hidden = !measures.some((m) => m);
   if (!mcv.hidden) {
-    [mcv.width, mcv.height] = [pcv.width, 230];
+    [mcv.width, mcv.height] = [Math.min(1000, $("focus").clientWidth), 240]; // its own row: two panels side by side
     drawMeasures(mcv, measures, shown.map(sourceName), head);
   }
   const [i0, i1, j0, j1] = region;

@@ -91,19 +91,19 @@ function drawMeasures(cv, sets, names, head) {
   const bottom = 44;
   const gap = 72;
   const left = 64;
-  const panel = (w - left - gap - 12) / 2;
+  const panel = (w - left - gap - 36) / 2; // room on the right for the last tick's label
   const mid = first.bins.map(([a, b]) => Math.log10((a + b) / 2 + 1));
   const most = Math.log10(first.bins[first.bins.length - 1][1] + 1);
   const decades = [];
   for (let p = 1; p <= 10 ** most + 1e-9; p *= 10) decades.push([Math.log10(p), String(p)]);
   measurePanel(ctx, [left, top, panel, h - top - bottom], sets.map((s) => s && s.band), mid, {
     xrange: [0, Math.max(most, 1)], xticks: decades, xlabel: "distance i - j + 1 (log)",
-    title: `Head ${head}: weight per distance (mean over queries)`,
+    title: `Head ${head}: weight per distance, mean over queries`,
   });
   const tenths = Array.from({ length: first.context.mean.length }, (_, k) => (k + 0.5) / first.context.mean.length);
   measurePanel(ctx, [left + panel + gap, top, panel, h - top - bottom], sets.map((s) => s && s.context), tenths, {
     xrange: [0, 1], xticks: [[0, "0 earliest"], [0.5, "0.5"], [1, "1 latest"]], reference: 1 / tenths.length,
-    xlabel: "place among the keys a query sees", title: "weight on each tenth of the keys seen (dotted: uniform)",
+    xlabel: "place among the keys a query sees", title: "Weight on each tenth of the keys seen (dotted: even)",
   });
   const banded = sets.some((s) => s && s.band.se);
   ctx.fillStyle = "#222";
