@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
+pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
 from tests.test_explore_browser import choose, console_errors, driver, open_page, redraw  # noqa: F401  (fixture)
 
 By = pytest.importorskip("selenium.webdriver.common.by").By

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from tests.test_explore import STEPS, SWEEP_T, write_sweep
+
+pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
 from tests.test_explore_browser import (  # noqa: F401  (driver: fixture)
     choose,
     console_errors,

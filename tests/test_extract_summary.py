@@ -159,3 +159,47 @@ def test_a_summary_on_the_gpu_equals_the_one_on_the_cpu(tmp_path: Path, scheme: 
             with h5py.File(tmp_path / name) as gpu:
                 for ds in ("layer_1/weights_mean", "layer_1/weights_std", "layer_1/bias_mean", "layer_1/bias_profile"):
                     np.testing.assert_allclose(gpu[ds][()], cpu[ds][()], rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.cuda
+def test_a_traced_rotary_summary_on_the_gpu_equals_the_one_on_the_cpu(tmp_path: Path) -> None:
+    """Every SPEC section 14 measure of a rotary transformers model (frequency use, P split by pair, their SEs) is
+    formed where the bank is: on CUDA the same numbers as on the CPU, nothing left on another device."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import biasviz
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    path = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                 attn_implementation="sdpa")).save_pretrained(path)  # fmt: skip
+    ids = np.random.default_rng(2).integers(0, 100, size=(4, 64))
+    for dev in ("cpu", "cuda"):
+        biasviz.extract(str(path), ids, tmp_path / f"{dev}.h5", layers=-1, device=dev, progress=False, summary=True,
+                        resolution=16)  # fmt: skip
+    with h5py.File(tmp_path / "cpu.h5") as cpu, h5py.File(tmp_path / "cuda.h5") as gpu:
+        names = sorted(n for n in cpu["layer_1"] if isinstance(cpu["layer_1"][n], h5py.Dataset))
+        assert {"frequency_use", "positional_frequency", "positional_frequency_se"} <= set(names)
+        assert names == sorted(n for n in gpu["layer_1"] if isinstance(gpu["layer_1"][n], h5py.Dataset))
+        for name in names:
+            want, got = cpu["layer_1"][name][()], gpu["layer_1"][name][()]
+            if want.dtype.names:  # sink_keys: (index, share) by rank
+                _same_ranking(got, want)
+                continue
+            scale = float(np.nanmax(np.abs(want))) if np.isfinite(want).any() else 0.0
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5 * max(scale, 1.0), equal_nan=True,
+                                       err_msg=name)  # fmt: skip
+
+
+def _same_ranking(got: np.ndarray, want: np.ndarray) -> None:
+    """Sink keys by rank: the same shares, and the same keys wherever a share stands clear of its neighbours (two
+    keys whose shares differ by rounding may trade places between two devices)."""
+    np.testing.assert_allclose(got["share"], want["share"], rtol=1e-3, atol=1e-6)
+    share = want["share"]
+    gap = np.abs(np.diff(share, axis=-1)) > 1e-4
+    clear = np.ones(share.shape, bool)
+    clear[..., 1:] &= gap
+    clear[..., :-1] &= gap
+    np.testing.assert_array_equal(got["index"][clear], want["index"][clear])

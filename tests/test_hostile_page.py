@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
 from tests.test_explore_browser import console_errors, driver, hover, open_page  # noqa: F401  (driver: fixture)
 
 By = pytest.importorskip("selenium.webdriver.common.by").By

@@ -43,7 +43,8 @@ class PairCorrelations:
     """Per head: each sample's sums over cells at each distance of q_a·K, Q·k_a and q_a·k_a by dim, reduced to
     pairs; enough for P by pair and distance and every delete-one P."""
 
-    def __init__(self, layout: RotaryLayout, head_dim: int, seq_len: int, causal: bool) -> None:
+    def __init__(self, layout: RotaryLayout, head_dim: int, seq_len: int, causal: bool,
+                 device: torch.device | None = None) -> None:
         self.layout, self.seq_len, self.causal = layout, seq_len, causal
         a, b = layout.pair_dims()
         group = torch.full((head_dim,), -1, dtype=torch.long)
@@ -54,6 +55,7 @@ class PairCorrelations:
         self.group, self.pairs = group, len(a) + int(rest)
         self.onehot = torch.zeros(self.pairs, head_dim, dtype=torch.float64)
         self.onehot[group, torch.arange(head_dim)] = 1.0
+        self.onehot = self.onehot.to(device)  # where q and k are: the transforms and sums stay there
 
     def by_distance(self, x_hat: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
         """(T + 1, dims) transforms of x and y -> (pairs, T): Σ over cells at distance |i - j| of x(i)·y(j) by
@@ -74,6 +76,14 @@ def jackknife(theta: torch.Tensor) -> torch.Tensor:
     """Delete-one estimates (N, ...) -> the jackknife SE √((N − 1)/N · Σ_a (θ_(−a) − mean θ_(−a))²)."""
     n = theta.shape[0]
     return torch.sqrt((n - 1) / n * (theta - theta.mean(0)).square().sum(0))
+
+
+def bin_matrix(seq_len: int) -> torch.Tensor:
+    """(bins, T) float64: 1 where distance d falls in bin b of :func:`~biasviz.store.datasets.distance_bins`."""
+    by_bin = torch.zeros(len(distance_bins(seq_len)), seq_len, dtype=torch.float64)
+    for b, (lo, hi) in enumerate(distance_bins(seq_len).tolist()):
+        by_bin[b, lo : hi + 1] = 1.0
+    return by_bin
 
 
 def _per_bin(sums: torch.Tensor, by_bin: torch.Tensor, bin_cells: torch.Tensor) -> torch.Tensor:
@@ -100,10 +110,12 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
         return tuple(bank.get(layer, name, a, 0, t).view(t, heads, -1) for name in ("q", "k"))  # type: ignore
 
     q, k = operands(0)
-    corr = PairCorrelations(layout, q.shape[-1], t, causal)
-    sum_q = torch.zeros(t, heads, q.shape[-1], dtype=torch.float64)
+    dev = q.device  # the bank's (a GPU's): every sum and transform is formed there, only results come back
+    f64 = {"dtype": torch.float64, "device": dev}
+    corr = PairCorrelations(layout, q.shape[-1], t, causal, dev)
+    sum_q = torch.zeros(t, heads, q.shape[-1], **f64)
     sum_k = torch.zeros_like(sum_q)
-    same = torch.zeros(heads, corr.pairs, t, dtype=torch.float64)  # G by pair and distance
+    same = torch.zeros(heads, corr.pairs, t, **f64)  # G by pair and distance
     for a in range(n):
         q, k = (q, k) if a == 0 else operands(a)
         if use is not None:
@@ -115,16 +127,14 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     fq, fk = corr.transform(sum_q), corr.transform(sum_k)  # (T + 1, H, hd)
     cross = torch.stack([corr.by_distance(fq[:, h], fk[:, h]) for h in range(heads)])
     p = scale * (cross - same) / (n * (n - 1))  # (H, pairs, T): P - b̄ summed over each distance's cells
-    by_bin = torch.zeros(len(distance_bins(t)), t, dtype=torch.float64)  # which distances each bin sums
-    for b, (lo, hi) in enumerate(distance_bins(t).tolist()):
-        by_bin[b, lo : hi + 1] = 1.0
-    n_cells = cells.expand(heads, -1)  # (H, T)
+    by_bin = bin_matrix(t).to(dev)  # which distances each bin sums
+    n_cells = cells.to(dev).expand(heads, -1)  # (H, T)
     bin_cells = n_cells @ by_bin.T  # (H, bins)
-    got = {"positional_frequency": _per_bin(p, by_bin, bin_cells[:, None]).float().numpy()}
+    got = {"positional_frequency": _per_bin(p, by_bin, bin_cells[:, None]).float().cpu().numpy()}
     if n < MIN_SE_SAMPLES:
         return got
-    left_bins = torch.zeros(n, heads, corr.pairs, len(by_bin), dtype=torch.float64)
-    left_profile = torch.zeros(n, heads, t, dtype=torch.float64)
+    left_bins = torch.zeros(n, heads, corr.pairs, len(by_bin), **f64)
+    left_profile = torch.zeros(n, heads, t, **f64)
     for a in range(n):  # Q - q_a, K - k_a: cross loses q_a·K and Q·k_a and regains q_a·k_a; G loses q_a·k_a
         q, k = operands(a)
         for h in range(heads):
@@ -134,8 +144,8 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
             left = scale * (cross_a - (same[h] - own)) / ((n - 1) * (n - 2))  # (pairs, T)
             left_bins[a, h] = _per_bin(left, by_bin, bin_cells[h])
             left_profile[a, h] = torch.where(n_cells[h] > 0, left.sum(0) / n_cells[h].clamp(min=1), float("nan"))
-    got["positional_frequency_se"] = jackknife(left_bins).float().numpy()
-    got["positional_profile_se"] = jackknife(left_profile).float().numpy()
+    got["positional_frequency_se"] = jackknife(left_bins).float().cpu().numpy()
+    got["positional_profile_se"] = jackknife(left_profile).float().cpu().numpy()
     return got
 
 
@@ -169,10 +179,8 @@ def add_pair_sum_residual(measures: dict[str, Any], p_by_distance: torch.Tensor,
     t = p_by_distance.shape[-1]
     cells = cells_by_distance(t, True, attended)
     assert cells is not None, "positional_frequency is stored only where the mask is a rule of distance"
-    p = torch.as_tensor(p_by_distance, dtype=torch.float64).nan_to_num()
-    by_bin = torch.zeros(len(distance_bins(t)), t, dtype=torch.float64)
-    for b, (lo, hi) in enumerate(distance_bins(t).tolist()):
-        by_bin[b, lo : hi + 1] = 1.0
+    p = torch.as_tensor(p_by_distance).to("cpu", torch.float64).nan_to_num()  # P's profile may be on a GPU
+    by_bin = bin_matrix(t)
     bin_cells = by_bin @ cells.T  # (bins, 1 or H)
     mean = ((p * cells) @ by_bin.T) / bin_cells.T.clamp(min=1)  # (H, bins)
     summed = torch.as_tensor(split, dtype=torch.float64).sum(1)
