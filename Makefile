@@ -153,7 +153,7 @@ $(FIGURES)/positional.pdf: $(foreach s,$(POSITIONAL),$(DATA)/$(s)-pos-short.h5 $
 	$(BIN)/python -m biasviz.plotting.positional_compare $^ --out $(FIGURES)/positional --note "$(POS_NOTE)"
 
 $(FIGURES)/position_measures.pdf: $(foreach s,$(MEASURES),$(DATA)/$(s)-pos-long.h5)
-	$(BIN)/python -m biasviz.plotting.measures_page $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/position_measures
+	$(BIN)/python -m biasviz.plotting.measures_page $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/position_measures --caption
 
 # one self-contained, interactive page per scheme (README, "Explorer")
 $(FIGURES)/%_explore.html: $(DATA)/%.h5

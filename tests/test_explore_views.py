@@ -258,3 +258,79 @@ def test_weights_never_scale_or_band_below_zero(driver: object, pages: dict[str,
                 .replace(".", "", 1).isdigit()] for texts in labels]  # fmt: skip
     assert min(numbers[0]) >= 0, labels[0]  # the weights' value axis starts at 0
     assert min(numbers[1]) < 0, repr(labels[1])  # the same numbers as a bias: the band goes below 0
+
+
+BAR_TEXT = """window.barText = [];  // what the enlarged head's colour bar writes: text and its ink box (canvas pixels)
+if (!window.barHooked) {
+  window.barHooked = true;
+  const fill = CanvasRenderingContext2D.prototype.fillText;
+  CanvasRenderingContext2D.prototype.fillText = function (text, x, y, ...rest) {
+    if (this.canvas.id === 'focus-cbar') {
+      const m = this.measureText(text);
+      window.barText.push([String(text), x - m.actualBoundingBoxLeft, y - m.actualBoundingBoxAscent,
+                           x + m.actualBoundingBoxRight, y + m.actualBoundingBoxDescent]);
+    }
+    return fill.call(this, text, x, y, ...rest);
+  };
+}"""
+
+RAMP = """const cv = document.getElementById('focus-cbar');  // the ramp: the longest run of opaque rows at x = 12
+const d = cv.getContext('2d').getImageData(12, 0, 1, cv.height).data;
+let best = [0, 0], start = null;
+for (let y = 0; y <= cv.height; y++) {
+  const solid = y < cv.height && d[4 * y + 3] === 255;
+  if (solid && start === null) start = y;
+  if (!solid && start !== null) { if (y - start > best[1] - best[0]) best = [start, y]; start = null; }
+}
+return [best, cv.width, cv.height];"""
+
+
+def _read_focus_bar(drv: object, head: int) -> tuple[str, list[list], tuple[int, int], tuple[int, int]]:
+    """Enlarge ``head``: the bar's data-limits, the texts it drew with their boxes, its ramp rows and its size."""
+    drv.execute_script(BAR_TEXT)
+    redraw(drv, drv.find_element(By.CSS_SELECTOR, f'#grid canvas[data-head="{head}"]').click)
+    limits = drv.find_element(By.ID, "focus-cbar").get_attribute("data-limits")
+    (top, bottom), width, height = drv.execute_script(RAMP)
+    return limits, drv.execute_script("return window.barText"), (top, bottom), (width, height)
+
+
+def _text(v: float) -> str:
+    return "0" if v == 0 else format(v, ".4g")  # Python's '.4g', no "-0" (as the page writes numbers)
+
+
+def test_the_enlarged_heads_colour_bar_prints_its_limits_at_its_ends(driver: object, tmp_path: Path,  # noqa: F811
+                                                                     make_bias_file: Callable[..., Path]) -> None:
+    """Both ends of the enlarged head's bar carry the values there, in the page's one format ('.4g'): the maximum
+    above the ramp's top, the minimum below its foot, apart from every other text the bar draws, for a
+    sequential scale (a CABLE-like bias, <= 0) and a diverging one (A - B of two such files, both signs)."""
+    a = make_bias_file(tmp_path / "a.h5", "cable", n=2, t=64, seed=1)
+    b = make_bias_file(tmp_path / "b.h5", "cable", n=2, t=64, seed=2)
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        ba, bb = fa["layer_3/bias"][0].astype(np.float64), fb["layer_3/bias"][0].astype(np.float64)
+    for args, source, head, data, diverging in (((a,), "A", 5, ba, False), ((a, b), "D", 7, ba - bb, True)):
+        page = biasviz.explore(*args).save(tmp_path / f"{source}.html")
+        open_page(driver, page)
+        if source == "D":
+            choose(driver, "source", "D")
+        lo, hi = np.nanmin(data[head - 1]), np.nanmax(data[head - 1])
+        assert (lo < 0 < hi) == diverging, (lo, hi)
+        grid = driver.execute_script(f"const b = document.querySelector('#grid .panel[data-panel=\"{head}\"] .cbar');"
+                                     " return [b.querySelector('.lo').textContent,"
+                                     " b.querySelector('.hi').textContent]")  # fmt: skip
+        limits, texts, (top, bottom), (width, height) = _read_focus_bar(driver, head)
+        assert limits.split("|") == grid, (limits, grid)  # the same limits as the head's bar in the grid
+        low, high = limits.split("|")
+        assert float(low) == pytest.approx(lo, rel=1e-3) and float(high) == pytest.approx(hi, rel=1e-3, abs=1e-6)
+        assert low == _text(float(low)) and high == _text(float(high)) and "-0" not in (low, high)
+        assert bottom - top > 100, (top, bottom)
+        boxes = {t: box for t, *box in texts}
+        assert low in boxes and high in boxes, (limits, texts)
+        assert boxes[high][3] <= top and boxes[high][1] >= 0, (boxes[high], top)  # above the ramp's top
+        assert boxes[low][1] >= bottom and boxes[low][3] <= height, (boxes[low], bottom, height)  # below its foot
+        assert all(box[0] >= 0 and box[2] <= width for box in boxes.values()), (texts, width)
+        touching = [(p, q) for k, p in enumerate(texts) for q in texts[k + 1 :]
+                    if min(p[3], q[3]) - max(p[1], q[1]) > 0 and min(p[4], q[4]) - max(p[2], q[2]) > 0]  # fmt: skip
+        assert not touching and len(texts) >= 4, (touching, texts)
+        if diverging:
+            assert driver.find_element(By.ID, "focus-cbar").get_attribute("data-ends") == "B larger|A larger"
+    assert console_errors(driver) == []

@@ -38,7 +38,7 @@ def made_by_make() -> set[str]:
     for s in POSITIONAL:
         paths |= {f"runs/{s}", f"data/{s}-pos-short.h5", f"data/{s}-pos-long.h5"}
     paths |= {"figures/positional.pdf", "figures/positional.png", "figures/position_measures.pdf",
-              "figures/position_measures.png"}
+              "figures/position_measures.png", "figures/position_measures.tex"}
     return paths | {"figures/diagnostics.pdf", "figures/diagnostics.png"}
 
 
@@ -120,6 +120,7 @@ def test_the_manifest_rebuilds_a_replaced_figure_set(tmp_path: Path) -> None:
     ("figures/long_context.png", "figures/long_context.pdf"), ("figures/t5_profile.png", "figures/diagnostics.pdf"),
     ("figures/diagnostics.json", "figures/diagnostics.pdf"),
     ("figures/position_measures.png", "figures/position_measures.pdf"),
+    ("figures/position_measures.tex", "figures/position_measures.pdf"),
     ("figures/cable_explore.html", "figures/cable_explore.html"),
 ])  # fmt: skip
 def test_every_file_maps_to_the_make_target_that_writes_it(name: str, target: str) -> None:

@@ -55,7 +55,7 @@ def test_each_panel_draws_the_stored_values_of_the_heads_it_names(files: list[Pa
         texts = [t for t, _, _ in check_print(fig, style)]
         title = fig.get_suptitle().replace("\n", " ")
         assert "T = 48 (3× the training length)" in title and "mean of 5 samples" in title, title
-        assert "tiny model, 300 training steps" in title and "most local" in title
+        assert "tiny model, 300 training steps" in title and "most local" in fig.biasviz_caption
         panels = fig.axes
         narrow = style == "icml-column"
         for k, bf in enumerate(opened):
@@ -101,3 +101,40 @@ def test_files_of_other_lengths_are_one_error(files: list[Path], tmp_path: Path,
     assert not list(tmp_path.glob("page*"))
     assert main([*map(str, files), "--out", str(tmp_path / "page"), "--width", "3.25"]) == 0
     assert (tmp_path / "page.pdf").stat().st_size > 0 and (tmp_path / "page.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("style", ["neurips", "icml"])
+def test_the_title_is_two_lines_at_a_pages_width_and_the_caption_says_the_rest(files: list[Path], style: str,
+                                                                               tmp_path: Path) -> None:  # fmt: skip
+    """The title says what, where and on what in at most two lines (as drawn: its height no more than two lines of
+    its size take); how to read the panels, the heads, the bands and where an axis stops are in the caption, which
+    ``--caption`` writes beside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    opened = [open_bias_file(p) for p in files]
+    try:
+        fig = measures_page(opened, train_len=16, style=style)
+    finally:
+        for f in opened:
+            f.close()
+    (title,) = [t for t in fig.texts if t.get_text() == fig.get_suptitle()]
+    assert title.get_text().count("\n") <= 1, title.get_text()
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    box = title.get_window_extent(canvas.get_renderer())
+    three = fig.text(0, 0, "Tg\nTg\nTg", fontproperties=title.get_fontproperties())  # the same default spacing
+    below = three.get_window_extent(canvas.get_renderer()).height
+    three.remove()
+    assert box.height < below - 0.5 * title.get_fontsize() * fig.dpi / 72, (box.height, below)  # under three lines
+    assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1  # inside the page's width
+    text = title.get_text().replace("\n", " ")
+    assert all(word in text for word in ("final", "T = 48", "mean of 5 samples", "tiny model")), text
+    caption = fig.biasviz_caption
+    assert caption.startswith("% written by biasviz") and "\\caption{" in caption
+    for said in ("most local", "median", "least local", "$q$ (solid) and $k$ (dashed)", r"95\% interval",
+                 "RoPE: scheme \\texttt{rope}", "ALiBi: scheme \\texttt{alibi}", "300 training steps"):
+        assert said in caption, (said, caption)
+    assert main([*map(str, files), "--out", str(tmp_path / "page"), "--train-len", "16", "--style", style, "--caption",
+                 "--format", "png"]) == 0  # fmt: skip
+    assert (tmp_path / "page.tex").read_text() == caption
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["page.png", "page.tex"]

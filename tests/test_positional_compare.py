@@ -53,3 +53,28 @@ def test_each_map_is_on_the_heatmaps_colour_scale_with_labelled_bars_in_one_form
     assert len(decimals) == 1, labels  # one number format: never "−1.3k" beside "0.56"
     assert not any("-" in t or t.endswith("k") for t in labels)  # the minus sign, never a hyphen
     assert all(len(b.get_xticks()) >= 2 for b in bars)  # both ends labelled
+
+
+def test_at_a_pages_width_every_bars_end_labels_stay_apart_and_inside_the_figure(pair: tuple[Path, Path]) -> None:
+    """Seven models at 5.5 in (make figures' positional.pdf): each bar's two end labels are drawn, inside the
+    figure, inside their own column (left one from the bar's left end, right one up to its right end) and apart
+    from every other text of the figure; no text below 6 pt (FIGURES.md items 5 and 6)."""
+    from tests.test_figure_layout import check_print
+
+    fig = compare_figure([pair] * 7, style="neurips")
+    check_print(fig, "neurips")  # drawn: no two texts overlap, none below 6 pt
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 14
+    page = fig.bbox
+    for bar in bars:
+        labels = [t for t in bar.get_xticklabels() if t.get_text()]
+        assert len(labels) == 2, [t.get_text() for t in labels]  # both ends labelled
+        lo, hi = (t.get_window_extent() for t in labels)
+        ramp = bar.get_window_extent()
+        for box in (lo, hi):
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, box
+        assert lo.x0 >= ramp.x0 - 1 and hi.x1 <= ramp.x1 + 1, (lo, hi, ramp)  # within the bar's own column
+        apart = lo.x1 < hi.x0 or lo.y0 >= hi.y1 or hi.y0 >= lo.y1
+        assert apart, (labels[0].get_text(), labels[1].get_text(), lo, hi)
+    others = [ax for ax in bars if ax is not bars[0]]
+    assert all(not bars[0].get_window_extent().overlaps(ax.get_window_extent()) for ax in others)

@@ -42,6 +42,7 @@ def make_figures_outputs() -> set[str]:
     figures = [f"{s}_{k}" for s in schemes for k in ("bias", "weights", "profile")]
     figures += [f"{s}_dynamics" for s in dynamics] + ["diagnostics", "long_context", "positional", "position_measures"]
     out |= {f"figures/{f}.{ext}" for f in figures for ext in ("pdf", "png")}
+    out |= {"figures/position_measures.tex"}  # its caption (measures_page --caption)
     return out | {f"figures/{s}_explore.html" for s in schemes} | {"figures/diagnostics.json"}
 
 

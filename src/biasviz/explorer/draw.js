@@ -268,11 +268,14 @@ function drawAxes(xcv, ycv, region, side, token) {
   y.restore();
 }
 
-// The enlarged head's colour bar: the ramp, ticks at round values, and what the ends mean.
+// The enlarged head's colour bar: the ramp, the values at its two ends (above its top, below its foot, in the
+// page's one format, as the grid's bars print theirs), ticks at round values between them, and, for a
+// difference, what the ends mean. A tick whose label would reach an end's label keeps its mark, not its text.
+const END_GAP = 16; // pixels from a ramp end to the baseline of the value printed beyond it
 function drawFocusBar(cv, scale, side, title, ends) {
   const ctx = prepare(cv, 96, side);
-  const top = ends ? 36 : 22;
-  const bottom = side - (ends ? 22 : 8);
+  const top = ends ? 52 : 36;
+  const bottom = side - (ends ? 40 : 24);
   const lut = LUTS[scale[2]];
   for (let y = top; y < bottom; y++) {
     const k = Math.min(255, Math.floor(((bottom - y) / (bottom - top)) * 256)) * 3;
@@ -283,20 +286,24 @@ function drawFocusBar(cv, scale, side, title, ends) {
   const [lo, hi] = scale;
   const log = scale[3] === "log";
   const frac = normaliser(scale);
+  const limits = [fmt4(lo), scale[3] === "zero" ? "every value 0" : fmt4(hi)]; // all 0: the bar's 1 is room
   ctx.fillStyle = "#222";
   ctx.textBaseline = "middle";
   const ticks = log ? logTicks(lo, hi) : niceTicks(lo, hi, Math.max(2, Math.floor(side / 80)));
   for (const v of ticks) {
     const y = bottom - frac(v) * (bottom - top);
     ctx.fillRect(20, y, 4, 1);
-    ctx.fillText(fmt4(v), 27, y);
+    if (y >= top + 5 && y <= bottom - 5) ctx.fillText(fmt4(v), 27, y); // clear of the ends' values
   }
   ctx.textBaseline = "alphabetic";
   ctx.fillText(title, 2, 12);
+  ctx.fillText(limits[1], 2, top - 6);
+  ctx.fillText(limits[0], 2, bottom + END_GAP);
   if (ends) { // what the two ends mean (a difference: which file is larger)
     ctx.fillText(ends[1], 2, 28);
     ctx.fillText(ends[0], 2, side - 6);
   }
+  cv.dataset.limits = limits.join("|"); // bottom|top, as drawn
   cv.dataset.ends = ends ? ends.join("|") : ""; // bottom|top, as drawn: for a reader of the page (and its tests)
 }
 

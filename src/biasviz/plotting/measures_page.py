@@ -6,7 +6,8 @@ per file (one column per file at a column's width): which rotary frequencies its
 where in the context it lands (the U-curve of Liu et al. 2024 and Hsieh et al. 2024), each with its 95 % band over
 samples. Twelve heads with bands in one panel cannot be read, so each model shows three of its final layer's heads,
 chosen from its band mass and the same in its three panels: the most local head (the largest weight on distances
-0-15), the least local one, and the median between them; the title says so.
+0-15), the least local one, and the median between them. The title says what, where and on what in a line or two;
+how to read the panels, which heads and what the bands are is in the caption (``--caption`` writes OUT.tex).
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
 
+from biasviz.common.atomic import replacing_together
 from biasviz.common.errors import BiasvizError
+from biasviz.plotting.caption import caption_text, latex_escape, model_clauses, write_caption
 from biasviz.plotting.diagnostics_plots import PALETTE
 from biasviz.plotting.long_context import DISPLAY_NAMES, PLAIN
 from biasviz.plotting.measures_plots import Z95, need_measure
 from biasviz.plotting.save import parse_formats, save_figure
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
-from biasviz.plotting.titles import figure_title, samples_text, trained_text
+from biasviz.plotting.titles import figure_title, layer_text, samples_text, trained_text
 from biasviz.store import open_bias_file
 from biasviz.store.datasets import DIRECT_DISTANCES, SEGMENTS
 from biasviz.store.reader import BiasFile
@@ -57,7 +60,8 @@ def chosen_heads(band_mass: np.ndarray, bins: np.ndarray) -> list[int]:
 
 
 def measures_page(files: Sequence[BiasFile], *, train_len: int | None = None, style: str = DEFAULT_STYLE) -> Figure:
-    """A row per file (a column at a column's width) of [frequency use, band mass, context mass] of three heads."""
+    """A row per file (a column at a column's width) of [frequency use, band mass, context mass] of three heads; a
+    short title, and the details in its LaTeX caption, ``fig.biasviz_caption`` (:func:`caption`)."""
     lengths = {(bf.seq_len, bf.n_samples) for bf in files}
     if len(lengths) > 1:
         raise BiasvizError("the files hold different lengths or sample counts "
@@ -73,38 +77,66 @@ def measures_page(files: Sequence[BiasFile], *, train_len: int | None = None, st
             layer = need_measure(bf, -1, "band_mass", "the weight by distance (band_mass)")
             axes = grid[:, k] if narrow else grid[k, :]
             heads = chosen_heads(bf.summary_array("band_mass", layer)[0], bf.summary.distance_bins())
-            name = DISPLAY_NAMES.get(bf.scheme, "RoPE" if bf.scheme == "rope" else literal(bf.scheme))
+            name = _name(bf)  # plain text: drawn through literal(), written to the caption through latex_escape()
             _frequency(axes[0], bf, layer, heads, size["tick"])
             if _bands(axes[1], bf, layer, heads):
                 cut.append(name)
             _context(axes[2], bf, layer, heads)
             for m, (ax, what) in enumerate(zip(axes, TITLES, strict=True)):
                 if not narrow:  # a row per model: each panel names both
-                    ax.set_title(f"{name}: {what}", fontsize=size["base"])
+                    ax.set_title(f"{literal(name)}: {what}", fontsize=size["base"])
                 elif m == 0:  # a column per model: its name on top, the measures on the y axes
-                    ax.set_title(name, fontsize=size["base"], fontweight="bold")
+                    ax.set_title(literal(name), fontsize=size["base"], fontweight="bold")
                 if narrow and k > 0:
                     ax.set_ylabel("")
                 ax.tick_params(labelsize=size["tick"])
             handles = [ax_line for ax_line in axes[2].lines if not str(ax_line.get_label()).startswith("_")]
             axes[2].legend(handles=handles, fontsize=size["tick"], loc="best", frameon=False, handlelength=1.2,
                            borderaxespad=0.2, labelspacing=0.25)  # fmt: skip
-        fig.suptitle(wrap_title(_title(files, train_len, cut), width, size["base"]), fontsize=size["base"])
+        fig.suptitle(wrap_title(_title(files, train_len), width, size["base"]), fontsize=size["base"])
+    fig.biasviz_caption = caption(files, train_len, cut)  # type: ignore[attr-defined]  # (as biasviz.plot's figures)
     return fig
 
 
-def _title(files: Sequence[BiasFile], train_len: int | None, cut: list[str]) -> str:
+def _title(files: Sequence[BiasFile], train_len: int | None) -> str:
+    """What the page shows, where and on what: one or two lines at a page's width (the rest is its caption)."""
     f0 = files[0]
     times = f" ({f0.seq_len / train_len:g}× the training length)" if train_len else ""
     notes = {trained_text(bf) for bf in files}
     return figure_title("Position as papers measure it", layer=f0.resolve_layer(-1), n_layers=f0.n_layers,
                         seq_len=f"{f0.seq_len}{times}", which=samples_text(f0.n_samples),
-                        details=["three heads per model, the same in its panels: the most local (most weight on "
-                                 "distances 0-15), the median and the least local", "rotary pairs: q solid, k dashed",
-                                 "shaded: 95% interval of the mean over samples (±1.96\u00a0SE)",
-                                 f"{' and '.join(cut)}: weight by distance shown down to a millionth of its largest"
-                                 if cut else None],
                         trained=notes.pop() if len(notes) == 1 else None)  # fmt: skip
+
+
+#: The caption's reading of the page, in biasviz's own words (LaTeX).
+READING = (r"Per model: the mean 2-norm of each rotary pair $f$ of $q$ (solid) and $k$ (dashed), $f = 0$ turning "
+           r"fastest; the attention weight per distance $d = i - j$ (each bin's weight over its width), on log-log "
+           r"axes; the weight on each tenth of the keys a query sees, earliest first (dotted: a uniform head's 0.1).",
+           r"Three heads per model, the same in its three panels: the most local (the most weight on distances 0 to "
+           r"15), the median and the least local.",
+           r"Shaded: the 95\% interval of the mean over samples ($\pm 1.96$ standard errors).")  # fmt: skip
+
+
+def caption(files: Sequence[BiasFile], train_len: int | None, cut: Sequence[str]) -> str:
+    """The page's LaTeX caption (``--caption``): the details its short title leaves out, and each model as its file
+    records it (values from the files escaped)."""
+    f0 = files[0]
+    times = f" (${f0.seq_len / train_len:g}\\times$ the training length)" if train_len else ""
+    where = f"{latex_escape(layer_text(f0.resolve_layer(-1), f0.n_layers).capitalize())}; $T = {int(f0.seq_len)}$"
+    lines = [f"Position as papers measure it: rotary frequency use, weight by distance (band mass) and weight by "
+             f"place in the context. {where}{times}; {latex_escape(samples_text(f0.n_samples))}.", *READING]
+    for bf in files:
+        said = "; ".join(model_clauses(bf, bf.scheme))  # 'Scheme \texttt{rope}; model ...; tiny model, ...'
+        lines.append(f"{latex_escape(_name(bf))}: {said[:1].lower()}{said[1:]}.")
+    if cut:
+        lines.append(f"{latex_escape(' and '.join(cut))}: weight by distance drawn down to a millionth of its "
+                     "largest (the axis stops there; the smallest weights are far below).")  # fmt: skip
+    return caption_text(lines, "plotting.measures_page")
+
+
+def _name(bf: BiasFile) -> str:
+    """The model's name as papers write it ('RoPE', 'ALiBi'), else its scheme as the file holds it."""
+    return DISPLAY_NAMES.get(bf.scheme, "RoPE" if bf.scheme == "rope" else str(bf.scheme))
 
 
 def _line(ax: Axes, x: np.ndarray, mean: np.ndarray, se: np.ndarray | None, colour: str, label: str | None,
@@ -195,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--format", default="pdf,png")
     p.add_argument("--style", default=DEFAULT_STYLE)
     p.add_argument("--width", default=None, help="column, page or a width in inches (as plot --width)")
+    p.add_argument("--caption", action="store_true",
+                   help="also write OUT.tex: a LaTeX \\caption{...} with what the short title leaves out")
     args = p.parse_args(argv)
     files: list[BiasFile] = []
     try:
@@ -204,7 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = {"title": "Position as papers measure it: rotary frequency use, band mass, context mass",
                 "source": " ".join(map(str, args.files)),
                 "keywords": "biasviz; frequency_use; band_mass; context_mass; standard errors"}  # fmt: skip
-        written = save_figure(fig, args.out, parse_formats(args.format), style=style, info=info)
+        with replacing_together(args.files) as staged:  # the figures and caption replaced together, or not at all
+            written = save_figure(fig, args.out, parse_formats(args.format), style=style, info=info, staged=staged)
+            if args.caption:
+                written.append(write_caption(args.out, fig.biasviz_caption, staged))
     except BiasvizError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colorbar import Colorbar
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from biasviz.common.errors import BiasvizError
@@ -40,25 +40,59 @@ def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
 
 #: What every map's colour bar shows (its quantity, in logits), on lines that fit a seventh of a page.
 BAR_LABEL = "P(i, j) − P(0)\n(logits)"
+#: Models side by side below 4 in (a column): more would leave maps a third of an inch wide and labels below 6 pt;
+#: the rest go in further blocks below.
+NARROW_COLUMNS = 4
 
 
-def _map(fig: Figure, ax: Axes, m: np.ndarray, t: int, block: int, size: float, first: bool) -> Colorbar:
+def _map(fig: Figure | SubFigure, ax: Axes, m: np.ndarray, t: int, block: int, size: float, first: bool,
+         positions: bool) -> Colorbar:  # fmt: skip
     """One head's P map on :func:`colour_scale` (the heatmaps' one decision, from every cell the file holds: block
-    means where it holds blocks, and the bar says so), with its labelled colour bar below."""
+    means where it holds blocks, and the bar says so), with its labelled colour bar below. ``positions``: the
+    query positions written on the left (the first map of a row, or one whose length differs from the first's)."""
     norm, cmap = colour_scale(ValueRange.of(m, percentile=False), "positional")
     image = ax.imshow(m, cmap=cmap, norm=norm, extent=(0, t, t, 0), interpolation="nearest")
     image.set_rasterized(True)
     ax.set_xticks([0, t])
     ax.set_yticks([0, t])
-    ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
+    for label, align in zip(ax.get_xticklabels(), ("left", "right"), strict=True):
+        label.set_horizontalalignment(align)  # inside the map's width: "2048" reaches no neighbour
+    ax.tick_params(labelsize=size * 0.8, length=2, pad=1, labelleft=positions)
     ax.set_xlabel("key j", fontsize=size * 0.8, labelpad=0)
     if first:  # the row's length, and block means where the file holds no finer maps
         blocks = f"\n{block} × {block} block means" if block > 1 else ""
         ax.set_ylabel(f"T = {t}{blocks}\nquery i", fontsize=size * 0.85)
     bar = fig.colorbar(image, ax=ax, location="bottom", shrink=0.95, aspect=10, pad=0.02)
-    bar.set_label(BAR_LABEL, fontsize=size * 0.7, labelpad=1)
-    bar.ax.tick_params(labelsize=size * 0.7, length=2, pad=1)
+    small = max(6.0, size * 0.7)  # never below 6 pt in print (FIGURES.md item 6)
+    bar.set_label(BAR_LABEL, fontsize=small, labelpad=1)
+    bar.ax.tick_params(labelsize=small, length=2, pad=1)
     return bar
+
+
+def _end_labels(fig: Figure, bars: list[Colorbar], size: float) -> float:
+    """Each bar's two end labels inside its ends: the minimum from the left end rightwards, the maximum from the
+    right end leftwards, so that none reaches a neighbouring column. Where some bar is too short to hold both on
+    one line with a gap of half an em (a seventh of a 5.5 in page gives a bar about 40 points), every bar's
+    maximum goes one line lower: the figure keeps one layout, and the labels never meet. Returns the inches each
+    row of maps needs for that line (0: none)."""
+    ends = []
+    for cb in bars:
+        ticks = cb.ax.xaxis.get_major_ticks(len(cb.get_ticks()))
+        if len(ticks) < 2:
+            continue
+        ticks[0].label1.set_horizontalalignment("left")
+        ticks[-1].label1.set_horizontalalignment("right")
+        ends.append((ticks[0], ticks[-1]))
+    if not ends:
+        return 0.0
+    fig.draw_without_rendering()  # the layout: where each bar and label is
+    gap = 0.5 * size * fig.dpi / 72
+    if not any(lo.label1.get_window_extent().x1 + gap > hi.label1.get_window_extent().x0 for lo, hi in ends):
+        return 0.0
+    step = 1.2 * ends[0][1].label1.get_fontsize()
+    for _, hi in ends:
+        hi.set_pad(hi.get_pad() + step)
+    return step / 72
 
 
 def _profile_decimals(axes: list[Axes]) -> int:
@@ -79,46 +113,96 @@ def _title(first: tuple[Path, Path], columns: list, note: str) -> str:
                         which=samples_text(n), details=[note or None])  # fmt: skip
 
 
+def _sizes(width: float, per_row: int, size: float, title: str, xlabel: str) -> tuple[float, list[float]]:
+    """The figure's height beyond its parts and the heights of the parts (each block's maps, then its profiles),
+    in inches, from the side a map gets across ``width``: the layout keeps the maps square without shrinking them
+    to fit a height. Room for one line of bar labels; :func:`_end_labels` adds a line where they are staggered."""
+    line = size / 72
+    side = (width - 7 * line - (per_row - 1) * 0.1) / per_row  # the first column's labels: about 7 lines
+    # titles; per row: the map and its bar's share of the cell, then ticks, "key j", the bar's ends and label (a
+    # first guess: compare_figure makes the rows as tall as the laid-out maps are wide)
+    maps = 2.4 * line + 2 * (1.15 * side + 6 * line)
+    profiles = 0.75 * side + 2.5 * line
+    return (title.count("\n") + 1) * 1.3 * line + (xlabel.count("\n") + 1) * 1.2 * line + 0.15, [maps, profiles]
+
+
 def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE, note: str = "") -> Figure:
+    """One column per model (its most positional head at both lengths, every head's P(d) below), in blocks of
+    :data:`NARROW_COLUMNS` at a column's width; profiles in figures of their own, so that their value labels take
+    no width from the maps above them."""
     columns = [(_read(short), _read(long)) for short, long in pairs]
     with paper_context(style) as width:
         width = width or 6.75
         size = font_sizes(width)["base"]
-        cols = len(columns)
-        panel = width / cols
-        title = _title(pairs[0], columns, note)
-        wrapped = wrap_title(title, width, size)
-        fig = Figure(figsize=(width, 3 * panel + 1.3 + 0.15 * wrapped.count("\n")), layout="constrained")
-        axes = fig.subplots(3, cols, squeeze=False)
-        bars = []
-        for c, (short, long) in enumerate(columns):
-            scheme, t_long, n, map_long, prof_long, _ = long
-            head = int(np.nanargmax(np.nanmax(prof_long, -1) - np.nanmin(prof_long, -1)))  # the widest P(d)
-            for r, (t, m, block) in enumerate(((short[1], short[3], short[5]), (t_long, map_long, long[5]))):
-                bars.append(_map(fig, axes[r, c], m[head], t, block, size, first=c == 0))
-            axes[0, c].set_title(f"{literal(scheme)}\nhead {head + 1}", fontsize=size)
-            ax = axes[2, c]
-            d = np.arange(1, t_long)
-            for h in range(prof_long.shape[0]):
-                ax.plot(d, prof_long[h, 1:], lw=1.2 if h == head else 0.5, color="C3" if h == head else "0.55",
-                        zorder=3 if h == head else 2)  # fmt: skip
-            ax.set_xscale("log")
-            ax.yaxis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 5, 10]))
-            ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
-            if c == 0:
-                ax.set_ylabel("P(d) − P(0), logits", fontsize=size * 0.85)
-        profiles = list(axes[2])
+        per_row = len(columns) if width >= 4.0 else min(len(columns), NARROW_COLUMNS)
+        starts = range(0, len(columns), per_row)
+        wrapped = wrap_title(_title(pairs[0], columns, note), width, size)
+        where = "below the maps" if len(starts) == 1 else "below each block's maps"
+        xlabel = wrap_title(f"{where}: P(d) − P(0) by distance d = i − j, every head at T = {columns[0][1][1]} "
+                            "(the mapped head in red)", width, size * 0.9)  # fmt: skip
+        extra, (maps_h, profiles_h) = _sizes(width, per_row, size, wrapped, xlabel)
+        heights = [maps_h, profiles_h] * len(starts)
+        fig = Figure(figsize=(width, extra + sum(heights)), layout="constrained")
+        grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
+        parts = [fig.add_subfigure(grid[k]) for k in range(len(heights))]
+        bars, profiles = [], []
+        for k, start in enumerate(starts):
+            maps = parts[2 * k].subplots(2, per_row, squeeze=False)
+            below = parts[2 * k + 1].subplots(1, per_row, squeeze=False)[0]
+            for c in range(per_row):
+                if start + c >= len(columns):  # the last block's empty places keep the columns of those above
+                    for ax in (maps[0, c], maps[1, c], below[c]):
+                        ax.remove()
+                    continue
+                short, long = columns[start + c]
+                head = _draw_column(parts[2 * k], maps[:, c], below[c], short, long, size, c == 0,
+                                    [columns[start][0][1], columns[start][1][1]], bars)  # fmt: skip
+                maps[0, c].set_title(f"{literal(long[0])}\nhead {head + 1}", fontsize=size)
+                profiles.append(below[c])
         # a seventh of a page holds two labels: the ends alone (0 is the diverging map's white), one format throughout
         decimals = format_colorbars(bars, nbins=-1, at_least=_profile_decimals(profiles))
         for ax in profiles:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v, decimals)))
-        xlabel = (
-            f"bottom: P(d) − P(0) by distance d = i − j, every head at "
-            f"T = {columns[0][1][1]} (the mapped head in red)"
-        )
-        fig.supxlabel(wrap_title(xlabel, width, size * 0.9), fontsize=size * 0.9)
+        fig.supxlabel(xlabel, fontsize=size * 0.9)
         fig.suptitle(wrapped, fontsize=size)
+        maps_h += 2 * _end_labels(fig, bars, size)  # staggered ends: a line more under each row of maps
+        for _ in range(4):  # each row of maps as tall as its maps are wide: none shrunk to fit, no wide blank band
+            fig.set_figheight(extra + (maps_h + profiles_h) * len(starts))
+            grid.set_height_ratios([maps_h, profiles_h] * len(starts))
+            slack = _slack(parts[0].axes[0])
+            if -0.01 <= slack <= 0.05:
+                break
+            maps_h -= 2 * (slack - 0.02) / 1.6  # a cell grows by about 1.6 times what its row is given
     return fig
+
+
+def _slack(ax: Axes) -> float:
+    """Inches by which the laid-out cell of map ``ax`` is taller (> 0) or shorter (< 0) than it is wide: a taller
+    cell leaves a blank band, a shorter one shrinks its square map below the column's width."""
+    root = ax.get_figure(root=True)
+    root.draw_without_rendering()
+    cell = ax.get_position(original=True).transformed(ax.get_figure(root=False).transSubfigure)
+    return (cell.height - cell.width) / root.dpi
+
+
+def _draw_column(fig: SubFigure, maps: np.ndarray, ax: Axes, short: tuple, long: tuple, size: float, first: bool,
+                 lengths: list[int], bars: list[Colorbar]) -> int:  # fmt: skip
+    """One model: its widest head's P map at both lengths (bars added to ``bars``) and every head's P(d) at the long
+    length on ``ax``, the mapped head in red. Returns the head drawn (0-based)."""
+    t_long, prof_long = long[1], long[4]
+    head = int(np.nanargmax(np.nanmax(prof_long, -1) - np.nanmin(prof_long, -1)))  # the widest P(d)
+    for r, (t, m, block) in enumerate(((short[1], short[3], short[5]), (t_long, long[3], long[5]))):
+        bars.append(_map(fig, maps[r], m[head], t, block, size, first, positions=first or t != lengths[r]))
+    d = np.arange(1, t_long)
+    for h in range(prof_long.shape[0]):
+        ax.plot(d, prof_long[h, 1:], lw=1.2 if h == head else 0.5, color="C3" if h == head else "0.55",
+                zorder=3 if h == head else 2)  # fmt: skip
+    ax.set_xscale("log")
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 5, 10]))
+    ax.tick_params(labelsize=size * 0.8, length=2, pad=1)
+    if first:
+        ax.set_ylabel("P(d) − P(0), logits", fontsize=size * 0.85)
+    return head
 
 
 def main(argv: list[str] | None = None) -> int:
