@@ -33,13 +33,15 @@ class FrequencyUse:
         self.per_sample[first : first + len(norms)] = norms
 
     def _norms(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.double()
+        """Each pair's norm at every position in float32 (a norm rounds to 1e-7 of itself), averaged in float64: a
+        float64 copy of q and k cost as much as the rest of the measure."""
+        x = x.float()
         a, b = (d.to(x.device) for d in self.layout.pair_dims())
         pairs = torch.sqrt(x[..., a].square() + x[..., b].square())  # (B, H, T, pairs)
         rest = x[..., self.layout.rotary_dims :]
         if rest.shape[-1]:
             pairs = torch.cat([pairs, rest.square().sum(-1, keepdim=True).sqrt()], dim=-1)
-        return pairs.mean(-2)
+        return pairs.mean(-2, dtype=torch.float64)
 
     def result(self) -> dict[str, Any]:
         """``frequency_use`` (2: q, k; H; pairs [+ unrotated]), with 3 samples or more its SE, and the attributes

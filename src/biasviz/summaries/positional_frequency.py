@@ -60,12 +60,21 @@ class PairCorrelations:
     def by_distance(self, x_hat: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
         """(T + 1, dims) transforms of x and y -> (pairs, T): Σ over cells at distance |i - j| of x(i)·y(j) by
         pair."""
+        return self.lags(self.pair_spectrum(x_hat * y_hat.conj()))
+
+    def pair_spectrum(self, spectrum: torch.Tensor) -> torch.Tensor:
+        """(T + 1, dims) products of transforms -> (T + 1, pairs): each pair's dims summed before the inverse
+        transform (it is linear), so that one inverse per pair is made, not one per dim."""
+        return spectrum @ self.onehot.T.to(spectrum.dtype)
+
+    def lags(self, pair_spectrum: torch.Tensor) -> torch.Tensor:
+        """(T + 1, pairs) -> (pairs, T): the sums by distance d = |i - j| (causal: i - j = d only)."""
         t = self.seq_len
-        lags = torch.fft.irfft(x_hat * y_hat.conj(), n=2 * t, dim=0)  # (2T, dims): lag m = i - j (mod 2T)
+        lags = torch.fft.irfft(pair_spectrum, n=2 * t, dim=0)  # (2T, pairs): lag m = i - j (mod 2T)
         total = lags[:t].clone()  # i - j = d >= 0
         if not self.causal:
             total[1:] += lags[t + 1 :].flip(0)  # j - i = e > 0 at 2T - e
-        return self.onehot @ total.T  # (pairs, dims) x (dims, T): each pair's dims summed
+        return total.T
 
     def transform(self, x: torch.Tensor) -> torch.Tensor:
         """(T, ...) positions first -> its zero-padded transform (T + 1, ...), for :meth:`by_distance`."""
@@ -115,7 +124,8 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     corr = PairCorrelations(layout, q.shape[-1], t, causal, dev)
     sum_q = torch.zeros(t, heads, q.shape[-1], **f64)
     sum_k = torch.zeros_like(sum_q)
-    same = torch.zeros(heads, corr.pairs, t, **f64)  # G by pair and distance
+    # G's transform by pair, summed over the samples: one inverse transform per head at the end, not per sample
+    same_hat = torch.zeros(heads, t + 1, corr.pairs, dtype=torch.complex128, device=dev)
     for a in range(n):
         q, k = (q, k) if a == 0 else operands(a)
         if use is not None:
@@ -123,7 +133,9 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
         sum_q += q
         sum_k += k
         for h in range(heads):
-            same[h] += corr.by_distance(corr.transform(q[:, h]), corr.transform(k[:, h]))
+            same_hat[h] += corr.pair_spectrum(corr.transform(q[:, h]) * corr.transform(k[:, h]).conj())
+    same = torch.stack([corr.lags(same_hat[h]) for h in range(heads)])  # (H, pairs, T): G by pair and distance
+    del same_hat
     fq, fk = corr.transform(sum_q), corr.transform(sum_k)  # (T + 1, H, hd)
     cross = torch.stack([corr.by_distance(fq[:, h], fk[:, h]) for h in range(heads)])
     p = scale * (cross - same) / (n * (n - 1))  # (H, pairs, T): P - b̄ summed over each distance's cells
@@ -139,9 +151,9 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
         q, k = operands(a)
         for h in range(heads):
             qa, ka = corr.transform(q[:, h]), corr.transform(k[:, h])
-            own = corr.by_distance(qa, ka)
-            cross_a = cross[h] - corr.by_distance(qa, fk[:, h]) - corr.by_distance(fq[:, h], ka) + own
-            left = scale * (cross_a - (same[h] - own)) / ((n - 1) * (n - 2))  # (pairs, T)
+            # cross - same less (q_a·K + Q·k_a - 2 q_a·k_a): one inverse transform of the three products together
+            lost = corr.lags(corr.pair_spectrum(qa * fk[:, h].conj() + fq[:, h] * ka.conj() - 2 * qa * ka.conj()))
+            left = scale * (cross[h] - same[h] - lost) / ((n - 1) * (n - 2))  # (pairs, T)
             left_bins[a, h] = _per_bin(left, by_bin, bin_cells[h])
             left_profile[a, h] = torch.where(n_cells[h] > 0, left.sum(0) / n_cells[h].clamp(min=1), float("nan"))
     got["positional_frequency_se"] = jackknife(left_bins).float().cpu().numpy()

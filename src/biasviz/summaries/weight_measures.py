@@ -43,8 +43,25 @@ def _prefix(cums: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 KEY_CHUNK = 32  # keys summed together in float32 before the float64 prefix (see prefix_sums)
 
 
-def prefix_sums(values: torch.Tensor, index: torch.Tensor, chunk: int = KEY_CHUNK) -> torch.Tensor:
-    """Σ over keys j < index of ``values`` (B, H, rows, K), float64; ``index`` (1 or H, rows, n) in 0 .. K.
+@dataclass
+class PrefixIndex:
+    """Where :func:`prefix_sums` reads, for indices (1 or H, rows, n) into K keys: worked out once per block of rows
+    (the same for every sample)."""
+
+    run: torch.Tensor  # (1 or H, rows, n): the run of ``chunk`` keys each index falls in
+    cells: torch.Tensor  # (1 or H, rows, n * chunk): that run's keys, clamped to K - 1
+    inside: torch.Tensor  # (1 or H, rows, n, chunk): the run's keys before the index
+    chunk: int
+
+    @classmethod
+    def of(cls, index: torch.Tensor, keys: int, chunk: int = KEY_CHUNK) -> PrefixIndex:
+        run = torch.div(index, chunk, rounding_mode="floor")
+        at = (run * chunk)[..., None] + torch.arange(chunk, device=index.device)
+        return cls(run=run, cells=at.clamp(max=keys - 1).flatten(-2), inside=at < index[..., None], chunk=chunk)
+
+
+def prefix_sums(values: torch.Tensor, where: PrefixIndex) -> torch.Tensor:
+    """Σ over keys j < index of ``values`` (B, H, rows, K) for each index of ``where``: (B, H, rows, n) float64.
 
     A float64 cumulative sum of every cell (a fresh 8-byte page per cell) cost 8x the softmax that made the weights
     (GPT-2-small shape, 16 rows of 8208 keys, one thread: 10.4 ms against 1.2; this: 1.2 ms). Here each cell is read
@@ -54,20 +71,15 @@ def prefix_sums(values: torch.Tensor, index: torch.Tensor, chunk: int = KEY_CHUN
     (rows, K).
 
     >>> w = torch.arange(1.0, 8.0).view(1, 1, 1, 7)
-    >>> prefix_sums(w, torch.tensor([[[0, 1, 3, 7]]]), chunk=2).tolist()
+    >>> prefix_sums(w, PrefixIndex.of(torch.tensor([[[0, 1, 3, 7]]]), 7, chunk=2)).tolist()
     [[[[0.0, 1.0, 6.0, 28.0]]]]
     """
-    keys = values.shape[-1]
-    runs = _group_sums(values, -1, 0, chunk)  # (B, H, rows, ceil(K / chunk)), in the values' precision
+    lead = values.shape[:-2]
+    runs = _group_sums(values, -1, 0, where.chunk)  # (B, H, rows, ceil(K / chunk)), in the values' precision
     before = torch.nn.functional.pad(runs.cumsum(-1, dtype=torch.float64), (1, 0))  # Σ of the runs before run c
-    idx = index.expand(*values.shape[:-2], *index.shape[-2:])
-    run = torch.div(idx, chunk, rounding_mode="floor")
-    start = run * chunk
-    offsets = torch.arange(chunk, device=values.device)
-    at = start[..., None] + offsets  # (B, H, rows, n, chunk): the keys of each index's run
-    inside = at < idx[..., None]
-    cells = values.gather(-1, at.clamp(max=keys - 1).flatten(-2)).view(at.shape)
-    partial = torch.where(inside, cells, 0.0).sum(-1, dtype=torch.float64)
+    run = where.run.expand(*lead, *where.run.shape[-2:])
+    cells = values.gather(-1, where.cells.expand(*lead, *where.cells.shape[-2:])).view(*run.shape, where.chunk)
+    partial = torch.where(where.inside, cells, 0.0).sum(-1, dtype=torch.float64)
     return before.gather(-1, run.clamp(max=before.shape[-1] - 1)) + partial
 
 
@@ -77,7 +89,7 @@ class _Plan:
 
     key: tuple[int, int, int]  # (r0, rows, keys)
     ranges: list[tuple[torch.Tensor, torch.Tensor]]  # per distance bin, key ranges [a, b) by row
-    bounds: torch.Tensor  # (1 or H, rows, S + 1): the first key of each tenth, then K
+    bounds: PrefixIndex  # (1 or H, rows, S + 1): the first key of each tenth, then K
     qualifies: torch.Tensor  # (1 or H, rows): the query sees 10 keys or more
     looks: torch.Tensor  # (1 or H, rows): the query sees a key
     q0: int
@@ -163,9 +175,9 @@ class WeightMeasures(Pending):
             need = -(-(s[None, None, :] * seen[..., None]) // SEGMENTS)  # the first rank of each segment
             bounds = torch.searchsorted(mask_cums, (need + 1).contiguous())  # the key of that rank
         q0 = r0 // self.block
-        plan = _Plan(key=key, ranges=ranges, bounds=bounds, qualifies=(seen >= SEGMENTS).double(),
-                     looks=(seen > 0).double(), q0=q0, q1=(r1 - 1) // self.block + 1, qblock=i // self.block - q0,
-                     mask_cums=mask_cums)  # fmt: skip
+        plan = _Plan(key=key, ranges=ranges, bounds=PrefixIndex.of(bounds, keys),
+                     qualifies=(seen >= SEGMENTS).double(), looks=(seen > 0).double(), q0=q0,
+                     q1=(r1 - 1) // self.block + 1, qblock=i // self.block - q0, mask_cums=mask_cums)  # fmt: skip
         self._planned = plan
         return plan
 
