@@ -106,9 +106,10 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     """``positional_frequency`` (H, pairs, bins), its SE and ``positional_profile_se`` (H, T) from every sample's q
     and k in the bank; {} without a rotary layout, two samples, or a mask that is a rule of distance.
 
-    Two passes over the samples, one at a time, so that memory does not grow with N: the first sums q, k and
-    G's correlations (and feeds ``use``, the pairs' norms, from the same reads); the second, with the sums'
-    transforms, forms each delete-one P and keeps only its bins and its profile."""
+    One pass over the samples, one at a time, so that memory does not grow with N: the sums of q and k over the
+    samples come first (their transforms give Q·K by distance); each sample's transforms then give its share of
+    G (q_a·k_a) and what leaving it out takes away (q_a·K + Q·k_a − 2 q_a·k_a), kept only by bin and summed over
+    the pairs by distance; the pairs' norms (``use``) come from the same reads."""
     n = bank.samples
     t = bank.seq_len(layer, "q")
     cells = cells_by_distance(t, causal, attended)
@@ -118,47 +119,46 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     def operands(a: int) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(bank.get(layer, name, a, 0, t).view(t, heads, -1) for name in ("q", "k"))  # type: ignore
 
-    q, k = operands(0)
-    dev = q.device  # the bank's (a GPU's): every sum and transform is formed there, only results come back
+    sum_q, sum_k = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))  # (T, H, hd) float64
+    dev = sum_q.device  # the bank's (a GPU's): every sum and transform is formed there, only results come back
     f64 = {"dtype": torch.float64, "device": dev}
-    corr = PairCorrelations(layout, q.shape[-1], t, causal, dev)
-    sum_q = torch.zeros(t, heads, q.shape[-1], **f64)
-    sum_k = torch.zeros_like(sum_q)
-    # G's transform by pair, summed over the samples: one inverse transform per head at the end, not per sample
-    same_hat = torch.zeros(heads, t + 1, corr.pairs, dtype=torch.complex128, device=dev)
-    for a in range(n):
-        q, k = (q, k) if a == 0 else operands(a)
-        if use is not None:
-            use.add(a, q.permute(1, 0, 2)[None], k.permute(1, 0, 2)[None])
-        sum_q += q
-        sum_k += k
-        for h in range(heads):
-            same_hat[h] += corr.pair_spectrum(corr.transform(q[:, h]) * corr.transform(k[:, h]).conj())
-    same = torch.stack([corr.lags(same_hat[h]) for h in range(heads)])  # (H, pairs, T): G by pair and distance
-    del same_hat
+    corr = PairCorrelations(layout, sum_q.shape[-1], t, causal, dev)
     fq, fk = corr.transform(sum_q), corr.transform(sum_k)  # (T + 1, H, hd)
-    cross = torch.stack([corr.by_distance(fq[:, h], fk[:, h]) for h in range(heads)])
-    p = scale * (cross - same) / (n * (n - 1))  # (H, pairs, T): P - b̄ summed over each distance's cells
+    del sum_q, sum_k
+    cross = torch.stack([corr.by_distance(fq[:, h], fk[:, h]) for h in range(heads)])  # (H, pairs, T)
     by_bin = bin_matrix(t).to(dev)  # which distances each bin sums
     n_cells = cells.to(dev).expand(heads, -1)  # (H, T)
     bin_cells = n_cells @ by_bin.T  # (H, bins)
-    got = {"positional_frequency": _per_bin(p, by_bin, bin_cells[:, None]).float().cpu().numpy()}
-    if n < MIN_SE_SAMPLES:
-        return got
-    left_bins = torch.zeros(n, heads, corr.pairs, len(by_bin), **f64)
-    left_profile = torch.zeros(n, heads, t, **f64)
-    for a in range(n):  # Q - q_a, K - k_a: cross loses q_a·K and Q·k_a and regains q_a·k_a; G loses q_a·k_a
+    errors = n >= MIN_SE_SAMPLES
+    # G's transform by pair, summed over the samples: one inverse transform per head at the end, not per sample
+    same_hat = torch.zeros(heads, t + 1, corr.pairs, dtype=torch.complex128, device=dev)
+    lost_bins = torch.zeros(n if errors else 0, heads, corr.pairs, len(by_bin), **f64)  # by bin, summed
+    lost_profile = torch.zeros(n if errors else 0, heads, t, **f64)  # by distance, the pairs summed
+    for a in range(n):
         q, k = operands(a)
+        if use is not None:
+            use.add(a, q.permute(1, 0, 2)[None], k.permute(1, 0, 2)[None])
         for h in range(heads):
             qa, ka = corr.transform(q[:, h]), corr.transform(k[:, h])
-            # cross - same less (q_a·K + Q·k_a - 2 q_a·k_a): one inverse transform of the three products together
-            lost = corr.lags(corr.pair_spectrum(qa * fk[:, h].conj() + fq[:, h] * ka.conj() - 2 * qa * ka.conj()))
-            left = scale * (cross[h] - same[h] - lost) / ((n - 1) * (n - 2))  # (pairs, T)
-            left_bins[a, h] = _per_bin(left, by_bin, bin_cells[h])
-            left_profile[a, h] = torch.where(n_cells[h] > 0, left.sum(0) / n_cells[h].clamp(min=1), float("nan"))
-    got["positional_frequency_se"] = jackknife(left_bins).float().cpu().numpy()
-    got["positional_profile_se"] = jackknife(left_profile).float().cpu().numpy()
-    return got
+            own = qa * ka.conj()
+            same_hat[h] += corr.pair_spectrum(own)
+            if errors:  # Q - q_a, K - k_a: the cross loses q_a·K + Q·k_a - q_a·k_a, G loses q_a·k_a
+                lost = corr.lags(corr.pair_spectrum(qa * fk[:, h].conj() + fq[:, h] * ka.conj() - 2 * own))
+                lost_bins[a, h] = lost @ by_bin.T
+                lost_profile[a, h] = lost.sum(0)
+    same = torch.stack([corr.lags(same_hat[h]) for h in range(heads)])  # (H, pairs, T): G by pair and distance
+    del same_hat, fq, fk
+    kept = cross - same  # (H, pairs, T): N(N - 1)(P - b̄) / c, summed over each distance's cells
+    got = {"positional_frequency": _per_bin(scale * kept / (n * (n - 1)), by_bin, bin_cells[:, None])}
+    if errors:
+        denom = scale / ((n - 1) * (n - 2))
+        left_bins = (kept @ by_bin.T - lost_bins) * denom  # (N, H, pairs, bins): each delete-one P, summed by bin
+        left_bins = torch.where(bin_cells[:, None] > 0, left_bins / bin_cells[:, None].clamp(min=1), float("nan"))
+        left_profile = (kept.sum(1) - lost_profile) * denom  # (N, H, T)
+        left_profile = torch.where(n_cells > 0, left_profile / n_cells.clamp(min=1), float("nan"))
+        got["positional_frequency_se"] = jackknife(left_bins)
+        got["positional_profile_se"] = jackknife(left_profile)
+    return {name: x.float().cpu().numpy() for name, x in got.items()}
 
 
 def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: Attended | None,
