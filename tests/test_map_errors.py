@@ -58,3 +58,25 @@ def test_map_errors_of_a_replayed_model(tmp_path: Path, scheme: str) -> None:
                 continue
             np.testing.assert_allclose(f.summary_array(f"{kind}_mean_se", 1), map_se(values, mask, b), rtol=2e-4,
                                        atol=2e-6, equal_nan=True, err_msg=f"{kind}, block {b}")  # fmt: skip
+
+
+def test_p_jackknife_equal_whether_key_blocks_are_kept_or_summed_again(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past KEY_BLOCKS_BYTES every sample's key-block sums are formed again for each block of rows instead of kept:
+    the same jackknife either way, against the one from scratch."""
+    from biasviz.summaries import positional_blocks
+
+    model = small_model("rope")
+    ids = _windows(n=4)
+    t = ids.shape[1]
+    r = _reference(model, ids, tmp_path, layer=1)
+    mask = np.tril(np.ones((1, t, t), bool))
+    got, kept = {}, positional_blocks.KEY_BLOCKS_BYTES
+    for limit in (kept, 0):
+        monkeypatch.setattr(positional_blocks, "KEY_BLOCKS_BYTES", limit)
+        out = tmp_path / f"s{limit}.h5"
+        biasviz.extract(model, ids, out, layers=[1], summary=True, resolution=t // 3, device="cpu", progress=False)
+        got[limit] = open_bias_file(out).summary_array("positional_mean_se", 1)
+        b = open_bias_file(out).block
+    np.testing.assert_allclose(got[0], jackknife_p(r, mask, b), rtol=1e-3, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(got[0], got[kept], rtol=1e-6, equal_nan=True)

@@ -26,6 +26,7 @@ from biasviz.summaries.attended import Attended
 from biasviz.summaries.maps import _group_sums
 from biasviz.summaries.sample_blocks import Pooled, SampleBlocks
 
+KEY_BLOCKS_BYTES = 1 << 26  # every sample's key-block sums kept up to this size (PositionalJackknife._key_blocks)
 Operands = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (a, r0, r1) -> q_a rows, k_a keys
 
 
@@ -64,8 +65,10 @@ class PositionalJackknife(SampleBlocks):
             self.k_within = _within_blocks(self.k, 0, block)  # (H, T, d)
         # each sample's sums of k over whole key blocks, filled as its rows come: summed again for every block of rows
         # they cost half of this accumulator's time (16 rows of 4096 keys, GPT-2-small shape: 0.5 of 1.0 ms a call).
-        # (N, H, nb, d) float32: 1/block of the bank's own k
+        # (N, H, nb, d) float32, kept up to KEY_BLOCKS_BYTES (3 MiB a sample at R = 1024 with 12 heads of 64): past
+        # that, summed again each time, so that memory stops growing with N
         self.ka_blocks = torch.zeros(0)
+        self.keep_key_blocks = samples * heads * self.n_blocks * q_sum.shape[-1] * 4 <= KEY_BLOCKS_BYTES
         self.ka_done = [0] * samples  # whole key blocks summed so far, per sample
 
     def add_sample(self, a: int, r0: int, scores: torch.Tensor, bias: torch.Tensor | None,
@@ -106,6 +109,8 @@ class PositionalJackknife(SampleBlocks):
 
     def _key_blocks(self, a: int, keys: torch.Tensor, last: int) -> torch.Tensor:
         """Sample a's sums of k (H, last, d) over key blocks 0 .. last - 1; ``keys`` (>= last·block, H, d)."""
+        if not self.keep_key_blocks:
+            return _group_sums(keys[: last * self.block], -3, 0, self.block).transpose(0, 1)
         if not self.ka_blocks.numel():
             self.ka_blocks = torch.zeros(self.samples, self.heads, self.n_blocks, keys.shape[-1], device=self.device)
         done, b = self.ka_done[a], self.block
