@@ -495,7 +495,8 @@ class Part:
 
 
 def parts() -> dict[str, Part]:
-    """The parts in the order they run (the cheap and most telling first); the GPU limits sum to 440 s (sized by the run of 2026-11-27)."""
+    """The parts in the order they run (the cheap and most telling first); the GPU limits sum to 440 s (sized by
+    the run of 2026-11-27)."""
     table: dict[str, Part] = {"cuda_tests": Part(part_cuda_tests, 50, 60, cuda_only=True)}
     for seq_len, limit in zip(GPU.ours_lengths, (75, 90, 60), strict=True):
         table[f"ours-{seq_len}"] = Part(lambda dry, t=seq_len: part_ours(t if not dry else _dry_len(t), dry),
