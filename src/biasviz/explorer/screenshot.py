@@ -50,8 +50,14 @@ def screenshot(page: Path, out: Path, *, head: int = 5, cell: tuple[float, float
         drv.get(Path(page).resolve().as_uri())
         _wait(drv, 0)
         for select_id, value in (select or {}).items():
+            control = Select(drv.find_element(By.ID, select_id))
+            offered = [option.get_attribute("value") for option in control.options]
+            if value not in offered:
+                raise BiasvizError(f"--select {select_id}={value}: the page offers {', '.join(offered)}")
+            if control.first_selected_option.get_attribute("value") == value:
+                continue  # already shown: choosing it again draws nothing, so nothing is awaited
             n = _drawn(drv)
-            Select(drv.find_element(By.ID, select_id)).select_by_value(value)
+            control.select_by_value(value)
             _wait(drv, n)
         if enlarge is None:
             canvas = drv.find_element(By.CSS_SELECTOR, f'#grid canvas[data-head="{head}"]')
