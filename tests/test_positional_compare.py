@@ -34,6 +34,7 @@ def test_each_map_is_on_the_heatmaps_colour_scale_with_labelled_bars_in_one_form
     fig = compare_figure([pair])
     maps = [ax for ax in fig.axes if ax.get_images() and ax.get_label() != "<colorbar>"]
     assert len(maps) == 2
+    assert maps[0].get_title().split("\n")[0] == "ALiBi"  # as the long-context and measures figures write it
     for ax, path in zip(maps, pair, strict=True):
         image = ax.get_images()[0]
         with h5py.File(path) as f:

@@ -32,7 +32,13 @@ from biasviz.store.reader import BiasFile
 
 HEAD_CMAP = "viridis"
 DISPLAY_NAMES = {"alibi": "ALiBi", "kerple-log": "KERPLE-log", "kerple-power": "KERPLE-power", "fire": "FIRE",
-                 "t5": "T5", "cable": "CABLE", "fox": "FoX"}  # fmt: skip
+                 "t5": "T5", "cable": "CABLE", "fox": "FoX", "rope": "RoPE", "nope": "NoPE"}  # fmt: skip
+
+
+def display_name(scheme: str) -> str:
+    """A scheme as papers write it ('ALiBi', 'RoPE'), the same in every figure; another model's scheme as the file
+    holds it. Plain text: drawn through :func:`literal`, written to a caption through ``latex_escape``."""
+    return DISPLAY_NAMES.get(scheme, str(scheme))
 #: Below this width (inches: a paper's column) each file's profiles go below its two maps, not beside them.
 NARROW = 4.0
 #: Plain integers on the log distance axis (1, 10, 100, ...): the figure's one tick format, as on the maps' axes.
@@ -72,7 +78,7 @@ def _row(sub: SubFigure, bf: BiasFile, layer: int, train_len: int | None, note: 
     maps = bf.summary_map("bias_mean", bf.resolve_layer(layer))  # (H, nb, nb)
     mean, _ = bf.profile("bias", bf.resolve_layer(layer))  # (H, T)
     heads = maps.shape[0]
-    name = DISPLAY_NAMES.get(bf.scheme, literal(bf.scheme))
+    name = literal(display_name(bf.scheme))
     size = font_sizes(sub.get_figure(root=True).get_figwidth())
     sub.suptitle(f"{name} ({note})" if note else name, fontsize=size["base"], fontweight="bold")
     if sub.get_figure(root=True).get_figwidth() < NARROW:

@@ -26,7 +26,7 @@ from biasviz.common.atomic import replacing_together
 from biasviz.common.errors import BiasvizError
 from biasviz.plotting.caption import caption_text, latex_escape, model_clauses, write_caption
 from biasviz.plotting.diagnostics_plots import PALETTE
-from biasviz.plotting.long_context import DISPLAY_NAMES, PLAIN
+from biasviz.plotting.long_context import PLAIN, display_name
 from biasviz.plotting.measures_plots import Z95, need_measure
 from biasviz.plotting.save import parse_formats, save_figure
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
@@ -136,7 +136,7 @@ def caption(files: Sequence[BiasFile], train_len: int | None, cut: Sequence[str]
 
 def _name(bf: BiasFile) -> str:
     """The model's name as papers write it ('RoPE', 'ALiBi'), else its scheme as the file holds it."""
-    return DISPLAY_NAMES.get(bf.scheme, "RoPE" if bf.scheme == "rope" else str(bf.scheme))
+    return display_name(bf.scheme)
 
 
 def _line(ax: Axes, x: np.ndarray, mean: np.ndarray, se: np.ndarray | None, colour: str, label: str | None,
