@@ -216,6 +216,27 @@ def test_colour_scales_span_every_cell_not_block_means(tmp_path: Path, make_bias
     assert scales["shared"][:2] == [float(np.nanmin(stored)), float(np.nanmax(stored))]
 
 
+def test_a_weights_scale_ending_below_the_largest_weight_says_so(tmp_path: Path,
+                                                                  make_bias_file: Callable[..., Path]) -> None:
+    """A linear weights scale ends at the 99.5th percentile of the head's cells (as plot's, which draws an arrow
+    above it): the page marks such a scale "over", so that its bar's top reads "≥ value"; a bias scale, which ends at
+    the largest value, is not marked."""
+    src = make_bias_file(tmp_path / "c.h5", "cable", n=1, heads=2, t=64)
+    sets = build_page_data([src], kind="weights", max_mb=2).payload["sets"]
+    scales = sets["A|3|weights|0"]["scale"]
+    with h5py.File(src) as f:
+        stored = f["layer_3/weights"][0]
+    for h in range(2):
+        finite = stored[h][np.isfinite(stored[h])]
+        vmax = scales["head"][h][1]
+        assert float(np.percentile(finite, 99.5)) <= vmax + 1e-7 and vmax <= finite.max() + 1e-7
+        assert (scales["head"][h][4:] == ["over"]) == (vmax < finite.max())
+    assert any(s[4:] == ["over"] for s in scales["head"])  # these heads' largest weights lie above their scales
+    assert (scales["shared"][4:] == ["over"]) == (scales["shared"][1] < np.nanmax(stored))
+    bias = build_page_data([src], kind="bias", max_mb=2).payload["sets"]["A|3|bias|0"]["scale"]
+    assert all(len(s) < 5 for s in [*bias["head"], bias["shared"]])
+
+
 def test_two_files_share_one_budget_and_keep_exact_detail(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
     a = make_bias_file(tmp_path / "a.h5", "cable", n=1, heads=4, t=600, seed=1)
     b = make_bias_file(tmp_path / "b.h5", "cable", n=1, heads=4, t=600, seed=2)

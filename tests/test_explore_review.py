@@ -68,7 +68,7 @@ def _check_bars(bars: list[dict], centred: bool) -> None:
     assert len(bars) == 12
     labels = []
     for bar in bars:
-        lo, hi = float(bar["lo"]), float(bar["hi"])
+        lo, hi = float(bar["lo"]), float(bar["hi"].removeprefix("\u2265\u2009"))  # "≥ ": colours end below the data
         texts = [t for t, _ in bar["ticks"]]
         assert 2 <= len(texts) <= 5, (bar["lo"], bar["hi"], texts)
         values = [float(t) for t in texts]
@@ -98,7 +98,10 @@ def test_every_grid_colour_bar_marks_round_values_that_never_touch(driver: objec
     open_page(driver, pages["pair"])
     for kind in ("weights", "bias"):  # sequential scales: from a weight near 0, and from a bias below 0
         choose(driver, "kind", kind)
-        _check_bars(driver.execute_script(BARS), centred=False)
+        bars = driver.execute_script(BARS)
+        _check_bars(bars, centred=False)
+        # a weights scale ends at its 99.5th percentile, below the largest weight, and says so; a bias's at its largest
+        assert any(b["hi"].startswith("\u2265") for b in bars) == (kind == "weights"), [b["hi"] for b in bars]
     choose(driver, "source", "D")  # A - B changes sign: diverging around 0, lopsided, 0 always marked
     bars = driver.execute_script(BARS)
     assert any(float(b["lo"]) < 0 < float(b["hi"]) for b in bars)

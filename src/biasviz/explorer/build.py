@@ -275,9 +275,12 @@ class _Builder:
             heads.append(head)
         scale_kind = "bias" if f is None else kind  # A - B: the figures' rules (diverging where it changes sign)
         zero = [max(abs(r.lo), abs(r.hi)) < ZERO_BELOW for r in ranges]  # 0 within rounding: said, not drawn to 1
-        scales = {"head": [scale_json(s, z) for s, z in zip(head_scales([], scale_kind, ranges=ranges), zero,
-                                                             strict=True)],
-                  "shared": scale_json(head_scales([], scale_kind, shared_scale=True, ranges=ranges)[0], all(zero))}
+        linear = head_scales([], scale_kind, ranges=ranges)
+        shared = head_scales([], scale_kind, shared_scale=True, ranges=ranges)[0]
+        top = max(r.hi for r in ranges)  # a weights scale ends at the 99.5th percentile: values above it are said
+        scales = {"head": [scale_json(s, z, over=s[0].vmax < r.hi) for s, z, r in zip(linear, zero, ranges,
+                                                                                        strict=True)],
+                  "shared": scale_json(shared, all(zero), over=shared[0].vmax < top)}  # fmt: skip
         if scale_kind == "weights":  # heavy-tailed: the page offers plot's --log scale too
             scales["log_head"] = [scale_json(s) for s in head_scales([], "weights", log=True, ranges=ranges)]
             scales["log_shared"] = scale_json(head_scales([], "weights", shared_scale=True, log=True,

@@ -81,6 +81,12 @@ function scaleOver(base, r) {
   return r.hi > r.lo ? [r.lo, r.hi, base[2]] : base;
 }
 
+// A bar's top value, "≥ " before it where values lie above it (a weights scale ending at the 99.5th percentile,
+// where biasviz plot draws an arrow): the end of the colours, not the data's largest value.
+function topText(scale) {
+  return (scale[4] === "over" ? "\u2265\u2009" : "") + fmt4(scale[1]);
+}
+
 // A diverging scale centred at 0 with the data's own ends (each sign over its half), as biasviz plot draws.
 function centredScale(lo, hi, cmap) {
   return [Math.min(lo, -1e-30), Math.max(hi, 1e-30), cmap, "centred"];
@@ -92,7 +98,7 @@ const BAR_H = 8; // pixels of colours; tick marks hang below them
 const MARK_H = 3;
 function colourBar(bar, scale) {
   bar.querySelector(".lo").textContent = fmt4(scale[0]);
-  bar.querySelector(".hi").textContent = fmt4(scale[1]);
+  bar.querySelector(".hi").textContent = topText(scale);
   const ramp = bar.querySelector("canvas.ramp");
   const width = Math.round(ramp.clientWidth) || 256; // one canvas pixel per screen pixel, so marks stay sharp
   ramp.width = width;
@@ -286,7 +292,7 @@ function drawFocusBar(cv, scale, side, title, ends) {
   const [lo, hi] = scale;
   const log = scale[3] === "log";
   const frac = normaliser(scale);
-  const limits = [fmt4(lo), scale[3] === "zero" ? "every value 0" : fmt4(hi)]; // all 0: the bar's 1 is room
+  const limits = [fmt4(lo), scale[3] === "zero" ? "every value 0" : topText(scale)]; // all 0: the bar's 1 is room
   ctx.fillStyle = "#222";
   ctx.textBaseline = "middle";
   const ticks = log ? logTicks(lo, hi) : niceTicks(lo, hi, Math.max(2, Math.floor(side / 80)));

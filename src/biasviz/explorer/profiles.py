@@ -36,19 +36,24 @@ def profile_json(profiles: tuple[np.ndarray, ...], head: int) -> dict[str, Any]:
             "std": pack_bytes(np.asarray(std[head], "<f4").tobytes())}  # fmt: skip
 
 
-def scale_json(scale: tuple[Any, Any], zero: bool = False) -> list[Any]:
+def scale_json(scale: tuple[Any, Any], zero: bool = False, over: bool = False) -> list[Any]:
     """``[vmin, vmax, colour map]``, plus ``"log"`` for a logarithmic scale, ``"centred"`` for a diverging one
     centred at 0 (each sign over its half, as :func:`biasviz.plotting.scales.colour_scale` decides) or ``"zero"``
-    where every value is 0 within rounding (``zero``: the scale then runs 0 to 1 with nothing at 1)."""
+    where every value is 0 within rounding (``zero``: the scale then runs 0 to 1 with nothing at 1); then
+    ``"over"`` where values lie above vmax (``over``: a weights scale ends at the 99.5th percentile, where ``plot``
+    draws an arrow), so that the bar's top says so.
+
+    >>> from matplotlib.colors import Normalize
+    >>> scale_json((Normalize(0.0, 0.25), type("Map", (), {"name": "magma"})()), over=True)
+    [0.0, 0.25, 'magma', '', 'over']
+    """
     from matplotlib.colors import LogNorm, TwoSlopeNorm
 
     norm, cmap = scale
     out = [float(norm.vmin), float(norm.vmax), str(cmap.name)]
-    if isinstance(norm, LogNorm):
-        return [*out, "log"]
-    if isinstance(norm, TwoSlopeNorm):
-        return [*out, "centred"]
-    return [*out, "zero"] if zero else out
+    mode = "log" if isinstance(norm, LogNorm) else "centred" if isinstance(norm, TwoSlopeNorm) else \
+        "zero" if zero else ""  # fmt: skip
+    return [*out, mode, "over"] if over else [*out, mode] if mode else out
 
 
 __all__ = ["distance_profile", "profile_json", "scale_json"]
