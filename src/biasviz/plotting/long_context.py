@@ -26,19 +26,11 @@ from biasviz.plotting.heatmap import _label_colorbar, colorbar_label, head_heatm
 from biasviz.plotting.save import parse_formats, save_figure
 from biasviz.plotting.scales import format_colorbars
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
-from biasviz.plotting.titles import figure_title, samples_text, trained_text
+from biasviz.plotting.titles import figure_title, samples_text, scheme_name, trained_text
 from biasviz.store import open_bias_file
 from biasviz.store.reader import BiasFile
 
 HEAD_CMAP = "viridis"
-DISPLAY_NAMES = {"alibi": "ALiBi", "kerple-log": "KERPLE-log", "kerple-power": "KERPLE-power", "fire": "FIRE",
-                 "t5": "T5", "cable": "CABLE", "fox": "FoX", "rope": "RoPE", "nope": "NoPE"}  # fmt: skip
-
-
-def display_name(scheme: str) -> str:
-    """A scheme as papers write it ('ALiBi', 'RoPE'), the same in every figure; another model's scheme as the file
-    holds it. Plain text: drawn through :func:`literal`, written to a caption through ``latex_escape``."""
-    return DISPLAY_NAMES.get(scheme, str(scheme))
 #: Below this width (inches: a paper's column) each file's profiles go below its two maps, not beside them.
 NARROW = 4.0
 #: Plain integers on the log distance axis (1, 10, 100, ...): the figure's one tick format, as on the maps' axes.
@@ -78,7 +70,7 @@ def _row(sub: SubFigure, bf: BiasFile, layer: int, train_len: int | None, note: 
     maps = bf.summary_map("bias_mean", bf.resolve_layer(layer))  # (H, nb, nb)
     mean, _ = bf.profile("bias", bf.resolve_layer(layer))  # (H, T)
     heads = maps.shape[0]
-    name = literal(display_name(bf.scheme))
+    name = literal(scheme_name(bf.scheme))
     size = font_sizes(sub.get_figure(root=True).get_figwidth())
     sub.suptitle(f"{name} ({note})" if note else name, fontsize=size["base"], fontweight="bold")
     if sub.get_figure(root=True).get_figwidth() < NARROW:

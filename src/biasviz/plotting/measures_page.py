@@ -26,11 +26,11 @@ from biasviz.common.atomic import replacing_together
 from biasviz.common.errors import BiasvizError
 from biasviz.plotting.caption import caption_text, latex_escape, model_clauses, write_caption
 from biasviz.plotting.diagnostics_plots import PALETTE
-from biasviz.plotting.long_context import PLAIN, display_name
+from biasviz.plotting.long_context import PLAIN
 from biasviz.plotting.measures_plots import Z95, need_measure
 from biasviz.plotting.save import parse_formats, save_figure
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
-from biasviz.plotting.titles import figure_title, layer_text, samples_text, trained_text
+from biasviz.plotting.titles import figure_title, layer_text, samples_text, scheme_name, trained_text
 from biasviz.store import open_bias_file
 from biasviz.store.datasets import DIRECT_DISTANCES, SEGMENTS
 from biasviz.store.reader import BiasFile
@@ -77,7 +77,7 @@ def measures_page(files: Sequence[BiasFile], *, train_len: int | None = None, st
             layer = need_measure(bf, -1, "band_mass", "the weight by distance (band_mass)")
             axes = grid[:, k] if narrow else grid[k, :]
             heads = chosen_heads(bf.summary_array("band_mass", layer)[0], bf.summary.distance_bins())
-            name = _name(bf)  # plain text: drawn through literal(), written to the caption through latex_escape()
+            name = scheme_name(bf.scheme)  # plain: drawn through literal()
             _frequency(axes[0], bf, layer, heads, size["tick"])
             if _bands(axes[1], bf, layer, heads):
                 cut.append(name)
@@ -127,16 +127,11 @@ def caption(files: Sequence[BiasFile], train_len: int | None, cut: Sequence[str]
              f"place in the context. {where}{times}; {latex_escape(samples_text(f0.n_samples))}.", *READING]
     for bf in files:
         said = "; ".join(model_clauses(bf, bf.scheme))  # 'Scheme \texttt{rope}; model ...; tiny model, ...'
-        lines.append(f"{latex_escape(_name(bf))}: {said[:1].lower()}{said[1:]}.")
+        lines.append(f"{latex_escape(scheme_name(bf.scheme))}: {said[:1].lower()}{said[1:]}.")
     if cut:
         lines.append(f"{latex_escape(' and '.join(cut))}: weight by distance drawn down to a millionth of its "
                      "largest (the axis stops there; the smallest weights are far below).")  # fmt: skip
     return caption_text(lines, "plotting.measures_page")
-
-
-def _name(bf: BiasFile) -> str:
-    """The model's name as papers write it ('RoPE', 'ALiBi'), else its scheme as the file holds it."""
-    return display_name(bf.scheme)
 
 
 def _line(ax: Axes, x: np.ndarray, mean: np.ndarray, se: np.ndarray | None, colour: str, label: str | None,

@@ -21,11 +21,10 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from biasviz.common.errors import BiasvizError
-from biasviz.plotting.long_context import display_name
 from biasviz.plotting.positional import need_position
 from biasviz.plotting.scales import ValueRange, _decimals, colour_scale, format_colorbars, tick_text
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
-from biasviz.plotting.titles import figure_title, samples_text
+from biasviz.plotting.titles import figure_title, samples_text, scheme_name
 
 
 def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
@@ -158,7 +157,7 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
                 short, long = columns[start + c]
                 head = _draw_column(parts[2 * k], maps[:, c], below[c], short, long, size, c == 0,
                                     [columns[start][0][1], columns[start][1][1]], bars)  # fmt: skip
-                maps[0, c].set_title(f"{literal(display_name(long[0]))}\nhead {head + 1}", fontsize=size)
+                maps[0, c].set_title(f"{literal(scheme_name(long[0]))}\nhead {head + 1}", fontsize=size)
                 profiles.append(below[c])
         # a seventh of a page holds two labels: the ends alone (0 is the diverging map's white), one format throughout
         decimals = format_colorbars(bars, nbins=-1, at_least=_profile_decimals(profiles))

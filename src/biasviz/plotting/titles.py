@@ -15,6 +15,20 @@ from biasviz.store import BiasFile
 from biasviz.store.format import BIAS_DIFFERENCE
 from biasviz.store.h5io import json_attr
 
+#: Schemes as papers write them, the same in every figure that names one (see :func:`scheme_name`).
+SCHEME_NAMES = {"alibi": "ALiBi", "kerple-log": "KERPLE-log", "kerple-power": "KERPLE-power", "fire": "FIRE",
+                "t5": "T5", "cable": "CABLE", "fox": "FoX", "rope": "RoPE", "nope": "NoPE"}  # fmt: skip
+
+
+def scheme_name(scheme: str) -> str:
+    """A scheme as papers write it ('ALiBi', 'RoPE'); another model's scheme as the file holds it. Plain text:
+    drawn through :func:`~biasviz.plotting.style.literal`, written to a caption through ``latex_escape``.
+
+    >>> scheme_name("kerple-log"), scheme_name("my-bias")
+    ('KERPLE-log', 'my-bias')
+    """
+    return SCHEME_NAMES.get(scheme, str(scheme))
+
 
 def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
     """Which input one sample's figure shows, counted from 0 as ``--sample`` is; a bias stored once says it was
