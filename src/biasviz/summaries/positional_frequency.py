@@ -53,9 +53,10 @@ class PairCorrelations:
         rest = head_dim > layout.rotary_dims
         group[layout.rotary_dims :] = len(a)
         self.group, self.pairs = group, len(a) + int(rest)
-        self.onehot = torch.zeros(self.pairs, head_dim, dtype=torch.float64)
-        self.onehot[group, torch.arange(head_dim)] = 1.0
-        self.onehot = self.onehot.to(device)  # where q and k are: the transforms and sums stay there
+        # (dims, pairs): 1 where a dim belongs to a pair, in the float64 transforms' complex dtype, on q and k's device
+        self._sum_pairs = torch.zeros(head_dim, self.pairs, dtype=torch.complex128)
+        self._sum_pairs[torch.arange(head_dim), group] = 1.0
+        self._sum_pairs = self._sum_pairs.to(device)
 
     def by_distance(self, x_hat: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
         """(T + 1, dims) transforms of x and y -> (pairs, T): Σ over cells at distance |i - j| of x(i)·y(j) by
@@ -65,7 +66,7 @@ class PairCorrelations:
     def pair_spectrum(self, spectrum: torch.Tensor) -> torch.Tensor:
         """(T + 1, dims) products of transforms -> (T + 1, pairs): each pair's dims summed before the inverse
         transform (it is linear), so that one inverse per pair is made, not one per dim."""
-        return spectrum @ self.onehot.T.to(spectrum.dtype)
+        return spectrum @ self._sum_pairs
 
     def lags(self, pair_spectrum: torch.Tensor) -> torch.Tensor:
         """(T + 1, pairs) -> (pairs, T): the sums by distance d = |i - j| (causal: i - j = d only)."""
