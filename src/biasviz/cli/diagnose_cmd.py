@@ -226,7 +226,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     from biasviz.plotting.profiles import profile_note
     from biasviz.plotting.save import save_figure
     from biasviz.plotting.style import literal
-    from biasviz.plotting.titles import figure_title, layer_text, samples_text
+    from biasviz.plotting.titles import figure_title, layer_text, samples_text, scheme_title
 
     sources = "; ".join(f"{r.name}={display_name(r.path)}" for r in results)
     info = {"title": "Context-independence diagnostics", "source": sources,
@@ -258,7 +258,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
         if not r.heads:  # no bias: its positional logits are drawn by 'biasviz plot --kind profile'
             continue
         flat = all(not np.any(np.nan_to_num(np.asarray(h.profile_std))) for h in r.heads)  # a band of width 0
-        suptitle = figure_title(f"{literal(r.name)} bias by distance", layer=r.layer, n_layers=r.n_layers,
+        suptitle = figure_title(f"{scheme_title(r.name)} bias by distance", layer=r.layer, n_layers=r.n_layers,
                                 seq_len=r.seq_len, which=profile_note(r.samples, r.bias_only),
                                 details=["std 0 at every distance" if flat else None],
                                 trained=literal(r.trained) if r.trained else None)  # fmt: skip
@@ -280,7 +280,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
                     "description": f"context dependence and Toeplitz residual per head at each checkpoint; "
                                    f"source: {r.path}"}  # fmt: skip
             stem = out_dir / f"{file_stem(r.name)}_training"
-            title = figure_title(f"{literal(r.name)} diagnostics over training", layer=r.layer,
+            title = figure_title(f"{scheme_title(r.name)} diagnostics over training", layer=r.layer,
                                  n_layers=r.n_layers, seq_len=r.seq_len,
                                  which=samples_text(r.samples, bias_only=r.bias_only),
                                  trained=literal(r.trained) if r.trained else None)  # fmt: skip

@@ -284,7 +284,7 @@ class _PlotJob:
         from biasviz.plotting.heatmap import head_grid, panel_cells
         from biasviz.plotting.load import load_heads, load_summary_heads
         from biasviz.plotting.profiles import blocks_note, samples_phrase
-        from biasviz.plotting.titles import file_title, samples_text, which_sample
+        from biasviz.plotting.titles import file_title, samples_text, scheme_title, which_sample
 
         normalize = self.normalize if kind == "bias" else "none"
         cells = self.max_cells or panel_cells(self.style, dpi, bf.n_heads)
@@ -303,7 +303,7 @@ class _PlotJob:
         if std and not np.nan_to_num(heads.data).any():
             click.echo(f"note: the {kind} is the same for every sample: its standard deviation is 0 everywhere",
                        err=True)  # fmt: skip
-        suptitle = file_title(bf, f"{self.scheme} {kind}", heads.layer, which, details)
+        suptitle = file_title(bf, f"{scheme_title(self.scheme)} {kind}", heads.layer, which, details)
         note = suptitle.split(": ", 1)[1]
         log = self.log_scale and kind == "weights"
         shared = log if self.shared_scale is None else self.shared_scale  # a log scale reads best as one
@@ -336,12 +336,12 @@ class _PlotJob:
         from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
         from biasviz.plotting.diagnostics_plots import PALETTE, profile_grid
         from biasviz.plotting.profiles import YLABELS, as_heads, file_profiles, profile_note
-        from biasviz.plotting.titles import file_title, samples_text
+        from biasviz.plotting.titles import file_title, samples_text, scheme_title
 
         normalize = self.normalize if kind == "bias" else "none"
         profiles = file_profiles(bf, kind, layer, normalize)
         over = profile_note(bf.n_samples, bf.bias_only)
-        title = file_title(bf, f"{self.scheme} {kind} by distance", layer, which=over)
+        title = file_title(bf, f"{scheme_title(self.scheme)} {kind} by distance", layer, which=over)
         fig = profile_grid(as_heads(profiles), style=self.style, color=PALETTE[0 if kind == "bias" else 5],
                            ylabel=YLABELS[kind], suptitle=title, start=profiles.start,
                            log=self.log_scale and kind == "weights", log_distance=self.log_distance,

@@ -44,7 +44,7 @@ def run_position(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dp
     from biasviz.plotting.measures_plots import MEASURE_FIGURES, se_note
     from biasviz.plotting.positional import positional_grid, sinks_figure
     from biasviz.plotting.profiles import blocks_note
-    from biasviz.plotting.titles import samples_text
+    from biasviz.plotting.titles import samples_text, scheme_title
 
     with job._open() as bf:
         job._check_scheme(bf.scheme)
@@ -52,17 +52,17 @@ def run_position(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dp
         which = samples_text(bf.n_samples)
         if kind in MEASURE_FIGURES:  # SPEC section 14
             draw, what = MEASURE_FIGURES[kind]
-            fig = draw(bf, layer, scheme=job.scheme, style=job.style)
+            fig = draw(bf, layer, scheme=scheme_title(job.scheme), style=job.style)
             caption = Caption(job.scheme, PROFILE_QUANTITIES[kind], layer, which, [se_note(bf, layer, kind)])
         elif kind == "positional":
-            fig = positional_grid(bf, layer, scheme=job.scheme, style=job.style,
+            fig = positional_grid(bf, layer, scheme=scheme_title(job.scheme), style=job.style,
                                   shared_scale=bool(job.shared_scale), cmap=job.cmap,
                                   max_cells=job.max_cells or panel_cells(job.style, dpi, bf.n_heads))  # fmt: skip
             what = "positional logits P(i, j) minus each head's P at distance 0"
             caption = Caption(job.scheme, QUANTITIES["positional"], layer, which, [d for d in [blocks_note(bf)] if d],
                               grid_reading(fig, bf.causal, "positional", bool(job.shared_scale)))  # fmt: skip
         else:
-            fig = sinks_figure(bf, layer, scheme=job.scheme, style=job.style)
+            fig = sinks_figure(bf, layer, scheme=scheme_title(job.scheme), style=job.style)
             what = "mean attention weight on each of the first keys (sink share at key 0)"
             caption = Caption(job.scheme, PROFILE_QUANTITIES["sinks"], layer, which, [se_note(bf, layer, "sinks")])
         info = {"title": f"{job.scheme} {kind} (layer {layer})", "source": display_name(job.path),
@@ -89,9 +89,10 @@ def _positional_profile(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, 
                         dpi: int) -> list[Path]:  # fmt: skip
     from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
     from biasviz.plotting.positional import positional_profile_figure
-    from biasviz.plotting.titles import samples_text
+    from biasviz.plotting.titles import samples_text, scheme_title
 
-    fig = positional_profile_figure(bf, layer, scheme=job.scheme, style=job.style, log_distance=job.log_distance)
+    fig = positional_profile_figure(bf, layer, scheme=scheme_title(job.scheme), style=job.style,
+                                    log_distance=job.log_distance)
     info = {"title": f"{job.scheme} positional logits against distance (layer {layer})",
             "source": display_name(job.path),
             "description": f"P(d) over all keys and over keys j >= 4, and b(d); {bf.n_samples} samples; "
@@ -105,9 +106,9 @@ def _positional_profile(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, 
 def _entropy(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
     from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
     from biasviz.plotting.measures_plots import entropy_figure, se_note
-    from biasviz.plotting.titles import samples_text
+    from biasviz.plotting.titles import samples_text, scheme_title
 
-    fig = entropy_figure(bf, layer, scheme=job.scheme, style=job.style)
+    fig = entropy_figure(bf, layer, scheme=scheme_title(job.scheme), style=job.style)
     info = {"title": f"{job.scheme} entropy of the attention weights by query position (layer {layer})",
             "source": display_name(job.path),
             "description": f"entropy (nats) of each query's weights, block means over {bf.n_samples} samples, with a "

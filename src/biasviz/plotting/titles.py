@@ -30,6 +30,12 @@ def scheme_name(scheme: str) -> str:
     return SCHEME_NAMES.get(scheme, str(scheme))
 
 
+def scheme_title(scheme: str) -> str:
+    """:func:`scheme_name` as a figure's title draws it (a name from a file or the command line is text, never
+    mathtext): the first words of every title that names a scheme."""
+    return literal(scheme_name(scheme))
+
+
 def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
     """Which input one sample's figure shows, counted from 0 as ``--sample`` is; a bias stored once says it was
     measured the same for all."""
@@ -72,8 +78,8 @@ def figure_title(what: str, *, layer: int, n_layers: int | None, seq_len: int | 
     """The one wording of every figure's title: what it shows (scheme and quantity), the layer, T, which input, then
     ``details`` (how the figure was made) and how the model was trained, each its own clause.
 
-    >>> figure_title("alibi bias", layer=11, n_layers=12, seq_len=512, which="mean of 64 samples")
-    'alibi bias: layer 11 of 12, final; T = 512; mean of 64 samples'
+    >>> figure_title("ALiBi bias", layer=11, n_layers=12, seq_len=512, which="mean of 64 samples")
+    'ALiBi bias: layer 11 of 12, final; T = 512; mean of 64 samples'
     """
     clauses = [layer_text(layer, n_layers), f"T = {seq_len}", which, *details, trained]
     return f"{what}: " + "; ".join(c for c in clauses if c)
@@ -125,5 +131,5 @@ def trained_note(value: Any) -> str | None:
     return f"{preset} model, {steps:,} training steps on {seq_len}-token windows"
 
 
-__all__ = ["figure_title", "file_title", "layer_text", "samples_text", "trained_note", "trained_suffix", "trained_text",
-           "which_sample"]
+__all__ = ["figure_title", "file_title", "layer_text", "samples_text", "scheme_name", "scheme_title", "trained_note",
+           "trained_suffix", "trained_text", "which_sample"]
