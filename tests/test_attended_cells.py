@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import biasviz
-from biasviz.common.errors import BiasvizError
 
 T, N, HEADS, KV_HEADS, VOCAB, WINDOW = 16, 3, 4, 2, 64, 5
 
@@ -138,31 +137,6 @@ def test_positional_diagnostics_are_over_the_window(window) -> None:
         got = f["layer_0"]["positional_diagnostics"][()]
     measured = np.array([[row["toeplitz_residual"], row["separability_residual"]] for row in got])
     np.testing.assert_allclose(measured, expected["positional_diagnostics"], rtol=1e-4)
-
-
-class Padded(torch.nn.Module):
-    """A call whose float mask adds a bias and hides the keys of a sample's left padding (token 0): each sample masks
-    other cells."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, 2 * 8)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids).view(*ids.shape, 2, 8).transpose(1, 2)
-        t = ids.shape[-1]
-        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-        mask = torch.where(j <= i, -0.1 * (i - j).float(), float("-inf"))[None, None]
-        mask = mask.masked_fill((ids == 0)[:, None, None, :], float("-inf"))  # (B, 1, T, T)
-        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
-
-
-def test_masks_that_differ_by_sample_are_refused_never_averaged(tmp_path: Path) -> None:
-    ids = torch.randint(1, VOCAB, (3, T), generator=torch.Generator().manual_seed(3))
-    ids[1, :4] = 0  # one sample padded on the left
-    with pytest.raises(BiasvizError, match="takes one mask for every sample"):
-        biasviz.extract(Padded(), ids, tmp_path / "s.h5", summary=True, progress=False)
-    assert not (tmp_path / "s.h5").exists()
 
 
 def _forward_caught(module: Any, caught: Any, model: torch.nn.Module, ids: torch.Tensor) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from biasviz.adapters.base import Captured, Formed, ModelAdapter, refuse_meta
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
-from biasviz.common.errors import BiasvizError
+from biasviz.common.errors import BiasvizError, MasksDifferBySample
 from biasviz.tracing import AttentionCall, Trace
 from biasviz.tracing.calls import FORMED_BEFORE, SdpaOperands, formed_rows, repeat_kv
 
@@ -201,8 +201,8 @@ class TracedAdapter(ModelAdapter):
         kept = _Kept.of(ops)
         first = self._formed.setdefault(index, kept)
         if not first.same(kept):
-            raise BiasvizError(f"attention call {index} masked other cells for sample {keeping.bank.start} than for "
-                               "the first: a summary forms one mask for every sample")  # fmt: skip
+            raise MasksDifferBySample(f"attention call {index} masked other cells for sample {keeping.bank.start} "
+                                      "than for the first: a summary forms one mask for every sample")  # fmt: skip
         heads = ops.q.shape[1]
         keeping.bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
         keeping.bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
@@ -282,8 +282,8 @@ class _Kept:
         if bool((kept == causal).all()):
             return cls(ops.scale, None)
         if kept.shape[0] > 1 and not bool((kept == kept[:1]).all()):
-            raise BiasvizError("an attention call masked different cells for samples of one batch: a summary forms "
-                               "one mask for every sample")  # fmt: skip
+            raise MasksDifferBySample("an attention call masked different cells for samples of one batch: a summary "
+                                      "forms one mask for every sample")  # fmt: skip
         return cls(ops.scale, kept[:1])
 
     def same(self, other: _Kept) -> bool:

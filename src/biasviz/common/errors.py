@@ -16,6 +16,11 @@ class BiasvizError(Exception):
     exit_code = 1
 
 
+class MasksDifferBySample(BiasvizError):
+    """An attention call masked the cells of one sample otherwise than another's (padding, packed documents),
+    where a summary forming every sample's rows again needs one mask: it then streams them instead."""
+
+
 class UsageError(BiasvizError):
     """A bad combination of command-line options (exit code 2, like Click's own usage errors)."""
 

@@ -33,8 +33,9 @@ import torch
 
 from biasviz.adapters.base import Formed, ModelAdapter
 from biasviz.common.devices import evaluating, placed
-from biasviz.common.errors import BiasvizError, check_interrupted
+from biasviz.common.errors import BiasvizError, MasksDifferBySample, check_interrupted
 from biasviz.common.progress import Progress
+from biasviz.extraction.call_masks import attend
 from biasviz.extraction.run import (
     ExtractResult,
     _dtype_label,
@@ -90,7 +91,7 @@ def summarise(
     adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
     batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
     scratch: str | Path | None = None, gather: Gather | None = None, positional: bool = True,
-    measures: bool = True,
+    measures: bool = True, streamed: bool = False,
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
     """Run ``adapter`` over ``ids`` (N, T) and return the summaries of ``layer_list`` (the model is in place).
 
@@ -105,8 +106,29 @@ def summarise(
     ``gather`` (torchrun, adapters that form rows again): the processes' banks are joined on process 0, which
     forms the rows of every sample as one process would; the other processes return an empty result.
     ``positional=False`` leaves out the positional logits P (SPEC section 12), ``measures=False`` SPEC section 14's
-    measures of the weights: to measure what they cost.
+    measures of the weights: to measure what they cost. Where samples turn out to be masked differently (padding,
+    packed documents), rows that would be formed again are streamed instead (``streamed``), from the start.
     """
+    options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
+               "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
+               "measures": measures}  # fmt: skip
+    try:
+        return _summarise(adapter, ids, layer_list, dev, streamed=streamed, **options)
+    except MasksDifferBySample:
+        if streamed or gather is not None:
+            raise
+    # padding, packed documents: rows formed again take one mask for every sample; streamed, as the model forms
+    # them, each sample's own cells count for it (SPEC section 13)
+    return _summarise(adapter, ids, layer_list, dev, streamed=True, **options)
+
+
+def _summarise(
+    adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
+    batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
+    scratch: str | Path | None = None, gather: Gather | None = None, positional: bool = True,
+    measures: bool = True, streamed: bool = False,
+) -> dict[int, dict[str, Any]]:  # fmt: skip
+    """One run of :func:`summarise`: ``streamed`` streams the rows even where they could be formed again."""
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
     block = block_size(seq_len, resolution)
@@ -114,7 +136,7 @@ def summarise(
         raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
                            "spread of a coarser map needs every sample of a cell in one process; run it in one "
                            "process")  # fmt: skip
-    replay = (merge is None or gather is not None) and adapter.replays and bool(adapter.causal)
+    replay = (merge is None or gather is not None) and adapter.replays and bool(adapter.causal) and not streamed
     joint = not replay and merge is None and batch_size >= n
     has_bias = bool(adapter.adds_bias)
     modes = {"weights": "joint" if replay or joint else "cells"}
@@ -149,7 +171,8 @@ def summarise(
                                             positional=positional, measures=measures,
                                             rotary=adapter.rotary(layer) if measures else None)
                     for layer in layer_list} if streamed_position else {}
-        _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position)
+        _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position,
+                  merged=merge is not None)
         held = merge(parts, position) if merge is not None else True
         extras = {layer: p.result() for layer, p in position.items()} if held else {}
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
@@ -176,17 +199,17 @@ Parts = dict[tuple[str, int], QuantitySummary]
 
 def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None,
-              position: Mapping[int, StreamedPosition] | None = None) -> None:  # fmt: skip
+              position: Mapping[int, StreamedPosition] | None = None, merged: bool = False) -> None:  # fmt: skip
     """Every block the model forms goes into ``parts`` as it comes; samples in batches of ``batch``. ``position``:
     the layers whose scores, q and k (and bias and weights) also go into SPEC section 12's sums."""
     n = len(ids)
     position = position or {}
     first = [0]  # the batch under way's first sample
-    masks: dict[int, torch.Tensor | None] = {}  # per layer: its own mask, None where causal or every cell
+    masks: dict[int, Any] = {}  # per layer: its own mask, None where causal or every cell, or BY_SAMPLE
 
     def sink(layer: int, kind: str, row0: int, tensor: torch.Tensor) -> None:
         if kind == "attended":
-            _attend(adapter, layer, tensor, masks, parts, position, first[0])
+            attend(adapter, layer, tensor, masks, parts, position, first[0], merged)
             return
         part = parts.get((kind, layer))
         if part is not None:
@@ -211,42 +234,6 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                 p.end_batch()
             bar.update(len(chunk))
             check_interrupted()
-
-
-def _attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[int, torch.Tensor | None],
-            parts: Parts, position: Mapping[int, StreamedPosition], first: int) -> None:  # fmt: skip
-    """A streamed call's attended cells (B or 1, H, T, T): where they are not the causal triangle (or, in a call that
-    sees every key, every cell), every summary of the layer is taken over them (SPEC section 13), one mask for every
-    sample; a mask that differs by sample (padding, packed documents) is refused, never averaged over."""
-    mask = kept[:1]
-    if kept.shape[0] > 1 and not bool((kept == mask).all()):
-        raise BiasvizError(f"attention call {layer} masked different cells for different samples (padding or packed "
-                           "documents): a summary takes one mask for every sample; extract without --summary, or "
-                           "give windows of one document each")  # fmt: skip
-    if layer in masks:
-        known = masks[layer]
-        same = bool(_plain(mask, adapter.layer_causal(layer))) if known is None else bool(torch.equal(known, mask))
-        if not same:
-            raise BiasvizError(f"attention call {layer} masked other cells for sample {first} than for the first: a "
-                               "summary takes one mask for every sample")  # fmt: skip
-        return
-    if _plain(mask, adapter.layer_causal(layer)):
-        masks[layer] = None
-        return
-    masks[layer] = mask
-    attended = Attended(mask.to(kept.device))
-    for (_, at), part in parts.items():
-        if at == layer:
-            part.attend(attended)
-    if layer in position:
-        position[layer].attend(attended)
-
-
-def _plain(mask: torch.Tensor, causal: bool) -> bool:
-    """Whether ``mask`` (1, H, T, T) is the causal triangle (``causal``) or every cell: no mask of the call's own."""
-    t = mask.shape[-1]
-    full = torch.ones(t, t, dtype=torch.bool, device=mask.device)
-    return bool((mask == (full.tril() if causal else full)).all())
 
 
 def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,

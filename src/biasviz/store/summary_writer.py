@@ -26,6 +26,7 @@ from biasviz.store.format import (
     FORMAT_VERSION,
     KEY_PROFILE,
     KEY_PROFILE_DIMS,
+    LAYER_NOTE,
     POSITIONAL_DIAGNOSTICS,
     POSITIONAL_FROM_KEYS,
     POSITIONAL_MEAN,
@@ -106,6 +107,8 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
             grp[name].attrs.update({key: measures[0][key] for key in keys if key in measures[0]})
     if getattr(parts[0], "attended", None) is not None:  # the layer's own mask (SPEC section 13)
         _write(f, grp, ATTENDED, [p.attended for p in parts], SUMMARY_MAP_DIMS, checkpoints)
+    if getattr(parts[0], "note", None):  # what the layer's summary leaves out, and why
+        grp.attrs[LAYER_NOTE] = parts[0].note
 
 
 def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads: int, seq_len: int,

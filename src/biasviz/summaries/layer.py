@@ -89,6 +89,29 @@ class QuantitySummary:
         self.attended = attended
         self._sums()
 
+    sample_masks = False  # masks that differ by sample: per-cell moments over each cell's own samples
+    batch_attended: torch.Tensor | None = None  # then: the batch's attended cells (S or 1, 1 or H, T, T)
+
+    def by_sample(self, before: torch.Tensor | None) -> None:
+        """From the batch under way on, samples are masked differently (padding, packed documents; SPEC section
+        13): each cell's mean and spread are over the samples that attend it, kept per cell, and the maps, profiles
+        and diagnostics are taken at the end over the cells some sample attends. ``before``: the one mask (1 or H,
+        T, T) of the samples summarised so far (None: none yet). A bias declared shared is no longer compared."""
+        if self.mode == "shared":
+            self.unshare()
+        if self.mode == "joint":  # one batch holds every sample: none summarised yet
+            if self.samples or self.diagonals.count.sum() > 0:
+                raise ValueError("a joint part changes to per-sample masks before any row")
+            self.mode = "cells"
+            self.cells = CellMoments(self.heads, self.seq_len, self.device)
+        assert self.cells is not None
+        with torch.inference_mode(False):  # called inside the model's forward: the moments outlive it
+            if before is not None and self.cells.count is None:
+                before = before.clone()
+            self.cells.count_cells(before)
+            self.agreement, self.sample_masks, self.attended = None, True, None
+            self._sums()
+
     @property
     def difference(self) -> float | None:
         """The largest |b_a - b_0| over samples and used cells measured so far; None where not declared shared."""
@@ -121,7 +144,12 @@ class QuantitySummary:
             block = block.expand(self._batch, *block.shape[1:])
         if self.mode == "cells":
             assert self.cells is not None
-            self.cells.add(row0, block)
+            if self.sample_masks:
+                assert self.batch_attended is not None
+                rows, keys = block.shape[-2:]
+                self.cells.add(row0, block, self.batch_attended[..., row0 : row0 + rows, :keys].to(block.device))
+            else:
+                self.cells.add(row0, block)
             return
         if block.shape[0] == 1:
             self.add_moments(row0, block)
@@ -206,6 +234,9 @@ class QuantitySummary:
 
     def result(self, total_samples: int | None = None) -> Summary:
         """The finished summary; ``total_samples`` (all processes') decides whether context dependence is defined."""
+        if self.sample_masks:  # every quantity over the cells some sample attends (SPEC section 13)
+            assert self.cells is not None
+            self.attend(Attended(self.cells.attended()))
         if self.cells is not None:
             step = max(1, CELLS_PER_STEP // max(1, self.heads * self.seq_len))
             for r0 in range(0, self.seq_len, step):

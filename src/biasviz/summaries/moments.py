@@ -94,8 +94,9 @@ class CellMoments:
     """Per-cell moments of one (head, query, key) quantity over batches of samples, kept at full resolution.
 
     Used only when the maps are exact per cell (R >= T) and the samples come in several batches (models whose
-    rows cannot be formed again) or processes: then the result itself is (H, T, T), and these two float64
-    tensors are of the same order.
+    rows cannot be formed again) or processes, or where samples are masked differently: then the result itself is
+    (H, T, T), and these float64 tensors are of the same order. Once :meth:`count_cells` is called, every cell
+    counts the samples that attend it (SPEC section 13), not every sample.
     """
 
     def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
@@ -103,23 +104,61 @@ class CellMoments:
         self.mean = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
         self.m2 = torch.zeros(shape, dtype=torch.float64, device=device)  # (H, T, T)
         self.samples = 0  # samples merged so far: every query row has seen every finished batch
+        self.count: torch.Tensor | None = None  # (H, T, T) float32: samples attending each cell, once counted
 
-    def add(self, row0: int, block: torch.Tensor) -> None:
+    def count_cells(self, before: torch.Tensor | None) -> None:
+        """From here on each cell has its own count of samples: those merged so far attended ``before`` (1 or H,
+        T, T) bool (None: none merged yet); what they held elsewhere (NaN, -inf, 0) is gone."""
+        if before is None:
+            self.count = torch.zeros(self.mean.shape, dtype=torch.float32, device=self.mean.device)
+            return
+        kept = before.to(self.mean.device).expand(self.mean.shape)
+        self.count = kept.float() * self.samples
+        self.mean = torch.where(kept, self.mean, 0.0)
+        self.m2 = torch.where(kept, self.m2, 0.0)
+
+    def add(self, row0: int, block: torch.Tensor, attended: torch.Tensor | None = None) -> None:
         """Merge a block (S, H, rows, K) of ``S`` samples' query rows ``row0 ..`` against keys ``0 .. K-1``
-        (the current batch; :meth:`end_batch` counts it once all its rows have come)."""
+        (the current batch; :meth:`end_batch` counts it once all its rows have come). ``attended`` (S or 1, 1 or
+        H, rows, K) bool, once cells are counted: which of each sample's cells count."""
         rows, keys = block.shape[-2:]
         cells = (slice(None), slice(row0, row0 + rows), slice(None, keys))
-        new = Moments(self.samples, self.mean[cells], self.m2[cells]).merged(Moments.of(block))
-        self.mean[cells] = new.mean
-        self.m2[cells] = new.m2
+        if self.count is None:
+            new = Moments(self.samples, self.mean[cells], self.m2[cells]).merged(Moments.of(block))
+            self.mean[cells] = new.mean
+            self.m2[cells] = new.m2
+            return
+        if attended is None:
+            raise ValueError("counted cells need each sample's attended cells")
+        kept = attended.expand(block.shape)
+        x = torch.where(kept, block.double(), 0.0)
+        n_b = kept.sum(0, dtype=torch.float64)  # (H, rows, K): this batch's samples at each cell
+        mean_b = x.sum(0) / n_b.clamp(min=1.0)
+        m2_b = torch.where(kept, x - mean_b, 0.0).square_().sum(0)
+        n_a = self.count[cells].double()
+        n = n_a + n_b
+        delta = mean_b - self.mean[cells]
+        share = n_b / n.clamp(min=1.0)
+        self.mean[cells] += delta * share
+        self.m2[cells] += m2_b + delta * delta * n_a * share
+        self.count[cells] = n.float()
 
     def end_batch(self, samples: int) -> None:
         self.samples += samples
 
     def rows(self, row0: int, row1: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean and standard deviation over samples of query rows ``row0 .. row1-1``, keys ``0 .. keys-1``."""
+        """Mean and standard deviation over samples of query rows ``row0 .. row1-1``, keys ``0 .. keys-1`` (over
+        each cell's own samples once counted: 0 where none)."""
+        if self.count is not None:
+            n = self.count[:, row0:row1, :keys].double().clamp(min=1.0)
+            return self.mean[:, row0:row1, :keys], sqrt_(torch.clamp(self.m2[:, row0:row1, :keys] / n, min=0.0))
         m = Moments(self.samples, self.mean[:, row0:row1, :keys], self.m2[:, row0:row1, :keys])
         return m.mean, m.std()
+
+    def attended(self) -> torch.Tensor:
+        """(H, T, T) bool: the cells some sample attended, once counted."""
+        assert self.count is not None
+        return self.count > 0
 
 
 class ShiftedSums:

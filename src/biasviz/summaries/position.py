@@ -33,6 +33,7 @@ class PositionSummary:
     key_profile: np.ndarray  # (2, H, T) the weights by key j: mean, std over samples and queries i >= j
     sink_share: np.ndarray  # (N, H) per sample: mean over queries of w(i, 0)
     attended: np.ndarray | None = None  # (H, nb, nb) share of attended cells per block, where not causal (SPEC 13)
+    note: str | None = None  # what the layer's summary leaves out, and why (masks that differ by sample)
     measures: dict[str, np.ndarray] | None = None  # SPEC section 14: name -> array (biasviz.store.datasets)
 
 
@@ -112,6 +113,8 @@ class KeyProfile:
                  attended: Attended | None = None) -> None:  # fmt: skip
         self.sums = torch.zeros(2, heads, seq_len, dtype=torch.float64, device=device)  # Σ w̄, Σ (σ² + w̄²)
         self.seq_len, self.causal, self.attended = seq_len, causal, attended
+        # masks that differ by sample: the queries that see each key, averaged over samples (1 or H, T)
+        self.queries: torch.Tensor | None = None
 
     def add_samples(self, weights: torch.Tensor, samples: int) -> None:
         """Samples' own weights (B, H, rows, K), 0 where a query does not see a key, of ``samples`` in all: the
@@ -134,6 +137,8 @@ class KeyProfile:
                                                   device=self.sums.device))  # fmt: skip
         if self.attended is not None:  # the queries a model's own mask lets see each key
             queries = self.attended.per_key.to(self.sums.device)
+        if self.queries is not None:  # each sample's own
+            queries = self.queries.to(self.sums.device)
         mean = self.sums[0] / queries
         var = (self.sums[1] / queries - mean * mean).clamp(min=0.0)
         out = torch.stack([mean, var.sqrt()])

@@ -62,6 +62,40 @@ class StreamedPosition:
             self.measures = self._measures(attended)
         self.profiles = self._profiles(attended)
 
+    union: torch.Tensor | None = None  # masks that differ by sample: the cells some sample attends (1 or H, T, T)
+    note: str | None = None
+
+    def by_sample(self, before: torch.Tensor | None, first: int) -> None:
+        """From sample ``first`` on, samples are masked differently (SPEC section 13); ``before``: the one mask
+        (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile and the sink shares count
+        each sample's own queries; P and SPEC section 14's measures, which pair or rank the cells of different
+        samples as one grid, are left out, with :attr:`note` saying so."""
+        with torch.inference_mode(False):
+            heads = self.heads
+            self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
+            self.key_counts = torch.zeros(heads, self.seq_len, dtype=torch.float64, device=self.device)
+            self.seeing = torch.zeros(len(self.sinks), heads, dtype=torch.float64, device=self.device)
+            if before is not None and first:
+                self.union = self.union | before.to(self.device)
+                self.key_counts += before.to(self.device).sum(-2, dtype=torch.float64) * first
+                self.seeing[:first] = before[:, :, 0].to(self.device).sum(-1, dtype=torch.float64)
+        self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
+        self.measures, self.frequency, self.profiles, self.blocks = None, None, {}, {}
+        self.attended, self.keys.attended = None, None
+        self.note = ("samples masked differently (padding or packed documents): maps, profiles, the key profile "
+                     "and sink shares are over each sample's own cells; the positional logits P and the SPEC "
+                     "section 14 measures take one mask for every sample and are not stored")  # fmt: skip
+
+    def batch_attended(self, first: int, attended: torch.Tensor) -> None:
+        """The attended cells (B or 1, 1 or H, T, T) of samples ``first ..`` (a batch), once masks differ."""
+        assert self.union is not None
+        every = attended.expand(self._batch, *attended.shape[1:]) if attended.shape[0] == 1 else attended
+        every = every.to(self.device)
+        with torch.inference_mode(False):
+            self.union = self.union | every.any(0)
+            self.key_counts += every.sum(-2, dtype=torch.float64).sum(0)
+            self.seeing[first : first + len(every)] = every[:, :, :, 0].sum(-1, dtype=torch.float64)
+
     def _profiles(self, attended: Attended | None) -> dict[str, SampleProfiles]:
         """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process), and
         (as :attr:`blocks`) each sample's block means of all three, for the maps' SE."""
@@ -187,12 +221,18 @@ class StreamedPosition:
             got = p.result()
             mean, profile, diagnostics = got[0].cpu().numpy(), got[1].cpu().numpy(), got[2]
         # every query sees key 0, causal or not, unless the call's own mask hides it from some
-        seeing = self.seq_len if self.attended is None else self.attended.per_key[:, 0].to(self.sinks.device)
-        shares = None if self.attended is None else self.attended.block_shares(self.block, self.heads).cpu().numpy()
+        seeing: float | torch.Tensor = self.seq_len
+        attended = self.attended
+        if attended is not None:
+            seeing = attended.per_key[:, 0].to(self.sinks.device)
+        elif self.union is not None:  # masks that differ by sample: each sample's own queries
+            attended, seeing = Attended(self.union), self.seeing
+            self.keys.queries = self.key_counts / self.samples
+        shares = None if attended is None else attended.block_shares(self.block, self.heads).cpu().numpy()
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
                                key_profile=self.keys.result().cpu().numpy(),
                                sink_share=(self.sinks / seeing).float().cpu().numpy(), attended=shares,
-                               measures=self._measure_arrays())  # fmt: skip
+                               measures=self._measure_arrays(), note=self.note)  # fmt: skip
 
     def _measure_arrays(self) -> dict | None:
         """SPEC section 14's arrays: the weights' measures, and the rotary frequencies' use where the call rotates."""

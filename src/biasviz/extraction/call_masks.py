@@ -1,0 +1,93 @@
+"""The cells each streamed attention call attends to, handed to the summaries of its layer (SPEC section 13).
+
+A call whose mask is the causal triangle (or, seeing every key, every cell) needs nothing; one mask for every
+sample (sliding windows, local layers, flex block masks) is set once on every part of the layer
+(:class:`~biasviz.summaries.attended.Attended`); masks that differ by sample (padding, packed documents) turn the
+layer's parts to per-sample counting from that sample on, and each batch's own mask goes to them as it comes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from biasviz.adapters.base import ModelAdapter
+from biasviz.common.errors import BiasvizError
+from biasviz.summaries import QuantitySummary
+from biasviz.summaries.attended import Attended
+from biasviz.summaries.streamed_position import StreamedPosition
+
+Parts = dict[tuple[str, int], QuantitySummary]
+
+BY_SAMPLE = "by sample"  # a layer whose samples are masked differently (its entry in ``masks``)
+
+
+def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[int, Any], parts: Parts,
+            position: Mapping[int, StreamedPosition], first: int, merged: bool = False) -> None:  # fmt: skip
+    """A streamed call's attended cells (B or 1, H, T, T): where they are not the causal triangle (or, in a call that
+    sees every key, every cell), every summary of the layer is taken over them (SPEC section 13). One mask while
+    every sample has the same; from the first sample masked otherwise (padding, packed documents) on, each sample's
+    own cells count for it (:meth:`QuantitySummary.by_sample`, :meth:`StreamedPosition.by_sample`)."""
+    own = [part for (_, at), part in parts.items() if at == layer]
+    spot = position.get(layer)
+    if masks.get(layer) is BY_SAMPLE:
+        _by_batch(own, spot, first, kept)
+        return
+    mask = kept[:1]
+    differs = kept.shape[0] > 1 and not bool((kept == mask).all())
+    causal = adapter.layer_causal(layer)
+    if layer in masks and not differs:
+        known = masks[layer]
+        if bool(_plain(mask, causal)) if known is None else bool(torch.equal(known, mask)):
+            return
+        differs = True
+    if differs:
+        if merged:
+            raise BiasvizError(f"attention call {layer} masked other cells for sample {first} than for the first: "
+                               "under torchrun a summary takes one mask for every sample; run it in one "
+                               "process")  # fmt: skip
+        before = None
+        if layer in masks:  # the one mask of the samples before this batch
+            before = masks[layer] if masks[layer] is not None else _plain_mask(mask, causal)
+        warnings.warn(f"attention call {layer}: samples masked differently (padding or packed documents); each "
+                      "sample's own cells count for it, and the positional logits P and SPEC section 14's "
+                      "measures of this call are not stored", stacklevel=2)  # fmt: skip
+        masks[layer] = BY_SAMPLE
+        for part in own:
+            part.by_sample(None if before is None else before[0])
+        if spot is not None:
+            spot.by_sample(None if before is None else before[0], first)
+        _by_batch(own, spot, first, kept)
+        return
+    if _plain(mask, causal):
+        masks[layer] = None
+        return
+    masks[layer] = mask
+    attended = Attended(mask.to(kept.device))
+    for part in own:
+        part.attend(attended)
+    if spot is not None:
+        spot.attend(attended)
+
+
+def _by_batch(own: list[QuantitySummary], spot: StreamedPosition | None, first: int, kept: torch.Tensor) -> None:
+    """A batch's own attended cells, to every part of a layer whose samples are masked differently."""
+    for part in own:
+        part.batch_attended = kept
+    if spot is not None:
+        spot.batch_attended(first, kept)
+
+
+def _plain_mask(mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """(1, 1, T, T): the causal triangle (``causal``) or every cell, as ``mask``'s device holds it."""
+    t = mask.shape[-1]
+    full = torch.ones(1, 1, t, t, dtype=torch.bool, device=mask.device)
+    return full.tril() if causal else full
+
+
+def _plain(mask: torch.Tensor, causal: bool) -> bool:
+    """Whether ``mask`` (1, H, T, T) is the causal triangle (``causal``) or every cell: no mask of the call's own."""
+    return bool((mask == _plain_mask(mask, causal)).all())

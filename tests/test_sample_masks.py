@@ -1,0 +1,213 @@
+"""Summaries of calls that mask each sample differently (SPEC section 13): left padding, packed documents.
+
+Each sample's own cells count for it: a cell's mean and spread are over the samples that attend it, the maps,
+profiles and diagnostics average the cells some sample attends, the key profile and sink shares count each
+sample's own queries. The reference is float64 numpy on the q, k, scale, additive part and mask caught at the
+model's own SDPA call in a plain forward (torch's function wrapped here, not through biasviz).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import biasviz
+from tests.test_attended_cells import diagnostics
+
+T, N, HEADS, VOCAB = 16, 3, 4, 64
+
+
+def caught_call(forward: Any) -> dict[str, np.ndarray]:
+    """q, k (key heads repeated), scale, additive part and attended cells (N, H, T, T) of the one SDPA call."""
+    seen: dict[str, Any] = {}
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def wrapped(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, **kw):
+        groups = q.shape[1] // k.shape[1]
+        seen["q"], seen["k"] = q.double(), k.repeat_interleave(groups, dim=1).double()
+        seen["scale"] = q.shape[-1] ** -0.5 if scale is None else scale
+        shape = (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
+        i, j = torch.arange(q.shape[-2])[:, None], torch.arange(k.shape[-2])[None, :]
+        kept = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool) & ((j <= i) if is_causal else True)
+        added = torch.zeros(shape, dtype=torch.float64)
+        if attn_mask is not None:
+            kept = kept & (attn_mask if attn_mask.dtype == torch.bool else attn_mask > -1e9)
+            if attn_mask.dtype != torch.bool:
+                added = torch.broadcast_to(torch.where(attn_mask > -1e9, attn_mask, 0.0).double(), shape)
+        seen["kept"], seen["added"] = torch.broadcast_to(kept, shape), added
+        return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                        enable_gqa=enable_gqa, **kw)  # fmt: skip
+
+    torch.nn.functional.scaled_dot_product_attention = wrapped
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+    return {name: np.asarray(value.numpy() if torch.is_tensor(value) else value) for name, value in seen.items()}
+
+
+def per_cell(values: np.ndarray, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(H, T, T) mean and population spread of each cell over the samples that attend it; NaN where none does."""
+    n = kept.sum(0)
+    mean = np.where(kept, values, 0.0).sum(0) / np.maximum(n, 1)
+    spread = np.sqrt(np.where(kept, (values - mean) ** 2, 0.0).sum(0) / np.maximum(n, 1))
+    return np.where(n > 0, mean, np.nan), np.where(n > 0, spread, np.nan)
+
+
+def block_means(cells: np.ndarray, union: np.ndarray, block: int) -> np.ndarray:
+    """(H, T / block, T / block): the mean of each block's cells that some sample attends (NaN with none)."""
+    h, t = cells.shape[0], cells.shape[-1] // block
+    total = np.where(union, cells, 0.0).reshape(h, t, block, t, block).sum((2, 4))
+    count = union.reshape(h, t, block, t, block).sum((2, 4))
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
+    """Every stored quantity, from the caught call by the rule of SPEC section 13 for masks that differ by sample."""
+    kept, c = call["kept"], float(call["scale"])
+    assert not (kept == kept[:1]).all(), "the samples' masks differ"
+    scores = c * np.einsum("nhid,nhjd->nhij", call["q"], call["k"]) + call["added"]
+    z = np.where(kept, scores, -np.inf)
+    top = np.where(kept.any(-1, keepdims=True), z.max(-1, keepdims=True), 0.0)
+    w = np.where(kept, np.exp(z - top), 0.0)
+    w /= np.maximum(w.sum(-1, keepdims=True), 1e-300)
+    union = kept.any(0)
+    out: dict[str, np.ndarray] = {}
+    d = np.subtract.outer(np.arange(T), np.arange(T))
+    for kind, values in (("weights", w), ("scores", scores), ("bias", call["added"])):
+        mean, spread = per_cell(values, kept)
+        out[f"{kind}_mean"], out[f"{kind}_std"] = block_means(mean, union, block), block_means(spread, union, block)
+        profile = np.full((2, HEADS, T), np.nan)
+        for h in range(HEADS):
+            for dist in range(T):
+                cells = union[h] & (d == dist)
+                if cells.any():
+                    m, s = mean[h][cells], spread[h][cells]
+                    profile[:, h, dist] = m.mean(), np.sqrt(max((s**2 + m**2).mean() - m.mean() ** 2, 0.0))
+        out[f"{kind}_profile"] = profile
+        out[f"{kind}_cells"] = mean
+    seen = kept.sum((0, 2)).astype(float)  # (H, T): (sample, query) pairs that see each key
+    key_mean = w.sum((0, 2)) / seen
+    key_sq = (w**2).sum((0, 2)) / seen
+    out["weights_key_profile"] = np.stack([key_mean, np.sqrt(np.maximum(key_sq - key_mean**2, 0.0))])
+    with np.errstate(invalid="ignore"):
+        out["sink_share"] = w[..., 0].sum(-1) / kept[..., 0].sum(-1)  # (N, H): NaN where no query sees key 0
+    out["attended"] = union.reshape(HEADS, T // block, block, T // block, block).mean((2, 4))
+    out["union"] = union
+    return out
+
+
+class Packed(torch.nn.Module):
+    """Documents packed into each window, a sample's own boundaries: a query sees the earlier keys of its own
+    document, with an additive bias by the distance within it and by the key's place in its document."""
+
+    def __init__(self, starts: dict[tuple[int, ...], list[int]]) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, HEADS * 8)
+        self.starts = starts
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids).view(*ids.shape, HEADS, 8).transpose(1, 2)
+        t = ids.shape[-1]
+        doc = torch.stack([torch.bucketize(torch.arange(t), torch.tensor(self.starts[tuple(r.tolist())]), right=True)
+                           for r in ids])  # fmt: skip
+        place = torch.arange(t) - torch.stack([torch.tensor(self.starts[tuple(r.tolist())])[d - 1] for r, d in
+                                               zip(ids, doc, strict=True)])  # fmt: skip
+        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+        kept = (j <= i) & (doc[:, :, None] == doc[:, None, :])  # (B, T, T)
+        bias = -0.1 * (i - j).float() - 0.05 * place[:, None, :].float()
+        mask = torch.where(kept, bias, float("-inf"))[:, None]
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+
+
+def _packed() -> tuple[torch.nn.Module, torch.Tensor, None]:
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(7))
+    starts = [[0], [0, 5], [0, 3, 11]]  # one document, then two, then three
+    torch.manual_seed(1)
+    return Packed({tuple(r.tolist()): s for r, s in zip(ids, starts, strict=True)}).eval(), ids, None
+
+
+def _left_padded() -> tuple[torch.nn.Module, torch.Tensor, Any]:
+    """A transformers Llama given an attention_mask with left padding (its rows are formed again without it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_attention_heads=HEADS, num_key_value_heads=2, num_hidden_layers=1,
+                         intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64,
+                         attn_implementation="sdpa")  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(1))
+    pad = torch.ones(N, T, dtype=torch.long)
+    pad[1, :4] = 0
+    pad[2, :7] = 0
+    rows = {tuple(r.tolist()): k for k, r in enumerate(ids)}
+
+    def forward(batch: torch.Tensor) -> Any:
+        return model(batch, attention_mask=pad[[rows[tuple(r.tolist())] for r in batch]])
+
+    return model, ids, forward
+
+
+MODELS = {"packed documents": _packed, "left padding": _left_padded}
+
+
+@pytest.fixture(scope="module", params=[(name, batch, r) for name in MODELS for batch, r in ((1, T), (N, T // 2))],
+                ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}")  # fmt: skip
+def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A summary in batches of one (the masks differ from the second batch on: the layer turns to per-sample
+    counting part-way) and in one batch (they differ within it), exact cells and blocks of two."""
+    name, batch, resolution = request.param
+    model, ids, forward = MODELS[name]()
+    call = caught_call(lambda: forward(ids) if forward is not None else model(ids))
+    out = tmp_path_factory.mktemp("masks") / "s.h5"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=batch, resolution=resolution,
+                        forward=forward)  # fmt: skip
+    with h5py.File(out, "r") as f:
+        stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
+        attrs = {"note": f["layer_0"].attrs.get("note"), "mask": f.attrs["mask"]}
+    return {"name": name, "stored": stored, "attrs": attrs, "warnings": [str(w.message) for w in caught],
+            "expected": reference(call, T // resolution)}
+
+
+NAMES = ["weights_mean", "weights_std", "weights_profile", "scores_mean", "scores_std", "scores_profile",
+         "weights_key_profile", "sink_share", "attended"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_sample_counts_its_own_cells(summarised: dict[str, Any], name: str) -> None:
+    got, want = summarised["stored"][name], summarised["expected"][name]
+    assert np.array_equal(np.isnan(got), np.isnan(want)), name  # no sample attends: NaN, and only there
+    atol = 1e-5 if name in ("weights_key_profile", "scores_std", "weights_std") else 2e-6
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=atol, equal_nan=True)
+
+
+def test_the_bias_of_packed_documents_and_its_diagnostics(summarised: dict[str, Any]) -> None:
+    """The additive part by distance and place in a document: maps and profile over each sample's own cells; the
+    Toeplitz and separability residuals of the mean bias over the cells some sample attends."""
+    if summarised["name"] != "packed documents":
+        pytest.skip("the padded Llama adds no bias")
+    stored, expected = summarised["stored"], summarised["expected"]
+    for name in ("bias_mean", "bias_std", "bias_profile"):
+        np.testing.assert_allclose(stored[name], expected[name], rtol=2e-5, atol=2e-6, equal_nan=True)
+    cells, union = expected["bias_cells"], expected["union"]
+    want = np.array([diagnostics(np.nan_to_num(cells[h]), union[h]) for h in range(HEADS)])
+    got = np.array([[row["toeplitz_residual"], row["separability_residual"]] for row in stored["diagnostics"]])
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_what_needs_one_mask_is_left_out_and_said(summarised: dict[str, Any]) -> None:
+    """P pairs the cells of different samples as one grid, SPEC section 14's measures rank them: not stored, and
+    the layer, the file and a warning say why."""
+    stored, attrs = summarised["stored"], summarised["attrs"]
+    assert "positional_mean" not in stored and "band_mass" not in stored
+    assert "samples masked differently" in attrs["note"] and "not stored" in attrs["note"]
+    assert attrs["mask"] == "model"
+    assert any("samples masked differently" in w for w in summarised["warnings"])
