@@ -211,3 +211,21 @@ def test_what_needs_one_mask_is_left_out_and_said(summarised: dict[str, Any]) ->
     assert "samples masked differently" in attrs["note"] and "not stored" in attrs["note"]
     assert attrs["mask"] == "model"
     assert any("samples masked differently" in w for w in summarised["warnings"])
+
+
+def test_a_layer_note_from_a_file_is_shown_as_plain_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file's note is data: control characters never reach the terminal, and an overlong one is cut."""
+    from tests.conftest import run_cli
+
+    model, ids, _ = _packed()
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(model, ids, out, summary=True, progress=False)
+    with h5py.File(out, "a") as f:
+        f["layer_0"].attrs["note"] = "\x1b]0;owned\x07\x1b[31m<b>red</b>" + "x" * 1000
+    code, text, err = run_cli(["info", str(out)], capsys)
+    assert code == 0, err
+    line = next(line for line in text.splitlines() if "layer_0 note" in line)
+    assert "\x1b" not in line and "\x07" not in line and "<b>red</b>" in line
+    assert line.endswith("...") and len(line) < 500

@@ -130,6 +130,9 @@ def _layer_lines(f: Any, layer: int, group: str) -> list[str]:
         for name in names:
             ds = f.summary.h5[f"{group}/{name}"]
             lines.append(f"  {group + '/' + name:<{width}}{_dtype(ds)} {tuple(ds.shape)}, {_filters(ds)}")
+        note = f.summary.note(layer)
+        if note:  # what the layer's summary leaves out, and why
+            lines.append(f"  {group + ' note':<{width}}{note}")
         return lines
     names = ("bias", "weights") if f.has_bias(layer) else ("weights",)
     for name in ("bias",) if f.bias_only else names:

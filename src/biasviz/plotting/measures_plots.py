@@ -39,6 +39,9 @@ def need_measure(bf: BiasFile, layer: int, name: str, what: str) -> int:
     if bf.bias_only:
         raise BiasvizError(f"{what} needs a forward pass over text; {bf.path} was made with --bias-only")
     if not bf.summary.holds(resolved, name):
+        note = bf.summary.note(resolved)
+        if note:  # the summary says why (samples masked differently)
+            raise BiasvizError(f"{bf.path} holds no {name} for layer {resolved}: {note}")
         raise BiasvizError(f"{bf.path} holds no {name} for layer {resolved}: it was made before biasviz measured it, "
                            "or by a model whose attention weights biasviz does not see as they are formed; extract "
                            "it again")  # fmt: skip

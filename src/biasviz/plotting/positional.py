@@ -37,6 +37,9 @@ def need_position(bf: BiasFile, layer: int, what: str, positional: bool = True) 
         if positional and bf.n_samples < 2:
             raise BiasvizError(f"positional logits need two samples or more (P pairs a query of one text with keys "
                                f"of another); {bf.path} holds {bf.n_samples}: extract with --samples 2 or more")
+        note = bf.summary.note(resolved)
+        if note:  # the summary says why (samples masked differently)
+            raise BiasvizError(f"{bf.path} holds no {what} for layer {resolved}: {note}")
         raise BiasvizError(f"{bf.path} holds no {what} for layer {resolved}: it was made before biasviz stored "
                            "them, or by a model whose attention biasviz cannot form again; extract it again")
     return resolved

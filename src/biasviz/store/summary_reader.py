@@ -24,6 +24,7 @@ from biasviz.store.format import (
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
     KEY_PROFILE,
+    LAYER_NOTE,
     POSITIONAL_DIAGNOSTICS,
     POSITIONAL_FROM_KEYS,
     POSITIONAL_PROFILE,
@@ -92,6 +93,17 @@ class SummaryLayout:
 
     def holds(self, layer: int, name: str) -> bool:
         return name in self.contents.get(layer, ())
+
+    def note(self, layer: int) -> str | None:
+        """What the layer's summary leaves out and why (its ``note`` attribute: samples masked differently), as
+        plain printable text of at most 400 characters (data from a file: shown, never trusted); None without."""
+        value = self.h5[layer_group(layer)].attrs.get(LAYER_NOTE) if layer_group(layer) in self.h5 else None
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if not isinstance(value, str) or not value:
+            return None
+        text = "".join(c if c.isprintable() else "?" for c in value)
+        return text[:400] + ("..." if len(text) > 400 else "")
 
     def used(self, layer: int, checkpoint: int = 0) -> np.ndarray:
         """(query block, key block), or (head, ...) for a layer with its own mask: the blocks with attended cells."""
