@@ -9,6 +9,7 @@ model's own SDPA call in a plain forward (torch's function wrapped here, not thr
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import h5py
