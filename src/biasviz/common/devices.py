@@ -201,3 +201,37 @@ class PeakMemory:
         for index in self.cuda:
             peaks[f"cuda:{index}"] = int(torch.cuda.max_memory_allocated(index))
         return peaks
+
+
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_dtypes() -> dict[str, str]:
+    """The device types under a caller's ``torch.autocast`` and its dtype ({"cpu": "bfloat16"}): a model then runs
+    its own kernels in that dtype, which the file records."""
+    out = {}
+    for kind in AUTOCAST_DEVICES:
+        if torch.is_autocast_enabled(kind):
+            out[kind] = str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
+    return out
+
+
+@contextlib.contextmanager
+def without_autocast() -> Iterator[None]:
+    """biasviz's own arithmetic (scores and weights formed from the q and k a call received) in the operands'
+    precision, whatever ``torch.autocast`` the caller runs the model under: the numbers are the math of what the
+    call received (SPEC section 7: float32), not another rounding of it."""
+    with contextlib.ExitStack() as stack:
+        for kind in autocast_dtypes():
+            stack.enter_context(torch.autocast(kind, enabled=False))
+        yield
+
+
+@contextlib.contextmanager
+def autocast_as(dtypes: Mapping[str, str]) -> Iterator[None]:
+    """The caller's ``torch.autocast`` (as :func:`autocast_dtypes` read it) again, around the model's own forward
+    inside :func:`without_autocast`."""
+    with contextlib.ExitStack() as stack:
+        for kind, dtype in dtypes.items():
+            stack.enter_context(torch.autocast(kind, dtype=getattr(torch, dtype)))
+        yield

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from biasviz.adapters.base import Formed, ModelAdapter
-from biasviz.common.devices import evaluating, placed
+from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, placed, without_autocast
 from biasviz.common.errors import BiasvizError, MasksDifferBySample, check_interrupted
 from biasviz.common.progress import Progress
 from biasviz.extraction.call_masks import attend
@@ -112,23 +112,27 @@ def summarise(
     options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
                "measures": measures}  # fmt: skip
-    try:
-        return _summarise(adapter, ids, layer_list, dev, streamed=streamed, **options)
-    except MasksDifferBySample:
-        if streamed or gather is not None:
-            raise
-    # padding, packed documents: rows formed again take one mask for every sample; streamed, as the model forms
-    # them, each sample's own cells count for it (SPEC section 13)
-    return _summarise(adapter, ids, layer_list, dev, streamed=True, **options)
+    options["caller"] = autocast_dtypes()  # the model runs under the caller's autocast; biasviz's own math does not
+    with without_autocast():
+        try:
+            return _summarise(adapter, ids, layer_list, dev, streamed=streamed, **options)
+        except MasksDifferBySample:
+            if streamed or gather is not None:
+                raise
+        # padding, packed documents: rows formed again take one mask for every sample; streamed, as the model forms
+        # them, each sample's own cells count for it (SPEC section 13)
+        return _summarise(adapter, ids, layer_list, dev, streamed=True, **options)
 
 
 def _summarise(
     adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, *, resolution: int,
     batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
     scratch: str | Path | None = None, gather: Gather | None = None, positional: bool = True,
-    measures: bool = True, streamed: bool = False,
+    measures: bool = True, streamed: bool = False, caller: Mapping[str, str] | None = None,
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
-    """One run of :func:`summarise`: ``streamed`` streams the rows even where they could be formed again."""
+    """One run of :func:`summarise`: ``streamed`` streams the rows even where they could be formed again; the model's
+    forward runs under ``caller``'s autocast."""
+    caller = caller or {}
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
     block = block_size(seq_len, resolution)
@@ -161,7 +165,7 @@ def _summarise(
     extras: dict[int, PositionSummary] = {}
     if replay:
         got = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather,
-                        positional, formula=set(direct), measures=measures)  # fmt: skip
+                        positional, formula=set(direct), measures=measures, caller=caller)  # fmt: skip
         if got is None:  # torchrun: process 0 summarises every sample
             return {}
         extras = got
@@ -172,7 +176,7 @@ def _summarise(
                                             rotary=adapter.rotary(layer) if measures else None)
                     for layer in layer_list} if streamed_position else {}
         _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position,
-                  merged=merge is not None)
+                  merged=merge is not None, caller=caller)
         held = merge(parts, position) if merge is not None else True
         extras = {layer: p.result() for layer, p in position.items()} if held else {}
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
@@ -199,7 +203,8 @@ Parts = dict[tuple[str, int], QuantitySummary]
 
 def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None,
-              position: Mapping[int, StreamedPosition] | None = None, merged: bool = False) -> None:  # fmt: skip
+              position: Mapping[int, StreamedPosition] | None = None, merged: bool = False,
+              caller: Mapping[str, str] | None = None) -> None:  # fmt: skip
     """Every block the model forms goes into ``parts`` as it comes; samples in batches of ``batch``. ``position``:
     the layers whose scores, q and k (and bias and weights) also go into SPEC section 12's sums."""
     n = len(ids)
@@ -208,14 +213,15 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     masks: dict[int, Any] = {}  # per layer: its own mask, None where causal or every cell, or BY_SAMPLE
 
     def sink(layer: int, kind: str, row0: int, tensor: torch.Tensor) -> None:
-        if kind == "attended":
-            attend(adapter, layer, tensor, masks, parts, position, first[0], merged)
-            return
-        part = parts.get((kind, layer))
-        if part is not None:
-            part.add(row0, tensor)
-        if layer in position:
-            position[layer].add(kind, first[0], row0, tensor)
+        with without_autocast():  # called from inside the model's forward
+            if kind == "attended":
+                attend(adapter, layer, tensor, masks, parts, position, first[0], merged)
+                return
+            part = parts.get((kind, layer))
+            if part is not None:
+                part.add(row0, tensor)
+            if layer in position:
+                position[layer].add(kind, first[0], row0, tensor)
 
     want_bias = any(kind == "bias" for kind, _ in parts)
     want_scores = any(kind == "scores" for kind, _ in parts)
@@ -228,7 +234,8 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
             first[0] = start
             for p in [*parts.values(), *position.values()]:
                 p.begin_batch(len(chunk))
-            adapter.forward(torch.from_numpy(chunk).to(dev))
+            with autocast_as(caller or {}):
+                adapter.forward(torch.from_numpy(chunk).to(dev))
             flush()
             for p in parts.values():
                 p.end_batch()
@@ -239,8 +246,8 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
 def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None, scratch: str | Path | None, block: int,
               gather: Gather | None = None, positional: bool = True,
-              formula: frozenset[int] | set[int] = frozenset(),
-              measures: bool = True) -> dict[int, PositionSummary] | None:  # fmt: skip
+              formula: frozenset[int] | set[int] = frozenset(), measures: bool = True,
+              caller: Mapping[str, str] | None = None) -> dict[int, PositionSummary] | None:  # fmt: skip
     """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
 
     Each phase has a progress bar (a heartbeat line in a log) of its own, named "summarise (phase K of P): ...":
@@ -252,6 +259,7 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     """
     n, seq_len = ids.shape
     heads = adapter.n_heads
+    caller = caller or {}
     varying = {layer: (b := parts.get(("bias", layer))) is not None and b.mode != "shared" for layer in layer_list}
     blocks = {layer: len(list(row_blocks(seq_len, heads, dev, varying[layer]))) for layer in layer_list}
     phases = 1 + len(layer_list)
@@ -266,7 +274,8 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
         with phase(1, "forward", n * (max(layer_list) + 1), "layer") as bar, adapter.keep(layer_list, bank, bar.update):
             for start in range(0, n, batch):
                 bank.start = start
-                adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
+                with autocast_as(caller):
+                    adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
                 check_interrupted()
         if gather is not None:
             joined = gather(bank)

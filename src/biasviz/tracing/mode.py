@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from biasviz.common.devices import without_autocast
 from biasviz.tracing.calls import (
     AttentionCall,
     SdpaOperands,
@@ -43,9 +44,12 @@ _FORMING = threading.local()
 
 @contextlib.contextmanager
 def _forming() -> Iterator[None]:
+    """A trace's own arithmetic: not the model's (see above), and in the operands' precision whatever autocast the
+    model runs under."""
     _FORMING.depth = getattr(_FORMING, "depth", 0) + 1
     try:
-        yield
+        with without_autocast():
+            yield
     finally:
         _FORMING.depth -= 1
 
