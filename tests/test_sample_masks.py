@@ -18,6 +18,8 @@ import pytest
 import torch
 
 import biasviz
+from biasviz.store.datasets import SINK_RANKS
+from tests.measures_reference import reference as measures_reference
 from tests.test_attended_cells import diagnostics
 
 T, N, HEADS, VOCAB = 16, 3, 4, 64
@@ -101,7 +103,34 @@ def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
         out["sink_share"] = w[..., 0].sum(-1) / kept[..., 0].sum(-1)  # (N, H): NaN where no query sees key 0
     out["attended"] = union.reshape(HEADS, T // block, block, T // block, block).mean((2, 4))
     out["union"] = union
+    # section 14: each sample's measures over its own cells (the reference of one mask, sample by sample), then the
+    # mean, spread and SE over the samples that have a value
+    per_sample = [measures_reference(w[a : a + 1], kept[a], block) for a in range(len(w))]
+    for name in ("band_mass", "context_mass", "weights_entropy", "received"):
+        x = np.concatenate([one[name] for one in per_sample])
+        out[name], out[f"{name}_se"] = over_samples(x)
+        out[f"{name}_each"] = x
+    out["weights_key_profile_se"], out["sink_share_se"] = out["received_se"], out["received_se"][..., 0]
+    slot = np.subtract.outer(np.arange(T), np.arange(T))  # i - j: a causal call's distances
+    for kind, values in (("weights", w), ("scores", scores)):
+        own = np.full((len(w), HEADS, T), np.nan)
+        for dist in range(T):
+            cells = kept & (slot == dist)
+            with np.errstate(invalid="ignore"):
+                own[..., dist] = np.where(cells, values, 0.0).sum((2, 3)) / cells.sum((2, 3))
+        out[f"{kind}_profile_se"] = over_samples(own)[1]
     return out
+
+
+def over_samples(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample values (N, ...) -> ((2, ...) mean and std, SE) over the samples with a value; SE NaN below 3."""
+    held = ~np.isnan(x)
+    n = held.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(held, x, 0.0).sum(0) / n
+        dev2 = np.where(held, x - mean, 0.0) ** 2
+        se = np.where(n >= 3, np.sqrt(dev2.sum(0) / (n * (n - 1))), np.nan)
+        return np.stack([mean, np.sqrt(dev2.sum(0) / n)]), se
 
 
 class Packed(torch.nn.Module):
@@ -204,11 +233,35 @@ def test_the_bias_of_packed_documents_and_its_diagnostics(summarised: dict[str, 
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["band_mass", "context_mass", "weights_entropy"])
+def test_section_14_measures_are_over_each_sample_s_own_cells(summarised: dict[str, Any], name: str) -> None:
+    """Band and context mass (the keys each query sees in its own sample: within its document) and entropy, with
+    spread and SE over the samples that have a value."""
+    stored, expected = summarised["stored"], summarised["expected"]
+    np.testing.assert_allclose(stored[name], expected[name], rtol=2e-5, atol=2e-6, equal_nan=True)
+    np.testing.assert_allclose(stored[f"{name}_se"], expected[f"{name}_se"], rtol=2e-4, atol=2e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["weights_profile_se", "scores_profile_se", "weights_key_profile_se",
+                                  "sink_share_se"])  # fmt: skip
+def test_standard_errors_over_each_sample_s_own_cells(summarised: dict[str, Any], name: str) -> None:
+    stored, expected = summarised["stored"], summarised["expected"]
+    np.testing.assert_allclose(stored[name], expected[name], rtol=2e-4, atol=1e-6, equal_nan=True)
+
+
+def test_sink_keys_rank_each_sample_s_own_queries(summarised: dict[str, Any]) -> None:
+    received = summarised["expected"]["received_each"]  # (N, H, T) mean weight over the queries that see each key
+    sinks = summarised["stored"]["sink_keys"]
+    ranked = -np.sort(-np.nan_to_num(received, nan=-1.0), -1)[..., :SINK_RANKS]
+    np.testing.assert_allclose(sinks["share"], np.where(ranked >= 0, ranked, np.nan), rtol=2e-5, atol=1e-7,
+                               equal_nan=True)  # fmt: skip
+
+
 def test_what_needs_one_mask_is_left_out_and_said(summarised: dict[str, Any]) -> None:
-    """P pairs the cells of different samples as one grid, SPEC section 14's measures rank them: not stored, and
-    the layer, the file and a warning say why."""
+    """P pairs the cells of different samples as one grid: not stored, nor the rotary measures and the block maps'
+    SEs, and the layer, the file and a warning say why."""
     stored, attrs = summarised["stored"], summarised["attrs"]
-    assert "positional_mean" not in stored and "band_mass" not in stored
+    assert "positional_mean" not in stored and "frequency_use" not in stored and "weights_mean_se" not in stored
     assert "samples masked differently" in attrs["note"] and "not stored" in attrs["note"]
     assert attrs["mask"] == "model"
     assert any("samples masked differently" in w for w in summarised["warnings"])

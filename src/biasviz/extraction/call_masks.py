@@ -53,8 +53,8 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
         if layer in masks:  # the one mask of the samples before this batch
             before = masks[layer] if masks[layer] is not None else _plain_mask(mask, causal)
         warnings.warn(f"attention call {layer}: samples masked differently (padding or packed documents); each "
-                      "sample's own cells count for it, and the positional logits P and SPEC section 14's "
-                      "measures of this call are not stored", stacklevel=2)  # fmt: skip
+                      "sample's own cells count for it, and the positional logits P, the rotary frequency measures "
+                      "and the block maps' standard errors of this call are not stored", stacklevel=2)  # fmt: skip
         masks[layer] = BY_SAMPLE
         for part in own:
             part.by_sample(None if before is None else before[0])

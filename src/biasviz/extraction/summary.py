@@ -187,7 +187,7 @@ def _summarise(
         else:
             out[layer][kind] = part.result(total_samples=total)
     for layer, extra in extras.items():
-        if extra.measures is not None:  # the maps' SEs the per-sample block means did not give (SPEC section 14)
+        if extra.measures is not None and extra.note is None:  # the maps' SEs the block means did not give (SPEC 14)
             map_errors(extra.measures, out[layer], {k: p for (k, at), p in parts.items() if at == layer},
                        samples=total, block=block)  # fmt: skip
         out[layer]["position"] = extra

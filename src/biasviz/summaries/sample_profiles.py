@@ -20,13 +20,23 @@ from biasviz.summaries.pending import Pending
 def sample_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-sample values (N, ...) -> ((2, ...) mean and std over samples (ddof 0), SE or None with N < 3).
 
-    The SE sqrt(Σ (x_a - x̄)² / (N (N - 1))) is the delete-one jackknife of a mean. NaN in a sample (nothing
-    attended there) leaves that entry NaN."""
-    n = x.shape[0]
-    mean = x.mean(0)
-    dev2 = (x - mean).square().sum(0)
+    The SE sqrt(Σ (x_a - x̄)² / (N (N - 1))) is the delete-one jackknife of a mean. A sample with NaN there (nothing
+    it attends to: samples masked differently) is left out of that entry, N its samples with a value; an entry no
+    sample has, or (SE) fewer than 3, is NaN.
+
+    >>> stats, se = sample_stats(torch.tensor([[1.0, 1.0], [3.0, float("nan")], [5.0, 2.0]], dtype=torch.float64))
+    >>> stats.tolist(), se.tolist()
+    ([[3.0, 1.5], [1.632993161855452, 0.5]], [1.1547005383792515, nan])
+    """
+    n_all = x.shape[0]
+    held = ~torch.isnan(x)
+    n = held.sum(0).to(x.dtype)
+    mean = torch.where(held, x, 0.0).sum(0) / n
+    dev2 = torch.where(held, x - mean, 0.0).square().sum(0)
     std = (dev2 / n).sqrt()
-    se = (dev2 / (n * (n - 1))).sqrt() if n >= MIN_SE_SAMPLES else None
+    se = None
+    if n_all >= MIN_SE_SAMPLES:
+        se = torch.where(n >= MIN_SE_SAMPLES, (dev2 / (n * (n - 1)).clamp(min=1)).sqrt(), float("nan"))
     return torch.stack([mean, std]), se
 
 
@@ -41,7 +51,22 @@ class SampleProfiles(Pending):
                                  dtype=torch.float64, device=device)  # fmt: skip
         self.seen = False  # whether any block came (a model that adds no bias sends none of it)
 
+    batch_attended: torch.Tensor | None = None  # masks that differ by sample: the batch's (B or 1, 1 or H, T, T)
+    by_samples = False
+
+    def by_sample(self, first: int) -> None:
+        """From sample ``first`` on, each sample's own cells (:attr:`batch_attended`) count for it: counts per
+        sample, those before counted by the one mask they had."""
+        before = self.counts()  # (1 or H, 2T - 1)
+        with torch.inference_mode(False):
+            self.count = torch.zeros(*self.sums.shape, dtype=torch.float64, device=self.device)
+            self.count[:first] = before
+        self.by_samples, self.attended = True, None
+
     def _mask(self, r0: int, rows: int, keys: int) -> torch.Tensor:
+        if self.by_samples:  # (B or 1, 1 or H, rows, K)
+            assert self.batch_attended is not None
+            return self.batch_attended[..., r0 : r0 + rows, :keys].to(self.device)
         if self.attended is not None:
             return self.attended.rows(r0, r0 + rows, keys).to(self.device)
         i = torch.arange(r0, r0 + rows, device=self.device)[:, None]
@@ -62,7 +87,7 @@ class SampleProfiles(Pending):
         _, _, rows, keys = block.shape
         at = slice(first, first + block.shape[0])
         self.seen = True
-        if self.attended is None and self.causal and r0 >= rows - 1 and keys >= r0 + rows:
+        if self.attended is None and not self.by_samples and self.causal and r0 >= rows - 1 and keys >= r0 + rows:
             self._add_causal(at, r0, block)
             return
         mask = self._mask(r0, rows, keys)
@@ -70,7 +95,10 @@ class SampleProfiles(Pending):
         start = self.seq_len - rows - r0  # the slot of column 0
         slots = slice(start, start + keys + rows - 1)
         self._put(self.sums, (at, slice(None), slots), self._skew_sum(values))
-        if first == 0 and self.attended is not None:  # the mask is the same for every sample: counted once
+        if self.by_samples:  # each sample's own cells
+            own = mask.expand(block.shape[0], *mask.shape[1:]).to(block.dtype)
+            self._put(self.count, (at, slice(None), slots), self._skew_sum(own))
+        elif first == 0 and self.attended is not None:  # the mask is the same for every sample: counted once
             self.count[:, slots] += self._skew_sum(mask[None].to(block.dtype))[0]
 
     def _add_causal(self, at: slice, r0: int, block: torch.Tensor) -> None:
@@ -100,8 +128,9 @@ class SampleProfiles(Pending):
         return total
 
     def counts(self) -> torch.Tensor:
-        """(1 or H, 2T - 1): the attended cells of each slot (closed form where the call's mask is its rule)."""
-        if self.attended is not None:
+        """(1 or H, 2T - 1): the attended cells of each slot (closed form where the call's mask is its rule); (N, H,
+        2T - 1), each sample's own, where samples are masked differently."""
+        if self.attended is not None or self.by_samples:
             return self.count
         t = self.seq_len
         e = torch.arange(2 * t - 1, device=self.device) - (t - 1)  # j - i

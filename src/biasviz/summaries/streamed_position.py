@@ -67,9 +67,10 @@ class StreamedPosition:
 
     def by_sample(self, before: torch.Tensor | None, first: int) -> None:
         """From sample ``first`` on, samples are masked differently (SPEC section 13); ``before``: the one mask
-        (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile and the sink shares count
-        each sample's own queries; P and SPEC section 14's measures, which pair or rank the cells of different
-        samples as one grid, are left out, with :attr:`note` saying so."""
+        (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile, sink shares, section 14's
+        weight measures and the profiles' SEs count each sample's own cells; P (which pairs the cells of different
+        samples as one grid), the rotary frequencies (which have no padding to leave out) and the block maps' SEs
+        are left out, with :attr:`note` saying so."""
         with torch.inference_mode(False):
             heads = self.heads
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
@@ -79,12 +80,14 @@ class StreamedPosition:
                 self.union = self.union | before.to(self.device)
                 self.key_counts += before.to(self.device).sum(-2, dtype=torch.float64) * first
                 self.seeing[:first] = before[:, :, 0].to(self.device).sum(-1, dtype=torch.float64)
+            for held in [*self.profiles.values(), *([self.measures] if self.measures is not None else [])]:
+                held.by_sample(first)
         self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
-        self.measures, self.frequency, self.profiles, self.blocks = None, None, {}, {}
+        self.frequency, self.blocks = None, {}
         self.attended, self.keys.attended = None, None
-        self.note = ("samples masked differently (padding or packed documents): maps, profiles, the key profile "
-                     "and sink shares are over each sample's own cells; the positional logits P and the SPEC "
-                     "section 14 measures take one mask for every sample and are not stored")  # fmt: skip
+        self.note = ("samples masked differently (padding or packed documents): each sample's own cells count for "
+                     "it; the positional logits P, the rotary frequency measures and the block maps' standard "
+                     "errors take one mask for every sample and are not stored")  # fmt: skip
 
     def batch_attended(self, first: int, attended: torch.Tensor) -> None:
         """The attended cells (B or 1, 1 or H, T, T) of samples ``first ..`` (a batch), once masks differ."""
@@ -95,6 +98,9 @@ class StreamedPosition:
             self.union = self.union | every.any(0)
             self.key_counts += every.sum(-2, dtype=torch.float64).sum(0)
             self.seeing[first : first + len(every)] = every[:, :, :, 0].sum(-1, dtype=torch.float64)
+        measures = [self.measures, self.measures.diagonals] if self.measures is not None else []
+        for held in [*self.profiles.values(), *measures]:
+            held.batch_attended = every
 
     def _profiles(self, attended: Attended | None) -> dict[str, SampleProfiles]:
         """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process), and

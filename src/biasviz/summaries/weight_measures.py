@@ -89,13 +89,13 @@ class _Plan:
 
     key: tuple[int, int, int]  # (r0, rows, keys)
     ranges: list[tuple[torch.Tensor, torch.Tensor]]  # per distance bin, key ranges [a, b) by row
-    bounds: PrefixIndex  # (1 or H, rows, S + 1): the first key of each tenth, then K
-    qualifies: torch.Tensor  # (1 or H, rows): the query sees 10 keys or more
-    looks: torch.Tensor  # (1 or H, rows): the query sees a key
+    bounds: PrefixIndex  # (1 or B, 1 or H, rows, S + 1): the first key of each tenth, then K
+    qualifies: torch.Tensor  # (1 or B, 1 or H, rows): the query sees 10 keys or more
+    looks: torch.Tensor  # (1 or B, 1 or H, rows): the query sees a key
     q0: int
     q1: int
     qblock: torch.Tensor  # (rows,) each row's query block - q0
-    mask_cums: torch.Tensor | None  # (1 or H, rows, K) attended keys up to each key; None: causal
+    mask_cums: torch.Tensor | None  # (1 or B, 1 or H, rows, K) attended keys up to each key; None: causal
 
 
 class WeightMeasures(Pending):
@@ -113,10 +113,11 @@ class WeightMeasures(Pending):
         self.entropy = torch.zeros(samples, heads, nqb, **f64)
         self.columns = torch.zeros(samples, heads, seq_len, **f64)  # Σ_i w_a(i, j)
         heads_of_mask = 1 if attended is None else attended.mask.shape[0]
-        # queries (same for every sample, from the mask) that have keys in each bin / see >= 10 keys / see any
-        self.band_queries = torch.zeros(heads_of_mask, len(bins), **f64)
-        self.context_queries = torch.zeros(heads_of_mask, 1, **f64)
-        self.block_queries = torch.zeros(heads_of_mask, nqb, **f64)
+        # queries (same for every sample, from the mask: a leading axis of one; per sample where samples are masked
+        # differently) that have keys in each bin / see >= 10 keys / see any
+        self.band_queries = torch.zeros(1, heads_of_mask, len(bins), **f64)
+        self.context_queries = torch.zeros(1, heads_of_mask, 1, **f64)
+        self.block_queries = torch.zeros(1, heads_of_mask, nqb, **f64)
         self._planned: _Plan | None = None
         self._scratch = Scratch()  # the entropy's temporary, one block of rows
         # each sample's weights by distance: the band masses (a bin's distances summed) and the profile's SE
@@ -126,14 +127,35 @@ class WeightMeasures(Pending):
     def _held(self) -> list[Pending]:
         return [self.diagonals]
 
+    batch_attended: torch.Tensor | None = None  # masks that differ by sample: the batch's (B or 1, 1 or H, T, T)
+    by_samples = False
+    _first = 0  # the batch under way's first sample (the plan is the batch's own)
+
+    def by_sample(self, first: int) -> None:
+        """From sample ``first`` on, each sample's own cells (:attr:`batch_attended`) count for it: the queries of
+        each range counted per sample (those before by the one mask they had), the keys' too."""
+        with torch.inference_mode(False):
+            for name in self.COUNTS:
+                before = getattr(self, name)
+                own = torch.zeros(self.n, self.heads, before.shape[-1], dtype=torch.float64, device=self.device)
+                own[:first] = before
+                setattr(self, name, own)
+            self.key_counts = torch.zeros(self.n, self.heads, self.seq_len, dtype=torch.float64, device=self.device)
+            self.key_counts[:first] = self.per_key()
+        self.diagonals.by_sample(first)
+        self.by_samples, self.attended, self._planned = True, None, None
+
     def _mask(self, r0: int, r1: int, keys: int) -> torch.Tensor:
-        """(1 or H, rows, keys) bool: the cells the call attends to."""
+        """(1 or B, 1 or H, rows, keys) bool: the cells the call attends to."""
+        if self.by_samples:
+            assert self.batch_attended is not None
+            return self.batch_attended[..., r0:r1, :keys].to(self.device)
         if self.attended is not None:
-            return self.attended.rows(r0, r1, keys).to(self.device)
+            return self.attended.rows(r0, r1, keys).to(self.device)[None]
         if not self.causal:
-            return torch.ones(1, r1 - r0, keys, dtype=torch.bool, device=self.device)
+            return torch.ones(1, 1, r1 - r0, keys, dtype=torch.bool, device=self.device)
         i = torch.arange(r0, r1, device=self.device)[:, None]
-        return (torch.arange(keys, device=self.device)[None, :] <= i)[None]
+        return (torch.arange(keys, device=self.device)[None, :] <= i)[None, None]
 
     def _band_ranges(self, r0: int, r1: int, keys: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per (row, bin), the key ranges [a, b) at the bin's distances: before the query, and (bidirectional) after."""
@@ -156,23 +178,24 @@ class WeightMeasures(Pending):
         return total
 
     def _plan(self, r0: int, rows: int, keys: int) -> _Plan:
-        """What the mask decides for a block of rows, the same for every sample: worked out once per block."""
-        key = (r0, rows, keys)
+        """What the mask decides for a block of rows, the same for every sample: worked out once per block (per
+        batch and block where samples are masked differently)."""
+        key = (self._first if self.by_samples else 0, r0, rows, keys)
         if self._planned is not None and self._planned.key == key:
             return self._planned
         r1 = r0 + rows
         i = torch.arange(r0, r1, device=self.device)
         s = torch.arange(SEGMENTS + 1, device=self.device)
         ranges = self._band_ranges(r0, r1, keys)
-        if self.attended is None and self.causal:  # rank r is key r; a query i sees i + 1 keys
-            seen = (i + 1)[None]
-            bounds = (-(-(s[None, :] * seen[0, :, None]) // SEGMENTS))[None]  # (1, rows, S + 1) first key of each
+        if self.attended is None and self.causal and not self.by_samples:  # rank r is key r; query i sees i + 1
+            seen = (i + 1)[None, None]
+            bounds = (-(-(s[None, :] * seen[0, 0, :, None]) // SEGMENTS))[None, None]  # (1, 1, rows, S + 1)
             mask_cums = None
         else:
-            mask = self._mask(r0, r1, keys)  # (1 or H, rows, K)
+            mask = self._mask(r0, r1, keys)  # (1 or B, 1 or H, rows, K)
             seen = mask.sum(-1)
             mask_cums = mask.long().cumsum(-1)  # attended keys up to and including each key
-            need = -(-(s[None, None, :] * seen[..., None]) // SEGMENTS)  # the first rank of each segment
+            need = -(-(s * seen[..., None]) // SEGMENTS)  # the first rank of each segment
             bounds = torch.searchsorted(mask_cums, (need + 1).contiguous())  # the key of that rank
         q0 = r0 // self.block
         plan = _Plan(key=key, ranges=ranges, bounds=PrefixIndex.of(bounds, keys),
@@ -185,12 +208,13 @@ class WeightMeasures(Pending):
         """Samples ``first ..``'s weights (B, H, rows, K) of query rows ``r0 ..`` against keys ``0 .. K - 1``, 0
         where a query does not look (the rows of every sample come exactly once, in any order)."""
         b, _, rows, keys = weights.shape
+        self._first = first
         plan = self._plan(r0, rows, keys)
         at = slice(first, first + b)
         self.diagonals.add(first, r0, weights)  # the band masses: each bin's distances summed at the end
         starts = prefix_sums(weights, plan.bounds)  # Σ before each segment's first key
         segment = starts[..., 1:] - starts[..., :-1]
-        self._put(self.context, (at,), (segment * plan.qualifies[None, ..., None]).sum(-2))
+        self._put(self.context, (at,), (segment * plan.qualifies[..., None]).sum(-2))
         # -w log w, 0 where w = 0: the clamp only keeps log finite there (3x faster than torch.special.entr), worked
         # in a buffer kept from block to block (fresh pages for three temporaries cost 4x the arithmetic)
         work = self._scratch.take(weights.shape[1:], b, weights.dtype, weights.device)
@@ -200,16 +224,22 @@ class WeightMeasures(Pending):
         by_block.index_add_(-1, plan.qblock, entropy * plan.looks)
         self._put(self.entropy, (at, slice(None), slice(plan.q0, plan.q1)), by_block)
         self._put(self.columns, (at, slice(None), slice(0, keys)), weights.sum(-2).double())
-        if first == 0:  # the counts come from the mask, the same for every sample: once
+        if first == 0 or self.by_samples:  # the counts come from the mask: once, or each sample's own
+            whose = (at,) if self.by_samples else ()
+            sample = at if self.by_samples else slice(None)
             if plan.mask_cums is None:  # causal: a query i has keys at the bin's distances from distance lo on
-                present = (plan.ranges[0][1] > plan.ranges[0][0])[None]
+                present = (plan.ranges[0][1] > plan.ranges[0][0])[None, None]
             else:
                 present = self._range_sums(plan.mask_cums, plan.ranges) > 0
-            self._put(self.band_queries, (), present.double().sum(-2))
-            self._put(self.context_queries, (), plan.qualifies.sum(-1, keepdim=True))
-            counts = torch.zeros(plan.looks.shape[0], plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
-            self._put(self.block_queries, (slice(None), slice(plan.q0, plan.q1)),
+            self._put(self.band_queries, whose, present.double().sum(-2))
+            self._put(self.context_queries, whose, plan.qualifies.sum(-1, keepdim=True))
+            counts = torch.zeros(*plan.looks.shape[:2], plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
+            self._put(self.block_queries, (sample, slice(None), slice(plan.q0, plan.q1)),
                       counts.index_add_(-1, plan.qblock, plan.looks))  # fmt: skip
+            if self.by_samples:
+                assert plan.mask_cums is not None
+                self._put(self.key_counts, (at, slice(None), slice(0, keys)), plan.mask_cums.diff(
+                    dim=-1, prepend=torch.zeros_like(plan.mask_cums[..., :1])).sum(-2).double())  # fmt: skip
 
     PER_SAMPLE = ("context", "entropy", "columns")
     COUNTS = ("band_queries", "context_queries", "block_queries")
@@ -231,7 +261,10 @@ class WeightMeasures(Pending):
         self.n = len(self.columns)
 
     def per_key(self) -> torch.Tensor:
-        """(1 or H, T): the queries that see each key."""
+        """(1 or H, T): the queries that see each key; (N, H, T), each sample's, where samples are masked
+        differently."""
+        if self.by_samples:
+            return self.key_counts
         if self.attended is not None:
             return self.attended.per_key.to(self.device)
         t = self.seq_len
@@ -250,10 +283,11 @@ class WeightMeasures(Pending):
         by_distance = self.diagonals.distance_sums()  # (N, H, T)
         ends = torch.cat([torch.zeros_like(by_distance[..., :1]), by_distance.cumsum(-1)], -1)
         band = ends[..., self.hi + 1] - ends[..., self.lo]  # (N, H, bins): each bin's distances
-        per_sample = {"band_mass": per_query(band, self.band_queries[None]),
-                      "context_mass": per_query(self.context, self.context_queries[None]),
-                      "weights_entropy": per_query(self.entropy, self.block_queries[None])}  # fmt: skip
-        received = per_query(self.columns, self.per_key()[None])  # (N, H, T) mean received weight
+        per_sample = {"band_mass": per_query(band, self.band_queries),
+                      "context_mass": per_query(self.context, self.context_queries),
+                      "weights_entropy": per_query(self.entropy, self.block_queries)}  # fmt: skip
+        keys = self.per_key()
+        received = per_query(self.columns, keys if keys.dim() == 3 else keys[None])  # (N, H, T) mean received
         per_sample_key = received
         sink = received[..., 0]  # (N, H)
         for name, x in per_sample.items():
