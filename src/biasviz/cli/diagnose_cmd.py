@@ -239,10 +239,11 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     for r in results:
         where = ("" if one_layer else f"layer {r.layer}, ") + r.measured_on()
         first = len(heads)
+        label = scheme_title(r.name)  # as papers write a scheme (ALiBi), a name of one's own as given
         if r.heads:
-            heads[literal(r.name)], details[literal(r.name)] = r.heads, where
+            heads[label], details[label] = r.heads, where
         if r.positional:  # SPEC section 12: the positional logits P measured like a bias
-            heads[f"{literal(r.name)} P"], details[f"{literal(r.name)} P"] = r.positional, f"positional logits, {where}"
+            heads[f"{label} P"], details[f"{label} P"] = r.positional, f"positional logits, {where}"
         if r.sinks is not None and len(heads) > first:
             sinks[list(heads)[first]] = list(r.sinks["share_per_head"])  # type: ignore[call-overload]
     counts = {r.n_layers for r in results}
