@@ -111,13 +111,15 @@ def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
         out[name], out[f"{name}_se"] = over_samples(x)
         out[f"{name}_each"] = x
     out["weights_key_profile_se"], out["sink_share_se"] = out["received_se"], out["received_se"][..., 0]
-    slot = np.subtract.outer(np.arange(T), np.arange(T))  # i - j: a causal call's distances
+    slot = np.subtract.outer(np.arange(T), np.arange(T))  # i - j
+    # a causal call's profile SEs run over d = i - j >= 0, a bidirectional one's over i - j from -(T - 1)
+    signed = range(-(T - 1), T) if (kept & (slot < 0)).any() else range(T)
     for kind, values in (("weights", w), ("scores", scores)):
-        own = np.full((len(w), HEADS, T), np.nan)
-        for dist in range(T):
+        own = np.full((len(w), HEADS, len(signed)), np.nan)
+        for k, dist in enumerate(signed):
             cells = kept & (slot == dist)
             with np.errstate(invalid="ignore"):
-                own[..., dist] = np.where(cells, values, 0.0).sum((2, 3)) / cells.sum((2, 3))
+                own[..., k] = np.where(cells, values, 0.0).sum((2, 3)) / cells.sum((2, 3))
         out[f"{kind}_profile_se"] = over_samples(own)[1]
     return out
 
@@ -156,6 +158,31 @@ class Packed(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
 
 
+class PaddedEncoder(torch.nn.Module):
+    """A bidirectional call (an encoder) whose samples are padded on the right, as BERT's are: every query sees
+    every real key of its sample, with an additive bias that is not a function of i - j alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, HEADS * 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids).view(*ids.shape, HEADS, 8).transpose(1, 2)
+        t = ids.shape[-1]
+        i, j = torch.arange(t)[:, None].float(), torch.arange(t)[None, :].float()
+        bias = -0.1 * (i - j).abs() + 0.3 * torch.sin(i) * torch.cos(0.5 * j)
+        mask = torch.where((ids != 0)[:, None, None, :], bias, float("-inf"))  # (B, 1, T, T)
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+
+
+def _padded_encoder() -> tuple[torch.nn.Module, torch.Tensor, None]:
+    ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(9))
+    ids[1, -5:] = 0
+    ids[2, -2:] = 0
+    torch.manual_seed(2)
+    return PaddedEncoder().eval(), ids, None
+
+
 def _packed() -> tuple[torch.nn.Module, torch.Tensor, None]:
     ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(7))
     starts = [[0], [0, 5], [0, 3, 11]]  # one document, then two, then three
@@ -184,7 +211,7 @@ def _left_padded() -> tuple[torch.nn.Module, torch.Tensor, Any]:
     return model, ids, forward
 
 
-MODELS = {"packed documents": _packed, "left padding": _left_padded}
+MODELS = {"packed documents": _packed, "left padding": _left_padded, "padded encoder": _padded_encoder}
 
 
 @pytest.fixture(scope="module", params=[(name, batch, r) for name in MODELS for batch, r in ((1, T), (N, T // 2))],
@@ -219,10 +246,11 @@ def test_each_sample_counts_its_own_cells(summarised: dict[str, Any], name: str)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=atol, equal_nan=True)
 
 
-def test_the_bias_of_packed_documents_and_its_diagnostics(summarised: dict[str, Any]) -> None:
-    """The additive part by distance and place in a document: maps and profile over each sample's own cells; the
-    Toeplitz and separability residuals of the mean bias over the cells some sample attends."""
-    if summarised["name"] != "packed documents":
+def test_the_bias_and_its_diagnostics(summarised: dict[str, Any]) -> None:
+    """The additive part (packed: by distance and place in a document; the encoder's, not of i - j alone): maps and
+    profile over each sample's own cells; the Toeplitz and separability residuals of the mean bias over the cells
+    some sample attends (an encoder's on both sides of the diagonal)."""
+    if summarised["name"] == "left padding":
         pytest.skip("the padded Llama adds no bias")
     stored, expected = summarised["stored"], summarised["expected"]
     for name in ("bias_mean", "bias_std", "bias_profile"):

@@ -34,10 +34,17 @@ class Attended:
 
     @functools.cached_property
     def per_distance(self) -> torch.Tensor:
-        """(1 or H, T) float64: attended cells at each distance d = i - j (cells j > i are never attended here)."""
-        out = torch.zeros(self.mask.shape[0], self.seq_len, dtype=torch.float64, device=self.mask.device)
-        for d in range(self.seq_len):
-            out[:, d] = torch.diagonal(self.mask, offset=-d, dim1=1, dim2=2).sum(-1)
+        """(1 or H, T) float64: attended cells at each distance d = i - j >= 0 (what a stored profile runs over)."""
+        return self.per_signed[:, self.seq_len - 1 :]
+
+    @functools.cached_property
+    def per_signed(self) -> torch.Tensor:
+        """(1 or H, 2T - 1) float64: attended cells at each i - j, slot T - 1 + (i - j) (a bidirectional call's
+        cells after the query too)."""
+        t = self.seq_len
+        out = torch.zeros(self.mask.shape[0], 2 * t - 1, dtype=torch.float64, device=self.mask.device)
+        for d in range(-(t - 1), t):
+            out[:, t - 1 + d] = torch.diagonal(self.mask, offset=-d, dim1=1, dim2=2).sum(-1)
         return out
 
     @functools.cached_property

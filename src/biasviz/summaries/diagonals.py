@@ -136,19 +136,22 @@ class UpperDiagonalSums:
 
 
 class MaskedDiagonalSums:
-    """:class:`DiagonalSums` over the cells a model's own mask attends to (SPEC section 13), d = i - j >= 0.
+    """:class:`DiagonalSums` over the cells a model's own mask attends to (SPEC section 13), by signed distance.
 
-    Masked cells arrive as 0 and are left out by the mask; each distance divides by its attended cells. Each
-    diagonal is shifted by the largest attended value it holds in the first block that reaches it (any attended
-    value keeps a diagonal whose cells are all equal at exactly 0). Cells are gathered by their distance: a call
-    with such a mask is summarised at the cost of one pass over its cells.
+    Masked cells arrive as 0 and are left out by the mask; each distance divides by its attended cells. The sums
+    run over every i - j (slot T - 1 + i - j), so that a bidirectional call's Toeplitz residual takes the diagonals
+    after the query too, while the profile, as stored, is the half d = i - j >= 0. Each diagonal is shifted by the
+    largest attended value it holds in the first block that reaches it (any attended value keeps a diagonal whose
+    cells are all equal at exactly 0). Cells are gathered by their distance: a call with such a mask is summarised
+    at the cost of one pass over its cells.
     """
 
     def __init__(self, heads: int, seq_len: int, device: torch.device, attended: Attended) -> None:
         self.seq_len, self.attended = seq_len, attended
-        self.ref = torch.zeros(heads, seq_len, dtype=torch.float64, device=device)  # (H, T) by distance
-        self.have = torch.zeros(heads, seq_len, dtype=torch.bool, device=device)
-        self.sums = torch.zeros(3, heads, seq_len, dtype=torch.float64, device=device)
+        slots = 2 * seq_len - 1
+        self.ref = torch.zeros(heads, slots, dtype=torch.float64, device=device)  # (H, 2T - 1) by i - j
+        self.have = torch.zeros(heads, slots, dtype=torch.bool, device=device)
+        self.sums = torch.zeros(3, heads, slots, dtype=torch.float64, device=device)
         self.seen = False
 
     def add(self, row0: int, values: torch.Tensor, mask: torch.Tensor) -> None:
@@ -157,10 +160,10 @@ class MaskedDiagonalSums:
         s, heads, rows, keys = values.shape
         device = values.device
         d = torch.arange(row0, row0 + rows, device=device)[:, None] - torch.arange(keys, device=device)[None, :]
-        index = d.clamp(min=0).reshape(1, -1).expand(heads, -1)  # (H, cells): a masked cell's slot takes 0
+        index = (d + self.seq_len - 1).reshape(1, -1).expand(heads, -1)  # (H, cells): slot of i - j
         used = mask.expand(heads, rows, keys).reshape(heads, -1)
         mean = values[0].reshape(heads, -1).double()
-        top = torch.full((heads, self.seq_len), float("-inf"), dtype=torch.float64, device=device)
+        top = torch.full(self.ref.shape, float("-inf"), dtype=torch.float64, device=device)
         top.scatter_reduce_(1, index, mean.masked_fill(~used, float("-inf")), "amax")
         fresh = ~self.have & (top > float("-inf"))
         self.ref = torch.where(fresh, top, self.ref)
@@ -169,19 +172,23 @@ class MaskedDiagonalSums:
         self.sums[DEV].scatter_add_(1, index, dev)
         self.sums[DEV_SQ].scatter_add_(1, index, dev.square_())
         if s > 1:
-            self.sums[SPREAD_SQ].scatter_add_(1, index, values[1].reshape(heads, -1).double().square())
+            spread = values[1].reshape(heads, -1).double().masked_fill(~used, 0.0)
+            self.sums[SPREAD_SQ].scatter_add_(1, index, spread.square_())
         self.seen = True
 
     def profile(self) -> torch.Tensor:
-        """(2, H, T) float32: mean and standard deviation by distance over the attended cells; NaN where none."""
+        """(2, H, T) float32: mean and standard deviation by distance d = i - j >= 0 over the attended cells; NaN
+        where none."""
         n = self.attended.per_distance
-        dev = self.sums[DEV] / n
-        within = self.sums[SPREAD_SQ] / n
-        between = torch.clamp(self.sums[DEV_SQ] / n - dev * dev, min=0.0)
-        out = torch.stack([self.ref + dev, torch.sqrt(within + between)])
+        half = slice(self.seq_len - 1, None)
+        dev = self.sums[DEV][:, half] / n
+        within = self.sums[SPREAD_SQ][:, half] / n
+        between = torch.clamp(self.sums[DEV_SQ][:, half] / n - dev * dev, min=0.0)
+        out = torch.stack([self.ref[:, half] + dev, torch.sqrt(within + between)])
         return torch.where(n > 0, out, float("nan")).float()
 
     def toeplitz_rss(self) -> torch.Tensor:
-        """(H,) sum over the attended cells of (b̄ - its diagonal's mean)²."""
-        n = torch.clamp(self.attended.per_distance, min=1.0)
+        """(H,) sum over the attended cells of (b̄ - its diagonal's mean)², every diagonal (both sides of a
+        bidirectional call's)."""
+        n = torch.clamp(self.attended.per_signed, min=1.0)
         return torch.clamp(self.sums[DEV_SQ] - self.sums[DEV] ** 2 / n, min=0.0).sum(-1)
