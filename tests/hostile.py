@@ -151,9 +151,9 @@ def make_assets(root: Path) -> dict[str, str]:
     import torch
 
     from biasviz.data import build_tokenizer, save_tokenizer
+    from tests.cli.test_errors import _state_dict
     from tests.conftest import small_model
-    from tests.test_errors import _state_dict
-    from tests.test_untrusted import write_valid
+    from tests.project.test_untrusted import write_valid
 
     (root / "text.txt").write_text(TEXT)
     tok = build_tokenizer([TEXT], 300)

@@ -1,7 +1,7 @@
 """biasviz: extract, store and plot the positional attention biases of transformer models.
 
 How the code is organised - one package per stage, listed from the bottom up; a package imports only from
-those above it in this list (``tests/test_layout.py`` holds the order and checks every import):
+those above it in this list (``tests/project/test_layout.py`` holds the order and checks every import):
 
 - ``common``: what every stage uses - errors, files written atomically, input and output checks, devices,
   memory estimates, torchrun processes, hashing, the version.

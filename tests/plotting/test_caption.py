@@ -1,0 +1,129 @@
+"""`plot --caption`: a LaTeX caption beside each figure, from the file, with every value read from it escaped."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import h5py
+import pytest
+from click.testing import CliRunner
+
+from biasviz.cli import cli
+from biasviz.plotting.caption import latex_escape
+from tests.cli.test_cli_plot import _alibi, write_file
+
+HOSTILE = r"\input{/etc/passwd}} $x$ & #1 ^ _ % ~ \end{document}"
+SPECIALS = set("\\{}$&#^_%~")
+
+# what each escape prints, written out here (not read from the code): the inverse a LaTeX run would apply
+PRINTS = {r"\textbackslash{}": "\\", r"\textasciicircum{}": "^", r"\textasciitilde{}": "~", r"\textless{}": "<",
+          r"\textgreater{}": ">", r"\textbar{}": "|", r"\{": "{", r"\}": "}", r"\$": "$", r"\&": "&", r"\#": "#",
+          r"\_": "_", r"\%": "%"}  # fmt: skip
+_ESCAPE = re.compile("|".join(re.escape(k) for k in sorted(PRINTS, key=len, reverse=True)))
+
+
+def printed(latex: str) -> str:
+    """What LaTeX prints for ``latex`` made of plain characters and the escapes of ``PRINTS`` alone; a special
+    character left unescaped is an error (it would run as LaTeX)."""
+    plain = _ESCAPE.sub("\0", latex)
+    stray = SPECIALS & set(plain)
+    assert not stray, f"unescaped {stray} in {latex!r}"
+    return _ESCAPE.sub(lambda m: PRINTS[m.group()], latex)
+
+
+@pytest.mark.parametrize("text", [HOSTILE, "plain words", "tab\tand\nnewline", "~^_%#&$}{\\", "<a|b>"])
+def test_escaped_text_prints_the_characters_it_was_given(text: str) -> None:
+    # a line break or tab would end the caption's paragraph or vanish: each prints as one space
+    assert printed(latex_escape(text)) == re.sub(r"\s", " ", text)
+
+
+def caption_body(tex: str) -> str:
+    """The argument of the file's one ``\\caption{...}``, checked to close at the file's end: braces balance once
+    escaped ones are left out, and no unescaped % comments the closing brace away."""
+    lines = [line for line in tex.splitlines() if not line.startswith("% ")]
+    text = "\n".join(lines).strip()
+    assert text.startswith("\\caption{") and text.endswith("}"), text
+    body = text[len("\\caption{") : -1]
+    depth = 0
+    for token in re.findall(r"\\[{}%$&#_]|[{}]|%", body):
+        assert token != "%", f"an unescaped % in {body!r}"
+        if token in "{}":
+            depth += 1 if token == "{" else -1
+            assert depth >= 0, f"the caption closes early: {body!r}"
+    assert depth == 0, body
+    return body
+
+
+@pytest.fixture(scope="module")
+def hostile_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = write_file(tmp_path_factory.mktemp("cap") / "alibi.h5", "alibi", _alibi(2))
+    with h5py.File(path, "r+") as f:
+        f.attrs["source_model"] = HOSTILE
+        f.attrs["text_source"] = "corpus_%1 & notes~"
+        f.attrs["training"] = '{"preset": "t}\\\\input{/etc/passwd}", "steps": 300, "seq_len": 64}'
+    return path
+
+
+def test_plot_caption_says_what_the_figure_shows_and_escapes_the_file(hostile_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "figs"
+    result = CliRunner().invoke(cli, ["plot", "--scheme", "alibi", "--input", str(hostile_file), "--caption",
+                                      "--out-dir", str(out), "--format", "png"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    tex = (out / "alibi_bias.tex").read_text("utf-8")
+    assert f"wrote {out / 'alibi_bias.tex'}" in result.output
+    body = caption_body(tex)
+    assert "\\input{" not in body and "\\end{" not in body
+    words = printed(re.sub(r"\$[^$]*\$|\\texttt\{([^}]*)\}", r"\1", body.replace(r"\$", "\0")).replace("\0", r"\$"))
+    assert HOSTILE in words  # the source model, character for character
+    assert "corpus_%1 & notes~" in words
+    assert "t}\\input{/etc/passwd} model, 300 training steps on 64-token windows" in words
+    assert "Layer 3 of 4, final" in words and "$T = 64$" in body and "12 heads" in words
+    assert "mean of 2 samples" in words or "sample" in words
+    # ALiBi's bias is <= 0 everywhere: sequential on every head, none diverging
+    assert "sequential" in words and "diverging" not in words
+
+
+def test_caption_names_the_heads_whose_values_change_sign(tmp_path: Path) -> None:
+    bias = _alibi(2)
+    bias[:, [1, 6]] += 0.5  # heads 2 and 7 (from 1): above 0 near the diagonal, below it far away
+    path = write_file(tmp_path / "alibi.h5", "alibi", bias)
+    result = CliRunner().invoke(cli, ["plot", "--scheme", "alibi", "--input", str(path), "--caption", "--out-dir",
+                                      str(tmp_path), "--format", "png"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    body = caption_body((tmp_path / "alibi_bias.tex").read_text("utf-8"))
+    assert "diverging about 0 (white), each side to its own extreme, for heads 2, 7," in body
+
+
+def test_no_caption_unless_asked_and_the_api_carries_it(hostile_file: Path, tmp_path: Path) -> None:
+    import biasviz
+
+    result = CliRunner().invoke(cli, ["plot", "--scheme", "alibi", "--input", str(hostile_file), "--out-dir",
+                                      str(tmp_path), "--format", "png"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi_bias.png"]
+    fig = biasviz.plot(hostile_file, kind="bias")
+    assert "Layer 3 of 4, final" in caption_body(fig.biasviz_caption)
+
+
+def test_diagnose_caption_beside_each_figure_escapes_every_file(hostile_file: Path, tmp_path: Path) -> None:
+    """``diagnose --caption``: diagnostics.tex for the figure of every file and <name>_profile.tex beside each
+    file's own; the file's values printed as their characters, never run; none without --figures."""
+    out = tmp_path / "figs"
+    result = CliRunner().invoke(cli, ["diagnose", str(hostile_file), "--caption", "--out-dir", str(out),
+                                      "--format", "png"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir() if p.suffix == ".tex"} == {"diagnostics.tex", "alibi_profile.tex"}
+    for name in ("diagnostics", "alibi_profile"):
+        assert f"wrote {out / f'{name}.tex'}" in result.output
+        body = caption_body((out / f"{name}.tex").read_text("utf-8"))
+        assert "\\input{" not in body and "\\end{" not in body
+        words = printed(re.sub(r"\$[^$]*\$|\\texttt\{([^}]*)\}", r"\1", body.replace(r"\$", "\0")).replace("\0", r"\$"))
+        assert HOSTILE in words and "300 training steps on 64-token windows" in words
+        assert "Layer 3 of 4, final" in words
+    diagnostics = caption_body((out / "diagnostics.tex").read_text("utf-8"))
+    assert "context dependence" in diagnostics and "separability residual" in diagnostics and "N = 2" in diagnostics
+    assert "distance" in caption_body((out / "alibi_profile.tex").read_text("utf-8"))
+    refused = CliRunner().invoke(cli, ["diagnose", str(hostile_file), "--caption", "--no-figures", "--json",
+                                       str(tmp_path / "d.json")])  # fmt: skip
+    assert refused.exit_code != 0 and "--caption" in str(refused.exception) and not (tmp_path / "d.json").exists()

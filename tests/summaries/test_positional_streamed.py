@@ -1,0 +1,125 @@
+"""SPEC section 12 for models whose rows cannot be formed again, from what they stream: a transformers Llama in
+eager attention (the scores followed from its product), DeBERTa-v2 (bidirectional, its relative terms the
+additive part) and torch's MultiheadAttention (q and k from its in-projection, a float mask as the bias).
+Scores, P, the key profile and sink shares in a summary at R = T against numpy float64 from the models' own q
+and k (forward hooks, transformers' own rotation; DeBERTa's own projections and bias method)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+import biasviz
+from tests.summaries.test_positional import LOWER, T
+from tests.summaries.test_positional_traced import HEADS, N, _reference, llama_dir  # noqa: F401 (a fixture)
+from tests.tracing.test_trace_reshapes import deberta, relative_terms_float64
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def positional(q: np.ndarray, k: np.ndarray, c: float, bias: np.ndarray | None) -> np.ndarray:
+    """P(i, j) = c·(Q(i)·K(j) − G(i, j)) / (N(N − 1)) + mean_a b_a(i, j), from its definition."""
+    n = len(q)
+    cross = np.einsum("hid,hjd->hij", q.sum(0), k.sum(0)) - np.einsum("ahid,ahjd->hij", q, k)
+    return c * cross / (n * (n - 1)) + (0.0 if bias is None else bias.mean(0))
+
+
+def test_eager_llama_summary_has_the_positional_logits_of_its_rotated_q_and_k(llama_dir: Path,  # noqa: F811
+                                                                             tmp_path: Path) -> None:  # fmt: skip
+    from transformers import LlamaForCausalLM
+
+    ids = np.random.default_rng(1).integers(0, 100, size=(N, T))
+    r = _reference(llama_dir, ids, layer=1)
+    model = LlamaForCausalLM.from_pretrained(llama_dir, attn_implementation="eager").eval()
+    biasviz.extract(model, ids, tmp_path / "sum.h5", layers=[1], summary=True, resolution=T, batch_size=2,
+                    device="cpu", progress=False)  # fmt: skip
+    c = r["scale"]
+    scores = c * np.einsum("ahid,ahjd->ahij", r["q"], r["k"])
+    masked = np.where(LOWER, scores, -np.inf)
+    w = np.exp(masked - masked.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    p = np.where(LOWER, positional(r["q"], r["k"], c, None), np.nan)
+    with h5py.File(tmp_path / "sum.h5") as f:
+        g = f["layer_1"]
+        np.testing.assert_allclose(g["scores_mean"][()], np.where(LOWER, scores, np.nan).mean(0), equal_nan=True,
+                                   **TOL)  # fmt: skip
+        np.testing.assert_allclose(g["positional_mean"][()], p, equal_nan=True, **TOL)
+        seen = [w[:, :, j:, j] for j in range(T)]
+        np.testing.assert_allclose(g["weights_key_profile"][0], np.stack([s.mean(axis=(0, 2)) for s in seen], -1),
+                                   **TOL)  # fmt: skip
+        np.testing.assert_allclose(g["sink_share"][()], w[:, :, :, 0].mean(-1), **TOL)
+
+
+def test_deberta_summary_positional_logits_include_its_relative_terms(tmp_path: Path) -> None:
+    """Bidirectional, with c2p + p2c added: P is the cross-text part of q·kᵀ plus the mean relative terms."""
+    import copy
+
+    from tests.tracing.test_trace_reshapes import IDS
+
+    model = deberta(2)
+    ids = IDS.numpy()
+    n, t = ids.shape
+    biasviz.extract(model, ids, tmp_path / "sum.h5", layers=[1], summary=True, resolution=t, device="cpu",
+                    progress=False)  # fmt: skip
+    twin = copy.deepcopy(model).double()
+    seen: dict[int, torch.Tensor] = {}
+    attention = twin.encoder.layer[1].attention.self
+    attention.register_forward_pre_hook(lambda m, a: seen.__setitem__(1, a[0]))
+    with torch.no_grad():
+        twin(IDS)
+        q, k = (attention.transpose_for_scores(proj(seen[1]), 4).view(n, 4, t, 16).numpy()
+                for proj in (attention.query_proj, attention.key_proj))  # fmt: skip
+    terms = relative_terms_float64(model, IDS, None)[1].view(n, 4, t, t).numpy()
+    c = 1 / np.sqrt(16 * 3)
+    scores = c * np.einsum("ahid,ahjd->ahij", q, k) + terms
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    with h5py.File(tmp_path / "sum.h5") as f:
+        g = f["layer_1"]
+        np.testing.assert_allclose(g["bias_mean"][()], terms.mean(0), **TOL)
+        np.testing.assert_allclose(g["scores_mean"][()], scores.mean(0), **TOL)
+        np.testing.assert_allclose(g["positional_mean"][()], positional(q, k, c, terms), **TOL)
+        np.testing.assert_allclose(g["weights_key_profile"][0], w.mean(axis=(0, 2)), **TOL)
+        np.testing.assert_allclose(g["sink_share"][()], w[:, :, :, 0].mean(-1), **TOL)
+
+
+class MHAModel(torch.nn.Module):
+    """torch's MultiheadAttention over embeddings, with an ALiBi-like float mask (a bias, no causal mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 32)
+        self.attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+        i = torch.arange(T, dtype=torch.float32)
+        self.register_buffer("mask", -0.25 * (i[:, None] - i[None, :]).abs())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        return self.attn(x, x, x, attn_mask=self.mask, need_weights=False)[0]
+
+
+def test_torch_multihead_attention_summary_positional_logits(tmp_path: Path) -> None:
+    torch.manual_seed(4)
+    model = MHAModel().eval()
+    ids = np.random.default_rng(3).integers(0, 100, size=(N, T))
+    biasviz.extract(model, ids, tmp_path / "sum.h5", layers=[0], summary=True, resolution=T, batch_size=2,
+                    device="cpu", progress=False)  # fmt: skip
+    with torch.no_grad():
+        x = model.embed(torch.from_numpy(ids)).double()
+        w, b = model.attn.in_proj_weight.double(), model.attn.in_proj_bias.double()
+        q, k, _ = (x @ w.T + b).split(32, dim=-1)
+        q, k = (z.view(N, T, 4, 8).transpose(1, 2).numpy() for z in (q, k))
+    c, bias = 1 / np.sqrt(8), model.mask.double().numpy()
+    scores = c * np.einsum("ahid,ahjd->ahij", q, k) + bias
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    with h5py.File(tmp_path / "sum.h5") as f:
+        g = f["layer_0"]
+        np.testing.assert_allclose(g["scores_mean"][()], scores.mean(0), **TOL)
+        np.testing.assert_allclose(g["positional_mean"][()], positional(q, k, c, np.broadcast_to(bias, scores.shape)),
+                                   **TOL)  # fmt: skip
+        np.testing.assert_allclose(g["weights_key_profile"][0], weights.mean(axis=(0, 2)), **TOL)
+        np.testing.assert_allclose(g["sink_share"][()], weights[:, :, :, 0].mean(-1), **TOL)

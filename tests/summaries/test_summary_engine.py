@@ -1,0 +1,222 @@
+"""The summary engine linear in samples: rows formed again over all samples, a bank spilled to disk, progress.
+
+Each summary is compared with a full extract of the same windows (every sample's every cell, read with
+h5py) reduced by numpy: per-cell mean and standard deviation over samples, then block means.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import biasviz.common.progress as progress_module
+import biasviz.summaries.bank as bank_module
+import biasviz.summaries.replay as replay_module
+from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+from biasviz.extraction.run import extract
+from biasviz.extraction.summary import extract_summary
+from biasviz.summaries.bank import SampleBank
+from biasviz.summaries.moments import ShiftedSums
+from tests.conftest import run_cli, small_model
+from tests.extraction.test_extract_summary import _block_means
+
+T = 48
+TEXT = "def f(x):\n    return x * 2  # a line of code\n" * 200
+
+
+def _windows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 97, size=(n, T))
+
+
+def _numpy_summary(full: h5py.File, layer: int, kind: str, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cell mean and std over samples of a full file's (N or 1, H, T, T), causal cells only; block means."""
+    x = full[f"layer_{layer}/{kind}"][()].astype(np.float64)
+    x = np.broadcast_to(x, (full.attrs["samples"], *x.shape[1:])).copy()
+    x[..., ~np.tril(np.ones((T, T), bool))] = np.nan
+    return _block_means(x.mean(0), block), _block_means(x.std(0), block)
+
+
+CASES = [("alibi", 7, 1), ("cable", 7, 2), ("fox", 16, 1), ("fire", T, 3), ("nope", 12, 5)]
+
+
+@pytest.mark.parametrize(("scheme", "resolution", "batch"), CASES)
+def test_rows_formed_again_from_a_spilled_bank_equal_the_full_extract(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, resolution: int, batch: int
+) -> None:  # fmt: skip
+    """Nothing kept in memory (every array in a temporary file), blocks of a few rows, each finished a row at a
+    time: the same numbers."""
+    monkeypatch.setattr(bank_module, "BANK_BYTES", 0)
+    monkeypatch.setattr(replay_module, "REPLAY_BYTES", 12 * 72 * 200)  # ~200 cells a block: many blocks
+    monkeypatch.setattr(replay_module, "CHUNK_CELLS", 1)  # one row per step
+    ids = _windows(5, seed=2)
+    adapter = BiasGPTAdapter(small_model(scheme), source="test")
+    extract(adapter, ids, tmp_path / "full.h5", layers="all", device="cpu")
+    extract_summary(adapter, ids, tmp_path / "sum.h5", layers="all", resolution=resolution, batch_size=batch,
+                    device="cpu", progress=False)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.h5", "sum.h5"]  # the bank's files left no trace
+    with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summ:
+        b = summ.attrs["block"]
+        for layer in (0, 1):
+            kinds = ["weights"] + (["bias"] if "bias" in full[f"layer_{layer}"] else [])
+            for kind in kinds:
+                mean, std = _numpy_summary(full, layer, kind, b)
+                s = summ[f"layer_{layer}"]
+                np.testing.assert_allclose(s[f"{kind}_mean"][()], mean, rtol=1e-5, atol=1e-6, equal_nan=True)
+                np.testing.assert_allclose(s[f"{kind}_std"][()], std, rtol=1e-4, atol=1e-6, equal_nan=True)
+
+
+def test_the_number_of_batches_does_not_change_a_summary(tmp_path: Path) -> None:
+    ids = _windows(6, seed=5)
+    adapter = BiasGPTAdapter(small_model("cable"), source="test")
+    for batch in (1, 4, 6):
+        extract_summary(adapter, ids, tmp_path / f"{batch}.h5", resolution=10, batch_size=batch, device="cpu",
+                        progress=False)  # fmt: skip
+    with h5py.File(tmp_path / "1.h5") as one:
+        for batch in (4, 6):
+            with h5py.File(tmp_path / f"{batch}.h5") as other:
+                for name in ("weights_mean", "weights_std", "bias_mean", "bias_std", "weights_profile"):
+                    np.testing.assert_allclose(other[f"layer_1/{name}"][()], one[f"layer_1/{name}"][()], rtol=1e-6,
+                                               atol=1e-7, equal_nan=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("short_io", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("budget", [0, 1 << 30])
+def test_the_bank_reads_back_every_sample_and_range_exactly(
+    tmp_path: Path, dtype: torch.dtype, budget: int, short_io: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``short_io``: the system moves a few bytes a call (Linux moves at most about 2 GiB): the bank goes on."""
+    if short_io:
+        pwrite, preadv = os.pwrite, os.preadv
+        monkeypatch.setattr(os, "pwrite", lambda fd, data, at: pwrite(fd, memoryview(data)[:11], at))
+        monkeypatch.setattr(os, "preadv", lambda fd, into, at: preadv(fd, [memoryview(into[0])[:13]], at))
+    gen = torch.Generator().manual_seed(0)
+    data = torch.randn(7, 30, 5, generator=gen).to(dtype)  # (samples, T, F)
+    bank = SampleBank(7, device=torch.device("cpu"), budget=budget, directory=tmp_path)
+    for start, stop in ((0, 3), (3, 4), (4, 7)):
+        bank.start = start
+        bank.put(2, "k", data[start:stop])
+    assert bank.spilled == (budget == 0) and bank.seq_len(2, "k") == 30
+    for sample in range(7):
+        for lo, hi in ((0, 30), (4, 9), (29, 30)):
+            got = bank.get(2, "k", sample, lo, hi)
+            assert got.dtype == dtype and torch.equal(got, data[sample, lo:hi])
+    bank.close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_progress_in_a_log_is_a_heartbeat_line_in_blocks_and_quiet_silences_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """stderr not a terminal (a log, CI, Slurm): plain lines with the count, rate and time left; --quiet: none."""
+    small_model("alibi", vocab_size=300).save_pretrained(tmp_path / "model")
+    (tmp_path / "text.txt").write_text(TEXT)
+    monkeypatch.setattr(progress_module, "HEARTBEAT_SECONDS", 0.0)
+    common = ["extract", "--model", str(tmp_path / "model"), "--summary", "--samples", "3", "--seq-len", "40",
+              "--resolution", "8", "--text", str(tmp_path / "text.txt"), "--device", "cpu"]  # fmt: skip
+    code, _, err = run_cli([*common, "--out", str(tmp_path / "a.h5")], capsys)
+    assert code == 0, err
+    beats = [line for line in err.splitlines() if line.startswith("summarise")]
+    assert len(beats) >= 3 and "\r" not in err
+    assert all("/" in line and "<" in line for line in beats)  # count, rate, time left
+    # one count per phase, named on every line: the forward (3 samples x 2 layers), then the layer's blocks
+    phases: dict[str, list[tuple[int, int]]] = {}
+    for line in beats:
+        m = re.match(r"summarise \(phase \d of 2\): (forward|layer 1): +\d+% (\d+)/(\d+) \[", line)
+        assert m, line
+        phases.setdefault(m.group(1), []).append((int(m.group(2)), int(m.group(3))))
+    assert list(phases) == ["forward", "layer 1"], list(phases)
+    assert {total for _, total in phases["forward"]} == {3 * 2}
+    for counts in phases.values():
+        assert [d for d, _ in counts] == sorted(d for d, _ in counts) and counts[-1][0] == counts[-1][1]
+    assert all(line.startswith("summarise (phase 1 of 2): forward") for line in beats[: len(phases["forward"])])
+    code, _, err = run_cli([*common, "--out", str(tmp_path / "b.h5"), "--quiet"], capsys)
+    assert code == 0 and not [line for line in err.splitlines() if line.startswith("summarise")], err
+
+
+@pytest.mark.parametrize("samples", [1, 2, 15, 16, 17, 40])
+def test_shifted_sums_give_numpys_mean_and_std_over_samples(samples: int) -> None:
+    """Across the float64 folds (every 16 samples) and for one sample; values far from 0 with a small spread."""
+    x = 50.0 + np.random.default_rng(samples).normal(size=(samples, 3, 5, 7)).astype(np.float32)
+    sums = ShiftedSums()
+    for a in range(samples):
+        sums.add(torch.from_numpy(x[a]))
+    for r0, r1, keys in ((0, 5, 7), (1, 3, 4)):
+        mean, std = sums.rows(r0, r1, keys)
+        want = x.astype(np.float64)[:, :, r0:r1, :keys]
+        np.testing.assert_allclose(mean.numpy(), want.mean(0), rtol=1e-6)
+        np.testing.assert_allclose(std.numpy(), want.std(0), rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_spreads_square_root_is_correctly_rounded_on_zeros_subnormals_and_views(threads: int) -> None:
+    """Every value as float64's square root rounded once to float32, in place, in a strided view, split over
+    threads or not; torch's own CPU kernel is off by one unit in the last place on many values."""
+    from biasviz.summaries.moments import PARALLEL_VALUES, sqrt_
+
+    g = torch.Generator().manual_seed(3)
+    scales = torch.tensor([1.0, 1e-3, 1e-40, 0.0, 7.0, 1e-38])[:, None]  # normal, subnormal, zero
+    base = torch.rand(6, 2 * PARALLEL_VALUES // 6 + 5, generator=g) * scales
+    kept = base[:, :3].clone()
+    view = base[:, 3:]  # rows of the base, not contiguous
+    want = view.double().sqrt().float()
+    assert ((view > 0) & (view < torch.finfo(torch.float32).tiny)).sum() > 1000 and (view == 0).sum() > 1000
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert sqrt_(view) is view
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(view, want) and torch.equal(base[:, :3], kept)
+
+
+def test_identical_samples_have_a_spread_of_exactly_zero() -> None:
+    sums = ShiftedSums()
+    x = torch.randn(2, 4, 4) * 1e3
+    for _ in range(20):
+        sums.add(x)
+    mean, std = sums.rows(0, 4, 4)
+    assert torch.equal(mean, x) and not std.any()
+
+
+def test_the_bank_forward_ends_at_the_last_layers_k() -> None:
+    """What fills the bank needs q, k and x of the captured layers: the last one's attention output (its c_proj),
+    everything after it, and the logits never run; an earlier captured layer's attention does (the next needs it)."""
+    model = small_model("alibi")
+    adapter = BiasGPTAdapter(model, source="test")
+    ran: list[str] = []
+    hooks = [model.blocks[0].attn.c_proj.register_forward_hook(lambda *a: ran.append("c_proj 0")),
+             model.blocks[1].attn.hook_k.register_forward_hook(lambda *a: ran.append("k 1")),
+             model.blocks[1].attn.c_proj.register_forward_hook(lambda *a: ran.append("c_proj 1"))]  # fmt: skip
+    bank = SampleBank(2, device=torch.device("cpu"))
+    try:
+        with adapter.keep([0, 1], bank):
+            adapter.forward(torch.as_tensor(_windows(2)))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran == ["c_proj 0", "k 1"]
+    assert {name for _, name in bank.names()} == {"q", "k", "x"}
+    assert bank.get(1, "k", 1, 0, T).shape == (T, model.config.n_embd)
+
+
+def test_replayed_blocks_hold_at_least_sixteen_rows_within_the_cap() -> None:
+    """A block's scores read every key of its prefix: blocks of a few rows at long lengths are bound by memory. The
+    default budget gives every block at least MIN_REPLAY_ROWS rows (the last one apart), within REPLAY_CAP bytes."""
+    cpu = torch.device("cpu")
+    per_cell = 12 * replay_module.CELL_BYTES
+    for seq_len in (4096, 32768):
+        blocks = list(replay_module.row_blocks(seq_len, 12, cpu, False))
+        assert blocks[0][0] == 0 and blocks[-1][1] == seq_len
+        assert all(b[1] == a[0] for b, a in zip(blocks, blocks[1:], strict=False))
+        assert all(r1 - r0 >= replay_module.MIN_REPLAY_ROWS for r0, r1 in blocks[:-1])
+        assert all((r1 - r0) * r1 * per_cell <= replay_module.REPLAY_CAP for r0, r1 in blocks)
+    capped = list(replay_module.row_blocks(65536, 12, cpu, False))  # 16 rows would pass the cap: fewer rows
+    assert all((r1 - r0) * r1 * per_cell <= replay_module.REPLAY_CAP for r0, r1 in capped)
+    assert capped[-2][1] - capped[-2][0] < replay_module.MIN_REPLAY_ROWS
