@@ -216,6 +216,13 @@ def autocast_dtypes() -> dict[str, str]:
     return out
 
 
+def autocast_attrs() -> dict[str, str]:
+    """A file's root attribute ``autocast`` ("cpu: bfloat16") where the caller runs the model under autocast; none
+    otherwise. biasviz's own arithmetic is float32 whatever it says (:func:`without_autocast`)."""
+    dtypes = autocast_dtypes()
+    return {"autocast": ", ".join(f"{kind}: {dtype}" for kind, dtype in dtypes.items())} if dtypes else {}
+
+
 @contextlib.contextmanager
 def without_autocast() -> Iterator[None]:
     """biasviz's own arithmetic (scores and weights formed from the q and k a call received) in the operands'

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from biasviz.adapters.base import Captured, ModelAdapter
-from biasviz.common.devices import autocast_dtypes, evaluating, placed, resolve_device, resolve_dtype
+from biasviz.common.devices import autocast_attrs, evaluating, placed, resolve_device, resolve_dtype
 from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name
@@ -91,9 +91,7 @@ def provenance(
         attrs["training"] = adapter.training  # a dict: stored as JSON text
     if not getattr(adapter, "context_known", True):  # a traced model: only the data can tell (biasviz diagnose)
         attrs["context_dependent_known"] = False
-    if autocast := autocast_dtypes():  # the model's own kernels ran in this precision; biasviz formed in float32
-        attrs["autocast"] = ", ".join(f"{kind}: {dtype}" for kind, dtype in autocast.items())
-    attrs.update(extra or {})
+    attrs.update({**autocast_attrs(), **(extra or {})})  # under autocast: the model's kernels ran so (SPEC 13)
     return attrs
 
 
