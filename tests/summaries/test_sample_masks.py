@@ -311,3 +311,4 @@ def test_a_layer_note_from_a_file_is_shown_as_plain_text(tmp_path: Path, capsys:
     line = next(line for line in text.splitlines() if "layer_0 note" in line)
     assert "\x1b" not in line and "\x07" not in line and "<b>red</b>" in line
     assert line.endswith("...") and len(line) < 500
+    assert "mask            the model's own in some layers" in text  # the root rule, said once

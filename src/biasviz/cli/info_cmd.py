@@ -17,7 +17,7 @@ _SHOWN = {  # attributes the summary prints in its own lines; the rest go under 
     "architecture",
     "model_sha256", "n_layers", "n_heads", "seq_len", "layers", "samples", "dtype", "device", "device_name",
     "seed", "text_source", "tokenizer", "created_utc", "biasviz_version", "torch_version", "config_json",
-    "causal", "batch_size", "summary", "resolution", "block", "bias_shared", "checkpoints_left_out",
+    "causal", "mask", "batch_size", "summary", "resolution", "block", "bias_shared", "checkpoints_left_out",
     "checkpoints_identical",
 }  # fmt: skip
 
@@ -68,6 +68,9 @@ def summary(path: Path) -> str:
         for layer in layers:
             lines += _layer_lines(f, layer, layer_group(layer))
         masked = "causal (cells after the query: bias NaN, weights 0)" if f.causal else "bidirectional (no mask)"
+        if raw.get("mask") == "model":  # SPEC section 13: some layer's call had a mask of its own
+            masked = ("the model's own in some layers (each such layer's attended share stored; cells no sample "
+                      f"attends: NaN); elsewhere {masked}")  # fmt: skip
         lines += [
             f"  mask            {masked}",
             f"  stored as       {a['dtype']}",
