@@ -235,10 +235,10 @@ def without_autocast() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def autocast_as(dtypes: Mapping[str, str]) -> Iterator[None]:
-    """The caller's ``torch.autocast`` (as :func:`autocast_dtypes` read it) again, around the model's own forward
-    inside :func:`without_autocast`."""
+def autocast_as(dtypes: Mapping[str, str] | None) -> Iterator[None]:
+    """The caller's ``torch.autocast`` (as :func:`autocast_dtypes` read it; None: none) again, around the model's
+    own forward inside :func:`without_autocast`."""
     with contextlib.ExitStack() as stack:
-        for kind, dtype in dtypes.items():
+        for kind, dtype in (dtypes or {}).items():
             stack.enter_context(torch.autocast(kind, dtype=getattr(torch, dtype)))
         yield

@@ -132,7 +132,6 @@ def _summarise(
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
     """One run of :func:`summarise`: ``streamed`` streams the rows even where they could be formed again; the model's
     forward runs under ``caller``'s autocast."""
-    caller = caller or {}
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
     block = block_size(seq_len, resolution)
@@ -234,7 +233,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
             first[0] = start
             for p in [*parts.values(), *position.values()]:
                 p.begin_batch(len(chunk))
-            with autocast_as(caller or {}):
+            with autocast_as(caller):
                 adapter.forward(torch.from_numpy(chunk).to(dev))
             flush()
             for p in parts.values():
@@ -259,7 +258,6 @@ def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     """
     n, seq_len = ids.shape
     heads = adapter.n_heads
-    caller = caller or {}
     varying = {layer: (b := parts.get(("bias", layer))) is not None and b.mode != "shared" for layer in layer_list}
     blocks = {layer: len(list(row_blocks(seq_len, heads, dev, varying[layer]))) for layer in layer_list}
     phases = 1 + len(layer_list)

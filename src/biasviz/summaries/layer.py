@@ -106,8 +106,6 @@ class QuantitySummary:
             self.cells = CellMoments(self.heads, self.seq_len, self.device)
         assert self.cells is not None
         with torch.inference_mode(False):  # called inside the model's forward: the moments outlive it
-            if before is not None and self.cells.count is None:
-                before = before.clone()
             self.cells.count_cells(before)
             self.agreement, self.sample_masks, self.attended = None, True, None
             self._sums()

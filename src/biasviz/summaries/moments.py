@@ -52,42 +52,53 @@ def sqrt_(x: torch.Tensor) -> torch.Tensor:
 class Moments:
     """Count ``n``, mean and sum of squared deviations ``m2`` of ``n`` samples, per element (float64)."""
 
-    n: int
+    n: int | torch.Tensor  # a number, or one per element (samples masked differently: each cell its own)
     mean: torch.Tensor
     m2: torch.Tensor
 
     @classmethod
-    def of(cls, x: torch.Tensor) -> Moments:
-        """Moments over the leading (sample) axis of ``x``, two-pass in float64.
+    def of(cls, x: torch.Tensor, kept: torch.Tensor | None = None) -> Moments:
+        """Moments over the leading (sample) axis of ``x``, two-pass in float64; ``kept`` (broadcast to ``x``):
+        which samples count at each element (then ``n`` is per element, and an element none counts is 0).
 
         >>> m = Moments.of(torch.tensor([[1.0, 2.0], [3.0, 2.0]]))
         >>> m.n, m.mean.tolist(), m.m2.tolist()
         (2, [2.0, 2.0], [2.0, 0.0])
+        >>> m = Moments.of(torch.tensor([[1.0, 2.0], [3.0, 9.0]]), torch.tensor([[True, True], [True, False]]))
+        >>> m.n.tolist(), m.mean.tolist(), m.m2.tolist()
+        ([2.0, 1.0], [2.0, 2.0], [2.0, 0.0])
         """
         x = x.double()
-        mean = x.mean(dim=0)
-        return cls(int(x.shape[0]), mean, ((x - mean) ** 2).sum(dim=0))
+        if kept is None:
+            mean = x.mean(dim=0)
+            return cls(int(x.shape[0]), mean, ((x - mean) ** 2).sum(dim=0))
+        kept = kept.expand(x.shape)
+        n = kept.sum(0, dtype=torch.float64)
+        mean = torch.where(kept, x, 0.0).sum(0) / n.clamp(min=1.0)
+        return cls(n, mean, torch.where(kept, x - mean, 0.0).square_().sum(0))
 
     def merged(self, other: Moments) -> Moments:
-        """The moments of both sets together.
+        """The moments of both sets together (Chan, Golub and LeVeque's update; per element where ``n`` is).
 
         >>> a, b = Moments.of(torch.tensor([[1.0], [2.0]])), Moments.of(torch.tensor([[4.0]]))
         >>> m = a.merged(b); m.n, m.mean.item(), round(m.m2.item(), 12)
         (3, 2.333333333333333, 4.666666666667)
         """
-        if self.n == 0:
+        if isinstance(self.n, int) and self.n == 0:
             return other
-        if other.n == 0:
+        if isinstance(other.n, int) and other.n == 0:
             return self
         n = self.n + other.n
+        over = n.clamp(min=1.0) if isinstance(n, torch.Tensor) else n  # an element no sample counts stays 0
         delta = other.mean - self.mean
-        mean = self.mean + delta * (other.n / n)
-        m2 = self.m2 + other.m2 + delta * delta * (self.n * other.n / n)
+        mean = self.mean + delta * (other.n / over)
+        m2 = self.m2 + other.m2 + delta * delta * (self.n * other.n / over)
         return Moments(n, mean, m2)
 
     def std(self) -> torch.Tensor:
-        """Population standard deviation (ddof 0)."""
-        return sqrt_(torch.clamp(self.m2 / max(self.n, 1), min=0.0))
+        """Population standard deviation (ddof 0); 0 where no sample counts."""
+        n = self.n.clamp(min=1.0) if isinstance(self.n, torch.Tensor) else max(self.n, 1)
+        return sqrt_(torch.clamp(self.m2 / n, min=0.0))
 
 
 class CellMoments:
@@ -123,25 +134,18 @@ class CellMoments:
         H, rows, K) bool, once cells are counted: which of each sample's cells count."""
         rows, keys = block.shape[-2:]
         cells = (slice(None), slice(row0, row0 + rows), slice(None, keys))
-        if self.count is None:
-            new = Moments(self.samples, self.mean[cells], self.m2[cells]).merged(Moments.of(block))
-            self.mean[cells] = new.mean
-            self.m2[cells] = new.m2
-            return
-        if attended is None:
+        if self.count is not None and attended is None:
             raise ValueError("counted cells need each sample's attended cells")
-        kept = attended.expand(block.shape)
-        x = torch.where(kept, block.double(), 0.0)
-        n_b = kept.sum(0, dtype=torch.float64)  # (H, rows, K): this batch's samples at each cell
-        mean_b = x.sum(0) / n_b.clamp(min=1.0)
-        m2_b = torch.where(kept, x - mean_b, 0.0).square_().sum(0)
-        n_a = self.count[cells].double()
-        n = n_a + n_b
-        delta = mean_b - self.mean[cells]
-        share = n_b / n.clamp(min=1.0)
-        self.mean[cells] += delta * share
-        self.m2[cells] += m2_b + delta * delta * n_a * share
-        self.count[cells] = n.float()
+        new = self._moments(cells).merged(Moments.of(block, None if self.count is None else attended))
+        self.mean[cells] = new.mean
+        self.m2[cells] = new.m2
+        if self.count is not None:
+            self.count[cells] = new.n
+
+    def _moments(self, cells: tuple[slice, ...]) -> Moments:
+        """The moments so far of ``cells``: over every sample merged, or each cell's own once counted."""
+        n = self.samples if self.count is None else self.count[cells].double()
+        return Moments(n, self.mean[cells], self.m2[cells])
 
     def end_batch(self, samples: int) -> None:
         self.samples += samples
@@ -149,10 +153,7 @@ class CellMoments:
     def rows(self, row0: int, row1: int, keys: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and standard deviation over samples of query rows ``row0 .. row1-1``, keys ``0 .. keys-1`` (over
         each cell's own samples once counted: 0 where none)."""
-        if self.count is not None:
-            n = self.count[:, row0:row1, :keys].double().clamp(min=1.0)
-            return self.mean[:, row0:row1, :keys], sqrt_(torch.clamp(self.m2[:, row0:row1, :keys] / n, min=0.0))
-        m = Moments(self.samples, self.mean[:, row0:row1, :keys], self.m2[:, row0:row1, :keys])
+        m = self._moments((slice(None), slice(row0, row1), slice(None, keys)))
         return m.mean, m.std()
 
     def attended(self) -> torch.Tensor:

@@ -225,21 +225,19 @@ class WeightMeasures(Pending):
         self._put(self.entropy, (at, slice(None), slice(plan.q0, plan.q1)), by_block)
         self._put(self.columns, (at, slice(None), slice(0, keys)), weights.sum(-2).double())
         if first == 0 or self.by_samples:  # the counts come from the mask: once, or each sample's own
-            whose = (at,) if self.by_samples else ()
-            sample = at if self.by_samples else slice(None)
+            sample = at if self.by_samples else slice(None)  # each sample's own, or the one count for all
             if plan.mask_cums is None:  # causal: a query i has keys at the bin's distances from distance lo on
                 present = (plan.ranges[0][1] > plan.ranges[0][0])[None, None]
             else:
                 present = self._range_sums(plan.mask_cums, plan.ranges) > 0
-            self._put(self.band_queries, whose, present.double().sum(-2))
-            self._put(self.context_queries, whose, plan.qualifies.sum(-1, keepdim=True))
+            self._put(self.band_queries, (sample,), present.double().sum(-2))
+            self._put(self.context_queries, (sample,), plan.qualifies.sum(-1, keepdim=True))
             counts = torch.zeros(*plan.looks.shape[:2], plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
             self._put(self.block_queries, (sample, slice(None), slice(plan.q0, plan.q1)),
                       counts.index_add_(-1, plan.qblock, plan.looks))  # fmt: skip
-            if self.by_samples:
-                assert plan.mask_cums is not None
-                self._put(self.key_counts, (at, slice(None), slice(0, keys)), plan.mask_cums.diff(
-                    dim=-1, prepend=torch.zeros_like(plan.mask_cums[..., :1])).sum(-2).double())  # fmt: skip
+            if self.by_samples:  # the queries of each sample that see each key
+                seen_by = self._mask(r0, r0 + rows, keys).sum(-2, dtype=torch.float64)
+                self._put(self.key_counts, (at, slice(None), slice(0, keys)), seen_by)
 
     PER_SAMPLE = ("context", "entropy", "columns")
     COUNTS = ("band_queries", "context_queries", "block_queries")
