@@ -140,19 +140,22 @@ class QuantitySummary:
                 self.unshare()
         if block.shape[0] == 1 and self._batch > 1:  # one tensor for the whole batch (a broadcast mask)
             block = block.expand(self._batch, *block.shape[1:])
+        # a few rows at a time: the float64 temporaries of a whole batch's block would be (S, H, T, T)
+        step = max(1, CELLS_PER_STEP // max(1, block.shape[1] * block.shape[-1]))
         if self.mode == "cells":
             assert self.cells is not None
-            if self.sample_masks:
-                assert self.batch_attended is not None
-                rows, keys = block.shape[-2:]
-                self.cells.add(row0, block, self.batch_attended[..., row0 : row0 + rows, :keys].to(block.device))
-            else:
-                self.cells.add(row0, block)
+            rows, keys = block.shape[-2:]
+            for r in range(0, rows, step):
+                part = block[..., r : r + step, :]
+                kept = None
+                if self.sample_masks:  # each sample's own cells
+                    assert self.batch_attended is not None
+                    kept = self.batch_attended[..., row0 + r : row0 + r + part.shape[-2], :keys].to(block.device)
+                self.cells.add(row0 + r, part, kept)
             return
         if block.shape[0] == 1:
             self.add_moments(row0, block)
             return
-        step = max(1, CELLS_PER_STEP // max(1, block.shape[1] * block.shape[-1]))
         for r in range(0, block.shape[-2], step):
             m = Moments.of(block[:, :, r : r + step])
             self.add_moments(row0 + r, torch.stack([m.mean, m.std()]), owned=True)
