@@ -312,3 +312,35 @@ def test_a_layer_note_from_a_file_is_shown_as_plain_text(tmp_path: Path, capsys:
     assert "\x1b" not in line and "\x07" not in line and "<b>red</b>" in line
     assert line.endswith("...") and len(line) < 500
     assert "mask            the model's own in some layers" in text  # the root rule, said once
+
+
+@pytest.mark.parametrize("batch", [1, N])
+def test_padding_in_a_model_formed_again_is_formed_again_block_by_block(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, batch: int
+) -> None:
+    """A Llama given left padding keeps each sample's mask beside its q and k and forms its rows again, a few rows
+    at a time (memory one block, not the streamed (B, H, T, T) matrices): every quantity as the reference has it."""
+    import biasviz.extraction.summary as summary
+    import biasviz.summaries.replay as replay
+
+    def streamed(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("streamed instead of formed again")
+
+    monkeypatch.setattr(summary, "_streamed", streamed)
+    monkeypatch.setattr(replay, "MIN_REPLAY_ROWS", 1)
+    monkeypatch.setattr(replay, "REPLAY_BYTES", 3 * HEADS * T * (replay.CELL_BYTES + replay.SAMPLE_CELL_BYTES))
+    model, ids, forward = _left_padded()
+    call = caught_call(lambda: forward(ids))
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=batch, resolution=T // 2,
+                        forward=forward)  # fmt: skip
+    assert any("samples masked differently" in str(w.message) for w in caught)
+    expected = reference(call, 2)
+    with h5py.File(out, "r") as f:
+        layer = f["layer_0"]
+        assert "samples masked differently" in layer.attrs["note"] and "positional_mean" not in layer
+        for name in [*NAMES, "band_mass", "context_mass", "weights_entropy", "weights_profile_se"]:
+            np.testing.assert_allclose(layer[name][()], expected[name], rtol=2e-5, atol=1e-5, equal_nan=True,
+                                       err_msg=name)  # fmt: skip

@@ -53,6 +53,9 @@ class Captured:
         return {"bias": self.bias, "weights": self.weights, "scores": self.scores}[kind]
 
 
+SAMPLE_CELLS = "attended"  # a bank's name for each sample's own attended cells, where samples are masked differently
+
+
 @dataclass
 class Formed:
     """One sample's rows r0 .. r1 - 1 of a layer, (1, H, rows, r1) each, as the attention forms them
@@ -61,6 +64,8 @@ class Formed:
     bias: torch.Tensor | None  # the additive part (None: the model adds none, or it was not asked for)
     weights: torch.Tensor  # after the softmax, 0 where a query does not look
     scores: torch.Tensor  # the softmax's input (before the causal mask)
+    # where samples are masked differently (padding, packed documents): this sample's own attended cells
+    attended: torch.Tensor | None = None  # (1, 1, rows, r1) bool
 
 
 def refuse_meta(model: Any, source: str) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.base import Captured, Formed, ModelAdapter, refuse_meta
+from biasviz.adapters.base import SAMPLE_CELLS, Captured, Formed, ModelAdapter, refuse_meta
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
@@ -78,6 +78,7 @@ class TracedAdapter(ModelAdapter):
         self._keeping: _Keeping | None = None
         self._want_scores = False
         self._formed: dict[int, _Kept] = {}  # per call kept for a summary: what forms its rows again
+        self._by_sample: set[int] = set()  # calls whose samples are masked differently: each one's cells banked
 
     # -- facts, from the probe -----------------------------------------------------------------
     @property
@@ -181,7 +182,7 @@ class TracedAdapter(ModelAdapter):
         """Each :meth:`forward` puts the q and k of the calls ``layers`` into ``bank`` as the calls receive them
         (after any rotation), (B, T, H·E) each, key heads repeated for grouped queries; the calls run unchanged."""
         previous = self._keeping
-        self._keeping, self._formed = _Keeping(bank, sorted(layers), tick), {}
+        self._keeping, self._formed, self._by_sample = _Keeping(bank, sorted(layers), tick), {}, set()
         try:
             yield
         finally:
@@ -198,14 +199,36 @@ class TracedAdapter(ModelAdapter):
             raise BiasvizError(f"attention call {index} added a bias for sample {keeping.bank.start} though it added "
                                "none on the first: the model's bias depends on the input; summarise it with "
                                "--resolution equal to --seq-len and --batch-size covering every sample")  # fmt: skip
-        kept = _Kept.of(ops)
-        first = self._formed.setdefault(index, kept)
-        if not first.same(kept):
-            raise MasksDifferBySample(f"attention call {index} masked other cells for sample {keeping.bank.start} "
-                                      "than for the first: a summary forms one mask for every sample")  # fmt: skip
+        self._keep_cells(index, ops, keeping.bank)
         heads = ops.q.shape[1]
         keeping.bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
         keeping.bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
+
+    def _keep_cells(self, index: int, ops: SdpaOperands, bank: Any) -> None:
+        """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
+        from the first sample masked otherwise (padding, packed documents) on, every sample's own cells, in the
+        bank beside its q and k (those before by the one mask they had)."""
+        if index in self._by_sample:
+            bank.put_cells(index, SAMPLE_CELLS, _own_cells(ops.kept, ops.q.shape[0], index))
+            return
+        try:
+            kept: _Kept | None = _Kept.of(ops)
+        except MasksDifferBySample:  # within the batch
+            kept = None
+        first = self._formed.setdefault(index, kept or _Kept(ops.scale, None))
+        if kept is not None and first.same(kept):
+            return
+        if not bank.cells_by_sample or first.scale != ops.scale:  # torchrun's processes meet in one bank
+            raise MasksDifferBySample(f"attention call {index} masked other cells for sample {bank.start} than for "
+                                      "the first: a summary forms one mask for every sample")  # fmt: skip
+        own = _own_cells(ops.kept, ops.q.shape[0], index)
+        t = own.shape[-1]
+        if bank.start:  # the samples before: the one mask they had, a sample at a time (never N·T² at once)
+            before = _own_cells(first.rows(0, t, own.device), 1, index)
+            for a in range(bank.start):
+                bank.put_cells(index, SAMPLE_CELLS, before, at=a)
+        bank.put_cells(index, SAMPLE_CELLS, own)
+        self._by_sample.add(index)
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Formed:
         """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32)."""
@@ -213,6 +236,10 @@ class TracedAdapter(ModelAdapter):
         heads = self.n_heads
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
         k = bank.get(layer, "k", sample, 0, r1).view(1, r1, heads, -1).transpose(1, 2)
+        if layer in self._by_sample:  # this sample's own cells
+            own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, r1).to(q.device)[None, None]
+            scores, weights = formed_rows(q, k, kept.scale, own)
+            return Formed(None, weights, scores, attended=own)
         scores, weights = formed_rows(q, k, kept.scale, kept.rows(r0, r1, q.device))
         return Formed(None, weights, scores)
 
@@ -220,7 +247,7 @@ class TracedAdapter(ModelAdapter):
         return self._formed[layer].scale
 
     def attended(self, layer: int) -> torch.Tensor | None:
-        return self._formed[layer].mask
+        return None if layer in self._by_sample else self._formed[layer].mask
 
     # -- running ---------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor) -> None:
@@ -297,6 +324,19 @@ class _Kept:
             i = torch.arange(r0, r1, device=device)[:, None]
             return (torch.arange(r1, device=device)[None, :] <= i)[None, None]
         return self.mask[..., r0:r1, :r1].to(device)
+
+
+def _own_cells(kept: torch.Tensor, batch: int, index: int) -> torch.Tensor:
+    """(``batch``, T, T) bool: each sample's attended cells of a call from its mask ``kept`` (1 or B, 1 or H, T,
+    T), one for all its heads and within the causal triangle (what rows formed again read); otherwise the call is
+    streamed as the model forms it."""
+    if kept.shape[1] > 1 and not bool((kept == kept[:, :1]).all()):
+        raise MasksDifferBySample(f"attention call {index} masked its heads differently as well as its samples")
+    cells = kept[:, 0]
+    if bool(cells.triu(1).any()):
+        raise MasksDifferBySample(f"attention call {index} masked its samples differently, some keys after a query "
+                                  "attended")  # fmt: skip
+    return cells.expand(batch, *cells.shape[1:]) if cells.shape[0] == 1 else cells
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from biasviz.adapters.base import ModelAdapter
 from biasviz.common.errors import BiasvizError
 from biasviz.summaries import QuantitySummary
 from biasviz.summaries.attended import Attended
+from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.streamed_position import StreamedPosition
 
 Parts = dict[tuple[str, int], QuantitySummary]
@@ -52,9 +53,7 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
         before = None
         if layer in masks:  # the one mask of the samples before this batch
             before = masks[layer] if masks[layer] is not None else _plain_mask(mask, causal)
-        warnings.warn(f"attention call {layer}: samples masked differently (padding or packed documents); each "
-                      "sample's own cells count for it, and the positional logits P, the rotary frequency measures "
-                      "and the block maps' standard errors of this call are not stored", stacklevel=2)  # fmt: skip
+        warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=2)
         masks[layer] = BY_SAMPLE
         for part in own:
             part.by_sample(None if before is None else before[0])

@@ -31,11 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.adapters.base import Formed, ModelAdapter
+from biasviz.adapters.base import ModelAdapter
 from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, placed, without_autocast
 from biasviz.common.errors import BiasvizError, MasksDifferBySample, check_interrupted
 from biasviz.common.progress import Progress
 from biasviz.extraction.call_masks import attend
+from biasviz.extraction.replayed import Gather, replayed
 from biasviz.extraction.run import (
     ExtractResult,
     _dtype_label,
@@ -48,17 +49,11 @@ from biasviz.extraction.run import (
 from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, MASK, block_size
 from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
-from biasviz.summaries.attended import Attended, triangle_share
-from biasviz.summaries.bank import SampleBank
-from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
-from biasviz.summaries.positional_blocks import PositionalJackknife
-from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
-from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
-from biasviz.summaries.sample_blocks import block_errors, map_errors, sample_blocks
-from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
+from biasviz.summaries.attended import triangle_share
+from biasviz.summaries.position import PositionSummary
+from biasviz.summaries.sample_blocks import map_errors
 from biasviz.summaries.streamed_position import StreamedPosition
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
-from biasviz.summaries.weight_measures import WeightMeasures
 
 Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
 
@@ -82,9 +77,6 @@ def resolve_resolution(resolution: int | None, seq_len: int) -> int:
 # joins other processes' per-cell moments, and their SPEC section 12 sums of streamed layers (a dict by layer), into
 # process 0's: True where this process holds the joined result
 Merge = Callable[[dict[tuple[str, int], QuantitySummary], Mapping[int, StreamedPosition]], bool]
-# torchrun with a model whose rows are formed again: every process's bank, joined in rank order on process 0
-# (None on the others, whose part ends there)
-Gather = Callable[[SampleBank], SampleBank | None]
 
 
 def summarise(
@@ -163,7 +155,7 @@ def _summarise(
              for layer in layer_list for kind, mode in modes.items()}  # fmt: skip
     extras: dict[int, PositionSummary] = {}
     if replay:
-        got = _replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather,
+        got = replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather,
                         positional, formula=set(direct), measures=measures, caller=caller)  # fmt: skip
         if got is None:  # torchrun: process 0 summarises every sample
             return {}
@@ -240,102 +232,6 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                 p.end_batch()
             bar.update(len(chunk))
             check_interrupted()
-
-
-def _replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
-              batch: int, show: bool | None, scratch: str | Path | None, block: int,
-              gather: Gather | None = None, positional: bool = True,
-              formula: frozenset[int] | set[int] = frozenset(), measures: bool = True,
-              caller: Mapping[str, str] | None = None) -> dict[int, PositionSummary] | None:  # fmt: skip
-    """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
-
-    Each phase has a progress bar (a heartbeat line in a log) of its own, named "summarise (phase K of P): ...":
-    the forward (samples x layers run), then forming each layer's rows (blocks of query rows x samples). One bar
-    over both read 67 % when the forward was done and then ran on for minutes: the phases go at different rates,
-    so a rate and a time left hold only within one.
-    Returns each layer's SPEC section 12 extras (positional logits, the weights' key profile, sink shares).
-    ``formula``: the layers whose bias, while measured the same for every sample, is summarised from f(d).
-    """
-    n, seq_len = ids.shape
-    heads = adapter.n_heads
-    varying = {layer: (b := parts.get(("bias", layer))) is not None and b.mode != "shared" for layer in layer_list}
-    blocks = {layer: len(list(row_blocks(seq_len, heads, dev, varying[layer]))) for layer in layer_list}
-    phases = 1 + len(layer_list)
-
-    def phase(k: int, what: str, total: int, unit: str) -> Progress:
-        return Progress(total, desc=f"summarise (phase {k} of {phases}): {what}", unit=unit, show=show)
-
-    bank = SampleBank(n, device=dev, directory=scratch)
-    extras: dict[int, PositionSummary] = {}
-    try:
-        # the forward counts each sample through each layer
-        with phase(1, "forward", n * (max(layer_list) + 1), "layer") as bar, adapter.keep(layer_list, bank, bar.update):
-            for start in range(0, n, batch):
-                bank.start = start
-                with autocast_as(caller):
-                    adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
-                check_interrupted()
-        if gather is not None:
-            joined = gather(bank)
-            bank.close()
-            if joined is None:
-                return None
-            bank, n = joined, joined.samples
-        for k, layer in enumerate(layer_list, start=2):
-            own = {kind: p for (kind, at), p in parts.items() if at == layer}
-            mask = adapter.attended(layer)  # a model's own mask: every quantity over its cells (SPEC 13)
-            attended = None if mask is None else Attended(mask.to(dev))
-            for part in own.values() if attended is not None else ():
-                part.attend(attended)
-            extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, dev, attended=attended),
-                                sinks=torch.zeros(n, heads, dtype=torch.float64, device=dev))  # fmt: skip
-            if measures:  # SPEC section 14
-                extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
-                                                device=dev, attended=attended)  # fmt: skip
-                extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
-                                                     device=dev, attended=attended)  # fmt: skip
-                extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,
-                                             seq_len=seq_len, block=block, causal=True, samples=n, device=dev,
-                                             attended=attended)  # fmt: skip
-            if n >= 2 and positional:
-                q_sum, k_sum = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))
-                extra.positional = Positional(q_sum, k_sum, layer=layer, scale=adapter.score_scale(layer),
-                                              samples=n, seq_len=seq_len, block=block, device=dev,
-                                              attended=attended)  # fmt: skip
-                if measures and n >= 3:  # its block map's SE (SPEC section 14)
-                    extra.blocks["positional"] = PositionalJackknife(q_sum, k_sum, bank.operands(layer), samples=n,
-                                                                     block=block, scale=adapter.score_scale(layer),
-                                                                     seq_len=seq_len, device=dev,
-                                                                     attended=attended)  # fmt: skip
-
-            def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
-                return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
-
-            with torch.inference_mode(), phase(k, f"layer {layer}", n * blocks[layer], "block") as bar:
-                replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
-                             adds_bias=bool(adapter.adds_bias), tick=bar.update,
-                             formula=layer in formula)  # fmt: skip
-            frequency = ({} if extra.measures is None
-                         else {**rotary_measures(adapter, bank, layer, heads, attended, positional),
-                               **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks)})  # fmt: skip
-            bank.drop(layer)
-            positional = None if extra.positional is None else extra.positional.result()
-            if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself
-                add_pair_sum_residual(frequency, positional[1][0], attended)
-            extras[layer] = PositionSummary(
-                positional_mean=None if positional is None else positional[0].cpu().numpy(),
-                positional_profile=None if positional is None else positional[1].cpu().numpy(),
-                positional_diagnostics=None if positional is None else positional[2],
-                key_profile=extra.keys.result().cpu().numpy(),
-                # over the queries that see key 0: every query, unless the model's own mask hides it from some
-                sink_share=(extra.sinks / (seq_len if attended is None else attended.per_key[:, 0].to(dev)))
-                .float().cpu().numpy(),
-                attended=None if attended is None else attended.block_shares(block, heads).cpu().numpy(),
-                measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency},
-            )
-    finally:
-        bank.close()
-    return extras
 
 
 def summary_run(

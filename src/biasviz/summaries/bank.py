@@ -33,6 +33,32 @@ def default_budget(device: torch.device) -> int:
     return BANK_BYTES
 
 
+_BITS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def pack_cells(cells: torch.Tensor) -> torch.Tensor:
+    """(..., K) bool -> (..., ceil(K / 8)) uint8, cell 8m + b in bit b of byte m.
+
+    >>> pack_cells(torch.tensor([[True, False, True, True, False, False, False, False, True]])).tolist()
+    [[13, 1]]
+    """
+    keys = cells.shape[-1]
+    padded = torch.nn.functional.pad(cells.to(torch.uint8), (0, -keys % 8))
+    bits = torch.tensor(_BITS, dtype=torch.uint8, device=cells.device)
+    return (padded.view(*cells.shape[:-1], -1, 8) * bits).sum(-1, dtype=torch.uint8)
+
+
+def unpack_cells(packed: torch.Tensor, keys: int) -> torch.Tensor:
+    """:func:`pack_cells` undone: (..., ceil(K / 8)) uint8 -> (..., K) bool, keys past ``keys`` dropped.
+
+    >>> unpack_cells(torch.tensor([[13, 1]], dtype=torch.uint8), 9).int().tolist()
+    [[1, 0, 1, 1, 0, 0, 0, 0, 1]]
+    """
+    bits = torch.tensor(_BITS, dtype=torch.uint8, device=packed.device)
+    cells = (packed[..., : -(-keys // 8), None] & bits) != 0
+    return cells.flatten(-2)[..., :keys]
+
+
 class _Spilled:
     """One (samples, T, F) array in an anonymous file, written and read by sample and position range."""
 
@@ -85,6 +111,9 @@ class SampleBank:
         self.budget = default_budget(device) if budget is None else int(budget)
         self.directory = None if directory is None else Path(directory)
         self.start = 0
+        # whether a call may keep each sample's own attended cells (masks that differ by sample); not where
+        # torchrun's processes join their banks, each process having measured only its own samples' masks
+        self.cells_by_sample = True
         self.in_memory = 0  # bytes held in memory
         self._arrays: dict[tuple[int, str], torch.Tensor | _Spilled] = {}
 
@@ -92,8 +121,10 @@ class SampleBank:
     def spilled(self) -> bool:
         return any(isinstance(a, _Spilled) for a in self._arrays.values())
 
-    def put(self, layer: int, name: str, values: torch.Tensor) -> None:
-        """Keep ``values`` (b, T, F) as samples ``start .. start + b - 1`` of ``name`` in ``layer``."""
+    def put(self, layer: int, name: str, values: torch.Tensor, at: int | None = None) -> None:
+        """Keep ``values`` (b, T, F) as samples ``at .. at + b - 1`` (default :attr:`start` ..) of ``name`` in
+        ``layer``."""
+        at = self.start if at is None else at
         key = (layer, name)
         array = self._arrays.get(key)
         if array is None:
@@ -106,9 +137,22 @@ class SampleBank:
                 array = _Spilled(self.directory, shape, values.dtype)
             self._arrays[key] = array
         if isinstance(array, _Spilled):
-            array.write(self.start, values)
+            array.write(at, values)
         else:
-            array[self.start : self.start + values.shape[0]] = values.detach()
+            array[at : at + values.shape[0]] = values.detach()
+
+    def put_cells(self, layer: int, name: str, cells: torch.Tensor, at: int | None = None) -> None:
+        """Keep boolean ``cells`` (b, T, K) as :meth:`put` keeps values, eight cells a byte: a sample's mask of
+        (T, K) cells is T·K / 8 bytes (32 MiB at T = 16384)."""
+        self.put(layer, name, pack_cells(cells), at)
+
+    def get_cells(self, layer: int, name: str, sample: int, start: int, stop: int, keys: int) -> torch.Tensor:
+        """Rows ``start .. stop - 1`` of one sample's cells kept by :meth:`put_cells`, keys ``0 .. keys - 1``: (rows,
+        keys) bool, a new tensor."""
+        return unpack_cells(self.get(layer, name, sample, start, stop), keys)
+
+    def holds(self, layer: int, name: str) -> bool:
+        return (layer, name) in self._arrays
 
     def names(self) -> list[tuple[int, str]]:
         """Every (layer, name) held."""

@@ -241,3 +241,45 @@ class ShiftedSums:
         if wide:
             out[0], out[1] = mean_d, spread
         return out
+
+
+class CountedSums:
+    """:class:`ShiftedSums` where each sample attends cells of its own (padding, packed documents; SPEC section 13):
+    every cell's mean and spread over the samples that attend it, by Welford's update in float64 with a count per
+    cell. 0 mean and spread where no sample attends a cell."""
+
+    def __init__(self) -> None:
+        self.count: torch.Tensor | None = None
+        self.mean = self.m2 = torch.empty(0, dtype=torch.float64)
+
+    def add(self, x: torch.Tensor, kept: torch.Tensor) -> None:
+        """One sample's values and the cells it attends (broadcast to ``x``)."""
+        x = x.double()
+        kept = kept.expand(x.shape)
+        if self.count is None:
+            self.count = kept.double()
+            self.mean = torch.where(kept, x, 0.0)
+            self.m2 = torch.zeros_like(self.mean)
+            return
+        self.count += kept
+        delta = torch.where(kept, x - self.mean, 0.0)
+        self.mean.addcdiv_(delta, self.count.clamp(min=1.0))
+        self.m2 += torch.where(kept, delta * (x - self.mean), 0.0)
+
+    def moments(self, row0: int, row1: int, keys: int, scratch: Scratch | None = None) -> torch.Tensor:
+        """(2, ..., rows, keys) float32: the mean and population spread of rows ``row0 .. row1 - 1`` (the
+        second-last axis), keys ``0 .. keys - 1``, as :meth:`ShiftedSums.moments` gives them.
+
+        >>> s = CountedSums()
+        >>> s.add(torch.tensor([[1.0, 5.0]]), torch.tensor([[True, True]]))
+        >>> s.add(torch.tensor([[3.0, 9.0]]), torch.tensor([[True, False]]))
+        >>> s.moments(0, 1, 2).tolist()
+        [[[2.0, 5.0]], [[1.0, 0.0]]]
+        """
+        if self.count is None:
+            raise ValueError("no sample was added")
+        cells = (..., slice(row0, row1), slice(None, keys))
+        m = Moments(self.count[cells], self.mean[cells], self.m2[cells])
+        out = (scratch or Scratch()).take(m.mean.shape, 2, torch.float32, m.mean.device)
+        out[0], out[1] = m.mean, m.std()
+        return out

@@ -19,8 +19,9 @@ import torch
 from biasviz.adapters.base import Formed
 from biasviz.common.errors import check_interrupted
 from biasviz.model.attention import query_blocks
+from biasviz.summaries.attended import BlockRows
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
-from biasviz.summaries.moments import ShiftedSums
+from biasviz.summaries.moments import CountedSums, ShiftedSums
 from biasviz.summaries.position import KeyProfile, Positional
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.sample_blocks import SampleBlocks
@@ -43,6 +44,7 @@ CHUNK_CELLS = CELLS_PER_STEP
 # temporary (their float64 folds past 16 samples); the bias, scores and weights formed for one sample;
 # a bias that varies over samples keeps sums of its own
 CELL_BYTES, VARYING_BIAS_BYTES = 72, 28
+SAMPLE_CELL_BYTES = 40  # samples masked differently: float64 counted sums (CountedSums) and their temporaries
 
 
 Former = Callable[[int, int, int, int, bool], Formed]  # (layer, sample, r0, r1, want_bias)
@@ -59,6 +61,14 @@ class LayerExtras:
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
     # kind -> each sample's block means (the maps' SE); "positional": P's with each sample left out (its jackknife)
     blocks: dict[str, SampleBlocks] = field(default_factory=dict)
+    # samples masked differently: each sample's own cells count for it (its rows bring them, Formed.attended)
+    by_sample: bool = False
+
+    def own_cells(self, attended: torch.Tensor, r0: int) -> None:
+        """One sample's attended cells (1, 1, rows, r1) of the block of rows ``r0 ..``, for what counts them."""
+        rows = BlockRows(attended, r0)
+        for part in [*self.profiles.values(), *([self.measures, self.measures.diagonals] if self.measures else [])]:
+            part.batch_attended = rows
 
     def hold(self) -> None:
         for part in self._per_sample():
@@ -77,13 +87,15 @@ class LayerExtras:
 
 
 def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool,
-               budget: int | None = None) -> Iterator[tuple[int, int]]:  # fmt: skip
-    """The causal query blocks (r0, r1) a layer is formed again in, each within ``budget`` bytes.
+               budget: int | None = None, by_sample: bool = False) -> Iterator[tuple[int, int]]:  # fmt: skip
+    """The causal query blocks (r0, r1) a layer is formed again in, each within ``budget`` bytes; ``by_sample``:
+    each sample attends cells of its own.
 
     >>> list(row_blocks(4, 1, torch.device("cpu"), False, budget=72 * 6))
     [(0, 2), (2, 3), (3, 4)]
     """
-    per_cell = heads * (CELL_BYTES + (VARYING_BIAS_BYTES if varying_bias else 0))
+    per_cell = heads * (CELL_BYTES + (VARYING_BIAS_BYTES if varying_bias else 0)
+                        + (SAMPLE_CELL_BYTES if by_sample else 0))
     if budget is None:
         budget = CUDA_REPLAY_BYTES if device.type == "cuda" else REPLAY_BYTES
         budget = max(budget, min(REPLAY_CAP, per_cell * MIN_REPLAY_ROWS * seq_len))
@@ -95,14 +107,15 @@ class _Blocks:
     own. :attr:`done` is the first row not yet finished; a block left unfinished when :attr:`varying` turns is
     given again, in blocks of the new size (each block of the smaller size cut to start there: it fits too)."""
 
-    def __init__(self, seq_len: int, heads: int, device: torch.device, varying: bool, budget: int | None) -> None:
+    def __init__(self, seq_len: int, heads: int, device: torch.device, varying: bool, budget: int | None,
+                 by_sample: bool = False) -> None:  # fmt: skip
         self.seq_len, self.heads, self.device, self.budget = seq_len, heads, device, budget
-        self.varying, self.done = varying, 0
+        self.varying, self.done, self.by_sample = varying, 0, by_sample
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         while self.done < self.seq_len:
             varying = self.varying
-            for r0, r1 in row_blocks(self.seq_len, self.heads, self.device, varying, self.budget):
+            for r0, r1 in row_blocks(self.seq_len, self.heads, self.device, varying, self.budget, self.by_sample):
                 if r1 <= self.done:
                     continue
                 yield max(r0, self.done), r1
@@ -124,14 +137,14 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
     (with ``formula``, the first sample's rows of the blocks before are formed again and fed first)."""
     bias = parts.get("bias")
     agreement = None if bias is None else bias.agreement
-    blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget)
+    blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget, extras.by_sample)
     # each kind's finished chunk, and the summaries' temporaries: reused from block to block, given back with the layer
     scratch = {kind: Scratch() for kind in ("weights", "scores", "bias", "work")}
     jackknife = extras.blocks.get("positional")  # P's: fed the samples' scores, bias and operands
     assert jackknife is None or isinstance(jackknife, PositionalJackknife)
     for r0, r1 in blocks:
         varying = blocks.varying
-        sums = {"weights": ShiftedSums(), "scores": ShiftedSums()}
+        sums = {kind: CountedSums() if extras.by_sample else ShiftedSums() for kind in ("weights", "scores")}
         if varying:
             sums["bias"] = ShiftedSums()
         first = None  # the first sample's bias rows (1, H, rows, r1)
@@ -144,8 +157,14 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                     first = got.bias
                 elif agreement is not None:
                     agreement.compare(first, got.bias, r0)
-            sums["weights"].add(got.weights[0])
-            sums["scores"].add(got.scores[0])
+            if got.attended is not None:  # this sample's own cells (SPEC section 13)
+                for kind in ("weights", "scores"):
+                    sums[kind].add(getattr(got, kind)[0], got.attended[0])
+                extras.keys.add_samples(got.weights, samples)
+                extras.own_cells(got.attended, r0)
+            else:
+                sums["weights"].add(got.weights[0])
+                sums["scores"].add(got.scores[0])
             if varying:
                 sums["bias"].add(got.bias[0])
             sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
@@ -217,4 +236,5 @@ def _finish(parts: dict[str, QuantitySummary], extras: LayerExtras, sums: dict[s
         for kind, values in got.items():
             if kind in parts:
                 parts[kind].add_moments(r0 + c0, values, owned=True, scratch=scratch["work"])
-        extras.keys.add(got["weights"])  # last: it squares them in place (the weights' summary leaves them be)
+        if not extras.by_sample:  # (then each sample's weights went in as they came)
+            extras.keys.add(got["weights"])  # last: it squares them in place (the weights' summary leaves them be)

@@ -23,6 +23,7 @@ from biasviz.summaries.attended import Attended
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
+from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.weight_measures import WeightMeasures
 
@@ -85,9 +86,7 @@ class StreamedPosition:
         self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
         self.frequency, self.blocks = None, {}
         self.attended, self.keys.attended = None, None
-        self.note = ("samples masked differently (padding or packed documents): each sample's own cells count for "
-                     "it; the positional logits P, the rotary frequency measures and the block maps' standard "
-                     "errors take one mask for every sample and are not stored")  # fmt: skip
+        self.note = BY_SAMPLE_NOTE
 
     def batch_attended(self, first: int, attended: torch.Tensor) -> None:
         """The attended cells (B or 1, 1 or H, T, T) of samples ``first ..`` (a batch), once masks differ."""

@@ -1,0 +1,154 @@
+"""Summaries of models whose rows are formed again: every sample's forward keeps what forms them, then each layer's
+rows are formed block of rows by block of rows over all samples (:mod:`biasviz.summaries.replay`).
+
+Time is linear in the number of samples; memory one batch plus the bank (q and k of each sample, and where samples
+are masked differently, each one's attended cells, eight a byte). :func:`biasviz.extraction.summary.summarise`
+chooses this way for adapters that can form rows again.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from biasviz.adapters.base import Formed, ModelAdapter
+from biasviz.common.devices import autocast_as
+from biasviz.common.errors import check_interrupted
+from biasviz.common.progress import Progress
+from biasviz.summaries import QuantitySummary
+from biasviz.summaries.attended import Attended
+from biasviz.summaries.bank import SampleBank
+from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.positional_blocks import PositionalJackknife
+from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
+from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
+from biasviz.summaries.sample_blocks import block_errors, sample_blocks
+from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells
+from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
+from biasviz.summaries.weight_measures import WeightMeasures
+
+# torchrun with a model whose rows are formed again: every process's bank, joined in rank order on process 0
+# (None on the others, whose part ends there)
+Gather = Callable[[SampleBank], SampleBank | None]
+Parts = dict[tuple[str, int], QuantitySummary]
+
+
+def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
+              batch: int, show: bool | None, scratch: str | Path | None, block: int,
+              gather: Gather | None = None, positional: bool = True,
+              formula: frozenset[int] | set[int] = frozenset(), measures: bool = True,
+              caller: Mapping[str, str] | None = None) -> dict[int, PositionSummary] | None:  # fmt: skip
+    """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
+
+    Each phase has a progress bar (a heartbeat line in a log) of its own, named "summarise (phase K of P): ...":
+    the forward (samples x layers run), then forming each layer's rows (blocks of query rows x samples). One bar
+    over both read 67 % when the forward was done and then ran on for minutes: the phases go at different rates,
+    so a rate and a time left hold only within one.
+    Returns each layer's SPEC section 12 extras (positional logits, the weights' key profile, sink shares).
+    ``formula``: the layers whose bias, while measured the same for every sample, is summarised from f(d).
+    """
+    n, seq_len = ids.shape
+    heads = adapter.n_heads
+    varying = {layer: (b := parts.get(("bias", layer))) is not None and b.mode != "shared" for layer in layer_list}
+    phases = 1 + len(layer_list)
+
+    def phase(k: int, what: str, total: int, unit: str) -> Progress:
+        return Progress(total, desc=f"summarise (phase {k} of {phases}): {what}", unit=unit, show=show)
+
+    bank = SampleBank(n, device=dev, directory=scratch)
+    extras: dict[int, PositionSummary] = {}
+    try:
+        # the forward counts each sample through each layer
+        with phase(1, "forward", n * (max(layer_list) + 1), "layer") as bar, adapter.keep(layer_list, bank, bar.update):
+            for start in range(0, n, batch):
+                bank.start = start
+                with autocast_as(caller):
+                    adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
+                check_interrupted()
+        if gather is not None:
+            joined = gather(bank)
+            bank.close()
+            if joined is None:
+                return None
+            bank, n = joined, joined.samples
+        for k, layer in enumerate(layer_list, start=2):
+            own = {kind: p for (kind, at), p in parts.items() if at == layer}
+            cells = SampleCells.read(bank, layer, n, seq_len, dev)  # samples masked differently: each one's own
+            mask = adapter.attended(layer)  # a model's own mask: every quantity over its cells (SPEC 13)
+            attended = (Attended(cells.union) if cells is not None
+                        else None if mask is None else Attended(mask.to(dev)))  # fmt: skip
+            for part in own.values() if attended is not None else ():
+                part.attend(attended)
+            extra = _layer_extras(adapter, bank, layer, own, attended, cells, samples=n, seq_len=seq_len,
+                                  block=block, device=dev, positional=positional, measures=measures)  # fmt: skip
+            count = len(list(row_blocks(seq_len, heads, dev, varying[layer], by_sample=cells is not None)))
+
+            def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
+                return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
+
+            with torch.inference_mode(), phase(k, f"layer {layer}", n * count, "block") as bar:
+                replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
+                             adds_bias=bool(adapter.adds_bias), tick=bar.update,
+                             formula=layer in formula)  # fmt: skip
+            frequency = ({} if extra.measures is None
+                         else {**({} if cells else rotary_measures(adapter, bank, layer, heads, attended, positional)),
+                               **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks)})  # fmt: skip
+            bank.drop(layer)
+            positional = None if extra.positional is None else extra.positional.result()
+            if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself
+                add_pair_sum_residual(frequency, positional[1][0], attended)
+            extras[layer] = PositionSummary(
+                positional_mean=None if positional is None else positional[0].cpu().numpy(),
+                positional_profile=None if positional is None else positional[1].cpu().numpy(),
+                positional_diagnostics=None if positional is None else positional[2],
+                key_profile=extra.keys.result().cpu().numpy(),
+                # over the queries that see key 0: every query, unless the model's own mask hides it from some
+                sink_share=(extra.sinks / (seq_len if attended is None else cells.seeing if cells is not None
+                                           else attended.per_key[:, 0].to(dev))).float().cpu().numpy(),
+                attended=None if attended is None else attended.block_shares(block, heads).cpu().numpy(),
+                measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency},
+                note=None if cells is None else BY_SAMPLE_NOTE,
+            )
+    finally:
+        bank.close()
+    return extras
+
+
+def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary],
+                  attended: Attended | None, cells: SampleCells | None, *, samples: int, seq_len: int, block: int,
+                  device: torch.device, positional: bool, measures: bool) -> LayerExtras:  # fmt: skip
+    """What SPEC sections 12 and 14 add to a layer whose rows are formed again, over the call's own mask
+    (``attended``); where samples are masked differently (``cells``), each sample's own cells count for it, and
+    what pairs the cells of different samples (P, the block maps' SEs) is left out."""
+    n, heads, shared = samples, adapter.n_heads, None if cells is not None else attended
+    extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device, attended=shared),
+                        sinks=torch.zeros(n, heads, dtype=torch.float64, device=device), by_sample=cells is not None)
+    if cells is not None:
+        extra.keys.queries = cells.key_queries
+        warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=4)
+    if measures:  # SPEC section 14
+        extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
+                                        device=device, attended=shared)  # fmt: skip
+        extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
+                                             device=device, attended=shared)  # fmt: skip
+        if cells is not None:
+            for counted in [extra.measures, *extra.profiles.values()]:
+                counted.by_sample(0)
+            return extra
+        extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,
+                                     seq_len=seq_len, block=block, causal=True, samples=n, device=device,
+                                     attended=attended)  # fmt: skip
+    if n >= 2 and positional and cells is None:
+        q_sum, k_sum = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))
+        scale = adapter.score_scale(layer)
+        extra.positional = Positional(q_sum, k_sum, layer=layer, scale=scale, samples=n, seq_len=seq_len,
+                                      block=block, device=device, attended=attended)  # fmt: skip
+        if measures and n >= 3:  # its block map's SE (SPEC section 14)
+            extra.blocks["positional"] = PositionalJackknife(q_sum, k_sum, bank.operands(layer), samples=n,
+                                                             block=block, scale=scale, seq_len=seq_len,
+                                                             device=device, attended=attended)  # fmt: skip
+    return extra

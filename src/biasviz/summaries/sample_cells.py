@@ -1,0 +1,50 @@
+"""Each sample's own attended cells of a call whose rows are formed again, where samples are masked differently.
+
+Padding and packed documents give every sample a mask of its own (SPEC section 13). The adapter keeps each
+sample's mask in the bank beside its q and k, eight cells a byte; here they are read once, a block of rows at a
+time, into what the layer's summaries count over: the cells some sample attends (the maps, profiles and
+diagnostics average those, each once), the queries that see each key (the key profile) and each sample's queries
+that see key 0 (its sink share). Each block of rows formed again then brings its sample's own cells.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from biasviz.adapters.base import SAMPLE_CELLS
+
+ROWS_PER_READ = 1024  # rows of a sample's mask unpacked at a time (1024 x T bools)
+
+# what a layer whose samples are masked differently leaves out, and why (its layer attribute ``note``)
+BY_SAMPLE_NOTE = ("samples masked differently (padding or packed documents): each sample's own cells count for it; "
+                  "the positional logits P, the rotary frequency measures and the block maps' standard errors take "
+                  "one mask for every sample and are not stored")  # fmt: skip
+
+
+@dataclass
+class SampleCells:
+    """What a layer's summaries count where each sample attends cells of its own."""
+
+    union: torch.Tensor  # (1, T, T) bool: the cells some sample attends
+    key_queries: torch.Tensor  # (1, T) float64: the queries that see each key, averaged over samples
+    seeing: torch.Tensor  # (N, 1) float64: each sample's queries that see key 0
+
+    @classmethod
+    def read(cls, bank: Any, layer: int, samples: int, seq_len: int, device: torch.device) -> SampleCells | None:
+        """From ``bank``'s cells of ``layer``; None where the layer's samples share one mask (none kept)."""
+        if not bank.holds(layer, SAMPLE_CELLS):
+            return None
+        union = torch.zeros(1, seq_len, seq_len, dtype=torch.bool, device=device)
+        key_queries = torch.zeros(1, seq_len, dtype=torch.float64, device=device)
+        seeing = torch.zeros(samples, 1, dtype=torch.float64, device=device)
+        for a in range(samples):
+            for r0 in range(0, seq_len, ROWS_PER_READ):
+                r1 = min(seq_len, r0 + ROWS_PER_READ)
+                cells = bank.get_cells(layer, SAMPLE_CELLS, a, r0, r1, seq_len).to(device)
+                union[0, r0:r1] |= cells
+                key_queries[0] += cells.sum(0, dtype=torch.float64)
+                seeing[a, 0] += cells[:, 0].sum(dtype=torch.float64)
+        return cls(union, key_queries / samples, seeing)
