@@ -99,7 +99,8 @@ def summarise(
     forms the rows of every sample as one process would; the other processes return an empty result.
     ``positional=False`` leaves out the positional logits P (SPEC section 12), ``measures=False`` SPEC section 14's
     measures of the weights: to measure what they cost. Where samples turn out to be masked differently (padding,
-    packed documents), rows that would be formed again are streamed instead (``streamed``), from the start.
+    packed documents), rows formed again keep each sample's own cells; where they cannot (heads masked differently
+    too, torchrun's joined banks), the rows are streamed instead (``streamed``), from the start.
     """
     options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
