@@ -162,6 +162,51 @@ def test_a_failing_process_leaves_nothing_at_out(model_dir: Path) -> None:
     assert not [p for p in model_dir.iterdir() if "failed.h5" in p.name]
 
 
+RANK_WINDOWS = """import os
+import torch
+
+
+class RankWindows(torch.nn.Module):
+    \"\"\"One SDPA call over a sliding window: 8 keys in process 0's samples, 4 in process 1's.\"\"\"
+
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.embed, self.bias = torch.nn.Embedding(300, 16), bias
+
+    def forward(self, idx):
+        x = self.embed(idx).view(*idx.shape, 2, 8).transpose(1, 2)
+        t = idx.shape[-1]
+        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+        kept = (j <= i) & (i - j < (8 if os.environ.get("RANK") == "0" else 4))
+        mask = torch.where(kept, -0.1 * (i - j).float(), float("-inf")) if self.bias else kept
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, attn_mask=mask)
+
+
+def formed_again():
+    torch.manual_seed(0)
+    return RankWindows(False)
+
+
+def streamed():
+    torch.manual_seed(0)
+    return RankWindows(True)
+"""
+
+
+@pytest.mark.parametrize("make", ["formed_again", "streamed"])
+def test_processes_whose_samples_are_masked_differently_are_refused(model_dir: Path, make: str) -> None:
+    """Each process measures one mask for its own samples; where the processes' differ (a mask formed again from
+    the joined banks, or per-cell moments merged), every process refuses rather than summarise with process 0's."""
+    (model_dir / "rank_windows.py").write_text(RANK_WINDOWS)
+    run = torchrun(["extract", "--model", f"{model_dir / 'rank_windows.py'}:{make}", "--samples", "4", "--seq-len",
+                    "16", "--resolution", "16", "--summary", "--text", "text.txt", "--out", f"{make}.h5", "--quiet",
+                    "--device", "cpu"], model_dir, {"PYTHONPATH": str(CHECKOUT)})  # fmt: skip
+    assert run.returncode != 0, run.stdout
+    assert "Error: attention call 0 masked other cells" in run.stderr and "run it in one process" in run.stderr
+    assert "[rank0]: Traceback" not in run.stderr and "[rank1]: Traceback" not in run.stderr, run.stderr
+    assert not (model_dir / f"{make}.h5").exists()
+
+
 def test_ddp_training_of_two_processes_writes_loadable_checkpoints(model_dir: Path) -> None:
     run = torchrun(["train", "--scheme", "alibi", "--steps", "4", "--seq-len", "32", "--batch-size", "2",
                     "--save-every", "2", "--corpus", "text.txt", "--out", "ddp", "--quiet", "--device", "cpu"],

@@ -54,6 +54,7 @@ class Captured:
 
 
 SAMPLE_CELLS = "attended"  # a bank's name for each sample's own attended cells, where samples are masked differently
+MASK_DIGEST = "mask digest"  # under torchrun: each sample's call's mask as a SHA-256 digest, compared once joined
 
 
 @dataclass

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.base import SAMPLE_CELLS, Captured, Formed, ModelAdapter, refuse_meta
+from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS, Captured, Formed, ModelAdapter, refuse_meta
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
@@ -208,6 +208,9 @@ class TracedAdapter(ModelAdapter):
         """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
         from the first sample masked otherwise (padding, packed documents) on, every sample's own cells, in the
         bank beside its q and k (those before by the one mask they had)."""
+        if not bank.cells_by_sample:  # torchrun: each process's one mask goes with its samples, compared once joined
+            digest = hashlib.sha256(ops.kept[:1].contiguous().cpu().numpy().tobytes()).digest()
+            bank.put(index, MASK_DIGEST, torch.tensor(list(digest), dtype=torch.uint8).expand(ops.q.shape[0], 1, -1))
         if index in self._by_sample:
             bank.put_cells(index, SAMPLE_CELLS, _own_cells(ops.kept, ops.q.shape[0], index))
             return

@@ -137,6 +137,24 @@ def _join_banks(w: World) -> Any:
     return gather
 
 
+def _one_mask_everywhere(w: World, parts: dict[tuple[str, int], Any]) -> None:
+    """Every process summarised its samples over the one mask it measured (SPEC section 13); joined, they must all
+    have measured the same, or every process refuses (all of them see every digest: none waits on the others)."""
+    import hashlib
+
+    import torch.distributed as dist
+
+    mine = {layer: None if part.attended is None else hashlib.sha256(part.attended.mask.cpu().numpy().tobytes())
+            .hexdigest() for (_, layer), part in sorted(parts.items())}  # fmt: skip
+    every: list[Any] = [None] * w.size
+    dist.all_gather_object(every, mine)
+    for layer in sorted(mine):
+        if len({theirs.get(layer) for theirs in every}) > 1:
+            raise BiasvizError(f"attention call {layer} masked other cells in one process's samples than in "
+                               "another's (padding or packed documents): under torchrun a summary takes one mask "
+                               "for every sample; run it in one process")  # fmt: skip
+
+
 def _join_cells(w: World) -> Any:
     """A merge for :func:`biasviz.extraction.summary.summarise`: every process's per-cell moments into process 0's,
     and a streamed model's SPEC section 12 sums (q, k, scores, bias, the key profile's; sink shares one sample after
@@ -144,6 +162,7 @@ def _join_cells(w: World) -> Any:
     import torch.distributed as dist
 
     def merge(parts: dict[tuple[str, int], Any], position: Any = None) -> bool:
+        _one_mask_everywhere(w, parts)
         for key in sorted(parts):
             cells = parts[key].cells
             if cells is None:  # a bias shared by every sample: the same in every process

@@ -27,7 +27,7 @@ from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
 from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
-from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells
+from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells, check_one_mask
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
 from biasviz.summaries.weight_measures import WeightMeasures
 
@@ -60,6 +60,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
         return Progress(total, desc=f"summarise (phase {k} of {phases}): {what}", unit=unit, show=show)
 
     bank = SampleBank(n, device=dev, directory=scratch)
+    bank.cells_by_sample = gather is None  # torchrun: each process's one mask, compared once the banks are joined
     extras: dict[int, PositionSummary] = {}
     try:
         # the forward counts each sample through each layer
@@ -75,6 +76,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             if joined is None:
                 return None
             bank, n = joined, joined.samples
+            check_one_mask(bank, layer_list)
         for k, layer in enumerate(layer_list, start=2):
             own = {kind: p for (kind, at), p in parts.items() if at == layer}
             cells = SampleCells.read(bank, layer, n, seq_len, dev)  # samples masked differently: each one's own

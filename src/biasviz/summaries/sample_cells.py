@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from biasviz.adapters.base import SAMPLE_CELLS
+from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS
+from biasviz.common.errors import BiasvizError
 
 ROWS_PER_READ = 1024  # rows of a sample's mask unpacked at a time (1024 x T bools)
 
@@ -48,3 +49,17 @@ class SampleCells:
                 key_queries[0] += cells.sum(0, dtype=torch.float64)
                 seeing[a, 0] += cells[:, 0].sum(dtype=torch.float64)
         return cls(union, key_queries / samples, seeing)
+
+
+def check_one_mask(bank: Any, layers: list[int]) -> None:
+    """torchrun's processes each measured one mask for their own samples; joined, every sample's must be the same
+    (a layer formed again takes one), or the run is refused rather than summarised with process 0's mask."""
+    for layer in layers:
+        if not bank.holds(layer, MASK_DIGEST):
+            continue
+        first = bank.get(layer, MASK_DIGEST, 0, 0, 1).clone()
+        for a in range(1, bank.samples):
+            if not torch.equal(bank.get(layer, MASK_DIGEST, a, 0, 1), first):
+                raise BiasvizError(f"attention call {layer} masked other cells for sample {a} than for the first "
+                                   "(padding or packed documents): under torchrun a summary takes one mask for "
+                                   "every sample; run it in one process")  # fmt: skip
