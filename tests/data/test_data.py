@@ -47,3 +47,15 @@ def test_windows_are_reproducible_and_inside_the_span(corpus_dir) -> None:
     text = stream.tolist()
     for w in a.tolist():  # every window is a contiguous run of the stream
         assert any(text[s : s + 32] == w for s in range(len(text) - 31))
+
+
+def test_a_last_batch_stops_near_the_documents_needed(corpus_dir) -> None:
+    """With the default batch of 16, the text read ends within a document of what the span needs."""
+    tok = build_tokenizer([p.read_text() for p in sorted(corpus_dir.iterdir())], 300)
+    counts = [len(tok.encode(p.read_text()).ids) + 1 for p in sorted(corpus_dir.iterdir())]  # each file, EOS after
+    for n in (sum(counts[:20]) - 5, sum(counts[:23]) + 1, sum(counts[:37])):
+        needed = next(k for k in range(1, len(counts) + 1) if sum(counts[:k]) >= n)
+        read: list[str] = []
+        docs, _ = open_corpus(corpus_dir)
+        stream = encode_prefix((read.append(d) or d for d in docs), tok, n)
+        assert len(stream) == n and needed <= len(read) <= needed + 1, (n, needed, len(read))

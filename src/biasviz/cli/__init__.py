@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import signal
 import sys
 import traceback
 import warnings
+from collections.abc import Iterator
 
 import click
 
@@ -88,6 +91,27 @@ def in_place_when_published() -> None:
     when_published(output_in_place)
 
 
+@contextlib.contextmanager
+def lasting_objects() -> Iterator[None]:
+    """Imports and a model's load in the installed script: no garbage collection while they run, and what they made
+    is left out of every later collection (``gc.freeze``). From Python (``main(argv)``) the caller's collector is
+    left alone.
+
+    Importing torch and transformers makes some 500,000 objects that live as long as the process; each full
+    collection during the imports traced all made so far again, 0.5 s of an extract's start. What they leave
+    unreachable (about 10,000 objects, 9 MB) is not collected.
+    """
+    if not _SCRIPT or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn user errors into one ``Error:`` line and an exit code."""
     global _SCRIPT
@@ -98,6 +122,9 @@ def main(argv: list[str] | None = None) -> None:
         if argv is None:  # the installed script: a library that failed to write must not crash the exit
             _exit_past_damaged_hdf5(exc.code)
         raise
+    finally:
+        if argv is None:  # the interpreter's collection at exit traced every object once more: 0.7 s after torch
+            gc.freeze()
     if argv is None:  # done and on disk: a Ctrl-C while the interpreter shuts down has nothing left to stop
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

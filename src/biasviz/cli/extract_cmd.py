@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from biasviz.cli import in_place_when_published, output_in_place
+from biasviz.cli import in_place_when_published, lasting_objects, output_in_place
 from biasviz.cli.options import (
     NonEmptyPath,
     config_option,
@@ -164,17 +164,18 @@ def extract(
     hold NaN (bias) and 0 (weights). With --summary: per layer the mean and spread over samples as maps,
     distance profiles and diagnostics, at any --seq-len. The file appears only when complete.
     """
-    from biasviz.adapters.device_map import offload_space, placement_attrs
-    from biasviz.common.devices import PeakMemory
-    from biasviz.common.exclusive import writing_alone
-    from biasviz.common.outputs import check_output_file
-    from biasviz.common.processes import process_group
-    from biasviz.common.settings import attention_mode
-    from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
-    from biasviz.extraction.distributed import extract_parallel
-    from biasviz.extraction.run import check_seq_len, check_windows_memory
-    from biasviz.extraction.run import extract as run_extract
-    from biasviz.extraction.tokens import resolve_tokenizer
+    with lasting_objects():  # torch, transformers and the rest: objects that live as long as the process
+        from biasviz.adapters.device_map import offload_space, placement_attrs
+        from biasviz.common.devices import PeakMemory
+        from biasviz.common.exclusive import writing_alone
+        from biasviz.common.outputs import check_output_file
+        from biasviz.common.processes import process_group
+        from biasviz.common.settings import attention_mode
+        from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
+        from biasviz.extraction.distributed import extract_parallel
+        from biasviz.extraction.run import check_seq_len, check_windows_memory
+        from biasviz.extraction.run import extract as run_extract
+        from biasviz.extraction.tokens import resolve_tokenizer
 
     attention_mode()  # checked before any work
     layers = parse_layers(layer)
@@ -313,7 +314,7 @@ def _load(model: str, checkpoint: str | None, scheme: str | None, no_scale: bool
     from biasviz.adapters import load_model
     from biasviz.adapters.factory import is_factory_spec, load_factory
 
-    with warnings_as_notes():
+    with warnings_as_notes(), lasting_objects():  # the model and what its load imports live to the end
         if is_factory_spec(model):
             for given, flag in ((no_scale, "--no-scale"), (part, "--part"), (placement, "--device-map")):
                 if given:

@@ -6,8 +6,10 @@ present wherever biasviz runs, so the built-in pipeline needs no download.
 
 from __future__ import annotations
 
+import errno
+import os
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +33,56 @@ class Corpus:
         return sum(len(d) for d in self.documents)
 
 
-def _stdlib_files() -> list[Path]:
+STDLIB_SKIP = frozenset({"test", "tests", "idlelib", "site-packages", "lib2to3", "__pycache__"})
+
+
+def _stdlib_files() -> Iterator[Path]:
+    """The standard library's ``*.py`` files outside :data:`STDLIB_SKIP`, in the order of their paths relative to the
+    root (as strings), found as they are read.
+
+    Listing them all first (``rglob`` then sorting) walked every package installed beside Python, 13,000 files for
+    the 600 kept, to read the first few dozen: 0.4 s of every ``extract``. A directory is walked only when reading
+    reaches it, and a skipped one never.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"test", "tests", "idlelib", "site-packages", "lib2to3", "__pycache__"}
-    files = [p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts)]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+    if root.is_dir():
+        yield from _sorted_py_files(root)
+
+
+def _sorted_py_files(directory: Path) -> Iterator[Path]:
+    """``rglob("*.py")``'s paths under ``directory`` (symbolic links to directories not followed) in string order.
+
+    Every path below a directory ``d`` starts with ``d/``, so they all sort between the entries of ``d``'s own
+    folder as if ``d`` were named ``d/``: sorting one folder at a time by that key gives the order of the whole.
+    """
+    try:
+        with os.scandir(directory) as listing:
+            entries = list(listing)
+    except PermissionError:  # rglob leaves out a folder it may not read
+        return
+    keyed: list[tuple[str, bool]] = []
+    for entry in entries:
+        if entry.name in STDLIB_SKIP:  # every path through it is skipped
+            continue
+        if entry.name.endswith(".py"):
+            keyed.append((entry.name, False))
+        if _is_folder(entry):
+            keyed.append((entry.name + "/", True))
+    for key, folder in sorted(keyed):
+        if folder:
+            yield from _sorted_py_files(directory / key[:-1])
+        else:
+            yield directory / key
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool:
+    """A real directory, as rglob tells one (an entry that vanished or loops is none)."""
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP):
+            return False
+        raise
 
 
 def _text_files(path: Path) -> list[Path]:
@@ -66,7 +113,7 @@ def open_corpus(path: str | Path | None = None, max_bytes: int | None = DEFAULT_
     return _read(files, max_bytes, source, warn=path is not None and str(path) != DEFAULT_CORPUS), source
 
 
-def _read(files: list[Path], max_bytes: int | None, source: str, *, warn: bool = True) -> Iterator[str]:
+def _read(files: Iterable[Path], max_bytes: int | None, source: str, *, warn: bool = True) -> Iterator[str]:
     """Each file's text; bytes that are not UTF-8 are replaced (with a warning for the user's own files)."""
     total = 0
     for f in files:
