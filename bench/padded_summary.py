@@ -1,0 +1,84 @@
+"""A summary of samples masked differently (left padding) in a model whose rows biasviz forms again: time and peak
+RSS of the summary formed again from the bank against the same call streamed whole (how it ran before), each in a
+fresh process, interleaved (BENCHMARKS.md §14). A one-layer transformers Llama (hidden 256, 4 heads), random
+weights, N = 3 windows of T tokens in one batch, the second padded on the left by T / 8 tokens, the third by T / 3,
+given to the model as an ``attention_mask``; ``--unpadded`` adds the same summary without padding.
+
+    .venv/bin/python bench/padded_summary.py --seq-len 2048 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import GIB, peak_hwm_bytes  # noqa: E402
+
+SAMPLES = 3
+
+
+def child(how: str, seq_len: int) -> dict[str, float]:
+    import warnings
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import biasviz
+    import biasviz.extraction.summary as summary
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=1,
+                         intermediate_size=512, vocab_size=512, max_position_embeddings=seq_len,
+                         attn_implementation="sdpa")  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(1, 512, (SAMPLES, seq_len), generator=torch.Generator().manual_seed(1))
+    pad = torch.ones(SAMPLES, seq_len, dtype=torch.long)
+    if how != "unpadded":
+        pad[1, : seq_len // 8] = 0
+        pad[2, : seq_len // 3] = 0
+    rows = {tuple(r.tolist()): k for k, r in enumerate(ids)}
+
+    def forward(batch: torch.Tensor) -> object:
+        return model(batch, attention_mask=pad[[rows[tuple(r.tolist())] for r in batch]])
+
+    if how == "streamed":  # the route such a call took before: streamed whole, as the model forms it
+        inner = summary._summarise
+        summary._summarise = lambda *a, **k: inner(*a, **{**k, "streamed": True})  # type: ignore[assignment]
+    warnings.simplefilter("ignore")
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        biasviz.extract(model, ids, Path(tmp) / "s.h5", summary=True, progress=False, batch_size=SAMPLES,
+                        forward=forward)  # fmt: skip
+        seconds = time.perf_counter() - t0
+    return {"s": seconds, "peak_gib": peak_hwm_bytes() / GIB}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--unpadded", action="store_true")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.seq_len)))
+        return
+    kinds = ["formed again", "streamed", *(["unpadded"] if args.unpadded else [])]
+    print(f"T = {args.seq_len}, N = {SAMPLES} in one batch, {args.repeats} interleaved repeats")
+    for r in range(args.repeats):
+        for kind in kinds:
+            how = kind.replace("formed again", "replayed")
+            done = subprocess.run([sys.executable, __file__, "--child", how, "--seq-len", str(args.seq_len)],
+                                  capture_output=True, text=True, check=True)  # fmt: skip
+            got = json.loads(done.stdout.strip().splitlines()[-1])
+            print(f"repeat {r + 1}: {kind:>12}: {got['s']:.1f} s, peak RSS {got['peak_gib']:.2f} GiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
