@@ -110,7 +110,9 @@ def load_model(
     :func:`~biasviz.adapters.device_map.offload_space`) spreads a transformers model with a device map.
     """
     from biasviz.adapters.device_map import loading_with
+    from biasviz.adapters.files import hash_while_loading
 
+    hash_while_loading(Path(path).expanduser())  # the digest every output records, while transformers imports
     with loading_with(placement):
         adapter = _load_model(path, scheme, attn_scale=attn_scale, part=part, placed=placement is not None)
     check_finite(adapter)

@@ -8,6 +8,7 @@ Shared by every adapter, so that each reads files the same way (and none imports
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import struct
 import warnings
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from biasviz.common.errors import BiasvizError
-from biasviz.common.hashing import sha256_files
+from biasviz.common.hashing import sha256_files, start_hashing
 from biasviz.common.inputs import read_text, regular_file
 from biasviz.common.names import utf8_path
 
@@ -29,6 +30,14 @@ def parameter_files(directory: Path) -> list[Path]:
         if found:
             return found
     raise BiasvizError(f"{directory} holds a config.json but no model.safetensors (or pytorch_model.bin) weights")
+
+
+def hash_while_loading(model: Path) -> None:
+    """A checkpoint directory's weight files, hashed for the digest outputs record while the load imports
+    transformers (:func:`~biasviz.common.hashing.start_hashing`); anything amiss is the loader's to report."""
+    if model.is_dir():
+        with contextlib.suppress(BiasvizError, OSError):
+            start_hashing(parameter_files(model))
 
 
 def check_safetensors(path: Path) -> None:
