@@ -169,7 +169,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 sums["bias"].add(got.bias[0])
             sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
             if extras.measures is not None:
-                extras.measures.add(a, r0, got.weights, got.scores)
+                extras.measures.add(a, r0, got.weights)
             pooled = {}  # each kind's block sums, where formed: P's jackknife takes them up
             for kind, values in (("weights", got.weights), ("scores", got.scores), ("bias", got.bias)):
                 if values is not None and (kind != "bias" or varying):

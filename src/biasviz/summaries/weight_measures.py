@@ -204,10 +204,9 @@ class WeightMeasures(Pending):
         self._planned = plan
         return plan
 
-    def add(self, first: int, r0: int, weights: torch.Tensor, scores: torch.Tensor | None = None) -> None:
+    def add(self, first: int, r0: int, weights: torch.Tensor) -> None:
         """Samples ``first ..``'s weights (B, H, rows, K) of query rows ``r0 ..`` against keys ``0 .. K - 1``, 0
-        where a query does not look (the rows of every sample come exactly once, in any order); ``scores``: the
-        softmax's input the weights were formed from, the same shape (the entropy then takes no logarithm)."""
+        where a query does not look (the rows of every sample come exactly once, in any order)."""
         b, _, rows, keys = weights.shape
         self._first = first
         plan = self._plan(r0, rows, keys)
@@ -219,10 +218,8 @@ class WeightMeasures(Pending):
         # -w log w, 0 where w = 0: the clamp only keeps log finite there (3x faster than torch.special.entr), worked
         # in a buffer kept from block to block (fresh pages for three temporaries cost 4x the arithmetic)
         work = self._scratch.take(weights.shape[1:], b, weights.dtype, weights.device)
-        entropy = None if scores is None else entropy_from_scores(weights, scores, work)
-        if entropy is None:
-            torch.clamp_min(weights, torch.finfo(weights.dtype).tiny, out=work)
-            entropy = work.log_().mul_(weights).sum(-1).neg_().double()  # (B, H, rows)
+        torch.clamp_min(weights, torch.finfo(weights.dtype).tiny, out=work)
+        entropy = work.log_().mul_(weights).sum(-1).neg_().double()  # (B, H, rows)
         by_block = torch.zeros(b, self.heads, plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
         by_block.index_add_(-1, plan.qblock, entropy * plan.looks)
         self._put(self.entropy, (at, slice(None), slice(plan.q0, plan.q1)), by_block)
@@ -305,29 +302,6 @@ class WeightMeasures(Pending):
             out["weights_profile_se"] = se.float().cpu().numpy()
         out["sink_keys"] = top_keys(received)
         return MeasureSummary(out)
-
-
-def entropy_from_scores(weights: torch.Tensor, scores: torch.Tensor, work: torch.Tensor) -> torch.Tensor | None:
-    """-Σ_j w_j log w_j per row of ``weights`` = softmax(``scores``) over each row's attended cells (0 elsewhere),
-    (..., rows, K) each, as (..., rows) float64, with no logarithm per cell; ``work``: a buffer of their shape.
-
-    log w_j = s_j - s* + log w* for the cell * of the row's largest weight, so the entropy is Σ_j w_j (s* - s_j) -
-    log w*: every term >= 0 (no cancellation, whatever the scores' size), a subtraction and a product per cell where
-    the logarithm cost as much as the softmax. None where the scores are not finite where the weights are 0 (a mask
-    added to them): the caller takes the logarithms then.
-
-    >>> s = torch.tensor([[1.0, 2.0, 0.5, 9.0]])  # the last cell masked: weight 0 whatever its score
-    >>> w = torch.cat([torch.softmax(s[:, :3], -1), torch.zeros(1, 1)], -1)
-    >>> got = entropy_from_scores(w, s, torch.empty_like(w)).item()
-    >>> abs(got + (w[:, :3] * w[:, :3].log()).sum().item()) < 1e-6
-    True
-    """
-    top, at = weights.max(-1, keepdim=True)
-    spread = torch.sub(scores.gather(-1, at), scores, out=work).mul_(weights).sum(-1).double()
-    entropy = spread - top[..., 0].double().clamp_min(torch.finfo(torch.float64).tiny).log()
-    looks = top[..., 0] > 0  # a row that attends nothing: 0, as the logarithms give it
-    entropy = torch.where(looks, entropy, 0.0)
-    return entropy if bool(torch.isfinite(entropy).all()) else None
 
 
 def top_keys(received: torch.Tensor) -> np.ndarray:
