@@ -9,6 +9,7 @@ after the last of them, as the hook-based adapters do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import sys
 import warnings
@@ -208,9 +209,6 @@ class TracedAdapter(ModelAdapter):
         """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
         from the first sample masked otherwise (padding, packed documents) on, every sample's own cells, in the
         bank beside its q and k (those before by the one mask they had)."""
-        if not bank.cells_by_sample:  # torchrun: each process's one mask goes with its samples, compared once joined
-            digest = hashlib.sha256(ops.kept[:1].contiguous().cpu().numpy().tobytes()).digest()
-            bank.put(index, MASK_DIGEST, torch.tensor(list(digest), dtype=torch.uint8).expand(ops.q.shape[0], 1, -1))
         if index in self._by_sample:
             bank.put_cells(index, SAMPLE_CELLS, _own_cells(ops.kept, ops.q.shape[0], index))
             return
@@ -220,6 +218,8 @@ class TracedAdapter(ModelAdapter):
             kept = None
         first = self._formed.setdefault(index, kept or _Kept(ops.scale, None))
         if kept is not None and first.same(kept):
+            if not bank.cells_by_sample:  # torchrun: the process's one mask goes with its samples, compared once joined
+                bank.put(index, MASK_DIGEST, first.digest.expand(ops.q.shape[0], 1, -1))
             return
         if not bank.cells_by_sample or first.scale != ops.scale:  # torchrun's processes meet in one bank
             raise MasksDifferBySample(f"attention call {index} masked other cells for sample {bank.start} than for "
@@ -315,6 +315,13 @@ class _Kept:
             raise MasksDifferBySample("an attention call masked different cells for samples of one batch: a summary "
                                       "forms one mask for every sample")  # fmt: skip
         return cls(ops.scale, kept[:1])
+
+    @functools.cached_property
+    def digest(self) -> torch.Tensor:
+        """(1, 32) uint8: the SHA-256 of the scale and mask (None: the causal triangle), hashed once per call."""
+        mask = b"causal" if self.mask is None else self.mask.contiguous().cpu().numpy().tobytes()
+        raw = hashlib.sha256(repr(self.scale).encode() + mask).digest()
+        return torch.tensor(list(raw), dtype=torch.uint8)[None]
 
     def same(self, other: _Kept) -> bool:
         if self.scale != other.scale or (self.mask is None) != (other.mask is None):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -16,16 +17,13 @@ class _Hashing:
     """One file's SHA-256 on a daemon thread (a process that ends early does not wait for it)."""
 
     def __init__(self, path: Path) -> None:
-        self.digest: str | None = None
-        self.failed = False
+        self.digest: str | None = None  # None: not readable (the caller hashes it itself and meets the error there)
         self._thread = threading.Thread(target=self._run, args=(path,), name="biasviz-sha256", daemon=True)
         self._thread.start()
 
     def _run(self, path: Path) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.digest = _digest(path)
-        except OSError:
-            self.failed = True  # the caller hashes it itself and meets the error there
 
     def result(self) -> str | None:
         self._thread.join()
