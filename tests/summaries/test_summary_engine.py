@@ -71,6 +71,27 @@ def test_rows_formed_again_from_a_spilled_bank_equal_the_full_extract(
                 np.testing.assert_allclose(s[f"{kind}_std"][()], std, rtol=1e-4, atol=1e-6, equal_nan=True)
 
 
+def test_a_spilled_bank_gives_every_dataset_a_bank_in_memory_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """Section 12 and 14 included: P's jackknife reads only the keys it has not summed yet from the bank's file, and
+    each sample's key blocks come out as from memory, however the blocks of rows fall."""
+    ids = _windows(5, seed=3)
+    adapter = BiasGPTAdapter(small_model("alibi"), source="test")
+    extract_summary(adapter, ids, tmp_path / "memory.h5", layers=-1, resolution=12, device="cpu", progress=False)
+    monkeypatch.setattr(bank_module, "BANK_BYTES", 0)
+    monkeypatch.setattr(replay_module, "REPLAY_BYTES", 12 * 72 * 150)
+    extract_summary(adapter, ids, tmp_path / "spilled.h5", layers=-1, resolution=12, device="cpu", progress=False)
+    with h5py.File(tmp_path / "memory.h5") as one, h5py.File(tmp_path / "spilled.h5") as other:
+        names = sorted(one["layer_1"])
+        assert "positional_mean_se" in names and "weights_entropy_se" in names
+        for name in names:
+            a, b = one[f"layer_1/{name}"][()], other[f"layer_1/{name}"][()]
+            for field in a.dtype.names or [None]:  # records (the sink keys) field by field
+                np.testing.assert_allclose(b if field is None else b[field], a if field is None else a[field],
+                                           rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=name)  # fmt: skip
+
+
 def test_the_number_of_batches_does_not_change_a_summary(tmp_path: Path) -> None:
     ids = _windows(6, seed=5)
     adapter = BiasGPTAdapter(small_model("cable"), source="test")

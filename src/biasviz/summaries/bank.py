@@ -192,7 +192,7 @@ class SampleBank:
             total += self.get(layer, name, a, 0, seq_len)
         return total.view(seq_len, heads, -1)
 
-    def operands(self, layer: int) -> Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]:
-        """(a, r0, r1) -> sample a's q at rows r0 .. r1 - 1 and k at keys 0 .. r1 - 1, as :meth:`get` gives them
-        (valid until the next read of the same name)."""
-        return lambda a, r0, r1: (self.get(layer, "q", a, r0, r1), self.get(layer, "k", a, 0, r1))
+    def operands(self, layer: int) -> Callable[[int, int, int, int], tuple[torch.Tensor, torch.Tensor]]:
+        """(a, r0, r1, k0) -> sample a's q at rows r0 .. r1 - 1 and k at keys k0 .. r1 - 1, as :meth:`get` gives
+        them (valid until the next read of the same name): a spilled bank reads only those keys."""
+        return lambda a, r0, r1, k0: (self.get(layer, "q", a, r0, r1), self.get(layer, "k", a, k0, r1))

@@ -27,7 +27,7 @@ from biasviz.summaries.maps import _group_sums
 from biasviz.summaries.sample_blocks import Pooled, SampleBlocks
 
 KEY_BLOCKS_BYTES = 1 << 26  # every sample's key-block sums kept up to this size (PositionalJackknife._key_blocks)
-Operands = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (a, r0, r1) -> q_a rows, k_a keys
+Operands = Callable[[int, int, int, int], tuple[torch.Tensor, torch.Tensor]]  # (a, r0, r1, k0) -> q_a rows, k_a keys
 
 
 def _within_blocks(x: torch.Tensor, start: int, block: int) -> torch.Tensor:
@@ -48,8 +48,8 @@ class PositionalJackknife(SampleBlocks):
     def __init__(self, q_sum: torch.Tensor, k_sum: torch.Tensor, operands: Operands, *, scale: float,
                  samples: int, seq_len: int, block: int, device: torch.device,
                  attended: Attended | None = None) -> None:  # fmt: skip
-        """``q_sum``, ``k_sum``: (T, H, d) float64 over every sample, as P's; ``operands(a, r0, r1)``: sample a's q
-        at rows r0 .. r1 - 1 and k at keys 0 .. r1 - 1, (rows or r1, H·d), as the call received them."""
+        """``q_sum``, ``k_sum``: (T, H, d) float64 over every sample, as P's; ``operands(a, r0, r1, k0)``: sample a's
+        q at rows r0 .. r1 - 1 and k at keys k0 .. r1 - 1, (rows or r1 - k0, H·d), as the call received them."""
         heads = q_sum.shape[1]
         super().__init__(heads=heads, seq_len=seq_len, block=block, causal=True, device=device, attended=attended)
         self.begin(0, samples)
@@ -83,39 +83,43 @@ class PositionalJackknife(SampleBlocks):
 
     def _operand_sums(self, a: int, r0: int, r1: int) -> Pooled:
         """Σ over each block's attended cells of q_a(i)·K(j) + Q(i)·k_a(j), rows r0 .. r1 - 1."""
-        q_rows, k_keys = self.operands(a, r0, r1)
         h, b = self.heads, self.block
+        q0, last = r0 // b, (r1 - 1) // b  # the rows' first and last query blocks
+        # the keys read: every one under a mask of the call's own; else the rows' own key blocks and the whole key
+        # blocks not yet summed for this sample (a bank spilled to its file reads no more than those)
+        k0 = 0 if self.attended is not None or not self.keep_key_blocks else min(self.ka_done[a], q0) * b
+        q_rows, k_keys = self.operands(a, r0, r1, k0)
         qa = q_rows.to(self.device, torch.float32).view(r1 - r0, h, -1).transpose(0, 1)  # (H, rows, d): a few rows
         q_all = self.q[:, r0:r1]
         if self.attended is not None:
             ka = k_keys.to(self.device, torch.float32).view(r1, h, -1).transpose(0, 1)  # (H, r1, d)
             cells = qa @ self.k[:, :r1].transpose(1, 2) + q_all @ ka.transpose(1, 2)  # (H, rows, r1)
             return self.pool(r0, cells[None])
-        q0, last = r0 // b, (r1 - 1) // b  # the rows' first and last query blocks
-        keys = k_keys.to(self.device, torch.float32).view(r1, h, -1)  # positions first, as stored: summed along them
-        ka_blocks = self._key_blocks(a, keys, last)  # (H, last, d)
+        keys = k_keys.to(self.device, torch.float32).view(r1 - k0, h, -1)  # positions first, as stored: summed
+        ka_blocks = self._key_blocks(a, keys, k0, last)  # (H, last, d)
         qa_g, q_g = _group_sums(qa, -2, r0, b), _group_sums(q_all, -2, r0, b)  # (H, nq, d)
         below = qa_g @ self.k_blocks[:, :last].transpose(1, 2) + q_g @ ka_blocks.transpose(1, 2)  # (H, nq, last)
         out = torch.zeros(h, qa_g.shape[1], last + 1, dtype=torch.float32, device=self.device)
         out[..., :last] = below
         qb = torch.arange(q0, last + 1, device=self.device)[:, None]
         out[..., :last].masked_fill_(torch.arange(last, device=self.device)[None, :] >= qb, 0.0)  # keys after
-        own = keys[q0 * b : r1].transpose(0, 1)  # (H, positions, d): the rows' own key blocks
+        own = keys[q0 * b - k0 :].transpose(0, 1)  # (H, positions, d): the rows' own key blocks
         ka_within = _within_blocks(own, 0, b)[:, r0 - q0 * b :]  # (H, rows, d)
         diagonal = (qa * self.k_within[:, r0:r1]).sum(-1) + (q_all * ka_within).sum(-1)  # (H, rows)
         on = _group_sums(diagonal, -1, r0, b)  # (H, nq)
         out[:, torch.arange(len(qb)), qb[:, 0]] = on
         return [(0, out[None])]
 
-    def _key_blocks(self, a: int, keys: torch.Tensor, last: int) -> torch.Tensor:
-        """Sample a's sums of k (H, last, d) over key blocks 0 .. last - 1; ``keys`` (>= last·block, H, d)."""
+    def _key_blocks(self, a: int, keys: torch.Tensor, k0: int, last: int) -> torch.Tensor:
+        """Sample a's sums of k (H, last, d) over key blocks 0 .. last - 1; ``keys`` (positions k0 .., H, d) from
+        the first key block not yet summed (from 0 where none are kept)."""
         if not self.keep_key_blocks:
             return _group_sums(keys[: last * self.block], -3, 0, self.block).transpose(0, 1)
         if not self.ka_blocks.numel():
             self.ka_blocks = torch.zeros(self.samples, self.heads, self.n_blocks, keys.shape[-1], device=self.device)
         done, b = self.ka_done[a], self.block
         if last > done:
-            self.ka_blocks[a, :, done:last] = _group_sums(keys[done * b : last * b], -3, 0, b).transpose(0, 1)
+            self.ka_blocks[a, :, done:last] = _group_sums(keys[done * b - k0 : last * b - k0], -3, 0, b).transpose(0, 1)
             self.ka_done[a] = last
         return self.ka_blocks[a, :, :last]
 
