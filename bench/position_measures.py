@@ -1,7 +1,8 @@
 """What SPEC section 14's measures cost a summary (BENCHMARKS.md §14): GPT-2-small shape with the ``rope`` scheme,
 the summary of the last layer with every section 14 measure and SE against the same summary without them, and the
-bare forward of the model through that layer, each in a fresh process, interleaved (forward, without, with,
-forward, ...), with each one's peak RSS. Nothing is downloaded: the model is randomly initialised.
+bare forward of the model through that layer, and the fused floor of the same shape (transformers' GPT2Model with
+SDPA's causal kernel, no LM head: N forwards of T tokens), each in a fresh process, interleaved (forward, without,
+with, floor, forward, ...), with each one's peak RSS. Nothing is downloaded: the models are randomly initialised.
 
     .venv/bin/python bench/position_measures.py --seq-len 4096 --samples 8 --repeats 3
     .venv/bin/python bench/position_measures.py --seq-len 4096 --samples 2 16 --repeats 1   # RSS against N
@@ -20,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = ("forward", "summary without 14", "summary with 14")
+MODES = ("forward", "summary without 14", "summary with 14", "fused floor")
 
 
 def child(args: argparse.Namespace) -> None:
@@ -39,8 +40,14 @@ def child(args: argparse.Namespace) -> None:
     adapter = BiasGPTAdapter(model, source="random")
     layer = adapter.resolve_layers(-1)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.mode == "fused floor":
+            floor = _floor(config, args.seq_len)
         t0 = time.perf_counter()
-        if args.mode == "forward":
+        if args.mode == "fused floor":
+            with torch.inference_mode():
+                for s in range(len(ids)):
+                    floor(input_ids=torch.from_numpy(ids[s : s + 1]))
+        elif args.mode == "forward":
             with adapter.stopping_after(layer), torch.inference_mode():
                 for s in range(len(ids)):
                     adapter.forward(torch.from_numpy(ids[s : s + 1]))
@@ -69,8 +76,8 @@ def main() -> None:
     print(f"CPU: {_cpu_model()}; torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{os.cpu_count()} cores; load before: {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"{args.preset}, scheme {args.scheme}, T = {args.seq_len}, summary of the last layer (defaults)\n")
-    print("| N | mode | s, median [min] | x without 14 | x forward | peak RSS GiB |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| N | mode | s, median [min] | x without 14 | x forward | x fused floor | peak RSS GiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for n in args.samples:
         got: dict[str, list[dict]] = {m: [] for m in MODES}
         for _ in range(args.repeats):
@@ -83,8 +90,17 @@ def main() -> None:
         for mode, rows in got.items():
             seconds = [r["seconds"] for r in rows]
             print(f"| {n} | {mode} | {med[mode]:.2f} [{min(seconds):.2f}] | {med[mode] / med[MODES[1]]:.2f} | "
-                  f"{med[mode] / med[MODES[0]]:.2f} | {max(r['peak_rss'] for r in rows) / 1024**3:.2f} |")
+                  f"{med[mode] / med[MODES[0]]:.2f} | {med[mode] / med[MODES[3]]:.2f} | "
+                  f"{max(r['peak_rss'] for r in rows) / 1024**3:.2f} |")
     print(f"\nload after: {os.getloadavg()[0]:.2f}; python {platform.python_version()}")
+
+
+def _floor(config, seq_len: int):  # -> transformers GPT2Model: our config's shape, SDPA's causal kernel
+    from transformers import GPT2Config, GPT2Model
+
+    shape = GPT2Config(n_positions=seq_len, n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
+                       vocab_size=config.vocab_size, attn_implementation="sdpa")  # fmt: skip
+    return GPT2Model(shape).eval()
 
 
 def _cpu_model() -> str:

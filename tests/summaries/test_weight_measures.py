@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from biasviz.store.datasets import distance_bins
+from biasviz.summaries import weight_measures
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.weight_measures import WeightMeasures, sample_stats
 from tests.measures_reference import reference as _reference
@@ -45,8 +46,12 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize("entropy_in_parts", [False, True])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_measures_match_definitions(case: str) -> None:
+def test_measures_match_definitions(case: str, entropy_in_parts: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``entropy_in_parts``: the entropy of each block worked a row at a time, as for long rows."""
+    if entropy_in_parts:
+        monkeypatch.setattr(weight_measures, "ENTROPY_BYTES", 1)
     make, causal, own = CASES[case]
     n, h, t, block = 4, 2, 37, 5
     mask = make(t)

@@ -83,6 +83,35 @@ def prefix_sums(values: torch.Tensor, where: PrefixIndex) -> torch.Tensor:
     return before.gather(-1, run.clamp(max=before.shape[-1] - 1)) + partial
 
 
+ENTROPY_BYTES = 1 << 21  # the entropy's rows worked in parts of about this size where a block is twice as large
+
+
+def row_entropy(weights: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+    """-Σ_j w log w per row of ``weights`` (B, H, rows, K), 0 for w = 0: (B, H, rows) in the weights' dtype.
+
+    The clamp only keeps log finite at w = 0 (3x faster than ``torch.special.entr``; ``torch.xlogy`` measured 4x
+    slower), worked in a buffer kept from block to block (fresh pages for three temporaries cost 4x the arithmetic).
+    A block past twice ENTROPY_BYTES (from about 8192 keys with 12 heads) goes in parts of rows of about that
+    size, so that the clamp, the log and the product work in a core's cache: 16 rows of 16384 keys, 12 heads, two
+    threads, caches flushed before each call: 2.2 ms whole, 1.45 in parts of 2 MiB (at 4096 keys parts were slower).
+
+    >>> w = torch.tensor([[[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]]])
+    >>> row_entropy(w, Scratch()).tolist()  # log 2, 0
+    [[[0.6931471824645996, -0.0]]]
+    """
+    b, h, rows, keys = weights.shape
+    row_bytes = b * h * keys * weights.element_size()
+    step = rows if rows * row_bytes <= 2 * ENTROPY_BYTES else max(1, ENTROPY_BYTES // row_bytes)
+    work = scratch.take((h, min(step, rows), keys), b, weights.dtype, weights.device)
+    out = torch.empty(b, h, rows, dtype=weights.dtype, device=weights.device)
+    for c in range(0, rows, step):
+        part = weights[:, :, c : c + step]
+        buf = work[:, :, : part.shape[2]]
+        torch.clamp_min(part, torch.finfo(weights.dtype).tiny, out=buf)
+        torch.sum(buf.log_().mul_(part), -1, out=out[:, :, c : c + step])
+    return out.neg_()
+
+
 @dataclass
 class _Plan:
     """A block's mask, worked into what every sample's sums need."""
@@ -215,11 +244,7 @@ class WeightMeasures(Pending):
         starts = prefix_sums(weights, plan.bounds)  # Σ before each segment's first key
         segment = starts[..., 1:] - starts[..., :-1]
         self._put(self.context, (at,), (segment * plan.qualifies[..., None]).sum(-2))
-        # -w log w, 0 where w = 0: the clamp only keeps log finite there (3x faster than torch.special.entr), worked
-        # in a buffer kept from block to block (fresh pages for three temporaries cost 4x the arithmetic)
-        work = self._scratch.take(weights.shape[1:], b, weights.dtype, weights.device)
-        torch.clamp_min(weights, torch.finfo(weights.dtype).tiny, out=work)
-        entropy = work.log_().mul_(weights).sum(-1).neg_().double()  # (B, H, rows)
+        entropy = row_entropy(weights, self._scratch).double()  # (B, H, rows)
         by_block = torch.zeros(b, self.heads, plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
         by_block.index_add_(-1, plan.qblock, entropy * plan.looks)
         self._put(self.entropy, (at, slice(None), slice(plan.q0, plan.q1)), by_block)
