@@ -29,7 +29,10 @@ from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.scratch import Scratch
 from biasviz.summaries.weight_measures import WeightMeasures
 
-REPLAY_BYTES = 1 << 26  # a block's sums and temporaries on the CPU (64 MiB: fastest of 16-256 MiB on 2 cores)
+# a block's sums and temporaries on the CPU. 128 MiB since SPEC section 14 (what it keeps per sample costs per call
+# too): GPT-2-small shape, rope, T = 4096, N = 8, the summary's time past the forward with every section 14 measure
+# 12.9 s at 64 MiB, 11.2 at 128, 11.5 at 256, 12.3 at 512; without them 5.3 s at 64 MiB, 5.0 at 128 (2 cores)
+REPLAY_BYTES = 1 << 27
 CUDA_REPLAY_BYTES = 1 << 32  # on a GPU (4 GiB): few, large kernels
 # ... but at least MIN_REPLAY_ROWS query rows, up to REPLAY_CAP: forming a block's scores reads every key of its
 # prefix, so a block of a few rows is a matrix-vector product bound by memory (GPT-2-small shape, T = 32768, one
