@@ -52,34 +52,45 @@ class PairCorrelations:
         group[b] = torch.arange(len(b))
         rest = head_dim > layout.rotary_dims
         group[layout.rotary_dims :] = len(a)
-        self.group, self.pairs = group, len(a) + int(rest)
-        # (dims, pairs): 1 where a dim belongs to a pair, in the float64 transforms' complex dtype, on q and k's device
-        self._sum_pairs = torch.zeros(head_dim, self.pairs, dtype=torch.complex128)
-        self._sum_pairs[torch.arange(head_dim), group] = 1.0
-        self._sum_pairs = self._sum_pairs.to(device)
+        self.group, self.pairs = group.to(device), len(a) + int(rest)
 
     def by_distance(self, x_hat: torch.Tensor, y_hat: torch.Tensor) -> torch.Tensor:
-        """(T + 1, dims) transforms of x and y -> (pairs, T): Σ over cells at distance |i - j| of x(i)·y(j) by
+        """(dims, T + 1) transforms of x and y -> (pairs, T): Σ over cells at distance |i - j| of x(i)·y(j) by
         pair."""
         return self.lags(self.pair_spectrum(x_hat * y_hat.conj()))
 
     def pair_spectrum(self, spectrum: torch.Tensor) -> torch.Tensor:
-        """(T + 1, dims) products of transforms -> (T + 1, pairs): each pair's dims summed before the inverse
-        transform (it is linear), so that one inverse per pair is made, not one per dim."""
-        return spectrum @ self._sum_pairs
+        """(..., dims, T + 1) products of transforms -> (..., pairs, T + 1): each pair's dims summed before the
+        inverse transform (it is linear), so that one inverse per pair is made, not one per dim."""
+        out = spectrum.new_zeros(*spectrum.shape[:-2], self.pairs, spectrum.shape[-1])
+        return out.index_add_(-2, self.group, spectrum)
 
     def lags(self, pair_spectrum: torch.Tensor) -> torch.Tensor:
-        """(T + 1, pairs) -> (pairs, T): the sums by distance d = |i - j| (causal: i - j = d only)."""
+        """(..., pairs, T + 1) -> (..., pairs, T): the sums by distance d = |i - j| (causal: i - j = d only)."""
         t = self.seq_len
-        lags = torch.fft.irfft(pair_spectrum, n=2 * t, dim=0)  # (2T, pairs): lag m = i - j (mod 2T)
-        total = lags[:t].clone()  # i - j = d >= 0
+        lags = torch.fft.irfft(pair_spectrum, n=2 * t, dim=-1)  # (..., 2T): lag m = i - j (mod 2T)
+        total = lags[..., :t].clone()  # i - j = d >= 0
         if not self.causal:
-            total[1:] += lags[t + 1 :].flip(0)  # j - i = e > 0 at 2T - e
-        return total.T
+            total[..., 1:] += lags[..., t + 1 :].flip(-1)  # j - i = e > 0 at 2T - e
+        return total
 
-    def transform(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, ...) positions first -> its zero-padded transform (T + 1, ...), for :meth:`by_distance`."""
-        return torch.fft.rfft(x.double(), n=2 * self.seq_len, dim=0)
+    @staticmethod
+    def positions_last(x: torch.Tensor, step: int = 256) -> torch.Tensor:
+        """(T, ..., dims) positions first -> (..., dims, T) float64, contiguous: what :meth:`transform` takes.
+
+        Positions last because (64, 8192) float64 transformed along its rows took 0.9 ms, along the columns of
+        (8192, 64) 2.2 ms (one head of GPT-2-small's shape at T = 4096); copied ``step`` positions at a time, which
+        keeps the transposition in the cache: 2.8 ms for a sample's 12 heads at 4096, 11.7 in one copy, 19.8 a head
+        at a time."""
+        out = torch.empty(*x.shape[1:], x.shape[0], dtype=torch.float64, device=x.device)
+        for t0 in range(0, x.shape[0], step):
+            out[..., t0 : t0 + step] = x[t0 : t0 + step].movedim(0, -1)
+        return out
+
+    def transform(self, rows: torch.Tensor) -> torch.Tensor:
+        """(..., dims, T) from :meth:`positions_last` -> its zero-padded transform (..., dims, T + 1), for
+        :meth:`by_distance`."""
+        return torch.fft.rfft(rows, n=2 * self.seq_len, dim=-1)
 
 
 def jackknife(theta: torch.Tensor) -> torch.Tensor:
@@ -124,30 +135,32 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     dev = sum_q.device  # the bank's (a GPU's): every sum and transform is formed there, only results come back
     f64 = {"dtype": torch.float64, "device": dev}
     corr = PairCorrelations(layout, sum_q.shape[-1], t, causal, dev)
-    fq, fk = corr.transform(sum_q), corr.transform(sum_k)  # (T + 1, H, hd)
+    fq, fk = (corr.transform(corr.positions_last(x)) for x in (sum_q, sum_k))  # (H, hd, T + 1)
     del sum_q, sum_k
-    cross = torch.stack([corr.by_distance(fq[:, h], fk[:, h]) for h in range(heads)])  # (H, pairs, T)
+    cross = torch.stack([corr.by_distance(fq[h], fk[h]) for h in range(heads)])  # (H, pairs, T)
     by_bin = bin_matrix(t).to(dev)  # which distances each bin sums
     n_cells = cells.to(dev).expand(heads, -1)  # (H, T)
     bin_cells = n_cells @ by_bin.T  # (H, bins)
     errors = n >= MIN_SE_SAMPLES
     # G's transform by pair, summed over the samples: one inverse transform per head at the end, not per sample
-    same_hat = torch.zeros(heads, t + 1, corr.pairs, dtype=torch.complex128, device=dev)
+    same_hat = torch.zeros(heads, corr.pairs, t + 1, dtype=torch.complex128, device=dev)
     lost_bins = torch.zeros(n if errors else 0, heads, corr.pairs, len(by_bin), **f64)  # by bin, summed
     lost_profile = torch.zeros(n if errors else 0, heads, t, **f64)  # by distance, the pairs summed
     for a in range(n):
         q, k = operands(a)
         if use is not None:
             use.add(a, q.permute(1, 0, 2)[None], k.permute(1, 0, 2)[None])
+        q, k = corr.positions_last(q), corr.positions_last(k)  # (H, hd, T)
         for h in range(heads):
-            qa, ka = corr.transform(q[:, h]), corr.transform(k[:, h])
+            qa, ka = corr.transform(q[h]), corr.transform(k[h])
             own = qa * ka.conj()
             same_hat[h] += corr.pair_spectrum(own)
             if errors:  # Q - q_a, K - k_a: the cross loses q_a·K + Q·k_a - q_a·k_a, G loses q_a·k_a
-                lost = corr.lags(corr.pair_spectrum(qa * fk[:, h].conj() + fq[:, h] * ka.conj() - 2 * own))
+                lost = torch.mul(qa, fk[h].conj()).addcmul_(fq[h], ka.conj()).sub_(own, alpha=2.0)  # in place
+                lost = corr.lags(corr.pair_spectrum(lost))
                 lost_bins[a, h] = lost @ by_bin.T
                 lost_profile[a, h] = lost.sum(0)
-    same = torch.stack([corr.lags(same_hat[h]) for h in range(heads)])  # (H, pairs, T): G by pair and distance
+    same = corr.lags(same_hat)  # (H, pairs, T): G by pair and distance
     del same_hat, fq, fk
     kept = cross - same  # (H, pairs, T): N(N - 1)(P - b̄) / c, summed over each distance's cells
     got = {"positional_frequency": _per_bin(scale * kept / (n * (n - 1)), by_bin, bin_cells[:, None])}
