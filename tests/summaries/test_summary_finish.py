@@ -32,7 +32,9 @@ def _moments(seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dim", [-1, -2])
-@pytest.mark.parametrize(("n", "start", "size"), [(7, 1, 3), (9, 0, 3), (2, 5, 4), (1, 3, 8), (12, 6, 1)])
+@pytest.mark.parametrize(
+    ("n", "start", "size"), [(7, 1, 3), (9, 0, 3), (2, 5, 4), (1, 3, 8), (12, 6, 1), (13, 1, 2), (19, 2, 4), (20, 0, 5)]
+)
 def test_group_sums_are_sums_over_runs_of_equal_block(dim: int, n: int, start: int, size: int) -> None:
     x = torch.from_numpy(np.random.default_rng(n).normal(size=(2, n, n)))
     got = _group_sums(x, dim, start, size).numpy()
