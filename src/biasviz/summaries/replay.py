@@ -152,7 +152,9 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             sums["bias"] = ShiftedSums()
         first = None  # the first sample's bias rows (1, H, rows, r1)
         sinks = torch.zeros_like(extras.sinks)  # the block's, added once it is finished
-        extras.hold()  # so are the per-sample sums, where the block may be formed again
+        settles = agreement is not None and not varying  # a bias compared here may differ: the block formed again
+        if settles:  # so the per-sample sums wait; else they go in at once (no buffer, no second addition)
+            extras.hold()
         for a in range(samples):
             got = form(layer, a, r0, r1, adds_bias and (varying or agreement is not None or a == 0))
             if got.bias is not None:  # compared first, while the rows just formed are still in the cache
@@ -196,7 +198,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
         fed = parts if varying or not formula else {k: p for k, p in parts.items() if k != "bias"}
         _finish(fed, extras, sums, None if varying or first is None else first[0].float(), r0, r1, heads, scratch)
         extras.sinks += sinks
-        extras.commit()
+        if settles:
+            extras.commit()
         for per_sample in extras.blocks.values():
             per_sample.finish(r1)  # every sample's rows up to r1 have come
         blocks.done = r1
