@@ -137,6 +137,9 @@ def table(capability: str, args: argparse.Namespace) -> None:
                         continue
                     times[kind].append(float(got["s"]))
                     peaks[kind] = max(peaks.get(kind, 0.0), float(got.get("peak_gib", 0.0)))
+                    # each run as it ends, so that a long run stopped part-way keeps what it measured
+                    print(f"run: T = {seq_len}, N = {samples}, {kind}, repeat {len(times[kind])}: {got['s']:.1f} s",
+                          file=sys.stderr, flush=True)  # fmt: skip
                     if "capability" in got:
                         seen.add(f"{got['capability']} ({got['threads']} threads)")
             floor = times.get("floor") or []
