@@ -19,10 +19,11 @@ class RotaryLayout:
     def name(self) -> str:
         return "interleaved" if self.interleaved else "half-split"
 
-    def pair_dims(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The two dims of each pair f = 0 .. d_rot/2 - 1."""
-        f = torch.arange(self.rotary_dims // 2)
-        return (2 * f, 2 * f + 1) if self.interleaved else (f, f + self.rotary_dims // 2)
+    def pair_dims(self) -> tuple[slice, slice]:
+        """The two dims of each pair f = 0 .. d_rot/2 - 1, as slices of a head's dims (views, not copies): 2f and
+        2f + 1 interleaved, f and f + d_rot/2 half-split."""
+        r = self.rotary_dims
+        return (slice(0, r, 2), slice(1, r, 2)) if self.interleaved else (slice(0, r // 2), slice(r // 2, r))
 
 
 def find_rotary(model: torch.nn.Module) -> RotaryLayout | None:

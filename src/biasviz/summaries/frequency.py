@@ -36,7 +36,7 @@ class FrequencyUse:
         """Each pair's norm at every position in float32 (a norm rounds to 1e-7 of itself), averaged in float64: a
         float64 copy of q and k cost as much as the rest of the measure."""
         x = x.float()
-        a, b = (d.to(x.device) for d in self.layout.pair_dims())
+        a, b = self.layout.pair_dims()
         pairs = torch.sqrt(x[..., a].square() + x[..., b].square())  # (B, H, T, pairs)
         rest = x[..., self.layout.rotary_dims :]
         if rest.shape[-1]:

@@ -43,14 +43,12 @@ class PairCorrelations:
     """Per head: each sample's sums over cells at each distance of q_a·K, Q·k_a and q_a·k_a by dim, reduced to
     pairs; enough for P by pair and distance and every delete-one P."""
 
-    def __init__(self, layout: RotaryLayout, head_dim: int, seq_len: int, causal: bool,
-                 device: torch.device | None = None) -> None:
+    def __init__(self, layout: RotaryLayout, head_dim: int, seq_len: int, causal: bool) -> None:
         self.layout, self.seq_len, self.causal = layout, seq_len, causal
         r = layout.rotary_dims
-        # each pair's two dims as two strided views of a head's rows (f and f + r/2, or 2f and 2f + 1), so that a
-        # pair's products are summed as they are formed: no (dims, T + 1) product, no index_add (3x slower)
-        self.first, self.second = (slice(0, r, 2), slice(1, r, 2)) if layout.interleaved else (slice(0, r // 2),
-                                                                                                 slice(r // 2, r))
+        # each pair's two dims as two strided views of a head's rows, so that a pair's products are summed as they
+        # are formed: no (dims, T + 1) product, no index_add (3x slower)
+        self.first, self.second = layout.pair_dims()
         self.rest = slice(r, head_dim) if head_dim > r else None  # the dims not rotated: one group of their own
         self.pairs = r // 2 + int(self.rest is not None)
 
@@ -158,7 +156,7 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     sum_q, sum_k = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))  # (T, H, hd) float64
     dev = sum_q.device  # the bank's (a GPU's): every sum and transform is formed there, only results come back
     f64 = {"dtype": torch.float64, "device": dev}
-    corr = PairCorrelations(layout, sum_q.shape[-1], t, causal, dev)
+    corr = PairCorrelations(layout, sum_q.shape[-1], t, causal)
     fq, fk = (corr.transform(corr.positions_last(x)) for x in (sum_q, sum_k))  # (H, hd, T + 1)
     del sum_q, sum_k
     fk = fk.conj_physical_()  # K only ever enters conjugated
