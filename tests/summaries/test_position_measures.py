@@ -4,6 +4,7 @@ through SDPA (formed again) and through eager attention (streamed as the model f
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import biasviz
+from biasviz.common.shapes import gpu_shapes
 from biasviz.model import capture
 from biasviz.store.datasets import distance_bins
 from biasviz.store.reader import open_bias_file
@@ -322,8 +324,10 @@ def _check_positional_frequency(path: Path, layer: int, q: np.ndarray, k: np.nda
     np.testing.assert_allclose(f.summary_array("positional_profile_se", layer), jack_p, rtol=1e-3, atol=1e-7)
 
 
-def test_positional_frequency_of_a_partial_half_split_rotary_model(tmp_path: Path) -> None:
-    """P split by pair (f, f + d_rot/2) and the unrotated dims, by distance bin, and its jackknife SE."""
+@pytest.mark.parametrize("shapes", ["cpu", "gpu"])
+def test_positional_frequency_of_a_partial_half_split_rotary_model(tmp_path: Path, shapes: str) -> None:
+    """P split by pair (f, f + d_rot/2) and the unrotated dims, by distance bin, and its jackknife SE; a head at a
+    time (a CPU's shapes) or every head at once (a GPU's)."""
     model = small_model("rope", scheme_options={"fraction": 0.5})
     ids = np.random.default_rng(8).integers(0, 97, size=(N, 30))
     q, k = hooked_qk(model, 1, ids)
@@ -331,11 +335,13 @@ def test_positional_frequency_of_a_partial_half_split_rotary_model(tmp_path: Pat
     half = rotated // 2
     groups = [np.array([f, f + half]) for f in range(half)] + [np.arange(rotated, hd)]
     out = tmp_path / "s.h5"
-    biasviz.extract(model, ids, out, layers=[1], summary=True, device="cpu", progress=False)
+    with gpu_shapes() if shapes == "gpu" else contextlib.nullcontext():
+        biasviz.extract(model, ids, out, layers=[1], summary=True, device="cpu", progress=False)
     _check_positional_frequency(out, 1, q, k, float(model.blocks[1].attn.scale), groups)
 
 
-def test_positional_frequency_of_an_interleaved_rotary_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shapes", ["cpu", "gpu"])
+def test_positional_frequency_of_an_interleaved_rotary_model(tmp_path: Path, shapes: str) -> None:
     from transformers import GPTJConfig, GPTJForCausalLM
 
     torch.manual_seed(1)
@@ -345,7 +351,8 @@ def test_positional_frequency_of_an_interleaved_rotary_model(tmp_path: Path) -> 
     ids = torch.randint(0, VOCAB, (N, 24), generator=torch.Generator().manual_seed(4))
     call = caught_call(model, ids)
     out = tmp_path / "s.h5"
-    biasviz.extract(model, ids, out, summary=True, progress=False)
+    with gpu_shapes() if shapes == "gpu" else contextlib.nullcontext():
+        biasviz.extract(model, ids, out, summary=True, progress=False)
     groups = [np.array([0, 1]), np.array([2, 3]), np.arange(4, 8)]
     _check_positional_frequency(out, 0, call["q"].numpy(), call["k"].numpy(), float(call["scale"]), groups)
 

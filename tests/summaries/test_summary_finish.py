@@ -60,7 +60,8 @@ def test_block_maps_of_uneven_chunks_equal_numpy_block_sums() -> None:
     x = _moments(1)
     maps = BlockMaps(H, T, 4, torch.device("cpu"), ("mean", "std"))
     for r0, r1 in _chunks():
-        assert maps.add(r0, torch.from_numpy(x[:, :, r0:r1, :r1].copy()))
+        maps.add(r0, torch.from_numpy(x[:, :, r0:r1, :r1].copy()))
+    assert maps.finite()
     nb = -(-T // 4)
     want = np.zeros((2, H, nb, nb))
     for q in range(nb):
@@ -69,7 +70,10 @@ def test_block_maps_of_uneven_chunks_equal_numpy_block_sums() -> None:
     np.testing.assert_allclose(maps.stacked.numpy(), want, rtol=1e-6, atol=1e-5)
     bad = torch.from_numpy(x[:, :, :3, :3].copy())
     bad[1, 0, 2, 1] = float("inf")
-    assert not maps.add(0, bad)
+    maps.add(0, bad)
+    bad[1, 0, 2, 1] = float("-inf")  # never cancelled by a later value
+    maps.add(0, bad)
+    assert not maps.finite()
 
 
 @pytest.mark.parametrize("spread", [True, False])

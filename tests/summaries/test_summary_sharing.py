@@ -9,6 +9,7 @@ A real context-free bias records a difference of exactly 0 and its summary equal
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import h5py
@@ -96,6 +97,9 @@ def _largest_difference(every: list[np.ndarray]) -> float:
     [
         ("replay", 2, T, 0, False),  # f(d) stands for the bias until the first block differs
         ("replay", 5, 6, 13, True),  # differs from row 13 and sample 3: the first sample's rows before are fed
+        # a GPU's shapes: the comparison read at the layer's end, the layer formed again from its first row
+        ("replay-gpu", 2, T, 0, False),
+        ("replay-gpu", 5, 6, 13, True),
         ("streamed", 5, 6, 13, False),  # one batch: blocks compared within it, the first ones summarised once
         ("streamed", 2, T, 20, True),  # several batches: the first sample's rows kept for the later ones
     ],
@@ -104,18 +108,21 @@ def test_a_secretly_input_dependent_bias_is_caught_by_a_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, batch: int, resolution: int, from_row: int,
     twin: bool,
 ) -> None:  # fmt: skip
+    from biasviz.common.shapes import gpu_shapes
     from biasviz.model.modeling import Attention
     from biasviz.summaries import replay
 
     monkeypatch.setattr(replay, "REPLAY_BYTES", 12 * 72 * 150)  # rows formed again in blocks of a few rows
+    monkeypatch.setattr(replay, "CUDA_REPLAY_BYTES", 12 * 72 * 150)
     monkeypatch.setattr(Attention, "block_elements", 12 * 5 * 150)  # the forward's row blocks: a few rows each
     cls = Streamed if engine == "streamed" else BiasGPTAdapter
     adapter = cls(_secretly_dependent(small_model("alibi"), from_row), source="test")
     assert bias_is_shared(adapter)  # what the declaration says
     ids = _windows(twin)
     every = _every_bias(adapter, ids, tmp_path / "full.h5")
-    extract_summary(adapter, ids, tmp_path / "s.h5", layers="all", resolution=resolution, batch_size=batch,
-                    device="cpu", progress=False)  # fmt: skip
+    with gpu_shapes() if engine == "replay-gpu" else contextlib.nullcontext():
+        extract_summary(adapter, ids, tmp_path / "s.h5", layers="all", resolution=resolution, batch_size=batch,
+                        device="cpu", progress=False)  # fmt: skip
     gap = _largest_difference(every)
     assert gap > 0
     with h5py.File(tmp_path / "s.h5") as f:

@@ -19,13 +19,14 @@ from biasviz.adapters.base import Formed, ModelAdapter
 from biasviz.common.devices import autocast_as
 from biasviz.common.errors import check_interrupted
 from biasviz.common.progress import Progress
+from biasviz.common.shapes import host_arrays
 from biasviz.summaries import QuantitySummary
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
-from biasviz.summaries.replay import LayerExtras, replay_layer, row_blocks
+from biasviz.summaries.replay import DiffersPartWay, LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells, check_one_mask
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
@@ -92,10 +93,22 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
                 return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
 
-            with torch.inference_mode(), phase(k, f"layer {layer}", n * count, "block") as bar:
-                replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
-                             adds_bias=bool(adapter.adds_bias), tick=bar.update,
-                             formula=layer in formula)  # fmt: skip
+            for again in (False, True):  # again: a declared bias measured to differ, read at the layer's end
+                if again:
+                    for part in own.values():
+                        part.restart()
+                    extra = _layer_extras(adapter, bank, layer, own, attended, cells, samples=n, seq_len=seq_len,
+                                          block=block, device=dev, positional=positional, measures=measures)
+                    count = len(list(row_blocks(seq_len, heads, dev, True, by_sample=cells is not None)))
+                what = f"layer {layer}" + (", again with the bias per sample" if again else "")
+                with torch.inference_mode(), phase(k, what, n * count, "block") as bar:
+                    try:
+                        replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
+                                     adds_bias=bool(adapter.adds_bias), tick=bar.update,
+                                     formula=layer in formula and not again)  # fmt: skip
+                        break
+                    except DiffersPartWay:
+                        continue
             frequency = ({} if extra.measures is None
                          else {**({} if cells else rotary_measures(adapter, bank, layer, heads, attended, positional)),
                                **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks)})  # fmt: skip
@@ -103,15 +116,20 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             positional = None if extra.positional is None else extra.positional.result()
             if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself
                 add_pair_sum_residual(frequency, positional[1][0], attended)
+            # over the queries that see key 0: every query, unless the model's own mask hides it from some
+            seeing = seq_len if attended is None else cells.seeing if cells is not None else attended.per_key[:, 0]
+            p_mean, p_profile, key_profile, sink_share, shares = host_arrays(  # one wait for every copy
+                None if positional is None else positional[0], None if positional is None else positional[1],
+                extra.keys.result(), (extra.sinks / (seeing.to(dev) if torch.is_tensor(seeing) else seeing)).float(),
+                None if attended is None else attended.block_shares(block, heads))
+            assert key_profile is not None and sink_share is not None
             extras[layer] = PositionSummary(
-                positional_mean=None if positional is None else positional[0].cpu().numpy(),
-                positional_profile=None if positional is None else positional[1].cpu().numpy(),
+                positional_mean=p_mean,
+                positional_profile=p_profile,
                 positional_diagnostics=None if positional is None else positional[2],
-                key_profile=extra.keys.result().cpu().numpy(),
-                # over the queries that see key 0: every query, unless the model's own mask hides it from some
-                sink_share=(extra.sinks / (seq_len if attended is None else cells.seeing if cells is not None
-                                           else attended.per_key[:, 0].to(dev))).float().cpu().numpy(),
-                attended=None if attended is None else attended.block_shares(block, heads).cpu().numpy(),
+                key_profile=key_profile,
+                sink_share=sink_share,
+                attended=shares,
                 measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency},
                 note=None if cells is None else BY_SAMPLE_NOTE,
             )

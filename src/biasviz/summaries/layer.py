@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.shapes import host_arrays, step_cells
 from biasviz.store.format import non_finite_error
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.diagonals import DiagonalSums, MaskedDiagonalSums, UpperDiagonalSums
@@ -141,7 +142,7 @@ class QuantitySummary:
         if block.shape[0] == 1 and self._batch > 1:  # one tensor for the whole batch (a broadcast mask)
             block = block.expand(self._batch, *block.shape[1:])
         # a few rows at a time: the float64 temporaries of a whole batch's block would be (S, H, T, T)
-        step = max(1, CELLS_PER_STEP // max(1, block.shape[1] * block.shape[-1]))
+        step = max(1, step_cells(block.device, CELLS_PER_STEP) // max(1, block.shape[1] * block.shape[-1]))
         if self.mode == "cells":
             assert self.cells is not None
             rows, keys = block.shape[-2:]
@@ -193,12 +194,21 @@ class QuantitySummary:
             self._sums()  # cells are summarised at the end, every row at once
         self.cells.samples = self.samples
 
+    def restart(self) -> None:
+        """Back to no row added, for a layer formed again from its first row; a bias declared the same for every
+        input is summarised per sample from then on (it was measured to differ: :class:`~biasviz.summaries.replay.
+        DiffersPartWay`). What it measured stays."""
+        if self.mode == "shared":
+            self.unshare()
+        self._taken = False
+        self._sums()
+
     def add_moments(self, row0: int, values: torch.Tensor, owned: bool = False, scratch: Scratch | None = None) -> None:
         """Per-cell mean and, if ``values`` (S, H, rows, K) holds two, spread over samples of rows ``row0 ..``, into
         every running sum (one: the same for every sample). ``owned``: the caller gives ``values`` up, so that
         they are changed in place rather than copied; ``scratch``: the caller's memory for the temporaries."""
         rows, keys = values.shape[-2:]
-        step = max(1, CELLS_PER_STEP // max(1, self.heads * keys))
+        step = max(1, step_cells(values.device, CELLS_PER_STEP) // max(1, self.heads * keys))
         if rows > step:
             for r in range(0, rows, step):
                 cut = row0 + r + step if self.causal else keys  # a causal row block uses no key past its last row
@@ -212,8 +222,7 @@ class QuantitySummary:
         # weights are 0 wherever a query does not look; a bias holds values (or NaN) there, to be left out
         if self.causal and self.kind != "weights":
             values = zero_above_(values if owned else values.clone())
-        if not self.maps.add(row0, values):
-            raise non_finite_error(self.kind, self.layer)
+        self.maps.add(row0, values)  # whether every value was finite: read once, in result()
         self.diagonals.add(row0, values, scratch)
         if self.measures is not None:
             self.measures.add(row0, values, self.causal, scratch)
@@ -227,8 +236,7 @@ class QuantitySummary:
         rows, keys = values.shape[-2:]
         mask = self.attended.rows(row0, row0 + rows, keys).to(values.device)  # (1 or H, rows, K)
         values = values.masked_fill(~mask, 0.0)
-        if not self.maps.add(row0, values):
-            raise non_finite_error(self.kind, self.layer)
+        self.maps.add(row0, values)
         self.masked.add(row0, values, mask)
         if self.measures is not None:
             self.measures.add(row0, values, self.causal, mask=mask)
@@ -239,13 +247,15 @@ class QuantitySummary:
             assert self.cells is not None
             self.attend(Attended(self.cells.attended()))
         if self.cells is not None:
-            step = max(1, CELLS_PER_STEP // max(1, self.heads * self.seq_len))
+            step = max(1, step_cells(self.device, CELLS_PER_STEP) // max(1, self.heads * self.seq_len))
             for r0 in range(0, self.seq_len, step):
                 r1 = min(self.seq_len, r0 + step)
                 mean, spread = self.cells.rows(r0, r1, r1 if self.causal else self.seq_len)
                 self.add_moments(r0, torch.stack([mean, spread]), owned=True)
         if self.diagonals.count.sum() == 0 and not (self.masked is not None and self.masked.seen):  # no row arrived
             raise BiasvizError(f"nothing was captured for the {self.kind} of layer {self.layer}")
+        if not self.maps.finite():  # NaN or infinite in a used cell, anywhere in the layer
+            raise non_finite_error(self.kind, self.layer)
         n = self.samples if total_samples is None else total_samples
         diagnostics = None
         if self.measures is not None:
@@ -259,7 +269,7 @@ class QuantitySummary:
             else:
                 rss = self.diagonals.toeplitz_rss() + (0.0 if self.upper is None else self.upper.toeplitz_rss())
                 diagnostics = self.measures.results(0 if self.kind == "positional" else n, rss)
-        return Summary(mean=self.maps.result("mean").cpu().numpy(), std=self.maps.result("std").cpu().numpy(),
-                       profile=(self.diagonals if self.masked is None else self.masked).profile().cpu().numpy(),
-                       diagnostics=diagnostics,
-                       difference=self.difference)  # fmt: skip
+        mean, std, profile = host_arrays(self.maps.result("mean"), self.maps.result("std"),
+                                         (self.diagonals if self.masked is None else self.masked).profile())
+        assert mean is not None and std is not None and profile is not None
+        return Summary(mean=mean, std=std, profile=profile, diagnostics=diagnostics, difference=self.difference)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from biasviz.common.shapes import gpu_shaped
+
 
 def zero_above_(v: torch.Tensor) -> torch.Tensor:
     """``v``, a causal row block (..., rows, row0 + rows), with 0 where key j > query i, in place.
@@ -53,7 +55,7 @@ def _group_sums(x: torch.Tensor, dim: int, start: int, size: int) -> torch.Tenso
     if whole:
         runs = x.narrow(dim, head, whole * size).unflatten(dim, (whole, size))
         target = out.narrow(dim, int(head > 0), whole)
-        if 1 < size <= STRIDED_RUNS and dim in (-1, x.dim() - 1) and x.device.type == "cpu":
+        if 1 < size <= STRIDED_RUNS and dim in (-1, x.dim() - 1) and not gpu_shaped(x.device):
             torch.add(runs[..., 0], runs[..., 1], out=target)  # a run's cells added as strided views, in order
             for i in range(2, size):
                 target.add_(runs[..., i])
@@ -122,16 +124,20 @@ class BlockMaps:
             return x.double()
         return _group_sums(_group_sums(x, -2, row0, self.block), -1, 0, self.block).double()
 
-    def add(self, row0: int, values: torch.Tensor) -> bool:
+    def add(self, row0: int, values: torch.Tensor) -> None:
         """Add rows ``row0 ..`` of per-cell values (S, H, rows, K), the first S names' in order, 0 wherever a cell is
-        not used. Returns whether every value was finite.
+        not used. A name left out adds 0 (the spread over samples of a bias that is the same for all of them).
 
-        A name left out adds 0 (the spread over samples of a bias that is the same for all of them).
+        Nothing is read back here: a value that is not finite stays in the float64 sums (NaN or infinite, never
+        cancelled), and :meth:`finite` reads them once, when the layer is done.
         """
         pooled = self._pool(values, row0)
         q0 = row0 // self.block
         self.stacked[: len(pooled), :, q0 : q0 + pooled.shape[-2], : pooled.shape[-1]] += pooled
-        return bool(torch.isfinite(pooled.sum()))
+
+    def finite(self) -> bool:
+        """Whether every value added was finite (one read of the device)."""
+        return bool(torch.isfinite(self.stacked).all())
 
     def set_counts(self, counts: torch.Tensor) -> None:
         """The used cells per block (1 or H, nb, nb) of a model's own mask, in place of the geometry's."""

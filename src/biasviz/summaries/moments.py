@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from biasviz.common.shapes import gpu_shaped
 from biasviz.summaries.scratch import Scratch
 
 PARALLEL_VALUES = 1 << 18  # values from which a square root is split over torch's intra-op threads
@@ -33,7 +34,7 @@ def sqrt_(x: torch.Tensor) -> torch.Tensor:
     >>> sqrt_(torch.tensor([0.0, 4.0, 1e-40])).tolist()[:2]
     [0.0, 2.0]
     """
-    if x.device.type != "cpu" or x.requires_grad or x.dtype not in (torch.float32, torch.float64) or x.is_neg():
+    if gpu_shaped(x.device) or x.requires_grad or x.dtype not in (torch.float32, torch.float64) or x.is_neg():
         return x.sqrt_()
     values = x.numpy()  # shares x's memory, whatever its strides
     threads = torch.get_num_threads()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
+from biasviz.common.shapes import gpu_shaped
 from biasviz.store.datasets import MIN_SE_SAMPLES, distance_bins
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.frequency import FrequencyUse, frequency_from_bank
@@ -53,19 +54,20 @@ class PairCorrelations:
         self.pairs = r // 2 + int(self.rest is not None)
 
     def pair_products(self, x: torch.Tensor, y: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """(dims, T + 1) transforms x and y (y conjugated) -> (pairs, T + 1): Σ over each pair's dims of x·y, added
-        to ``into`` where given; the dims not rotated summed as the last group."""
+        """(..., dims, T + 1) transforms x and y (y conjugated) -> (..., pairs, T + 1): Σ over each pair's dims of
+        x·y, added to ``into`` where given; the dims not rotated summed as the last group. Leading axes (heads) are
+        batched: one kernel each for all of them."""
         a, b, n = self.first, self.second, self.layout.rotary_dims // 2
         if into is None:
-            out = x.new_empty(self.pairs, x.shape[-1])
-            torch.mul(x[a], y[a], out=out[:n])
+            out = x.new_empty(*x.shape[:-2], self.pairs, x.shape[-1])
+            torch.mul(x[..., a, :], y[..., a, :], out=out[..., :n, :])
         else:
             out = into
-            out[:n].addcmul_(x[a], y[a])
-        out[:n].addcmul_(x[b], y[b])
+            out[..., :n, :].addcmul_(x[..., a, :], y[..., a, :])
+        out[..., :n, :].addcmul_(x[..., b, :], y[..., b, :])
         if self.rest is not None:
-            rest = (x[self.rest] * y[self.rest]).sum(0)
-            out[n] = rest if into is None else out[n] + rest
+            rest = (x[..., self.rest, :] * y[..., self.rest, :]).sum(-2)
+            out[..., n, :] = rest if into is None else out[..., n, :] + rest
         return out
 
     def lags(self, pair_spectrum: torch.Tensor) -> torch.Tensor:
@@ -102,7 +104,7 @@ class PairCorrelations:
         (8192, 64) 2.2 ms (one head of GPT-2-small's shape at T = 4096); copied ``step`` positions at a time, which
         keeps the transposition in the cache: 2.8 ms for a sample's 12 heads at 4096, 11.7 in one copy, 19.8 a head
         at a time (on the CPU; a GPU's one copy is one kernel)."""
-        if x.device.type != "cpu":
+        if gpu_shaped(x.device):
             return x.movedim(0, -1).to(torch.float64, memory_format=torch.contiguous_format)
         out = torch.empty(*x.shape[1:], x.shape[0], dtype=torch.float64, device=x.device)
         for t0 in range(0, x.shape[0], step):
@@ -160,7 +162,10 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     fq, fk = (corr.transform(corr.positions_last(x)) for x in (sum_q, sum_k))  # (H, hd, T + 1)
     del sum_q, sum_k
     fk = fk.conj_physical_()  # K only ever enters conjugated
-    cross = torch.stack([corr.lags(corr.pair_products(fq[h], fk[h])) for h in range(heads)])  # (H, pairs, T)
+    # heads at a time: all of them on a GPU (a few kernels a sample), one on a CPU (a head's transforms in its cache)
+    group = heads if gpu_shaped(dev) else 1
+    cross = torch.cat([corr.lags(corr.pair_products(fq[h : h + group], fk[h : h + group]))
+                       for h in range(0, heads, group)])  # (H, pairs, T)
     by_bin = bin_matrix(t).to(dev)  # which distances each bin sums
     to_bins = corr.binned(by_bin)  # (T + 1, bins): a sample's lost products straight to its bins
     n_cells = cells.to(dev).expand(heads, -1)  # (H, T)
@@ -175,14 +180,15 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
         if use is not None:
             use.add(a, q.permute(1, 0, 2)[None], k.permute(1, 0, 2)[None])
         q, k = corr.positions_last(q), corr.positions_last(k)  # (H, hd, T)
-        for h in range(heads):
-            qa, ka = corr.transform(q[h]), corr.transform(k[h]).conj_physical_()
+        for h0 in range(0, heads, group):
+            h = slice(h0, h0 + group)
+            qa, ka = corr.transform(q[h]), corr.transform(k[h]).conj_physical_()  # (group, hd, T + 1)
             own = corr.pair_products(qa, ka)
             same_hat[h] += own
             if errors:  # Q - q_a, K - k_a: the cross loses q_a·K + Q·k_a - q_a·k_a, G loses q_a·k_a
                 lost = corr.pair_products(fq[h], ka, corr.pair_products(qa, fk[h])).sub_(own, alpha=2.0)
                 lost_bins[a, h] = (lost @ to_bins).real
-                lost_profile[a, h] = corr.lags(lost.sum(0))
+                lost_profile[a, h] = corr.lags(lost.sum(-2))
     same = corr.lags(same_hat)  # (H, pairs, T): G by pair and distance
     del same_hat, fq, fk
     kept = cross - same  # (H, pairs, T): N(N - 1)(P - b̄) / c, summed over each distance's cells

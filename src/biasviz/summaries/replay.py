@@ -18,6 +18,7 @@ import torch
 
 from biasviz.adapters.base import Formed
 from biasviz.common.errors import check_interrupted
+from biasviz.common.shapes import gpu_shaped, step_cells
 from biasviz.model.attention import query_blocks
 from biasviz.summaries.attended import BlockRows
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
@@ -51,6 +52,12 @@ SAMPLE_CELL_BYTES = 40  # samples masked differently: float64 counted sums (Coun
 
 
 Former = Callable[[int, int, int, int, bool], Formed]  # (layer, sample, r0, r1, want_bias)
+
+
+class DiffersPartWay(Exception):
+    """A bias declared the same for every input differed in a layer whose comparison was read only at its end (a
+    GPU's shapes: no read per block): the layer is to be formed again from its first row, the bias summarised per
+    sample from the start (:meth:`QuantitySummary.restart`)."""
 
 
 @dataclass
@@ -100,7 +107,7 @@ def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: boo
     per_cell = heads * (CELL_BYTES + (VARYING_BIAS_BYTES if varying_bias else 0)
                         + (SAMPLE_CELL_BYTES if by_sample else 0))
     if budget is None:
-        budget = CUDA_REPLAY_BYTES if device.type == "cuda" else REPLAY_BYTES
+        budget = CUDA_REPLAY_BYTES if gpu_shaped(device) else REPLAY_BYTES
         budget = max(budget, min(REPLAY_CAP, per_cell * MIN_REPLAY_ROWS * seq_len))
     return query_blocks(seq_len, per_cell, budget)
 
@@ -137,13 +144,19 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
     formed, against the first sample's (its :attr:`~QuantitySummary.agreement`). While all agree the first's stand
     for all, spread 0 (``formula``: the part is fed nothing, the caller summarises the scheme's f(d) instead); the
     block where one first differs is formed again with the bias summed per sample, and so is every block after it
-    (with ``formula``, the first sample's rows of the blocks before are formed again and fed first)."""
+    (with ``formula``, the first sample's rows of the blocks before are formed again and fed first).
+
+    On a GPU the comparison is read once, at the end of the layer, not once per block (each read waits for the
+    device): a layer whose bias turns out to differ raises :class:`DiffersPartWay`, and its caller forms it again
+    with the bias summarised per sample from the first row. A declaration is rarely wrong, so that is the cheap way.
+    """
     bias = parts.get("bias")
     agreement = None if bias is None else bias.agreement
     blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget, extras.by_sample)
     # each kind's finished chunk, and the summaries' temporaries: reused from block to block, given back with the layer
     scratch = {kind: Scratch() for kind in ("weights", "scores", "bias", "work")}
     jackknife = extras.blocks.get("positional")  # P's: fed the samples' scores, bias and operands
+    per_block = not gpu_shaped(device)  # the comparison read after every block (a CPU), or at the layer's end
     assert jackknife is None or isinstance(jackknife, PositionalJackknife)
     for r0, r1 in blocks:
         varying = blocks.varying
@@ -152,8 +165,10 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             sums["bias"] = ShiftedSums()
         first = None  # the first sample's bias rows (1, H, rows, r1)
         sinks = torch.zeros_like(extras.sinks)  # the block's, added once it is finished
-        settles = agreement is not None and not varying  # a bias compared here may differ: the block formed again
-        if settles:  # so the per-sample sums wait; else they go in at once (no buffer, no second addition)
+        # a bias compared and read here may differ: the block formed again, so the per-sample sums wait; else they go
+        # in at once (no buffer, no second addition)
+        settles = per_block and agreement is not None and not varying
+        if settles:
             extras.hold()
         for a in range(samples):
             got = form(layer, a, r0, r1, adds_bias and (varying or agreement is not None or a == 0))
@@ -186,7 +201,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 jackknife.add_sample(a, r0, got.scores, got.bias if varying else None, pooled)
             tick(1)
             check_interrupted()
-        if agreement is not None and not varying and agreement.settle() > 0.0:  # the first difference
+        if settles and agreement is not None and agreement.settle() > 0.0:  # the first difference
             assert bias is not None
             if formula:  # the part took nothing yet: the rows before, the same in every sample, from the first's
                 _first_rows(form, layer, bias, blocks, scratch["work"])
@@ -196,7 +211,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             extras.discard()
             continue
         fed = parts if varying or not formula else {k: p for k, p in parts.items() if k != "bias"}
-        _finish(fed, extras, sums, None if varying or first is None else first[0].float(), r0, r1, heads, scratch)
+        first_bias = None if varying or first is None else first[0].float()
+        _finish(fed, extras, sums, first_bias, r0, r1, heads, scratch, device)
         extras.sinks += sinks
         if settles:
             extras.commit()
@@ -204,8 +220,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             per_sample.finish(r1)  # every sample's rows up to r1 have come
         blocks.done = r1
         del sums, first
-    if agreement is not None:
-        agreement.settle()
+    if agreement is not None and agreement.settle() > 0.0 and not per_block and not blocks.varying:
+        raise DiffersPartWay(layer)
     for part in parts.values():
         part.samples = samples
 
@@ -222,11 +238,11 @@ def _first_rows(form: Former, layer: int, bias: QuantitySummary, blocks: _Blocks
 
 def _finish(parts: dict[str, QuantitySummary], extras: LayerExtras, sums: dict[str, ShiftedSums],
             first_bias: torch.Tensor | None, r0: int, r1: int, heads: int,
-            scratch: dict[str, Scratch]) -> None:  # fmt: skip
+            scratch: dict[str, Scratch], device: torch.device) -> None:  # fmt: skip
     """The block's per-cell mean and spread into every running sum, in steps of at most ``CHUNK_CELLS`` cells
-    (which bounds the temporaries). The positional logits read a step's cells as they are; the summaries then
-    take them over and change them in place."""
-    step = max(1, CHUNK_CELLS // max(1, heads * r1))
+    on a CPU (which bounds the temporaries; a GPU's are larger: :func:`~biasviz.common.shapes.step_cells`). The
+    positional logits read a step's cells as they are; the summaries then take them over and change them in place."""
+    step = max(1, step_cells(device, CHUNK_CELLS) // max(1, heads * r1))
     for c0 in range(0, r1 - r0, step):
         c1 = min(r1 - r0, c0 + step)
         keys = r0 + c1  # keys past the chunk's last row: none used

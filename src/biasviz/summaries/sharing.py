@@ -19,6 +19,7 @@ import math
 import numpy as np
 import torch
 
+from biasviz.common.shapes import gpu_shaped, step_cells
 from biasviz.summaries.maps import zero_above_
 from biasviz.summaries.scratch import Scratch
 
@@ -45,10 +46,10 @@ class Agreement:
         """Each of ``others`` (S, H, rows, K) against ``first`` (1, H, rows, K): query rows ``row0 ..`` of a causal
         block, whose cells j > i are left out, or ``row0`` None where every cell is used."""
         rows, keys = first.shape[-2:]
-        step = max(1, GAP_CELLS // max(1, first.shape[1] * keys))
+        step = max(1, step_cells(first.device, GAP_CELLS) // max(1, first.shape[1] * keys))
         for s in range(others.shape[0]):
             other, base = others[s], first[0]  # (H, rows, K)
-            if other.device.type == "cpu" and identical(other, base):  # one read of each: the usual answer
+            if not gpu_shaped(other.device) and identical(other, base):  # one read of each: the usual answer
                 continue
             for c0 in range(0, rows, step):  # the differences a few rows at a time, in one reused buffer
                 c1 = min(rows, c0 + step)

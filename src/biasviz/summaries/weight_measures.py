@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from biasviz.common.shapes import gpu_shaped
 from biasviz.store.datasets import SEGMENTS, SINK_DTYPE, SINK_RANKS, distance_bins
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.maps import _group_sums
@@ -103,7 +104,7 @@ def row_entropy(weights: torch.Tensor, scratch: Scratch) -> torch.Tensor:
     """
     b, h, rows, keys = weights.shape
     row_bytes = b * h * keys * weights.element_size()
-    whole = rows * row_bytes <= 2 * ENTROPY_BYTES or weights.device.type != "cpu"  # a GPU: few, large kernels
+    whole = rows * row_bytes <= 2 * ENTROPY_BYTES or gpu_shaped(weights.device)  # a GPU: few, large kernels
     step = rows if whole else max(1, ENTROPY_BYTES // row_bytes)
     work = scratch.take((h, min(step, rows), keys), b, weights.dtype, weights.device)
     out = torch.empty(b, h, rows, dtype=weights.dtype, device=weights.device)

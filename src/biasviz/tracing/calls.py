@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from biasviz.common.shapes import gpu_shaped
+
 # A float mask value at or below this counts as "masked", not as a bias: libraries write masked cells as
 # finfo.min (transformers), -finfo.max / 2 (x-transformers) or -1e9; no positional bias comes near it.
 MASKED_BELOW = -1e9
@@ -110,6 +112,8 @@ def _softmax_kept(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     scores = scores.masked_fill(~kept, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     empty = ~kept.any(dim=-1, keepdim=True)  # a row with every key masked: 0 everywhere, as flex_attention gives
+    if gpu_shaped(weights.device):  # filled whatever it holds: asking whether any row is empty waits for the device
+        return weights.masked_fill_(empty, 0.0)
     return weights.masked_fill_(empty, 0.0) if bool(empty.any()) else weights
 
 

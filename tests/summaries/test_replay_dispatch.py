@@ -1,0 +1,100 @@
+"""What a summary sends a GPU, counted on the CPU: the GPU's shapes forced (:func:`biasviz.common.shapes.gpu_shapes`)
+and every operation that reaches torch's dispatcher counted while a layer's rows are formed again.
+
+A GPU runs what it is sent asynchronously, so two things decide its speed besides arithmetic: reads of a value on
+the host (each waits for every kernel before it) and the number of kernels. Neither may grow with the number of
+samples or of blocks of rows beyond one pass of kernels per block and sample: no read inside the loop, no steps
+sized for a CPU's cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import biasviz.extraction.replayed as replayed_module
+import biasviz.summaries.layer as layer_module
+import biasviz.summaries.replay as replay_module
+from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+from biasviz.common.shapes import gpu_shapes
+from biasviz.extraction.summary import extract_summary
+from tests.conftest import small_model
+
+# what reads a value on the host: each one waits for the device
+HOST_READS = {"_local_scalar_dense.default", "item.default", "is_nonzero.default", "nonzero.default", "equal.default"}
+ALLOCATIONS = {"empty.memory_format", "empty_strided.default", "new_empty.default", "new_empty_strided.default",
+               "empty_like.default"}  # fmt: skip
+HEADS = 12  # small_model's
+KERNELS_PER_BLOCK = 260  # per block of rows and sample, forming the rows included (the model's own arithmetic)
+
+
+class Dispatched(TorchDispatchMode):
+    """Kernels (operations that are neither views nor bare allocations) and host reads, while :attr:`on`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on, self.kernels, self.reads = False, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if self.on:
+            name = func.__name__
+            self.reads += name in HOST_READS
+            self.kernels += not func.is_view and name not in ALLOCATIONS and name not in HOST_READS
+        return func(*args, **(kwargs or {}))
+
+
+def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len: int, samples: int, rows: int,
+                gpu: bool = True) -> tuple[Dispatched, int]:  # fmt: skip
+    """One layer's summary of ``samples`` windows, its rows formed again in blocks of ``rows`` query rows (on the CPU's
+    shapes with steps of 2 rows, as a CPU's cache sizes them at long lengths); what it dispatched and its blocks."""
+    budget = HEADS * replay_module.CELL_BYTES * seq_len * rows
+    monkeypatch.setattr(replay_module, "CUDA_REPLAY_BYTES", budget)
+    monkeypatch.setattr(replay_module, "REPLAY_BYTES", budget)
+    monkeypatch.setattr(replay_module, "MIN_REPLAY_ROWS", 1)
+    monkeypatch.setattr(replay_module, "CHUNK_CELLS", HEADS * seq_len * 2)
+    monkeypatch.setattr(layer_module, "CELLS_PER_STEP", HEADS * seq_len * 2)
+    spy = Dispatched()
+    inner = replayed_module.replay_layer
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        spy.on = True
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spy.on = False
+
+    monkeypatch.setattr(replayed_module, "replay_layer", counted)
+    ids = np.random.default_rng(seq_len + samples).integers(0, 97, size=(samples, seq_len))
+    adapter = BiasGPTAdapter(small_model(scheme), source="test")
+    blocks = len(list(replay_module.row_blocks(seq_len, HEADS, torch.device("cuda" if gpu else "cpu"), False)))
+    with gpu_shapes() if gpu else contextlib.nullcontext(), spy, torch.no_grad():
+        extract_summary(adapter, ids, out, layers=-1, resolution=16, device="cpu", progress=False, force=True)
+    return spy, blocks
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "rope", "fire"])
+def test_a_layer_reads_the_host_once_and_sends_kernels_by_blocks_and_samples_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, scheme: str
+) -> None:  # fmt: skip
+    """Host reads: at most one a layer (a bias declared the same for every input: its comparison, at the end), however
+    many blocks and samples; the CPU's shapes read once a block, which shows the count sees them. Kernels: the same
+    blocks and samples at twice the length send the same kernels (no step cut to a CPU's cache); per block and sample
+    at most KERNELS_PER_BLOCK (190-246 measured), under 2/5 of what steps of two rows send."""
+    got = {}
+    for key in [(64, 3, 16), (128, 3, 32), (128, 3, 16), (128, 5, 16)]:
+        with monkeypatch.context() as m:
+            got[key] = _dispatched(m, tmp_path / "s.h5", scheme, *key)
+    assert {spy.reads for spy, _ in got.values()} == {0 if scheme == "rope" else 1}
+    assert [blocks for _, blocks in got.values()] == [3, 3, 5, 5]
+    assert got[64, 3, 16][0].kernels == got[128, 3, 32][0].kernels
+    for (_, samples, _), (spy, blocks) in got.items():
+        assert spy.kernels <= KERNELS_PER_BLOCK * blocks * samples
+    cpu, blocks = _dispatched(monkeypatch, tmp_path / "s.h5", scheme, 128, 3, 16, gpu=False)
+    assert got[128, 3, 16][0].kernels < cpu.kernels * 2 / 5
+    if scheme != "rope":
+        assert cpu.reads > blocks
