@@ -484,6 +484,96 @@ def part_cuda_tests(dry: bool) -> Iterator[dict[str, Any]]:
                "failed": failed}  # fmt: skip
 
 
+def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
+    """The fused statistics kernels alone (K1, the row log-sum-exp; K2, every accumulator) against the flash forward of
+    one attention layer of the same shape (GPT-2-small's 12 x 64, N = 2, bf16 q and k); then a check that fails the
+    part where the fused statistics differ from the torch path's summary of our model (ALiBi and RoPE, T = 2048,
+    N = 3). In a dry run: tiny sizes through Triton's interpreter."""
+    import torch
+
+    from biasviz.summaries import kernels
+
+    device = _device(dry)
+    if kernels.unavailable(torch.device(device)):
+        yield {"tool": "fused kernels", "status": f"skipped: {kernels.unavailable(torch.device(device))}"}
+        return
+    heads, hd, n = (2, 16, 2) if dry else (12, 64, 2)
+    dtype = torch.float32 if dry else torch.bfloat16
+    for seq_len in (64,) if dry else (4096, 32768, 131072):
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(n, heads, seq_len, hd, generator=gen).to(device, dtype) for _ in range(3))
+        slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1) / heads)
+        table = (-slopes[:, None] * torch.arange(seq_len)[None]).to(device)  # ALiBi's f(d)
+        scale = hd**-0.5
+        block = max(1, seq_len // 1024)
+        lse = kernels.row_lse(q, k, table, scale)
+
+        def flash(q: Any = q, k: Any = k, v: Any = v) -> Callable[[], object]:
+            return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def k1(q: Any = q, k: Any = k, table: Any = table, scale: float = scale) -> Callable[[], object]:
+            return lambda: kernels.row_lse(q, k, table, scale)
+
+        def k2(q: Any = q, k: Any = k, table: Any = table, lse: Any = lse, scale: float = scale,
+               block: int = block) -> Callable[[], object]:  # fmt: skip
+            return lambda: kernels.tile_sums(q, k, table, lse, scale, block)
+
+        tools = {"flash-sdpa layer forward": flash, "K1 row lse": k1, "K2 tile statistics": k2}
+        yield from interleaved(device, tools, 1 if seq_len > 32768 else 3, part="kernels", T=seq_len,
+                               dtype=str(dtype).removeprefix("torch."), phase="kernels",
+                               floor="flash-sdpa layer forward", samples=n)  # fmt: skip
+        del q, k, v, lse
+    yield from _fused_against_torch(device, 64 if dry else 2048)
+
+
+def _fused_against_torch(device: str, seq_len: int) -> Iterator[dict[str, Any]]:
+    """One row per scheme: the largest relative difference between the fused statistics and the torch path's
+    summary over every dataset both give; the status says ``differs`` past 1e-3."""
+    import h5py
+    import numpy as np
+    import torch
+
+    import biasviz
+    from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
+    from biasviz.model.hooks import capture
+    from biasviz.summaries import kernels
+    from biasviz.summaries.toeplitz import distance_values
+
+    for scheme in ("alibi", "rope"):
+        torch.manual_seed(0)
+        config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=12, n_embd=192, n_positions=seq_len, vocab_size=256)
+        model = BiasGPTForCausalLM(config).eval().to(device)
+        ids = _ids(3, seq_len, 256)
+        row: dict[str, Any] = {"tool": f"fused vs torch, {scheme}", "part": "kernels", "T": seq_len, "samples": 3}
+        try:
+            with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+                out = Path(tmp) / "s.h5"
+                biasviz.extract(model, ids, out, layers=[1], summary=True, resolution=seq_len // 8, device=device,
+                                progress=False)  # fmt: skip
+                got: dict[str, Any] = {}
+                names = ["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"]
+                with capture(model, names, lambda t, name, _r, got=got: got.update({name[-1]: t})), torch.no_grad():
+                    model(ids.to(device))
+                attn = model.blocks[1].attn
+                table = distance_values(attn.pos_bias, seq_len)
+                fused = kernels.fused_statistics(got["q"].transpose(1, 2), got["k"].transpose(1, 2), table,
+                                                 float(attn.scale), seq_len // (seq_len // 8))  # fmt: skip
+                worst = 0.0
+                with h5py.File(out) as f:
+                    g = f["layer_1"]
+                    for name in (x for x in fused if x in g):
+                        want, value = g[name][()], fused[name].float().cpu().numpy()
+                        if name == "sink_share" and want.ndim == 1:
+                            value = value.mean(0)
+                        top = float(np.nanmax(np.abs(want))) or 1.0
+                        worst = max(worst, float(np.nanmax(np.abs(value - want))) / top)
+            row["largest_difference"] = worst
+            row["status"] = "ok" if worst <= 1e-3 else f"differs: {worst:.2e} of the largest value"
+        except Exception as err:  # a failure is a result of the part
+            row["status"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+        yield row
+
+
 @dataclass(frozen=True)
 class Part:
     """One bounded part: its rows' function, its time limit on the GPU and in a dry run, and whether it needs CUDA."""
@@ -495,13 +585,14 @@ class Part:
 
 
 def parts() -> dict[str, Part]:
-    """The parts in the order they run (the cheap and most telling first); the GPU limits sum to 440 s (sized by
-    the run of 2026-11-27)."""
+    """The parts in the order they run (the cheap and most telling first); the GPU limits sum to 465 s (sized by
+    the runs of 2026-11-27 and 11-28: the Llama part took 38 s of its 75)."""
     table: dict[str, Part] = {"cuda_tests": Part(part_cuda_tests, 50, 60, cuda_only=True)}
     for seq_len, limit in zip(GPU.ours_lengths, (75, 90, 60), strict=True):
         table[f"ours-{seq_len}"] = Part(lambda dry, t=seq_len: part_ours(t if not dry else _dry_len(t), dry),
                                         limit, 120)  # fmt: skip
-    table["llama"] = Part(part_llama, 75, 90)
+    table["kernels"] = Part(part_kernels, 40, 120)
+    table["llama"] = Part(part_llama, 60, 90)
     table["dense"] = Part(part_dense, 60, 60)
     table["device_map"] = Part(part_device_map, 30, 60)
     return table
@@ -521,6 +612,7 @@ def run_part(name: str, dry: bool, limit_s: float, log: Any) -> list[dict[str, A
     """
     cmd = [sys.executable, str(Path(__file__).resolve()), "--part", name, *(["--dry-run"] if dry else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           **({"TRITON_INTERPRET": "1"} if dry else {}),  # a dry run's kernels through Triton's interpreter
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out:

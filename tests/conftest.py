@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# Triton decides when it is imported whether its kernels run through its interpreter (on the CPU): set before anything
+# imports it (torch may). Where an NVIDIA driver is, the fused kernels compile for the GPU instead.
+if not os.path.exists("/proc/driver/nvidia"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

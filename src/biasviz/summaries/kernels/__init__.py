@@ -1,0 +1,118 @@
+"""The fused statistics path: a layer's summary reduced inside two Triton kernels from q, k and a bias of distance,
+on a GPU (or on the CPU under Triton's interpreter, where the tests prove it).
+
+Triton is an optional extra (``pip install 'biasviz[gpu]'``); it is imported only when :func:`fused_statistics` runs.
+:func:`unavailable` says why the fused path cannot run, for the caller to take the torch path and say so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from biasviz.summaries.maps import geometry_counts
+
+TILE = 32  # query and key tile (rows and columns per program step); a power of 2, at least 16 for tl.dot
+
+
+def interpreted() -> bool:
+    """Whether Triton runs its kernels through its interpreter (``TRITON_INTERPRET=1``): any device, slowly."""
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why the fused kernels cannot run on ``device`` (None: they can)."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed (pip install 'biasviz[gpu]')"
+    if device.type != "cuda" and not interpreted():
+        return f"the fused kernels run on a CUDA GPU, not on {device.type}"
+    return None
+
+
+def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
+                     tile: int = TILE) -> dict[str, torch.Tensor]:  # fmt: skip
+    """A causal layer's statistics over N samples, its scores s = c q k^T + f(i - j) and weights softmax(s) formed in
+    tiles and never stored.
+
+    ``q`` (N, H, T, hd), ``k`` (N, H_kv, T, hd) with H a multiple of H_kv (grouped queries), ``table`` (H, T) the
+    bias f_h(d) for d = 0 .. T - 1 (None: no bias), maps of ``block`` x ``block`` positions. Returns, on q's device:
+
+    - ``weights_mean``, ``weights_std``, ``scores_mean``, ``scores_std``: (H, nb, nb) float32 block means of each
+      cell's mean and population spread over samples, NaN where a block has no cell j <= i;
+    - ``weights_profile``, ``scores_profile``: (2, H, T) float32, mean and spread by distance d = i - j;
+    - ``weights_key_profile``: (2, H, T) float32, mean and spread by key over the queries that see it;
+    - ``sink_share``: (N, H) float32, each sample's mean weight on key 0;
+    - ``row_entropy``: (N, H, T) float64, each sample's entropy of each row's weights (lse - Σ w s).
+    """
+    n, heads, seq_len, hd = q.shape
+    if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
+    lse = row_lse(q, k, table, scale, tile)
+    return finish(*tile_sums(q, k, table, lse, scale, block, tile), lse, block)
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int) -> dict:
+    """What both kernels take: the bias as float32 (a placeholder without one), strides, sizes and tiles."""
+    n, heads, seq_len, hd = q.shape
+    bias = table.to(device=q.device, dtype=torch.float32).contiguous() if table is not None else q.new_empty(1)
+    return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
+            "dp": max(16, 1 << (hd - 1).bit_length()),  # head dims padded to a power of 2 (masked)
+            "tiles": -(-seq_len // tile), "has_bias": table is not None}
+
+
+def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float,
+            tile: int = TILE) -> torch.Tensor:  # fmt: skip
+    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores."""
+    from biasviz.summaries.kernels import triton_kernels as kernels
+
+    n, heads, seq_len, hd = q.shape
+    go = _launch(q, k, table, tile)
+    lse = torch.empty(n, heads, seq_len, dtype=torch.float32, device=q.device)
+    kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, *go["strides"], seq_len, heads, go["group"], hd,
+                                              float(scale), DP=go["dp"], BM=tile, BN=tile,
+                                              HAS_BIAS=go["has_bias"])  # fmt: skip
+    return lse
+
+
+def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
+              block: int, tile: int = TILE) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """K2: the float64 accumulators (maps, sums by distance, column sums, each row's Σ w·s, sinks) of
+    :func:`finish`, from q, k, the bias and K1's ``lse``."""
+    from biasviz.summaries.kernels import triton_kernels as kernels
+
+    n, heads, seq_len, hd = q.shape
+    go = _launch(q, k, table, tile)
+    f64 = {"dtype": torch.float64, "device": q.device}
+    nb = -(-seq_len // block)
+    maps = torch.zeros(len(kernels.MAP_STATS), heads, nb, nb, **f64)
+    by_distance = torch.zeros(len(kernels.DISTANCE_STATS), heads, seq_len, **f64)
+    columns = torch.zeros(2, heads, seq_len, **f64)
+    row_ws = torch.zeros(n, heads, seq_len, **f64)
+    sinks = torch.zeros(n, heads, **f64)
+    kernels.tile_statistics[(go["tiles"], heads)](q, k, go["bias"], lse, maps, by_distance, columns, row_ws, sinks,
+                                                  *go["strides"], n, seq_len, heads, go["group"], hd, float(scale),
+                                                  block, nb, DP=go["dp"], BM=tile, BN=tile,
+                                                  HAS_BIAS=go["has_bias"], WHOLE=block % tile == 0)  # fmt: skip
+    return maps, by_distance, columns, row_ws, sinks
+
+
+def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
+           sinks: torch.Tensor, lse: torch.Tensor, block: int) -> dict[str, torch.Tensor]:  # fmt: skip
+    """K3: the accumulators divided by their cells (the geometry's counts), square roots, NaN where no cell."""
+    heads, seq_len = by_distance.shape[1:]
+    counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
+    means = torch.where(counts > 0, maps / counts, float("nan")).float()
+    out = dict(zip(("weights_mean", "weights_std", "scores_mean", "scores_std"), means.unbind(0), strict=True))
+    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
+    for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
+        mean = total / per_d
+        between = (squares / per_d - mean * mean).clamp(min=0.0)
+        out[f"{name}_profile"] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
+    per_key = per_d  # T - j queries see key j
+    mean = columns[0] / per_key
+    out["weights_key_profile"] = torch.stack([mean, (columns[1] / per_key - mean * mean).clamp(min=0.0).sqrt()]).float()
+    out["sink_share"] = (sinks / seq_len).float()
+    out["row_entropy"] = lse.double() - row_ws
+    return out
