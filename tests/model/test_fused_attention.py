@@ -105,13 +105,25 @@ def test_flex_runs_where_a_bias_has_a_kernel_form(monkeypatch) -> None:
         assert calls == expected, scheme
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "kerple-log", "t5", "cable", "fox"])
+@pytest.mark.parametrize("scheme", ["alibi", "kerple-log", "kerple-power", "t5", "cable", "fox"])
 def test_flex_layer_equals_float64_math(scheme: str, monkeypatch) -> None:
     """One attention layer through the kernel against softmax(scale q k^T + b) v in float64, b the scheme's own
     full (B or 1, H, T, T) ``bias`` (not the table or cumulative sums the kernel reads)."""
     monkeypatch.setenv("BIASVIZ_ATTENTION", "flex")
     out, expected = layer_and_float64(model_of(scheme).blocks[0].attn)
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "kerple-log", "kerple-power"])
+def test_a_formula_gives_the_tables_entries(scheme: str) -> None:
+    """The arithmetic a compiled kernel evaluates cell by cell equals the table the other paths read, bit for bit:
+    every head, every distance d >= 0 of a length."""
+    module = model_of(scheme).blocks[0].attn.pos_bias
+    terms = module.score_terms(torch.zeros(1, T, 1))
+    assert terms is not None and terms.formula is not None
+    value, params = terms.formula
+    h, d = torch.meshgrid(torch.arange(module.n_head), torch.arange(T), indexing="ij")
+    assert torch.equal(value(params, h, d), terms.distance[:, T - 1 - torch.arange(T)])
 
 
 def test_without_a_compiler_the_blocked_path_runs(monkeypatch) -> None:

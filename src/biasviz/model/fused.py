@@ -287,7 +287,15 @@ def _compiled() -> Callable[..., torch.Tensor]:
 
 def score_mod(terms: ScoreTerms, seq_len: int) -> Callable[..., torch.Tensor]:
     """The bias as flex's ``score_mod``: the scaled score plus b(i, j), in the same float32 arithmetic as the
-    bias blocks the other paths form (a distance table read at i - j; or s_i - s_j, one subtraction)."""
+    bias blocks the other paths form (the scheme's formula of a head's parameters and i - j; else its distance table
+    read at i - j; or s_i - s_j, one subtraction)."""
+    if terms.formula is not None:  # arithmetic on a head's parameters, in registers: no table read per cell
+        value, params = terms.formula
+
+        def by_formula(s: torch.Tensor, b: torch.Tensor, h: torch.Tensor, i: torch.Tensor, j: torch.Tensor):
+            return s + value(params, h, i - j)
+
+        return by_formula
     if terms.distance is not None:
         table, last = terms.distance, seq_len - 1  # entry m holds d = T - 1 - m
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -81,5 +81,14 @@ class ALiBi(PositionScheme):
         slopes = self.slopes.view(-1, *(1,) * d.dim())  # (H, 1, ...)
         return -slopes * d.to(self.slopes.dtype)  # (H, *d.shape)
 
+    def score_formula(self) -> tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]:
+        return alibi_value, (self.slopes,)
+
     def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
         return self.distance_bias(relative_distance(q_len, k_len, self.slopes.device))[None]  # (1, H, Tq, Tk)
+
+
+def alibi_value(params: tuple[torch.Tensor, ...], h: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """-m_h d, cell by cell (:meth:`ALiBi.score_formula`): :meth:`ALiBi.distance_bias`'s arithmetic."""
+    (slopes,) = params
+    return -slopes[h] * d.to(slopes.dtype)

@@ -25,10 +25,15 @@ class ScoreTerms:
 
     ``distance`` (H, 2T - 1): b_h(i, j) is entry T - 1 - (i - j), the table :meth:`PositionScheme.rows` copies
     blocks from. ``ends`` (B, H, T): b_h(i, j) = ends[h, i] - ends[h, j] (a difference of cumulative sums).
+
+    Beside a table, ``formula``: the same f_h(d) as arithmetic on a head's parameters, ``value(params, h, d)`` for
+    d = i - j >= 0 cell by cell (:meth:`PositionScheme.score_formula`), which a compiled kernel evaluates in registers
+    instead of reading the table at every cell; ``params`` are tensors, which the compiled kernel takes as inputs.
     """
 
     distance: torch.Tensor | None = None
     ends: torch.Tensor | None = None
+    formula: tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None = None
 
     def rows(self, r0: int, r1: int) -> torch.Tensor:
         """The bias of queries r0..r1-1 against keys 0..r1-1: (1 or B, H, rows, r1), a new tensor."""
@@ -161,7 +166,13 @@ class PositionScheme(nn.Module):
         T = x.shape[1]
         table = self.distance_bias(torch.arange(T - 1, -T, -1, device=x.device))  # (H, 2T - 1): d = T-1 .. 1-T
         # contiguous: each block's rows are then runs of the table, a fast copy
-        return None if table is None else ScoreTerms(distance=table.contiguous())
+        return None if table is None else ScoreTerms(distance=table.contiguous(), formula=self.score_formula())
+
+    def score_formula(self) -> tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]] | None:
+        """The entries of :meth:`distance_bias` by the same arithmetic cell by cell, ``value(params, h, d)`` for
+        integer tensors h (a head) and d = i - j >= 0, where the bias is arithmetic on a head's parameters (ALiBi,
+        KERPLE); None where it is not (a table: T5's buckets, FIRE's network)."""
+        return None
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k (B, T, H, hd) as the scores take them: unchanged, except in rotary schemes (RoPE)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,6 +59,9 @@ class KerpleLog(_Kerple):
         d = self._distance(d)
         return -self._per_head(r1, d) * torch.log1p(self._per_head(r2, d) * d)  # (H, *d.shape)
 
+    def score_formula(self) -> tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]:
+        return kerple_log_value, self._params()
+
 
 @register
 class KerplePower(_Kerple):
@@ -75,3 +79,20 @@ class KerplePower(_Kerple):
         r1, r2 = self._params()
         d = self._distance(d)
         return -self._per_head(r1, d) * d.pow(self._per_head(r2, d))  # (H, *d.shape)
+
+    def score_formula(self) -> tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]:
+        return kerple_power_value, self._params()
+
+
+def kerple_log_value(params: tuple[torch.Tensor, ...], h: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """-r1_h log(1 + r2_h d), cell by cell: :meth:`KerpleLog.distance_bias`'s arithmetic (d clamped at 0 as there)."""
+    r1, r2 = params
+    d = d.clamp(min=0).to(r1.dtype)
+    return -r1[h] * torch.log1p(r2[h] * d)
+
+
+def kerple_power_value(params: tuple[torch.Tensor, ...], h: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """-r1_h d^r2_h, cell by cell: :meth:`KerplePower.distance_bias`'s arithmetic."""
+    r1, r2 = params
+    d = d.clamp(min=0).to(r1.dtype)
+    return -r1[h] * d.pow(r2[h])
