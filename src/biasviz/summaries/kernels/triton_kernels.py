@@ -12,7 +12,9 @@ s_a(i, j) = c q_a(i)·k_a(j) + f_h(d), w_a(i, j) = exp(s_a(i, j) - lse_a(i)).
   mean², spread²), column sums of the weights' mean; and per sample, each row's Σ_j w·s (the entropy is
   lse - Σ w·s) and the weight on key 0 (the sink).
 
-fp32 inside a tile; fp64 only in the accumulators. The kernels run on a GPU, or on the CPU under Triton's interpreter
+fp32 inside a tile; fp64 only in the accumulators. The length and the number of samples bound loops, so they are
+compile-time constants (one compilation per length and N in a run): Triton's interpreter of the 3.6 series takes a
+loop's bounds only so. The kernels run on a GPU, or on the CPU under Triton's interpreter
 (``TRITON_INTERPRET=1``) where the tests prove them. Imported only where Triton is (:mod:`biasviz.summaries.kernels`).
 """
 
@@ -43,7 +45,7 @@ def _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, sk
 
 
 @triton.jit
-def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, H, GROUP, HD, scale,
+def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.constexpr, H, GROUP, HD, scale,
             DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
     """K1: LSE (N, H, T) fp32 of every sample's causal rows; grid (ceil(T / BM), N * H)."""
     m0 = tl.program_id(0) * BM
@@ -53,21 +55,23 @@ def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, H, GROU
     dims = tl.arange(0, DP)
     best = tl.full([BM], float("-inf"), tl.float32)
     total = tl.zeros([BM], tl.float32)
-    for j0 in range(0, tl.minimum(m0 + BM, T), BN):
-        cols = j0 + tl.arange(0, BN)
-        s = _scores(Q, K, TABLE, a, h, h // GROUP, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
-                    scale, HAS_BIAS)  # fmt: skip
-        s = tl.where((cols[None, :] <= rows[:, None]) & (rows[:, None] < T), s, float("-inf"))
-        top = tl.maximum(best, tl.max(s, 1))
-        top = tl.where(top == float("-inf"), 0.0, top)  # a row past T: nothing, and no NaN from -inf - -inf
-        total = total * tl.exp(best - top) + tl.sum(tl.exp(s - top[:, None]), 1)
-        best = top
+    for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
+        if j0 < m0 + BM:
+            cols = j0 + tl.arange(0, BN)
+            s = _scores(Q, K, TABLE, a, h, h // GROUP, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
+                        scale, HAS_BIAS)  # fmt: skip
+            s = tl.where((cols[None, :] <= rows[:, None]) & (rows[:, None] < T), s, float("-inf"))
+            top = tl.maximum(best, tl.max(s, 1))
+            top = tl.where(top == float("-inf"), 0.0, top)  # a row past T: nothing, and no NaN from -inf - -inf
+            total = total * tl.exp(best - top) + tl.sum(tl.exp(s - top[:, None]), 1)
+            best = top
     tl.store(LSE + nh * T + rows, best + tl.log(tl.where(rows < T, total, 1.0)), mask=rows < T)
 
 
 @triton.jit
 def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS,
-                    sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H, GROUP, HD, scale, BLOCK, NB,
+                    sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T: tl.constexpr, H, GROUP, HD, scale,
+                    BLOCK, NB,
                     DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
                     WHOLE: tl.constexpr):  # fmt: skip
     """K2: every accumulator of the module docstring, for one query tile and head; grid (ceil(T / BM), H).
@@ -80,72 +84,73 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS,
     rows = m0 + tl.arange(0, BM)
     dims = tl.arange(0, DP)
     inv_n = 1.0 / N
-    for j0 in range(0, tl.minimum(m0 + BM, T), BN):
-        cols = j0 + tl.arange(0, BN)
-        used = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
-        # the first sample: the shift of every cell's moments
-        s0 = _scores(Q, K, TABLE, 0, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
-                     scale, HAS_BIAS)  # fmt: skip
-        lse = tl.load(LSE + h * T + rows, mask=rows < T, other=0.0)
-        w0 = tl.where(used, tl.exp(s0 - lse[:, None]), 0.0)
-        s0 = tl.where(used, s0, 0.0)
-        tl.store(ROW_WS + h * T + rows, tl.load(ROW_WS + h * T + rows, mask=rows < T, other=0.0)
-                 + tl.sum(w0 * s0, 1).to(tl.float64), mask=rows < T)  # fmt: skip
-        if j0 == 0:
-            tl.atomic_add(SINKS + h, tl.sum(tl.where(cols[None, :] == 0, w0, 0.0)).to(tl.float64))
-        dw1 = tl.zeros([BM, BN], tl.float32)
-        dw2 = tl.zeros([BM, BN], tl.float32)
-        ds1 = tl.zeros([BM, BN], tl.float32)
-        ds2 = tl.zeros([BM, BN], tl.float32)
-        for a in range(1, N):
-            s = _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
-                        scale, HAS_BIAS)  # fmt: skip
-            at = (a * H + h) * T
-            lse = tl.load(LSE + at + rows, mask=rows < T, other=0.0)
-            w = tl.where(used, tl.exp(s - lse[:, None]), 0.0)
-            s = tl.where(used, s, 0.0)
-            tl.store(ROW_WS + at + rows, tl.load(ROW_WS + at + rows, mask=rows < T, other=0.0)
-                     + tl.sum(w * s, 1).to(tl.float64), mask=rows < T)  # fmt: skip
+    for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
+        if j0 < m0 + BM:
+            cols = j0 + tl.arange(0, BN)
+            used = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
+            # the first sample: the shift of every cell's moments
+            s0 = _scores(Q, K, TABLE, 0, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
+                         scale, HAS_BIAS)  # fmt: skip
+            lse = tl.load(LSE + h * T + rows, mask=rows < T, other=0.0)
+            w0 = tl.where(used, tl.exp(s0 - lse[:, None]), 0.0)
+            s0 = tl.where(used, s0, 0.0)
+            tl.store(ROW_WS + h * T + rows, tl.load(ROW_WS + h * T + rows, mask=rows < T, other=0.0)
+                     + tl.sum(w0 * s0, 1).to(tl.float64), mask=rows < T)  # fmt: skip
             if j0 == 0:
-                tl.atomic_add(SINKS + a * H + h, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
-            d = w - w0
-            dw1 += d
-            dw2 += d * d
-            d = s - s0
-            ds1 += d
-            ds2 += d * d
-        # each cell's mean and population spread over the samples (0 past the diagonal: every sum is 0 there)
-        mw = dw1 * inv_n
-        var_w = tl.maximum(dw2 * inv_n - mw * mw, 0.0)
-        mean_w = w0 + mw
-        ms = ds1 * inv_n
-        var_s = tl.maximum(ds2 * inv_n - ms * ms, 0.0)
-        mean_s = s0 + ms
-        # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
-        plane = NB * NB
-        base = MAPS + h * plane
-        stride = H * plane
-        if WHOLE:
-            cell = (m0 // BLOCK) * NB + j0 // BLOCK
-            tl.atomic_add(base + cell, tl.sum(tl.sum(mean_w, 1), 0).to(tl.float64))
-            tl.atomic_add(base + stride + cell, tl.sum(tl.sum(tl.sqrt(var_w), 1), 0).to(tl.float64))
-            tl.atomic_add(base + 2 * stride + cell, tl.sum(tl.sum(mean_s, 1), 0).to(tl.float64))
-            tl.atomic_add(base + 3 * stride + cell, tl.sum(tl.sum(tl.sqrt(var_s), 1), 0).to(tl.float64))
-        else:
-            cell = (rows[:, None] // BLOCK) * NB + cols[None, :] // BLOCK
-            tl.atomic_add(base + cell, mean_w.to(tl.float64), mask=used)
-            tl.atomic_add(base + stride + cell, tl.sqrt(var_w).to(tl.float64), mask=used)
-            tl.atomic_add(base + 2 * stride + cell, mean_s.to(tl.float64), mask=used)
-            tl.atomic_add(base + 3 * stride + cell, tl.sqrt(var_s).to(tl.float64), mask=used)
-        # sums by distance d = i - j
-        by_d = DIST + h * T + rows[:, None] - cols[None, :]
-        line = H * T
-        tl.atomic_add(by_d, mean_w.to(tl.float64), mask=used)
-        tl.atomic_add(by_d + line, (mean_w * mean_w).to(tl.float64), mask=used)
-        tl.atomic_add(by_d + 2 * line, var_w.to(tl.float64), mask=used)
-        tl.atomic_add(by_d + 3 * line, mean_s.to(tl.float64), mask=used)
-        tl.atomic_add(by_d + 4 * line, (mean_s * mean_s).to(tl.float64), mask=used)
-        tl.atomic_add(by_d + 5 * line, var_s.to(tl.float64), mask=used)
-        # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²)
-        tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w, 0).to(tl.float64), mask=cols < T)
-        tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64), mask=cols < T)
+                tl.atomic_add(SINKS + h, tl.sum(tl.where(cols[None, :] == 0, w0, 0.0)).to(tl.float64))
+            dw1 = tl.zeros([BM, BN], tl.float32)
+            dw2 = tl.zeros([BM, BN], tl.float32)
+            ds1 = tl.zeros([BM, BN], tl.float32)
+            ds2 = tl.zeros([BM, BN], tl.float32)
+            for a in range(1, N):
+                s = _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
+                            scale, HAS_BIAS)  # fmt: skip
+                at = (a * H + h) * T
+                lse = tl.load(LSE + at + rows, mask=rows < T, other=0.0)
+                w = tl.where(used, tl.exp(s - lse[:, None]), 0.0)
+                s = tl.where(used, s, 0.0)
+                tl.store(ROW_WS + at + rows, tl.load(ROW_WS + at + rows, mask=rows < T, other=0.0)
+                         + tl.sum(w * s, 1).to(tl.float64), mask=rows < T)  # fmt: skip
+                if j0 == 0:
+                    tl.atomic_add(SINKS + a * H + h, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
+                d = w - w0
+                dw1 += d
+                dw2 += d * d
+                d = s - s0
+                ds1 += d
+                ds2 += d * d
+            # each cell's mean and population spread over the samples (0 past the diagonal: every sum is 0 there)
+            mw = dw1 * inv_n
+            var_w = tl.maximum(dw2 * inv_n - mw * mw, 0.0)
+            mean_w = w0 + mw
+            ms = ds1 * inv_n
+            var_s = tl.maximum(ds2 * inv_n - ms * ms, 0.0)
+            mean_s = s0 + ms
+            # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
+            plane = NB * NB
+            base = MAPS + h * plane
+            stride = H * plane
+            if WHOLE:
+                cell = (m0 // BLOCK) * NB + j0 // BLOCK
+                tl.atomic_add(base + cell, tl.sum(tl.sum(mean_w, 1), 0).to(tl.float64))
+                tl.atomic_add(base + stride + cell, tl.sum(tl.sum(tl.sqrt(var_w), 1), 0).to(tl.float64))
+                tl.atomic_add(base + 2 * stride + cell, tl.sum(tl.sum(mean_s, 1), 0).to(tl.float64))
+                tl.atomic_add(base + 3 * stride + cell, tl.sum(tl.sum(tl.sqrt(var_s), 1), 0).to(tl.float64))
+            else:
+                cell = (rows[:, None] // BLOCK) * NB + cols[None, :] // BLOCK
+                tl.atomic_add(base + cell, mean_w.to(tl.float64), mask=used)
+                tl.atomic_add(base + stride + cell, tl.sqrt(var_w).to(tl.float64), mask=used)
+                tl.atomic_add(base + 2 * stride + cell, mean_s.to(tl.float64), mask=used)
+                tl.atomic_add(base + 3 * stride + cell, tl.sqrt(var_s).to(tl.float64), mask=used)
+            # sums by distance d = i - j
+            by_d = DIST + h * T + rows[:, None] - cols[None, :]
+            line = H * T
+            tl.atomic_add(by_d, mean_w.to(tl.float64), mask=used)
+            tl.atomic_add(by_d + line, (mean_w * mean_w).to(tl.float64), mask=used)
+            tl.atomic_add(by_d + 2 * line, var_w.to(tl.float64), mask=used)
+            tl.atomic_add(by_d + 3 * line, mean_s.to(tl.float64), mask=used)
+            tl.atomic_add(by_d + 4 * line, (mean_s * mean_s).to(tl.float64), mask=used)
+            tl.atomic_add(by_d + 5 * line, var_s.to(tl.float64), mask=used)
+            # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²)
+            tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w, 0).to(tl.float64), mask=cols < T)
+            tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64), mask=cols < T)
