@@ -120,7 +120,7 @@ $(STAGES)/%.plot.json: configs/%.toml FORCE | $(STAMP)
 
 # (TRAIN_ARGS, when given, are a stage of their own: changing them retrains)
 $(RUNS)/%/model.safetensors: $(STAGES)/%.train.json $(if $(TRAIN_ARGS),$(STAGES)/train-args.txt)
-	$(LOGGED) $(BIASVIZ) train --config configs/$*.toml --out $(RUNS)/$* --force --quiet $(TRAIN_ARGS)$(if $(SAVE_EVERY), --save-every $(if $(filter $*,$(DYNAMICS)),$(SAVE_EVERY),0))
+	$(LOGGED) $(BIASVIZ) train --config configs/$*.toml --out $(RUNS)/$* --force $(TRAIN_ARGS)$(if $(SAVE_EVERY), --save-every $(if $(filter $*,$(DYNAMICS)),$(SAVE_EVERY),0))
 $(STAGES)/train-args.txt: FORCE
 	@mkdir -p $(@D) && echo '$(TRAIN_ARGS) $(SAVE_EVERY)' | cmp -s - $@ || echo '$(TRAIN_ARGS) $(SAVE_EVERY)' > $@
 
@@ -132,23 +132,23 @@ $(FIGURES)/%_bias.pdf: $(DATA)/%.h5 $(STAGES)/%.plot.json
 
 # every checkpoint-STEP/ of the run, on the same 4 windows: one file with a leading checkpoint dimension
 $(DATA)/%-sweep.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
-	$(LOGGED) $(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --checkpoints all --samples 4 --out $@ --force --quiet
+	$(LOGGED) $(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --checkpoints all --samples 4 --out $@ --force
 
 $(FIGURES)/%_dynamics.pdf: $(DATA)/%-sweep.h5
 	$(LOGGED) $(BIASVIZ) plot --scheme $* --input $< --kind dynamics --format pdf,png --out-dir $(FIGURES) --force
 
 # far past the training length: summaries (mean maps, profiles, diagnostics) of 2 windows of LONG_LEN tokens
 $(DATA)/%-long.h5: $(RUNS)/%/model.safetensors
-	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(LONG_LEN) --samples 2 --resolution 512 --out $@ --force --quiet
+	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(LONG_LEN) --samples 2 --resolution 512 --out $@ --force
 
 $(FIGURES)/long_context.pdf: $(foreach s,$(LONG),$(DATA)/$(s)-long.h5)
 	$(LOGGED) $(BIN)/python -m biasviz.plotting.long_context $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/long_context
 
 # positional logits P (summaries of POS_SAMPLES windows) at the training length and at POS_LEN, side by side
 $(DATA)/%-pos-short.h5: $(RUNS)/%/model.safetensors
-	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(TRAIN_LEN) --samples $(POS_SAMPLES) --out $@ --force --quiet
+	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(TRAIN_LEN) --samples $(POS_SAMPLES) --out $@ --force
 $(DATA)/%-pos-long.h5: $(RUNS)/%/model.safetensors
-	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(POS_LEN) --samples $(POS_SAMPLES) --resolution 256 --out $@ --force --quiet
+	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(POS_LEN) --samples $(POS_SAMPLES) --resolution 256 --out $@ --force
 
 $(FIGURES)/positional.pdf: $(foreach s,$(POSITIONAL),$(DATA)/$(s)-pos-short.h5 $(DATA)/$(s)-pos-long.h5)
 	$(LOGGED) $(BIN)/python -m biasviz.plotting.positional_compare $^ --out $(FIGURES)/positional --note "$(POS_NOTE)"

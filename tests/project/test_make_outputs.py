@@ -227,3 +227,18 @@ def test_every_step_of_make_figures_logs_what_it_writes(tmp_path: Path) -> None:
     for line in steps:
         assert f"BIASVIZ_WRITTEN_LOG={tmp_path / 'runs'}/stages/written.log" in line, line
         assert "BIASVIZ_WRITTEN_FOR=" + str(tmp_path) in line, line
+
+
+def test_the_long_steps_of_make_figures_print_their_progress(tmp_path: Path) -> None:
+    """Training and the long extracts run for minutes: none of them is silenced with --quiet, so each prints a line
+    when it starts and at every tenth of its work (``biasviz.common.progress``)."""
+    import subprocess
+
+    folders = [f"RUNS={tmp_path / 'runs'}", f"DATA={tmp_path / 'data'}", f"FIGURES={tmp_path / 'figures'}"]
+    done = subprocess.run(["make", "-n", "--no-print-directory", "figure-files", *folders], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    long_steps = [line for line in done.stdout.splitlines() if re.search(r"biasviz (train|extract) ", line)]
+    assert sum("--summary" in line for line in long_steps) >= 2 * len(POSITIONAL) + len(LONG)
+    assert sum(" train " in line for line in long_steps) == len(POSITIONAL)
+    assert not [line for line in long_steps if "--quiet" in line]
