@@ -78,7 +78,7 @@ def test_plot_caption_says_what_the_figure_shows_and_escapes_the_file(hostile_fi
     assert HOSTILE in words  # the source model, character for character
     assert "corpus_%1 & notes~" in words
     assert "t}\\input{/etc/passwd} model, 300 training steps on 64-token windows" in words
-    assert "Layer 3 of 4, final" in words and "$T = 64$" in body and "12 heads" in words
+    assert "Final layer, 4 of 4" in words and "$T = 64$" in body and "12 heads" in words
     assert "mean of 2 samples" in words or "sample" in words
     # ALiBi's bias is <= 0 everywhere: sequential on every head, none diverging
     assert "sequential" in words and "diverging" not in words
@@ -103,7 +103,7 @@ def test_no_caption_unless_asked_and_the_api_carries_it(hostile_file: Path, tmp_
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi_bias.png"]
     fig = biasviz.plot(hostile_file, kind="bias")
-    assert "Layer 3 of 4, final" in caption_body(fig.biasviz_caption)
+    assert "Final layer, 4 of 4" in caption_body(fig.biasviz_caption)
 
 
 def test_diagnose_caption_beside_each_figure_escapes_every_file(hostile_file: Path, tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ def test_diagnose_caption_beside_each_figure_escapes_every_file(hostile_file: Pa
         assert "\\input{" not in body and "\\end{" not in body
         words = printed(re.sub(r"\$[^$]*\$|\\texttt\{([^}]*)\}", r"\1", body.replace(r"\$", "\0")).replace("\0", r"\$"))
         assert HOSTILE in words and "300 training steps on 64-token windows" in words
-        assert "Layer 3 of 4, final" in words
+        assert "Final layer, 4 of 4" in words
     diagnostics = caption_body((out / "diagnostics.tex").read_text("utf-8"))
     assert "context dependence" in diagnostics and "separability residual" in diagnostics and "N = 2" in diagnostics
     assert "distance" in caption_body((out / "alibi_profile.tex").read_text("utf-8"))
