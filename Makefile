@@ -89,22 +89,23 @@ docs: $(DOCS_STAMP)  ## build the documentation site into site/ (offline, strict
 
 # `make` alone goes by time stamps; the manifest goes by content: before building, every target one of whose
 # files something else replaced since the last build (a README example writing into figures/, say) is dated
-# back so that it is rebuilt; after building, the manifest records what was built (src/biasviz/cli/manifest.py).
+# back so that it is rebuilt. Every step below runs with $(LOGGED): each file it writes is logged with its
+# SHA-256 (src/biasviz/common/written.py), and after building, even a failed build, the manifest records
+# them (src/biasviz/cli/manifest.py). `make clean` removes exactly those files while their content is the one
+# recorded: never a file by its name, so a run or file of your own beside them (runs/mine, data/mine.h5, a
+# `biasviz plot` of yours in figures/) is neither recorded nor removed.
 MANIFEST := $(STAGES)/built.json
+WRITTEN  := $(STAGES)/written.log
+LOGGED    = BIASVIZ_WRITTEN_LOG=$(WRITTEN) BIASVIZ_WRITTEN_FOR=$@
 FIGURE_FILES := $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf $(FIGURES)/positional.pdf $(FIGURES)/position_measures.pdf
-# every target `make figures` builds: the manifest records their files only, and `make clean` removes only them
-# (a run or file of your own beside them, runs/mine or data/mine.h5, is neither recorded nor removed)
-BUILT := $(FIGURE_FILES) $(foreach s,$(POSITIONAL),$(RUNS)/$(s)/model.safetensors $(DATA)/$(s)-pos-short.h5 $(DATA)/$(s)-pos-long.h5) \
-	$(foreach s,$(SCHEMES),$(DATA)/$(s).h5) $(DATA)/$(DYNAMICS)-sweep.h5 $(foreach s,$(LONG),$(DATA)/$(s)-long.h5)
 # the manifest's tool, with or without .venv (make clean works without one)
 MANIFEST_TOOL = $(if $(wildcard $(BIN)/python),$(BIN)/python,PYTHONPATH=src $(PYTHON)) -m biasviz.cli.manifest
 figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics, the long-context figure, the positional logits of every scheme and the position measures of RoPE and ALiBi
 	@$(BIN)/python -m biasviz.cli.manifest stale $(MANIFEST)
-	@$(MAKE) --no-print-directory figure-files
-	@$(MAKE) --no-print-directory record-built
+	@$(MAKE) --no-print-directory figure-files; built=$$?; $(MAKE) --no-print-directory record-built; exit $$built
 
-record-built:  # the manifest of what the build made (its targets' files only)
-	@$(MANIFEST_TOOL) record $(MANIFEST) $(RUNS) $(DATA) $(FIGURES) $(BUILT)
+record-built:  # the manifest of what the build made (the files its steps logged)
+	@$(MANIFEST_TOOL) record $(MANIFEST) $(WRITTEN) $(RUNS) $(DATA) $(FIGURES)
 
 figure-files: $(FIGURE_FILES)
 
@@ -119,48 +120,48 @@ $(STAGES)/%.plot.json: configs/%.toml FORCE | $(STAMP)
 
 # (TRAIN_ARGS, when given, are a stage of their own: changing them retrains)
 $(RUNS)/%/model.safetensors: $(STAGES)/%.train.json $(if $(TRAIN_ARGS),$(STAGES)/train-args.txt)
-	$(BIASVIZ) train --config configs/$*.toml --out $(RUNS)/$* --force --quiet $(TRAIN_ARGS)$(if $(SAVE_EVERY), --save-every $(if $(filter $*,$(DYNAMICS)),$(SAVE_EVERY),0))
+	$(LOGGED) $(BIASVIZ) train --config configs/$*.toml --out $(RUNS)/$* --force $(TRAIN_ARGS)$(if $(SAVE_EVERY), --save-every $(if $(filter $*,$(DYNAMICS)),$(SAVE_EVERY),0))
 $(STAGES)/train-args.txt: FORCE
 	@mkdir -p $(@D) && echo '$(TRAIN_ARGS) $(SAVE_EVERY)' | cmp -s - $@ || echo '$(TRAIN_ARGS) $(SAVE_EVERY)' > $@
 
 $(DATA)/%.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
-	$(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --out $@ --force
+	$(LOGGED) $(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --out $@ --force
 
 $(FIGURES)/%_bias.pdf: $(DATA)/%.h5 $(STAGES)/%.plot.json
-	$(BIASVIZ) plot --config configs/$*.toml --input $< --out-dir $(FIGURES)
+	$(LOGGED) $(BIASVIZ) plot --config configs/$*.toml --input $< --out-dir $(FIGURES) --force
 
 # every checkpoint-STEP/ of the run, on the same 4 windows: one file with a leading checkpoint dimension
 $(DATA)/%-sweep.h5: $(RUNS)/%/model.safetensors $(STAGES)/%.extract.json
-	$(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --checkpoints all --samples 4 --out $@ --force --quiet
+	$(LOGGED) $(BIASVIZ) extract --config configs/$*.toml --model $(RUNS)/$* --checkpoints all --samples 4 --out $@ --force
 
 $(FIGURES)/%_dynamics.pdf: $(DATA)/%-sweep.h5
-	$(BIASVIZ) plot --scheme $* --input $< --kind dynamics --format pdf,png --out-dir $(FIGURES)
+	$(LOGGED) $(BIASVIZ) plot --scheme $* --input $< --kind dynamics --format pdf,png --out-dir $(FIGURES) --force
 
 # far past the training length: summaries (mean maps, profiles, diagnostics) of 2 windows of LONG_LEN tokens
 $(DATA)/%-long.h5: $(RUNS)/%/model.safetensors
-	$(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(LONG_LEN) --samples 2 --resolution 512 --out $@ --force --quiet
+	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(LONG_LEN) --samples 2 --resolution 512 --out $@ --force
 
 $(FIGURES)/long_context.pdf: $(foreach s,$(LONG),$(DATA)/$(s)-long.h5)
-	$(BIN)/python -m biasviz.plotting.long_context $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/long_context
+	$(LOGGED) $(BIN)/python -m biasviz.plotting.long_context $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/long_context
 
 # positional logits P (summaries of POS_SAMPLES windows) at the training length and at POS_LEN, side by side
 $(DATA)/%-pos-short.h5: $(RUNS)/%/model.safetensors
-	$(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(TRAIN_LEN) --samples $(POS_SAMPLES) --out $@ --force --quiet
+	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(TRAIN_LEN) --samples $(POS_SAMPLES) --out $@ --force
 $(DATA)/%-pos-long.h5: $(RUNS)/%/model.safetensors
-	$(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(POS_LEN) --samples $(POS_SAMPLES) --resolution 256 --out $@ --force --quiet
+	$(LOGGED) $(BIASVIZ) extract --model $(RUNS)/$* --summary --seq-len $(POS_LEN) --samples $(POS_SAMPLES) --resolution 256 --out $@ --force
 
 $(FIGURES)/positional.pdf: $(foreach s,$(POSITIONAL),$(DATA)/$(s)-pos-short.h5 $(DATA)/$(s)-pos-long.h5)
-	$(BIN)/python -m biasviz.plotting.positional_compare $^ --out $(FIGURES)/positional --note "$(POS_NOTE)"
+	$(LOGGED) $(BIN)/python -m biasviz.plotting.positional_compare $^ --out $(FIGURES)/positional --note "$(POS_NOTE)"
 
 $(FIGURES)/position_measures.pdf: $(foreach s,$(MEASURES),$(DATA)/$(s)-pos-long.h5)
-	$(BIN)/python -m biasviz.plotting.measures_page $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/position_measures --caption
+	$(LOGGED) $(BIN)/python -m biasviz.plotting.measures_page $^ --train-len $(TRAIN_LEN) --out $(FIGURES)/position_measures --caption
 
 # one self-contained, interactive page per scheme (README, "Explorer")
 $(FIGURES)/%_explore.html: $(DATA)/%.h5
-	$(BIASVIZ) explore $< --out $@ --force
+	$(LOGGED) $(BIASVIZ) explore $< --out $@ --force
 
 $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
-	$(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --force --out-dir $(FIGURES)
+	$(LOGGED) $(BIASVIZ) diagnose $^ --json $(FIGURES)/diagnostics.json --force --out-dir $(FIGURES)
 
 # The figure sets of `make figures` from GPT-2-small variants: the same rules, run with paper/ folders and options.
 paper-figures: $(STAMP)  ## train GPT-2-small variants (needs a GPU; duration not measured) and draw the same figures into paper/figures/
@@ -186,7 +187,7 @@ bench: $(STAMP)  ## benchmarks, run by hand (not in CI; peers in bench/.venvs/, 
 	$(BIN)/python bench/bench_explore.py --seq-len 1024 4096
 
 clean:  ## remove the checkpoints, HDF5 files and figures `make figures` made, and nothing of yours (keeps .venv)
-	@$(MANIFEST_TOOL) clean $(MANIFEST) $(RUNS) $(DATA) $(FIGURES) $(BUILT)
+	@$(MANIFEST_TOOL) clean $(MANIFEST) $(WRITTEN) $(RUNS) $(DATA) $(FIGURES)
 	rm -rf $(STAGES)
 	@rmdir $(RUNS) 2>/dev/null || true
 

@@ -177,7 +177,8 @@ def test_long_file_is_reduced(tmp_path: Path) -> None:
     assert b"block mean 2x2" in meta and b"700 -> 350 cells per axis" in meta
     # by default a panel gets at most one cell a pixel: NeurIPS' 5.5 in over 3 panels, 56 % of each the image,
     # at 200 dpi is 205 pixels, so 700 positions are drawn as 4 x 4 block means (175 cells)
-    res = run("plot", "--scheme", "alibi", "--input", str(path), "--format", "pdf", "--out-dir", str(tmp_path))
+    res = run("plot", "--scheme", "alibi", "--input", str(path), "--format", "pdf", "--out-dir", str(tmp_path),
+              "--force")  # fmt: skip
     assert res.exit_code == 0, res.output
     meta = (tmp_path / "alibi_bias.pdf").read_bytes()
     assert b"block mean 4x4" in meta and b"700 -> 175 cells per axis" in meta
@@ -213,3 +214,25 @@ def test_bidirectional_weights_keep_their_upper_triangle(tmp_path, monkeypatch) 
     (fig,) = drawn_figs
     image = next(ax for ax in fig.axes if ax.get_images()).get_images()[0].get_array()
     assert not np.ma.getmaskarray(image).any() and np.isfinite(np.ma.getdata(image)).all()  # no blanked triangle
+
+
+def test_plot_never_overwrites_a_figure_without_force(files: dict[str, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A figure of the same name (the user's, or an earlier plot's) is kept, and the error says how to replace it."""
+    from tests.conftest import run_cli
+
+    out = tmp_path / "figs"
+    out.mkdir()
+    (out / "alibi_weights.png").write_bytes(b"my own figure")
+    args = ["plot", "--scheme", "alibi", "--input", str(files["alibi"]), "--kind", "all", "--out-dir", str(out)]
+    code, stdout, err = run_cli(args, capsys)
+    assert code == 1 and stdout == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), err
+    assert str(out / "alibi_weights.png") in lines[0] and "--force" in lines[0]
+    assert sorted(p.name for p in out.iterdir()) == ["alibi_weights.png"]  # nothing of the set was written
+    assert (out / "alibi_weights.png").read_bytes() == b"my own figure"
+    code, _, err = run_cli([*args, "--force"], capsys)
+    assert code == 0, err
+    assert (out / "alibi_weights.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {p.name for p in out.iterdir()} >= {"alibi_bias.pdf", "alibi_bias.png", "alibi_weights.pdf"}

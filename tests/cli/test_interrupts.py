@@ -130,7 +130,7 @@ def test_full_disk_plot_keeps_previous_figure(ckpt: Path, tmp_path: Path) -> Non
             "--format", "png"]  # fmt: skip
     main(plot[1:])
     before = (tmp_path / "alibi_bias.png").read_bytes()
-    proc = subprocess.run([*plot, "--dpi", "300"], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([*plot, "--dpi", "300", "--force"], capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: _limit_file_size(len(before) // 2))  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()

@@ -70,7 +70,7 @@ def test_the_positional_grid_draws_each_heads_p_relative_to_its_value_at_distanc
         lower = np.tril(np.ones((T, T), bool))
         np.testing.assert_allclose(got[lower], want[lower], rtol=1e-5, atol=1e-6)
     assert " ".join(fig.get_suptitle().split()).startswith(
-        f"RoPE positional logits P(i, j) − P(d = 0): layer 1 of 2, final; T = {T}; mean of 3 samples")
+        f"RoPE positional logits P(i, j) − P(d = 0): final layer, 2 of 2; T = {T}; mean of 3 samples")
 
 
 def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,
@@ -95,8 +95,8 @@ def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[
     np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), p_all[0], rtol=1e-6)
     np.testing.assert_allclose(ax.get_lines()[1].get_ydata(), p_late[0], rtol=1e-6, equal_nan=True)
     assert " ".join(figures["rope_positional_profile"].get_suptitle().split()).startswith(
-        f"RoPE positional logits by distance: layer 1 of 2, final; T = {T}; mean of 3 samples")
-    assert title.startswith(f"RoPE weight on the first keys: layer 1 of 2, final; T = {T}")
+        f"RoPE positional logits by distance: final layer, 2 of 2; T = {T}; mean of 3 samples")
+    assert title.startswith(f"RoPE weight on the first keys: final layer, 2 of 2; T = {T}")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     fig = figures["rope_positional_profile"]

@@ -56,7 +56,7 @@ def test_plot_draws_the_mean_map_at_its_positions(files: dict[str, Path], figure
         axes = panels(fig)
         assert [ax.get_title() for ax in axes] == [f"Head {h}" for h in range(1, 13)]
         title = " ".join(fig.get_suptitle().split())  # one wording in every figure kind (titles.figure_title)
-        assert title.startswith(f"CABLE {kind}: layer 3 of 4, final; T = {T}; mean of 3 samples; block means of 5 × 5")
+        assert title.startswith(f"CABLE {kind}: final layer, 4 of 4; T = {T}; mean of 3 samples; block means of 5 × 5")
         for h, ax in enumerate(axes):
             im = ax.get_images()[0]
             assert im.get_extent() == [-0.5, 49.5, 49.5, -0.5]  # 10 blocks of 5 positions
@@ -83,7 +83,7 @@ def test_plot_std_and_profile_of_a_summary(files: dict[str, Path], figures: dict
         assert im.norm.vmin == 0.0
     profile = figures["cable_bias_profile"]
     assert " ".join(profile.get_suptitle().split()).startswith(
-        f"CABLE bias by distance: layer 3 of 4, final; T = {T}; mean ± 1 std over 3 samples")
+        f"CABLE bias by distance: final layer, 4 of 4; T = {T}; mean ± 1 std over 3 samples")
     for h, ax in enumerate(a for a in profile.axes if a.get_visible()):
         np.testing.assert_allclose(ax.lines[0].get_ydata(), mean[h])
     assert {p.name for p in tmp_path.iterdir()} == {"cable_bias_std.png", "cable_weights_std.png",

@@ -14,6 +14,7 @@ from biasviz.plotting.caption import latex_escape
 from tests.cli.test_cli_plot import _alibi, write_file
 
 HOSTILE = r"\input{/etc/passwd}} $x$ & #1 ^ _ % ~ \end{document}"
+HOSTILE_MODEL = r"\input{passwd}} $x$ & #1 ^ _ % ~ \end{document}"  # a caption names a model by its last part
 SPECIALS = set("\\{}$&#^_%~")
 
 # what each escape prints, written out here (not read from the code): the inverse a LaTeX run would apply
@@ -59,7 +60,7 @@ def caption_body(tex: str) -> str:
 def hostile_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = write_file(tmp_path_factory.mktemp("cap") / "alibi.h5", "alibi", _alibi(2))
     with h5py.File(path, "r+") as f:
-        f.attrs["source_model"] = HOSTILE
+        f.attrs["source_model"] = HOSTILE_MODEL
         f.attrs["text_source"] = "corpus_%1 & notes~"
         f.attrs["training"] = '{"preset": "t}\\\\input{/etc/passwd}", "steps": 300, "seq_len": 64}'
     return path
@@ -75,10 +76,10 @@ def test_plot_caption_says_what_the_figure_shows_and_escapes_the_file(hostile_fi
     body = caption_body(tex)
     assert "\\input{" not in body and "\\end{" not in body
     words = printed(re.sub(r"\$[^$]*\$|\\texttt\{([^}]*)\}", r"\1", body.replace(r"\$", "\0")).replace("\0", r"\$"))
-    assert HOSTILE in words  # the source model, character for character
+    assert HOSTILE_MODEL in words  # the source model, character for character
     assert "corpus_%1 & notes~" in words
     assert "t}\\input{/etc/passwd} model, 300 training steps on 64-token windows" in words
-    assert "Layer 3 of 4, final" in words and "$T = 64$" in body and "12 heads" in words
+    assert "Final layer, 4 of 4" in words and "$T = 64$" in body and "12 heads" in words
     assert "mean of 2 samples" in words or "sample" in words
     # ALiBi's bias is <= 0 everywhere: sequential on every head, none diverging
     assert "sequential" in words and "diverging" not in words
@@ -103,7 +104,7 @@ def test_no_caption_unless_asked_and_the_api_carries_it(hostile_file: Path, tmp_
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alibi_bias.png"]
     fig = biasviz.plot(hostile_file, kind="bias")
-    assert "Layer 3 of 4, final" in caption_body(fig.biasviz_caption)
+    assert "Final layer, 4 of 4" in caption_body(fig.biasviz_caption)
 
 
 def test_diagnose_caption_beside_each_figure_escapes_every_file(hostile_file: Path, tmp_path: Path) -> None:
@@ -119,11 +120,23 @@ def test_diagnose_caption_beside_each_figure_escapes_every_file(hostile_file: Pa
         body = caption_body((out / f"{name}.tex").read_text("utf-8"))
         assert "\\input{" not in body and "\\end{" not in body
         words = printed(re.sub(r"\$[^$]*\$|\\texttt\{([^}]*)\}", r"\1", body.replace(r"\$", "\0")).replace("\0", r"\$"))
-        assert HOSTILE in words and "300 training steps on 64-token windows" in words
-        assert "Layer 3 of 4, final" in words
+        assert HOSTILE_MODEL in words and "300 training steps on 64-token windows" in words
+        assert "Final layer, 4 of 4" in words
     diagnostics = caption_body((out / "diagnostics.tex").read_text("utf-8"))
     assert "context dependence" in diagnostics and "separability residual" in diagnostics and "N = 2" in diagnostics
     assert "distance" in caption_body((out / "alibi_profile.tex").read_text("utf-8"))
     refused = CliRunner().invoke(cli, ["diagnose", str(hostile_file), "--caption", "--no-figures", "--json",
                                        str(tmp_path / "d.json")])  # fmt: skip
     assert refused.exit_code != 0 and "--caption" in str(refused.exception) and not (tmp_path / "d.json").exists()
+
+
+def test_a_caption_names_the_model_without_the_folders_above_it(tmp_path: Path, make_bias_file: object) -> None:
+    """A double-blind paper's caption must not carry the author's home folder or lab: the model's own name only."""
+    import biasviz
+
+    src = make_bias_file(tmp_path / "alibi.h5", "alibi", heads=3, t=16,
+                         attrs={"source_model": "/home/jane-doe/acme-lab/runs/alibi-tiny/"})  # fmt: skip
+    fig = biasviz.plot(src, kind="bias")
+    body = caption_body(fig.biasviz_caption)
+    assert "; model alibi-tiny;" in body, body
+    assert "jane-doe" not in body and "acme-lab" not in body and "/home" not in body

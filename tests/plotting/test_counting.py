@@ -1,4 +1,5 @@
-"""One counting rule wherever an index is shown or taken: layers and samples from 0 (as stored), heads from 1.
+"""One counting rule wherever an index is shown or taken: options, files and the Python API count layers and
+samples from 0 (as stored); figure text counts them as ordinals, from 1, as it counts heads.
 
 Each sample of the file below has its own bias, -(k + 1) * (i - j) for sample k, so which sample a figure draws can
 be read from the drawn cells, independently of the title that names it.
@@ -28,8 +29,8 @@ def per_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_title_names_the_sample_sample_k_draws_and_the_api_reads(per_sample: Path, k: int) -> None:
     fig = biasviz.plot(per_sample, kind="bias", sample=k)
     title = fig.get_suptitle()
-    assert f"sample {k} of {N}" in title, title
-    assert "layer 3 of 4, final" in title  # the file's layer_3, as --layer 3 takes it
+    assert f"sample {k + 1} of {N}" in title, title  # --sample k is the (k + 1)-th
+    assert "final layer, 4 of 4" in title  # the file's layer_3, as --layer 3 takes it
     panels = [ax for ax in fig.axes if ax.get_images()]
     assert panels[0].get_title() == "Head 1" and panels[4].get_title() == "Head 5"
     drawn = panels[4].get_images()[0].get_array()  # head 5: -(k + 1) * 5 * (i - j)
@@ -38,4 +39,4 @@ def test_the_title_names_the_sample_sample_k_draws_and_the_api_reads(per_sample:
         assert view.layers[-1] == 3
         read = view.bias(sample=k, head=5)
     assert float(np.nanmin(read)) == pytest.approx(-(k + 1) * 5 * (T - 1))
-    assert f"sample {k} of {N}" in fig.biasviz_caption
+    assert f"sample {k + 1} of {N}" in fig.biasviz_caption

@@ -154,6 +154,6 @@ def test_plot_kind_dynamics_titles_the_figure_from_the_file(tmp_path: Path, caps
     fig = figures["cable_dynamics"]
     check_print(fig, "icml-column")
     title = fig.get_suptitle().replace("\n", " ")
-    assert title.startswith(f"CABLE bias over training: layer 1 of 4; T = {SWEEP_T}; mean of 2 samples"), title
+    assert title.startswith(f"CABLE bias over training: layer 2 of 4; T = {SWEEP_T}; mean of 2 samples"), title
     assert f"checkpoints of {STEPS[0]} to {STEPS[-1]:,} steps" in title, title
 

@@ -136,7 +136,7 @@ def test_colorbar_limits_of_a_4096_position_figure_are_the_data_extremes(long_fi
         assert extends and set(extends) == {"max"}  # the clipped largest weights: an arrow
 
 
-@pytest.mark.parametrize(("sample", "said"), [("0", "sample 0 of 3 (the bias depends on the input"),
+@pytest.mark.parametrize(("sample", "said"), [("0", "sample 1 of 3 (the bias depends on the input"),
                                               ("mean", "mean of 3 samples")])  # fmt: skip
 def test_a_context_dependent_bias_says_which_sample_it_shows(tmp_path: object, make_bias_file: object,
                                                             capsys: pytest.CaptureFixture[str], sample: str,
@@ -148,7 +148,7 @@ def test_a_context_dependent_bias_says_which_sample_it_shows(tmp_path: object, m
                             "--out-dir", str(tmp_path / "figs")], capsys)  # fmt: skip
     assert code == 0, err
     svg = (tmp_path / "figs" / "cable_bias.svg").read_text()
-    assert said in svg and "CABLE bias: layer 3 of 4, final; T = 16; " in svg  # layer, T, then which input
+    assert said in svg and "CABLE bias: final layer, 4 of 4; T = 16; " in svg  # layer, T, then which input
 
 
 def test_log_scaled_weights_share_one_colorbar_by_default(tmp_path: object, make_bias_file: object,

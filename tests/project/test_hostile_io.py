@@ -90,7 +90,7 @@ DENIED = r"(Permission denied|Operation not permitted|Read-only file system); ch
 WRITE_FAILURES = [
     (Case("extract --force: file-size limit", EX + " --force --out {tmp}/o.h5", rf"o\.h5: {NO_SPACE}",
           prepare=_copy("good", "o.h5")), 2048),
-    (Case("plot: file-size limit", "plot --scheme alibi --input {good} --kind all --out-dir {tmp}/figs",
+    (Case("plot: file-size limit", "plot --scheme alibi --input {good} --kind all --out-dir {tmp}/figs --force",
           rf"figs/alibi_\w+\.(pdf|png): {NO_SPACE}", prepare=_copy("figs", "figs")), 2048),
     (Case("diagnose --json --force: file-size limit", "diagnose {good} --json {tmp}/d.json --force --no-figures",
           rf"d\.json: {NO_SPACE}", prepare=_copy("good", "d.json")), 100),
@@ -101,7 +101,7 @@ WRITE_FAILURES = [
           prepare=_copy("alibi", "ck")), 2048),
     (Case("extract into a read-only folder", EX + " --force --out {tmp}/ro/o.h5", rf"ro/o\.h5: {DENIED}",
           prepare=_read_only(_copy("good", "ro/o.h5"))), 0),
-    (Case("plot into a read-only folder", "plot --scheme alibi --input {good} --out-dir {tmp}/ro/figs",
+    (Case("plot into a read-only folder", "plot --scheme alibi --input {good} --out-dir {tmp}/ro/figs --force",
           rf"ro/figs/alibi_bias\.(pdf|png): {DENIED}", prepare=_read_only(_copy("figs", "ro/figs"), folder="ro/figs")),
      0),
     (Case("diagnose into a read-only folder", "diagnose {good} --json {tmp}/ro/d.json --force --no-figures",
@@ -144,7 +144,7 @@ def test_figure_set_is_replaced_whole(paths: dict[str, str], tmp: Path, capsys: 
 
     monkeypatch.setattr(Figure, "savefig", third_fails)
     code, _, err = run(["plot", "--scheme", "alibi", "--input", paths["good"], "--kind", "all", "--out-dir",
-                        str(tmp / "figs")], capsys)  # fmt: skip
+                        str(tmp / "figs"), "--force"], capsys)  # fmt: skip
     assert code == 1 and err.startswith("Error: ") and "no space left" in err, err
     assert {p.name: p.read_bytes() for p in (tmp / "figs").iterdir()} == before
 

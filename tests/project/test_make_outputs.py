@@ -1,9 +1,9 @@
 """What ``make figures`` built is never quietly replaced, and is rebuilt when something else replaced it.
 
 The shell examples of README and the site's pages are read command by command: none may write where
-``make figures`` writes unless it refuses to replace an existing file (no ``--force``; ``plot`` has none and
-always replaces, so it must name another ``--out-dir``). The manifest that ``make figures`` keeps dates back
-every target one of whose files changed content, so ``make`` rebuilds it.
+``make figures`` writes unless it refuses to replace an existing file (no ``--force``). The manifest that
+``make figures`` keeps dates back every target one of whose files changed content, so ``make`` rebuilds it,
+and lets ``make clean`` remove exactly the files the build wrote.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from biasviz.cli.manifest import record, stale, target_of
+from biasviz.cli.manifest import record, stale
+from biasviz.common.written import LOG_ENV, TARGET_ENV
 from tests.docs_pages import blocks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,7 @@ def writes(argv: list[str]) -> tuple[list[str], bool]:
         scheme = opt("--scheme")
         kind = opt("--kind", "bias")
         kinds = {"all": ["bias", "weights"], "std": ["bias", "weights"]}.get(kind, [kind])
-        return [f"{out_dir}/{scheme}_{k}.{ext}" for k in kinds for ext in ("pdf", "png")], True
+        return [f"{out_dir}/{scheme}_{k}.{ext}" for k in kinds for ext in ("pdf", "png")], force
     if command == "diagnose":
         out_dir = opt("--out-dir", "figures")
         return [opt("--json", f"{out_dir}/diagnostics.json"), f"{out_dir}/diagnostics.pdf"], force
@@ -91,18 +92,34 @@ def test_a_readme_example_never_quietly_replaces_what_make_built(argv: list[str]
         assert not clash, f"{' '.join(argv)} replaces {clash}, which make figures built"
 
 
-def test_the_manifest_rebuilds_a_replaced_figure_set(tmp_path: Path) -> None:
+def _built(path: Path, content: bytes, target: Path, monkeypatch: pytest.MonkeyPatch, log: Path) -> None:
+    """Write ``path`` as a step of ``make figures`` does: through biasviz's writer, with the build's log set."""
+    from biasviz.common.atomic import replacing
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with monkeypatch.context() as m:
+        m.setenv(LOG_ENV, str(log))
+        m.setenv(TARGET_ENV, str(target))
+        with replacing(path) as tmp:
+            tmp.write_bytes(content)
+
+
+def test_the_manifest_rebuilds_a_replaced_figure_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs, data, figures = tmp_path / "runs", tmp_path / "data", tmp_path / "figures"
-    files = {runs / "alibi" / "model.safetensors": b"w", runs / "alibi" / "checkpoint-100" / "model.safetensors": b"c",
-             data / "alibi.h5": b"d", figures / "alibi_bias.pdf": b"p", figures / "alibi_weights.png": b"q",
-             figures / "alibi_profile.pdf": b"r", figures / "diagnostics.pdf": b"s",
-             figures / "alibi_explore.html": b"h", runs / "stages" / "alibi.plot.json": b"{}"}  # fmt: skip
-    for path, content in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(content)
-    manifest = runs / "stages" / "built.json"
-    assert record(manifest, runs, data, figures) == len(files) - 1  # stage files are make's own
-    assert stale(manifest) == []
+    log, manifest = runs / "stages" / "written.log", runs / "stages" / "built.json"
+    files = {runs / "alibi" / "model.safetensors": (b"w", runs / "alibi" / "model.safetensors"),
+             runs / "alibi" / "checkpoint-100" / "model.safetensors": (b"c", runs / "alibi" / "model.safetensors"),
+             data / "alibi.h5": (b"d", data / "alibi.h5"),
+             figures / "alibi_bias.pdf": (b"p", figures / "alibi_bias.pdf"),
+             figures / "alibi_weights.png": (b"q", figures / "alibi_bias.pdf"),
+             figures / "alibi_profile.pdf": (b"r", figures / "diagnostics.pdf"),
+             figures / "diagnostics.pdf": (b"s", figures / "diagnostics.pdf"),
+             figures / "alibi_explore.html": (b"h", figures / "alibi_explore.html")}  # fmt: skip
+    for path, (content, target) in files.items():
+        _built(path, content, target, monkeypatch, log)
+    monkeypatch.chdir(tmp_path)
+    assert record(manifest, log, runs, data, figures) == len(files)
+    assert not log.exists() and stale(manifest) == []
     (figures / "alibi_weights.png").write_bytes(b"an example's figure")  # same name, other content
     (figures / "alibi_profile.pdf").unlink()
     (runs / "alibi" / "checkpoint-100" / "model.safetensors").write_bytes(b"other")
@@ -113,22 +130,17 @@ def test_the_manifest_rebuilds_a_replaced_figure_set(tmp_path: Path) -> None:
     assert os.stat(data / "alibi.h5").st_mtime > 0 and os.stat(figures / "alibi_explore.html").st_mtime > 0
 
 
-@pytest.mark.parametrize(("name", "target"), [
-    ("runs/fire/training.json", "runs/fire/model.safetensors"), ("data/fire.h5", "data/fire.h5"),
-    ("figures/fire_weights.svg", "figures/fire_bias.pdf"), ("figures/kerple-log_dynamics.png",
-                                                            "figures/kerple-log_dynamics.pdf"),
-    ("figures/long_context.png", "figures/long_context.pdf"), ("figures/t5_profile.png", "figures/diagnostics.pdf"),
-    ("figures/diagnostics.json", "figures/diagnostics.pdf"),
-    ("figures/position_measures.png", "figures/position_measures.pdf"),
-    ("figures/position_measures.tex", "figures/position_measures.pdf"),
-    ("figures/cable_explore.html", "figures/cable_explore.html"),
-])  # fmt: skip
-def test_every_file_maps_to_the_make_target_that_writes_it(name: str, target: str) -> None:
-    assert target_of(Path(name), Path("runs"), Path("figures")) == Path(target)
-    name = Path(target).name
-    rules = {f"$(FIGURES)/{name}:", f"$(FIGURES)/{re.sub(r'^[a-z-]+_', '%_', name)}:", f"$(RUNS)/%/{name}:",
-             f"$(DATA)/%{Path(target).suffix}:"}  # the rule for this target, by name or by pattern
-    assert any(line.startswith(tuple(rules)) for line in MAKEFILE.splitlines()), rules
+def test_a_later_build_keeps_what_the_earlier_one_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build with nothing to rebuild logs nothing: the manifest still lists the earlier build's files."""
+    runs, data, figures = tmp_path / "runs", tmp_path / "data", tmp_path / "figures"
+    log, manifest = runs / "stages" / "written.log", runs / "stages" / "built.json"
+    _built(data / "alibi.h5", b"d", data / "alibi.h5", monkeypatch, log)
+    _built(figures / "t5_bias.pdf", b"t", figures / "t5_bias.pdf", monkeypatch, log)
+    assert record(manifest, log, runs, data, figures) == 2
+    (figures / "t5_bias.pdf").write_bytes(b"yours now")  # replaced by hand: no longer the build's
+    assert record(manifest, log, runs, data, figures) == 1
+    _built(figures / "t5_bias.pdf", b"t2", figures / "t5_bias.pdf", monkeypatch, log)  # rebuilt: the build's again
+    assert record(manifest, log, runs, data, figures) == 2
 
 
 def _make(target: str, root: Path, makefile: Path = ROOT / "Makefile") -> None:
@@ -144,21 +156,89 @@ def _make(target: str, root: Path, makefile: Path = ROOT / "Makefile") -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_make_clean_removes_what_make_figures_made_and_never_a_users_own_files(tmp_path: Path) -> None:
-    import json
+def test_make_clean_removes_what_make_figures_wrote_and_never_a_users_own_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """The build's files go, by their recorded content; a user's ``plot --kind profile`` output, a file made by
+    hand and a build's figure the user replaced since all stay, whatever their names look like."""
+    from tests.cli.test_cli_plot import _alibi, write_file
+    from tests.conftest import run_cli
 
-    built = ["runs/alibi/model.safetensors", "runs/alibi/checkpoint-100/model.safetensors", "runs/rope/config.json",
-             "data/alibi.h5", "data/alibi-long.h5", "figures/alibi_bias.pdf", "figures/alibi_weights.png",
-             "figures/diagnostics.json", "figures/positional.png", "figures/cable_explore.html"]  # fmt: skip
+    runs, data, figures = tmp_path / "runs", tmp_path / "data", tmp_path / "figures"
+    log = runs / "stages" / "written.log"
+    for name, target in [("runs/alibi/model.safetensors", "runs/alibi/model.safetensors"),
+                         ("runs/alibi/checkpoint-100/model.safetensors", "runs/alibi/model.safetensors"),
+                         ("runs/rope/config.json", "runs/rope/model.safetensors"),
+                         ("data/alibi-long.h5", "data/alibi-long.h5"),
+                         ("figures/diagnostics.json", "figures/diagnostics.pdf"),
+                         ("figures/positional.png", "figures/positional.pdf"),
+                         ("figures/position_measures.tex", "figures/position_measures.pdf"),
+                         ("figures/cable_explore.html", "figures/cable_explore.html")]:  # fmt: skip
+        _built(tmp_path / name, name.encode(), tmp_path / target, monkeypatch, log)
+    source = write_file(data / "alibi.h5", "alibi", _alibi(2))
+    _built(source, source.read_bytes(), source, monkeypatch, log)
+    with monkeypatch.context() as m:  # the Makefile's own plot step, logged
+        m.setenv(LOG_ENV, str(log))
+        m.setenv(TARGET_ENV, str(figures / "alibi_bias.pdf"))
+        code, _, err = run_cli(["plot", "--scheme", "alibi", "--input", str(source), "--kind", "all", "--out-dir",
+                                str(figures)], capsys)  # fmt: skip
+        assert code == 0, err
+    code, _, err = run_cli(["plot", "--scheme", "alibi", "--input", str(source), "--kind", "profile", "--out-dir",
+                            str(figures)], capsys)  # the user's own, beside the build's  # fmt: skip
+    assert code == 0, err
+    users = sorted(p.name for p in figures.glob("alibi_*_profile.*"))
+    assert users == ["alibi_bias_profile.pdf", "alibi_bias_profile.png", "alibi_weights_profile.pdf",
+                     "alibi_weights_profile.png"]  # fmt: skip
     mine = ["runs/mine/model.safetensors", "runs/mine/checkpoint-5/model.safetensors", "data/mine.h5",
-            "data/mine/part.h5", "figures/mine_bias.pdf", "figures/notes.txt"]  # fmt: skip
-    for name in [*built, *mine, "runs/stages/alibi.plot.json"]:
+            "data/mine/part.h5", "figures/mine_bias.pdf", "figures/notes.txt", "figures/t5_profile.pdf"]  # fmt: skip
+    for name in mine:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(name.encode())
-    _make("record-built", tmp_path)  # what a `make figures` that had nothing to build ends with
-    doc = json.loads((tmp_path / "runs/stages/built.json").read_text())
-    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in doc["files"]) == sorted(built)
+    (runs / "stages").mkdir(parents=True, exist_ok=True)
+    (runs / "stages" / "alibi.plot.json").write_text("{}")  # a stage file of make's own
+    _make("record-built", tmp_path)  # what every `make figures` ends with
+    (figures / "diagnostics.json").write_text("{}")  # the build's file, replaced by the user since: theirs now
     _make("clean", tmp_path)
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
-    assert left == sorted(mine)
+    assert left == sorted([*mine, *(f"figures/{n}" for n in users), "figures/diagnostics.json"])
     assert not (tmp_path / "runs/alibi").exists() and not (tmp_path / "runs/stages").exists()
+
+
+def test_every_file_make_figures_writes_is_ignored_by_git() -> None:
+    """After ``make figures`` the tree is clean: nothing it writes shows as a new file."""
+    import subprocess
+
+    paths = sorted(made_by_make())
+    done = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(done.stdout.split()) == paths
+
+
+def test_every_step_of_make_figures_logs_what_it_writes(tmp_path: Path) -> None:
+    """Each command of the build that writes into runs/, data/ or figures/ runs with the build's log set, so
+    that ``make clean`` knows its files by content, not by name."""
+    import subprocess
+
+    folders = [f"RUNS={tmp_path / 'runs'}", f"DATA={tmp_path / 'data'}", f"FIGURES={tmp_path / 'figures'}"]
+    done = subprocess.run(["make", "-n", "--no-print-directory", "figure-files", *folders], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    steps = [line for line in done.stdout.splitlines() if re.search(r"biasviz (train|extract|plot|explore|diagnose)|"
+                                                                    r"biasviz\.plotting\.", line)]  # fmt: skip
+    assert len(steps) >= 30
+    for line in steps:
+        assert f"BIASVIZ_WRITTEN_LOG={tmp_path / 'runs'}/stages/written.log" in line, line
+        assert "BIASVIZ_WRITTEN_FOR=" + str(tmp_path) in line, line
+
+
+def test_the_long_steps_of_make_figures_print_their_progress(tmp_path: Path) -> None:
+    """Training and the long extracts run for minutes: none of them is silenced with --quiet, so each prints a line
+    when it starts and at every tenth of its work (``biasviz.common.progress``)."""
+    import subprocess
+
+    folders = [f"RUNS={tmp_path / 'runs'}", f"DATA={tmp_path / 'data'}", f"FIGURES={tmp_path / 'figures'}"]
+    done = subprocess.run(["make", "-n", "--no-print-directory", "figure-files", *folders], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    long_steps = [line for line in done.stdout.splitlines() if re.search(r"biasviz (train|extract) ", line)]
+    assert sum("--summary" in line for line in long_steps) >= 2 * len(POSITIONAL) + len(LONG)
+    assert sum(" train " in line for line in long_steps) == len(POSITIONAL)
+    assert not [line for line in long_steps if "--quiet" in line]

@@ -94,6 +94,14 @@ def inputs_and_output(words: list[str]) -> tuple[list[str], str | None]:
     return files, None
 
 
+def plot_stems(words: list[str]) -> list[str]:
+    """The figures (``OUT_DIR/SCHEME_WHAT``, any format) a ``plot`` command writes, by its kind."""
+    kind = option(words, "--kind") or "bias"
+    whats = {"all": ["bias", "weights"], "std": ["bias_std", "weights_std"],
+             "profile": ["bias_profile", "weights_profile"]}.get(kind, [kind])  # fmt: skip
+    return [f"{option(words, '--out-dir') or 'figures'}/{option(words, '--scheme')}_{w}" for w in whats]
+
+
 def test_python_versions_agree() -> None:
     wanted = re.search(r'requires-python = ">=(\d+\.\d+)"', (ROOT / "pyproject.toml").read_text()).group(1)
     said = re.findall(r"Python (\d+\.\d+)\+", MAKEFILE)
@@ -111,8 +119,11 @@ def test_every_readme_example_finds_its_output_free_after_make_figures() -> None
             own_files.append(" ".join(words))
             continue
         ran.append(" ".join(words))
-        if words[1] == "plot":  # plot replaces its figures: never make figures' own
-            assert (option(words, "--out-dir") or "figures") != "figures", words
+        if words[1] == "plot":  # never into make figures' own folder; and a figure set of an earlier example
+            assert (option(words, "--out-dir") or "figures") != "figures", words  # is refused without --force
+            for stem in plot_stems(words):
+                assert stem not in present or "--force" in words, f"{' '.join(words)}: {stem}.* exist; refused"
+                present.add(stem)
         if output is None:
             continue
         assert output not in made, f"{' '.join(words)}: replaces {output}, which make figures wrote"

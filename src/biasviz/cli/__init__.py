@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import click
 
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.threads import passive_waits
 from biasviz.common.version import __version__
 
 # Command modules, imported lazily so that `biasviz --help` stays fast (torch is slow to import).
@@ -157,6 +158,7 @@ def _command(argv: list[str] | None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     _quiet_libraries()
+    passive_waits()  # before torch loads: its OpenMP threads then sleep rather than spin while they wait
     previous = _terminate_as_interrupt()
     previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupts_reach_main
     previous_show, warnings.showwarning = warnings.showwarning, _one_line_warning

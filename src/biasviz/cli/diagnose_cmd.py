@@ -44,7 +44,7 @@ class _FileResult:
     sinks: dict[str, object] | None = None
     measures: dict[str, object] | None = None  # SPEC section 14, with standard errors, where stored
     trained: str | None = None  # how biasviz trained the model, where the file says (drawn as text)
-    n_layers: int | None = None  # how many layers the model has (titles say 'layer 11 of 12, final')
+    n_layers: int | None = None  # how many layers the model has (titles say 'final layer, 12 of 12')
 
     def measured_on(self) -> str:
         """'T = 512, N = 8': the length and number of samples the numbers were measured on, for the figures (and

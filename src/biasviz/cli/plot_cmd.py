@@ -100,13 +100,17 @@ KEEP_FIGURES = "biasviz.keep_figures"
               help="Also write <figure>.tex beside each figure: a LaTeX \\caption{...} saying what it shows, from the "
                    "file (replaced as the figures are).")  # fmt: skip
 @figure_output_options
+@click.option("--force", is_flag=True,
+              help="Overwrite figure files that exist (never one of the input files); without it an existing file "
+                   "is an error and nothing is written.")  # fmt: skip
 def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
          normalize: str, shared_scale: bool | None, cmap: str | None, log_scale: bool, log_distance: bool,
          formats_text: str, style: str, width: str | None, dpi: int, reduce_how: str, max_cells: int | None,
-         out_dir: Path, caption: bool = False) -> None:  # fmt: skip
+         out_dir: Path, caption: bool = False, force: bool = False) -> None:  # fmt: skip
     """Draw one panel per head (4 x 3 for 12 heads), as in Figures 10-14 of the CABLE paper.
 
-    Writes OUT_DIR/<scheme>_bias.pdf/.png (and <scheme>_weights.* for --kind weights|all).
+    Writes OUT_DIR/<scheme>_bias.pdf/.png (and <scheme>_weights.* for --kind weights|all); an existing file
+    is replaced only with --force.
     """
     from biasviz.plotting.save import parse_formats
     from biasviz.schemes import canonical_name
@@ -130,7 +134,8 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
     from biasviz.common.atomic import replacing_together
 
     path = input_path or Path("data") / f"{name}.h5"
-    with replacing_together(with_config(path)) as staged:  # the figure set is replaced whole, or not at all
+    # the figure set is written whole or not at all, and over existing files only with --force
+    with replacing_together(with_config(path), overwrite=force) as staged:
         job = _PlotJob(scheme=name, path=path, layer=layer, sample=sample, normalize=normalize,
                        shared_scale=shared_scale, cmap=cmap, log_scale=log_scale, log_distance=log_distance,
                        style=style, reduce_how=reduce_how,

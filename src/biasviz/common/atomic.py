@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from biasviz.common.written import note_written
+
 #: Longest name (bytes) kept whole in a temporary name; beyond it the name is cut and a hash added, so that
 #: the hidden name (".NAME.PID.tmp") stays within the file system's 255 bytes whenever NAME itself does.
 NAME_ROOM = 236
@@ -63,6 +65,7 @@ def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
     """
     if not _after_publish or threading.current_thread() is not threading.main_thread():
         _move(tmp, target, overwrite)
+        note_written(target)
         return
     # Python runs signal handlers in the main thread between bytecodes, whichever thread the kernel delivered
     # them to (masking this thread alone would not stop torch's or a pool's threads from taking them): a handler
@@ -84,6 +87,7 @@ def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
                 signal.signal(s, handler)
         for signum in noted:
             _handle(signum)
+    note_written(target)
 
 
 def _handle(signum: int) -> None:
@@ -252,22 +256,29 @@ class Staged:
     Until :meth:`publish`, every target keeps its old content; :meth:`discard` removes what was written.
     """
 
-    def __init__(self, inputs: Iterable[str | Path | None] = ()) -> None:
+    def __init__(self, inputs: Iterable[str | Path | None] = (), *, overwrite: bool = True,
+                 option: str = "--out-dir") -> None:  # fmt: skip
         self._moves: list[tuple[Path, Path]] = []
         self._new: dict[Path, str] = {}  # targets never overwritten, and the option that names each
         self._inputs = list(inputs)  # files the outputs are made from: never a target
+        self._overwrite, self._option = overwrite, option  # the set's default: may it replace existing files?
 
-    def temporary(self, target: str | Path, *, overwrite: bool = True, option: str = "--out") -> Path:
-        """A temporary path for ``target``, moved there by :meth:`publish`; without ``overwrite`` a file that
-        appeared at ``target`` meanwhile is kept, and the whole set is not published (``option`` names it)."""
+    def temporary(self, target: str | Path, *, overwrite: bool | None = None, option: str | None = None) -> Path:
+        """A temporary path for ``target``, moved there by :meth:`publish`; without ``overwrite`` (the set's
+        default when None) an existing ``target`` is an error now, and a file that appeared there meanwhile is
+        kept and the whole set not published (``option`` names the option to change)."""
         from biasviz.common.errors import BiasvizError
         from biasviz.common.outputs import check_inputs_kept, check_no_loop
 
         target = Path(target)
+        overwrite = self._overwrite if overwrite is None else overwrite
+        option = self._option if option is None else option
         check_no_loop(target, "--out-dir")
         if target.is_dir() and not target.is_symlink():
             raise BiasvizError(f"{target} is a folder; move it away or choose another --out-dir")
         check_inputs_kept(target, self._inputs, "--out-dir")
+        if not overwrite and (target.exists() or target.is_symlink()):
+            raise BiasvizError(f"{target} already exists; pass --force to overwrite it or choose another {option}")
         remove_stale_temporaries(target)
         tmp = temporary_name(target)
         remove_path(tmp)
@@ -293,6 +304,7 @@ class Staged:
                     publish(tmp, target, overwrite=False)
                 else:
                     os.replace(tmp, target)
+                note_written(target)
             except FileExistsError:
                 raise appeared_meanwhile(target, self._new.get(tmp, "--out")) from None
             except OSError as exc:
@@ -306,10 +318,10 @@ class Staged:
 
 
 @contextlib.contextmanager
-def replacing_together(inputs: Iterable[str | Path | None] = ()) -> Iterator[Staged]:
-    """A :class:`Staged` set (refusing to replace any of ``inputs``), published when the block succeeds and
-    discarded otherwise."""
-    staged = Staged(inputs)
+def replacing_together(inputs: Iterable[str | Path | None] = (), *, overwrite: bool = True) -> Iterator[Staged]:
+    """A :class:`Staged` set (refusing to replace any of ``inputs``, and any existing file without
+    ``overwrite``), published when the block succeeds and discarded otherwise."""
+    staged = Staged(inputs, overwrite=overwrite)
     try:
         yield staged
         staged.publish()

@@ -1,8 +1,12 @@
-"""Progress of long runs: a bar on a terminal, a heartbeat line every few seconds elsewhere.
+"""Progress of long runs: a bar on a terminal; in a log, a line at each tenth of the work.
 
 A run at 16K positions can take minutes per sample. On a terminal tqdm draws a bar with rate and time
-left; in a log (a redirected stderr, CI, a Slurm job) a bar's carriage returns are unreadable, so one
-plain line is written every ``interval`` seconds instead, with the same numbers. ``--quiet`` silences both.
+left, and leaves it as the stage's line when the stage ends. In a log (a redirected stderr, CI, a Slurm job,
+``make figures`` piped to a file) a bar's carriage returns are unreadable, so plain lines are written
+instead, with the same numbers: one each time another tenth of its work is done, and one at least every
+``interval`` seconds in between, so that a slow tenth still shows the run is alive. A stage of any length
+thus writes about ten lines, never hundreds, and one that fails at once none before its ``Error:`` line.
+``--quiet`` silences both.
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-HEARTBEAT_SECONDS = 5.0
+#: In a log: the longest time without a line while a stage runs.
+HEARTBEAT_SECONDS = 60.0
+#: In a log: a line each time another 1/STEPS of the stage's work is done.
+STEPS = 10
 
 
 class Progress:
     """Counts ``total`` units of work (blocks of query rows x samples x layers, or samples).
 
-    ``show``: True or False, or None for "a bar on a terminal, a heartbeat line otherwise". ``desc`` can be
+    ``show``: True or False, or None for "a bar on a terminal, lines at each tenth otherwise". ``desc`` can be
     changed as the run moves from one phase to the next (it is part of every line).
     """
 
@@ -32,12 +39,13 @@ class Progress:
         self.enabled = show is not False
         tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self._bar: Any = None
+        self._steps_done = 0  # the tenths of the work already reported by a line
+        self._start = time.monotonic()
+        self._last = self._start
         if self.enabled and tty:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=self.total, unit=unit, desc=desc, file=self.stream, leave=False, dynamic_ncols=True)
-        self._start = time.monotonic()
-        self._last = self._start
+            self._bar = tqdm(total=self.total, unit=unit, desc=desc, file=self.stream, leave=True, dynamic_ncols=True)
 
     def set_phase(self, desc: str) -> None:
         self.desc = desc
@@ -52,13 +60,15 @@ class Progress:
             self._bar.update(n)
             return
         now = time.monotonic()
-        if now - self._last >= self.interval:
-            self._last = now
+        steps = min(STEPS * self.n // self.total, STEPS) if self.total else STEPS
+        if steps > self._steps_done or now - self._last >= self.interval:
+            self._steps_done = max(steps, self._steps_done)
             self._line(now)
 
     def _line(self, now: float) -> None:
         from tqdm import tqdm
 
+        self._last = now
         text = tqdm.format_meter(min(self.n, self.total), self.total, now - self._start, prefix=self.desc,
                                  unit=self.unit, ncols=0)  # fmt: skip
         print(text.strip(), file=self.stream, flush=True)

@@ -158,13 +158,24 @@ class Caption:
         return caption_text(lines, "plot")
 
 
+def model_name(source: str) -> str:
+    """The model as a caption names it: the last part of the path or hub name the file records, never the folders
+    above it (a user's home folder or an organisation's name would unblind a double-blind submission).
+
+    >>> model_name("/home/someone/runs/alibi/"), model_name("org/gpt2-small"), model_name("/x/code.py:make")
+    ('alibi', 'gpt2-small', 'code.py:make')
+    """
+    return source.strip().rstrip("/").rsplit("/", 1)[-1] or source.strip()
+
+
 def model_clauses(bf: BiasFile, scheme: str) -> list[str]:
-    """'Scheme \\texttt{alibi}', the model and architecture the file names, how it was trained: LaTeX, escaped."""
+    """'Scheme \\texttt{alibi}', the model (:func:`model_name`) and architecture the file names, how it was trained:
+    LaTeX, escaped."""
     model = [f"Scheme \\texttt{{{latex_escape(scheme)}}}"]
     for label, name in (("model", "source_model"), ("architecture", "architecture")):
         text = _file_text(bf, name)
         if text:
-            model.append(f"{label} {latex_escape(text)}")
+            model.append(f"{label} {latex_escape(model_name(text) if name == 'source_model' else text)}")
     note = trained_note(bf.attrs.get("training"))
     model.append(latex_escape(note) if note else "training not recorded in the file")
     return model

@@ -57,7 +57,7 @@ def log_distance_axis(ax: object, first: int = 0) -> None:
 def sweep_title(bf: BiasFile, layer: int, scheme: str) -> str:
     """What a sweep's figure shows: scheme, layer, length, the samples its profiles average and how the model
     was trained (where the file says), in :func:`figure_title`'s words, e.g. 'kerple-log bias over training:
-    layer 1 of 2, final; T = 512; mean of 4 samples and the cells at each distance; tiny model, checkpoints of 0
+    final layer, 2 of 2; T = 512; mean of 4 samples and the cells at each distance; tiny model, checkpoints of 0
     to 300 training steps ...'."""
     n = bf.n_samples
     over = "the scheme's formula" if bf.bias_only else f"{samples_text(n)} and the cells"

@@ -37,8 +37,8 @@ def scheme_title(scheme: str) -> str:
 
 
 def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
-    """Which input one sample's figure shows, counted from 0 as ``--sample`` is; a bias stored once says it was
-    measured the same for all."""
+    """Which input one sample's figure shows (``--sample`` counts from 0, the figure's text from 1); a bias stored
+    once says it was measured the same for all."""
     if kind == "bias" and bf.bias_shared and bf.n_samples > 1:
         measured = bf.attrs.get(BIAS_DIFFERENCE) == 0.0
         return f"one bias for all {bf.n_samples} samples" + (" (measured: each equals the first)" if measured else "")
@@ -49,27 +49,30 @@ def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
 
 
 def layer_text(layer: int, n_layers: int | None) -> str:
-    """The layer as files and ``--layer`` count it (from 0), with how many the model has, so the last one is plain.
+    """The layer as figure text counts it, an ordinal (the file's ``layer_11``, ``--layer 11``, is the 12th), with
+    how many the model has; the last is named so, first, since "layer 11 of 12" would read as the 11th.
 
     >>> layer_text(11, 12), layer_text(0, 12), layer_text(3, None)
-    ('layer 11 of 12, final', 'layer 0 of 12', 'layer 3')
+    ('final layer, 12 of 12', 'layer 1 of 12', 'layer 4')
     """
     if not n_layers:
-        return f"layer {layer}"
-    return f"layer {layer} of {n_layers}" + (", final" if layer == n_layers - 1 else "")
+        return f"layer {layer + 1}"
+    if layer == n_layers - 1:
+        return f"final layer, {n_layers} of {n_layers}"
+    return f"layer {layer + 1} of {n_layers}"
 
 
 def samples_text(n_samples: int, sample: int | None = None, bias_only: bool = False) -> str:
-    """Which input: 'mean of 64 samples', or one sample as ``--sample`` and ``input_ids`` count it, from 0, with how
-    many there are ('sample 2 of 64' is ``--sample 2``), as layers are counted ('layer 11 of 12').
+    """Which input: 'mean of 64 samples', or one sample as an ordinal with how many there are ('sample 3 of 64' is
+    ``--sample 2``, the third row of ``input_ids``), as layers and heads are counted in figure text.
 
     >>> samples_text(64), samples_text(1), samples_text(64, 2), samples_text(0, bias_only=True)
-    ('mean of 64 samples', '1 sample', 'sample 2 of 64', "the scheme's formula (no text)")
+    ('mean of 64 samples', '1 sample', 'sample 3 of 64', "the scheme's formula (no text)")
     """
     if bias_only:
         return "the scheme's formula (no text)"
     if sample is not None:
-        return f"sample {sample} of {n_samples}"
+        return f"sample {sample + 1} of {n_samples}"
     return "1 sample" if n_samples == 1 else f"mean of {n_samples} samples"
 
 
@@ -79,7 +82,7 @@ def figure_title(what: str, *, layer: int, n_layers: int | None, seq_len: int | 
     ``details`` (how the figure was made) and how the model was trained, each its own clause.
 
     >>> figure_title("ALiBi bias", layer=11, n_layers=12, seq_len=512, which="mean of 64 samples")
-    'ALiBi bias: layer 11 of 12, final; T = 512; mean of 64 samples'
+    'ALiBi bias: final layer, 12 of 12; T = 512; mean of 64 samples'
     """
     clauses = [layer_text(layer, n_layers), f"T = {seq_len}", which, *details, trained]
     return f"{what}: " + "; ".join(c for c in clauses if c)
