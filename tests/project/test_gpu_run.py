@@ -74,6 +74,21 @@ def test_the_tables_give_each_row_against_its_floor(dry: tuple[Path, list[dict]]
     assert "| pytest -m cuda |  |  |  |  | skipped: no CUDA device |" in text
 
 
+def test_the_kernels_part_times_them_and_checks_them_against_the_torch_path(tmp_path: Path) -> None:
+    """In a child of its own, through Triton's interpreter: K1 and K2 timed beside one layer's flash forward, and the
+    fused statistics of our model within float32 rounding of the torch path's summary (ALiBi and RoPE)."""
+    pytest.importorskip("triton")
+    with open(tmp_path / "log", "w") as log:
+        rows = gpu_run.run_part("kernels", True, 300, log)
+    by_tool = {r["tool"]: r for r in rows}
+    for tool in ("flash-sdpa layer forward", "K1 row lse", "K2 tile statistics"):
+        assert by_tool[tool]["status"] == "ok" and min(by_tool[tool]["times"]) > 0, by_tool.get(tool)
+    for scheme in ("alibi", "rope"):
+        check = by_tool[f"fused vs torch, {scheme}"]
+        assert check["status"] == "ok" and check["largest_difference"] < 1e-4, check
+    assert "| kernels | 64 | float32 | K2 tile statistics |" in gpu_run.tables(rows, {})
+
+
 def test_a_part_past_its_limit_is_stopped_and_reported(tmp_path: Path) -> None:
     with open(tmp_path / "log", "w") as log:
         rows = gpu_run.run_part("dense", True, 0.3, log)
