@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import click
 
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.terminal import say
 from biasviz.common.version import __version__
 
 # Command modules, imported lazily so that `biasviz --help` stays fast (torch is slow to import).
@@ -164,7 +165,7 @@ def _command(argv: list[str] | None) -> None:
         cli.main(args=args, prog_name="biasviz", standalone_mode=False)
     except click.exceptions.Abort as exc:  # Click's word for a Ctrl-C; a sweep's says what it kept
         said = str(exc.__cause__) if isinstance(exc.__cause__, KeyboardInterrupt) else ""
-        click.echo(f"Error: {said or 'interrupted.'}", err=True)
+        say("Error", said or "interrupted.")
         sys.exit(130)
     except click.ClickException as exc:  # usage errors: Click's own message, one line
         if debug:
@@ -173,20 +174,20 @@ def _command(argv: list[str] | None) -> None:
         ctx_hint = ""
         if isinstance(exc, click.UsageError) and exc.ctx is not None:
             ctx_hint = f" (see '{exc.ctx.command_path} --help')"
-        click.echo(f"Error: {msg}{ctx_hint}", err=True)
+        say("Error", f"{msg}{ctx_hint}")
         sys.exit(exc.exit_code)
     except BiasvizError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"Error: {exc}", err=True)
+        say("Error", str(exc))
         sys.exit(exc.exit_code)
     except OSError as exc:  # the environment refused a read or write (permissions, full disk): say which, and why
         if debug:
             traceback.print_exc()
-        click.echo(f"Error: {os_error_message(exc, action='access' if exc.filename else 'write')}", err=True)
+        say("Error", os_error_message(exc, action="access" if exc.filename else "write"))
         sys.exit(1)
     except KeyboardInterrupt as exc:  # a sweep says what it kept
-        click.echo(f"Error: {exc or 'interrupted; no partial output was left behind.'}", err=True)
+        say("Error", str(exc) or "interrupted; no partial output was left behind.")
         sys.exit(130)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -195,7 +196,7 @@ def _command(argv: list[str] | None) -> None:
             raise
         if debug:
             traceback.print_exc()
-        click.echo("Error: interrupted; no partial output was left behind.", err=True)
+        say("Error", "interrupted; no partial output was left behind.")
         sys.exit(130)
     finally:
         sys.unraisablehook = previous_hook
@@ -215,7 +216,7 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     if os.environ.get("RANK", "0") != "0":
         return
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    click.echo(f"Warning: {text or category.__name__}", err=True)
+    say("Warning", text or category.__name__)
 
 
 def _from_interrupt(exc: BaseException) -> bool:
