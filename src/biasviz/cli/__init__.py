@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import signal
 import sys
 import traceback
 import warnings
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 
 import click
 
+from biasviz.common.ending import ignore_ending, restore, unwind_on_ending
 from biasviz.common.errors import BiasvizError, os_error_message
 from biasviz.common.terminal import say
 from biasviz.common.version import __version__
@@ -80,8 +80,7 @@ def output_in_place() -> None:
     """The command's output is complete and in place: a Ctrl-C or SIGTERM from here on has nothing left to stop and
     must not report the run as interrupted (it would claim the old file was kept). The installed script only."""
     if _SCRIPT:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_ending()
 
 
 def in_place_when_published() -> None:
@@ -127,8 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         if argv is None:  # the interpreter's collection at exit traced every object once more: 0.7 s after torch
             gc.freeze()
     if argv is None:  # done and on disk: a Ctrl-C while the interpreter shuts down has nothing left to stop
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_ending()
 
 
 def _exit_past_damaged_hdf5(code: object) -> None:
@@ -158,7 +156,7 @@ def _command(argv: list[str] | None) -> None:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     _quiet_libraries()
-    previous = _terminate_as_interrupt()
+    previous = unwind_on_ending()  # SIGTERM and SIGHUP unwind like Ctrl-C: clean-up runs, no partial output
     previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupts_reach_main
     previous_show, warnings.showwarning = warnings.showwarning, _one_line_warning
     try:
@@ -201,8 +199,7 @@ def _command(argv: list[str] | None) -> None:
     finally:
         sys.unraisablehook = previous_hook
         warnings.showwarning = previous_show
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        restore(previous)
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -243,23 +240,6 @@ def _interrupts_reach_main(unraisable: object) -> None:
         note_interrupt()
         return
     sys.__unraisablehook__(unraisable)  # type: ignore[arg-type]
-
-
-def _terminate_as_interrupt() -> signal.Handlers | object | None:
-    """Make SIGTERM (``kill``, a job scheduler's time limit) unwind like Ctrl-C in every command.
-
-    Commands write to temporary files and move them into place; unwinding runs their clean-up, so a
-    terminated run leaves no partial output. Returns the previous handler (None off the main thread).
-    """
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def _handler(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, _handler)
 
 
 __all__ = ["cli", "main"]
