@@ -46,6 +46,9 @@ class BiasFile(AttrChecks):
             self._h5 = h5py.File(self.path, "r")
         except OSError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if in_use(exc):
+                raise BiasvizError(f"{self.path} is in use: another process has it open for writing; wait until "
+                                   "it is done, then read it") from exc  # fmt: skip
             raise BiasvizError(
                 f"{self.path} is not a readable HDF5 file (truncated or another format): {first}"
             ) from exc
@@ -362,6 +365,14 @@ class BiasFile(AttrChecks):
         ds = self.dataset(kind, layer)
         for s in range(ds.shape[0]):
             yield np.asarray(ds[s], dtype=np.float32)
+
+
+def in_use(exc: OSError) -> bool:
+    """Whether HDF5 refused to open a file because another process writes it: its lock is held (EAGAIN), or,
+    where locking is off, the writer's mark in the superblock says it is open for writing."""
+    text = str(exc)
+    return (isinstance(exc, BlockingIOError) or "unable to lock file" in text
+            or "already open for write" in text)  # fmt: skip
 
 
 def open_bias_file(path: str | Path, checkpoint: int = -1, *, isolated: bool = False) -> BiasFile:
