@@ -19,6 +19,8 @@ from typing import Any
 
 from biasviz.adapters.files import check_safetensors, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
+from biasviz.common.inputs import read_text
+from biasviz.common.jsondoc import loads
 from biasviz.common.names import utf8_path
 
 SHOWN = 5  # names an error lists before it counts the rest
@@ -168,7 +170,7 @@ def model_classes(directory: Path) -> list[Any]:
     """
     import transformers
 
-    config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    config = loads(read_text(Path(directory) / "config.json", "config.json"), str(Path(directory) / "config.json"))
     config = config if isinstance(config, dict) else {}
     named = config.get("architectures") or []
     classes: list[Any] = []

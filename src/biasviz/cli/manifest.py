@@ -24,6 +24,7 @@ from pathlib import Path
 
 from biasviz.common.atomic import write_text
 from biasviz.common.hashing import sha256_file
+from biasviz.common.inputs import read_text
 from biasviz.common.jsondoc import loads
 
 
@@ -79,7 +80,7 @@ def stale_files(manifest: Path) -> list[tuple[Path, Path]]:
     """(target, the first of its files that changed or went missing) for every target dated back."""
     if not manifest.is_file():
         return []
-    doc = loads(manifest.read_text(encoding="utf-8"), str(manifest))
+    doc = loads(read_text(manifest, "build manifest"), str(manifest))
     touched: dict[Path, Path] = {}
     for name, entry in doc["files"].items():
         path, target = Path(name), Path(entry["target"])
@@ -98,7 +99,7 @@ def clean(manifest: Path, runs: Path, data: Path, figures: Path, targets: Iterab
     roots = [r.resolve() for r in (runs, data, figures)]
     listed = []
     if manifest.is_file():
-        doc = loads(manifest.read_text(encoding="utf-8"), str(manifest))
+        doc = loads(read_text(manifest, "build manifest"), str(manifest))
         listed = [Path(name) for name in doc["files"]]
     removed = []
     for path in dict.fromkeys([*listed, *built_files(runs, data, figures, targets)]):
