@@ -184,7 +184,7 @@ class SummaryLayout:
         if row is None:
             raise ValueError(f"name must be one of {tuple(datasets.ROWS)}, not {name!r}")
         values = self._read(layer, name, checkpoint)
-        fault = datasets.values_fault(row, values)
+        fault = datasets.values_fault(row, values, keys=self.seq_len)
         if fault is not None:
             raise self._damaged(f"{name} of layer {layer} {fault}")
         return values if row.compound else values.astype(np.float64)
