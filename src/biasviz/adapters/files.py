@@ -9,6 +9,7 @@ Shared by every adapter, so that each reads files the same way (and none imports
 from __future__ import annotations
 
 import contextlib
+import math
 import pickle
 import struct
 import warnings
@@ -40,10 +41,19 @@ def hash_while_loading(model: Path) -> None:
             start_hashing(parameter_files(model))
 
 
-def check_safetensors(path: Path) -> None:
-    """Refuse a safetensors file whose header or data is incomplete (a truncated copy), naming it.
+#: bits per element of each safetensors dtype
+SAFETENSORS_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+                    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+                    "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}  # fmt: skip
 
-    The layout: 8 bytes of header length n, n bytes of JSON header giving each tensor's byte range, the data.
+
+def check_safetensors(path: Path) -> None:
+    """Refuse a safetensors file whose header or data is incomplete or does not add up, naming it.
+
+    The layout: 8 bytes of header length n, n bytes of JSON header giving each tensor's dtype, shape and byte
+    range, the data. Each range must hold exactly its shape's bytes, ranges must not overlap, and all must lie
+    in the file: a header that lies (a shape whose size overflows, a reversed range, F64 over float32 bytes)
+    is this one error rather than the library's panic or a tensor read from the wrong bytes.
     """
     from biasviz.common.jsondoc import loads
 
@@ -55,14 +65,41 @@ def check_safetensors(path: Path) -> None:
             header = loads(f.read(n), str(path), max_bytes=n + 1) if 0 <= n <= size - 8 else None
         except ValueError:
             header = None
-    tensors = [v for k, v in header.items() if k != "__metadata__"] if isinstance(header, dict) else None
-    try:
-        end = 8 + n + max((int(v["data_offsets"][1]) for v in tensors or []), default=0)
-    except (TypeError, KeyError, IndexError, ValueError):
-        tensors = None
-    if tensors is None or end > size:
+    if not isinstance(header, dict):
         raise BiasvizError(f"{path} is truncated or damaged (not a readable safetensors file, {size} bytes); "
                            "copy or save it again")  # fmt: skip
+    fault = _header_fault({k: v for k, v in header.items() if k != "__metadata__"}, size - 8 - n)
+    if fault:
+        raise BiasvizError(f"{path} is not a valid safetensors file: {fault}; it is damaged or was not written by "
+                           "a safetensors writer: copy or save it again")  # fmt: skip
+
+
+def _header_fault(tensors: dict[str, Any], data_bytes: int) -> str | None:
+    """What is wrong with a safetensors header's tensors over ``data_bytes`` bytes of data (None: nothing)."""
+    ranges = []
+    for name, v in tensors.items():
+        label = f"tensor '{name[:60]}'"
+        if not isinstance(v, dict) or v.get("dtype") not in SAFETENSORS_BITS:
+            return f"{label} has no known dtype"
+        shape, offsets = v.get("shape"), v.get("data_offsets")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            return f"{label} has no shape of sizes at least 0"
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            return f"{label} has no (begin, end) data offsets"
+        begin, end = offsets
+        if not 0 <= begin <= end:
+            return f"{label} has data offsets {offsets} (reversed or negative)"
+        if end > data_bytes:
+            return f"{label} ends at byte {end:,} of data, past the {data_bytes:,} bytes the file holds (truncated?)"
+        needed = -(-math.prod(shape) * SAFETENSORS_BITS[v["dtype"]] // 8)
+        if needed != end - begin:
+            return (f"{label} declares {v['dtype']} {shape} ({needed:,} bytes) over {end - begin:,} bytes of data")
+        ranges.append((begin, end, name))
+    ranges.sort()
+    for (_b1, e1, n1), (b2, _e2, n2) in zip(ranges, ranges[1:], strict=False):
+        if b2 < e1:
+            return f"tensors '{n1[:60]}' and '{n2[:60]}' overlap in the data"
+    return None
 
 
 def parameters_sha256(path: Path) -> str:

@@ -62,6 +62,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
     whose attention calls SDPA or flex_attention, biasviz's own GPT-2 variants, transformers checkpoints)."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    if ctx.invoked_subcommand in _DRAWING:
+        from biasviz.common.settings import check_plot_backend
+
+        check_plot_backend()
+
+
+_DRAWING = ("plot", "diagnose", "explore")  # the commands that import matplotlib
 
 
 def _quiet_libraries() -> None:

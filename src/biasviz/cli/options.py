@@ -26,6 +26,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise click.BadParameter(str(exc), param_hint="--config") from None
     except tomllib.TOMLDecodeError as exc:
         raise click.BadParameter(f"{p} is not valid TOML: {exc}", param_hint="--config") from None
+    except RecursionError:  # Python's TOML parser recurses once per level of nesting
+        raise click.BadParameter(f"{p} is nested too deeply to be a config (arrays or tables inside one another "
+                                 "thousands of levels deep)", param_hint="--config") from None  # fmt: skip
 
 
 def read_config(path: str | Path, command: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
