@@ -261,6 +261,10 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
         if (present or required) and len(present) != len(wanted):
             missing = ", ".join(f"{group}/{n}" for n in wanted if n not in held)
             raise checks._bad(f"it is a summary file but lacks {missing}")
+    errors = [n for n in held if n.endswith("_se")]
+    if errors and layout.n_samples < datasets.MIN_SE_SAMPLES:  # SPEC section 14: N < 3 has none
+        raise checks._bad(f"{group}/{errors[0]} is a standard error over {layout.n_samples} samples; a summary holds "
+                          f"standard errors from {datasets.MIN_SE_SAMPLES} samples on")  # fmt: skip
     if bias_only and any(n.startswith("weights") for n in held):
         raise checks._bad(f"a --bias-only summary holds attention weights ({group})")
     if "bias_mean" in held and DIAGNOSTICS not in held:
@@ -300,6 +304,9 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
             expected = f"float {(*lead, len(PROFILE_STATS), h, t)} (stat, head, distance)"
             if ds.shape[-1:] == (2 * t - 1,) and t > 1:
                 layout.profile_start = -(t - 1)
+        elif name == ATTENDED:  # SPEC section 13: one share per head, or one for all heads
+            ok = ds.shape in ((*lead, h, nb, nb), (*lead, 1, nb, nb))
+            expected = f"float {(*lead, h, nb, nb)} or {(*lead, 1, nb, nb)} (head or 1, query_block, key_block)"
         else:
             ok = ds.shape == (*lead, h, nb, nb)
             expected = f"float {(*lead, h, nb, nb)} (head, query_block, key_block)"
