@@ -155,7 +155,9 @@ def load_tensor_file(path: str | Path) -> Any:
     try:
         with warnings.catch_warnings():  # torch's note on pickle protocols is no concern of the user's
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(p, map_location="cpu", weights_only=True)
+            loaded = torch.load(p, map_location="cpu", weights_only=True)
+        check_tensor_sizes(loaded, p)
+        return loaded
     except pickle.UnpicklingError as exc:
         if "GLOBAL" in str(exc) or "global" in str(exc).lower().split("weightsunpickler error")[-1]:
             raise unsafe_pickle_error(p, exc) from None  # it names a callable: code that would run
@@ -169,6 +171,34 @@ def load_tensor_file(path: str | Path) -> Any:
     except (IndexError, KeyError, TypeError, AttributeError, UnicodeDecodeError, struct.error) as exc:
         # the restricted unpickler fails in these ways on bytes that are not a pickle at all
         raise BiasvizError(f"{p} is not a readable PyTorch checkpoint (not a pickle of tensors)") from exc
+
+
+def check_tensor_sizes(loaded: Any, path: Path) -> None:
+    """Refuse a state dict whose tensors declare more than they hold, before any model is built from their shapes.
+
+    A tensor saved with stride 0 (``torch.zeros(1).expand(10**5, 10**5)``) is a few bytes on disk whose shape
+    claims a huge width: a model built to match would allocate it in full. Every tensor must own the elements its
+    shape declares, and all of them together (as the float32 model built from them) must fit in memory.
+    """
+    import torch
+
+    from biasviz.common.memory import FLOAT32, memory_budget, size_text
+
+    tensors = loaded.get("model", loaded) if isinstance(loaded, dict) else {}
+    tensors = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)} if isinstance(tensors, dict) else {}
+    total = 0
+    for name, t in tensors.items():
+        held = t.untyped_storage().nbytes() - t.storage_offset() * t.element_size()
+        if t.numel() and t.numel() * t.element_size() > held:
+            raise BiasvizError(f"{path} is not a plain state dict: tensor '{str(name)[:60]}' declares shape "
+                               f"{tuple(t.shape)} ({size_text(t.numel() * t.element_size())}) over "
+                               f"{size_text(max(held, 0))} of data (a broadcast view); save the model's own "
+                               "state_dict()")  # fmt: skip
+        total += t.numel() * FLOAT32
+    budget = memory_budget()
+    if budget is not None and total > budget:
+        raise BiasvizError(f"{path} declares tensors of {size_text(total)} as a float32 model, more than the "
+                           f"{size_text(budget)} of memory biasviz may use here")  # fmt: skip
 
 
 def model_type(directory: Path) -> str:

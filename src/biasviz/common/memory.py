@@ -7,6 +7,7 @@ have finished; one they let through may still need more.
 from __future__ import annotations
 
 import os
+import resource
 from typing import Any
 
 from biasviz.common.errors import BiasvizError
@@ -44,6 +45,16 @@ def memory_of(device: Any = None) -> int | None:
     except OSError:
         pass
     return ram + swap
+
+
+def memory_budget() -> int | None:
+    """Bytes this process may allocate: the machine's memory, or less under a limit (ulimit -v / -d)."""
+    found = [memory_of()]
+    for limit in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+        soft = resource.getrlimit(limit)[0]
+        found.append(None if soft == resource.RLIM_INFINITY else soft)
+    known = [n for n in found if n is not None]
+    return min(known) if known else None
 
 
 def check_fits(needed: int, what: str, fix: str, device: Any = None) -> None:

@@ -10,24 +10,13 @@ use; a file that declares more is refused with the size it asked for.
 from __future__ import annotations
 
 import math
-import resource
 
 import h5py
 
-from biasviz.common.memory import memory_of, size_text
+from biasviz.common.memory import memory_budget, size_text
 from biasviz.store.validation import AttrChecks
 
 FLOAT64 = 8
-
-
-def memory_budget() -> int | None:
-    """Bytes this process may allocate: the machine's memory, or less under a limit (ulimit -v / -d)."""
-    found = [memory_of()]
-    for limit in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
-        soft = resource.getrlimit(limit)[0]
-        found.append(None if soft == resource.RLIM_INFINITY else soft)
-    known = [n for n in found if n is not None]
-    return min(known) if known else None
 
 
 def largest_read(ds: h5py.Dataset, *, lead: int, matrices: bool) -> int:
@@ -67,4 +56,4 @@ def check_declared(checks: AttrChecks, *, seq_len: int, n_heads: int, summary: b
         raise checks._bad(found[0])
 
 
-__all__ = ["check_declared", "largest_read", "memory_budget"]
+__all__ = ["check_declared", "largest_read"]
