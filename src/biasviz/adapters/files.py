@@ -201,6 +201,35 @@ def check_tensor_sizes(loaded: Any, path: Path) -> None:
                            f"{size_text(budget)} of memory biasviz may use here")  # fmt: skip
 
 
+#: config.json's sizes a model is built from, in the spellings of biasviz and transformers: each must be an integer
+#: of at least 1 (0 heads divides by zero as transformers builds the model)
+CONFIG_SIZES = ("n_head", "num_attention_heads", "num_heads", "n_heads", "num_key_value_heads", "n_layer",
+                "num_hidden_layers", "num_layers", "n_embd", "hidden_size", "d_model", "d_kv", "head_dim",
+                "vocab_size", "n_positions", "max_position_embeddings", "intermediate_size", "n_inner")  # fmt: skip
+
+
+def check_config_sizes(directory: Path) -> None:
+    """Refuse a config.json whose model sizes (:data:`CONFIG_SIZES`) are not integers of at least 1, before any
+    library builds a model from them; an absent or null size is left to the model's default."""
+    from biasviz.common.jsondoc import loads
+
+    path = directory / "config.json"
+    if not path.is_file():
+        return
+    try:
+        config = loads(read_text(path, "config.json"), str(path))
+    except ValueError:
+        return  # not JSON: its reader says so
+    tables = [config] if isinstance(config, dict) else []
+    tables += [v for v in (config.values() if isinstance(config, dict) else ()) if isinstance(v, dict)]
+    for table in tables:  # the top level and nested configs (text_config, decoder, ...)
+        for key in CONFIG_SIZES:
+            value = table.get(key)
+            if value is not None and not (type(value) is int and value >= 1):
+                raise BiasvizError(f"{path}: {key} = {value!r}, where a model needs an integer of at least 1; "
+                                   "the checkpoint's config is damaged")  # fmt: skip
+
+
 def model_type(directory: Path) -> str:
     """The ``model_type`` of a transformers-style directory's config.json."""
     from biasviz.common.jsondoc import loads
