@@ -113,6 +113,16 @@ def check_batch_memory(adapter: ModelAdapter, layers: int, batch: int, seq_len: 
                f"a batch of {batch} x {adapter.n_heads} heads x {seq_len} x {seq_len}", _FIX_MEMORY, device)
 
 
+def check_summary_memory(heads: int, seq_len: int, block: int) -> None:
+    """Refuse, before any work, a summary whose accumulators cannot fit on the host: each map a sum and a sum of
+    squares in float64 over (head, block, block), each profile the same over (head, distance), and the scheme's
+    table of values by distance."""
+    blocks = -(-seq_len // block)
+    needed = 2 * 8 * heads * blocks * blocks + 2 * 8 * heads * 2 * seq_len + 8 * seq_len
+    check_fits(needed, f"a summary of {heads} heads over {seq_len} positions in {blocks} x {blocks} blocks",
+               "use a smaller --resolution or a shorter --seq-len")  # fmt: skip
+
+
 def bias_is_shared(adapter: ModelAdapter) -> bool:
     """Whether the bias is the same for every input, so that one copy stands for all samples (SPEC section 11)."""
     return bool(adapter.adds_bias) and not adapter.context_dependent and getattr(adapter, "context_known", True)

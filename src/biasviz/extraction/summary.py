@@ -43,6 +43,7 @@ from biasviz.extraction.run import (
     _new_output,
     _where_to_run,
     bias_is_shared,
+    check_summary_memory,
     check_windows,
     provenance,
 )
@@ -128,6 +129,7 @@ def _summarise(
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
     block = block_size(seq_len, resolution)
+    check_summary_memory(adapter.n_heads, seq_len, block)
     if merge is not None and block > 1:
         raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
                            "spread of a coarser map needs every sample of a cell in one process; run it in one "
