@@ -134,7 +134,7 @@ def _load_model(
     applies to biasviz and nanoGPT-style models only. ``part`` picks the stack of an encoder-decoder
     model (T5: ``encoder`` or ``decoder``); other models have one stack and refuse it.
     """
-    from biasviz.adapters.files import check_config_sizes, model_type
+    from biasviz.adapters.files import model_type
     from biasviz.adapters.nanogpt import STATE_DICT_SUFFIXES
 
     p = Path(path).expanduser()
@@ -144,8 +144,6 @@ def _load_model(
     # the small files read whole beside the weights: regular and of a sane size (a .pt's folder is the user's:
     # only the names a checkpoint uses are checked there)
     check_side_files(p if p.is_dir() else p.parent, every_json=p.is_dir())
-    if p.is_dir():
-        check_config_sizes(p)  # 0 heads is a ZeroDivisionError inside the library that builds the model
     if p.is_file() and p.name == "config.json":
         p = p.parent
     if p.is_file() and p.suffix == ".safetensors" and (p.parent / "config.json").is_file():

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from biasviz.adapters.files import check_safetensors, unsafe_pickle_error
+from biasviz.adapters.files import check_config_sizes, check_safetensors, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import read_text
 from biasviz.common.jsondoc import loads
@@ -123,6 +123,7 @@ def load_checked(model_class: Any, directory: Path, **kwargs: Any) -> Any:
 
     directory = Path(directory)
     check_weight_files(directory)
+    check_config_sizes(directory)  # 0 heads is a ZeroDivisionError as transformers builds the model
     kwargs = {"local_files_only": True, "trust_remote_code": False, **kwargs, "output_loading_info": True}
     try:
         with _report_quiet():  # its loading report: what is wrong with the weights is checked, and said, below
