@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.terminal import inert
 from biasviz.store import datasets
 from biasviz.store.format import (
     ATTENDED,
@@ -102,8 +103,8 @@ class SummaryLayout:
             value = value.decode("utf-8", "replace")
         if not isinstance(value, str) or not value:
             return None
-        text = "".join(c if c.isprintable() else "?" for c in value)
-        return text[:400] + ("..." if len(text) > 400 else "")
+        text = inert(value[:400])  # data from the file, shown as data
+        return text + ("..." if len(value) > 400 else "")
 
     def used(self, layer: int, checkpoint: int = 0) -> np.ndarray:
         """(query block, key block), or (head, ...) for a layer with its own mask: the blocks with attended cells."""
