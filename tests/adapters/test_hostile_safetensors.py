@@ -12,7 +12,7 @@ import pytest
 
 from biasviz.data import build_tokenizer, save_tokenizer
 from tests.conftest import small_model
-from tests.hostile import TEXT, Case, run_case
+from tests.hostile import TEXT, Case, argv_of, check, run, run_case
 
 EXTRACT = "extract --model {tmp}/ck --text {text} --seq-len 8 --samples 1 --quiet --out {tmp}/o.h5"
 
@@ -85,3 +85,17 @@ def test_a_lying_header_is_one_error_line(case: Case, paths: dict[str, str], tmp
                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """Old code: a traceback from the safetensors library (SafetensorError) when the checkpoint loaded."""
     run_case(case, paths, tmp_path, capsys)
+
+
+def test_a_sparse_weights_file_is_refused_before_it_is_mapped(paths: dict[str, str], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A weights file grown to 128 GiB of holes past its tensors: old code mapped it and ended in a MemoryError
+    traceback (under the case's memory limit). Not a run_case: hashing the user's files would read 128 GiB."""
+    shutil.copytree(paths["ck"], tmp_path / "ck")
+    with (tmp_path / "ck" / "model.safetensors").open("r+b") as f:
+        f.truncate(128 << 30)
+    case = Case("128 GiB of holes", EXTRACT, r"model\.safetensors is not a valid safetensors file: it holds "
+                r"[\d,]+ bytes past its last tensor", subprocess=True)  # fmt: skip
+    code, _out, err = run(argv_of(case, paths, tmp_path), capsys, in_subprocess=True, cwd=tmp_path)
+    check(case, code, err)
+    assert not (tmp_path / "o.h5").exists()

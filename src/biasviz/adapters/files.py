@@ -99,6 +99,9 @@ def _header_fault(tensors: dict[str, Any], data_bytes: int) -> str | None:
     for (_b1, e1, n1), (b2, _e2, n2) in zip(ranges, ranges[1:], strict=False):
         if b2 < e1:
             return f"tensors '{n1[:60]}' and '{n2[:60]}' overlap in the data"
+    used = max((e for _b, e, _n in ranges), default=0)
+    if used < data_bytes:  # the format's data is exactly its tensors' bytes: more is a stray or damaged file
+        return f"it holds {data_bytes - used:,} bytes past its last tensor's data"
     return None
 
 
