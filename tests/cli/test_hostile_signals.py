@@ -27,9 +27,9 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _argv(ckpt: Path, out: Path) -> list[str]:
+def _argv(ckpt: Path, out: Path, samples: int = 64) -> list[str]:
     return [str(BIASVIZ), "extract", "--model", str(ckpt / "alibi"), "--text", str(ckpt / "text.txt"), "--summary",
-            "--seq-len", "64", "--samples", "64", "--layer", "all", "--quiet", "--out", str(out)]  # fmt: skip
+            "--seq-len", "64", "--samples", str(samples), "--layer", "all", "--quiet", "--out", str(out)]  # fmt: skip
 
 
 def _limits(ignore_hup: bool) -> None:
@@ -61,8 +61,8 @@ def test_sighup_ignored_at_start_stays_ignored(ckpt: Path, tmp_path: Path) -> No
     """Under nohup a hang-up must not stop the run: it ends with its whole file."""
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.Popen(_argv(ckpt, out / "s.h5"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: _limits(True))  # fmt: skip
+    proc = subprocess.Popen(_argv(ckpt, out / "s.h5", samples=16), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: _limits(True))  # fmt: skip
     _wait_for_temp(proc, out)
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=TIMEOUT)
