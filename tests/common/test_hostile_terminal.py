@@ -63,3 +63,14 @@ def test_error_lines_are_inert(case: Case, tmp_path: Path, capsys: pytest.Captur
     tmp.mkdir()
     _code, _out, err = run_case(case, {"root": str(root)}, tmp, capsys)
     assert controls(err) == [], err
+
+
+def test_a_views_repr_is_inert(tmp_path: Path) -> None:
+    """``biasviz.open(path)`` shown at a Python prompt prints info's text: old code carried ESC and BEL raw."""
+    import biasviz
+    from tests.common.test_hostile_children import limited
+
+    f = crafted(tmp_path / "x.h5", source_model=f"gpt{CONTROLS}")
+    with limited(), biasviz.open(f) as view:
+        text = repr(view)
+    assert controls(text) == [] and "gpt\\x1b]0;owned\\x07" in text
