@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter, refuse_meta
 from biasviz.common.errors import BiasvizError
-from biasviz.common.inputs import regular_file
+from biasviz.common.inputs import check_side_files, read_text, regular_file
 
 if TYPE_CHECKING:
     from biasviz.adapters.device_map import Placement
@@ -141,6 +141,9 @@ def _load_model(
     if not p.exists():
         raise BiasvizError(f"--model {p} does not exist; give a checkpoint directory or a .pt/.pth state dict")
     regular_file(p / "config.json" if p.is_dir() else p, "checkpoint file")  # a FIFO would block its reader
+    # the small files read whole beside the weights: regular and of a sane size (a .pt's folder is the user's:
+    # only the names a checkpoint uses are checked there)
+    check_side_files(p if p.is_dir() else p.parent, every_json=p.is_dir())
     if p.is_file() and p.name == "config.json":
         p = p.parent
     if p.is_file() and p.suffix == ".safetensors" and (p.parent / "config.json").is_file():
@@ -183,11 +186,13 @@ def _load_model(
 
 def _encoder_decoder(path: Path) -> bool:
     """Whether ``path`` is a transformers directory whose config.json says ``is_encoder_decoder``."""
-    import json
+    from biasviz.common.jsondoc import loads
 
+    if not (path / "config.json").is_file():
+        return False
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = loads(read_text(path / "config.json", "config.json"), str(path / "config.json"))
+    except ValueError:
         return False
     return isinstance(config, dict) and config.get("is_encoder_decoder") is True
 

@@ -17,8 +17,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from biasviz.adapters.files import check_safetensors, unsafe_pickle_error
+from biasviz.adapters.files import check_config_sizes, check_safetensors, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
+from biasviz.common.inputs import read_text
+from biasviz.common.jsondoc import loads
 from biasviz.common.names import utf8_path
 
 SHOWN = 5  # names an error lists before it counts the rest
@@ -121,6 +123,7 @@ def load_checked(model_class: Any, directory: Path, **kwargs: Any) -> Any:
 
     directory = Path(directory)
     check_weight_files(directory)
+    check_config_sizes(directory)  # 0 heads is a ZeroDivisionError as transformers builds the model
     kwargs = {"local_files_only": True, "trust_remote_code": False, **kwargs, "output_loading_info": True}
     try:
         with _report_quiet():  # its loading report: what is wrong with the weights is checked, and said, below
@@ -168,7 +171,7 @@ def model_classes(directory: Path) -> list[Any]:
     """
     import transformers
 
-    config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    config = loads(read_text(Path(directory) / "config.json", "config.json"), str(Path(directory) / "config.json"))
     config = config if isinstance(config, dict) else {}
     named = config.get("architectures") or []
     classes: list[Any] = []

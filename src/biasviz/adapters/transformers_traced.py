@@ -29,10 +29,12 @@ def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> Traced
     right behind the decoder start token (:func:`decoder_ids`).
     """
     from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
+    from biasviz.common.inputs import read_text
     from biasviz.common.jsondoc import loads
 
     kind = model_type(directory)
-    config = loads((directory / "config.json").read_text(encoding="utf-8"), str(directory / "config.json"))
+    config_json = read_text(directory / "config.json", "config.json")
+    config = loads(config_json, str(directory / "config.json"))
     softcapped = isinstance(config, dict) and config.get("attn_logit_softcapping") is not None
     model, reason = _from_pretrained(directory, ("eager",) if softcapped else ("sdpa", "eager"))
     if model is None:
@@ -43,7 +45,6 @@ def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> Traced
         raise BiasvizError(f"{directory} is a '{kind}' model ({type(model).__name__}), which takes {takes}, not token "
                            "ids: biasviz extract runs models on text; trace it from Python with biasviz.trace(model) "
                            "and your own inputs")  # fmt: skip
-    config_json = (directory / "config.json").read_text(encoding="utf-8")
     if not device_mapped(model):
         model = model.float()
     if getattr(model.config, "is_encoder_decoder", False):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import signal
 import sys
 import traceback
 import warnings
@@ -12,7 +11,9 @@ from collections.abc import Iterator
 
 import click
 
+from biasviz.common.ending import ignore_ending, restore, unwind_on_ending
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.terminal import say
 from biasviz.common.threads import passive_waits
 from biasviz.common.version import __version__
 
@@ -62,6 +63,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
     whose attention calls SDPA or flex_attention, biasviz's own GPT-2 variants, transformers checkpoints)."""
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    if ctx.invoked_subcommand in _DRAWING:
+        from biasviz.common.settings import check_plot_backend
+
+        check_plot_backend()
+
+
+_DRAWING = ("plot", "diagnose", "explore")  # the commands that import matplotlib
 
 
 def _quiet_libraries() -> None:
@@ -80,8 +88,7 @@ def output_in_place() -> None:
     """The command's output is complete and in place: a Ctrl-C or SIGTERM from here on has nothing left to stop and
     must not report the run as interrupted (it would claim the old file was kept). The installed script only."""
     if _SCRIPT:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_ending()
 
 
 def in_place_when_published() -> None:
@@ -127,8 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         if argv is None:  # the interpreter's collection at exit traced every object once more: 0.7 s after torch
             gc.freeze()
     if argv is None:  # done and on disk: a Ctrl-C while the interpreter shuts down has nothing left to stop
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_ending()
 
 
 def _exit_past_damaged_hdf5(code: object) -> None:
@@ -159,14 +165,14 @@ def _command(argv: list[str] | None) -> None:
     debug = "--debug" in args
     _quiet_libraries()
     passive_waits()  # before torch loads: its OpenMP threads then sleep rather than spin while they wait
-    previous = _terminate_as_interrupt()
+    previous = unwind_on_ending()  # SIGTERM and SIGHUP unwind like Ctrl-C: clean-up runs, no partial output
     previous_hook, sys.unraisablehook = sys.unraisablehook, _interrupts_reach_main
     previous_show, warnings.showwarning = warnings.showwarning, _one_line_warning
     try:
         cli.main(args=args, prog_name="biasviz", standalone_mode=False)
     except click.exceptions.Abort as exc:  # Click's word for a Ctrl-C; a sweep's says what it kept
         said = str(exc.__cause__) if isinstance(exc.__cause__, KeyboardInterrupt) else ""
-        click.echo(f"Error: {said or 'interrupted.'}", err=True)
+        say("Error", said or "interrupted.")
         sys.exit(130)
     except click.ClickException as exc:  # usage errors: Click's own message, one line
         if debug:
@@ -175,20 +181,20 @@ def _command(argv: list[str] | None) -> None:
         ctx_hint = ""
         if isinstance(exc, click.UsageError) and exc.ctx is not None:
             ctx_hint = f" (see '{exc.ctx.command_path} --help')"
-        click.echo(f"Error: {msg}{ctx_hint}", err=True)
+        say("Error", f"{msg}{ctx_hint}")
         sys.exit(exc.exit_code)
     except BiasvizError as exc:
         if debug:
             traceback.print_exc()
-        click.echo(f"Error: {exc}", err=True)
+        say("Error", str(exc))
         sys.exit(exc.exit_code)
     except OSError as exc:  # the environment refused a read or write (permissions, full disk): say which, and why
         if debug:
             traceback.print_exc()
-        click.echo(f"Error: {os_error_message(exc, action='access' if exc.filename else 'write')}", err=True)
+        say("Error", os_error_message(exc, action="access" if exc.filename else "write"))
         sys.exit(1)
     except KeyboardInterrupt as exc:  # a sweep says what it kept
-        click.echo(f"Error: {exc or 'interrupted; no partial output was left behind.'}", err=True)
+        say("Error", str(exc) or "interrupted; no partial output was left behind.")
         sys.exit(130)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -197,13 +203,12 @@ def _command(argv: list[str] | None) -> None:
             raise
         if debug:
             traceback.print_exc()
-        click.echo("Error: interrupted; no partial output was left behind.", err=True)
+        say("Error", "interrupted; no partial output was left behind.")
         sys.exit(130)
     finally:
         sys.unraisablehook = previous_hook
         warnings.showwarning = previous_show
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        restore(previous)
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -217,7 +222,7 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     if os.environ.get("RANK", "0") != "0":
         return
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    click.echo(f"Warning: {text or category.__name__}", err=True)
+    say("Warning", text or category.__name__)
 
 
 def _from_interrupt(exc: BaseException) -> bool:
@@ -244,23 +249,6 @@ def _interrupts_reach_main(unraisable: object) -> None:
         note_interrupt()
         return
     sys.__unraisablehook__(unraisable)  # type: ignore[arg-type]
-
-
-def _terminate_as_interrupt() -> signal.Handlers | object | None:
-    """Make SIGTERM (``kill``, a job scheduler's time limit) unwind like Ctrl-C in every command.
-
-    Commands write to temporary files and move them into place; unwinding runs their clean-up, so a
-    terminated run leaves no partial output. Returns the previous handler (None off the main thread).
-    """
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def _handler(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    return signal.signal(signal.SIGTERM, _handler)
 
 
 __all__ = ["cli", "main"]

@@ -14,6 +14,7 @@ from biasviz.cli.options import NonEmptyPath, config_option, figure_output_optio
 from biasviz.common.errors import BiasvizError, UsageError, os_error_message
 from biasviz.common.names import display_name, utf8_data
 from biasviz.common.outputs import check_output_file, file_stem
+from biasviz.common.terminal import say
 
 if TYPE_CHECKING:
     from biasviz.common.atomic import Staged
@@ -151,16 +152,16 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
         measures = stored_measures(bf, resolved)
         if not bf.has_bias(resolved):
             if positional is None and sinks is None:
-                click.echo(f"note: skipped {path}: scheme '{bf.scheme}' adds no bias (extract --summary with two "
-                           "samples or more measures its positional logits)", err=True)  # fmt: skip
+                say("note", f"skipped {path}: scheme '{bf.scheme}' adds no bias (extract --summary with two "
+                    "samples or more measures its positional logits)")  # fmt: skip
                 return None
             return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                                seq_len=bf.seq_len, context_dependent=None, heads=[], block=bf.block,
                                resolution=bf.resolution, positional=positional, sinks=sinks,
                                measures=measures, trained=trained_text(bf), n_layers=bf.n_layers)  # fmt: skip
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
-            click.echo(f"note: {path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
-                       "for a relative scheme (use --normalize diagonal)", err=True)  # fmt: skip
+            say("note", f"{path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
+                "for a relative scheme (use --normalize diagonal)")  # fmt: skip
         if bf.is_summary and normalize != "none":
             raise BiasvizError(f"{path} is a summary file: its diagnostics were computed at extraction without "
                                "normalization; drop --normalize, or re-extract without --summary")  # fmt: skip
@@ -178,7 +179,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
             raise BiasvizError(f"{path}: {exc}; the file is damaged; extract it again") from exc
         notes = dict.fromkeys(n.split(": ", 1)[1] for h in heads for n in h.notes)
         for note in notes:
-            click.echo(f"note: {path}: {note}", err=True)
+            say("note", f"{path}: {note}")
         return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                            seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
                            sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only,

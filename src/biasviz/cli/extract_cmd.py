@@ -20,6 +20,7 @@ from biasviz.cli.options import (
     with_config,
 )
 from biasviz.common.errors import BiasvizError, UsageError
+from biasviz.common.terminal import say
 
 
 def parse_layers(spec: str | int) -> int | str | list[int]:
@@ -51,7 +52,7 @@ def warnings_as_notes() -> Iterator[None]:
         finally:
             for w in caught if os.environ.get("RANK", "0") == "0" else ():
                 if issubclass(w.category, UserWarning):
-                    click.echo(f"Warning: {w.message}", err=True)
+                    say("Warning", str(w.message))
 
 
 @click.command()

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from biasviz.common.jsondoc import loads
+from biasviz.common.terminal import inert
 
 _SHOWN = {  # attributes the summary prints in its own lines; the rest go under "other"
     "biasviz_format", "scheme", "context_dependent", "context_dependent_known", "bias_convention", "source_model",
@@ -207,4 +208,4 @@ def info(file: str, as_json: bool) -> None:
         attrs["biasviz_layout"] = layout(path)  # not an attribute: what the file holds, as the reader sees it
         click.echo(json.dumps(finite_json(attrs), indent=2, sort_keys=True, default=str, allow_nan=False))
         return
-    click.echo(summary(path))
+    click.echo(inert(summary(path), lines=True))  # the file's text shown as data, never as terminal controls

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from biasviz.common.atomic import write_text
 from biasviz.common.hashing import sha256_file
+from biasviz.common.inputs import read_text
 from biasviz.common.jsondoc import loads
 from biasviz.common.written import read_log
 
@@ -66,7 +67,7 @@ class Manifest:
     def read(cls, manifest: Path) -> Manifest:
         if not manifest.is_file():
             return cls()
-        doc = loads(manifest.read_text(encoding="utf-8"), str(manifest))
+        doc = loads(read_text(manifest, "build manifest"), str(manifest))
         files = {str(k): {"sha256": str(v.get("sha256", "")), "target": str(v.get("target", ""))}
                  for k, v in doc.get("files", {}).items() if isinstance(v, dict)}  # fmt: skip
         return cls(files, legacy=doc.get("format") != FORMAT)

@@ -26,8 +26,9 @@ class View(FileView):
         if self._closed:
             return f"<biasviz file {self.path} (closed)>"
         from biasviz.cli.info_cmd import summary
+        from biasviz.common.terminal import inert
 
-        return summary(self.path)
+        return inert(summary(self.path), lines=True)  # a REPL prints it raw: the file's text shown as data
 
     def plot(self, kind: str = "bias", **options: Any) -> Figure | list[Figure]:
         """The figure ``biasviz plot --kind KIND`` saves for this file; options as :func:`plot`."""

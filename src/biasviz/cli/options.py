@@ -26,6 +26,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise click.BadParameter(str(exc), param_hint="--config") from None
     except tomllib.TOMLDecodeError as exc:
         raise click.BadParameter(f"{p} is not valid TOML: {exc}", param_hint="--config") from None
+    except RecursionError:  # Python's TOML parser recurses once per level of nesting
+        raise click.BadParameter(f"{p} is nested too deeply to be a config (arrays or tables inside one another "
+                                 "thousands of levels deep)", param_hint="--config") from None  # fmt: skip
 
 
 def read_config(path: str | Path, command: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -36,11 +39,28 @@ def read_config(path: str | Path, command: str, data: dict[str, Any] | None = No
     """
     p = Path(path)
     data = load_toml(p) if data is None else data
-    shared = {k.replace("-", "_"): v for k, v in data.items() if not isinstance(v, dict)}
+    shared = _one_spelling({k: v for k, v in data.items() if not isinstance(v, dict)}, "the top level", p)
     section = data.get(command, {})
     if not isinstance(section, dict):
         raise click.BadParameter(f"[{command}] in {p} must be a table", param_hint="--config")
-    return {"shared": shared, "section": {k.replace("-", "_"): v for k, v in section.items()}}
+    return {"shared": shared, "section": _one_spelling(section, f"[{command}]", p)}
+
+
+def _one_spelling(table: dict[str, Any], where: str, file: Path,
+                  same: Callable[[str], str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``table`` with its keys spelled with ``_``; two keys that name one option (``seq-len`` and ``seq_len``, or
+    an option's two names: ``same`` gives the option of a key) are refused, not one of them kept in silence."""
+    out: dict[str, Any] = {}
+    first: dict[str, str] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        option = same(name) if same is not None else name
+        if option in first:
+            raise click.BadParameter(f"'{first[option]}' and '{key}' in {where} of {file} set the same option; "
+                                     "keep one of them", param_hint="--config")  # fmt: skip
+        first[option] = key
+        out[name] = value
+    return out
 
 
 CONFIG_META = "biasviz.config"
@@ -66,6 +86,9 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
             f"unknown key(s) {', '.join(unknown)} in [{ctx.info_name}] of {value}", param_hint="--config"
         )
     _check_other_commands(ctx, data, value)
+    # an option's other names (`--out` and `-o`) are one key: given twice in one table is an error
+    for part, where in (("shared", "the top level"), ("section", f"[{ctx.info_name}]")):
+        _one_spelling({k: v for k, v in parts[part].items() if k in known}, where, Path(value), known.__getitem__)
     # top-level keys (like `scheme`) apply to every command that has such an option
     given = {k: v for k, v in parts["shared"].items() if k in known} | parts["section"]
     params = {p.name: p for p in ctx.command.params}

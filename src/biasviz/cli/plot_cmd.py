@@ -13,6 +13,7 @@ from biasviz.cli.options import NonEmptyPath, config_option, figure_output_optio
 from biasviz.cli.plot_options import check_scheme, fit_to_kind, kinds_held, parse_sample
 from biasviz.common.errors import BiasvizError
 from biasviz.common.names import display_name
+from biasviz.common.terminal import say
 from biasviz.plotting.kinds import NAMES as PLOT_KIND_NAMES
 from biasviz.plotting.kinds import SUMMARY_KINDS, kind_help
 
@@ -243,9 +244,8 @@ class _PlotJob:
             self._check_scheme(bf.scheme)
             layer = bf.resolve_layer(self.layer)
             if bf.checkpoints is not None and self.step is None:
-                click.echo(f"note: {self.path} is a sweep of {len(bf.checkpoints)} checkpoints; drawing the last "
-                           f"(step {bf.step}); --step chooses another, --kind dynamics shows them all",
-                           err=True)  # fmt: skip
+                say("note", f"{self.path} is a sweep of {len(bf.checkpoints)} checkpoints; drawing the last "
+                    f"(step {bf.step}); --step chooses another, --kind dynamics shows them all")  # fmt: skip
             if bf.is_summary and self.sample_given and self.sample != "mean":
                 raise bf.not_per_sample(f"sample {self.sample} (drop --sample to draw the mean)")
             if what == "std" and bf.n_samples < 2:

@@ -9,6 +9,7 @@ import click
 from click.core import ParameterSource
 
 from biasviz.common.errors import BiasvizError, UsageError
+from biasviz.common.terminal import say
 
 if TYPE_CHECKING:
     from biasviz.store import BiasFile
@@ -65,7 +66,7 @@ def kinds_held(bf: BiasFile, kinds: list[str], layer: int, what: str, path: Path
             raise BiasvizError(f"scheme '{bf.scheme}' adds no bias, so {path} holds none; "
                                "plot its attention weights with --kind weights")  # fmt: skip
         if not either:
-            click.echo(f"note: scheme '{bf.scheme}' adds no bias; drawing the attention weights only", err=True)
+            say("note", f"scheme '{bf.scheme}' adds no bias; drawing the attention weights only")
         kinds = [k for k in kinds if k != "bias"]
     return kinds
 

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from biasviz.common.ending import ENDING
 from biasviz.common.written import note_written
 
 #: Longest name (bytes) kept whole in a temporary name; beyond it the name is cut and a hash added, so that
@@ -50,7 +51,7 @@ _after_publish: list[Callable[[], None]] = []  # what a command does once its ou
 
 
 def when_published(hook: Callable[[], None]) -> None:
-    """Call ``hook`` right after the next output is moved into place, with SIGINT and SIGTERM held back across
+    """Call ``hook`` right after the next output is moved into place, with the signals that end a run held back across
     the move and the hook: a signal that comes as the file lands is handled by what the hook set (an extract
     whose output is in place ignores it rather than report the old file kept)."""
     _after_publish.append(hook)
@@ -70,7 +71,7 @@ def publish(tmp: Path, target: Path, *, overwrite: bool = True) -> None:
     # Python runs signal handlers in the main thread between bytecodes, whichever thread the kernel delivered
     # them to (masking this thread alone would not stop torch's or a pool's threads from taking them): a handler
     # that only notes the signal holds it back; it is handled once the hooks have said how
-    held = (signal.SIGINT, signal.SIGTERM)
+    held = ENDING
     noted: list[int] = []
 
     def note(signum: int, _frame: object) -> None:

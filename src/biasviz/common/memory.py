@@ -7,6 +7,7 @@ have finished; one they let through may still need more.
 from __future__ import annotations
 
 import os
+import resource
 from typing import Any
 
 from biasviz.common.errors import BiasvizError
@@ -46,6 +47,16 @@ def memory_of(device: Any = None) -> int | None:
     return ram + swap
 
 
+def memory_budget() -> int | None:
+    """Bytes this process may allocate: the machine's memory, or less under a limit (ulimit -v / -d)."""
+    found = [memory_of()]
+    for limit in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+        soft = resource.getrlimit(limit)[0]
+        found.append(None if soft == resource.RLIM_INFINITY else soft)
+    known = [n for n in found if n is not None]
+    return min(known) if known else None
+
+
 def check_fits(needed: int, what: str, fix: str, device: Any = None) -> None:
     """Refuse ``needed`` bytes (for ``what``) when they exceed all the memory of ``device``; ``fix`` says how."""
     have = memory_of(device)
@@ -58,3 +69,13 @@ def check_fits(needed: int, what: str, fix: str, device: Any = None) -> None:
 def attention_bytes(batch: int, heads: int, seq_len: int, matrices: int = 1) -> int:
     """``matrices`` float32 (batch, heads, T, T) arrays."""
     return matrices * batch * heads * seq_len * seq_len * FLOAT32
+
+
+def check_summary_memory(heads: int, seq_len: int, block: int) -> None:
+    """Refuse, before any work, a summary whose accumulators cannot fit on the host: each map a sum and a sum of
+    squares in float64 over (head, block, block), each profile the same over (head, distance), and the scheme's
+    table of values by distance."""
+    blocks = -(-seq_len // block)
+    needed = 2 * 8 * heads * blocks * blocks + 2 * 8 * heads * 2 * seq_len + 8 * seq_len
+    check_fits(needed, f"a summary of {heads} heads over {seq_len} positions in {blocks} x {blocks} blocks",
+               "use a smaller --resolution or a shorter --seq-len")  # fmt: skip

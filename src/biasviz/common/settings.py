@@ -20,3 +20,19 @@ def attention_mode() -> str:
     if value not in ATTENTION_MODES:
         raise BiasvizError(f"{ATTENTION_ENV}={text!r} is not one of {', '.join(ATTENTION_MODES)} (unset means auto)")
     return value
+
+
+BACKEND_ENV = "MPLBACKEND"
+
+
+def check_plot_backend() -> None:
+    """``MPLBACKEND``, where set, must name a backend matplotlib has: matplotlib refuses any other as it is
+    imported, with a ValueError deep inside the first figure. Checked before a command that draws starts."""
+    text = os.environ.get(BACKEND_ENV, "")
+    if not text.strip():
+        return
+    try:
+        import matplotlib  # noqa: F401 - the import is what checks it
+    except ValueError as exc:
+        raise BiasvizError(f"{BACKEND_ENV}={text!r} is not a matplotlib backend; unset it or set it to a valid one "
+                           f"such as agg ({str(exc).split(';')[0]})") from None  # fmt: skip

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from biasviz.common.errors import BiasvizError
-from biasviz.common.inputs import read_text, regular_file
+from biasviz.common.inputs import read_bytes, read_text, regular_file
 
 DEFAULT_CORPUS = "stdlib"
 DEFAULT_MAX_BYTES = 8_000_000
@@ -118,9 +118,9 @@ def _read(files: Iterable[Path], max_bytes: int | None, source: str, *, warn: bo
     total = 0
     for f in files:
         if warn:
-            text = read_text(f, "text file", strict=False)
+            text = read_text(f, "text file", strict=False, limit=None)  # the corpus itself: any size
         else:
-            text = regular_file(f).read_bytes().decode("utf-8", errors="replace")
+            text = read_bytes(f, "text file", limit=None).decode("utf-8", errors="replace")
         if not text.strip():
             continue
         if max_bytes is not None and total + len(text) > max_bytes:

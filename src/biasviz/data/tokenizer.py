@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -46,10 +51,52 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if not p.exists():
         raise BiasvizError(f"no tokenizer at {p}; give a tokenizer.json file or a directory holding one")
     regular_file(p, "tokenizer.json")
+    text = read_text(p, "tokenizer.json")
     try:
-        return Tokenizer.from_str(read_text(p, "tokenizer.json"))  # any path the system allows
-    except Exception as exc:  # tokenizers raises plain Exceptions for malformed files
-        raise BiasvizError(f"{p} is not a readable tokenizers JSON file ({exc})") from exc
+        with tokenizer_boundary(str(p)):
+            return Tokenizer.from_str(text)  # any path the system allows
+    except BiasvizError as exc:  # tokenizers raises plain Exceptions for malformed files, panics for some
+        raise BiasvizError(f"{p} is not a readable tokenizers JSON file ({exc.__cause__})") from exc.__cause__
+
+
+_NOT_OURS = (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)
+#: bytes of a library's own stderr output replayed after a tokenizer call that succeeded
+REPLAYED = 1 << 16
+
+
+@contextlib.contextmanager
+def tokenizer_boundary(what: str) -> Iterator[None]:
+    """Run a call into the tokenizers library so that its failure is one :class:`BiasvizError` naming ``what``.
+
+    The Rust library answers some crafted tokenizer.json files (a normalizer whose regex it cannot apply) with a
+    panic: a ``PanicException``, which derives from BaseException, after writing the panic and a backtrace to the
+    process's stderr. The call's stderr goes to a temporary file: dropped when the call fails, written out as it
+    was when it succeeds.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    failed: BaseException | None = None
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except _NOT_OURS:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - the library's panic is a BaseException
+            failed = exc
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        if failed is None:
+            held.seek(0)
+            said = held.read(REPLAYED)
+            if said:
+                os.write(2, said)
+            return
+    first = str(failed).strip().splitlines()[0][:200] if str(failed).strip() else type(failed).__name__
+    raise BiasvizError(f"the tokenizer of {what} failed on the text ({first}): its tokenizer.json holds a "
+                       "normalizer or pre-tokenizer the tokenizers library cannot run; it is damaged or "
+                       "crafted") from failed  # fmt: skip
 
 
 def eos_id(tok: Tokenizer) -> int | None:

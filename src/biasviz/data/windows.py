@@ -8,14 +8,16 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from biasviz.common.errors import BiasvizError
-from biasviz.data.tokenizer import eos_id
+from biasviz.data.tokenizer import eos_id, tokenizer_boundary
 
 
 def encode(documents: list[str], tok: Tokenizer) -> np.ndarray:
     """One int32 stream of all documents, separated by EOS where the tokenizer has one."""
     sep = eos_id(tok)
     parts: list[np.ndarray] = []
-    for enc in tok.encode_batch(documents):
+    with tokenizer_boundary("the model"):  # a crafted tokenizer.json can make the library panic here
+        encoded = tok.encode_batch(documents)
+    for enc in encoded:
         parts.append(np.asarray(enc.ids, dtype=np.int32))
         if sep is not None:
             parts.append(np.asarray([sep], dtype=np.int32))

@@ -46,9 +46,21 @@ def as_adapter(model_or_path: Any, *, scheme: str | None = None, forward: Callab
 
 
 def _token_array(input_ids: Any) -> np.ndarray:
+    """Token ids as given (a tensor, an array, nested lists) as one (samples, T) array; what cannot be one is a
+    BiasvizError saying why (rows of different lengths, a tensor on the meta device that holds no values)."""
     if isinstance(input_ids, torch.Tensor):
+        if input_ids.is_meta:
+            raise BiasvizError("input_ids are on the meta device, which holds shapes but no values: give token ids "
+                               "on the CPU or a GPU")  # fmt: skip
         input_ids = input_ids.detach().cpu().numpy()
-    ids = np.asarray(input_ids)
+    try:
+        ids = np.asarray(input_ids)
+    except (ValueError, TypeError) as exc:  # numpy refuses ragged nesting
+        raise BiasvizError("input_ids must be token ids of one length per sample, a (samples, T) array; rows of "
+                           f"different lengths cannot be one ({str(exc).splitlines()[0][:120]})") from None  # fmt: skip
+    if ids.dtype == object:
+        raise BiasvizError("input_ids must be a (samples, T) array of integer token ids, not nested objects "
+                           "(rows of different lengths?)")  # fmt: skip
     return ids[None] if ids.ndim == 1 else ids
 
 

@@ -16,6 +16,7 @@ import torch
 from biasviz.adapters.base import ModelAdapter
 from biasviz.common.devices import placed
 from biasviz.common.errors import BiasvizError
+from biasviz.common.memory import check_summary_memory
 from biasviz.extraction.run import (
     ExtractResult,
     _ChunkSink,
@@ -102,6 +103,7 @@ def bias_only_summary(
     layer_list = _check(adapter, layers, seq_len)
     r = resolve_resolution(resolution, seq_len)
     block = block_size(seq_len, r)
+    check_summary_memory(adapter.n_heads, seq_len, block)
     dev, run_dtype = _where_to_run(device, model_dtype)
     meta = provenance(adapter, dev, seed=None, text_source="none (--bias-only: no text, no forward pass)",
                       batch_size=1, extra={"bias_only": True})  # fmt: skip

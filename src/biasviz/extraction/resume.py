@@ -19,6 +19,7 @@ import numpy as np
 
 from biasviz.common.atomic import write_text
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.inputs import read_text
 from biasviz.common.jsondoc import loads
 from biasviz.training.series import Checkpoint
 
@@ -106,8 +107,8 @@ def _stored_plan(partial: Path) -> dict[str, Any] | None:
     if not partial.is_dir():
         return None
     try:
-        plan = loads((partial / PLAN).read_text(encoding="utf-8"), str(partial / PLAN))
-    except (OSError, ValueError):
+        plan = loads(read_text(partial / PLAN, "resume plan"), str(partial / PLAN))
+    except (BiasvizError, ValueError):
         raise BiasvizError(f"{partial / PLAN} is missing or damaged; pass --force instead of --resume to start "
                            "over") from None  # fmt: skip
     if not isinstance(plan, dict) or plan.get("plan_version") != PLAN_VERSION:

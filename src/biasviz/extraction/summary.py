@@ -34,6 +34,7 @@ import torch
 from biasviz.adapters.base import ModelAdapter
 from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, placed, without_autocast
 from biasviz.common.errors import BiasvizError, MasksDifferBySample, check_interrupted
+from biasviz.common.memory import check_summary_memory
 from biasviz.common.progress import Progress
 from biasviz.extraction.call_masks import attend
 from biasviz.extraction.replayed import Gather, replayed
@@ -128,6 +129,7 @@ def _summarise(
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
     block = block_size(seq_len, resolution)
+    check_summary_memory(adapter.n_heads, seq_len, block)
     if merge is not None and block > 1:
         raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
                            "spread of a coarser map needs every sample of a cell in one process; run it in one "

@@ -3,12 +3,15 @@ checkpoints join), read by the writer, the joiner, the validator, the reader and
 new measure is its computation plus a row here.
 
 Dimensions are named; :func:`dimension_sizes` gives each its length in a file, so a row's shape is never spelled
-twice. ``check`` says what a reader accepts: ``share`` values in [0, 1] (NaN where nothing was attended), ``std``
-and ``se`` at least 0, ``value`` any finite number or NaN, ``sinks`` the compound (index, share) records.
+twice. ``check`` says what a reader accepts, on every row: ``share`` values in [0, 1] (NaN where nothing was
+attended), ``entropy`` in [0, log keys], ``std``, ``se`` and ``norm`` at least 0, ``value`` any finite number or NaN,
+``sinks`` the compound (index, share) records with indices inside the keys; a ``stat`` axis's std row at least 0.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +31,7 @@ class DatasetRow:
 
     name: str
     dims: tuple[str, ...]
-    check: str  # "share", "value", "std", "se", "sinks"
+    check: str  # "share", "entropy", "value", "std", "se", "norm", "sinks": see :func:`bounds`
     doc: str
 
     @property
@@ -42,7 +45,7 @@ MEASURES: tuple[DatasetRow, ...] = (
                "weight a query puts on the keys at each distance bin"),
     DatasetRow("context_mass", ("stat", "head", "segment"), "share",
                "weight on each tenth of the keys a query sees"),
-    DatasetRow("weights_entropy", ("stat", "head", "query_block"), "value",
+    DatasetRow("weights_entropy", ("stat", "head", "query_block"), "entropy",
                "entropy (nats) of each query's weights, block-averaged"),
     DatasetRow("sink_keys", ("sample", "head", "rank"), "sinks",
                "per sample and head, the keys with the highest mean received weight"),
@@ -114,23 +117,44 @@ def shape_of(row: DatasetRow, sizes: dict[str, int]) -> tuple[int, ...]:
     return tuple(sizes[d] for d in row.dims)
 
 
-def values_fault(row: DatasetRow, values: np.ndarray) -> str | None:
-    """What is wrong with ``values`` for ``row`` (None: nothing): the reader's one check per kind of row."""
+def _range(lo: float, hi: float) -> Callable[[np.ndarray], bool]:
+    """Values in [lo, hi] (a little slack for float32 sums); NaN passes (nothing attended there)."""
+    slack = 1e-5 * max(1.0, abs(hi)) if math.isfinite(hi) else 0.0
+    return lambda v: not ((v < lo - 1e-6).any() or (v > hi + slack).any())
+
+
+def bounds(check: str, keys: int) -> tuple[float, float]:
+    """What a value of kind ``check`` may be in a file whose queries see up to ``keys`` keys: shares in [0, 1],
+    entropies in [0, log keys], spreads (std, se, norm) at least 0, plain values anything finite."""
+    return {"share": (0.0, 1.0), "entropy": (0.0, math.log(max(keys, 1)) * (1 + 1e-4)), "std": (0.0, math.inf),
+            "se": (0.0, math.inf), "norm": (0.0, math.inf)}.get(check, (-math.inf, math.inf))  # fmt: skip
+
+
+_WORDS = {"share": "shares outside [0, 1]", "entropy": "entropies outside [0, log keys]", "norm": "negative norms",
+          "std": "negative standard deviations", "se": "negative standard errors"}  # fmt: skip
+
+
+def values_fault(row: DatasetRow, values: np.ndarray, *, keys: int) -> str | None:
+    """What is wrong with ``values`` for ``row`` in a file of ``keys`` positions (None: nothing): every row of the
+    dataset checked, as the table says. A ``stat`` axis holds the mean (checked as the row's kind) and the std over
+    samples (at least 0, and no wider than the mean's range)."""
     if row.compound:
         if values.dtype.names is None or set(values.dtype.names) != set(SINK_DTYPE.names or ()):
             return "is not (index, share) records"
         share, index = values["share"].astype(np.float64), values["index"]
+        if (index < -1).any() or (index >= keys).any():  # -1: fewer keys than ranks
+            return f"holds key indices outside 0..{keys - 1}"
         kept = index >= 0
-        if np.isinf(share).any() or (share[kept] < 0).any() or (share[kept] > 1 + 1e-5).any():
+        if np.isinf(share).any() or not _range(0.0, 1.0)(share[kept]):
             return "holds shares outside [0, 1]"
         return None
     v = np.asarray(values, dtype=np.float64)
     if np.isinf(v).any():
         return "holds infinite values"
-    if row.check in ("std", "se", "norm") and (v < 0).any():
-        return "holds negative spreads"
-    if row.check == "share":
-        stat_mean = v[0] if row.dims[0] == "stat" else v
-        if (stat_mean < -1e-6).any() or (stat_mean > 1 + 1e-5).any():
-            return "holds shares outside [0, 1]"
+    lo, hi = bounds(row.check, keys)
+    mean, spread = (v[0], v[1]) if row.dims[0] == "stat" else (v, None)
+    if not _range(lo, hi)(mean):
+        return f"holds {_WORDS.get(row.check, 'values out of range')}"
+    if spread is not None and not _range(0.0, hi - lo)(spread):
+        return f"holds {_WORDS['std']}" if (spread < 0).any() else "holds standard deviations wider than its range"
     return None

@@ -6,8 +6,8 @@ each file once in a child process: a hang becomes an error after ``BIASVIZ_HDF5_
 (default 60) and a crash an error naming the signal, while biasviz itself carries on. The child costs
 about a quarter of a second (a Python start and h5py's import), small beside drawing a figure.
 
-``python -m biasviz.store.reader FILE`` is the child: exit 0 when the file is valid, else 1 with the
-error on stdout.
+``python -m biasviz.store.reader FILE`` is the child, started isolated (:mod:`biasviz.common.children`): exit 0
+when the file is valid, else 1 with the error on stdout.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import math
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
+from biasviz.common.children import run_module
 from biasviz.common.errors import BiasvizError
 
 TIMEOUT_ENV = "BIASVIZ_HDF5_TIMEOUT"
@@ -43,8 +43,7 @@ def check_isolated(path: Path) -> None:
     """Open and validate ``path`` in a child process; its error, a time-out or a crash becomes a BiasvizError."""
     limit = time_limit()
     try:
-        proc = subprocess.run([sys.executable, "-m", "biasviz.store.reader", str(path)], capture_output=True,
-                              text=True, timeout=limit, stdin=subprocess.DEVNULL)  # fmt: skip
+        proc = run_module("biasviz.store.reader", os.path.abspath(path), timeout=limit)
     except subprocess.TimeoutExpired:
         raise BiasvizError(f"{path} took longer than {limit:g} s to open and check: it is damaged or made to hang "
                            f"a reader (a slow disk? raise {TIMEOUT_ENV})") from None  # fmt: skip

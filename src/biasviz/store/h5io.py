@@ -69,3 +69,11 @@ def as_numpy(array: Any) -> np.ndarray:
     if hasattr(array, "detach"):  # a torch tensor; torch is not imported here so readers stay light
         return array.detach().cpu().numpy()
     return np.asarray(array)
+
+
+def in_use(exc: OSError) -> bool:
+    """Whether HDF5 refused to open a file because another process writes it: its lock is held (EAGAIN), or,
+    where locking is off, the writer's mark in the superblock says it is open for writing."""
+    text = str(exc)
+    return (isinstance(exc, BlockingIOError) or "unable to lock file" in text
+            or "already open for write" in text)  # fmt: skip

@@ -17,8 +17,10 @@ import numpy as np
 
 from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import regular_file
+from biasviz.store.declared import check_declared
 from biasviz.store.format import FORMAT_VERSION, POSITIONAL_MEAN, REQUIRED_ATTRS, layer_group
 from biasviz.store.guard import check_isolated
+from biasviz.store.h5io import in_use
 from biasviz.store.summary_reader import SummaryLayout, validate_summary
 from biasviz.store.validation import AttrChecks, describe, plain
 from biasviz.store.views import OneCheckpoint, SharedSamples
@@ -46,6 +48,9 @@ class BiasFile(AttrChecks):
             self._h5 = h5py.File(self.path, "r")
         except OSError as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if in_use(exc):
+                raise BiasvizError(f"{self.path} is in use: another process has it open for writing; wait until "
+                                   "it is done, then read it") from exc  # fmt: skip
             raise BiasvizError(
                 f"{self.path} is not a readable HDF5 file (truncated or another format): {first}"
             ) from exc
@@ -87,9 +92,11 @@ class BiasFile(AttrChecks):
         self._n_heads = self._int_attr("n_heads", minimum=1)
         self._seq_len = self._int_attr("seq_len", minimum=1)
         self._n_layers = n_layers = self._int_attr("n_layers", minimum=1)
+        self.is_summary = self._flag("summary")  # extract --summary: maps, profiles and diagnostics only
+        # before anything is read: what the file declares must fit (a small file can declare huge datasets)
+        check_declared(self, seq_len=self._seq_len, n_heads=self._n_heads, summary=self.is_summary)
         self._causal = self._bool_attr("causal") if "causal" in a else True
         self.bias_only = self._flag("bias_only")  # extract --bias-only
-        self.is_summary = self._flag("summary")  # extract --summary: maps, profiles and diagnostics only
         self.bias_shared = self._flag("bias_shared") and not self.is_summary  # one bias for every sample
         if self.bias_shared and self._context_dependent:
             raise self._bad("attribute 'bias_shared' says one bias serves every sample, but the scheme is "

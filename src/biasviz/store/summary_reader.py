@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.terminal import inert
 from biasviz.store import datasets
 from biasviz.store.format import (
     ATTENDED,
@@ -102,8 +103,8 @@ class SummaryLayout:
             value = value.decode("utf-8", "replace")
         if not isinstance(value, str) or not value:
             return None
-        text = "".join(c if c.isprintable() else "?" for c in value)
-        return text[:400] + ("..." if len(text) > 400 else "")
+        text = inert(value[:400])  # data from the file, shown as data
+        return text + ("..." if len(value) > 400 else "")
 
     def used(self, layer: int, checkpoint: int = 0) -> np.ndarray:
         """(query block, key block), or (head, ...) for a layer with its own mask: the blocks with attended cells."""
@@ -184,7 +185,7 @@ class SummaryLayout:
         if row is None:
             raise ValueError(f"name must be one of {tuple(datasets.ROWS)}, not {name!r}")
         values = self._read(layer, name, checkpoint)
-        fault = datasets.values_fault(row, values)
+        fault = datasets.values_fault(row, values, keys=self.seq_len)
         if fault is not None:
             raise self._damaged(f"{name} of layer {layer} {fault}")
         return values if row.compound else values.astype(np.float64)
@@ -261,6 +262,10 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
         if (present or required) and len(present) != len(wanted):
             missing = ", ".join(f"{group}/{n}" for n in wanted if n not in held)
             raise checks._bad(f"it is a summary file but lacks {missing}")
+    errors = [n for n in held if n.endswith("_se")]
+    if errors and layout.n_samples < datasets.MIN_SE_SAMPLES:  # SPEC section 14: N < 3 has none
+        raise checks._bad(f"{group}/{errors[0]} is a standard error over {layout.n_samples} samples; a summary holds "
+                          f"standard errors from {datasets.MIN_SE_SAMPLES} samples on")  # fmt: skip
     if bias_only and any(n.startswith("weights") for n in held):
         raise checks._bad(f"a --bias-only summary holds attention weights ({group})")
     if "bias_mean" in held and DIAGNOSTICS not in held:
@@ -300,6 +305,9 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
             expected = f"float {(*lead, len(PROFILE_STATS), h, t)} (stat, head, distance)"
             if ds.shape[-1:] == (2 * t - 1,) and t > 1:
                 layout.profile_start = -(t - 1)
+        elif name == ATTENDED:  # SPEC section 13: one share per head, or one for all heads
+            ok = ds.shape in ((*lead, h, nb, nb), (*lead, 1, nb, nb))
+            expected = f"float {(*lead, h, nb, nb)} or {(*lead, 1, nb, nb)} (head or 1, query_block, key_block)"
         else:
             ok = ds.shape == (*lead, h, nb, nb)
             expected = f"float {(*lead, h, nb, nb)} (head, query_block, key_block)"

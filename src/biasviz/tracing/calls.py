@@ -104,17 +104,12 @@ def _unpack_groups(q: torch.Tensor, mask: torch.Tensor | None, groups: int) -> t
 
 
 def _softmax_kept(scores: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """Softmax over keys of the kept cells; masked cells, and rows with nothing kept, are exactly 0.
-
-    Only those rows: a NaN the model's own scores hold stays NaN (and is refused where it is stored), never
-    a silent 0.
-    """
-    scores = scores.masked_fill(~kept, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    empty = ~kept.any(dim=-1, keepdim=True)  # a row with every key masked: 0 everywhere, as flex_attention gives
-    if gpu_shaped(weights.device):  # filled whatever it holds: asking whether any row is empty waits for the device
-        return weights.masked_fill_(empty, 0.0)
-    return weights.masked_fill_(empty, 0.0) if bool(empty.any()) else weights
+    """Softmax over keys of the kept cells; masked cells, and rows with nothing kept, are exactly 0 (as flex_attention
+    gives). Only those rows: a NaN the model's own scores hold stays NaN (and is refused where it is stored). On a GPU
+    the fill runs whatever the rows hold: to ask whether any is empty would wait for the device."""
+    weights = torch.softmax(scores.masked_fill(~kept, float("-inf")), dim=-1)
+    empty = ~kept.any(dim=-1, keepdim=True)  # a row with every key masked
+    return weights.masked_fill_(empty, 0.0) if gpu_shaped(weights.device) or bool(empty.any()) else weights
 
 
 def repeat_kv(k: torch.Tensor, heads: int) -> torch.Tensor:

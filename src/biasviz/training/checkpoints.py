@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.inputs import read_text
 from biasviz.common.jsondoc import loads
 
 CONFIG_FILE = "config.json"
@@ -22,9 +23,11 @@ SAVED_STEP = re.compile(r"checkpoint-(\d+)")  # train --save-every's checkpoints
 
 
 def _model_type(directory: Path) -> str | None:
+    if not (directory / CONFIG_FILE).is_file():
+        return None
     try:
-        config = loads((directory / CONFIG_FILE).read_text(encoding="utf-8"), str(directory / CONFIG_FILE))
-    except (OSError, ValueError):
+        config = loads(read_text(directory / CONFIG_FILE, CONFIG_FILE), str(directory / CONFIG_FILE))
+    except ValueError:
         return None
     return config.get("model_type") if isinstance(config, dict) else None
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from biasviz.common.errors import BiasvizError
+from biasviz.common.inputs import read_text
 from biasviz.common.jsondoc import JSONTooLarge, loads
 from biasviz.common.names import utf8_path
 
@@ -25,7 +26,7 @@ def _config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        doc = loads(path.read_text(encoding="utf-8"), str(path))
+        doc = loads(read_text(path, "config.json"), str(path))
     except JSONTooLarge:
         raise
     except (OSError, ValueError) as exc:

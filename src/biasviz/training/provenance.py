@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from biasviz.common.inputs import read_text
 from biasviz.common.jsondoc import loads
 from biasviz.training.loop import TRAINING_FILE
 
@@ -17,9 +18,12 @@ from biasviz.training.loop import TRAINING_FILE
 def how_trained(directory: Path) -> dict[str, Any] | None:
     """``{"preset", "steps", "seq_len", "corpus"}`` from ``directory/training.json``; None where there is none or
     it does not say (a checkpoint biasviz did not train, a damaged file)."""
+    path = Path(directory) / TRAINING_FILE
+    if not path.exists():
+        return None
     try:
-        doc = loads((Path(directory) / TRAINING_FILE).read_text(encoding="utf-8"), TRAINING_FILE)
-    except (OSError, ValueError):
+        doc = loads(read_text(path, TRAINING_FILE), TRAINING_FILE)  # bounded: a FIFO or /dev/zero is an error
+    except ValueError:
         return None
     settings = doc.get("settings") if isinstance(doc, dict) else None
     if not isinstance(settings, dict):
