@@ -45,6 +45,24 @@ def _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, sk
 
 
 @triton.jit
+def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, a, h, kh, j0, rows, cols, dims, used, sqn, sqh, sqt, sqd, skn,
+                 skh, skt, skd, T, H, HD, scale, HAS_BIAS: tl.constexpr):  # fmt: skip
+    """Sample ``a``'s scores and weights of one tile, 0 in the cells not ``used``; its rows' Σ w·s added to ROW_WS,
+    and in the first key tile its weight on key 0 to SINKS (the rows are this program's: no race on ROW_WS)."""
+    s = _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD, scale,
+                HAS_BIAS)  # fmt: skip
+    at = (a * H + h) * T
+    lse = tl.load(LSE + at + rows, mask=rows < T, other=0.0)
+    w = tl.where(used, tl.exp(s - lse[:, None]), 0.0)
+    s = tl.where(used, s, 0.0)
+    tl.store(ROW_WS + at + rows, tl.load(ROW_WS + at + rows, mask=rows < T, other=0.0)
+             + tl.sum(w * s, 1).to(tl.float64), mask=rows < T)  # fmt: skip
+    if j0 == 0:
+        tl.atomic_add(SINKS + a * H + h, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
+    return s, w
+
+
+@triton.jit
 def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.constexpr, H, GROUP, HD, scale,
             DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
     """K1: LSE (N, H, T) fp32 of every sample's causal rows; grid (ceil(T / BM), N * H)."""
@@ -88,31 +106,15 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS,
         if j0 < m0 + BM:
             cols = j0 + tl.arange(0, BN)
             used = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
-            # the first sample: the shift of every cell's moments
-            s0 = _scores(Q, K, TABLE, 0, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
-                         scale, HAS_BIAS)  # fmt: skip
-            lse = tl.load(LSE + h * T + rows, mask=rows < T, other=0.0)
-            w0 = tl.where(used, tl.exp(s0 - lse[:, None]), 0.0)
-            s0 = tl.where(used, s0, 0.0)
-            tl.store(ROW_WS + h * T + rows, tl.load(ROW_WS + h * T + rows, mask=rows < T, other=0.0)
-                     + tl.sum(w0 * s0, 1).to(tl.float64), mask=rows < T)  # fmt: skip
-            if j0 == 0:
-                tl.atomic_add(SINKS + h, tl.sum(tl.where(cols[None, :] == 0, w0, 0.0)).to(tl.float64))
+            s0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, 0, h, kh, j0, rows, cols, dims, used, sqn, sqh,
+                                  sqt, sqd, skn, skh, skt, skd, T, H, HD, scale, HAS_BIAS)  # the moments' shift
             dw1 = tl.zeros([BM, BN], tl.float32)
             dw2 = tl.zeros([BM, BN], tl.float32)
             ds1 = tl.zeros([BM, BN], tl.float32)
             ds2 = tl.zeros([BM, BN], tl.float32)
             for a in range(1, N):
-                s = _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
-                            scale, HAS_BIAS)  # fmt: skip
-                at = (a * H + h) * T
-                lse = tl.load(LSE + at + rows, mask=rows < T, other=0.0)
-                w = tl.where(used, tl.exp(s - lse[:, None]), 0.0)
-                s = tl.where(used, s, 0.0)
-                tl.store(ROW_WS + at + rows, tl.load(ROW_WS + at + rows, mask=rows < T, other=0.0)
-                         + tl.sum(w * s, 1).to(tl.float64), mask=rows < T)  # fmt: skip
-                if j0 == 0:
-                    tl.atomic_add(SINKS + a * H + h, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
+                s, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, a, h, kh, j0, rows, cols, dims, used, sqn, sqh,
+                                    sqt, sqd, skn, skh, skt, skd, T, H, HD, scale, HAS_BIAS)  # fmt: skip
                 d = w - w0
                 dw1 += d
                 dw2 += d * d
