@@ -302,10 +302,10 @@ class Staged:
             tmp, target = self._moves[0]
             try:
                 if tmp in self._new:
-                    publish(tmp, target, overwrite=False)
+                    publish(tmp, target, overwrite=False)  # which logs what it wrote
                 else:
                     os.replace(tmp, target)
-                note_written(target)
+                    note_written(target)
             except FileExistsError:
                 raise appeared_meanwhile(target, self._new.get(tmp, "--out")) from None
             except OSError as exc:
