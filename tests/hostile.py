@@ -8,6 +8,7 @@ before and after: a failed command must leave them exactly as they were, and add
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -17,7 +18,7 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,18 +83,28 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str], *, in_subprocess: b
         return proc.returncode, proc.stdout, proc.stderr
     from tests.conftest import run_cli
 
-    def hung(_signum: int, _frame: object) -> None:  # a blocking open() of a FIFO returns here with EINTR
-        raise _Hung
+    try:
+        with limited(SUBPROCESS_TIMEOUT, _Hung):
+            return run_cli(argv, capsys)
+    except _Hung:
+        return -1, "", f"(hung for {SUBPROCESS_TIMEOUT} s)"
 
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(SUBPROCESS_TIMEOUT)
+
+@contextlib.contextmanager
+def limited(seconds: int = 60, hung: type[BaseException] = TimeoutError) -> Iterator[None]:
+    """A memory and a time limit for an in-process call (a regression fails the test, not the machine): past
+    ``seconds`` the alarm raises ``hung`` (a blocking open() of a FIFO returns to it with EINTR)."""
+
+    def alarm(_signum: int, _frame: object) -> None:
+        raise hung(f"hung for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     limit = _data_in_use() + CHILD_MEMORY
     resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
     try:
-        return run_cli(argv, capsys)
-    except _Hung:
-        return -1, "", f"(hung for {SUBPROCESS_TIMEOUT} s)"
+        yield
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
         signal.alarm(0)
@@ -144,6 +155,20 @@ def run_case(case: Case, paths: dict[str, str], tmp: Path, capsys: pytest.Captur
 
 
 TEXT = "\n".join(f"def g{i}(y):\n    return y - {i} * {i + 1}  # row {i}" for i in range(300))
+
+
+EXTRACT = "extract --model {tmp}/ck --text {text} --seq-len 8 --samples 1 --quiet --out {tmp}/o.h5"
+
+
+def checkpoint(root: Path, text: str = TEXT) -> dict[str, str]:
+    """A tiny ALiBi checkpoint with its tokenizer (``ck``) and a text file of ``text``: what a case's command reads."""
+    from biasviz.data import build_tokenizer, save_tokenizer
+    from tests.conftest import small_model
+
+    small_model("alibi", vocab_size=300).save_pretrained(root / "ck")
+    save_tokenizer(build_tokenizer([TEXT], 300), root / "ck")
+    (root / "text.txt").write_text(text)
+    return {"root": str(root), "ck": str(root / "ck"), "text": str(root / "text.txt")}
 
 
 def make_assets(root: Path) -> dict[str, str]:

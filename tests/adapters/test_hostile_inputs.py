@@ -12,9 +12,8 @@ import torch
 
 import biasviz
 from biasviz.common.errors import BiasvizError
-from tests.common.test_hostile_children import limited
 from tests.conftest import small_model
-from tests.hostile import TEXT, Case, run_case
+from tests.hostile import TEXT, Case, limited, run_case
 
 
 @pytest.mark.parametrize(("ids", "said"), [

@@ -10,20 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from biasviz.data import build_tokenizer, save_tokenizer
-from tests.conftest import small_model
-from tests.hostile import TEXT, Case, argv_of, check, run, run_case
-
-EXTRACT = "extract --model {tmp}/ck --text {text} --seq-len 8 --samples 1 --quiet --out {tmp}/o.h5"
+from tests.hostile import EXTRACT, Case, argv_of, check, checkpoint, run, run_case
 
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("st")
-    small_model("alibi", vocab_size=300).save_pretrained(root / "ck")
-    save_tokenizer(build_tokenizer([TEXT], 300), root / "ck")
-    (root / "text.txt").write_text(TEXT)
-    return {"root": str(root), "ck": str(root / "ck"), "text": str(root / "text.txt")}
+    return checkpoint(tmp_path_factory.mktemp("st"))
 
 
 Header = dict[str, dict[str, object]]

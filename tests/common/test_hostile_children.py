@@ -3,17 +3,13 @@ user's PYTHON* variables point at. biasviz opens files from elsewhere in a child
 
 from __future__ import annotations
 
-import contextlib
 import re
-import resource
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from biasviz.common.errors import BiasvizError
-from tests.hostile import CHILD_MEMORY, _data_in_use, run
+from tests.hostile import limited, run
 from tests.project.test_untrusted import write_valid
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "biasviz"
@@ -28,26 +24,6 @@ def plant(folder: Path, marker: Path) -> Path:
     (folder / "biasviz").mkdir(exist_ok=True)
     (folder / "biasviz" / "__init__.py").write_text(payload)
     return folder
-
-
-@contextlib.contextmanager
-def limited(seconds: int = 60) -> Iterator[None]:
-    """A memory and a time limit for an in-process call (a regression fails the test, not the machine)."""
-
-    def hung(_signum: int, _frame: object) -> None:
-        raise TimeoutError(f"hung for {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(seconds)
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    limit = _data_in_use() + CHILD_MEMORY
-    resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("command", [["info"], ["diagnose"]])

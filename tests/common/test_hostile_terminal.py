@@ -68,7 +68,7 @@ def test_error_lines_are_inert(case: Case, tmp_path: Path, capsys: pytest.Captur
 def test_a_views_repr_is_inert(tmp_path: Path) -> None:
     """``biasviz.open(path)`` shown at a Python prompt prints info's text: old code carried ESC and BEL raw."""
     import biasviz
-    from tests.common.test_hostile_children import limited
+    from tests.hostile import limited
 
     f = crafted(tmp_path / "x.h5", source_model=f"gpt{CONTROLS}")
     with limited(), biasviz.open(f) as view:

@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from biasviz.data import build_tokenizer, save_tokenizer
-from tests.conftest import small_model
-from tests.hostile import TEXT, Case, run_case
+from tests.hostile import Case, checkpoint, run_case
 
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("tok")
-    small_model("alibi", vocab_size=300).save_pretrained(root / "ck")
-    save_tokenizer(build_tokenizer([TEXT], 300), root / "ck")
-    (root / "text.txt").write_text(TEXT)
-    return {"root": str(root), "ck": str(root / "ck"), "text": str(root / "text.txt")}
+    return checkpoint(tmp_path_factory.mktemp("tok"))
 
 
 def _panicking(tmp: Path, paths: dict[str, str]) -> None:

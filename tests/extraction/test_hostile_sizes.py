@@ -8,18 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from biasviz.data import build_tokenizer, save_tokenizer
-from tests.conftest import small_model
-from tests.hostile import TEXT, Case, run_case
+from tests.hostile import TEXT, Case, checkpoint, run_case
 
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("sizes")
-    small_model("alibi", vocab_size=300).save_pretrained(root / "ck")
-    save_tokenizer(build_tokenizer([TEXT], 300), root / "ck")
-    (root / "long.txt").write_text(TEXT * 100)
-    return {"root": str(root), "ck": str(root / "ck"), "text": str(root / "long.txt")}
+    return checkpoint(tmp_path_factory.mktemp("sizes"), TEXT * 100)
 
 
 CASES = [

@@ -16,9 +16,8 @@ import pytest
 import biasviz
 from biasviz.common.errors import BiasvizError
 from biasviz.store.reader import open_bias_file
-from tests.common.test_hostile_children import limited
 from tests.conftest import small_model
-from tests.hostile import Case, run_case
+from tests.hostile import Case, limited, run_case
 
 T = 24
 GROUP = "layer_1"

@@ -13,9 +13,8 @@ import pytest
 
 import biasviz
 from biasviz.store.reader import open_bias_file
-from tests.common.test_hostile_children import limited
 from tests.conftest import small_model
-from tests.hostile import Case, run, run_case
+from tests.hostile import Case, limited, run, run_case
 from tests.summary_files import cable, weights_of, write_summary
 
 T = 8
