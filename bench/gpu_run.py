@@ -11,6 +11,8 @@ Parts (GPU sizes; ``--dry-run`` shrinks each to seconds on a CPU):
               flash SDPA forward of the same shape (transformers GPT-2, ``is_causal``): forward, ``extract
               --summary`` (two samples: scores, positional logits and every other summary quantity, as
               defaulted), a training step (AdamW), interleaved repeats
+  schemes     KERPLE (a formula), T5 (a table of buckets) and CABLE (per-position values): forward and training
+              step against flash's at T = 4096, bfloat16, with the attention routes each took
   llama       a Llama-shaped transformers model (32 heads, width 4096, bfloat16, random weights) traced with
               ``summary=True`` at 16384 against its bare forward and ``output_attentions`` (out of memory expected)
   dense       the full extract (bias and weights of the final layer to HDF5) at 1024, 4096, 16384 against its
@@ -233,65 +235,101 @@ def _ids(n: int, seq_len: int, vocab: int) -> Any:
     return torch.randint(0, vocab, (n, seq_len), generator=torch.Generator().manual_seed(0))
 
 
-def part_ours(seq_len: int, dry: bool) -> Iterator[dict[str, Any]]:
-    """Our model against the flash SDPA forward of its shape: forward, summary, training step, per dtype."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+def _flash_of(config: Any, seq_len: int, device: str) -> Callable[[Any], Any]:
+    """The floor: transformers' GPT-2 of our model's shape on SDPA (flash on a GPU), for a dtype."""
 
-    import biasviz
-    from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
+    def make(dtype: Any) -> Any:
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
 
-    s = sizes(dry)
-    device = _device(dry)
-    repeats = s.repeats[seq_len]
-    config = BiasGPTConfig.from_preset(s.preset, "alibi")
-    ids = _ids(s.summary_samples, seq_len, config.vocab_size)
-
-    def floor(dtype: torch.dtype) -> Any:
         torch.manual_seed(0)
         shape = GPT2Config(n_positions=seq_len, n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
                            vocab_size=config.vocab_size, bos_token_id=0, eos_token_id=0,
                            attn_implementation="sdpa")  # fmt: skip
         return GPT2LMHeadModel(shape).to(device, dtype)
 
-    def ours(dtype: torch.dtype) -> Any:
+    return make
+
+
+def _ours_of(config: Any, device: str) -> Callable[[Any], Any]:
+    def make(dtype: Any) -> Any:
+        import torch
+
+        from biasviz.model import BiasGPTForCausalLM
+
         torch.manual_seed(0)
         return BiasGPTForCausalLM(config).to(device, dtype)
 
-    def forward(make: Callable[[torch.dtype], Any], dtype: torch.dtype) -> Callable[[], Callable[[], object]]:
-        def build() -> Callable[[], object]:
-            model, one = make(dtype).eval(), ids[:1].to(device)
+    return make
 
-            def run() -> object:
-                with torch.inference_mode():
-                    return model(input_ids=one).logits.shape
 
-            return run
+def _forward(make: Callable[[Any], Any], dtype: Any, ids: Any, device: str) -> Callable[[], Callable[[], object]]:
+    """A tool: one window's forward without autograd."""
 
-        return build
+    def build() -> Callable[[], object]:
+        import torch
 
-    def step(make: Callable[[torch.dtype], Any], dtype: torch.dtype) -> Callable[[], Callable[[], object]]:
-        def build() -> Callable[[], object]:
-            model, one = make(dtype).train(), ids[:1].to(device)
-            for module in model.modules():  # no dropout: the same arithmetic in both models
-                if isinstance(module, torch.nn.Dropout):
-                    module.p = 0.0
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        model, one = make(dtype).eval(), ids[:1].to(device)
 
-            def run() -> object:
-                loss = model(input_ids=one, labels=one).loss
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                return float(loss.detach())
+        def run() -> object:
+            with torch.inference_mode():
+                return model(input_ids=one).logits.shape
 
-            return run
+        return run
 
-        return build
+    return build
 
+
+def _step(make: Callable[[Any], Any], dtype: Any, ids: Any, device: str) -> Callable[[], Callable[[], object]]:
+    """A tool: one window's training step (forward, backward, AdamW), dropout off in both models."""
+
+    def build() -> Callable[[], Callable[[], object]]:
+        import torch
+
+        model, one = make(dtype).train(), ids[:1].to(device)
+        for module in model.modules():  # no dropout: the same arithmetic in both models
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def run() -> object:
+            loss = model(input_ids=one, labels=one).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        return run
+
+    return build
+
+
+def _routes() -> str:
+    """The attention routes our model's calls took since the last reset (``biasviz.model.fused.routes_taken``)."""
+    from biasviz.model import fused
+
+    taken = fused.routes_taken()
+    fused.forget_routes()
+    return ", ".join(f"{name} x{calls}" for name, calls in taken.items()) or "none counted"
+
+
+def part_ours(seq_len: int, dry: bool) -> Iterator[dict[str, Any]]:
+    """Our model against the flash SDPA forward of its shape: forward, summary, training step, per dtype."""
+    import torch
+
+    import biasviz
+    from biasviz.model import BiasGPTConfig
+
+    s = sizes(dry)
+    device = _device(dry)
+    repeats = s.repeats[seq_len]
+    config = BiasGPTConfig.from_preset(s.preset, "alibi")
+    ids = _ids(s.summary_samples, seq_len, config.vocab_size)
+    floor, ours = _flash_of(config, seq_len, device), _ours_of(config, device)
     for label in s.dtypes:  # the dry run takes one: bfloat16 on a CPU rehearses nothing more, slowly
         dtype = getattr(torch, label)
-        rows = interleaved(device, {"flash-sdpa forward": forward(floor, dtype), "ours forward": forward(ours, dtype)},
+        rows = interleaved(device, {"flash-sdpa forward": _forward(floor, dtype, ids, device),
+                                    "ours forward": _forward(ours, dtype, ids, device)},
                            repeats, part="ours", T=seq_len, dtype=label, phase="forward",
                            floor="flash-sdpa forward")  # fmt: skip
         rows[-1]["route"] = _route(device, seq_len, ours(dtype))
@@ -313,9 +351,41 @@ def part_ours(seq_len: int, dry: bool) -> Iterator[dict[str, Any]]:
             if row["status"] == "ok":
                 row["stored"] = _stored(Path(tmp) / "s.h5")
             yield row
-        steps = {"flash-sdpa train step": step(floor, dtype), "ours train step": step(ours, dtype)}
-        yield from interleaved(device, steps, max(1, repeats - 1), part="ours", T=seq_len, dtype=label, phase="train",
-                               floor="flash-sdpa train step")  # fmt: skip
+        _routes()
+        steps = {"flash-sdpa train step": _step(floor, dtype, ids, device),
+                 "ours train step": _step(ours, dtype, ids, device)}  # fmt: skip
+        rows = interleaved(device, steps, max(1, repeats - 1), part="ours", T=seq_len, dtype=label, phase="train",
+                           floor="flash-sdpa train step")  # fmt: skip
+        rows[-1]["route"] = _routes()
+        yield from rows
+
+
+SCHEME_ROWS = ("kerple-log", "t5", "cable")  # ALiBi is part ours': a formula, a table, per-position values
+
+
+def part_schemes(dry: bool) -> Iterator[dict[str, Any]]:
+    """Each other form of bias: our forward and training step against flash's at the first length, bfloat16 (the
+    dry run: float32), with the routes they took."""
+    import torch
+
+    from biasviz.model import BiasGPTConfig
+
+    s = sizes(dry)
+    device, seq_len = _device(dry), s.ours_lengths[0]
+    label = s.dtypes[0]
+    dtype = getattr(torch, label)
+    for scheme in SCHEME_ROWS:
+        config = BiasGPTConfig.from_preset(s.preset, scheme)
+        ids = _ids(1, seq_len, config.vocab_size)
+        floor, ours = _flash_of(config, seq_len, device), _ours_of(config, device)
+        for phase, tool in (("forward", _forward), ("train", _step)):
+            _routes()
+            names = {f"flash-sdpa {phase}": tool(floor, dtype, ids, device),
+                     f"{scheme} {phase}": tool(ours, dtype, ids, device)}  # fmt: skip
+            rows = interleaved(device, names, 2, part="schemes", T=seq_len, dtype=label, phase=phase,
+                               scheme=scheme, floor=f"flash-sdpa {phase}")  # fmt: skip
+            rows[-1]["route"] = _routes()
+            yield from rows
 
 
 def _route(device: str, seq_len: int, model: Any) -> str:
@@ -585,15 +655,16 @@ class Part:
 
 
 def parts() -> dict[str, Part]:
-    """The parts in the order they run (the cheap and most telling first); the GPU limits sum to 465 s (sized by
+    """The parts in the order they run (the cheap and most telling first); the GPU limits sum to 480 s (sized by
     the runs of 2026-11-27 and 11-28: the Llama part took 38 s of its 75)."""
     table: dict[str, Part] = {"cuda_tests": Part(part_cuda_tests, 50, 60, cuda_only=True)}
-    for seq_len, limit in zip(GPU.ours_lengths, (75, 90, 60), strict=True):
+    for seq_len, limit in zip(GPU.ours_lengths, (75, 90, 45), strict=True):
         table[f"ours-{seq_len}"] = Part(lambda dry, t=seq_len: part_ours(t if not dry else _dry_len(t), dry),
                                         limit, 120)  # fmt: skip
     table["kernels"] = Part(part_kernels, 40, 120)
+    table["schemes"] = Part(part_schemes, 45, 120)
     table["llama"] = Part(part_llama, 60, 90)
-    table["dense"] = Part(part_dense, 60, 60)
+    table["dense"] = Part(part_dense, 45, 60)
     table["device_map"] = Part(part_device_map, 30, 60)
     return table
 
@@ -671,7 +742,7 @@ def ratio_to_floor(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | N
         return None
     for other in rows:
         if (other.get("tool") == row["floor"] and other.get("times")
-                and all(other.get(k) == row.get(k) for k in ("part", "T", "dtype"))):  # fmt: skip
+                and all(other.get(k) == row.get(k) for k in ("part", "T", "dtype", "scheme"))):  # fmt: skip
             per = row.get("samples", 1)  # a summary of N samples against N forwards of one
             return statistics.median(row["times"]) / (per * statistics.median(other["times"]))
     return None
@@ -682,13 +753,14 @@ def tables(rows: list[dict[str, Any]], info: dict[str, Any]) -> str:
     head = ", ".join(f"{k} {v}" for k, v in info.items())
     memory = "torch's allocator, GPU" if "gpu" in info else "the process's peak resident memory, CPU"
     out = [f"Measured on: {head}", "", f"Peak GiB: {memory}. x floor: median over the floor's median, per sample.", ""]
-    timed = [r for r in rows if r.get("part", "").startswith(("ours", "llama", "device_map", "kernels"))]
-    out += ["| part | T | dtype | tool | s, median [min] | x floor | peak GiB | status |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    timed = [r for r in rows if r.get("part", "").startswith(("ours", "schemes", "llama", "device_map", "kernels"))]
+    out += ["| part | T | dtype | tool | s, median [min] | x floor | peak GiB | route | status |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in timed:
         ratio = ratio_to_floor(r, rows)
         out.append(f"| {r.get('part')} | {r.get('T', '')} | {r.get('dtype', '')} | {r.get('tool')} | {_times(r)} | "
-                   f"{'' if ratio is None else f'{ratio:.2f}'} | {_gib(r)} | {_status(r)} |")  # fmt: skip
+                   f"{'' if ratio is None else f'{ratio:.2f}'} | {_gib(r)} | {r.get('route', '')} | "
+                   f"{_status(r)} |")  # fmt: skip
     out += ["", "| T | full extract s, median [min] | compute s | prepare + copy s | compress s | write s | "
             "x slowest phase | x sum of phases | status |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in (r for r in rows if r.get("part") == "dense"):

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # children and end-to-end runs
 
 # one length of our model is enough to rehearse the code path (the GPU run takes three); the device map part runs
 # in a child of its own below, as every part does on the GPU
-REHEARSED = ["cuda_tests", "ours-4096", "llama", "dense"]
+REHEARSED = ["cuda_tests", "ours-4096", "schemes", "llama", "dense"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_the_dry_run_measures_every_part_and_skips_only_cuda(dry: tuple[Path, li
     by_part: dict[str, list[dict]] = {}
     for row in rows:
         by_part.setdefault(row["part"], []).append(row)
-    assert set(by_part) == {"cuda_tests", "ours", "llama", "dense"}
+    assert set(by_part) == {"cuda_tests", "ours", "schemes", "llama", "dense"}
     assert [r["status"] for r in by_part["cuda_tests"]] == ["skipped: no CUDA device"]
     measured = [r for r in rows if r["part"] != "cuda_tests"]
     assert all(r["status"].startswith("ok") for r in measured), [r["status"] for r in measured]
@@ -45,6 +45,15 @@ def test_the_dry_run_measures_every_part_and_skips_only_cuda(dry: tuple[Path, li
     tools = ("flash-sdpa forward", "ours forward", "ours summary", "flash-sdpa train step", "ours train step")
     assert ours == {(d, t) for d in gpu_run.DRY.dtypes for t in tools}
     assert {r["tool"] for r in by_part["llama"]} == {"bare forward", "traced summary", "output_attentions"}
+    # each form of bias, forward and training step, with the route each took (a CPU: the table, the recomputation)
+    schemes = {(r["scheme"], r["tool"]): r for r in by_part["schemes"]}
+    assert set(schemes) == {(s, f"{t} {p}") for s in gpu_run.SCHEME_ROWS for t in ("flash-sdpa", s)
+                            for p in ("forward", "train")}  # fmt: skip
+    routes = {(s, p): schemes[s, f"{s} {p}"]["route"] for s in gpu_run.SCHEME_ROWS for p in ("forward", "train")}
+    assert all(routes[s, "train"].startswith("blocked-grad x") for s in gpu_run.SCHEME_ROWS), routes
+    assert routes[("t5", "forward")].startswith("table x") and routes[("cable", "forward")].startswith("blocked x")
+    ours_step = next(r for r in by_part["ours"] if r["tool"] == "ours train step")
+    assert ours_step["route"].startswith("blocked-grad x"), ours_step["route"]
     assert [r["T"] for r in by_part["dense"]] == list(gpu_run.DRY.dense_lengths)
     assert all("need CUDA" in r["phases"] for r in by_part["dense"])  # the GPU encoder's phases are CUDA's
     # the summaries measured what a summary holds by default: scores and, with two samples, positional logits
@@ -61,7 +70,7 @@ def test_the_tables_give_each_row_against_its_floor(dry: tuple[Path, list[dict]]
     checked = 0
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) != 8 or cells[0] != "ours" or not cells[5]:
+        if len(cells) != 9 or cells[0] != "ours" or not cells[5]:
             continue
         T, dtype, tool = int(cells[1]), cells[2], cells[3]
         floor = "flash-sdpa train step" if "train" in tool else "flash-sdpa forward"

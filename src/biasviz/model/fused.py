@@ -18,11 +18,14 @@ around it, chosen by :func:`route`:
   (:data:`MIN_LEN`).
 
 Both serve forwards without autograd (extraction, summaries, evaluation) where nobody listens to the layer's
-bias, scores or weights.
+bias, scores or weights. Training on a GPU takes flex too, its backward compiled with it
+(:mod:`biasviz.model.flex_grad`); :func:`route` chooses for both, and :func:`took` counts what each call took, for
+the run's record.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 import warnings
@@ -40,6 +43,16 @@ BLOCK = 128  # FlexAttention's block of queries and keys on a GPU: the block mas
 # 256 x 512 (SDPA's own CPU split) 1.20, 512 x 512 1.19: flex's default is kept
 Q_BLOCK, KV_BLOCK = 128, 128
 MODES = ATTENTION_MODES
+# What :func:`took` records, one name per kind of attention call
+ROUTES = {
+    "causal": "no bias: SDPA's causal kernel (flash on a GPU)",
+    "table": "the bias as a strided view of its distance table, through SDPA (attend_by_table)",
+    "flex": "the bias compiled into FlexAttention (a forward; or, training, its forward and backward)",
+    "blocked": "blocks of query rows through SDPA, the bias as a mask",
+    "eager": "blocks of query rows formed as weights, for a hook that listens",
+    "blocked-grad": "training: blocks of rows recomputed in the backward (FlashAttention-2's scheme), in Python",
+    "dense": "training: every (query, key) cell at once, as GPT-2 does (dropout on the weights, a hook listening)",
+}
 # Query rows per SDPA call of the strided-table path: each call computes its last rows x rows / 2 cells past the
 # diagonal for nothing (rows / T of the work); fewer rows are more calls. At T = 8192 on 2 cores 512 rows took
 # 1.18-1.36x the causal kernel, 768-1024 1.03-1.12x, 1536-2048 1.17-1.23x.
@@ -60,10 +73,13 @@ def mode() -> str:
     return attention_mode()
 
 
-def route(device: torch.device, seq_len: int, terms: ScoreTerms | None, table: bool = True) -> str | None:
+def route(device: torch.device, seq_len: int, terms: ScoreTerms | None, table: bool = True,
+          grad: bool = False) -> str | None:  # fmt: skip
     """The kernel a forward of ``seq_len`` positions with the bias ``terms`` takes on ``device``: ``"table"``
     (:func:`attend_by_table`; not where ``table`` is False), ``"flex"`` (:func:`attend`) or None (the blocked SDPA
-    path).
+    path). With ``grad`` (training): ``"flex"`` (compiled forward and backward, :mod:`biasviz.model.flex_grad`)
+    wherever flex has a backward (not on the CPU) and is not turned off, at any length (thousands of steps pay
+    for one compilation); None (the blocked recomputation) elsewhere.
 
     Not the table while a torch function mode intercepts calls (``biasviz.trace``): its SDPA calls see blocks of
     rows in reverse order against a strided mask, which a trace would record as they are rather than as the layer.
@@ -71,12 +87,38 @@ def route(device: torch.device, seq_len: int, terms: ScoreTerms | None, table: b
     chosen = mode()
     if terms is None or chosen == "sdpa":
         return None
+    if grad:
+        runs = backward_runs(device) and chosen in ("auto", "flex") and _probe.get(device.type) is None
+        return "flex" if runs else None
     table = table and terms.distance is not None and not _intercepted()
     if table and (chosen == "table" or (chosen == "auto" and device.type == "cpu")):
         return "table"
     if chosen == "table" or (chosen == "auto" and seq_len < MIN_LEN):
         return None
     return "flex" if _probe.get(device.type) is None else None  # the first real call is the probe (attend_or_none)
+
+
+_taken: collections.Counter[str] = collections.Counter()  # route -> attention calls that took it, this process
+
+
+def took(name: str) -> None:
+    """Count one attention call through the route ``name`` (see :data:`ROUTES`), for the run's record."""
+    _taken[name] += 1
+
+
+def routes_taken() -> dict[str, int]:
+    """Each route the attention took since :func:`forget_routes` (or the start), with its calls: what a run records
+    (training.json's ``attention_routes``)."""
+    return dict(sorted(_taken.items()))
+
+
+def forget_routes() -> None:
+    _taken.clear()
+
+
+def backward_runs(device: torch.device) -> bool:
+    """Whether FlexAttention has a backward on ``device``: not on the CPU (torch raises there)."""
+    return device.type != "cpu"
 
 
 def _intercepted() -> bool:
@@ -91,11 +133,14 @@ def attend_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: Score
     none does (no compact form, ``BIASVIZ_ATTENTION=sdpa``, a compiler that fails, torch's recompile limit): then
     the caller's blocked SDPA path runs, with the same numbers. ``table``: whether the strided table may run."""
     chosen = route(q.device, q.shape[-2], terms, table)
+    out = None
     if chosen == "table":
-        return attend_by_table(q, k, v, terms.distance, scale)
-    if chosen == "flex" and fits(q, terms):
-        return attend_or_none(q, k, v, terms, scale)
-    return None
+        out = attend_by_table(q, k, v, terms.distance, scale)
+    elif chosen == "flex" and fits(q, terms):
+        out = attend_or_none(q, k, v, terms, scale)
+    if out is not None:
+        took(chosen)
+    return out
 
 
 def attend_by_table(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, scale: float,

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 from biasviz.common.errors import too_long
-from biasviz.model import blocked_grad, fused
+from biasviz.model import blocked_grad, flex_grad, fused
 from biasviz.model.attention import (
     MIN_ROWS,
     SDPA_BLOCK_CAP,
@@ -99,14 +99,19 @@ class Attention(nn.Module):
 
     def _full(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Differentiable (training): (B, H, T, hd). A bias with a compact form (:meth:`score_terms`) goes through
-        the blocked recomputation, which keeps no (query, key) cell for the backward pass; otherwise every cell
-        at once, as GPT-2 does (FIRE, dropout on the weights, or a hook listening)."""
+        compiled FlexAttention on a GPU (:mod:`~biasviz.model.flex_grad`) and the blocked recomputation elsewhere,
+        neither of which keeps a (query, key) cell for the backward pass; otherwise every cell at once, as GPT-2
+        does (dropout on the weights, or a hook listening). The route taken is counted (:func:`fused.took`)."""
         T = x.shape[1]
         listened = self.hook_bias.active or self.hook_pattern.active or self.hook_scores.active
+        bias_free = not (self.adds_bias or self.hook_pattern.active)  # SDPA's causal kernel, dropout inside it
         if self.adds_bias and not listened and not (self.training and self.dropout > 0) and fused.mode() != "sdpa":
             terms = self.pos_bias.score_terms(x)
             if terms is not None:
-                return blocked_grad.attend(q, k, v, terms, self.scale)
+                out = flex_grad.attend(q, k, v, terms, self.scale)  # a GPU: forward and backward fused
+                fused.took("flex" if out is not None else "blocked-grad")
+                return out if out is not None else blocked_grad.attend(q, k, v, terms, self.scale)
+        fused.took("causal" if bias_free else "dense")
         bias = self.hook_bias(self.pos_bias(x, T, T), 0) if self.adds_bias else None  # (1 or B, H, T, T)
         masked = causal_mask(T, T, x.device)  # (T, T)
         dropout_p = self.dropout if self.training else 0.0
@@ -130,14 +135,16 @@ class Attention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         eager = self.hook_pattern.active or self.hook_scores.active
         if not (eager or self.adds_bias):  # fused kernels are blocked themselves and mask by position
+            fused.took("causal")
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
             return y.transpose(1, 2)  # (B, T, H, hd)
         if not (eager or self.hook_bias.active or dropout_p > 0) and fused.mode() != "sdpa":
             terms = self.pos_bias.score_terms(x)  # the bias in a form a kernel reads per cell, or None
             # blocks of rows asked for: not the table's own blocks
             out = fused.attend_fused(q, k, v, terms, self.scale, table=self.block_elements is None)
-            if out is not None:
+            if out is not None:  # (its route counted there)
                 return out.transpose(1, 2)  # (B, T, H, hd)
+        fused.took("eager" if eager else "blocked")
         rows_of = self.pos_bias.rows(x) if self.adds_bias else None  # (r0, r1) -> (1 or B, H, rows, r1)
         # contiguous, so that each block's keys k[:, :, :r1] are (B * H) matrices matmul reads without a copy
         q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, hd)

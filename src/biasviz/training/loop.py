@@ -22,7 +22,7 @@ from biasviz.common.names import display_name, utf8_data
 from biasviz.common.processes import World, process_group
 from biasviz.common.progress import Progress
 from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
-from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
+from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, fused
 from biasviz.training.checkpoints import check_output, checkpoint_dir, share_mode
 
 TRAINING_FILE = "training.json"
@@ -192,10 +192,12 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
             "seconds": round(seconds, 2), "final_loss": float(np.mean(losses[-10:])) if losses else None,
             "torch_version": torch.__version__,
             "autocast": "bfloat16" if isinstance(autocast, torch.autocast) else "none",
+            "attention_routes": fused.routes_taken(),  # route -> attention calls (model.fused.ROUTES)
         }  # fmt: skip
         write_new(directory / TRAINING_FILE, json.dumps(utf8_data(record), indent=2))
 
     saving = tmp is not None and s.save_every > 0
+    fused.forget_routes()  # what this run's steps take, recorded with each checkpoint
     if saving:
         save(checkpoint_dir(tmp, 0), 0, 0.0)  # the initialisation, where every sweep starts
     start = last = time.perf_counter()
