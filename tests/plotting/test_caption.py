@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -92,8 +93,19 @@ def test_caption_names_the_heads_whose_values_change_sign(tmp_path: Path) -> Non
     result = CliRunner().invoke(cli, ["plot", "--scheme", "alibi", "--input", str(path), "--caption", "--out-dir",
                                       str(tmp_path), "--format", "png"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    body = caption_body((tmp_path / "alibi_bias.tex").read_text("utf-8"))
-    assert "diverging about 0 (white), each side to its own extreme, for heads 2, 7," in body
+    body = " ".join(caption_body((tmp_path / "alibi_bias.tex").read_text("utf-8")).split())
+    # each head's sides over the cells a query sees: both at least a twentieth of the range -> its own extremes;
+    # a smaller side under it -> symmetric; one sign -> symmetric on the figure's one diverging map
+    seen = np.tril(np.ones((bias.shape[-1],) * 2, dtype=bool))
+    lows, highs = (f(bias[0][:, seen], axis=-1) for f in (np.min, np.max))
+    both = [(h + 1, min(-lo, hi) >= (hi - lo) / 20) for h, (lo, hi) in enumerate(zip(lows, highs, strict=True))
+            if lo < 0 < hi]  # fmt: skip
+    own, noise = [h for h, big in both if big], [h for h, big in both if not big]
+    assert own == [7] and noise == [2]  # head 7's +0.5 is a fifth of its range; head 2's, a fiftieth
+    one_sign = ", ".join(str(h) for h in range(1, 13) if h not in own + noise)
+    assert ("One diverging colour scale per head, white at 0: each side to its own extreme for head 7, whose values "
+            "change sign; symmetric about 0, to the largest magnitude, for head 2, whose smaller side is under a "
+            f"twentieth of the range, and for heads {one_sign}, whose values have one sign.") in body
 
 
 def test_no_caption_unless_asked_and_the_api_carries_it(hostile_file: Path, tmp_path: Path) -> None:

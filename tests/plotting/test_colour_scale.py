@@ -1,10 +1,11 @@
 """One colour-scale decision for every heatmap, read back from what is drawn.
 
 Expectations are computed here from matplotlib's own colour maps and the data written, never from biasviz's
-scale objects: a one-sign head gets a sequential map over its own range, a head that changes sign a diverging
-map centred at 0 with the data's own (lopsided) limits; both ends of every colour bar are labelled, in one number
-format per figure; and a cell gets the same colour in ``biasviz plot``'s PNG, the notebook API's figure and
-the explorer.
+scale objects (the rule written out in tests/plotting/colour_rule.py): a one-sign head gets a sequential map over
+its own range, a head that changes sign a diverging map centred at 0 with the data's own (lopsided) limits, or
+symmetric ones where a side is noise, and one such head puts the whole figure on the diverging map; both ends of
+every colour bar are labelled, in one number format per figure; and a cell gets the same colour in ``biasviz
+plot``'s PNG, the notebook API's figure and the explorer.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from biasviz.plotting.heatmap import head_grid
 from tests.conftest import SYNTHETIC_ATTRS, run_cli, softmax_weights
 from tests.explorer.test_explore import page_payload, unpack
+from tests.plotting.colour_rule import expected_limits, place
 
 T = 8
 LOWER = np.tril(np.ones((T, T), bool))
@@ -42,19 +44,36 @@ def _shown(bar: mpl.axes.Axes) -> list[tuple[float, str]]:
                                                              bar.yaxis.get_ticklabels(), strict=True)]  # fmt: skip
 
 
-def test_one_sign_is_sequential_over_its_own_range_and_a_sign_change_centred_at_0() -> None:
+def test_one_sign_is_sequential_unless_a_head_of_the_figure_diverges() -> None:
+    """Head 3 changes sign (lopsided: both sides over a twentieth of the range), so the figure is drawn on one
+    diverging map: head 1 (one sign) and head 2 (zeros) from minus to plus their largest magnitude."""
     heads = _heads()
     bars = _bars(head_grid(heads, kind="bias", max_cells=T))
     cells = [h[LOWER].astype(np.float64) for h in heads]
-    want = [(cells[0].min(), 0.0), (0.0, 1.0), (cells[2].min(), cells[2].max())]  # all 0: from 0 to 1
-    maps = ["viridis", "viridis", "RdBu_r"]
-    for bar, (lo, hi) in zip(bars, want, strict=True):
+    want = expected_limits(cells)
+    assert want == [(cells[0].min(), -cells[0].min(), True), (-1.0, 1.0, True), (cells[2].min(), cells[2].max(), True)]
+    for bar, (lo, hi, _) in zip(bars, want, strict=True):
         assert bar.get_ylim() == pytest.approx((lo, hi), abs=1e-6)  # the bar spans exactly the limits
         shown = _shown(bar)
         assert shown[0][0] == pytest.approx(lo, abs=1e-6) and shown[-1][0] == pytest.approx(hi, abs=1e-6)
         assert shown[0][1] and shown[-1][1]  # both ends carry a label
+        assert any(v == 0.0 and label == "0.0" for v, label in shown), shown  # every diverging bar labels its 0
     panels = [ax.get_images()[0] for ax in bar.figure.axes if ax.get_images()]
-    assert [im.get_cmap().name for im in panels] == maps
+    assert [im.get_cmap().name for im in panels] == ["RdBu_r"] * 3  # one colour family per figure
+    alone = _bars(head_grid(heads[:2], kind="bias", max_cells=T))  # no head diverges: sequential, as before
+    assert [v for b in alone for v in b.get_ylim()] == pytest.approx([cells[0].min(), 0.0, 0.0, 1.0], abs=1e-6)
+
+
+def test_a_side_under_a_twentieth_of_the_range_gives_symmetric_limits() -> None:
+    """-0.93 beside +0.02: the +0.02 stays pale (the map's 0.51, not its end) instead of as saturated as -0.93."""
+    d = np.subtract.outer(np.arange(T), np.arange(T)).astype(np.float64)
+    head = np.where(LOWER, 0.02 - (0.95 / 7) * d, np.nan)  # 0.02 .. -0.93
+    fig = head_grid(head[None], kind="bias", max_cells=T)
+    (bar,) = _bars(fig)
+    (lo, hi, centred), = expected_limits([head[LOWER]])
+    assert centred and (lo, hi) == pytest.approx((-0.93, 0.93)) and bar.get_ylim() == pytest.approx((lo, hi))
+    norm = [ax for ax in fig.axes if ax.get_images()][0].get_images()[0].norm
+    assert float(norm(0.02)) == pytest.approx(place(0.02, lo, hi, True)) == pytest.approx(0.5 + 0.01 / 0.93)
 
 
 def test_one_number_format_for_every_colour_bar_of_a_figure() -> None:
@@ -89,14 +108,10 @@ def _write(path: Path, bias: np.ndarray) -> Path:
 
 
 def _expected(heads: np.ndarray, h: int, i: int, j: int) -> np.ndarray:
-    """The colour matplotlib's own map gives cell (i, j) of head h under the rules, 0..1 RGB."""
-    cells = heads[h][LOWER].astype(np.float64)
-    v = float(heads[h, i, j])
-    lo, hi = cells.min(), cells.max()
-    if lo < 0 < hi:  # each sign over its half of the map: lo at 0, 0 at the middle, hi at 1
-        x = 0.5 * (v - lo) / -lo if v < 0 else 0.5 + 0.5 * v / hi
-        return np.asarray(mpl.colormaps["RdBu_r"](x)[:3])
-    return np.asarray(mpl.colormaps["viridis"]((v - lo) / (hi - lo))[:3])
+    """The colour matplotlib's own map gives cell (i, j) of head h under the rules (colour_rule), 0..1 RGB."""
+    lo, hi, centred = expected_limits([m[LOWER] for m in heads])[h]
+    x = place(float(heads[h, i, j]), lo, hi, centred)
+    return np.asarray(mpl.colormaps["RdBu_r" if centred else "viridis"](x)[:3])
 
 
 def _png_cell(png: np.ndarray, fig: mpl.figure.Figure, dpi: int, h: int, i: int, j: int) -> np.ndarray:

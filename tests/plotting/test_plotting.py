@@ -209,7 +209,7 @@ def test_linear_weights_scale_clips_the_heavy_tail_with_an_arrow() -> None:
     assert im.norm.vmax < 1.0 and im.colorbar.extend == "max"
 
 
-def test_each_head_gets_its_own_map_diverging_only_where_it_changes_sign() -> None:
+def test_each_head_gets_its_own_limits_on_one_diverging_map_where_one_changes_sign() -> None:
     bias = alibi(3, 64)
     bias[0] += 5.0  # only head 1 changes sign (from about -5 to +5)
     fig = head_grid(bias)
@@ -218,10 +218,13 @@ def test_each_head_gets_its_own_map_diverging_only_where_it_changes_sign() -> No
     first = axes[0].get_images()[0].norm
     ends = (bias[0][lower].min(), bias[0][lower].max())
     assert first.vcenter == 0.0 and (first.vmin, first.vmax) == pytest.approx(ends)
-    for h, ax in enumerate(axes[1:], start=1):  # one sign: a sequential map over the head's own range
+    for h, ax in enumerate(axes[1:], start=1):  # one sign, on the figure's one map: white at 0, +-its magnitude
         im = ax.get_images()[0]
-        assert im.get_cmap().name.startswith("viridis") and not hasattr(im.norm, "vcenter")
-        assert (im.norm.vmin, im.norm.vmax) == pytest.approx((bias[h][lower].min(), bias[h][lower].max()), abs=1e-6)
+        m = np.abs(bias[h][lower]).max()
+        assert im.get_cmap().name == axes[0].get_images()[0].get_cmap().name == "RdBu_r"
+        assert im.norm.vcenter == 0.0 and (im.norm.vmin, im.norm.vmax) == pytest.approx((-m, m), abs=1e-6)
+    plain = image_axes(head_grid(alibi(3, 64)))  # no head changes sign: each sequential over its own range
+    assert all(ax.get_images()[0].get_cmap().name.startswith("viridis") for ax in plain)
 
 
 def test_unclipped_negative_bias_has_no_colorbar_arrow() -> None:

@@ -29,12 +29,13 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_each_map_is_on_the_heatmaps_colour_scale_with_labelled_bars_in_one_format(pair: tuple[Path, Path]) -> None:
     import h5py
 
-    from biasviz.plotting.scales import ValueRange, colour_scale
+    from tests.plotting.colour_rule import expected_limits
 
     fig = compare_figure([pair])
     maps = [ax for ax in fig.axes if ax.get_images() and ax.get_label() != "<colorbar>"]
     assert len(maps) == 2
     assert maps[0].get_title().split("\n")[0] == "ALiBi"  # as the long-context and measures figures write it
+    drawn = []
     for ax, path in zip(maps, pair, strict=True):
         image = ax.get_images()[0]
         with h5py.File(path) as f:
@@ -42,9 +43,12 @@ def test_each_map_is_on_the_heatmaps_colour_scale_with_labelled_bars_in_one_form
             p = f[f"{layer}/positional_mean"][()] - f[f"{layer}/positional_profile"][0][:, :1, None]
         values = np.ma.filled(np.ma.asarray(image.get_array(), dtype=np.float64), np.nan)
         head = next(h for h in range(p.shape[0]) if np.allclose(values, p[h], equal_nan=True))
-        want, _ = colour_scale(ValueRange.of(p[head], percentile=False), "positional")  # the one decision
-        assert type(image.norm) is type(want)
-        assert (image.norm.vmin, image.norm.vmax) == pytest.approx((want.vmin, want.vmax), rel=1e-6)
+        drawn.append((image, p[head]))
+    # the figure's one rule over both lengths' maps: a head diverging at one length is diverging at the other
+    for (image, _), (lo, hi, centred) in zip(drawn, expected_limits([m for _, m in drawn]), strict=True):
+        assert hasattr(image.norm, "vcenter") == centred
+        assert image.get_cmap().name == drawn[0][0].get_cmap().name
+        assert (image.norm.vmin, image.norm.vmax) == pytest.approx((lo, hi), rel=1e-6)
     fig.canvas.draw()
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
     assert len(bars) == 2 and all(b.get_xlabel() == "P(i, j) − P(0)\n(logits)" for b in bars)  # each says its quantity
@@ -69,8 +73,10 @@ def test_at_a_pages_width_every_bars_end_labels_stay_apart_and_inside_the_figure
     page = fig.bbox
     for bar in bars:
         labels = [t for t in bar.get_xticklabels() if t.get_text()]
-        assert len(labels) == 2, [t.get_text() for t in labels]  # both ends labelled
-        lo, hi = (t.get_window_extent() for t in labels)
+        crosses = bar.get_xlim()[0] < 0 < bar.get_xlim()[1]  # a diverging bar: its 0 labelled between the ends
+        assert len(labels) == 2 + crosses, [t.get_text() for t in labels]  # both ends labelled
+        assert not crosses or float(labels[1].get_text().replace("\N{MINUS SIGN}", "-")) == 0.0
+        lo, hi = (t.get_window_extent() for t in (labels[0], labels[-1]))
         ramp = bar.get_window_extent()
         for box in (lo, hi):
             assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, box

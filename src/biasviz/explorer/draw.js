@@ -87,9 +87,12 @@ function topText(scale) {
   return (scale[4] === "over" ? "\u2265\u2009" : "") + fmt4(scale[1]);
 }
 
-// A diverging scale centred at 0 with the data's own ends (each sign over its half), as biasviz plot draws.
+// A diverging scale centred at 0 with the data's own ends (each sign over its half), as biasviz plot draws:
+// symmetric (+-the larger magnitude) where the smaller side is under a twentieth of the range (NOISE_SHARE).
 function centredScale(lo, hi, cmap) {
-  return [Math.min(lo, -1e-30), Math.max(hi, 1e-30), cmap, "centred"];
+  const [a, b] = [Math.min(lo, -1e-30), Math.max(hi, 1e-30)];
+  if (Math.min(-a, b) < 0.05 * (b - a)) return [-Math.max(-a, b), Math.max(-a, b), cmap, "centred"];
+  return [a, b, cmap, "centred"];
 }
 
 // A grid head's colour bar: the data's two limits above the ramp's ends, and below it round values (0 among

@@ -80,44 +80,62 @@ def _file_text(bf: BiasFile, name: str) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def scale_sentence(kinds_of_scale: Sequence[str], *, shared: bool, log: bool, kind: str) -> str:
-    """How the colours read, from what each head's scale is ('sequential', 'diverging', 'zero'), as
-    :func:`biasviz.plotting.scales.colour_scale` decided them.
+def _heads(heads: list[int]) -> str:
+    return ("head " if len(heads) == 1 else "heads ") + ", ".join(map(str, heads))
 
-    >>> scale_sentence(["sequential", "diverging", "sequential"], shared=False, log=False, kind="bias")
-    "One colour scale per head, sequential from the head's minimum to its maximum; diverging about 0 (white), each \
-side to its own extreme, for head 2, whose values change sign."
+
+def scale_sentence(kinds_of_scale: Sequence[str], *, shared: bool, log: bool, kind: str) -> str:
+    """How the colours read, from what each head's scale is, as :func:`biasviz.plotting.scales.head_scales` decided
+    them (:func:`drawn_scales`): 'sequential', 'diverging' (values that change sign, each side to its own extreme),
+    'symmetric' (values that change sign, one side under a twentieth of the range: +-the larger magnitude),
+    'centred' (values of one sign on the figure's diverging map, +-their largest magnitude) or 'zero'.
+
+    >>> scale_sentence(["sequential", "sequential"], shared=False, log=False, kind="bias")
+    "One colour scale per head, sequential from the head's minimum to its maximum."
+    >>> scale_sentence(["centred", "diverging", "symmetric"], shared=False, log=False, kind="bias")
+    'One diverging colour scale per head, white at 0: each side to its own extreme for head 2, whose values \
+change sign; symmetric about 0, to the largest magnitude, for head 3, whose smaller side is under a twentieth of \
+the range, and for head 1, whose values have one sign.'
     """
     if log:
         return ("One logarithmic colour scale for all heads, from the smallest positive weight (at least $10^{-4}$ "
                 "of the largest) to the largest.")  # fmt: skip
     std = kind.endswith("_std")
+    by = {k: [h + 1 for h, got in enumerate(kinds_of_scale) if got == k] for k in ("diverging", "symmetric",
+                                                                                  "centred", "zero")}  # fmt: skip
     if shared:
-        shape = "diverging about 0 (white)" if kinds_of_scale and kinds_of_scale[0] == "diverging" else "sequential"
+        shape = "diverging about 0 (white)" if kinds_of_scale and kinds_of_scale[0] != "sequential" else "sequential"
         said = f"One colour scale for all heads, {shape}, from their joint minimum to their maximum"
     elif std:
         said = "One colour scale per head, from 0 to the head's largest standard deviation"
+    elif by["diverging"] or by["symmetric"] or by["centred"]:
+        parts = []
+        if by["diverging"]:
+            parts.append(f"each side to its own extreme for {_heads(by['diverging'])}, whose values change sign")
+        even = []
+        if by["symmetric"]:
+            even.append(f"for {_heads(by['symmetric'])}, whose smaller side is under a twentieth of the range")
+        if by["centred"]:
+            even.append(f"for {_heads(by['centred'])}, whose values have one sign")
+        if even:
+            parts.append("symmetric about 0, to the largest magnitude, " + ", and ".join(even))
+        said = "One diverging colour scale per head, white at 0: " + "; ".join(parts)
     else:
         said = "One colour scale per head, sequential from the head's minimum to its maximum"
     if kind.startswith("weights") and not std:
         said += " (weights above each scale's 99.5th percentile marked by the colour bar's arrow)"
-    diverging = [h + 1 for h, k in enumerate(kinds_of_scale) if k == "diverging"]
-    if diverging and not shared:
-        heads = ("head " if len(diverging) == 1 else "heads ") + ", ".join(map(str, diverging))
-        said += f"; diverging about 0 (white), each side to its own extreme, for {heads}, whose values change sign"
-    zero = [h + 1 for h, k in enumerate(kinds_of_scale) if k == "zero"]
-    if zero:
-        said += f"; head{'s' * (len(zero) > 1)} {', '.join(map(str, zero))} 0 within float32 rounding, drawn as 0"
+    if by["zero"]:
+        said += f"; {_heads(by['zero'])} 0 within float32 rounding, drawn as 0"
     return said + "."
 
 
 def drawn_scales(fig: Figure | SubFigure) -> list[str]:
-    """Each panel's colour scale as the figure drew it, head by head: 'diverging' (centred at 0), 'zero' (every
-    value 0 within rounding) or 'sequential', for :func:`scale_sentence` (read from the images, not re-decided)."""
+    """Each panel's colour scale as the figure drew it, head by head (the kinds of :func:`scale_sentence`), read
+    from the images and their norms, not re-decided."""
     import numpy as np
     from matplotlib.colors import LogNorm, TwoSlopeNorm
 
-    from biasviz.plotting.scales import ZERO_BELOW
+    from biasviz.plotting.scales import ZERO_BELOW, symmetric
 
     said = []
     for ax in fig.axes:
@@ -125,7 +143,14 @@ def drawn_scales(fig: Figure | SubFigure) -> list[str]:
             values = np.ma.filled(np.ma.asarray(im.get_array(), dtype=float), np.nan)
             finite = values[np.isfinite(values)]
             zero = not isinstance(im.norm, LogNorm) and (finite.size == 0 or np.abs(finite).max() < ZERO_BELOW)
-            said.append("diverging" if isinstance(im.norm, TwoSlopeNorm) else "zero" if zero else "sequential")
+            if zero:
+                said.append("zero")
+            elif not isinstance(im.norm, TwoSlopeNorm):
+                said.append("sequential")
+            elif not symmetric(im.norm):
+                said.append("diverging")
+            else:
+                said.append("symmetric" if finite.min() < 0.0 < finite.max() else "centred")
     return said
 
 

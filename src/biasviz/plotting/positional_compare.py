@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.colorbar import Colorbar
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from biasviz.common.errors import BiasvizError
 from biasviz.plotting.positional import need_position
-from biasviz.plotting.scales import ValueRange, _decimals, colour_scale, format_colorbars, tick_text
+from biasviz.plotting.scales import ValueRange, _decimals, format_colorbars, head_scales, tick_text
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
 from biasviz.plotting.titles import figure_title, samples_text, scheme_name
 
@@ -46,11 +47,10 @@ NARROW_COLUMNS = 4
 
 
 def _map(fig: Figure | SubFigure, ax: Axes, m: np.ndarray, t: int, block: int, size: float, first: bool,
-         positions: bool) -> Colorbar:  # fmt: skip
-    """One head's P map on :func:`colour_scale` (the heatmaps' one decision, from every cell the file holds: block
-    means where it holds blocks, and the bar says so), with its labelled colour bar below. ``positions``: the
+         positions: bool, scale: tuple[Normalize, Colormap]) -> Colorbar:  # fmt: skip
+    """One head's P map on its ``scale`` (:func:`_scales`), with its labelled colour bar below. ``positions``: the
     query positions written on the left (the first map of a row, or one whose length differs from the first's)."""
-    norm, cmap = colour_scale(ValueRange.of(m, percentile=False), "positional")
+    norm, cmap = scale
     image = ax.imshow(m, cmap=cmap, norm=norm, extent=(0, t, t, 0), interpolation="nearest")
     image.set_rasterized(True)
     ax.set_xticks([0, t])
@@ -146,6 +146,7 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
         grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
         parts = [fig.add_subfigure(grid[k]) for k in range(len(heights))]
         bars, profiles = [], []
+        scales = _scales(columns)
         for k, start in enumerate(starts):
             maps = parts[2 * k].subplots(2, per_row, squeeze=False)
             below = parts[2 * k + 1].subplots(1, per_row, squeeze=False)[0]
@@ -156,11 +157,12 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
                     continue
                 short, long = columns[start + c]
                 head = _draw_column(parts[2 * k], maps[:, c], below[c], short, long, size, c == 0,
-                                    [columns[start][0][1], columns[start][1][1]], bars)  # fmt: skip
+                                    [columns[start][0][1], columns[start][1][1]], bars,
+                                    scales[start + c])  # fmt: skip
                 maps[0, c].set_title(f"{literal(scheme_name(long[0]))}\nhead {head + 1}", fontsize=size)
                 profiles.append(below[c])
-        # a seventh of a page holds two labels: the ends alone (0 is the diverging map's white), one format throughout
-        decimals = format_colorbars(bars, nbins=-1, at_least=_profile_decimals(profiles))
+        # a seventh of a page holds three labels: the ends and, on a diverging bar, its 0; one format throughout
+        decimals = format_colorbars(bars, nbins=0, at_least=_profile_decimals(profiles))
         for ax in profiles:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: tick_text(v, decimals)))
         fig.supxlabel(xlabel, fontsize=size * 0.9)
@@ -185,14 +187,32 @@ def _slack(ax: Axes) -> float:
     return (cell.height - cell.width) / root.dpi
 
 
+def _widest(long: tuple) -> int:
+    """The head whose P(d) at the long length spans the most logits (0-based): the one a column maps."""
+    prof_long = long[4]
+    return int(np.nanargmax(np.nanmax(prof_long, -1) - np.nanmin(prof_long, -1)))
+
+
+def _scales(columns: list) -> list[list[tuple[Normalize, Colormap]]]:
+    """Each column's two maps' scales, decided for the figure as a whole (:func:`head_scales`: the heatmaps' one
+    decision per map, from every cell the file holds, and one colour family for every map of the figure): a head
+    diverging at one length is diverging at the other."""
+    ranges = [ValueRange.of(part[3][_widest(long)], percentile=False) for short, long in columns
+              for part in (short, long)]  # fmt: skip
+    flat = head_scales([], "positional", ranges=ranges)
+    return [flat[2 * c : 2 * c + 2] for c in range(len(columns))]
+
+
 def _draw_column(fig: SubFigure, maps: np.ndarray, ax: Axes, short: tuple, long: tuple, size: float, first: bool,
-                 lengths: list[int], bars: list[Colorbar]) -> int:  # fmt: skip
-    """One model: its widest head's P map at both lengths (bars added to ``bars``) and every head's P(d) at the long
-    length on ``ax``, the mapped head in red. Returns the head drawn (0-based)."""
+                 lengths: list[int], bars: list[Colorbar],
+                 scales: list[tuple[Normalize, Colormap]]) -> int:  # fmt: skip
+    """One model: its widest head's P map at both lengths on ``scales`` (bars added to ``bars``) and every head's
+    P(d) at the long length on ``ax``, the mapped head in red. Returns the head drawn (0-based)."""
     t_long, prof_long = long[1], long[4]
-    head = int(np.nanargmax(np.nanmax(prof_long, -1) - np.nanmin(prof_long, -1)))  # the widest P(d)
+    head = _widest(long)
     for r, (t, m, block) in enumerate(((short[1], short[3], short[5]), (t_long, long[3], long[5]))):
-        bars.append(_map(fig, maps[r], m[head], t, block, size, first, positions=first or t != lengths[r]))
+        bars.append(_map(fig, maps[r], m[head], t, block, size, first, positions=first or t != lengths[r],
+                         scale=scales[r]))  # fmt: skip
     d = np.arange(1, t_long)
     for h in range(prof_long.shape[0]):
         ax.plot(d, prof_long[h, 1:], lw=1.2 if h == head else 0.5, color="C3" if h == head else "0.55",

@@ -8,7 +8,11 @@ cell, :class:`ValueRange`):
 * values of one sign (or all 0): a sequential map from the head's own minimum to its own maximum; a head whose
   values are all below :data:`ZERO_BELOW` in size (0 within float32 rounding) is drawn as 0 on the all-zero scale;
 * values that change sign: a diverging map centred at 0, each side over its own range (lopsided limits when the
-  two sides differ: both ends are the data's, as ../FIGURES.md asks, and no half of the bar is left empty);
+  two sides differ: both ends are the data's, and no half of the bar is left empty), except where one side is
+  under :data:`NOISE_SHARE` of the range: then the limits are symmetric, +-the largest magnitude, so that a +0.02
+  beside -0.93 is pale, not as saturated as -0.93;
+* one colour family per figure (:func:`head_scales`): where any head's values change sign, every head is drawn on
+  the same diverging map, a head of one sign with symmetric limits about 0 (white), half the bar its own;
 * linear attention weights end at their 99.5th percentile (an arrow marks the larger ones); a log scale runs
   from the smallest positive weight (at least 1e-4 of the largest) to the largest; a standard deviation over
   samples runs from 0 to its largest value.
@@ -37,6 +41,8 @@ DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "bias_std": "viridis", "
                  "diverging": "RdBu_r"}  # fmt: skip
 #: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
 SIGN_TOLERANCE = 1e-3
+#: A diverging scale's side under this fraction of its range is noise beside the other: symmetric limits.
+NOISE_SHARE = 0.05
 #: A head whose every value is this small is 0 within float32's rounding of the sums it is made of (FIRE's MLP at
 #: initialisation gives +-1e-9): drawn as 0 on the all-zero scale, never as a diverging bar stretched over noise.
 ZERO_BELOW = 1e-6
@@ -171,12 +177,49 @@ def colour_scale(
 def centred_norm(lo: float, hi: float) -> TwoSlopeNorm:
     """A diverging scale centred at 0 whose ends are the data's own ``lo`` < 0 < ``hi``: each sign over its half of
     the map, so the palest colour is 0 and each end the largest value of its sign (for values that change sign;
-    :func:`colour_scale` decides).
+    :func:`colour_scale` decides). Where the smaller side is under :data:`NOISE_SHARE` of the range, the limits are
+    +-the larger magnitude instead: a side that small would otherwise take half the colours.
 
     >>> n = centred_norm(-0.8, 0.25); (n.vmin, n.vcenter, n.vmax), float(n(0.25)), float(n(-0.4)), float(n(0))
     ((-0.8, 0.0, 0.25), 1.0, 0.25, 0.5)
+    >>> n = centred_norm(-0.93, 0.02); (n.vmin, n.vmax), round(float(n(0.02)), 3), float(n(-0.93))
+    ((-0.93, 0.93), 0.511, 0.0)
     """
-    return TwoSlopeNorm(vcenter=0.0, vmin=min(lo, -1e-30), vmax=max(hi, 1e-30))
+    lo, hi = min(lo, -1e-30), max(hi, 1e-30)
+    if min(-lo, hi) < NOISE_SHARE * (hi - lo):
+        lo, hi = -max(-lo, hi), max(-lo, hi)
+    return TwoSlopeNorm(vcenter=0.0, vmin=lo, vmax=hi)
+
+
+def symmetric(norm: Normalize) -> bool:
+    """Whether a diverging scale's limits are +-one magnitude (:func:`centred_norm`'s noise rule, or a head of one
+    sign on a figure's diverging map), rather than each side's own extreme."""
+    return isinstance(norm, TwoSlopeNorm) and abs(float(norm.vmin) + float(norm.vmax)) <= 1e-9 * float(norm.vmax)
+
+
+def one_family(scales: list[tuple[Normalize, Colormap]],
+               ranges: Sequence[ValueRange]) -> list[tuple[Normalize, Colormap]]:  # fmt: skip
+    """The heads of one figure on one colour family: where any head's scale is diverging, every linear head that is
+    not is drawn on the same diverging map with symmetric limits about 0, +-its largest magnitude (1 for a head
+    that is 0 within rounding), so that white is 0 in every panel and a sign reads the same everywhere. Log
+    scales and spreads (from 0, never diverging) are left as they are.
+
+    >>> rs = [ValueRange(-2.0, 1.0, 1.0, 1.0), ValueRange(-4.0, -1.0, np.inf, -1.0)]
+    >>> [(type(n).__name__, n.vmin, n.vmax, c.name) for n, c in one_family([colour_scale(r) for r in rs], rs)]
+    [('TwoSlopeNorm', -2.0, 1.0, 'RdBu_r'), ('TwoSlopeNorm', -4.0, 4.0, 'RdBu_r')]
+    """
+    diverging = [c for n, c in scales if isinstance(n, TwoSlopeNorm)]
+    if not diverging:
+        return scales
+    out = []
+    for (norm, cm), r in zip(scales, ranges, strict=True):
+        if isinstance(norm, (TwoSlopeNorm, LogNorm)):
+            out.append((norm, cm))
+            continue
+        m = max(abs(r.lo), abs(r.hi))
+        m = m if m >= ZERO_BELOW else 1.0
+        out.append((TwoSlopeNorm(vcenter=0.0, vmin=-m, vmax=m), diverging[0]))
+    return out
 
 
 def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_scale: bool = False,
@@ -190,7 +233,8 @@ def head_scales(mats: np.ndarray | Sequence[np.ndarray], kind: str, *, shared_sc
     ranges = list(ranges) if ranges is not None else [ValueRange.of(np.asarray(m), with_top) for m in mats]
     if shared_scale:
         return [colour_scale(ValueRange.joined(ranges), kind, log=log, cmap=cmap)] * len(ranges) if ranges else []
-    return [colour_scale(r, kind, log=log, cmap=cmap) for r in ranges]
+    scales = [colour_scale(r, kind, log=log, cmap=cmap) for r in ranges]
+    return scales if log or kind.endswith("_std") else one_family(scales, ranges)
 
 
 def _extend(values: np.ndarray | ValueRange, norm: Normalize) -> str:
