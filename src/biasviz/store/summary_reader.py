@@ -205,6 +205,19 @@ class SummaryLayout:
                                 f"({layout!r}) in {rows} rows")  # fmt: skip
         return int(pairs), str(layout)
 
+    def sink_min_queries(self, layer: int) -> np.ndarray | None:
+        """The queries a key must be seen by to rank among ``sink_keys``: int64 (sample, head); None where the file
+        does not say (made before the rule, its keys ranked over every key)."""
+        said = self.h5[f"{layer_group(layer)}/sink_keys"].attrs.get("sink_min_queries")
+        if said is None:
+            return None
+        value = np.asarray(said)
+        shape = (self.n_samples, self.n_heads)
+        if value.dtype.kind not in "iu" or value.ndim not in (0, 2) or (value.ndim and value.shape != shape) \
+                or (value < 1).any() or (value > self.seq_len).any():
+            raise self._damaged(f"sink_keys of layer {layer} says keys rank from {value.tolist()!r} queries on")
+        return np.broadcast_to(value.astype(np.int64), shape)
+
     def distance_bins(self) -> np.ndarray:
         """(bin, 2) int64: the first and last distance of each bin of SPEC section 14."""
         return datasets.distance_bins(self.seq_len)
