@@ -101,7 +101,7 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
     """Measure how much each head's bias depends on the input and on more than i - j.
 
     Writes the metrics per scheme and head to JSON, OUT_DIR/diagnostics.pdf/.png (all schemes side by
-    side) and OUT_DIR/<scheme>_profile.pdf/.png (mean bias against distance, with a +-1 std band).
+    side) and OUT_DIR/<scheme>_bias_profile.pdf/.png (mean bias against distance, with a +-1 std band).
     Files of schemes without a bias (learned, nope) are skipped with a note.
     """
     from biasviz.common.atomic import replacing_together
@@ -272,7 +272,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             "description": f"mean and +-1 population std over samples and cells with i - j = d; source: {r.path}",
         }
         written += save_figure(
-            fig, out_dir / f"{file_stem(r.name)}_profile", formats, dpi=dpi, info=info, style=style, staged=staged
+            fig, out_dir / f"{file_stem(r.name)}_bias_profile", formats, dpi=dpi, info=info, style=style, staged=staged
         )
         if r.sweep is not None:
             from biasviz.plotting.dynamics import over_training
@@ -292,8 +292,8 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
 
 
 def _captions(results: list[_FileResult], out_dir: Path, staged: Staged, one_layer: bool, sinks: bool) -> list[Path]:
-    """``--caption``: diagnostics.tex for the figure of every file, <name>_profile.tex and <name>_training.tex beside
-    each file's own figures; every value read from a file escaped (:mod:`biasviz.plotting.caption`)."""
+    """``--caption``: diagnostics.tex for the figure of every file, <name>_bias_profile.tex and <name>_training.tex
+    beside each file's own figures; every value read from a file escaped (:mod:`biasviz.plotting.caption`)."""
     from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption, diagnostics_caption, write_caption
     from biasviz.plotting.profiles import profile_note
     from biasviz.plotting.titles import layer_text, samples_text
@@ -310,7 +310,7 @@ def _captions(results: list[_FileResult], out_dir: Path, staged: Staged, one_lay
             if not r.heads:
                 continue
             text = Caption(r.scheme, PROFILE_QUANTITIES["bias"], r.layer, profile_note(r.samples, r.bias_only))
-            written.append(write_caption(out_dir / f"{file_stem(r.name)}_profile", text.latex(bf), staged))
+            written.append(write_caption(out_dir / f"{file_stem(r.name)}_bias_profile", text.latex(bf), staged))
             if r.sweep is not None:
                 over = Caption(r.scheme, TRAINING_QUANTITY, r.layer, samples_text(r.samples, bias_only=r.bias_only))
                 written.append(write_caption(out_dir / f"{file_stem(r.name)}_training", over.latex(bf), staged))

@@ -44,7 +44,8 @@ class HeadDiagnostics:
     separability_residual: float | None = None
 
     def as_json(self) -> dict[str, object]:
-        return {"head": self.head, "context_dependence": self.context_dependence,
+        # "index" counts from 0, as every index in files and JSON; "head" (1 .. H) is kept for existing scripts
+        return {"index": self.head - 1, "head": self.head, "context_dependence": self.context_dependence,
                 "toeplitz_residual": self.toeplitz_residual,
                 "separability_residual": self.separability_residual}  # fmt: skip
 
