@@ -1,4 +1,4 @@
-"""SPEC section 14's measures written out query by query in float64, for tests to compare biasviz's with."""
+"""docs/position-measures.md's measures written out query by query in float64, for tests to compare biasviz's with."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from biasviz.store.datasets import SEGMENTS, distance_bins
 
 def reference(w: np.ndarray, mask: np.ndarray, block: int) -> dict[str, np.ndarray]:
     """Per sample, from weights (N, H, T, T) and the attended cells (H or 1, T, T): band mass, context mass, entropy
-    block means and the mean received weight per key, by SPEC section 14's definitions, one query at a time."""
+    block means and the mean received weight per key, by docs/position-measures.md's definitions, one query at a
+    time."""
     n, h, t, _ = w.shape
     bins = distance_bins(t)
     m = np.broadcast_to(mask, (h, t, t))

@@ -1,4 +1,4 @@
-"""`plot`, `diagnose`, `info` and `explore` on summary files (SPEC section 11) and shared-bias files.
+"""`plot`, `diagnose`, `info` and `explore` on summary files (docs/hdf5.md, 'Summary files') and shared-bias files.
 
 Figures are caught on their way to disk (``save_figure`` wrapped) and their drawn artists compared with
 the file's data; the files are written with h5py (tests/summary_files.py), independently of biasviz's writer.

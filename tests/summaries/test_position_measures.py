@@ -1,5 +1,5 @@
-"""SPEC section 14's weight measures in summaries, against float64 math from the q and k caught at the model's own
-attention call (not through biasviz): our rotary model (its rows formed again), a sliding-window transformers model
+"""docs/position-measures.md's weight measures in summaries, against float64 math from the q and k caught at the model's
+own attention call (not through biasviz): our rotary model (its rows formed again), a sliding-window transformers model
 through SDPA (formed again) and through eager attention (streamed as the model forms them)."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def profile_se(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def check_file(path: Path, layer: int, w: np.ndarray, mask: np.ndarray, scores: np.ndarray | None = None) -> None:
-    """Every SPEC section 14 weight measure of ``layer`` in ``path`` equals the reference from ``w``, and the
+    """Every docs/position-measures.md weight measure of ``layer`` in ``path`` equals the reference from ``w``, and the
     profiles' SEs those of the weights and (given) the scores."""
     f = open_bias_file(path)
     np.testing.assert_allclose(f.summary_array("weights_profile_se", layer), profile_se(w, mask), rtol=2e-4,

@@ -1,4 +1,5 @@
-"""Summaries of calls that mask each sample differently (SPEC section 13): left padding, packed documents.
+"""Summaries of calls that mask each sample differently (docs/hdf5.md, 'Attended cells'): left padding, packed
+documents.
 
 Each sample's own cells count for it: a cell's mean and spread are over the samples that attend it, the maps,
 profiles and diagnostics average the cells some sample attends, the key profile and sink shares count each
@@ -72,7 +73,8 @@ def block_means(cells: np.ndarray, union: np.ndarray, block: int) -> np.ndarray:
 
 
 def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
-    """Every stored quantity, from the caught call by the rule of SPEC section 13 for masks that differ by sample."""
+    """Every stored quantity, from the caught call by the rule of docs/hdf5.md, 'Attended cells' for masks that differ
+    by sample."""
     kept, c = call["kept"], float(call["scale"])
     assert not (kept == kept[:1]).all(), "the samples' masks differ"
     scores = c * np.einsum("nhid,nhjd->nhij", call["q"], call["k"]) + call["added"]

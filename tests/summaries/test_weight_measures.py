@@ -1,5 +1,5 @@
-"""SPEC section 14's weight measures against the definitions written out cell by cell in float64 (numpy loops),
-for causal, bidirectional and windowed masks, rows given in blocks and samples in batches."""
+"""docs/position-measures.md's weight measures against the definitions written out cell by cell in float64 (numpy
+loops), for causal, bidirectional and windowed masks, rows given in blocks and samples in batches."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_distance_bins_cover_every_distance_once() -> None:
         bins = distance_bins(t)
         assert bins[0, 0] == 0 and bins[-1, 1] == t - 1
         assert (bins[1:, 0] == bins[:-1, 1] + 1).all() and (bins[:, 1] >= bins[:, 0]).all()
-    # the edges of SPEC 14 at T = 2048: e_k = round(16 * 128 ** (k / 48))
+    # the edges of docs/position-measures.md at T = 2048: e_k = round(16 * 128 ** (k / 48))
     edges = sorted({int(np.floor(16 * 128 ** (k / 48) + 0.5)) for k in range(49)})
     assert distance_bins(2048)[16:, 0].tolist() == edges[:-1]
 

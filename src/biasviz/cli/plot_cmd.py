@@ -276,7 +276,7 @@ class _PlotJob:
         return written
 
     def run_position(self, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
-        """SPEC sections 12 and 14 from a summary (:mod:`biasviz.cli.plot_position`)."""
+        """docs/positional.md and docs/position-measures.md from a summary (:mod:`biasviz.cli.plot_position`)."""
         from biasviz.cli.plot_position import run_position
 
         return run_position(self, kind, out_dir, formats, dpi)

@@ -1,4 +1,4 @@
-"""Diagnostics as a summary file stores them (SPEC section 11): read, never recomputed.
+"""Diagnostics as a summary file stores them (docs/hdf5.md, 'Summary files'): read, never recomputed.
 
 ``extract --summary`` computes the diagnostics at full resolution while it still sees every sample, and
 stores them with the distance profiles; here they become the same :class:`HeadDiagnostics` that a full
@@ -42,7 +42,7 @@ def stored_heads(bias_file: Any, layer: int) -> list[HeadDiagnostics]:
 
 
 def stored_position(bias_file: Any, layer: int) -> tuple[list[HeadDiagnostics] | None, dict[str, Any] | None]:
-    """SPEC section 12 of a summary, as stored: P's measures per head (None where the file holds no P) and the
+    """docs/positional.md of a summary, as stored: P's measures per head (None where the file holds no P) and the
     sinks (None where it holds no key profile): each head's share of key 0, and the share of sink heads both
     from the mean and from each sample thresholded alone (Gu et al. 2025, epsilon = 0.3)."""
     summary = getattr(bias_file, "summary", None)
@@ -104,8 +104,8 @@ def _secondary(record: np.void) -> bool:
 
 
 def stored_measures(bias_file: Any, layer: int) -> dict[str, Any] | None:
-    """SPEC section 14's measures of a summary layer as JSON: each mean with its spread over samples and its SE
-    (absent with fewer than 3 samples), by head; None where the file holds none."""
+    """docs/position-measures.md's measures of a summary layer as JSON: each mean with its spread over samples and its
+    SE (absent with fewer than 3 samples), by head; None where the file holds none."""
     from biasviz.store.datasets import MEASURES
 
     summary = getattr(bias_file, "summary", None)

@@ -1,5 +1,5 @@
-"""The table of SPEC section 14's summary datasets: one row each (name, dimensions, what its values may be, how
-checkpoints join), read by the writer, the joiner, the validator, the reader and the xarray view alike, so that a
+"""The table of docs/position-measures.md's summary datasets: one row each (name, dimensions, what its values may be,
+how checkpoints join), read by the writer, the joiner, the validator, the reader and the xarray view alike, so that a
 new measure is its computation plus a row here.
 
 Dimensions are named; :func:`dimension_sizes` gives each its length in a file, so a row's shape is never spelled
@@ -21,7 +21,7 @@ LOG_STEPS = 48  # from 16 on, edges 16 (T / 16)^(k / 48), k = 0 .. 48
 SEGMENTS = 10  # context_mass: tenths of the keys a query sees
 SINK_RANKS = 8  # sink_keys: the top keys kept per sample and head
 SINK_SEEN_PART = 8  # sink_keys rank only keys seen by at least ceil(m / 8) queries, m the most any key is seen by
-MIN_SE_SAMPLES = 3  # a standard error needs N >= 3 (SPEC section 14)
+MIN_SE_SAMPLES = 3  # a standard error needs N >= 3 (docs/position-measures.md)
 DISTANCE_BINS = "distance_bins"  # root dataset (distance_bin, 2): first and last distance of each bin
 SINK_DTYPE = np.dtype([("index", np.int32), ("share", np.float32)])
 
@@ -40,7 +40,7 @@ class DatasetRow:
         return self.check == "sinks"
 
 
-# SPEC section 14, the measures over the weights (stat = mean, std over samples)
+# docs/position-measures.md, the measures over the weights (stat = mean, std over samples)
 MEASURES: tuple[DatasetRow, ...] = (
     DatasetRow("band_mass", ("stat", "head", "distance_bin"), "share",
                "weight a query puts on the keys at each distance bin"),
@@ -89,8 +89,9 @@ ROTARY_LAYOUTS = ("half-split", "interleaved")
 
 
 def distance_bins(seq_len: int) -> np.ndarray:
-    """(bins, 2) int64: the first and last distance of each bin (SPEC section 14): one per distance 0 .. 15, then
-    edges e_k = round(16 (T / 16)^(k / 48)), duplicates removed, bin k = [e_k, e_(k+1) - 1], the last ending at T - 1.
+    """(bins, 2) int64: the first and last distance of each bin (docs/position-measures.md): one per distance 0 .. 15,
+    then edges e_k = round(16 (T / 16)^(k / 48)), duplicates removed, bin k = [e_k, e_(k+1) - 1], the last ending
+    at T - 1.
 
     >>> distance_bins(4).tolist()
     [[0, 0], [1, 1], [2, 2], [3, 3]]

@@ -1,4 +1,4 @@
-"""SPEC section 14's measures of the weights, from each sample's rows as they are formed: how far a head looks
+"""docs/position-measures.md's measures of the weights, from each sample's rows as they are formed: how far a head looks
 (``band_mass``), where in its context (``context_mass``, the U-shape of Liu et al. 2024 and Hsieh et al. 2024),
 how dispersed its weights are (``weights_entropy``), which keys it sinks into (``sink_keys``), and the standard
 errors of these and of the key profile and sink share over samples.
@@ -29,7 +29,8 @@ from biasviz.summaries.scratch import Scratch
 
 @dataclass
 class MeasureSummary:
-    """What a file keeps of SPEC section 14's weight measures for one layer: name -> array (see store.datasets)."""
+    """What a file keeps of docs/position-measures.md's weight measures for one layer: name -> array (see
+    store.datasets)."""
 
     arrays: dict[str, np.ndarray]
 
