@@ -15,12 +15,12 @@ DYNAMICS := kerple-log
 LONG     := alibi kerple-log
 LONG_LEN := 16384
 TRAIN_LEN := 128
-# Position in every model (SPEC section 12): the positional logits of the five, RoPE and NoPE (configs/rope.toml,
+# Position in every model (docs/positional.md): the positional logits of the five, RoPE and NoPE (configs/rope.toml,
 # nope.toml train them), at the training length and at 16 times it
 POSITIONAL := $(SCHEMES) rope nope
 POS_LEN  := 2048
 POS_SAMPLES := 8
-# Position as papers measure it (SPEC section 14), on one page from the same POS_LEN summaries: rotary frequency
+# Position as papers measure it (docs/position-measures.md), on one page from the same POS_LEN summaries: rotary frequency
 # use, band mass and the context U-curve, each with its 95 % band over the POS_SAMPLES windows
 MEASURES := rope alibi
 RUNS    := runs
@@ -34,7 +34,7 @@ POS_NOTE := tiny models, 300 steps on $(TRAIN_LEN)-token windows of Python's sta
 TRAIN_ARGS :=
 SAVE_EVERY :=
 
-# `make paper-figures`: GPT-2-small variants (SPEC section 2; the size of the paper's Figures 10-14) trained on
+# `make paper-figures`: GPT-2-small variants (docs/models.md; the size of the paper's Figures 10-14) trained on
 # PAPER_LEN-token windows, on the GPU when there is one (biasviz train --device auto), and the same figures drawn
 # from them. Everything goes under paper/ (runs, data, figures), apart from what `make figures` and `make clean`
 # touch: hours of training are never swept away with the tiny models. Any of these can be set on the command line.

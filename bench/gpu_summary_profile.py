@@ -1,5 +1,6 @@
-"""Where a summary's time goes on a GPU: our GPT-2-small-shape model, ``summary=True`` with and without SPEC
-sections 12 and 14, then one whole summary under torch's profiler (the ops that took the most time).
+"""Where a summary's time goes on a GPU: our GPT-2-small-shape model, ``summary=True`` with and without the measures of
+docs/positional.md and docs/position-measures.md, then one whole summary under torch's profiler (the ops that took the
+most time).
 
     python bench/gpu_summary_profile.py --seq-len 4096 --samples 2 --scheme alibi   # on a GPU machine
 """

@@ -1,8 +1,8 @@
-"""What SPEC section 14's measures cost a summary (BENCHMARKS.md §14): GPT-2-small shape with the ``rope`` scheme,
-the summary of the last layer with every section 14 measure and SE against the same summary without them, and the
-bare forward of the model through that layer, and the fused floor of the same shape (transformers' GPT2Model with
-SDPA's causal kernel, no LM head: N forwards of T tokens), each in a fresh process, interleaved (forward, without,
-with, floor, forward, ...), with each one's peak RSS. Nothing is downloaded: the models are randomly initialised.
+"""What docs/position-measures.md's measures cost a summary (BENCHMARKS.md §14): GPT-2-small shape with the ``rope``
+scheme, the summary of the last layer with every section 14 measure and SE against the same summary without them, and
+the bare forward of the model through that layer, and the fused floor of the same shape (transformers' GPT2Model with
+SDPA's causal kernel, no LM head: N forwards of T tokens), each in a fresh process, interleaved (forward, without, with,
+floor, forward, ...), with each one's peak RSS. Nothing is downloaded: the models are randomly initialised.
 
     .venv/bin/python bench/position_measures.py --seq-len 4096 --samples 8 --repeats 3
     .venv/bin/python bench/position_measures.py --seq-len 4096 --samples 2 16 --repeats 1   # RSS against N

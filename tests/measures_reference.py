@@ -1,4 +1,4 @@
-"""SPEC section 14's measures written out query by query in float64, for tests to compare biasviz's with."""
+"""docs/position-measures.md's measures written out query by query in float64, for tests to compare biasviz's with."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from biasviz.store.datasets import SEGMENTS, distance_bins
 
 def reference(w: np.ndarray, mask: np.ndarray, block: int) -> dict[str, np.ndarray]:
     """Per sample, from weights (N, H, T, T) and the attended cells (H or 1, T, T): band mass, context mass, entropy
-    block means and the mean received weight per key, by SPEC section 14's definitions, one query at a time."""
+    block means and the mean received weight per key, by docs/position-measures.md's definitions, one query at a
+    time."""
     n, h, t, _ = w.shape
     bins = distance_bins(t)
     m = np.broadcast_to(mask, (h, t, t))
@@ -49,7 +50,27 @@ def reference(w: np.ndarray, mask: np.ndarray, block: int) -> dict[str, np.ndarr
                 qs = [i for i in range(t) if m[hh, i, j]]
                 if qs:
                     received[a, hh, j] = np.mean([w[a, hh, i, j] for i in qs])
-    return {"band_mass": band, "context_mass": context, "weights_entropy": entropy, "received": received}
+    seen = m.sum(1).astype(np.int64)  # (H, T): the queries that see each key
+    return {"band_mass": band, "context_mass": context, "weights_entropy": entropy, "received": received,
+            "seen": seen}
+
+
+def sink_ranking(received: np.ndarray, seen: np.ndarray, ranks: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N, H, T) mean received weight, (H, T) queries that see each key -> the top ``ranks`` keys of each (sample,
+    head) among the keys seen by at least ceil(m / 8) queries, m the most any key is seen by: indices (N, H, ranks)
+    (-1 past the keys that qualify), shares (NaN there), and the threshold per head, written out key by key."""
+    n, h, t = received.shape
+    index = np.full((n, h, ranks), -1)
+    share = np.full((n, h, ranks), np.nan)
+    least = np.zeros(h, dtype=np.int64)
+    for hh in range(h):
+        least[hh] = math.ceil(max(seen[hh]) / 8)
+        keys = [j for j in range(t) if seen[hh, j] >= least[hh]]
+        for a in range(n):
+            order = sorted(keys, key=lambda j: (-received[a, hh, j], j))[:ranks]
+            index[a, hh, : len(order)] = order
+            share[a, hh, : len(order)] = [received[a, hh, j] for j in order]
+    return index, share, least
 
 
 def block_means(x: np.ndarray, mask: np.ndarray, block: int) -> np.ndarray:

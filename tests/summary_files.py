@@ -1,4 +1,4 @@
-"""Summary files (SPEC section 11) and shared-bias full files written directly with h5py and plain numpy.
+"""Summary files (docs/hdf5.md, 'Summary files') and shared-bias full files written directly with h5py and plain numpy.
 
 Independent of biasviz's writer and of its own reductions: each summary quantity is computed here the
 slow, obvious way (nanmean over a padded block view, per-distance loops, least squares with lstsq), so
@@ -67,7 +67,7 @@ def profile(x: np.ndarray) -> np.ndarray:
 
 
 def diagnostics(bias: np.ndarray) -> np.ndarray:
-    """(head,) records of SPEC sections 6 and 10, by their definitions (lstsq for the separable fit)."""
+    """(head,) records of docs/diagnostics.md, by their definitions (lstsq for the separable fit)."""
     n, heads, t, _ = bias.shape
     cells = dist(t) >= 0
     i, j = np.nonzero(cells)

@@ -10,10 +10,10 @@ those above it in this list (``tests/project/test_layout.py`` holds the order an
 - ``data``: the built-in corpus, the local tokenizer, and token windows.
 - ``training``: ``biasviz train`` and the checkpoint folders it writes.
 - ``store``: the HDF5 format - its layout, writer, reader, combining shards, compression on CPU and GPU.
-- ``diagnostics``: the context-dependence, Toeplitz and separability measures (SPEC sections 6 and 10).
+- ``diagnostics``: the context-dependence, Toeplitz and separability measures (docs/diagnostics.md).
 - ``tracing``: ``biasviz.trace`` - any model's attention calls (SDPA, flex, torch layers, eager), formed explicitly.
 - ``adapters``: open any checkpoint (ours, nanoGPT, transformers, user code) and capture bias and weights.
-- ``summaries``: means, spreads, profiles and diagnostics reduced while the model runs (SPEC section 11).
+- ``summaries``: means, spreads, profiles and diagnostics reduced while the model runs (docs/hdf5.md, 'Summary files').
 - ``extraction``: a run from windows to a file - one process, torchrun, checkpoint sweeps, the Python API.
 - ``plotting``, ``explorer``: figures and the interactive page, read from the files.
 - ``cli``: the ``biasviz`` command.

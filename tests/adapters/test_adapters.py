@@ -462,7 +462,7 @@ def test_default_stream_sends_what_capture_holds(tmp_path):
     assert set(want) == {(layer, kind) for layer, kind, _, _ in sent if kind != "attended"}
     for layer, kind, _, t in sent:
         assert t.shape[-2:] == (T, T)  # one block: the whole matrix
-        # first the cells the call attended to (SPEC section 13): where its bias is a number
+        # first the cells the call attended to (docs/hdf5.md, 'Attended cells'): where its bias is a number
         expected = torch.isfinite(want[layer, "bias"]) if kind == "attended" else want[layer, kind]
         assert torch.equal(t, expected)
     weights_only: list[str] = []

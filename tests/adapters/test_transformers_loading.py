@@ -1,5 +1,5 @@
-"""transformers directories are loaded as what they hold (SPEC section 13): the class config.json names, every
-weight from the files, never one initialised at random; files that lie or would run code are one error line.
+"""transformers directories are loaded as what they hold (docs/hdf5.md, 'Attended cells'): the class config.json names,
+every weight from the files, never one initialised at random; files that lie or would run code are one error line.
 
 Every model is a tiny random one built from its config class and saved to a temporary directory; the references
 are the saved tensors and the library's own eager ``output_attentions``.

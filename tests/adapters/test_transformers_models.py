@@ -430,7 +430,7 @@ def test_cli_part_is_refused_for_single_stack_models(dirs, tmp_path, capsys) -> 
     assert "--part applies to encoder-decoder models" in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------------------- scores (SPEC 12)
+# ----------------------------------------------------------------------------------------- scores (docs/positional.md)
 
 
 def _gpt2_qk(mod: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

@@ -199,7 +199,8 @@ def test_summary_options_that_cannot_apply(ckpt, tmp_path, capsys, extra, messag
 
 
 def test_a_resolution_above_the_length_gives_the_exact_maps(ckpt, tmp_path, capsys):
-    """SPEC section 11: R >= T makes blocks of one position, the same maps as R = T (R stored as given)."""
+    """docs/hdf5.md, 'Summary files': R >= T makes blocks of one position, the same maps as R = T (R stored as
+    given)."""
     paths = {r: tmp_path / f"r{r}.h5" for r in (24, 25)}
     for r, out in paths.items():
         code, _, err = run(extract_args(ckpt, "--summary", "--resolution", str(r), "--out", str(out)), capsys)

@@ -155,7 +155,7 @@ def test_diagnose_json_and_figures(files: dict[str, Path], tmp_path: Path) -> No
     assert all(h["context_dependence"] > 0.01 and h["toeplitz_residual"] > 0.01 for h in cable["heads"])
     assert cable["samples"] == 3 and cable["layer"] == LAYER
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"diagnostics.png", "alibi_profile.png", "cable_profile.png"} <= names
+    assert {"diagnostics.png", "alibi_bias_profile.png", "cable_bias_profile.png"} <= names
 
 
 def test_diagnose_one_sample_gives_null_with_a_note(tmp_path: Path) -> None:

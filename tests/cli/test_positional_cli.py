@@ -1,4 +1,4 @@
-"""SPEC section 12 from the command line: plot --kind positional / sinks / profile, diagnose, and bad input.
+"""docs/positional.md from the command line: plot --kind positional / sinks / profile, diagnose, and bad input.
 
 Files come from ``biasviz extract --summary`` on small saved models; what the figures and the JSON show is
 compared with the file's own arrays read with h5py and reduced by numpy, never with biasviz's readers.

@@ -1,4 +1,4 @@
-"""`plot`, `diagnose`, `info` and `explore` on summary files (SPEC section 11) and shared-bias files.
+"""`plot`, `diagnose`, `info` and `explore` on summary files (docs/hdf5.md, 'Summary files') and shared-bias files.
 
 Figures are caught on their way to disk (``save_figure`` wrapped) and their drawn artists compared with
 the file's data; the files are written with h5py (tests/summary_files.py), independently of biasviz's writer.
@@ -150,7 +150,7 @@ def test_diagnose_reads_the_stored_values(files: dict[str, Path], figures: dict[
     assert [h["context_dependence"] for h in doc["alibi"]["heads"]] == [0.0] * H  # shared bias, 4 samples
     legend = [t.get_text() for t in figures["diagnostics"].legends[0].get_texts()]
     assert "cable-stored (T = 48, N = 3)" in legend and "ALiBi (T = 48, N = 4)" in legend
-    assert "T = 48" in figures["cable-stored_profile"].get_suptitle()
+    assert "T = 48" in figures["cable-stored_bias_profile"].get_suptitle()
 
 
 def test_diagnose_and_dynamics_of_a_summary_sweep(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,

@@ -80,8 +80,8 @@ INPUT_KEPT = [
          prepare=_steps(_copy("good", "in.h5"), _hardlink("page.html", "in.h5"))),
     Case("plot over an input named like its figure", "plot --scheme alibi --input {tmp}/alibi_bias.png "
          "--out-dir {tmp} --format png", INPUT, prepare=_h5_named("alibi_bias.png")),
-    Case("diagnose over an input named like its figure", "diagnose {tmp}/alibi_profile.pdf --out-dir {tmp} "
-         "--format pdf --force", INPUT, prepare=_h5_named("alibi_profile.pdf")),
+    Case("diagnose over an input named like its figure", "diagnose {tmp}/alibi_bias_profile.pdf --out-dir {tmp} "
+         "--format pdf --force", INPUT, prepare=_h5_named("alibi_bias_profile.pdf")),
     Case("diagnose --json a symbolic link to its input", "diagnose {tmp}/in.h5 --json {tmp}/d.json --force "
          "--no-figures", INPUT, prepare=_steps(_copy("good", "in.h5"), _symlink_in_tmp("d.json", "in.h5"))),
     Case("train --force over the checkpoint holding its --tokenizer", TRAIN.replace(" --quiet", "")

@@ -1,4 +1,5 @@
-"""A bidirectional model's diagnostics over every cell (SPEC section 13), in full files and summaries alike.
+"""A bidirectional model's diagnostics over every cell (docs/hdf5.md, 'Attended cells'), in full files and summaries
+alike.
 
 The reference is plain float64 numpy on the bias the model itself hands to its attention call, over all T x T
 cells: the spread of the mean bias, the Toeplitz residual along the 2T - 1 signed diagonals, and the separability

@@ -281,7 +281,7 @@ def test_a_sweep_is_compared_only_with_a_sweep_of_the_same_steps(
 
 
 def test_a_summary_switches_to_scores_and_positional_logits(tmp_path: Path) -> None:
-    """SPEC section 12 in the page: a summary's scores and P, each head's values exactly the file's maps."""
+    """docs/positional.md in the page: a summary's scores and P, each head's values exactly the file's maps."""
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
     from biasviz.extraction.run import extract
     from biasviz.extraction.summary import extract_summary
@@ -298,7 +298,7 @@ def test_a_summary_switches_to_scores_and_positional_logits(tmp_path: Path) -> N
             for h in range(f.attrs["n_heads"]):
                 shown = unpack(payload["sets"][f"A|1|{kind}|mean"]["heads"][h]["levels"][0])
                 assert np.array_equal(shown, f[f"layer_1/{kind}_mean"][h], equal_nan=True)
-    # SPEC section 14 under each head of the weights: band mass per distance (each bin's over its width) and
+    # docs/position-measures.md under each head of the weights: band mass per distance (each bin's over its width) and
     # context mass, with their SEs, as the file holds them; bins as /distance_bins' first and last distance
     bf = open_bias_file(tmp_path / "s.h5")
     bins = np.asarray(payload["sets"]["A|1|weights|mean"]["heads"][0]["measures"]["bins"])

@@ -280,8 +280,8 @@ def test_two_files_side_by_side_and_their_difference(driver: object, files: dict
 
 def test_an_enlarged_head_of_a_summary_shows_its_position_measures(driver: object, tmp_path: Path,
                                                                    files: dict[str, Path]) -> None:  # fmt: skip
-    """SPEC section 14 in the page: under the distance profile of a summary's weights, each head's band and context
-    mass with their 95 % bands, drawn without a console error; hidden where a file holds none (a full file)."""
+    """docs/position-measures.md in the page: under the distance profile of a summary's weights, each head's band and
+    context mass with their 95 % bands, drawn without a console error; hidden where a file holds none (a full file)."""
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
     from biasviz.extraction.summary import extract_summary
     from tests.conftest import small_model

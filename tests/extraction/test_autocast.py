@@ -1,4 +1,4 @@
-"""A model run under the caller's ``torch.autocast`` (SPEC section 7): its own kernels run in bfloat16 as the caller
+"""A model run under the caller's ``torch.autocast`` (docs/own-model.md): its own kernels run in bfloat16 as the caller
 asked, and the file holds float32 scores and weights that are the math of the q and k its call received, with the
 autocast recorded. The reference is float64 numpy on the q, k and scale caught at the model's own SDPA call during
 a plain forward under the same autocast (torch's function wrapped here, not through biasviz).

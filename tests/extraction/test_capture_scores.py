@@ -1,4 +1,4 @@
-"""``extract --capture bias,weights,scores``: full files with the softmax's input (SPEC section 12).
+"""``extract --capture bias,weights,scores``: full files with the softmax's input (docs/positional.md).
 
 The scores are compared with scale·q·k + b computed in numpy float64 from the model's own q and k (read at
 ``hook_q``/``hook_k``, or for a traced Llama from its ``q_proj``/``k_proj`` rotated by transformers' own

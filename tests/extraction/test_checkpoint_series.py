@@ -356,7 +356,7 @@ def test_org_name_without_checkpoints_says_how_to_read_the_cache(capsys: pytest.
 
 
 def test_a_summary_sweep_of_rope_checkpoints_keeps_positional_logits_equal_to_single_runs(tmp_path: Path) -> None:
-    """SPEC section 12 over training: each checkpoint's slice of a sweep is that checkpoint summarised alone."""
+    """docs/positional.md over training: each checkpoint's slice of a sweep is that checkpoint summarised alone."""
     from biasviz.adapters.transformers_traced import load_transformers_sdpa
     from biasviz.extraction.summary import extract_summary
 

@@ -101,7 +101,7 @@ def test_file_size_does_not_grow_with_samples(tmp_path: Path) -> None:
     assert 0 <= sizes[1] - sizes[0] <= 13 * per_sample, sizes
 
 
-@pytest.mark.parametrize("bad", [0, -3])  # R > T is the exact per-cell map, as R = T (SPEC section 11)
+@pytest.mark.parametrize("bad", [0, -3])  # R > T is the exact per-cell map, as R = T (docs/hdf5.md, 'Summary files')
 def test_a_resolution_below_1_is_refused_before_any_work(tmp_path: Path, bad: int) -> None:
     adapter = BiasGPTAdapter(small_model("alibi"), source="test")
     with pytest.raises(BiasvizError, match="--resolution"):
@@ -163,8 +163,8 @@ def test_a_summary_on_the_gpu_equals_the_one_on_the_cpu(tmp_path: Path, scheme: 
 
 @pytest.mark.cuda
 def test_a_traced_rotary_summary_on_the_gpu_equals_the_one_on_the_cpu(tmp_path: Path) -> None:
-    """Every SPEC section 14 measure of a rotary transformers model (frequency use, P split by pair, their SEs) is
-    formed where the bank is: on CUDA the same numbers as on the CPU, nothing left on another device."""
+    """Every docs/position-measures.md measure of a rotary transformers model (frequency use, P split by pair, their
+    SEs) is formed where the bank is: on CUDA the same numbers as on the CPU, nothing left on another device."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import biasviz

@@ -3,7 +3,7 @@
 One 1-layer, 12-head model per scheme runs a forward pass at T = 16384 with hooks that keep a few hundred
 sampled cells of each block (never the matrix: a dense (12, T, T) float32 tensor is 12.9 GB). The sampled
 bias must follow each scheme's formula, computed here from the module's parameters and the definitions
-(SPEC section 1), and the sampled weight rows must sum to 1 and be 0 past the diagonal. The forward passes
+(docs/schemes.md), and the sampled weight rows must sum to 1 and be 0 past the diagonal. The forward passes
 run in two child processes, so that each one's peak resident memory (``resource.getrusage``) is its own.
 """
 

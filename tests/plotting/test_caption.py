@@ -120,14 +120,14 @@ def test_no_caption_unless_asked_and_the_api_carries_it(hostile_file: Path, tmp_
 
 
 def test_diagnose_caption_beside_each_figure_escapes_every_file(hostile_file: Path, tmp_path: Path) -> None:
-    """``diagnose --caption``: diagnostics.tex for the figure of every file and <name>_profile.tex beside each
+    """``diagnose --caption``: diagnostics.tex for the figure of every file and <name>_bias_profile.tex beside each
     file's own; the file's values printed as their characters, never run; none without --figures."""
     out = tmp_path / "figs"
     result = CliRunner().invoke(cli, ["diagnose", str(hostile_file), "--caption", "--out-dir", str(out),
                                       "--format", "png"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert {p.name for p in out.iterdir() if p.suffix == ".tex"} == {"diagnostics.tex", "alibi_profile.tex"}
-    for name in ("diagnostics", "alibi_profile"):
+    assert {p.name for p in out.iterdir() if p.suffix == ".tex"} == {"diagnostics.tex", "alibi_bias_profile.tex"}
+    for name in ("diagnostics", "alibi_bias_profile"):
         assert f"wrote {out / f'{name}.tex'}" in result.output
         body = caption_body((out / f"{name}.tex").read_text("utf-8"))
         assert "\\input{" not in body and "\\end{" not in body
@@ -136,7 +136,7 @@ def test_diagnose_caption_beside_each_figure_escapes_every_file(hostile_file: Pa
         assert "Final layer, 4 of 4" in words
     diagnostics = caption_body((out / "diagnostics.tex").read_text("utf-8"))
     assert "context dependence" in diagnostics and "separability residual" in diagnostics and "N = 2" in diagnostics
-    assert "distance" in caption_body((out / "alibi_profile.tex").read_text("utf-8"))
+    assert "distance" in caption_body((out / "alibi_bias_profile.tex").read_text("utf-8"))
     refused = CliRunner().invoke(cli, ["diagnose", str(hostile_file), "--caption", "--no-figures", "--json",
                                        str(tmp_path / "d.json")])  # fmt: skip
     assert refused.exit_code != 0 and "--caption" in str(refused.exception) and not (tmp_path / "d.json").exists()

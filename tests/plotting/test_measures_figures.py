@@ -1,5 +1,5 @@
-"""SPEC section 14's figures read back: ``plot --kind frequency`` (q and k norms by rotary pair, the unrotated dims
-apart), the entropy ``--kind profile`` adds on a summary, and the sinks figure's 95 % band, each against the file's
+"""docs/position-measures.md's figures read back: ``plot --kind frequency`` (q and k norms by rotary pair, the unrotated
+dims apart), the entropy ``--kind profile`` adds on a summary, and the sinks figure's 95 % band, each against the file's
 stored values (which tests/summaries/test_position_measures.py checks against float64 math) or math of its own."""
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_a_joined_sweep_keeps_which_rows_are_rotary_pairs(tmp_path: Path) -> Non
 
 
 def test_notebook_plot_and_xarray_view_of_the_measures(tmp_path: Path) -> None:
-    """``biasviz.plot(path, "frequency")`` is the command's figure; ``to_xarray`` labels every SPEC section 14
+    """``biasviz.plot(path, "frequency")`` is the command's figure; ``to_xarray`` labels every docs/position-measures.md
     dataset: the bins' distances, which rows are rotary pairs, sink_keys as two variables."""
     xr = pytest.importorskip("xarray")
     path = _summary(tmp_path / "r.h5", "rope", scheme_options={"fraction": 0.5})

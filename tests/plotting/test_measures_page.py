@@ -1,6 +1,6 @@
-"""The one-page figure of SPEC section 14 that ``make figures`` draws (``biasviz.plotting.measures_page``): what each
-panel draws is the file's stored means and 95 % bands for the heads it names, a model without rotary pairs says so,
-and it prints at a column's and a page's width with no overlapping or too small text."""
+"""The one-page figure of docs/position-measures.md that ``make figures`` draws (``biasviz.plotting.measures_page``):
+what each panel draws is the file's stored means and 95 % bands for the heads it names, a model without rotary pairs
+says so, and it prints at a column's and a page's width with no overlapping or too small text."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ NEVER_REPLACED = [
     Case("plot over a folder named like a figure", "plot --scheme alibi --input {good} --out-dir {tmp}/figs",
          r"alibi_bias\.png is a folder", prepare=_files({"figs/alibi_bias.png/keep": "mine"})),
     Case("diagnose over a folder named like a figure", "diagnose {good} --out-dir {tmp}/figs --format pdf",
-         r"alibi_profile\.pdf is a folder", prepare=_files({"figs/alibi_profile.pdf/keep": "mine"})),
+         r"alibi_bias_profile\.pdf is a folder", prepare=_files({"figs/alibi_bias_profile.pdf/keep": "mine"})),
 ]  # fmt: skip
 
 

@@ -169,7 +169,7 @@ def test_a_setting_biasviz_does_not_know_is_one_error(
 
 def test_a_resolution_above_the_length_is_the_exact_map(assets: dict[str, Path], here: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    """SPEC section 11: R >= T gives blocks of one position (exact per cell), the same maps as R = T."""
+    """docs/hdf5.md, 'Summary files': R >= T gives blocks of one position (exact per cell), the same maps as R = T."""
     import h5py
     import numpy as np
 

@@ -173,5 +173,5 @@ def test_a_scheme_name_from_a_file_never_leaves_the_output_folder(make_bias_file
     for path in after - before:  # everything new lies inside out_dir (or the input's folder), nothing hidden
         assert path.resolve().is_relative_to(out_dir.resolve()), path
         assert not path.name.startswith(".") and len(path.name) < 120, path
-    naive = (out_dir / f"{scheme}_profile.png").resolve()  # where the name, taken as a path, would have led
+    naive = (out_dir / f"{scheme}_bias_profile.png").resolve()  # where the name, taken as a path, would have led
     assert naive.is_relative_to(out_dir.resolve()) or not naive.exists(), naive

@@ -1,6 +1,6 @@
-"""Crafted numbers in SPEC section 14's datasets are refused, on every row of every dataset of the table: a negative
-standard deviation, entropy or standard error, a share outside [0, 1], an entropy above log(keys), a sink-key index
-outside the keys. Each used to pass as a result (an index of 10^6 made every head a secondary sink)."""
+"""Crafted numbers in docs/position-measures.md's datasets are refused, on every row of every dataset of the table: a
+negative standard deviation, entropy or standard error, a share outside [0, 1], an entropy above log(keys), a sink-key
+index outside the keys. Each used to pass as a result (an index of 10^6 made every head a secondary sink)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Summary layouts SPEC allows read back, and ones it rules out are refused: a layer's ``attended`` share stored once
-for all heads (1, query_block, key_block) as SPEC section 13 allows; standard errors in a file of two samples
-(SPEC section 14: N < 3 has none), which diagnose printed beside the note that it has none."""
+"""Summary layouts the format allows read back, and ones it rules out are refused: a layer's ``attended`` share stored
+once for all heads (1, query_block, key_block), as docs/hdf5.md, 'Attended cells' allows; standard errors in a file of
+two samples (docs/position-measures.md: N < 3 has none), which diagnose printed beside the note that it has none."""
 
 from __future__ import annotations
 

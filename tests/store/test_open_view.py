@@ -57,7 +57,7 @@ def views(files: dict[str, Path]) -> Iterator[dict[str, Any]]:
 
 
 def h5_read(f: h5py.File, name: str) -> np.ndarray:
-    """A dataset as h5py reads it, a shared bias repeated over the samples (SPEC section 11)."""
+    """A dataset as h5py reads it, a shared bias repeated over the samples (docs/hdf5.md, 'Summary files')."""
     data = f[name][()]
     if name.endswith("/bias") and f.attrs.get("bias_shared", False):
         data = np.repeat(data, f["input_ids"].shape[0], axis=-4)
@@ -133,7 +133,7 @@ def test_to_xarray_takes_dimensions_and_coordinates_from_the_scales(kind: str, f
         for name in [*names, "input_ids"]:
             stored = f[name if name == "input_ids" else f"{layer}/{name}"]
             labels = [d.label for d in stored.dims]
-            if not any(labels):  # a file that labels none (h5py's own summary-sweep): SPEC's names
+            if not any(labels):  # a file that labels none (h5py's own summary-sweep): the format's names
                 labels = ["sample", "query"] if name == "input_ids" else [*"x"]
             assert list(ds[name].dims) == labels
             assert_same(ds[name].values, h5_read(f, stored.name.lstrip("/")))

@@ -1,4 +1,5 @@
-"""Reading summary files (SPEC section 11) and full files whose context-free bias is stored once (bias_shared).
+"""Reading summary files (docs/hdf5.md, 'Summary files') and full files whose context-free bias is stored once
+(bias_shared).
 
 Files are written here with h5py (tests/summary_files.py), their contents computed with plain numpy, so
 the reader is held to the layout, not to biasviz's own writer.

@@ -1,4 +1,5 @@
-"""Summaries over the cells a model's own mask attends to (SPEC section 13): a sliding-window transformers model.
+"""Summaries over the cells a model's own mask attends to (docs/hdf5.md, 'Attended cells'): a sliding-window
+transformers model.
 
 The reference is float64 math on the q, k, scale and mask caught at the model's own SDPA call during a plain
 forward (torch's function wrapped here, not through biasviz): weights by softmax over the attended cells only, the
@@ -157,9 +158,9 @@ def _pairwise(q: np.ndarray, k: np.ndarray, c: float) -> np.ndarray:
 
 
 def test_softcapped_calls_keep_scores_and_positional_logits_before_the_cap(tmp_path: Path) -> None:
-    """Gemma-2 caps its scores (c·tanh(s / c)) before the softmax, one layer in a sliding window: the summary stores
-    the scores the call's inputs give (scale·q·kᵀ, before the cap) and P from q and k (SPEC section 13), each over the
-    attended cells, while its weights are the capped softmax's."""
+    """Gemma-2 caps its scores (c·tanh(s / c)) before the softmax, one layer in a sliding window: the summary stores the
+    scores the call's inputs give (scale·q·kᵀ, before the cap) and P from q and k (docs/hdf5.md, 'Attended cells'), each
+    over the attended cells, while its weights are the capped softmax's."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
     from transformers.models.gemma2 import modeling_gemma2
 

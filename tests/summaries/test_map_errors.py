@@ -1,7 +1,7 @@
-"""Standard errors of the block maps (SPEC section 14), against float64 math from what the model computed: each
-sample's q, k, bias and weights read at its hook points and in a full extract (not through a summary). The maps of
-the bias, weights and scores: the spread of each sample's block mean; P's: the delete-one jackknife, P formed again
-from scratch with each sample left out."""
+"""Standard errors of the block maps (docs/position-measures.md), against float64 math from what the model computed:
+each sample's q, k, bias and weights read at its hook points and in a full extract (not through a summary). The maps of
+the bias, weights and scores: the spread of each sample's block mean; P's: the delete-one jackknife, P formed again from
+scratch with each sample left out."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The cross-correlations behind ``positional_frequency`` (SPEC section 14), against sums over cells in float64: a
-pair's products summed by distance through the inverse transform, and straight into distance bins (Parseval)."""
+"""The cross-correlations behind ``positional_frequency`` (docs/position-measures.md), against sums over cells in
+float64: a pair's products summed by distance through the inverse transform, and straight into distance bins
+(Parseval)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""SPEC section 14's weight measures in summaries, against float64 math from the q and k caught at the model's own
-attention call (not through biasviz): our rotary model (its rows formed again), a sliding-window transformers model
+"""docs/position-measures.md's weight measures in summaries, against float64 math from the q and k caught at the model's
+own attention call (not through biasviz): our rotary model (its rows formed again), a sliding-window transformers model
 through SDPA (formed again) and through eager attention (streamed as the model forms them)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from biasviz.model import capture
 from biasviz.store.datasets import distance_bins
 from biasviz.store.reader import open_bias_file
 from tests.conftest import small_model
-from tests.measures_reference import map_se, reference
+from tests.measures_reference import map_se, reference, sink_ranking
 from tests.summaries.test_attended_cells import HEADS, KV_HEADS, VOCAB, WINDOW, caught_call
 
 N, T, RESOLUTION = 4, 48, 12  # blocks of 4 positions
@@ -59,7 +59,7 @@ def profile_se(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def check_file(path: Path, layer: int, w: np.ndarray, mask: np.ndarray, scores: np.ndarray | None = None) -> None:
-    """Every SPEC section 14 weight measure of ``layer`` in ``path`` equals the reference from ``w``, and the
+    """Every docs/position-measures.md weight measure of ``layer`` in ``path`` equals the reference from ``w``, and the
     profiles' SEs those of the weights and (given) the scores."""
     f = open_bias_file(path)
     np.testing.assert_allclose(f.summary_array("weights_profile_se", layer), profile_se(w, mask), rtol=2e-4,
@@ -84,9 +84,11 @@ def check_file(path: Path, layer: int, w: np.ndarray, mask: np.ndarray, scores: 
         np.testing.assert_allclose(f.summary_array(f"{name}_se", layer), se, rtol=2e-4, atol=2e-6, err_msg=name)
     recv = np.nan_to_num(ref["received"], nan=-1.0)
     sinks = f.summary_array("sink_keys", layer)
-    np.testing.assert_allclose(sinks["share"], -np.sort(-recv, -1)[..., :8], rtol=2e-5, atol=1e-7)
+    _, share, least = sink_ranking(ref["received"], ref["seen"])
+    np.testing.assert_allclose(sinks["share"], share, rtol=2e-5, atol=1e-7)
     picked = np.take_along_axis(recv, sinks["index"].astype(np.int64), -1)
     np.testing.assert_allclose(picked, sinks["share"], rtol=2e-5, atol=1e-7)  # the index is the key with that share
+    assert (f.summary.sink_min_queries(layer) == least).all()
     loo = np.stack([np.delete(ref["received"], a, 0).mean(0) for a in range(n)])
     jack = np.sqrt((n - 1) / n * ((loo - loo.mean(0)) ** 2).sum(0))
     np.testing.assert_allclose(f.summary_array("weights_key_profile_se", layer), jack, rtol=2e-4, atol=1e-7)
@@ -120,9 +122,9 @@ def check_diagnose(path: Path, w: np.ndarray, mask: np.ndarray) -> None:
     assert result.exit_code == 0, result.output
     doc = next(iter(json.loads(out.read_text())["schemes"].values()))
     ref = reference(w, mask, 1)
-    received = np.nanmean(ref["received"], 0)  # (H, T) mean over samples
-    top = np.argmax(np.nan_to_num(received, nan=-1.0), -1)
-    assert doc["sinks"]["secondary_sink_heads"] == [h + 1 for h in range(len(top)) if top[h] != 0]
+    index, share, _ = sink_ranking(ref["received"].mean(0, keepdims=True), ref["seen"])  # of the mean over samples
+    top, held = index[0, :, 0], share[0, :, 0]
+    assert doc["sinks"]["secondary_sink_heads"] == [h for h in range(len(top)) if top[h] != 0 and held[h] >= 0.3]
     assert [row[0]["key"] for row in doc["sinks"]["top_keys_per_head"]] == top.tolist()
     x = ref["band_mass"]
     se = np.sqrt(((x - x.mean(0)) ** 2).sum(0) / (len(x) * (len(x) - 1)))

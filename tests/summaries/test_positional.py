@@ -1,4 +1,4 @@
-"""SPEC section 12 in summaries: scores, positional logits P, the weights' key profile and sink shares.
+"""docs/positional.md in summaries: scores, positional logits P, the weights' key profile and sink shares.
 
 Each is computed here in numpy float64 from the model's own q and k (read at ``hook_q``/``hook_k`` in a plain
 forward), its bias (a full extract) and its weights (the same full extract), by the definitions, and compared
@@ -57,7 +57,7 @@ def _reference(model: torch.nn.Module, ids: np.ndarray, tmp_path: Path, layer: i
 
 
 def _positional(r: dict[str, np.ndarray]) -> np.ndarray:
-    """P by SPEC section 12's definition: c (Q K^T - G) / (N (N - 1)) + mean bias, G = sum_a q_a k_a^T."""
+    """P by docs/positional.md's definition: c (Q K^T - G) / (N (N - 1)) + mean bias, G = sum_a q_a k_a^T."""
     q, k, c = r["q"], r["k"], r["scale"]
     n = q.shape[0]
     cross = np.einsum("hid,hjd->hij", q.sum(0), k.sum(0))

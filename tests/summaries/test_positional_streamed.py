@@ -1,4 +1,4 @@
-"""SPEC section 12 for models whose rows cannot be formed again, from what they stream: a transformers Llama in
+"""docs/positional.md for models whose rows cannot be formed again, from what they stream: a transformers Llama in
 eager attention (the scores followed from its product), DeBERTa-v2 (bidirectional, its relative terms the
 additive part) and torch's MultiheadAttention (q and k from its in-projection, a float mask as the bias).
 Scores, P, the key profile and sink shares in a summary at R = T against numpy float64 from the models' own q

@@ -1,4 +1,4 @@
-"""SPEC section 12 for a model biasviz has no adapter for: a transformers Llama (rotary positions, grouped keys),
+"""docs/positional.md for a model biasviz has no adapter for: a transformers Llama (rotary positions, grouped keys),
 its SDPA calls traced and formed again row block by row block from the q and k they received.
 
 The reference takes q and k by forward hooks on the model's own ``q_proj``/``k_proj``, rotates them with
@@ -171,7 +171,7 @@ def test_a_sliding_window_mask_is_formed_again_as_the_call_masked(tmp_path: Path
     with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summ:
         w = full["layer_0/weights"][()].astype(np.float64)
         i, j = np.indices((24, 24))
-        w[..., ~((j <= i) & (j > i - 5))] = np.nan  # SPEC section 13: cells outside the window are in no mean
+        w[..., ~((j <= i) & (j > i - 5))] = np.nan  # cells outside the window are in no mean (docs/hdf5.md)
         np.testing.assert_allclose(summ["layer_0/weights_mean"][()], w.mean(0), rtol=1e-5, atol=1e-6, equal_nan=True)
         assert np.all(np.isnan(summ["layer_0/weights_mean"][:, 10, :6]))  # keys before the window: never looked at
         assert summ.attrs["mask"] == "model" and np.array_equal(summ["layer_0/attended"][0], (j <= i) & (j > i - 5))

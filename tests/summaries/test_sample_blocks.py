@@ -1,5 +1,5 @@
-"""The standard error of a block map's mean (SPEC section 14): each sample's block mean, recomputed here in float64
-from the cells themselves, against what SampleBlocks folds from blocks of rows in any order of batches."""
+"""The standard error of a block map's mean (docs/position-measures.md): each sample's block mean, recomputed here in
+float64 from the cells themselves, against what SampleBlocks folds from blocks of rows in any order of batches."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Summaries of calls that mask each sample differently (SPEC section 13): left padding, packed documents.
+"""Summaries of calls that mask each sample differently (docs/hdf5.md, 'Attended cells'): left padding, packed
+documents.
 
 Each sample's own cells count for it: a cell's mean and spread are over the samples that attend it, the maps,
 profiles and diagnostics average the cells some sample attends, the key profile and sink shares count each
@@ -18,8 +19,8 @@ import pytest
 import torch
 
 import biasviz
-from biasviz.store.datasets import SINK_RANKS
 from tests.measures_reference import reference as measures_reference
+from tests.measures_reference import sink_ranking
 from tests.summaries.test_attended_cells import diagnostics
 
 T, N, HEADS, VOCAB = 16, 3, 4, 64
@@ -72,7 +73,8 @@ def block_means(cells: np.ndarray, union: np.ndarray, block: int) -> np.ndarray:
 
 
 def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
-    """Every stored quantity, from the caught call by the rule of SPEC section 13 for masks that differ by sample."""
+    """Every stored quantity, from the caught call by the rule of docs/hdf5.md, 'Attended cells' for masks that differ
+    by sample."""
     kept, c = call["kept"], float(call["scale"])
     assert not (kept == kept[:1]).all(), "the samples' masks differ"
     scores = c * np.einsum("nhid,nhjd->nhij", call["q"], call["k"]) + call["added"]
@@ -110,6 +112,9 @@ def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
         x = np.concatenate([one[name] for one in per_sample])
         out[name], out[f"{name}_se"] = over_samples(x)
         out[f"{name}_each"] = x
+    ranked = [sink_ranking(one["received"], one["seen"]) for one in per_sample]  # each sample's own rule
+    out["sink_keys_index"], out["sink_keys_share"] = (np.concatenate([r[i] for r in ranked]) for i in (0, 1))
+    out["sink_min_queries"] = np.stack([r[2] for r in ranked])  # (N, H)
     out["weights_key_profile_se"], out["sink_share_se"] = out["received_se"], out["received_se"][..., 0]
     slot = np.subtract.outer(np.arange(T), np.arange(T))  # i - j
     # a causal call's profile SEs run over d = i - j >= 0, a bidirectional one's over i - j from -(T - 1)
@@ -229,7 +234,8 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
                         forward=forward)  # fmt: skip
     with h5py.File(out, "r") as f:
         stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
-        attrs = {"note": f["layer_0"].attrs.get("note"), "mask": f.attrs["mask"]}
+        attrs = {"note": f["layer_0"].attrs.get("note"), "mask": f.attrs["mask"],
+                 "sink_min_queries": f["layer_0/sink_keys"].attrs["sink_min_queries"]}
     return {"name": name, "stored": stored, "attrs": attrs, "warnings": [str(w.message) for w in caught],
             "expected": reference(call, T // resolution)}
 
@@ -278,11 +284,13 @@ def test_standard_errors_over_each_sample_s_own_cells(summarised: dict[str, Any]
 
 
 def test_sink_keys_rank_each_sample_s_own_queries(summarised: dict[str, Any]) -> None:
-    received = summarised["expected"]["received_each"]  # (N, H, T) mean weight over the queries that see each key
+    """Among the keys that at least ceil(m / 8) of each sample's own queries see, m the most any of its keys is
+    seen by; the file records that number per sample and head."""
+    expected = summarised["expected"]
     sinks = summarised["stored"]["sink_keys"]
-    ranked = -np.sort(-np.nan_to_num(received, nan=-1.0), -1)[..., :SINK_RANKS]
-    np.testing.assert_allclose(sinks["share"], np.where(ranked >= 0, ranked, np.nan), rtol=2e-5, atol=1e-7,
-                               equal_nan=True)  # fmt: skip
+    np.testing.assert_allclose(sinks["share"], expected["sink_keys_share"], rtol=2e-5, atol=1e-7, equal_nan=True)
+    least = summarised["attrs"]["sink_min_queries"]
+    assert (np.broadcast_to(least, expected["sink_min_queries"].shape) == expected["sink_min_queries"]).all()
 
 
 def test_what_needs_one_mask_is_left_out_and_said(summarised: dict[str, Any]) -> None:

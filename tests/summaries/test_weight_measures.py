@@ -1,5 +1,5 @@
-"""SPEC section 14's weight measures against the definitions written out cell by cell in float64 (numpy loops),
-for causal, bidirectional and windowed masks, rows given in blocks and samples in batches."""
+"""docs/position-measures.md's weight measures against the definitions written out cell by cell in float64 (numpy
+loops), for causal, bidirectional and windowed masks, rows given in blocks and samples in batches."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from biasviz.summaries import weight_measures
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.weight_measures import WeightMeasures, sample_stats
 from tests.measures_reference import reference as _reference
+from tests.measures_reference import sink_ranking
 
 
 def _weights(rng: np.random.Generator, n: int, h: int, t: int, mask: np.ndarray) -> np.ndarray:
@@ -69,10 +70,10 @@ def test_measures_match_definitions(case: str, entropy_in_parts: bool, monkeypat
     np.testing.assert_allclose(sums[np.isfinite(sums)], 1.0, atol=1e-5)
     assert np.isfinite(sums).sum() == (1 if case == "window" else 2)
     recv = ref["received"]
-    top = np.argsort(-np.nan_to_num(recv, nan=-1), axis=-1, kind="stable")[..., :8]
-    np.testing.assert_array_equal(np.sort(got["sink_keys"]["index"], -1), np.sort(top, -1))
-    np.testing.assert_allclose(got["sink_keys"]["share"], -np.sort(-np.nan_to_num(recv, nan=-1), -1)[..., :8],
-                               rtol=1e-5)  # fmt: skip
+    index, share, least = sink_ranking(recv, ref["seen"])
+    np.testing.assert_array_equal(np.sort(got["sink_keys"]["index"], -1), np.sort(index, -1))
+    np.testing.assert_allclose(got["sink_keys"]["share"], share, rtol=1e-5)
+    assert np.all(got["sink_min_queries"] == least)
     loo = np.stack([np.delete(recv, a, 0).mean(0) for a in range(n)])  # jackknife from scratch
     jack = np.sqrt((n - 1) / n * ((loo - loo.mean(0)) ** 2).sum(0))
     np.testing.assert_allclose(got["weights_key_profile_se"], jack, rtol=1e-4, atol=1e-7)
@@ -101,7 +102,7 @@ def test_distance_bins_cover_every_distance_once() -> None:
         bins = distance_bins(t)
         assert bins[0, 0] == 0 and bins[-1, 1] == t - 1
         assert (bins[1:, 0] == bins[:-1, 1] + 1).all() and (bins[:, 1] >= bins[:, 0]).all()
-    # the edges of SPEC 14 at T = 2048: e_k = round(16 * 128 ** (k / 48))
+    # the edges of docs/position-measures.md at T = 2048: e_k = round(16 * 128 ** (k / 48))
     edges = sorted({int(np.floor(16 * 128 ** (k / 48) + 0.5)) for k in range(49)})
     assert distance_bins(2048)[16:, 0].tolist() == edges[:-1]
 

@@ -78,7 +78,7 @@ def test_the_diagnostics_figure_says_how_it_was_trained(trained: dict[str, Path]
     assert "tiny model, 3 training steps on 16-token windows" in " ".join(figures["diagnostics"].get_suptitle().split())
     # the profile figure diagnose draws too: how trained, and that its ±std band has width 0 (ALiBi: every diagonal
     # constant, every sample measured equal), rather than a band too thin to see
-    profile = " ".join(figures["alibi_profile"].get_suptitle().split())
+    profile = " ".join(figures["alibi_bias_profile"].get_suptitle().split())
     assert profile.endswith("; std 0 at every distance; tiny model, 3 training steps on 16-token windows"), profile
 
 

@@ -38,7 +38,7 @@ class Captured:
 
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
     weights: dict[int, torch.Tensor] = field(default_factory=dict)
-    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, H, T, T), when asked (SPEC section 12)
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, H, T, T), when asked (docs/positional.md)
     # with the scores, where the adapter knows them: the call's q and k (B, H, T, hd) and its scale c
     operands: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
 
@@ -215,13 +215,13 @@ class ModelAdapter:
                want_scores: bool = False) -> Iterator[Callable[[], None]]:  # fmt: skip
         """Send ``layers``' bias and weights (and scores) to ``sink`` in blocks of query rows, never assembled.
 
-        For summaries at any length: a caller that reduces each block as it comes needs no (H, T, T)
-        tensor where the model forms none. Yields ``flush``, to call after each :meth:`forward`. This
-        default runs on :meth:`capture`: ``flush`` sends each captured (full) tensor as one block with
-        row0 = 0 (keys = T), then clears them; adapters whose models form blocks send them as they come.
-        With the scores, a call's q and k go too, as kinds "q" and "k" (B, H, T, hd), k multiplied by the
-        call's scale, where the adapter knows them (SPEC section 12's positional logits are made of them). Before
-        them all, kind "attended": the cells the call attended to (SPEC section 13), where its scores show them.
+        For summaries at any length: a caller that reduces each block as it comes needs no (H, T, T) tensor where the
+        model forms none. Yields ``flush``, to call after each :meth:`forward`. This default runs on :meth:`capture`:
+        ``flush`` sends each captured (full) tensor as one block with row0 = 0 (keys = T), then clears them; adapters
+        whose models form blocks send them as they come. With the scores, a call's q and k go too, as kinds "q" and "k"
+        (B, H, T, hd), k multiplied by the call's scale, where the adapter knows them (docs/positional.md's positional
+        logits are made of them). Before them all, kind "attended": the cells the call attended to (docs/hdf5.md,
+        'Attended cells'), where its scores show them.
         """
         with self.capture(layers, want_bias, want_scores and self.captures_scores) as got:
 
@@ -268,7 +268,8 @@ class ModelAdapter:
 
     def rotary(self, layer: int) -> Any:
         """How ``layer``'s call pairs the dims it rotates (:class:`biasviz.adapters.rotary.RotaryLayout`), as the
-        model's own rotary module says; None where it has none (SPEC section 14's frequency measures need it)."""
+        model's own rotary module says; None where it has none (docs/position-measures.md's frequency measures need
+        it)."""
         from biasviz.adapters.rotary import find_rotary
 
         return find_rotary(self.model)

@@ -74,7 +74,7 @@ class BiasGPTAdapter(ModelAdapter):
         return self.model.blocks[layer].attn.pos_bias
 
     def rotary(self, layer: int) -> Any:
-        """The ``rope`` scheme's layout: half-split over its first ``rotary_dim`` dims (SPEC section 12)."""
+        """The ``rope`` scheme's layout: half-split over its first ``rotary_dim`` dims (docs/positional.md)."""
         from biasviz.adapters.rotary import RotaryLayout
 
         module = self.scheme_module(layer)

@@ -1,5 +1,5 @@
-"""How a model's attention call pairs the dims it rotates (RoPE), as its own modules say: what SPEC section 14's
-frequency measures split q and k by."""
+"""How a model's attention call pairs the dims it rotates (RoPE), as its own modules say: what
+docs/position-measures.md's frequency measures split q and k by."""
 
 from __future__ import annotations
 

@@ -62,15 +62,18 @@ class TracedAdapter(ModelAdapter):
 
     def __init__(self, model: nn.Module, *, forward: Callable[[torch.Tensor], Any] | None = None,
                  scheme: str | None = None, source: str = "", sha256: str = "", tokenizer: Any = None,
-                 config_json: str = "") -> None:  # fmt: skip
+                 config_json: str = "", name: str | None = None) -> None:  # fmt: skip
+        """``scheme``: the user's name for the bias (the registry may know it); else ``name`` (a model directory's
+        architecture), else ``captured``: what the file records and its figures are named by."""
         if not (device_mapped(model) and sha256):  # a device map's offloaded weights sit on meta between calls
             refuse_meta(model, source or _describe(model))  # before anything reads its weights (the hash below)
         super().__init__(
-            model, scheme=scheme or CAPTURED, n_layers=0, n_heads=0, source=source or _describe(model),
+            model, scheme=scheme or name or CAPTURED, n_layers=0, n_heads=0, source=source or _describe(model),
             sha256=sha256 or module_sha256(model), max_length=_max_length(model), tokenizer=tokenizer,
             vocab_size=_vocab_size(model), config_json=config_json,
         )  # fmt: skip
         self.architecture = type(model).__name__
+        self._scheme_given = scheme is not None and scheme != CAPTURED
         self._call_model = forward if forward is not None else model
         self.calls: list[AttentionCall] = []  # from the probe
         self._chosen: list[AttentionCall] = []
@@ -93,7 +96,7 @@ class TracedAdapter(ModelAdapter):
     @property
     def context_known(self) -> bool:
         """Whether the file can say if the bias depends on the input: only for a scheme the registry knows."""
-        return self.scheme != CAPTURED
+        return self._scheme_given
 
     def prepare(self, ids: np.ndarray, layers: Any = None) -> None:
         """Run the first sample once, counting the attention calls and reading their heads and masks.

@@ -59,7 +59,24 @@ def load_transformers_sdpa(directory: Path, scheme: str | None = None) -> Traced
 
     return TracedAdapter(model.eval(), forward=forward, scheme=scheme, source=str(directory.resolve()),
                          sha256=parameters_sha256(directory), tokenizer=tokenizer_in(directory),
-                         config_json=config_json)  # fmt: skip
+                         config_json=config_json, name=traced_name(kind, directory))  # fmt: skip
+
+
+def traced_name(kind: str, directory: Path) -> str:
+    """The name a traced directory's file and figures carry when no ``--scheme`` names it: its architecture
+    (config.json's ``model_type``), else its directory's name, as one safe file-name component (text from a file is
+    data: never a path separator, never a leading dot), so that two models written to one folder keep apart.
+
+    >>> traced_name("llama", Path("/m/x")), traced_name("../..", Path("/m/my model")), traced_name("", Path("/m/.q"))
+    ('llama', 'my_model', 'q')
+    """
+    from biasviz.common.outputs import file_stem
+
+    for text in (kind, directory.resolve().name):
+        stem = file_stem(text).strip("._") if text else ""
+        if stem and stem != "unnamed":
+            return stem
+    return "traced"
 
 
 def decoder_start(config: Any, directory: Path) -> int:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 DEFINITIONS = ("README, Reading the figures and diagnostics; over the causal cells j <= i; "
                "population standard deviations (ddof=0); "
                "context_dependence is null with fewer than 2 samples; a constant mean bias gives 0; "
-               "measures (SPEC section 14, docs/position-measures.md): mean, std over samples and se = "
+               "measures (docs/position-measures.md): mean, std over samples and se = "
                "sqrt(sum (x_a - mean)^2 / (N (N - 1))), the delete-one jackknife, with 3 samples or more")  # fmt: skip
 
 
@@ -41,9 +41,9 @@ class _FileResult:
     block: int | None = None  # a summary file's block size (its diagnostics were stored at extraction)
     resolution: int | None = None
     bias_only: bool = False
-    positional: list[HeadDiagnostics] | None = None  # P's measures per head (SPEC section 12), where stored
+    positional: list[HeadDiagnostics] | None = None  # P's measures per head (docs/positional.md), where stored
     sinks: dict[str, object] | None = None
-    measures: dict[str, object] | None = None  # SPEC section 14, with standard errors, where stored
+    measures: dict[str, object] | None = None  # docs/position-measures.md, with standard errors, where stored
     trained: str | None = None  # how biasviz trained the model, where the file says (drawn as text)
     n_layers: int | None = None  # how many layers the model has (titles say 'final layer, 12 of 12')
 
@@ -101,7 +101,7 @@ def diagnose(files: tuple[Path, ...], json_path: Path | None, out_dir: Path, lay
     """Measure how much each head's bias depends on the input and on more than i - j.
 
     Writes the metrics per scheme and head to JSON, OUT_DIR/diagnostics.pdf/.png (all schemes side by
-    side) and OUT_DIR/<scheme>_profile.pdf/.png (mean bias against distance, with a +-1 std band).
+    side) and OUT_DIR/<scheme>_bias_profile.pdf/.png (mean bias against distance, with a +-1 std band).
     Files of schemes without a bias (learned, nope) are skipped with a note.
     """
     from biasviz.common.atomic import replacing_together
@@ -236,14 +236,14 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     one_layer = len(layers) == 1
     details: dict[str, str] = {}
     heads: dict[str, list[HeadDiagnostics]] = {}  # names from files: drawn as text, never math
-    sinks: dict[str, list[float]] = {}  # SPEC section 12: each head's share of key 0, in the file's first entry
+    sinks: dict[str, list[float]] = {}  # docs/positional.md: each head's share of key 0, in the file's first entry
     for r in results:
         where = ("" if one_layer else f"layer {r.layer}, ") + r.measured_on()
         first = len(heads)
         label = scheme_title(r.name)  # as papers write a scheme (ALiBi), a name of one's own as given
         if r.heads:
             heads[label], details[label] = r.heads, where
-        if r.positional:  # SPEC section 12: the positional logits P measured like a bias
+        if r.positional:  # docs/positional.md: the positional logits P measured like a bias
             heads[f"{label} P"], details[f"{label} P"] = r.positional, f"positional logits, {where}"
         if r.sinks is not None and len(heads) > first:
             sinks[list(heads)[first]] = list(r.sinks["share_per_head"])  # type: ignore[call-overload]
@@ -272,7 +272,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             "description": f"mean and +-1 population std over samples and cells with i - j = d; source: {r.path}",
         }
         written += save_figure(
-            fig, out_dir / f"{file_stem(r.name)}_profile", formats, dpi=dpi, info=info, style=style, staged=staged
+            fig, out_dir / f"{file_stem(r.name)}_bias_profile", formats, dpi=dpi, info=info, style=style, staged=staged
         )
         if r.sweep is not None:
             from biasviz.plotting.dynamics import over_training
@@ -292,8 +292,8 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
 
 
 def _captions(results: list[_FileResult], out_dir: Path, staged: Staged, one_layer: bool, sinks: bool) -> list[Path]:
-    """``--caption``: diagnostics.tex for the figure of every file, <name>_profile.tex and <name>_training.tex beside
-    each file's own figures; every value read from a file escaped (:mod:`biasviz.plotting.caption`)."""
+    """``--caption``: diagnostics.tex for the figure of every file, <name>_bias_profile.tex and <name>_training.tex
+    beside each file's own figures; every value read from a file escaped (:mod:`biasviz.plotting.caption`)."""
     from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption, diagnostics_caption, write_caption
     from biasviz.plotting.profiles import profile_note
     from biasviz.plotting.titles import layer_text, samples_text
@@ -310,7 +310,7 @@ def _captions(results: list[_FileResult], out_dir: Path, staged: Staged, one_lay
             if not r.heads:
                 continue
             text = Caption(r.scheme, PROFILE_QUANTITIES["bias"], r.layer, profile_note(r.samples, r.bias_only))
-            written.append(write_caption(out_dir / f"{file_stem(r.name)}_profile", text.latex(bf), staged))
+            written.append(write_caption(out_dir / f"{file_stem(r.name)}_bias_profile", text.latex(bf), staged))
             if r.sweep is not None:
                 over = Caption(r.scheme, TRAINING_QUANTITY, r.layer, samples_text(r.samples, bias_only=r.bias_only))
                 written.append(write_caption(out_dir / f"{file_stem(r.name)}_training", over.latex(bf), staged))

@@ -17,7 +17,7 @@ from biasviz.cli.options import NonEmptyPath, with_config
 @click.option("--kind", type=click.Choice(["bias", "weights", "scores", "positional", "all"]), default="all",
               show_default=True,
               help="What the page can show: the bias, the attention weights, the scores (softmax input) or a "
-              "summary's positional logits P (SPEC section 12); 'all': every one the file holds.")  # fmt: skip
+              "summary's positional logits P (docs/positional.md); 'all': every one the file holds.")  # fmt: skip
 @click.option("--layer", type=int, default=None,
               help="One layer (-1: the last stored).  [default: every layer the file holds]")  # fmt: skip
 @click.option("--max-mb", type=click.FloatRange(min=0.5), default=None,

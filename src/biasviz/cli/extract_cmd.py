@@ -148,7 +148,7 @@ def warnings_as_notes() -> Iterator[None]:
 @click.option(
     "--capture", default=None, metavar="NAMES",
     help="What a full file stores per layer, comma-separated: bias, weights, scores (the softmax's input, "
-    "SPEC section 12) [default: bias,weights]. Summaries always keep the scores' maps.",
+    "docs/positional.md) [default: bias,weights]. Summaries always keep the scores' maps.",
 )  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress: no bar on a terminal, no heartbeat lines in a log.")
 def extract(
@@ -287,7 +287,7 @@ def extract(
             stored = _summarised(result.path, result.layers[0], adapter.scheme)
             if result.samples < 2 and "positional" not in stored:
                 click.echo("note: no positional logits P: P needs two samples or more (it pairs the queries of one "
-                           "text with the keys of another, SPEC section 12); run with --samples 2 or more",
+                           "text with the keys of another, docs/positional.md); run with --samples 2 or more",
                            err=True)  # fmt: skip
         else:
             stored = _listed([k for k in kinds or ("bias", "weights") if k != "bias" or result.has_bias],
@@ -371,8 +371,8 @@ def _summarised(path: Path, layer: int, scheme: str) -> str:
                                      ("positional logits", "positional_mean"), ("position measures", "band_mass"),
                                      ("rotary frequencies", "frequency_use")) if key in names]  # fmt: skip
     if "band_mass" in names and "frequency_use" not in names:
-        click.echo("note: no rotary frequency measures (SPEC section 14): no rotary module was found in the model",
-                   err=True)  # fmt: skip
+        click.echo("note: no rotary frequency measures (docs/position-measures.md): no rotary module was found in "
+                   "the model", err=True)  # fmt: skip
     elif "frequency_use" in names and "positional_frequency" not in names:
         click.echo("note: no positional_frequency: it needs two samples, the model's rows formed again and a mask "
                    "that is a rule of distance", err=True)  # fmt: skip

@@ -69,7 +69,7 @@ def summary(path: Path) -> str:
         for layer in layers:
             lines += _layer_lines(f, layer, layer_group(layer))
         masked = "causal (cells after the query: bias NaN, weights 0)" if f.causal else "bidirectional (no mask)"
-        if raw.get("mask") == "model":  # SPEC section 13: some layer's call had a mask of its own
+        if raw.get("mask") == "model":  # docs/hdf5.md, 'Attended cells': some layer's call had a mask of its own
             masked = ("the model's own in some layers (each such layer's attended share stored; cells no sample "
                       f"attends: NaN); elsewhere {masked}")  # fmt: skip
         lines += [
@@ -109,7 +109,7 @@ def _sweep_notes(raw: dict[str, Any]) -> list[str]:
 
 
 def _shape_lines(f: Any) -> list[str]:
-    """What the file holds: every sample's matrices, or a summary of them (SPEC section 11)."""
+    """What the file holds: every sample's matrices, or a summary of them (docs/hdf5.md, 'Summary files')."""
     n, h, t = f.n_samples, f.n_heads, f.seq_len
     if not f.is_summary:
         return [f"  shape           {n} samples x {h} heads x {t} queries x {t} keys"]

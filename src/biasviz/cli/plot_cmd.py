@@ -10,9 +10,10 @@ import click
 from click.core import ParameterSource
 
 from biasviz.cli.options import NonEmptyPath, config_option, figure_output_options, with_config
-from biasviz.cli.plot_options import check_scheme, fit_to_kind, kinds_held, parse_sample
+from biasviz.cli.plot_options import check_scheme, fit_to_kind, kinds_held, parse_sample, recorded_scheme
 from biasviz.common.errors import BiasvizError
 from biasviz.common.names import display_name
+from biasviz.common.outputs import file_stem
 from biasviz.common.terminal import say
 from biasviz.plotting.kinds import NAMES as PLOT_KIND_NAMES
 from biasviz.plotting.kinds import SUMMARY_KINDS, kind_help
@@ -31,8 +32,9 @@ KEEP_FIGURES = "biasviz.keep_figures"
 @click.command("plot")
 @config_option
 @click.option(
-    "--scheme", required=True,
-    help="Scheme name (aliases work), or the name a file records (captured); names the input and output files.",
+    "--scheme", default=None,
+    help="Scheme name (aliases work), or the name a file records; names the input and output files.  [default: "
+         "the one --input records]",
 )  # fmt: skip
 @click.option(
     "--input",
@@ -104,7 +106,7 @@ KEEP_FIGURES = "biasviz.keep_figures"
 @click.option("--force", is_flag=True,
               help="Overwrite figure files that exist (never one of the input files); without it an existing file "
                    "is an error and nothing is written.")  # fmt: skip
-def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
+def plot(scheme: str | None, input_path: Path | None, kind: str, step: int | None, layer: int, sample_text: str,
          normalize: str, shared_scale: bool | None, cmap: str | None, log_scale: bool, log_distance: bool,
          formats_text: str, style: str, width: str | None, dpi: int, reduce_how: str, max_cells: int | None,
          out_dir: Path, caption: bool = False, force: bool = False) -> None:  # fmt: skip
@@ -116,12 +118,16 @@ def plot(scheme: str, input_path: Path | None, kind: str, step: int | None, laye
     from biasviz.plotting.save import parse_formats
     from biasviz.schemes import canonical_name
 
+    if scheme is None:
+        if input_path is None:
+            raise click.UsageError("give --scheme, --input or both (--input alone: the scheme it records)")
+        scheme = recorded_scheme(input_path)
     try:
         name = canonical_name(scheme)
     except BiasvizError:
-        # a name the registry does not know is fine where the file holds it ('captured', from a traced model)
+        # a name the registry does not know is fine where the file holds it (a traced model's) and it can name a file
         name = scheme.strip()
-        if not (input_path or Path("data") / f"{name}.h5").is_file() or not name.replace("-", "").isalnum():
+        if not (input_path or Path("data") / f"{name}.h5").is_file() or file_stem(name) != name:
             raise
     from biasviz.plotting.style import with_width
 
@@ -270,7 +276,7 @@ class _PlotJob:
         return written
 
     def run_position(self, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
-        """SPEC sections 12 and 14 from a summary (:mod:`biasviz.cli.plot_position`)."""
+        """docs/positional.md and docs/position-measures.md from a summary (:mod:`biasviz.cli.plot_position`)."""
         from biasviz.cli.plot_position import run_position
 
         return run_position(self, kind, out_dir, formats, dpi)

@@ -71,6 +71,25 @@ def kinds_held(bf: BiasFile, kinds: list[str], layer: int, what: str, path: Path
     return kinds
 
 
+def recorded_scheme(path: Path) -> str:
+    """The scheme the file at ``path`` records, as ``--scheme`` would name it: an error where it cannot name output
+    files (text read from a file is data, never part of a path as it stands)."""
+    from biasviz.common.outputs import file_stem
+    from biasviz.common.terminal import inert
+    from biasviz.schemes import canonical_name
+    from biasviz.store import open_bias_file
+
+    with open_bias_file(path, isolated=True) as bf:
+        stored = bf.scheme
+    try:
+        return canonical_name(stored)
+    except BiasvizError:
+        if file_stem(stored) != stored:
+            raise BiasvizError(f"{path} records scheme {inert(stored)!r}, which cannot name a figure file; "
+                               "pass --scheme NAME") from None  # fmt: skip
+        return stored
+
+
 def check_scheme(stored: str, scheme: str, path: Path) -> None:
     """An error unless the file at ``path`` holds ``scheme`` (``--scheme`` names the input and the outputs)."""
     from biasviz.schemes import canonical_name

@@ -1,4 +1,4 @@
-"""``biasviz plot``'s figures of a summary's position datasets: SPEC section 12 (the grid of P, its distance profile,
+"""``biasviz plot``'s figures of a summary's position datasets: docs/positional.md (the grid of P, its distance profile,
 the sinks) and section 14 (band mass, the context U-curve, rotary frequency use, the entropy of the weights), each
 saved with its metadata and, with ``--caption``, its LaTeX caption."""
 
@@ -38,7 +38,7 @@ class _PlotJob(Protocol):
 
 
 def run_position(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
-    """The grid of P (``positional``), the weights' first keys (``sinks``) or a SPEC section 14 figure."""
+    """The grid of P (``positional``), the weights' first keys (``sinks``) or a docs/position-measures.md figure."""
     from biasviz.plotting.caption import PROFILE_QUANTITIES, QUANTITIES, Caption, grid_reading
     from biasviz.plotting.heatmap import panel_cells
     from biasviz.plotting.measures_plots import MEASURE_FIGURES, se_note
@@ -50,7 +50,7 @@ def run_position(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dp
         job._check_scheme(bf.scheme)
         layer = bf.resolve_layer(job.layer)
         which = samples_text(bf.n_samples)
-        if kind in MEASURE_FIGURES:  # SPEC section 14
+        if kind in MEASURE_FIGURES:  # docs/position-measures.md
             draw, what = MEASURE_FIGURES[kind]
             fig = draw(bf, layer, scheme=scheme_title(job.scheme), style=job.style)
             caption = Caption(job.scheme, PROFILE_QUANTITIES[kind], layer, which, [se_note(bf, layer, kind)])

@@ -227,7 +227,7 @@ def autocast_attrs() -> dict[str, str]:
 def without_autocast() -> Iterator[None]:
     """biasviz's own arithmetic (scores and weights formed from the q and k a call received) in the operands'
     precision, whatever ``torch.autocast`` the caller runs the model under: the numbers are the math of what the
-    call received (SPEC section 7: float32), not another rounding of it."""
+    call received (docs/own-model.md: float32), not another rounding of it."""
     with contextlib.ExitStack() as stack:
         for kind in autocast_dtypes():
             stack.enter_context(torch.autocast(kind, enabled=False))

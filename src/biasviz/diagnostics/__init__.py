@@ -1,4 +1,4 @@
-"""Whether a bias depends on the input, on i - j alone, or on s_i - s_j: the measures of SPEC sections 6 and 10."""
+"""Whether a bias depends on the input, on i - j alone, or on s_i - s_j: the measures of docs/diagnostics.md."""
 
 from biasviz.diagnostics.measures import NORMALIZATIONS, HeadDiagnostics, diagnose_array, diagnose_head
 

@@ -1,7 +1,7 @@
 """Context-independence diagnostics (README, "Reading the figures and diagnostics"), in plain numpy.
 
-Per head, over the cells C the model uses (SPEC section 13: C = {(i, j): j <= i} in a causal model, every cell in a
-bidirectional one), with b_s the bias of sample s and b̄ its mean:
+Per head, over the cells C the model uses (docs/hdf5.md, 'Attended cells': C = {(i, j): j <= i} in a causal model, every
+cell in a bidirectional one), with b_s the bias of sample s and b̄ its mean:
 
 - context dependence = mean over C of std over samples of b_s(i, j), divided by std over C of b̄;
 - Toeplitz residual = RMS over C of (b̄(i, j) - mean of b̄ over its diagonal i - j), divided by std over C of b̄;
@@ -44,7 +44,8 @@ class HeadDiagnostics:
     separability_residual: float | None = None
 
     def as_json(self) -> dict[str, object]:
-        return {"head": self.head, "context_dependence": self.context_dependence,
+        # "index" counts from 0, as every index in files and JSON; "head" (1 .. H) is kept for existing scripts
+        return {"index": self.head - 1, "head": self.head, "context_dependence": self.context_dependence,
                 "toeplitz_residual": self.toeplitz_residual,
                 "separability_residual": self.separability_residual}  # fmt: skip
 

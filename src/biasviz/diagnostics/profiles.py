@@ -1,9 +1,9 @@
 """Distance profiles: per head, the mean and standard deviation of a matrix over samples and cells with i - j = d.
 
-What a summary file stores as ``bias_profile`` / ``weights_profile`` (SPEC section 11), computed here from a
-full file's matrices, streamed one (sample, head) matrix at a time. Sums are of differences from the first
-sample's per-distance mean, so a profile that is constant over a diagonal has a standard deviation of exactly 0.
-Population standard deviations (ddof=0), as everywhere in biasviz.
+What a summary file stores as ``bias_profile`` / ``weights_profile`` (docs/hdf5.md, 'Summary files'), computed here from
+a full file's matrices, streamed one (sample, head) matrix at a time. Sums are of differences from the first sample's
+per-distance mean, so a profile that is constant over a diagonal has a standard deviation of exactly 0. Population
+standard deviations (ddof=0), as everywhere in biasviz.
 """
 
 from __future__ import annotations

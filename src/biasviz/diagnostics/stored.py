@@ -1,4 +1,4 @@
-"""Diagnostics as a summary file stores them (SPEC section 11): read, never recomputed.
+"""Diagnostics as a summary file stores them (docs/hdf5.md, 'Summary files'): read, never recomputed.
 
 ``extract --summary`` computes the diagnostics at full resolution while it still sees every sample, and
 stores them with the distance profiles; here they become the same :class:`HeadDiagnostics` that a full
@@ -14,7 +14,6 @@ import numpy as np
 from biasviz.diagnostics.measures import HeadDiagnostics
 
 SINK_EPSILON = 0.3  # Gu et al. 2025: a head whose first key takes more than this share of the weight is a sink
-TOP_KEYS = 8  # the keys listed per head by received weight (SPEC section 14's sink_keys)
 
 UNDEFINED = {
     "context_dependence": "context dependence is not defined (it needs at least 2 samples)",
@@ -43,7 +42,7 @@ def stored_heads(bias_file: Any, layer: int) -> list[HeadDiagnostics]:
 
 
 def stored_position(bias_file: Any, layer: int) -> tuple[list[HeadDiagnostics] | None, dict[str, Any] | None]:
-    """SPEC section 12 of a summary, as stored: P's measures per head (None where the file holds no P) and the
+    """docs/positional.md of a summary, as stored: P's measures per head (None where the file holds no P) and the
     sinks (None where it holds no key profile): each head's share of key 0, and the share of sink heads both
     from the mean and from each sample thresholded alone (Gu et al. 2025, epsilon = 0.3)."""
     summary = getattr(bias_file, "summary", None)
@@ -75,25 +74,38 @@ def _listed(x: np.ndarray) -> list[Any]:
 
 
 def _sink_keys(bias_file: Any, summary: Any, layer: int) -> dict[str, Any]:
-    """SPEC section 14: the SE of each head's share of key 0, each head's top keys by mean received weight, and
-    the heads whose top key is not key 0 (secondary sinks), from the mean over samples and per sample."""
+    """The SE of each head's share of key 0, each head's top keys by received weight averaged over samples (ranked
+    among the keys seen by enough queries: docs/position-measures.md, 'Sink keys'), and the heads with a secondary
+    sink: a top key other than key 0 that holds at least epsilon of the weight, from the mean and in each sample."""
     out: dict[str, Any] = {}
     if summary.holds(layer, "sink_share_se"):
         out["share_se_per_head"] = _listed(bias_file.summary_array("sink_share_se", layer))
-    received = bias_file.summary_array("weights_key_profile", layer)[0]  # (H, T) mean weight each key receives
-    top = np.argsort(-np.nan_to_num(received, nan=-1.0), axis=-1, kind="stable")[:, :TOP_KEYS]
-    out["top_keys_per_head"] = [[{"key": int(j), "share": _value(float(received[h, j]))} for j in row]
-                                for h, row in enumerate(top)]  # fmt: skip
-    out["secondary_sink_heads"] = [h + 1 for h in range(len(top)) if top[h, 0] != 0]
-    if summary.holds(layer, "sink_keys"):
-        first = bias_file.summary_array("sink_keys", layer)["index"][..., 0]  # (N, H): each sample's top key
-        out["samples_with_secondary_top_key_per_head"] = [float(x) for x in (first != 0).mean(0)]
+    least = summary.sink_min_queries(layer) if summary.holds(layer, "sink_keys") else None
+    if least is None or not summary.holds(layer, "sink_keys_of_mean"):
+        out["note"] = ("the file ranks its sink keys over every key, the last ones too (seen by a few queries "
+                       "that attend locally): extract it again to rank them and list secondary sinks")  # fmt: skip
+        return out
+    values = np.unique(least)
+    out["sink_min_queries"] = int(values[0]) if len(values) == 1 else [[int(x) for x in row] for row in least]
+    top = bias_file.summary_array("sink_keys_of_mean", layer)  # (H, rank) records, highest first
+    out["top_keys_per_head"] = [[{"key": int(r["index"]), "share": _value(float(r["share"]))} for r in row
+                                 if r["index"] >= 0] for row in top]  # fmt: skip
+    out["secondary_sink_heads"] = [h for h in range(len(top)) if _secondary(top[h, 0])]  # indices from 0
+    each = bias_file.summary_array("sink_keys", layer)[..., 0]  # (N, H): each sample's top key
+    secondary = (each["index"] > 0) & (np.nan_to_num(each["share"].astype(np.float64)) >= SINK_EPSILON)
+    out["samples_with_secondary_sink_per_head"] = [float(x) for x in secondary.mean(0)]
     return out
 
 
+def _secondary(record: np.void) -> bool:
+    """A top key that is not key 0 and holds at least epsilon of the weight (Gu et al.'s threshold); a near-uniform
+    head, where any key can rank first, has none."""
+    return bool(record["index"] > 0 and float(record["share"]) >= SINK_EPSILON)
+
+
 def stored_measures(bias_file: Any, layer: int) -> dict[str, Any] | None:
-    """SPEC section 14's measures of a summary layer as JSON: each mean with its spread over samples and its SE
-    (absent with fewer than 3 samples), by head; None where the file holds none."""
+    """docs/position-measures.md's measures of a summary layer as JSON: each mean with its spread over samples and its
+    SE (absent with fewer than 3 samples), by head; None where the file holds none."""
     from biasviz.store.datasets import MEASURES
 
     summary = getattr(bias_file, "summary", None)

@@ -65,7 +65,7 @@ def explore(path: str | Path | Any, other: str | Path | Any | None = None, *, ki
 
     ``path`` and ``other``: a biasviz file (full, summary or sweep), or a :class:`biasviz.tracing.Trace`, explored
     as it is (its calls of the last call's shape become the page's layers; nothing is written where you see it);
-    ``kind``: 'bias', 'weights', 'scores', 'positional' (SPEC section 12) or 'all' (every one the file holds);
+    ``kind``: 'bias', 'weights', 'scores', 'positional' (docs/positional.md) or 'all' (every one the file holds);
     ``layer``: one layer (default: every layer stored; for a trace, a call index, -1 the last);
     ``max_mb``: the size budget (default 14 MB up to 1024 positions, 38 MB beyond);
     ``tokenizer``: a tokenizer.json for the token read-out when the file's own cannot be found (for a trace,

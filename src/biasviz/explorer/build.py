@@ -53,7 +53,7 @@ OVERVIEW = 256
 #: then 16-bit, then blocks twice as large), down to :data:`MIN_OVERVIEW` cells a side.
 OVERVIEW_SHARE = 0.5
 MIN_OVERVIEW = 64
-KINDS = ("bias", "weights", "scores", "positional")  # what a page can switch between (SPEC 12: the last two)
+KINDS = ("bias", "weights", "scores", "positional")  # what a page can switch between (docs/positional.md: the last two)
 MB = 1_000_000
 
 
@@ -259,7 +259,8 @@ class _Builder:
 
         heads, ranges = [], []
         profiles = self._stored_profiles(f, c, layer, kind)
-        measures = None if f is None else layer_measures(_at(f, c), layer, kind)  # SPEC section 14, where held
+        # the measures of docs/position-measures.md, where held
+        measures = None if f is None else layer_measures(_at(f, c), layer, kind)
         for h, m in enumerate(self._matrices(f, c, layer, kind, sample)):
             ranges.append(ValueRange.of(m, ValueRange.needs_percentile(kind)))  # every cell: the data's extremes
             levels = []

@@ -206,7 +206,7 @@ function differenceEnds(scale) {
   return [said(lo), hi === 0 ? said(0) : ""];
 }
 
-// A head's band and context mass (SPEC section 14), where its file holds them: means and SEs as Float32Arrays.
+// A head's band and context mass (docs/position-measures.md), where its file holds them: means and SEs as Float32Arrays.
 function measuresOf(source, head) {
   const m = DATA.sets[setKey(source)].heads[head - 1].measures;
   if (!m) return null;

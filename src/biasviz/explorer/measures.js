@@ -1,4 +1,4 @@
-// biasviz explorer, part 3 of 5: the focused head's position measures (SPEC section 14), under its distance profile.
+// biasviz explorer, part 3 of 5: the focused head's position measures (docs/position-measures.md), under its distance profile.
 
 // One small plot: a line per file with its 95 % interval (mean ± 1.96 SE) shaded, where the file holds the SE.
 function measurePanel(ctx, box, series, xs, opts) {

@@ -1,5 +1,5 @@
-"""The focused head's SPEC section 14 measures on the page (summary files, the weights): the weight a query puts at
-each distance bin and on each tenth of the keys it sees, with their standard errors where the file holds them.
+"""The focused head's docs/position-measures.md measures on the page (summary files, the weights): the weight a query
+puts at each distance bin and on each tenth of the keys it sees, with their standard errors where the file holds them.
 
 The page draws them under the distance profile, each with its 95 % interval (mean ± 1.96 SE), as ``plot --kind
 bands`` and ``--kind context`` do: per distance, each bin's weight over its width.
@@ -21,7 +21,7 @@ def _packed(values: np.ndarray) -> str:
 
 def layer_measures(f: BiasFile, layer: int, kind: str) -> list[dict[str, Any]] | None:
     """Per head, what the page draws of band and context mass; None where the file holds none (not a summary of the
-    weights, or one written before SPEC section 14)."""
+    weights, or one written before docs/position-measures.md)."""
     if not f.is_summary or kind != "weights" or f.summary is None:
         return None
     resolved = f.resolve_layer(layer)

@@ -89,7 +89,7 @@ def extract(
     checkpoint, or any path ``biasviz extract --model`` accepts. ``scheme`` names the bias in the file
     (default: the checkpoint's, or "captured"). Other ``options`` are :func:`biasviz.extraction.run.extract`'s
     (``dtype``, ``model_dtype``, ``progress``, ``attrs``); ``progress=False`` prints nothing at all, transformers'
-    "Loading weights" bar included. ``summary=True`` writes the SPEC section 11 summary
+    "Loading weights" bar included. ``summary=True`` writes the docs/hdf5.md, 'Summary files' summary
     instead of every sample's matrices, with maps of at most ``resolution`` x ``resolution`` blocks.
     ``device_map`` (``max_memory``, ``offload_folder``): a transformers directory too large for one device, spread
     by accelerate as ``extract --device-map`` does; it runs where the map puts it (``device`` stays "auto").

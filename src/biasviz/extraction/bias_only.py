@@ -1,8 +1,8 @@
 """``extract --bias-only``: the bias of a context-free scheme from its formula, with no text and no forward pass.
 
 Without ``--resolution`` the file holds the full (1, H, T, T) bias (format 1); with it, the summary layout of
-SPEC section 11 (samples = 0, no weights) at any length: a bias of i - j alone from its T values, others in
-blocks of query rows.
+docs/hdf5.md, 'Summary files' (samples = 0, no weights) at any length: a bias of i - j alone from its T values, others
+in blocks of query rows.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def bias_only_summary(
     resolution: int | None = None, device: str | torch.device = "auto", model_dtype: str | torch.dtype | None = None,
     force: bool = False,
 ) -> ExtractResult:  # fmt: skip
-    """The SPEC section 11 summary of a context-free bias over ``seq_len`` positions, from the formula alone."""
+    """The docs/hdf5.md, 'Summary files' summary of a context-free bias over ``seq_len`` positions, from the formula
+    alone."""
     from biasviz.extraction.summary import resolve_resolution
 
     t0 = time.perf_counter()

@@ -1,4 +1,5 @@
-"""The cells each streamed attention call attends to, handed to the summaries of its layer (SPEC section 13).
+"""The cells each streamed attention call attends to, handed to the summaries of its layer (docs/hdf5.md, 'Attended
+cells').
 
 A call whose mask is the causal triangle (or, seeing every key, every cell) needs nothing; one mask for every
 sample (sliding windows, local layers, flex block masks) is set once on every part of the layer
@@ -29,9 +30,9 @@ BY_SAMPLE = "by sample"  # a layer whose samples are masked differently (its ent
 def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[int, Any], parts: Parts,
             position: Mapping[int, StreamedPosition], first: int, merged: bool = False) -> None:  # fmt: skip
     """A streamed call's attended cells (B or 1, H, T, T): where they are not the causal triangle (or, in a call that
-    sees every key, every cell), every summary of the layer is taken over them (SPEC section 13). One mask while
-    every sample has the same; from the first sample masked otherwise (padding, packed documents) on, each sample's
-    own cells count for it (:meth:`QuantitySummary.by_sample`, :meth:`StreamedPosition.by_sample`)."""
+    sees every key, every cell), every summary of the layer is taken over them (docs/hdf5.md, 'Attended cells'). One
+    mask while every sample has the same; from the first sample masked otherwise (padding, packed documents) on, each
+    sample's own cells count for it (:meth:`QuantitySummary.by_sample`, :meth:`StreamedPosition.by_sample`)."""
     own = [part for (_, at), part in parts.items() if at == layer]
     spot = position.get(layer)
     if masks.get(layer) is BY_SAMPLE:

@@ -138,8 +138,9 @@ def _join_banks(w: World) -> Any:
 
 
 def _one_mask_everywhere(w: World, parts: dict[tuple[str, int], Any]) -> None:
-    """Every process summarised its samples over the one mask it measured (SPEC section 13); joined, they must all
-    have measured the same, or every process refuses (all of them see every digest: none waits on the others)."""
+    """Every process summarised its samples over the one mask it measured (docs/hdf5.md, 'Attended cells'); joined, they
+    must all have measured the same, or every process refuses (all of them see every digest: none waits on the
+    others)."""
     import hashlib
 
     import torch.distributed as dist
@@ -157,7 +158,7 @@ def _one_mask_everywhere(w: World, parts: dict[tuple[str, int], Any]) -> None:
 
 def _join_cells(w: World) -> Any:
     """A merge for :func:`biasviz.extraction.summary.summarise`: every process's per-cell moments into process 0's,
-    and a streamed model's SPEC section 12 sums (q, k, scores, bias, the key profile's; sink shares one sample after
+    and a streamed model's docs/positional.md sums (q, k, scores, bias, the key profile's; sink shares one sample after
     another), added in rank order: the order of a one-process run's batches."""
     import torch.distributed as dist
 

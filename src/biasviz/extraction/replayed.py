@@ -49,7 +49,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
     the forward (samples x layers run), then forming each layer's rows (blocks of query rows x samples). One bar
     over both read 67 % when the forward was done and then ran on for minutes: the phases go at different rates,
     so a rate and a time left hold only within one.
-    Returns each layer's SPEC section 12 extras (positional logits, the weights' key profile, sink shares).
+    Returns each layer's docs/positional.md extras (positional logits, the weights' key profile, sink shares).
     ``formula``: the layers whose bias, while measured the same for every sample, is summarised from f(d).
     """
     n, seq_len = ids.shape
@@ -81,7 +81,8 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
         for k, layer in enumerate(layer_list, start=2):
             own = {kind: p for (kind, at), p in parts.items() if at == layer}
             cells = SampleCells.read(bank, layer, n, seq_len, dev)  # samples masked differently: each one's own
-            mask = adapter.attended(layer)  # a model's own mask: every quantity over its cells (SPEC 13)
+            # a model's own mask: every quantity over its cells (docs/hdf5.md, 'Attended cells')
+            mask = adapter.attended(layer)
             attended = (Attended(cells.union) if cells is not None
                         else None if mask is None else Attended(mask.to(dev)))  # fmt: skip
             for part in own.values() if attended is not None else ():
@@ -141,8 +142,8 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
 def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary],
                   attended: Attended | None, cells: SampleCells | None, *, samples: int, seq_len: int, block: int,
                   device: torch.device, positional: bool, measures: bool) -> LayerExtras:  # fmt: skip
-    """What SPEC sections 12 and 14 add to a layer whose rows are formed again, over the call's own mask
-    (``attended``); where samples are masked differently (``cells``), each sample's own cells count for it, and
+    """What docs/positional.md and docs/position-measures.md add to a layer whose rows are formed again, over the call's
+    own mask (``attended``); where samples are masked differently (``cells``), each sample's own cells count for it, and
     what pairs the cells of different samples (P, the block maps' SEs) is left out."""
     n, heads, shared = samples, adapter.n_heads, None if cells is not None else attended
     extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device, attended=shared),
@@ -150,7 +151,7 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
     if cells is not None:
         extra.keys.queries = cells.key_queries
         warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=4)
-    if measures:  # SPEC section 14
+    if measures:  # docs/position-measures.md
         extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
                                         device=device, attended=shared)  # fmt: skip
         extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
@@ -167,7 +168,7 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
         scale = adapter.score_scale(layer)
         extra.positional = Positional(q_sum, k_sum, layer=layer, scale=scale, samples=n, seq_len=seq_len,
                                       block=block, device=device, attended=attended)  # fmt: skip
-        if measures and n >= 3:  # its block map's SE (SPEC section 14)
+        if measures and n >= 3:  # its block map's SE (docs/position-measures.md)
             extra.blocks["positional"] = PositionalJackknife(q_sum, k_sum, bank.operands(layer), samples=n,
                                                              block=block, scale=scale, seq_len=seq_len,
                                                              device=device, attended=attended)  # fmt: skip

@@ -28,7 +28,7 @@ from biasviz.common.progress import Progress
 from biasviz.store import BiasFileWriter
 from biasviz.store.format import BIAS_DIFFERENCE
 
-CAPTURABLE = ("bias", "weights", "scores")  # what a full file can store per layer, in file order (SPEC 2, 12)
+CAPTURABLE = ("bias", "weights", "scores")  # what a full file can store per layer, in file order (docs/hdf5.md)
 DEFAULT_CAPTURE = ("bias", "weights")
 
 
@@ -91,7 +91,7 @@ def provenance(
         attrs["training"] = adapter.training  # a dict: stored as JSON text
     if not getattr(adapter, "context_known", True):  # a traced model: only the data can tell (biasviz diagnose)
         attrs["context_dependent_known"] = False
-    attrs.update({**autocast_attrs(), **(extra or {})})  # under autocast: the model's kernels ran so (SPEC 13)
+    attrs.update({**autocast_attrs(), **(extra or {})})  # under autocast: the model's kernels ran so (docs/hdf5.md)
     return attrs
 
 
@@ -114,7 +114,7 @@ def check_batch_memory(adapter: ModelAdapter, layers: int, batch: int, seq_len: 
 
 
 def bias_is_shared(adapter: ModelAdapter) -> bool:
-    """Whether the bias is the same for every input, so that one copy stands for all samples (SPEC section 11)."""
+    """Whether the bias is the same for every input, so one copy stands for all samples (docs/hdf5.md)."""
     return bool(adapter.adds_bias) and not adapter.context_dependent and getattr(adapter, "context_known", True)
 
 

@@ -7,18 +7,18 @@ time linear in the number of samples, memory one batch plus that bank. Other ada
 they form (:meth:`ModelAdapter.stream`) into per-cell moments of the (H, T, T) matrix, merged batch after
 batch (or, in one batch, reduced at once). Nothing of size N·T² is ever held.
 
-A bias the scheme declares the same for every input is measured, not assumed (SPEC section 11): every sample's
-bias rows are compared with the first sample's as they come (:mod:`biasviz.summaries.sharing`), and the largest
-difference over samples, layers and used cells is the root attribute ``bias_max_difference``, as in full files.
-Replayed models form each sample's bias rows anyway (the scores need them): :meth:`ModelAdapter.rows_again` passes
-them on, formed by the model's own scheme module from that sample's own layer input as its forward formed what it
-passed through ``hook_bias``; comparing them costs one read per sample and block, no pass over the model.
-Streamed models send every sample's blocks as the hooks see them; over several batches the first sample's (H, T, T)
-rows are kept, beside the per-cell moments of the same size that such a run keeps anyway. While every sample
-equals the first, one is summarised for all (or, for a bias of i - j alone, its f(d)); from the first difference
-on, the layer's bias is summarised per sample like a context-dependent one, so its spread and context dependence
-are measured. torchrun's processes that merge per-cell moments cannot compare with process 0's first sample: they
-summarise every sample's bias and record no difference.
+A bias the scheme declares the same for every input is measured, not assumed (docs/hdf5.md, 'Summary files'): every
+sample's bias rows are compared with the first sample's as they come (:mod:`biasviz.summaries.sharing`), and the largest
+difference over samples, layers and used cells is the root attribute ``bias_max_difference``, as in full files. Replayed
+models form each sample's bias rows anyway (the scores need them): :meth:`ModelAdapter.rows_again` passes them on,
+formed by the model's own scheme module from that sample's own layer input as its forward formed what it passed through
+``hook_bias``; comparing them costs one read per sample and block, no pass over the model. Streamed models send every
+sample's blocks as the hooks see them; over several batches the first sample's (H, T, T) rows are kept, beside the
+per-cell moments of the same size that such a run keeps anyway. While every sample equals the first, one is summarised
+for all (or, for a bias of i - j alone, its f(d)); from the first difference on, the layer's bias is summarised per
+sample like a context-dependent one, so its spread and context dependence are measured. torchrun's processes that merge
+per-cell moments cannot compare with process 0's first sample: they summarise every sample's bias and record no
+difference.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ MAX_RESOLUTION = 2**31 - 1  # R above T is the exact map as R = T is; beyond thi
 
 def resolve_resolution(resolution: int | None, seq_len: int) -> int:
     """R: as given (at least 1), or the default 1024 capped at T. R >= T gives blocks of one position: the maps
-    exact per cell (SPEC section 11), as with R = T; R is stored as given."""
+    exact per cell (docs/hdf5.md, 'Summary files'), as with R = T; R is stored as given."""
     if resolution is None:
         return min(DEFAULT_RESOLUTION, seq_len)
     if isinstance(resolution, bool) or not isinstance(resolution, (int, np.integer)) or resolution < 1:
@@ -75,7 +75,7 @@ def resolve_resolution(resolution: int | None, seq_len: int) -> int:
     return int(resolution)
 
 
-# joins other processes' per-cell moments, and their SPEC section 12 sums of streamed layers (a dict by layer), into
+# joins other processes' per-cell moments, and their docs/positional.md sums of streamed layers (a dict by layer), into
 # process 0's: True where this process holds the joined result
 Merge = Callable[[dict[tuple[str, int], QuantitySummary], Mapping[int, StreamedPosition]], bool]
 
@@ -94,14 +94,14 @@ def summarise(
     samples afterwards (:mod:`biasviz.summaries.replay`): time linear in N, memory one batch plus the bank.
     Others keep per-cell moments of the whole matrix, (H, T, T), merged batch after batch.
 
-    ``merge`` (torchrun): per-cell moments are kept whatever the batch, and ``merge`` joins every process's into
-    these before they are summarised; ``total_samples`` is then the number of samples over all processes.
-    ``gather`` (torchrun, adapters that form rows again): the processes' banks are joined on process 0, which
-    forms the rows of every sample as one process would; the other processes return an empty result.
-    ``positional=False`` leaves out the positional logits P (SPEC section 12), ``measures=False`` SPEC section 14's
-    measures of the weights: to measure what they cost. Where samples turn out to be masked differently (padding,
-    packed documents), rows formed again keep each sample's own cells; where they cannot (heads masked differently
-    too, torchrun's joined banks), the rows are streamed instead (``streamed``), from the start.
+    ``merge`` (torchrun): per-cell moments are kept whatever the batch, and ``merge`` joins every process's into these
+    before they are summarised; ``total_samples`` is then the number of samples over all processes. ``gather``
+    (torchrun, adapters that form rows again): the processes' banks are joined on process 0, which forms the rows of
+    every sample as one process would; the other processes return an empty result. ``positional=False`` leaves out the
+    positional logits P (docs/positional.md), ``measures=False`` docs/position-measures.md's measures of the weights: to
+    measure what they cost. Where samples turn out to be masked differently (padding, packed documents), rows formed
+    again keep each sample's own cells; where they cannot (heads masked differently too, torchrun's joined banks), the
+    rows are streamed instead (``streamed``), from the start.
     """
     options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
@@ -114,7 +114,7 @@ def summarise(
             if streamed or gather is not None:
                 raise
         # padding, packed documents: rows formed again take one mask for every sample; streamed, as the model forms
-        # them, each sample's own cells count for it (SPEC section 13)
+        # them, each sample's own cells count for it (docs/hdf5.md, 'Attended cells')
         return _summarise(adapter, ids, layer_list, dev, streamed=True, **options)
 
 
@@ -140,7 +140,7 @@ def _summarise(
     modes = {"weights": "joint" if replay or joint else "cells"}
     # streamed models give their scores, q and k as they run, where the adapter captures them (joined under torchrun)
     streamed_position = not replay and adapter.captures_scores
-    if replay or streamed_position:  # the softmax's input, formed again or streamed (SPEC section 12)
+    if replay or streamed_position:  # the softmax's input, formed again or streamed (docs/positional.md)
         modes["scores"] = modes["weights"]
     if has_bias:
         # declared the same for every input: measured sample by sample against the first (QuantitySummary.agreement),
@@ -181,13 +181,14 @@ def _summarise(
         else:
             out[layer][kind] = part.result(total_samples=total)
     for layer, extra in extras.items():
-        if extra.measures is not None and extra.note is None:  # the maps' SEs the block means did not give (SPEC 14)
+        # the maps' SEs the block means did not give (docs/position-measures.md)
+        if extra.measures is not None and extra.note is None:
             map_errors(extra.measures, out[layer], {k: p for (k, at), p in parts.items() if at == layer},
                        samples=total, block=block)  # fmt: skip
         out[layer]["position"] = extra
         if adapter.layer_causal(layer) and not adapter.causal and extra.attended is None:
             # a causal call in a model whose others see every key (an encoder-decoder's decoder): its own rule
-            # travels with it, as the share of each block's cells j <= i (SPEC section 13)
+            # travels with it, as the share of each block's cells j <= i (docs/hdf5.md, 'Attended cells')
             extra.attended = triangle_share(seq_len, block, adapter.n_heads)
     return out
 
@@ -200,7 +201,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
               position: Mapping[int, StreamedPosition] | None = None, merged: bool = False,
               caller: Mapping[str, str] | None = None) -> None:  # fmt: skip
     """Every block the model forms goes into ``parts`` as it comes; samples in batches of ``batch``. ``position``:
-    the layers whose scores, q and k (and bias and weights) also go into SPEC section 12's sums."""
+    the layers whose scores, q and k (and bias and weights) also go into docs/positional.md's sums."""
     n = len(ids)
     position = position or {}
     first = [0]  # the batch under way's first sample
@@ -271,7 +272,7 @@ def extract_summary(
     adapter: ModelAdapter, windows: np.ndarray, out: str | Path, *, force: bool = False, dtype: str = "float32",
     **options: Any,
 ) -> ExtractResult:  # fmt: skip
-    """Summarise ``adapter`` on ``windows`` (samples, T) into the SPEC section 11 file at ``out``.
+    """Summarise ``adapter`` on ``windows`` (samples, T) into the docs/hdf5.md, 'Summary files' file at ``out``.
 
     ``resolution`` R (default min(1024, T)): maps of at most R x R blocks, exact per cell when R >= T. Other
     ``options`` are :func:`summary_run`'s. ``dtype`` is accepted for symmetry with

@@ -49,7 +49,7 @@ def diagnostics_figure(results: Mapping[str, Sequence[HeadDiagnostics]], *, fig:
 
     ``details``: per scheme, what it was measured on (length, samples): said once in the title when every
     scheme shares it, else in each legend entry. ``title``: what the figure shows (the layer), before that.
-    ``sinks``: per scheme (a key of ``results``), each head's mean attention weight on key 0 (SPEC section 12):
+    ``sinks``: per scheme (a key of ``results``), each head's mean attention weight on key 0 (docs/positional.md):
     drawn in a fourth row on a linear 0-1 axis with the sink threshold ``epsilon`` (Gu et al. 2025).
     """
     details = dict(details or {})

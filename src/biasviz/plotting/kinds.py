@@ -24,13 +24,13 @@ PLOT_KINDS: tuple[PlotKind, ...] = (
     PlotKind("std", "the per-cell standard deviation over samples (bias and weights)", "any"),
     PlotKind("positional", "each head's positional logits P(i, j), relative to its value at distance 0 (two samples "
              "or more)", "summary"),
-    PlotKind("sinks", "each head's mean weight on the first keys (SPEC section 12)", "summary"),
-    PlotKind("bands", "the weight a query puts at each distance, with 95% bands over samples (SPEC section 14)",
-             "summary"),
-    PlotKind("context", "the weight on each tenth of the keys a query sees, with 95% bands (SPEC section 14)",
+    PlotKind("sinks", "each head's mean weight on the first keys (docs/positional.md)", "summary"),
+    PlotKind("bands", "the weight a query puts at each distance, with 95% bands over samples "
+             "(docs/position-measures.md)", "summary"),
+    PlotKind("context", "the weight on each tenth of the keys a query sees, with 95% bands (docs/position-measures.md)",
              "summary"),
     PlotKind("frequency", "per head, the mean norm of each rotary pair of q and k against the pair (0: fastest), "
-             "with 95% bands (rotary models; SPEC section 14)", "summary"),
+             "with 95% bands (rotary models; docs/position-measures.md)", "summary"),
 )  # fmt: skip
 NAMES = tuple(k.name for k in PLOT_KINDS)
 SUMMARY_KINDS = tuple(k.name for k in PLOT_KINDS if k.needs == "summary")  # drawn from a summary's own datasets

@@ -1,4 +1,4 @@
-"""One page of SPEC section 14's measures for several models, from summary files (``extract --summary``).
+"""One page of docs/position-measures.md's measures for several models, from summary files (``extract --summary``).
 
 ``python -m biasviz.plotting.measures_page data/rope-pos-long.h5 data/alibi-pos-long.h5 --out STEM`` draws one row
 per file (one column per file at a column's width): which rotary frequencies its heads use (Barbero et al., ICLR

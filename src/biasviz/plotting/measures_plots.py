@@ -1,4 +1,4 @@
-"""Figures of SPEC section 14 from a summary: how far each head looks (``bands``) and where in its context
+"""Figures of docs/position-measures.md from a summary: how far each head looks (``bands``) and where in its context
 (``context``, the U-curve), each with its 95 % band over samples (mean ± 1.96 SE) where the file holds an SE.
 
 Bins of distance widen logarithmically past 16, so ``bands`` draws each bin's weight divided by its width (the mean
@@ -34,8 +34,8 @@ def need_measure(bf: BiasFile, layer: int, name: str, what: str) -> int:
     """The resolved layer, or one error saying why the file holds no ``name`` for it."""
     resolved = bf.resolve_layer(layer)
     if bf.summary is None:
-        raise BiasvizError(f"{what} is measured by 'biasviz extract --summary' (SPEC section 14); {bf.path} is a full "
-                           "file: extract a summary of the same windows")  # fmt: skip
+        raise BiasvizError(f"{what} is measured by 'biasviz extract --summary' (docs/position-measures.md); {bf.path} "
+                           "is a full file: extract a summary of the same windows")  # fmt: skip
     if bf.bias_only:
         raise BiasvizError(f"{what} needs a forward pass over text; {bf.path} was made with --bias-only")
     if not bf.summary.holds(resolved, name):

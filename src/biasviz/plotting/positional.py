@@ -1,4 +1,4 @@
-"""Figures of SPEC section 12 from a summary: the positional logits P, their distance profile, and the sinks.
+"""Figures of docs/positional.md from a summary: the positional logits P, their distance profile, and the sinks.
 
 P(i, j) is the score a query at i of one text gives a key at j of another, averaged over pairs of texts, plus
 the mean additive part: what position alone gives, for RoPE and NoPE as for ALiBi. The softmax ignores a
@@ -25,7 +25,7 @@ from biasviz.store import BiasFile
 
 
 def need_position(bf: BiasFile, layer: int, what: str, positional: bool = True) -> int:
-    """The resolved layer, or one error saying why the file holds no SPEC section 12 data of it."""
+    """The resolved layer, or one error saying why the file holds no docs/positional.md data of it."""
     resolved = bf.resolve_layer(layer)
     if bf.summary is None:
         raise BiasvizError(f"{what} are computed by 'biasviz extract --summary' (from the sums of q and k over "

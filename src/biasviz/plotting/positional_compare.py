@@ -1,4 +1,4 @@
-"""Positional logits of several schemes side by side, at the training length and far past it (SPEC section 12).
+"""Positional logits of several schemes side by side, at the training length and far past it (docs/positional.md).
 
 ``python -m biasviz.plotting.positional_compare SHORT.h5 LONG.h5 [SHORT.h5 LONG.h5 ...] --out STEM`` takes
 summary pairs of one model each (the same model at two lengths, two samples or more) and draws one column per

@@ -10,7 +10,7 @@ from PIL import Image
 from biasviz.common.atomic import replacing
 
 PREVIEW_WIDTH = 520  # pixels: sharp on a README page, a few hundred kB at most
-PREVIEWS = ("*_bias.png", "*_weights.png", "diagnostics.png", "cable_profile.png", "*_dynamics.png",
+PREVIEWS = ("*_bias.png", "*_weights.png", "diagnostics.png", "cable_bias_profile.png", "*_dynamics.png",
             "long_context.png", "positional.png", "position_measures.png")
 
 

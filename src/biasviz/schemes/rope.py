@@ -4,7 +4,7 @@ GPT-NeoX's half-split layout, as transformers' Llama, GPT-NeoX, Qwen and Mistral
 first half of the rotated dimensions is paired with dimension f + d_rot/2, and the pair at position p turns
 by p·θ_f, θ_f = base^(-2f/d_rot), f = 0 .. d_rot/2 - 1. Only the first d_rot = fraction·d_head dimensions
 turn (GPT-NeoX's ``rotary_pct``, Phi's partial rotary); the rest pass unchanged. No term is added to the
-scores: the position shows in the positional logits (SPEC section 12), not in a bias.
+scores: the position shows in the positional logits (docs/positional.md), not in a bias.
 """
 
 from __future__ import annotations

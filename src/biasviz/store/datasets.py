@@ -1,5 +1,5 @@
-"""The table of SPEC section 14's summary datasets: one row each (name, dimensions, what its values may be, how
-checkpoints join), read by the writer, the joiner, the validator, the reader and the xarray view alike, so that a
+"""The table of docs/position-measures.md's summary datasets: one row each (name, dimensions, what its values may be,
+how checkpoints join), read by the writer, the joiner, the validator, the reader and the xarray view alike, so that a
 new measure is its computation plus a row here.
 
 Dimensions are named; :func:`dimension_sizes` gives each its length in a file, so a row's shape is never spelled
@@ -20,7 +20,8 @@ DIRECT_DISTANCES = 16  # distances 0 .. 15 each have a bin of their own
 LOG_STEPS = 48  # from 16 on, edges 16 (T / 16)^(k / 48), k = 0 .. 48
 SEGMENTS = 10  # context_mass: tenths of the keys a query sees
 SINK_RANKS = 8  # sink_keys: the top keys kept per sample and head
-MIN_SE_SAMPLES = 3  # a standard error needs N >= 3 (SPEC section 14)
+SINK_SEEN_PART = 8  # sink_keys rank only keys seen by at least ceil(m / 8) queries, m the most any key is seen by
+MIN_SE_SAMPLES = 3  # a standard error needs N >= 3 (docs/position-measures.md)
 DISTANCE_BINS = "distance_bins"  # root dataset (distance_bin, 2): first and last distance of each bin
 SINK_DTYPE = np.dtype([("index", np.int32), ("share", np.float32)])
 
@@ -39,7 +40,7 @@ class DatasetRow:
         return self.check == "sinks"
 
 
-# SPEC section 14, the measures over the weights (stat = mean, std over samples)
+# docs/position-measures.md, the measures over the weights (stat = mean, std over samples)
 MEASURES: tuple[DatasetRow, ...] = (
     DatasetRow("band_mass", ("stat", "head", "distance_bin"), "share",
                "weight a query puts on the keys at each distance bin"),
@@ -48,7 +49,10 @@ MEASURES: tuple[DatasetRow, ...] = (
     DatasetRow("weights_entropy", ("stat", "head", "query_block"), "entropy",
                "entropy (nats) of each query's weights, block-averaged"),
     DatasetRow("sink_keys", ("sample", "head", "rank"), "sinks",
-               "per sample and head, the keys with the highest mean received weight"),
+               "per sample and head, the keys with the highest mean received weight, among the keys seen by at "
+               "least sink_min_queries of the sample's queries"),
+    DatasetRow("sink_keys_of_mean", ("head", "rank"), "sinks",
+               "per head, the keys with the highest received weight averaged over samples, ranked by the same rule"),
     DatasetRow("frequency_use", ("operand", "head", "pair"), "norm",
                "rotary calls: mean 2-norm of each rotary pair of q (0) and k (1), the unrotated dims last"),
     DatasetRow("positional_frequency", ("head", "pair", "distance_bin"), "value",
@@ -76,15 +80,18 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
 ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
 # attributes a dataset carries, given beside its array under the same keys: how many of frequency_use's rows are
 # rotary pairs (one row past them: the unrotated dims together) and the model's layout of them; the pairs of
-# positional_frequency summed against P - mean bias (max |difference| / max |P - mean bias|)
+# positional_frequency summed against P - mean bias (max |difference| / max |P - mean bias|); the queries a key
+# must be seen by to rank among the sink keys (one number, or one per sample and head where they differ)
 ROW_ATTRS: dict[str, tuple[str, ...]] = {"frequency_use": ("rotary_pairs", "rotary_layout"),
-                                         "positional_frequency": ("pair_sum_residual",)}  # fmt: skip
+                                         "positional_frequency": ("pair_sum_residual",),
+                                         "sink_keys": ("sink_min_queries",)}  # fmt: skip
 ROTARY_LAYOUTS = ("half-split", "interleaved")
 
 
 def distance_bins(seq_len: int) -> np.ndarray:
-    """(bins, 2) int64: the first and last distance of each bin (SPEC section 14): one per distance 0 .. 15, then
-    edges e_k = round(16 (T / 16)^(k / 48)), duplicates removed, bin k = [e_k, e_(k+1) - 1], the last ending at T - 1.
+    """(bins, 2) int64: the first and last distance of each bin (docs/position-measures.md): one per distance 0 .. 15,
+    then edges e_k = round(16 (T / 16)^(k / 48)), duplicates removed, bin k = [e_k, e_(k+1) - 1], the last ending
+    at T - 1.
 
     >>> distance_bins(4).tolist()
     [[0, 0], [1, 1], [2, 2], [3, 3]]

@@ -81,7 +81,8 @@ def float16_overflow_error(kind: str, layer: int, peak: float) -> BiasvizError:
 BIAS_DIFFERENCE = "bias_max_difference"
 
 
-# -- summary files (SPEC section 11: ``extract --summary``) -------------------------------------------------
+# -- summary files (docs/hdf5.md, 'Summary files': ``extract --summary``)
+# -------------------------------------------------
 DEFAULT_RESOLUTION = 1024  # at most this many query and key blocks per map
 SUMMARY_MAPS = ("bias_mean", "bias_std", "weights_mean", "weights_std", "scores_mean", "scores_std",
                 "positional_mean")  # (head, query_block, key_block)
@@ -89,7 +90,7 @@ SUMMARY_MAP_DIMS = ("head", "query_block", "key_block")
 PROFILES = ("bias_profile", "weights_profile", "scores_profile")  # (stat, head, distance); 0 = mean, 1 = std
 PROFILE_DIMS = ("stat", "head", "distance")
 PROFILE_STATS = ("mean", "std")
-# SPEC section 12 (summaries of models whose rows are formed again): the scores' maps and profile as above, and
+# docs/positional.md (summaries of models whose rows are formed again): the scores' maps and profile as above, and
 POSITIONAL_MEAN = "positional_mean"  # (head, query_block, key_block): block means of the positional logits P
 POSITIONAL_PROFILE = "positional_profile"  # (from_key, head, distance): P by distance over keys j >= from_key
 POSITIONAL_PROFILE_DIMS = ("from_key", "head", "distance")
@@ -98,8 +99,9 @@ KEY_PROFILE = "weights_key_profile"  # (stat, head, key): the weights by key ove
 KEY_PROFILE_DIMS = ("stat", "head", "key")
 SINK_SHARE = "sink_share"  # (sample, head): per sample, the mean over queries of the weight on key 0
 POSITIONAL_DIAGNOSTICS = "positional_diagnostics"  # (head,) compound, as DIAGNOSTICS, of P
-# (head, query_block, key_block): the share of each block's cells the call attends to, in a layer whose own mask is
-# not the causal triangle (a sliding window, a block mask: SPEC section 13); root attribute MASK says which rule
+# (head, query_block, key_block): the share of each block's cells the call attends to, in a layer whose own mask is not
+# the causal triangle (a sliding window, a block mask: docs/hdf5.md, 'Attended cells'); root attribute MASK says which
+# rule
 ATTENDED = "attended"
 LAYER_NOTE = "note"  # a summary layer's attribute: what it leaves out and why (samples masked differently)
 MASK = "mask"  # root attribute: "causal", "bidirectional" or "model" (some layer's own mask, its ATTENDED stored)

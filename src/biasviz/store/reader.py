@@ -259,7 +259,7 @@ class BiasFile(AttrChecks):
         return ("bias_mean" if self.is_summary else "bias") in grp
 
     def has_positional(self, layer: int = -1) -> bool:
-        """Whether a summary holds the positional logits P (SPEC section 12: two samples or more)."""
+        """Whether a summary holds the positional logits P (docs/positional.md: two samples or more)."""
         grp = self._h5[layer_group(self.resolve_layer(layer))]
         return self.is_summary and POSITIONAL_MEAN in grp
 
@@ -268,7 +268,7 @@ class BiasFile(AttrChecks):
         grp = self._h5[layer_group(self.resolve_layer(layer))]
         return ("scores_mean" if self.is_summary else "scores") in grp
 
-    # -- summary files (SPEC section 11) -------------------------------------------------------
+    # -- summary files (docs/hdf5.md, 'Summary files') -------------------------------------------------------
     @property
     def summary(self) -> SummaryLayout | None:
         """The layout of a summary file (``extract --summary``); None for a full file."""
@@ -299,8 +299,8 @@ class BiasFile(AttrChecks):
         return self._layout(f"{kind} profile").read_profile(kind, self.resolve_layer(layer), self._checkpoint)
 
     def summary_array(self, name: str, layer: int = -1) -> np.ndarray:
-        """SPEC section 12 of a summary: ``positional_profile`` (from_key, head, distance), ``weights_key_profile``
-        (stat, head, key) or ``sink_share`` (sample, head), float64, checked; or any of SPEC section 14
+        """docs/positional.md of a summary: ``positional_profile`` (from_key, head, distance), ``weights_key_profile``
+        (stat, head, key) or ``sink_share`` (sample, head), float64, checked; or any of docs/position-measures.md
         (:data:`biasviz.store.datasets.ROWS`: ``band_mass``, ``context_mass``, ``weights_entropy``, ``sink_keys``
         and the ``_se`` beside each mean)."""
         layout, resolved = self._layout(name.replace("_", " ")), self.resolve_layer(layer)
@@ -312,7 +312,7 @@ class BiasFile(AttrChecks):
             return layout.read_sink_share(resolved, self._checkpoint)
         from biasviz.store.datasets import ROWS
 
-        if name in ROWS:  # SPEC section 14, as its row in the table of datasets says
+        if name in ROWS:  # docs/position-measures.md, as its row in the table of datasets says
             return layout.read_measure(name, resolved, self._checkpoint)
         raise ValueError(f"not a section 12 or 14 array: {name!r}")
 

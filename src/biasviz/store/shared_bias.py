@@ -1,6 +1,6 @@
 """A bias declared the same for every input, measured to differ: the file being written switches to per sample.
 
-Extraction compares every sample's bias with the first as it is captured (SPEC section 11: measured, not
+Extraction compares every sample's bias with the first as it is captured (docs/hdf5.md, 'Summary files': measured, not
 assumed); :class:`BiasFileWriter` starts with one stored bias where the scheme says it is context-free, and
 this is where it turns into one per sample mid-run.
 """

@@ -1,4 +1,4 @@
-"""Summary files (SPEC section 11, ``extract --summary``): their validation, and reading their datasets.
+"""Summary files (docs/hdf5.md, 'Summary files', ``extract --summary``): their validation, and reading their datasets.
 
 A summary holds, per layer, block-mean maps over samples (``bias_mean``, ``bias_std``, ``weights_mean``,
 ``weights_std``: (head, query_block, key_block)), distance profiles ((stat, head, distance)) and the
@@ -179,8 +179,8 @@ class SummaryLayout:
         return p
 
     def read_measure(self, name: str, layer: int, checkpoint: int = 0) -> np.ndarray:
-        """A dataset of SPEC section 14 (a row of :data:`biasviz.store.datasets.ROWS`), checked as its row says:
-        float64, or (index, share) records for ``sink_keys``; NaN where nothing was attended."""
+        """A dataset of docs/position-measures.md (a row of :data:`biasviz.store.datasets.ROWS`), checked as its row
+        says: float64, or (index, share) records for ``sink_keys``; NaN where nothing was attended."""
         row = datasets.ROWS.get(name)
         if row is None:
             raise ValueError(f"name must be one of {tuple(datasets.ROWS)}, not {name!r}")
@@ -205,8 +205,21 @@ class SummaryLayout:
                                 f"({layout!r}) in {rows} rows")  # fmt: skip
         return int(pairs), str(layout)
 
+    def sink_min_queries(self, layer: int) -> np.ndarray | None:
+        """The queries a key must be seen by to rank among ``sink_keys``: int64 (sample, head); None where the file
+        does not say (made before the rule, its keys ranked over every key)."""
+        said = self.h5[f"{layer_group(layer)}/sink_keys"].attrs.get("sink_min_queries")
+        if said is None:
+            return None
+        value = np.asarray(said)
+        shape = (self.n_samples, self.n_heads)
+        if value.dtype.kind not in "iu" or value.ndim not in (0, 2) or (value.ndim and value.shape != shape) \
+                or (value < 1).any() or (value > self.seq_len).any():
+            raise self._damaged(f"sink_keys of layer {layer} says keys rank from {value.tolist()!r} queries on")
+        return np.broadcast_to(value.astype(np.int64), shape)
+
     def distance_bins(self) -> np.ndarray:
-        """(bin, 2) int64: the first and last distance of each bin of SPEC section 14."""
+        """(bin, 2) int64: the first and last distance of each bin of docs/position-measures.md."""
         return datasets.distance_bins(self.seq_len)
 
     def read_diagnostics(self, layer: int, checkpoint: int = 0, name: str = DIAGNOSTICS) -> dict[str, np.ndarray]:
@@ -263,7 +276,7 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
             missing = ", ".join(f"{group}/{n}" for n in wanted if n not in held)
             raise checks._bad(f"it is a summary file but lacks {missing}")
     errors = [n for n in held if n.endswith("_se")]
-    if errors and layout.n_samples < datasets.MIN_SE_SAMPLES:  # SPEC section 14: N < 3 has none
+    if errors and layout.n_samples < datasets.MIN_SE_SAMPLES:  # docs/position-measures.md: N < 3 has none
         raise checks._bad(f"{group}/{errors[0]} is a standard error over {layout.n_samples} samples; a summary holds "
                           f"standard errors from {datasets.MIN_SE_SAMPLES} samples on")  # fmt: skip
     if bias_only and any(n.startswith("weights") for n in held):
@@ -275,7 +288,7 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
     sizes = datasets.dimension_sizes(heads=h, seq_len=t, samples=layout.n_samples, blocks=nb, causal=layout.causal)
     for name in held:
         ds = checks._h5[f"{group}/{name}"]
-        if name in datasets.ROWS:  # SPEC section 14: the table says its shape
+        if name in datasets.ROWS:  # docs/position-measures.md: the table says its shape
             row = datasets.ROWS[name]
             if "pair" in row.dims and ds.ndim == len(lead) + len(row.dims):  # the model's own number of pairs
                 sizes["pair"] = max(1, ds.shape[len(lead) + row.dims.index("pair")])
@@ -305,7 +318,7 @@ def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_onl
             expected = f"float {(*lead, len(PROFILE_STATS), h, t)} (stat, head, distance)"
             if ds.shape[-1:] == (2 * t - 1,) and t > 1:
                 layout.profile_start = -(t - 1)
-        elif name == ATTENDED:  # SPEC section 13: one share per head, or one for all heads
+        elif name == ATTENDED:  # docs/hdf5.md, 'Attended cells': one share per head, or one for all heads
             ok = ds.shape in ((*lead, h, nb, nb), (*lead, 1, nb, nb))
             expected = f"float {(*lead, h, nb, nb)} or {(*lead, 1, nb, nb)} (head or 1, query_block, key_block)"
         else:

@@ -1,4 +1,5 @@
-"""Writing summary files (SPEC section 11): small, written once at the end, moved into place only when complete.
+"""Writing summary files (docs/hdf5.md, 'Summary files'): small, written once at the end, moved into place only when
+complete.
 
 A summary's size does not depend on the number of samples: per layer four (head, query block, key block)
 maps, two (stat, head, distance) profiles and the (head,) diagnostics, whatever N is.
@@ -89,7 +90,7 @@ def write_summary_file(
 
 
 def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints: Sequence[int] | None) -> None:
-    """SPEC section 12: positional logits (two samples or more), the weights' key profile, the sink shares."""
+    """docs/positional.md: positional logits (two samples or more), the weights' key profile, the sink shares."""
     if parts[0].positional_mean is not None:
         _write(f, grp, POSITIONAL_MEAN, [p.positional_mean for p in parts], SUMMARY_MAP_DIMS, checkpoints)
         _write(f, grp, POSITIONAL_PROFILE, [p.positional_profile for p in parts], POSITIONAL_PROFILE_DIMS,
@@ -99,13 +100,13 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
     _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], KEY_PROFILE_DIMS, checkpoints)
     _write(f, grp, SINK_SHARE, [p.sink_share for p in parts], ("sample", "head"), checkpoints)
     measures = [getattr(p, "measures", None) or {} for p in parts]
-    for name, row in datasets.ROWS.items():  # SPEC section 14: what the table lists and the summary holds
+    for name, row in datasets.ROWS.items():  # docs/position-measures.md: what the table lists and the summary holds
         if all(name in m for m in measures):
             _write(f, grp, name, [m[name] for m in measures], row.dims, checkpoints)
     for name, keys in datasets.ROW_ATTRS.items():  # what says how to read a dataset (rotary pairs)
         if name in grp:
             grp[name].attrs.update({key: measures[0][key] for key in keys if key in measures[0]})
-    if getattr(parts[0], "attended", None) is not None:  # the layer's own mask (SPEC section 13)
+    if getattr(parts[0], "attended", None) is not None:  # the layer's own mask (docs/hdf5.md, 'Attended cells')
         _write(f, grp, ATTENDED, [p.attended for p in parts], SUMMARY_MAP_DIMS, checkpoints)
     if getattr(parts[0], "note", None):  # what the layer's summary leaves out, and why
         grp.attrs[LAYER_NOTE] = parts[0].note

@@ -241,7 +241,7 @@ class FileView:
             else:
                 variables[name] = _labelled(xr, values, dims)
         data = xr.Dataset(variables)
-        if "distance_bin" in data.dims:  # SPEC section 14's bins: the first and last distance of each
+        if "distance_bin" in data.dims:  # docs/position-measures.md's bins: the first and last distance of each
             bins = self._f.summary.distance_bins()
             data = data.assign_coords(distance_first=("distance_bin", bins[:, 0]),
                                       distance_last=("distance_bin", bins[:, 1]))  # fmt: skip
@@ -261,7 +261,8 @@ def _check_name(name: Any, path: Path) -> None:
 
 
 def _layout_dims(name: str) -> tuple[str, ...]:
-    """The dimensions SPEC sections 4, 11 and 12 give a dataset, for files that do not label their own."""
+    """The dimensions docs/hdf5.md, 'Full files'; docs/hdf5.md, 'Summary files'; docs/positional.md give a dataset, for
+    files that do not label their own."""
     known = {"input_ids": ("sample", "query"), fmt.POSITIONAL_PROFILE: fmt.POSITIONAL_PROFILE_DIMS,
              fmt.KEY_PROFILE: fmt.KEY_PROFILE_DIMS, fmt.SINK_SHARE: ("sample", "head")}  # fmt: skip
     if name in MATRICES:

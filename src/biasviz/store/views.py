@@ -1,5 +1,5 @@
 """Datasets seen as a plain file's (sample, head, query, key) dataset: one checkpoint of a sweep, or a bias
-stored once for every sample (``bias_shared``, SPEC section 11).
+stored once for every sample (``bias_shared``, docs/hdf5.md, 'Summary files').
 
 Readers of format 1 index ``dataset[s, h]`` one sample at a time; these views keep that working, so
 plots, diagnostics and the explorer need not know how a file stores its matrices.

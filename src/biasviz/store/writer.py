@@ -77,7 +77,7 @@ class BiasFileWriter(SharedBiasSwitch):
         self.layers = list(layers)
         self.has_bias = has_bias
         self.has_weights = has_weights  # False: a bias-only file (extract --bias-only), no forward pass ran
-        self.has_scores = has_scores  # the softmax's input too (extract --capture ...,scores; SPEC section 12)
+        self.has_scores = has_scores  # the softmax's input too (extract --capture ...,scores; docs/positional.md)
         if not (has_bias or has_weights):
             raise ValueError("a file needs the bias, the weights or both")
         self.attrs = dict(attrs)

@@ -1,5 +1,5 @@
-"""Summaries computed where the model runs (SPEC section 11): per layer, the mean and spread over samples as
-block maps, the distance profiles and the diagnostics, streamed over samples and blocks of query rows.
+"""Summaries computed where the model runs (docs/hdf5.md, 'Summary files'): per layer, the mean and spread over samples
+as block maps, the distance profiles and the diagnostics, streamed over samples and blocks of query rows.
 
 :mod:`.moments` is where samples meet; :mod:`.maps`, :mod:`.diagonals` and :mod:`.measures` keep running sums
 of the rows they are given; :mod:`.layer` ties them together for one quantity of one layer; :mod:`.sharing`

@@ -1,4 +1,5 @@
-"""The cells a call attends to, where that is not the causal triangle (SPEC section 13): one mask for every sample.
+"""The cells a call attends to, where that is not the causal triangle (docs/hdf5.md, 'Attended cells'): one mask for
+every sample.
 
 A sliding window, a local layer or a flex block mask leaves cells j <= i out. Every summary quantity is then taken
 over the attended cells only: a map's block averages its attended cells (NaN with none), a profile divides by the

@@ -136,7 +136,8 @@ class UpperDiagonalSums:
 
 
 class MaskedDiagonalSums:
-    """:class:`DiagonalSums` over the cells a model's own mask attends to (SPEC section 13), by signed distance.
+    """:class:`DiagonalSums` over the cells a model's own mask attends to (docs/hdf5.md, 'Attended cells'), by signed
+    distance.
 
     Masked cells arrive as 0 and are left out by the mask; each distance divides by its attended cells. The sums
     run over every i - j (slot T - 1 + i - j), so that a bidirectional call's Toeplitz residual takes the diagonals

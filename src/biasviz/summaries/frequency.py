@@ -1,5 +1,5 @@
-"""SPEC section 14's ``frequency_use``: which rotary frequencies a head uses (Barbero et al., ICLR 2025, "Round and
-round we go"): per head, the mean 2-norm of each rotary pair of q and of k over samples and positions.
+"""docs/position-measures.md's ``frequency_use``: which rotary frequencies a head uses (Barbero et al., ICLR 2025,
+"Round and round we go"): per head, the mean 2-norm of each rotary pair of q and of k over samples and positions.
 
 A rotation keeps each pair's norm, so the norms of q and k as they reach the attention call (rotated) are those of
 the model's q and k before it. Pairs follow the model's own layout: half-split (Llama, GPT-NeoX: dims f and

@@ -39,7 +39,7 @@ MASKED_SEPARABILITY_LEN = 2048
 
 @dataclass
 class Summary:
-    """What a file keeps of one quantity of one layer (SPEC section 11)."""
+    """What a file keeps of one quantity of one layer (docs/hdf5.md, 'Summary files')."""
 
     mean: np.ndarray  # (H, nb, nb) float32
     std: np.ndarray  # (H, nb, nb) float32
@@ -79,12 +79,13 @@ class QuantitySummary:
         if self.attended is not None:  # each block averages its attended cells
             self.maps.set_counts(self.attended.block_counts(self.block))
         self.measures = BiasMeasureSums(heads, seq_len, device) if self.kind in ("bias", "positional") else None
-        # a bidirectional model's Toeplitz residual also runs along the diagonals after the query (SPEC section 13)
+        # a bidirectional model's Toeplitz residual also runs along the diagonals after the query (docs/hdf5.md,
+        # 'Attended cells')
         self.upper = UpperDiagonalSums(heads, seq_len, device) if self.measures and not self.causal else None
 
     def attend(self, attended: Attended) -> None:
-        """Summarise over the cells of a model's own mask (SPEC section 13) rather than the causal triangle; before
-        any row is added."""
+        """Summarise over the cells of a model's own mask (docs/hdf5.md, 'Attended cells') rather than the causal
+        triangle; before any row is added."""
         if self.diagonals.count.sum() > 0:
             raise ValueError("a mask is set before any row is added")
         self.attended = attended
@@ -94,10 +95,11 @@ class QuantitySummary:
     batch_attended: torch.Tensor | None = None  # then: the batch's attended cells (S or 1, 1 or H, T, T)
 
     def by_sample(self, before: torch.Tensor | None) -> None:
-        """From the batch under way on, samples are masked differently (padding, packed documents; SPEC section
-        13): each cell's mean and spread are over the samples that attend it, kept per cell, and the maps, profiles
-        and diagnostics are taken at the end over the cells some sample attends. ``before``: the one mask (1 or H,
-        T, T) of the samples summarised so far (None: none yet). A bias declared shared is no longer compared."""
+        """From the batch under way on, samples are masked differently (padding, packed documents; docs/hdf5.md, 'The
+        cells a call attends to'): each cell's mean and spread are over the samples that attend it, kept per cell, and
+        the maps, profiles and diagnostics are taken at the end over the cells some sample attends. ``before``: the one
+        mask (1 or H, T, T) of the samples summarised so far (None: none yet). A bias declared shared is no longer
+        compared."""
         if self.mode == "shared":
             self.unshare()
         if self.mode == "joint":  # one batch holds every sample: none summarised yet
@@ -243,7 +245,7 @@ class QuantitySummary:
 
     def result(self, total_samples: int | None = None) -> Summary:
         """The finished summary; ``total_samples`` (all processes') decides whether context dependence is defined."""
-        if self.sample_masks:  # every quantity over the cells some sample attends (SPEC section 13)
+        if self.sample_masks:  # every quantity over the cells some sample attends (docs/hdf5.md, 'Attended cells')
             assert self.cells is not None
             self.attend(Attended(self.cells.attended()))
         if self.cells is not None:

@@ -1,4 +1,4 @@
-"""The diagnostics of SPEC sections 6 and 10 from running sums, exact at full resolution whatever the map's.
+"""The diagnostics of docs/diagnostics.md from running sums, exact at full resolution whatever the map's.
 
 Over the cells C = {(i, j): j <= i}, per head, with b̄ the mean bias over samples and σ its per-cell standard
 deviation over samples:
@@ -13,7 +13,7 @@ deviation over samples:
   uses every pair i != j (each pair met both ways): g_t = Σ_{j!=t} b̄(t, j) - Σ_{i!=t} b̄(i, t), s = g / (2T),
   and the residual is Σ_{i!=j} b̄² - |g|² / (2T), plus the diagonal's.
 
-Over C = every cell for a bidirectional model (SPEC section 13).
+Over C = every cell for a bidirectional model (docs/hdf5.md, 'Attended cells').
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ class BiasMeasureSums:
 
     def add(self, row0: int, values: torch.Tensor, causal: bool = True, scratch: Scratch | None = None,
             mask: torch.Tensor | None = None) -> None:  # fmt: skip
-        """Rows ``row0 ..``: the mean and, if ``values`` (S, H, rows, K) holds two, the spread, 0 in the cells j > i
-        (a causal block has K = row0 + rows; otherwise every cell is used). In float64: the separability residual
-        is a difference of two large sums; the shifted values are exactly 0 where the mean equals its first cell.
-        The two float64 copies (in ``scratch``, if given) are squared in place: no further temporaries. ``mask``
-        (1 or H, rows, K): the cells a model's own mask attends to (SPEC section 13), the others 0 in ``values``."""
+        """Rows ``row0 ..``: the mean and, if ``values`` (S, H, rows, K) holds two, the spread, 0 in the cells j > i (a
+        causal block has K = row0 + rows; otherwise every cell is used). In float64: the separability residual is a
+        difference of two large sums; the shifted values are exactly 0 where the mean equals its first cell. The two
+        float64 copies (in ``scratch``, if given) are squared in place: no further temporaries. ``mask`` (1 or H, rows,
+        K): the cells a model's own mask attends to (docs/hdf5.md, 'Attended cells'), the others 0 in ``values``."""
         mean = values[0]
         rows, keys = mean.shape[-2:]
         self.causal = causal

@@ -108,7 +108,7 @@ class CellMoments:
     Used only when the maps are exact per cell (R >= T) and the samples come in several batches (models whose
     rows cannot be formed again) or processes, or where samples are masked differently: then the result itself is
     (H, T, T), and these float64 tensors are of the same order. Once :meth:`count_cells` is called, every cell
-    counts the samples that attend it (SPEC section 13), not every sample.
+    counts the samples that attend it (docs/hdf5.md, 'Attended cells'), not every sample.
     """
 
     def __init__(self, heads: int, seq_len: int, device: torch.device) -> None:
@@ -245,11 +245,11 @@ class ShiftedSums:
 
 
 class CountedSums:
-    """:class:`ShiftedSums` where each sample attends cells of its own (padding, packed documents; SPEC section 13):
-    every cell's mean and spread over the samples that attend it, by Welford's update in float64 with a count per
-    cell. 0 mean and spread where no sample attends a cell. (Each sample merged as ``Moments.of(x[None], kept[None])``
-    into :meth:`Moments.merged` gives the same numbers but made a padded summary 1.4-1.5x slower: T = 2048, 1.9-2.1 s
-    against 1.4 s; T = 4096, 6.1 against 4.1 s, ``bench/padded_summary.py``.)"""
+    """:class:`ShiftedSums` where each sample attends cells of its own (padding, packed documents; docs/hdf5.md,
+    'Attended cells'): every cell's mean and spread over the samples that attend it, by Welford's update in float64 with
+    a count per cell. 0 mean and spread where no sample attends a cell. (Each sample merged as ``Moments.of(x[None],
+    kept[None])`` into :meth:`Moments.merged` gives the same numbers but made a padded summary 1.4-1.5x slower: T =
+    2048, 1.9-2.1 s against 1.4 s; T = 4096, 6.1 against 4.1 s, ``bench/padded_summary.py``.)"""
 
     def __init__(self) -> None:
         self.count: torch.Tensor | None = None

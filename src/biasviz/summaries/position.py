@@ -1,4 +1,4 @@
-"""SPEC section 12 in a summary: positional logits P from the sums of q and k, and the weights' key profile.
+"""docs/positional.md in a summary: positional logits P from the sums of q and k, and the weights' key profile.
 
 P(i, j) = c·(Q(i)·K(j) − G(i, j)) / (N(N − 1)) + b̄(i, j), Q = Σ_a q_a, K = Σ_a k_a, G = Σ_a q_a(i)·k_a(j): the
 score a query of one text gives a key of another, averaged over pairs of different texts. Since
@@ -25,16 +25,17 @@ FIRST_KEYS = POSITIONAL_FROM_KEYS[1]  # the profile is also kept past the first 
 
 @dataclass
 class PositionSummary:
-    """What a file keeps of SPEC section 12 for one layer (besides the scores' own maps and profile)."""
+    """What a file keeps of docs/positional.md for one layer (besides the scores' own maps and profile)."""
 
     positional_mean: np.ndarray | None  # (H, nb, nb) block means of P; None with one sample
     positional_profile: np.ndarray | None  # (2, H, T) P by distance: over all keys, over keys j >= 4
-    positional_diagnostics: np.ndarray | None  # (H,) Toeplitz and separability residuals of P (SPEC 6, 10)
+    positional_diagnostics: np.ndarray | None  # (H,) Toeplitz and separability residuals of P (docs/diagnostics.md)
     key_profile: np.ndarray  # (2, H, T) the weights by key j: mean, std over samples and queries i >= j
     sink_share: np.ndarray  # (N, H) per sample: mean over queries of w(i, 0)
-    attended: np.ndarray | None = None  # (H, nb, nb) share of attended cells per block, where not causal (SPEC 13)
+    # (H, nb, nb) share of attended cells per block, where not causal (docs/hdf5.md, 'Attended cells')
+    attended: np.ndarray | None = None
     note: str | None = None  # what the layer's summary leaves out, and why (masks that differ by sample)
-    measures: dict[str, np.ndarray] | None = None  # SPEC section 14: name -> array (biasviz.store.datasets)
+    measures: dict[str, np.ndarray] | None = None  # docs/position-measures.md: name -> array (biasviz.store.datasets)
 
 
 class Positional:
@@ -51,7 +52,7 @@ class Positional:
         self.scale, self.n, self.seq_len = float(scale), samples, seq_len
         self.part = QuantitySummary("positional", layer, heads=heads, seq_len=seq_len, block=block, causal=causal,
                                     mode="joint", device=device)  # fmt: skip
-        self.attended = attended  # a model's own mask: P over its cells (SPEC section 13)
+        self.attended = attended  # a model's own mask: P over its cells (docs/hdf5.md, 'Attended cells')
         if attended is not None:
             self.part.attend(attended)
         self.first = torch.zeros(heads, seq_len, FIRST_KEYS, dtype=torch.float64, device=device)  # P(i, j < 4)

@@ -1,4 +1,5 @@
-"""The standard error of P's block map (SPEC section 14): the delete-one jackknife over samples, block by block.
+"""The standard error of P's block map (docs/position-measures.md): the delete-one jackknife over samples, block by
+block.
 
 With sample a left out (Q, K the sums of q and k over all N samples, G = Σ_a q_a·k_a, c the call's scale):
 

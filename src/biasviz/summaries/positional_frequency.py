@@ -1,6 +1,6 @@
-"""SPEC section 14's ``positional_frequency``: the positional logits P (SPEC section 12) split by rotary pair and
-averaged over the attended cells of each distance bin, with its delete-one jackknife SE over samples, and the SE of
-P's distance profile the same way.
+"""docs/position-measures.md's ``positional_frequency``: the positional logits P (docs/positional.md) split by rotary
+pair and averaged over the attended cells of each distance bin, with its delete-one jackknife SE over samples, and the
+SE of P's distance profile the same way.
 
 P(i, j) − b̄(i, j) = c·(Q(i)·K(j) − G(i, j)) / (N(N − 1)) is a sum over the head's dims, so restricting the dot
 products to a pair's two dims splits it exactly. Summed over the cells of one distance d, each term is a
@@ -206,7 +206,7 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
 
 def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: Attended | None,
                     positional: bool) -> dict[str, np.ndarray]:  # fmt: skip
-    """A replayed layer's SPEC section 14 measures of its rotary pairs: ``frequency_use`` and (``positional``)
+    """A replayed layer's docs/position-measures.md measures of its rotary pairs: ``frequency_use`` and (``positional``)
     ``positional_frequency`` with their SEs, and the SE of P's profile where the model adds no bias; {} where the
     call rotates nothing."""
     layout = adapter.rotary(layer)

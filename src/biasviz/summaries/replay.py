@@ -30,8 +30,8 @@ from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.scratch import Scratch
 from biasviz.summaries.weight_measures import WeightMeasures
 
-# a block's sums and temporaries on the CPU. 128 MiB since SPEC section 14 (what it keeps per sample costs per call
-# too): GPT-2-small shape, rope, T = 4096, N = 8, the summary's time past the forward with every section 14 measure
+# a block's sums and temporaries on the CPU. 128 MiB since docs/position-measures.md (what it keeps per sample costs per
+# call too): GPT-2-small shape, rope, T = 4096, N = 8, the summary's time past the forward with every section 14 measure
 # 12.9 s at 64 MiB, 11.2 at 128, 11.5 at 256, 12.3 at 512; without them 5.3 s at 64 MiB, 5.0 at 128 (2 cores)
 REPLAY_BYTES = 1 << 27
 CUDA_REPLAY_BYTES = 1 << 32  # on a GPU (4 GiB): few, large kernels
@@ -62,12 +62,12 @@ class DiffersPartWay(Exception):
 
 @dataclass
 class LayerExtras:
-    """What SPEC section 12 adds to a layer's summary, filled while its rows are formed again."""
+    """What docs/positional.md adds to a layer's summary, filled while its rows are formed again."""
 
     positional: Positional | None  # None with one sample: P needs two texts
     keys: KeyProfile
     sinks: torch.Tensor  # (N, H) float64: Σ_i w_a(i, 0), per sample
-    measures: WeightMeasures | None = None  # SPEC section 14's measures of the weights
+    measures: WeightMeasures | None = None  # docs/position-measures.md's measures of the weights
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
     # kind -> each sample's block means (the maps' SE); "positional": P's with each sample left out (its jackknife)
     blocks: dict[str, SampleBlocks] = field(default_factory=dict)
@@ -177,7 +177,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                     first = got.bias
                 elif agreement is not None:
                     agreement.compare(first, got.bias, r0)
-            if got.attended is not None:  # this sample's own cells (SPEC section 13)
+            if got.attended is not None:  # this sample's own cells (docs/hdf5.md, 'Attended cells')
                 for kind in ("weights", "scores"):
                     sums[kind].add(getattr(got, kind)[0], got.attended[0])
                 extras.keys.add_samples(got.weights, samples)

@@ -1,4 +1,4 @@
-"""Each sample's block means of one quantity, for the standard error of a block map's mean (SPEC section 14).
+"""Each sample's block means of one quantity, for the standard error of a block map's mean (docs/position-measures.md).
 
 A map's block value is the mean over samples of each sample's mean over the block's attended cells; its SE needs
 each sample's block mean, not the per-cell spread (cells of one block move together). A query block whose rows all

@@ -1,10 +1,10 @@
 """Each sample's own attended cells of a call whose rows are formed again, where samples are masked differently.
 
-Padding and packed documents give every sample a mask of its own (SPEC section 13). The adapter keeps each
-sample's mask in the bank beside its q and k, eight cells a byte; here they are read once, a block of rows at a
-time, into what the layer's summaries count over: the cells some sample attends (the maps, profiles and
-diagnostics average those, each once), the queries that see each key (the key profile) and each sample's queries
-that see key 0 (its sink share). Each block of rows formed again then brings its sample's own cells.
+Padding and packed documents give every sample a mask of its own (docs/hdf5.md, 'Attended cells'). The adapter keeps
+each sample's mask in the bank beside its q and k, eight cells a byte; here they are read once, a block of rows at a
+time, into what the layer's summaries count over: the cells some sample attends (the maps, profiles and diagnostics
+average those, each once), the queries that see each key (the key profile) and each sample's queries that see key 0 (its
+sink share). Each block of rows formed again then brings its sample's own cells.
 """
 
 from __future__ import annotations

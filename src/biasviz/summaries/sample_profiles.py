@@ -1,5 +1,5 @@
-"""Each sample's distance profile, for the standard error of a stored profile's mean (SPEC section 14): per sample,
-the sum of its values over the attended cells of every distance, (N, H, 2T - 1) sums, nothing of size T².
+"""Each sample's distance profile, for the standard error of a stored profile's mean (docs/position-measures.md): per
+sample, the sum of its values over the attended cells of every distance, (N, H, 2T - 1) sums, nothing of size T².
 
 A block of rows is skewed into a buffer whose column is the distance (row r moved right by rows - 1 - r), so one
 sum over rows gives every distance of the block at once, for every sample of the block.

@@ -1,4 +1,4 @@
-"""SPEC section 12 for models whose rows cannot be formed again: P, the key profile and sinks as the model streams.
+"""docs/positional.md for models whose rows cannot be formed again: P, the key profile and sinks as the model streams.
 
 Models biasviz cannot replay (a bias in the call: DeBERTa's relative terms, a float mask, eager attention, torch's
 MHA layers) send each sample's blocks of scores, bias and weights as they form them, with the q and k each call
@@ -31,13 +31,13 @@ ROWS = 256  # query rows of P formed at a time at the end
 
 
 class StreamedPosition:
-    """One layer's SPEC section 12 sums over every sample streamed through it."""
+    """One layer's docs/positional.md sums over every sample streamed through it."""
 
     def __init__(self, layer: int, *, heads: int, seq_len: int, samples: int, block: int, causal: bool,
                  device: torch.device, positional: bool = True, local: int | None = None,
                  measures: bool = True, rotary: RotaryLayout | None = None) -> None:  # fmt: skip
         """``samples``: N, over every process; ``local``: those this process streams (default: all of them);
-        ``measures``: SPEC section 14's measures of the weights."""
+        ``measures``: docs/position-measures.md's measures of the weights."""
         self.layer, self.heads, self.seq_len, self.samples = layer, heads, seq_len, samples
         self.block, self.causal, self.device = block, causal, device
         self.positional = positional and samples >= 2  # P needs two texts
@@ -53,7 +53,7 @@ class StreamedPosition:
         self.profiles = self._profiles(None)
         self._scale = 1.0  # the call's c, by which the stream multiplied k
 
-    attended: Attended | None = None  # the call's own mask, where not the causal triangle (SPEC section 13)
+    attended: Attended | None = None  # the call's own mask, where not causal (docs/hdf5.md, 'Attended cells')
 
     def attend(self, attended: Attended) -> None:
         """Every quantity over the cells of the call's own mask; before any block is added."""
@@ -67,11 +67,11 @@ class StreamedPosition:
     note: str | None = None
 
     def by_sample(self, before: torch.Tensor | None, first: int) -> None:
-        """From sample ``first`` on, samples are masked differently (SPEC section 13); ``before``: the one mask
-        (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile, sink shares, section 14's
-        weight measures and the profiles' SEs count each sample's own cells; P (which pairs the cells of different
-        samples as one grid), the rotary frequencies (which have no padding to leave out) and the block maps' SEs
-        are left out, with :attr:`note` saying so."""
+        """From sample ``first`` on, samples are masked differently (docs/hdf5.md, 'Attended cells'); ``before``: the
+        one mask (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile, sink shares, section
+        14's weight measures and the profiles' SEs count each sample's own cells; P (which pairs the cells of different
+        samples as one grid), the rotary frequencies (which have no padding to leave out) and the block maps' SEs are
+        left out, with :attr:`note` saying so."""
         with torch.inference_mode(False):
             heads = self.heads
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
@@ -240,7 +240,8 @@ class StreamedPosition:
                                measures=self._measure_arrays(), note=self.note)  # fmt: skip
 
     def _measure_arrays(self) -> dict | None:
-        """SPEC section 14's arrays: the weights' measures, and the rotary frequencies' use where the call rotates."""
+        """docs/position-measures.md's arrays: the weights' measures, and the rotary frequencies' use where the call
+        rotates."""
         if self.measures is None:
             return None
         arrays = {**self.measures.result().arrays, **block_errors(self.blocks)}

@@ -21,7 +21,8 @@ from biasviz.summaries.measures import _ratio
 
 
 def toeplitz_summary(f: torch.Tensor, seq_len: int, block: int, samples: int) -> Summary:
-    """The SPEC section 11 summary of b(i, j) = f[h, i - j] (``f`` (H, T)) for a run over ``samples`` samples."""
+    """The docs/hdf5.md, 'Summary files' summary of b(i, j) = f[h, i - j] (``f`` (H, T)) for a run over ``samples``
+    samples."""
     sums, count = block_sums(f, seq_len, block)
     mean = torch.where(count > 0, sums / count, float("nan"))
     std = torch.where(count > 0, 0.0, float("nan")).expand_as(mean)

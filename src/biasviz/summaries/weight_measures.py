@@ -1,4 +1,4 @@
-"""SPEC section 14's measures of the weights, from each sample's rows as they are formed: how far a head looks
+"""docs/position-measures.md's measures of the weights, from each sample's rows as they are formed: how far a head looks
 (``band_mass``), where in its context (``context_mass``, the U-shape of Liu et al. 2024 and Hsieh et al. 2024),
 how dispersed its weights are (``weights_entropy``), which keys it sinks into (``sink_keys``), and the standard
 errors of these and of the key profile and sink share over samples.
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from biasviz.common.shapes import gpu_shaped
-from biasviz.store.datasets import SEGMENTS, SINK_DTYPE, SINK_RANKS, distance_bins
+from biasviz.store.datasets import SEGMENTS, SINK_DTYPE, SINK_RANKS, SINK_SEEN_PART, distance_bins
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.maps import _group_sums
 from biasviz.summaries.pending import Pending
@@ -29,7 +29,8 @@ from biasviz.summaries.scratch import Scratch
 
 @dataclass
 class MeasureSummary:
-    """What a file keeps of SPEC section 14's weight measures for one layer: name -> array (see store.datasets)."""
+    """What a file keeps of docs/position-measures.md's weight measures for one layer: name -> array (see
+    store.datasets)."""
 
     arrays: dict[str, np.ndarray]
 
@@ -314,7 +315,8 @@ class WeightMeasures(Pending):
                       "context_mass": per_query(self.context, self.context_queries),
                       "weights_entropy": per_query(self.entropy, self.block_queries)}  # fmt: skip
         keys = self.per_key()
-        received = per_query(self.columns, keys if keys.dim() == 3 else keys[None])  # (N, H, T) mean received
+        seen = keys if keys.dim() == 3 else keys[None]  # (1 or N, 1 or H, T) the queries that see each key
+        received = per_query(self.columns, seen)  # (N, H, T) mean received
         per_sample_key = received
         sink = received[..., 0]  # (N, H)
         for name, x in per_sample.items():
@@ -329,15 +331,34 @@ class WeightMeasures(Pending):
         se = self.diagonals.standard_error()
         if se is not None:
             out["weights_profile_se"] = se.float().cpu().numpy()
-        out["sink_keys"] = top_keys(received)
+        least = sink_min_queries(seen)
+        ranked = seen >= least  # (1 or N, 1 or H, T): the keys each sample's ranking admits
+        out["sink_keys"] = top_keys(received, ranked)
+        out["sink_keys_of_mean"] = top_keys(received.mean(0, keepdim=True), ranked.all(0, keepdim=True))[0]
+        values = np.unique(least.cpu().numpy())
+        out["sink_min_queries"] = (int(values[0]) if len(values) == 1 else
+                                   np.broadcast_to(least[..., 0].cpu().numpy(), received.shape[:2]).astype(np.int64))
         return MeasureSummary(out)
 
 
-def top_keys(received: torch.Tensor) -> np.ndarray:
-    """(N, H, T) mean received weight -> (N, H, 8) records (index, share), highest first; keys no query sees are
-    left out; fewer than 8 keys: index -1, share NaN."""
+def sink_min_queries(seen: torch.Tensor) -> torch.Tensor:
+    """The queries a key must be seen by to rank as a sink key: ceil(m / 8), m the most queries any key of the
+    sample (and head) is seen by; ``seen`` (..., T) -> (..., 1) int64. In a causal call the last keys are seen by a
+    few queries that attend locally: they would rank first by construction (docs/position-measures.md, 'Sink keys').
+
+    >>> sink_min_queries(torch.arange(64.0, 0.0, -1.0)[None]).tolist()  # causal, T = 64
+    [[8]]
+    """
+    most = seen.amax(-1, keepdim=True).long()
+    return -(-most // SINK_SEEN_PART)
+
+
+def top_keys(received: torch.Tensor, ranked: torch.Tensor | None = None) -> np.ndarray:
+    """(N, H, T) mean received weight -> (N, H, 8) records (index, share), highest first, among the keys where
+    ``ranked`` (broadcast to (N, H, T); None: every key) holds; keys no query sees are left out; fewer than 8 keys:
+    index -1, share NaN."""
     n, h, t = received.shape
-    ranked = torch.nan_to_num(received, nan=-1.0)
+    ranked = received.nan_to_num(-1.0) if ranked is None else torch.where(ranked, received.nan_to_num(-1.0), -1.0)
     k = min(SINK_RANKS, t)
     share, index = ranked.topk(k, dim=-1)
     out = np.zeros((n, h, SINK_RANKS), dtype=SINK_DTYPE)

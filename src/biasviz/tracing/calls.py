@@ -51,7 +51,7 @@ class AttentionCall:
     sink: torch.Tensor | None = None  # (B, H, Tq): the softmax's share on attention-sink columns, if any
     scores: torch.Tensor | None = None  # (B, H, Tq, Tk) float32, the softmax's input, masked cells NaN, when asked
     # with the scores: the call's own q (B, H, Tq, E) and k (B, H, Tk, E, key heads repeated) in float32 and
-    # scale c, scores = c·q·kᵀ + bias (SPEC section 12's positional logits are made from them)
+    # scale c, scores = c·q·kᵀ + bias (docs/positional.md's positional logits are made from them)
     q: torch.Tensor | None = None
     k: torch.Tensor | None = None
     scale: float | None = None

@@ -48,7 +48,7 @@ class Scores:
     steps: tuple[Step, ...] = ()
     lead: tuple[int, ...] | None = None  # the product's leading dimensions
     # an elementwise step that is not additive (softcapping) after a plain scale·q·kᵀ: the scale it met, so that the
-    # scores the call's inputs give (SPEC section 13) and the positional logits are formed before it
+    # scores the call's inputs give (docs/hdf5.md, 'Attended cells') and the positional logits are formed before it
     capped_at: float | None = None
     # a per-row constant was added (the row maximum subtracted for stability, as GPT-OSS does): the softmax cannot see
     # it, but the scores the call's inputs give are formed again from q and k rather than read shifted
