@@ -273,6 +273,10 @@ class ModelAdapter:
 
         return find_rotary(self.model)
 
+    def call_note(self, layer: int) -> str | None:
+        """What ``layer``'s call did beyond c·q·kᵀ + b (a softcap, sink columns), as its trace says; None: nothing."""
+        return None
+
     def attended(self, layer: int) -> torch.Tensor | None:
         """The cells ``layer`` attends to, (1, 1 or H, T, T) bool, as the forward under :meth:`keep` masked them, where
         that is not the causal triangle (a sliding window, a block mask); None: exactly causal."""

@@ -159,6 +159,9 @@ class TracedAdapter(ModelAdapter):
         self-attention only the keys up to the query."""
         return bool(self.calls[layer].causal) if 0 <= layer < len(self.calls) else bool(self.causal)
 
+    def call_note(self, layer: int) -> str | None:
+        return (self.calls[layer].note or None) if 0 <= layer < len(self.calls) else None
+
     # -- running ---------------------------------------------------------------------------------
     captures_scores = True  # every traced call form keeps its scores (SDPA, flex, eager, torch's MHA layers)
 

@@ -259,6 +259,10 @@ def summary_run(
                               progress=progress, merge=merge, total_samples=total_samples,
                               scratch=scratch, gather=gather, positional=positional,
                               measures=measures)  # fmt: skip
+    for layer, got in summaries.items():  # what the call did beyond c·q·kᵀ + b travels with its layer (SPEC 13)
+        said, position = adapter.call_note(layer), got.get("position")
+        if said and position is not None:
+            position.note = f"{position.note}; {said}" if position.note else said
     own_mask = any(getattr(got.get("position"), "attended", None) is not None for got in summaries.values())
     meta[MASK] = "model" if own_mask else "causal" if adapter.causal else "bidirectional"
     measured = [got["bias"].difference for got in summaries.values() if "bias" in got]
