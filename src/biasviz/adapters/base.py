@@ -229,12 +229,14 @@ class ModelAdapter:
                 for layer in sorted(got.weights.keys() | got.bias.keys()):
                     # first, the cells the call attended to: its scores (or bias) are NaN exactly where it masked
                     marked = got.scores.get(layer, got.bias.get(layer))
-                    if marked is not None:
-                        sink(layer, "attended", 0, torch.isfinite(marked))  # (B or 1, H, T, T) bool
+                    attended = None if marked is None else torch.isfinite(marked)  # (B or 1, H, T, T) bool
+                    if attended is not None:
+                        sink(layer, "attended", 0, attended)
                     if want_bias and layer in got.bias:
                         sink(layer, "bias", 0, got.bias[layer])  # (1 or B, H, T, T)
-                    if layer in got.weights:
-                        sink(layer, "weights", 0, got.weights[layer])  # (B, H, T, T)
+                    if layer in got.weights:  # a cell the call masks counts for nothing: a query row with no key
+                        weights = got.weights[layer]  # left keeps eager code's uniform softmax over masked keys
+                        sink(layer, "weights", 0, weights if attended is None else weights.masked_fill(~attended, 0.0))
                     if layer in got.scores:
                         sink(layer, "scores", 0, got.scores[layer])  # (B, H, T, T)
                     if layer in got.operands:

@@ -73,7 +73,13 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
                  f"standard error of {kind}_mean: over samples of each sample's block mean")
       for kind in ("bias", "weights", "scores")),
 )  # fmt: skip
-ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
+# samples masked differently (SPEC section 13): a cell's mean is over the samples that attend it, and this is how many
+SAMPLES_PER_CELL = "attending_samples"
+COUNTS: tuple[DatasetRow, ...] = (
+    DatasetRow(SAMPLES_PER_CELL, ("head", "query_block", "key_block"), "norm",
+               "samples masked differently: per block, the mean number of samples that attend each of its cells"),
+)  # fmt: skip
+ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS, *COUNTS)}
 # attributes a dataset carries, given beside its array under the same keys: how many of frequency_use's rows are
 # rotary pairs (one row past them: the unrotated dims together) and the model's layout of them; the pairs of
 # positional_frequency summed against P - mean bias (max |difference| / max |P - mean bias|)

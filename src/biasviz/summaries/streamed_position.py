@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
-from biasviz.store.datasets import MIN_SE_SAMPLES
-from biasviz.summaries.attended import Attended
+from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
+from biasviz.summaries.attended import Attended, block_sums, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
@@ -77,10 +77,13 @@ class StreamedPosition:
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
             self.key_counts = torch.zeros(heads, self.seq_len, dtype=torch.float64, device=self.device)
             self.seeing = torch.zeros(len(self.sinks), heads, dtype=torch.float64, device=self.device)
+            nb = -(-self.seq_len // self.block)
+            self.cell_samples = torch.zeros(1, nb, nb, dtype=torch.float64, device=self.device)
             if before is not None and first:
                 self.union = self.union | before.to(self.device)
                 self.key_counts += before.to(self.device).sum(-2, dtype=torch.float64) * first
                 self.seeing[:first] = before[:, :, 0].to(self.device).sum(-1, dtype=torch.float64)
+                self.cell_samples = self.cell_samples + block_sums(before.to(self.device), self.block) * first
             for held in [*self.profiles.values(), *([self.measures] if self.measures is not None else [])]:
                 held.by_sample(first)
         self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
@@ -97,6 +100,7 @@ class StreamedPosition:
             self.union = self.union | every.any(0)
             self.key_counts += every.sum(-2, dtype=torch.float64).sum(0)
             self.seeing[first : first + len(every)] = every[:, :, :, 0].sum(-1, dtype=torch.float64)
+            self.cell_samples = self.cell_samples + block_sums(every.sum(0, dtype=torch.float32), self.block)
         measures = [self.measures, self.measures.diagonals] if self.measures is not None else []
         for held in [*self.profiles.values(), *measures]:
             held.batch_attended = every
@@ -248,4 +252,6 @@ class StreamedPosition:
                        if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:
             arrays.update(self.frequency.result())
+        if self.union is not None:  # each cell's mean is over the samples that attend it: how many they are
+            arrays[SAMPLES_PER_CELL] = samples_per_cell(self.cell_samples, self.union, self.block, self.heads)
         return arrays
