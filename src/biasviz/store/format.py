@@ -101,6 +101,7 @@ POSITIONAL_DIAGNOSTICS = "positional_diagnostics"  # (head,) compound, as DIAGNO
 # (head, query_block, key_block): the share of each block's cells the call attends to, in a layer whose own mask is
 # not the causal triangle (a sliding window, a block mask: SPEC section 13); root attribute MASK says which rule
 ATTENDED = "attended"
+SE_NOTE = "standard_errors"  # a summary's root attribute where it holds no _se: why (fewer than 3 samples)
 LAYER_NOTE = "note"  # a summary layer's attribute: what it leaves out and why (samples masked differently)
 MASK = "mask"  # root attribute: "causal", "bidirectional" or "model" (some layer's own mask, its ATTENDED stored)
 DIAGNOSTICS = "diagnostics"  # (head,) compound dataset
