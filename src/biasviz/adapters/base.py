@@ -270,14 +270,24 @@ class ModelAdapter:
 
     def rotary(self, layer: int) -> Any:
         """How ``layer``'s call pairs the dims it rotates (:class:`biasviz.adapters.rotary.RotaryLayout`), as the
-        model's own rotary module says; None where it has none (SPEC section 14's frequency measures need it)."""
-        from biasviz.adapters.rotary import find_rotary
+        model's own rotary module says, where the call does rotate (:func:`~biasviz.adapters.rotary.rotates`: a
+        module the model holds but never applies, Falcon's with ALiBi, is no rotation); None where it has none or
+        the call rotates nothing (SPEC section 14's frequency measures need it)."""
+        from biasviz.adapters.rotary import find_rotary, rotating_calls
 
-        return find_rotary(self.model)
+        layout = find_rotary(self.model)
+        if layout is None:
+            return None
+        if "_rotates" not in self.__dict__:
+            self._rotates = rotating_calls(self)
+        return layout if self._rotates.get(layer, True) else None
 
     def call_note(self, layer: int) -> str | None:
-        """What ``layer``'s call did beyond c·q·kᵀ + b (a softcap, sink columns), as its trace says; None: nothing."""
-        return None
+        """What ``layer``'s call did beyond c·q·kᵀ + b (a softcap, sink columns), as its trace says, or that it
+        rotates nothing though the model holds a rotary module; None: nothing."""
+        from biasviz.adapters.rotary import NOT_ROTATED
+
+        return NOT_ROTATED if self.__dict__.get("_rotates", {}).get(layer) is False else None
 
     def attended(self, layer: int) -> torch.Tensor | None:
         """The cells ``layer`` attends to, (1, 1 or H, T, T) bool, as the forward under :meth:`keep` masked them, where
