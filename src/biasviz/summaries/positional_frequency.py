@@ -140,15 +140,17 @@ def _per_bin(sums: torch.Tensor, by_bin: torch.Tensor, bin_cells: torch.Tensor) 
 
 
 def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, heads: int, scale: float,
-                         causal: bool, attended: Attended | None,
-                         use: FrequencyUse | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+                         causal: bool, attended: Attended | None, use: FrequencyUse | None = None,
+                         bias: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """``positional_frequency`` (H, pairs, bins), its SE and ``positional_profile_se`` (H, T) from every sample's q
     and k in the bank; {} without a rotary layout, two samples, or a mask that is a rule of distance.
 
     One pass over the samples, one at a time, so that memory does not grow with N: the sums of q and k over the
     samples come first (their transforms give Q·K by distance); each sample's transforms then give its share of
     G (q_a·k_a) and what leaving it out takes away (q_a·K + Q·k_a − 2 q_a·k_a), kept only by bin and summed over
-    the pairs by distance; the pairs' norms (``use``) come from the same reads."""
+    the pairs by distance; the pairs' norms (``use``) come from the same reads. ``bias``: where the call adds one,
+    each sample's sums of it (N, H, T) by distance over all cells and over the first keys j < 4, so that the profile's
+    delete-one P holds the mean bias of the others; the split by pair is of P − b̄ alone."""
     n = bank.samples
     t = bank.seq_len(layer, "q")
     cells = cells_by_distance(t, causal, attended)
@@ -206,6 +208,10 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
         # over keys j >= 4 (the profile's second row): the cells of keys j < 4 at each distance taken away
         rest_cells = n_cells - torch.where(n_cells > 0, early.cells(t).to(dev), 0.0)
         left_rest = left_profile - (early.kept() - early.lost) * denom
+        if bias is not None:  # the others' mean bias, (N b̄ − b_a) / (N − 1), summed over the same cells
+            every, first = (x.to(dev, torch.float64) for x in bias)
+            left_profile = left_profile + (every.sum(0) - every) / (n - 1)
+            left_rest = left_rest + (every.sum(0) - every - first.sum(0) + first) / (n - 1)
         left_profile = torch.where(n_cells > 0, left_profile / n_cells.clamp(min=1), float("nan"))
         left_rest = torch.where(rest_cells > 0, left_rest / rest_cells.clamp(min=1), float("nan"))
         got["positional_frequency_se"] = jackknife(left_bins)
@@ -259,8 +265,12 @@ def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: A
     ``positional_frequency`` with their SEs, and the SE of P's profile where the model adds no bias; {} where the
     call rotates nothing."""
     layout = adapter.rotary(layer)
-    if layout is None:
-        return {}
+    if layout is None:  # P's profile SE alone, its dims as one group (a model that adds a bias: see above)
+        if not positional or adapter.adds_bias:
+            return {}
+        alone = positional_frequency(RotaryLayout(interleaved=False, rotary_dims=0), bank, layer, heads=heads,
+                                     scale=adapter.score_scale(layer), causal=True, attended=attended)  # fmt: skip
+        return {name: x for name, x in alone.items() if name == "positional_profile_se"}
     use = FrequencyUse(layout, bank.samples)  # fed by P's first pass over the samples, where P is split
     split = {}
     if positional:

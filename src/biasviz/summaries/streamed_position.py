@@ -22,6 +22,7 @@ from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
 from biasviz.summaries.attended import Attended, block_sums, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.positional_errors import StreamedJackknife
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.sample_profiles import SampleProfiles
@@ -52,6 +53,11 @@ class StreamedPosition:
         self._measured = measures
         self.profiles = self._profiles(None)
         self._scale = 1.0  # the call's c, by which the stream multiplied k
+        # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
+        whole = local is None or local == samples
+        self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device)
+                          if self.positional and measures and causal and whole and samples >= MIN_SE_SAMPLES
+                          else None)  # fmt: skip
 
     attended: Attended | None = None  # the call's own mask, where not the causal triangle (SPEC section 13)
 
@@ -87,6 +93,9 @@ class StreamedPosition:
             for held in [*self.profiles.values(), *([self.measures] if self.measures is not None else [])]:
                 held.by_sample(first)
         self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
+        if self.jackknife is not None:
+            self.jackknife.bank.close()
+            self.jackknife = None
         self.frequency, self.blocks = None, {}
         self.attended, self.keys.attended = None, None
         self.note = BY_SAMPLE_NOTE
@@ -143,6 +152,8 @@ class StreamedPosition:
             elif self._pending is not None:
                 if self.frequency is not None:
                     self.frequency.add(first, self._pending, block / self._scale)
+                if self.jackknife is not None:
+                    self.jackknife.operands(first, self._pending, block)
                 self.operands(self._pending, block)
                 self._pending = None
             return
@@ -164,6 +175,8 @@ class StreamedPosition:
             if self.measures is not None:
                 self.measures.add(first, row0, w)
             return
+        if kind == "bias" and self.jackknife is not None:
+            self.jackknife.add_bias(first, row0, every)
         if not self.positional or kind not in ("scores", "bias"):
             return
         total = block.nan_to_num(0.0).sum(0) * (1 if block.shape[0] > 1 else self._batch)
@@ -252,6 +265,10 @@ class StreamedPosition:
                        if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:
             arrays.update(self.frequency.result())
+        if self.jackknife is not None and self.positional:
+            se = self.jackknife.standard_error(self.attended)
+            if se is not None:
+                arrays["positional_profile_se"] = se
         if self.union is not None:  # each cell's mean is over the samples that attend it: how many they are
             arrays[SAMPLES_PER_CELL] = samples_per_cell(self.cell_samples, self.union, self.block, self.heads)
         return arrays
