@@ -319,11 +319,16 @@ def _check_positional_frequency(path: Path, layer: int, q: np.ndarray, k: np.nda
         m = len(qq)
         p = np.mean([c * np.einsum("hid,hjd->hij", qq[a][..., every[0]], kk[b][..., every[0]])
                      for a in range(m) for b in range(m) if a != b], axis=0)  # fmt: skip
-        return np.stack([p[:, d == dist].mean(-1) for dist in range(t)], -1)
+        late = np.arange(t)[None, :] >= 4  # the profile's second row: keys j >= 4
+        rest = [p[:, (d == dist) & late].mean(-1) if ((d == dist) & late).any() else np.full(len(p), np.nan)
+                for dist in range(t)]  # fmt: skip
+        return np.stack([np.stack([p[:, d == dist].mean(-1) for dist in range(t)], -1), np.stack(rest, -1)])
 
     left_p = np.stack([by_distance(np.delete(q, a, 0), np.delete(k, a, 0)) for a in range(n)])
     jack_p = np.sqrt((n - 1) / n * ((left_p - left_p.mean(0)) ** 2).sum(0))
-    np.testing.assert_allclose(f.summary_array("positional_profile_se", layer), jack_p, rtol=1e-3, atol=1e-7)
+    got = f.summary_array("positional_profile_se", layer)
+    assert got.shape == f.summary_array("positional_profile", layer).shape  # shaped like its mean: (from_key, H, T)
+    np.testing.assert_allclose(got, jack_p, rtol=1e-3, atol=1e-7, equal_nan=True)
 
 
 @pytest.mark.parametrize("shapes", ["cpu", "gpu"])

@@ -229,12 +229,14 @@ class ModelAdapter:
                 for layer in sorted(got.weights.keys() | got.bias.keys()):
                     # first, the cells the call attended to: its scores (or bias) are NaN exactly where it masked
                     marked = got.scores.get(layer, got.bias.get(layer))
-                    if marked is not None:
-                        sink(layer, "attended", 0, torch.isfinite(marked))  # (B or 1, H, T, T) bool
+                    attended = None if marked is None else torch.isfinite(marked)  # (B or 1, H, T, T) bool
+                    if attended is not None:
+                        sink(layer, "attended", 0, attended)
                     if want_bias and layer in got.bias:
                         sink(layer, "bias", 0, got.bias[layer])  # (1 or B, H, T, T)
-                    if layer in got.weights:
-                        sink(layer, "weights", 0, got.weights[layer])  # (B, H, T, T)
+                    if layer in got.weights:  # a cell the call masks counts for nothing: a query row with no key
+                        weights = got.weights[layer]  # left keeps eager code's uniform softmax over masked keys
+                        sink(layer, "weights", 0, weights if attended is None else weights.masked_fill(~attended, 0.0))
                     if layer in got.scores:
                         sink(layer, "scores", 0, got.scores[layer])  # (B, H, T, T)
                     if layer in got.operands:
@@ -268,11 +270,24 @@ class ModelAdapter:
 
     def rotary(self, layer: int) -> Any:
         """How ``layer``'s call pairs the dims it rotates (:class:`biasviz.adapters.rotary.RotaryLayout`), as the
-        model's own rotary module says; None where it has none (docs/position-measures.md's frequency measures need
-        it)."""
-        from biasviz.adapters.rotary import find_rotary
+        model's own rotary module says, where the call does rotate (:func:`~biasviz.adapters.rotary.rotates`: a
+        module the model holds but never applies, Falcon's with ALiBi, is no rotation); None where it has none or
+        the call rotates nothing (docs/position-measures.md's frequency measures need it)."""
+        from biasviz.adapters.rotary import find_rotary, rotating_calls
 
-        return find_rotary(self.model)
+        layout = find_rotary(self.model)
+        if layout is None:
+            return None
+        if "_rotates" not in self.__dict__:
+            self._rotates = rotating_calls(self)
+        return layout if self._rotates.get(layer, True) else None
+
+    def call_note(self, layer: int) -> str | None:
+        """What ``layer``'s call did beyond c·q·kᵀ + b (a softcap, sink columns), as its trace says, or that it
+        rotates nothing though the model holds a rotary module; None: nothing."""
+        from biasviz.adapters.rotary import NOT_ROTATED
+
+        return NOT_ROTATED if self.__dict__.get("_rotates", {}).get(layer) is False else None
 
     def attended(self, layer: int) -> torch.Tensor | None:
         """The cells ``layer`` attends to, (1, 1 or H, T, T) bool, as the forward under :meth:`keep` masked them, where

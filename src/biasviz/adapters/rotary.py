@@ -4,8 +4,14 @@ docs/position-measures.md's frequency measures split q and k by."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+# a layer's note where the model holds a rotary module that its call does not apply
+NOT_ROTATED = ("the model holds a rotary module, but this call's q and k do not move with position (one token at "
+               "every position gives one q and one k): it rotates nothing, so no rotary measures are stored")
+PROBE_POSITIONS = 8  # positions of the one repeated token that tells whether a call rotates
 
 
 @dataclass(frozen=True)
@@ -41,3 +47,24 @@ def find_rotary(model: torch.nn.Module) -> RotaryLayout | None:
     if interleaved and isinstance(rotary_dim, int) and rotary_dim >= 2:
         return RotaryLayout(interleaved=True, rotary_dims=rotary_dim)
     return None
+
+
+def rotating_calls(adapter: Any) -> dict[int, bool]:
+    """Per call of ``adapter``'s model, whether it rotates q or k, from what it does rather than from what the model
+    holds: one token repeated at every position reaches the first rotating call as one vector rotated by position,
+    while a call that rotates nothing (and gets no position in its input) has the same q and k at every position. One
+    short pass for every call; where a call's q and k cannot be seen (or the model refuses the probe), the model's
+    rotary module is taken at its word."""
+    layers = list(range(int(adapter.n_layers)))
+    ids = torch.zeros(1, PROBE_POSITIONS, dtype=torch.long)
+    try:
+        with adapter.capture(layers, want_bias=False, want_scores=True) as got:
+            adapter.forward(ids.to(adapter.device))
+            operands = dict(got.operands)
+    except Exception:  # a model that takes no input this short: no evidence either way
+        operands = {}
+    return {layer: layer not in operands or any(_moves(t) for t in operands[layer][:2]) for layer in layers}
+def _moves(t: torch.Tensor) -> bool:
+    """Whether (B, H, T, E) differs from its first position anywhere, beyond float rounding."""
+    first = t[..., :1, :]
+    return bool(((t - first).abs() > 1e-5 * (1.0 + first.abs())).any())

@@ -162,6 +162,10 @@ class TracedAdapter(ModelAdapter):
         self-attention only the keys up to the query."""
         return bool(self.calls[layer].causal) if 0 <= layer < len(self.calls) else bool(self.causal)
 
+    def call_note(self, layer: int) -> str | None:
+        said = [self.calls[layer].note if 0 <= layer < len(self.calls) else "", super().call_note(layer) or ""]
+        return "; ".join(n for n in said if n) or None
+
     # -- running ---------------------------------------------------------------------------------
     captures_scores = True  # every traced call form keeps its scores (SDPA, flex, eager, torch's MHA layers)
 

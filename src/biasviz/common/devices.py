@@ -59,8 +59,9 @@ def placed(model: nn.Module, device: torch.device, dtype: torch.dtype | None = N
         yield model
         return
 
-    def convert(t: torch.Tensor) -> torch.Tensor:
-        return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None)
+    def convert(t: torch.Tensor, own: bool = False) -> torch.Tensor:
+        cast = dtype is not None and t.is_floating_point() and not own
+        return t.to(device=device, dtype=dtype if cast else None)
 
     params = list(model.parameters())
     saved = [p.data for p in params]
@@ -71,13 +72,20 @@ def placed(model: nn.Module, device: torch.device, dtype: torch.dtype | None = N
             for p in params:
                 p.data = convert(p.data)
             for m, name, b in owners:  # a buffer shared by several modules stays shared
-                m._buffers[name] = new_buffers.setdefault(id(b), convert(b))
+                m._buffers[name] = new_buffers.setdefault(id(b), convert(b, own=rotary_buffer(m, name)))
         yield model
     finally:
         for p, data in zip(params, saved, strict=True):
             p.data = data
         for m, name, b in owners:
             m._buffers[name] = b
+
+
+def rotary_buffer(module: nn.Module, name: str) -> bool:
+    """Whether buffer ``name`` of ``module`` holds rotary frequencies (``inv_freq``, a rotary module's cos and sin
+    tables): transformers keeps them in float32 whatever the model's dtype (angles of position·θ in bfloat16 are
+    off by 1.7e-2 at T = 64), and so does a model run in another dtype here."""
+    return "inv_freq" in name or "rotary" in type(module).__name__.lower()
 
 
 @contextlib.contextmanager

@@ -20,8 +20,9 @@ from biasviz.common.devices import autocast_as
 from biasviz.common.errors import check_interrupted
 from biasviz.common.progress import Progress
 from biasviz.common.shapes import host_arrays
+from biasviz.store.datasets import SAMPLES_PER_CELL
 from biasviz.summaries import QuantitySummary
-from biasviz.summaries.attended import Attended
+from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_blocks import PositionalJackknife
@@ -80,7 +81,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             check_one_mask(bank, layer_list)
         for k, layer in enumerate(layer_list, start=2):
             own = {kind: p for (kind, at), p in parts.items() if at == layer}
-            cells = SampleCells.read(bank, layer, n, seq_len, dev)  # samples masked differently: each one's own
+            cells = SampleCells.read(bank, layer, n, seq_len, dev, block)  # samples masked differently: their own
             # a model's own mask: every quantity over its cells (docs/hdf5.md, 'Attended cells')
             mask = adapter.attended(layer)
             attended = (Attended(cells.union) if cells is not None
@@ -113,6 +114,8 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             frequency = ({} if extra.measures is None
                          else {**({} if cells else rotary_measures(adapter, bank, layer, heads, attended, positional)),
                                **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks)})  # fmt: skip
+            if extra.measures is not None and cells is not None and cells.samples is not None:  # how many samples a
+                frequency[SAMPLES_PER_CELL] = samples_per_cell(cells.samples, cells.union, block, heads)  # cell has
             bank.drop(layer)
             positional = None if extra.positional is None else extra.positional.result()
             if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself

@@ -47,7 +47,8 @@ from biasviz.extraction.run import (
     check_windows,
     provenance,
 )
-from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, MASK, block_size
+from biasviz.store.datasets import MIN_SE_SAMPLES
+from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, MASK, SE_NOTE, block_size
 from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import triangle_share
@@ -260,6 +261,14 @@ def summary_run(
                               progress=progress, merge=merge, total_samples=total_samples,
                               scratch=scratch, gather=gather, positional=positional,
                               measures=measures)  # fmt: skip
+    for layer, got in summaries.items():  # what the call did beyond c·q·kᵀ + b travels with its layer (SPEC 13)
+        said, position = adapter.call_note(layer), got.get("position")
+        if said and position is not None:
+            position.note = f"{position.note}; {said}" if position.note else said
+    n = len(ids) if total_samples is None else total_samples
+    if n < MIN_SE_SAMPLES:  # SPEC section 14: the file says why it holds no standard error
+        meta[SE_NOTE] = (f"none stored: a standard error needs {MIN_SE_SAMPLES} samples or more; the file holds {n} "
+                         f"sample{'s' * (n != 1)}")  # fmt: skip
     own_mask = any(getattr(got.get("position"), "attended", None) is not None for got in summaries.values())
     meta[MASK] = "model" if own_mask else "causal" if adapter.causal else "bidirectional"
     measured = [got["bias"].difference for got in summaries.values() if "bias" in got]

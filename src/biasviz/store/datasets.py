@@ -69,15 +69,21 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
                "delete-one jackknife standard error of positional_frequency"),
     DatasetRow("positional_mean_se", ("head", "query_block", "key_block"), "se",
                "delete-one jackknife standard error of positional_mean, block by block"),
-    DatasetRow("positional_profile_se", ("head", "distance"), "se",
-               "delete-one jackknife standard error of P's distance profile over all keys (no additive bias)"),
+    DatasetRow("positional_profile_se", ("from_key", "head", "distance"), "se",
+               "delete-one jackknife standard error of P's distance profile over all keys and over keys j >= 4"),
     *(DatasetRow(f"{kind}_profile_se", ("head", "distance"), "se", f"standard error of {kind}_profile's mean")
       for kind in ("bias", "weights", "scores")),
     *(DatasetRow(f"{kind}_mean_se", ("head", "query_block", "key_block"), "se",
                  f"standard error of {kind}_mean: over samples of each sample's block mean")
       for kind in ("bias", "weights", "scores")),
 )  # fmt: skip
-ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS)}
+# samples masked differently (SPEC section 13): a cell's mean is over the samples that attend it, and this is how many
+SAMPLES_PER_CELL = "attending_samples"
+COUNTS: tuple[DatasetRow, ...] = (
+    DatasetRow(SAMPLES_PER_CELL, ("head", "query_block", "key_block"), "norm",
+               "samples masked differently: per block, the mean number of samples that attend each of its cells"),
+)  # fmt: skip
+ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS, *COUNTS)}
 # attributes a dataset carries, given beside its array under the same keys: how many of frequency_use's rows are
 # rotary pairs (one row past them: the unrotated dims together) and the model's layout of them; the pairs of
 # positional_frequency summed against P - mean bias (max |difference| / max |P - mean bias|); the queries a key
@@ -117,7 +123,7 @@ def dimension_sizes(*, heads: int, seq_len: int, samples: int, blocks: int, pair
     return {"distance": seq_len if causal else 2 * seq_len - 1, "stat": 2, "operand": 2, "head": heads,
             "distance_bin": len(distance_bins(seq_len)), "segment": SEGMENTS,
             "query_block": blocks, "key_block": blocks, "sample": samples, "rank": SINK_RANKS, "key": seq_len,
-            "pair": pairs}  # fmt: skip
+            "pair": pairs, "from_key": 2}  # fmt: skip
 
 
 def shape_of(row: DatasetRow, sizes: dict[str, int]) -> tuple[int, ...]:

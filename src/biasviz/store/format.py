@@ -103,6 +103,7 @@ POSITIONAL_DIAGNOSTICS = "positional_diagnostics"  # (head,) compound, as DIAGNO
 # the causal triangle (a sliding window, a block mask: docs/hdf5.md, 'Attended cells'); root attribute MASK says which
 # rule
 ATTENDED = "attended"
+SE_NOTE = "standard_errors"  # a summary's root attribute where it holds no _se: why (fewer than 3 samples)
 LAYER_NOTE = "note"  # a summary layer's attribute: what it leaves out and why (samples masked differently)
 MASK = "mask"  # root attribute: "causal", "bidirectional" or "model" (some layer's own mask, its ATTENDED stored)
 DIAGNOSTICS = "diagnostics"  # (head,) compound dataset

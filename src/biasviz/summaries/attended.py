@@ -58,14 +58,7 @@ class Attended:
         block size (every part of the layer, and the file's shares, divide by the same counts)."""
         if block in self._blocks:
             return self._blocks[block]
-        t = self.seq_len
-        nb = -(-t // block)
-        out = torch.zeros(self.mask.shape[0], nb, nb, dtype=torch.float64, device=self.mask.device)
-        step = max(block, ROWS_PER_STEP // block * block)  # whole query blocks at a time
-        for r0 in range(0, t, step):
-            rows = self.mask[:, r0 : r0 + step].float()
-            pooled = _group_sums(_group_sums(rows, -2, r0, block), -1, 0, block)
-            out[:, r0 // block : r0 // block + pooled.shape[1]] += pooled.double()
+        out = block_sums(self.mask, block)
         self._blocks[block] = out
         return out
 
@@ -96,6 +89,30 @@ class Attended:
         lap = -a
         lap.diagonal(dim1=1, dim2=2).add_(a.sum(-1))
         return lap
+
+
+def block_sums(cells: torch.Tensor, block: int, r0: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(C, rows, T) cells (bool, or counts) of query rows ``r0 ..`` summed per block of ``block`` x ``block``
+    positions into ``out`` (C, nb, nb) float64 (new where None: the rows are the whole matrix), a few rows at a time."""
+    t = cells.shape[-1]
+    nb = -(-t // block)
+    if out is None:
+        out = torch.zeros(cells.shape[0], nb, nb, dtype=torch.float64, device=cells.device)
+    step = max(block, ROWS_PER_STEP // block * block)  # whole query blocks at a time
+    for s0 in range(0, cells.shape[1], step):
+        rows = cells[:, s0 : s0 + step].float()
+        pooled = _group_sums(_group_sums(rows, -2, r0 + s0, block), -1, 0, block)
+        at = (r0 + s0) // block
+        out[:, at : at + pooled.shape[1]] += pooled.double()
+    return out
+
+
+def samples_per_cell(sums: torch.Tensor, union: torch.Tensor, block: int, heads: int) -> np.ndarray:
+    """(H, nb, nb) float32: per block, the mean over its cells some sample attends of the number of samples that
+    attend each (``sums``: block sums over samples of their attended cells; NaN where no sample attends a cell)."""
+    cells = block_sums(union, block)
+    count = sums.to(cells.device) / cells.clamp(min=1)
+    return torch.where(cells > 0, count, float("nan")).expand(heads, -1, -1).float().cpu().numpy()
 
 
 class BlockRows:

@@ -21,8 +21,11 @@ import torch
 from biasviz.adapters.rotary import RotaryLayout
 from biasviz.common.shapes import gpu_shaped
 from biasviz.store.datasets import MIN_SE_SAMPLES, distance_bins
+from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.frequency import FrequencyUse, frequency_from_bank
+
+FIRST_KEYS = POSITIONAL_FROM_KEYS[1]  # P's profile is stored over all keys and over keys j >= 4
 
 
 def cells_by_distance(seq_len: int, causal: bool, attended: Attended | None) -> torch.Tensor | None:
@@ -137,15 +140,17 @@ def _per_bin(sums: torch.Tensor, by_bin: torch.Tensor, bin_cells: torch.Tensor) 
 
 
 def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, heads: int, scale: float,
-                         causal: bool, attended: Attended | None,
-                         use: FrequencyUse | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+                         causal: bool, attended: Attended | None, use: FrequencyUse | None = None,
+                         bias: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """``positional_frequency`` (H, pairs, bins), its SE and ``positional_profile_se`` (H, T) from every sample's q
     and k in the bank; {} without a rotary layout, two samples, or a mask that is a rule of distance.
 
     One pass over the samples, one at a time, so that memory does not grow with N: the sums of q and k over the
     samples come first (their transforms give Q·K by distance); each sample's transforms then give its share of
     G (q_a·k_a) and what leaving it out takes away (q_a·K + Q·k_a − 2 q_a·k_a), kept only by bin and summed over
-    the pairs by distance; the pairs' norms (``use``) come from the same reads."""
+    the pairs by distance; the pairs' norms (``use``) come from the same reads. ``bias``: where the call adds one,
+    each sample's sums of it (N, H, T) by distance over all cells and over the first keys j < 4, so that the profile's
+    delete-one P holds the mean bias of the others; the split by pair is of P − b̄ alone."""
     n = bank.samples
     t = bank.seq_len(layer, "q")
     cells = cells_by_distance(t, causal, attended)
@@ -158,6 +163,8 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     sum_q, sum_k = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))  # (T, H, hd) float64
     dev = sum_q.device  # the bank's (a GPU's): every sum and transform is formed there, only results come back
     f64 = {"dtype": torch.float64, "device": dev}
+    errors = n >= MIN_SE_SAMPLES
+    early = _FirstKeys(sum_q, sum_k, n if errors else 0)  # the profile's second row leaves out keys j < 4
     corr = PairCorrelations(layout, sum_q.shape[-1], t, causal)
     fq, fk = (corr.transform(corr.positions_last(x)) for x in (sum_q, sum_k))  # (H, hd, T + 1)
     del sum_q, sum_k
@@ -170,7 +177,6 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     to_bins = corr.binned(by_bin)  # (T + 1, bins): a sample's lost products straight to its bins
     n_cells = cells.to(dev).expand(heads, -1)  # (H, T)
     bin_cells = n_cells @ by_bin.T  # (H, bins)
-    errors = n >= MIN_SE_SAMPLES
     # G's transform by pair, summed over the samples: one inverse transform per head at the end, not per sample
     same_hat = torch.zeros(heads, corr.pairs, t + 1, dtype=torch.complex128, device=dev)
     lost_bins = torch.zeros(n if errors else 0, heads, corr.pairs, len(by_bin), **f64)  # by bin, summed
@@ -179,6 +185,7 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
         q, k = operands(a)
         if use is not None:
             use.add(a, q.permute(1, 0, 2)[None], k.permute(1, 0, 2)[None])
+        early.add(a, q, k)
         q, k = corr.positions_last(q), corr.positions_last(k)  # (H, hd, T)
         for h0 in range(0, heads, group):
             h = slice(h0, h0 + group)
@@ -198,10 +205,58 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
         left_bins = (kept @ by_bin.T - lost_bins) * denom  # (N, H, pairs, bins): each delete-one P, summed by bin
         left_bins = torch.where(bin_cells[:, None] > 0, left_bins / bin_cells[:, None].clamp(min=1), float("nan"))
         left_profile = (kept.sum(1) - lost_profile) * denom  # (N, H, T)
+        # over keys j >= 4 (the profile's second row): the cells of keys j < 4 at each distance taken away
+        rest_cells = n_cells - torch.where(n_cells > 0, early.cells(t).to(dev), 0.0)
+        left_rest = left_profile - (early.kept() - early.lost) * denom
+        if bias is not None:  # the others' mean bias, (N b̄ − b_a) / (N − 1), summed over the same cells
+            every, first = (x.to(dev, torch.float64) for x in bias)
+            left_profile = left_profile + (every.sum(0) - every) / (n - 1)
+            left_rest = left_rest + (every.sum(0) - every - first.sum(0) + first) / (n - 1)
         left_profile = torch.where(n_cells > 0, left_profile / n_cells.clamp(min=1), float("nan"))
+        left_rest = torch.where(rest_cells > 0, left_rest / rest_cells.clamp(min=1), float("nan"))
         got["positional_frequency_se"] = jackknife(left_bins)
-        got["positional_profile_se"] = jackknife(left_profile)
+        got["positional_profile_se"] = torch.stack([jackknife(left_profile), jackknife(left_rest)])  # (2, H, T)
     return {name: x.float().cpu().numpy() for name, x in got.items()}
+
+
+class _FirstKeys:
+    """By distance, the sums over the cells (i, j) of the first keys j < 4 of Q·K − G and of what leaving each sample
+    out takes away from them (q_a·K + Q·k_a − 2 q_a·k_a), formed cell by cell: 4 keys a query, whatever T."""
+
+    def __init__(self, sum_q: torch.Tensor, sum_k: torch.Tensor, samples: int) -> None:
+        t, heads = sum_q.shape[:2]
+        self.first = min(FIRST_KEYS, t)
+        self.q = sum_q.transpose(0, 1)  # (H, T, hd) float64: Q
+        self.k = sum_k[: self.first].transpose(0, 1)  # (H, first, hd): K of the first keys
+        self.cross = _by_distance(self.q @ self.k.transpose(1, 2))  # (H, T): Q·K
+        self.same = torch.zeros_like(self.cross)  # G
+        self.lost = torch.zeros(samples, heads, t, dtype=torch.float64, device=sum_q.device)
+
+    def add(self, a: int, q: torch.Tensor, k: torch.Tensor) -> None:
+        """Sample a's q (T, H, hd) and k (T, H, hd), as the bank holds them."""
+        qa, ka = q.transpose(0, 1).double(), k[: self.first].transpose(0, 1).double()
+        own = qa @ ka.transpose(1, 2)  # (H, T, first)
+        self.same += _by_distance(own)
+        if len(self.lost):
+            lost = (qa @ self.k.transpose(1, 2)).add_(self.q @ ka.transpose(1, 2)).sub_(own, alpha=2.0)
+            self.lost[a] = _by_distance(lost)
+
+    def kept(self) -> torch.Tensor:
+        return self.cross - self.same
+
+    def cells(self, t: int) -> torch.Tensor:
+        """(T,): the first keys' causal cells at each distance."""
+        d = torch.arange(t, dtype=torch.float64)
+        return (t - d).clamp(max=self.first)
+
+
+def _by_distance(cells: torch.Tensor) -> torch.Tensor:
+    """(H, T, F) values of the cells (i, j), j < F, -> (H, T) their sums by distance d = i - j (cells j <= i)."""
+    t = cells.shape[1]
+    out = cells.new_zeros(cells.shape[0], t)
+    for j in range(min(cells.shape[-1], t)):
+        out[:, : t - j] += cells[:, j:, j]
+    return out
 
 
 def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: Attended | None,
@@ -210,8 +265,12 @@ def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: A
     ``positional_frequency`` with their SEs, and the SE of P's profile where the model adds no bias; {} where the
     call rotates nothing."""
     layout = adapter.rotary(layer)
-    if layout is None:
-        return {}
+    if layout is None:  # P's profile SE alone, its dims as one group (a model that adds a bias: see above)
+        if not positional or adapter.adds_bias:
+            return {}
+        alone = positional_frequency(RotaryLayout(interleaved=False, rotary_dims=0), bank, layer, heads=heads,
+                                     scale=adapter.score_scale(layer), causal=True, attended=attended)  # fmt: skip
+        return {name: x for name, x in alone.items() if name == "positional_profile_se"}
     use = FrequencyUse(layout, bank.samples)  # fed by P's first pass over the samples, where P is split
     split = {}
     if positional:

@@ -16,6 +16,7 @@ import torch
 
 from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS
 from biasviz.common.errors import BiasvizError
+from biasviz.summaries.attended import block_sums
 
 ROWS_PER_READ = 1024  # rows of a sample's mask unpacked at a time (1024 x T bools)
 
@@ -32,15 +33,20 @@ class SampleCells:
     union: torch.Tensor  # (1, T, T) bool: the cells some sample attends
     key_queries: torch.Tensor  # (1, T) float64: the queries that see each key, averaged over samples
     seeing: torch.Tensor  # (N, 1) float64: each sample's queries that see key 0
+    samples: torch.Tensor | None = None  # (1, nb, nb) float64: per block, Σ over samples of the cells each attends
 
     @classmethod
-    def read(cls, bank: Any, layer: int, samples: int, seq_len: int, device: torch.device) -> SampleCells | None:
-        """From ``bank``'s cells of ``layer``; None where the layer's samples share one mask (none kept)."""
+    def read(cls, bank: Any, layer: int, samples: int, seq_len: int, device: torch.device,
+             block: int = 1) -> SampleCells | None:  # fmt: skip
+        """From ``bank``'s cells of ``layer``; None where the layer's samples share one mask (none kept). ``block``:
+        the maps' blocks, over which the samples attending each cell are counted."""
         if not bank.holds(layer, SAMPLE_CELLS):
             return None
         union = torch.zeros(1, seq_len, seq_len, dtype=torch.bool, device=device)
         key_queries = torch.zeros(1, seq_len, dtype=torch.float64, device=device)
         seeing = torch.zeros(samples, 1, dtype=torch.float64, device=device)
+        nb = -(-seq_len // block)
+        counted = torch.zeros(1, nb, nb, dtype=torch.float64, device=device)
         for a in range(samples):
             for r0 in range(0, seq_len, ROWS_PER_READ):
                 r1 = min(seq_len, r0 + ROWS_PER_READ)
@@ -48,7 +54,8 @@ class SampleCells:
                 union[0, r0:r1] |= cells
                 key_queries[0] += cells.sum(0, dtype=torch.float64)
                 seeing[a, 0] += cells[:, 0].sum(dtype=torch.float64)
-        return cls(union, key_queries / samples, seeing)
+                block_sums(cells[None], block, r0, counted)
+        return cls(union, key_queries / samples, seeing, counted)
 
 
 def check_one_mask(bank: Any, layers: list[int]) -> None:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
-from biasviz.store.datasets import MIN_SE_SAMPLES
-from biasviz.summaries.attended import Attended
+from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
+from biasviz.summaries.attended import Attended, block_sums, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.positional_errors import StreamedJackknife
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.sample_profiles import SampleProfiles
@@ -52,6 +53,11 @@ class StreamedPosition:
         self._measured = measures
         self.profiles = self._profiles(None)
         self._scale = 1.0  # the call's c, by which the stream multiplied k
+        # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
+        whole = local is None or local == samples
+        self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device)
+                          if self.positional and measures and causal and whole and samples >= MIN_SE_SAMPLES
+                          else None)  # fmt: skip
 
     attended: Attended | None = None  # the call's own mask, where not causal (docs/hdf5.md, 'Attended cells')
 
@@ -77,13 +83,19 @@ class StreamedPosition:
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
             self.key_counts = torch.zeros(heads, self.seq_len, dtype=torch.float64, device=self.device)
             self.seeing = torch.zeros(len(self.sinks), heads, dtype=torch.float64, device=self.device)
+            nb = -(-self.seq_len // self.block)
+            self.cell_samples = torch.zeros(1, nb, nb, dtype=torch.float64, device=self.device)
             if before is not None and first:
                 self.union = self.union | before.to(self.device)
                 self.key_counts += before.to(self.device).sum(-2, dtype=torch.float64) * first
                 self.seeing[:first] = before[:, :, 0].to(self.device).sum(-1, dtype=torch.float64)
+                self.cell_samples = self.cell_samples + block_sums(before.to(self.device), self.block) * first
             for held in [*self.profiles.values(), *([self.measures] if self.measures is not None else [])]:
                 held.by_sample(first)
         self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
+        if self.jackknife is not None:
+            self.jackknife.bank.close()
+            self.jackknife = None
         self.frequency, self.blocks = None, {}
         self.attended, self.keys.attended = None, None
         self.note = BY_SAMPLE_NOTE
@@ -97,6 +109,7 @@ class StreamedPosition:
             self.union = self.union | every.any(0)
             self.key_counts += every.sum(-2, dtype=torch.float64).sum(0)
             self.seeing[first : first + len(every)] = every[:, :, :, 0].sum(-1, dtype=torch.float64)
+            self.cell_samples = self.cell_samples + block_sums(every.sum(0, dtype=torch.float32), self.block)
         measures = [self.measures, self.measures.diagonals] if self.measures is not None else []
         for held in [*self.profiles.values(), *measures]:
             held.batch_attended = every
@@ -139,6 +152,8 @@ class StreamedPosition:
             elif self._pending is not None:
                 if self.frequency is not None:
                     self.frequency.add(first, self._pending, block / self._scale)
+                if self.jackknife is not None:
+                    self.jackknife.operands(first, self._pending, block)
                 self.operands(self._pending, block)
                 self._pending = None
             return
@@ -160,6 +175,8 @@ class StreamedPosition:
             if self.measures is not None:
                 self.measures.add(first, row0, w)
             return
+        if kind == "bias" and self.jackknife is not None:
+            self.jackknife.add_bias(first, row0, every)
         if not self.positional or kind not in ("scores", "bias"):
             return
         total = block.nan_to_num(0.0).sum(0) * (1 if block.shape[0] > 1 else self._batch)
@@ -249,4 +266,10 @@ class StreamedPosition:
                        if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:
             arrays.update(self.frequency.result())
+        if self.jackknife is not None and self.positional:
+            se = self.jackknife.standard_error(self.attended)
+            if se is not None:
+                arrays["positional_profile_se"] = se
+        if self.union is not None:  # each cell's mean is over the samples that attend it: how many they are
+            arrays[SAMPLES_PER_CELL] = samples_per_cell(self.cell_samples, self.union, self.block, self.heads)
         return arrays

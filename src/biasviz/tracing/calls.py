@@ -351,6 +351,7 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
         identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
         call = AttentionCall(index, "flex_attention", batch, heads, q_len, k_len)
         formed = _scores(q, k, bound.get("scale"))
+        before = formed  # scale·q·kᵀ, the scores as the call's inputs give them
         additive = adds = True
         if not identity:
             buffers = tuple(bound.get("score_mod_other_buffers") or ())
@@ -373,14 +374,14 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
                 call.bias = offset.masked_fill(~kept, float("nan"))
             elif not additive:
                 call.note = "score_mod is not additive (score_mod(s) - s changes with s: softcapping, say); " \
-                            "no bias recorded"  # fmt: skip
+                            f"no bias recorded; {FORMED_BEFORE} scale·q·kᵀ before that step"  # fmt: skip
             formed = out
         call.causal = _is_causal(kept)
         call.adds_bias = not identity and additive and adds
         if record:
             call.weights = _softmax_kept(formed, kept)
-            if scores:
-                call.scores = formed.masked_fill(~kept, float("nan"))
+            if scores:  # a step that is not additive comes after the call's inputs: the scores before it
+                call.scores = (formed if additive else before).masked_fill(~kept, float("nan"))
                 scale = bound.get("scale")
                 call.keep_operands(q, k, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     return call

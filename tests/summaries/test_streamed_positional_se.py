@@ -1,0 +1,116 @@
+"""P's profile SE of calls streamed as the model runs (SPEC section 14): GPT-2 (no bias; its hooks stream the calls)
+and a call whose float mask adds a bias that depends on the text (the others' mean bias enters each delete-one P).
+The reference is the delete-one jackknife from scratch: every P_(−a) formed again in float64 from the q, k, scale and
+additive part caught at the model's own SDPA call, its profile over all keys and over keys j >= 4."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+
+import biasviz
+from tests.summaries.test_sample_masks import caught_call
+
+T, N, HEADS, VOCAB = 16, 4, 4, 64
+
+
+def _profile(q: np.ndarray, k: np.ndarray, c: float, added: np.ndarray) -> np.ndarray:
+    """(2, H, T): P of these samples (mean over ordered pairs of different texts of c q_a·k_b, plus the mean bias) by
+    distance over the causal cells, over all keys and over keys j >= 4."""
+    n = len(q)
+    p = np.mean([c * np.einsum("hid,hjd->hij", q[a], k[b]) for a in range(n) for b in range(n) if a != b], axis=0)
+    p = p + added.mean(0)
+    d = np.subtract.outer(np.arange(T), np.arange(T))
+    late = np.arange(T)[None, :] >= 4
+    out = np.full((2, p.shape[0], T), np.nan)
+    for dist in range(T):
+        out[0, :, dist] = p[:, d == dist].mean(-1)
+        if ((d == dist) & late).any():
+            out[1, :, dist] = p[:, (d == dist) & late].mean(-1)
+    return out
+
+
+def _jackknife(call: dict[str, Any]) -> np.ndarray:
+    q, k, c, added = call["q"], call["k"], float(call["scale"]), call["added"]
+    n = len(q)
+    left = np.stack([_profile(*(np.delete(x, a, 0) for x in (q, k)), c, np.delete(added, a, 0)) for a in range(n)])
+    return np.sqrt((n - 1) / n * ((left - left.mean(0)) ** 2).sum(0))
+
+
+class TextBias(torch.nn.Module):
+    """One SDPA call whose float mask adds a bias by distance and by each key's token: it differs by text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, HEADS * 8)
+        self.k = torch.nn.Linear(HEADS * 8, HEADS * 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        q = x.view(*ids.shape, HEADS, 8).transpose(1, 2)
+        k = self.k(x).view(*ids.shape, HEADS, 8).transpose(1, 2)
+        t = ids.shape[-1]
+        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+        bias = -0.1 * (i - j).float() + 0.3 * (ids[:, None, None, :] % 5).float()  # (B, 1, 1, T) + (T, T)
+        mask = torch.where(j <= i, bias, float("-inf"))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+
+
+def _check(out: Path, call: dict[str, Any], layer: int) -> None:
+    with h5py.File(out, "r") as f:
+        got = f[f"layer_{layer}/positional_profile_se"][()]
+        assert got.shape == f[f"layer_{layer}/positional_profile"].shape
+    np.testing.assert_allclose(got, _jackknife(call), rtol=2e-4, atol=1e-7, equal_nan=True)
+
+
+def test_a_text_dependent_bias_enters_the_streamed_jackknife(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = TextBias().eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    call = caught_call(lambda: model(ids))
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=2)
+    _check(out, call, 0)
+
+
+def test_gpt2_streamed_by_its_hooks_has_p_s_profile_se(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=32, n_head=HEADS, n_layer=1, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
+                        eos_token_id=0, attn_implementation="sdpa")  # fmt: skip
+    model = GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(6))
+    call = caught_call(lambda: model(ids))
+    model.save_pretrained(tmp_path / "gpt2")
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(str(tmp_path / "gpt2"), ids.numpy(), out, summary=True, progress=False)
+    _check(out, call, 0)
+
+
+def test_opt_formed_again_without_rotation_has_p_s_profile_se(tmp_path: Path) -> None:
+    """OPT (learned absolute positions, SDPA, rows formed again): P's profile SE though no rotary pair splits it."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    config = OPTConfig(hidden_size=32, num_attention_heads=HEADS, num_hidden_layers=1, ffn_dim=64, vocab_size=VOCAB,
+                       max_position_embeddings=64, word_embed_proj_dim=32, attn_implementation="sdpa")  # fmt: skip
+    model = OPTForCausalLM(config).eval()
+    ids = torch.randint(2, VOCAB, (N, T), generator=torch.Generator().manual_seed(7))
+    call = caught_call(lambda: model(ids))
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(model, ids, out, summary=True, progress=False)
+    with h5py.File(out, "r") as f:
+        assert "positional_mean_se" in f["layer_0"] and "frequency_use" not in f["layer_0"]
+    _check(out, call, 0)
