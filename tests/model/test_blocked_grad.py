@@ -42,17 +42,20 @@ def test_gradients_equal_autograd_in_float64(form: str, monkeypatch) -> None:
         assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
-def _step(scheme: str, mode: str, monkeypatch) -> tuple[float, dict[str, torch.Tensor]]:
+def _step(scheme: str, mode: str, monkeypatch, *, t: int = T, layers: int = 2, width: int = 64,
+          windows: int = 2) -> tuple[float, dict[str, torch.Tensor]]:  # fmt: skip
+    """One training step of a model whose bias's parameters are moved off their initial values: its loss and
+    every parameter's gradient (``windows`` of ``t`` tokens, the second padded at its end)."""
     monkeypatch.setenv("BIASVIZ_ATTENTION", mode)
     torch.manual_seed(0)
-    config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=4, n_embd=64, vocab_size=97, n_positions=512)
+    config = BiasGPTConfig(scheme=scheme, n_layer=layers, n_head=4, n_embd=width, vocab_size=97, n_positions=512)
     model = BiasGPTForCausalLM(config).train()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "pos_bias" in name:
                 p.add_(0.3 * torch.randn_like(p))
-    ids = torch.randint(1, 97, (2, T), generator=torch.Generator().manual_seed(1))
-    ids[1, T - 60 :] = 0  # a padded window
+    ids = torch.randint(1, 97, (windows, t), generator=torch.Generator().manual_seed(1))
+    ids[1:, t - 60 :] = 0  # a padded window
     loss = model(ids, labels=ids).loss
     loss.backward()
     return loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

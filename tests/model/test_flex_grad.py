@@ -17,6 +17,7 @@ import torch.nn.attention.flex_attention as flex_module
 
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, flex_grad, fused
 from biasviz.schemes import SCHEMES
+from tests.model.test_blocked_grad import _step as blocked_step
 
 T = 160  # two of flex's blocks of 128, the second partial
 
@@ -79,29 +80,19 @@ def test_flex_route_gradients_equal_the_cell_by_cell_math_in_float64(scheme: str
         assert (a - b).abs().max() <= tol * max(b.abs().max().item(), 1e-12)
 
 
-def _step(scheme: str) -> tuple[float, dict[str, torch.Tensor]]:
-    torch.manual_seed(0)
-    config = BiasGPTConfig(scheme=scheme, n_layer=1, n_head=4, n_embd=32, vocab_size=97, n_positions=512)
-    model = BiasGPTForCausalLM(config).train()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "pos_bias" in name:
-                p.add_(0.3 * torch.randn_like(p))
-    ids = torch.randint(1, 97, (1, T), generator=torch.Generator().manual_seed(1))
-    loss = model(ids, labels=ids).loss
-    loss.backward()
-    return loss.item(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+def _step(scheme: str, mode: str, monkeypatch) -> tuple[float, dict[str, torch.Tensor]]:
+    """A small model's training step (one layer, one window of T tokens) under ``BIASVIZ_ATTENTION=mode``."""
+    return blocked_step(scheme, mode, monkeypatch, t=T, layers=1, width=32, windows=1)
 
 
 def test_a_training_step_through_flex_equals_the_full_matrix_path(flex_on_cpu, monkeypatch) -> None:
     """A whole model in float32 (KERPLE's two parameters per head): the route is taken (counted) and gives the
     full-matrix path's loss and gradients."""
     scheme = "kerple-power"
-    loss, grads = _step(scheme)
+    loss, grads = _step(scheme, "auto", monkeypatch)
     assert fused.routes_taken() == {"flex": 1}
-    monkeypatch.setenv("BIASVIZ_ATTENTION", "sdpa")
     fused.forget_routes()
-    loss_full, grads_full = _step(scheme)
+    loss_full, grads_full = _step(scheme, "sdpa", monkeypatch)
     assert fused.routes_taken() == {"dense": 1}
     assert abs(loss - loss_full) <= 1e-5 * abs(loss_full)
     assert grads.keys() == grads_full.keys()
@@ -112,7 +103,7 @@ def test_a_training_step_through_flex_equals_the_full_matrix_path(flex_on_cpu, m
 def test_the_cpu_trains_through_the_blocked_recomputation(monkeypatch) -> None:
     monkeypatch.setenv("BIASVIZ_ATTENTION", "auto")
     fused.forget_routes()
-    _step("alibi")
+    _step("alibi", "auto", monkeypatch)
     assert fused.routes_taken() == {"blocked-grad": 1}
     assert fused.route(torch.device("cpu"), T, _trained("alibi").score_terms(torch.zeros(1, T, 1)), grad=True) is None
 
@@ -123,11 +114,11 @@ def test_a_backward_that_does_not_build_falls_back_with_one_warning(flex_on_cpu,
 
     monkeypatch.setattr(fused, "attend", broken)
     with pytest.warns(UserWarning, match="FlexAttention's backward does not build on cpu"):
-        loss, _ = _step("alibi")
+        loss, _ = _step("alibi", "auto", monkeypatch)
     assert math.isfinite(loss) and fused.routes_taken() == {"blocked-grad": 1}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # told once per device and form
-        _step("alibi")
+        _step("alibi", "auto", monkeypatch)
 
 
 def test_the_probe_leaves_the_models_gradients_alone(flex_on_cpu) -> None:
