@@ -3,6 +3,7 @@ bit for bit), and a sweep killed by SIGTERM resumes to the uninterrupted file.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,10 @@ from tests.conftest import run_cli
 from tests.extraction.test_checkpoint_series import TEXT, assert_same_file
 from tests.extraction.test_distributed import torchrun
 from tests.series_models import save_revision, tiny_bloom, tiny_neox
+
+_CHECKOUT = Path(__file__).resolve().parents[2]
+# this checkout's biasviz (its src first, ahead of any installed copy) and its tests, wherever the command runs
+HERE = os.pathsep.join([str(_CHECKOUT / "src"), str(_CHECKOUT)])
 
 
 @pytest.mark.parametrize(("repo", "summary"), [("EleutherAI/pythia-tiny", False), ("bigscience/bloom-tiny", True)])
@@ -24,8 +29,7 @@ def test_two_processes_equal_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     common = ["extract", "--model", repo, "--checkpoints", "all", "--samples", "3", "--seq-len", "16", "--layer",
               "all", "--text", "text.txt", "--quiet", "--device", "cpu",
               *(["--summary"] if summary else [])]  # fmt: skip
-    here = str(Path(__file__).resolve().parents[2])  # this checkout's biasviz, wherever the command runs
-    run = torchrun([*common, "--out", "two.h5"], tmp_path, env={"HF_HUB_CACHE": str(cache), "PYTHONPATH": here})
+    run = torchrun([*common, "--out", "two.h5"], tmp_path, env={"HF_HUB_CACHE": str(cache), "PYTHONPATH": HERE})
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("wrote") == 1 and "2 processes" in run.stdout
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
@@ -51,8 +55,7 @@ def test_a_killed_sweep_resumes_to_the_uninterrupted_file(tmp_path: Path, monkey
     (tmp_path / "text.txt").write_text(TEXT)
     common = ["extract", "--model", "EleutherAI/pythia-tiny", "--checkpoints", "all", "--samples", "4", "--seq-len",
               "64", "--layer", "all", "--text", "text.txt", "--quiet", "--device", "cpu"]  # fmt: skip
-    here = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "HF_HUB_CACHE": str(cache), "PYTHONPATH": here}
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "PYTHONPATH": HERE}
     proc = subprocess.Popen([sys.executable, "-m", "biasviz", *common, "--out", "cut.h5"], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     partial = tmp_path / "cut.h5.partial"

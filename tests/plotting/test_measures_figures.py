@@ -162,6 +162,8 @@ def test_notebook_plot_and_xarray_view_of_the_measures(tmp_path: Path) -> None:
     for field in ("index", "share"):
         assert ds[f"sink_keys_{field}"].dims == ("sample", "head", "rank")
         np.testing.assert_array_equal(ds[f"sink_keys_{field}"].values, sinks[field])
+    assert ds["sink_min_queries"].dims == ("sample", "head")
+    assert (ds["sink_min_queries"].values == -(-f.seq_len // 8)).all()  # causal: ceil(T / 8)
     for name in ("band_mass_se", "context_mass_se", "weights_entropy_se", "frequency_use_se"):
         assert name in ds
 

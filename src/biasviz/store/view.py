@@ -249,6 +249,9 @@ class FileView:
         if said is not None:  # which rows of frequency_use are rotary pairs (False: the unrotated dims together)
             data = data.assign_coords(rotary=("pair", np.arange(data.sizes["pair"]) < said[0]))
             data["frequency_use"].attrs.update(rotary_pairs=said[0], rotary_layout=said[1])
+        least = self._f.summary.sink_min_queries(layer) if "sink_keys_index" in data else None
+        if least is not None:  # the queries a key must be seen by to rank (docs/position-measures.md, 'Sink keys')
+            data = data.assign(sink_min_queries=(("sample", "head"), np.asarray(least)))
         return data
 
 
