@@ -206,6 +206,8 @@ def test_no_more_kernels_than_torch_compiles(monkeypatch) -> None:
     allowed = [fused.fits(q, terms) for q in shapes]
     assert allowed == [True] * (limit - 1) + [False] * 3
     assert fused.fits(shapes[0], terms)
+    # a differentiable call of a compiled shape is a compilation of its own (training beside evaluation)
+    assert not fused.fits(shapes[0].clone().requires_grad_(), terms)
 
 
 @pytest.mark.cuda

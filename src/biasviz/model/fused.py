@@ -240,7 +240,9 @@ def fits(q: torch.Tensor, terms: ScoreTerms) -> bool:
     blocked path runs instead."""
     import torch._dynamo.config as dynamo
 
-    key = (tuple(q.shape), q.dtype, q.device.type, terms.distance is not None)
+    # a differentiable call (training) is a graph of its own beside the forward's
+    key = (tuple(q.shape), q.dtype, q.device.type, terms.distance is not None,
+           torch.is_grad_enabled() and q.requires_grad)  # fmt: skip
     if key in _shapes:
         return True
     if len(_shapes) >= getattr(dynamo, "recompile_limit", getattr(dynamo, "cache_size_limit", 8)) - 1:
