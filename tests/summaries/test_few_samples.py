@@ -1,5 +1,5 @@
-"""Fewer than three samples (SPEC section 14): no ``_se`` dataset, and the file says why (a root attribute that
-``biasviz info`` shows)."""
+"""Fewer than three samples (docs/position-measures.md): no ``_se`` dataset, and the file says why (a root attribute
+that ``biasviz info`` shows)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""A transformers Llama given left padding that differs by sample, through SDPA and eager attention (SPEC sections 13
-and 14): each sample's own cells count for it, a query row its mask leaves with no key counts in nothing (eager code
-gives such a row a uniform softmax over the masked keys: it is no attention), a map cell some sample's mask removes
-holds the mean over the samples that attend it, with their number beside it (``attending_samples``), and P, which
-pairs the cells of different samples as one grid, is left out with a note saying why. The reference is float64 numpy
-on the q, k, scale and mask the model hands its own attention call (caught here, not through biasviz)."""
+"""A transformers Llama given left padding that differs by sample, through SDPA and eager attention (docs/hdf5.md,
+'Attended cells', and docs/position-measures.md): each sample's own cells count for it, a query row its mask leaves with
+no key counts in nothing (eager code gives such a row a uniform softmax over the masked keys: it is no attention), a map
+cell some sample's mask removes holds the mean over the samples that attend it, with their number beside it
+(``attending_samples``), and P, which pairs the cells of different samples as one grid, is left out with a note saying
+why. The reference is float64 numpy on the q, k, scale and mask the model hands its own attention call (caught here, not
+through biasviz)."""
 
 from __future__ import annotations
 

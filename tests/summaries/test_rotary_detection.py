@@ -1,5 +1,5 @@
-"""Whether a call rotates is read from what it does, not from what the model holds (SPEC section 14): Falcon with
-ALiBi builds a rotary module it never applies, and its summary stores no rotary measure and says why; the same
+"""Whether a call rotates is read from what it does, not from what the model holds (docs/position-measures.md): Falcon
+with ALiBi builds a rotary module it never applies, and its summary stores no rotary measure and says why; the same
 family with rotary embeddings keeps them, its layout's pairs measured against float64 norms of its own q and k."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""A flex_attention ``score_mod`` that softcaps (cap·tanh(s / cap)) is a step after q and k (SPEC section 13): the
-summary keeps P from q and k and the scores before the cap, the weights are the capped softmax's, and the layer's note
-says what the call did beyond. The reference is float64 math on q and k recomputed from the module's own weights."""
+"""A flex_attention ``score_mod`` that softcaps (cap·tanh(s / cap)) is a step after q and k (docs/hdf5.md, 'Attended
+cells'): the summary keeps P from q and k and the scores before the cap, the weights are the capped softmax's, and the
+layer's note says what the call did beyond. The reference is float64 math on q and k recomputed from the module's own
+weights."""
 
 from __future__ import annotations
 

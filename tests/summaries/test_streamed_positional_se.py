@@ -1,7 +1,7 @@
-"""P's profile SE of calls streamed as the model runs (SPEC section 14): GPT-2 (no bias; its hooks stream the calls)
-and a call whose float mask adds a bias that depends on the text (the others' mean bias enters each delete-one P).
-The reference is the delete-one jackknife from scratch: every P_(−a) formed again in float64 from the q, k, scale and
-additive part caught at the model's own SDPA call, its profile over all keys and over keys j >= 4."""
+"""P's profile SE of calls streamed as the model runs (docs/position-measures.md): GPT-2 (no bias; its hooks stream the
+calls) and a call whose float mask adds a bias that depends on the text (the others' mean bias enters each delete-one
+P). The reference is the delete-one jackknife from scratch: every P_(−a) formed again in float64 from the q, k, scale
+and additive part caught at the model's own SDPA call, its profile over all keys and over keys j >= 4."""
 
 from __future__ import annotations
 

@@ -261,12 +261,13 @@ def summary_run(
                               progress=progress, merge=merge, total_samples=total_samples,
                               scratch=scratch, gather=gather, positional=positional,
                               measures=measures)  # fmt: skip
-    for layer, got in summaries.items():  # what the call did beyond c·q·kᵀ + b travels with its layer (SPEC 13)
+    # what the call did beyond c·q·kᵀ + b travels with its layer (docs/hdf5.md, 'Attended cells')
+    for layer, got in summaries.items():
         said, position = adapter.call_note(layer), got.get("position")
         if said and position is not None:
             position.note = f"{position.note}; {said}" if position.note else said
     n = len(ids) if total_samples is None else total_samples
-    if n < MIN_SE_SAMPLES:  # SPEC section 14: the file says why it holds no standard error
+    if n < MIN_SE_SAMPLES:  # docs/position-measures.md: the file says why it holds no standard error
         meta[SE_NOTE] = (f"none stored: a standard error needs {MIN_SE_SAMPLES} samples or more; the file holds {n} "
                          f"sample{'s' * (n != 1)}")  # fmt: skip
     own_mask = any(getattr(got.get("position"), "attended", None) is not None for got in summaries.values())

@@ -77,7 +77,8 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
                  f"standard error of {kind}_mean: over samples of each sample's block mean")
       for kind in ("bias", "weights", "scores")),
 )  # fmt: skip
-# samples masked differently (SPEC section 13): a cell's mean is over the samples that attend it, and this is how many
+# samples masked differently (docs/hdf5.md, 'Attended cells'): a cell's mean is over the samples that attend it,
+# and this is how many
 SAMPLES_PER_CELL = "attending_samples"
 COUNTS: tuple[DatasetRow, ...] = (
     DatasetRow(SAMPLES_PER_CELL, ("head", "query_block", "key_block"), "norm",

@@ -1,5 +1,5 @@
-"""The SE of P's distance profile for calls streamed as the model runs (SPEC section 14): BLOOM, MPT, Falcon with
-ALiBi, T5's decoder, GPT-2, eager attention.
+"""The SE of P's distance profile for calls streamed as the model runs (docs/position-measures.md): BLOOM, MPT, Falcon
+with ALiBi, T5's decoder, GPT-2, eager attention.
 
 The delete-one P of such a call needs every sample's q and k against the sums over all samples, which are known only
 once the last sample has passed: each sample's q and c·k are kept as they come (N·T·H·d numbers, in a
