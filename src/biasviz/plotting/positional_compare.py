@@ -88,11 +88,31 @@ def _end_labels(fig: Figure, bars: list[Colorbar], size: float) -> float:
     fig.draw_without_rendering()  # the layout: where each bar and label is
     gap = 0.5 * size * fig.dpi / 72
     if not any(lo.label1.get_window_extent().x1 + gap > hi.label1.get_window_extent().x0 for lo, hi in ends):
+        _clear_zeros(fig, bars, gap)
         return 0.0
     step = 1.2 * ends[0][1].label1.get_fontsize()
     for _, hi in ends:
         hi.set_pad(hi.get_pad() + step)
+    _clear_zeros(fig, bars, gap)
     return step / 72
+
+
+def _clear_zeros(fig: Figure, bars: list[Colorbar], gap: float) -> None:
+    """A diverging bar's 0 keeps its tick mark but loses its label where the label would touch an end's (a
+    one-sign map's long end label, "−1285.4", reaches the middle of a bar a seventh of a page long); the white of
+    the map marks 0 there, and the figure's label says what the bars show."""
+    fig.draw_without_rendering()
+    for cb in bars:
+        ticks = cb.ax.xaxis.get_major_ticks(len(cb.get_ticks()))
+        if len(ticks) != 3:
+            continue
+        middle = ticks[1].label1.get_window_extent()
+        for end in (ticks[0], ticks[2]):
+            box = end.label1.get_window_extent()
+            if box.x0 - gap < middle.x1 and middle.x0 < box.x1 + gap and box.y0 < middle.y1 and middle.y0 < box.y1:
+                labels = [t.get_text() for t in cb.ax.get_xticklabels()]
+                cb.ax.xaxis.set_ticklabels([*labels[:1], "", *labels[2:]])  # the formatter's, kept at every draw
+                break
 
 
 def _profile_decimals(axes: list[Axes]) -> int:
