@@ -108,6 +108,8 @@ def summarise(
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
                "measures": measures}  # fmt: skip
     options["caller"] = autocast_dtypes()  # the model runs under the caller's autocast; biasviz's own math does not
+    for layer in layer_list:  # whether each call rotates: a short pass of the model, as the caller runs it, done here
+        adapter.rotary(layer)
     with without_autocast():
         try:
             return _summarise(adapter, ids, layer_list, dev, streamed=streamed, **options)
