@@ -152,6 +152,11 @@ def test_a_killed_runs_temporary_offload_folder_is_removed_by_the_next(temp_root
     assert not stale.exists() and mine.exists()
 
 
+def _default_signals() -> None:
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 def test_an_interrupted_placed_run_leaves_no_output_and_no_offload_folder(env: Path, tmp_path: Path,
@@ -160,8 +165,10 @@ def test_an_interrupted_placed_run_leaves_no_output_and_no_offload_folder(env: P
     temp_root.mkdir()
     out = tmp_path / "run.h5"
     argv = [str(BIASVIZ), *_argv(env, out, "--device-map", "auto", "--max-memory", "cpu=300KB", samples=400)]
+    # as from a shell: Ctrl-C and SIGTERM at their defaults, whatever this test process inherited (a test runner's
+    # worker may ignore SIGINT, and a child inherits an ignored signal)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(temp_root)})  # fmt: skip
+                            env={**os.environ, "TMPDIR": str(temp_root)}, preexec_fn=_default_signals)  # fmt: skip
     end = time.monotonic() + 60
     while not list(tmp_path.glob(".*.tmp")):  # the output is being written: the model is placed and running
         assert proc.poll() is None and time.monotonic() < end, proc.communicate()
