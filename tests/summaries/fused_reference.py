@@ -1,0 +1,122 @@
+"""The fused statistics' accumulators formed in float64 numpy, every cell of every sample in full: what the kernels of
+:mod:`biasviz.summaries.kernels` must add up to, from the same q, k and bias of distance.
+
+Notation: sample a of N, head h (key head h // group), query i, key j <= i (causal), d = i - j, c the call's scale,
+s_a(i, j) = c q_a(i)·k_a(j) + f_h(d), w_a = softmax_j(s_a), x̄ and σ_x the mean and population spread over samples,
+Q = Σ_a q_a and K = Σ_a k_a (of the key head), maps of ``block`` x ``block`` positions (nb of them a side).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SEGMENTS = 10
+
+
+def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float) -> tuple[np.ndarray, ...]:
+    """(used (T, T), scores (N, H, T, T) 0 past the diagonal, weights, lse (N, H, T), bias (H, T, T) or zeros)."""
+    n, heads, t, _ = q.shape
+    k = np.repeat(k, heads // k.shape[1], axis=1)
+    i, j = np.indices((t, t))
+    used = j <= i
+    bias = table[:, np.clip(i - j, 0, None)] if table is not None else np.zeros((heads, t, t))
+    s = scale * np.einsum("nhid,nhjd->nhij", q, k) + bias[None]
+    z = np.where(used, s, -np.inf)
+    top = z.max(-1, keepdims=True)
+    lse = np.log(np.exp(z - top).sum(-1)) + top[..., 0]
+    w = np.where(used, np.exp(z - lse[..., None]), 0.0)
+    return used, np.where(used, s, 0.0), w, lse, np.where(used, bias, 0.0)
+
+
+def _blocks(x: np.ndarray, block: int) -> np.ndarray:
+    """(..., T, T) -> (..., nb, nb) sums over each block's cells."""
+    t = x.shape[-1]
+    nb = -(-t // block)
+    pad = nb * block - t
+    x = np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, pad), (0, pad)])
+    return x.reshape(*x.shape[:-2], nb, block, nb, block).sum((-3, -1))
+
+
+def _by_distance(x: np.ndarray) -> np.ndarray:
+    """(..., T, T) -> (..., T): Σ_i x(i, i - d)."""
+    t = x.shape[-1]
+    return np.stack([np.trace(x, offset=-d, axis1=-2, axis2=-1) for d in range(t)], -1)
+
+
+def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float, block: int,
+                 positional: bool = True) -> dict[str, np.ndarray]:  # fmt: skip
+    """Every accumulator, by name (float64):
+
+    - ``maps`` (4, H, nb, nb): Σ over a block's cells of w̄, σ_w, s̄, σ_s;
+    - ``by_distance`` (6, H, T): Σ over the cells at d of w̄, w̄², σ_w², s̄, s̄², σ_s²;
+    - ``columns`` (2, H, T): Σ_i of w̄(i, j) and of σ_w² + w̄²;
+    - ``row_ws`` (N, H, T): Σ_j w_a s_a; ``sinks`` (N, H): Σ_i w_a(i, 0);
+    - ``sample_columns`` (N, H, T): Σ_i w_a(i, j);
+    - ``context`` (N, H, 10): over the rows i with i + 1 >= 10, Σ of w_a(i, j) over the keys of tenth
+      t = floor(10 j / (i + 1));
+    - ``sample_distance`` (2, N, H, T): Σ_i w_a(i, i - d), Σ_i s_a(i, i - d);
+    - ``sample_blocks`` (2, N, H, nb, nb): Σ over a block's cells of w_a, s_a;
+
+    with ``positional`` and N >= 2, P(i, j) = c Q(i)·K(j) / (N(N - 1)) - (s̄ - f(d)) / (N - 1) + f(d) and ref_h =
+    P_h(0, 0):
+
+    - ``positional_maps`` (H, nb, nb): Σ P over a block's cells;
+    - ``positional_distance`` (2, H, T): Σ over the cells at d of P - f(d) and its square;
+    - ``positional_first`` (H, T, 4): P(i, j) for j < 4 (0 where j > i);
+    - ``positional_rows`` (H, T): Σ_{j<i} P(i, j); ``positional_cols`` (H, T): Σ_{i>j} P(i, j);
+    - ``positional_squares`` (2, H): Σ_{j<i} P², Σ_i P(i, i)²;
+    - ``positional_shifted`` (2, H): Σ_{j<=i} of P - ref and its square;
+
+    and with N >= 3, z_a = [2 s_a - c(q_a(i)·K(j) + Q(i)·k_a(j))] / ((N - 1)(N - 2)):
+
+    - ``jackknife_blocks`` (N, H, nb, nb): Σ over a block's cells of z_a.
+    """
+    n, heads, t, _ = q.shape
+    used, s, w, _, bias = formed(q, k, table, scale)
+    k_heads = np.repeat(k, heads // k.shape[1], axis=1)
+    w_mean, w_std, s_mean, s_std = w.mean(0), w.std(0), s.mean(0), s.std(0)
+    out = {
+        "maps": np.stack([_blocks(x, block) for x in (w_mean, w_std, s_mean, s_std)]),
+        "by_distance": np.stack(
+            [_by_distance(x) for x in (w_mean, w_mean**2, w_std**2, s_mean, s_mean**2, s_std**2)]
+        ),  # fmt: skip
+        "columns": np.stack([w_mean.sum(-2), (w_std**2 + w_mean**2).sum(-2)]),
+        "row_ws": (w * s).sum(-1),
+        "sinks": w[..., 0].sum(-1),
+        "sample_columns": w.sum(-2),
+        "sample_distance": np.stack([_by_distance(w), _by_distance(s)]),
+        "sample_blocks": np.stack([_blocks(w, block), _blocks(s, block)]),
+    }
+    i, j = np.indices((t, t))
+    tenth = (SEGMENTS * j) // (i + 1)
+    rows_in = (i + 1 >= SEGMENTS) & used
+    out["context"] = np.stack([np.where(rows_in & (tenth == seg), w, 0.0).sum((-2, -1)) for seg in range(SEGMENTS)],
+                              -1)  # fmt: skip
+    if positional and n >= 2:
+        big_q, big_k = q.sum(0), k_heads.sum(0)  # (H, T, hd)
+        qk = np.einsum("hid,hjd->hij", big_q, big_k)
+        p = scale * qk / (n * (n - 1)) - (s_mean - bias) / (n - 1) + bias
+        p = np.where(used, p, 0.0)
+        dev = np.where(used, p - bias, 0.0)
+        lower = j < i
+        ref = p[:, 0, 0]
+        shifted = np.where(used, p - ref[:, None, None], 0.0)
+        diag = np.diagonal(p, axis1=-2, axis2=-1)
+        first = np.zeros((heads, t, 4))
+        first[:, :, : min(4, t)] = p[:, :, : min(4, t)]
+        out.update(
+            {
+                "positional_maps": _blocks(p, block),
+                "positional_distance": np.stack([_by_distance(dev), _by_distance(dev**2)]),
+                "positional_first": first,
+                "positional_rows": np.where(lower, p, 0.0).sum(-1),
+                "positional_cols": np.where(lower, p, 0.0).sum(-2),
+                "positional_squares": np.stack([np.where(lower, p**2, 0.0).sum((-2, -1)), (diag**2).sum(-1)]),
+                "positional_shifted": np.stack([shifted.sum((-2, -1)), (shifted**2).sum((-2, -1))]),
+            }
+        )
+        if n >= 3:
+            cross = (np.einsum("nhid,hjd->nhij", q, big_k) + np.einsum("hid,nhjd->nhij", big_q, k_heads)) * scale
+            z = np.where(used, (2 * s - cross) / ((n - 1) * (n - 2)), 0.0)
+            out["jackknife_blocks"] = _blocks(z, block)
+    return out
