@@ -86,3 +86,44 @@ def test_at_a_pages_width_every_bars_end_labels_stay_apart_and_inside_the_figure
         assert apart, (labels[0].get_text(), labels[1].get_text(), lo, hi)
     others = [ax for ax in bars if ax is not bars[0]]
     assert all(not bars[0].get_window_extent().overlaps(ax.get_window_extent()) for ax in others)
+
+
+def _pair(d: Path, scheme: str, samples: int) -> tuple[Path, Path]:
+    model = small_model(scheme)
+    paths = []
+    for t in (16, 32):
+        ids = np.random.default_rng(t).integers(0, 90, size=(samples, t))
+        biasviz.extract(model, ids, d / f"{scheme}{t}.h5", layers=-1, summary=True, resolution=t, device="cpu",
+                        progress=False)  # fmt: skip
+        paths.append(d / f"{scheme}{t}.h5")
+    return paths[0], paths[1]
+
+
+def test_the_mapped_heads_profile_has_its_95_percent_band_where_the_file_holds_its_se(tmp_path: Path) -> None:
+    """RoPE with 3 samples stores positional_profile_se: the red head's P(d) - P(0) lies in a band of ±1.96 SE of P(d)
+    read from the file; with 2 samples no SE is stored, and no band is drawn (FIGURES.md: bands wherever an SE
+    exists)."""
+    import h5py
+    from matplotlib.collections import PolyCollection
+
+    with_se = _pair(tmp_path, "rope", 3)
+    fig = compare_figure([with_se])
+    profile_ax = next(ax for ax in fig.axes if ax.get_lines())
+    bands = [c for c in profile_ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 1
+    red = next(line for line in profile_ax.get_lines() if line.get_linewidth() == 1.2)
+    with h5py.File(with_se[1]) as f:
+        layer = next(k for k in f if k.startswith("layer_"))
+        se = f[f"{layer}/positional_profile_se"][0]
+        mean = f[f"{layer}/positional_profile"][0]
+    head = next(h for h in range(len(mean)) if np.allclose(red.get_ydata(), mean[h, 1:] - mean[h, 0]))
+    vertices = bands[0].get_paths()[0].vertices
+    width = 2 * 1.959963984540054 * se[head, 1:]  # the band's height at each distance
+    top = {x: y for x, y in vertices}  # a polygon: lower edge then upper; the dict keeps the last (upper) y
+    lower = {x: y for x, y in vertices[::-1]}
+    drawn = np.array([top[x] - lower[x] for x in np.arange(2, 32)])  # (the polygon's first point is its closing one)
+    np.testing.assert_allclose(drawn, width[1:], rtol=1e-5, atol=1e-7)
+    assert "95 % interval" in fig.get_supxlabel().replace("\n", " ")
+    fig = compare_figure([_pair(tmp_path, "nope", 2)])
+    assert not [c for ax in fig.axes if ax.get_lines() for c in ax.collections if isinstance(c, PolyCollection)]
+    assert "interval" not in fig.get_supxlabel()

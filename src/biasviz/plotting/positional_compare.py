@@ -22,21 +22,25 @@ from matplotlib.figure import Figure, SubFigure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from biasviz.common.errors import BiasvizError
+from biasviz.plotting.measures_plots import Z95
 from biasviz.plotting.positional import need_position
 from biasviz.plotting.scales import ValueRange, _decimals, format_colorbars, head_scales, tick_text
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
 from biasviz.plotting.titles import figure_title, samples_text, scheme_name
 
 
-def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int]:
-    """(scheme, T, samples, P map relative to P(0) (H, nb, nb), P(d) - P(0) over all keys (H, T), block)."""
+def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int, np.ndarray | None]:
+    """(scheme, T, samples, P map relative to P(0) (H, nb, nb), P(d) - P(0) over all keys (H, T), block, the SE of
+    P(d) over all keys (H, T) where the file holds one, else None)."""
     from biasviz.store import open_bias_file
 
     with open_bias_file(path, isolated=True) as bf:
         layer = need_position(bf, -1, "positional logits")
         profile = bf.summary_array("positional_profile", layer)[0]  # (H, T)
         p_map = bf.summary_map("positional_mean", layer) - profile[:, :1, None]
-        return bf.scheme, bf.seq_len, bf.n_samples, p_map, profile - profile[:, :1], bf.block or 1
+        se = (bf.summary_array("positional_profile_se", layer)[0]
+              if bf.summary.holds(layer, "positional_profile_se") else None)  # fmt: skip
+        return bf.scheme, bf.seq_len, bf.n_samples, p_map, profile - profile[:, :1], bf.block or 1, se
 
 
 #: What every map's colour bar shows (its quantity, in logits), on lines that fit a seventh of a page.
@@ -158,8 +162,10 @@ def compare_figure(pairs: list[tuple[Path, Path]], *, style: str = DEFAULT_STYLE
         starts = range(0, len(columns), per_row)
         wrapped = wrap_title(_title(pairs[0], columns, note), width, size)
         where = "below the maps" if len(starts) == 1 else "below each block's maps"
+        banded = any(long[6] is not None for _, long in columns)
+        band = ", shaded: the 95 % interval of its P(d) over samples" if banded else ""
         xlabel = wrap_title(f"{where}: P(d) − P(0) by distance d = i − j, every head at T = {columns[0][1][1]} "
-                            "(the mapped head in red)", width, size * 0.9)  # fmt: skip
+                            f"(the mapped head in red{band})", width, size * 0.9)  # fmt: skip
         extra, (maps_h, profiles_h) = _sizes(width, per_row, size, wrapped, xlabel)
         heights = [maps_h, profiles_h] * len(starts)
         fig = Figure(figsize=(width, extra + sum(heights)), layout="constrained")
@@ -227,13 +233,19 @@ def _draw_column(fig: SubFigure, maps: np.ndarray, ax: Axes, short: tuple, long:
                  lengths: list[int], bars: list[Colorbar],
                  scales: list[tuple[Normalize, Colormap]]) -> int:  # fmt: skip
     """One model: its widest head's P map at both lengths on ``scales`` (bars added to ``bars``) and every head's
-    P(d) at the long length on ``ax``, the mapped head in red. Returns the head drawn (0-based)."""
+    P(d) at the long length on ``ax``, the mapped head in red over its 95 % interval where the file holds P(d)'s SE
+    (one band: twelve would hide the lines). Returns the head drawn (0-based)."""
     t_long, prof_long = long[1], long[4]
     head = _widest(long)
     for r, (t, m, block) in enumerate(((short[1], short[3], short[5]), (t_long, long[3], long[5]))):
         bars.append(_map(fig, maps[r], m[head], t, block, size, first, positions=first or t != lengths[r],
                          scale=scales[r]))  # fmt: skip
     d = np.arange(1, t_long)
+    se = long[6]
+    if se is not None:  # the mapped head's P(d) with its 95 % interval (positional_profile_se, over all keys)
+        half = Z95 * se[head, 1:]
+        ax.fill_between(d, prof_long[head, 1:] - half, prof_long[head, 1:] + half, color="C3", alpha=0.25, lw=0,
+                        zorder=2.5)  # fmt: skip
     for h in range(prof_long.shape[0]):
         ax.plot(d, prof_long[h, 1:], lw=1.2 if h == head else 0.5, color="C3" if h == head else "0.55",
                 zorder=3 if h == head else 2)  # fmt: skip
