@@ -351,6 +351,17 @@ def part_ours(seq_len: int, dry: bool) -> Iterator[dict[str, Any]]:
             if row["status"] == "ok":
                 row["stored"] = _stored(Path(tmp) / "s.h5")
             yield row
+            if seq_len == min(s.ours_lengths):  # the torch path's statistics beside (fused where the kernels run)
+                os.environ["BIASVIZ_STATISTICS"] = "torch"
+                try:
+                    row = measure(device, "ours summary, torch statistics", summary, 1, part="ours", T=seq_len,
+                                  dtype=label, phase="summary", samples=s.summary_samples,
+                                  floor="flash-sdpa forward")  # fmt: skip
+                finally:
+                    os.environ.pop("BIASVIZ_STATISTICS")
+                if row["status"] == "ok":
+                    row["stored"] = _stored(Path(tmp) / "s.h5")
+                yield row
         _routes()
         steps = {"flash-sdpa train step": _step(floor, dtype, ids, device),
                  "ours train step": _step(ours, dtype, ids, device)}  # fmt: skip
@@ -405,12 +416,16 @@ def _route(device: str, seq_len: int, model: Any) -> str:
 
 
 def _stored(path: Path) -> str:
-    """The summary quantities of the final layer in a file, by dataset name (what the run measured)."""
+    """The summary quantities of the final layer in a file, by dataset name (what the run measured), and the
+    implementation that formed them (its ``statistics`` attribute)."""
     import h5py
 
     with h5py.File(path, "r") as f:
         layers = [k for k in f if k.startswith("layer_")]
-        return ",".join(sorted(f[layers[-1]])) if layers else ""
+        if not layers:
+            return ""
+        last = f[layers[-1]]
+        return f"{last.attrs.get('statistics', 'torch')}: " + ",".join(sorted(last))
 
 
 def part_llama(dry: bool) -> Iterator[dict[str, Any]]:
@@ -597,17 +612,20 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
 
 
 def _fused_against_torch(device: str, seq_len: int) -> Iterator[dict[str, Any]]:
-    """One row per scheme: the largest relative difference between the fused statistics and the torch path's
-    summary over every dataset both give; the status says ``differs`` past 1e-3."""
+    """One row per scheme: the same summary through the public call with the torch path's statistics and with the fused
+    kernels' (``BIASVIZ_STATISTICS``), file against file; the largest difference over every dataset relative to its
+    largest value, and which path each layer took. The status says ``differs`` past 1e-3, or names a path not taken."""
     import h5py
     import numpy as np
     import torch
 
     import biasviz
     from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
-    from biasviz.model.hooks import capture
-    from biasviz.summaries import kernels
-    from biasviz.summaries.toeplitz import distance_values
+
+    def datasets(path: Path) -> tuple[dict[str, Any], str]:
+        with h5py.File(path) as f:
+            g = f["layer_1"]
+            return {name: g[name][()] for name in g}, str(g.attrs.get("statistics", "torch"))
 
     for scheme in ("alibi", "rope"):
         torch.manual_seed(0)
@@ -617,28 +635,27 @@ def _fused_against_torch(device: str, seq_len: int) -> Iterator[dict[str, Any]]:
         row: dict[str, Any] = {"tool": f"fused vs torch, {scheme}", "part": "kernels", "T": seq_len, "samples": 3}
         try:
             with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
-                out = Path(tmp) / "s.h5"
-                biasviz.extract(model, ids, out, layers=[1], summary=True, resolution=seq_len // 8, device=device,
-                                progress=False)  # fmt: skip
-                got: dict[str, Any] = {}
-                names = ["blocks.1.attn.hook_q", "blocks.1.attn.hook_k"]
-                with capture(model, names, lambda t, name, _r, got=got: got.update({name[-1]: t})), torch.no_grad():
-                    model(ids.to(device))
-                attn = model.blocks[1].attn
-                table = distance_values(attn.pos_bias, seq_len)
-                fused = kernels.fused_statistics(got["q"].transpose(1, 2), got["k"].transpose(1, 2), table,
-                                                 float(attn.scale), seq_len // (seq_len // 8))  # fmt: skip
-                worst = 0.0
-                with h5py.File(out) as f:
-                    g = f["layer_1"]
-                    for name in (x for x in fused if x in g):
-                        want, value = g[name][()], fused[name].float().cpu().numpy()
-                        if name == "sink_share" and want.ndim == 1:
-                            value = value.mean(0)
-                        top = float(np.nanmax(np.abs(want))) or 1.0
-                        worst = max(worst, float(np.nanmax(np.abs(value - want))) / top)
-            row["largest_difference"] = worst
-            row["status"] = "ok" if worst <= 1e-3 else f"differs: {worst:.2e} of the largest value"
+                files = {}
+                for mode in ("torch", "fused"):
+                    os.environ["BIASVIZ_STATISTICS"] = mode
+                    biasviz.extract(model, ids, Path(tmp) / f"{mode}.h5", layers=[1], summary=True,
+                                    resolution=seq_len // 8, device=device, progress=False)  # fmt: skip
+                    files[mode] = datasets(Path(tmp) / f"{mode}.h5")
+                os.environ.pop("BIASVIZ_STATISTICS")
+            (want, took_torch), (got, took_fused) = files["torch"], files["fused"]
+            worst = 0.0
+            for name, value in want.items():
+                fields = value.dtype.names or (None,)
+                for field in fields:
+                    a = np.asarray(value if field is None else value[field], dtype=np.float64)
+                    b = np.asarray(got[name] if field is None else got[name][field], dtype=np.float64)
+                    top = float(np.nanmax(np.abs(a))) if np.isfinite(a).any() else 1.0
+                    worst = max(worst, float(np.nanmax(np.abs(b - a), initial=0.0)) / (top or 1.0))
+            row.update(largest_difference=worst, statistics=f"{took_torch} / {took_fused}",
+                       missing=",".join(sorted(set(want) ^ set(got))))  # fmt: skip
+            row["status"] = ("ok" if worst <= 1e-3 and took_fused == "fused" and not row["missing"]
+                             else f"differs: {worst:.2e} of the largest value, paths {row['statistics']}, "
+                                  f"datasets not in both: {row['missing'] or 'none'}")  # fmt: skip
         except Exception as err:  # a failure is a result of the part
             row["status"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         yield row

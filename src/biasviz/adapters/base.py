@@ -250,6 +250,9 @@ class ModelAdapter:
 
     # -- forming a layer's rows again (summaries linear in samples) ------------------------------
     replays: ClassVar[bool] = False  # True: :meth:`keep` and :meth:`rows_again` are implemented
+    # True: a layer's rows are c·q·kᵀ + b from the bank's q and k, (N, T, H·d) each, and :meth:`bias_again`'s bias:
+    # what the fused statistics kernels form (biasviz.summaries.fused_layer)
+    fused_rows: ClassVar[bool] = False
 
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
@@ -263,6 +266,12 @@ class ModelAdapter:
         """One sample's :class:`Formed` rows r0 .. r1 - 1 of ``layer`` (bias only when
         ``want_bias``), from what :meth:`keep` put in ``bank``: the values the forward formed (causal models)."""
         raise NotImplementedError
+
+    def bias_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int) -> Any:
+        """One sample's bias rows r0 .. r1 - 1 of ``layer`` against keys 0 .. r1 - 1, (1, H, rows, r1), formed by the
+        model's own scheme from what :meth:`keep` put in ``bank``, nothing else of the rows; None where the adapter
+        cannot form them alone (the fused statistics then leave the layer to :meth:`rows_again`)."""
+        return None
 
     def score_scale(self, layer: int) -> float:
         """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""

@@ -36,6 +36,7 @@ class BiasGPTAdapter(ModelAdapter):
     architecture = "biasviz-gpt2"
     bias_convention = RELATIVE
     replays = True
+    fused_rows = True
     captures_scores = True
     accepts_attn_scale = False  # a checkpoint directory's config.json records its q.k scale
     model_types: ClassVar[tuple[str, ...]] = (MODEL_TYPE,)
@@ -174,6 +175,14 @@ class BiasGPTAdapter(ModelAdapter):
         if attn.adds_bias:
             x = bank.get(layer, "x", sample, 0, bank.seq_len(layer, "x"))[None]  # (1, T, C): the whole input
         return Formed(*attn.rows_again(x, q, k, r0, want_bias))
+
+    def bias_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int) -> torch.Tensor | None:
+        attn = self.attention(layer)
+        if not attn.adds_bias:
+            return None
+        x = bank.get(layer, "x", sample, 0, bank.seq_len(layer, "x"))[None]
+        with torch.no_grad():
+            return attn.pos_bias.rows(x)(r0, r1)
 
     def score_scale(self, layer: int) -> float:
         return float(self.attention(layer).scale)

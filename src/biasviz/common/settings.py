@@ -22,6 +22,22 @@ def attention_mode() -> str:
     return value
 
 
+STATISTICS_ENV = "BIASVIZ_STATISTICS"
+STATISTICS_MODES = ("auto", "fused", "torch")
+
+
+def statistics_mode() -> str:
+    """``BIASVIZ_STATISTICS`` (unset or empty: ``auto``, the fused kernels on a GPU where they cover a layer, torch
+    elsewhere; ``torch``: never the kernels; ``fused``: the kernels wherever Triton runs them, Triton's interpreter
+    on a CPU included). Any other value is one clear error."""
+    text = os.environ.get(STATISTICS_ENV, "")
+    value = text.strip().lower() or "auto"
+    if value not in STATISTICS_MODES:
+        raise BiasvizError(f"{STATISTICS_ENV}={text!r} is not one of {', '.join(STATISTICS_MODES)} "
+                           "(unset means auto)")  # fmt: skip
+    return value
+
+
 BACKEND_ENV = "MPLBACKEND"
 
 

@@ -8,6 +8,7 @@ chooses this way for adapters that can form rows again.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ from biasviz.store.datasets import SAMPLES_PER_CELL
 from biasviz.summaries import QuantitySummary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
+from biasviz.summaries.fused_layer import fused_layer, tell, why_not
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
@@ -42,7 +44,7 @@ Parts = dict[tuple[str, int], QuantitySummary]
 def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None, scratch: str | Path | None, block: int,
               gather: Gather | None = None, positional: bool = True,
-              formula: frozenset[int] | set[int] = frozenset(), measures: bool = True,
+              formula: Mapping[int, torch.Tensor] | None = None, measures: bool = True,
               caller: Mapping[str, str] | None = None) -> dict[int, PositionSummary] | None:  # fmt: skip
     """Forward every sample keeping what forms the rows, then form each layer's rows over all samples.
 
@@ -51,8 +53,10 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
     over both read 67 % when the forward was done and then ran on for minutes: the phases go at different rates,
     so a rate and a time left hold only within one.
     Returns each layer's docs/positional.md extras (positional logits, the weights' key profile, sink shares).
-    ``formula``: the layers whose bias, while measured the same for every sample, is summarised from f(d).
+    ``formula``: the layers whose bias, while measured the same for every sample, is summarised from f(d), with
+    their f (H, T). Layers the fused kernels cover are summarised by them (:mod:`biasviz.summaries.fused_layer`).
     """
+    formula = formula or {}
     n, seq_len = ids.shape
     heads = adapter.n_heads
     varying = {layer: (b := parts.get(("bias", layer))) is not None and b.mode != "shared" for layer in layer_list}
@@ -62,6 +66,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
         return Progress(total, desc=f"summarise (phase {k} of {phases}): {what}", unit=unit, show=show)
 
     bank = SampleBank(n, device=dev, directory=scratch)
+    torch_path: dict[str, list[int]] = {}  # why the fused kernels left layers to torch -> those layers
     bank.cells_by_sample = gather is None  # torchrun: each process's one mask, compared once the banks are joined
     extras: dict[int, PositionSummary] = {}
     try:
@@ -88,6 +93,15 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                         else None if mask is None else Attended(mask.to(dev)))  # fmt: skip
             for part in own.values() if attended is not None else ():
                 part.attend(attended)
+            fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended, table=formula.get(layer),
+                           samples=n, seq_len=seq_len, block=block, device=dev, positional=positional,
+                           measures=measures,
+                           show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
+            if fused is not None:
+                extras[layer] = fused
+                bank.drop(layer)
+                continue
+            torch_path.setdefault(why, []).append(layer)
             extra = _layer_extras(adapter, bank, layer, own, attended, cells, samples=n, seq_len=seq_len,
                                   block=block, device=dev, positional=positional, measures=measures)  # fmt: skip
             count = len(list(row_blocks(seq_len, heads, dev, varying[layer], by_sample=cells is not None)))
@@ -139,7 +153,28 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             )
     finally:
         bank.close()
+    if dev.type == "cuda":  # one line per reason, where a GPU's layers were left to torch (unless the user chose it)
+        for why, layers in torch_path.items():
+            if why != "BIASVIZ_STATISTICS=torch":
+                tell(layers, why)
     return extras
+
+
+def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary], *,
+           cells: SampleCells | None, attended: Attended | None, table: torch.Tensor | None, samples: int,
+           seq_len: int, block: int, device: torch.device, positional: bool, measures: bool,
+           show: Callable[[], Progress]) -> tuple[PositionSummary | None, str]:  # fmt: skip
+    """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why."""
+    why = why_not(adapter, bank, layer, device, by_sample=cells is not None, own_mask=attended is not None,
+                  table=table)  # fmt: skip
+    got = None
+    if why is None:
+        with torch.inference_mode(), show() as bar:
+            got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
+                              device=device, positional=positional, measures=measures, table=table)  # fmt: skip
+            bar.update(1)
+        why = "" if got is not None else "a sample's bias differs from the scheme's f(i - j)"
+    return got, why
 
 
 def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary],

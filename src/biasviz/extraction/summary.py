@@ -162,7 +162,7 @@ def _summarise(
     extras: dict[int, PositionSummary] = {}
     if replay:
         got = replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather,
-                        positional, formula=set(direct), measures=measures, caller=caller)  # fmt: skip
+                        positional, formula=direct, measures=measures, caller=caller)  # fmt: skip
         if got is None:  # torchrun: process 0 summarises every sample
             return {}
         extras = got

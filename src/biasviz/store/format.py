@@ -105,6 +105,7 @@ POSITIONAL_DIAGNOSTICS = "positional_diagnostics"  # (head,) compound, as DIAGNO
 ATTENDED = "attended"
 SE_NOTE = "standard_errors"  # a summary's root attribute where it holds no _se: why (fewer than 3 samples)
 LAYER_NOTE = "note"  # a summary layer's attribute: what it leaves out and why (samples masked differently)
+LAYER_STATISTICS = "statistics"  # a summary layer's attribute: "fused" (the GPU kernels) or "torch" formed it
 MASK = "mask"  # root attribute: "causal", "bidirectional" or "model" (some layer's own mask, its ATTENDED stored)
 DIAGNOSTICS = "diagnostics"  # (head,) compound dataset
 DIAGNOSTIC_FIELDS = ("context_dependence", "toeplitz_residual", "separability_residual")

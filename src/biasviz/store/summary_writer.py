@@ -28,6 +28,7 @@ from biasviz.store.format import (
     KEY_PROFILE,
     KEY_PROFILE_DIMS,
     LAYER_NOTE,
+    LAYER_STATISTICS,
     POSITIONAL_DIAGNOSTICS,
     POSITIONAL_FROM_KEYS,
     POSITIONAL_MEAN,
@@ -110,6 +111,8 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
         _write(f, grp, ATTENDED, [p.attended for p in parts], SUMMARY_MAP_DIMS, checkpoints)
     if getattr(parts[0], "note", None):  # what the layer's summary leaves out, and why
         grp.attrs[LAYER_NOTE] = parts[0].note
+    # which implementation formed them (both named, in order, where checkpoints differ)
+    grp.attrs[LAYER_STATISTICS] = ", ".join(dict.fromkeys(getattr(p, "statistics", "torch") for p in parts))
 
 
 def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads: int, seq_len: int,

@@ -171,6 +171,12 @@ class SampleBank:
             return array.read(sample, start, stop).to(self.device)
         return array[sample, start:stop]
 
+    def whole(self, layer: int, name: str) -> torch.Tensor | None:
+        """Every sample's (N, T, F) array of ``name`` in ``layer`` where it is held in memory (the fused kernels
+        read it in place); None where it spilled to a file."""
+        array = self._arrays[(layer, name)]
+        return None if isinstance(array, _Spilled) else array
+
     def drop(self, layer: int) -> None:
         """Forget ``layer`` (summarised): its memory or file is given back."""
         for key in [k for k in self._arrays if k[0] == layer]:

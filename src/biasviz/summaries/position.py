@@ -36,6 +36,7 @@ class PositionSummary:
     attended: np.ndarray | None = None
     note: str | None = None  # what the layer's summary leaves out, and why (masks that differ by sample)
     measures: dict[str, np.ndarray] | None = None  # docs/position-measures.md: name -> array (biasviz.store.datasets)
+    statistics: str = "torch"  # which implementation formed the layer's statistics: "torch" or "fused"
 
 
 class Positional:
@@ -81,29 +82,35 @@ class Positional:
         """(H, nb, nb) block means of P, its distance profile (2, H, T) over all cells and over keys j >= 4, and
         its diagnostics (H,) at full resolution (context dependence NaN: P is one matrix for all samples)."""
         summary = self.part.result(total_samples=self.n)
-        t = self.seq_len
         mean_all = torch.as_tensor(summary.profile[0], dtype=torch.float64, device=self.first.device)  # (H, T) by d
-        d = torch.arange(t, device=self.first.device)
-        count_all = (t - d).double()
-        early = torch.zeros_like(mean_all)  # Σ over j < 4 of P(d + j, j)
-        count_early = torch.zeros(t, dtype=torch.float64, device=self.first.device)
-        for j in range(min(FIRST_KEYS, t)):
-            i = d + j
-            inside = i < t
-            early[:, inside] += self.first[:, i[inside], j]
-            count_early[inside] += 1
-        if self.attended is not None:  # the attended cells of each distance, and of its first keys
-            count_all = self.attended.per_distance.to(mean_all.device)
-            count_early = self.attended.early_counts(FIRST_KEYS).to(mean_all.device)
-            mean_all = torch.nan_to_num(mean_all)  # no attended cell at d: 0 cells, 0 sum
-        rest = count_all - count_early
-        from_key = (mean_all * count_all - early) / rest.clamp(min=1)
-        from_key = torch.where(rest > 0, from_key, float("nan"))
-        if self.attended is not None:
-            mean_all = torch.where(count_all > 0, mean_all, float("nan"))
-        profile = torch.stack([mean_all, from_key]).float()
+        profile = from_key_profile(mean_all, self.first, self.attended)
         assert summary.diagnostics is not None
         return torch.as_tensor(summary.mean), profile, summary.diagnostics
+
+
+def from_key_profile(mean_all: torch.Tensor, first: torch.Tensor, attended: Attended | None) -> torch.Tensor:
+    """(2, H, T) float32 P by distance over all cells and over keys j >= 4, from its mean by distance ``mean_all``
+    (H, T) and its cells at the first keys ``first`` (H, T, 4), P(i, j < 4) (0 where not attended)."""
+    t = mean_all.shape[-1]
+    d = torch.arange(t, device=first.device)
+    count_all = (t - d).double()
+    early = torch.zeros_like(mean_all)  # Σ over j < 4 of P(d + j, j)
+    count_early = torch.zeros(t, dtype=torch.float64, device=first.device)
+    for j in range(min(FIRST_KEYS, t)):
+        i = d + j
+        inside = i < t
+        early[:, inside] += first[:, i[inside], j]
+        count_early[inside] += 1
+    if attended is not None:  # the attended cells of each distance, and of its first keys
+        count_all = attended.per_distance.to(mean_all.device)
+        count_early = attended.early_counts(FIRST_KEYS).to(mean_all.device)
+        mean_all = torch.nan_to_num(mean_all)  # no attended cell at d: 0 cells, 0 sum
+    rest = count_all - count_early
+    from_key = (mean_all * count_all - early) / rest.clamp(min=1)
+    from_key = torch.where(rest > 0, from_key, float("nan"))
+    if attended is not None:
+        mean_all = torch.where(count_all > 0, mean_all, float("nan"))
+    return torch.stack([mean_all, from_key]).float()
 
 
 class KeyProfile:

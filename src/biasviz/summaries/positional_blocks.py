@@ -43,8 +43,20 @@ def _within_blocks(x: torch.Tensor, start: int, block: int) -> torch.Tensor:
     return padded.cumsum(2).view(h, n + pad, d)[:, :n]
 
 
-class PositionalJackknife(SampleBlocks):
-    """Each sample's block means of z_a (see the module), folded over samples: ``positional_mean_se``."""
+class JackknifeBlocks(SampleBlocks):
+    """Each sample's block means of z_a (see the module), folded over samples: ``positional_mean_se``, from sums made
+    elsewhere (the fused kernels, :meth:`SampleBlocks.add_block_sums`)."""
+
+    samples = 0
+
+    def standard_error(self) -> np.ndarray | None:
+        """(H, nb, nb) float32: the delete-one jackknife SE of P's block means; None below 3 samples."""
+        se = super().standard_error()  # √(m2 / (N (N - 1)))
+        return None if se is None else (se * (self.samples - 1)).astype(np.float32)
+
+
+class PositionalJackknife(JackknifeBlocks):
+    """Each sample's block means of z_a (see the module), folded over samples as they are formed."""
 
     def __init__(self, q_sum: torch.Tensor, k_sum: torch.Tensor, operands: Operands, *, scale: float,
                  samples: int, seq_len: int, block: int, device: torch.device,
@@ -123,8 +135,3 @@ class PositionalJackknife(SampleBlocks):
             self.ka_blocks[a, :, done:last] = _group_sums(keys[done * b - k0 : last * b - k0], -3, 0, b).transpose(0, 1)
             self.ka_done[a] = last
         return self.ka_blocks[a, :, :last]
-
-    def standard_error(self) -> np.ndarray | None:
-        """(H, nb, nb) float32: the delete-one jackknife SE of P's block means; None below 3 samples."""
-        se = super().standard_error()  # √(m2 / (N (N - 1)))
-        return None if se is None else (se * (self.samples - 1)).astype(np.float32)

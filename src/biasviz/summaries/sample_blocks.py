@@ -127,6 +127,11 @@ class SampleBlocks(Pending):
             target[1].addcmul_(one, one)
         self._put(self.n, rows, torch.full((nq,), float(len(x)), dtype=torch.float64, device=self.device))
 
+    def add_block_sums(self, sums: torch.Tensor) -> None:
+        """Every sample's sums over each block's attended cells, (N, H, nb, nb), summed elsewhere (the fused
+        kernels): folded at once."""
+        self._fold(sums.to(self.sums, copy=True), 0)
+
     def finish(self, upto: int) -> None:
         """Fold the carried query blocks whose rows all lie before ``upto`` (every sample under way sent them)."""
         for q in sorted(self.carry):

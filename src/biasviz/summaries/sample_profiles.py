@@ -118,6 +118,12 @@ class SampleProfiles(Pending):
             skewed = self._skew_sum(torch.where(lower, first_keys, 0.0))
             self._put(self.sums, (at, slice(None), slice(start, start + 2 * rows - 2)), skewed)
 
+    def add_distance_sums(self, sums: torch.Tensor) -> None:
+        """Every sample's sums by distance d = 0 .. T - 1, (N, H, T), of a causal call with no mask of its own, summed
+        elsewhere (the fused kernels)."""
+        self.sums[..., : self.seq_len] += sums.flip(-1).to(self.sums)
+        self.seen = True
+
     def distance_sums(self) -> torch.Tensor:
         """(N, H, T) per sample, the sums over the attended cells at each distance d = |i - j| = 0 .. T - 1."""
         t = self.seq_len

@@ -1,0 +1,211 @@
+"""A layer's summary from the fused kernels (:mod:`biasviz.summaries.kernels`): the same reducers' results as the rows
+formed again in torch (:mod:`biasviz.summaries.replay`), from sums the kernels add up tile by tile on the GPU.
+
+The kernels read every sample's q and k where the bank holds them and form each tile's scores and weights in
+registers; nothing of size T² is written. What they return are the reducers' own sums (block maps, sums by distance
+and by key, each sample's sums for the standard errors, P's), so the results are finished by the same code as the
+torch path's (:class:`~biasviz.summaries.weight_measures.WeightMeasures`,
+:class:`~biasviz.summaries.sample_blocks.SampleBlocks`, ...).
+
+They cover a causal call with no mask of its own, every sample attending the same cells, and a bias that is a function
+of i - j alone (or none), the same in every sample: that is measured first, every sample's bias rows formed by the
+model's own scheme against f(d), as the torch path measures it. Any other layer takes the torch path; each layer's
+``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files').
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from biasviz.common.settings import statistics_mode
+from biasviz.common.shapes import host_arrays, step_cells
+from biasviz.store.datasets import MIN_SE_SAMPLES, SEGMENTS, distance_bins
+from biasviz.store.format import non_finite_error
+from biasviz.summaries import QuantitySummary, Summary
+from biasviz.summaries.maps import _group_sums, geometry_counts
+from biasviz.summaries.measures import BiasMeasureSums
+from biasviz.summaries.position import PositionSummary, from_key_profile
+from biasviz.summaries.positional_blocks import JackknifeBlocks
+from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
+from biasviz.summaries.sample_blocks import SampleBlocks, block_errors
+from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
+from biasviz.summaries.sharing import Agreement
+from biasviz.summaries.weight_measures import WeightMeasures
+
+FUSED, TORCH = "fused", "torch"  # a summary layer's ``statistics`` attribute
+CHECK_CELLS = 1 << 26  # bias cells formed and compared at a time (a GPU's step; a CPU's is smaller)
+
+
+def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool, own_mask: bool,
+            table: torch.Tensor | None) -> str | None:  # fmt: skip
+    """Why the fused kernels do not summarise ``layer`` (None: they do)."""
+    from biasviz.summaries import kernels
+
+    mode = statistics_mode()
+    if mode == "torch":
+        return "BIASVIZ_STATISTICS=torch"
+    if mode == "auto" and device.type != "cuda":
+        return f"the fused kernels run on a CUDA GPU, not on {device.type}"
+    if (missing := kernels.unavailable(device)) is not None:
+        return missing
+    if not adapter.fused_rows:
+        return f"the kernels do not form the rows of {adapter.architecture} models yet"
+    if by_sample:
+        return "its samples attend different cells"
+    if own_mask:
+        return "the call has a mask of its own"
+    if adapter.adds_bias and table is None:
+        return "its bias is not a function of i - j alone, the same for every input"
+    if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
+        return "its q and k spilled to a temporary file"
+    return None
+
+
+def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
+                block: int, device: torch.device, positional: bool, measures: bool,
+                table: torch.Tensor | None) -> PositionSummary | None:  # fmt: skip
+    """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras;
+    None, with nothing given, where a sample's bias differs from ``table`` (the torch path then forms the layer)."""
+    from biasviz.summaries import kernels
+
+    heads, n = adapter.n_heads, samples
+    bias = own.get("bias")
+    if table is not None:
+        agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device)
+        if agreement is None or agreement.largest > 0.0:
+            return None
+        if bias is not None and bias.agreement is not None:
+            bias.agreement = agreement
+    q, k = (_operands(bank, layer, name, heads if name == "q" else None, seq_len) for name in ("q", "k"))
+    hd = q.shape[-1]
+    k = k.view(n, seq_len, -1, hd).transpose(1, 2)
+    with_p = positional and n >= 2
+    acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
+                                     block, positional=with_p)  # fmt: skip
+    counts = geometry_counts(seq_len, block, True, device)
+    if not bool(torch.isfinite(acc["maps"]).all()):  # one read, as the torch path's
+        raise non_finite_error("weights", layer)
+    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)  # cells at distance d; queries of key d
+    means = torch.where(counts > 0, acc["maps"] / counts, float("nan")).float()
+    for kind, at in (("weights", 0), ("scores", 2)):
+        total, squares, spread = acc["by_distance"][3 * (at // 2) : 3 * (at // 2) + 3]
+        mean = total / per_d
+        std = (spread / per_d + (squares / per_d - mean * mean).clamp(min=0.0)).sqrt()
+        mean_map, std_map, profile = host_arrays(means[at], means[at + 1], torch.stack([mean, std]).float())
+        own[kind].given = Summary(mean=mean_map, std=std_map, profile=profile, diagnostics=None)
+    key_mean = acc["columns"][0] / per_d
+    key_profile = torch.stack([key_mean, (acc["columns"][1] / per_d - key_mean * key_mean).clamp(min=0.0).sqrt()])
+    p_mean, p_profile, p_diagnostics = _positional(acc, table, layer, seq_len, counts) if with_p else (None, None, None)
+    arrays = None
+    if measures:
+        arrays = _measures(acc, own, samples=n, heads=heads, seq_len=seq_len, block=block, device=device)
+        arrays.update(rotary_measures(adapter, bank, layer, heads, None, positional))
+        if p_profile is not None and not adapter.adds_bias:
+            add_pair_sum_residual(arrays, p_profile[0], None)
+    p_mean_host, p_profile_host, key_host, sink_host = host_arrays(
+        p_mean, p_profile, key_profile.float(), (acc["sinks"] / seq_len).float())  # fmt: skip
+    assert key_host is not None and sink_host is not None
+    return PositionSummary(positional_mean=p_mean_host, positional_profile=p_profile_host,
+                           positional_diagnostics=p_diagnostics, key_profile=key_host, sink_share=sink_host,
+                           measures=arrays, statistics=FUSED)  # fmt: skip
+
+
+def _operands(bank: Any, layer: int, name: str, heads: int | None, seq_len: int) -> torch.Tensor:
+    """q (N, H, T, hd) as a view of the bank's (N, T, H·hd), or k's (N, T, F) as held."""
+    whole = bank.whole(layer, name)
+    if heads is None:
+        return whole
+    return whole.view(whole.shape[0], seq_len, heads, -1).transpose(1, 2)
+
+
+def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor, *, samples: int, seq_len: int,
+                    device: torch.device) -> Agreement | None:  # fmt: skip
+    """Every sample's bias rows, formed by the model's scheme, against f(i - j): the largest |difference| over the
+    cells j <= i, settled once (None: the adapter cannot form the bias alone)."""
+    agreement = Agreement(device)
+    f = table.to(device)
+    heads = f.shape[0]
+    step = max(1, step_cells(device, CHECK_CELLS) // max(1, heads * seq_len))
+    for r0 in range(0, seq_len, step):
+        r1 = min(seq_len, r0 + step)
+        d = (torch.arange(r0, r1, device=device)[:, None] - torch.arange(r1, device=device)[None, :]).clamp(min=0)
+        expected = f[:, d][None]  # (1, H, rows, r1)
+        for a in range(samples):
+            got = adapter.bias_again(layer, bank, a, r0, r1)
+            if got is None:
+                return None
+            agreement.compare(expected, got.to(expected.dtype), r0)
+    agreement.settle()
+    return agreement
+
+
+def _positional(acc: dict[str, torch.Tensor], table: torch.Tensor | None, layer: int, seq_len: int,
+                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:  # fmt: skip
+    """P's block means, its profile over all keys and over keys j >= 4, and its diagnostics, from the kernels' sums
+    (its sums by distance shifted by f(d), which makes a diagonal of equal cells exactly Toeplitz)."""
+    device = counts.device
+    heads = acc["positional_maps"].shape[0]
+    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)
+    f = torch.zeros(heads, seq_len, dtype=torch.float64, device=device) if table is None else table.to(device).double()
+    p_map = torch.where(counts > 0, acc["positional_maps"] / counts, float("nan")).float()
+    if not bool(torch.isfinite(acc["positional_maps"]).all()):
+        raise non_finite_error("positional", layer)
+    dev, dev_sq = acc["positional_distance"]
+    by_distance = f + dev / per_d
+    sums = BiasMeasureSums(heads, seq_len, device)
+    sums.ref = acc["positional_first"][:, 0, 0].double()
+    sums.shifted = acc["positional_shifted"].T.contiguous()
+    sums.cells = seq_len * (seq_len + 1) // 2
+    sums.row_sum, sums.col_sum = acc["positional_rows"], acc["positional_cols"]
+    sums.squares = acc["positional_squares"].T.contiguous()
+    toeplitz = (dev_sq - dev * dev / per_d).clamp(min=0.0).sum(-1)
+    diagnostics = sums.results(0, toeplitz)
+    return p_map, from_key_profile(by_distance, acc["positional_first"], None), diagnostics
+
+
+def _measures(acc: dict[str, torch.Tensor], own: dict[str, QuantitySummary], *, samples: int, heads: int,
+              seq_len: int, block: int, device: torch.device) -> dict[str, Any]:  # fmt: skip
+    """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
+    kernels' per-sample sums."""
+    n, t = samples, seq_len
+    f64 = {"dtype": torch.float64, "device": device}
+    measures = WeightMeasures(samples=n, heads=heads, seq_len=t, block=block, causal=True, device=device)
+    lo = torch.as_tensor(distance_bins(t)[:, 0], device=device)
+    rows = torch.ones(1, 1, t, **f64)
+    entropy = acc["lse"].double() - acc["row_ws"]  # -Σ w log w = lse - Σ w s: every row sees a key
+    distances = torch.zeros(n, heads, 2 * t - 1, **f64)
+    distances[..., :t] = acc["sample_distance"][0].flip(-1)  # slot T - 1 - d holds distance d
+    measures.join([{
+        "context": acc["context"], "entropy": _group_sums(entropy, -1, 0, block), "columns": acc["sample_columns"],
+        "band_queries": (t - lo).clamp(min=0).double()[None, None],  # a query i has keys at distance lo on when i >= lo
+        "context_queries": torch.full((1, 1, 1), float(max(0, t - SEGMENTS + 1)), **f64),  # i + 1 >= 10 keys
+        "block_queries": _group_sums(rows, -1, 0, block), "diagonals": distances,
+        "diagonal_counts": torch.zeros(1, 2 * t - 1, **f64),  # unused: a causal call's counts are a closed form
+    }])  # fmt: skip
+    arrays = dict(measures.result().arrays)
+    profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device, attended=None)
+    if "scores" in profiles:
+        profiles["scores"].add_distance_sums(acc["sample_distance"][1])
+    sums = {}  # with blocks of one position the maps' SEs come from their spread (map_errors); P's never do
+    if n >= MIN_SE_SAMPLES and block > 1:
+        sums = {"weights": acc["sample_blocks"][0], "scores": acc["sample_blocks"][1]}
+    if "jackknife_blocks" in acc:
+        sums["positional"] = acc["jackknife_blocks"]
+    blocks: dict[str, SampleBlocks] = {}
+    for kind, values in sums.items():
+        kept = JackknifeBlocks if kind == "positional" else SampleBlocks
+        blocks[kind] = kept(heads=heads, seq_len=t, block=block, causal=True, device=device)
+        blocks[kind].samples = n
+        blocks[kind].begin(0, n)
+        blocks[kind].add_block_sums(values)
+    arrays.update({**profile_errors(profiles, own, n), **block_errors(blocks)})
+    return arrays
+
+
+def tell(layers: list[int], reason: str) -> None:
+    """One warning for the layers of a GPU that took the torch path for one reason."""
+    which = f"attention call {layers[0]}" if len(layers) == 1 else f"attention calls {', '.join(map(str, layers))}"
+    warnings.warn(f"{which}: summarised by the torch path, not the fused kernels: {reason}", stacklevel=3)

@@ -1,0 +1,73 @@
+"""What the fused path sends a GPU besides its two kernels, counted on the CPU with the GPU's shapes forced: the
+torch operations and host reads of a layer's fused summary (the bias measured against f(d), the finish of every
+reducer), while the kernels' accumulators come from float64 numpy and are not counted.
+
+A layer reads the host a fixed number of times (6 measured: finiteness, the bias check, the SEs' sample counts),
+whatever its length and number of samples; its operations do not grow
+with the length (but for a few by its number of distance bins), and with the samples only by the bias check's few
+per sample.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import biasviz.extraction.replayed as replayed_module
+from biasviz.common.shapes import gpu_shapes
+from tests.conftest import small_model
+from tests.summaries.test_fused_summary import _reference_accumulators
+from tests.summaries.test_replay_dispatch import Dispatched
+
+# operations per sample (19 measured with ALiBi: the bias check's, the SEs' folds; 64 without a bias, where P's profile
+# SE is formed from the bank sample by sample)
+PER_SAMPLE = 80
+
+
+def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len: int, samples: int) -> Dispatched:
+    import biasviz
+    from biasviz.summaries import kernels
+
+    spy = Dispatched()
+    inner = replayed_module.fused_layer
+
+    def accumulators(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the kernels' part: not counted
+        spy.on = False
+        try:
+            return _reference_accumulators(*args, **kwargs)
+        finally:
+            spy.on = True
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        spy.on = True
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spy.on = False
+
+    monkeypatch.setenv("BIASVIZ_STATISTICS", "fused")
+    monkeypatch.setattr(kernels, "unavailable", lambda device: None)
+    monkeypatch.setattr(kernels, "layer_accumulators", accumulators, raising=False)
+    monkeypatch.setattr(replayed_module, "fused_layer", counted)
+    ids = np.random.default_rng(seq_len + samples).integers(0, 97, size=(samples, seq_len))
+    with gpu_shapes(), spy, torch.no_grad():
+        biasviz.extract(small_model(scheme), ids, out, layers=[1], summary=True, resolution=16, device="cpu",
+                        progress=False, force=True)  # fmt: skip
+    return spy
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "nope"])
+def test_a_fused_layer_reads_the_host_a_fixed_number_of_times(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                scheme: str) -> None:  # fmt: skip
+    got = {}
+    for key in [(64, 3), (128, 3), (128, 5)]:
+        with monkeypatch.context() as m:
+            got[key] = _dispatched(m, tmp_path / "s.h5", scheme, *key)
+    reads = {spy.reads for spy in got.values()}
+    assert len(reads) == 1 and reads.pop() <= 8, {k: s.reads for k, s in got.items()}
+    assert abs(got[128, 3].kernels - got[64, 3].kernels) <= 20  # (a few by the number of distance bins)
+    extra = got[128, 5].kernels - got[128, 3].kernels
+    assert 0 <= extra <= 2 * PER_SAMPLE, extra

@@ -1,0 +1,114 @@
+"""``extract --summary`` through the fused path (:mod:`biasviz.summaries.fused_layer`) against the torch path (rows
+formed again block by block), file against file: every dataset of the layer, for models with a bias of distance and
+without one, fewer and more than 3 samples, maps of blocks and of cells.
+
+The fused path's accumulators come from the kernels run by Triton's interpreter where Triton is installed, and from
+float64 numpy (tests/summaries/fused_reference.py, every cell formed in full) in the tests that take the reference: so
+what turns sums into the file is proven apart from the kernels that add them up.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import biasviz
+from tests.conftest import small_model
+from tests.summaries.fused_reference import accumulators, formed
+
+T = 32
+
+
+def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
+                            positional: bool) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The kernels' answer from float64 numpy, from the same q, k and f(d)."""
+    qn, kn = q.double().cpu().numpy(), k.double().cpu().numpy()
+    tn = None if table is None else table.double().cpu().numpy()
+    sums = accumulators(qn, kn, tn, scale, block, positional)
+    got = {name: torch.from_numpy(np.ascontiguousarray(x)) for name, x in sums.items()}
+    got["lse"] = torch.from_numpy(formed(qn, kn, tn, scale)[3]).float()
+    return got
+
+
+def _summary(model: torch.nn.Module, ids: np.ndarray, out: Path, resolution: int, mode: str,
+             monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, np.ndarray], dict[str, object]]:  # fmt: skip
+    monkeypatch.setenv("BIASVIZ_STATISTICS", mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(model, ids, out, layers=[1], summary=True, resolution=resolution, device="cpu",
+                        progress=False)  # fmt: skip
+    with h5py.File(out) as f:
+        g = f["layer_1"]
+        return {name: g[name][()] for name in g}, dict(g.attrs)
+
+
+def _compare(fused: dict[str, np.ndarray], torch_path: dict[str, np.ndarray]) -> None:
+    assert set(fused) == set(torch_path), set(fused) ^ set(torch_path)
+    for name, want in torch_path.items():
+        got = fused[name]
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        if want.dtype.names:  # records: sink keys (index, share), diagnostics
+            for field in want.dtype.names:
+                _close(got[field], want[field], f"{name}.{field}")
+        else:  # an SE is a spread of means: both paths round it as they round the means themselves
+            _close(got, want, name, torch_path.get(name.removesuffix("_se")) if name.endswith("_se") else None)
+
+
+def _largest(x: np.ndarray | None) -> float:
+    finite = np.isfinite(x) if x is not None else np.zeros(1, bool)
+    return float(np.abs(x[finite]).max()) if finite.any() else 0.0
+
+
+def _close(got: np.ndarray, want: np.ndarray, name: str, of: np.ndarray | None = None) -> None:
+    if np.issubdtype(want.dtype, np.integer):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        return
+    atol = max(1e-5 * _largest(want), 1e-6 * _largest(of), 1e-8)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=atol, equal_nan=True, err_msg=name)
+
+
+@pytest.mark.parametrize(("scheme", "samples", "resolution"), [
+    ("alibi", 4, 8),  # a bias of distance, standard errors, maps of blocks
+    ("kerple-log", 3, T),  # maps of cells: the maps' SEs from the spread, P's from its jackknife
+    ("rope", 3, 8),  # no bias: the rotary measures beside
+    ("nope", 2, 4),  # two samples: P without an SE
+])  # fmt: skip
+def test_the_fused_path_writes_what_the_torch_path_writes(scheme: str, samples: int, resolution: int,
+                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from biasviz.summaries import kernels
+
+    monkeypatch.setattr(kernels, "unavailable", lambda device: None)
+    monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
+    model = small_model(scheme, n_head=4)
+    ids = np.random.default_rng(samples).integers(0, 97, size=(samples, T))
+    torch_path, torch_attrs = _summary(model, ids, tmp_path / "torch.h5", resolution, "torch", monkeypatch)
+    fused, fused_attrs = _summary(model, ids, tmp_path / "fused.h5", resolution, "fused", monkeypatch)
+    assert (torch_attrs["statistics"], fused_attrs["statistics"]) == ("torch", "fused")
+    _compare(fused, torch_path)
+
+
+def test_a_bias_that_differs_from_its_formula_takes_the_torch_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """A scheme declared a function of i - j whose rows a sample's input changes: measured, and left to torch."""
+    from biasviz.summaries import kernels
+
+    monkeypatch.setattr(kernels, "unavailable", lambda device: None)
+    monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
+    model = small_model("alibi", n_head=4)
+    scheme = model.blocks[1].attn.pos_bias
+    rows = scheme.rows
+
+    def shifted(x: torch.Tensor | None):  # noqa: ANN202 - the scheme's own rows, moved by the input's first value
+        form = rows(x)
+        return lambda r0, r1: form(r0, r1) + (0.0 if x is None else 1e-3 * x[..., :1, :1].mean())
+
+    monkeypatch.setattr(scheme, "rows", shifted)
+    ids = np.random.default_rng(1).integers(0, 97, size=(3, T))
+    _, attrs = _summary(model, ids, tmp_path / "fused.h5", 8, "fused", monkeypatch)
+    assert attrs["statistics"] == "torch"
