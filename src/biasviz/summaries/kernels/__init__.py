@@ -140,20 +140,44 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
     positional = positional and n >= 2
     shapes = {"positional_maps": (heads, nb, nb), "positional_distance": (2, heads, seq_len),
               "positional_first": (heads, seq_len, 4), "positional_rows": (heads, seq_len),
-              "positional_cols": (heads, seq_len), "positional_squares": (2, heads), "positional_shifted": (2, heads),
-              "jackknife_blocks": (n, heads, nb, nb)}  # fmt: skip
-    for name, shape in shapes.items():
-        if positional and (n >= 3 or name != "jackknife_blocks"):
-            out[name] = torch.zeros(shape, **f64)
+              "positional_cols": (heads, seq_len), "positional_squares": (2, heads),
+              "positional_shifted": (2, heads)}  # fmt: skip
+    if positional:
+        out.update({name: torch.zeros(shape, **f64) for name, shape in shapes.items()})
     unused = q.new_empty(1, dtype=torch.float64)
     big_q, big_k, ref = _positional_inputs(q, k, table, scale) if positional else (q.new_empty(1),) * 3
-    kernels.tile_statistics[(go["tiles"], heads)](q, k, go["bias"], lse, *list(out.values())[:9], big_q, big_k, ref,
+    per_sample = list(out.values())[:9]  # maps .. sample_blocks, in the kernel's order
+    kernels.tile_statistics[(go["tiles"], heads)](q, k, go["bias"], lse, *per_sample, big_q, big_k, ref,
                                                   *(out.get(name, unused) for name in shapes), *go["strides"], n,
                                                   seq_len, heads, go["group"], hd, float(scale), block, nb,
                                                   DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
-                                                  WHOLE=block % tile == 0, POSITIONAL=positional,
-                                                  JACK=positional and n >= 3)  # fmt: skip
+                                                  WHOLE=block % tile == 0, POSITIONAL=positional)  # fmt: skip
+    if positional and n >= 3:
+        out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block)
     return out
+
+
+def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tensor, scale: float,
+                     block: int) -> torch.Tensor:  # fmt: skip
+    """(N, H, nb, nb) float64: Σ over a block's causal cells of z_a = [2 s_a - c(q_a·K + Q·k_a)] / ((N - 1)(N - 2)),
+    from ``score_blocks`` (N, H, nb, nb) the block sums of s_a, with no cell formed: the cross terms are bilinear, so
+    below the diagonal (every cell used) a block's sum is the product of its rows' and its keys' sums, and on it each
+    row meets the running sum of its block's keys up to its own. O(N H T hd), one head at a time, in float64."""
+    n, heads, seq_len, hd = q.shape
+    group = heads // k.shape[1]
+    nb = -(-seq_len // block)
+    pad = (0, 0, 0, nb * block - seq_len)  # rows past T: 0
+    below = torch.ones(nb, nb, dtype=torch.bool, device=q.device).tril(-1)
+    cross = torch.zeros(n, heads, nb, nb, dtype=torch.float64, device=q.device)
+    for h in range(heads):
+        qa = torch.nn.functional.pad(q[:, h].double(), pad).view(n, nb, block, hd)
+        ka = torch.nn.functional.pad(k[:, h // group].double(), pad).view(n, nb, block, hd)
+        big_q, big_k = qa.sum(0), ka.sum(0)  # (nb, block, hd)
+        off = torch.einsum("nad,bd->nab", qa.sum(2), big_k.sum(1)) + torch.einsum("ad,nbd->nab", big_q.sum(1),
+                                                                                  ka.sum(2))  # fmt: skip
+        on = (qa * big_k.cumsum(1)).sum((2, 3)) + (big_q * ka.cumsum(2)).sum((2, 3))  # (N, nb)
+        cross[:, h] = torch.where(below, off, 0.0) + torch.diag_embed(on)
+    return (2 * score_blocks - scale * cross) / ((n - 1) * (n - 2))
 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,

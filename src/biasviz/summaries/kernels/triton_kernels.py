@@ -13,8 +13,8 @@ s_a(i, j) = c q_a(i)·k_a(j) + f_h(d), w_a(i, j) = exp(s_a(i, j) - lse_a(i)).
   lse - Σ w·s), the weight on key 0 (the sink), column sums of w, sums by distance and block sums of w and s, and
   the weight on each tenth of a row's context. With N >= 2 the positional logits
   P = c Q·K / (N(N - 1)) - (s̄ - f) / (N - 1) + f (Q = Σ_a q_a, K = Σ_a k_a, formed on the host) in the same tile:
-  their block sums, sums by distance, first keys, row and column sums, sums of squares; with N >= 3 each sample's
-  jackknife term [2 s_a - c(q_a·K + Q·k_a)] / ((N - 1)(N - 2)) summed by block (two more products a sample).
+  their block sums, sums by distance, first keys, row and column sums, sums of squares. (The jackknife's block sums
+  need no cells: the host forms them from the per-sample block sums of s, see :mod:`biasviz.summaries.kernels`.)
   ``tests/summaries/fused_reference.py`` defines every accumulator in float64 numpy.
 
 fp32 inside a tile; fp64 only in the accumulators. The length and the number of samples bound loops, so they are
@@ -71,15 +71,13 @@ def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, WHOLE: tl.constexpr)
 
 
 @triton.jit
-def _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, JACKS, bq, bk, a, h, kh, m0, j0, rows, cols,
-                 dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD,
-                 scale, BLOCK, NB, WHOLE: tl.constexpr, JACK: tl.constexpr):  # fmt: skip
+def _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows, cols, dims, used,
+                 bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK,
+                 NB, WHOLE: tl.constexpr):  # fmt: skip
     """Sample ``a``'s logits c q k^T, scores and weights of one tile, 0 in the cells not ``used``, and its own sums:
     each row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile),
-    column sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), the context
-    tenths' sums of w (CTX, ``tenth`` the cell's tenth, -1 outside, ``lo`` .. ``hi`` those in the tile) and with
-    ``JACK`` the block sums of z_a = [2 s - c (q_a·K + Q·k_a)] / ((N - 1)(N - 2)) (JACKS; ``bq``, ``bk`` the tiles
-    of Q = Σ q and K = Σ k)."""
+    column sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the context
+    tenths' sums of w (CTX, ``tenth`` the cell's tenth, -1 outside, ``lo`` .. ``hi`` those in the tile)."""
     q = _rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
     k = _rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     raw = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
@@ -103,10 +101,6 @@ def _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, JACKS, bq
         if (seg >= lo) & (seg <= hi):
             part = tl.sum(tl.sum(tl.where(tenth == seg, w, 0.0), 1), 0)
             tl.atomic_add(CTX + at * SEGMENTS + seg, part.to(tl.float64))
-    if JACK:
-        cross = tl.dot(q, tl.trans(bk), input_precision="ieee") + tl.dot(bq, tl.trans(k), input_precision="ieee")
-        z = tl.where(used, (2.0 * s - cross * scale) * (1.0 / ((N - 1) * (N - 2))), 0.0)
-        _block_add(JACKS + at * plane, z, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
     return tl.where(used, raw, 0.0), s, w
 
 
@@ -135,12 +129,14 @@ def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.cons
 
 
 @triton.jit
-def _positional(PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, REF, bq, bk, mean_raw, bias, h, m0, j0, rows, cols,
-                used, N: tl.constexpr, T, H, scale, BLOCK, NB, WHOLE: tl.constexpr):  # fmt: skip
+def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, mean_raw, bias, h, kh, m0, j0, rows,
+                cols, dims, used, N: tl.constexpr, T, H, HD, scale, BLOCK, NB, WHOLE: tl.constexpr):  # fmt: skip
     """The positional logits of one tile, P = c Q·K / (N(N - 1)) - (s̄ - f) / (N - 1) + f (``mean_raw`` = s̄ - f,
     the mean of c q k^T), and their sums (fp64, added to): block sums (PMAPS), by distance of P - f and of its square
     (PDIST), P at the keys j < 4 (PFIRST, stored: each cell is this program's), row and column sums below the
     diagonal (PROWS, PCOLS), Σ P² below and on it (PSQ), and Σ of P - ref and its square (PSHIFT, ref = REF[h])."""
+    bq = _rows(BQ, 0, h, rows, dims, 0, T * HD, HD, 1, T, HD)  # Q = Σ q, K = Σ k: (H, T, HD), (H_kv, T, HD)
+    bk = _rows(BK, 0, kh, cols, dims, 0, T * HD, HD, 1, T, HD)
     qk = tl.dot(bq, tl.trans(bk), input_precision="ieee") * scale
     dev = tl.where(used, qk * (1.0 / (N * (N - 1))) - mean_raw * (1.0 / (N - 1)), 0.0)  # P - f
     p = tl.where(used, dev + bias, 0.0)
@@ -164,19 +160,18 @@ def _positional(PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, REF, bq, bk, me
 
 @triton.jit
 def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS,
-                    BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, JACKS,
+                    BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT,
                     sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T: tl.constexpr, H, GROUP, HD, scale,
                     BLOCK, NB,
                     DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    WHOLE: tl.constexpr, POSITIONAL: tl.constexpr, JACK: tl.constexpr):  # fmt: skip
+                    WHOLE: tl.constexpr, POSITIONAL: tl.constexpr):  # fmt: skip
     """K2: every accumulator of the module docstring, for one query tile and head; grid (ceil(T / BM), H).
 
     MAPS (4, H, NB, NB), DIST (6, H, T), COLS (2, H, T), ROW_WS (N, H, T), SINKS (N, H); per sample SCOLS (N, H, T),
     CTX (N, H, 10), SDIST (2, N, H, T), SBLOCKS (2, N, H, NB, NB); with ``POSITIONAL`` (N >= 2) from BQ = Σ q
     (H, T, HD) and BK = Σ k (H_kv, T, HD) fp32 contiguous and REF (H,) fp32: PMAPS (H, NB, NB), PDIST (2, H, T),
-    PFIRST (H, T, 4), PROWS (H, T), PCOLS (H, T), PSQ (2, H), PSHIFT (2, H); with ``JACK`` (N >= 3) JACKS
-    (N, H, NB, NB): fp64, added to. ``WHOLE``: the map's blocks are whole tiles (BLOCK a multiple of BM = BN), so a
-    tile adds one sum to each map, not one per cell."""
+    PFIRST (H, T, 4), PROWS (H, T), PCOLS (H, T), PSQ (2, H), PSHIFT (2, H): fp64, added to. ``WHOLE``: the map's
+    blocks are whole tiles (BLOCK a multiple of BM = BN), so a tile adds one sum to each map, not one per cell."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1)
     kh = h // GROUP
@@ -184,30 +179,27 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
     dims = tl.arange(0, DP)
     inv_n = 1.0 / N
     plane = NB * NB
-    bq = _rows(BQ, 0, h, rows, dims, 0, T * HD, HD, 1, T, HD) if POSITIONAL else tl.zeros([BM, DP], tl.float32)
     for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
         if j0 < m0 + BM:
             cols = j0 + tl.arange(0, BN)
             used = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
             bias = _bias(TABLE, h, rows, cols, T) if HAS_BIAS else tl.zeros([BM, BN], tl.float32)
-            bk = _rows(BK, 0, kh, cols, dims, 0, T * HD, HD, 1, T, HD) if POSITIONAL else tl.zeros([BN, DP], tl.float32)
             # each cell's tenth of its row's context (rows of at least 10 keys), and the tenths the tile holds
             tenth = tl.where(used & (rows[:, None] + 1 >= SEGMENTS), (SEGMENTS * cols[None, :]) // (rows[:, None] + 1),
                              -1)  # fmt: skip
             lo = tl.min(tl.min(tl.where(tenth >= 0, tenth, SEGMENTS), 1), 0)
             hi = tl.max(tl.max(tenth, 1), 0)
-            raw0, s0, w0 = _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, JACKS, bq, bk, 0, h, kh,
-                                        m0, j0, rows, cols, dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn,
-                                        skh, skt, skd, N, T, H, HD, scale, BLOCK, NB, WHOLE,
-                                        JACK)  # the moments' shift  # fmt: skip
+            raw0, s0, w0 = _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, 0, h, kh, m0, j0, rows,
+                                        cols, dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd,
+                                        N, T, H, HD, scale, BLOCK, NB, WHOLE)  # the moments' shift  # fmt: skip
             dw1 = tl.zeros([BM, BN], tl.float32)
             dw2 = tl.zeros([BM, BN], tl.float32)
             ds1 = tl.zeros([BM, BN], tl.float32)
             ds2 = tl.zeros([BM, BN], tl.float32)
             for a in range(1, N):
-                raw, s, w = _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, JACKS, bq, bk, a, h,
-                                         kh, m0, j0, rows, cols, dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd,
-                                         skn, skh, skt, skd, N, T, H, HD, scale, BLOCK, NB, WHOLE, JACK)  # fmt: skip
+                raw, s, w = _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows,
+                                         cols, dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt,
+                                         skd, N, T, H, HD, scale, BLOCK, NB, WHOLE)  # fmt: skip
                 d = w - w0
                 dw1 += d
                 dw2 += d * d
@@ -241,5 +233,5 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w, 0).to(tl.float64), mask=cols < T)
             tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64), mask=cols < T)
             if POSITIONAL:
-                _positional(PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, REF, bq, bk, raw0 + ms, bias, h, m0, j0,
-                            rows, cols, used, N, T, H, scale, BLOCK, NB, WHOLE)  # fmt: skip
+                _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, raw0 + ms, bias, h, kh, m0,
+                            j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, WHOLE)  # fmt: skip
