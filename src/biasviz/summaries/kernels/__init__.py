@@ -80,22 +80,104 @@ def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse:
               block: int, tile: int = TILE) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """K2: the float64 accumulators (maps, sums by distance, column sums, each row's Σ w·s, sinks) of
     :func:`finish`, from q, k, the bias and K1's ``lse``."""
+    got = accumulate(q, k, table, lse, scale, block, positional=False, tile=tile)
+    return got["maps"], got["by_distance"], got["columns"], got["row_ws"], got["sinks"]
+
+
+def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
+                       positional: bool = True, tile: int = TILE) -> dict[str, torch.Tensor]:  # fmt: skip
+    """K1 then K2: every accumulator of a causal layer over its N samples, by name, float64 on q's device, as
+    ``tests/summaries/fused_reference.py`` defines them, and ``lse`` (N, H, T) float32.
+
+    ``q`` (N, H, T, hd), ``k`` (N, H_kv, T, hd), ``table`` (H, T) f_h(d) or None, maps of ``block`` x ``block``
+    positions. Per head: ``maps``, ``by_distance``, ``columns``; per sample: ``row_ws``, ``sinks``,
+    ``sample_columns``, ``context``, ``sample_distance``, ``sample_blocks``; with ``positional`` and N >= 2 the
+    positional logits' ``positional_maps``, ``positional_distance``, ``positional_first``, ``positional_rows``,
+    ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``."""
+    n, heads, seq_len, hd = q.shape
+    if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
+    lse = row_lse(q, k, table, scale, tile)
+    return {**accumulate(q, k, table, lse, scale, block, positional, tile), "lse": lse}
+
+
+def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None,
+                       scale: float) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """Q = Σ_a q_a (H, T, hd) and K = Σ_a k_a (H_kv, T, hd), summed in float64, float32 contiguous; ref (H,) float32,
+    each head's positional logit P(0, 0) = c Q(0)·K(0) / (N(N - 1)) - c mean_a q_a(0)·k_a(0) / (N - 1) + f(0)."""
+    n, heads = q.shape[:2]
+    big_q = torch.sum(q, 0, dtype=torch.float64)
+    big_k = torch.sum(k, 0, dtype=torch.float64)
+    group = heads // k.shape[1]
+    q0, k0 = q[:, :, 0].double(), k[:, :, 0].double().repeat_interleave(group, 1)  # (N, H, hd)
+    ref = scale * (big_q[:, 0] * big_k[:, 0].repeat_interleave(group, 0)).sum(-1) / (n * (n - 1))
+    ref = ref - scale * (q0 * k0).sum(-1).mean(0) / (n - 1)
+    if table is not None:
+        ref = ref + table[:, 0].to(device=q.device, dtype=torch.float64)
+    return big_q.float().contiguous(), big_k.float().contiguous(), ref.float()
+
+
+def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
+               block: int, positional: bool = True, tile: int = TILE) -> dict[str, torch.Tensor]:  # fmt: skip
+    """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse``."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
     go = _launch(q, k, table, tile)
     f64 = {"dtype": torch.float64, "device": q.device}
     nb = -(-seq_len // block)
-    maps = torch.zeros(len(kernels.MAP_STATS), heads, nb, nb, **f64)
-    by_distance = torch.zeros(len(kernels.DISTANCE_STATS), heads, seq_len, **f64)
-    columns = torch.zeros(2, heads, seq_len, **f64)
-    row_ws = torch.zeros(n, heads, seq_len, **f64)
-    sinks = torch.zeros(n, heads, **f64)
-    kernels.tile_statistics[(go["tiles"], heads)](q, k, go["bias"], lse, maps, by_distance, columns, row_ws, sinks,
-                                                  *go["strides"], n, seq_len, heads, go["group"], hd, float(scale),
-                                                  block, nb, DP=go["dp"], BM=tile, BN=tile,
-                                                  HAS_BIAS=go["has_bias"], WHOLE=block % tile == 0)  # fmt: skip
-    return maps, by_distance, columns, row_ws, sinks
+    out = {
+        "maps": torch.zeros(len(kernels.MAP_STATS), heads, nb, nb, **f64),
+        "by_distance": torch.zeros(len(kernels.DISTANCE_STATS), heads, seq_len, **f64),
+        "columns": torch.zeros(2, heads, seq_len, **f64),
+        "row_ws": torch.zeros(n, heads, seq_len, **f64),
+        "sinks": torch.zeros(n, heads, **f64),
+        "sample_columns": torch.zeros(n, heads, seq_len, **f64),
+        "context": torch.zeros(n, heads, kernels.SEGMENTS.value, **f64),
+        "sample_distance": torch.zeros(2, n, heads, seq_len, **f64),
+        "sample_blocks": torch.zeros(2, n, heads, nb, nb, **f64),
+    }
+    positional = positional and n >= 2
+    shapes = {"positional_maps": (heads, nb, nb), "positional_distance": (2, heads, seq_len),
+              "positional_first": (heads, seq_len, 4), "positional_rows": (heads, seq_len),
+              "positional_cols": (heads, seq_len), "positional_squares": (2, heads),
+              "positional_shifted": (2, heads)}  # fmt: skip
+    if positional:
+        out.update({name: torch.zeros(shape, **f64) for name, shape in shapes.items()})
+    unused = q.new_empty(1, dtype=torch.float64)
+    big_q, big_k, ref = _positional_inputs(q, k, table, scale) if positional else (q.new_empty(1),) * 3
+    per_sample = list(out.values())[:9]  # maps .. sample_blocks, in the kernel's order
+    kernels.tile_statistics[(go["tiles"], heads)](q, k, go["bias"], lse, *per_sample, big_q, big_k, ref,
+                                                  *(out.get(name, unused) for name in shapes), *go["strides"], n,
+                                                  seq_len, heads, go["group"], hd, float(scale), block, nb,
+                                                  DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
+                                                  WHOLE=block % tile == 0, POSITIONAL=positional)  # fmt: skip
+    if positional and n >= 3:
+        out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block)
+    return out
+
+
+def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tensor, scale: float,
+                     block: int) -> torch.Tensor:  # fmt: skip
+    """(N, H, nb, nb) float64: Σ over a block's causal cells of z_a = [2 s_a - c(q_a·K + Q·k_a)] / ((N - 1)(N - 2)),
+    from ``score_blocks`` (N, H, nb, nb) the block sums of s_a, with no cell formed: the cross terms are bilinear, so
+    below the diagonal (every cell used) a block's sum is the product of its rows' and its keys' sums, and on it each
+    row meets the running sum of its block's keys up to its own. O(N H T hd), one head at a time, in float64."""
+    n, heads, seq_len, hd = q.shape
+    group = heads // k.shape[1]
+    nb = -(-seq_len // block)
+    pad = (0, 0, 0, nb * block - seq_len)  # rows past T: 0
+    below = torch.ones(nb, nb, dtype=torch.bool, device=q.device).tril(-1)
+    cross = torch.zeros(n, heads, nb, nb, dtype=torch.float64, device=q.device)
+    for h in range(heads):
+        qa = torch.nn.functional.pad(q[:, h].double(), pad).view(n, nb, block, hd)
+        ka = torch.nn.functional.pad(k[:, h // group].double(), pad).view(n, nb, block, hd)
+        big_q, big_k = qa.sum(0), ka.sum(0)  # (nb, block, hd)
+        off = torch.einsum("nad,bd->nab", qa.sum(2), big_k.sum(1)) + torch.einsum("ad,nbd->nab", big_q.sum(1),
+                                                                                  ka.sum(2))  # fmt: skip
+        on = (qa * big_k.cumsum(1)).sum((2, 3)) + (big_q * ka.cumsum(2)).sum((2, 3))  # (N, nb)
+        cross[:, h] = torch.where(below, off, 0.0) + torch.diag_embed(on)
+    return (2 * score_blocks - scale * cross) / ((n - 1) * (n - 2))
 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,

@@ -10,7 +10,12 @@ s_a(i, j) = c q_a(i)·k_a(j) + f_h(d), w_a(i, j) = exp(s_a(i, j) - lse_a(i)).
   sample's value, as :class:`~biasviz.summaries.moments.ShiftedSums` does) give each cell's mean and spread. Those go
   to float64 accumulators: block maps (sums of the cells' mean and spread per map block), sums by distance (mean,
   mean², spread²), column sums of the weights' mean; and per sample, each row's Σ_j w·s (the entropy is
-  lse - Σ w·s) and the weight on key 0 (the sink).
+  lse - Σ w·s), the weight on key 0 (the sink), column sums of w, sums by distance and block sums of w and s, and
+  the weight on each tenth of a row's context. With N >= 2 the positional logits
+  P = c Q·K / (N(N - 1)) - (s̄ - f) / (N - 1) + f (Q = Σ_a q_a, K = Σ_a k_a, formed on the host) in the same tile:
+  their block sums, sums by distance, first keys, row and column sums, sums of squares. (The jackknife's block sums
+  need no cells: the host forms them from the per-sample block sums of s, see :mod:`biasviz.summaries.kernels`.)
+  ``tests/summaries/fused_reference.py`` defines every accumulator in float64 numpy.
 
 fp32 inside a tile; fp64 only in the accumulators. The length and the number of samples bound loops, so they are
 compile-time constants (one compilation per length and N in a run): Triton's interpreter of the 3.6 series takes a
@@ -25,41 +30,78 @@ import triton.language as tl
 
 # accumulator rows of the block maps and of the sums by distance
 MAP_STATS = ("weights_mean", "weights_std", "scores_mean", "scores_std")  # (4, H, nb, nb): Σ over a block's cells
+SEGMENTS = tl.constexpr(10)  # the context's tenths
 DISTANCE_STATS = ("weights_mean", "weights_mean_sq", "weights_var", "scores_mean", "scores_mean_sq", "scores_var")
+
+
+@triton.jit
+def _rows(X, a, h, rows, dims, sxn, sxh, sxt, sxd, T, HD):
+    """(len(rows), DP) fp32 of ``X[a, h, rows, :]`` (0 past T and past the head dim)."""
+    return tl.load(X + a * sxn + h * sxh + rows[:, None] * sxt + dims[None, :] * sxd,
+                   mask=(rows[:, None] < T) & (dims[None, :] < HD), other=0.0).to(tl.float32)  # fmt: skip
+
+
+@triton.jit
+def _bias(TABLE, h, rows, cols, T):
+    """(BM, BN) fp32 f_h(i - j) (0 past the diagonal)."""
+    dist = rows[:, None] - cols[None, :]
+    return tl.load(TABLE + h * T + dist, mask=(dist >= 0) & (rows[:, None] < T), other=0.0)
 
 
 @triton.jit
 def _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD, scale,
             HAS_BIAS: tl.constexpr):  # fmt: skip
     """(BM, BN) fp32 scores of sample ``a``, head ``h``: c q k^T + f_h(i - j) (0 past the diagonal: masked later)."""
-    dim_ok = dims[None, :] < HD
-    q = tl.load(Q + a * sqn + h * sqh + rows[:, None] * sqt + dims[None, :] * sqd,
-                mask=(rows[:, None] < T) & dim_ok, other=0.0).to(tl.float32)  # fmt: skip
-    k = tl.load(K + a * skn + kh * skh + cols[:, None] * skt + dims[None, :] * skd,
-                mask=(cols[:, None] < T) & dim_ok, other=0.0).to(tl.float32)  # fmt: skip
+    q = _rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
+    k = _rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     if HAS_BIAS:
-        dist = rows[:, None] - cols[None, :]
-        s += tl.load(TABLE + h * T + dist, mask=(dist >= 0) & (rows[:, None] < T), other=0.0)
+        s += _bias(TABLE, h, rows, cols, T)
     return s
 
 
 @triton.jit
-def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, a, h, kh, j0, rows, cols, dims, used, sqn, sqh, sqt, sqd, skn,
-                 skh, skt, skd, T, H, HD, scale, HAS_BIAS: tl.constexpr):  # fmt: skip
-    """Sample ``a``'s scores and weights of one tile, 0 in the cells not ``used``; its rows' Σ w·s added to ROW_WS,
-    and in the first key tile its weight on key 0 to SINKS (the rows are this program's: no race on ROW_WS)."""
-    s = _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD, scale,
-                HAS_BIAS)  # fmt: skip
-    at = (a * H + h) * T
-    lse = tl.load(LSE + at + rows, mask=rows < T, other=0.0)
+def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, WHOLE: tl.constexpr):
+    """Add a tile ``x`` (0 in the cells not ``used``) to the (NB, NB) block map at PTR: its sum with one atomic when
+    the tile lies inside one block (``WHOLE``), else each cell to its block."""
+    if WHOLE:
+        tl.atomic_add(PTR + (m0 // BLOCK) * NB + j0 // BLOCK, tl.sum(tl.sum(x, 1), 0).to(tl.float64))
+    else:
+        tl.atomic_add(PTR + (rows[:, None] // BLOCK) * NB + cols[None, :] // BLOCK, x.to(tl.float64), mask=used)
+
+
+@triton.jit
+def _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows, cols, dims, used,
+                 bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK,
+                 NB, WHOLE: tl.constexpr):  # fmt: skip
+    """Sample ``a``'s logits c q k^T, scores and weights of one tile, 0 in the cells not ``used``, and its own sums:
+    each row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile),
+    column sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the context
+    tenths' sums of w (CTX, ``tenth`` the cell's tenth, -1 outside, ``lo`` .. ``hi`` those in the tile)."""
+    q = _rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
+    k = _rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
+    raw = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    s = raw + bias
+    at = a * H + h
+    lse = tl.load(LSE + at * T + rows, mask=rows < T, other=0.0)
     w = tl.where(used, tl.exp(s - lse[:, None]), 0.0)
     s = tl.where(used, s, 0.0)
-    tl.store(ROW_WS + at + rows, tl.load(ROW_WS + at + rows, mask=rows < T, other=0.0)
+    tl.store(ROW_WS + at * T + rows, tl.load(ROW_WS + at * T + rows, mask=rows < T, other=0.0)
              + tl.sum(w * s, 1).to(tl.float64), mask=rows < T)  # fmt: skip
     if j0 == 0:
-        tl.atomic_add(SINKS + a * H + h, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
-    return s, w
+        tl.atomic_add(SINKS + at, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
+    tl.atomic_add(SCOLS + at * T + cols, tl.sum(w, 0).to(tl.float64), mask=cols < T)
+    by_d = SDIST + at * T + rows[:, None] - cols[None, :]
+    tl.atomic_add(by_d, w.to(tl.float64), mask=used)
+    tl.atomic_add(by_d + N * H * T, s.to(tl.float64), mask=used)
+    plane = NB * NB
+    _block_add(SBLOCKS + at * plane, w, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+    _block_add(SBLOCKS + (N * H + at) * plane, s, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+    for seg in tl.static_range(SEGMENTS):  # a tile's cells span few tenths: a sum for each of those
+        if (seg >= lo) & (seg <= hi):
+            part = tl.sum(tl.sum(tl.where(tenth == seg, w, 0.0), 1), 0)
+            tl.atomic_add(CTX + at * SEGMENTS + seg, part.to(tl.float64))
+    return tl.where(used, raw, 0.0), s, w
 
 
 @triton.jit
@@ -87,38 +129,81 @@ def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.cons
 
 
 @triton.jit
-def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS,
+def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, mean_raw, bias, h, kh, m0, j0, rows,
+                cols, dims, used, N: tl.constexpr, T, H, HD, scale, BLOCK, NB, WHOLE: tl.constexpr):  # fmt: skip
+    """The positional logits of one tile, P = c Q·K / (N(N - 1)) - (s̄ - f) / (N - 1) + f (``mean_raw`` = s̄ - f,
+    the mean of c q k^T), and their sums (fp64, added to): block sums (PMAPS), by distance of P - f and of its square
+    (PDIST), P at the keys j < 4 (PFIRST, stored: each cell is this program's), row and column sums below the
+    diagonal (PROWS, PCOLS), Σ P² below and on it (PSQ), and Σ of P - ref and its square (PSHIFT, ref = REF[h])."""
+    bq = _rows(BQ, 0, h, rows, dims, 0, T * HD, HD, 1, T, HD)  # Q = Σ q, K = Σ k: (H, T, HD), (H_kv, T, HD)
+    bk = _rows(BK, 0, kh, cols, dims, 0, T * HD, HD, 1, T, HD)
+    qk = tl.dot(bq, tl.trans(bk), input_precision="ieee") * scale
+    dev = tl.where(used, qk * (1.0 / (N * (N - 1))) - mean_raw * (1.0 / (N - 1)), 0.0)  # P - f
+    p = tl.where(used, dev + bias, 0.0)
+    _block_add(PMAPS + h * NB * NB, p, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+    by_d = PDIST + h * T + rows[:, None] - cols[None, :]
+    tl.atomic_add(by_d, dev.to(tl.float64), mask=used)
+    tl.atomic_add(by_d + H * T, (dev * dev).to(tl.float64), mask=used)
+    if j0 == 0:
+        tl.store(PFIRST + (h * T + rows[:, None]) * 4 + cols[None, :], p.to(tl.float64),
+                 mask=used & (cols[None, :] < 4))  # fmt: skip
+    lower = tl.where(cols[None, :] < rows[:, None], p, 0.0)
+    tl.atomic_add(PROWS + h * T + rows, tl.sum(lower, 1).to(tl.float64), mask=rows < T)
+    tl.atomic_add(PCOLS + h * T + cols, tl.sum(lower, 0).to(tl.float64), mask=cols < T)
+    tl.atomic_add(PSQ + h, tl.sum(tl.sum(lower * lower, 1), 0).to(tl.float64))
+    diag = tl.where(cols[None, :] == rows[:, None], p, 0.0)
+    tl.atomic_add(PSQ + H + h, tl.sum(tl.sum(diag * diag, 1), 0).to(tl.float64))
+    shifted = tl.where(used, p - tl.load(REF + h), 0.0)
+    tl.atomic_add(PSHIFT + h, tl.sum(tl.sum(shifted, 1), 0).to(tl.float64))
+    tl.atomic_add(PSHIFT + H + h, tl.sum(tl.sum(shifted * shifted, 1), 0).to(tl.float64))
+
+
+@triton.jit
+def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS,
+                    BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT,
                     sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T: tl.constexpr, H, GROUP, HD, scale,
                     BLOCK, NB,
                     DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    WHOLE: tl.constexpr):  # fmt: skip
+                    WHOLE: tl.constexpr, POSITIONAL: tl.constexpr):  # fmt: skip
     """K2: every accumulator of the module docstring, for one query tile and head; grid (ceil(T / BM), H).
 
-    MAPS (4, H, NB, NB), DIST (6, H, T), COLS (2, H, T), ROW_WS (N, H, T), SINKS (N, H): fp64, added to. ``WHOLE``:
-    the map's blocks are whole tiles (BLOCK a multiple of BM = BN), so a tile adds four sums, not four per cell."""
+    MAPS (4, H, NB, NB), DIST (6, H, T), COLS (2, H, T), ROW_WS (N, H, T), SINKS (N, H); per sample SCOLS (N, H, T),
+    CTX (N, H, 10), SDIST (2, N, H, T), SBLOCKS (2, N, H, NB, NB); with ``POSITIONAL`` (N >= 2) from BQ = Σ q
+    (H, T, HD) and BK = Σ k (H_kv, T, HD) fp32 contiguous and REF (H,) fp32: PMAPS (H, NB, NB), PDIST (2, H, T),
+    PFIRST (H, T, 4), PROWS (H, T), PCOLS (H, T), PSQ (2, H), PSHIFT (2, H): fp64, added to. ``WHOLE``: the map's
+    blocks are whole tiles (BLOCK a multiple of BM = BN), so a tile adds one sum to each map, not one per cell."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1)
     kh = h // GROUP
     rows = m0 + tl.arange(0, BM)
     dims = tl.arange(0, DP)
     inv_n = 1.0 / N
+    plane = NB * NB
     for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
         if j0 < m0 + BM:
             cols = j0 + tl.arange(0, BN)
             used = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
-            s0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, 0, h, kh, j0, rows, cols, dims, used, sqn, sqh,
-                                  sqt, sqd, skn, skh, skt, skd, T, H, HD, scale, HAS_BIAS)  # the moments' shift
+            bias = _bias(TABLE, h, rows, cols, T) if HAS_BIAS else tl.zeros([BM, BN], tl.float32)
+            # each cell's tenth of its row's context (rows of at least 10 keys), and the tenths the tile holds
+            tenth = tl.where(used & (rows[:, None] + 1 >= SEGMENTS), (SEGMENTS * cols[None, :]) // (rows[:, None] + 1),
+                             -1)  # fmt: skip
+            lo = tl.min(tl.min(tl.where(tenth >= 0, tenth, SEGMENTS), 1), 0)
+            hi = tl.max(tl.max(tenth, 1), 0)
+            raw0, s0, w0 = _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, 0, h, kh, m0, j0, rows,
+                                        cols, dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd,
+                                        N, T, H, HD, scale, BLOCK, NB, WHOLE)  # the moments' shift  # fmt: skip
             dw1 = tl.zeros([BM, BN], tl.float32)
             dw2 = tl.zeros([BM, BN], tl.float32)
             ds1 = tl.zeros([BM, BN], tl.float32)
             ds2 = tl.zeros([BM, BN], tl.float32)
             for a in range(1, N):
-                s, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, a, h, kh, j0, rows, cols, dims, used, sqn, sqh,
-                                    sqt, sqd, skn, skh, skt, skd, T, H, HD, scale, HAS_BIAS)  # fmt: skip
+                raw, s, w = _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows,
+                                         cols, dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt,
+                                         skd, N, T, H, HD, scale, BLOCK, NB, WHOLE)  # fmt: skip
                 d = w - w0
                 dw1 += d
                 dw2 += d * d
-                d = s - s0
+                d = raw - raw0  # the scores' differences without the bias: the same, to fewer roundings
                 ds1 += d
                 ds2 += d * d
             # each cell's mean and population spread over the samples (0 past the diagonal: every sum is 0 there)
@@ -129,21 +214,12 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS,
             var_s = tl.maximum(ds2 * inv_n - ms * ms, 0.0)
             mean_s = s0 + ms
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
-            plane = NB * NB
             base = MAPS + h * plane
             stride = H * plane
-            if WHOLE:
-                cell = (m0 // BLOCK) * NB + j0 // BLOCK
-                tl.atomic_add(base + cell, tl.sum(tl.sum(mean_w, 1), 0).to(tl.float64))
-                tl.atomic_add(base + stride + cell, tl.sum(tl.sum(tl.sqrt(var_w), 1), 0).to(tl.float64))
-                tl.atomic_add(base + 2 * stride + cell, tl.sum(tl.sum(mean_s, 1), 0).to(tl.float64))
-                tl.atomic_add(base + 3 * stride + cell, tl.sum(tl.sum(tl.sqrt(var_s), 1), 0).to(tl.float64))
-            else:
-                cell = (rows[:, None] // BLOCK) * NB + cols[None, :] // BLOCK
-                tl.atomic_add(base + cell, mean_w.to(tl.float64), mask=used)
-                tl.atomic_add(base + stride + cell, tl.sqrt(var_w).to(tl.float64), mask=used)
-                tl.atomic_add(base + 2 * stride + cell, mean_s.to(tl.float64), mask=used)
-                tl.atomic_add(base + 3 * stride + cell, tl.sqrt(var_s).to(tl.float64), mask=used)
+            _block_add(base, mean_w, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+            _block_add(base + stride, tl.sqrt(var_w), m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+            _block_add(base + 2 * stride, mean_s, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+            _block_add(base + 3 * stride, tl.sqrt(var_s), m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
             # sums by distance d = i - j
             by_d = DIST + h * T + rows[:, None] - cols[None, :]
             line = H * T
@@ -156,3 +232,6 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS,
             # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²)
             tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w, 0).to(tl.float64), mask=cols < T)
             tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64), mask=cols < T)
+            if POSITIONAL:
+                _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, raw0 + ms, bias, h, kh, m0,
+                            j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, WHOLE)  # fmt: skip
