@@ -70,14 +70,15 @@ class StreamedPosition:
         self.profiles = self._profiles(attended)
 
     union: torch.Tensor | None = None  # masks that differ by sample: the cells some sample attends (1 or H, T, T)
+    _own: torch.Tensor | None = None  # then: the batch under way's own cells (B or 1, 1 or H, T, T)
     note: str | None = None
 
     def by_sample(self, before: torch.Tensor | None, first: int) -> None:
         """From sample ``first`` on, samples are masked differently (docs/hdf5.md, 'Attended cells'); ``before``: the
         one mask (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile, sink shares, section
-        14's weight measures and the profiles' SEs count each sample's own cells; P (which pairs the cells of different
-        samples as one grid), the rotary frequencies (which have no padding to leave out) and the block maps' SEs are
-        left out, with :attr:`note` saying so."""
+        14's weight measures, the rotary frequencies (over each sample's own positions) and the profiles' and maps' SEs
+        count each sample's own cells; P, which pairs the cells of different samples as one grid, is left out, with
+        :attr:`note` saying so."""
         with torch.inference_mode(False):
             heads = self.heads
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
@@ -96,7 +97,8 @@ class StreamedPosition:
         if self.jackknife is not None:
             self.jackknife.bank.close()
             self.jackknife = None
-        self.frequency, self.blocks = None, {}
+        for accumulator in self.blocks.values():
+            accumulator.by_sample()
         self.attended, self.keys.attended = None, None
         self.note = BY_SAMPLE_NOTE
 
@@ -113,6 +115,9 @@ class StreamedPosition:
         measures = [self.measures, self.measures.diagonals] if self.measures is not None else []
         for held in [*self.profiles.values(), *measures]:
             held.batch_attended = every
+        for accumulator in self.blocks.values():
+            accumulator.own = every
+        self._own = every
 
     def _profiles(self, attended: Attended | None) -> dict[str, SampleProfiles]:
         """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process), and
@@ -150,8 +155,10 @@ class StreamedPosition:
             if kind == "q":
                 self._pending = block
             elif self._pending is not None:
-                if self.frequency is not None:
-                    self.frequency.add(first, self._pending, block / self._scale)
+                if self.frequency is not None:  # over the positions the batch's cells hold (padding left out)
+                    mask = None if self.attended is None else self.attended.mask
+                    cells = self._own if self.union is not None else mask
+                    self.frequency.add(first, self._pending, block / self._scale, cells)
                 if self.jackknife is not None:
                     self.jackknife.operands(first, self._pending, block)
                 self.operands(self._pending, block)
