@@ -17,9 +17,11 @@ import torch
 from biasviz.adapters.rotary import RotaryLayout
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.bank import SampleBank
+from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_frequency import FIRST_KEYS, positional_frequency
 
 LAYER = 0  # the bank holds one layer
+ROWS = 256  # query rows of every sample formed again at a time for P's block map
 
 
 class BiasByDistance:
@@ -58,12 +60,16 @@ class BiasByDistance:
 
 
 class StreamedJackknife:
-    """One causal layer's per-sample q, c·k and bias sums by distance, for ``positional_profile_se``."""
+    """One causal layer's per-sample q, c·k and bias sums by distance, for ``positional_profile_se`` and
+    ``positional_mean_se``."""
 
     def __init__(self, *, samples: int, heads: int, seq_len: int, device: torch.device) -> None:
         self.samples, self.heads, self.seq_len, self.device = samples, heads, seq_len, device
         self.bank = SampleBank(samples, device=device)
         self.bias = BiasByDistance(samples=samples, heads=heads, seq_len=seq_len, device=device)
+        # each sample's bias weighted by a fixed pseudo-random number per cell, summed: equal in every sample where
+        # the bias is (P's block map needs each sample's bias per cell where it differs: it is not kept)
+        self.print = torch.zeros(samples, 2, dtype=torch.float64, device=device)
 
     def operands(self, first: int, q: torch.Tensor, k: torch.Tensor) -> None:
         """Samples ``first ..``'s q and c·k (B, H, T, hd), as the call received them."""
@@ -74,16 +80,55 @@ class StreamedJackknife:
     def add_bias(self, first: int, row0: int, block: torch.Tensor) -> None:
         """Samples ``first ..``'s bias rows ``row0 ..`` (B, H, rows, K), NaN where masked."""
         self.bias.add(first, row0, block)
+        rows, keys = block.shape[-2:]
+        i = torch.arange(row0, row0 + rows, dtype=torch.float64, device=block.device)[:, None]
+        j = torch.arange(keys, dtype=torch.float64, device=block.device)[None, :]
+        weight = torch.frac(torch.sin(i * 12.9898 + j * 78.233) * 43758.5453)  # (rows, K) in [0, 1)
+        values = block.double()
+        finite = torch.isfinite(values)
+        weighted = torch.where(finite, values, 0.0) * weight
+        prints = torch.stack([weighted.flatten(1).sum(-1), (finite * weight).flatten(1).sum(-1)], dim=-1)
+        self.print[first : first + len(block)] += prints.to(self.device)
 
-    def standard_error(self, attended: Attended | None) -> np.ndarray | None:
-        """(2, H, T) float32: the jackknife SE of P's profile over all keys and over keys j >= 4; None where it cannot
-        be formed (a mask that is no rule of distance, no q and k)."""
+    @property
+    def bias_differs(self) -> bool:
+        """Whether the bias differed by sample (beyond float64 rounding of the same values)."""
+        size = self.print.abs().max().item()
+        return bool((self.print - self.print[:1]).abs().max().item() > 1e-9 * max(size, 1.0))
+
+    def standard_errors(self, attended: Attended | None, block: int) -> dict[str, np.ndarray]:
+        """``positional_profile_se`` (2, H, T): the jackknife SE of P's profile over all keys and over keys j >= 4,
+        and ``positional_mean_se`` (H, nb, nb) of P's block means, where the bias (if any) is the same in every
+        sample; those that cannot be formed (a mask that is no rule of distance, no q and k) left out."""
         if not self.bank.holds(LAYER, "q"):
-            return None
+            self.bank.close()
+            return {}
         try:
             got = positional_frequency(RotaryLayout(interleaved=False, rotary_dims=0), self.bank, LAYER,
                                        heads=self.heads, scale=1.0, causal=True, attended=attended,
                                        bias=self.bias.sums())  # fmt: skip
+            out = {name: x for name, x in got.items() if name == "positional_profile_se"}
+            if not self.bias_differs:
+                out["positional_mean_se"] = self._mean_error(attended, block)
         finally:
             self.bank.close()
-        return got.get("positional_profile_se")
+        return out
+
+    def _mean_error(self, attended: Attended | None, block: int) -> np.ndarray:
+        """P's block map's jackknife (:class:`~biasviz.summaries.positional_blocks.PositionalJackknife`), each
+        sample's rows c·q_a·k_a formed again from its q and c·k; a bias the same in every sample is a constant of
+        every delete-one P, and leaves the SE as it is."""
+        n, heads, t = self.samples, self.heads, self.seq_len
+        sums = [self.bank.sample_sum(LAYER, name, heads) for name in ("q", "k")]
+        jackknife = PositionalJackknife(*sums, self.bank.operands(LAYER), scale=1.0, samples=n, seq_len=t,
+                                        block=block, device=self.device, attended=attended)  # fmt: skip
+        for r0 in range(0, t, ROWS):
+            r1 = min(t, r0 + ROWS)
+            for a in range(n):
+                q = self.bank.get(LAYER, "q", a, r0, r1).view(r1 - r0, heads, -1).transpose(0, 1).double()
+                k = self.bank.get(LAYER, "k", a, 0, r1).view(r1, heads, -1).transpose(0, 1).double()
+                jackknife.add_sample(a, r0, (q @ k.transpose(1, 2)).float()[None], None)  # (1, H, rows, r1)
+            jackknife.finish(r1)
+        se = jackknife.standard_error()
+        assert se is not None
+        return se

@@ -29,6 +29,9 @@ from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.weight_measures import WeightMeasures
 
 ROWS = 256  # query rows of P formed at a time at the end
+# a streamed layer whose additive part differs by sample: what P's block map's SE would need and is not kept
+BIAS_DIFFERS_NOTE = ("the additive part differs by sample: P's block map has no standard error (its delete-one P would "
+                     "need each sample's bias cell by cell, which is not kept as the model streams)")  # fmt: skip
 
 
 class StreamedPosition:
@@ -258,10 +261,11 @@ class StreamedPosition:
             attended, seeing = Attended(self.union), self.seeing
             self.keys.queries = self.key_counts / self.samples
         shares = None if attended is None else attended.block_shares(self.block, self.heads).cpu().numpy()
+        measures = self._measure_arrays()  # (first: it may add to the note)
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
                                key_profile=self.keys.result().cpu().numpy(),
                                sink_share=(self.sinks / seeing).float().cpu().numpy(), attended=shares,
-                               measures=self._measure_arrays(), note=self.note)  # fmt: skip
+                               measures=measures, note=self.note)  # fmt: skip
 
     def _measure_arrays(self) -> dict | None:
         """docs/position-measures.md's arrays: the weights' measures, and the rotary frequencies' use where the call
@@ -274,9 +278,9 @@ class StreamedPosition:
         if self.frequency is not None and self.frequency.per_sample is not None:
             arrays.update(self.frequency.result())
         if self.jackknife is not None and self.positional:
-            se = self.jackknife.standard_error(self.attended)
-            if se is not None:
-                arrays["positional_profile_se"] = se
+            arrays.update(self.jackknife.standard_errors(self.attended, self.block))
+            if self.jackknife.bias_differs:
+                self.note = BIAS_DIFFERS_NOTE
         if self.union is not None:  # each cell's mean is over the samples that attend it: how many they are
             arrays[SAMPLES_PER_CELL] = samples_per_cell(self.cell_samples, self.union, self.block, self.heads)
         return arrays
