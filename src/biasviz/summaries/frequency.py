@@ -15,6 +15,7 @@ import torch
 
 from biasviz.adapters.base import SAMPLE_CELLS
 from biasviz.adapters.rotary import RotaryLayout
+from biasviz.summaries.sample_cells import ROWS_PER_READ
 from biasviz.summaries.sample_profiles import sample_stats
 
 
@@ -25,14 +26,18 @@ class FrequencyUse:
         self.layout, self.samples = layout, samples
         self.per_sample: torch.Tensor | None = None
 
-    def add(self, first: int, q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor | None = None) -> None:
+    def add(self, first: int, q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor | None = None,
+            positions: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:  # fmt: skip
         """Samples ``first ..``: q and k (B, H, T, hd) as the call received them (for grouped heads, the key of each
         query head's group); ``cells``: the attended cells (B or 1, 1 or H, T, T) where the call has a mask of its own,
-        so that only the queries that see some key and the keys some query sees count (padding does not)."""
+        so that only the queries that see some key and the keys some query sees count (padding does not), or
+        ``positions``: those queries and keys themselves (B or 1, 1 or H, T) each."""
         rows = keys = None
         if cells is not None:
             cells = cells.to(q.device)
             rows, keys = cells.any(-1), cells.any(-2)  # (B or 1, 1 or H, T)
+        elif positions is not None:
+            rows, keys = (x.to(q.device) for x in positions)
         norms = torch.stack([self._norms(q, rows), self._norms(k, keys)], dim=1)  # (B, 2, H, pairs [+ 1])
         if self.per_sample is None:
             self.per_sample = torch.zeros(self.samples, *norms.shape[1:], dtype=torch.float64, device=norms.device)
@@ -74,6 +79,13 @@ def frequency_from_bank(bank: Any, layer: int, heads: int, use: FrequencyUse, ma
         q, k = (bank.get(layer, name, a, 0, bank.seq_len(layer, name)) for name in ("q", "k"))
         t = q.shape[0]
         cells = None if mask is None else mask[None]
-        if own:
-            cells = bank.get_cells(layer, SAMPLE_CELLS, a, 0, t, t)[None, None]
-        use.add(a, *(x.view(1, x.shape[0], heads, -1).transpose(1, 2) for x in (q, k)), cells)
+        positions = None
+        if own:  # the sample's queries that see some key and keys some query sees, its mask read a few rows at a time
+            rows = torch.zeros(t, dtype=torch.bool)
+            keys = torch.zeros(t, dtype=torch.bool)
+            for r0 in range(0, t, ROWS_PER_READ):
+                part = bank.get_cells(layer, SAMPLE_CELLS, a, r0, min(t, r0 + ROWS_PER_READ), t).cpu()
+                rows[r0 : r0 + len(part)] = part.any(-1)
+                keys |= part.any(0)
+            positions = (rows[None, None], keys[None, None])
+        use.add(a, *(x.view(1, x.shape[0], heads, -1).transpose(1, 2) for x in (q, k)), cells, positions)
