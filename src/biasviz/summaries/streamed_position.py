@@ -280,7 +280,7 @@ class StreamedPosition:
         if self.jackknife is not None and self.positional:
             arrays.update(self.jackknife.standard_errors(self.attended, self.block))
             if self.jackknife.bias_differs:
-                self.note = BIAS_DIFFERS_NOTE
+                self.note = f"{self.note}; {BIAS_DIFFERS_NOTE}" if self.note else BIAS_DIFFERS_NOTE
         if self.union is not None:  # each cell's mean is over the samples that attend it: how many they are
             arrays[SAMPLES_PER_CELL] = samples_per_cell(self.cell_samples, self.union, self.block, self.heads)
         return arrays
