@@ -30,8 +30,8 @@ from biasviz.summaries.weight_measures import WeightMeasures
 
 ROWS = 256  # query rows of P formed at a time at the end
 # a streamed layer whose additive part differs by sample: what P's block map's SE would need and is not kept
-BIAS_DIFFERS_NOTE = ("the additive part differs by sample: P's block map has no standard error (its delete-one P would "
-                     "need each sample's bias cell by cell, which is not kept as the model streams)")  # fmt: skip
+BIAS_DIFFERS_NOTE = ("the additive part differs by sample: P's block map has no standard error (its delete-one P needs "
+                     "each sample's bias sums by block, past the memory kept for them)")  # fmt: skip
 
 
 class StreamedPosition:
@@ -58,7 +58,7 @@ class StreamedPosition:
         self._scale = 1.0  # the call's c, by which the stream multiplied k
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
         whole = local is None or local == samples
-        self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device)
+        self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device, block=block)
                           if self.positional and measures and causal and whole and samples >= MIN_SE_SAMPLES
                           else None)  # fmt: skip
 
@@ -186,7 +186,7 @@ class StreamedPosition:
                 self.measures.add(first, row0, w)
             return
         if kind == "bias" and self.jackknife is not None:
-            self.jackknife.add_bias(first, row0, every)
+            self.jackknife.add_bias(first, row0, every, self.attended)
         if not self.positional or kind not in ("scores", "bias"):
             return
         total = block.nan_to_num(0.0).sum(0) * (1 if block.shape[0] > 1 else self._batch)
@@ -279,7 +279,7 @@ class StreamedPosition:
             arrays.update(self.frequency.result())
         if self.jackknife is not None and self.positional:
             arrays.update(self.jackknife.standard_errors(self.attended, self.block))
-            if self.jackknife.bias_differs:
+            if self.jackknife.mean_left_out:
                 self.note = f"{self.note}; {BIAS_DIFFERS_NOTE}" if self.note else BIAS_DIFFERS_NOTE
         if self.union is not None:  # each cell's mean is over the samples that attend it: how many they are
             arrays[SAMPLES_PER_CELL] = samples_per_cell(self.cell_samples, self.union, self.block, self.heads)
