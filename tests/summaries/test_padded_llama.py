@@ -9,6 +9,7 @@ through biasviz)."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import h5py
@@ -83,7 +84,7 @@ def padded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     with h5py.File(out, "r") as f:
         stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
         note = f["layer_0"].attrs.get("note")
-    return {"stored": stored, "note": note, "expected": reference(call, 1), "kept": kept}
+    return {"stored": stored, "note": note, "expected": reference(call, 1), "kept": kept, "call": call}
 
 
 @pytest.mark.parametrize("name", [*NAMES, "band_mass", "context_mass", "weights_entropy"])
@@ -108,3 +109,41 @@ def test_a_cell_some_sample_removes_holds_the_mean_of_those_that_attend_it_and_t
 def test_p_pairs_one_grid_so_it_is_left_out_and_said(padded: dict[str, Any]) -> None:
     assert "positional_mean" not in padded["stored"] and "positional_profile" not in padded["stored"]
     assert "samples masked differently" in padded["note"] and "positional logits P" in padded["note"]
+
+
+def test_frequency_use_over_each_sample_s_own_positions(padded: dict[str, Any]) -> None:
+    """Llama rotates half-split: each pair's norm of q averaged over the queries that see some key, of k over the keys
+    some query sees (padding left out), per sample; then the mean and SE over samples (docs/position-measures.md)."""
+    call, kept, stored = padded["call"], padded["kept"], padded["stored"]
+    half = call["q"].shape[-1] // 2
+    per = []
+    for x, at in ((call["q"], kept.any(-1)), (call["k"], kept.any(-2))):  # (N, H, T) positions that count
+        norms = np.sqrt(x[..., :half] ** 2 + x[..., half:] ** 2)  # (N, H, T, pairs)
+        per.append((norms * at[..., None]).sum(-2) / at.sum(-1)[..., None])
+    per = np.stack(per, 1)  # (N, 2, H, pairs)
+    got, se = stored["frequency_use"], stored["frequency_use_se"]
+    assert se.shape == got.shape == per.shape[1:]
+    np.testing.assert_allclose(got, per.mean(0), rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(se, per.std(0, ddof=1) / np.sqrt(N), rtol=2e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_the_maps_standard_errors_in_blocks_over_each_sample_s_own_cells(tmp_path: Path, implementation: str) -> None:
+    """Blocks of two positions: each sample's mean over its own attended cells of a block, the SE over the samples
+    with a value (NaN below 3), shaped like the map; formed again (SDPA) and streamed (eager), masks differing from the
+    second sample on."""
+    model, ids, forward = _model(implementation)
+    call = (caught_call if implementation == "sdpa" else caught_eager)(lambda: forward(ids))
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=1, forward=forward,
+                        resolution=T // 2)  # fmt: skip
+    expected = reference(call, 2)
+    with h5py.File(out, "r") as f:
+        for kind in ("weights", "scores"):
+            got = f[f"layer_0/{kind}_mean_se"][()]
+            assert got.shape == f[f"layer_0/{kind}_mean"].shape
+            want = expected[f"{kind}_mean_se"]
+            assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).any() and np.isfinite(want).any()
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6, equal_nan=True, err_msg=kind)

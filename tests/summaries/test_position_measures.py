@@ -154,14 +154,13 @@ def test_sliding_window_model(tmp_path: Path, attention: str) -> None:
     half = q.shape[-1] // 2
     np.testing.assert_allclose(f.summary_array("frequency_use", 0)[0],
                                np.hypot(q[..., :half], q[..., half:]).mean(2).mean(0), rtol=1e-5)  # fmt: skip
-    if attention == "sdpa":  # formed again from the bank: P's map SE over the window's cells, per cell products
-        from tests.summaries.test_map_errors import jackknife_p
+    # P's map SE over the window's cells: formed again from the bank (SDPA), or from the q and k kept as the model
+    # streamed them (eager)
+    from tests.summaries.test_map_errors import jackknife_p
 
-        r = {"q": q, "k": k, "bias": np.zeros((N, q.shape[1], T, T)), "scale": c}
-        np.testing.assert_allclose(f.summary_array("positional_mean_se", 0), jackknife_p(r, kept[0], f.block),
-                                   rtol=1e-3, atol=1e-6, equal_nan=True)  # fmt: skip
-    else:
-        assert "positional_mean_se" not in f.summary_datasets(0)  # streamed: q and k not kept
+    r = {"q": q, "k": k, "bias": np.zeros((N, q.shape[1], T, T)), "scale": c}
+    np.testing.assert_allclose(f.summary_array("positional_mean_se", 0), jackknife_p(r, kept[0], f.block),
+                               rtol=1e-3, atol=1e-6, equal_nan=True)  # fmt: skip
     if attention == "sdpa":  # formed again from the bank: P split by pair (the streamed path stores no split)
         groups = [np.array([f_, f_ + half]) for f_ in range(half)]
         np.testing.assert_allclose(f.summary_array("positional_frequency", 0),

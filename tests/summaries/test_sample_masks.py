@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import biasviz
+from tests.measures_reference import block_means as sample_block_means
 from tests.measures_reference import reference as measures_reference
 from tests.measures_reference import sink_ranking
 from tests.summaries.test_attended_cells import diagnostics
@@ -119,6 +120,10 @@ def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
     slot = np.subtract.outer(np.arange(T), np.arange(T))  # i - j
     # a causal call's profile SEs run over d = i - j >= 0, a bidirectional one's over i - j from -(T - 1)
     signed = range(-(T - 1), T) if (kept & (slot < 0)).any() else range(T)
+    for kind, values in (("weights", w), ("scores", scores), ("bias", call["added"])):
+        # the maps' SE: over each sample's mean over its own attended cells of each block
+        per_block = np.concatenate([sample_block_means(values[a : a + 1], kept[a], block) for a in range(len(w))])
+        out[f"{kind}_mean_se"] = over_samples(per_block)[1]
     for kind, values in (("weights", w), ("scores", scores)):
         own = np.full((len(w), HEADS, len(signed)), np.nan)
         for k, dist in enumerate(signed):
@@ -283,6 +288,19 @@ def test_standard_errors_over_each_sample_s_own_cells(summarised: dict[str, Any]
     np.testing.assert_allclose(stored[name], expected[name], rtol=2e-4, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("kind", ["weights", "scores", "bias"])
+def test_the_maps_standard_errors_over_each_sample_s_own_block_means(summarised: dict[str, Any], kind: str) -> None:
+    """A sample's block mean is over its own attended cells of the block; the SE over the samples with a value
+    (NaN below 3), shaped like the map (docs/position-measures.md, 'Standard errors')."""
+    if kind == "bias" and summarised["name"] == "left padding":
+        pytest.skip("the padded Llama adds no bias")
+    stored, expected = summarised["stored"], summarised["expected"]
+    got = stored[f"{kind}_mean_se"]
+    assert got.shape == stored[f"{kind}_mean"].shape
+    assert np.array_equal(np.isnan(got), np.isnan(expected[f"{kind}_mean_se"]))
+    np.testing.assert_allclose(got, expected[f"{kind}_mean_se"], rtol=2e-4, atol=1e-6, equal_nan=True)
+
+
 def test_sink_keys_rank_each_sample_s_own_queries(summarised: dict[str, Any]) -> None:
     """Among the keys that at least ceil(m / 8) of each sample's own queries see, m the most any of its keys is
     seen by; the file records that number per sample and head."""
@@ -294,11 +312,12 @@ def test_sink_keys_rank_each_sample_s_own_queries(summarised: dict[str, Any]) ->
 
 
 def test_what_needs_one_mask_is_left_out_and_said(summarised: dict[str, Any]) -> None:
-    """P pairs the cells of different samples as one grid: not stored, nor the rotary measures and the block maps'
-    SEs, and the layer, the file and a warning say why."""
+    """P pairs the cells of different samples as one grid: not stored, nor what derives from it, and the layer, the
+    file and a warning say why."""
     stored, attrs = summarised["stored"], summarised["attrs"]
-    assert "positional_mean" not in stored and "frequency_use" not in stored and "weights_mean_se" not in stored
-    assert "samples masked differently" in attrs["note"] and "not stored" in attrs["note"]
+    assert not {"positional_mean", "positional_profile", "positional_mean_se", "positional_profile_se"} & set(stored)
+    assert "samples masked differently" in attrs["note"] and "positional logits P" in attrs["note"]
+    assert "not stored" in attrs["note"]
     assert attrs["mask"] == "model"
     assert any("samples masked differently" in w for w in summarised["warnings"])
 

@@ -1,7 +1,8 @@
-"""P's profile SE of calls streamed as the model runs (docs/position-measures.md): GPT-2 (no bias; its hooks stream the
-calls) and a call whose float mask adds a bias that depends on the text (the others' mean bias enters each delete-one
-P). The reference is the delete-one jackknife from scratch: every P_(−a) formed again in float64 from the q, k, scale
-and additive part caught at the model's own SDPA call, its profile over all keys and over keys j >= 4."""
+"""P's profile and block map SEs of calls streamed as the model runs (docs/position-measures.md): GPT-2 (no bias; its
+hooks stream the calls), a call whose float mask adds a bias by distance (the same in every sample) and one whose bias
+depends on the text (the others' mean bias enters each delete-one P). The reference is the delete-one jackknife from
+scratch: every P_(−a) formed again in float64 from the q, k, scale and additive part caught at the model's own SDPA
+call, its profile over all keys and over keys j >= 4, and its block means over the causal cells."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+import pytest
 import torch
 
 import biasviz
@@ -35,6 +37,36 @@ def _profile(q: np.ndarray, k: np.ndarray, c: float, added: np.ndarray) -> np.nd
     return out
 
 
+def _p(q: np.ndarray, k: np.ndarray, c: float, added: np.ndarray) -> np.ndarray:
+    """(H, T, T): P of these samples, c (Q·K − G) / (N (N − 1)) + the mean additive part."""
+    n = len(q)
+    cross = np.einsum("hid,hjd->hij", q.sum(0), k.sum(0)) - np.einsum("ahid,ahjd->hij", q, k)
+    return c * cross / (n * (n - 1)) + added.mean(0)
+
+
+def _mean_jackknife(call: dict[str, Any], block: int) -> np.ndarray:
+    """(H, nb, nb): the delete-one jackknife SE of P's block means over the attended cells (the same in every
+    sample)."""
+    q, k, c, added = call["q"], call["k"], float(call["scale"]), call["added"]
+    n, nb = len(q), -(-T // block)
+    causal = call["kept"][0, 0]
+    assert (call["kept"] == causal).all()
+    left = []
+    for a in range(n):
+        p = _p(*(np.delete(x, a, 0) for x in (q, k)), c, np.delete(added, a, 0))
+        means = np.full((p.shape[0], nb, nb), np.nan)
+        for qb in range(nb):
+            for kb in range(nb):
+                cells = np.zeros((T, T), bool)
+                cells[qb * block : (qb + 1) * block, kb * block : (kb + 1) * block] = True
+                cells &= causal
+                if cells.any():
+                    means[:, qb, kb] = p[:, cells].mean(-1)
+        left.append(means)
+    th = np.stack(left)
+    return np.sqrt((n - 1) / n * ((th - th.mean(0)) ** 2).sum(0))
+
+
 def _jackknife(call: dict[str, Any]) -> np.ndarray:
     q, k, c, added = call["q"], call["k"], float(call["scale"]), call["added"]
     n = len(q)
@@ -43,10 +75,11 @@ def _jackknife(call: dict[str, Any]) -> np.ndarray:
 
 
 class TextBias(torch.nn.Module):
-    """One SDPA call whose float mask adds a bias by distance and by each key's token: it differs by text."""
+    """One SDPA call whose float mask adds a bias by distance and (``text``) by each key's token: it differs by text."""
 
-    def __init__(self) -> None:
+    def __init__(self, text: bool = True, window: int = T) -> None:
         super().__init__()
+        self.text, self.window = text, window
         self.embed = torch.nn.Embedding(VOCAB, HEADS * 8)
         self.k = torch.nn.Linear(HEADS * 8, HEADS * 8)
 
@@ -56,19 +89,65 @@ class TextBias(torch.nn.Module):
         k = self.k(x).view(*ids.shape, HEADS, 8).transpose(1, 2)
         t = ids.shape[-1]
         i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-        bias = -0.1 * (i - j).float() + 0.3 * (ids[:, None, None, :] % 5).float()  # (B, 1, 1, T) + (T, T)
-        mask = torch.where(j <= i, bias, float("-inf"))
+        bias = -0.1 * (i - j).float() + 0.3 * self.text * (ids[:, None, None, :] % 5).float()  # (B, 1, 1, T) + (T, T)
+        mask = torch.where((j <= i) & (i - j < self.window), bias, float("-inf"))
         return torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask)
 
 
-def _check(out: Path, call: dict[str, Any], layer: int) -> None:
+def _check(out: Path, call: dict[str, Any], layer: int, mean: bool = True) -> None:
+    """P's profile SE, and (``mean``) its block map's, shaped like their means, against the jackknife from scratch."""
     with h5py.File(out, "r") as f:
-        got = f[f"layer_{layer}/positional_profile_se"][()]
-        assert got.shape == f[f"layer_{layer}/positional_profile"].shape
+        g = f[f"layer_{layer}"]
+        got = g["positional_profile_se"][()]
+        assert got.shape == g["positional_profile"].shape
+        if mean:
+            block = int(f.attrs["block"])
+            got_mean = g["positional_mean_se"][()]
+            assert got_mean.shape == g["positional_mean"].shape
+            np.testing.assert_allclose(got_mean, _mean_jackknife(call, block), rtol=1e-3, atol=1e-6, equal_nan=True)
     np.testing.assert_allclose(got, _jackknife(call), rtol=2e-4, atol=1e-7, equal_nan=True)
 
 
-def test_a_text_dependent_bias_enters_the_streamed_jackknife(tmp_path: Path) -> None:
+@pytest.mark.parametrize("resolution", [T, T // 4])
+def test_a_text_dependent_bias_enters_the_streamed_jackknife(tmp_path: Path, resolution: int) -> None:
+    """Each sample's bias enters its delete-one P: by distance for the profile's SE, by its sums over each block for
+    the block map's."""
+    torch.manual_seed(0)
+    model = TextBias().eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    call = caught_call(lambda: model(ids))
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=2, resolution=resolution)
+    _check(out, call, 0)
+
+
+def test_a_text_dependent_bias_in_a_sliding_window_enters_p_s_block_map_se(tmp_path: Path) -> None:
+    """The same over a window of five keys (the call's own mask): each sample's bias summed over each block's attended
+    cells."""
+    torch.manual_seed(0)
+    model = TextBias(window=5).eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    call = caught_call(lambda: model(ids))
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=3, resolution=T // 4)
+    with h5py.File(out, "r") as f:
+        got = f["layer_0/positional_mean_se"][()]
+        assert got.shape == f["layer_0/positional_mean"].shape
+    np.testing.assert_allclose(got, _mean_jackknife(call, 4), rtol=1e-3, atol=1e-6, equal_nan=True)
+
+
+def test_a_text_dependent_bias_past_the_memory_for_its_block_sums_leaves_the_map_without_se(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each sample's bias sums by block not kept (past their memory): P's block map has no SE, and the layer's note
+    says why; its profile's SE is there."""
+    import biasviz.summaries.positional_errors as errors
+
+    monkeypatch.setattr(errors, "BIAS_BLOCKS_BYTES", 0)
     torch.manual_seed(0)
     model = TextBias().eval()
     ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
@@ -77,6 +156,24 @@ def test_a_text_dependent_bias_enters_the_streamed_jackknife(tmp_path: Path) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=2)
+    _check(out, call, 0, mean=False)
+    with h5py.File(out, "r") as f:
+        assert "positional_mean_se" not in f["layer_0"] and "positional_mean" in f["layer_0"]
+        assert "differs by sample" in f["layer_0"].attrs["note"] and "block map" in f["layer_0"].attrs["note"]
+
+
+@pytest.mark.parametrize("resolution", [T, T // 4])
+def test_a_bias_by_distance_streamed_has_p_s_block_map_se(tmp_path: Path, resolution: int) -> None:
+    """A float mask adding the same bias to every sample (streamed): P's block map SE per cell and in blocks of four,
+    each sample's rows formed again from the q and k kept for it."""
+    torch.manual_seed(0)
+    model = TextBias(text=False).eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(8))
+    call = caught_call(lambda: model(ids))
+    out = tmp_path / "s.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=3, resolution=resolution)
     _check(out, call, 0)
 
 

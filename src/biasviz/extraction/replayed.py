@@ -21,13 +21,14 @@ from biasviz.common.devices import autocast_as
 from biasviz.common.errors import check_interrupted
 from biasviz.common.progress import Progress
 from biasviz.common.shapes import host_arrays
-from biasviz.store.datasets import SAMPLES_PER_CELL
+from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
 from biasviz.summaries import QuantitySummary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import fused_layer, tell, why_not
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_blocks import PositionalJackknife
+from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
 from biasviz.summaries.replay import DiffersPartWay, LayerExtras, replay_layer, row_blocks
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
@@ -125,8 +126,10 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                         break
                     except DiffersPartWay:
                         continue
+            bias = None if extra.bias_distance is None else extra.bias_distance.sums()
             frequency = ({} if extra.measures is None
-                         else {**({} if cells else rotary_measures(adapter, bank, layer, heads, attended, positional)),
+                         else {**rotary_measures(adapter, bank, layer, heads, attended, positional,
+                                                 own=cells is not None, bias=bias),
                                **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks)})  # fmt: skip
             if extra.measures is not None and cells is not None and cells.samples is not None:  # how many samples a
                 frequency[SAMPLES_PER_CELL] = samples_per_cell(cells.samples, cells.union, block, heads)  # cell has
@@ -182,7 +185,7 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
                   device: torch.device, positional: bool, measures: bool) -> LayerExtras:  # fmt: skip
     """What docs/positional.md and docs/position-measures.md add to a layer whose rows are formed again, over the call's
     own mask (``attended``); where samples are masked differently (``cells``), each sample's own cells count for it, and
-    what pairs the cells of different samples (P, the block maps' SEs) is left out."""
+    what pairs the cells of different samples (P and its measures) is left out."""
     n, heads, shared = samples, adapter.n_heads, None if cells is not None else attended
     extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device, attended=shared),
                         sinks=torch.zeros(n, heads, dtype=torch.float64, device=device), by_sample=cells is not None)
@@ -194,13 +197,17 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
                                         device=device, attended=shared)  # fmt: skip
         extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
                                              device=device, attended=shared)  # fmt: skip
-        if cells is not None:
-            for counted in [extra.measures, *extra.profiles.values()]:
-                counted.by_sample(0)
-            return extra
         extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,
                                      seq_len=seq_len, block=block, causal=True, samples=n, device=device,
-                                     attended=attended)  # fmt: skip
+                                     attended=shared)  # fmt: skip
+        if cells is not None:  # each sample's block means over its own cells (its rows bring them)
+            for counted in [extra.measures, *extra.profiles.values()]:
+                counted.by_sample(0)
+            for accumulator in extra.blocks.values():
+                accumulator.by_sample()
+            return extra
+        if n >= MIN_SE_SAMPLES and positional and adapter.adds_bias:  # its delete-one P holds the others' mean bias
+            extra.bias_distance = BiasByDistance(samples=n, heads=heads, seq_len=seq_len, device=device)
     if n >= 2 and positional and cells is None:
         q_sum, k_sum = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))
         scale = adapter.score_scale(layer)

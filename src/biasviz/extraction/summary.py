@@ -185,7 +185,7 @@ def _summarise(
             out[layer][kind] = part.result(total_samples=total)
     for layer, extra in extras.items():
         # the maps' SEs the block means did not give (docs/position-measures.md)
-        if extra.measures is not None and extra.note is None:
+        if extra.measures is not None:
             map_errors(extra.measures, out[layer], {k: p for (k, at), p in parts.items() if at == layer},
                        samples=total, block=block)  # fmt: skip
         out[layer]["position"] = extra

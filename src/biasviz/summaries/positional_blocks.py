@@ -85,14 +85,16 @@ class PositionalJackknife(JackknifeBlocks):
         self.ka_done = [0] * samples  # whole key blocks summed so far, per sample
 
     def add_sample(self, a: int, r0: int, scores: torch.Tensor, bias: torch.Tensor | None,
-                   pooled: dict[str, Pooled] | None = None) -> None:  # fmt: skip
+                   pooled: dict[str, Pooled] | None = None,
+                   more: tuple[tuple[Pooled, float], ...] = ()) -> None:  # fmt: skip
         """Sample a's rows r0 .. of scores (1, H, rows, r1) and of a bias that differs by sample (None: none, or the
-        same for every sample); ``pooled``: their block sums where another accumulator formed them already."""
+        same for every sample); ``pooled``: their block sums where another accumulator formed them already; ``more``:
+        further block sums of the sample's rows, each with its weight in z_a."""
         pooled = pooled or {}
         rows, r1 = scores.shape[-2:]
         terms = [(pooled.get(kind) or self.pool(r0, values), self.weights[kind])
                  for kind, values in (("scores", scores), ("bias", bias)) if values is not None]  # fmt: skip
-        self.add_sums(a, r0, rows, [*terms, (self._operand_sums(a, r0, r1), self.weights["operands"])])
+        self.add_sums(a, r0, rows, [*terms, *more, (self._operand_sums(a, r0, r1), self.weights["operands"])])
 
     def _operand_sums(self, a: int, r0: int, r1: int) -> Pooled:
         """Σ over each block's attended cells of q_a(i)·K(j) + Q(i)·k_a(j), rows r0 .. r1 - 1."""

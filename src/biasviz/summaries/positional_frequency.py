@@ -259,27 +259,29 @@ def _by_distance(cells: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: Attended | None,
-                    positional: bool) -> dict[str, np.ndarray]:  # fmt: skip
+def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: Attended | None, positional: bool,
+                    own: bool = False,
+                    bias: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """A replayed layer's docs/position-measures.md measures of its rotary pairs: ``frequency_use`` and (``positional``)
-    ``positional_frequency`` with their SEs, and the SE of P's profile where the model adds no bias; {} where the
-    call rotates nothing."""
+    ``positional_frequency`` with their SEs, and the SE of P's profile (``bias``: where the call adds a bias that
+    differs by sample, each sample's sums of it by distance, as :func:`positional_frequency` takes them); {} where the
+    call rotates nothing but P's profile SE. ``own``: samples masked differently, the norms over each sample's own
+    positions and nothing of P, which pairs the cells of different samples as one grid."""
     layout = adapter.rotary(layer)
-    if layout is None:  # P's profile SE alone, its dims as one group (a model that adds a bias: see above)
-        if not positional or adapter.adds_bias:
+    if layout is None:  # P's profile SE alone, its dims as one group
+        if not positional or own:
             return {}
         alone = positional_frequency(RotaryLayout(interleaved=False, rotary_dims=0), bank, layer, heads=heads,
-                                     scale=adapter.score_scale(layer), causal=True, attended=attended)  # fmt: skip
+                                     scale=adapter.score_scale(layer), causal=True, attended=attended,
+                                     bias=bias)  # fmt: skip
         return {name: x for name, x in alone.items() if name == "positional_profile_se"}
     use = FrequencyUse(layout, bank.samples)  # fed by P's first pass over the samples, where P is split
     split = {}
-    if positional:
+    if positional and not own:
         split = positional_frequency(layout, bank, layer, heads=heads, scale=adapter.score_scale(layer), causal=True,
-                                     attended=attended, use=use)  # fmt: skip
-        if adapter.adds_bias:  # P's delete-one estimates would need each sample's bias too
-            split.pop("positional_profile_se", None)
+                                     attended=attended, use=use, bias=bias)  # fmt: skip
     if use.per_sample is None:  # no pass was made for P: the norms alone
-        frequency_from_bank(bank, layer, heads, use)
+        frequency_from_bank(bank, layer, heads, use, None if attended is None or own else attended.mask, own=own)
     return {**use.result(), **split}
 
 

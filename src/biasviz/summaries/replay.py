@@ -25,6 +25,7 @@ from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import CountedSums, ShiftedSums
 from biasviz.summaries.position import KeyProfile, Positional
 from biasviz.summaries.positional_blocks import PositionalJackknife
+from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.sample_blocks import SampleBlocks
 from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.scratch import Scratch
@@ -73,12 +74,16 @@ class LayerExtras:
     blocks: dict[str, SampleBlocks] = field(default_factory=dict)
     # samples masked differently: each sample's own cells count for it (its rows bring them, Formed.attended)
     by_sample: bool = False
+    # a bias that differs by sample: each one's sums by distance, for its delete-one P (P's profile SE)
+    bias_distance: BiasByDistance | None = None
 
     def own_cells(self, attended: torch.Tensor, r0: int) -> None:
         """One sample's attended cells (1, 1, rows, r1) of the block of rows ``r0 ..``, for what counts them."""
         rows = BlockRows(attended, r0)
         for part in [*self.profiles.values(), *([self.measures, self.measures.diagonals] if self.measures else [])]:
             part.batch_attended = rows
+        for accumulator in self.blocks.values():
+            accumulator.own = rows
 
     def hold(self) -> None:
         for part in self._per_sample():
@@ -187,6 +192,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 sums["scores"].add(got.scores[0])
             if varying:
                 sums["bias"].add(got.bias[0])
+                if extras.bias_distance is not None:
+                    extras.bias_distance.add(a, r0, got.bias)
             sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
             if extras.measures is not None:
                 extras.measures.add(a, r0, got.weights)

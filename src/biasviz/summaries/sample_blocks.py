@@ -9,6 +9,10 @@ that straddles two blocks of rows is carried, its samples' sums (S, H, nb), unti
 
 With blocks of one position (R >= T) a sample's block mean is its cell, so the SE follows from the stored per-cell
 spread itself, std / sqrt(N - 1) (:func:`errors_from_spread`), and nothing is kept.
+
+Where samples are masked differently (padding, packed documents: :meth:`SampleBlocks.by_sample`), a sample's block mean
+is over its own attended cells of the block: its cells are counted beside its sums, and each block's SE is over the
+samples that attend some cell of it (NaN below 3), as every mean over samples of such a layer.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.store.datasets import MIN_SE_SAMPLES
+from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.maps import _group_sums, geometry_counts
 from biasviz.summaries.pending import Pending
@@ -43,6 +47,20 @@ class SampleBlocks(Pending):
         self.sums = torch.zeros(2, heads, nb, nb, dtype=torch.float64, device=device)  # Σ x_a, Σ x_a²
         self.carry: dict[int, torch.Tensor] = {}  # straddling query block -> (S, H, nb) each sample's sums so far
         self._first, self._size = 0, 1  # the samples under way: ``first ..`` (``size`` of them)
+        self.channels = heads  # sums carried per sample; by sample: each head's sums, then its attended cells
+        self.held: torch.Tensor | None = None  # by sample: (H, nb, nb) the samples with a value in each block
+        self.own: Any = None  # by sample: the cells of the samples under way, indexed [..., rows, :keys]
+
+    def by_sample(self) -> None:
+        """From the next samples on, each sample's own cells (:attr:`own`, (B or 1, 1 or H, T, T) or
+        :class:`~biasviz.summaries.attended.BlockRows`) count for it; the samples folded so far count where their
+        one mask had cells."""
+        self.finish(self.seq_len)  # what is carried, folded as it was counted
+        with torch.inference_mode(False):
+            had = (self.counts > 0).expand(self.heads, -1, -1)
+            self.held = torch.where(had, self.n[None, :, None], 0.0)
+            self.sums = self.sums.nan_to_num(0.0)
+        self.channels, self.attended = 2 * self.heads, None
 
     def begin(self, first: int, size: int) -> None:
         """Samples ``first .. first + size - 1`` come next (a batch; every sample at once where rows are formed
@@ -58,6 +76,10 @@ class SampleBlocks(Pending):
         def pooled(x: torch.Tensor, k0: int) -> torch.Tensor:  # in the values' precision: a sample's few cells
             return _group_sums(_group_sums(x, -2, r0, b), -1, k0, b)
 
+        if self.held is not None:  # each sample's own cells: its sums, then how many they are
+            own = self.own[..., r0 : r0 + rows, :keys].to(values.device).expand_as(values)
+            both = torch.cat([values.masked_fill(~own, 0.0), own.to(values.dtype)], dim=1)
+            return [(0, pooled(both, 0))]
         if self.attended is not None:
             mask = self.attended.rows(r0, r0 + rows, keys).to(values.device)
             return [(0, pooled(values.masked_fill(~mask, 0.0), 0))]
@@ -87,7 +109,7 @@ class SampleBlocks(Pending):
         # operand of a float64 sum is cast to a temporary by every operation: 0.6 ms of 0.9 a call at 4096, R = 1024)
         width = max(k0 + sums.shape[3] for parts, _ in terms for k0, sums in parts)
         first_sums = terms[0][0][0][1]
-        dense = torch.empty(first_sums.shape[0], self.heads, q1 - q0, width, dtype=torch.float64, device=self.device)
+        dense = torch.empty(first_sums.shape[0], self.channels, q1 - q0, width, dtype=torch.float64, device=self.device)
         written = 0  # dense[..., :written] holds sums; each term's parts come in key order
         for parts, weight in terms:
             for k0, sums in parts:
@@ -110,7 +132,7 @@ class SampleBlocks(Pending):
                 continue
             carry = self.carry.get(q)
             if carry is None:
-                carry = self.carry[q] = torch.zeros(self._size, self.heads, self.n_blocks, dtype=torch.float64,
+                carry = self.carry[q] = torch.zeros(self._size, self.channels, self.n_blocks, dtype=torch.float64,
                                                     device=self.device)  # fmt: skip
             self._put(carry, (at, slice(None), slice(0, width)), dense[:, :, q - q0])
 
@@ -120,6 +142,15 @@ class SampleBlocks(Pending):
         sample of the block of rows)."""
         nq, width = sums.shape[2:]
         rows, keys = slice(q0, q0 + nq), slice(0, width)
+        if self.held is not None:  # each sample's mean over its own cells; none: no value
+            count = sums[:, self.heads :]
+            valid = count > 0
+            x = torch.where(valid, sums[:, : self.heads] / count.clamp(min=1), 0.0)
+            target = self._target(self.sums, (slice(None), slice(None), rows, keys))
+            target[0] += x.sum(0)
+            target[1] += x.square().sum(0)
+            self._put(self.held, (slice(None), rows, keys), valid.sum(0, dtype=torch.float64))
+            return
         x = sums.div_(self.counts[:, rows, keys])  # NaN where a block has no attended cell; the sums are the caller's
         target = self._target(self.sums, (slice(None), slice(None), rows, keys))
         for one in x:  # a sample at a time: no (S, ...) square of it
@@ -143,6 +174,14 @@ class SampleBlocks(Pending):
         """(H, nb, nb) float32: sqrt(Σ (x_a - x̄)² / (N (N - 1))) over each sample's block mean; NaN where a block has
         no attended cell; None below 3 samples. Once only: the sums are used up."""
         self.finish(self.seq_len)
+        if self.held is not None:  # no sample's rows came (a model that adds no bias sends none): none
+            n = self.held
+            if not bool((n > 0).any()):
+                return None
+            total, squares = self.sums
+            spread = (squares - total.square() / n.clamp(min=1)).clamp(min=0.0)
+            se = torch.where(n >= MIN_SE_SAMPLES, (spread / (n * (n - 1)).clamp(min=1)).sqrt(), float("nan"))
+            return se.float().cpu().numpy()
         if int(self.n.min()) < MIN_SE_SAMPLES:
             return None
         n = self.n[None, :, None]
@@ -180,17 +219,25 @@ def errors_from_spread(std: np.ndarray, samples: int) -> np.ndarray:
 def map_errors(measures: dict[str, Any], summaries: dict[str, Any], parts: dict[str, Any], *, samples: int,
                block: int) -> None:  # fmt: skip
     """Into ``measures``, the ``<kind>_mean_se`` of one layer that the accumulators did not give: with blocks of one
-    position, from the stored spread; a bias measured the same in every sample to the end, 0 on every block with an
-    attended cell. A bias that turned out to differ part-way, its earlier rows summarised once for all, has none
-    (as its profile's SE). Nothing below 3 samples."""
+    position, from the stored spread (where samples are masked differently, each cell's over the samples that attend
+    it: ``measures``' :data:`~biasviz.store.datasets.SAMPLES_PER_CELL`); a bias measured the same in every sample to
+    the end, 0 on every block with an attended cell. A bias that turned out to differ part-way, its earlier rows
+    summarised once for all, has none (as its profile's SE). Nothing below 3 samples."""
     if samples < MIN_SE_SAMPLES:
         return
+    attending = measures.get(SAMPLES_PER_CELL)  # (H, nb, nb): samples masked differently
     for kind, summary in summaries.items():
         name = f"{kind}_mean_se"
         if kind not in KINDS or name in measures:
             continue
         part = parts.get(kind)
         if block == 1:
-            measures[name] = errors_from_spread(summary.std, samples)
-        elif part is not None and part.mode == "shared":
+            if attending is None:
+                measures[name] = errors_from_spread(summary.std, samples)
+            else:
+                n = np.nan_to_num(np.asarray(attending, dtype=np.float64))
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    se = summary.std.astype(np.float64) / np.sqrt(n - 1)
+                measures[name] = np.where(n >= MIN_SE_SAMPLES, se, np.nan).astype(np.float32)
+        elif part is not None and part.mode == "shared" and attending is None:
             measures[name] = np.where(np.isnan(summary.mean), np.nan, 0.0).astype(np.float32)

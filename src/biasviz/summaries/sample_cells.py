@@ -22,8 +22,8 @@ ROWS_PER_READ = 1024  # rows of a sample's mask unpacked at a time (1024 x T boo
 
 # what a layer whose samples are masked differently leaves out, and why (its layer attribute ``note``)
 BY_SAMPLE_NOTE = ("samples masked differently (padding or packed documents): each sample's own cells count for it; "
-                  "the positional logits P, the rotary frequency measures and the block maps' standard errors take "
-                  "one mask for every sample and are not stored")  # fmt: skip
+                  "the positional logits P and what derives from them (P by rotary pair, their standard errors) pair "
+                  "the cells of different samples as one grid and are not stored")  # fmt: skip
 
 
 @dataclass

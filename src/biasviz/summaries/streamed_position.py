@@ -29,6 +29,9 @@ from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.weight_measures import WeightMeasures
 
 ROWS = 256  # query rows of P formed at a time at the end
+# a streamed layer whose additive part differs by sample: what P's block map's SE would need and is not kept
+BIAS_DIFFERS_NOTE = ("the additive part differs by sample: P's block map has no standard error (its delete-one P needs "
+                     "each sample's bias sums by block, past the memory kept for them)")  # fmt: skip
 
 
 class StreamedPosition:
@@ -55,7 +58,7 @@ class StreamedPosition:
         self._scale = 1.0  # the call's c, by which the stream multiplied k
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
         whole = local is None or local == samples
-        self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device)
+        self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device, block=block)
                           if self.positional and measures and causal and whole and samples >= MIN_SE_SAMPLES
                           else None)  # fmt: skip
 
@@ -70,14 +73,15 @@ class StreamedPosition:
         self.profiles = self._profiles(attended)
 
     union: torch.Tensor | None = None  # masks that differ by sample: the cells some sample attends (1 or H, T, T)
+    _own: torch.Tensor | None = None  # then: the batch under way's own cells (B or 1, 1 or H, T, T)
     note: str | None = None
 
     def by_sample(self, before: torch.Tensor | None, first: int) -> None:
         """From sample ``first`` on, samples are masked differently (docs/hdf5.md, 'Attended cells'); ``before``: the
         one mask (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile, sink shares, section
-        14's weight measures and the profiles' SEs count each sample's own cells; P (which pairs the cells of different
-        samples as one grid), the rotary frequencies (which have no padding to leave out) and the block maps' SEs are
-        left out, with :attr:`note` saying so."""
+        14's weight measures, the rotary frequencies (over each sample's own positions) and the profiles' and maps' SEs
+        count each sample's own cells; P, which pairs the cells of different samples as one grid, is left out, with
+        :attr:`note` saying so."""
         with torch.inference_mode(False):
             heads = self.heads
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
@@ -96,7 +100,8 @@ class StreamedPosition:
         if self.jackknife is not None:
             self.jackknife.bank.close()
             self.jackknife = None
-        self.frequency, self.blocks = None, {}
+        for accumulator in self.blocks.values():
+            accumulator.by_sample()
         self.attended, self.keys.attended = None, None
         self.note = BY_SAMPLE_NOTE
 
@@ -113,6 +118,9 @@ class StreamedPosition:
         measures = [self.measures, self.measures.diagonals] if self.measures is not None else []
         for held in [*self.profiles.values(), *measures]:
             held.batch_attended = every
+        for accumulator in self.blocks.values():
+            accumulator.own = every
+        self._own = every
 
     def _profiles(self, attended: Attended | None) -> dict[str, SampleProfiles]:
         """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process), and
@@ -150,8 +158,10 @@ class StreamedPosition:
             if kind == "q":
                 self._pending = block
             elif self._pending is not None:
-                if self.frequency is not None:
-                    self.frequency.add(first, self._pending, block / self._scale)
+                if self.frequency is not None:  # over the positions the batch's cells hold (padding left out)
+                    mask = None if self.attended is None else self.attended.mask
+                    cells = self._own if self.union is not None else mask
+                    self.frequency.add(first, self._pending, block / self._scale, cells)
                 if self.jackknife is not None:
                     self.jackknife.operands(first, self._pending, block)
                 self.operands(self._pending, block)
@@ -176,7 +186,7 @@ class StreamedPosition:
                 self.measures.add(first, row0, w)
             return
         if kind == "bias" and self.jackknife is not None:
-            self.jackknife.add_bias(first, row0, every)
+            self.jackknife.add_bias(first, row0, every, self.attended)
         if not self.positional or kind not in ("scores", "bias"):
             return
         total = block.nan_to_num(0.0).sum(0) * (1 if block.shape[0] > 1 else self._batch)
@@ -251,10 +261,11 @@ class StreamedPosition:
             attended, seeing = Attended(self.union), self.seeing
             self.keys.queries = self.key_counts / self.samples
         shares = None if attended is None else attended.block_shares(self.block, self.heads).cpu().numpy()
+        measures = self._measure_arrays()  # (first: it may add to the note)
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
                                key_profile=self.keys.result().cpu().numpy(),
                                sink_share=(self.sinks / seeing).float().cpu().numpy(), attended=shares,
-                               measures=self._measure_arrays(), note=self.note)  # fmt: skip
+                               measures=measures, note=self.note)  # fmt: skip
 
     def _measure_arrays(self) -> dict | None:
         """docs/position-measures.md's arrays: the weights' measures, and the rotary frequencies' use where the call
@@ -267,9 +278,9 @@ class StreamedPosition:
         if self.frequency is not None and self.frequency.per_sample is not None:
             arrays.update(self.frequency.result())
         if self.jackknife is not None and self.positional:
-            se = self.jackknife.standard_error(self.attended)
-            if se is not None:
-                arrays["positional_profile_se"] = se
+            arrays.update(self.jackknife.standard_errors(self.attended, self.block))
+            if self.jackknife.mean_left_out:
+                self.note = f"{self.note}; {BIAS_DIFFERS_NOTE}" if self.note else BIAS_DIFFERS_NOTE
         if self.union is not None:  # each cell's mean is over the samples that attend it: how many they are
             arrays[SAMPLES_PER_CELL] = samples_per_cell(self.cell_samples, self.union, self.block, self.heads)
         return arrays
