@@ -71,17 +71,18 @@ def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, WHOLE: tl.constexpr)
 
 
 @triton.jit
-def _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows, cols, dims, used,
-                 bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK,
-                 NB, WHOLE: tl.constexpr):  # fmt: skip
-    """Sample ``a``'s logits c q k^T, scores and weights of one tile, 0 in the cells not ``used``, and its own sums:
-    each row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile),
-    column sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the context
-    tenths' sums of w (CTX, ``tenth`` the cell's tenth, -1 outside, ``lo`` .. ``hi`` those in the tile)."""
+def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows, cols, dims,
+                 used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK, NB,
+                 HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr):  # fmt: skip
+    """Sample ``a``'s logits c q k^T and weights of one tile, 0 in the cells not ``used``, and its own sums: each
+    row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile), column
+    sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the sums of w over
+    each tenth of the context (CTX; ``lo`` .. ``hi`` bound the tenths in the tile). Few tiles stay live across the
+    samples (the bias is loaded again, each tenth's cells found by products, not divisions): a 64 x 64 tile too."""
     q = _rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
     k = _rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     raw = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    s = raw + bias
+    s = (raw + _bias(TABLE, h, rows, cols, T)) if HAS_BIAS else raw  # as K1 forms it
     at = a * H + h
     lse = tl.load(LSE + at * T + rows, mask=rows < T, other=0.0)
     w = tl.where(used, tl.exp(s - lse[:, None]), 0.0)
@@ -97,11 +98,13 @@ def _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh,
     plane = NB * NB
     _block_add(SBLOCKS + at * plane, w, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
     _block_add(SBLOCKS + (N * H + at) * plane, s, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+    ten_j = SEGMENTS * cols[None, :]  # j in tenth t of row i's context: t (i + 1) <= 10 j < (t + 1)(i + 1)
+    ctx = used & (rows[:, None] + 1 >= SEGMENTS)
     for seg in tl.static_range(SEGMENTS):  # a tile's cells span few tenths: a sum for each of those
         if (seg >= lo) & (seg <= hi):
-            part = tl.sum(tl.sum(tl.where(tenth == seg, w, 0.0), 1), 0)
-            tl.atomic_add(CTX + at * SEGMENTS + seg, part.to(tl.float64))
-    return tl.where(used, raw, 0.0), s, w
+            cells = ctx & (ten_j >= seg * (rows[:, None] + 1)) & (ten_j < (seg + 1) * (rows[:, None] + 1))
+            tl.atomic_add(CTX + at * SEGMENTS + seg, tl.sum(tl.sum(tl.where(cells, w, 0.0), 1), 0).to(tl.float64))
+    return tl.where(used, raw, 0.0), w
 
 
 @triton.jit
@@ -183,23 +186,21 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
         if j0 < m0 + BM:
             cols = j0 + tl.arange(0, BN)
             used = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
-            bias = _bias(TABLE, h, rows, cols, T) if HAS_BIAS else tl.zeros([BM, BN], tl.float32)
-            # each cell's tenth of its row's context (rows of at least 10 keys), and the tenths the tile holds
-            tenth = tl.where(used & (rows[:, None] + 1 >= SEGMENTS), (SEGMENTS * cols[None, :]) // (rows[:, None] + 1),
-                             -1)  # fmt: skip
-            lo = tl.min(tl.min(tl.where(tenth >= 0, tenth, SEGMENTS), 1), 0)
-            hi = tl.max(tl.max(tenth, 1), 0)
-            raw0, s0, w0 = _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, 0, h, kh, m0, j0, rows,
-                                        cols, dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd,
-                                        N, T, H, HD, scale, BLOCK, NB, WHOLE)  # the moments' shift  # fmt: skip
+            # the tenths of a row's context (rows of at least 10 keys) the tile's cells can be in: floor(10 j / (i + 1))
+            # at its corners (the least at the last row's first key, the most at the first row's last key)
+            lo = (SEGMENTS * j0) // tl.minimum(m0 + BM, T)
+            hi = tl.minimum((SEGMENTS * (j0 + BN - 1)) // (tl.maximum(m0, SEGMENTS - 1) + 1), SEGMENTS - 1)
+            raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, 0, h, kh, m0, j0,
+                                    rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H, HD,
+                                    scale, BLOCK, NB, HAS_BIAS, WHOLE)  # the moments' shift  # fmt: skip
             dw1 = tl.zeros([BM, BN], tl.float32)
             dw2 = tl.zeros([BM, BN], tl.float32)
             ds1 = tl.zeros([BM, BN], tl.float32)
             ds2 = tl.zeros([BM, BN], tl.float32)
             for a in range(1, N):
-                raw, s, w = _sample_tile(Q, K, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows,
-                                         cols, dims, used, bias, tenth, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt,
-                                         skd, N, T, H, HD, scale, BLOCK, NB, WHOLE)  # fmt: skip
+                raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0,
+                                      rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H,
+                                      HD, scale, BLOCK, NB, HAS_BIAS, WHOLE)  # fmt: skip
                 d = w - w0
                 dw1 += d
                 dw2 += d * d
@@ -212,7 +213,8 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             mean_w = w0 + mw
             ms = ds1 * inv_n
             var_s = tl.maximum(ds2 * inv_n - ms * ms, 0.0)
-            mean_s = s0 + ms
+            bias = _bias(TABLE, h, rows, cols, T) if HAS_BIAS else tl.zeros([BM, BN], tl.float32)  # 0 where not used
+            mean_s = raw0 + ms + bias
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
             base = MAPS + h * plane
             stride = H * plane
