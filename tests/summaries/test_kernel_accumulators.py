@@ -26,10 +26,10 @@ def _inputs(n: int, heads: int, kv: int, t: int, hd: int, bias: bool) -> tuple:
 
 
 def _run(kernels, q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float, block: int,  # noqa: F811
-         positional: bool) -> dict:  # fmt: skip
+         positional: bool, tile: int = 16) -> dict:  # fmt: skip
     return kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(),
                                       None if table is None else torch.from_numpy(table).float(), scale, block,
-                                      positional=positional, tile=16)  # fmt: skip
+                                      positional=positional, tile=tile)  # fmt: skip
 
 
 def _check(got: dict, want: dict) -> None:
@@ -43,20 +43,21 @@ def _check(got: dict, want: dict) -> None:
         np.testing.assert_allclose(value, ref, rtol=2e-4, atol=2e-5 * scale, err_msg=name)
 
 
-CASES = [  # N, H, Hkv, T, hd, block, bias
-    (3, 4, 2, 40, 24, 12, True),  # grouped queries, hd padded to 32, blocks straddling tiles, T not a multiple
-    (4, 2, 2, 64, 16, 32, False),  # map blocks of whole tiles (a tile adds its sums), no bias
-    (2, 2, 1, 40, 24, 32, True),  # two samples: P without the jackknife; whole-tile blocks cut at T
-    (1, 2, 2, 24, 16, 12, True),  # one sample: neither P nor the jackknife
+CASES = [  # N, H, Hkv, T, hd, block, bias, tile
+    (3, 4, 2, 40, 24, 12, True, 16),  # grouped queries, hd padded to 32, blocks straddling tiles, T not a multiple
+    (4, 2, 2, 64, 16, 32, False, 16),  # map blocks of whole tiles (a tile adds its sums), no bias
+    (2, 2, 1, 40, 24, 32, True, 16),  # two samples: P without the jackknife; whole-tile blocks cut at T
+    (1, 2, 2, 24, 16, 12, True, 16),  # one sample: neither P nor the jackknife
+    (3, 2, 1, 40, 16, 32, True, 32),  # the default tile
 ]
 
 
-@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "bias"), CASES)
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "bias", "tile"), CASES)
 def test_layer_accumulators_equal_float64_math(kernels, n: int, heads: int, kv: int, t: int, hd: int,  # noqa: F811
-                                               block: int, bias: bool) -> None:  # fmt: skip
+                                               block: int, bias: bool, tile: int) -> None:  # fmt: skip
     q, k, table = _inputs(n, heads, kv, t, hd, bias)
     scale = 1 / np.sqrt(hd)
-    got = _run(kernels, q, k, table, scale, block, positional=True)
+    got = _run(kernels, q, k, table, scale, block, positional=True, tile=tile)
     want = accumulators(q, k, table, scale, block)
     assert ("positional_maps" in want, "jackknife_blocks" in want) == (n >= 2, n >= 3)
     _check(got, want)
