@@ -349,7 +349,7 @@ def part_ours(seq_len: int, dry: bool) -> Iterator[dict[str, Any]]:
                           dtype=label, phase="summary", samples=s.summary_samples,
                           floor="flash-sdpa forward")  # fmt: skip
             if row["status"] == "ok":
-                row["stored"] = _stored(Path(tmp) / "s.h5")
+                row.update(stored=_stored(Path(tmp) / "s.h5"), statistics=_statistics(Path(tmp) / "s.h5"))
             yield row
             if seq_len == min(s.ours_lengths):  # the torch path's statistics beside (fused where the kernels run)
                 os.environ["BIASVIZ_STATISTICS"] = "torch"
@@ -360,7 +360,7 @@ def part_ours(seq_len: int, dry: bool) -> Iterator[dict[str, Any]]:
                 finally:
                     os.environ.pop("BIASVIZ_STATISTICS")
                 if row["status"] == "ok":
-                    row["stored"] = _stored(Path(tmp) / "s.h5")
+                    row.update(stored=_stored(Path(tmp) / "s.h5"), statistics=_statistics(Path(tmp) / "s.h5"))
                 yield row
         _routes()
         steps = {"flash-sdpa train step": _step(floor, dtype, ids, device),
@@ -416,16 +416,21 @@ def _route(device: str, seq_len: int, model: Any) -> str:
 
 
 def _stored(path: Path) -> str:
-    """The summary quantities of the final layer in a file, by dataset name (what the run measured), and the
-    implementation that formed them (its ``statistics`` attribute)."""
+    """The summary quantities of the final layer in a file, by dataset name (what the run measured)."""
     import h5py
 
     with h5py.File(path, "r") as f:
         layers = [k for k in f if k.startswith("layer_")]
-        if not layers:
-            return ""
-        last = f[layers[-1]]
-        return f"{last.attrs.get('statistics', 'torch')}: " + ",".join(sorted(last))
+        return ",".join(sorted(f[layers[-1]])) if layers else ""
+
+
+def _statistics(path: Path) -> str:
+    """Which implementation formed the final layer's statistics (its ``statistics`` attribute): fused or torch."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        layers = [k for k in f if k.startswith("layer_")]
+        return str(f[layers[-1]].attrs.get("statistics", "torch")) if layers else ""
 
 
 def part_llama(dry: bool) -> Iterator[dict[str, Any]]:
@@ -614,7 +619,8 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
 def _fused_against_torch(device: str, seq_len: int) -> Iterator[dict[str, Any]]:
     """One row per scheme: the same summary through the public call with the torch path's statistics and with the fused
     kernels' (``BIASVIZ_STATISTICS``), file against file; the largest difference over every dataset relative to its
-    largest value, and which path each layer took. The status says ``differs`` past 1e-3, or names a path not taken."""
+    largest value (an SE's: or to a hundredth of its mean's), and which path each layer took. The status says
+    ``differs`` past 1e-3, or names a path not taken."""
     import h5py
     import numpy as np
     import torch
@@ -644,13 +650,19 @@ def _fused_against_torch(device: str, seq_len: int) -> Iterator[dict[str, Any]]:
                 os.environ.pop("BIASVIZ_STATISTICS")
             (want, took_torch), (got, took_fused) = files["torch"], files["fused"]
             worst = 0.0
+            def largest(x: Any) -> float:
+                x = np.asarray(x, dtype=np.float64)
+                return float(np.nanmax(np.abs(x))) if np.isfinite(x).any() else 0.0
+
             for name, value in want.items():
                 fields = value.dtype.names or (None,)
                 for field in fields:
                     a = np.asarray(value if field is None else value[field], dtype=np.float64)
                     b = np.asarray(got[name] if field is None else got[name][field], dtype=np.float64)
-                    top = float(np.nanmax(np.abs(a))) if np.isfinite(a).any() else 1.0
-                    worst = max(worst, float(np.nanmax(np.abs(b - a), initial=0.0)) / (top or 1.0))
+                    # an SE is a spread of means, rounded as the means are: measured against a hundredth of them
+                    base = want.get(name.removesuffix("_se")) if name.endswith("_se") and field is None else None
+                    top = max(largest(a), 0.01 * largest(base) if base is not None else 0.0) or 1.0
+                    worst = max(worst, float(np.nanmax(np.abs(b - a), initial=0.0)) / top)
             row.update(largest_difference=worst, statistics=f"{took_torch} / {took_fused}",
                        missing=",".join(sorted(set(want) ^ set(got))))  # fmt: skip
             row["status"] = ("ok" if worst <= 1e-3 and took_fused == "fused" and not row["missing"]

@@ -42,8 +42,11 @@ def test_the_dry_run_measures_every_part_and_skips_only_cuda(dry: tuple[Path, li
     assert all(r["status"].startswith("ok") for r in measured), [r["status"] for r in measured]
     assert all(min(r["times"]) > 0 and r["peak_gib"] > 0 for r in measured)
     ours = {(r["dtype"], r["tool"]) for r in by_part["ours"]}
-    tools = ("flash-sdpa forward", "ours forward", "ours summary", "flash-sdpa train step", "ours train step")
+    tools = ("flash-sdpa forward", "ours forward", "ours summary", "ours summary, torch statistics",
+             "flash-sdpa train step", "ours train step")  # fmt: skip
     assert ours == {(d, t) for d in gpu_run.DRY.dtypes for t in tools}
+    # on a CPU both summaries take the torch path (the fused kernels run on a GPU), and say so
+    assert {r["statistics"] for r in by_part["ours"] if "summary" in r["tool"]} == {"torch"}
     assert {r["tool"] for r in by_part["llama"]} == {"bare forward", "traced summary", "output_attentions"}
     # each form of bias, forward and training step, with the route each took (a CPU: the table, the recomputation)
     schemes = {(r["scheme"], r["tool"]): r for r in by_part["schemes"]}
@@ -78,7 +81,7 @@ def test_the_tables_give_each_row_against_its_floor(dry: tuple[Path, list[dict]]
         expected = floors[(T, dtype, tool)] / (per * floors[(T, dtype, floor)])
         assert float(cells[5]) == pytest.approx(expected, abs=0.006), line
         checked += 1
-    assert checked == 5 * len(gpu_run.DRY.dtypes)
+    assert checked == 6 * len(gpu_run.DRY.dtypes)
     assert re.search(r"\| 32 \| [0-9.]+ \[[0-9.]+\] \| skipped: the GPU encoder's phases need CUDA", text)
     assert "| pytest -m cuda |  |  |  |  | skipped: no CUDA device |" in text
 

@@ -112,3 +112,21 @@ def test_a_bias_that_differs_from_its_formula_takes_the_torch_path(
     ids = np.random.default_rng(1).integers(0, 97, size=(3, T))
     _, attrs = _summary(model, ids, tmp_path / "fused.h5", 8, "fused", monkeypatch)
     assert attrs["statistics"] == "torch"
+
+
+@pytest.mark.parametrize(("scheme", "samples", "resolution"), [("alibi", 3, 8), ("rope", 2, T)])
+def test_the_kernels_through_the_public_call_write_what_the_torch_path_writes(
+    scheme: str, samples: int, resolution: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """The same, the sums from the kernels themselves, run on the CPU by Triton's interpreter."""
+    pytest.importorskip("triton")
+    from biasviz.summaries import kernels
+
+    if not kernels.interpreted() and not torch.cuda.is_available():
+        pytest.skip("Triton's interpreter was not chosen before Triton was imported")
+    model = small_model(scheme, n_head=4)
+    ids = np.random.default_rng(samples).integers(0, 97, size=(samples, T))
+    torch_path, _ = _summary(model, ids, tmp_path / "torch.h5", resolution, "torch", monkeypatch)
+    fused, attrs = _summary(model, ids, tmp_path / "fused.h5", resolution, "fused", monkeypatch)
+    assert attrs["statistics"] == "fused"
+    _compare(fused, torch_path)
