@@ -130,3 +130,19 @@ def test_the_kernels_through_the_public_call_write_what_the_torch_path_writes(
     fused, attrs = _summary(model, ids, tmp_path / "fused.h5", resolution, "fused", monkeypatch)
     assert attrs["statistics"] == "fused"
     _compare(fused, torch_path)
+
+
+def test_the_sums_the_kernels_return_are_what_the_memory_rule_counts() -> None:
+    """The fused path leaves a layer to torch where its sums would not fit (fused_layer.sums_bytes): the bound must
+    count what the kernels hold, the per-sample block sums that grow with N above all."""
+    pytest.importorskip("triton")
+    from biasviz.summaries import kernels
+    from biasviz.summaries.fused_layer import sums_bytes
+
+    if not kernels.interpreted() and not torch.cuda.is_available():
+        pytest.skip("Triton's interpreter was not chosen before Triton was imported")
+    n, heads, t, block = 3, 4, 40, 4
+    q, k = torch.randn(n, heads, t, 16), torch.randn(n, heads, t, 16)
+    got = kernels.layer_accumulators(q, k, None, 0.25, block, positional=True)
+    held = sum(x.numel() * x.element_size() for x in got.values())
+    assert 0.9 * sums_bytes(n, heads, t, block) <= held <= sums_bytes(n, heads, t, block)

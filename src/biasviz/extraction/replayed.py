@@ -169,7 +169,7 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
            show: Callable[[], Progress]) -> tuple[PositionSummary | None, str]:  # fmt: skip
     """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why."""
     why = why_not(adapter, bank, layer, device, by_sample=cells is not None, own_mask=attended is not None,
-                  table=table)  # fmt: skip
+                  table=table, block=block)  # fmt: skip
     got = None
     if why is None:
         with torch.inference_mode(), show() as bar:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from biasviz.common.memory import size_text
 from biasviz.common.settings import statistics_mode
 from biasviz.common.shapes import host_arrays, step_cells
 from biasviz.store.datasets import MIN_SE_SAMPLES, SEGMENTS, distance_bins
@@ -37,10 +38,21 @@ from biasviz.summaries.weight_measures import WeightMeasures
 
 FUSED, TORCH = "fused", "torch"  # a summary layer's ``statistics`` attribute
 CHECK_CELLS = 1 << 26  # bias cells formed and compared at a time (a GPU's step; a CPU's is smaller)
+SUMS_SHARE = 4  # the kernels' sums may take at most a quarter of the device's free memory
+
+
+def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
+    """Bytes of the kernels' float64 sums for one layer: per sample and head 4T + 3 nb² + 11 (rows, columns,
+    distances, the block sums and P's jackknife, the tenths and the sink), per head 5 nb² + 16 T + 4 (the maps, P's,
+    the sums by distance and key), and K1's float32 log-sum-exp. Each sample's block sums grow with N: the torch path
+    folds them as they come instead."""
+    nb = -(-seq_len // block)
+    per_sample, per_head = 4 * seq_len + 3 * nb * nb + 11, 5 * nb * nb + 16 * seq_len + 4
+    return 8 * heads * (samples * per_sample + per_head) + 4 * samples * heads * seq_len
 
 
 def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool, own_mask: bool,
-            table: torch.Tensor | None) -> str | None:  # fmt: skip
+            table: torch.Tensor | None, block: int) -> str | None:  # fmt: skip
     """Why the fused kernels do not summarise ``layer`` (None: they do)."""
     from biasviz.summaries import kernels
 
@@ -61,6 +73,10 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
         return "its bias is not a function of i - j alone, the same for every input"
     if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
         return "its q and k spilled to a temporary file"
+    need = sums_bytes(bank.samples, adapter.n_heads, bank.seq_len(layer, "q"), block)
+    if device.type == "cuda" and need * SUMS_SHARE > torch.cuda.mem_get_info(device)[0]:
+        return (f"its per-sample sums would take {size_text(need)}, over a quarter of the GPU's free memory (fewer "
+                "samples, or a coarser --resolution, fit)")  # fmt: skip
     return None
 
 
