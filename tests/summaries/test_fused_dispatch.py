@@ -32,21 +32,8 @@ def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len
     from biasviz.summaries import kernels
 
     spy = Dispatched()
-    inner = replayed_module.fused_layer
-
-    def accumulators(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the kernels' part: not counted
-        spy.on = False
-        try:
-            return _reference_accumulators(*args, **kwargs)
-        finally:
-            spy.on = True
-
-    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        spy.on = True
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spy.on = False
+    accumulators = spy.counting(_reference_accumulators, False)  # the kernels' part: not counted
+    counted = spy.counting(replayed_module.fused_layer, True)
 
     monkeypatch.setenv("BIASVIZ_STATISTICS", "fused")
     monkeypatch.setattr(kernels, "unavailable", lambda device: None)

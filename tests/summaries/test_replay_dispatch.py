@@ -10,7 +10,9 @@ sized for a CPU's cache.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,6 +42,18 @@ class Dispatched(TorchDispatchMode):
         super().__init__()
         self.on, self.kernels, self.reads = False, 0, 0
 
+    def counting(self, inner: Callable[..., Any], on: bool) -> Callable[..., Any]:
+        """``inner`` with the count turned ``on`` (or off) while it runs, as it was after."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.on = on
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.on = not on
+
+        return call
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if self.on:
             name = func.__name__
@@ -59,16 +73,7 @@ def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len
     monkeypatch.setattr(replay_module, "CHUNK_CELLS", HEADS * seq_len * 2)
     monkeypatch.setattr(layer_module, "CELLS_PER_STEP", HEADS * seq_len * 2)
     spy = Dispatched()
-    inner = replayed_module.replay_layer
-
-    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        spy.on = True
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spy.on = False
-
-    monkeypatch.setattr(replayed_module, "replay_layer", counted)
+    monkeypatch.setattr(replayed_module, "replay_layer", spy.counting(replayed_module.replay_layer, True))
     ids = np.random.default_rng(seq_len + samples).integers(0, 97, size=(samples, seq_len))
     adapter = BiasGPTAdapter(small_model(scheme), source="test")
     blocks = len(list(replay_module.row_blocks(seq_len, HEADS, torch.device("cuda" if gpu else "cpu"), False)))
