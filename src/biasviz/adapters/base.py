@@ -294,9 +294,14 @@ class ModelAdapter:
     def call_note(self, layer: int) -> str | None:
         """What ``layer``'s call did beyond c·q·kᵀ + b (a softcap, sink columns), as its trace says, or that it
         rotates nothing though the model holds a rotary module; None: nothing."""
-        from biasviz.adapters.rotary import NOT_ROTATED
+        from biasviz.adapters.rotary import NOT_ROTATED, find_rotary, rotary_module, unread_rotary
 
-        return NOT_ROTATED if self.__dict__.get("_rotates", {}).get(layer) is False else None
+        if self.__dict__.get("_rotates", {}).get(layer) is False:
+            return NOT_ROTATED
+        held = rotary_module(self.model) if isinstance(self.model, torch.nn.Module) else None
+        if held is not None and find_rotary(self.model) is None:  # a rotation the measures cannot split
+            return unread_rotary(held)
+        return None
 
     def attended(self, layer: int) -> torch.Tensor | None:
         """The cells ``layer`` attends to, (1, 1 or H, T, T) bool, as the forward under :meth:`keep` masked them, where

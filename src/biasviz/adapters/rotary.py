@@ -14,6 +14,12 @@ NOT_ROTATED = ("the model holds a rotary module, but this call's q and k do not 
 PROBE_POSITIONS = 8  # positions of the one repeated token that tells whether a call rotates
 
 
+def unread_rotary(name: str) -> str:
+    """A layer's note where the model holds a rotary module whose frequencies biasviz cannot read."""
+    return (f"the model's {name} rotates q and k in a way biasviz does not read (no inv_freq of one size), so no "
+            "rotary measures are stored")
+
+
 @dataclass(frozen=True)
 class RotaryLayout:
     """How a model's attention call pairs the dims of a head it rotates."""
@@ -40,13 +46,26 @@ def find_rotary(model: torch.nn.Module) -> RotaryLayout | None:
     model_type = str(getattr(config, "model_type", ""))
     interleaved = model_type in ("gptj", "codegen")
     for module in model.modules():
+        if "rotary" not in type(module).__name__.lower():
+            continue
         inv_freq = getattr(module, "inv_freq", None)
-        if isinstance(inv_freq, torch.Tensor) and "rotary" in type(module).__name__.lower():
+        if isinstance(inv_freq, torch.Tensor):
             return RotaryLayout(interleaved=interleaved, rotary_dims=2 * int(inv_freq.numel()))
+        # one module for several kinds of layer, a base each (Gemma-3's local and global layers:
+        # sliding_attention_inv_freq, full_attention_inv_freq): the pairs are the same where the sizes are
+        sizes = {int(b.numel()) for name, b in module.named_buffers(recurse=False)
+                 if name.endswith("inv_freq") and not name.endswith("original_inv_freq")}  # fmt: skip
+        if len(sizes) == 1:
+            return RotaryLayout(interleaved=interleaved, rotary_dims=2 * sizes.pop())
     rotary_dim = getattr(config, "rotary_dim", None)
     if interleaved and isinstance(rotary_dim, int) and rotary_dim >= 2:
         return RotaryLayout(interleaved=True, rotary_dims=rotary_dim)
     return None
+
+
+def rotary_module(model: torch.nn.Module) -> str | None:
+    """The class name of the first rotary module a model holds (None: none), for the note where it cannot be read."""
+    return next((type(m).__name__ for m in model.modules() if "rotary" in type(m).__name__.lower()), None)
 
 
 def rotating_calls(adapter: Any) -> dict[int, bool]:
@@ -56,7 +75,7 @@ def rotating_calls(adapter: Any) -> dict[int, bool]:
     short pass for every call; where a call's q and k cannot be seen (or the model refuses the probe), the model's
     rotary module is taken at its word."""
     layers = list(range(int(adapter.n_layers)))
-    ids = torch.zeros(1, PROBE_POSITIONS, dtype=torch.long)
+    ids = torch.full((1, PROBE_POSITIONS), _probe_token(adapter.model), dtype=torch.long)
     try:
         with adapter.capture(layers, want_bias=False, want_scores=True) as got:
             adapter.forward(ids.to(adapter.device))
@@ -64,6 +83,20 @@ def rotating_calls(adapter: Any) -> dict[int, bool]:
     except Exception:  # a model that takes no input this short: no evidence either way
         operands = {}
     return {layer: layer not in operands or any(_moves(t) for t in operands[layer][:2]) for layer in layers}
+def _probe_token(model: Any) -> int:
+    """A token whose embedding is not zero: a padding id's row is (Gemma's id 0), and a zero input rotated by position
+    is still zero, which would read as a call that rotates nothing."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    table = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(table, "weight", None)
+    for token in range(8):
+        if token == pad:
+            continue
+        if not isinstance(weight, torch.Tensor) or token >= len(weight) or bool(weight[token].detach().abs().sum() > 0):
+            return token
+    return 0
+
+
 def _moves(t: torch.Tensor) -> bool:
     """Whether (B, H, T, E) differs from its first position anywhere, beyond float rounding."""
     first = t[..., :1, :]
