@@ -1,6 +1,7 @@
-"""Every standard error a summary stores is shaped like its mean's row with the stat axis dropped
-(docs/position-measures.md): read from written files of a biased model (replayed), a rotary one and a streamed GPT-2,
-and from the table of datasets where it lists both."""
+"""Every standard error a summary stores is shaped like its mean's row with the stat axis dropped (the sample axis
+of a per-sample row, the sink share's: its SE is of the mean over samples) (docs/position-measures.md): read from
+written files of a biased model (replayed), a rotary one and a streamed GPT-2, and from the table of datasets where
+it lists both."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def test_each_se_is_shaped_like_its_mean(tmp_path: Path, model: str) -> None:
         for name in errors:  # by the dimension labels the file gives each axis
             mean, se = group[name.removesuffix("_se")], group[name]
             labels = [d.label for d in mean.dims]
-            assert [d.label for d in se.dims] == [x for x in labels if x != "stat"], name
-            kept = [size for size, label in zip(mean.shape, labels, strict=True) if label != "stat"]
+            assert [d.label for d in se.dims] == [x for x in labels if x not in ("stat", "sample")], name
+            kept = [size for size, label in zip(mean.shape, labels, strict=True) if label not in ("stat", "sample")]
             assert list(se.shape) == kept, (name, se.shape, mean.shape)
             row = ROWS.get(name.removesuffix("_se"))  # and by the table, where it lists the mean
             assert row is None or labels == list(row.dims), name
@@ -52,4 +53,4 @@ def test_the_table_gives_each_se_the_dims_of_its_mean_less_the_stat_axis() -> No
     for name, row in ROWS.items():
         base = ROWS.get(name.removesuffix("_se")) if name.endswith("_se") else None
         if base is not None:
-            assert row.dims == tuple(d for d in base.dims if d != "stat"), name
+            assert row.dims == tuple(d for d in base.dims if d not in ("stat", "sample")), name
