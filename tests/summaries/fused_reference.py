@@ -48,7 +48,8 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     """Every accumulator, by name (float64):
 
     - ``maps`` (4, H, nb, nb): Σ over a block's cells of w̄, σ_w, s̄, σ_s;
-    - ``by_distance`` (6, H, T): Σ over the cells at d of w̄, w̄², σ_w², s̄, s̄², σ_s²;
+    - ``by_distance`` (6, H, T): Σ over the cells at d of w̄, w̄², σ_w², s̄ - f(d), (s̄ - f(d))², σ_s² (the scores
+      shifted by the bias, the same along a diagonal: its spread along it is what is left, without a large f);
     - ``columns`` (2, H, T): Σ_i of w̄(i, j) and of σ_w² + w̄²;
     - ``row_ws`` (N, H, T): Σ_j w_a s_a; ``sinks`` (N, H): Σ_i w_a(i, 0);
     - ``sample_columns`` (N, H, T): Σ_i w_a(i, j);
@@ -78,7 +79,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     out = {
         "maps": np.stack([_blocks(x, block) for x in (w_mean, w_std, s_mean, s_std)]),
         "by_distance": np.stack(
-            [_by_distance(x) for x in (w_mean, w_mean**2, w_std**2, s_mean, s_mean**2, s_std**2)]
+            [_by_distance(x) for x in (w_mean, w_mean**2, w_std**2, s_mean - bias, (s_mean - bias) ** 2, s_std**2)]
         ),  # fmt: skip
         "columns": np.stack([w_mean.sum(-2), (w_std**2 + w_mean**2).sum(-2)]),
         "row_ws": (w * s).sum(-1),

@@ -107,9 +107,11 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)  # cells at distance d; queries of key d
     means = torch.where(counts > 0, acc["maps"] / counts, float("nan")).float()
     for kind, at in (("weights", 0), ("scores", 2)):
-        total, squares, spread = acc["by_distance"][3 * (at // 2) : 3 * (at // 2) + 3]
+        total, squares, spread = acc["by_distance"][3 * (at // 2) : 3 * (at // 2) + 3]  # the scores' less f(d)
         mean = total / per_d
         std = (spread / per_d + (squares / per_d - mean * mean).clamp(min=0.0)).sqrt()
+        if kind == "scores" and table is not None:
+            mean = mean + table.to(mean)
         mean_map, std_map, profile = host_arrays(means[at], means[at + 1], torch.stack([mean, std]).float())
         own[kind].given = Summary(mean=mean_map, std=std_map, profile=profile, diagnostics=None)
     key_mean = acc["columns"][0] / per_d

@@ -50,7 +50,7 @@ def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | Non
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
     lse = row_lse(q, k, table, scale, tile)
-    return finish(*tile_sums(q, k, table, lse, scale, block, tile), lse, block)
+    return finish(*tile_sums(q, k, table, lse, scale, block, tile), lse, block, table)
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int) -> dict:
@@ -181,8 +181,10 @@ def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tenso
 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
-           sinks: torch.Tensor, lse: torch.Tensor, block: int) -> dict[str, torch.Tensor]:  # fmt: skip
-    """K3: the accumulators divided by their cells (the geometry's counts), square roots, NaN where no cell."""
+           sinks: torch.Tensor, lse: torch.Tensor, block: int,
+           table: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """K3: the accumulators divided by their cells (the geometry's counts), square roots, NaN where no cell; the
+    scores' sums by distance, less the bias, get ``table``'s f(d) back."""
     heads, seq_len = by_distance.shape[1:]
     counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
     means = torch.where(counts > 0, maps / counts, float("nan")).float()
@@ -191,6 +193,8 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
     for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
         mean = total / per_d
         between = (squares / per_d - mean * mean).clamp(min=0.0)
+        if name == "scores" and table is not None:
+            mean = mean + table.to(mean)
         out[f"{name}_profile"] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
     per_key = per_d  # T - j queries see key j
     mean = columns[0] / per_key

@@ -71,9 +71,25 @@ def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, WHOLE: tl.constexpr)
 
 
 @triton.jit
+def _diagonals(PTR, x, m0, j0, T, TILE: tl.constexpr):
+    """Add a square tile ``x`` (0 in the cells not used) to the sums by distance at PTR, PTR[d] += Σ of its cells
+    with i - j = d: each diagonal summed in the tile first (a gather along the rows), then one atomic a diagonal, 2
+    TILE - 1 a tile instead of one a cell (the cells of one diagonal would otherwise meet at one address, one after
+    another)."""
+    r = tl.arange(0, TILE)
+    o = tl.arange(0, 2 * TILE)  # the tile's diagonal o holds row r's column r - o + TILE - 1
+    column = r[:, None] - o[None, :] + (TILE - 1)
+    inside = (column >= 0) & (column < TILE)
+    along = tl.gather(x, tl.where(inside, column, 0), 1)  # (TILE, 2 TILE): row r's cell on each diagonal
+    sums = tl.sum(tl.where(inside, along, 0.0), 0)
+    d = m0 - j0 + o - (TILE - 1)
+    tl.atomic_add(PTR + d, sums.to(tl.float64), mask=(d >= 0) & (d < T) & (o < 2 * TILE - 1))
+
+
+@triton.jit
 def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows, cols, dims,
                  used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK, NB,
-                 HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr):  # fmt: skip
+                 HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
     """Sample ``a``'s logits c q k^T and weights of one tile, 0 in the cells not ``used``, and its own sums: each
     row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile), column
     sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the sums of w over
@@ -92,9 +108,8 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a,
     if j0 == 0:
         tl.atomic_add(SINKS + at, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
     tl.atomic_add(SCOLS + at * T + cols, tl.sum(w, 0).to(tl.float64), mask=cols < T)
-    by_d = SDIST + at * T + rows[:, None] - cols[None, :]
-    tl.atomic_add(by_d, w.to(tl.float64), mask=used)
-    tl.atomic_add(by_d + N * H * T, s.to(tl.float64), mask=used)
+    _diagonals(SDIST + at * T, w, m0, j0, T, TILE)
+    _diagonals(SDIST + (N * H + at) * T, s, m0, j0, T, TILE)
     plane = NB * NB
     _block_add(SBLOCKS + at * plane, w, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
     _block_add(SBLOCKS + (N * H + at) * plane, s, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
@@ -133,7 +148,8 @@ def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.cons
 
 @triton.jit
 def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, mean_raw, bias, h, kh, m0, j0, rows,
-                cols, dims, used, N: tl.constexpr, T, H, HD, scale, BLOCK, NB, WHOLE: tl.constexpr):  # fmt: skip
+                cols, dims, used, N: tl.constexpr, T, H, HD, scale, BLOCK, NB, WHOLE: tl.constexpr,
+                TILE: tl.constexpr):  # fmt: skip
     """The positional logits of one tile, P = c Q·K / (N(N - 1)) - (s̄ - f) / (N - 1) + f (``mean_raw`` = s̄ - f,
     the mean of c q k^T), and their sums (fp64, added to): block sums (PMAPS), by distance of P - f and of its square
     (PDIST), P at the keys j < 4 (PFIRST, stored: each cell is this program's), row and column sums below the
@@ -144,9 +160,8 @@ def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, me
     dev = tl.where(used, qk * (1.0 / (N * (N - 1))) - mean_raw * (1.0 / (N - 1)), 0.0)  # P - f
     p = tl.where(used, dev + bias, 0.0)
     _block_add(PMAPS + h * NB * NB, p, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
-    by_d = PDIST + h * T + rows[:, None] - cols[None, :]
-    tl.atomic_add(by_d, dev.to(tl.float64), mask=used)
-    tl.atomic_add(by_d + H * T, (dev * dev).to(tl.float64), mask=used)
+    _diagonals(PDIST + h * T, dev, m0, j0, T, TILE)
+    _diagonals(PDIST + (H + h) * T, dev * dev, m0, j0, T, TILE)
     if j0 == 0:
         tl.store(PFIRST + (h * T + rows[:, None]) * 4 + cols[None, :], p.to(tl.float64),
                  mask=used & (cols[None, :] < 4))  # fmt: skip
@@ -195,7 +210,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             hi = tl.minimum((SEGMENTS * (j0 + BN - 1)) // (tl.maximum(m0, SEGMENTS - 1) + 1), SEGMENTS - 1)
             raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, 0, h, kh, m0, j0,
                                     rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H, HD,
-                                    scale, BLOCK, NB, HAS_BIAS, WHOLE)  # the moments' shift  # fmt: skip
+                                    scale, BLOCK, NB, HAS_BIAS, WHOLE, BM)  # the moments' shift  # fmt: skip
             dw1 = tl.zeros([BM, BN], tl.float32)
             dw2 = tl.zeros([BM, BN], tl.float32)
             ds1 = tl.zeros([BM, BN], tl.float32)
@@ -203,7 +218,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             for a in range(1, N):
                 raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0,
                                       rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H,
-                                      HD, scale, BLOCK, NB, HAS_BIAS, WHOLE)  # fmt: skip
+                                      HD, scale, BLOCK, NB, HAS_BIAS, WHOLE, BM)  # fmt: skip
                 d = w - w0
                 dw1 += d
                 dw2 += d * d
@@ -226,17 +241,18 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             _block_add(base + 2 * stride, mean_s, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
             _block_add(base + 3 * stride, tl.sqrt(var_s), m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
             # sums by distance d = i - j
-            by_d = DIST + h * T + rows[:, None] - cols[None, :]
             line = H * T
-            tl.atomic_add(by_d, mean_w.to(tl.float64), mask=used)
-            tl.atomic_add(by_d + line, (mean_w * mean_w).to(tl.float64), mask=used)
-            tl.atomic_add(by_d + 2 * line, var_w.to(tl.float64), mask=used)
-            tl.atomic_add(by_d + 3 * line, mean_s.to(tl.float64), mask=used)
-            tl.atomic_add(by_d + 4 * line, (mean_s * mean_s).to(tl.float64), mask=used)
-            tl.atomic_add(by_d + 5 * line, var_s.to(tl.float64), mask=used)
+            _diagonals(DIST + h * T, mean_w, m0, j0, T, BM)
+            _diagonals(DIST + line + h * T, mean_w * mean_w, m0, j0, T, BM)
+            _diagonals(DIST + 2 * line + h * T, var_w, m0, j0, T, BM)
+            # the scores less their bias, the same along a diagonal: Σ s̄² - (Σ s̄)² / n of an ALiBi diagonal far out
+            # would cancel the spread along it in float32
+            _diagonals(DIST + 3 * line + h * T, raw0 + ms, m0, j0, T, BM)
+            _diagonals(DIST + 4 * line + h * T, (raw0 + ms) * (raw0 + ms), m0, j0, T, BM)
+            _diagonals(DIST + 5 * line + h * T, var_s, m0, j0, T, BM)
             # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²)
             tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w, 0).to(tl.float64), mask=cols < T)
             tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64), mask=cols < T)
             if POSITIONAL:
                 _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, raw0 + ms, bias, h, kh, m0,
-                            j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, WHOLE)  # fmt: skip
+                            j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, WHOLE, BM)  # fmt: skip
