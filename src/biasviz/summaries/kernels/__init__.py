@@ -62,6 +62,18 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: 
             "tiles": -(-seq_len // tile), "has_bias": table is not None}
 
 
+def _sub_blocks(block: int, tile: int) -> int:
+    """How a tile meets the map's blocks (the kernel's ``SUB``): ``tile`` where a block holds whole tiles, ``block``
+    where blocks split a tile evenly, 0 where they do not (each cell added to its block).
+
+    >>> _sub_blocks(64, 32), _sub_blocks(4, 32), _sub_blocks(12, 32)
+    (32, 4, 0)
+    """
+    if block % tile == 0:
+        return tile
+    return block if tile % block == 0 else 0
+
+
 def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float,
             tile: int = TILE) -> torch.Tensor:  # fmt: skip
     """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores."""
@@ -151,7 +163,7 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
                                                   *(out.get(name, unused) for name in shapes), *go["strides"], n,
                                                   seq_len, heads, go["group"], hd, float(scale), block, nb,
                                                   DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
-                                                  WHOLE=block % tile == 0, POSITIONAL=positional)  # fmt: skip
+                                                  SUB=_sub_blocks(block, tile), POSITIONAL=positional)  # fmt: skip
     if positional and n >= 3:
         out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block)
     return out

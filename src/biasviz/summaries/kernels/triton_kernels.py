@@ -61,11 +61,18 @@ def _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, sk
 
 
 @triton.jit
-def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, WHOLE: tl.constexpr):
-    """Add a tile ``x`` (0 in the cells not ``used``) to the (NB, NB) block map at PTR: its sum with one atomic when
-    the tile lies inside one block (``WHOLE``), else each cell to its block."""
-    if WHOLE:
+def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, SUB: tl.constexpr, TILE: tl.constexpr):
+    """Add a square tile ``x`` (0 in the cells not ``used``) to the (NB, NB) block map at PTR. ``SUB`` = TILE: the
+    tile lies inside one block, its sum is one atomic; 0 < SUB < TILE: blocks of SUB positions split the tile, each
+    block's sum is one atomic ((TILE / SUB)² of them, those with a cell j <= i); 0: each cell to its block."""
+    if SUB == TILE:
         tl.atomic_add(PTR + (m0 // BLOCK) * NB + j0 // BLOCK, tl.sum(tl.sum(x, 1), 0).to(tl.float64))
+    elif SUB > 0:
+        parts = tl.sum(tl.sum(tl.reshape(x, (TILE // SUB, SUB, TILE // SUB, SUB)), 3), 1)  # (TILE / SUB) ** 2
+        at = tl.arange(0, TILE // SUB)
+        r, c = m0 // SUB + at, j0 // SUB + at
+        tl.atomic_add(PTR + r[:, None] * NB + c[None, :], parts.to(tl.float64),
+                      mask=(c[None, :] <= r[:, None]) & (r[:, None] < NB))  # fmt: skip
     else:
         tl.atomic_add(PTR + (rows[:, None] // BLOCK) * NB + cols[None, :] // BLOCK, x.to(tl.float64), mask=used)
 
@@ -89,7 +96,7 @@ def _diagonals(PTR, x, m0, j0, T, TILE: tl.constexpr):
 @triton.jit
 def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows, cols, dims,
                  used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK, NB,
-                 HAS_BIAS: tl.constexpr, WHOLE: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
+                 HAS_BIAS: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
     """Sample ``a``'s logits c q k^T and weights of one tile, 0 in the cells not ``used``, and its own sums: each
     row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile), column
     sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the sums of w over
@@ -111,8 +118,8 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a,
     _diagonals(SDIST + at * T, w, m0, j0, T, TILE)
     _diagonals(SDIST + (N * H + at) * T, s, m0, j0, T, TILE)
     plane = NB * NB
-    _block_add(SBLOCKS + at * plane, w, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
-    _block_add(SBLOCKS + (N * H + at) * plane, s, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+    _block_add(SBLOCKS + at * plane, w, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
+    _block_add(SBLOCKS + (N * H + at) * plane, s, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
     ten_j = SEGMENTS * cols[None, :]  # j in tenth t of row i's context: t (i + 1) <= 10 j < (t + 1)(i + 1)
     ctx = used & (rows[:, None] + 1 >= SEGMENTS)
     for seg in tl.static_range(SEGMENTS):  # a tile's cells span few tenths: a sum for each of those
@@ -148,7 +155,7 @@ def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.cons
 
 @triton.jit
 def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, mean_raw, bias, h, kh, m0, j0, rows,
-                cols, dims, used, N: tl.constexpr, T, H, HD, scale, BLOCK, NB, WHOLE: tl.constexpr,
+                cols, dims, used, N: tl.constexpr, T, H, HD, scale, BLOCK, NB, SUB: tl.constexpr,
                 TILE: tl.constexpr):  # fmt: skip
     """The positional logits of one tile, P = c Q·K / (N(N - 1)) - (s̄ - f) / (N - 1) + f (``mean_raw`` = s̄ - f,
     the mean of c q k^T), and their sums (fp64, added to): block sums (PMAPS), by distance of P - f and of its square
@@ -159,7 +166,7 @@ def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, me
     qk = tl.dot(bq, tl.trans(bk), input_precision="ieee") * scale
     dev = tl.where(used, qk * (1.0 / (N * (N - 1))) - mean_raw * (1.0 / (N - 1)), 0.0)  # P - f
     p = tl.where(used, dev + bias, 0.0)
-    _block_add(PMAPS + h * NB * NB, p, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+    _block_add(PMAPS + h * NB * NB, p, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
     _diagonals(PDIST + h * T, dev, m0, j0, T, TILE)
     _diagonals(PDIST + (H + h) * T, dev * dev, m0, j0, T, TILE)
     if j0 == 0:
@@ -185,14 +192,15 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                     sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T: tl.constexpr, H, GROUP, HD, scale,
                     BLOCK, NB,
                     DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    WHOLE: tl.constexpr, POSITIONAL: tl.constexpr):  # fmt: skip
+                    SUB: tl.constexpr, POSITIONAL: tl.constexpr):  # fmt: skip
     """K2: every accumulator of the module docstring, for one query tile and head; grid (ceil(T / BM), H).
 
     MAPS (4, H, NB, NB), DIST (6, H, T), COLS (2, H, T), ROW_WS (N, H, T), SINKS (N, H); per sample SCOLS (N, H, T),
     CTX (N, H, 10), SDIST (2, N, H, T), SBLOCKS (2, N, H, NB, NB); with ``POSITIONAL`` (N >= 2) from BQ = Σ q
     (H, T, HD) and BK = Σ k (H_kv, T, HD) fp32 contiguous and REF (H,) fp32: PMAPS (H, NB, NB), PDIST (2, H, T),
-    PFIRST (H, T, 4), PROWS (H, T), PCOLS (H, T), PSQ (2, H), PSHIFT (2, H): fp64, added to. ``WHOLE``: the map's
-    blocks are whole tiles (BLOCK a multiple of BM = BN), so a tile adds one sum to each map, not one per cell."""
+    PFIRST (H, T, 4), PROWS (H, T), PCOLS (H, T), PSQ (2, H), PSHIFT (2, H): fp64, added to. ``SUB``: how a
+    tile meets the map's blocks (:func:`_block_add`): BM where BLOCK is a multiple of BM = BN (one sum a tile and map),
+    BLOCK where it divides BM (one sum a block), 0 otherwise (one a cell)."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1)
     kh = h // GROUP
@@ -210,7 +218,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             hi = tl.minimum((SEGMENTS * (j0 + BN - 1)) // (tl.maximum(m0, SEGMENTS - 1) + 1), SEGMENTS - 1)
             raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, 0, h, kh, m0, j0,
                                     rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H, HD,
-                                    scale, BLOCK, NB, HAS_BIAS, WHOLE, BM)  # the moments' shift  # fmt: skip
+                                    scale, BLOCK, NB, HAS_BIAS, SUB, BM)  # the moments' shift  # fmt: skip
             dw1 = tl.zeros([BM, BN], tl.float32)
             dw2 = tl.zeros([BM, BN], tl.float32)
             ds1 = tl.zeros([BM, BN], tl.float32)
@@ -218,7 +226,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             for a in range(1, N):
                 raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0,
                                       rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H,
-                                      HD, scale, BLOCK, NB, HAS_BIAS, WHOLE, BM)  # fmt: skip
+                                      HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM)  # fmt: skip
                 d = w - w0
                 dw1 += d
                 dw2 += d * d
@@ -236,10 +244,10 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
             base = MAPS + h * plane
             stride = H * plane
-            _block_add(base, mean_w, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
-            _block_add(base + stride, tl.sqrt(var_w), m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
-            _block_add(base + 2 * stride, mean_s, m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
-            _block_add(base + 3 * stride, tl.sqrt(var_s), m0, j0, rows, cols, used, BLOCK, NB, WHOLE)
+            _block_add(base, mean_w, m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
+            _block_add(base + stride, tl.sqrt(var_w), m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
+            _block_add(base + 2 * stride, mean_s, m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
+            _block_add(base + 3 * stride, tl.sqrt(var_s), m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
             # sums by distance d = i - j
             line = H * T
             _diagonals(DIST + h * T, mean_w, m0, j0, T, BM)
@@ -255,4 +263,4 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64), mask=cols < T)
             if POSITIONAL:
                 _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, raw0 + ms, bias, h, kh, m0,
-                            j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, WHOLE, BM)  # fmt: skip
+                            j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, SUB, BM)  # fmt: skip
