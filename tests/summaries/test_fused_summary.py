@@ -152,3 +152,27 @@ def test_the_sums_the_kernels_return_are_what_the_memory_rule_counts() -> None:
     got = kernels.layer_accumulators(q, k, None, 0.25, block, positional=True)
     held = sum(x.numel() * x.element_size() for x in got.values())
     assert 0.9 * sums_bytes(n, heads, t, block) <= held <= sums_bytes(n, heads, t, block)
+
+
+@pytest.mark.parametrize(("positional", "measures"), [(False, True), (True, False)])
+def test_leaving_p_or_the_measures_out_leaves_them_out_of_both_paths(
+    positional: bool, measures: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.extraction.summary import extract_summary
+    from biasviz.summaries import kernels
+
+    monkeypatch.setattr(kernels, "unavailable", lambda device: None)
+    monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
+    adapter = BiasGPTAdapter(small_model("alibi", n_head=4), source="test")
+    ids = np.random.default_rng(9).integers(0, 97, size=(3, T))
+    got = {}
+    for mode in ("torch", "fused"):
+        monkeypatch.setenv("BIASVIZ_STATISTICS", mode)
+        extract_summary(adapter, ids, tmp_path / f"{mode}.h5", layers=[1], resolution=8, device="cpu", progress=False,
+                        positional=positional, measures=measures)  # fmt: skip
+        with h5py.File(tmp_path / f"{mode}.h5") as f:
+            got[mode] = {name: f["layer_1"][name][()] for name in f["layer_1"]}
+            assert f["layer_1"].attrs["statistics"] == mode
+    _compare(got["fused"], got["torch"])
+    assert ("positional_mean" in got["fused"]) == positional and ("band_mass" in got["fused"]) == measures
