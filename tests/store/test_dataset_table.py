@@ -102,3 +102,17 @@ def test_info_labels_each_dataset_with_its_rows_dimensions(summary: Path, capsys
         shape = shape_of(ROWS[name], _sizes())
         dims = " x ".join(ROWS[name].dims)
         assert re.search(rf"layer_1/{name} +float32 {re.escape(str(shape))} \({dims}\), ", out), out
+
+
+def test_the_xarray_view_labels_each_dataset_with_its_rows_dimensions(summary: Path) -> None:
+    pytest.importorskip("xarray")
+    with biasviz.open(summary) as view:
+        data = view.to_xarray(layer=1)
+    with h5py.File(summary, "r") as f:
+        held = _layer_datasets(f, 1)
+    for name in held:  # records: one variable per field
+        row = ROWS[name]
+        variables = [f"{name}_{field}" for field in row.dtype.names] if row.compound else [name]
+        for variable in variables:
+            assert data[variable].dims == row.dims, variable
+            assert data[variable].shape == shape_of(row, _sizes()), variable
