@@ -128,12 +128,16 @@ def _layer_lines(f: Any, layer: int, group: str) -> list[str]:
     if not f.has_bias(layer):
         lines.append(f"  {group + '/bias':<16}absent (the scheme adds no bias)")
     if f.is_summary:
-        names = f.summary_datasets(layer)
+        from biasviz.store.datasets import ROWS
+
+        names = f.summary_datasets(layer)  # rows of the table of datasets, in its order
         longest = max((len(group) + 1 + len(n) for n in names), default=0)
         width = 24 if longest < 24 else longest + 2  # a column as wide as the longest name, at least a space
         for name in names:
             ds = f.summary.h5[f"{group}/{name}"]
-            lines.append(f"  {group + '/' + name:<{width}}{_dtype(ds)} {tuple(ds.shape)}, {_filters(ds)}")
+            dims = ROWS[name].dims if ds.ndim == len(ROWS[name].dims) else ("checkpoint", *ROWS[name].dims)
+            lines.append(f"  {group + '/' + name:<{width}}{_dtype(ds)} {tuple(ds.shape)} ({' x '.join(dims)}), "
+                         f"{_filters(ds)}")  # fmt: skip
         note = f.summary.note(layer)
         if note:  # what the layer's summary leaves out, and why
             lines.append(f"  {group + ' note':<{width}}{note}")

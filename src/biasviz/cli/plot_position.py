@@ -75,10 +75,12 @@ def run_position(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dp
 def summary_profiles(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
                      dpi: int) -> list[Path]:  # fmt: skip
     """What ``--kind profile`` adds on a summary that holds it: P(d) beside b(d), and the entropy of the weights."""
+    from biasviz.store.datasets import POSITIONAL_PROFILE
+
     written: list[Path] = []
     if bf.summary is None:
         return written
-    if bf.summary.holds(layer, "positional_profile"):
+    if bf.summary.holds(layer, POSITIONAL_PROFILE):
         written += _positional_profile(job, bf, layer, out_dir, formats, dpi)
     if bf.summary.holds(layer, "weights_entropy"):
         written += _entropy(job, bf, layer, out_dir, formats, dpi)

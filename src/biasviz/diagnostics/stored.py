@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from biasviz.diagnostics.measures import HeadDiagnostics
+from biasviz.store.datasets import KEY_PROFILE, POSITIONAL_DIAGNOSTICS, POSITIONAL_PROFILE, SINK_SHARE
 
 SINK_EPSILON = 0.3  # Gu et al. 2025: a head whose first key takes more than this share of the weight is a sink
 
@@ -49,18 +50,18 @@ def stored_position(bias_file: Any, layer: int) -> tuple[list[HeadDiagnostics] |
     if summary is None or bias_file.bias_only:
         return None, None
     heads = None
-    if summary.holds(layer, "positional_diagnostics"):
-        values = bias_file.stored_diagnostics(layer, "positional_diagnostics")
-        profile = bias_file.summary_array("positional_profile", layer)[0]
+    if summary.holds(layer, POSITIONAL_DIAGNOSTICS):
+        values = bias_file.stored_diagnostics(layer, POSITIONAL_DIAGNOSTICS)
+        profile = bias_file.summary_array(POSITIONAL_PROFILE, layer)[0]
         heads = [HeadDiagnostics(head=h + 1, samples=bias_file.n_samples, context_dependence=None,
                                  toeplitz_residual=_value(values["toeplitz_residual"][h]),
                                  separability_residual=_value(values["separability_residual"][h]),
                                  profile_mean=profile[h], profile_std=np.zeros_like(profile[h]))
                  for h in range(profile.shape[0])]  # fmt: skip
     sinks = None
-    if summary.holds(layer, "sink_share"):
-        share = bias_file.summary_array("sink_share", layer)  # (N, H)
-        first = bias_file.summary_array("weights_key_profile", layer)[0, :, 0]  # (H,) mean weight on key 0
+    if summary.holds(layer, SINK_SHARE):
+        share = bias_file.summary_array(SINK_SHARE, layer)  # (N, H)
+        first = bias_file.summary_array(KEY_PROFILE, layer)[0, :, 0]  # (H,) mean weight on key 0
         sinks = {"epsilon": SINK_EPSILON, "share_per_head": [float(x) for x in first],
                  "sink_heads_from_mean": float((first > SINK_EPSILON).mean()),
                  "sink_heads_per_sample": float((share > SINK_EPSILON).mean())}  # fmt: skip

@@ -46,6 +46,7 @@ from biasviz.plotting.load import iter_heads
 from biasviz.plotting.reduce import block_reduce, weighted_block_mean
 from biasviz.plotting.scales import ValueRange
 from biasviz.store import BiasFile, open_bias_file
+from biasviz.store.datasets import POSITIONAL_PROFILE, map_name
 
 #: Largest overview (cells per axis) drawn in the grid; always embedded.
 OVERVIEW = 256
@@ -300,7 +301,7 @@ class _Builder:
 
     def _heads_of(self, f: BiasFile, layer: int, kind: str, sample: int | str) -> Iterator[np.ndarray]:
         if f.is_summary:
-            yield from f.summary_map(f"{kind}_mean", layer)
+            yield from f.summary_map(map_name(kind), layer)
         else:
             yield from iter_heads(f, kind, layer=layer, sample=sample)
 
@@ -317,7 +318,7 @@ class _Builder:
 def _profile(f: BiasFile, kind: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """A summary's stored (mean, std) by distance; P has no spread over samples (one matrix for all of them)."""
     if kind == "positional":
-        mean = f.summary_array("positional_profile", layer)[0]  # over all keys
+        mean = f.summary_array(POSITIONAL_PROFILE, layer)[0]  # over all keys
         return mean, np.zeros_like(mean)
     return f.profile(kind, layer)
 

@@ -188,11 +188,12 @@ def _shape_of(part: Path, summary: bool) -> Any:
     import h5py
 
     from biasviz.extraction.run import ExtractResult
+    from biasviz.store.datasets import map_name
 
     with h5py.File(part, "r") as f:
         layers = [int(x) for x in np.atleast_1d(f.attrs["layers"])]
         group = f[f"layer_{layers[0]}"]
-        has_bias = ("bias_mean" if summary else "bias") in group
+        has_bias = (map_name("bias") if summary else "bias") in group
         return ExtractResult(part, int(f.attrs["samples"]), int(f.attrs["seq_len"]), layers, has_bias, 0.0,
                              part.stat().st_size)  # fmt: skip
 

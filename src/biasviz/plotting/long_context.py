@@ -28,6 +28,7 @@ from biasviz.plotting.scales import format_colorbars
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
 from biasviz.plotting.titles import figure_title, samples_text, scheme_name, trained_text
 from biasviz.store import open_bias_file
+from biasviz.store.datasets import map_name
 from biasviz.store.reader import BiasFile
 
 HEAD_CMAP = "viridis"
@@ -67,7 +68,7 @@ def _title(f0: BiasFile, layer: int, train_len: int | None, note: str | None) ->
 
 
 def _row(sub: SubFigure, bf: BiasFile, layer: int, train_len: int | None, note: str | None) -> None:
-    maps = bf.summary_map("bias_mean", bf.resolve_layer(layer))  # (H, nb, nb)
+    maps = bf.summary_map(map_name("bias"), bf.resolve_layer(layer))  # (H, nb, nb)
     mean, _ = bf.profile("bias", bf.resolve_layer(layer))  # (H, T)
     heads = maps.shape[0]
     name = literal(scheme_name(bf.scheme))

@@ -24,7 +24,7 @@ from biasviz.plotting.heatmap import figure_width_in, grid_shape
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wrap_title
 from biasviz.plotting.titles import file_title
 from biasviz.store import BiasFile
-from biasviz.store.datasets import SEGMENTS
+from biasviz.store.datasets import ATTENDED, SEGMENTS
 from biasviz.store.format import block_starts
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
@@ -151,7 +151,7 @@ def entropy_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None =
     ends = np.minimum(starts + bf.block, bf.seq_len)
     x = (starts + ends - 1) / 2
     uniform = None
-    if bf.attrs.get("mask") in ("causal", "bidirectional") and not bf.summary.holds(resolved, "attended"):
+    if bf.attrs.get("mask") in ("causal", "bidirectional") and not bf.summary.holds(resolved, ATTENDED):
         seen = [np.log(np.arange(a, b) + 1.0) if bf.causal else np.full(b - a, np.log(bf.seq_len))
                 for a, b in zip(starts, ends, strict=True)]  # fmt: skip
         uniform = np.array([v.mean() for v in seen])

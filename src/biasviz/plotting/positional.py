@@ -22,6 +22,7 @@ from biasviz.plotting.scales import ValueRange
 from biasviz.plotting.style import DEFAULT_STYLE
 from biasviz.plotting.titles import file_title
 from biasviz.store import BiasFile
+from biasviz.store.datasets import KEY_PROFILE, POSITIONAL_MEAN, POSITIONAL_PROFILE, SINK_SHARE, profile_name
 
 
 def need_position(bf: BiasFile, layer: int, what: str, positional: bool = True) -> int:
@@ -32,7 +33,7 @@ def need_position(bf: BiasFile, layer: int, what: str, positional: bool = True) 
                            f"samples); {bf.path} is a full file: extract a summary of the same windows")  # fmt: skip
     if bf.bias_only:
         raise BiasvizError(f"{what} need a forward pass over text; {bf.path} was made with --bias-only")
-    name = "positional_mean" if positional else "weights_key_profile"
+    name = POSITIONAL_MEAN if positional else KEY_PROFILE
     if not bf.summary.holds(resolved, name):
         if positional and bf.n_samples < 2:
             raise BiasvizError(f"positional logits need two samples or more (P pairs a query of one text with keys "
@@ -48,10 +49,10 @@ def need_position(bf: BiasFile, layer: int, what: str, positional: bool = True) 
 def positional_heads(bf: BiasFile, layer: int, *, reduce: str = "mean", max_cells: int = 512) -> HeadMatrices:
     """Each head's P map minus its own value at distance 0 (the diagonal's mean), ready for :func:`head_grid`."""
     resolved = need_position(bf, layer, "positional logits")
-    heads = load_summary_heads(bf, "positional_mean", layer=resolved, reduce=reduce, max_cells=max_cells)
-    at_zero = bf.summary_array("positional_profile", resolved)[0, :, 0]  # (H,) P at d = 0, over all keys
+    heads = load_summary_heads(bf, POSITIONAL_MEAN, layer=resolved, reduce=reduce, max_cells=max_cells)
+    at_zero = bf.summary_array(POSITIONAL_PROFILE, resolved)[0, :, 0]  # (H,) P at d = 0, over all keys
     heads.data = heads.data - at_zero[:, None, None]
-    full = bf.summary_map("positional_mean", resolved) - at_zero[:, None, None]  # what the scales span
+    full = bf.summary_map(POSITIONAL_MEAN, resolved) - at_zero[:, None, None]  # what the scales span
     heads.ranges = [ValueRange.of(m, percentile=False) for m in full]
     return heads
 
@@ -69,8 +70,8 @@ def positional_profile_figure(bf: BiasFile, layer: int, *, scheme: str, style: s
                               log_distance: bool = False) -> Figure:  # fmt: skip
     """Per head: P(d) over all keys and over keys j >= 4, and b(d) where the model adds a bias, in logits."""
     resolved = need_position(bf, layer, "positional logits")
-    p = bf.summary_array("positional_profile", resolved)  # (2, H, T)
-    bias = bf.profile("bias", resolved)[0] if bf.summary.holds(resolved, "bias_profile") else None
+    p = bf.summary_array(POSITIONAL_PROFILE, resolved)  # (2, H, T)
+    bias = bf.profile("bias", resolved)[0] if bf.summary.holds(resolved, profile_name("bias")) else None
     lines = [("P(d), all keys", p[0], "-"), ("P(d), keys j ≥ 4", p[1], "--")]
     if bias is not None:
         lines.append(("b(d), the additive part", bias, ":"))
@@ -82,8 +83,8 @@ def sinks_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = D
                  keys: int = 16) -> Figure:  # fmt: skip
     """Per head: the weights' key profile over the first ``keys`` keys; key 0's share is the sink share."""
     resolved = need_position(bf, layer, "the weights' key profile", positional=False)
-    mean = bf.summary_array("weights_key_profile", resolved)[0][:, :keys]  # (H, keys)
-    share = bf.summary_array("sink_share", resolved)  # (N, H)
+    mean = bf.summary_array(KEY_PROFILE, resolved)[0][:, :keys]  # (H, keys)
+    share = bf.summary_array(SINK_SHARE, resolved)  # (N, H)
     se = (bf.summary_array("weights_key_profile_se", resolved)[:, :keys]
           if bf.summary.holds(resolved, "weights_key_profile_se") else None)  # fmt: skip
     sink_mean = int((mean[:, 0] > SINK_EPSILON).sum())

@@ -1,11 +1,13 @@
-"""The table of docs/position-measures.md's summary datasets: one row each (name, dimensions, what its values may be,
-how checkpoints join), read by the writer, the joiner, the validator, the reader and the xarray view alike, so that a
-new measure is its computation plus a row here.
+"""The table of a summary layer's datasets (docs/hdf5.md, 'Summary files'; docs/positional.md;
+docs/position-measures.md): one row each (name, dimensions, what its values may be), read by the writer, the joiner,
+the validator, the reader, the xarray view and ``biasviz info`` alike, so that a dataset's name, shape and checks are
+spelled once and a new measure is its computation plus a row here.
 
 Dimensions are named; :func:`dimension_sizes` gives each its length in a file, so a row's shape is never spelled
 twice. ``check`` says what a reader accepts, on every row: ``share`` values in [0, 1] (NaN where nothing was
 attended), ``entropy`` in [0, log keys], ``std``, ``se`` and ``norm`` at least 0, ``value`` any finite number or NaN,
-``sinks`` the compound (index, share) records with indices inside the keys; a ``stat`` axis's std row at least 0.
+``sinks`` the compound (index, share) records with indices inside the keys, ``diagnostics`` the compound records of
+:data:`DIAGNOSTIC_FIELDS` (at least 0, NaN where undefined); a ``stat`` axis's std row at least 0.
 """
 
 from __future__ import annotations
@@ -26,20 +28,83 @@ DISTANCE_BINS = "distance_bins"  # root dataset (distance_bin, 2): first and las
 SINK_DTYPE = np.dtype([("index", np.int32), ("share", np.float32)])
 
 
+# the compound (head,) records of a layer's diagnostics, computed at extraction at full resolution
+DIAGNOSTIC_FIELDS = ("context_dependence", "toeplitz_residual", "separability_residual")
+DIAGNOSTIC_DTYPE = np.dtype([(name, np.float64) for name in DIAGNOSTIC_FIELDS])
+
+
 @dataclass(frozen=True)
 class DatasetRow:
-    """One dataset of a summary layer: its name, dimensions (a sweep adds ``checkpoint`` in front), and checks."""
+    """One dataset of a summary layer: its name, dimensions (a sweep adds ``checkpoint`` in front), and checks.
+    ``broadcast``: dimensions a file may hold once for all (length 1), as docs/hdf5.md allows ``attended``."""
 
     name: str
     dims: tuple[str, ...]
-    check: str  # "share", "entropy", "value", "std", "se", "norm", "sinks": see :func:`bounds`
+    check: str  # "share", "entropy", "value", "std", "se", "norm", "sinks", "diagnostics": see :func:`bounds`
     doc: str
+    broadcast: tuple[str, ...] = ()
 
     @property
     def compound(self) -> bool:
-        return self.check == "sinks"
+        return self.check in ("sinks", "diagnostics")
+
+    @property
+    def dtype(self) -> np.dtype:
+        """What the writer stores: float32, or the row's compound records."""
+        return {"sinks": SINK_DTYPE, "diagnostics": DIAGNOSTIC_DTYPE}.get(self.check, np.dtype(np.float32))
 
 
+# docs/hdf5.md, 'Summary files': per quantity a summary reduces, block-mean maps over samples (mean, std) and the
+# distance profile (stat = mean, std)
+KINDS = ("bias", "weights", "scores")
+MAP_DIMS = ("head", "query_block", "key_block")
+PROFILE_DIMS = ("stat", "head", "distance")
+_KIND_CHECKS = {"bias": "value", "weights": "share", "scores": "value"}
+
+
+def map_name(kind: str, stat: str = "mean") -> str:
+    """``map_name("bias", "std") == "bias_std"``: a quantity's block map over samples."""
+    return f"{kind}_{stat}"
+
+
+def profile_name(kind: str) -> str:
+    """``profile_name("weights") == "weights_profile"``: a quantity's distance profile."""
+    return f"{kind}_profile"
+
+
+KIND_MAPS: tuple[DatasetRow, ...] = tuple(
+    DatasetRow(map_name(kind, stat), MAP_DIMS, _KIND_CHECKS[kind] if stat == "mean" else "std",
+               f"block {stat} over samples of the {kind}")
+    for kind in KINDS for stat in ("mean", "std"))  # fmt: skip
+# docs/positional.md (summaries of models whose rows are formed again): the positional logits P, the weights by key
+POSITIONAL_MEAN = "positional_mean"
+POSITIONAL_PROFILE = "positional_profile"
+POSITIONAL_DIAGNOSTICS = "positional_diagnostics"
+POSITIONAL_FROM_KEYS = (0, 4)  # over all keys, and past the first four (sinks, a BOS shared by every window)
+KEY_PROFILE = "weights_key_profile"
+SINK_SHARE = "sink_share"
+DIAGNOSTICS = "diagnostics"
+# the share of each block's cells the call attends to, in a layer whose own mask is not the causal triangle (a sliding
+# window, a block mask: docs/hdf5.md, 'Attended cells')
+ATTENDED = "attended"
+LAYER_ROWS: tuple[DatasetRow, ...] = (
+    *KIND_MAPS,
+    DatasetRow(POSITIONAL_MEAN, MAP_DIMS, "value", "block means of the positional logits P"),
+    *(DatasetRow(profile_name(kind), PROFILE_DIMS, _KIND_CHECKS[kind],
+                 f"the {kind} by distance: mean and std over samples and the queries at each distance")
+      for kind in KINDS),
+    DatasetRow(DIAGNOSTICS, ("head",), "diagnostics", "the bias's diagnostics, computed at full resolution"),
+    DatasetRow(POSITIONAL_PROFILE, ("from_key", "head", "distance"), "value",
+               "P by distance over keys j >= from_key (POSITIONAL_FROM_KEYS)"),
+    DatasetRow(KEY_PROFILE, ("stat", "head", "key"), "share",
+               "the weights by key over samples and the queries that see it"),
+    DatasetRow(SINK_SHARE, ("sample", "head"), "share", "per sample, the mean over queries of the weight on key 0"),
+    DatasetRow(POSITIONAL_DIAGNOSTICS, ("head",), "diagnostics", "the diagnostics of the positional logits P"),
+    DatasetRow(ATTENDED, MAP_DIMS, "share", "the share of each block's cells the layer's own mask attends",
+               broadcast=("head",)),
+)  # fmt: skip
+SUMMARY_MAPS = (*(row.name for row in KIND_MAPS), POSITIONAL_MEAN)  # what the reader's read_map reads
+PROFILES = tuple(profile_name(kind) for kind in KINDS)
 # docs/position-measures.md, the measures over the weights (stat = mean, std over samples)
 MEASURES: tuple[DatasetRow, ...] = (
     DatasetRow("band_mass", ("stat", "head", "distance_bin"), "share",
@@ -58,24 +123,30 @@ MEASURES: tuple[DatasetRow, ...] = (
     DatasetRow("positional_frequency", ("head", "pair", "distance_bin"), "value",
                "rotary calls: P - mean bias restricted to each rotary pair's dims, over each bin's attended cells"),
 )  # fmt: skip
+
+
+def se_name(name: str) -> str:
+    """``se_name("sink_share") == "sink_share_se"``: the standard error beside a mean over samples."""
+    return f"{name}_se"
+
+
 # the standard error beside a mean over samples: its mean row's shape without the stat axis
 STANDARD_ERRORS: tuple[DatasetRow, ...] = (
-    *(DatasetRow(f"{row.name}_se", row.dims[1:], "se", f"standard error of {row.name}'s mean over samples")
+    *(DatasetRow(se_name(row.name), row.dims[1:], "se", f"standard error of {row.name}'s mean over samples")
       for row in MEASURES if row.dims[0] == "stat"),
-    DatasetRow("weights_key_profile_se", ("head", "key"), "se", "standard error of the key profile's mean"),
-    DatasetRow("sink_share_se", ("head",), "se", "standard error of the mean sink share over samples"),
+    DatasetRow(se_name(KEY_PROFILE), ("head", "key"), "se", "standard error of the key profile's mean"),
+    DatasetRow(se_name(SINK_SHARE), ("head",), "se", "standard error of the mean sink share over samples"),
     DatasetRow("frequency_use_se", ("operand", "head", "pair"), "se", "standard error of frequency_use"),
     DatasetRow("positional_frequency_se", ("head", "pair", "distance_bin"), "se",
                "delete-one jackknife standard error of positional_frequency"),
-    DatasetRow("positional_mean_se", ("head", "query_block", "key_block"), "se",
-               "delete-one jackknife standard error of positional_mean, block by block"),
-    DatasetRow("positional_profile_se", ("from_key", "head", "distance"), "se",
+    DatasetRow(se_name(POSITIONAL_MEAN), MAP_DIMS, "se",
+               f"delete-one jackknife standard error of {POSITIONAL_MEAN}, block by block"),
+    DatasetRow(se_name(POSITIONAL_PROFILE), ("from_key", "head", "distance"), "se",
                "delete-one jackknife standard error of P's distance profile over all keys and over keys j >= 4"),
-    *(DatasetRow(f"{kind}_profile_se", ("head", "distance"), "se", f"standard error of {kind}_profile's mean")
-      for kind in ("bias", "weights", "scores")),
-    *(DatasetRow(f"{kind}_mean_se", ("head", "query_block", "key_block"), "se",
-                 f"standard error of {kind}_mean: over samples of each sample's block mean")
-      for kind in ("bias", "weights", "scores")),
+    *(DatasetRow(se_name(profile_name(kind)), ("head", "distance"), "se",
+                 f"standard error of {profile_name(kind)}'s mean") for kind in KINDS),
+    *(DatasetRow(se_name(map_name(kind)), MAP_DIMS, "se",
+                 f"standard error of {map_name(kind)}: over samples of each sample's block mean") for kind in KINDS),
 )  # fmt: skip
 # samples masked differently (docs/hdf5.md, 'Attended cells'): a cell's mean is over the samples that attend it,
 # and this is how many
@@ -84,7 +155,10 @@ COUNTS: tuple[DatasetRow, ...] = (
     DatasetRow(SAMPLES_PER_CELL, ("head", "query_block", "key_block"), "norm",
                "samples masked differently: per block, the mean number of samples that attend each of its cells"),
 )  # fmt: skip
-ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS, *COUNTS)}
+# the rows a layer's measures fill (docs/position-measures.md), and every row of a summary layer, in the order the
+# validator lists what a layer holds
+MEASURE_ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS, *COUNTS)}
+ROWS: dict[str, DatasetRow] = {row.name: row for row in LAYER_ROWS} | MEASURE_ROWS
 # attributes a dataset carries, given beside its array under the same keys: how many of frequency_use's rows are
 # rotary pairs (one row past them: the unrotated dims together) and the model's layout of them; the pairs of
 # positional_frequency summed against P - mean bias (max |difference| / max |P - mean bias|); the queries a key
@@ -152,6 +226,14 @@ def values_fault(row: DatasetRow, values: np.ndarray, *, keys: int) -> str | Non
     """What is wrong with ``values`` for ``row`` in a file of ``keys`` positions (None: nothing): every row of the
     dataset checked, as the table says. A ``stat`` axis holds the mean (checked as the row's kind) and the std over
     samples (at least 0, and no wider than the mean's range)."""
+    if row.check == "diagnostics":
+        if values.dtype.names is None or any(name not in values.dtype.names for name in DIAGNOSTIC_FIELDS):
+            return f"is not records of {', '.join(DIAGNOSTIC_FIELDS)}"
+        for name in DIAGNOSTIC_FIELDS:
+            v = np.asarray(values[name], dtype=np.float64)
+            if np.isinf(v).any() or (v < 0).any():
+                return f"holds a negative or infinite {name}"
+        return None
     if row.compound:
         if values.dtype.names is None or set(values.dtype.names) != set(SINK_DTYPE.names or ()):
             return "is not (index, share) records"
@@ -172,3 +254,21 @@ def values_fault(row: DatasetRow, values: np.ndarray, *, keys: int) -> str | Non
     if spread is not None and not _range(0.0, hi - lo)(spread):
         return f"holds {_WORDS['std']}" if (spread < 0).any() else "holds standard deviations wider than its range"
     return None
+
+
+def dtype_fits(row: DatasetRow, dtype: np.dtype) -> bool:
+    """Whether a stored dataset's type is what ``row`` holds: floats, or records with the row's float fields."""
+    if row.check == "diagnostics":
+        fields = dtype.fields or {}
+        return all(name in fields and fields[name][0].kind == "f" for name in DIAGNOSTIC_FIELDS)
+    return dtype.names is not None if row.compound else dtype.kind == "f"
+
+
+def expected_text(row: DatasetRow, shape: tuple[int, ...]) -> str:
+    """What a file should hold for ``row`` at ``shape``, in the words of a validation error."""
+    dims = ", ".join(f"{d} or 1" if d in row.broadcast else d for d in row.dims)
+    if row.check == "diagnostics":
+        return f"{shape} records with float fields {', '.join(DIAGNOSTIC_FIELDS)} ({dims})"
+    if row.compound:
+        return f"{shape} (index, share) records ({dims})"
+    return f"float {shape} ({dims})"

@@ -18,6 +18,7 @@ import datetime as _dt
 import numpy as np
 
 from biasviz.common.errors import BiasvizError
+from biasviz.store import datasets
 
 FORMAT_VERSION = 1
 DIMS = ("sample", "head", "query", "key")
@@ -84,31 +85,30 @@ BIAS_DIFFERENCE = "bias_max_difference"
 # -- summary files (docs/hdf5.md, 'Summary files': ``extract --summary``)
 # -------------------------------------------------
 DEFAULT_RESOLUTION = 1024  # at most this many query and key blocks per map
-SUMMARY_MAPS = ("bias_mean", "bias_std", "weights_mean", "weights_std", "scores_mean", "scores_std",
-                "positional_mean")  # (head, query_block, key_block)
-SUMMARY_MAP_DIMS = ("head", "query_block", "key_block")
-PROFILES = ("bias_profile", "weights_profile", "scores_profile")  # (stat, head, distance); 0 = mean, 1 = std
-PROFILE_DIMS = ("stat", "head", "distance")
+# a summary layer's dataset names and dimensions are rows of biasviz.store.datasets' table; these are their old names
+SUMMARY_MAPS = datasets.SUMMARY_MAPS  # (head, query_block, key_block)
+SUMMARY_MAP_DIMS = datasets.MAP_DIMS
+PROFILES = datasets.PROFILES  # (stat, head, distance); 0 = mean, 1 = std
+PROFILE_DIMS = datasets.PROFILE_DIMS
 PROFILE_STATS = ("mean", "std")
 # docs/positional.md (summaries of models whose rows are formed again): the scores' maps and profile as above, and
-POSITIONAL_MEAN = "positional_mean"  # (head, query_block, key_block): block means of the positional logits P
-POSITIONAL_PROFILE = "positional_profile"  # (from_key, head, distance): P by distance over keys j >= from_key
-POSITIONAL_PROFILE_DIMS = ("from_key", "head", "distance")
-POSITIONAL_FROM_KEYS = (0, 4)  # over all keys, and past the first four (sinks, a BOS shared by every window)
-KEY_PROFILE = "weights_key_profile"  # (stat, head, key): the weights by key over samples and queries i >= j
-KEY_PROFILE_DIMS = ("stat", "head", "key")
-SINK_SHARE = "sink_share"  # (sample, head): per sample, the mean over queries of the weight on key 0
-POSITIONAL_DIAGNOSTICS = "positional_diagnostics"  # (head,) compound, as DIAGNOSTICS, of P
-# (head, query_block, key_block): the share of each block's cells the call attends to, in a layer whose own mask is not
-# the causal triangle (a sliding window, a block mask: docs/hdf5.md, 'Attended cells'); root attribute MASK says which
-# rule
-ATTENDED = "attended"
+POSITIONAL_MEAN = datasets.POSITIONAL_MEAN  # (head, query_block, key_block): block means of the positional logits P
+POSITIONAL_PROFILE = datasets.POSITIONAL_PROFILE  # (from_key, head, distance): P by distance over keys j >= from_key
+POSITIONAL_PROFILE_DIMS = datasets.ROWS[POSITIONAL_PROFILE].dims
+POSITIONAL_FROM_KEYS = datasets.POSITIONAL_FROM_KEYS
+KEY_PROFILE = datasets.KEY_PROFILE  # (stat, head, key): the weights by key over samples and queries i >= j
+KEY_PROFILE_DIMS = datasets.ROWS[KEY_PROFILE].dims
+SINK_SHARE = datasets.SINK_SHARE  # (sample, head): per sample, the mean over queries of the weight on key 0
+POSITIONAL_DIAGNOSTICS = datasets.POSITIONAL_DIAGNOSTICS  # (head,) compound, as DIAGNOSTICS, of P
+# (head or 1, query_block, key_block): the share of each block's cells the call attends to, in a layer whose own mask
+# is not the causal triangle (docs/hdf5.md, 'Attended cells'); root attribute MASK says which rule
+ATTENDED = datasets.ATTENDED
 SE_NOTE = "standard_errors"  # a summary's root attribute where it holds no _se: why (fewer than 3 samples)
 LAYER_NOTE = "note"  # a summary layer's attribute: what it leaves out and why (samples masked differently)
 LAYER_STATISTICS = "statistics"  # a summary layer's attribute: "fused" (the GPU kernels) or "torch" formed it
 MASK = "mask"  # root attribute: "causal", "bidirectional" or "model" (some layer's own mask, its ATTENDED stored)
-DIAGNOSTICS = "diagnostics"  # (head,) compound dataset
-DIAGNOSTIC_FIELDS = ("context_dependence", "toeplitz_residual", "separability_residual")
+DIAGNOSTICS = datasets.DIAGNOSTICS  # (head,) compound dataset
+DIAGNOSTIC_FIELDS = datasets.DIAGNOSTIC_FIELDS
 BLOCK_SCALES = ("query_block", "key_block")  # root datasets: the first position of each block
 
 

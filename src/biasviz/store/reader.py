@@ -17,8 +17,9 @@ import numpy as np
 
 from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import regular_file
+from biasviz.store import datasets
 from biasviz.store.declared import check_declared
-from biasviz.store.format import FORMAT_VERSION, POSITIONAL_MEAN, REQUIRED_ATTRS, layer_group
+from biasviz.store.format import FORMAT_VERSION, REQUIRED_ATTRS, layer_group
 from biasviz.store.guard import check_isolated
 from biasviz.store.h5io import in_use
 from biasviz.store.summary_reader import SummaryLayout, validate_summary
@@ -256,17 +257,17 @@ class BiasFile(AttrChecks):
 
     def has_bias(self, layer: int = -1) -> bool:
         grp = self._h5[layer_group(self.resolve_layer(layer))]
-        return ("bias_mean" if self.is_summary else "bias") in grp
+        return (datasets.map_name("bias") if self.is_summary else "bias") in grp
 
     def has_positional(self, layer: int = -1) -> bool:
         """Whether a summary holds the positional logits P (docs/positional.md: two samples or more)."""
         grp = self._h5[layer_group(self.resolve_layer(layer))]
-        return self.is_summary and POSITIONAL_MEAN in grp
+        return self.is_summary and datasets.POSITIONAL_MEAN in grp
 
     def has_scores(self, layer: int = -1) -> bool:
         """Whether the scores are stored (a full file extracted with --capture ...,scores; every summary's maps)."""
         grp = self._h5[layer_group(self.resolve_layer(layer))]
-        return ("scores_mean" if self.is_summary else "scores") in grp
+        return (datasets.map_name("scores") if self.is_summary else "scores") in grp
 
     # -- summary files (docs/hdf5.md, 'Summary files') -------------------------------------------------------
     @property
@@ -304,19 +305,17 @@ class BiasFile(AttrChecks):
         (:data:`biasviz.store.datasets.ROWS`: ``band_mass``, ``context_mass``, ``weights_entropy``, ``sink_keys``
         and the ``_se`` beside each mean)."""
         layout, resolved = self._layout(name.replace("_", " ")), self.resolve_layer(layer)
-        if name == "positional_profile":
+        if name == datasets.POSITIONAL_PROFILE:
             return layout.read_positional_profile(resolved, self._checkpoint)
-        if name == "weights_key_profile":
+        if name == datasets.KEY_PROFILE:
             return np.stack(layout.read_key_profile(resolved, self._checkpoint))
-        if name == "sink_share":
+        if name == datasets.SINK_SHARE:
             return layout.read_sink_share(resolved, self._checkpoint)
-        from biasviz.store.datasets import ROWS
-
-        if name in ROWS:  # docs/position-measures.md, as its row in the table of datasets says
+        if name in datasets.MEASURE_ROWS or name == datasets.ATTENDED:  # as its row in the table of datasets says
             return layout.read_measure(name, resolved, self._checkpoint)
         raise ValueError(f"not a section 12 or 14 array: {name!r}")
 
-    def stored_diagnostics(self, layer: int = -1, name: str = "diagnostics") -> dict[str, np.ndarray]:
+    def stored_diagnostics(self, layer: int = -1, name: str = datasets.DIAGNOSTICS) -> dict[str, np.ndarray]:
         """A summary's diagnostics, computed at extraction at full resolution: field -> (head,), NaN if undefined.
         ``name``: ``diagnostics`` (the bias) or ``positional_diagnostics`` (the positional logits P)."""
         return self._layout("stored diagnostics").read_diagnostics(self.resolve_layer(layer), self._checkpoint, name)

@@ -19,27 +19,22 @@ import numpy as np
 from biasviz.common.errors import BiasvizError
 from biasviz.common.terminal import inert
 from biasviz.store import datasets
-from biasviz.store.format import (
+from biasviz.store.datasets import (
     ATTENDED,
-    BLOCK_SCALES,
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
     KEY_PROFILE,
-    LAYER_NOTE,
-    POSITIONAL_DIAGNOSTICS,
-    POSITIONAL_FROM_KEYS,
     POSITIONAL_PROFILE,
-    PROFILE_STATS,
     PROFILES,
     SINK_SHARE,
     SUMMARY_MAPS,
-    block_size,
-    block_starts,
-    layer_group,
 )
+from biasviz.store.format import BLOCK_SCALES, LAYER_NOTE, PROFILE_STATS, block_size, block_starts, layer_group
 from biasviz.store.validation import AttrChecks, shape_text
 
-KIND_DATASETS = {kind: (f"{kind}_mean", f"{kind}_std", f"{kind}_profile") for kind in ("bias", "weights", "scores")}
+# what a quantity's summary is: all of them, or none
+KIND_DATASETS = {kind: (datasets.map_name(kind, "mean"), datasets.map_name(kind, "std"), datasets.profile_name(kind))
+                 for kind in datasets.KINDS}  # fmt: skip
 
 
 def causal_block_counts(seq_len: int, block: int, causal: bool = True) -> np.ndarray:
@@ -144,10 +139,8 @@ class SummaryLayout:
         used = np.broadcast_to(self.used(layer, checkpoint), m.shape)
         if not np.isfinite(m[used]).all():
             raise self._damaged(f"{name} of layer {layer} holds NaN or infinite values in blocks with cells")
-        if name.endswith("_std") and (m[used] < 0).any():
-            raise self._damaged(f"{name} of layer {layer} holds negative standard deviations")
         m[~used] = np.nan
-        return m
+        return self._checked(layer, name, m)
 
     def read_profile(self, kind: str, layer: int, checkpoint: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``kind``'s distance profile: (mean, std), each float64 (head, distance) from ``profile_start``."""
@@ -155,6 +148,7 @@ class SummaryLayout:
         p = self._read(layer, name, checkpoint).astype(np.float64)
         if not self._finite(layer, p) or (p[PROFILE_STATS.index("std")] < 0).any():
             raise self._damaged(f"{name} of layer {layer} holds NaN, infinite or negative-std values")
+        self._checked(layer, name, p)
         return p[PROFILE_STATS.index("mean")], p[PROFILE_STATS.index("std")]
 
     def read_positional_profile(self, layer: int, checkpoint: int = 0) -> np.ndarray:
@@ -162,21 +156,22 @@ class SummaryLayout:
         p = self._read(layer, POSITIONAL_PROFILE, checkpoint).astype(np.float64)
         if np.isinf(p).any() or not self._finite(layer, p[0]):
             raise self._damaged(f"{POSITIONAL_PROFILE} of layer {layer} holds infinite or NaN values")
-        return p
+        return self._checked(layer, POSITIONAL_PROFILE, p)
 
     def read_key_profile(self, layer: int, checkpoint: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """The weights by key j: (mean, std) over samples and the queries that see j, float64 (head, key)."""
         p = self._read(layer, KEY_PROFILE, checkpoint).astype(np.float64)
-        if not self._finite(layer, p) or (p < 0).any() or (p[0] > 1 + 1e-5).any():
-            raise self._damaged(f"{KEY_PROFILE} of layer {layer} holds values outside [0, 1]")
+        if not self._finite(layer, p):
+            raise self._damaged(f"{KEY_PROFILE} of layer {layer} holds NaN or infinite values")
+        self._checked(layer, KEY_PROFILE, p)
         return p[0], p[1]
 
     def read_sink_share(self, layer: int, checkpoint: int = 0) -> np.ndarray:
         """Per sample and head, the mean weight on key 0 over the queries, float64 (sample, head)."""
         p = self._read(layer, SINK_SHARE, checkpoint).astype(np.float64)
-        if not self._finite(layer, p) or (p < 0).any() or (p > 1 + 1e-5).any():
-            raise self._damaged(f"{SINK_SHARE} of layer {layer} holds values outside [0, 1]")
-        return p
+        if not self._finite(layer, p):
+            raise self._damaged(f"{SINK_SHARE} of layer {layer} holds NaN or infinite values")
+        return self._checked(layer, SINK_SHARE, p)
 
     def read_measure(self, name: str, layer: int, checkpoint: int = 0) -> np.ndarray:
         """A dataset of docs/position-measures.md (a row of :data:`biasviz.store.datasets.ROWS`), checked as its row
@@ -184,11 +179,15 @@ class SummaryLayout:
         row = datasets.ROWS.get(name)
         if row is None:
             raise ValueError(f"name must be one of {tuple(datasets.ROWS)}, not {name!r}")
-        values = self._read(layer, name, checkpoint)
-        fault = datasets.values_fault(row, values, keys=self.seq_len)
+        values = self._checked(layer, name, self._read(layer, name, checkpoint))
+        return values if row.compound else values.astype(np.float64)
+
+    def _checked(self, layer: int, name: str, values: np.ndarray) -> np.ndarray:
+        """``values`` of ``name``, refused where its row of the table of datasets says they cannot be."""
+        fault = datasets.values_fault(datasets.ROWS[name], values, keys=self.seq_len)
         if fault is not None:
             raise self._damaged(f"{name} of layer {layer} {fault}")
-        return values if row.compound else values.astype(np.float64)
+        return values
 
     def rotary_pairs(self, layer: int) -> tuple[int, str] | None:
         """How many of ``frequency_use``'s rows are rotary pairs (one more row: the unrotated dims) and their layout
@@ -225,12 +224,12 @@ class SummaryLayout:
     def read_diagnostics(self, layer: int, checkpoint: int = 0, name: str = DIAGNOSTICS) -> dict[str, np.ndarray]:
         """The diagnostics computed at extraction (of the bias, or ``positional_diagnostics`` of P): field ->
         float64 (head,), NaN where undefined."""
-        rec = self._read(layer, name, checkpoint)
-        out = {f: np.asarray(rec[f], dtype=np.float64) for f in DIAGNOSTIC_FIELDS}
-        for f, v in out.items():
-            if np.isinf(v).any() or (v < 0).any():
-                raise self._damaged(f"the stored {f} of layer {layer} is negative or infinite")
-        return out
+        row = datasets.ROWS.get(name)
+        if row is None or row.check != "diagnostics":
+            raise ValueError(f"name must be one of {[n for n, r in datasets.ROWS.items() if r.check == 'diagnostics']}"
+                             f", not {name!r}")  # fmt: skip
+        rec = self._checked(layer, name, self._read(layer, name, checkpoint))
+        return {f: np.asarray(rec[f], dtype=np.float64) for f in DIAGNOSTIC_FIELDS}
 
 
 def validate_summary(checks: AttrChecks, *, seq_len: int, n_heads: int, n_samples: int, layers: list[int],
@@ -262,71 +261,56 @@ def validate_summary(checks: AttrChecks, *, seq_len: int, n_heads: int, n_sample
 
 
 def _check_layer(checks: AttrChecks, layout: SummaryLayout, layer: int, bias_only: bool) -> tuple[str, ...]:
+    """The rows of the table of datasets a layer holds, in the table's order, each of its row's shape and type."""
     group = layer_group(layer)
     checks._refuse_other_files(group)
     if not isinstance(checks._h5.get(group), h5py.Group):
         raise BiasvizError(f"{checks.path} lists layer {layer} but has no group {group}")
-    names = (*SUMMARY_MAPS, *PROFILES, DIAGNOSTICS, POSITIONAL_PROFILE, KEY_PROFILE, SINK_SHARE,
-             POSITIONAL_DIAGNOSTICS, ATTENDED, *datasets.ROWS)
-    held = tuple(n for n in names if checks._dataset(f"{group}/{n}") is not None)
+    held = tuple(n for n in datasets.ROWS if checks._dataset(f"{group}/{n}") is not None)
     for kind, wanted in KIND_DATASETS.items():
         present = [n for n in wanted if n in held]
         required = kind == "bias" if bias_only else kind == "weights"
         if (present or required) and len(present) != len(wanted):
             missing = ", ".join(f"{group}/{n}" for n in wanted if n not in held)
             raise checks._bad(f"it is a summary file but lacks {missing}")
-    errors = [n for n in held if n.endswith("_se")]
+    errors = [n for n in held if datasets.ROWS[n].check == "se"]
     if errors and layout.n_samples < datasets.MIN_SE_SAMPLES:  # docs/position-measures.md: N < 3 has none
         raise checks._bad(f"{group}/{errors[0]} is a standard error over {layout.n_samples} samples; a summary holds "
                           f"standard errors from {datasets.MIN_SE_SAMPLES} samples on")  # fmt: skip
     if bias_only and any(n.startswith("weights") for n in held):
         raise checks._bad(f"a --bias-only summary holds attention weights ({group})")
-    if "bias_mean" in held and DIAGNOSTICS not in held:
+    if datasets.map_name("bias") in held and DIAGNOSTICS not in held:
         raise checks._bad(f"it is a summary file but lacks {group}/{DIAGNOSTICS}")
-    h, nb, t, lead = layout.n_heads, layout.n_blocks, layout.seq_len, layout.lead
-    lengths = (t,) if layout.causal else (t, 2 * t - 1)
-    sizes = datasets.dimension_sizes(heads=h, seq_len=t, samples=layout.n_samples, blocks=nb, causal=layout.causal)
+    t, lead = layout.seq_len, layout.lead
+    sizes = datasets.dimension_sizes(heads=layout.n_heads, seq_len=t, samples=layout.n_samples,
+                                     blocks=layout.n_blocks, causal=layout.causal)  # fmt: skip
     for name in held:
-        ds = checks._h5[f"{group}/{name}"]
-        if name in datasets.ROWS:  # docs/position-measures.md: the table says its shape
-            row = datasets.ROWS[name]
-            if "pair" in row.dims and ds.ndim == len(lead) + len(row.dims):  # the model's own number of pairs
-                sizes["pair"] = max(1, ds.shape[len(lead) + row.dims.index("pair")])
-            if "distance" in row.dims and not layout.causal and ds.ndim == len(lead) + len(row.dims):
-                # a file that sees every key may hold a causal call (an encoder-decoder's decoder): T distances
-                got = ds.shape[len(lead) + row.dims.index("distance")]
-                sizes["distance"] = got if got in lengths else sizes["distance"]
-            shape = (*lead, *datasets.shape_of(row, sizes))
-            kind_ok = ds.dtype.names is not None if row.compound else ds.dtype.kind == "f"
-            if ds.shape != shape or not kind_ok:
-                raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {shape} {row.dims}")
-            continue
-        if name in (DIAGNOSTICS, POSITIONAL_DIAGNOSTICS):
-            fields = ds.dtype.fields or {}
-            if ds.shape != (*lead, h) or any(f not in fields or fields[f][0].kind != "f" for f in DIAGNOSTIC_FIELDS):
-                raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {(*lead, h)} records with float "
-                                  f"fields {', '.join(DIAGNOSTIC_FIELDS)}")  # fmt: skip
-            continue
-        if name in (POSITIONAL_PROFILE, KEY_PROFILE, SINK_SHARE):
-            first = len(POSITIONAL_FROM_KEYS) if name == POSITIONAL_PROFILE else len(PROFILE_STATS)
-            shape = (*lead, layout.n_samples, h) if name == SINK_SHARE else (*lead, first, h, t)
-            if ds.shape != shape or ds.dtype.kind != "f":
-                raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected float {shape}")
-            continue
-        if name in PROFILES:
-            ok = ds.shape[:-1] == (*lead, len(PROFILE_STATS), h) and ds.shape[-1:] in [(n,) for n in lengths]
-            expected = f"float {(*lead, len(PROFILE_STATS), h, t)} (stat, head, distance)"
-            if ds.shape[-1:] == (2 * t - 1,) and t > 1:
-                layout.profile_start = -(t - 1)
-        elif name == ATTENDED:  # docs/hdf5.md, 'Attended cells': one share per head, or one for all heads
-            ok = ds.shape in ((*lead, h, nb, nb), (*lead, 1, nb, nb))
-            expected = f"float {(*lead, h, nb, nb)} or {(*lead, 1, nb, nb)} (head or 1, query_block, key_block)"
-        else:
-            ok = ds.shape == (*lead, h, nb, nb)
-            expected = f"float {(*lead, h, nb, nb)} (head, query_block, key_block)"
-        if not ok or ds.dtype.kind != "f":
-            raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {expected}")
+        ds, row = checks._h5[f"{group}/{name}"], datasets.ROWS[name]
+        shape = (*lead, *datasets.shape_of(row, _stored_sizes(row, sizes, ds.shape[len(lead):], layout)))
+        if ds.shape != shape or not datasets.dtype_fits(row, ds.dtype):
+            raise checks._bad(f"{group}/{name} is {shape_text(ds)}, expected {datasets.expected_text(row, shape)}")
+        if name in PROFILES and shape[-1] == 2 * t - 1 and t > 1:  # a bidirectional profile: signed distances
+            layout.profile_start = -(t - 1)
     return held
+
+
+def _stored_sizes(row: datasets.DatasetRow, sizes: dict[str, int], stored: tuple[int, ...],
+                  layout: SummaryLayout) -> dict[str, int]:  # fmt: skip
+    """``sizes`` where a file may choose a dimension's length itself: the model's own number of rotary pairs, a
+    causal call's T distances in a file that sees every key (an encoder-decoder's decoder), one ``attended`` share
+    for all heads (docs/hdf5.md, 'Attended cells')."""
+    if len(stored) != len(row.dims):
+        return sizes
+    t, own = layout.seq_len, dict(sizes)
+    lengths = (t,) if layout.causal else (t, 2 * t - 1)
+    for axis, dim in enumerate(row.dims):
+        if dim == "pair":
+            own["pair"] = max(1, stored[axis])
+        elif dim == "distance" and stored[axis] in lengths:
+            own["distance"] = stored[axis]
+        elif dim in row.broadcast and stored[axis] == 1:
+            own[dim] = 1
+    return own
 
 
 __all__ = ["KIND_DATASETS", "SummaryLayout", "causal_block_counts", "validate_summary"]

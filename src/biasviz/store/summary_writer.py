@@ -19,28 +19,21 @@ from biasviz.common.atomic import replacing
 from biasviz.common.errors import BiasvizError, os_error_message
 from biasviz.common.exclusive import writing_alone
 from biasviz.store import datasets
-from biasviz.store.deflate import compression_threads, encode_chunk
-from biasviz.store.format import (
+from biasviz.store.datasets import (
     ATTENDED,
-    DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
-    FORMAT_VERSION,
     KEY_PROFILE,
-    KEY_PROFILE_DIMS,
-    LAYER_NOTE,
-    LAYER_STATISTICS,
+    KINDS,
     POSITIONAL_DIAGNOSTICS,
     POSITIONAL_FROM_KEYS,
     POSITIONAL_MEAN,
     POSITIONAL_PROFILE,
-    POSITIONAL_PROFILE_DIMS,
-    PROFILE_DIMS,
     SINK_SHARE,
-    SUMMARY_MAP_DIMS,
-    block_starts,
-    layer_group,
-    utc_now,
+    map_name,
+    profile_name,
 )
+from biasviz.store.deflate import compression_threads, encode_chunk
+from biasviz.store.format import FORMAT_VERSION, LAYER_NOTE, LAYER_STATISTICS, block_starts, layer_group, utc_now
 from biasviz.store.h5io import attr_value
 
 SUMMARY_DEFLATE_LEVEL = 1  # the level summary files have always used
@@ -74,15 +67,14 @@ def write_summary_file(
             _root(f, attrs, input_ids, n_heads, seq_len, resolution, block, layers, checkpoints, causal)
             for layer in layers:
                 grp = f.create_group(layer_group(layer))
-                kinds = [k for k in ("bias", "weights", "scores") if k in summaries[0][layer]]
+                kinds = [k for k in KINDS if k in summaries[0][layer]]
                 for kind in kinds:
                     parts = [s[layer][kind] for s in summaries]
-                    _write(f, grp, f"{kind}_mean", [p.mean for p in parts], SUMMARY_MAP_DIMS, checkpoints)
-                    _write(f, grp, f"{kind}_std", [p.std for p in parts], SUMMARY_MAP_DIMS, checkpoints)
-                    _write(f, grp, f"{kind}_profile", [p.profile for p in parts], PROFILE_DIMS, checkpoints)
+                    _write(f, grp, map_name(kind, "mean"), [p.mean for p in parts], checkpoints)
+                    _write(f, grp, map_name(kind, "std"), [p.std for p in parts], checkpoints)
+                    _write(f, grp, profile_name(kind), [p.profile for p in parts], checkpoints)
                 if "bias" in kinds:
-                    diag = [s[layer]["bias"].diagnostics for s in summaries]
-                    _write(f, grp, DIAGNOSTICS, [np.asarray(d) for d in diag], ("head",), checkpoints)
+                    _write(f, grp, DIAGNOSTICS, [s[layer]["bias"].diagnostics for s in summaries], checkpoints)
                 if "position" in summaries[0][layer]:
                     _write_position(f, grp, [s[layer]["position"] for s in summaries], checkpoints)
     except OSError as exc:
@@ -93,22 +85,20 @@ def write_summary_file(
 def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints: Sequence[int] | None) -> None:
     """docs/positional.md: positional logits (two samples or more), the weights' key profile, the sink shares."""
     if parts[0].positional_mean is not None:
-        _write(f, grp, POSITIONAL_MEAN, [p.positional_mean for p in parts], SUMMARY_MAP_DIMS, checkpoints)
-        _write(f, grp, POSITIONAL_PROFILE, [p.positional_profile for p in parts], POSITIONAL_PROFILE_DIMS,
-               checkpoints)  # fmt: skip
-        _write(f, grp, POSITIONAL_DIAGNOSTICS, [np.asarray(p.positional_diagnostics) for p in parts], ("head",),
-               checkpoints)  # fmt: skip
-    _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], KEY_PROFILE_DIMS, checkpoints)
-    _write(f, grp, SINK_SHARE, [p.sink_share for p in parts], ("sample", "head"), checkpoints)
+        _write(f, grp, POSITIONAL_MEAN, [p.positional_mean for p in parts], checkpoints)
+        _write(f, grp, POSITIONAL_PROFILE, [p.positional_profile for p in parts], checkpoints)
+        _write(f, grp, POSITIONAL_DIAGNOSTICS, [p.positional_diagnostics for p in parts], checkpoints)
+    _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], checkpoints)
+    _write(f, grp, SINK_SHARE, [p.sink_share for p in parts], checkpoints)
     measures = [getattr(p, "measures", None) or {} for p in parts]
-    for name, row in datasets.ROWS.items():  # docs/position-measures.md: what the table lists and the summary holds
+    for name in datasets.MEASURE_ROWS:  # docs/position-measures.md: what the table lists and the summary holds
         if all(name in m for m in measures):
-            _write(f, grp, name, [m[name] for m in measures], row.dims, checkpoints)
+            _write(f, grp, name, [m[name] for m in measures], checkpoints)
     for name, keys in datasets.ROW_ATTRS.items():  # what says how to read a dataset (rotary pairs)
         if name in grp:
             grp[name].attrs.update({key: measures[0][key] for key in keys if key in measures[0]})
     if getattr(parts[0], "attended", None) is not None:  # the layer's own mask (docs/hdf5.md, 'Attended cells')
-        _write(f, grp, ATTENDED, [p.attended for p in parts], SUMMARY_MAP_DIMS, checkpoints)
+        _write(f, grp, ATTENDED, [p.attended for p in parts], checkpoints)
     if getattr(parts[0], "note", None):  # what the layer's summary leaves out, and why
         grp.attrs[LAYER_NOTE] = parts[0].note
     # which implementation formed them (both named, in order, where checkpoints differ)
@@ -152,20 +142,17 @@ def _root(f: h5py.File, attrs: Mapping[str, Any], input_ids: np.ndarray, n_heads
     _label(f, ds, ("sample", "query"))
 
 
-def _write(f: h5py.File, grp: h5py.Group, name: str, parts: list[np.ndarray], dims: Sequence[str],
+def _write(f: h5py.File, grp: h5py.Group, name: str, parts: list[Any],
            checkpoints: Sequence[int] | None) -> h5py.Dataset:  # fmt: skip
-    data = parts[0] if checkpoints is None else np.stack(parts)
-    if name in (DIAGNOSTICS, POSITIONAL_DIAGNOSTICS):
-        data = np.asarray(data, dtype=[(k, np.float64) for k in DIAGNOSTIC_FIELDS])
-    elif name in datasets.ROWS and datasets.ROWS[name].compound:
-        data = np.asarray(data, dtype=datasets.SINK_DTYPE)
-    else:
-        data = np.asarray(data, dtype=np.float32)
+    """One dataset of the table of datasets: its row gives the type it is stored as and the dimensions it is
+    labelled with (a sweep's ``checkpoint`` in front)."""
+    row = datasets.ROWS[name]
+    data = np.asarray(parts[0] if checkpoints is None else np.stack([np.asarray(p) for p in parts]), dtype=row.dtype)
     if data.ndim >= 3 and data.nbytes > 1 << 20:
         ds = _write_compressed(grp, name, data)
     else:
         ds = grp.create_dataset(name, data=data)
-    _label(f, ds, dims if checkpoints is None else ("checkpoint", *dims))
+    _label(f, ds, row.dims if checkpoints is None else ("checkpoint", *row.dims))
     return ds
 
 
@@ -218,19 +205,17 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
             one: dict[int, dict[str, Any]] = {}
             for layer in head[5]:
                 grp = f[layer_group(layer)]
+                held = {name: grp[name][()] for name in datasets.ROWS if name in grp}  # every row, unchanged
                 one[layer] = {kind: SimpleNamespace(
-                    mean=grp[f"{kind}_mean"][()], std=grp[f"{kind}_std"][()], profile=grp[f"{kind}_profile"][()],
-                    diagnostics=grp[DIAGNOSTICS][()] if kind == "bias" and DIAGNOSTICS in grp else None,
-                ) for kind in ("bias", "weights", "scores") if f"{kind}_mean" in grp}  # fmt: skip
-                if KEY_PROFILE in grp:
+                    mean=held[map_name(kind, "mean")], std=held[map_name(kind, "std")],
+                    profile=held[profile_name(kind)], diagnostics=held.get(DIAGNOSTICS) if kind == "bias" else None,
+                ) for kind in KINDS if map_name(kind, "mean") in held}  # fmt: skip
+                if KEY_PROFILE in held:
                     one[layer]["position"] = SimpleNamespace(
-                        positional_mean=grp[POSITIONAL_MEAN][()] if POSITIONAL_MEAN in grp else None,
-                        positional_profile=grp[POSITIONAL_PROFILE][()] if POSITIONAL_PROFILE in grp else None,
-                        positional_diagnostics=grp[POSITIONAL_DIAGNOSTICS][()] if POSITIONAL_DIAGNOSTICS in grp
-                        else None,
-                        key_profile=grp[KEY_PROFILE][()], sink_share=grp[SINK_SHARE][()],
-                        attended=grp[ATTENDED][()] if ATTENDED in grp else None,
-                        measures={**{name: grp[name][()] for name in datasets.ROWS if name in grp},
+                        positional_mean=held.get(POSITIONAL_MEAN), positional_profile=held.get(POSITIONAL_PROFILE),
+                        positional_diagnostics=held.get(POSITIONAL_DIAGNOSTICS), key_profile=held[KEY_PROFILE],
+                        sink_share=held[SINK_SHARE], attended=held.get(ATTENDED),
+                        measures={**{name: held[name] for name in datasets.MEASURE_ROWS if name in held},
                                   **{key: grp[name].attrs[key] for name, keys in datasets.ROW_ATTRS.items()
                                      if name in grp for key in keys if key in grp[name].attrs}})  # fmt: skip
             per_step.append(one)

@@ -15,12 +15,14 @@ import numpy as np
 
 from biasviz.common.arguments import ArgumentTypeError, ArgumentValueError, pick, whole
 from biasviz.common.errors import BiasvizError
+from biasviz.store import datasets
 from biasviz.store import format as fmt
 from biasviz.store.datasets import ROWS
 from biasviz.store.reader import BiasFile, open_bias_file
 
 MATRICES = ("bias", "weights", "scores")  # a full file's (sample, head, query, key) datasets
-COMPOUND = ("diagnostics", "positional_diagnostics")  # (head,) records of fmt.DIAGNOSTIC_FIELDS
+COMPOUND = tuple(name for name, row in ROWS.items() if row.check == "diagnostics")  # (head,) records
+_PROFILE_KINDS = {datasets.profile_name(kind): kind for kind in datasets.KINDS}
 XARRAY_EXTRA = "pip install 'biasviz[xarray]'"
 
 
@@ -218,7 +220,7 @@ class FileView:
                 raise f.not_per_sample(f"sample {whole('sample', sample, 'a summary takes mean or None')}")
             sample = pick("sample", sample, self.samples, f.path)
         if f.is_summary:
-            return self._each_step(lambda b: b.summary_map(f"{kind}_mean", resolved)[h], step)
+            return self._each_step(lambda b: b.summary_map(datasets.map_name(kind), resolved)[h], step)
         s: Any = sample if isinstance(sample, int) else slice(None)
 
         def read(b: BiasFile) -> np.ndarray:
@@ -233,7 +235,7 @@ class FileView:
             key = f"{fmt.layer_group(layer)}/{name}"
             dims, values = self.dims(key), self[key]
             if name in COMPOUND:
-                for field in fmt.DIAGNOSTIC_FIELDS:
+                for field in datasets.DIAGNOSTIC_FIELDS:
                     variables[f"{name}_{field}"] = _labelled(xr, values[field], dims)
             elif values.dtype.names:  # records (sink_keys): one variable per field
                 for field in values.dtype.names:
@@ -264,19 +266,13 @@ def _check_name(name: Any, path: Path) -> None:
 
 
 def _layout_dims(name: str) -> tuple[str, ...]:
-    """The dimensions docs/hdf5.md, 'Full files'; docs/hdf5.md, 'Summary files'; docs/positional.md give a dataset, for
-    files that do not label their own."""
-    known = {"input_ids": ("sample", "query"), fmt.POSITIONAL_PROFILE: fmt.POSITIONAL_PROFILE_DIMS,
-             fmt.KEY_PROFILE: fmt.KEY_PROFILE_DIMS, fmt.SINK_SHARE: ("sample", "head")}  # fmt: skip
+    """The dimensions docs/hdf5.md, 'Full files' gives a full file's dataset, and the table of datasets a summary
+    layer's, for files that do not label their own."""
     if name in MATRICES:
         return fmt.DIMS
-    if name in fmt.SUMMARY_MAPS or name == fmt.ATTENDED:
-        return fmt.SUMMARY_MAP_DIMS
-    if name in fmt.PROFILES:
-        return fmt.PROFILE_DIMS
     if name in ROWS:
         return ROWS[name].dims
-    return ("head",) if name in COMPOUND else known.get(name, ())
+    return ("sample", "query") if name == "input_ids" else ()
 
 
 def _labelled(xr: Any, values: np.ndarray, dims: list[tuple[str, np.ndarray | None]]) -> Any:
@@ -287,20 +283,21 @@ def _labelled(xr: Any, values: np.ndarray, dims: list[tuple[str, np.ndarray | No
 
 def _read(f: BiasFile, layer: int, name: str) -> np.ndarray:
     """One dataset of ``layer`` at ``f``'s checkpoint, through the reader (diagnostics: a record per head)."""
+    row = ROWS.get(name)
     if name in MATRICES:
         return f.read(name, layer)
-    if name in fmt.SUMMARY_MAPS:
+    if name in datasets.SUMMARY_MAPS:
         return f.summary_map(name, layer)
-    if name in fmt.PROFILES:
-        return np.stack(f.profile(name.removesuffix("_profile"), layer))
-    if name in (fmt.POSITIONAL_PROFILE, fmt.KEY_PROFILE, fmt.SINK_SHARE) or name in ROWS:
-        return f.summary_array(name, layer)
-    if name in COMPOUND:
+    if name in _PROFILE_KINDS:
+        return np.stack(f.profile(_PROFILE_KINDS[name], layer))
+    if row is not None and row.check == "diagnostics":
         fields = f.stored_diagnostics(layer, name)
-        out = np.zeros(f.n_heads, dtype=[(k, np.float64) for k in fmt.DIAGNOSTIC_FIELDS])
-        for k in fmt.DIAGNOSTIC_FIELDS:
+        out = np.zeros(f.n_heads, dtype=datasets.DIAGNOSTIC_DTYPE)
+        for k in datasets.DIAGNOSTIC_FIELDS:
             out[k] = fields[k]
         return out
+    if row is not None:
+        return f.summary_array(name, layer)
     raise BiasvizError(f"{fmt.layer_group(layer)}/{name} of {f.path} is not a dataset biasviz reads")
 
 

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from biasviz.store.datasets import KEY_PROFILE, SINK_SHARE, map_name, profile_name
 from biasviz.summaries.maps import geometry_counts
 
 TILE = 32  # query and key tile (rows and columns per program step); a power of 2, at least 16 for tl.dot
@@ -200,17 +201,18 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
     heads, seq_len = by_distance.shape[1:]
     counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
     means = torch.where(counts > 0, maps / counts, float("nan")).float()
-    out = dict(zip(("weights_mean", "weights_std", "scores_mean", "scores_std"), means.unbind(0), strict=True))
+    names = [map_name(kind, stat) for kind in ("weights", "scores") for stat in ("mean", "std")]
+    out = dict(zip(names, means.unbind(0), strict=True))
     per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
     for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
         mean = total / per_d
         between = (squares / per_d - mean * mean).clamp(min=0.0)
         if name == "scores" and table is not None:
             mean = mean + table.to(mean)
-        out[f"{name}_profile"] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
+        out[profile_name(name)] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
     per_key = per_d  # T - j queries see key j
     mean = columns[0] / per_key
-    out["weights_key_profile"] = torch.stack([mean, (columns[1] / per_key - mean * mean).clamp(min=0.0).sqrt()]).float()
-    out["sink_share"] = (sinks / seq_len).float()
+    out[KEY_PROFILE] = torch.stack([mean, (columns[1] / per_key - mean * mean).clamp(min=0.0).sqrt()]).float()
+    out[SINK_SHARE] = (sinks / seq_len).float()
     out["row_entropy"] = lse.double() - row_ws
     return out
