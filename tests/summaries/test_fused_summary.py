@@ -176,3 +176,24 @@ def test_leaving_p_or_the_measures_out_leaves_them_out_of_both_paths(
             assert f["layer_1"].attrs["statistics"] == mode
     _compare(got["fused"], got["torch"])
     assert ("positional_mean" in got["fused"]) == positional and ("band_mass" in got["fused"]) == measures
+
+
+def test_info_says_which_layers_the_kernels_formed_and_trusts_no_other_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    from biasviz.summaries import kernels
+    from tests.conftest import run_cli
+
+    monkeypatch.setattr(kernels, "unavailable", lambda device: None)
+    monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
+    model = small_model("alibi", n_head=4)
+    ids = np.random.default_rng(2).integers(0, 97, size=(2, T))
+    _summary(model, ids, tmp_path / "fused.h5", 8, "fused", monkeypatch)
+    _summary(model, ids, tmp_path / "torch.h5", 8, "torch", monkeypatch)
+    said = {mode: run_cli(["info", str(tmp_path / f"{mode}.h5")], capsys)[1] for mode in ("fused", "torch")}
+    assert "layer_1 statistics" in said["fused"] and "fused: formed by the GPU kernels" in said["fused"]
+    assert "statistics" not in said["torch"]
+    with h5py.File(tmp_path / "fused.h5", "r+") as f:
+        f["layer_1"].attrs["statistics"] = "fused<script>"
+    code, out, _ = run_cli(["info", str(tmp_path / "fused.h5")], capsys)
+    assert code == 0 and "statistics" not in out and "<script>" not in out

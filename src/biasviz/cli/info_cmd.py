@@ -141,6 +141,9 @@ def _layer_lines(f: Any, layer: int, group: str) -> list[str]:
         note = f.summary.note(layer)
         if note:  # what the layer's summary leaves out, and why
             lines.append(f"  {group + ' note':<{width}}{note}")
+        made = f.summary.statistics(layer)
+        if made == "fused":  # the GPU kernels formed them (the torch path is the rule, and goes unsaid)
+            lines.append(f"  {group + ' statistics':<{width}}fused: formed by the GPU kernels")
         return lines
     names = ("bias", "weights") if f.has_bias(layer) else ("weights",)
     for name in ("bias",) if f.bias_only else names:

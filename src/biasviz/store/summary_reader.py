@@ -29,7 +29,15 @@ from biasviz.store.datasets import (
     SINK_SHARE,
     SUMMARY_MAPS,
 )
-from biasviz.store.format import BLOCK_SCALES, LAYER_NOTE, PROFILE_STATS, block_size, block_starts, layer_group
+from biasviz.store.format import (
+    BLOCK_SCALES,
+    LAYER_NOTE,
+    LAYER_STATISTICS,
+    PROFILE_STATS,
+    block_size,
+    block_starts,
+    layer_group,
+)
 from biasviz.store.validation import AttrChecks, shape_text
 
 # what a quantity's summary is: all of them, or none
@@ -100,6 +108,17 @@ class SummaryLayout:
             return None
         text = inert(value[:400])  # data from the file, shown as data
         return text + ("..." if len(value) > 400 else "")
+
+    def statistics(self, layer: int) -> str | None:
+        """Which implementation formed the layer's statistics (its attribute ``statistics``): ``fused`` (the GPU
+        kernels), ``torch``, or both, comma-separated, for a sweep whose checkpoints differ; None where the file does
+        not say (written before the attribute existed) or says something else (data from a file: never trusted)."""
+        value = self.h5[layer_group(layer)].attrs.get(LAYER_STATISTICS) if layer_group(layer) in self.h5 else None
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if not isinstance(value, str) or not value or not set(value.split(", ")) <= {"fused", "torch"}:
+            return None
+        return value
 
     def used(self, layer: int, checkpoint: int = 0) -> np.ndarray:
         """(query block, key block), or (head, ...) for a layer with its own mask: the blocks with attended cells."""
