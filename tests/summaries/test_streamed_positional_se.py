@@ -108,32 +108,32 @@ def _check(out: Path, call: dict[str, Any], layer: int, mean: bool = True) -> No
     np.testing.assert_allclose(got, _jackknife(call), rtol=2e-4, atol=1e-7, equal_nan=True)
 
 
-@pytest.mark.parametrize("resolution", [T, T // 4])
-def test_a_text_dependent_bias_enters_the_streamed_jackknife(tmp_path: Path, resolution: int) -> None:
-    """Each sample's bias enters its delete-one P: by distance for the profile's SE, by its sums over each block for
-    the block map's."""
+def _text_bias(tmp_path: Path, seed: int, batch: int, resolution: int | None = None,
+               **options: Any) -> tuple[Path, dict[str, Any]]:  # fmt: skip
+    """A TextBias model's own call (caught) and its summary, in batches of ``batch``."""
     torch.manual_seed(0)
-    model = TextBias().eval()
-    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    model = TextBias(**options).eval()
+    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(seed))
     call = caught_call(lambda: model(ids))
     out = tmp_path / "s.h5"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=2, resolution=resolution)
+        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=batch, resolution=resolution)
+    return out, call
+
+
+@pytest.mark.parametrize("resolution", [T, T // 4])
+def test_a_text_dependent_bias_enters_the_streamed_jackknife(tmp_path: Path, resolution: int) -> None:
+    """Each sample's bias enters its delete-one P: by distance for the profile's SE, by its sums over each block for
+    the block map's."""
+    out, call = _text_bias(tmp_path, 5, 2, resolution)
     _check(out, call, 0)
 
 
 def test_a_text_dependent_bias_in_a_sliding_window_enters_p_s_block_map_se(tmp_path: Path) -> None:
     """The same over a window of five keys (the call's own mask): each sample's bias summed over each block's attended
     cells."""
-    torch.manual_seed(0)
-    model = TextBias(window=5).eval()
-    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
-    call = caught_call(lambda: model(ids))
-    out = tmp_path / "s.h5"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=3, resolution=T // 4)
+    out, call = _text_bias(tmp_path, 5, 3, T // 4, window=5)
     with h5py.File(out, "r") as f:
         got = f["layer_0/positional_mean_se"][()]
         assert got.shape == f["layer_0/positional_mean"].shape
@@ -148,14 +148,7 @@ def test_a_text_dependent_bias_past_the_memory_for_its_block_sums_leaves_the_map
     import biasviz.summaries.positional_errors as errors
 
     monkeypatch.setattr(errors, "BIAS_BLOCKS_BYTES", 0)
-    torch.manual_seed(0)
-    model = TextBias().eval()
-    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
-    call = caught_call(lambda: model(ids))
-    out = tmp_path / "s.h5"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=2)
+    out, call = _text_bias(tmp_path, 5, 2)
     _check(out, call, 0, mean=False)
     with h5py.File(out, "r") as f:
         assert "positional_mean_se" not in f["layer_0"] and "positional_mean" in f["layer_0"]
@@ -166,14 +159,7 @@ def test_a_text_dependent_bias_past_the_memory_for_its_block_sums_leaves_the_map
 def test_a_bias_by_distance_streamed_has_p_s_block_map_se(tmp_path: Path, resolution: int) -> None:
     """A float mask adding the same bias to every sample (streamed): P's block map SE per cell and in blocks of four,
     each sample's rows formed again from the q and k kept for it."""
-    torch.manual_seed(0)
-    model = TextBias(text=False).eval()
-    ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(8))
-    call = caught_call(lambda: model(ids))
-    out = tmp_path / "s.h5"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        biasviz.extract(model, ids, out, summary=True, progress=False, batch_size=3, resolution=resolution)
+    out, call = _text_bias(tmp_path, 8, 3, resolution, text=False)
     _check(out, call, 0)
 
 
