@@ -61,8 +61,34 @@ SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png
               "test_two_traced_models_in_one_folder_keep_their_own_figures"}  # fmt: skip
 
 
+# The files that take longest (seconds summed over their tests in `make test`, 2 workers on 2 cores), heaviest first.
+# `make test` hands out whole files to its two workers in the order collected here (--no-loadscope-reorder): the
+# heavy files first, so that neither worker is left with one of them while the other has finished (xdist's own order,
+# by number of tests, put the heavy files with few tests last)
+HEAVY_FILES = {"training/test_train.py": 82, "extraction/test_distributed.py": 76, "cli/test_cli_plot.py": 63,
+               "project/test_gpu_run.py": 48, "project/test_hostile_io.py": 41,
+               "extraction/test_checkpoint_series.py": 37, "training/test_trained_note.py": 34,
+               "model/test_model_long.py": 30, "cli/test_summary_cli.py": 30,
+               "project/test_examples.py": 30, "cli/test_interrupts.py": 26, "project/test_make_outputs.py": 25,
+               "store/test_fuzz_info.py": 20, "project/test_readme.py": 20, "project/test_untrusted.py": 19,
+               "adapters/test_device_map_errors.py": 19, "extraction/test_checkpoint_series_torchrun.py": 18,
+               "project/test_hostile_values.py": 18, "summaries/test_summary_engine.py": 17,
+               "plotting/test_figure_width.py": 16, "adapters/test_device_map.py": 16, "cli/test_positional_cli.py": 15,
+               "summaries/test_replay_dispatch.py": 13, "summaries/test_position_measures.py": 12,
+               "model/test_fused_attention.py": 12}  # fmt: skip
+
+
+def _file_weight(item: pytest.Item) -> float:
+    """Seconds a file is expected to take (HEAVY_FILES), else 0: the light files follow in collection order."""
+    parts = item.path.parts
+    key = "/".join(parts[parts.index("tests") + 1 :]) if "tests" in parts else ""
+    return HEAVY_FILES.get(key, 0.0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the slow tests; CUDA tests skip cleanly on machines without a GPU (CI has none)."""
+    """The heavy files first (the order xdist hands out files in); mark the slow tests; CUDA tests skip cleanly on
+    machines without a GPU (CI has none)."""
+    items.sort(key=lambda item: -_file_weight(item))  # stable: each file's tests and the light files keep their order
     for item in items:
         module = item.path.stem
         if module in SLOW_MODULES or getattr(item, "originalname", "") in SLOW_TESTS:
