@@ -78,6 +78,13 @@ HEAVY_FILES = {"training/test_train.py": 82, "extraction/test_distributed.py": 7
                "model/test_fused_attention.py": 12}  # fmt: skip
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist hands out the files in the order collected (HEAVY_FILES first), even where --no-loadscope-reorder
+    was not given (a plain `pytest -n 2 --dist loadfile`)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def _file_weight(item: pytest.Item) -> float:
     """Seconds a file is expected to take (HEAVY_FILES), else 0: the light files follow in collection order."""
     parts = item.path.parts
