@@ -67,7 +67,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## create .venv and install biasviz with its test tools
 
 test: $(STAMP)  ## run the whole test suite (CPU; CUDA tests skip without a GPU), a file at a time on two workers
-	$(BIN)/python -m pytest tests src/biasviz -n 2 --dist loadfile --durations=25
+	$(BIN)/python -m pytest tests src/biasviz -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 test-fast: $(STAMP)  ## the fast tests only (no subprocesses or end-to-end runs), in under 30 s
 	$(BIN)/python -m pytest tests src/biasviz -m "not slow" -q

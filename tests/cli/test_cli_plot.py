@@ -23,8 +23,8 @@ def _dist(t: int) -> np.ndarray:
     return pos[:, None] - pos[None, :]
 
 
-def _alibi(n: int, t: int = T) -> np.ndarray:
-    slopes = 2.0 ** (-8 * np.arange(1, H + 1) / H)
+def _alibi(n: int, t: int = T, heads: int = H) -> np.ndarray:
+    slopes = 2.0 ** (-8 * np.arange(1, heads + 1) / heads)
     b = -slopes[:, None, None] * np.maximum(_dist(t), 0)
     return np.repeat(b[None], n, axis=0).astype(np.float32)
 
@@ -43,9 +43,10 @@ def _weights(bias: np.ndarray) -> np.ndarray:
 
 def write_file(path: Path, scheme: str, bias: np.ndarray | None, n: int = 2, t: int = T) -> Path:
     has_bias = bias is not None
-    w = _weights(bias) if has_bias else _weights(np.zeros((n, H, t, t), np.float32))
+    heads = bias.shape[1] if has_bias else H
+    w = _weights(bias) if has_bias else _weights(np.zeros((n, heads, t, t), np.float32))
     attrs = {**ATTRS, "scheme": scheme, "context_dependent": scheme == "cable"}
-    with BiasFileWriter(path, attrs=attrs, n_samples=n, n_heads=H, seq_len=t, layers=[LAYER], has_bias=has_bias,
+    with BiasFileWriter(path, attrs=attrs, n_samples=n, n_heads=heads, seq_len=t, layers=[LAYER], has_bias=has_bias,
                         force=True) as writer:  # fmt: skip
         writer.write_batch(np.zeros((n, t), np.int32), weights={LAYER: w},
                            bias={LAYER: bias} if has_bias else None)  # fmt: skip
@@ -59,7 +60,9 @@ def run(*args: str) -> object:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("data")
+    # alibi-4: four heads, for the tests of which files a plot writes or keeps (a third of the panels to draw)
     return {"alibi": write_file(d / "alibi.h5", "alibi", _alibi(2)),
+            "alibi-4": write_file(d / "alibi-4.h5", "alibi", _alibi(2, heads=4)),
             "cable": write_file(d / "cable.h5", "cable", _cable(3), n=3),
             "nope": write_file(d / "nope.h5", "nope", None)}  # fmt: skip
 
@@ -86,7 +89,7 @@ def test_plot_kind_all_mean_svg_and_alias(files: dict[str, Path], tmp_path: Path
 def test_plot_default_input_and_normalize(files: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
-    os.symlink(files["alibi"], tmp_path / "data" / "alibi.h5")
+    os.symlink(files["alibi-4"], tmp_path / "data" / "alibi.h5")
     res = run("plot", "--scheme", "alibi", "--normalize", "diagonal", "--format", "png", "--style", "acl-column")
     assert res.exit_code == 0, res.output
     assert (tmp_path / "figures" / "alibi_bias.png").exists()
@@ -120,7 +123,7 @@ def test_plot_errors_are_one_line(files: dict[str, Path], tmp_path: Path, capsys
 
 
 def test_plot_failure_keeps_previous_figures(files: dict[str, Path], tmp_path: Path, monkeypatch) -> None:
-    run("plot", "--scheme", "alibi", "--input", str(files["alibi"]), "--format", "png", "--out-dir", str(tmp_path))
+    run("plot", "--scheme", "alibi", "--input", str(files["alibi-4"]), "--format", "png", "--out-dir", str(tmp_path))
     before = (tmp_path / "alibi_bias.png").read_bytes()
     from matplotlib.figure import Figure
 
@@ -128,7 +131,7 @@ def test_plot_failure_keeps_previous_figures(files: dict[str, Path], tmp_path: P
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Figure, "savefig", broken)
-    res = CliRunner().invoke(cli, ["plot", "--scheme", "alibi", "--input", str(files["alibi"]), "--format", "png",
+    res = CliRunner().invoke(cli, ["plot", "--scheme", "alibi", "--input", str(files["alibi-4"]), "--format", "png",
                                    "--out-dir", str(tmp_path)])  # fmt: skip
     assert res.exit_code != 0
     assert (tmp_path / "alibi_bias.png").read_bytes() == before
@@ -224,7 +227,7 @@ def test_plot_never_overwrites_a_figure_without_force(files: dict[str, Path], tm
     out = tmp_path / "figs"
     out.mkdir()
     (out / "alibi_weights.png").write_bytes(b"my own figure")
-    args = ["plot", "--scheme", "alibi", "--input", str(files["alibi"]), "--kind", "all", "--out-dir", str(out)]
+    args = ["plot", "--scheme", "alibi", "--input", str(files["alibi-4"]), "--kind", "all", "--out-dir", str(out)]
     code, stdout, err = run_cli(args, capsys)
     assert code == 1 and stdout == ""
     lines = err.strip().splitlines()

@@ -1,11 +1,13 @@
 """Fuzz ``biasviz info``: random, truncated, mutated and bit-flipped files never end in a traceback.
 
 Each case must exit 0 (the file is still valid) or 1 with exactly one ``Error:`` line. The loop is
-seeded, so a failure names a case that can be replayed.
+seeded, so a failure names a case that can be replayed. Each case's bytes are opened once in ``info``'s isolated
+child: its JSON run takes the verdict of its text run's child (the same bytes), and renders its own output.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
 from collections.abc import Callable
@@ -92,7 +94,36 @@ def _case(rng: random.Random, valid: Path, target: Path) -> str:
     return kind
 
 
-def test_fuzz_info_never_ends_in_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def one_child_per_content(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """``info``'s isolated check, run in its child once per file content; a second look at the same bytes gets
+    the first verdict again (a new error with the same message). Returns the count of children started."""
+    import biasviz.store.reader as reader
+
+    real = reader.check_isolated
+    verdicts: dict[bytes, BaseException | None] = {}
+    started = {"children": 0}
+
+    def check(path: Path) -> None:
+        key = hashlib.sha256(Path(path).read_bytes()).digest() + str(path).encode()
+        if key not in verdicts:
+            started["children"] += 1
+            try:
+                real(path)
+                verdicts[key] = None
+            except Exception as exc:  # noqa: BLE001 (the child's verdict, whatever it was, is given again)
+                verdicts[key] = exc
+        verdict = verdicts[key]
+        if verdict is not None:
+            raise type(verdict)(*verdict.args)
+
+    monkeypatch.setattr(reader, "check_isolated", check)
+    return started
+
+
+def test_fuzz_info_never_ends_in_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], one_child_per_content: dict[str, int]
+) -> None:
     valid = write_valid(tmp_path / "valid.h5", n=2, heads=3, t=8, layers=(1,))
     code, err = _run_info(valid, capsys, as_json=False)
     assert code == 0, err
@@ -111,6 +142,7 @@ def test_fuzz_info_never_ends_in_a_traceback(tmp_path: Path, capsys: pytest.Capt
             outcomes[code] += 1
         target.unlink()
     assert outcomes[1] > CASES  # most of the 2 x CASES runs met broken files, reported as such
+    assert one_child_per_content["children"] == CASES + 1  # every case's bytes met the isolated child
 
 
 MUTATIONS: list[tuple[str, Callable[[h5py.File], None], str]] = [
