@@ -32,3 +32,38 @@ def test_bfloat16_runs_keep_inv_freq_in_float32(tmp_path: Path) -> None:
         angles = 63 * inv_freq.double().numpy()  # the last position's angles
         np.testing.assert_allclose(angles, 63 * exact, rtol=1e-6)
     assert rotary.inv_freq.dtype == torch.float32 and math.isclose(float(rotary.inv_freq[1]), exact[1], rel_tol=1e-6)
+
+
+def test_a_bfloat16_run_rotates_as_transformers_own_bfloat16_load_at_2048(tmp_path: Path) -> None:
+    """The q and k a bfloat16 run hands its attention call at T = 2048 are those of transformers' own bfloat16 load of
+    the same directory (from_pretrained with dtype=bfloat16): the rotation's angles reach 2047·θ_f, where a bfloat16
+    inv_freq would be off by whole radians."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.summaries.test_rotary_detection import sdpa_operands
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+                         intermediate_size=64, vocab_size=64, max_position_embeddings=2048)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    ids = torch.randint(1, 64, (1, 2048), generator=torch.Generator().manual_seed(3))
+    own = LlamaForCausalLM.from_pretrained(tmp_path / "llama", dtype=torch.bfloat16).eval()
+    (want_q, want_k), = sdpa_operands(own, ids)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def caught(q, k, *args, **kwargs):  # noqa: ANN001, ANN202 - every call biasviz's run makes
+        if q.shape[-2] == 2048:
+            seen.append((q.double(), k.double()))
+        return original(q, k, *args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = caught
+    try:
+        biasviz.extract(str(tmp_path / "llama"), ids.numpy(), tmp_path / "s.h5", summary=True, progress=False,
+                        model_dtype="bfloat16")  # fmt: skip
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = original
+    assert seen, "biasviz's run made no call of 2048 positions"
+    got_q, got_k = seen[0]
+    torch.testing.assert_close(got_q, want_q, rtol=0, atol=0)
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=0)
