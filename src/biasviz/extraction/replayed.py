@@ -25,7 +25,7 @@ from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
 from biasviz.summaries import QuantitySummary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
-from biasviz.summaries.fused_layer import fused_layer, tell, why_not
+from biasviz.summaries.fused_layer import CHOSEN, fused_layer, tell, why_not
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
@@ -158,7 +158,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
         bank.close()
     if dev.type == "cuda":  # one line per reason, where a GPU's layers were left to torch (unless the user chose it)
         for why, layers in torch_path.items():
-            if why != "BIASVIZ_STATISTICS=torch":
+            if why != CHOSEN:
                 tell(layers, why)
     return extras
 

@@ -23,7 +23,15 @@ import torch
 from biasviz.common.memory import size_text
 from biasviz.common.settings import statistics_mode
 from biasviz.common.shapes import host_arrays, step_cells
-from biasviz.store.datasets import MIN_SE_SAMPLES, SEGMENTS, distance_bins
+from biasviz.store.datasets import (
+    KEY_PROFILE,
+    MIN_SE_SAMPLES,
+    SEGMENTS,
+    SINK_SHARE,
+    distance_bins,
+    map_name,
+    profile_name,
+)
 from biasviz.store.format import non_finite_error
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.maps import _group_sums, geometry_counts
@@ -37,6 +45,7 @@ from biasviz.summaries.sharing import Agreement
 from biasviz.summaries.weight_measures import WeightMeasures
 
 FUSED, TORCH = "fused", "torch"  # a summary layer's ``statistics`` attribute
+CHOSEN = "BIASVIZ_STATISTICS=torch"  # why_not's answer where the user chose the torch path: nothing to warn of
 CHECK_CELLS = 1 << 26  # bias cells formed and compared at a time (a GPU's step; a CPU's is smaller)
 SUMS_SHARE = 4  # the kernels' sums may take at most a quarter of the device's free memory
 
@@ -58,7 +67,7 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
 
     mode = statistics_mode()
     if mode == "torch":
-        return "BIASVIZ_STATISTICS=torch"
+        return CHOSEN
     if mode == "auto" and device.type != "cuda":
         return f"the fused kernels run on a CUDA GPU, not on {device.type}"
     if (missing := kernels.unavailable(device)) is not None:
@@ -104,27 +113,22 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     counts = geometry_counts(seq_len, block, True, device)
     if not bool(torch.isfinite(acc["maps"]).all()):  # one read, as the torch path's
         raise non_finite_error("weights", layer)
-    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)  # cells at distance d; queries of key d
-    means = torch.where(counts > 0, acc["maps"] / counts, float("nan")).float()
-    for kind, at in (("weights", 0), ("scores", 2)):
-        total, squares, spread = acc["by_distance"][3 * (at // 2) : 3 * (at // 2) + 3]  # the scores' less f(d)
-        mean = total / per_d
-        std = (spread / per_d + (squares / per_d - mean * mean).clamp(min=0.0)).sqrt()
-        if kind == "scores" and table is not None:
-            mean = mean + table.to(mean)
-        mean_map, std_map, profile = host_arrays(means[at], means[at + 1], torch.stack([mean, std]).float())
+    done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], acc["lse"],
+                          block, table)  # the maps, profiles, key profile and sink shares, as the kernels' own finish
+    for kind in ("weights", "scores"):
+        mean_map, std_map, profile = host_arrays(*(done[map_name(kind, stat)] for stat in ("mean", "std")),
+                                                 done[profile_name(kind)])  # fmt: skip
         own[kind].given = Summary(mean=mean_map, std=std_map, profile=profile, diagnostics=None)
-    key_mean = acc["columns"][0] / per_d
-    key_profile = torch.stack([key_mean, (acc["columns"][1] / per_d - key_mean * key_mean).clamp(min=0.0).sqrt()])
     p_mean, p_profile, p_diagnostics = _positional(acc, table, layer, seq_len, counts) if with_p else (None, None, None)
     arrays = None
     if measures:
-        arrays = _measures(acc, own, samples=n, heads=heads, seq_len=seq_len, block=block, device=device)
+        arrays = _measures(acc, done["row_entropy"], own, samples=n, heads=heads, seq_len=seq_len, block=block,
+                           device=device)  # fmt: skip
         arrays.update(rotary_measures(adapter, bank, layer, heads, None, positional))
         if p_profile is not None and not adapter.adds_bias:
             add_pair_sum_residual(arrays, p_profile[0], None)
     p_mean_host, p_profile_host, key_host, sink_host = host_arrays(
-        p_mean, p_profile, key_profile.float(), (acc["sinks"] / seq_len).float())  # fmt: skip
+        p_mean, p_profile, done[KEY_PROFILE], done[SINK_SHARE])  # fmt: skip
     assert key_host is not None and sink_host is not None
     return PositionSummary(positional_mean=p_mean_host, positional_profile=p_profile_host,
                            positional_diagnostics=p_diagnostics, key_profile=key_host, sink_share=sink_host,
@@ -184,16 +188,15 @@ def _positional(acc: dict[str, torch.Tensor], table: torch.Tensor | None, layer:
     return p_map, from_key_profile(by_distance, acc["positional_first"], None), diagnostics
 
 
-def _measures(acc: dict[str, torch.Tensor], own: dict[str, QuantitySummary], *, samples: int, heads: int,
-              seq_len: int, block: int, device: torch.device) -> dict[str, Any]:  # fmt: skip
+def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
+              heads: int, seq_len: int, block: int, device: torch.device) -> dict[str, Any]:  # fmt: skip
     """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
-    kernels' per-sample sums."""
+    kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w: every row sees a key)."""
     n, t = samples, seq_len
     f64 = {"dtype": torch.float64, "device": device}
     measures = WeightMeasures(samples=n, heads=heads, seq_len=t, block=block, causal=True, device=device)
     lo = torch.as_tensor(distance_bins(t)[:, 0], device=device)
     rows = torch.ones(1, 1, t, **f64)
-    entropy = acc["lse"].double() - acc["row_ws"]  # -Σ w log w = lse - Σ w s: every row sees a key
     distances = torch.zeros(n, heads, 2 * t - 1, **f64)
     distances[..., :t] = acc["sample_distance"][0].flip(-1)  # slot T - 1 - d holds distance d
     measures.join([{
