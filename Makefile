@@ -44,6 +44,8 @@ PAPER_LEN     := 1024
 PAPER_SAVE    := 2500
 PAPER_POS_LEN := 4096
 PAPER_CORPUS  :=
+# one step at a time: GPT-2-small runs share one GPU's memory badly
+PAPER_JOBS    := 1
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint docs figures figure-files record-built paper-figures previews bench clean distclean
@@ -96,13 +98,21 @@ docs: $(DOCS_STAMP)  ## build the documentation site into site/ (offline, strict
 # `biasviz plot` of yours in figures/) is neither recorded nor removed.
 MANIFEST := $(STAGES)/built.json
 WRITTEN  := $(STAGES)/written.log
-LOGGED    = BIASVIZ_WRITTEN_LOG=$(WRITTEN) BIASVIZ_WRITTEN_FOR=$@
+LOGGED    = BIASVIZ_WRITTEN_LOG=$(WRITTEN) BIASVIZ_WRITTEN_FOR=$@ BIASVIZ_PROGRESS_FOR=$(patsubst %/model.safetensors,%,$@)
 FIGURE_FILES := $(FIGURES)/diagnostics.pdf $(foreach s,$(SCHEMES),$(FIGURES)/$(s)_bias.pdf $(FIGURES)/$(s)_explore.html) $(FIGURES)/$(DYNAMICS)_dynamics.pdf $(FIGURES)/long_context.pdf $(FIGURES)/positional.pdf $(FIGURES)/position_measures.pdf
 # the manifest's tool, with or without .venv (make clean works without one)
 MANIFEST_TOOL = $(if $(wildcard $(BIN)/python),$(BIN)/python,PYTHONPATH=src $(PYTHON)) -m biasviz.cli.manifest
+# The steps run JOBS at a time (default: one per core, at most 4), each on THREADS of torch's threads, so that the
+# cores are busy: a tiny model's training or summary keeps one core busy, not two. With JOBS above 1, progress
+# comes as lines (a bar per step would fight over one terminal line), each naming the file it is for.
+# `make figures JOBS=1` runs one step at a time, with bars. Your own OMP_NUM_THREADS wins over THREADS.
+CORES   := $(shell nproc 2>/dev/null || echo 1)
+JOBS    ?= $(shell n=$(CORES); [ $$n -gt 4 ] && n=4; echo $$n)
+THREADS ?= $(shell t=$$(( $(CORES) / $(JOBS) )); [ $$t -lt 1 ] && t=1; echo $$t)
 figures: $(STAMP)  ## train, extract and plot every figure set, the diagnostics, one explorer page per scheme, the training dynamics, the long-context figure, the positional logits of every scheme and the position measures of RoPE and ALiBi
 	@$(BIN)/python -m biasviz.cli.manifest stale $(MANIFEST)
-	@$(MAKE) --no-print-directory figure-files; built=$$?; $(MAKE) --no-print-directory record-built; exit $$built
+	@$(if $(filter-out 1,$(JOBS)),BIASVIZ_PROGRESS=lines )OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(THREADS)} \
+		$(MAKE) --no-print-directory -j$(JOBS) figure-files; built=$$?; $(MAKE) --no-print-directory record-built; exit $$built
 
 record-built:  # the manifest of what the build made (the files its steps logged)
 	@$(MANIFEST_TOOL) record $(MANIFEST) $(WRITTEN) $(RUNS) $(DATA) $(FIGURES)
@@ -166,7 +176,7 @@ $(FIGURES)/diagnostics.pdf: $(foreach s,$(SCHEMES),$(DATA)/$(s).h5)
 # The figure sets of `make figures` from GPT-2-small variants: the same rules, run with paper/ folders and options.
 paper-figures: $(STAMP)  ## train GPT-2-small variants (needs a GPU; duration not measured) and draw the same figures into paper/figures/
 	@$(MAKE) --no-print-directory figures RUNS=$(PAPER)/runs DATA=$(PAPER)/data FIGURES=$(PAPER)/figures \
-		TRAIN_LEN=$(PAPER_LEN) POS_LEN=$(PAPER_POS_LEN) SAVE_EVERY=$(PAPER_SAVE) \
+		TRAIN_LEN=$(PAPER_LEN) POS_LEN=$(PAPER_POS_LEN) SAVE_EVERY=$(PAPER_SAVE) JOBS=$(PAPER_JOBS) \
 		TRAIN_ARGS="--preset gpt2-small --steps $(PAPER_STEPS) --seq-len $(PAPER_LEN)$(if $(PAPER_CORPUS), --corpus $(PAPER_CORPUS))" \
 		POS_NOTE="GPT-2-small models, $(PAPER_STEPS) steps on $(PAPER_LEN)-token windows of $(or $(PAPER_CORPUS),Python's standard library)"
 

@@ -9,6 +9,12 @@ import os
 if not os.path.exists("/proc/driver/nvidia"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Tokenized training corpora are kept between runs (biasviz.data.token_cache): the suite's in a folder of its own,
+# never the user's ~/.cache
+import tempfile  # noqa: E402
+
+os.environ.setdefault("BIASVIZ_CACHE", os.path.join(tempfile.gettempdir(), f"biasviz-tests-{os.getuid()}"))
+
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

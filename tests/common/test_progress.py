@@ -61,3 +61,33 @@ def test_a_terminal_keeps_each_stages_finished_bar() -> None:
                 bar.update()
     kept = [part.split("\r")[-1] for part in term.getvalue().split("\n") if part.split("\r")[-1].strip()]
     assert len(kept) == 2 and kept[0].startswith("train alibi: 100%") and kept[1].startswith("extract: 100%"), kept
+
+
+def test_lines_on_a_terminal_when_steps_run_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    """make figures runs its steps in parallel: BIASVIZ_PROGRESS=lines gives lines (no carriage returns) even on a
+    terminal, each naming the file its step makes (control characters in the name shown as '?')."""
+    monkeypatch.setenv("BIASVIZ_PROGRESS", "lines")
+    monkeypatch.setenv("BIASVIZ_PROGRESS_FOR", "data/alibi-long.h5\x1b[2J")
+    term = _Terminal()
+    with Progress(10, desc="summarise", unit="block", stream=term) as bar:
+        for _ in range(10):
+            bar.update()
+    lines = term.getvalue().splitlines()
+    assert len(lines) == 10 and "\r" not in term.getvalue() and "\x1b" not in term.getvalue()
+    assert all(line.startswith("data/alibi-long.h5?[2J: summarise: ") for line in lines), lines
+
+
+def test_a_bar_where_lines_are_not_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BIASVIZ_PROGRESS", "auto")
+    term = _Terminal()
+    with Progress(10, desc="summarise", unit="block", stream=term) as bar:
+        bar.update(10)
+    assert "\r" in term.getvalue()
+
+
+def test_an_unknown_progress_mode_is_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from biasviz.common.errors import BiasvizError
+
+    monkeypatch.setenv("BIASVIZ_PROGRESS", "fancy")
+    with pytest.raises(BiasvizError, match="BIASVIZ_PROGRESS='fancy' is not one of auto, bar, lines"):
+        Progress(10, desc="x", unit="step", stream=io.StringIO())

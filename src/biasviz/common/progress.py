@@ -6,7 +6,8 @@ left, and leaves it as the stage's line when the stage ends. In a log (a redirec
 instead, with the same numbers: one each time another tenth of its work is done, and one at least every
 ``interval`` seconds in between, so that a slow tenth still shows the run is alive. A stage of any length
 thus writes about ten lines, never hundreds, and one that fails at once none before its ``Error:`` line.
-``--quiet`` silences both.
+``--quiet`` silences both. ``BIASVIZ_PROGRESS=lines`` asks for lines on a terminal too (``make figures`` runs
+its steps side by side), each starting with ``BIASVIZ_PROGRESS_FOR`` where that names what the step makes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 import warnings
 from collections.abc import Iterator
 from typing import Any, TextIO
+
+from biasviz.common.settings import progress_label, progress_mode
 
 #: In a log: the longest time without a line while a stage runs.
 HEARTBEAT_SECONDS = 60.0
@@ -37,7 +40,9 @@ class Progress:
         self.total, self.unit, self.desc, self.n = max(int(total), 0), unit, desc, 0
         self.interval = HEARTBEAT_SECONDS if interval is None else interval
         self.enabled = show is not False
-        tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        mode = progress_mode()
+        tty = mode == "bar" or (mode == "auto" and bool(getattr(self.stream, "isatty", lambda: False)()))
+        self._label = progress_label()
         self._bar: Any = None
         self._steps_done = 0  # the tenths of the work already reported by a line
         self._start = time.monotonic()
@@ -71,7 +76,7 @@ class Progress:
         self._last = now
         text = tqdm.format_meter(min(self.n, self.total), self.total, now - self._start, prefix=self.desc,
                                  unit=self.unit, ncols=0)  # fmt: skip
-        print(text.strip(), file=self.stream, flush=True)
+        print(f"{self._label}: {text.strip()}" if self._label else text.strip(), file=self.stream, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

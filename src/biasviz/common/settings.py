@@ -38,6 +38,29 @@ def statistics_mode() -> str:
     return value
 
 
+PROGRESS_ENV = "BIASVIZ_PROGRESS"
+PROGRESS_MODES = ("auto", "bar", "lines")
+PROGRESS_FOR_ENV = "BIASVIZ_PROGRESS_FOR"
+
+
+def progress_mode() -> str:
+    """``BIASVIZ_PROGRESS`` (unset or empty: ``auto``, a bar on a terminal and lines in a log; ``lines``: lines
+    on a terminal too, as ``make figures`` sets when its steps run side by side and bars would share one line;
+    ``bar``: a bar wherever tqdm can draw one). Any other value is one clear error."""
+    text = os.environ.get(PROGRESS_ENV, "")
+    value = text.strip().lower() or "auto"
+    if value not in PROGRESS_MODES:
+        raise BiasvizError(f"{PROGRESS_ENV}={text!r} is not one of {', '.join(PROGRESS_MODES)} (unset means auto)")
+    return value
+
+
+def progress_label() -> str:
+    """``BIASVIZ_PROGRESS_FOR``: what a progress line is for (``make figures`` names the file each step makes), as
+    printable text of at most 80 characters; empty where unset."""
+    text = os.environ.get(PROGRESS_FOR_ENV, "")
+    return "".join(c if c.isprintable() else "?" for c in text.strip())[:80]
+
+
 BACKEND_ENV = "MPLBACKEND"
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import matplotlib as mpl
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
 from biasviz.common.atomic import Staged, replacing
 from biasviz.common.errors import BiasvizError, os_error_message, underlying_os_error
@@ -19,6 +20,8 @@ from biasviz.plotting.style import DEFAULT_STYLE, paper_context
 FORMATS = ("pdf", "png", "svg")
 #: Resolution of the rasterized heatmaps inside vector files (PDF, SVG).
 VECTOR_RASTER_DPI = 300
+#: Settings every file is written with: TrueType fonts embedded whole (no Type 3), SVG text as text
+SAVE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none", "svg.hashsalt": "biasviz"}
 
 
 def parse_formats(text: str) -> list[str]:
@@ -44,12 +47,31 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str], *, dpi: f
     stem = Path(stem)
     make_output_folder(stem.parent, "--out-dir")
     paths = []
-    for fmt in formats:
-        target = stem.with_name(f"{stem.name}.{fmt}")
-        with paper_context(style) if style else contextlib.nullcontext():
-            _save_one(fig, target, fmt, dpi if fmt == "png" else VECTOR_RASTER_DPI, dict(info or {}), staged)
-        paths.append(target)
+    with _laid_out_once(fig, style, len(formats)):
+        for fmt in formats:
+            target = stem.with_name(f"{stem.name}.{fmt}")
+            with paper_context(style) if style else contextlib.nullcontext():
+                _save_one(fig, target, fmt, dpi if fmt == "png" else VECTOR_RASTER_DPI, dict(info or {}), staged)
+            paths.append(target)
     return paths
+
+
+@contextlib.contextmanager
+def _laid_out_once(fig: Figure, style: str | None, files: int) -> Iterator[None]:
+    """With more than one file to write, the layout engine (constrained layout: a second of text measuring for a
+    12-head grid) runs once, and every file is drawn with the positions it found: the PDF and the PNG of a figure
+    then also have the same layout. The engine is back in place afterwards (a notebook's figure still resizes)."""
+    engine = fig.get_layout_engine()
+    if files < 2 or engine is None or isinstance(engine, PlaceHolderLayoutEngine):
+        yield
+        return
+    with paper_context(style) if style else contextlib.nullcontext(), mpl.rc_context(SAVE_RC):
+        fig.draw_without_rendering()
+    fig.set_layout_engine("none")
+    try:
+        yield
+    finally:
+        fig.set_layout_engine(engine)
 
 
 def _metadata(fmt: str, info: dict[str, str]) -> dict[str, object]:
@@ -67,7 +89,7 @@ def _metadata(fmt: str, info: dict[str, str]) -> dict[str, object]:
 
 
 def _save_one(fig: Figure, target: Path, fmt: str, dpi: float, info: dict[str, str], staged: Staged | None) -> None:
-    rc = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none", "svg.hashsalt": "biasviz"}
+    rc = SAVE_RC
     writing = replacing(target) if staged is None else contextlib.nullcontext(staged.temporary(target))
     try:
         with writing as tmp, mpl.rc_context(rc):

@@ -21,7 +21,8 @@ from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name, utf8_data
 from biasviz.common.processes import World, process_group
 from biasviz.common.progress import Progress
-from biasviz.data import build_tokenizer, encode, load_corpus, load_tokenizer, save_tokenizer
+from biasviz.data import load_corpus, load_tokenizer, save_tokenizer
+from biasviz.data.token_cache import tokenized
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, fused
 from biasviz.training.checkpoints import check_output, checkpoint_dir, share_mode
 
@@ -159,9 +160,9 @@ def _train(s: TrainSettings, base: BiasGPTConfig, device: torch.device, tmp: Pat
     rng = np.random.default_rng(s.seed)
     corpus = load_corpus(s.corpus, max_bytes=s.max_corpus_bytes)
     # a small corpus can yield fewer merges than asked for: the model takes the tokenizer's true size
-    tok = load_tokenizer(s.tokenizer) if s.tokenizer else build_tokenizer(corpus.documents, base.vocab_size)
+    given = load_tokenizer(s.tokenizer) if s.tokenizer else None
+    tok, tokens = tokenized(corpus.documents, base.vocab_size, given)  # built, or read back from the cache
     vocab_size = tok.get_vocab_size()
-    tokens = encode(corpus.documents, tok)
     if len(tokens) <= s.seq_len + 1:
         raise BiasvizError(f"the corpus has only {len(tokens)} tokens; need more than --seq-len {s.seq_len}")
     config = BiasGPTConfig.from_preset(
