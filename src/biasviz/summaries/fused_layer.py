@@ -106,7 +106,7 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
             bias.agreement = agreement
     q, k = (_operands(bank, layer, name, heads if name == "q" else None, seq_len) for name in ("q", "k"))
     hd = q.shape[-1]
-    k = k.view(n, seq_len, -1, hd).transpose(1, 2)
+    k = k.view(n, seq_len, -1, hd)[:, :, :: adapter.key_repeats(layer)].transpose(1, 2)  # each key head once
     with_p = positional and n >= 2
     acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
                                      block, positional=with_p)  # fmt: skip

@@ -1,0 +1,90 @@
+"""The fused path (:mod:`biasviz.summaries.fused_layer`) for a model biasviz has no adapter for: a transformers Llama
+with grouped keys, its SDPA calls traced (:class:`~biasviz.adapters.traced.TracedAdapter`), summarised file against
+file with the torch path (rows formed again block by block) through the public call.
+
+The kernels read each key head once (the bank holds k repeated per group of query heads). Their accumulators come from
+float64 numpy (tests/summaries/fused_reference.py) in the fast tests, and from the kernels themselves, run by Triton's
+interpreter on the CPU, where Triton is installed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from biasviz.adapters.transformers_traced import load_transformers_sdpa
+from biasviz.extraction.summary import extract_summary
+from tests.summaries.test_fused_summary import _compare, _reference_accumulators
+
+T, HEADS, KV_HEADS = 32, 4, 2
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=T,
+                         rope_theta=500.0)  # fmt: skip
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("llama") / "llama"
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def summaries(path: Path, ids: np.ndarray, out: Path, resolution: int, monkeypatch: pytest.MonkeyPatch,
+              **options: object) -> dict[str, tuple[dict[str, np.ndarray], dict[str, object]]]:  # fmt: skip
+    """Layer 1's datasets and attributes, by the torch path and by the fused path."""
+    got = {}
+    for mode in ("torch", "fused"):
+        monkeypatch.setenv("BIASVIZ_STATISTICS", mode)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            extract_summary(load_transformers_sdpa(path), ids, out / f"{mode}.h5", layers=[1], resolution=resolution,
+                            batch_size=2, device="cpu", progress=False, **options)  # fmt: skip
+        with h5py.File(out / f"{mode}.h5") as f:
+            g = f["layer_1"]
+            got[mode] = ({name: g[name][()] for name in g}, dict(g.attrs))
+    return got
+
+
+@pytest.mark.parametrize(("samples", "resolution"), [(3, 8), (4, T), (2, 4)])
+def test_a_traced_llama_with_grouped_keys_fused_writes_what_the_torch_path_writes(
+    llama_dir: Path, samples: int, resolution: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    from biasviz.summaries import kernels
+
+    seen = []
+
+    def reference(q: torch.Tensor, k: torch.Tensor, *args: object, **kwargs: object) -> dict[str, torch.Tensor]:
+        seen.append(k.shape[1])
+        return _reference_accumulators(q, k, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels, "unavailable", lambda device: None)
+    monkeypatch.setattr(kernels, "layer_accumulators", reference, raising=False)
+    ids = np.random.default_rng(samples).integers(0, 100, size=(samples, T))
+    got = summaries(llama_dir, ids, tmp_path, resolution, monkeypatch)
+    assert (got["torch"][1]["statistics"], got["fused"][1]["statistics"]) == ("torch", "fused")
+    assert seen == [KV_HEADS]  # each key head once, not repeated per query head
+    assert "positional_frequency" in got["fused"][0] or samples < 2  # the rotary measures beside
+    _compare(got["fused"][0], got["torch"][0])
+
+
+def test_a_traced_llama_through_the_kernels_writes_what_the_torch_path_writes(
+    llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """The same, the sums from the kernels themselves (Triton's interpreter on the CPU)."""
+    pytest.importorskip("triton")
+    from biasviz.summaries import kernels
+
+    if not kernels.interpreted() and not torch.cuda.is_available():
+        pytest.skip("Triton's interpreter was not chosen before Triton was imported")
+    ids = np.random.default_rng(5).integers(0, 100, size=(3, T))
+    got = summaries(llama_dir, ids, tmp_path, 8, monkeypatch)
+    assert got["fused"][1]["statistics"] == "fused"
+    _compare(got["fused"][0], got["torch"][0])
