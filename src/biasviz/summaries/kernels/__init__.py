@@ -12,8 +12,8 @@ import os
 
 import torch
 
-from biasviz.store.datasets import KEY_PROFILE, SINK_SHARE, map_name, profile_name
-from biasviz.summaries.maps import geometry_counts
+from biasviz.store.datasets import KEY_PROFILE, SEGMENTS, SINK_SHARE, map_name, profile_name
+from biasviz.summaries.maps import _group_sums, geometry_counts
 
 TILE = 32  # query and key tile (rows and columns per program step); a power of 2, at least 16 for tl.dot
 
@@ -54,13 +54,44 @@ def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | Non
     return finish(*tile_sums(q, k, table, lse, scale, block, tile), lse, block, table)
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int) -> dict:
-    """What both kernels take: the bias as float32 (a placeholder without one), strides, sizes and tiles."""
+def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int,
+            cells: torch.Tensor | None = None) -> dict:  # fmt: skip
+    """What both kernels take: the bias as float32 (a placeholder without one), strides, sizes and tiles, and the
+    mask's bits, tile classes and tenths (:func:`mask_operands`; placeholders without one)."""
     n, heads, seq_len, hd = q.shape
     bias = table.to(device=q.device, dtype=torch.float32).contiguous() if table is not None else q.new_empty(1)
+    tiles = -(-seq_len // tile)
+    masked = {"cells": q.new_empty(1, dtype=torch.uint8), "classes": q.new_empty(1, dtype=torch.int8),
+              "bounds": q.new_empty(1, dtype=torch.int32), "width": 1}  # fmt: skip
+    if cells is not None:
+        masked = mask_operands(cells.to(q.device), tile)
     return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
             "dp": max(16, 1 << (hd - 1).bit_length()),  # head dims padded to a power of 2 (masked)
-            "tiles": -(-seq_len // tile), "has_bias": table is not None}
+            "tiles": tiles, "has_bias": table is not None, **masked, "masked": cells is not None}
+
+
+def mask_operands(cells: torch.Tensor, tile: int) -> dict:
+    """What the kernels read of one (T, T) bool mask for every sample: its bits eight a byte (``cells``, (T,
+    ceil(T / 8)) uint8, ``width`` bytes a row), each (query tile, key tile)'s class (``classes`` int8: 0 no cell
+    attended, 1 every cell inside T, 2 some), and each row's tenths of its attended keys (``bounds`` (T, 11) int32:
+    the first key of each tenth by rank, as the torch path's context mass takes them; T for rows of fewer than 10)."""
+    from biasviz.summaries.bank import pack_cells
+
+    seq_len = cells.shape[-1]
+    if cells.shape != (seq_len, seq_len) or bool(cells.triu(1).any()) or not bool(cells.any(-1).all()):
+        raise ValueError("the kernels take one (T, T) mask within the causal triangle, every row seeing a key")
+    tiles = -(-seq_len // tile)
+    pad = tiles * tile - seq_len
+    per_tile = torch.nn.functional.pad(cells.float(), (0, pad, 0, pad)).view(tiles, tile, tiles, tile).sum((1, 3))
+    inside = torch.nn.functional.pad(torch.ones_like(cells, dtype=torch.float32), (0, pad, 0, pad))
+    full = inside.view(tiles, tile, tiles, tile).sum((1, 3))
+    classes = torch.where(per_tile == 0, 0, torch.where(per_tile == full, 1, 2)).to(torch.int8)
+    seen = cells.sum(-1)
+    need = -(-(torch.arange(SEGMENTS + 1, device=cells.device)[None] * seen[:, None]) // SEGMENTS)  # a tenth's rank
+    bounds = torch.searchsorted(cells.long().cumsum(-1), (need + 1).contiguous())  # the key of that rank
+    bounds = torch.where(seen[:, None] >= SEGMENTS, bounds, seq_len).clamp(max=seq_len).to(torch.int32)
+    packed = pack_cells(cells).contiguous()
+    return {"cells": packed, "classes": classes.contiguous(), "bounds": bounds.contiguous(), "width": packed.shape[-1]}
 
 
 def _sub_blocks(block: int, tile: int) -> int:
@@ -75,17 +106,18 @@ def _sub_blocks(block: int, tile: int) -> int:
     return block if tile % block == 0 else 0
 
 
-def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float,
-            tile: int = TILE) -> torch.Tensor:  # fmt: skip
-    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores."""
+def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, tile: int = TILE,
+            cells: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool)."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile)
+    go = _launch(q, k, table, tile, cells)
     lse = torch.empty(n, heads, seq_len, dtype=torch.float32, device=q.device)
-    kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, *go["strides"], seq_len, heads, go["group"], hd,
-                                              float(scale), DP=go["dp"], BM=tile, BN=tile,
-                                              HAS_BIAS=go["has_bias"])  # fmt: skip
+    kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, go["cells"], go["classes"], *go["strides"],
+                                              seq_len, heads, go["group"], hd, float(scale), go["width"], go["tiles"],
+                                              DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
+                                              MASKED=go["masked"])  # fmt: skip
     return lse
 
 
@@ -98,7 +130,8 @@ def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse:
 
 
 def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
-                       positional: bool = True, tile: int = TILE) -> dict[str, torch.Tensor]:  # fmt: skip
+                       positional: bool = True, tile: int = TILE,
+                       cells: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K1 then K2: every accumulator of a causal layer over its N samples, by name, float64 on q's device, as
     ``tests/summaries/fused_reference.py`` defines them, and ``lse`` (N, H, T) float32.
 
@@ -106,12 +139,13 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     positions. Per head: ``maps``, ``by_distance``, ``columns``; per sample: ``row_ws``, ``sinks``,
     ``sample_columns``, ``context``, ``sample_distance``, ``sample_blocks``; with ``positional`` and N >= 2 the
     positional logits' ``positional_maps``, ``positional_distance``, ``positional_first``, ``positional_rows``,
-    ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``."""
+    ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``.
+    ``cells``: (T, T) bool, one mask for every sample within the causal triangle (None: causal)."""
     n, heads, seq_len, hd = q.shape
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
-    lse = row_lse(q, k, table, scale, tile)
-    return {**accumulate(q, k, table, lse, scale, block, positional, tile), "lse": lse}
+    lse = row_lse(q, k, table, scale, tile, cells)
+    return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells), "lse": lse}
 
 
 def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None,
@@ -131,12 +165,13 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
 
 
 def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
-               block: int, positional: bool = True, tile: int = TILE) -> dict[str, torch.Tensor]:  # fmt: skip
+               block: int, positional: bool = True, tile: int = TILE,
+               cells: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse``."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile)
+    go = _launch(q, k, table, tile, cells)
     f64 = {"dtype": torch.float64, "device": q.device}
     nb = -(-seq_len // block)
     out = {
@@ -161,21 +196,26 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
     big_q, big_k, ref = _positional_inputs(q, k, table, scale) if positional else (q.new_empty(1),) * 3
     per_sample = list(out.values())[:9]  # maps .. sample_blocks, in the kernel's order
     kernels.tile_statistics[(go["tiles"], heads)](q, k, go["bias"], lse, *per_sample, big_q, big_k, ref,
-                                                  *(out.get(name, unused) for name in shapes), *go["strides"], n,
-                                                  seq_len, heads, go["group"], hd, float(scale), block, nb,
+                                                  *(out.get(name, unused) for name in shapes), go["cells"],
+                                                  go["classes"], go["bounds"], *go["strides"], n, seq_len, heads,
+                                                  go["group"], hd, float(scale), block, nb, go["width"], go["tiles"],
                                                   DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
-                                                  SUB=_sub_blocks(block, tile), POSITIONAL=positional)  # fmt: skip
+                                                  SUB=_sub_blocks(block, tile), POSITIONAL=positional,
+                                                  MASKED=go["masked"])  # fmt: skip
     if positional and n >= 3:
-        out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block)
+        out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block, cells)
     return out
 
 
-def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tensor, scale: float,
-                     block: int) -> torch.Tensor:  # fmt: skip
+def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tensor, scale: float, block: int,
+                     cells: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """(N, H, nb, nb) float64: Σ over a block's causal cells of z_a = [2 s_a - c(q_a·K + Q·k_a)] / ((N - 1)(N - 2)),
     from ``score_blocks`` (N, H, nb, nb) the block sums of s_a, with no cell formed: the cross terms are bilinear, so
     below the diagonal (every cell used) a block's sum is the product of its rows' and its keys' sums, and on it each
-    row meets the running sum of its block's keys up to its own. O(N H T hd), one head at a time, in float64."""
+    row meets the running sum of its block's keys up to its own. O(N H T hd), one head at a time, in float64. With a
+    mask (``cells``) see :func:`_masked_cross`."""
+    if cells is not None:
+        return (2 * score_blocks - scale * _masked_cross(q, k, cells, block)) / ((q.shape[0] - 1) * (q.shape[0] - 2))
     n, heads, seq_len, hd = q.shape
     group = heads // k.shape[1]
     nb = -(-seq_len // block)
@@ -191,6 +231,26 @@ def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tenso
         on = (qa * big_k.cumsum(1)).sum((2, 3)) + (big_q * ka.cumsum(2)).sum((2, 3))  # (N, nb)
         cross[:, h] = torch.where(below, off, 0.0) + torch.diag_embed(on)
     return (2 * score_blocks - scale * cross) / ((n - 1) * (n - 2))
+
+
+def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: int) -> torch.Tensor:
+    """(N, H, nb, nb) float64: Σ over a block's attended cells of q_a(i)·K(j) + Q(i)·k_a(j), a block of keys at a time:
+    each row's attended keys of the block summed first (M_b K_b, (T, hd)), then met by every sample's row. O(N H T hd
+    nb + H T² hd)."""
+    n, heads, seq_len, hd = q.shape
+    group = heads // k.shape[1]
+    nb = -(-seq_len // block)
+    m = cells.to(q.device, torch.float64)
+    cross = torch.zeros(n, heads, nb, nb, dtype=torch.float64, device=q.device)
+    for h in range(heads):
+        qa, ka = q[:, h].double(), k[:, h // group].double()  # (N, T, hd)
+        big_q, big_k = qa.sum(0), ka.sum(0)
+        for b in range(nb):
+            keys = slice(b * block, (b + 1) * block)
+            rows_k = m[:, keys] @ big_k[keys]  # (T, hd): each row's attended keys of block b, summed
+            part = (qa * rows_k).sum(-1) + (m[:, keys] @ ka[:, keys]).mul(big_q).sum(-1)  # (N, T)
+            cross[:, h, :, b] = _group_sums(part, -1, 0, block)
+    return cross
 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
