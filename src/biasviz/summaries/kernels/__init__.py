@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 import torch
 
@@ -254,25 +255,30 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
-           sinks: torch.Tensor, lse: torch.Tensor, block: int,
-           table: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
-    """K3: the accumulators divided by their cells (the geometry's counts), square roots, NaN where no cell; the
-    scores' sums by distance, less the bias, get ``table``'s f(d) back."""
+           sinks: torch.Tensor, lse: torch.Tensor, block: int, table: torch.Tensor | None = None,
+           attended: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
+    :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,
+    less the bias, get ``table``'s f(d) back."""
     heads, seq_len = by_distance.shape[1:]
     counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
+    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
+    per_key, seeing = per_d, seq_len  # T - j queries see key j; every query key 0
+    if attended is not None:
+        counts, per_d = attended.block_counts(block).to(maps.device), attended.per_distance.to(maps.device)
+        per_key = attended.per_key.to(maps.device)
+        seeing = per_key[:, :1]
     means = torch.where(counts > 0, maps / counts, float("nan")).float()
     names = [map_name(kind, stat) for kind in ("weights", "scores") for stat in ("mean", "std")]
     out = dict(zip(names, means.unbind(0), strict=True))
-    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
     for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
         mean = total / per_d
         between = (squares / per_d - mean * mean).clamp(min=0.0)
         if name == "scores" and table is not None:
             mean = mean + table.to(mean)
         out[profile_name(name)] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
-    per_key = per_d  # T - j queries see key j
     mean = columns[0] / per_key
     out[KEY_PROFILE] = torch.stack([mean, (columns[1] / per_key - mean * mean).clamp(min=0.0).sqrt()]).float()
-    out[SINK_SHARE] = (sinks / seq_len).float()
+    out[SINK_SHARE] = (sinks / seeing).float()
     out["row_entropy"] = lse.double() - row_ws
     return out
