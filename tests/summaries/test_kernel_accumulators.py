@@ -112,7 +112,7 @@ def test_masked_layer_accumulators_equal_float64_math(kernels, n: int, heads: in
     _check(got, accumulators(q, k, table, scale, block, cells=cells))
 
 
-def test_a_mask_s_tiles_are_classed_empty_full_or_partial(kernels) -> None:  # noqa: F811
+def test_a_mask_s_tiles_are_classed_empty_full_or_partial(kernels, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     got = kernels.mask_operands(torch.from_numpy(window(40, 7)), 16)
     assert got["classes"].tolist() == [[2, 0, 0], [2, 2, 0], [0, 2, 2]]
     assert got["cells"].shape == (40, 5) and got["width"] == 5
@@ -121,5 +121,9 @@ def test_a_mask_s_tiles_are_classed_empty_full_or_partial(kernels) -> None:  # n
     bounds = kernels.mask_operands(torch.from_numpy(window(40, 20)), 16)["bounds"]
     assert bounds[5].tolist() == [40] * 11  # 6 keys: no tenths
     assert bounds[30].tolist() == [11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 40]  # keys 11 .. 30 by rank, 2 a tenth
+    whole = kernels.mask_operands(torch.from_numpy(documents(40, [0, 13, 30])), 16)
+    monkeypatch.setattr(kernels, "MASK_ROWS", 16)  # a query tile at a time: the same
+    for name, value in kernels.mask_operands(torch.from_numpy(documents(40, [0, 13, 30])), 16).items():
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(whole[name])), name
     with pytest.raises(ValueError, match="causal triangle"):
         kernels.mask_operands(torch.ones(8, 8, dtype=torch.bool), 16)

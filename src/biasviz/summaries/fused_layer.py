@@ -53,6 +53,7 @@ FUSED, TORCH = "fused", "torch"  # a summary layer's ``statistics`` attribute
 CHOSEN = "BIASVIZ_STATISTICS=torch"  # why_not's answer where the user chose the torch path: nothing to warn of
 CHECK_CELLS = 1 << 26  # bias cells formed and compared at a time (a GPU's step; a CPU's is smaller)
 SUMS_SHARE = 4  # the kernels' sums may take at most a quarter of the device's free memory
+MASK_ROWS = 1024  # rows of a call's own mask counted at a time
 
 
 def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
@@ -224,13 +225,15 @@ def _queries(seq_len: int, attended: Attended | None, device: torch.device) -> d
         return {"band_queries": (t - bins[:, 0]).clamp(min=0).double()[None, None],
                 "context_queries": torch.full((1, 1, 1), float(max(0, t - SEGMENTS + 1)), **f64),
                 "diagonal_counts": torch.zeros(1, 2 * t - 1, **f64)}  # fmt: skip
-    mask = attended.mask[:1].to(device)
-    cums = torch.nn.functional.pad(mask.long().cumsum(-1), (1, 0))  # (1, T, T + 1): attended keys before each
-    i = torch.arange(t, device=device)[:, None]
-    a, b = (i - bins[:, 1]).clamp(0, t), (i - bins[:, 0] + 1).clamp(0, t)  # (T, bins): keys [a, b) at the distances
-    present = (cums[0].gather(1, b) - cums[0].gather(1, a)) > 0
-    return {"band_queries": present.double().sum(0)[None, None],
-            "context_queries": (mask.sum(-1) >= SEGMENTS).double().sum(-1, keepdim=True)[None],
+    mask = attended.mask[0].to(device)
+    band = torch.zeros(len(bins), **f64)
+    for r0 in range(0, t, MASK_ROWS):  # a few rows at a time: int32 copies of (rows, T), not T²
+        cums = torch.nn.functional.pad(mask[r0 : r0 + MASK_ROWS].cumsum(-1, dtype=torch.int32), (1, 0))
+        i = torch.arange(r0, r0 + cums.shape[0], device=device)[:, None]
+        a, b = (i - bins[:, 1]).clamp(0, t), (i - bins[:, 0] + 1).clamp(0, t)  # (rows, bins): keys [a, b) at the bin
+        band += ((cums.gather(1, b) - cums.gather(1, a)) > 0).sum(0)
+    return {"band_queries": band[None, None],
+            "context_queries": (mask.sum(-1) >= SEGMENTS).double().sum().reshape(1, 1, 1),
             "diagonal_counts": attended.per_signed.to(device).flip(-1)}  # fmt: skip
 
 

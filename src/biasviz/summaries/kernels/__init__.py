@@ -16,6 +16,7 @@ import torch
 from biasviz.store.datasets import KEY_PROFILE, SEGMENTS, SINK_SHARE, map_name, profile_name
 from biasviz.summaries.maps import _group_sums, geometry_counts
 
+MASK_ROWS = 1024  # rows of a mask worked into the kernels' operands at a time
 TILE = 32  # query and key tile (rows and columns per program step); a power of 2, at least 16 for tl.dot
 
 
@@ -83,16 +84,27 @@ def mask_operands(cells: torch.Tensor, tile: int) -> dict:
         raise ValueError("the kernels take one (T, T) mask within the causal triangle, every row seeing a key")
     tiles = -(-seq_len // tile)
     pad = tiles * tile - seq_len
-    per_tile = torch.nn.functional.pad(cells.float(), (0, pad, 0, pad)).view(tiles, tile, tiles, tile).sum((1, 3))
-    inside = torch.nn.functional.pad(torch.ones_like(cells, dtype=torch.float32), (0, pad, 0, pad))
-    full = inside.view(tiles, tile, tiles, tile).sum((1, 3))
-    classes = torch.where(per_tile == 0, 0, torch.where(per_tile == full, 1, 2)).to(torch.int8)
-    seen = cells.sum(-1)
-    need = -(-(torch.arange(SEGMENTS + 1, device=cells.device)[None] * seen[:, None]) // SEGMENTS)  # a tenth's rank
-    bounds = torch.searchsorted(cells.long().cumsum(-1), (need + 1).contiguous())  # the key of that rank
-    bounds = torch.where(seen[:, None] >= SEGMENTS, bounds, seq_len).clamp(max=seq_len).to(torch.int32)
-    packed = pack_cells(cells).contiguous()
-    return {"cells": packed, "classes": classes.contiguous(), "bounds": bounds.contiguous(), "width": packed.shape[-1]}
+    classes = torch.empty(tiles, tiles, dtype=torch.int8, device=cells.device)
+    bounds = torch.empty(seq_len, SEGMENTS + 1, dtype=torch.int32, device=cells.device)
+    packed = torch.empty(seq_len, -(-seq_len // 8), dtype=torch.uint8, device=cells.device)
+    step = max(tile, MASK_ROWS // tile * tile)  # whole query tiles a step: a few int32 copies of (step, T), not T²
+    for r0 in range(0, seq_len, step):
+        part = cells[r0 : r0 + step]
+        rows = part.shape[0]
+        padded = torch.nn.functional.pad(part, (0, pad, 0, -rows % tile))
+        per_tile = padded.view(-1, tile, tiles, tile).sum((1, 3), dtype=torch.int32)
+        inside = torch.zeros_like(padded, dtype=torch.int32)
+        inside[:rows, :seq_len] = 1
+        full = inside.view(-1, tile, tiles, tile).sum((1, 3), dtype=torch.int32)
+        classes[r0 // tile : r0 // tile + per_tile.shape[0]] = torch.where(
+            per_tile == 0, 0, torch.where(per_tile == full, 1, 2)).to(torch.int8)  # fmt: skip
+        cums = part.cumsum(-1, dtype=torch.int32)
+        seen = cums[:, -1:]
+        need = -(-(torch.arange(SEGMENTS + 1, device=cells.device)[None] * seen) // SEGMENTS)  # a tenth's first rank
+        at = torch.searchsorted(cums, (need + 1).to(torch.int32).contiguous())  # the key of that rank
+        bounds[r0 : r0 + rows] = torch.where(seen >= SEGMENTS, at, seq_len).clamp(max=seq_len).to(torch.int32)
+        packed[r0 : r0 + rows] = pack_cells(part)
+    return {"cells": packed, "classes": classes, "bounds": bounds, "width": packed.shape[-1]}
 
 
 def _sub_blocks(block: int, tile: int) -> int:
@@ -241,15 +253,16 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
     n, heads, seq_len, hd = q.shape
     group = heads // k.shape[1]
     nb = -(-seq_len // block)
-    m = cells.to(q.device, torch.float64)
+    cells = cells.to(q.device)
     cross = torch.zeros(n, heads, nb, nb, dtype=torch.float64, device=q.device)
     for h in range(heads):
         qa, ka = q[:, h].double(), k[:, h // group].double()  # (N, T, hd)
         big_q, big_k = qa.sum(0), ka.sum(0)
         for b in range(nb):
             keys = slice(b * block, (b + 1) * block)
-            rows_k = m[:, keys] @ big_k[keys]  # (T, hd): each row's attended keys of block b, summed
-            part = (qa * rows_k).sum(-1) + (m[:, keys] @ ka[:, keys]).mul(big_q).sum(-1)  # (N, T)
+            m = cells[:, keys].double()  # (T, block)
+            rows_k = m @ big_k[keys]  # (T, hd): each row's attended keys of block b, summed
+            part = (qa * rows_k).sum(-1) + (m @ ka[:, keys]).mul(big_q).sum(-1)  # (N, T)
             cross[:, h, :, b] = _group_sums(part, -1, 0, block)
     return cross
 
