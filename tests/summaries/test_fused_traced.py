@@ -208,3 +208,16 @@ def test_a_sliding_window_through_the_kernels_writes_what_the_torch_path_writes(
     got = summaries(mistral_dir, ids, tmp_path, 8, monkeypatch)
     assert got["fused"][1]["statistics"] == "fused"
     _compare(got["fused"][0], got["torch"][0])
+
+
+def test_masks_the_kernels_cannot_take_say_why() -> None:
+    from biasviz.summaries.fused_layer import _mask_fits
+
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()
+    window = causal & ~torch.ones(8, 8, dtype=torch.bool).tril(-3)
+    assert _mask_fits(causal[None]) is None and _mask_fits(torch.stack([window, window])) is None
+    assert _mask_fits(torch.stack([window, causal])) == "its heads attend different cells"
+    assert _mask_fits(torch.ones(1, 8, 8, dtype=torch.bool)) == "its mask attends keys after the query"
+    empty = causal.clone()
+    empty[3] = False
+    assert _mask_fits(empty[None]) == "a query of its mask attends no key"
