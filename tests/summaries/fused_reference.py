@@ -13,12 +13,14 @@ import numpy as np
 SEGMENTS = 10
 
 
-def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float) -> tuple[np.ndarray, ...]:
-    """(used (T, T), scores (N, H, T, T) 0 past the diagonal, weights, lse (N, H, T), bias (H, T, T) or zeros)."""
+def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float,
+           cells: np.ndarray | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """(used (T, T), scores (N, H, T, T) 0 past the diagonal, weights, lse (N, H, T), bias (H, T, T) or zeros);
+    ``cells`` (T, T) bool: the cells attended, one mask for every sample (None: j <= i)."""
     n, heads, t, _ = q.shape
     k = np.repeat(k, heads // k.shape[1], axis=1)
     i, j = np.indices((t, t))
-    used = j <= i
+    used = j <= i if cells is None else np.asarray(cells, bool)
     bias = table[:, np.clip(i - j, 0, None)] if table is not None else np.zeros((heads, t, t))
     s = scale * np.einsum("nhid,nhjd->nhij", q, k) + bias[None]
     z = np.where(used, s, -np.inf)
@@ -44,8 +46,9 @@ def _by_distance(x: np.ndarray) -> np.ndarray:
 
 
 def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float, block: int,
-                 positional: bool = True) -> dict[str, np.ndarray]:  # fmt: skip
-    """Every accumulator, by name (float64):
+                 positional: bool = True, cells: np.ndarray | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+    """Every accumulator, by name (float64), over the cells j <= i or (``cells``, (T, T) bool) one mask's for every
+    sample, "a block's cells" and "the cells at d" those attended:
 
     - ``maps`` (4, H, nb, nb): Σ over a block's cells of w̄, σ_w, s̄, σ_s;
     - ``by_distance`` (6, H, T): Σ over the cells at d of w̄, w̄², σ_w², s̄ - f(d), (s̄ - f(d))², σ_s² (the scores
@@ -53,8 +56,8 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     - ``columns`` (2, H, T): Σ_i of w̄(i, j) and of σ_w² + w̄²;
     - ``row_ws`` (N, H, T): Σ_j w_a s_a; ``sinks`` (N, H): Σ_i w_a(i, 0);
     - ``sample_columns`` (N, H, T): Σ_i w_a(i, j);
-    - ``context`` (N, H, 10): over the rows i with i + 1 >= 10, Σ of w_a(i, j) over the keys of tenth
-      t = floor(10 j / (i + 1));
+    - ``context`` (N, H, 10): over the rows i that see at least 10 keys, Σ of w_a(i, j) over the keys of tenth
+      t = floor(10 r / seen_i), r the rank of key j among the row's attended keys (j itself where causal);
     - ``sample_distance`` (2, N, H, T): Σ_i w_a(i, i - d), Σ_i s_a(i, i - d);
     - ``sample_blocks`` (2, N, H, nb, nb): Σ over a block's cells of w_a, s_a;
 
@@ -73,7 +76,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     - ``jackknife_blocks`` (N, H, nb, nb): Σ over a block's cells of z_a.
     """
     n, heads, t, _ = q.shape
-    used, s, w, _, bias = formed(q, k, table, scale)
+    used, s, w, _, bias = formed(q, k, table, scale, cells)
     k_heads = np.repeat(k, heads // k.shape[1], axis=1)
     w_mean, w_std, s_mean, s_std = w.mean(0), w.std(0), s.mean(0), s.std(0)
     out = {
@@ -89,8 +92,9 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
         "sample_blocks": np.stack([_blocks(w, block), _blocks(s, block)]),
     }
     i, j = np.indices((t, t))
-    tenth = (SEGMENTS * j) // (i + 1)
-    rows_in = (i + 1 >= SEGMENTS) & used
+    seen = used.sum(-1, keepdims=True)
+    tenth = (SEGMENTS * (np.cumsum(used, -1) - 1)) // np.maximum(seen, 1)
+    rows_in = (seen >= SEGMENTS) & used
     out["context"] = np.stack([np.where(rows_in & (tenth == seg), w, 0.0).sum((-2, -1)) for seg in range(SEGMENTS)],
                               -1)  # fmt: skip
     if positional and n >= 2:

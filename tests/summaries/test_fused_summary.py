@@ -25,13 +25,15 @@ T = 32
 
 
 def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
-                            positional: bool) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The kernels' answer from float64 numpy, from the same q, k and f(d)."""
+                            positional: bool,
+                            cells: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The kernels' answer from float64 numpy, from the same q, k, f(d) and mask."""
     qn, kn = q.double().cpu().numpy(), k.double().cpu().numpy()
     tn = None if table is None else table.double().cpu().numpy()
-    sums = accumulators(qn, kn, tn, scale, block, positional)
+    cn = None if cells is None else cells.cpu().numpy()
+    sums = accumulators(qn, kn, tn, scale, block, positional, cn)
     got = {name: torch.from_numpy(np.ascontiguousarray(x)) for name, x in sums.items()}
-    got["lse"] = torch.from_numpy(formed(qn, kn, tn, scale)[3]).float()
+    got["lse"] = torch.from_numpy(formed(qn, kn, tn, scale, cn)[3]).float()
     return got
 
 

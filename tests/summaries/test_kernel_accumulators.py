@@ -77,3 +77,53 @@ def test_layer_accumulators_keep_what_fused_statistics_finishes(kernels) -> None
     sums = kernels.tile_sums(q, k, None, got["lse"], 0.25, 8, tile=16)
     for name, value in zip(("maps", "by_distance", "columns", "row_ws", "sinks"), sums, strict=True):
         torch.testing.assert_close(value, got[name], msg=name)
+
+
+def window(t: int, width: int) -> np.ndarray:
+    """(T, T) bool: a sliding window, the keys j with i - width < j <= i."""
+    i, j = np.indices((t, t))
+    return (j <= i) & (j > i - width)
+
+
+def documents(t: int, starts: list[int]) -> np.ndarray:
+    """(T, T) bool: packed documents starting at ``starts`` (causal within each, one mask for every sample)."""
+    doc = np.searchsorted(starts, np.arange(t), side="right")
+    i, j = np.indices((t, t))
+    return (j <= i) & (doc[:, None] == doc[None, :])
+
+
+MASKED = [  # N, H, Hkv, T, hd, block, bias, tile, cells
+    (3, 4, 2, 40, 24, 12, True, 16, window(40, 7)),  # empty, full and partial tiles; rows of fewer than 10 keys
+    (3, 2, 1, 64, 16, 32, False, 16, window(64, 20)),  # blocks of whole tiles; rows of 20 keys, their tenths by rank
+    (2, 2, 2, 48, 16, 8, True, 16, documents(48, [0, 13, 30])),  # packed documents: P without the jackknife
+    (4, 2, 1, 40, 16, 4, False, 32, documents(40, [0, 21])),  # the default tile
+]
+
+
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "bias", "tile", "cells"), MASKED)
+def test_masked_layer_accumulators_equal_float64_math(kernels, n: int, heads: int, kv: int, t: int, hd: int,  # noqa: F811
+                                                      block: int, bias: bool, tile: int,
+                                                      cells: np.ndarray) -> None:  # fmt: skip
+    q, k, table = _inputs(n, heads, kv, t, hd, bias)
+    scale = 1 / np.sqrt(hd)
+    got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(),
+                                     None if table is None else torch.from_numpy(table).float(), scale, block,
+                                     tile=tile, cells=torch.from_numpy(cells))  # fmt: skip
+    _check(got, accumulators(q, k, table, scale, block, cells=cells))
+
+
+def test_a_mask_s_tiles_are_classed_empty_full_or_partial(kernels, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    got = kernels.mask_operands(torch.from_numpy(window(40, 7)), 16)
+    assert got["classes"].tolist() == [[2, 0, 0], [2, 2, 0], [0, 2, 2]]
+    assert got["cells"].shape == (40, 5) and got["width"] == 5
+    full = kernels.mask_operands(torch.from_numpy(window(64, 50)), 16)["classes"]
+    assert full[3, 1] == 1 and full[3, 0] == 2 and full[0, 1] == 0  # rows 48 .. 63 see keys 14 .. 63 at least
+    bounds = kernels.mask_operands(torch.from_numpy(window(40, 20)), 16)["bounds"]
+    assert bounds[5].tolist() == [40] * 11  # 6 keys: no tenths
+    assert bounds[30].tolist() == [11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 40]  # keys 11 .. 30 by rank, 2 a tenth
+    whole = kernels.mask_operands(torch.from_numpy(documents(40, [0, 13, 30])), 16)
+    monkeypatch.setattr(kernels, "MASK_ROWS", 16)  # a query tile at a time: the same
+    for name, value in kernels.mask_operands(torch.from_numpy(documents(40, [0, 13, 30])), 16).items():
+        assert torch.equal(torch.as_tensor(value), torch.as_tensor(whole[name])), name
+    with pytest.raises(ValueError, match="causal triangle"):
+        kernels.mask_operands(torch.ones(8, 8, dtype=torch.bool), 16)

@@ -277,6 +277,11 @@ class ModelAdapter:
         """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
         raise NotImplementedError
 
+    def key_repeats(self, layer: int) -> int:
+        """How many query heads share each key head of ``layer`` where the bank holds k repeated for them (grouped
+        queries); 1 where it holds each key head once (the fused kernels then read one copy, GROUP of them)."""
+        return 1
+
     def rotary(self, layer: int) -> Any:
         """How ``layer``'s call pairs the dims it rotates (:class:`biasviz.adapters.rotary.RotaryLayout`), as the
         model's own rotary module says, where the call does rotate (:func:`~biasviz.adapters.rotary.rotates`: a

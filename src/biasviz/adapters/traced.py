@@ -83,6 +83,7 @@ class TracedAdapter(ModelAdapter):
         self._want_scores = False
         self._formed: dict[int, _Kept] = {}  # per call kept for a summary: what forms its rows again
         self._by_sample: set[int] = set()  # calls whose samples are masked differently: each one's cells banked
+        self._groups: dict[int, int] = {}  # per call kept: query heads per key head (its k banked repeated)
 
     # -- facts, from the probe -----------------------------------------------------------------
     @property
@@ -185,6 +186,11 @@ class TracedAdapter(ModelAdapter):
         and k; a bias in the call (its float mask) could differ by sample, and would need (T, T) per sample."""
         return bool(self._chosen) and all(c.kind == "sdpa" and not c.adds_bias for c in self._chosen)
 
+    @property
+    def fused_rows(self) -> bool:  # type: ignore[override]
+        """A call formed again is c·q·kᵀ under its one mask, no bias: what the fused kernels form."""
+        return self.replays
+
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
         """Each :meth:`forward` puts the q and k of the calls ``layers`` into ``bank`` as the calls receive them
@@ -209,6 +215,7 @@ class TracedAdapter(ModelAdapter):
                                "--resolution equal to --seq-len and --batch-size covering every sample")  # fmt: skip
         self._keep_cells(index, ops, keeping.bank)
         heads = ops.q.shape[1]
+        self._groups[index] = heads // ops.k.shape[1]
         keeping.bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
         keeping.bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
 
@@ -255,6 +262,9 @@ class TracedAdapter(ModelAdapter):
 
     def score_scale(self, layer: int) -> float:
         return self._formed[layer].scale
+
+    def key_repeats(self, layer: int) -> int:
+        return self._groups.get(layer, 1)
 
     def attended(self, layer: int) -> torch.Tensor | None:
         return None if layer in self._by_sample else self._formed[layer].mask

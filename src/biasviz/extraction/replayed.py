@@ -168,13 +168,14 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
            seq_len: int, block: int, device: torch.device, positional: bool, measures: bool,
            show: Callable[[], Progress]) -> tuple[PositionSummary | None, str]:  # fmt: skip
     """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why."""
-    why = why_not(adapter, bank, layer, device, by_sample=cells is not None, own_mask=attended is not None,
-                  table=table, block=block)  # fmt: skip
+    why = why_not(adapter, bank, layer, device, by_sample=cells is not None,
+                  mask=None if attended is None else attended.mask, table=table, block=block)  # fmt: skip
     got = None
     if why is None:
         with torch.inference_mode(), show() as bar:
             got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
-                              device=device, positional=positional, measures=measures, table=table)  # fmt: skip
+                              device=device, positional=positional, measures=measures, table=table,
+                              attended=attended)  # fmt: skip
             bar.update(1)
         why = "" if got is not None else "a sample's bias differs from the scheme's f(i - j)"
     return got, why

@@ -7,10 +7,13 @@ and by key, each sample's sums for the standard errors, P's), so the results are
 torch path's (:class:`~biasviz.summaries.weight_measures.WeightMeasures`,
 :class:`~biasviz.summaries.sample_blocks.SampleBlocks`, ...).
 
-They cover a causal call with no mask of its own, every sample attending the same cells, and a bias that is a function
-of i - j alone (or none), the same in every sample: that is measured first, every sample's bias rows formed by the
-model's own scheme against f(d), as the torch path measures it. Any other layer takes the torch path; each layer's
-``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files').
+They cover a causal call, or one whose own mask (a sliding window, packed documents the same in every sample, a traced
+call's bool mask) is one for every sample and head within the causal triangle with a key in every row, and a bias that
+is a function of i - j alone (or none), the same in every sample: that is measured first, every sample's bias rows
+formed by the model's own scheme against f(d), as the torch path measures it. Samples that attend different cells
+(padding, documents of their own) take the torch path: each cell's mean there is over the samples that attend it. Any
+other layer takes the torch path; each layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary
+files').
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from biasviz.store.datasets import (
 )
 from biasviz.store.format import non_finite_error
 from biasviz.summaries import QuantitySummary, Summary
+from biasviz.summaries.attended import Attended
+from biasviz.summaries.layer import MASKED_SEPARABILITY_LEN
 from biasviz.summaries.maps import _group_sums, geometry_counts
 from biasviz.summaries.measures import BiasMeasureSums
 from biasviz.summaries.position import PositionSummary, from_key_profile
@@ -48,6 +53,7 @@ FUSED, TORCH = "fused", "torch"  # a summary layer's ``statistics`` attribute
 CHOSEN = "BIASVIZ_STATISTICS=torch"  # why_not's answer where the user chose the torch path: nothing to warn of
 CHECK_CELLS = 1 << 26  # bias cells formed and compared at a time (a GPU's step; a CPU's is smaller)
 SUMS_SHARE = 4  # the kernels' sums may take at most a quarter of the device's free memory
+MASK_ROWS = 1024  # rows of a call's own mask counted at a time
 
 
 def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
@@ -60,9 +66,10 @@ def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
     return 8 * heads * (samples * per_sample + per_head) + 4 * samples * heads * seq_len
 
 
-def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool, own_mask: bool,
-            table: torch.Tensor | None, block: int) -> str | None:  # fmt: skip
-    """Why the fused kernels do not summarise ``layer`` (None: they do)."""
+def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool,
+            mask: torch.Tensor | None, table: torch.Tensor | None, block: int) -> str | None:  # fmt: skip
+    """Why the fused kernels do not summarise ``layer`` (None: they do); ``mask`` (1 or H, T, T) bool: the call's own,
+    one for every sample (None: causal)."""
     from biasviz.summaries import kernels
 
     mode = statistics_mode()
@@ -75,9 +82,10 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
     if not adapter.fused_rows:
         return f"the kernels do not form the rows of {adapter.architecture} models yet"
     if by_sample:
-        return "its samples attend different cells"
-    if own_mask:
-        return "the call has a mask of its own"
+        return ("its samples attend different cells (padding, documents of their own): the kernels take one mask for "
+                "every sample")  # fmt: skip
+    if mask is not None and (why := _mask_fits(mask)) is not None:
+        return why
     if adapter.adds_bias and table is None:
         return "its bias is not a function of i - j alone, the same for every input"
     if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
@@ -89,11 +97,23 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
     return None
 
 
+def _mask_fits(mask: torch.Tensor) -> str | None:
+    """Why the kernels cannot take a call's own mask (1 or H, T, T) (None: they can)."""
+    if mask.shape[0] > 1 and not bool((mask == mask[:1]).all()):
+        return "its heads attend different cells"
+    if bool(mask[0].triu(1).any()):
+        return "its mask attends keys after the query"
+    if not bool(mask[0].any(-1).all()):
+        return "a query of its mask attends no key"
+    return None
+
+
 def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
-                block: int, device: torch.device, positional: bool, measures: bool,
-                table: torch.Tensor | None) -> PositionSummary | None:  # fmt: skip
-    """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras;
-    None, with nothing given, where a sample's bias differs from ``table`` (the torch path then forms the layer)."""
+                block: int, device: torch.device, positional: bool, measures: bool, table: torch.Tensor | None,
+                attended: Attended | None = None) -> PositionSummary | None:  # fmt: skip
+    """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras,
+    over the cells of ``attended`` (the call's own mask, one for all; None: causal); None, with nothing given, where
+    a sample's bias differs from ``table`` (the torch path then forms the layer)."""
     from biasviz.summaries import kernels
 
     heads, n = adapter.n_heads, samples
@@ -106,33 +126,36 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
             bias.agreement = agreement
     q, k = (_operands(bank, layer, name, heads if name == "q" else None, seq_len) for name in ("q", "k"))
     hd = q.shape[-1]
-    k = k.view(n, seq_len, -1, hd).transpose(1, 2)
+    k = k.view(n, seq_len, -1, hd)[:, :, :: adapter.key_repeats(layer)].transpose(1, 2)  # each key head once
     with_p = positional and n >= 2
+    cells = None if attended is None else attended.mask[0].to(device)
     acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
-                                     block, positional=with_p)  # fmt: skip
-    counts = geometry_counts(seq_len, block, True, device)
+                                     block, positional=with_p, cells=cells)  # fmt: skip
+    counts = geometry_counts(seq_len, block, True, device) if attended is None else attended.block_counts(block)
     if not bool(torch.isfinite(acc["maps"]).all()):  # one read, as the torch path's
         raise non_finite_error("weights", layer)
     done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], acc["lse"],
-                          block, table)  # the maps, profiles, key profile and sink shares, as the kernels' own finish
+                          block, table, attended)  # the maps, profiles, key profile and sink shares, as the kernels'
+    shares = None if attended is None else attended.block_shares(block, heads)
     for kind in ("weights", "scores"):
         mean_map, std_map, profile = host_arrays(*(done[map_name(kind, stat)] for stat in ("mean", "std")),
                                                  done[profile_name(kind)])  # fmt: skip
         own[kind].given = Summary(mean=mean_map, std=std_map, profile=profile, diagnostics=None)
-    p_mean, p_profile, p_diagnostics = _positional(acc, table, layer, seq_len, counts) if with_p else (None, None, None)
+    p_mean, p_profile, p_diagnostics = (_positional(acc, table, layer, seq_len, counts, attended) if with_p
+                                        else (None, None, None))  # fmt: skip
     arrays = None
     if measures:
         arrays = _measures(acc, done["row_entropy"], own, samples=n, heads=heads, seq_len=seq_len, block=block,
-                           device=device)  # fmt: skip
-        arrays.update(rotary_measures(adapter, bank, layer, heads, None, positional))
+                           device=device, attended=attended)  # fmt: skip
+        arrays.update(rotary_measures(adapter, bank, layer, heads, attended, positional))
         if p_profile is not None and not adapter.adds_bias:
-            add_pair_sum_residual(arrays, p_profile[0], None)
-    p_mean_host, p_profile_host, key_host, sink_host = host_arrays(
-        p_mean, p_profile, done[KEY_PROFILE], done[SINK_SHARE])  # fmt: skip
+            add_pair_sum_residual(arrays, p_profile[0], attended)
+    p_mean_host, p_profile_host, key_host, sink_host, shares_host = host_arrays(
+        p_mean, p_profile, done[KEY_PROFILE], done[SINK_SHARE], shares)  # fmt: skip
     assert key_host is not None and sink_host is not None
     return PositionSummary(positional_mean=p_mean_host, positional_profile=p_profile_host,
                            positional_diagnostics=p_diagnostics, key_profile=key_host, sink_share=sink_host,
-                           measures=arrays, statistics=FUSED)  # fmt: skip
+                           attended=shares_host, measures=arrays, statistics=FUSED)  # fmt: skip
 
 
 def _operands(bank: Any, layer: int, name: str, heads: int | None, seq_len: int) -> torch.Tensor:
@@ -165,12 +188,15 @@ def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor, *,
 
 
 def _positional(acc: dict[str, torch.Tensor], table: torch.Tensor | None, layer: int, seq_len: int,
-                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:  # fmt: skip
+                counts: torch.Tensor, attended: Attended | None) -> tuple[torch.Tensor, torch.Tensor, Any]:  # fmt: skip
     """P's block means, its profile over all keys and over keys j >= 4, and its diagnostics, from the kernels' sums
-    (its sums by distance shifted by f(d), which makes a diagonal of equal cells exactly Toeplitz)."""
+    (its sums by distance shifted by f(d), which makes a diagonal of equal cells exactly Toeplitz), over the cells of
+    ``attended`` where the call has a mask of its own."""
     device = counts.device
     heads = acc["positional_maps"].shape[0]
     per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)
+    if attended is not None:
+        per_d = attended.per_distance.to(device)
     f = torch.zeros(heads, seq_len, dtype=torch.float64, device=device) if table is None else table.to(device).double()
     p_map = torch.where(counts > 0, acc["positional_maps"] / counts, float("nan")).float()
     if not bool(torch.isfinite(acc["positional_maps"]).all()):
@@ -180,36 +206,62 @@ def _positional(acc: dict[str, torch.Tensor], table: torch.Tensor | None, layer:
     sums = BiasMeasureSums(heads, seq_len, device)
     sums.ref = acc["positional_first"][:, 0, 0].double()
     sums.shifted = acc["positional_shifted"].T.contiguous()
-    sums.cells = seq_len * (seq_len + 1) // 2
+    sums.cells = seq_len * (seq_len + 1) // 2 if attended is None else attended.mask.sum((1, 2)).double().cpu().numpy()
     sums.row_sum, sums.col_sum = acc["positional_rows"], acc["positional_cols"]
     sums.squares = acc["positional_squares"].T.contiguous()
-    toeplitz = (dev_sq - dev * dev / per_d).clamp(min=0.0).sum(-1)
-    diagnostics = sums.results(0, toeplitz)
-    return p_map, from_key_profile(by_distance, acc["positional_first"], None), diagnostics
+    toeplitz = (dev_sq - dev * dev / per_d.clamp(min=1)).clamp(min=0.0).sum(-1)
+    fit = None if attended is None else attended.laplacian() if seq_len <= MASKED_SEPARABILITY_LEN else False
+    diagnostics = sums.results(0, toeplitz, fit)
+    return p_map, from_key_profile(by_distance, acc["positional_first"], attended), diagnostics
+
+
+def _queries(seq_len: int, attended: Attended | None, device: torch.device) -> dict[str, torch.Tensor]:
+    """The queries WeightMeasures divides by, the same for every sample: those with keys in each distance bin, those
+    that see 10 keys or more, and (every row sees a key) the rows of each query block; and the attended cells at each
+    slot T - 1 - (i - j) of the sums by distance (a causal call's are a closed form: unused)."""
+    t, f64 = seq_len, {"dtype": torch.float64, "device": device}
+    bins = torch.as_tensor(distance_bins(t), device=device)
+    if attended is None:  # a query i has keys at distance lo on when i >= lo; i + 1 >= 10 keys
+        return {"band_queries": (t - bins[:, 0]).clamp(min=0).double()[None, None],
+                "context_queries": torch.full((1, 1, 1), float(max(0, t - SEGMENTS + 1)), **f64),
+                "diagonal_counts": torch.zeros(1, 2 * t - 1, **f64)}  # fmt: skip
+    mask = attended.mask[0].to(device)
+    band = torch.zeros(len(bins), **f64)
+    for r0 in range(0, t, MASK_ROWS):  # a few rows at a time: int32 copies of (rows, T), not T²
+        cums = torch.nn.functional.pad(mask[r0 : r0 + MASK_ROWS].cumsum(-1, dtype=torch.int32), (1, 0))
+        i = torch.arange(r0, r0 + cums.shape[0], device=device)[:, None]
+        a, b = (i - bins[:, 1]).clamp(0, t), (i - bins[:, 0] + 1).clamp(0, t)  # (rows, bins): keys [a, b) at the bin
+        band += ((cums.gather(1, b) - cums.gather(1, a)) > 0).sum(0)
+    return {"band_queries": band[None, None],
+            "context_queries": (mask.sum(-1) >= SEGMENTS).double().sum().reshape(1, 1, 1),
+            "diagonal_counts": attended.per_signed.to(device).flip(-1)}  # fmt: skip
 
 
 def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
-              heads: int, seq_len: int, block: int, device: torch.device) -> dict[str, Any]:  # fmt: skip
+              heads: int, seq_len: int, block: int, device: torch.device,
+              attended: Attended | None = None) -> dict[str, Any]:  # fmt: skip
     """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
-    kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w: every row sees a key)."""
+    kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w: every row sees a key), over
+    the cells of ``attended`` where the call has a mask of its own."""
     n, t = samples, seq_len
     f64 = {"dtype": torch.float64, "device": device}
-    measures = WeightMeasures(samples=n, heads=heads, seq_len=t, block=block, causal=True, device=device)
-    lo = torch.as_tensor(distance_bins(t)[:, 0], device=device)
+    measures = WeightMeasures(samples=n, heads=heads, seq_len=t, block=block, causal=True, device=device,
+                              attended=attended)  # fmt: skip
     rows = torch.ones(1, 1, t, **f64)
     distances = torch.zeros(n, heads, 2 * t - 1, **f64)
     distances[..., :t] = acc["sample_distance"][0].flip(-1)  # slot T - 1 - d holds distance d
+    queries = _queries(t, attended, device)
     measures.join([{
         "context": acc["context"], "entropy": _group_sums(entropy, -1, 0, block), "columns": acc["sample_columns"],
-        "band_queries": (t - lo).clamp(min=0).double()[None, None],  # a query i has keys at distance lo on when i >= lo
-        "context_queries": torch.full((1, 1, 1), float(max(0, t - SEGMENTS + 1)), **f64),  # i + 1 >= 10 keys
-        "block_queries": _group_sums(rows, -1, 0, block), "diagonals": distances,
-        "diagonal_counts": torch.zeros(1, 2 * t - 1, **f64),  # unused: a causal call's counts are a closed form
+        "block_queries": _group_sums(rows, -1, 0, block), "diagonals": distances, **queries,
     }])  # fmt: skip
     arrays = dict(measures.result().arrays)
-    profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device, attended=None)
+    profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device,
+                                   attended=attended)  # fmt: skip
     if "scores" in profiles:
         profiles["scores"].add_distance_sums(acc["sample_distance"][1])
+        if attended is not None:
+            profiles["scores"].count = queries["diagonal_counts"]
     sums = {}  # with blocks of one position the maps' SEs come from their spread (map_errors); P's never do
     if n >= MIN_SE_SAMPLES and block > 1:
         sums = {"weights": acc["sample_blocks"][0], "scores": acc["sample_blocks"][1]}
@@ -218,7 +270,7 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
     blocks: dict[str, SampleBlocks] = {}
     for kind, values in sums.items():
         kept = JackknifeBlocks if kind == "positional" else SampleBlocks
-        blocks[kind] = kept(heads=heads, seq_len=t, block=block, causal=True, device=device)
+        blocks[kind] = kept(heads=heads, seq_len=t, block=block, causal=True, device=device, attended=attended)
         blocks[kind].samples = n
         blocks[kind].begin(0, n)
         blocks[kind].add_block_sums(values)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 import torch
 
-from biasviz.store.datasets import KEY_PROFILE, SINK_SHARE, map_name, profile_name
-from biasviz.summaries.maps import geometry_counts
+from biasviz.store.datasets import KEY_PROFILE, SEGMENTS, SINK_SHARE, map_name, profile_name
+from biasviz.summaries.maps import _group_sums, geometry_counts
 
+MASK_ROWS = 1024  # rows of a mask worked into the kernels' operands at a time
 TILE = 32  # query and key tile (rows and columns per program step); a power of 2, at least 16 for tl.dot
 
 
@@ -54,13 +56,55 @@ def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | Non
     return finish(*tile_sums(q, k, table, lse, scale, block, tile), lse, block, table)
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int) -> dict:
-    """What both kernels take: the bias as float32 (a placeholder without one), strides, sizes and tiles."""
+def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int,
+            cells: torch.Tensor | None = None) -> dict:  # fmt: skip
+    """What both kernels take: the bias as float32 (a placeholder without one), strides, sizes and tiles, and the
+    mask's bits, tile classes and tenths (:func:`mask_operands`; placeholders without one)."""
     n, heads, seq_len, hd = q.shape
     bias = table.to(device=q.device, dtype=torch.float32).contiguous() if table is not None else q.new_empty(1)
+    tiles = -(-seq_len // tile)
+    masked = {"cells": q.new_empty(1, dtype=torch.uint8), "classes": q.new_empty(1, dtype=torch.int8),
+              "bounds": q.new_empty(1, dtype=torch.int32), "width": 1}  # fmt: skip
+    if cells is not None:
+        masked = mask_operands(cells.to(q.device), tile)
     return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
             "dp": max(16, 1 << (hd - 1).bit_length()),  # head dims padded to a power of 2 (masked)
-            "tiles": -(-seq_len // tile), "has_bias": table is not None}
+            "tiles": tiles, "has_bias": table is not None, **masked, "masked": cells is not None}
+
+
+def mask_operands(cells: torch.Tensor, tile: int) -> dict:
+    """What the kernels read of one (T, T) bool mask for every sample: its bits eight a byte (``cells``, (T,
+    ceil(T / 8)) uint8, ``width`` bytes a row), each (query tile, key tile)'s class (``classes`` int8: 0 no cell
+    attended, 1 every cell inside T, 2 some), and each row's tenths of its attended keys (``bounds`` (T, 11) int32:
+    the first key of each tenth by rank, as the torch path's context mass takes them; T for rows of fewer than 10)."""
+    from biasviz.summaries.bank import pack_cells
+
+    seq_len = cells.shape[-1]
+    if cells.shape != (seq_len, seq_len) or bool(cells.triu(1).any()) or not bool(cells.any(-1).all()):
+        raise ValueError("the kernels take one (T, T) mask within the causal triangle, every row seeing a key")
+    tiles = -(-seq_len // tile)
+    pad = tiles * tile - seq_len
+    classes = torch.empty(tiles, tiles, dtype=torch.int8, device=cells.device)
+    bounds = torch.empty(seq_len, SEGMENTS + 1, dtype=torch.int32, device=cells.device)
+    packed = torch.empty(seq_len, -(-seq_len // 8), dtype=torch.uint8, device=cells.device)
+    step = max(tile, MASK_ROWS // tile * tile)  # whole query tiles a step: a few int32 copies of (step, T), not T²
+    for r0 in range(0, seq_len, step):
+        part = cells[r0 : r0 + step]
+        rows = part.shape[0]
+        padded = torch.nn.functional.pad(part, (0, pad, 0, -rows % tile))
+        per_tile = padded.view(-1, tile, tiles, tile).sum((1, 3), dtype=torch.int32)
+        inside = torch.zeros_like(padded, dtype=torch.int32)
+        inside[:rows, :seq_len] = 1
+        full = inside.view(-1, tile, tiles, tile).sum((1, 3), dtype=torch.int32)
+        classes[r0 // tile : r0 // tile + per_tile.shape[0]] = torch.where(
+            per_tile == 0, 0, torch.where(per_tile == full, 1, 2)).to(torch.int8)  # fmt: skip
+        cums = part.cumsum(-1, dtype=torch.int32)
+        seen = cums[:, -1:]
+        need = -(-(torch.arange(SEGMENTS + 1, device=cells.device)[None] * seen) // SEGMENTS)  # a tenth's first rank
+        at = torch.searchsorted(cums, (need + 1).to(torch.int32).contiguous())  # the key of that rank
+        bounds[r0 : r0 + rows] = torch.where(seen >= SEGMENTS, at, seq_len).clamp(max=seq_len).to(torch.int32)
+        packed[r0 : r0 + rows] = pack_cells(part)
+    return {"cells": packed, "classes": classes, "bounds": bounds, "width": packed.shape[-1]}
 
 
 def _sub_blocks(block: int, tile: int) -> int:
@@ -75,17 +119,18 @@ def _sub_blocks(block: int, tile: int) -> int:
     return block if tile % block == 0 else 0
 
 
-def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float,
-            tile: int = TILE) -> torch.Tensor:  # fmt: skip
-    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores."""
+def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, tile: int = TILE,
+            cells: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool)."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile)
+    go = _launch(q, k, table, tile, cells)
     lse = torch.empty(n, heads, seq_len, dtype=torch.float32, device=q.device)
-    kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, *go["strides"], seq_len, heads, go["group"], hd,
-                                              float(scale), DP=go["dp"], BM=tile, BN=tile,
-                                              HAS_BIAS=go["has_bias"])  # fmt: skip
+    kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, go["cells"], go["classes"], *go["strides"],
+                                              seq_len, heads, go["group"], hd, float(scale), go["width"], go["tiles"],
+                                              DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
+                                              MASKED=go["masked"])  # fmt: skip
     return lse
 
 
@@ -98,7 +143,8 @@ def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse:
 
 
 def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
-                       positional: bool = True, tile: int = TILE) -> dict[str, torch.Tensor]:  # fmt: skip
+                       positional: bool = True, tile: int = TILE,
+                       cells: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K1 then K2: every accumulator of a causal layer over its N samples, by name, float64 on q's device, as
     ``tests/summaries/fused_reference.py`` defines them, and ``lse`` (N, H, T) float32.
 
@@ -106,12 +152,13 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     positions. Per head: ``maps``, ``by_distance``, ``columns``; per sample: ``row_ws``, ``sinks``,
     ``sample_columns``, ``context``, ``sample_distance``, ``sample_blocks``; with ``positional`` and N >= 2 the
     positional logits' ``positional_maps``, ``positional_distance``, ``positional_first``, ``positional_rows``,
-    ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``."""
+    ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``.
+    ``cells``: (T, T) bool, one mask for every sample within the causal triangle (None: causal)."""
     n, heads, seq_len, hd = q.shape
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
-    lse = row_lse(q, k, table, scale, tile)
-    return {**accumulate(q, k, table, lse, scale, block, positional, tile), "lse": lse}
+    lse = row_lse(q, k, table, scale, tile, cells)
+    return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells), "lse": lse}
 
 
 def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None,
@@ -131,12 +178,13 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
 
 
 def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
-               block: int, positional: bool = True, tile: int = TILE) -> dict[str, torch.Tensor]:  # fmt: skip
+               block: int, positional: bool = True, tile: int = TILE,
+               cells: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse``."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile)
+    go = _launch(q, k, table, tile, cells)
     f64 = {"dtype": torch.float64, "device": q.device}
     nb = -(-seq_len // block)
     out = {
@@ -161,21 +209,26 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
     big_q, big_k, ref = _positional_inputs(q, k, table, scale) if positional else (q.new_empty(1),) * 3
     per_sample = list(out.values())[:9]  # maps .. sample_blocks, in the kernel's order
     kernels.tile_statistics[(go["tiles"], heads)](q, k, go["bias"], lse, *per_sample, big_q, big_k, ref,
-                                                  *(out.get(name, unused) for name in shapes), *go["strides"], n,
-                                                  seq_len, heads, go["group"], hd, float(scale), block, nb,
+                                                  *(out.get(name, unused) for name in shapes), go["cells"],
+                                                  go["classes"], go["bounds"], *go["strides"], n, seq_len, heads,
+                                                  go["group"], hd, float(scale), block, nb, go["width"], go["tiles"],
                                                   DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
-                                                  SUB=_sub_blocks(block, tile), POSITIONAL=positional)  # fmt: skip
+                                                  SUB=_sub_blocks(block, tile), POSITIONAL=positional,
+                                                  MASKED=go["masked"])  # fmt: skip
     if positional and n >= 3:
-        out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block)
+        out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block, cells)
     return out
 
 
-def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tensor, scale: float,
-                     block: int) -> torch.Tensor:  # fmt: skip
+def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tensor, scale: float, block: int,
+                     cells: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """(N, H, nb, nb) float64: Σ over a block's causal cells of z_a = [2 s_a - c(q_a·K + Q·k_a)] / ((N - 1)(N - 2)),
     from ``score_blocks`` (N, H, nb, nb) the block sums of s_a, with no cell formed: the cross terms are bilinear, so
     below the diagonal (every cell used) a block's sum is the product of its rows' and its keys' sums, and on it each
-    row meets the running sum of its block's keys up to its own. O(N H T hd), one head at a time, in float64."""
+    row meets the running sum of its block's keys up to its own. O(N H T hd), one head at a time, in float64. With a
+    mask (``cells``) see :func:`_masked_cross`."""
+    if cells is not None:
+        return (2 * score_blocks - scale * _masked_cross(q, k, cells, block)) / ((q.shape[0] - 1) * (q.shape[0] - 2))
     n, heads, seq_len, hd = q.shape
     group = heads // k.shape[1]
     nb = -(-seq_len // block)
@@ -193,26 +246,52 @@ def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tenso
     return (2 * score_blocks - scale * cross) / ((n - 1) * (n - 2))
 
 
+def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: int) -> torch.Tensor:
+    """(N, H, nb, nb) float64: Σ over a block's attended cells of q_a(i)·K(j) + Q(i)·k_a(j), a block of keys at a time:
+    each row's attended keys of the block summed first (M_b K_b, (T, hd)), then met by every sample's row. O(N H T hd
+    nb + H T² hd)."""
+    n, heads, seq_len, hd = q.shape
+    group = heads // k.shape[1]
+    nb = -(-seq_len // block)
+    cells = cells.to(q.device)
+    cross = torch.zeros(n, heads, nb, nb, dtype=torch.float64, device=q.device)
+    for h in range(heads):
+        qa, ka = q[:, h].double(), k[:, h // group].double()  # (N, T, hd)
+        big_q, big_k = qa.sum(0), ka.sum(0)
+        for b in range(nb):
+            keys = slice(b * block, (b + 1) * block)
+            m = cells[:, keys].double()  # (T, block)
+            rows_k = m @ big_k[keys]  # (T, hd): each row's attended keys of block b, summed
+            part = (qa * rows_k).sum(-1) + (m @ ka[:, keys]).mul(big_q).sum(-1)  # (N, T)
+            cross[:, h, :, b] = _group_sums(part, -1, 0, block)
+    return cross
+
+
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
-           sinks: torch.Tensor, lse: torch.Tensor, block: int,
-           table: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
-    """K3: the accumulators divided by their cells (the geometry's counts), square roots, NaN where no cell; the
-    scores' sums by distance, less the bias, get ``table``'s f(d) back."""
+           sinks: torch.Tensor, lse: torch.Tensor, block: int, table: torch.Tensor | None = None,
+           attended: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
+    :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,
+    less the bias, get ``table``'s f(d) back."""
     heads, seq_len = by_distance.shape[1:]
     counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
+    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
+    per_key, seeing = per_d, seq_len  # T - j queries see key j; every query key 0
+    if attended is not None:
+        counts, per_d = attended.block_counts(block).to(maps.device), attended.per_distance.to(maps.device)
+        per_key = attended.per_key.to(maps.device)
+        seeing = per_key[:, :1]
     means = torch.where(counts > 0, maps / counts, float("nan")).float()
     names = [map_name(kind, stat) for kind in ("weights", "scores") for stat in ("mean", "std")]
     out = dict(zip(names, means.unbind(0), strict=True))
-    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
     for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
         mean = total / per_d
         between = (squares / per_d - mean * mean).clamp(min=0.0)
         if name == "scores" and table is not None:
             mean = mean + table.to(mean)
         out[profile_name(name)] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
-    per_key = per_d  # T - j queries see key j
     mean = columns[0] / per_key
     out[KEY_PROFILE] = torch.stack([mean, (columns[1] / per_key - mean * mean).clamp(min=0.0).sqrt()]).float()
-    out[SINK_SHARE] = (sinks / seq_len).float()
+    out[SINK_SHARE] = (sinks / seeing).float()
     out["row_entropy"] = lse.double() - row_ws
     return out

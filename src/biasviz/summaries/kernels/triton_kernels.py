@@ -17,6 +17,12 @@ s_a(i, j) = c q_a(i)·k_a(j) + f_h(d), w_a(i, j) = exp(s_a(i, j) - lse_a(i)).
   need no cells: the host forms them from the per-sample block sums of s, see :mod:`biasviz.summaries.kernels`.)
   ``tests/summaries/fused_reference.py`` defines every accumulator in float64 numpy.
 
+With ``MASKED`` the cells attended are one mask's for every sample, within the causal triangle, every row seeing a key
+(a sliding window, a call's own bool mask): its bits packed eight a byte (CELLS (T, ceil(T / 8)) uint8) and a class
+per (query tile, key tile) as FlexAttention's block mask has (CLASSES int8: 0 no cell attended, the tile skipped; 1
+every cell inside T, no bit read; 2 some, the bits read); a row's tenths of its context are those of its attended keys
+by rank (BOUNDS (T, 11) int32: the first key of each tenth, T for rows of fewer than 10 keys).
+
 fp32 inside a tile; fp64 only in the accumulators. The length and the number of samples bound loops, so they are
 compile-time constants (one compilation per length and N in a run): Triton's interpreter of the 3.6 series takes a
 loop's bounds only so. The kernels run on a GPU, or on the CPU under Triton's interpreter
@@ -61,6 +67,25 @@ def _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, sk
 
 
 @triton.jit
+def _attended(CELLS, cls, rows, cols, T, W, MASKED: tl.constexpr):
+    """(BM, BN) bool: the tile's cells attended, j <= i, or (``MASKED``) the mask's bits where the tile's class
+    ``cls`` is 2 (a class-1 tile reads none: every cell inside T is attended)."""
+    if MASKED:
+        inside = (rows[:, None] < T) & (cols[None, :] < T)
+        byte = tl.load(CELLS + rows[:, None] * W + cols[None, :] // 8, mask=inside & (cls == 2), other=0)
+        return inside & ((cls == 1) | (((byte.to(tl.int32) >> (cols[None, :] % 8)) & 1) != 0))
+    return (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
+
+
+@triton.jit
+def _tile_class(CLASSES, m0, j0, NKT, BM: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr):
+    """The class of the tile at (m0, j0): CLASSES' with ``MASKED``, else 2 (the causal rule decides each cell)."""
+    if MASKED:
+        return tl.load(CLASSES + (m0 // BM) * NKT + j0 // BN).to(tl.int32)
+    return tl.full([], 2, tl.int32)
+
+
+@triton.jit
 def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, SUB: tl.constexpr, TILE: tl.constexpr):
     """Add a square tile ``x`` (0 in the cells not ``used``) to the (NB, NB) block map at PTR. ``SUB`` = TILE: the
     tile lies inside one block, its sum is one atomic; 0 < SUB < TILE: blocks of SUB positions split the tile, each
@@ -94,9 +119,10 @@ def _diagonals(PTR, x, m0, j0, T, TILE: tl.constexpr):
 
 
 @triton.jit
-def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0, rows, cols, dims,
-                 used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK, NB,
-                 HAS_BIAS: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
+def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, a, h, kh, m0, j0, rows, cols,
+                 dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK,
+                 NB, HAS_BIAS: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr,
+                 MASKED: tl.constexpr):  # fmt: skip
     """Sample ``a``'s logits c q k^T and weights of one tile, 0 in the cells not ``used``, and its own sums: each
     row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile), column
     sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the sums of w over
@@ -123,16 +149,23 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a,
     ten_j = SEGMENTS * cols[None, :]  # j in tenth t of row i's context: t (i + 1) <= 10 j < (t + 1)(i + 1)
     ctx = used & (rows[:, None] + 1 >= SEGMENTS)
     for seg in tl.static_range(SEGMENTS):  # a tile's cells span few tenths: a sum for each of those
-        if (seg >= lo) & (seg <= hi):
+        if MASKED:  # the tenths by rank among the row's attended keys: BOUNDS' first key of each
+            at_row = BOUNDS + rows * (SEGMENTS + 1) + seg
+            start = tl.load(at_row, mask=rows < T, other=T)
+            stop = tl.load(at_row + 1, mask=rows < T, other=T)
+            cells = used & (cols[None, :] >= start[:, None]) & (cols[None, :] < stop[:, None])
+            tl.atomic_add(CTX + at * SEGMENTS + seg, tl.sum(tl.sum(tl.where(cells, w, 0.0), 1), 0).to(tl.float64))
+        elif (seg >= lo) & (seg <= hi):
             cells = ctx & (ten_j >= seg * (rows[:, None] + 1)) & (ten_j < (seg + 1) * (rows[:, None] + 1))
             tl.atomic_add(CTX + at * SEGMENTS + seg, tl.sum(tl.sum(tl.where(cells, w, 0.0), 1), 0).to(tl.float64))
     return tl.where(used, raw, 0.0), w
 
 
 @triton.jit
-def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.constexpr, H, GROUP, HD, scale,
-            DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
-    """K1: LSE (N, H, T) fp32 of every sample's causal rows; grid (ceil(T / BM), N * H)."""
+def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.constexpr, H, GROUP, HD,
+            scale, W, NKT, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
+            MASKED: tl.constexpr):  # fmt: skip
+    """K1: LSE (N, H, T) fp32 of every sample's causal (or ``MASKED``) rows; grid (ceil(T / BM), N * H)."""
     m0 = tl.program_id(0) * BM
     nh = tl.program_id(1)
     a, h = nh // H, nh % H
@@ -141,11 +174,12 @@ def row_lse(Q, K, TABLE, LSE, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.cons
     best = tl.full([BM], float("-inf"), tl.float32)
     total = tl.zeros([BM], tl.float32)
     for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
-        if j0 < m0 + BM:
+        cls = _tile_class(CLASSES, m0, j0, NKT, BM, BN, MASKED)
+        if (j0 < m0 + BM) & (cls != 0):
             cols = j0 + tl.arange(0, BN)
             s = _scores(Q, K, TABLE, a, h, h // GROUP, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
                         scale, HAS_BIAS)  # fmt: skip
-            s = tl.where((cols[None, :] <= rows[:, None]) & (rows[:, None] < T), s, float("-inf"))
+            s = tl.where(_attended(CELLS, cls, rows, cols, T, W, MASKED), s, float("-inf"))
             top = tl.maximum(best, tl.max(s, 1))
             top = tl.where(top == float("-inf"), 0.0, top)  # a row past T: nothing, and no NaN from -inf - -inf
             total = total * tl.exp(best - top) + tl.sum(tl.exp(s - top[:, None]), 1)
@@ -188,11 +222,11 @@ def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, me
 
 @triton.jit
 def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS,
-                    BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT,
+                    BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, CELLS, CLASSES, BOUNDS,
                     sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T: tl.constexpr, H, GROUP, HD, scale,
-                    BLOCK, NB,
+                    BLOCK, NB, W, NKT,
                     DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    SUB: tl.constexpr, POSITIONAL: tl.constexpr):  # fmt: skip
+                    SUB: tl.constexpr, POSITIONAL: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """K2: every accumulator of the module docstring, for one query tile and head; grid (ceil(T / BM), H).
 
     MAPS (4, H, NB, NB), DIST (6, H, T), COLS (2, H, T), ROW_WS (N, H, T), SINKS (N, H); per sample SCOLS (N, H, T),
@@ -209,24 +243,26 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
     inv_n = 1.0 / N
     plane = NB * NB
     for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
-        if j0 < m0 + BM:
+        cls = _tile_class(CLASSES, m0, j0, NKT, BM, BN, MASKED)
+        if (j0 < m0 + BM) & (cls != 0):
             cols = j0 + tl.arange(0, BN)
-            used = (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
+            used = _attended(CELLS, cls, rows, cols, T, W, MASKED)
             # the tenths of a row's context (rows of at least 10 keys) the tile's cells can be in: floor(10 j / (i + 1))
             # at its corners (the least at the last row's first key, the most at the first row's last key)
             lo = (SEGMENTS * j0) // tl.minimum(m0 + BM, T)
             hi = tl.minimum((SEGMENTS * (j0 + BN - 1)) // (tl.maximum(m0, SEGMENTS - 1) + 1), SEGMENTS - 1)
-            raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, 0, h, kh, m0, j0,
-                                    rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H, HD,
-                                    scale, BLOCK, NB, HAS_BIAS, SUB, BM)  # the moments' shift  # fmt: skip
+            # the first sample: the moments' shift
+            raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, 0, h, kh,
+                                    m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N,
+                                    T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED)  # fmt: skip
             dw1 = tl.zeros([BM, BN], tl.float32)
             dw2 = tl.zeros([BM, BN], tl.float32)
             ds1 = tl.zeros([BM, BN], tl.float32)
             ds2 = tl.zeros([BM, BN], tl.float32)
             for a in range(1, N):
-                raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, a, h, kh, m0, j0,
-                                      rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N, T, H,
-                                      HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM)  # fmt: skip
+                raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, a, h, kh,
+                                      m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd,
+                                      N, T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED)  # fmt: skip
                 d = w - w0
                 dw1 += d
                 dw2 += d * d
@@ -239,7 +275,9 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             mean_w = w0 + mw
             ms = ds1 * inv_n
             var_s = tl.maximum(ds2 * inv_n - ms * ms, 0.0)
-            bias = _bias(TABLE, h, rows, cols, T) if HAS_BIAS else tl.zeros([BM, BN], tl.float32)  # 0 where not used
+            bias = tl.zeros([BM, BN], tl.float32)
+            if HAS_BIAS:
+                bias = tl.where(used, _bias(TABLE, h, rows, cols, T), 0.0)  # 0 where not used
             mean_s = raw0 + ms + bias
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
             base = MAPS + h * plane
