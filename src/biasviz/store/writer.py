@@ -250,7 +250,7 @@ class BiasFileWriter(SharedBiasSwitch):
             np.copyto(m, np.nan, where=self._mask)
         return m.astype(self.dtype, copy=False)
 
-    def _encode(self, kind: str, layer: int, src: np.ndarray) -> bytes:
+    def _encode(self, kind: str, layer: int, src: np.ndarray) -> bytes | memoryview:
         """One matrix as the bytes HDF5's filters (shuffle + deflate, or none) would store for its single chunk.
 
         Runs in worker threads: NumPy and deflate release the GIL, so matrices compress in parallel.
