@@ -140,7 +140,7 @@ def test_our_model_given_in_python_is_extracted_through_its_hook_points(tmp_path
     biasviz.extract(model, _windows(2), tmp_path / "x.h5", device="cpu", progress=False, summary=True)
     with h5py.File(tmp_path / "x.h5") as f:
         assert f.attrs["scheme"] == "alibi" and f.attrs["resolution"] == T  # R = min(1024, T)
-    with pytest.raises(BiasvizError, match="resolution= applies"):
+    with pytest.raises(BiasvizError, match="--resolution applies with --summary"):
         biasviz.extract(model, _windows(2), tmp_path / "y.h5", device="cpu", resolution=8)
 
 

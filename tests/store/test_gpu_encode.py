@@ -103,3 +103,23 @@ def test_nan_and_float16_overflow_are_refused_on_every_device(tmp_path, device: 
     with pytest.raises(BiasvizError, match="beyond float16"):
         extract(BiasGPTAdapter(steep, source="t"), ids, tmp_path / "o.h5", device=device, dtype="float16")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("compression", ["none", "lzf", "gzip:6"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_each_compression_stores_what_gzip_stores_on_every_device(tmp_path, device: str, compression: str) -> None:
+    """`none` is encoded where the matrices are (GPU or CPU) and handed over as raw chunks; lzf goes through h5py."""
+    import h5py
+
+    model = small_model("cable")
+    ids = np.random.default_rng(2).integers(0, 97, size=(3, T))
+    ref = extract(BiasGPTAdapter(model, source="t"), ids, tmp_path / "ref.h5", device="cpu", layers="all",
+                  batch_size=2)  # fmt: skip
+    got = extract(BiasGPTAdapter(model, source="t"), ids, tmp_path / "got.h5", device=device, layers="all",
+                  batch_size=2, compression=compression)  # fmt: skip
+    tol = 0 if device == "cpu" else 1e-5
+    with h5py.File(ref.path, "r") as a, h5py.File(got.path, "r") as b:
+        for name in ("layer_0/bias", "layer_0/weights", "layer_1/bias", "layer_1/weights"):
+            want = {"none": (None, None), "lzf": ("lzf", None), "gzip:6": ("gzip", 6)}[compression]
+            assert (b[name].compression, b[name].compression_opts) == want, name
+            np.testing.assert_allclose(b[name][()], a[name][()], atol=tol, rtol=tol)

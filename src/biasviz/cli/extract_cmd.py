@@ -150,15 +150,14 @@ def warnings_as_notes() -> Iterator[None]:
     help="What a full file stores per layer, comma-separated: bias, weights, scores (the softmax's input, "
     "docs/positional.md) [default: bias,weights]. Summaries always keep the scores' maps.",
 )  # fmt: skip
+@click.option(
+    "--compression", default=None, metavar="gzip|gzip:N|lzf|none",
+    help="How a full file's matrices are stored: gzip (shuffle + deflate level 1), gzip:N (level N, 0-9), lzf "
+    "(h5py's built-in LZF filter: every h5py reads it without plugins, other HDF5 tools may need the LZF plugin) or "
+    "none (fastest to write, largest) [default: gzip]. Summary files keep their own gzip.",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress: no bar on a terminal, no heartbeat lines in a log.")
-def extract(
-    model: str, checkpoint: str | None, scheme: str | None, layer: str, samples: int, seq_len: int, text: str | None,
-    tokenizer: str | None,
-    seed: int, batch_size: int, device: str, device_map: str | None, max_memory: str | None, offload_folder: str | None,
-    dtype: str, model_dtype: str, out: str | None, force: bool, no_scale: bool,
-    part: str | None, bias_only: bool, checkpoints: str | None, step_pattern: str | None, resume: bool, summary: bool,
-    resolution: int | None, capture: str | None, quiet: bool,
-) -> None:  # fmt: skip
+def extract(layer: str, quiet: bool, **given: Any) -> None:
     """Capture the final layer's per-head additive bias and attention weights into HDF5 (format 1).
 
     Writes /input_ids and /layer_L/{bias,weights} (sample, head, query, key); cells after the query
@@ -167,234 +166,97 @@ def extract(
     """
     with lasting_objects():  # torch, transformers and the rest: objects that live as long as the process
         from biasviz.adapters.device_map import offload_space, placement_attrs
+        from biasviz.cli.extract_report import report
         from biasviz.common.devices import PeakMemory
         from biasviz.common.exclusive import writing_alone
         from biasviz.common.outputs import check_output_file
         from biasviz.common.processes import process_group
         from biasviz.common.settings import attention_mode
-        from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
-        from biasviz.extraction.distributed import extract_parallel
-        from biasviz.extraction.run import check_seq_len, check_windows_memory
-        from biasviz.extraction.run import extract as run_extract
-        from biasviz.extraction.tokens import resolve_tokenizer
+        from biasviz.extraction.request import ExtractRequest, run
+        from biasviz.extraction.run import check_seq_len
 
     attention_mode()  # checked before any work
-    layers = parse_layers(layer)
-    if resolution is not None and not (summary or bias_only):
-        raise UsageError("--resolution applies with --summary or --bias-only")
-    if summary and bias_only:
-        raise UsageError("--bias-only with --resolution already writes a summary; drop --summary")
-    kinds = _capture_kinds(capture, summary=summary, bias_only=bias_only, sweep=bool(checkpoints))
-    if bias_only:
-        _refuse_with_bias_only(text=text, tokenizer=tokenizer, no_scale=no_scale)
-    for given, flag in ((step_pattern, "--step-pattern"), (resume, "--resume")):
-        if given and not checkpoints:
-            raise UsageError(f"{flag} applies with --checkpoints")
-    if checkpoints and (bias_only or checkpoint):
-        raise UsageError(f"--checkpoints cannot apply with {'--bias-only' if bias_only else '--checkpoint'}")
-    placement = _placement(device_map, max_memory, offload_folder, model_dtype, device, bias_only, checkpoint)
-    inputs = with_config(model, text, tokenizer, checkpoint)
-    if out:  # checked before the model is loaded
-        check_output_file(Path(out), inputs, force)
-    series = None
-    if not checkpoints and not Path(model).expanduser().exists():
-        from biasviz.extraction.hub import is_repo_id
-
-        if is_repo_id(model):
-            raise BiasvizError(f"--model {model} does not exist (no such folder or file); if it names a model in "
-                               "the local Hugging Face cache, read its revisions with --checkpoints (e.g. "
-                               "--checkpoints last or step1000)")  # fmt: skip
-    if checkpoints:  # the series first: --model may be a folder of checkpoints only, or ORG/NAME in the hub cache
-        from biasviz.extraction.sweep import resolve_series
-
-        with warnings_as_notes():
-            series = resolve_series(model, checkpoints, step_pattern)
+    request = ExtractRequest(layers=parse_layers(layer), progress=False if quiet else None, **given)
+    placement = request.placement()  # the map read and checked before anything loads
+    inputs = with_config(request.model, request.text, request.tokenizer, request.checkpoint)
+    if request.out:  # checked before the model is loaded
+        check_output_file(Path(request.out), inputs, request.force)
+    series = _series(request)
     # SIGTERM unwinds like Ctrl-C in every command (biasviz.cli.main), so temporary files are removed
-    with process_group(device) as (w, dev), contextlib.ExitStack() as held:  # under torchrun: one of several
-        if w.size > 1 and bias_only:
-            raise UsageError("--bias-only runs in one process; start it without torchrun")
+    with process_group(request.device) as (w, dev), contextlib.ExitStack() as held:  # under torchrun: one of several
         placement, peaks = held.enter_context(offload_space(placement)), PeakMemory() if placement else None
-        first = str(series.chosen[0].path) if series is not None else model  # its tokenizer reads the text
-        adapter = _load(first, None if series else checkpoint, scheme, no_scale, part, placement)
+        first = str(series.chosen[0].path) if series is not None else request.model  # its tokenizer reads the text
+        adapter = _load(request, first, None if series else request.checkpoint, placement)
         if placement is not None:  # the model stays where the map put it; inputs go where its first layer runs
             dev = adapter.device
-        target = check_output_file(Path(out) if out else Path("data") / f"{adapter.scheme}.h5", inputs, force)
+        target = check_output_file(Path(request.out or Path("data") / f"{adapter.scheme}.h5"), inputs, request.force)
         if w.main:  # one process writes the target: a second run to the same --out fails now, not at the end
             held.enter_context(writing_alone(target))
         # a traced model's attention calls are counted on the first sample, inside extraction
-        chosen = adapter.resolve_layers(layers) if adapter.n_layers else layers
-        check_seq_len(adapter, seq_len)
-        if bias_only:
-            from biasviz.extraction.bias_only import extract_bias_only
-
-            if resolution is not None:
-                from biasviz.extraction.bias_only import bias_only_summary  # noqa: I001
-
-                result = bias_only_summary(adapter, seq_len, target, layers=chosen, resolution=resolution, device=dev,
-                                           model_dtype=model_dtype, force=force)  # fmt: skip
-                shape = _blocks(seq_len, resolution)
-            else:
-                result = extract_bias_only(adapter, seq_len, target, layers=chosen, dtype=dtype, device=dev,
-                                           model_dtype=model_dtype, force=force)  # fmt: skip
-                shape = f"{seq_len} x {seq_len}, {dtype}"
-            output_in_place()  # complete and at --out
-            click.echo(f"wrote {result.path}: the bias of layer {', '.join(map(str, result.layers))}, "
-                       f"{adapter.n_heads} heads x {shape}, no text (--bias-only), "
-                       f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s")  # fmt: skip
-            return
-        check_windows_memory(samples, seq_len)
-        with warnings_as_notes():
-            tok, tok_desc = resolve_tokenizer(adapter, tokenizer)
-        with warnings_as_notes():  # a text file that is not UTF-8 is read with a warning
-            documents, text_source = open_corpus(text)  # read and tokenized only as far as the windows need
-            ids = encode_prefix(documents, tok, window_span(samples, seq_len))
-        windows = sample_windows(ids, samples, seq_len, seed)
-        run = {"layers": chosen, "dtype": dtype, "batch_size": batch_size, "device": dev, "model_dtype": model_dtype,
-               "force": force, "seed": seed, "text_source": text_source,
-               "attrs": {"tokenizer": tok_desc, **placement_attrs(adapter.model, placement, peaks)},
-               "progress": False if quiet else None}  # fmt: skip
-        if summary:
-            run["resolution"] = resolution
-        elif kinds is not None:
-            run["capture"] = kinds
-        if checkpoints:
-            from biasviz.extraction.sweep import extract_sweep
-
-            options = {k: v for k, v in (("attn_scale", 1.0 if no_scale else None), ("part", part),
-                                         ("placement", placement)) if v is not None}  # fmt: skip
-            with warnings_as_notes():  # checkpoints found identical are said when the sweep is joined
-                result = extract_sweep(model, checkpoints, windows, target, scheme=scheme, summary=summary,
-                                       resume=resume, series=series, w=w, model_options=options,
-                                       first=adapter if w.main else None, **run)  # fmt: skip
-        elif summary and w.size > 1:
-            from biasviz.extraction.distributed import summarise_parallel
-
-            result = summarise_parallel(adapter, windows, target, w=w, **run)
-        elif summary:
-            from biasviz.extraction.summary import extract_summary
-
-            in_place_when_published()
-            result = extract_summary(adapter, windows, target, **run)
-        elif w.size > 1:
-            result = extract_parallel(adapter, windows, target, w=w, **run)
-        else:
-            in_place_when_published()
-            result = run_extract(adapter, windows, target, **run)
+        chosen = adapter.resolve_layers(request.layers) if adapter.n_layers else request.layers
+        check_seq_len(adapter, request.seq_len)
+        windows, extra = None, {}
+        if not request.bias_only:
+            windows, text_source, tok_desc = _windows(request, adapter)
+            extra = {"text_source": text_source,
+                     "attrs": {"tokenizer": tok_desc, **placement_attrs(adapter.model, placement, peaks)}}  # fmt: skip
+            if w.size == 1 and not request.checkpoints:
+                in_place_when_published()
+        # checkpoints found identical are said when a sweep is joined
+        with warnings_as_notes() if request.checkpoints else contextlib.nullcontext():
+            result = run(request, adapter, windows, target, layers=chosen, device=dev, w=w, series=series,
+                         placement=placement, **extra)  # fmt: skip
         output_in_place()  # the file is complete and at --out: what follows only reports it
-        if not w.main:
-            return
-        if summary:
-            stored = _summarised(result.path, result.layers[0], adapter.scheme)
-            if result.samples < 2 and "positional" not in stored:
-                click.echo("note: no positional logits P: P needs two samples or more (it pairs the queries of one "
-                           "text with the keys of another, docs/positional.md); run with --samples 2 or more",
-                           err=True)  # fmt: skip
-        else:
-            stored = _listed([k for k in kinds or ("bias", "weights") if k != "bias" or result.has_bias],
-                             adapter.scheme, result.has_bias or bool(kinds and "bias" not in kinds))  # fmt: skip
-        names = ", ".join(str(x) for x in result.layers)
-        where = f", {w.size} processes" if w.size > 1 else ""
-        if series is not None:
-            steps = [str(c.step) for c in series.chosen]
-            shown = ", ".join(steps if len(steps) <= 8 else [*steps[:4], "...", *steps[-3:]])
-            where += f", {len(steps)} checkpoints (steps {shown})"
-        if summary:
-            maps = _blocks(result.seq_len, resolution)
-            shape = f"summary of {result.samples} samples: {adapter.n_heads} heads x {maps}"
-        else:
-            shape = f"{result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x {result.seq_len}"
-        click.echo(
-            f"wrote {result.path}: {shape}, layer {names} {stored}, {'float32' if summary else dtype}{where}, "
-            f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s"
-        )
+        if w.main:
+            report(request, adapter, result, w, series)
 
 
-def _load(model: str, checkpoint: str | None, scheme: str | None, no_scale: bool, part: str | None,
-          placement: Any = None) -> Any:  # fmt: skip
+def _series(request: Any) -> Any:
+    """The checkpoints of --checkpoints (None without), and a --model that names nothing refused, before any load."""
+    if not request.checkpoints and not Path(request.model).expanduser().exists():
+        from biasviz.extraction.hub import is_repo_id
+
+        if is_repo_id(request.model):
+            raise BiasvizError(f"--model {request.model} does not exist (no such folder or file); if it names a model "
+                               "in the local Hugging Face cache, read its revisions with --checkpoints (e.g. "
+                               "--checkpoints last or step1000)")  # fmt: skip
+    if not request.checkpoints:
+        return None
+    from biasviz.extraction.sweep import resolve_series  # --model: a folder of checkpoints, or ORG/NAME in the cache
+
+    with warnings_as_notes():
+        return resolve_series(request.model, request.checkpoints, request.step_pattern)
+
+
+def _load(request: Any, model: str, checkpoint: str | None, placement: Any) -> Any:
     """The adapter for ``--model``: a checkpoint or state dict, or the user's ``code.py:FACTORY``."""
     from biasviz.adapters import load_model
     from biasviz.adapters.factory import is_factory_spec, load_factory
 
     with warnings_as_notes(), lasting_objects():  # the model and what its load imports live to the end
         if is_factory_spec(model):
-            for given, flag in ((no_scale, "--no-scale"), (part, "--part"), (placement, "--device-map")):
-                if given:
-                    raise UsageError(f"{flag} does not apply to --model CODE.py:FACTORY (your code builds the model)")
-            return load_factory(model, checkpoint, scheme)
-        if checkpoint is not None:
-            raise UsageError("--checkpoint applies to --model CODE.py:FACTORY only; give a checkpoint as --model")
-        return load_model(model, scheme, attn_scale=1.0 if no_scale else None, part=part, placement=placement)
+            return load_factory(model, checkpoint, request.scheme)
+        return load_model(model, request.scheme, **request.model_options(placement))
 
 
-def _placement(device_map: str | None, max_memory: str | None, offload_folder: str | None, model_dtype: str,
-               device: str, bias_only: bool, checkpoint: str | None) -> Any:  # fmt: skip
-    """The checked --device-map, --max-memory and --offload-folder (None without a map), before anything loads."""
-    from biasviz.adapters.device_map import placement_from
-    from biasviz.common.processes import world
+def _windows(request: Any, adapter: Any) -> tuple[Any, str, str]:
+    """The token windows of --text (read and tokenized only as far as they need), its description and the
+    tokenizer's."""
+    from biasviz.data import encode_prefix, open_corpus, sample_windows, window_span
+    from biasviz.extraction.run import check_windows_memory
+    from biasviz.extraction.tokens import resolve_tokenizer
 
-    if device_map is not None and world().size > 1:  # refused before the processes wait for each other
-        raise UsageError("--device-map runs in one process (the map spreads one model over this machine's devices); "
-                         "start it without torchrun")  # fmt: skip
-    if device_map is not None and device.strip().lower() != "auto":
-        raise UsageError(f"--device {device} does not apply with --device-map: the map places every module (inputs go "
-                         "where the first layer runs); use --max-memory to choose the devices")  # fmt: skip
-    if device_map is not None and (bias_only or checkpoint):
-        raise UsageError(f"--device-map cannot apply with {'--bias-only' if bias_only else '--checkpoint'}: it loads "
-                         "a transformers model directory to run it")  # fmt: skip
-    return placement_from(device_map, max_memory, offload_folder, model_dtype)
-
-
-def _refuse_with_bias_only(**given: object) -> None:
-    """--bias-only reads no text and runs no forward pass: options for those would be silently ignored."""
-    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v]
-    if named:
-        raise UsageError(f"{', '.join(named)} cannot apply with --bias-only, which reads no text and computes no "
-                         "attention weights; drop one or the other")  # fmt: skip
-
-
-def _blocks(seq_len: int, resolution: int | None) -> str:
-    """``1024 x 1024 blocks of 16 positions`` (or ``512 x 512 cells``) for the summary of ``seq_len`` positions."""
-    from biasviz.store.format import DEFAULT_RESOLUTION, block_size
-
-    b = block_size(seq_len, min(DEFAULT_RESOLUTION, seq_len) if resolution is None else resolution)
-    nb = -(-seq_len // b)
-    return f"{nb} x {nb} cells" if b == 1 else f"{nb} x {nb} blocks of {b} positions"
+    check_windows_memory(request.samples, request.seq_len)
+    with warnings_as_notes():
+        tok, tok_desc = resolve_tokenizer(adapter, request.tokenizer)
+    with warnings_as_notes():  # a text file that is not UTF-8 is read with a warning
+        documents, text_source = open_corpus(request.text)
+        ids = encode_prefix(documents, tok, window_span(request.samples, request.seq_len))
+    return sample_windows(ids, request.samples, request.seq_len, request.seed), text_source, tok_desc
 
 
 def _summarised(path: Path, layer: int, scheme: str) -> str:
-    """What a summary file holds, as read back from it: bias, weights, scores, positional logits."""
-    import h5py
+    """What a summary file holds (:func:`biasviz.cli.extract_report.summarised`)."""
+    from biasviz.cli.extract_report import summarised
 
-    with h5py.File(path, "r") as f:
-        names = set(f[f"layer_{layer}"])
-    held = [label for label, key in (("bias", "bias_mean"), ("weights", "weights_mean"), ("scores", "scores_mean"),
-                                     ("positional logits", "positional_mean"), ("position measures", "band_mass"),
-                                     ("rotary frequencies", "frequency_use")) if key in names]  # fmt: skip
-    if "band_mass" in names and "frequency_use" not in names:
-        click.echo("note: no rotary frequency measures (docs/position-measures.md): no rotary module was found in "
-                   "the model", err=True)  # fmt: skip
-    elif "frequency_use" in names and "positional_frequency" not in names:
-        click.echo("note: no positional_frequency: it needs two samples, the model's rows formed again and a mask "
-                   "that is a rule of distance", err=True)  # fmt: skip
-    return _listed(held, scheme, "bias" in held)
-
-
-def _listed(held: list[str], scheme: str, adds_bias: bool) -> str:
-    """'bias, weights and scores'; where the model adds no bias, it says so."""
-    text = ", ".join(held[:-1]) + f" and {held[-1]}" if len(held) > 1 else "".join(held)
-    return text if adds_bias else f"{text} (scheme '{scheme}' adds no bias)"
-
-
-def _capture_kinds(capture: str | None, *, summary: bool, bias_only: bool, sweep: bool) -> list[str] | None:
-    """--capture as the kinds a full file stores (None: the default), refused where it cannot apply."""
-    if capture is None:
-        return None
-    from biasviz.extraction.run import parse_capture
-
-    kinds = parse_capture(capture)
-    if summary or bias_only:
-        raise UsageError(f"--capture applies to full files; {'--summary' if summary else '--bias-only'} stores "
-                         f"{'the maps of bias, weights and scores' if summary else 'the bias alone'}")  # fmt: skip
-    if sweep and "scores" in kinds:
-        raise UsageError("--capture scores cannot apply with --checkpoints yet; extract each checkpoint with --model")
-    return kinds
+    return summarised(path, layer, scheme)

@@ -14,18 +14,16 @@ from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.adapters.factory import is_factory_spec, load_factory
 from biasviz.adapters.traced import TracedAdapter
 from biasviz.common.errors import BiasvizError
+from biasviz.extraction.request import ExtractRequest, run
 from biasviz.extraction.run import ExtractResult
-from biasviz.extraction.run import extract as extract_with
 from biasviz.model import BiasGPTForCausalLM
 
 
 def as_adapter(model_or_path: Any, *, scheme: str | None = None, forward: Callable[[torch.Tensor], Any] | None = None,
                placement: Any = None) -> ModelAdapter:  # fmt: skip
     """An adapter for what the user gave: an adapter, a ``torch.nn.Module`` (traced), ``code.py:FACTORY``,
-    or anything ``--model`` accepts (``placement``: a transformers directory spread by a device map)."""
-    if placement is not None and (not isinstance(model_or_path, (str, Path)) or is_factory_spec(model_or_path)):
-        raise BiasvizError("device_map= applies to a transformers model directory; a model you built or loaded "
-                           "yourself (with from_pretrained(device_map=...), say) is run where it is")  # fmt: skip
+    or anything ``--model`` accepts (``placement``: a transformers directory spread by a device map). The
+    combinations that cannot apply (a device map for a module, say) are refused by :class:`ExtractRequest`."""
     if isinstance(model_or_path, ModelAdapter):
         return model_or_path
     if isinstance(model_or_path, BiasGPTForCausalLM) and forward is None:  # our own: its hook points, any length
@@ -36,8 +34,6 @@ def as_adapter(model_or_path: Any, *, scheme: str | None = None, forward: Callab
         adapter: ModelAdapter = TracedAdapter(model_or_path, forward=forward, scheme=scheme)
         check_finite(adapter)
         return adapter
-    if forward is not None:
-        raise BiasvizError("forward= applies to a torch.nn.Module given directly")
     if isinstance(model_or_path, (str, Path)):
         if is_factory_spec(model_or_path):
             return load_factory(str(model_or_path), scheme=scheme)
@@ -80,6 +76,7 @@ def extract(
     device_map: str | dict[str, Any] | None = None,
     max_memory: str | dict[Any, Any] | None = None,
     offload_folder: str | Path | None = None,
+    compression: str | None = None,
     **options: Any,
 ) -> ExtractResult:
     """Run a model on token ids (samples, T) and write its biases and attention weights as format 1.
@@ -88,40 +85,32 @@ def extract(
     signatures; its SDPA / flex_attention calls are traced and ``layers`` are call indices), a biasviz
     checkpoint, or any path ``biasviz extract --model`` accepts. ``scheme`` names the bias in the file
     (default: the checkpoint's, or "captured"). Other ``options`` are :func:`biasviz.extraction.run.extract`'s
-    (``dtype``, ``model_dtype``, ``progress``, ``attrs``); ``progress=False`` prints nothing at all, transformers'
-    "Loading weights" bar included. ``summary=True`` writes the docs/hdf5.md, 'Summary files' summary
-    instead of every sample's matrices, with maps of at most ``resolution`` x ``resolution`` blocks.
+    (``dtype``, ``model_dtype``, ``capture``, ``seed``, ``progress``, ``attrs``); ``progress=False`` prints nothing
+    at all, transformers' "Loading weights" bar included. ``summary=True`` writes the docs/hdf5.md, 'Summary files'
+    summary instead of every sample's matrices, with maps of at most ``resolution`` x ``resolution`` blocks.
     ``device_map`` (``max_memory``, ``offload_folder``): a transformers directory too large for one device, spread
     by accelerate as ``extract --device-map`` does; it runs where the map puts it (``device`` stays "auto").
+    ``compression``: how a full file's matrices are stored, as ``extract --compression``: "gzip" (the default,
+    level 1), "gzip:N", "lzf" or "none" (summaries keep their own gzip).
+    Every argument is checked as ``biasviz extract`` checks its options (:class:`ExtractRequest`), with its messages.
     """
-    from biasviz.adapters.device_map import offload_space, placement_attrs, placement_from
+    from biasviz.adapters.device_map import offload_space, placement_attrs
     from biasviz.common.devices import PeakMemory
     from biasviz.common.progress import library_bars
 
-    placement = placement_from(device_map, max_memory, offload_folder, options.get("model_dtype"))
-    if placement is not None and str(device) != "auto":
-        raise BiasvizError(f"device={device!r} does not apply with device_map: the map places every module")
+    ids = _token_array(input_ids)
+    known = {k: options.pop(k) for k in ("dtype", "model_dtype", "capture", "seed", "progress") if k in options}
+    request = ExtractRequest(model_or_path, out, layers=layers, seq_len=int(ids.shape[-1]), batch_size=batch_size,
+                             device=device, force=force, forward=forward, scheme=scheme, summary=summary,
+                             resolution=resolution, device_map=device_map, max_memory=max_memory,
+                             offload_folder=offload_folder, compression=compression, **known)  # fmt: skip
+    placement = request.placement()
     with offload_space(placement) as placement:  # a temporary offload folder lives as long as the run
         peaks = PeakMemory() if placement is not None else None
-        with library_bars(options.get("progress")):  # progress=False: no "Loading weights" bar either
+        with library_bars(request.progress):  # progress=False: no "Loading weights" bar either
             adapter = as_adapter(model_or_path, scheme=scheme, forward=forward, placement=placement)
         if placement is not None:  # inputs go where the first layer runs; the file says where each module ran
             device = adapter.device
             options["attrs"] = {**(options.get("attrs") or {}), **placement_attrs(adapter.model, placement, peaks)}
-        return _extract(adapter, input_ids, out, layers=layers, batch_size=batch_size, device=device, force=force,
-                        summary=summary, resolution=resolution, **options)  # fmt: skip
-
-
-def _extract(adapter: ModelAdapter, input_ids: Any, out: str | Path, *, layers: int | str | list[int],
-             batch_size: int, device: str | torch.device, force: bool, summary: bool, resolution: int | None,
-             **options: Any) -> ExtractResult:  # fmt: skip
-    options.setdefault("text_source", "input_ids given to biasviz.extract")
-    if summary:
-        from biasviz.extraction.summary import extract_summary
-
-        return extract_summary(adapter, _token_array(input_ids), out, layers=layers, batch_size=batch_size,
-                               device=device, force=force, resolution=resolution, **options)  # fmt: skip
-    if resolution is not None:
-        raise BiasvizError("resolution= applies with summary=True")
-    return extract_with(adapter, _token_array(input_ids), out, layers=layers, batch_size=batch_size,
-                        device=device, force=force, **options)  # fmt: skip
+        options.setdefault("text_source", "input_ids given to biasviz.extract")
+        return run(request, adapter, ids, Path(out), layers=layers, device=device, **options)

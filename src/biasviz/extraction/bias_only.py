@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from biasviz.extraction.run import (
     provenance,
 )
 from biasviz.store import BiasFileWriter
+from biasviz.store.compression import parse_compression
 from biasviz.store.format import block_size
 from biasviz.store.summary_writer import write_summary_file
 from biasviz.summaries import QuantitySummary
@@ -66,6 +68,7 @@ def extract_bias_only(
     device: str | torch.device = "auto",
     model_dtype: str | torch.dtype | None = None,
     force: bool = False,
+    compression: Any = None,
 ) -> ExtractResult:
     """The bias of a context-free scheme over T positions, with no text and no forward pass (one sample).
 
@@ -82,7 +85,7 @@ def extract_bias_only(
     meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
     writer = BiasFileWriter(out, attrs=meta, n_samples=1, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
                             has_bias=True, has_weights=False, dtype=dtype, force=force,
-                            causal=bool(adapter.causal))  # fmt: skip
+                            causal=bool(adapter.causal), **parse_compression(compression).filters)  # fmt: skip
     with placed(adapter.model, dev, run_dtype), torch.inference_mode(), writer, _ChunkSink(writer, dev) as sink:
         biases = {("bias", layer): _storable(adapter.scheme_module(layer)(None, seq_len, seq_len))  # (1, H, T, T)
                   for layer in layer_list}  # fmt: skip

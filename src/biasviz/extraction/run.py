@@ -26,6 +26,7 @@ from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name
 from biasviz.common.progress import Progress
 from biasviz.store import BiasFileWriter
+from biasviz.store.compression import parse_compression
 from biasviz.store.format import BIAS_DIFFERENCE
 
 CAPTURABLE = ("bias", "weights", "scores")  # what a full file can store per layer, in file order (docs/hdf5.md)
@@ -156,6 +157,7 @@ def extract(
     attrs: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     capture: Sequence[str] = DEFAULT_CAPTURE,
+    compression: Any = None,
 ) -> ExtractResult:
     """Run ``adapter`` on ``windows`` (samples, T) and write format-1 HDF5 to ``out``.
 
@@ -163,11 +165,12 @@ def extract(
     ``model_dtype`` (``float32``, ``bfloat16``, ``float16``; None keeps the model's) the precision the
     model runs in. The model runs on ``device`` and is left where and as it was afterwards.
     ``attrs`` adds root attributes (the tokenizer, say). ``progress`` None shows a bar on a terminal.
-    ``capture`` names what is stored (:func:`parse_capture`): bias and weights by default, scores on request.
+    ``capture`` names what is stored (:func:`parse_capture`, scores on request), ``compression`` how (gzip, gzip:N,
+    lzf or none: :func:`biasviz.store.compression.parse_compression`).
     The file appears at ``out`` only when complete; an existing file is kept unless ``force``.
     """
     t0 = time.perf_counter()
-    kinds = parse_capture(capture)
+    kinds, filters = parse_capture(capture), parse_compression(compression).filters
     if "scores" in kinds and not adapter.captures_scores:
         raise BiasvizError(f"--capture scores: the {adapter.architecture} adapter does not form the scores; "
                            "'extract --summary' stores their maps for biasviz's models and traced attention calls")
@@ -185,7 +188,7 @@ def extract(
                 "scores": "scores" in kinds}  # fmt: skip
         meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
         meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
-        _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress)
+        _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress, filters)
     seconds = time.perf_counter() - t0
     return ExtractResult(out, n, seq_len, layer_list, held["bias"], seconds, out.stat().st_size)
 
@@ -228,7 +231,7 @@ def _dtype_label(run_dtype: torch.dtype | None, model: torch.nn.Module) -> str:
 
 def _run(
     adapter: ModelAdapter, ids: np.ndarray, out: Path, dev: torch.device, meta: dict[str, Any], layer_list: list[int],
-    held: dict[str, bool], dtype: str, batch_size: int, force: bool, progress: bool | None,
+    held: dict[str, bool], dtype: str, batch_size: int, force: bool, progress: bool | None, filters: dict[str, Any],
 ) -> None:  # fmt: skip
     """The capture loop: forward each batch and stream what was captured into the file.
 
@@ -239,7 +242,7 @@ def _run(
     writer = BiasFileWriter(
         out, attrs=meta, n_samples=n, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
         has_bias=held["bias"], has_scores=held["scores"], dtype=dtype, force=force, causal=bool(adapter.causal),
-        bias_shared=bias_is_shared(adapter),
+        bias_shared=bias_is_shared(adapter), **filters,
     )  # fmt: skip
     kinds = [kind for kind, on in held.items() if on]
     agreement = SameBias() if writer.bias_shared else None
@@ -346,10 +349,8 @@ class _ChunkSink:
         if device.type == "cuda" and writer.direct_chunks:
             from biasviz.store.gpu_encode import GpuChunkEncoder
 
-            self.encoder = GpuChunkEncoder(
-                device, seq_len=writer.seq_len, storage=writer.dtype, causal=writer.causal,
-                level=writer.deflate_level, shuffle=writer.shuffled,
-            )  # fmt: skip
+            self.encoder = GpuChunkEncoder(device, seq_len=writer.seq_len, storage=writer.dtype, causal=writer.causal,
+                                           level=writer.deflate_level, shuffle=writer.shuffled)  # fmt: skip
         self.pending: deque[tuple[int, Any]] = deque()  # (first sample of its batch, chunk), in order
 
     def __enter__(self) -> _ChunkSink:
@@ -394,7 +395,6 @@ def _check_captured(got: Captured, layers: list[int], kinds: list[str], adapter:
         raise BiasvizError(f"the scores of layer(s) {sorted(set(missing))} were not formed: --capture scores takes "
                            "SDPA and flex_attention calls (and biasviz's own models)")  # fmt: skip
     if missing:
-        raise BiasvizError(
-            f"the {adapter.architecture} model ran but nothing was captured for layer(s) {sorted(set(missing))}; "
-            "its attention may use a fused kernel that never forms the weights"
-        )
+        raise BiasvizError(f"the {adapter.architecture} model ran but nothing was captured for layer(s) "
+                           f"{sorted(set(missing))}; its attention may use a fused kernel that never forms "
+                           "the weights")  # fmt: skip

@@ -5,7 +5,7 @@ order and with the numbers of a one-process run. Checkpoints (``along="checkpoin
 token windows and become a leading ``checkpoint`` dimension, scaled by the training steps.
 
 Matrices are copied as the compressed chunks they are stored as (HDF5's direct chunk read and write):
-no decompression, no recompression, and the bytes are exactly the parts' bytes.
+no decompression, no recompression, and the bytes are exactly the parts' bytes (lzf's go through h5py).
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         kinds = _same(files, "contents", lambda f: ["bias"] * f.has_bias(layers[0]) + ["weights"] * (not f.bias_only)
                       + ["scores"] * f.has_scores(layers[0]))  # fmt: skip
         ids = [f.input_ids() for f in files]
+        stored = files[0].dataset(kinds[-1], layers[0])  # the parts' filters (extract --compression) are the result's
+        filters = {"compression": stored.compression, "compression_opts": stored.compression_opts,
+                   "shuffle": bool(stored.shuffle)}  # fmt: skip
         if along == "checkpoint" and any(not np.array_equal(i, ids[0]) for i in ids[1:]):
             raise BiasvizError("the checkpoints were run on different token windows; a sweep needs the same ones")
         meta = {k: v for k, v in files[0].attrs.items() if k not in _LAYOUT_ATTRS} | dict(attrs or {})
@@ -65,7 +68,7 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         n_samples = sum(len(i) for i in ids) if along == "sample" else len(ids[0])
         writer = BiasFileWriter(out, attrs=meta, n_samples=n_samples, n_heads=heads, seq_len=seq_len, layers=layers,
                                 has_bias="bias" in kinds, has_weights="weights" in kinds, has_scores="scores" in kinds,
-                                dtype=dtype, force=force,
+                                dtype=dtype, force=force, **filters,
                                 causal=causal, checkpoints=steps if along == "checkpoint" else None,
                                 bias_shared=shared)  # fmt: skip
         with writer:
@@ -98,7 +101,8 @@ def _copy(src: h5py.Dataset, writer: BiasFileWriter, kind: str, layer: int, firs
     """Every (sample, head) matrix of ``src`` into the writer, as stored chunks where the layouts agree."""
     shared = getattr(src, "shared", False)  # a bias stored once for every sample: its chunks are one sample's
     direct = (writer.direct_chunks and not shared and src.chunks == (1, 1, writer.seq_len, writer.seq_len)
-              and src.compression == "gzip" and bool(src.shuffle) == writer.shuffled)  # fmt: skip
+              and src.compression == ("gzip" if writer.deflate_level is not None else None)
+              and bool(src.shuffle) == writer.shuffled)  # fmt: skip
     samples, heads = src.shape[:2]
     if kind == "bias" and writer.bias_shared:  # stored once: the first sample stands for all
         samples = 1 if first == 0 else 0

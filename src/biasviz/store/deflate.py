@@ -41,9 +41,10 @@ def compression_threads(requested: int | None = None) -> int:
     return max(1, os.cpu_count() or 1) if requested is None else max(1, int(requested))
 
 
-def encode_chunk(chunk: np.ndarray, level: int, shuffle: bool) -> bytes:
+def encode_chunk(chunk: np.ndarray, level: int | None, shuffle: bool) -> bytes | memoryview:
     """One HDF5 chunk (the whole array, C order) as the bytes its shuffle and deflate filters store: the
     shuffle puts byte k of every element together, for k = 0, 1, ...; the result goes to ``write_direct_chunk``.
+    ``level`` None: no deflate (a dataset without the gzip filter), the array's own bytes (not copied).
 
     >>> import zlib; x = np.arange(3, dtype=np.uint16)
     >>> list(zlib.decompress(encode_chunk(x, 1, shuffle=True)))
@@ -52,4 +53,4 @@ def encode_chunk(chunk: np.ndarray, level: int, shuffle: bool) -> bytes:
     m = np.ascontiguousarray(chunk)
     if shuffle:
         m = np.ascontiguousarray(m.reshape(-1).view(np.uint8).reshape(-1, m.itemsize).T)
-    return deflate(m.data, level)
+    return m.data if level is None else deflate(m.data, level)

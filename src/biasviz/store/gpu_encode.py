@@ -1,13 +1,14 @@
 """Preparing captured matrices for HDF5 on the GPU, so that the host only compresses and writes.
 
 Each stored (sample, head) matrix is one HDF5 chunk, stored as shuffle + deflate of the masked matrix
-in the storage dtype. On a CUDA device everything but the deflate is done where the tensors already
-are (mask, NaN fill, finite and float16-range checks, dtype cast, the shuffle's byte transposition),
-on a side stream, and the resulting bytes are copied into a small ring of pinned host buffers. Worker
-threads take a buffer as soon as its copy has landed, compress it (zlib releases the GIL) and hand the
-buffer back; the calling thread writes the compressed chunks in order. The GPU meanwhile computes the
-next batch. Memory stays bounded: one matrix of temporaries on the GPU, the pinned ring (at most
-``PINNED_BUDGET``) and one matrix per worker on the host.
+in the storage dtype (with ``extract --compression none``, the masked matrix's bytes as they are). On a
+CUDA device everything but the deflate is done where the tensors already are (mask, NaN fill, finite and
+float16-range checks, dtype cast, the shuffle's byte transposition), on a side stream, and the resulting
+bytes are copied into a small ring of pinned host buffers. Worker threads take a buffer as soon as its
+copy has landed, compress it (zlib releases the GIL) and hand the buffer back; the calling thread writes
+the compressed chunks in order. The GPU meanwhile computes the next batch. Memory stays bounded: one
+matrix of temporaries on the GPU, the pinned ring (at most ``PINNED_BUDGET``) and one matrix per worker
+on the host.
 
 The bytes are identical to what :class:`biasviz.store.BiasFileWriter` produces on the CPU.
 """
@@ -49,7 +50,7 @@ class GpuChunkEncoder:
         seq_len: int,
         storage: np.dtype,
         causal: bool,
-        level: int,
+        level: int | None,
         shuffle: bool,
         workers: int | None = None,
         pinned_budget: int = PINNED_BUDGET,
@@ -139,6 +140,8 @@ class GpuChunkEncoder:
     def _compress(self, buf: torch.Tensor, landed: torch.cuda.Event) -> bytes:
         landed.synchronize()
         try:
+            if self.level is None:  # --compression none: the bytes as they are, one copy out of the pinned buffer
+                return buf.numpy().tobytes()
             host = buf.numpy().copy()  # frees the pinned buffer for the next copy while this one compresses
         finally:
             self._free.put(buf)

@@ -250,19 +250,19 @@ class BiasFileWriter(SharedBiasSwitch):
             np.copyto(m, np.nan, where=self._mask)
         return m.astype(self.dtype, copy=False)
 
-    def _encode(self, kind: str, layer: int, src: np.ndarray) -> bytes:
-        """One matrix as the bytes HDF5's shuffle + deflate filters would store for its single chunk.
+    def _encode(self, kind: str, layer: int, src: np.ndarray) -> bytes | memoryview:
+        """One matrix as the bytes HDF5's filters (shuffle + deflate, or none) would store for its single chunk.
 
         Runs in worker threads: NumPy and deflate release the GIL, so matrices compress in parallel.
         """
         return encode_chunk(self._matrix(kind, layer, src), self.deflate_level, self.shuffled)
 
     def _direct(self) -> bool:
-        """Whether chunks are compressed here (in parallel) and written as they are stored.
+        """Whether chunks are encoded here (in parallel) and written as they are stored.
 
-        Only for gzip with one chunk per matrix; other filters go through h5py, one matrix at a time.
+        Only for gzip or no filter, with one chunk per matrix; lzf goes through h5py, one matrix at a time.
         """
-        return self._filters.get("compression") == "gzip" and self._chunk_rows == self.seq_len
+        return self._filters.get("compression") in ("gzip", None) and self._chunk_rows == self.seq_len
 
     def _write_kind(self, kind: str, layer: int, array: Any, start: int, b: int) -> None:
         a = as_numpy(array)  # (b or 1, H, T, T)
@@ -313,12 +313,14 @@ class BiasFileWriter(SharedBiasSwitch):
 
     @property
     def direct_chunks(self) -> bool:
-        """True when each matrix is one gzip chunk that may be handed over already encoded (:meth:`write_chunk`)."""
+        """True when each matrix is one chunk (gzip or none) that may be handed over encoded (:meth:`write_chunk`)."""
         return self._direct()
 
     @property
-    def deflate_level(self) -> int:
-        return int(self._filters.get("compression_opts") or 4)
+    def deflate_level(self) -> int | None:
+        """gzip's level (h5py's default 4 when none was given); None where nothing is deflated."""
+        opts = self._filters.get("compression_opts")
+        return (4 if opts is None else int(opts)) if self._filters.get("compression") == "gzip" else None
 
     @property
     def shuffled(self) -> bool:
