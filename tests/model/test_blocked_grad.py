@@ -17,6 +17,13 @@ from biasviz.schemes.base import ScoreTerms
 T = 300
 
 
+@pytest.fixture(autouse=True)
+def _recomputed(monkeypatch) -> None:
+    """These tests are about the recomputation: their small models take it too (a CPU otherwise keeps attention
+    that fits in one block whole, tests/model/test_training_route.py)."""
+    monkeypatch.setattr(blocked_grad, "one_block", lambda q: False)
+
+
 @pytest.mark.parametrize("form", ["distance", "ends"])
 def test_gradients_equal_autograd_in_float64(form: str, monkeypatch) -> None:
     monkeypatch.setattr(blocked_grad, "BLOCK_ELEMENTS", 1 << 15)  # many blocks of rows

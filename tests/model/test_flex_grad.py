@@ -15,11 +15,18 @@ import pytest
 import torch
 import torch.nn.attention.flex_attention as flex_module
 
-from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, flex_grad, fused
+from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM, blocked_grad, flex_grad, fused
 from biasviz.schemes import SCHEMES
 from tests.model.test_blocked_grad import _step as blocked_step
 
 T = 160  # two of flex's blocks of 128, the second partial
+
+
+@pytest.fixture(autouse=True)
+def _recomputed(monkeypatch) -> None:
+    """These tests are about the recomputation: their small models take it too (a CPU otherwise keeps attention
+    that fits in one block whole, tests/model/test_training_route.py)."""
+    monkeypatch.setattr(blocked_grad, "one_block", lambda q: False)
 
 
 @pytest.fixture

@@ -20,6 +20,13 @@ from biasviz.schemes.base import ScoreTerms
 BLOCK_ELEMENTS = 1 << 22  # scores per block (B * H * rows * keys): 16 MiB of float32, a few temporaries of it
 
 
+def one_block(q: torch.Tensor) -> bool:
+    """Whether every (query, key) cell of ``q``'s attention, (B, H, T, hd) causal, fits in one block: then the
+    recomputation saves no memory over keeping the cells for the backward pass, and only costs a second forward."""
+    B, H, T, _ = q.shape
+    return B * H * T * T <= BLOCK_ELEMENTS
+
+
 def _masked_scores(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float, r0: int) -> torch.Tensor:
     """scale q k^T + b of one causal block of rows, -inf past the diagonal, float32: (B, H, rows, r1)."""
     scores = attention_scores(q, k, bias, scale)

@@ -101,11 +101,15 @@ class Attention(nn.Module):
         """Differentiable (training): (B, H, T, hd). A bias with a compact form (:meth:`score_terms`) goes through
         compiled FlexAttention on a GPU (:mod:`~biasviz.model.flex_grad`) and the blocked recomputation elsewhere,
         neither of which keeps a (query, key) cell for the backward pass; otherwise every cell at once, as GPT-2
-        does (dropout on the weights, or a hook listening). The route taken is counted (:func:`fused.took`)."""
+        does (dropout on the weights, or a hook listening). On a CPU, attention whose cells fit in one of the
+        recomputation's blocks takes every cell at once too: it keeps no more, and the tiny models' training steps
+        of ``make figures`` take half the time. The route taken is counted (:func:`fused.took`)."""
         T = x.shape[1]
         listened = self.hook_bias.active or self.hook_pattern.active or self.hook_scores.active
         bias_free = not (self.adds_bias or self.hook_pattern.active)  # SDPA's causal kernel, dropout inside it
-        if self.adds_bias and not listened and not (self.training and self.dropout > 0) and fused.mode() != "sdpa":
+        fits_once = q.device.type == "cpu" and blocked_grad.one_block(q)  # the recomputation would form them all
+        if (self.adds_bias and not listened and not (self.training and self.dropout > 0) and fused.mode() != "sdpa"
+                and not fits_once):
             terms = self.pos_bias.score_terms(x)
             if terms is not None:
                 out = flex_grad.attend(q, k, v, terms, self.scale)  # a GPU: forward and backward fused
