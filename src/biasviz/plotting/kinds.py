@@ -58,7 +58,6 @@ PLOT_KINDS: tuple[PlotKind, ...] = (
              "mean norm of each rotary pair of q and of k, with a 95 % band over samples"),
 )  # fmt: skip
 NAMES = tuple(k.name for k in PLOT_KINDS)
-SUMMARY_KINDS = tuple(k.name for k in PLOT_KINDS if k.needs == "summary")  # drawn from a summary's own datasets
 
 
 def kind_names() -> tuple[str, ...]:
