@@ -32,6 +32,17 @@ def test_every_kind_names_a_runner_with_the_shared_signature(row: kinds.PlotKind
         assert row.about
 
 
+def test_every_measure_kind_has_its_caption_and_its_band() -> None:
+    """A docs/position-measures.md kind drawn by ``run_measure`` reads its caption's quantity and its SE by name."""
+    from biasviz.plotting.caption import PROFILE_QUANTITIES
+    from biasviz.plotting.measures_plots import _SE_OF
+
+    measures = [k.name for k in kinds.PLOT_KINDS if k.run.endswith(":run_measure")]
+    assert measures == ["bands", "context", "frequency"]
+    for name in measures:
+        assert name in PROFILE_QUANTITIES and name in _SE_OF
+
+
 def test_the_cli_offers_the_table_and_nothing_else() -> None:
     option = kind_option()
     assert tuple(option.type.choices) == kinds.NAMES == kinds.kind_names()
