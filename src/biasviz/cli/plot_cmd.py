@@ -15,8 +15,7 @@ from biasviz.common.errors import BiasvizError
 from biasviz.common.names import display_name
 from biasviz.common.outputs import file_stem
 from biasviz.common.terminal import say
-from biasviz.plotting.kinds import NAMES as PLOT_KIND_NAMES
-from biasviz.plotting.kinds import SUMMARY_KINDS, kind_help
+from biasviz.plotting.kinds import kind_help, kind_names, runner
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -27,6 +26,21 @@ if TYPE_CHECKING:
 
 #: ``ctx.meta`` key of a list that takes the figures (with the style they are saved in) instead of files: biasviz.plot
 KEEP_FIGURES = "biasviz.keep_figures"
+
+
+class KindChoice(click.Choice):
+    """``--kind``'s choice: the rows of the kinds table, read when the option is checked or shown."""
+
+    def __init__(self) -> None:
+        super().__init__(kind_names())
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return kind_names()
+
+    @choices.setter
+    def choices(self, value: object) -> None:  # click's __init__ sets it; the table stays the source
+        pass
 
 
 @click.command("plot")
@@ -45,7 +59,7 @@ KEEP_FIGURES = "biasviz.keep_figures"
 )
 @click.option(
     "--kind",
-    type=click.Choice(PLOT_KIND_NAMES),
+    type=KindChoice(),
     default="bias",
     show_default=True,
     help=kind_help(),
@@ -148,14 +162,7 @@ def plot(scheme: str | None, input_path: Path | None, kind: str, step: int | Non
                        style=style, reduce_how=reduce_how,
                        max_cells=max_cells, staged=staged, step=step, sample_given=sample_given,
                        keep=ctx.meta.get(KEEP_FIGURES), caption=caption)  # fmt: skip
-        if kind == "dynamics":
-            written = job.run_dynamics(out_dir, formats, dpi)
-        elif kind in SUMMARY_KINDS:
-            written = job.run_position(kind, out_dir, formats, dpi)
-        elif kind in ("profile", "std"):
-            written = job.run(["bias", "weights"], out_dir, formats, dpi, what=kind)
-        else:
-            written = job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi)
+        written = runner(kind)(job, kind, out_dir, formats, dpi)  # the kind's row of biasviz.plotting.kinds
     for path in written:
         click.echo(f"wrote {path}")
 
@@ -275,12 +282,6 @@ class _PlotJob:
                 written += summary_profiles(self, bf, layer, out_dir, formats, dpi)
         return written
 
-    def run_position(self, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
-        """docs/positional.md and docs/position-measures.md from a summary (:mod:`biasviz.cli.plot_position`)."""
-        from biasviz.cli.plot_position import run_position
-
-        return run_position(self, kind, out_dir, formats, dpi)
-
     def _kinds_held(self, bf: BiasFile, kinds: list[str], layer: int, what: str) -> list[str]:
         return kinds_held(bf, kinds, layer, what, self.path)
 
@@ -366,3 +367,16 @@ class _PlotJob:
                            info=info, style=self.style, staged=self.staged)  # fmt: skip
 
 
+def run_matrices(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    """``bias``, ``weights`` and ``all`` (both): each head's matrix."""
+    return job.run(["bias", "weights"] if kind == "all" else [kind], out_dir, formats, dpi)
+
+
+def run_over_samples(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    """``profile`` and ``std``: the bias and the weights over all samples, by distance or per cell."""
+    return job.run(["bias", "weights"], out_dir, formats, dpi, what=kind)
+
+
+def run_dynamics(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    """``dynamics``: each head's distance profile at every checkpoint of a sweep."""
+    return job.run_dynamics(out_dir, formats, dpi)

@@ -4,6 +4,8 @@ saved with its metadata and, with ``--caption``, its LaTeX caption."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -13,6 +15,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from biasviz.common.atomic import Staged
+    from biasviz.plotting.caption import Caption
     from biasviz.store import BiasFile
 
 
@@ -37,39 +40,71 @@ class _PlotJob(Protocol):
               **options: Any) -> list[Path]: ...  # fmt: skip
 
 
-def run_position(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
-    """The grid of P (``positional``), the weights' first keys (``sinks``) or a docs/position-measures.md figure."""
-    from biasviz.plotting.caption import PROFILE_QUANTITIES, QUANTITIES, Caption, grid_reading
+def run_positional(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    """The grid of P, relative to each head's P at distance 0 (docs/positional.md)."""
+    from biasviz.plotting.caption import QUANTITIES, Caption, grid_reading
     from biasviz.plotting.heatmap import panel_cells
-    from biasviz.plotting.measures_plots import MEASURE_FIGURES, se_note
-    from biasviz.plotting.positional import positional_grid, sinks_figure
+    from biasviz.plotting.positional import positional_grid
     from biasviz.plotting.profiles import blocks_note
     from biasviz.plotting.titles import samples_text, scheme_title
 
+    with _summary(job) as (bf, layer):
+        fig = positional_grid(bf, layer, scheme=scheme_title(job.scheme), style=job.style,
+                              shared_scale=bool(job.shared_scale), cmap=job.cmap,
+                              max_cells=job.max_cells or panel_cells(job.style, dpi, bf.n_heads))  # fmt: skip
+        caption = Caption(job.scheme, QUANTITIES["positional"], layer, samples_text(bf.n_samples),
+                          [d for d in [blocks_note(bf)] if d],
+                          grid_reading(fig, bf.causal, "positional", bool(job.shared_scale)))  # fmt: skip
+        return _save_kind(job, bf, kind, layer, fig, caption, out_dir, formats, dpi)
+
+
+def run_sinks(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    """Each head's mean weight on the first keys (docs/positional.md)."""
+    from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
+    from biasviz.plotting.measures_plots import se_note
+    from biasviz.plotting.positional import sinks_figure
+    from biasviz.plotting.titles import samples_text, scheme_title
+
+    with _summary(job) as (bf, layer):
+        fig = sinks_figure(bf, layer, scheme=scheme_title(job.scheme), style=job.style)
+        caption = Caption(job.scheme, PROFILE_QUANTITIES["sinks"], layer, samples_text(bf.n_samples),
+                          [se_note(bf, layer, "sinks")])  # fmt: skip
+        return _save_kind(job, bf, kind, layer, fig, caption, out_dir, formats, dpi)
+
+
+def run_measure(job: _PlotJob, kind: str, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
+    """A figure of docs/position-measures.md: the one its row of the kinds table names, with its 95 % band."""
+    from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
+    from biasviz.plotting.kinds import plot_kind, resolve
+    from biasviz.plotting.measures_plots import se_note
+    from biasviz.plotting.titles import samples_text, scheme_title
+
+    draw = resolve(plot_kind(kind).figure)
+    with _summary(job) as (bf, layer):
+        fig = draw(bf, layer, scheme=scheme_title(job.scheme), style=job.style)
+        caption = Caption(job.scheme, PROFILE_QUANTITIES[kind], layer, samples_text(bf.n_samples),
+                          [se_note(bf, layer, kind)])  # fmt: skip
+        return _save_kind(job, bf, kind, layer, fig, caption, out_dir, formats, dpi)
+
+
+@contextlib.contextmanager
+def _summary(job: _PlotJob) -> Iterator[tuple[BiasFile, int]]:
+    """The job's file, its scheme checked, and the layer to draw."""
     with job._open() as bf:
         job._check_scheme(bf.scheme)
-        layer = bf.resolve_layer(job.layer)
-        which = samples_text(bf.n_samples)
-        if kind in MEASURE_FIGURES:  # docs/position-measures.md
-            draw, what = MEASURE_FIGURES[kind]
-            fig = draw(bf, layer, scheme=scheme_title(job.scheme), style=job.style)
-            caption = Caption(job.scheme, PROFILE_QUANTITIES[kind], layer, which, [se_note(bf, layer, kind)])
-        elif kind == "positional":
-            fig = positional_grid(bf, layer, scheme=scheme_title(job.scheme), style=job.style,
-                                  shared_scale=bool(job.shared_scale), cmap=job.cmap,
-                                  max_cells=job.max_cells or panel_cells(job.style, dpi, bf.n_heads))  # fmt: skip
-            what = "positional logits P(i, j) minus each head's P at distance 0"
-            caption = Caption(job.scheme, QUANTITIES["positional"], layer, which, [d for d in [blocks_note(bf)] if d],
-                              grid_reading(fig, bf.causal, "positional", bool(job.shared_scale)))  # fmt: skip
-        else:
-            fig = sinks_figure(bf, layer, scheme=scheme_title(job.scheme), style=job.style)
-            what = "mean attention weight on each of the first keys (sink share at key 0)"
-            caption = Caption(job.scheme, PROFILE_QUANTITIES["sinks"], layer, which, [se_note(bf, layer, "sinks")])
-        info = {"title": f"{job.scheme} {kind} (layer {layer})", "source": display_name(job.path),
-                "description": f"{what}; over {bf.n_samples} samples; source: {job.path}",
-                "keywords": f"biasviz; scheme={job.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
-        return job._save(fig, out_dir / f"{job.scheme}_{kind}", formats, caption.latex(bf), dpi=dpi, info=info,
-                         style=job.style, staged=job.staged)  # fmt: skip
+        yield bf, bf.resolve_layer(job.layer)
+
+
+def _save_kind(job: _PlotJob, bf: BiasFile, kind: str, layer: int, fig: Figure, caption: Caption, out_dir: Path,
+               formats: list[str], dpi: int) -> list[Path]:  # fmt: skip
+    """Save a summary kind's figure as ``<scheme>_<kind>``, its metadata saying what its row of the table does."""
+    from biasviz.plotting.kinds import plot_kind
+
+    info = {"title": f"{job.scheme} {kind} (layer {layer})", "source": display_name(job.path),
+            "description": f"{plot_kind(kind).about}; over {bf.n_samples} samples; source: {job.path}",
+            "keywords": f"biasviz; scheme={job.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
+    return job._save(fig, out_dir / f"{job.scheme}_{kind}", formats, caption.latex(bf), dpi=dpi, info=info,
+                     style=job.style, staged=job.staged)  # fmt: skip
 
 
 def summary_profiles(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],

@@ -232,10 +232,3 @@ def head_panels(heads: int, title: str, style: str | None, *, sharey: bool = Fal
         fig.suptitle(wrapped, fontsize=size)
         assert figure_width_in(fig) > 0
 
-
-# plot kind -> (draw function, what its figure shows: for the saved file's metadata)
-MEASURE_FIGURES = {
-    "bands": (bands_figure, "weight a query puts on each distance bin, with a 95 % band over samples"),
-    "context": (context_figure, "weight on each tenth of the keys a query sees, with a 95 % band over samples"),
-    "frequency": (frequency_figure, "mean norm of each rotary pair of q and of k, with a 95 % band over samples"),
-}
