@@ -65,14 +65,29 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: 
     tiles = -(-seq_len // tile)
     masked = {"cells": q.new_empty(1, dtype=torch.uint8), "classes": q.new_empty(1, dtype=torch.int8),
               "bounds": q.new_empty(1, dtype=torch.int32), "width": 1}  # fmt: skip
-    if cells is not None:
+    by_sample = cells is not None and cells.dim() == 3
+    if by_sample:
+        masked = sample_operands(cells, tile)
+    elif cells is not None:
         masked = mask_operands(cells.to(q.device), tile)
     return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
             "dp": max(16, 1 << (hd - 1).bit_length()),  # head dims padded to a power of 2 (masked)
-            "tiles": tiles, "has_bias": table is not None, **masked, "masked": cells is not None}
+            "tiles": tiles, "has_bias": table is not None, **masked, "masked": cells is not None,
+            "by_sample": by_sample}  # fmt: skip
 
 
-def mask_operands(cells: torch.Tensor, tile: int) -> dict:
+def sample_operands(cells: torch.Tensor, tile: int) -> dict:
+    """:func:`mask_operands` of each sample's own mask (``cells`` (N, T, T) bool within the causal triangle, a row may
+    see no key), stacked: ``cells`` (N, T, ceil(T / 8)), ``classes`` (N + 1, tiles, tiles) whose index N is the
+    largest class over samples (a tile some sample attends: K2 walks it), ``bounds`` (N, T, 11)."""
+    each = [mask_operands(cells[a], tile, empty_rows=True) for a in range(cells.shape[0])]
+    classes = torch.stack([got["classes"] for got in each])
+    stacked = {name: torch.stack([got[name] for got in each]) for name in ("cells", "bounds")}
+    return {**stacked, "classes": torch.cat([classes, classes.amax(0, keepdim=True)]).contiguous(),
+            "width": each[0]["width"]}
+
+
+def mask_operands(cells: torch.Tensor, tile: int, empty_rows: bool = False) -> dict:
     """What the kernels read of one (T, T) bool mask for every sample: its bits eight a byte (``cells``, (T,
     ceil(T / 8)) uint8, ``width`` bytes a row), each (query tile, key tile)'s class (``classes`` int8: 0 no cell
     attended, 1 every cell inside T, 2 some), and each row's tenths of its attended keys (``bounds`` (T, 11) int32:
@@ -80,7 +95,8 @@ def mask_operands(cells: torch.Tensor, tile: int) -> dict:
     from biasviz.summaries.bank import pack_cells
 
     seq_len = cells.shape[-1]
-    if cells.shape != (seq_len, seq_len) or bool(cells.triu(1).any()) or not bool(cells.any(-1).all()):
+    if (cells.shape != (seq_len, seq_len) or bool(cells.triu(1).any())
+            or not (empty_rows or bool(cells.any(-1).all()))):  # fmt: skip
         raise ValueError("the kernels take one (T, T) mask within the causal triangle, every row seeing a key")
     tiles = -(-seq_len // tile)
     pad = tiles * tile - seq_len
@@ -130,7 +146,7 @@ def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale:
     kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, go["cells"], go["classes"], *go["strides"],
                                               seq_len, heads, go["group"], hd, float(scale), go["width"], go["tiles"],
                                               DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
-                                              MASKED=go["masked"])  # fmt: skip
+                                              MASKED=go["masked"], BY_SAMPLE=go["by_sample"])  # fmt: skip
     return lse
 
 
@@ -198,7 +214,7 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
         "sample_distance": torch.zeros(2, n, heads, seq_len, **f64),
         "sample_blocks": torch.zeros(2, n, heads, nb, nb, **f64),
     }
-    positional = positional and n >= 2
+    positional = positional and n >= 2 and not go["by_sample"]  # P pairs the cells of different samples: left out
     shapes = {"positional_maps": (heads, nb, nb), "positional_distance": (2, heads, seq_len),
               "positional_first": (heads, seq_len, 4), "positional_rows": (heads, seq_len),
               "positional_cols": (heads, seq_len), "positional_squares": (2, heads),
@@ -214,7 +230,7 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
                                                   go["group"], hd, float(scale), block, nb, go["width"], go["tiles"],
                                                   DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
                                                   SUB=_sub_blocks(block, tile), POSITIONAL=positional,
-                                                  MASKED=go["masked"])  # fmt: skip
+                                                  MASKED=go["masked"], BY_SAMPLE=go["by_sample"])  # fmt: skip
     if positional and n >= 3:
         out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block, cells)
     return out
