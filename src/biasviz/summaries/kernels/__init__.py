@@ -137,7 +137,8 @@ def _sub_blocks(block: int, tile: int) -> int:
 
 def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, tile: int = TILE,
             cells: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool)."""
+    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool, or
+    (N, T, T) each sample's own; 0 for a row with no key)."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
@@ -169,7 +170,8 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     ``sample_columns``, ``context``, ``sample_distance``, ``sample_blocks``; with ``positional`` and N >= 2 the
     positional logits' ``positional_maps``, ``positional_distance``, ``positional_first``, ``positional_rows``,
     ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``.
-    ``cells``: (T, T) bool, one mask for every sample within the causal triangle (None: causal)."""
+    ``cells``: (T, T) bool, one mask for every sample within the causal triangle, or (N, T, T) each sample's own
+    (no P then: it pairs the cells of different samples; a row may see no key) (None: causal)."""
     n, heads, seq_len, hd = q.shape
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
@@ -285,10 +287,12 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
            sinks: torch.Tensor, lse: torch.Tensor, block: int, table: torch.Tensor | None = None,
-           attended: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
+           attended: Any = None, cells: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
     :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,
-    less the bias, get ``table``'s f(d) back."""
+    less the bias, get ``table``'s f(d) back. ``cells``: samples masked differently (a
+    :class:`~biasviz.summaries.sample_cells.SampleCells`; ``attended`` the cells some sample attends): the key
+    profile over the queries that see each key averaged over samples, each sample's sink share over its own."""
     heads, seq_len = by_distance.shape[1:]
     counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
     per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
@@ -297,6 +301,8 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
         counts, per_d = attended.block_counts(block).to(maps.device), attended.per_distance.to(maps.device)
         per_key = attended.per_key.to(maps.device)
         seeing = per_key[:, :1]
+    if cells is not None:
+        per_key, seeing = cells.key_queries.to(maps.device), cells.seeing.to(maps.device)
     means = torch.where(counts > 0, maps / counts, float("nan")).float()
     names = [map_name(kind, stat) for kind in ("weights", "scores") for stat in ("mean", "std")]
     out = dict(zip(names, means.unbind(0), strict=True))

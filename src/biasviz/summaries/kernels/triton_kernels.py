@@ -336,12 +336,16 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             # sums by distance d = i - j
             line = H * T
             _diagonals(DIST + h * T, mean_w, m0, j0, T, BM)
-            _diagonals(DIST + line + h * T, mean_w * mean_w, m0, j0, T, BM)
+            # the squares in fp64 from the fp32 means, as the torch path squares them: a distance of one cell (or one
+            # sample's) then has a spread along it of exactly 0, not a float32 square's rounding
+            mean_w64 = mean_w.to(tl.float64)
+            _diagonals(DIST + line + h * T, mean_w64 * mean_w64, m0, j0, T, BM)
             _diagonals(DIST + 2 * line + h * T, var_w, m0, j0, T, BM)
             # the scores less their bias, the same along a diagonal: Σ s̄² - (Σ s̄)² / n of an ALiBi diagonal far out
             # would cancel the spread along it in float32
             _diagonals(DIST + 3 * line + h * T, raw0 + ms, m0, j0, T, BM)
-            _diagonals(DIST + 4 * line + h * T, (raw0 + ms) * (raw0 + ms), m0, j0, T, BM)
+            mean_raw64 = (raw0 + ms).to(tl.float64)
+            _diagonals(DIST + 4 * line + h * T, mean_raw64 * mean_raw64, m0, j0, T, BM)
             _diagonals(DIST + 5 * line + h * T, var_s, m0, j0, T, BM)
             # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²)
             if not BY_SAMPLE:  # (BY_SAMPLE: each sample's went in as it came)
