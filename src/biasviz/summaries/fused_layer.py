@@ -73,7 +73,8 @@ def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
 def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool,
             mask: torch.Tensor | None, table: torch.Tensor | None, block: int) -> str | None:  # fmt: skip
     """Why the fused kernels do not summarise ``layer`` (None: they do); ``mask`` (1 or H, T, T) bool: the call's own,
-    one for every sample (None: causal)."""
+    one for every sample (None: causal), or with ``by_sample`` the cells some sample attends (each sample's own are
+    read from the bank: a padded query may see no key)."""
     from biasviz.summaries import kernels
 
     mode = statistics_mode()
@@ -91,7 +92,10 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
         return "its bias is not a function of i - j alone, the same for every input"
     if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
         return "its q and k spilled to a temporary file"
-    need = sums_bytes(bank.samples, adapter.n_heads, bank.seq_len(layer, "q"), block)
+    seq_len = bank.seq_len(layer, "q")
+    need = sums_bytes(bank.samples, adapter.n_heads, seq_len, block)
+    if by_sample:  # each sample's bits, tenths and tile classes on the device beside them
+        need += bank.samples * seq_len * (-(-seq_len // 8) + 4 * (SEGMENTS + 1))
     if device.type == "cuda" and need * SUMS_SHARE > torch.cuda.mem_get_info(device)[0]:
         return (f"its per-sample sums would take {size_text(need)}, over a quarter of the GPU's free memory (fewer "
                 "samples, or a coarser --resolution, fit)")  # fmt: skip
@@ -131,8 +135,7 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     hd = q.shape[-1]
     k = k.view(n, seq_len, -1, hd)[:, :, :: adapter.key_repeats(layer)].transpose(1, 2)  # each key head once
     with_p = positional and n >= 2 and cells is None  # P pairs the cells of different samples: none by sample
-    own_cells = None if cells is None else torch.stack([bank.get_cells(layer, SAMPLE_CELLS, a, 0, seq_len, seq_len)
-                                                        for a in range(n)]).to(device)  # fmt: skip
+    own_cells = None if cells is None else OwnCells(bank, layer, n, seq_len, device)
     mask = own_cells if cells is not None else None if attended is None else attended.mask[0].to(device)
     acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
                                      block, positional=with_p, cells=mask)  # fmt: skip
@@ -164,6 +167,20 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
                            positional_diagnostics=p_diagnostics, key_profile=key_host, sink_share=sink_host,
                            attended=shares_host, measures=arrays, statistics=FUSED,
                            note=None if cells is None else BY_SAMPLE_NOTE)  # fmt: skip
+
+
+class OwnCells:
+    """Each sample's own attended cells of a layer, (T, T) bool, unpacked from the bank one sample at a time (never all
+    N at once): what the kernels and the per-sample counts read where samples are masked differently."""
+
+    def __init__(self, bank: Any, layer: int, samples: int, seq_len: int, device: torch.device) -> None:
+        self.bank, self.layer, self.samples, self.seq_len, self.device = bank, layer, samples, seq_len, device
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, a: int) -> torch.Tensor:
+        return self.bank.get_cells(self.layer, SAMPLE_CELLS, a, 0, self.seq_len, self.seq_len).to(self.device)
 
 
 def _operands(bank: Any, layer: int, name: str, heads: int | None, seq_len: int) -> torch.Tensor:
@@ -247,11 +264,11 @@ def _queries(seq_len: int, attended: Attended | None, device: torch.device) -> d
 
 def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
               heads: int, seq_len: int, block: int, device: torch.device,
-              attended: Attended | None = None, own_cells: torch.Tensor | None = None) -> dict[str, Any]:  # fmt: skip
+              attended: Attended | None = None, own_cells: OwnCells | None = None) -> dict[str, Any]:  # fmt: skip
     """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
     kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w; 0 in a row with no key),
-    over the cells of ``attended`` where the call has a mask of its own, or each sample's own (``own_cells``, (N, T,
-    T) bool) where samples are masked differently: the queries and cells counted per sample."""
+    over the cells of ``attended`` where the call has a mask of its own, or each sample's own (``own_cells``, one
+    sample's (T, T) bool at a time) where samples are masked differently: the queries and cells counted per sample."""
     n, t = samples, seq_len
     f64 = {"dtype": torch.float64, "device": device}
     by_sample = own_cells is not None
@@ -263,15 +280,21 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
     distances[..., :t] = acc["sample_distance"][0].flip(-1)  # slot T - 1 - d holds distance d
     queries = _queries(t, attended, device)
     if own_cells is not None:  # each sample's own queries and cells, as the torch path counts them
-        each = [Attended(own_cells[a][None]) for a in range(n)]
-        per = [_queries(t, one, device) for one in each]
+        per, key_counts, block_counts, looks = [], [], [], []
+        for a in range(n):  # a sample's mask at a time
+            mask = own_cells[a]
+            one = Attended(mask[None])
+            per.append(_queries(t, one, device))
+            key_counts.append(one.per_key)
+            block_counts.append(one.block_counts(block))
+            looks.append(mask.any(-1).double())
         queries = {name: torch.stack([got[name] for got in per]) for name in per[0]}  # (N, 1, ...)
         queries["band_queries"], queries["context_queries"] = (queries[name][:, 0] for name in ("band_queries",
                                                                                                "context_queries"))
-        rows = own_cells.any(-1).double()[:, None]  # (N, 1, T): the rows that see a key
+        rows = torch.stack(looks)[:, None]  # (N, 1, T): the rows that see a key
         with torch.inference_mode(False):
             measures.by_samples = True
-            measures.key_counts = torch.stack([one.per_key for one in each])  # (N, 1, T)
+            measures.key_counts = torch.stack(key_counts)  # (N, 1, T)
             measures.diagonals.by_samples = True
     measures.join([{
         "context": acc["context"], "entropy": _group_sums(entropy, -1, 0, block), "columns": acc["sample_columns"],
@@ -298,7 +321,7 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
         blocks[kind].begin(0, n)
         if own_cells is not None:  # each sample's block sums, then how many of its own cells each block holds
             blocks[kind].by_sample()
-            counted = torch.stack([Attended(own_cells[a][None]).block_counts(block) for a in range(n)])
+            counted = torch.stack(block_counts)
             values = torch.cat([values, counted.to(values).expand(-1, heads, -1, -1)], 1)
         blocks[kind].add_block_sums(values)
     arrays.update({**profile_errors(profiles, own, n), **block_errors(blocks)})

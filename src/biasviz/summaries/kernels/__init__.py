@@ -65,9 +65,10 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: 
     tiles = -(-seq_len // tile)
     masked = {"cells": q.new_empty(1, dtype=torch.uint8), "classes": q.new_empty(1, dtype=torch.int8),
               "bounds": q.new_empty(1, dtype=torch.int32), "width": 1}  # fmt: skip
-    by_sample = cells is not None and cells.dim() == 3
-    if by_sample:
-        masked = sample_operands(cells, tile)
+    by_sample = cells is not None and (isinstance(cells, dict) or not torch.is_tensor(cells) or cells.dim() == 3)
+    if by_sample:  # :func:`sample_operands`', formed once for both kernels
+        masked = {name: value.to(q.device) if torch.is_tensor(value) else value
+                  for name, value in (cells if isinstance(cells, dict) else sample_operands(cells, tile)).items()}
     elif cells is not None:
         masked = mask_operands(cells.to(q.device), tile)
     return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
@@ -76,11 +77,12 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: 
             "by_sample": by_sample}  # fmt: skip
 
 
-def sample_operands(cells: torch.Tensor, tile: int) -> dict:
+def sample_operands(cells: Any, tile: int) -> dict:
     """:func:`mask_operands` of each sample's own mask (``cells`` (N, T, T) bool within the causal triangle, a row may
-    see no key), stacked: ``cells`` (N, T, ceil(T / 8)), ``classes`` (N + 1, tiles, tiles) whose index N is the
+    see no key, or anything that gives sample a's (T, T) as ``cells[a]`` and N as ``len``: one unpacked at a time),
+    stacked: ``cells`` (N, T, ceil(T / 8)), ``classes`` (N + 1, tiles, tiles) whose index N is the
     largest class over samples (a tile some sample attends: K2 walks it), ``bounds`` (N, T, 11)."""
-    each = [mask_operands(cells[a], tile, empty_rows=True) for a in range(cells.shape[0])]
+    each = [mask_operands(cells[a], tile, empty_rows=True) for a in range(len(cells))]
     classes = torch.stack([got["classes"] for got in each])
     stacked = {name: torch.stack([got[name] for got in each]) for name in ("cells", "bounds")}
     return {**stacked, "classes": torch.cat([classes, classes.amax(0, keepdim=True)]).contiguous(),
@@ -175,6 +177,8 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     n, heads, seq_len, hd = q.shape
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
+    if cells is not None and (not torch.is_tensor(cells) or cells.dim() == 3):  # each sample's own: classed once
+        cells = sample_operands(cells, tile)
     lse = row_lse(q, k, table, scale, tile, cells)
     return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells), "lse": lse}
 
