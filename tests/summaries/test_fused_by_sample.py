@@ -23,7 +23,8 @@ import biasviz
 from tests.summaries.test_fused_summary import _compare
 from tests.summaries.test_fused_traced import T, _Documents, _module_summaries, _use_reference
 
-PADS = {"left": ((0, 9, 4), (0, 0, 0)), "right": ((0, 0, 0), (0, 7, 13))}  # (left, right) padding of each sample
+# (left, right) padding of each sample; "every": every sample padded, so that no sample's query 0 or 1 sees a key
+PADS = {"left": ((0, 9, 4), (0, 0, 0)), "right": ((0, 0, 0), (0, 7, 13)), "every": ((2, 9, 4), (0, 0, 3))}
 
 
 def _llama() -> torch.nn.Module:
@@ -71,7 +72,7 @@ def _same_file(got: dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]]) -> 
     _compare(fused[0], torch_path[0])
 
 
-@pytest.mark.parametrize(("side", "resolution"), [("left", 8), ("right", 4), ("left", 1)])
+@pytest.mark.parametrize(("side", "resolution"), [("left", 8), ("right", 4), ("left", 1), ("every", 8)])
 def test_padding_that_differs_by_sample_fused_writes_what_the_torch_path_writes(
     side: str, resolution: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
@@ -90,7 +91,7 @@ def test_documents_of_each_sample_s_own_fused_write_what_the_torch_path_writes(
     _same_file(_module_summaries(_Documents(same=False), ids, tmp_path, 8, monkeypatch))
 
 
-@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("side", ["left", "every"])
 def test_padding_through_the_kernels_writes_what_the_torch_path_writes(
     side: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
