@@ -169,6 +169,20 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
                            note=None if cells is None else BY_SAMPLE_NOTE)  # fmt: skip
 
 
+def _signed_counts(mask: torch.Tensor) -> torch.Tensor:
+    """(1, 2T - 1) float64: a (T, T) mask's attended cells at each i - j, slot T - 1 + (i - j), as
+    :attr:`Attended.per_signed` counts them, for a mask within the causal triangle: each row's cells gathered by
+    distance, a few rows at a time (not a launch per diagonal)."""
+    t = mask.shape[-1]
+    out = torch.zeros(1, 2 * t - 1, dtype=torch.float64, device=mask.device)
+    d = torch.arange(t, device=mask.device)[None]
+    for r0 in range(0, t, MASK_ROWS):
+        rows = mask[r0 : r0 + MASK_ROWS]
+        j = torch.arange(r0, r0 + rows.shape[0], device=mask.device)[:, None] - d  # row i's key at distance d
+        out[0, t - 1 :] += (rows.gather(1, j.clamp(min=0)) & (j >= 0)).sum(0, dtype=torch.float64)
+    return out
+
+
 class OwnCells:
     """Each sample's own attended cells of a layer, (T, T) bool, unpacked from the bank one sample at a time (never all
     N at once): what the kernels and the per-sample counts read where samples are masked differently."""
@@ -284,6 +298,7 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
         for a in range(n):  # a sample's mask at a time
             mask = own_cells[a]
             one = Attended(mask[None])
+            one.__dict__["per_signed"] = _signed_counts(mask)  # its cached property, counted a few rows at a time
             per.append(_queries(t, one, device))
             key_counts.append(one.per_key)
             block_counts.append(one.block_counts(block))
