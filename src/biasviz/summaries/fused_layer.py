@@ -136,6 +136,9 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     k = k.view(n, seq_len, -1, hd)[:, :, :: adapter.key_repeats(layer)].transpose(1, 2)  # each key head once
     with_p = positional and n >= 2 and cells is None  # P pairs the cells of different samples: none by sample
     own_cells = None if cells is None else OwnCells(bank, layer, n, seq_len, device)
+    if cells is not None and attended is not None:  # P left out, said as the torch path says it; the union's counts
+        warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=3)  # by distance a few rows at a time
+        attended.__dict__.setdefault("per_signed", _signed_counts(attended.mask[0].to(device)))
     mask = own_cells if cells is not None else None if attended is None else attended.mask[0].to(device)
     acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
                                      block, positional=with_p, cells=mask)  # fmt: skip
