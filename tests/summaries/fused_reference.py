@@ -16,16 +16,21 @@ SEGMENTS = 10
 def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float,
            cells: np.ndarray | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
     """(used (T, T), scores (N, H, T, T) 0 past the diagonal, weights, lse (N, H, T), bias (H, T, T) or zeros);
-    ``cells`` (T, T) bool: the cells attended, one mask for every sample (None: j <= i)."""
+    ``cells`` (T, T) bool: the cells attended, one mask for every sample, or (N, T, T) each sample's own (used is then
+    (N, 1, T, T); a row with no key has lse 0) (None: j <= i)."""
     n, heads, t, _ = q.shape
     k = np.repeat(k, heads // k.shape[1], axis=1)
     i, j = np.indices((t, t))
     used = j <= i if cells is None else np.asarray(cells, bool)
+    if used.ndim == 3:
+        used = used[:, None]
     bias = table[:, np.clip(i - j, 0, None)] if table is not None else np.zeros((heads, t, t))
     s = scale * np.einsum("nhid,nhjd->nhij", q, k) + bias[None]
     z = np.where(used, s, -np.inf)
-    top = z.max(-1, keepdims=True)
-    lse = np.log(np.exp(z - top).sum(-1)) + top[..., 0]
+    seen = used.any(-1, keepdims=True)
+    top = np.where(seen, z.max(-1, keepdims=True), 0.0)
+    total = np.where(seen, np.exp(z - top).sum(-1, keepdims=True), 1.0)
+    lse = np.where(seen, np.log(total) + top, 0.0)[..., 0]
     w = np.where(used, np.exp(z - lse[..., None]), 0.0)
     return used, np.where(used, s, 0.0), w, lse, np.where(used, bias, 0.0)
 
@@ -79,6 +84,14 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     used, s, w, _, bias = formed(q, k, table, scale, cells)
     k_heads = np.repeat(k, heads // k.shape[1], axis=1)
     w_mean, w_std, s_mean, s_std = w.mean(0), w.std(0), s.mean(0), s.std(0)
+    by_sample = used.ndim == 4
+    if by_sample:  # each cell's mean and spread over the samples that attend it (0 where none does)
+        count = np.maximum(used.sum(0), 1)
+        w_mean, s_mean = w.sum(0) / count, s.sum(0) / count
+        w_std = np.sqrt(np.where(used, (w - w_mean) ** 2, 0.0).sum(0) / count)
+        s_std = np.sqrt(np.where(used, (s - s_mean) ** 2, 0.0).sum(0) / count)
+        i, j = np.indices((t, t))
+        bias = np.where(used.any(0), table[:, np.clip(i - j, 0, None)] if table is not None else 0.0, 0.0)
     out = {
         "maps": np.stack([_blocks(x, block) for x in (w_mean, w_std, s_mean, s_std)]),
         "by_distance": np.stack(
@@ -97,6 +110,9 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     rows_in = (seen >= SEGMENTS) & used
     out["context"] = np.stack([np.where(rows_in & (tenth == seg), w, 0.0).sum((-2, -1)) for seg in range(SEGMENTS)],
                               -1)  # fmt: skip
+    if by_sample:  # the key profile over each sample's own weights; P pairs the cells of different samples: none
+        out["columns"] = np.stack([w.sum((0, -2)) / n, (w**2).sum((0, -2)) / n])
+        return out
     if positional and n >= 2:
         big_q, big_k = q.sum(0), k_heads.sum(0)  # (H, T, hd)
         qk = np.einsum("hid,hjd->hij", big_q, big_k)

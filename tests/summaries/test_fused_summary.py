@@ -30,7 +30,8 @@ def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tenso
     """The kernels' answer from float64 numpy, from the same q, k, f(d) and mask."""
     qn, kn = q.double().cpu().numpy(), k.double().cpu().numpy()
     tn = None if table is None else table.double().cpu().numpy()
-    cn = None if cells is None else cells.cpu().numpy()
+    cn = None if cells is None else np.stack([np.asarray(cells[a].cpu()) for a in range(len(cells))]) if (
+        not torch.is_tensor(cells)) else cells.cpu().numpy()  # each sample's own, one at a time: stacked
     sums = accumulators(qn, kn, tn, scale, block, positional, cn)
     got = {name: torch.from_numpy(np.ascontiguousarray(x)) for name, x in sums.items()}
     got["lse"] = torch.from_numpy(formed(qn, kn, tn, scale, cn)[3]).float()

@@ -175,26 +175,6 @@ def test_packed_documents_the_same_in_every_sample_fused_write_what_the_torch_pa
     _compare(got["fused"][0], got["torch"][0])
 
 
-def test_documents_of_each_sample_s_own_take_the_torch_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each cell's mean over the samples that attend it: the kernels take one mask for every sample."""
-    from biasviz.summaries.fused_layer import why_not
-
-    _use_reference(monkeypatch)
-    reasons = []
-
-    def said(*args: object, **kwargs: object) -> str | None:
-        reasons.append(why_not(*args, **kwargs))  # type: ignore[arg-type]
-        return reasons[-1]
-
-    monkeypatch.setattr("biasviz.extraction.replayed.why_not", said)
-    torch.manual_seed(3)
-    ids = np.random.default_rng(3).integers(1, 50, size=(3, T))
-    ids[1, 9] = ids[2, 20] = 0  # documents of their own
-    got = _module_summaries(_Documents(same=False), ids, tmp_path, 8, monkeypatch)
-    assert got["fused"][1]["statistics"] == "torch"
-    assert reasons[-1] is not None and reasons[-1].startswith("its samples attend different cells")
-
-
 def test_a_sliding_window_through_the_kernels_writes_what_the_torch_path_writes(
     mistral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip

@@ -127,3 +127,44 @@ def test_a_mask_s_tiles_are_classed_empty_full_or_partial(kernels, monkeypatch: 
         assert torch.equal(torch.as_tensor(value), torch.as_tensor(whole[name])), name
     with pytest.raises(ValueError, match="causal triangle"):
         kernels.mask_operands(torch.ones(8, 8, dtype=torch.bool), 16)
+
+
+def padded(t: int, left: list[int], right: list[int]) -> np.ndarray:
+    """(N, T, T) bool: each sample's causal cells among its own positions, ``left[a]`` padded before them and
+    ``right[a]`` after (a padded query sees no key, a padded key is seen by none)."""
+    i, j = np.indices((t, t))
+    own = [(j <= i) & (j >= lo) & (i >= lo) & (i < t - hi) for lo, hi in zip(left, right, strict=True)]
+    return np.stack(own)
+
+
+BY_SAMPLE = [  # N, H, Hkv, T, hd, block, bias, tile, cells (N, T, T)
+    (3, 4, 2, 40, 24, 12, True, 16, padded(40, [0, 19, 5], [0, 0, 0])),  # left padding: rows with no key, empty tiles
+    (2, 2, 1, 48, 16, 8, False, 16, padded(48, [0, 0], [0, 21])),  # right padding
+    (3, 2, 2, 40, 16, 4, True, 32, np.stack([documents(40, [0, 21]), documents(40, [0, 9, 30]),
+                                             window(40, 12)])),  # documents that differ by sample; the default tile
+]
+
+
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "bias", "tile", "cells"), BY_SAMPLE)
+def test_each_sample_s_own_cells_equal_float64_math(kernels, n: int, heads: int, kv: int, t: int, hd: int,  # noqa: F811
+                                                    block: int, bias: bool, tile: int,
+                                                    cells: np.ndarray) -> None:  # fmt: skip
+    """Each sample's bits and tile classes its own; each cell's moments over the samples that attend it; no P."""
+    q, k, table = _inputs(n, heads, kv, t, hd, bias)
+    scale = 1 / np.sqrt(hd)
+    got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(),
+                                     None if table is None else torch.from_numpy(table).float(), scale, block,
+                                     tile=tile, cells=torch.from_numpy(cells))  # fmt: skip
+    want = accumulators(q, k, table, scale, block, cells=cells)
+    assert "positional_maps" not in want
+    assert np.isfinite(got["lse"].numpy()).all()  # a row with no key: lse 0, no NaN
+    _check(got, want)
+
+
+def test_each_sample_s_tiles_are_classed_and_any_sample_s_walked(kernels) -> None:  # noqa: F811
+    cells = torch.from_numpy(padded(40, [0, 19], [0, 0]))
+    got = kernels.sample_operands(cells, 16)
+    assert got["cells"].shape == (2, 40, 5) and got["bounds"].shape == (2, 40, 11)
+    assert got["classes"][1].tolist() == [[0, 0, 0], [0, 2, 0], [0, 2, 2]]  # rows and keys 0 .. 18 padded
+    assert got["classes"][0].tolist() == [[2, 0, 0], [1, 2, 0], [1, 1, 2]]
+    assert got["classes"][2].tolist() == [[2, 0, 0], [1, 2, 0], [1, 2, 2]]  # the largest: a tile any sample attends

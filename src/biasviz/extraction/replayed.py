@@ -175,7 +175,7 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
         with torch.inference_mode(), show() as bar:
             got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
                               device=device, positional=positional, measures=measures, table=table,
-                              attended=attended)  # fmt: skip
+                              attended=attended, cells=cells)  # fmt: skip
             bar.update(1)
         why = "" if got is not None else "a sample's bias differs from the scheme's f(i - j)"
     return got, why

@@ -11,9 +11,10 @@ They cover a causal call, or one whose own mask (a sliding window, packed docume
 call's bool mask) is one for every sample and head within the causal triangle with a key in every row, and a bias that
 is a function of i - j alone (or none), the same in every sample: that is measured first, every sample's bias rows
 formed by the model's own scheme against f(d), as the torch path measures it. Samples that attend different cells
-(padding, documents of their own) take the torch path: each cell's mean there is over the samples that attend it. Any
-other layer takes the torch path; each layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary
-files').
+(padding, documents of their own) are covered too, each sample's own cells read for it: each cell's mean and spread
+over the samples that attend it, everything per sample over its own cells, and no P (it pairs the cells of different
+samples as one grid), as the torch path takes them. Any other layer takes the torch path; each layer's
+``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files').
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from typing import Any
 
 import torch
 
+from biasviz.adapters.base import SAMPLE_CELLS
 from biasviz.common.memory import size_text
 from biasviz.common.settings import statistics_mode
 from biasviz.common.shapes import host_arrays, step_cells
 from biasviz.store.datasets import (
     KEY_PROFILE,
     MIN_SE_SAMPLES,
+    SAMPLES_PER_CELL,
     SEGMENTS,
     SINK_SHARE,
     distance_bins,
@@ -37,7 +40,7 @@ from biasviz.store.datasets import (
 )
 from biasviz.store.format import non_finite_error
 from biasviz.summaries import QuantitySummary, Summary
-from biasviz.summaries.attended import Attended
+from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.layer import MASKED_SEPARABILITY_LEN
 from biasviz.summaries.maps import _group_sums, geometry_counts
 from biasviz.summaries.measures import BiasMeasureSums
@@ -45,6 +48,7 @@ from biasviz.summaries.position import PositionSummary, from_key_profile
 from biasviz.summaries.positional_blocks import JackknifeBlocks
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
 from biasviz.summaries.sample_blocks import SampleBlocks, block_errors
+from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
 from biasviz.summaries.sharing import Agreement
 from biasviz.summaries.weight_measures import WeightMeasures
@@ -69,7 +73,8 @@ def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
 def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool,
             mask: torch.Tensor | None, table: torch.Tensor | None, block: int) -> str | None:  # fmt: skip
     """Why the fused kernels do not summarise ``layer`` (None: they do); ``mask`` (1 or H, T, T) bool: the call's own,
-    one for every sample (None: causal)."""
+    one for every sample (None: causal), or with ``by_sample`` the cells some sample attends (each sample's own are
+    read from the bank: a padded query may see no key)."""
     from biasviz.summaries import kernels
 
     mode = statistics_mode()
@@ -81,16 +86,16 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
         return missing
     if not adapter.fused_rows:
         return f"the kernels do not form the rows of {adapter.architecture} models yet"
-    if by_sample:
-        return ("its samples attend different cells (padding, documents of their own): the kernels take one mask for "
-                "every sample")  # fmt: skip
-    if mask is not None and (why := _mask_fits(mask)) is not None:
+    if mask is not None and not by_sample and (why := _mask_fits(mask)) is not None:
         return why
     if adapter.adds_bias and table is None:
         return "its bias is not a function of i - j alone, the same for every input"
     if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
         return "its q and k spilled to a temporary file"
-    need = sums_bytes(bank.samples, adapter.n_heads, bank.seq_len(layer, "q"), block)
+    seq_len = bank.seq_len(layer, "q")
+    need = sums_bytes(bank.samples, adapter.n_heads, seq_len, block)
+    if by_sample:  # each sample's bits, tenths and tile classes on the device beside them
+        need += bank.samples * seq_len * (-(-seq_len // 8) + 4 * (SEGMENTS + 1))
     if device.type == "cuda" and need * SUMS_SHARE > torch.cuda.mem_get_info(device)[0]:
         return (f"its per-sample sums would take {size_text(need)}, over a quarter of the GPU's free memory (fewer "
                 "samples, or a coarser --resolution, fit)")  # fmt: skip
@@ -110,10 +115,12 @@ def _mask_fits(mask: torch.Tensor) -> str | None:
 
 def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
                 block: int, device: torch.device, positional: bool, measures: bool, table: torch.Tensor | None,
-                attended: Attended | None = None) -> PositionSummary | None:  # fmt: skip
+                attended: Attended | None = None,
+                cells: SampleCells | None = None) -> PositionSummary | None:  # fmt: skip
     """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras,
-    over the cells of ``attended`` (the call's own mask, one for all; None: causal); None, with nothing given, where
-    a sample's bias differs from ``table`` (the torch path then forms the layer)."""
+    over the cells of ``attended`` (the call's own mask, one for all; None: causal; where samples are masked
+    differently, ``cells``, the cells some sample attends, each sample's own read from the bank for it); None, with
+    nothing given, where a sample's bias differs from ``table`` (the torch path then forms the layer)."""
     from biasviz.summaries import kernels
 
     heads, n = adapter.n_heads, samples
@@ -127,15 +134,19 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     q, k = (_operands(bank, layer, name, heads if name == "q" else None, seq_len) for name in ("q", "k"))
     hd = q.shape[-1]
     k = k.view(n, seq_len, -1, hd)[:, :, :: adapter.key_repeats(layer)].transpose(1, 2)  # each key head once
-    with_p = positional and n >= 2
-    cells = None if attended is None else attended.mask[0].to(device)
+    with_p = positional and n >= 2 and cells is None  # P pairs the cells of different samples: none by sample
+    own_cells = None if cells is None else OwnCells(bank, layer, n, seq_len, device)
+    if cells is not None and attended is not None:  # P left out, said as the torch path says it; the union's counts
+        warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=3)  # by distance a few rows at a time
+        attended.__dict__.setdefault("per_signed", _signed_counts(attended.mask[0].to(device)))
+    mask = own_cells if cells is not None else None if attended is None else attended.mask[0].to(device)
     acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
-                                     block, positional=with_p, cells=cells)  # fmt: skip
+                                     block, positional=with_p, cells=mask)  # fmt: skip
     counts = geometry_counts(seq_len, block, True, device) if attended is None else attended.block_counts(block)
     if not bool(torch.isfinite(acc["maps"]).all()):  # one read, as the torch path's
         raise non_finite_error("weights", layer)
     done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], acc["lse"],
-                          block, table, attended)  # the maps, profiles, key profile and sink shares, as the kernels'
+                          block, table, attended, cells)  # the maps, profiles, key profile and sink shares
     shares = None if attended is None else attended.block_shares(block, heads)
     for kind in ("weights", "scores"):
         mean_map, std_map, profile = host_arrays(*(done[map_name(kind, stat)] for stat in ("mean", "std")),
@@ -146,8 +157,10 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     arrays = None
     if measures:
         arrays = _measures(acc, done["row_entropy"], own, samples=n, heads=heads, seq_len=seq_len, block=block,
-                           device=device, attended=attended)  # fmt: skip
-        arrays.update(rotary_measures(adapter, bank, layer, heads, attended, positional))
+                           device=device, attended=attended, own_cells=own_cells)  # fmt: skip
+        arrays.update(rotary_measures(adapter, bank, layer, heads, attended, positional, own=cells is not None))
+        if cells is not None and cells.samples is not None:  # how many samples attend each cell
+            arrays[SAMPLES_PER_CELL] = samples_per_cell(cells.samples, cells.union, block, heads)
         if p_profile is not None and not adapter.adds_bias:
             add_pair_sum_residual(arrays, p_profile[0], attended)
     p_mean_host, p_profile_host, key_host, sink_host, shares_host = host_arrays(
@@ -155,7 +168,36 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     assert key_host is not None and sink_host is not None
     return PositionSummary(positional_mean=p_mean_host, positional_profile=p_profile_host,
                            positional_diagnostics=p_diagnostics, key_profile=key_host, sink_share=sink_host,
-                           attended=shares_host, measures=arrays, statistics=FUSED)  # fmt: skip
+                           attended=shares_host, measures=arrays, statistics=FUSED,
+                           note=None if cells is None else BY_SAMPLE_NOTE)  # fmt: skip
+
+
+def _signed_counts(mask: torch.Tensor) -> torch.Tensor:
+    """(1, 2T - 1) float64: a (T, T) mask's attended cells at each i - j, slot T - 1 + (i - j), as
+    :attr:`Attended.per_signed` counts them, for a mask within the causal triangle: each row's cells gathered by
+    distance, a few rows at a time (not a launch per diagonal)."""
+    t = mask.shape[-1]
+    out = torch.zeros(1, 2 * t - 1, dtype=torch.float64, device=mask.device)
+    d = torch.arange(t, device=mask.device)[None]
+    for r0 in range(0, t, MASK_ROWS):
+        rows = mask[r0 : r0 + MASK_ROWS]
+        j = torch.arange(r0, r0 + rows.shape[0], device=mask.device)[:, None] - d  # row i's key at distance d
+        out[0, t - 1 :] += (rows.gather(1, j.clamp(min=0)) & (j >= 0)).sum(0, dtype=torch.float64)
+    return out
+
+
+class OwnCells:
+    """Each sample's own attended cells of a layer, (T, T) bool, unpacked from the bank one sample at a time (never all
+    N at once): what the kernels and the per-sample counts read where samples are masked differently."""
+
+    def __init__(self, bank: Any, layer: int, samples: int, seq_len: int, device: torch.device) -> None:
+        self.bank, self.layer, self.samples, self.seq_len, self.device = bank, layer, samples, seq_len, device
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, a: int) -> torch.Tensor:
+        return self.bank.get_cells(self.layer, SAMPLE_CELLS, a, 0, self.seq_len, self.seq_len).to(self.device)
 
 
 def _operands(bank: Any, layer: int, name: str, heads: int | None, seq_len: int) -> torch.Tensor:
@@ -239,27 +281,49 @@ def _queries(seq_len: int, attended: Attended | None, device: torch.device) -> d
 
 def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
               heads: int, seq_len: int, block: int, device: torch.device,
-              attended: Attended | None = None) -> dict[str, Any]:  # fmt: skip
+              attended: Attended | None = None, own_cells: OwnCells | None = None) -> dict[str, Any]:  # fmt: skip
     """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
-    kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w: every row sees a key), over
-    the cells of ``attended`` where the call has a mask of its own."""
+    kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w; 0 in a row with no key),
+    over the cells of ``attended`` where the call has a mask of its own, or each sample's own (``own_cells``, one
+    sample's (T, T) bool at a time) where samples are masked differently: the queries and cells counted per sample."""
     n, t = samples, seq_len
     f64 = {"dtype": torch.float64, "device": device}
+    by_sample = own_cells is not None
+    shared = None if by_sample else attended
     measures = WeightMeasures(samples=n, heads=heads, seq_len=t, block=block, causal=True, device=device,
-                              attended=attended)  # fmt: skip
+                              attended=shared)  # fmt: skip
     rows = torch.ones(1, 1, t, **f64)
     distances = torch.zeros(n, heads, 2 * t - 1, **f64)
     distances[..., :t] = acc["sample_distance"][0].flip(-1)  # slot T - 1 - d holds distance d
     queries = _queries(t, attended, device)
+    if own_cells is not None:  # each sample's own queries and cells, as the torch path counts them
+        per, key_counts, block_counts, looks = [], [], [], []
+        for a in range(n):  # a sample's mask at a time
+            mask = own_cells[a]
+            one = Attended(mask[None])
+            one.__dict__["per_signed"] = _signed_counts(mask)  # its cached property, counted a few rows at a time
+            per.append(_queries(t, one, device))
+            key_counts.append(one.per_key)
+            block_counts.append(one.block_counts(block))
+            looks.append(mask.any(-1).double())
+        queries = {name: torch.stack([got[name] for got in per]) for name in per[0]}  # (N, 1, ...)
+        queries["band_queries"], queries["context_queries"] = (queries[name][:, 0] for name in ("band_queries",
+                                                                                               "context_queries"))
+        rows = torch.stack(looks)[:, None]  # (N, 1, T): the rows that see a key
+        with torch.inference_mode(False):
+            measures.by_samples = True
+            measures.key_counts = torch.stack(key_counts)  # (N, 1, T)
+            measures.diagonals.by_samples = True
     measures.join([{
         "context": acc["context"], "entropy": _group_sums(entropy, -1, 0, block), "columns": acc["sample_columns"],
         "block_queries": _group_sums(rows, -1, 0, block), "diagonals": distances, **queries,
     }])  # fmt: skip
     arrays = dict(measures.result().arrays)
     profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device,
-                                   attended=attended)  # fmt: skip
+                                   attended=shared)  # fmt: skip
     if "scores" in profiles:
         profiles["scores"].add_distance_sums(acc["sample_distance"][1])
+        profiles["scores"].by_samples = by_sample
         if attended is not None:
             profiles["scores"].count = queries["diagonal_counts"]
     sums = {}  # with blocks of one position the maps' SEs come from their spread (map_errors); P's never do
@@ -270,9 +334,13 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
     blocks: dict[str, SampleBlocks] = {}
     for kind, values in sums.items():
         kept = JackknifeBlocks if kind == "positional" else SampleBlocks
-        blocks[kind] = kept(heads=heads, seq_len=t, block=block, causal=True, device=device, attended=attended)
+        blocks[kind] = kept(heads=heads, seq_len=t, block=block, causal=True, device=device, attended=shared)
         blocks[kind].samples = n
         blocks[kind].begin(0, n)
+        if own_cells is not None:  # each sample's block sums, then how many of its own cells each block holds
+            blocks[kind].by_sample()
+            counted = torch.stack(block_counts)
+            values = torch.cat([values, counted.to(values).expand(-1, heads, -1, -1)], 1)
         blocks[kind].add_block_sums(values)
     arrays.update({**profile_errors(profiles, own, n), **block_errors(blocks)})
     return arrays

@@ -65,14 +65,31 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: 
     tiles = -(-seq_len // tile)
     masked = {"cells": q.new_empty(1, dtype=torch.uint8), "classes": q.new_empty(1, dtype=torch.int8),
               "bounds": q.new_empty(1, dtype=torch.int32), "width": 1}  # fmt: skip
-    if cells is not None:
+    by_sample = cells is not None and (isinstance(cells, dict) or not torch.is_tensor(cells) or cells.dim() == 3)
+    if by_sample:  # :func:`sample_operands`', formed once for both kernels
+        masked = {name: value.to(q.device) if torch.is_tensor(value) else value
+                  for name, value in (cells if isinstance(cells, dict) else sample_operands(cells, tile)).items()}
+    elif cells is not None:
         masked = mask_operands(cells.to(q.device), tile)
     return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
             "dp": max(16, 1 << (hd - 1).bit_length()),  # head dims padded to a power of 2 (masked)
-            "tiles": tiles, "has_bias": table is not None, **masked, "masked": cells is not None}
+            "tiles": tiles, "has_bias": table is not None, **masked, "masked": cells is not None,
+            "by_sample": by_sample}  # fmt: skip
 
 
-def mask_operands(cells: torch.Tensor, tile: int) -> dict:
+def sample_operands(cells: Any, tile: int) -> dict:
+    """:func:`mask_operands` of each sample's own mask (``cells`` (N, T, T) bool within the causal triangle, a row may
+    see no key, or anything that gives sample a's (T, T) as ``cells[a]`` and N as ``len``: one unpacked at a time),
+    stacked: ``cells`` (N, T, ceil(T / 8)), ``classes`` (N + 1, tiles, tiles) whose index N is the
+    largest class over samples (a tile some sample attends: K2 walks it), ``bounds`` (N, T, 11)."""
+    each = [mask_operands(cells[a], tile, empty_rows=True) for a in range(len(cells))]
+    classes = torch.stack([got["classes"] for got in each])
+    stacked = {name: torch.stack([got[name] for got in each]) for name in ("cells", "bounds")}
+    return {**stacked, "classes": torch.cat([classes, classes.amax(0, keepdim=True)]).contiguous(),
+            "width": each[0]["width"]}
+
+
+def mask_operands(cells: torch.Tensor, tile: int, empty_rows: bool = False) -> dict:
     """What the kernels read of one (T, T) bool mask for every sample: its bits eight a byte (``cells``, (T,
     ceil(T / 8)) uint8, ``width`` bytes a row), each (query tile, key tile)'s class (``classes`` int8: 0 no cell
     attended, 1 every cell inside T, 2 some), and each row's tenths of its attended keys (``bounds`` (T, 11) int32:
@@ -80,7 +97,8 @@ def mask_operands(cells: torch.Tensor, tile: int) -> dict:
     from biasviz.summaries.bank import pack_cells
 
     seq_len = cells.shape[-1]
-    if cells.shape != (seq_len, seq_len) or bool(cells.triu(1).any()) or not bool(cells.any(-1).all()):
+    if (cells.shape != (seq_len, seq_len) or bool(cells.triu(1).any())
+            or not (empty_rows or bool(cells.any(-1).all()))):  # fmt: skip
         raise ValueError("the kernels take one (T, T) mask within the causal triangle, every row seeing a key")
     tiles = -(-seq_len // tile)
     pad = tiles * tile - seq_len
@@ -121,7 +139,8 @@ def _sub_blocks(block: int, tile: int) -> int:
 
 def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, tile: int = TILE,
             cells: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool)."""
+    """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool, or
+    (N, T, T) each sample's own; 0 for a row with no key)."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
@@ -130,7 +149,7 @@ def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale:
     kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, go["cells"], go["classes"], *go["strides"],
                                               seq_len, heads, go["group"], hd, float(scale), go["width"], go["tiles"],
                                               DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
-                                              MASKED=go["masked"])  # fmt: skip
+                                              MASKED=go["masked"], BY_SAMPLE=go["by_sample"])  # fmt: skip
     return lse
 
 
@@ -153,10 +172,13 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     ``sample_columns``, ``context``, ``sample_distance``, ``sample_blocks``; with ``positional`` and N >= 2 the
     positional logits' ``positional_maps``, ``positional_distance``, ``positional_first``, ``positional_rows``,
     ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``.
-    ``cells``: (T, T) bool, one mask for every sample within the causal triangle (None: causal)."""
+    ``cells``: (T, T) bool, one mask for every sample within the causal triangle, or (N, T, T) each sample's own
+    (no P then: it pairs the cells of different samples; a row may see no key) (None: causal)."""
     n, heads, seq_len, hd = q.shape
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
+    if cells is not None and (not torch.is_tensor(cells) or cells.dim() == 3):  # each sample's own: classed once
+        cells = sample_operands(cells, tile)
     lse = row_lse(q, k, table, scale, tile, cells)
     return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells), "lse": lse}
 
@@ -198,7 +220,7 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
         "sample_distance": torch.zeros(2, n, heads, seq_len, **f64),
         "sample_blocks": torch.zeros(2, n, heads, nb, nb, **f64),
     }
-    positional = positional and n >= 2
+    positional = positional and n >= 2 and not go["by_sample"]  # P pairs the cells of different samples: left out
     shapes = {"positional_maps": (heads, nb, nb), "positional_distance": (2, heads, seq_len),
               "positional_first": (heads, seq_len, 4), "positional_rows": (heads, seq_len),
               "positional_cols": (heads, seq_len), "positional_squares": (2, heads),
@@ -214,7 +236,7 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
                                                   go["group"], hd, float(scale), block, nb, go["width"], go["tiles"],
                                                   DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
                                                   SUB=_sub_blocks(block, tile), POSITIONAL=positional,
-                                                  MASKED=go["masked"])  # fmt: skip
+                                                  MASKED=go["masked"], BY_SAMPLE=go["by_sample"])  # fmt: skip
     if positional and n >= 3:
         out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block, cells)
     return out
@@ -269,10 +291,12 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
            sinks: torch.Tensor, lse: torch.Tensor, block: int, table: torch.Tensor | None = None,
-           attended: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
+           attended: Any = None, cells: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
     :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,
-    less the bias, get ``table``'s f(d) back."""
+    less the bias, get ``table``'s f(d) back. ``cells``: samples masked differently (a
+    :class:`~biasviz.summaries.sample_cells.SampleCells`; ``attended`` the cells some sample attends): the key
+    profile over the queries that see each key averaged over samples, each sample's sink share over its own."""
     heads, seq_len = by_distance.shape[1:]
     counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
     per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
@@ -281,6 +305,8 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
         counts, per_d = attended.block_counts(block).to(maps.device), attended.per_distance.to(maps.device)
         per_key = attended.per_key.to(maps.device)
         seeing = per_key[:, :1]
+    if cells is not None:
+        per_key, seeing = cells.key_queries.to(maps.device), cells.seeing.to(maps.device)
     means = torch.where(counts > 0, maps / counts, float("nan")).float()
     names = [map_name(kind, stat) for kind in ("weights", "scores") for stat in ("mean", "std")]
     out = dict(zip(names, means.unbind(0), strict=True))

@@ -21,7 +21,11 @@ With ``MASKED`` the cells attended are one mask's for every sample, within the c
 (a sliding window, a call's own bool mask): its bits packed eight a byte (CELLS (T, ceil(T / 8)) uint8) and a class
 per (query tile, key tile) as FlexAttention's block mask has (CLASSES int8: 0 no cell attended, the tile skipped; 1
 every cell inside T, no bit read; 2 some, the bits read); a row's tenths of its context are those of its attended keys
-by rank (BOUNDS (T, 11) int32: the first key of each tenth, T for rows of fewer than 10 keys).
+by rank (BOUNDS (T, 11) int32: the first key of each tenth, T for rows of fewer than 10 keys). With ``BY_SAMPLE``
+each sample attends cells of its own (padding, documents that differ by sample): CELLS (N, T, ceil(T / 8)), CLASSES
+(N + 1, tiles, tiles) (index N: some sample's cells in the tile, which K2 walks), BOUNDS (N, T, 11), each sample's
+read for it; a row with no key has lse 0 (its weights 0, its entropy 0); each cell's moments are over the samples that
+attend it (shifted by the first of those; 0 where none does) and the key columns sum each sample's w and w² / N.
 
 fp32 inside a tile; fp64 only in the accumulators. The length and the number of samples bound loops, so they are
 compile-time constants (one compilation per length and N in a run): Triton's interpreter of the 3.6 series takes a
@@ -86,6 +90,16 @@ def _tile_class(CLASSES, m0, j0, NKT, BM: tl.constexpr, BN: tl.constexpr, MASKED
 
 
 @triton.jit
+def _sample_cells(CELLS, CLASSES, a, m0, j0, rows, cols, T, W, NKT, BM: tl.constexpr, BN: tl.constexpr,
+                  MASKED: tl.constexpr, BY_SAMPLE: tl.constexpr):  # fmt: skip
+    """(BM, BN) bool: sample ``a``'s attended cells of the tile at (m0, j0) (``BY_SAMPLE``: its own bits and class)."""
+    if BY_SAMPLE:
+        cls = _tile_class(CLASSES + a * NKT * NKT, m0, j0, NKT, BM, BN, MASKED)
+        return _attended(CELLS + a * T * W, cls, rows, cols, T, W, MASKED) & (cls != 0)
+    return _attended(CELLS, _tile_class(CLASSES, m0, j0, NKT, BM, BN, MASKED), rows, cols, T, W, MASKED)
+
+
+@triton.jit
 def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, SUB: tl.constexpr, TILE: tl.constexpr):
     """Add a square tile ``x`` (0 in the cells not ``used``) to the (NB, NB) block map at PTR. ``SUB`` = TILE: the
     tile lies inside one block, its sum is one atomic; 0 < SUB < TILE: blocks of SUB positions split the tile, each
@@ -119,10 +133,10 @@ def _diagonals(PTR, x, m0, j0, T, TILE: tl.constexpr):
 
 
 @triton.jit
-def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, a, h, kh, m0, j0, rows, cols,
-                 dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale, BLOCK,
-                 NB, HAS_BIAS: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr,
-                 MASKED: tl.constexpr):  # fmt: skip
+def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS, a, h, kh, m0, j0, rows,
+                 cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale,
+                 BLOCK, NB, HAS_BIAS: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
+                 BY_SAMPLE: tl.constexpr):  # fmt: skip
     """Sample ``a``'s logits c q k^T and weights of one tile, 0 in the cells not ``used``, and its own sums: each
     row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile), column
     sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the sums of w over
@@ -141,6 +155,9 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
     if j0 == 0:
         tl.atomic_add(SINKS + at, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
     tl.atomic_add(SCOLS + at * T + cols, tl.sum(w, 0).to(tl.float64), mask=cols < T)
+    if BY_SAMPLE:  # the key profile over each sample's own weights: Σ_a Σ_i w_a / N and Σ_a Σ_i w_a² / N
+        tl.atomic_add(COLS + h * T + cols, (tl.sum(w, 0) * (1.0 / N)).to(tl.float64), mask=cols < T)
+        tl.atomic_add(COLS + (H + h) * T + cols, (tl.sum(w * w, 0) * (1.0 / N)).to(tl.float64), mask=cols < T)
     _diagonals(SDIST + at * T, w, m0, j0, T, TILE)
     _diagonals(SDIST + (N * H + at) * T, s, m0, j0, T, TILE)
     plane = NB * NB
@@ -150,7 +167,7 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
     ctx = used & (rows[:, None] + 1 >= SEGMENTS)
     for seg in tl.static_range(SEGMENTS):  # a tile's cells span few tenths: a sum for each of those
         if MASKED:  # the tenths by rank among the row's attended keys: BOUNDS' first key of each
-            at_row = BOUNDS + rows * (SEGMENTS + 1) + seg
+            at_row = BOUNDS + (a * T * BY_SAMPLE + rows) * (SEGMENTS + 1) + seg
             start = tl.load(at_row, mask=rows < T, other=T)
             stop = tl.load(at_row + 1, mask=rows < T, other=T)
             cells = used & (cols[None, :] >= start[:, None]) & (cols[None, :] < stop[:, None])
@@ -164,7 +181,7 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
 @triton.jit
 def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.constexpr, H, GROUP, HD,
             scale, W, NKT, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-            MASKED: tl.constexpr):  # fmt: skip
+            MASKED: tl.constexpr, BY_SAMPLE: tl.constexpr = False):  # fmt: skip
     """K1: LSE (N, H, T) fp32 of every sample's causal (or ``MASKED``) rows; grid (ceil(T / BM), N * H)."""
     m0 = tl.program_id(0) * BM
     nh = tl.program_id(1)
@@ -173,18 +190,21 @@ def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, sqn, sqh, sqt, sqd, skn, skh, skt,
     dims = tl.arange(0, DP)
     best = tl.full([BM], float("-inf"), tl.float32)
     total = tl.zeros([BM], tl.float32)
+    classes = CLASSES + a * NKT * NKT * BY_SAMPLE  # this sample's (BY_SAMPLE) or the one mask's
     for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
-        cls = _tile_class(CLASSES, m0, j0, NKT, BM, BN, MASKED)
+        cls = _tile_class(classes, m0, j0, NKT, BM, BN, MASKED)
         if (j0 < m0 + BM) & (cls != 0):
             cols = j0 + tl.arange(0, BN)
             s = _scores(Q, K, TABLE, a, h, h // GROUP, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
                         scale, HAS_BIAS)  # fmt: skip
-            s = tl.where(_attended(CELLS, cls, rows, cols, T, W, MASKED), s, float("-inf"))
+            s = tl.where(_attended(CELLS + a * T * W * BY_SAMPLE, cls, rows, cols, T, W, MASKED), s, float("-inf"))
             top = tl.maximum(best, tl.max(s, 1))
             top = tl.where(top == float("-inf"), 0.0, top)  # a row past T: nothing, and no NaN from -inf - -inf
             total = total * tl.exp(best - top) + tl.sum(tl.exp(s - top[:, None]), 1)
             best = top
-    tl.store(LSE + nh * T + rows, best + tl.log(tl.where(rows < T, total, 1.0)), mask=rows < T)
+    # a row with no key attended (a padded query): lse 0, its weights 0 and its entropy 0, as the torch path counts it
+    tl.store(LSE + nh * T + rows, tl.where(total > 0, best + tl.log(tl.where(total > 0, total, 1.0)), 0.0),
+             mask=rows < T)  # fmt: skip
 
 
 @triton.jit
@@ -226,7 +246,8 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                     sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T: tl.constexpr, H, GROUP, HD, scale,
                     BLOCK, NB, W, NKT,
                     DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    SUB: tl.constexpr, POSITIONAL: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+                    SUB: tl.constexpr, POSITIONAL: tl.constexpr, MASKED: tl.constexpr,
+                    BY_SAMPLE: tl.constexpr = False):  # fmt: skip
     """K2: every accumulator of the module docstring, for one query tile and head; grid (ceil(T / BM), H).
 
     MAPS (4, H, NB, NB), DIST (6, H, T), COLS (2, H, T), ROW_WS (N, H, T), SINKS (N, H); per sample SCOLS (N, H, T),
@@ -243,38 +264,64 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
     inv_n = 1.0 / N
     plane = NB * NB
     for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
-        cls = _tile_class(CLASSES, m0, j0, NKT, BM, BN, MASKED)
+        cls = _tile_class(CLASSES + N * NKT * NKT * BY_SAMPLE, m0, j0, NKT, BM, BN, MASKED)  # BY_SAMPLE: any sample's
         if (j0 < m0 + BM) & (cls != 0):
             cols = j0 + tl.arange(0, BN)
-            used = _attended(CELLS, cls, rows, cols, T, W, MASKED)
             # the tenths of a row's context (rows of at least 10 keys) the tile's cells can be in: floor(10 j / (i + 1))
             # at its corners (the least at the last row's first key, the most at the first row's last key)
             lo = (SEGMENTS * j0) // tl.minimum(m0 + BM, T)
             hi = tl.minimum((SEGMENTS * (j0 + BN - 1)) // (tl.maximum(m0, SEGMENTS - 1) + 1), SEGMENTS - 1)
-            # the first sample: the moments' shift
-            raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, 0, h, kh,
-                                    m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N,
-                                    T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED)  # fmt: skip
             dw1 = tl.zeros([BM, BN], tl.float32)
             dw2 = tl.zeros([BM, BN], tl.float32)
             ds1 = tl.zeros([BM, BN], tl.float32)
             ds2 = tl.zeros([BM, BN], tl.float32)
-            for a in range(1, N):
-                raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, a, h, kh,
-                                      m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd,
-                                      N, T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED)  # fmt: skip
-                d = w - w0
-                dw1 += d
-                dw2 += d * d
-                d = raw - raw0  # the scores' differences without the bias: the same, to fewer roundings
-                ds1 += d
-                ds2 += d * d
+            if BY_SAMPLE:  # each sample its own cells; each cell's moments over those that attend it
+                cnt = tl.zeros([BM, BN], tl.float32)
+                w0 = tl.zeros([BM, BN], tl.float32)  # the shift: the first attending sample's value
+                raw0 = tl.zeros([BM, BN], tl.float32)
+                for a in range(N):
+                    mine = _sample_cells(CELLS, CLASSES, a, m0, j0, rows, cols, T, W, NKT, BM, BN, MASKED, True)
+                    raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS,
+                                          a, h, kh, m0, j0, rows, cols, dims, mine, lo, hi, sqn, sqh, sqt, sqd, skn,
+                                          skh, skt, skd, N, T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED,
+                                          True)  # fmt: skip
+                    first = mine & (cnt == 0.0)
+                    w0 = tl.where(first, w, w0)
+                    raw0 = tl.where(first, raw, raw0)
+                    d = tl.where(mine, w - w0, 0.0)
+                    dw1 += d
+                    dw2 += d * d
+                    d = tl.where(mine, raw - raw0, 0.0)
+                    ds1 += d
+                    ds2 += d * d
+                    cnt += tl.where(mine, 1.0, 0.0)
+                used = cnt > 0.0
+                inv = 1.0 / tl.maximum(cnt, 1.0)  # 0 moments where no sample attends (every sum is 0 there)
+            else:
+                used = _attended(CELLS, cls, rows, cols, T, W, MASKED)
+                # the first sample: the moments' shift
+                raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS, 0,
+                                        h, kh, m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh,
+                                        skt, skd, N, T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED,
+                                        False)  # fmt: skip
+                for a in range(1, N):
+                    raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS,
+                                          a, h, kh, m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn,
+                                          skh, skt, skd, N, T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED,
+                                          False)  # fmt: skip
+                    d = w - w0
+                    dw1 += d
+                    dw2 += d * d
+                    d = raw - raw0  # the scores' differences without the bias: the same, to fewer roundings
+                    ds1 += d
+                    ds2 += d * d
+                inv = tl.full([BM, BN], inv_n, tl.float32)
             # each cell's mean and population spread over the samples (0 past the diagonal: every sum is 0 there)
-            mw = dw1 * inv_n
-            var_w = tl.maximum(dw2 * inv_n - mw * mw, 0.0)
+            mw = dw1 * inv
+            var_w = tl.maximum(dw2 * inv - mw * mw, 0.0)
             mean_w = w0 + mw
-            ms = ds1 * inv_n
-            var_s = tl.maximum(ds2 * inv_n - ms * ms, 0.0)
+            ms = ds1 * inv
+            var_s = tl.maximum(ds2 * inv - ms * ms, 0.0)
             bias = tl.zeros([BM, BN], tl.float32)
             if HAS_BIAS:
                 bias = tl.where(used, _bias(TABLE, h, rows, cols, T), 0.0)  # 0 where not used
@@ -289,16 +336,22 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             # sums by distance d = i - j
             line = H * T
             _diagonals(DIST + h * T, mean_w, m0, j0, T, BM)
-            _diagonals(DIST + line + h * T, mean_w * mean_w, m0, j0, T, BM)
+            # the squares in fp64 from the fp32 means, as the torch path squares them: a distance of one cell (or one
+            # sample's) then has a spread along it of exactly 0, not a float32 square's rounding
+            mean_w64 = mean_w.to(tl.float64)
+            _diagonals(DIST + line + h * T, mean_w64 * mean_w64, m0, j0, T, BM)
             _diagonals(DIST + 2 * line + h * T, var_w, m0, j0, T, BM)
             # the scores less their bias, the same along a diagonal: Σ s̄² - (Σ s̄)² / n of an ALiBi diagonal far out
             # would cancel the spread along it in float32
             _diagonals(DIST + 3 * line + h * T, raw0 + ms, m0, j0, T, BM)
-            _diagonals(DIST + 4 * line + h * T, (raw0 + ms) * (raw0 + ms), m0, j0, T, BM)
+            mean_raw64 = (raw0 + ms).to(tl.float64)
+            _diagonals(DIST + 4 * line + h * T, mean_raw64 * mean_raw64, m0, j0, T, BM)
             _diagonals(DIST + 5 * line + h * T, var_s, m0, j0, T, BM)
             # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²)
-            tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w, 0).to(tl.float64), mask=cols < T)
-            tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64), mask=cols < T)
+            if not BY_SAMPLE:  # (BY_SAMPLE: each sample's went in as it came)
+                tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w, 0).to(tl.float64), mask=cols < T)
+                tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64),
+                              mask=cols < T)  # fmt: skip
             if POSITIONAL:
                 _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, raw0 + ms, bias, h, kh, m0,
                             j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, SUB, BM)  # fmt: skip
