@@ -20,21 +20,14 @@ import torch
 from biasviz.adapters.transformers_traced import load_transformers_sdpa
 from biasviz.extraction.summary import extract_summary
 from tests.summaries.test_fused_summary import _compare, _reference_accumulators
+from tests.summaries.tiny_llama import save_tiny_llama
 
 T, HEADS, KV_HEADS = 32, 4, 2
 
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=T,
-                         rope_theta=500.0)  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("llama") / "llama"
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("llama"), T, heads=HEADS, kv_heads=KV_HEADS)
 
 
 def summaries(path: Path, ids: np.ndarray, out: Path, resolution: int, monkeypatch: pytest.MonkeyPatch,
@@ -75,17 +68,19 @@ def test_a_traced_llama_with_grouped_keys_fused_writes_what_the_torch_path_write
     _compare(got["fused"][0], got["torch"][0])
 
 
-def test_a_traced_llama_through_the_kernels_writes_what_the_torch_path_writes(
-    llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("model", "seed"), [("llama_dir", 5), ("mistral_dir", 6)])
+def test_the_kernels_themselves_write_what_the_torch_path_writes(
+    model: str, seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:  # fmt: skip
-    """The same, the sums from the kernels themselves (Triton's interpreter on the CPU)."""
+    """A traced Llama (grouped keys) and a sliding window, the sums from the kernels themselves (Triton's interpreter
+    on the CPU), file against file."""
     pytest.importorskip("triton")
     from biasviz.summaries import kernels
 
     if not kernels.interpreted() and not torch.cuda.is_available():
         pytest.skip("Triton's interpreter was not chosen before Triton was imported")
-    ids = np.random.default_rng(5).integers(0, 100, size=(3, T))
-    got = summaries(llama_dir, ids, tmp_path, 8, monkeypatch)
+    ids = np.random.default_rng(seed).integers(0, 100, size=(3, T))
+    got = summaries(request.getfixturevalue(model), ids, tmp_path, 8, monkeypatch)
     assert got["fused"][1]["statistics"] == "fused"
     _compare(got["fused"][0], got["torch"][0])
 
@@ -171,21 +166,6 @@ def test_packed_documents_the_same_in_every_sample_fused_write_what_the_torch_pa
     torch.manual_seed(3)
     ids = np.random.default_rng(3).integers(1, 50, size=(3, T))
     got = _module_summaries(_Documents(same=True), ids, tmp_path, 8, monkeypatch)
-    assert got["fused"][1]["statistics"] == "fused"
-    _compare(got["fused"][0], got["torch"][0])
-
-
-def test_a_sliding_window_through_the_kernels_writes_what_the_torch_path_writes(
-    mistral_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # fmt: skip
-    """The same, the sums from the kernels themselves (Triton's interpreter on the CPU)."""
-    pytest.importorskip("triton")
-    from biasviz.summaries import kernels
-
-    if not kernels.interpreted() and not torch.cuda.is_available():
-        pytest.skip("Triton's interpreter was not chosen before Triton was imported")
-    ids = np.random.default_rng(6).integers(0, 100, size=(3, T))
-    got = summaries(mistral_dir, ids, tmp_path, 8, monkeypatch)
     assert got["fused"][1]["statistics"] == "fused"
     _compare(got["fused"][0], got["torch"][0])
 

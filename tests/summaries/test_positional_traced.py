@@ -20,21 +20,14 @@ from biasviz.adapters.transformers_traced import load_transformers_sdpa
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.summary import extract_summary
 from tests.summaries.test_positional import LOWER, T, _block_means
+from tests.summaries.tiny_llama import save_tiny_llama
 
 N, HEADS, KV_HEADS = 3, 4, 2
 
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=T,
-                         rope_theta=500.0)  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("llama") / "llama"
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("llama"), T, heads=HEADS, kv_heads=KV_HEADS)
 
 
 def _reference(path: Path, ids: np.ndarray, layer: int) -> dict[str, np.ndarray]:
