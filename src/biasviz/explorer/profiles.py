@@ -19,13 +19,14 @@ def distance_profile(m: np.ndarray) -> dict[str, Any]:
     """
     n = m.shape[-1]
     d0 = -(n - 1) if np.isfinite(m[0, 1:]).any() else 0
-    mean = np.full(n - d0, np.nan, dtype=np.float32)
-    std = np.full(n - d0, np.nan, dtype=np.float32)
-    for k, d in enumerate(range(d0, n)):
-        diag = np.diagonal(m, -d)
-        diag = diag[np.isfinite(diag)]
-        if diag.size:
-            mean[k], std[k] = diag.mean(dtype=np.float64), diag.std(dtype=np.float64)
+    rows, cols = np.nonzero(np.isfinite(m))  # every diagonal at once: a loop over T diagonals took 6 s a page
+    values = m[rows, cols].astype(np.float64)
+    d = rows - cols - d0  # the diagonal's index, 0 .. n - d0 - 1
+    count = np.bincount(d, minlength=n - d0)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a diagonal with no finite cell: NaN, as before
+        mean = np.bincount(d, weights=values, minlength=n - d0) / count
+        std = np.sqrt(np.bincount(d, weights=(values - mean[d]) ** 2, minlength=n - d0) / count)  # two passes
+    mean, std = mean.astype(np.float32), std.astype(np.float32)
     return {"d0": d0, "mean": pack_bytes(mean.astype("<f4").tobytes()), "std": pack_bytes(std.astype("<f4").tobytes())}
 
 
