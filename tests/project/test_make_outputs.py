@@ -242,3 +242,23 @@ def test_the_long_steps_of_make_figures_print_their_progress(tmp_path: Path) -> 
     assert sum("--summary" in line for line in long_steps) >= 2 * len(POSITIONAL) + len(LONG)
     assert sum(" train " in line for line in long_steps) == len(POSITIONAL)
     assert not [line for line in long_steps if "--quiet" in line]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_make_figures_runs_steps_side_by_side_each_naming_its_file(tmp_path: Path, jobs: int) -> None:
+    """JOBS steps at a time on THREADS torch threads each (2 cores: 2 and 1); while more than one runs, progress
+    comes as lines (bars would share one terminal line), each step's naming the file or run it makes."""
+    import subprocess
+
+    folders = [f"RUNS={tmp_path / 'runs'}", f"DATA={tmp_path / 'data'}", f"FIGURES={tmp_path / 'figures'}"]
+    done = subprocess.run(["make", "-n", "--no-print-directory", "figures", f"JOBS={jobs}", "THREADS=1", *folders],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"-j{jobs} figure-files" in done.stdout
+    assert ("BIASVIZ_PROGRESS=lines" in done.stdout) == (jobs > 1)
+    assert "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}" in done.stdout  # the user's own value wins
+    trains = [line for line in done.stdout.splitlines() if re.search(r"biasviz train ", line)]
+    assert len(trains) == len(POSITIONAL)
+    for line in trains:
+        run = re.search(r"--out (\S+)", line).group(1)
+        assert f"BIASVIZ_PROGRESS_FOR={run} " in line, line
