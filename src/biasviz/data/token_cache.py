@@ -23,6 +23,7 @@ import numpy as np
 import tokenizers
 from tokenizers import Tokenizer
 
+from biasviz.common.atomic import replacing
 from biasviz.common.errors import BiasvizError
 from biasviz.data.tokenizer import build_tokenizer, load_tokenizer
 from biasviz.data.windows import encode
@@ -103,17 +104,13 @@ def _write(entry: Path, tok: Tokenizer, tokens: np.ndarray) -> None:
         _replace(entry / TOKENIZER_FILE, tok.to_str().encode("utf-8"))
         record = {"format": FORMAT, "tokens_sha256": hashlib.sha256(raw).hexdigest(), "tokens": int(tokens.size)}
         _replace(entry / RECORD_FILE, json.dumps(record).encode("utf-8"))
-    except OSError:  # a read-only home, a full disk: the run goes on without the cache
+    except (OSError, BiasvizError):  # a read-only home, a full disk: the run goes on without the cache
         return
 
 
 def _replace(target: Path, raw: bytes) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
+    with replacing(target) as tmp:  # written beside the target, moved into place in one step
         tmp.write_bytes(raw)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 __all__ = ["CACHE_ENV", "cache_folder", "corpus_key", "tokenized"]
