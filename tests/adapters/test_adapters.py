@@ -361,6 +361,13 @@ def _assemble(blocks: list[tuple[int, str, int, torch.Tensor]], t: int) -> dict[
     return out
 
 
+def _kinds(block) -> list[tuple[int, str, int, torch.Tensor]]:
+    """A streamed RowBlock as (layer, kind, row0, tensor) for each quantity it holds, its attended cells first."""
+    held = [] if block.attended is None else [(block.layer, "attended", block.r0, block.attended)]
+    return held + [(block.layer, kind, block.r0, t) for kind in ("bias", "weights", "scores")
+                   if (t := block.of(kind)) is not None]  # fmt: skip
+
+
 @pytest.mark.parametrize("scheme", ["alibi", "cable", "nope"])
 def test_biasgpt_stream_blocks_reassemble_to_what_capture_assembles(scheme, monkeypatch):
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
@@ -375,7 +382,7 @@ def test_biasgpt_stream_blocks_reassemble_to_what_capture_assembles(scheme, monk
     with adapter.capture([0, 1]) as got:
         adapter.forward(x)
     sent: list[tuple[int, str, int, torch.Tensor]] = []
-    with adapter.stream([0, 1], True, lambda *a: sent.append(a)) as flush:
+    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))) as flush:
         adapter.forward(x)
         flush()
     assert len(sent) > 2 * (2 if scheme == "nope" else 4)
@@ -406,7 +413,7 @@ def test_biasgpt_stream_stops_after_the_last_requested_layer():
     adapter.model.blocks[1].attn.register_forward_hook(lambda *_: ran.append("layer 1"))
     adapter.model.lm_head.register_forward_hook(lambda *_: ran.append("lm_head"))
     sent: list[tuple[int, str, int]] = []
-    with adapter.stream([0], False, lambda layer, kind, row0, t: sent.append((layer, kind, row0))) as flush:
+    with adapter.stream([0], False, lambda b: sent.extend(x[:3] for x in _kinds(b))) as flush:
         adapter.forward(torch.as_tensor(ids(1)))
         flush()
     assert ran == [] and sent == [(0, "weights", 0)]  # no bias asked for; nothing after layer 0 ran
@@ -423,7 +430,7 @@ def test_nanogpt_stream_reproduces_the_reference_in_blocks(tmp_path, monkeypatch
     monkeypatch.setattr(Attention, "block_elements", 36 * 50)
     x = torch.as_tensor(ids(3))
     sent: list[tuple[int, str, int, torch.Tensor]] = []
-    with adapter.stream([0, 1], True, lambda *a: sent.append(a)) as flush:
+    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))) as flush:
         adapter.forward(x)
         flush()
     with torch.no_grad():
@@ -450,7 +457,7 @@ def test_default_stream_sends_what_capture_holds(tmp_path):
     want = {**{(k, "bias"): v.clone() for k, v in got.bias.items()},
             **{(k, "weights"): v.clone() for k, v in got.weights.items()}}  # fmt: skip
     sent: list[tuple[int, str, int, torch.Tensor]] = []
-    with adapter.stream([0, 1], True, lambda *a: sent.append(a)) as flush:
+    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))) as flush:
         adapter.forward(x)
         assert sent == []  # nothing until the caller flushes
         flush()
@@ -466,7 +473,7 @@ def test_default_stream_sends_what_capture_holds(tmp_path):
         expected = torch.isfinite(want[layer, "bias"]) if kind == "attended" else want[layer, kind]
         assert torch.equal(t, expected)
     weights_only: list[str] = []
-    with adapter.stream([1], False, lambda layer, kind, row0, t: weights_only.append(kind)) as flush:
+    with adapter.stream([1], False, lambda b: weights_only.extend(x[1] for x in _kinds(b))) as flush:
         adapter.forward(x)
         flush()
     assert weights_only == ["weights"]

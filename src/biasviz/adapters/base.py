@@ -18,15 +18,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from biasviz.adapters.rows import RowBlock
 from biasviz.common.errors import BiasvizError, too_long
 from biasviz.store.format import KEY_POSITION, RELATIVE  # what a stored bias means
 from biasviz.tracing.stop import StopForward, stop_after
 
-__all__ = ["KEY_POSITION", "RELATIVE", "BlockSink", "Captured", "Formed", "ModelAdapter", "StopForward", "stop_after"]
-
-# sink(layer, kind, row0, block): kind "bias" or "weights"; block (1 or B, H, rows, keys) holds query rows
-# row0 .. row0 + rows - 1 against keys 0 .. keys - 1 (keys = row0 + rows for causal self-attention)
-BlockSink = Callable[[int, str, int, torch.Tensor], None]
+__all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "RowBlock", "StopForward", "stop_after"]
 
 
 @dataclass
@@ -55,18 +52,6 @@ class Captured:
 
 SAMPLE_CELLS = "attended"  # a bank's name for each sample's own attended cells, where samples are masked differently
 MASK_DIGEST = "mask digest"  # under torchrun: each sample's call's mask as a SHA-256 digest, compared once joined
-
-
-@dataclass
-class Formed:
-    """One sample's rows r0 .. r1 - 1 of a layer, (1, H, rows, r1) each, as the attention forms them
-    (:meth:`ModelAdapter.rows_again`)."""
-
-    bias: torch.Tensor | None  # the additive part (None: the model adds none, or it was not asked for)
-    weights: torch.Tensor  # after the softmax, 0 where a query does not look
-    scores: torch.Tensor  # the softmax's input (before the causal mask)
-    # where samples are masked differently (padding, packed documents): this sample's own attended cells
-    attended: torch.Tensor | None = None  # (1, 1, rows, r1) bool
 
 
 def refuse_meta(model: Any, source: str) -> None:
@@ -211,39 +196,32 @@ class ModelAdapter:
         yield Captured()  # pragma: no cover
 
     @contextlib.contextmanager
-    def stream(self, layers: list[int], want_bias: bool, sink: BlockSink,
+    def stream(self, layers: list[int], want_bias: bool, sink: Callable[[RowBlock], None],
                want_scores: bool = False) -> Iterator[Callable[[], None]]:  # fmt: skip
-        """Send ``layers``' bias and weights (and scores) to ``sink`` in blocks of query rows, never assembled.
+        """Send ``layers``' rows to ``sink`` as :class:`RowBlock` s of the batch under way, never assembled.
 
         For summaries at any length: a caller that reduces each block as it comes needs no (H, T, T) tensor where the
         model forms none. Yields ``flush``, to call after each :meth:`forward`. This default runs on :meth:`capture`:
-        ``flush`` sends each captured (full) tensor as one block with row0 = 0 (keys = T), then clears them; adapters
-        whose models form blocks send them as they come. With the scores, a call's q and k go too, as kinds "q" and "k"
-        (B, H, T, hd), k multiplied by the call's scale, where the adapter knows them (docs/positional.md's positional
-        logits are made of them). Before them all, kind "attended": the cells the call attended to (docs/hdf5.md,
-        'Attended cells'), where its scores show them.
+        ``flush`` sends each layer's captured (full) tensors as one block with r0 = 0 (keys = T), then clears them;
+        adapters whose models form blocks send them as they come. With the scores, a call's q and k go too (k
+        multiplied by the call's scale), where the adapter knows them (docs/positional.md's positional logits are made
+        of them); and the cells the call attended to (docs/hdf5.md, 'Attended cells'), where its scores show them.
         """
         with self.capture(layers, want_bias, want_scores and self.captures_scores) as got:
 
             def flush() -> None:
-                for layer in sorted(got.weights.keys() | got.bias.keys()):
-                    # first, the cells the call attended to: its scores (or bias) are NaN exactly where it masked
+                for layer in sorted(got.weights):
+                    # the cells the call attended to: its scores (or bias) are NaN exactly where it masked
                     marked = got.scores.get(layer, got.bias.get(layer))
                     attended = None if marked is None else torch.isfinite(marked)  # (B or 1, H, T, T) bool
-                    if attended is not None:
-                        sink(layer, "attended", 0, attended)
-                    if want_bias and layer in got.bias:
-                        sink(layer, "bias", 0, got.bias[layer])  # (1 or B, H, T, T)
-                    if layer in got.weights:  # a cell the call masks counts for nothing: a query row with no key
-                        weights = got.weights[layer]  # left keeps eager code's uniform softmax over masked keys
-                        sink(layer, "weights", 0, weights if attended is None else weights.masked_fill(~attended, 0.0))
-                    if layer in got.scores:
-                        sink(layer, "scores", 0, got.scores[layer])  # (B, H, T, T)
-                    if layer in got.operands:
-                        q, k, scale = got.operands[layer]
-                        sink(layer, "scale", 0, torch.tensor(float(scale)))
-                        sink(layer, "q", 0, q)
-                        sink(layer, "k", 0, k * scale)
+                    weights = got.weights[layer]  # a cell the call masks counts for nothing: a query row with no key
+                    if attended is not None:  # left keeps eager code's uniform softmax over masked keys
+                        weights = weights.masked_fill(~attended, 0.0)
+                    q, k, scale = got.operands.get(layer, (None, None, None))
+                    sink(RowBlock(layer, 0, 0, weights, scores=got.scores.get(layer),
+                                  bias=got.bias.get(layer) if want_bias else None, attended=attended, q=q,
+                                  k=None if k is None else k * scale,
+                                  scale=None if scale is None else float(scale)))  # fmt: skip
                 got.clear()
 
             yield flush
@@ -262,8 +240,8 @@ class ModelAdapter:
         raise NotImplementedError
         yield  # pragma: no cover
 
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Formed:
-        """One sample's :class:`Formed` rows r0 .. r1 - 1 of ``layer`` (bias only when
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
+        """One sample's :class:`RowBlock` of rows r0 .. r1 - 1 of ``layer`` (bias only when
         ``want_bias``), from what :meth:`keep` put in ``bank``: the values the forward formed (causal models)."""
         raise NotImplementedError
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from biasviz.adapters.base import RELATIVE, BlockSink, Captured, Formed, ModelAdapter
+from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter, RowBlock
 from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
 from biasviz.common.hashing import sha256_files
@@ -102,16 +102,21 @@ class BiasGPTAdapter(ModelAdapter):
         def _length(layer: int) -> Callable[..., None]:
             return lambda _mod, args: lengths.__setitem__(layer, args[0].shape[1])  # x: (B, T, C)
 
-        def _store(layer: int, kind: str, row0: int, block: torch.Tensor) -> None:
-            target = got.of(kind)
-            T, (rows, keys) = lengths[layer], block.shape[-2:]
+        def _store(block: RowBlock) -> None:
+            for kind in ("bias", "weights", "scores"):
+                values = block.of(kind)
+                if values is not None:
+                    _place(got.of(kind), block.layer, kind, block.r0, values)
+
+        def _place(target: dict[int, torch.Tensor], layer: int, kind: str, row0: int, values: torch.Tensor) -> None:
+            T, (rows, keys) = lengths[layer], values.shape[-2:]
             if row0 == 0 and rows == keys == T:  # the whole matrix at once: kept as it is
-                target[layer] = block
+                target[layer] = values
                 return
             if row0 == 0:
                 fill = 0.0 if kind == "weights" else float("nan")
-                target[layer] = torch.full((*block.shape[:2], T, T), fill, dtype=block.dtype, device=block.device)
-            target[layer][:, :, row0 : row0 + rows, :keys] = block
+                target[layer] = torch.full((*values.shape[:2], T, T), fill, dtype=values.dtype, device=values.device)
+            target[layer][:, :, row0 : row0 + rows, :keys] = values
 
         with contextlib.ExitStack() as stack:
             for layer in layers:
@@ -121,19 +126,26 @@ class BiasGPTAdapter(ModelAdapter):
             yield got
 
     @contextlib.contextmanager
-    def stream(self, layers: list[int], want_bias: bool, sink: BlockSink,
+    def stream(self, layers: list[int], want_bias: bool, sink: Callable[[RowBlock], None],
                want_scores: bool = False) -> Iterator[Callable[[], None]]:  # fmt: skip
-        """Blocks straight from the hook points, as the attention forms them; ``flush`` has nothing to do."""
+        """Blocks straight from the hook points, as the attention forms them; ``flush`` has nothing to do. A block's
+        bias and scores pass their hook points before its weights: each :class:`RowBlock` goes once its weights
+        come."""
         points = {HOOK_PATTERN: "weights"}
         if want_bias and self.adds_bias:
             points[HOOK_BIAS] = "bias"
         if want_scores:
             points[HOOK_SCORES] = "scores"
         names = [hook_name(layer, point) for point in points for layer in layers]
+        waiting: dict[tuple[int, str], torch.Tensor] = {}  # (layer, kind) -> the block under way's bias, scores
 
         def _send(t: torch.Tensor, name: str, row0: int) -> None:
-            kind = points[name.rsplit(".", 1)[1]]
-            sink(int(name.split(".")[1]), kind, row0, t.detach())  # (1 or B, H, rows, row0 + rows)
+            kind, layer = points[name.rsplit(".", 1)[1]], int(name.split(".")[1])
+            if kind != "weights":
+                waiting[layer, kind] = t.detach()  # (1 or B, H, rows, row0 + rows)
+                return
+            sink(RowBlock(layer, 0, row0, t.detach(), scores=waiting.pop((layer, "scores"), None),
+                          bias=waiting.pop((layer, "bias"), None)))  # fmt: skip
 
         with self.stopping_after(layers), capture(self.model, names, _send):
             yield lambda: None
@@ -166,7 +178,7 @@ class BiasGPTAdapter(ModelAdapter):
             stack.enter_context(self.stopping_after(layers, self.attention(max(layers)).hook_k))
             yield
 
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Formed:
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         attn = self.attention(layer)
         heads, hd = attn.n_head, attn.head_dim
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, hd)
@@ -174,7 +186,8 @@ class BiasGPTAdapter(ModelAdapter):
         x = None
         if attn.adds_bias:
             x = bank.get(layer, "x", sample, 0, bank.seq_len(layer, "x"))[None]  # (1, T, C): the whole input
-        return Formed(*attn.rows_again(x, q, k, r0, want_bias))
+        bias, weights, scores = attn.rows_again(x, q, k, r0, want_bias)
+        return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias)
 
     def bias_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int) -> torch.Tensor | None:
         attn = self.attention(layer)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS, Captured, Formed, ModelAdapter, refuse_meta
+from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS, Captured, ModelAdapter, RowBlock, refuse_meta
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
@@ -247,7 +247,7 @@ class TracedAdapter(ModelAdapter):
         bank.put_cells(index, SAMPLE_CELLS, own)
         self._by_sample.add(index)
 
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> Formed:
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32)."""
         kept = self._formed[layer]
         heads = self.n_heads
@@ -256,9 +256,9 @@ class TracedAdapter(ModelAdapter):
         if layer in self._by_sample:  # this sample's own cells
             own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, r1).to(q.device)[None, None]
             scores, weights = formed_rows(q, k, kept.scale, own)
-            return Formed(None, weights, scores, attended=own)
+            return RowBlock(layer, sample, r0, weights, scores=scores, attended=own)
         scores, weights = formed_rows(q, k, kept.scale, kept.rows(r0, r1, q.device))
-        return Formed(None, weights, scores)
+        return RowBlock(layer, sample, r0, weights, scores=scores)
 
     def score_scale(self, layer: int) -> float:
         return self._formed[layer].scale

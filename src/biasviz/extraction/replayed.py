@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from biasviz.adapters.base import Formed, ModelAdapter
+from biasviz.adapters.base import ModelAdapter, RowBlock
 from biasviz.common.devices import autocast_as
 from biasviz.common.errors import check_interrupted
 from biasviz.common.progress import Progress
@@ -30,7 +30,8 @@ from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
-from biasviz.summaries.replay import DiffersPartWay, LayerExtras, replay_layer, row_blocks
+from biasviz.summaries.reducers import build, results
+from biasviz.summaries.replay import DiffersPartWay, LayerExtras, feed_again, replay_layer, row_blocks
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells, check_one_mask
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
@@ -99,6 +100,13 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                            measures=measures,
                            show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
             if fused is not None:
+                if measures and fused.measures is not None:  # the statistics the kernels do not implement
+                    reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True, device=dev)
+                    with torch.inference_mode():
+                        feed_again(lambda at, a, r0, r1, b: adapter.rows_again(at, bank, a, r0, r1, b), layer,
+                                   reducers, samples=n, seq_len=seq_len, heads=heads, device=dev,
+                                   mask=None if cells is not None else attended)  # fmt: skip
+                    fused.measures.update(results(reducers))
                 extras[layer] = fused
                 bank.drop(layer)
                 continue
@@ -107,7 +115,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                                   block=block, device=dev, positional=positional, measures=measures)  # fmt: skip
             count = len(list(row_blocks(seq_len, heads, dev, varying[layer], by_sample=cells is not None)))
 
-            def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> Formed:
+            def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
                 return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
 
             for again in (False, True):  # again: a declared bias measured to differ, read at the layer's end
@@ -151,7 +159,8 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                 key_profile=key_profile,
                 sink_share=sink_share,
                 attended=shares,
-                measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency},
+                measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency,
+                                                               **results(extra.reducers)},
                 note=None if cells is None else BY_SAMPLE_NOTE,
             )
     finally:
@@ -196,6 +205,8 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
     if measures:  # docs/position-measures.md
         extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
                                         device=device, attended=shared)  # fmt: skip
+        extra.reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True, device=device)
+        extra.mask = shared
         extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
                                              device=device, attended=shared)  # fmt: skip
         extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,

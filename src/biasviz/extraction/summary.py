@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.adapters.base import ModelAdapter
+from biasviz.adapters.base import ModelAdapter, RowBlock
 from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, placed, without_autocast
 from biasviz.common.errors import BiasvizError, MasksDifferBySample, check_interrupted
 from biasviz.common.memory import check_summary_memory
@@ -56,9 +56,6 @@ from biasviz.summaries.position import PositionSummary
 from biasviz.summaries.sample_blocks import map_errors
 from biasviz.summaries.streamed_position import StreamedPosition
 from biasviz.summaries.toeplitz import distance_values, toeplitz_summary
-
-Sink = Callable[[int, str, int, torch.Tensor], None]  # (layer, "bias" | "weights", first query row, block)
-
 
 MAX_RESOLUTION = 2**31 - 1  # R above T is the exact map as R = T is; beyond this it is only a number to refuse
 
@@ -210,16 +207,17 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     first = [0]  # the batch under way's first sample
     masks: dict[int, Any] = {}  # per layer: its own mask, None where causal or every cell, or BY_SAMPLE
 
-    def sink(layer: int, kind: str, row0: int, tensor: torch.Tensor) -> None:
+    def sink(block: RowBlock) -> None:
+        layer, block.first = block.layer, first[0]  # the adapter knows the batch, not where it starts
         with without_autocast():  # called from inside the model's forward
-            if kind == "attended":
-                attend(adapter, layer, tensor, masks, parts, position, first[0], merged)
-                return
-            part = parts.get((kind, layer))
-            if part is not None:
-                part.add(row0, tensor)
+            if block.attended is not None:  # first, the cells the call attended to
+                attend(adapter, layer, block.attended, masks, parts, position, first[0], merged)
+            for kind in ("bias", "weights", "scores"):
+                part, values = parts.get((kind, layer)), block.of(kind)
+                if part is not None and values is not None:
+                    part.add(block.r0, values)
             if layer in position:
-                position[layer].add(kind, first[0], row0, tensor)
+                position[layer].add_block(block)
 
     want_bias = any(kind == "bias" for kind, _ in parts)
     want_scores = any(kind == "scores" for kind, _ in parts)

@@ -36,13 +36,16 @@ DIAGNOSTIC_DTYPE = np.dtype([(name, np.float64) for name in DIAGNOSTIC_FIELDS])
 @dataclass(frozen=True)
 class DatasetRow:
     """One dataset of a summary layer: its name, dimensions (a sweep adds ``checkpoint`` in front), and checks.
-    ``broadcast``: dimensions a file may hold once for all (length 1), as docs/hdf5.md allows ``attended``."""
+    ``broadcast``: dimensions a file may hold once for all (length 1), as docs/hdf5.md allows ``attended``.
+    ``reducer``: ``"module:Class"``, the :class:`~biasviz.summaries.reducers.Reducer` that computes the row from the
+    layer's row blocks, where one does (the others are computed by the summary's own passes)."""
 
     name: str
     dims: tuple[str, ...]
     check: str  # "share", "entropy", "value", "std", "se", "norm", "sinks", "diagnostics": see :func:`bounds`
     doc: str
     broadcast: tuple[str, ...] = ()
+    reducer: str = ""
 
     @property
     def compound(self) -> bool:

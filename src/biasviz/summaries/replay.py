@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from biasviz.adapters.base import Formed
+from biasviz.adapters.rows import RowBlock
 from biasviz.common.errors import check_interrupted
 from biasviz.common.shapes import gpu_shaped, step_cells
 from biasviz.model.attention import query_blocks
-from biasviz.summaries.attended import BlockRows
+from biasviz.summaries.attended import Attended, BlockRows
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import CountedSums, ShiftedSums
 from biasviz.summaries.position import KeyProfile, Positional
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
+from biasviz.summaries.reducers import Reducer
 from biasviz.summaries.sample_blocks import SampleBlocks
 from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.scratch import Scratch
@@ -52,7 +53,7 @@ CELL_BYTES, VARYING_BIAS_BYTES = 72, 28
 SAMPLE_CELL_BYTES = 40  # samples masked differently: float64 counted sums (CountedSums) and their temporaries
 
 
-Former = Callable[[int, int, int, int, bool], Formed]  # (layer, sample, r0, r1, want_bias)
+Former = Callable[[int, int, int, int, bool], RowBlock]  # (layer, sample, r0, r1, want_bias)
 
 
 class DiffersPartWay(Exception):
@@ -72,10 +73,14 @@ class LayerExtras:
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
     # kind -> each sample's block means (the maps' SE); "positional": P's with each sample left out (its jackknife)
     blocks: dict[str, SampleBlocks] = field(default_factory=dict)
-    # samples masked differently: each sample's own cells count for it (its rows bring them, Formed.attended)
+    # samples masked differently: each sample's own cells count for it (its rows bring them, RowBlock.attended)
     by_sample: bool = False
     # a bias that differs by sample: each one's sums by distance, for its delete-one P (P's profile SE)
     bias_distance: BiasByDistance | None = None
+    # the statistics the table of datasets names a reducer for, fed every sample's row block as it is formed, and
+    # the call's one mask (where not causal) that each block then carries to them
+    reducers: list[Reducer] = field(default_factory=list)
+    mask: Attended | None = None
 
     def own_cells(self, attended: torch.Tensor, r0: int) -> None:
         """One sample's attended cells (1, 1, rows, r1) of the block of rows ``r0 ..``, for what counts them."""
@@ -98,7 +103,34 @@ class LayerExtras:
             part.discard()
 
     def _per_sample(self) -> list:
-        return [*([] if self.measures is None else [self.measures]), *self.profiles.values(), *self.blocks.values()]
+        return [*([] if self.measures is None else [self.measures]), *self.profiles.values(), *self.blocks.values(),
+                *self.reducers]
+
+    def reduce(self, block: RowBlock) -> None:
+        """One sample's rows to every reducer, with the cells they attend."""
+        feed(self.reducers, block, self.mask)
+
+
+def feed(reducers: list[Reducer], block: RowBlock, mask: Attended | None) -> None:
+    """``block`` to each of ``reducers``, with the call's one mask (``mask``) where it brings no cells of its own."""
+    if not reducers:
+        return
+    if block.attended is None and mask is not None:
+        block.attended = mask.rows(block.r0, block.r1, block.keys)[None]
+    for reducer in reducers:
+        reducer.add(block)
+
+
+def feed_again(form: Former, layer: int, reducers: list[Reducer], *, samples: int, seq_len: int, heads: int,
+               device: torch.device, mask: Attended | None) -> None:  # fmt: skip
+    """Every sample's rows of ``layer`` formed again (no bias) for ``reducers`` alone: what the fused kernels, which
+    summarised the layer, do not implement."""
+    if not reducers:
+        return
+    for r0, r1 in row_blocks(seq_len, heads, device, False):
+        for a in range(samples):
+            feed(reducers, form(layer, a, r0, r1, False), mask)
+            check_interrupted()
 
 
 def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool,
@@ -197,6 +229,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
             if extras.measures is not None:
                 extras.measures.add(a, r0, got.weights)
+            extras.reduce(got)
             pooled = {}  # each kind's block sums, where formed: P's jackknife takes them up
             for kind, values in (("weights", got.weights), ("scores", got.scores), ("bias", got.bias)):
                 if values is not None and (kind != "bias" or varying):

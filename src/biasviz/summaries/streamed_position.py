@@ -18,11 +18,13 @@ from __future__ import annotations
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
+from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
 from biasviz.summaries.attended import Attended, block_sums, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_errors import StreamedJackknife
+from biasviz.summaries.reducers import build, results
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.sample_profiles import SampleProfiles
@@ -54,6 +56,10 @@ class StreamedPosition:
         self.measures = self._measures(None) if measures else None
         self.frequency = FrequencyUse(rotary, len(self.sinks)) if measures and rotary is not None else None
         self._measured = measures
+        # the statistics the table of datasets names a reducer for, fed each block as it streams (this process's
+        # samples: joined in rank order under torchrun)
+        self.reducers = build(samples=len(self.sinks), heads=heads, seq_len=seq_len, block=block, causal=causal,
+                              device=device) if measures else []  # fmt: skip
         self.profiles = self._profiles(None)
         self._scale = 1.0  # the call's c, by which the stream multiplied k
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
@@ -148,12 +154,22 @@ class StreamedPosition:
 
     _pending: torch.Tensor | None = None  # a batch's q, until its k comes
 
+    def add_block(self, block: RowBlock) -> None:
+        """Every quantity of a :class:`RowBlock` of the batch under way, the call's scale before its q and k."""
+        for kind in ("bias", "weights", "scores"):
+            values = block.of(kind)
+            if values is not None:
+                self.add(kind, block.first, block.r0, values)
+        for reducer in self.reducers:
+            reducer.add(block)
+        if block.q is not None and block.k is not None and block.scale is not None:
+            self._scale = float(block.scale)
+            self.add("q", block.first, 0, block.q)
+            self.add("k", block.first, 0, block.k)
+
     def add(self, kind: str, first: int, row0: int, block: torch.Tensor) -> None:
         """Rows ``row0 ..`` of samples ``first ..`` of one kind ("scores", "bias", "weights"): (B or 1, H, rows, K),
         masked cells NaN (0 in the weights); a bias of one sample for the whole batch counts for each."""
-        if kind == "scale":  # before q and k
-            self._scale = float(block)
-            return
         if kind in ("q", "k"):  # the call's q, then its k already multiplied by the call's scale
             if kind == "q":
                 self._pending = block
@@ -212,6 +228,7 @@ class StreamedPosition:
         if self.frequency is not None and self.frequency.per_sample is not None:
             sums["frequency"] = self.frequency.per_sample
         sums.update({f"profile.{kind}": p.sums for kind, p in self.profiles.items()})
+        sums.update({f"reducer.{i}.{name}": t for i, r in enumerate(self.reducers) for name, t in r.state().items()})
         return {name: None if t is None else t.cpu() for name, t in sums.items()}
 
     def join(self, states: list[dict[str, torch.Tensor | None]]) -> None:
@@ -232,6 +249,9 @@ class StreamedPosition:
                                 for s in states])  # fmt: skip
         for kind, p in self.profiles.items():  # per-sample sums one after another; the mask's counts are the same
             p.sums = torch.cat([s[f"profile.{kind}"] for s in states]).to(self.device)
+        for i, reducer in enumerate(self.reducers):
+            own = f"reducer.{i}."
+            reducer.join([{k.removeprefix(own): v for k, v in s.items() if k.startswith(own)} for s in states])
         if self.frequency is not None:
             self.frequency.samples = self.samples
             self.frequency.per_sample = torch.cat([s["frequency"] for s in states]).to(self.device)
@@ -272,7 +292,7 @@ class StreamedPosition:
         rotates."""
         if self.measures is None:
             return None
-        arrays = {**self.measures.result().arrays, **block_errors(self.blocks)}
+        arrays = {**self.measures.result().arrays, **block_errors(self.blocks), **results(self.reducers)}
         arrays.update({f"{kind}_profile_se": se.float().cpu().numpy() for kind, p in self.profiles.items()
                        if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:

@@ -1,0 +1,86 @@
+"""Statistics over samples as reducers: :class:`~biasviz.adapters.rows.RowBlock` s in, ``{dataset name: array}`` out.
+
+A reducer is named by the rows of the table of datasets (:data:`biasviz.store.datasets.ROWS`, the column
+``reducer``): the table says what the file holds, and the class it names computes it. Every way a summary forms a
+layer's rows feeds the same instances: rows formed again from the bank one sample at a time, blocks streamed from a
+model's hooks a batch at a time, and, beside the fused kernels, rows formed again for the reducers the kernels do not
+implement. So a new statistic is its computation (a :class:`Reducer`) plus one table row; the writer, reader,
+validator, joiner and views already read every row of the table.
+
+A reducer keeps per-sample sums (a leading sample axis, float64), so that torchrun's processes join by laying their
+samples one after another, a block formed again after a bias was measured to differ counts once
+(:class:`~biasviz.summaries.pending.Pending`), and a standard error over samples is at hand
+(:func:`~biasviz.summaries.sample_profiles.sample_stats`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from biasviz.adapters.rows import RowBlock
+from biasviz.store.datasets import ROWS, DatasetRow
+from biasviz.summaries.pending import Pending
+
+
+class Reducer(Pending):
+    """One layer's statistic over samples. Subclasses set :attr:`rows` (the dataset names :meth:`result` gives) and
+    implement :meth:`add` and :meth:`result`, keeping what they sum in :attr:`sums` (N, ...) float64 and adding to it
+    with :meth:`Pending._put`, so that held additions wait."""
+
+    rows: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, samples: int, heads: int, seq_len: int, block: int, causal: bool,
+                 device: torch.device) -> None:  # fmt: skip
+        self.samples, self.heads, self.seq_len, self.block = samples, heads, seq_len, block
+        self.causal, self.device = causal, device
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def zeros(self, name: str, *shape: int) -> torch.Tensor:
+        """A per-sample sum (N, *shape) float64 on the device, kept under ``name``."""
+        self.sums[name] = torch.zeros(self.samples, *shape, dtype=torch.float64, device=self.device)
+        return self.sums[name]
+
+    def add(self, block: RowBlock) -> None:
+        """Take one block: every sample's rows come exactly once, in any order."""
+        raise NotImplementedError
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The arrays the file stores, by dataset name (a name of :attr:`rows`, or its standard error's)."""
+        raise NotImplementedError
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """This process's per-sample sums, on the CPU (torchrun: joined on process 0 by :meth:`join`)."""
+        return {name: t.cpu() for name, t in self.sums.items()}
+
+    def join(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """Every process's :meth:`state` in rank order (the order of the samples): their samples one after another."""
+        self.sums = {name: torch.cat([s[name] for s in states]).to(self.device) for name in self.sums}
+        self.samples = len(next(iter(self.sums.values()))) if self.sums else self.samples
+
+
+def reducer_classes(rows: dict[str, DatasetRow] | None = None) -> list[type[Reducer]]:
+    """The reducers the table names (each once, in the table's order), imported only now."""
+    seen: dict[str, type[Reducer]] = {}
+    for row in (ROWS if rows is None else rows).values():
+        if row.reducer and row.reducer not in seen:
+            module, _, name = row.reducer.partition(":")
+            seen[row.reducer] = getattr(importlib.import_module(module), name)
+    return list(seen.values())
+
+
+def build(*, samples: int, heads: int, seq_len: int, block: int, causal: bool, device: torch.device) -> list[Reducer]:
+    """One instance of every reducer the table names, for one layer."""
+    return [cls(samples=samples, heads=heads, seq_len=seq_len, block=block, causal=causal, device=device)
+            for cls in reducer_classes()]  # fmt: skip
+
+
+def results(reducers: list[Reducer]) -> dict[str, np.ndarray]:
+    """Every reducer's arrays, by dataset name."""
+    out: dict[str, np.ndarray] = {}
+    for reducer in reducers:
+        out.update(reducer.result())
+    return out
