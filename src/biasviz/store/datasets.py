@@ -109,6 +109,7 @@ LAYER_ROWS: tuple[DatasetRow, ...] = (
 SUMMARY_MAPS = (*(row.name for row in KIND_MAPS), POSITIONAL_MEAN)  # what the reader's read_map reads
 PROFILES = tuple(profile_name(kind) for kind in KINDS)
 # docs/position-measures.md, the measures over the weights (stat = mean, std over samples)
+ATTENTION_DISTANCE = "attention_distance"
 MEASURES: tuple[DatasetRow, ...] = (
     DatasetRow("band_mass", ("stat", "head", "distance_bin"), "share",
                "weight a query puts on the keys at each distance bin"),
@@ -116,6 +117,9 @@ MEASURES: tuple[DatasetRow, ...] = (
                "weight on each tenth of the keys a query sees"),
     DatasetRow("weights_entropy", ("stat", "head", "query_block"), "entropy",
                "entropy (nats) of each query's weights, block-averaged"),
+    DatasetRow(ATTENTION_DISTANCE, ("stat", "head"), "norm",
+               "mean over the queries of Σ_j w(i, j)·|i - j|: how far a head looks",
+               reducer="biasviz.summaries.attention_distance:AttentionDistance"),
     DatasetRow("sink_keys", ("sample", "head", "rank"), "sinks",
                "per sample and head, the keys with the highest mean received weight, among the keys seen by at "
                "least sink_min_queries of the sample's queries"),

@@ -1,0 +1,51 @@
+"""docs/position-measures.md's mean attention distance: how far back (or away) a head looks, one number per head.
+
+For a sample, a head and a query i that attends some key, Σ_j w(i, j)·|i − j| over the keys it attends; averaged over
+those queries, then over samples (mean and std, and the standard error from 3 samples on). The measure of Dosovitskiy
+et al. 2021 (ViT, "mean attention distance"), in positions rather than pixels: a local head stays near 0, a head that
+reads the whole context near T/2 or beyond, a sink head near i.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from biasviz.adapters.rows import RowBlock
+from biasviz.store.datasets import ATTENTION_DISTANCE, se_name
+from biasviz.summaries.reducers import Reducer
+from biasviz.summaries.sample_profiles import sample_stats
+
+
+class AttentionDistance(Reducer):
+    """Per sample and head: Σ over queries of the weighted distance to the keys, and the queries that attend a key."""
+
+    rows = (ATTENTION_DISTANCE,)
+
+    def __init__(self, **sizes: Any) -> None:
+        super().__init__(**sizes)
+        self.zeros("distance", self.heads)
+        self.zeros("queries", self.heads)
+
+    def add(self, block: RowBlock) -> None:
+        w = block.weights  # (S, H, rows, K), 0 where a query does not look
+        i = torch.arange(block.r0, block.r1, device=w.device)[:, None]
+        d = (i - torch.arange(block.keys, device=w.device)[None, :]).abs().to(w.dtype)  # (rows, K), exact to 2^24
+        at = (slice(block.first, block.first + block.samples),)
+        self._put(self.sums["distance"], at, (w * d).sum(-1).sum(-1, dtype=torch.float64))
+        if block.attended is None:  # causal, or every key: each query attends one at least
+            looks = torch.full((1, 1), float(block.r1 - block.r0), dtype=torch.float64, device=w.device)
+        else:
+            looks = block.attended.any(-1).sum(-1, dtype=torch.float64)  # (1 or S, 1 or H)
+        self._put(self.sums["queries"], at, looks.expand(block.samples, self.heads))
+
+    def result(self) -> dict[str, np.ndarray]:
+        distance, queries = self.sums["distance"], self.sums["queries"]
+        per_sample = torch.where(queries > 0, distance / queries.clamp(min=1), float("nan"))  # (N, H)
+        stats, se = sample_stats(per_sample)
+        out = {ATTENTION_DISTANCE: stats.float().cpu().numpy()}
+        if se is not None:
+            out[se_name(ATTENTION_DISTANCE)] = se.float().cpu().numpy()
+        return out
