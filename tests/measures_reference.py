@@ -11,8 +11,8 @@ from biasviz.store.datasets import SEGMENTS, distance_bins
 
 def reference(w: np.ndarray, mask: np.ndarray, block: int) -> dict[str, np.ndarray]:
     """Per sample, from weights (N, H, T, T) and the attended cells (H or 1, T, T): band mass, context mass, entropy
-    block means and the mean received weight per key, by docs/position-measures.md's definitions, one query at a
-    time."""
+    block means, the mean received weight per key and the mean attention distance, by docs/position-measures.md's
+    definitions, one query at a time."""
     n, h, t, _ = w.shape
     bins = distance_bins(t)
     m = np.broadcast_to(mask, (h, t, t))
@@ -21,8 +21,13 @@ def reference(w: np.ndarray, mask: np.ndarray, block: int) -> dict[str, np.ndarr
     nqb = -(-t // block)
     entropy = np.full((n, h, nqb), np.nan)
     received = np.full((n, h, t), np.nan)
+    distance = np.full((n, h), np.nan)
     for a in range(n):
         for hh in range(h):
+            looked = [sum(w[a, hh, i, j] * abs(i - j) for j in range(t) if m[hh, i, j]) for i in range(t)
+                      if m[hh, i].any()]  # fmt: skip
+            if looked:
+                distance[a, hh] = np.mean(looked)
             for b, (lo, hi) in enumerate(bins):
                 vals = []
                 for i in range(t):
@@ -52,7 +57,7 @@ def reference(w: np.ndarray, mask: np.ndarray, block: int) -> dict[str, np.ndarr
                     received[a, hh, j] = np.mean([w[a, hh, i, j] for i in qs])
     seen = m.sum(1).astype(np.int64)  # (H, T): the queries that see each key
     return {"band_mass": band, "context_mass": context, "weights_entropy": entropy, "received": received,
-            "seen": seen}
+            "seen": seen, "attention_distance": distance}
 
 
 def sink_ranking(received: np.ndarray, seen: np.ndarray, ranks: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -87,7 +87,7 @@ def padded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return {"stored": stored, "note": note, "expected": reference(call, 1), "kept": kept, "call": call}
 
 
-@pytest.mark.parametrize("name", [*NAMES, "band_mass", "context_mass", "weights_entropy"])
+@pytest.mark.parametrize("name", [*NAMES, "band_mass", "context_mass", "weights_entropy", "attention_distance"])
 def test_padded_rows_and_keys_count_in_nothing(padded: dict[str, Any], name: str) -> None:
     got, want = padded["stored"][name], padded["expected"][name]
     assert np.array_equal(np.isnan(got), np.isnan(want)), name

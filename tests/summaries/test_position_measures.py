@@ -75,7 +75,7 @@ def check_file(path: Path, layer: int, w: np.ndarray, mask: np.ndarray, scores: 
                                    atol=1e-6, equal_nan=True)  # fmt: skip
     ref = reference(w, mask, block)
     n = w.shape[0]
-    for name in ("band_mass", "context_mass", "weights_entropy"):
+    for name in ("band_mass", "context_mass", "weights_entropy", "attention_distance"):
         x = ref[name]
         got = f.summary_array(name, layer)
         np.testing.assert_allclose(got[0], x.mean(0), rtol=2e-5, atol=2e-6, err_msg=name)

@@ -109,7 +109,7 @@ def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
     # section 14: each sample's measures over its own cells (the reference of one mask, sample by sample), then the
     # mean, spread and SE over the samples that have a value
     per_sample = [measures_reference(w[a : a + 1], kept[a], block) for a in range(len(w))]
-    for name in ("band_mass", "context_mass", "weights_entropy", "received"):
+    for name in ("band_mass", "context_mass", "weights_entropy", "received", "attention_distance"):
         x = np.concatenate([one[name] for one in per_sample])
         out[name], out[f"{name}_se"] = over_samples(x)
         out[f"{name}_each"] = x
@@ -272,7 +272,7 @@ def test_the_bias_and_its_diagnostics(summarised: dict[str, Any]) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["band_mass", "context_mass", "weights_entropy"])
+@pytest.mark.parametrize("name", ["band_mass", "context_mass", "weights_entropy", "attention_distance"])
 def test_section_14_measures_are_over_each_sample_s_own_cells(summarised: dict[str, Any], name: str) -> None:
     """Band and context mass (the keys each query sees in its own sample: within its document) and entropy, with
     spread and SE over the samples that have a value."""
