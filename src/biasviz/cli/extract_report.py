@@ -59,16 +59,19 @@ def summarised(path: Path, layer: int, scheme: str) -> str:
     """What a summary file holds, as read back from it: bias, weights, scores, positional logits."""
     import h5py
 
+    from biasviz.store.datasets import BAND_MASS, FREQUENCY_USE, POSITIONAL_FREQUENCY, POSITIONAL_MEAN, map_name
+
     with h5py.File(path, "r") as f:
         names = set(f[f"layer_{layer}"])
-    held = [label for label, key in (("bias", "bias_mean"), ("weights", "weights_mean"), ("scores", "scores_mean"),
-                                     ("positional logits", "positional_mean"), ("position measures", "band_mass"),
-                                     ("rotary frequencies", "frequency_use")) if key in names]  # fmt: skip
-    if "band_mass" in names and "frequency_use" not in names:
+    held = [label for label, key in (("bias", map_name("bias")), ("weights", map_name("weights")),
+                                     ("scores", map_name("scores")), ("positional logits", POSITIONAL_MEAN),
+                                     ("position measures", BAND_MASS), ("rotary frequencies", FREQUENCY_USE))
+            if key in names]  # fmt: skip
+    if BAND_MASS in names and FREQUENCY_USE not in names:
         click.echo("note: no rotary frequency measures (docs/position-measures.md): no rotary module was found in "
                    "the model", err=True)  # fmt: skip
-    elif "frequency_use" in names and "positional_frequency" not in names:
-        click.echo("note: no positional_frequency: it needs two samples, the model's rows formed again and a mask "
+    elif FREQUENCY_USE in names and POSITIONAL_FREQUENCY not in names:
+        click.echo(f"note: no {POSITIONAL_FREQUENCY}: it needs two samples, the model's rows formed again and a mask "
                    "that is a rule of distance", err=True)  # fmt: skip
     return listed(held, scheme, "bias" in held)
 

@@ -297,14 +297,16 @@ class _PlotJob:
         from biasviz.plotting.load import load_heads, load_summary_heads
         from biasviz.plotting.profiles import blocks_note, samples_phrase
         from biasviz.plotting.titles import file_title, samples_text, scheme_title, which_sample
+        from biasviz.store.datasets import map_name
 
         normalize = self.normalize if kind == "bias" else "none"
         cells = self.max_cells or panel_cells(self.style, dpi, bf.n_heads)
-        panel_kind, stem = (f"{kind}_std", f"{self.scheme}_{kind}_std") if std else (kind, f"{self.scheme}_{kind}")
+        panel_kind = map_name(kind, "std") if std else kind
+        stem = f"{self.scheme}_{kind}_std" if std else f"{self.scheme}_{kind}"
         which = f"per-cell standard deviation over {samples_phrase(bf)}" if std else None  # None: the mean
         details: list[str | None] = []
         if bf.is_summary:
-            heads = load_summary_heads(bf, f"{kind}_{'std' if std else 'mean'}", layer=layer, normalize=normalize,
+            heads = load_summary_heads(bf, map_name(kind, "std" if std else "mean"), layer=layer, normalize=normalize,
                                        reduce=self.reduce_how, max_cells=cells)  # fmt: skip
             details.append(blocks_note(bf, "std" if std else "mean"))
         else:
@@ -349,6 +351,7 @@ class _PlotJob:
         from biasviz.plotting.diagnostics_plots import PALETTE, profile_grid
         from biasviz.plotting.profiles import YLABELS, as_heads, file_profiles, profile_note
         from biasviz.plotting.titles import file_title, samples_text, scheme_title
+        from biasviz.store.datasets import profile_name
 
         normalize = self.normalize if kind == "bias" else "none"
         profiles = file_profiles(bf, kind, layer, normalize)
@@ -360,7 +363,7 @@ class _PlotJob:
                            nonnegative=kind == "weights")  # fmt: skip
         info = {"title": f"{self.scheme} {kind} against distance (layer {layer})", "source": display_name(self.path),
                 "description": f"{over} (population std); normalize {normalize}; source: {self.path}",
-                "keywords": f"biasviz; scheme={self.scheme}; kind={kind}_profile; layer={layer}"}  # fmt: skip
+                "keywords": f"biasviz; scheme={self.scheme}; kind={profile_name(kind)}; layer={layer}"}  # fmt: skip
         which = samples_text(bf.n_samples, bias_only=bf.bias_only)
         caption = Caption(self.scheme, PROFILE_QUANTITIES[kind], layer, which)
         return self._save(fig, out_dir / f"{self.scheme}_{kind}_profile", formats, caption.latex(bf), dpi=dpi,

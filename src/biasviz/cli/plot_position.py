@@ -110,14 +110,14 @@ def _save_kind(job: _PlotJob, bf: BiasFile, kind: str, layer: int, fig: Figure, 
 def summary_profiles(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
                      dpi: int) -> list[Path]:  # fmt: skip
     """What ``--kind profile`` adds on a summary that holds it: P(d) beside b(d), and the entropy of the weights."""
-    from biasviz.store.datasets import POSITIONAL_PROFILE
+    from biasviz.store.datasets import POSITIONAL_PROFILE, WEIGHTS_ENTROPY
 
     written: list[Path] = []
     if bf.summary is None:
         return written
     if bf.summary.holds(layer, POSITIONAL_PROFILE):
         written += _positional_profile(job, bf, layer, out_dir, formats, dpi)
-    if bf.summary.holds(layer, "weights_entropy"):
+    if bf.summary.holds(layer, WEIGHTS_ENTROPY):
         written += _entropy(job, bf, layer, out_dir, formats, dpi)
     return written
 
@@ -127,6 +127,7 @@ def _positional_profile(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, 
     from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption
     from biasviz.plotting.positional import positional_profile_figure
     from biasviz.plotting.titles import samples_text, scheme_title
+    from biasviz.store.datasets import POSITIONAL_PROFILE
 
     fig = positional_profile_figure(bf, layer, scheme=scheme_title(job.scheme), style=job.style,
                                     log_distance=job.log_distance)
@@ -134,7 +135,7 @@ def _positional_profile(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, 
             "source": display_name(job.path),
             "description": f"P(d) over all keys and over keys j >= 4, and b(d); {bf.n_samples} samples; "
                            f"source: {job.path}",
-            "keywords": f"biasviz; scheme={job.scheme}; kind=positional_profile; layer={layer}"}  # fmt: skip
+            "keywords": f"biasviz; scheme={job.scheme}; kind={POSITIONAL_PROFILE}; layer={layer}"}  # fmt: skip
     caption = Caption(job.scheme, PROFILE_QUANTITIES["positional"], layer, samples_text(bf.n_samples))
     return job._save(fig, out_dir / f"{job.scheme}_positional_profile", formats, caption.latex(bf), dpi=dpi,
                      info=info, style=job.style, staged=job.staged)  # fmt: skip

@@ -12,7 +12,16 @@ from typing import Any
 import numpy as np
 
 from biasviz.diagnostics.measures import HeadDiagnostics
-from biasviz.store.datasets import KEY_PROFILE, POSITIONAL_DIAGNOSTICS, POSITIONAL_PROFILE, SINK_SHARE
+from biasviz.store.datasets import (
+    DISTANCE_BINS,
+    KEY_PROFILE,
+    POSITIONAL_DIAGNOSTICS,
+    POSITIONAL_PROFILE,
+    SINK_KEYS,
+    SINK_KEYS_OF_MEAN,
+    SINK_SHARE,
+    se_name,
+)
 
 SINK_EPSILON = 0.3  # Gu et al. 2025: a head whose first key takes more than this share of the weight is a sink
 
@@ -79,20 +88,20 @@ def _sink_keys(bias_file: Any, summary: Any, layer: int) -> dict[str, Any]:
     among the keys seen by enough queries: docs/position-measures.md, 'Sink keys'), and the heads with a secondary
     sink: a top key other than key 0 that holds at least epsilon of the weight, from the mean and in each sample."""
     out: dict[str, Any] = {}
-    if summary.holds(layer, "sink_share_se"):
-        out["share_se_per_head"] = _listed(bias_file.summary_array("sink_share_se", layer))
-    least = summary.sink_min_queries(layer) if summary.holds(layer, "sink_keys") else None
-    if least is None or not summary.holds(layer, "sink_keys_of_mean"):
+    if summary.holds(layer, se_name(SINK_SHARE)):
+        out["share_se_per_head"] = _listed(bias_file.summary_array(se_name(SINK_SHARE), layer))
+    least = summary.sink_min_queries(layer) if summary.holds(layer, SINK_KEYS) else None
+    if least is None or not summary.holds(layer, SINK_KEYS_OF_MEAN):
         out["note"] = ("the file ranks its sink keys over every key, the last ones too (seen by a few queries "
                        "that attend locally): extract it again to rank them and list secondary sinks")  # fmt: skip
         return out
     values = np.unique(least)
     out["sink_min_queries"] = int(values[0]) if len(values) == 1 else [[int(x) for x in row] for row in least]
-    top = bias_file.summary_array("sink_keys_of_mean", layer)  # (H, rank) records, highest first
+    top = bias_file.summary_array(SINK_KEYS_OF_MEAN, layer)  # (H, rank) records, highest first
     out["top_keys_per_head"] = [[{"key": int(r["index"]), "share": _value(float(r["share"]))} for r in row
                                  if r["index"] >= 0] for row in top]  # fmt: skip
     out["secondary_sink_heads"] = [h for h in range(len(top)) if _secondary(top[h, 0])]  # indices from 0
-    each = bias_file.summary_array("sink_keys", layer)[..., 0]  # (N, H): each sample's top key
+    each = bias_file.summary_array(SINK_KEYS, layer)[..., 0]  # (N, H): each sample's top key
     secondary = (each["index"] > 0) & (np.nan_to_num(each["share"].astype(np.float64)) >= SINK_EPSILON)
     out["samples_with_secondary_sink_per_head"] = [float(x) for x in secondary.mean(0)]
     return out
@@ -123,12 +132,12 @@ def stored_measures(bias_file: Any, layer: int) -> dict[str, Any] | None:
             doc = {"axis": row.dims[-1], "q": _listed(values[0]), "k": _listed(values[1])}
         else:  # positional_frequency: (head, pair, distance_bin)
             doc = {"axes": list(row.dims[1:]), "mean": _listed(values)}
-        if summary.holds(layer, f"{row.name}_se"):
-            doc["se"] = _listed(bias_file.summary_array(f"{row.name}_se", layer))
+        if summary.holds(layer, se_name(row.name)):
+            doc["se"] = _listed(bias_file.summary_array(se_name(row.name), layer))
         out[row.name] = doc
     if not out:
         return None
-    out["distance_bins"] = [[int(a), int(b)] for a, b in summary.distance_bins()]
+    out[DISTANCE_BINS] = [[int(a), int(b)] for a, b in summary.distance_bins()]
     if bias_file.n_samples < 3:
         out["note"] = "no standard errors: they need 3 samples or more"
     return out

@@ -13,6 +13,7 @@ import numpy as np
 
 from biasviz.explorer.encode import pack_bytes
 from biasviz.store import BiasFile
+from biasviz.store.datasets import BAND_MASS, CONTEXT_MASS, se_name
 
 
 def _packed(values: np.ndarray) -> str:
@@ -25,19 +26,19 @@ def layer_measures(f: BiasFile, layer: int, kind: str) -> list[dict[str, Any]] |
     if not f.is_summary or kind != "weights" or f.summary is None:
         return None
     resolved = f.resolve_layer(layer)
-    if not (f.summary.holds(resolved, "band_mass") and f.summary.holds(resolved, "context_mass")):
+    if not (f.summary.holds(resolved, BAND_MASS) and f.summary.holds(resolved, CONTEXT_MASS)):
         return None
     bins = f.summary.distance_bins()
     width = (bins[:, 1] - bins[:, 0] + 1).astype(np.float64)
     got = {}
-    for name, scale in (("band_mass", width), ("context_mass", 1.0)):
+    for name, scale in ((BAND_MASS, width), (CONTEXT_MASS, 1.0)):
         mean = f.summary_array(name, resolved)[0] / scale
-        se = f.summary_array(f"{name}_se", resolved) / scale if f.summary.holds(resolved, f"{name}_se") else None
+        se = f.summary_array(se_name(name), resolved) / scale if f.summary.holds(resolved, se_name(name)) else None
         got[name] = (mean, se)
     heads = []
     for h in range(f.n_heads):
         one = {}
-        for key, name in (("band", "band_mass"), ("context", "context_mass")):
+        for key, name in (("band", BAND_MASS), ("context", CONTEXT_MASS)):
             mean, se = got[name]
             one[key] = {"mean": _packed(mean[h]), "se": None if se is None else _packed(se[h])}
         heads.append(one)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from biasviz.common.atomic import Staged, write_new
 from biasviz.plotting.titles import layer_text, trained_note
 from biasviz.store import BiasFile
+from biasviz.store.datasets import map_name
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure, SubFigure
@@ -34,8 +35,8 @@ MOST_CHARS = 200
 QUANTITIES = {
     "bias": r"bias $b_h(i, j)$ (added to the scaled score $q_i \cdot k_j / \sqrt{d}$; logits)",
     "weights": r"attention weights $a_h(i, j)$ (post-softmax; each row sums to 1)",
-    "bias_std": r"per-cell standard deviation over samples of the bias $b_h(i, j)$ (logits)",
-    "weights_std": r"per-cell standard deviation over samples of the attention weights $a_h(i, j)$",
+    map_name("bias", "std"): r"per-cell standard deviation over samples of the bias $b_h(i, j)$ (logits)",
+    map_name("weights", "std"): r"per-cell standard deviation over samples of the attention weights $a_h(i, j)$",
     "positional": r"positional logits $P(i, j)$ relative to each head's $P$ at distance 0 (logits)",
 }
 

@@ -36,6 +36,7 @@ from biasviz.plotting.scales import (
 )
 from biasviz.plotting.style import font_sizes, paper_context, wrap_title
 from biasviz.store import causal_cells
+from biasviz.store.datasets import map_name
 
 N_COLS = 3
 #: Cells are drawn as they are, never filtered: a filter mixes neighbouring cells into colours that are not on
@@ -163,9 +164,10 @@ def _as_matrix(matrix: np.ndarray, causal: bool) -> np.ndarray:
 
 
 #: What a colorbar shows, by kind (plain text: mathtext labels cost time in every grid).
-COLORBAR_LABELS = {"bias": "bias b(i, j)", "weights": "attention weight", "bias_std": "bias: std over samples",
-                   "weights_std": "weight: std over samples", "positional": "P(i, j) − P(0)",
-                   "scores": "score s(i, j)", "scores_std": "score: std over samples"}  # fmt: skip
+COLORBAR_LABELS = {"bias": "bias b(i, j)", "weights": "attention weight",
+                   map_name("bias", "std"): "bias: std over samples",
+                   map_name("weights", "std"): "weight: std over samples", "positional": "P(i, j) − P(0)",
+                   "scores": "score s(i, j)", map_name("scores", "std"): "score: std over samples"}  # fmt: skip
 
 
 def colorbar_label(kind: str, log: bool = False) -> str:

@@ -32,7 +32,7 @@ from biasviz.plotting.save import parse_formats, save_figure
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
 from biasviz.plotting.titles import figure_title, layer_text, samples_text, scheme_name, trained_text
 from biasviz.store import open_bias_file
-from biasviz.store.datasets import DIRECT_DISTANCES, SEGMENTS
+from biasviz.store.datasets import BAND_MASS, CONTEXT_MASS, DIRECT_DISTANCES, FREQUENCY_USE, SEGMENTS, se_name
 from biasviz.store.reader import BiasFile
 
 #: Below this width (inches: a paper's column) the files are columns and the measures rows.
@@ -74,9 +74,9 @@ def measures_page(files: Sequence[BiasFile], *, train_len: int | None = None, st
         grid = fig.subplots(rows, cols, squeeze=False)
         cut: list[str] = []  # the models whose weights by distance run below the axis's floor
         for k, bf in enumerate(files):
-            layer = need_measure(bf, -1, "band_mass", "the weight by distance (band_mass)")
+            layer = need_measure(bf, -1, BAND_MASS, f"the weight by distance ({BAND_MASS})")
             axes = grid[:, k] if narrow else grid[k, :]
-            heads = chosen_heads(bf.summary_array("band_mass", layer)[0], bf.summary.distance_bins())
+            heads = chosen_heads(bf.summary_array(BAND_MASS, layer)[0], bf.summary.distance_bins())
             name = scheme_name(bf.scheme)  # plain: drawn through literal()
             _frequency(axes[0], bf, layer, heads, size["tick"])
             if _bands(axes[1], bf, layer, heads):
@@ -142,12 +142,12 @@ def _line(ax: Axes, x: np.ndarray, mean: np.ndarray, se: np.ndarray | None, colo
 
 
 def _se(bf: BiasFile, name: str, layer: int) -> np.ndarray | None:
-    return bf.summary_array(f"{name}_se", layer) if bf.summary.holds(layer, f"{name}_se") else None
+    return bf.summary_array(se_name(name), layer) if bf.summary.holds(layer, se_name(name)) else None
 
 
 def _frequency(ax: Axes, bf: BiasFile, layer: int, heads: list[int], tick: float) -> None:
     """q (solid) and k (dashed) norms of each rotary pair; a model that rotates nothing says so in the panel."""
-    if not bf.summary.holds(layer, "frequency_use"):
+    if not bf.summary.holds(layer, FREQUENCY_USE):
         ax.text(0.5, 0.5, "No rotary pairs:\nthis model rotates\nno q or k (its position\nis an additive bias)",
                 transform=ax.transAxes, ha="center", va="center", fontsize=tick, color="0.3")  # fmt: skip
         ax.set_xticks([])
@@ -155,7 +155,7 @@ def _frequency(ax: Axes, bf: BiasFile, layer: int, heads: list[int], tick: float
         for spine in ax.spines.values():
             spine.set_color("0.75")
         return
-    use, se = bf.summary_array("frequency_use", layer), _se(bf, "frequency_use", layer)
+    use, se = bf.summary_array(FREQUENCY_USE, layer), _se(bf, FREQUENCY_USE, layer)
     said = bf.summary.rotary_pairs(layer)
     pairs = use.shape[-1] if said is None else said[0]
     x = np.arange(pairs)
@@ -172,7 +172,7 @@ def _frequency(ax: Axes, bf: BiasFile, layer: int, heads: list[int], tick: float
 def _bands(ax: Axes, bf: BiasFile, layer: int, heads: list[int]) -> bool:
     """Weight per distance (each bin's weight over its width) on log-log axes, as ``plot --kind bands``; whether
     the axis stops above the smallest weight (at :data:`FLOOR` times the largest)."""
-    mean, se = bf.summary_array("band_mass", layer)[0], _se(bf, "band_mass", layer)
+    mean, se = bf.summary_array(BAND_MASS, layer)[0], _se(bf, BAND_MASS, layer)
     bins = bf.summary.distance_bins()
     width = (bins[:, 1] - bins[:, 0] + 1).astype(np.float64)
     x = bins.mean(axis=1) + 1
@@ -195,7 +195,7 @@ def _bands(ax: Axes, bf: BiasFile, layer: int, heads: list[int]) -> bool:
 
 def _context(ax: Axes, bf: BiasFile, layer: int, heads: list[int]) -> None:
     """Weight on each tenth of the keys a query sees, earliest first; dotted, a uniform head's 0.1."""
-    mean, se = bf.summary_array("context_mass", layer)[0], _se(bf, "context_mass", layer)
+    mean, se = bf.summary_array(CONTEXT_MASS, layer)[0], _se(bf, CONTEXT_MASS, layer)
     x = (np.arange(SEGMENTS) + 0.5) / SEGMENTS
     for role, h in zip(ROLES, heads, strict=False):
         _line(ax, x, mean[h], None if se is None else se[h], _colour(heads, h), f"head {h + 1}, {role[0]}")
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fig = measures_page(files, train_len=args.train_len, style=style)
         info = {"title": "Position as papers measure it: rotary frequency use, band mass, context mass",
                 "source": " ".join(map(str, args.files)),
-                "keywords": "biasviz; frequency_use; band_mass; context_mass; standard errors"}  # fmt: skip
+                "keywords": f"biasviz; {FREQUENCY_USE}; {BAND_MASS}; {CONTEXT_MASS}; standard errors"}  # fmt: skip
         with replacing_together(args.files) as staged:  # the figures and caption replaced together, or not at all
             written = save_figure(fig, args.out, parse_formats(args.format), style=style, info=info, staged=staged)
             if args.caption:

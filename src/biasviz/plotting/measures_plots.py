@@ -24,7 +24,16 @@ from biasviz.plotting.heatmap import figure_width_in, grid_shape
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, paper_context, wrap_title
 from biasviz.plotting.titles import file_title
 from biasviz.store import BiasFile
-from biasviz.store.datasets import ATTENDED, SEGMENTS
+from biasviz.store.datasets import (
+    ATTENDED,
+    BAND_MASS,
+    CONTEXT_MASS,
+    FREQUENCY_USE,
+    KEY_PROFILE,
+    SEGMENTS,
+    WEIGHTS_ENTROPY,
+    se_name,
+)
 from biasviz.store.format import block_starts
 
 Z95 = 1.959963984540054  # two-sided 95 % normal quantile
@@ -50,13 +59,13 @@ def need_measure(bf: BiasFile, layer: int, name: str, what: str) -> int:
 
 def _with_se(bf: BiasFile, name: str, layer: int) -> tuple[np.ndarray, np.ndarray | None]:
     mean = bf.summary_array(name, layer)[0]
-    se = bf.summary_array(f"{name}_se", layer) if bf.summary.holds(layer, f"{name}_se") else None
+    se = bf.summary_array(se_name(name), layer) if bf.summary.holds(layer, se_name(name)) else None
     return mean, se
 
 
 # each figure kind's profile -> the standard error drawn as its band
-_SE_OF = {"bands": "band_mass_se", "context": "context_mass_se", "frequency": "frequency_use_se",
-          "entropy": "weights_entropy_se", "sinks": "weights_key_profile_se"}  # fmt: skip
+_SE_OF = {"bands": se_name(BAND_MASS), "context": se_name(CONTEXT_MASS), "frequency": se_name(FREQUENCY_USE),
+          "entropy": se_name(WEIGHTS_ENTROPY), "sinks": se_name(KEY_PROFILE)}  # fmt: skip
 
 
 def se_note(bf: BiasFile, layer: int, kind: str) -> str:
@@ -73,8 +82,8 @@ def _band_note(bf: BiasFile, se: np.ndarray | None) -> str:
 
 def bands_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE) -> Figure:
     """Per head: the weight a query puts on each distance bin, mean over queries and samples, with its 95 % band."""
-    resolved = need_measure(bf, layer, "band_mass", "the weight by distance (band mass)")
-    mean, se = _with_se(bf, "band_mass", resolved)
+    resolved = need_measure(bf, layer, BAND_MASS, "the weight by distance (band mass)")
+    mean, se = _with_se(bf, BAND_MASS, resolved)
     bins = bf.summary.distance_bins()
     width = (bins[:, 1] - bins[:, 0] + 1).astype(np.float64)
     x = bins.mean(axis=1) + 1  # each bin's middle distance, + 1 so that distance 0 has a place on a log axis
@@ -88,8 +97,8 @@ def bands_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = D
 def context_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = DEFAULT_STYLE) -> Figure:
     """Per head: the weight on each tenth of the keys a query sees (earliest first), with its 95 % band: the
     U-shape of Liu et al. 2024 and Hsieh et al. 2024 where a head favours both ends."""
-    resolved = need_measure(bf, layer, "context_mass", "the weight by place in the context (context mass)")
-    mean, se = _with_se(bf, "context_mass", resolved)
+    resolved = need_measure(bf, layer, CONTEXT_MASS, "the weight by place in the context (context mass)")
+    mean, se = _with_se(bf, CONTEXT_MASS, resolved)
     x = (np.arange(SEGMENTS) + 0.5) / SEGMENTS
     title = file_title(bf, f"{scheme} attention weight by place in the context", resolved,
                        details=[f"queries that see {SEGMENTS} keys or more; dotted: uniform ({1 / SEGMENTS:g})",
@@ -104,14 +113,15 @@ def frequency_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None
     95 % bands, as Barbero et al.'s (ICLR 2025) frequency-usage figure; a partial rotary model's unrotated dims (one
     norm for all of them) drawn apart, right of a dotted line, with 95 % error bars."""
     resolved = bf.resolve_layer(layer)
-    if bf.summary is not None and not bf.bias_only and not bf.summary.holds(resolved, "frequency_use") \
-            and bf.summary.holds(resolved, "band_mass"):  # fmt: skip
-        raise BiasvizError(f"{bf.path} holds no frequency_use for layer {resolved}: rotary frequencies are measured "
+    if bf.summary is not None and not bf.bias_only and not bf.summary.holds(resolved, FREQUENCY_USE) \
+            and bf.summary.holds(resolved, BAND_MASS):  # fmt: skip
+        raise BiasvizError(f"{bf.path} holds no {FREQUENCY_USE} for layer {resolved}: rotary frequencies are measured "
                            f"where the attention call rotates q and k (RoPE), and biasviz found no rotary module in "
                            f"the {bf.scheme} model (ALiBi and other additive schemes rotate nothing)")  # fmt: skip
-    resolved = need_measure(bf, layer, "frequency_use", "the rotary frequencies' use (frequency_use)")
-    use = bf.summary_array("frequency_use", resolved)
-    se = bf.summary_array("frequency_use_se", resolved) if bf.summary.holds(resolved, "frequency_use_se") else None
+    resolved = need_measure(bf, layer, FREQUENCY_USE, f"the rotary frequencies' use ({FREQUENCY_USE})")
+    use = bf.summary_array(FREQUENCY_USE, resolved)
+    held = bf.summary.holds(resolved, se_name(FREQUENCY_USE))
+    se = bf.summary_array(se_name(FREQUENCY_USE), resolved) if held else None
     said = bf.summary.rotary_pairs(resolved)
     pairs = use.shape[-1] if said is None else said[0]
     details = ["q: solid, blue; k: dashed, orange", f"{pairs} rotary pairs" + ("" if said is None else f", {said[1]}"),
@@ -145,8 +155,8 @@ def entropy_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None =
     """Per head: the entropy (nats) of a query's weights, averaged over each block of queries and over samples,
     with its 95 % band, against the query's position; dotted, a head that spreads its weight evenly over the keys
     it sees (ln of their count: the most a query can have), where the file's mask says what that count is."""
-    resolved = need_measure(bf, layer, "weights_entropy", "the entropy of the weights (weights_entropy)")
-    mean, se = _with_se(bf, "weights_entropy", resolved)
+    resolved = need_measure(bf, layer, WEIGHTS_ENTROPY, f"the entropy of the weights ({WEIGHTS_ENTROPY})")
+    mean, se = _with_se(bf, WEIGHTS_ENTROPY, resolved)
     starts = block_starts(bf.seq_len, bf.block)
     ends = np.minimum(starts + bf.block, bf.seq_len)
     x = (starts + ends - 1) / 2

@@ -22,7 +22,14 @@ from biasviz.plotting.scales import ValueRange
 from biasviz.plotting.style import DEFAULT_STYLE
 from biasviz.plotting.titles import file_title
 from biasviz.store import BiasFile
-from biasviz.store.datasets import KEY_PROFILE, POSITIONAL_MEAN, POSITIONAL_PROFILE, SINK_SHARE, profile_name
+from biasviz.store.datasets import (
+    KEY_PROFILE,
+    POSITIONAL_MEAN,
+    POSITIONAL_PROFILE,
+    SINK_SHARE,
+    profile_name,
+    se_name,
+)
 
 
 def need_position(bf: BiasFile, layer: int, what: str, positional: bool = True) -> int:
@@ -85,8 +92,8 @@ def sinks_figure(bf: BiasFile, layer: int, *, scheme: str, style: str | None = D
     resolved = need_position(bf, layer, "the weights' key profile", positional=False)
     mean = bf.summary_array(KEY_PROFILE, resolved)[0][:, :keys]  # (H, keys)
     share = bf.summary_array(SINK_SHARE, resolved)  # (N, H)
-    se = (bf.summary_array("weights_key_profile_se", resolved)[:, :keys]
-          if bf.summary.holds(resolved, "weights_key_profile_se") else None)  # fmt: skip
+    se = (bf.summary_array(se_name(KEY_PROFILE), resolved)[:, :keys]
+          if bf.summary.holds(resolved, se_name(KEY_PROFILE)) else None)  # fmt: skip
     sink_mean = int((mean[:, 0] > SINK_EPSILON).sum())
     per_sample = float((share > SINK_EPSILON).mean())
     title = file_title(bf, f"{scheme} weight on the first keys", resolved,

@@ -27,7 +27,7 @@ from biasviz.plotting.positional import need_position
 from biasviz.plotting.scales import ValueRange, _decimals, format_colorbars, head_scales, tick_text
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
 from biasviz.plotting.titles import figure_title, samples_text, scheme_name
-from biasviz.store.datasets import POSITIONAL_MEAN, POSITIONAL_PROFILE
+from biasviz.store.datasets import POSITIONAL_MEAN, POSITIONAL_PROFILE, se_name
 
 
 def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int, np.ndarray | None]:
@@ -39,8 +39,8 @@ def _read(path: Path) -> tuple[str, int, int, np.ndarray, np.ndarray, int, np.nd
         layer = need_position(bf, -1, "positional logits")
         profile = bf.summary_array(POSITIONAL_PROFILE, layer)[0]  # (H, T)
         p_map = bf.summary_map(POSITIONAL_MEAN, layer) - profile[:, :1, None]
-        se = (bf.summary_array("positional_profile_se", layer)[0]
-              if bf.summary.holds(layer, "positional_profile_se") else None)  # fmt: skip
+        se = (bf.summary_array(se_name(POSITIONAL_PROFILE), layer)[0]
+              if bf.summary.holds(layer, se_name(POSITIONAL_PROFILE)) else None)  # fmt: skip
         return bf.scheme, bf.seq_len, bf.n_samples, p_map, profile - profile[:, :1], bf.block or 1, se
 
 

@@ -32,12 +32,15 @@ from matplotlib.colors import Colormap, LogNorm, Normalize, TwoSlopeNorm
 from matplotlib.font_manager import FontProperties
 
 from biasviz.common.errors import BiasvizError
+from biasviz.store.datasets import map_name
 
 #: What a panel can show: a bias, attention weights, or the standard deviation over samples of either.
-KINDS = ("bias", "weights", "bias_std", "weights_std", "positional", "scores", "scores_std")
+KINDS = ("bias", "weights", map_name("bias", "std"), map_name("weights", "std"), "positional", "scores",
+         map_name("scores", "std"))
 #: Default maps: perceptual sequential maps; a diverging map (white at 0) when values change sign.
-DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", "bias_std": "viridis", "weights_std": "magma",
-                 "positional": "viridis", "scores": "viridis", "scores_std": "viridis",
+DEFAULT_CMAPS = {"bias": "viridis", "weights": "magma", map_name("bias", "std"): "viridis",
+                 map_name("weights", "std"): "magma", "positional": "viridis", "scores": "viridis",
+                 map_name("scores", "std"): "viridis",
                  "diverging": "RdBu_r"}  # fmt: skip
 #: Values below this fraction of the largest magnitude count as rounding noise when testing for a sign change.
 SIGN_TOLERANCE = 1e-3
@@ -160,7 +163,7 @@ def colour_scale(
         floor = max(r.positive, hi * LOG_FLOOR)
         return LogNorm(vmin=min(floor, hi), vmax=hi, clip=True), _colormap(cmap, DEFAULT_CMAPS[kind])
     if kind.endswith("_std"):  # a spread over samples: from 0, never diverging (all 0 for a context-free bias)
-        if kind == "weights_std":
+        if kind == map_name("weights", "std"):
             hi = max(r.top, 0.0) or hi
         return Normalize(vmin=0.0, vmax=hi if hi > 0 else 1.0), _colormap(cmap, DEFAULT_CMAPS[kind])
     if max(abs(lo), abs(hi)) < ZERO_BELOW and not kind.startswith("weights"):

@@ -108,26 +108,33 @@ LAYER_ROWS: tuple[DatasetRow, ...] = (
 )  # fmt: skip
 SUMMARY_MAPS = (*(row.name for row in KIND_MAPS), POSITIONAL_MEAN)  # what the reader's read_map reads
 PROFILES = tuple(profile_name(kind) for kind in KINDS)
-# docs/position-measures.md, the measures over the weights (stat = mean, std over samples)
+# docs/position-measures.md, the measures over the weights (stat = mean, std over samples) and over the rotary calls
+BAND_MASS = "band_mass"
+CONTEXT_MASS = "context_mass"
+WEIGHTS_ENTROPY = "weights_entropy"
 ATTENTION_DISTANCE = "attention_distance"
+SINK_KEYS = "sink_keys"
+SINK_KEYS_OF_MEAN = "sink_keys_of_mean"
+FREQUENCY_USE = "frequency_use"
+POSITIONAL_FREQUENCY = "positional_frequency"
 MEASURES: tuple[DatasetRow, ...] = (
-    DatasetRow("band_mass", ("stat", "head", "distance_bin"), "share",
+    DatasetRow(BAND_MASS, ("stat", "head", "distance_bin"), "share",
                "weight a query puts on the keys at each distance bin"),
-    DatasetRow("context_mass", ("stat", "head", "segment"), "share",
+    DatasetRow(CONTEXT_MASS, ("stat", "head", "segment"), "share",
                "weight on each tenth of the keys a query sees"),
-    DatasetRow("weights_entropy", ("stat", "head", "query_block"), "entropy",
+    DatasetRow(WEIGHTS_ENTROPY, ("stat", "head", "query_block"), "entropy",
                "entropy (nats) of each query's weights, block-averaged"),
     DatasetRow(ATTENTION_DISTANCE, ("stat", "head"), "norm",
                "mean over the queries of Σ_j w(i, j)·|i - j|: how far a head looks",
                reducer="biasviz.summaries.attention_distance:AttentionDistance"),
-    DatasetRow("sink_keys", ("sample", "head", "rank"), "sinks",
+    DatasetRow(SINK_KEYS, ("sample", "head", "rank"), "sinks",
                "per sample and head, the keys with the highest mean received weight, among the keys seen by at "
                "least sink_min_queries of the sample's queries"),
-    DatasetRow("sink_keys_of_mean", ("head", "rank"), "sinks",
+    DatasetRow(SINK_KEYS_OF_MEAN, ("head", "rank"), "sinks",
                "per head, the keys with the highest received weight averaged over samples, ranked by the same rule"),
-    DatasetRow("frequency_use", ("operand", "head", "pair"), "norm",
+    DatasetRow(FREQUENCY_USE, ("operand", "head", "pair"), "norm",
                "rotary calls: mean 2-norm of each rotary pair of q (0) and k (1), the unrotated dims last"),
-    DatasetRow("positional_frequency", ("head", "pair", "distance_bin"), "value",
+    DatasetRow(POSITIONAL_FREQUENCY, ("head", "pair", "distance_bin"), "value",
                "rotary calls: P - mean bias restricted to each rotary pair's dims, over each bin's attended cells"),
 )  # fmt: skip
 
@@ -143,9 +150,9 @@ STANDARD_ERRORS: tuple[DatasetRow, ...] = (
       for row in MEASURES if row.dims[0] == "stat"),
     DatasetRow(se_name(KEY_PROFILE), ("head", "key"), "se", "standard error of the key profile's mean"),
     DatasetRow(se_name(SINK_SHARE), ("head",), "se", "standard error of the mean sink share over samples"),
-    DatasetRow("frequency_use_se", ("operand", "head", "pair"), "se", "standard error of frequency_use"),
-    DatasetRow("positional_frequency_se", ("head", "pair", "distance_bin"), "se",
-               "delete-one jackknife standard error of positional_frequency"),
+    DatasetRow(se_name(FREQUENCY_USE), ("operand", "head", "pair"), "se", f"standard error of {FREQUENCY_USE}"),
+    DatasetRow(se_name(POSITIONAL_FREQUENCY), ("head", "pair", "distance_bin"), "se",
+               f"delete-one jackknife standard error of {POSITIONAL_FREQUENCY}"),
     DatasetRow(se_name(POSITIONAL_MEAN), MAP_DIMS, "se",
                f"delete-one jackknife standard error of {POSITIONAL_MEAN}, block by block"),
     DatasetRow(se_name(POSITIONAL_PROFILE), ("from_key", "head", "distance"), "se",
@@ -170,9 +177,9 @@ ROWS: dict[str, DatasetRow] = {row.name: row for row in LAYER_ROWS} | MEASURE_RO
 # rotary pairs (one row past them: the unrotated dims together) and the model's layout of them; the pairs of
 # positional_frequency summed against P - mean bias (max |difference| / max |P - mean bias|); the queries a key
 # must be seen by to rank among the sink keys (one number, or one per sample and head where they differ)
-ROW_ATTRS: dict[str, tuple[str, ...]] = {"frequency_use": ("rotary_pairs", "rotary_layout"),
-                                         "positional_frequency": ("pair_sum_residual",),
-                                         "sink_keys": ("sink_min_queries",)}  # fmt: skip
+ROW_ATTRS: dict[str, tuple[str, ...]] = {FREQUENCY_USE: ("rotary_pairs", "rotary_layout"),
+                                         POSITIONAL_FREQUENCY: ("pair_sum_residual",),
+                                         SINK_KEYS: ("sink_min_queries",)}  # fmt: skip
 ROTARY_LAYOUTS = ("half-split", "interleaved")
 
 

@@ -23,11 +23,14 @@ from biasviz.store.datasets import (
     ATTENDED,
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
+    FREQUENCY_USE,
     KEY_PROFILE,
     POSITIONAL_PROFILE,
     PROFILES,
+    SINK_KEYS,
     SINK_SHARE,
     SUMMARY_MAPS,
+    profile_name,
 )
 from biasviz.store.format import (
     BLOCK_SCALES,
@@ -163,7 +166,7 @@ class SummaryLayout:
 
     def read_profile(self, kind: str, layer: int, checkpoint: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``kind``'s distance profile: (mean, std), each float64 (head, distance) from ``profile_start``."""
-        name = f"{kind}_profile"
+        name = profile_name(kind)
         p = self._read(layer, name, checkpoint).astype(np.float64)
         if not self._finite(layer, p) or (p[PROFILE_STATS.index("std")] < 0).any():
             raise self._damaged(f"{name} of layer {layer} holds NaN, infinite or negative-std values")
@@ -211,29 +214,29 @@ class SummaryLayout:
     def rotary_pairs(self, layer: int) -> tuple[int, str] | None:
         """How many of ``frequency_use``'s rows are rotary pairs (one more row: the unrotated dims) and their layout
         ('half-split', 'interleaved'); None where the file does not say (made before it recorded them)."""
-        attrs = self.h5[f"{layer_group(layer)}/frequency_use"].attrs
+        attrs = self.h5[f"{layer_group(layer)}/{FREQUENCY_USE}"].attrs
         pairs, layout = attrs.get("rotary_pairs"), attrs.get("rotary_layout")
         if pairs is None or layout is None:
             return None
-        rows = self.h5[f"{layer_group(layer)}/frequency_use"].shape[-1]
+        rows = self.h5[f"{layer_group(layer)}/{FREQUENCY_USE}"].shape[-1]
         layout = layout.decode("utf-8", "replace") if isinstance(layout, bytes) else layout
         if (not isinstance(pairs, int | np.integer) or not 1 <= int(pairs) <= rows or rows - int(pairs) > 1
                 or layout not in datasets.ROTARY_LAYOUTS):  # fmt: skip
-            raise self._damaged(f"frequency_use of layer {layer} says it holds {pairs!r} rotary pairs "
+            raise self._damaged(f"{FREQUENCY_USE} of layer {layer} says it holds {pairs!r} rotary pairs "
                                 f"({layout!r}) in {rows} rows")  # fmt: skip
         return int(pairs), str(layout)
 
     def sink_min_queries(self, layer: int) -> np.ndarray | None:
         """The queries a key must be seen by to rank among ``sink_keys``: int64 (sample, head); None where the file
         does not say (made before the rule, its keys ranked over every key)."""
-        said = self.h5[f"{layer_group(layer)}/sink_keys"].attrs.get("sink_min_queries")
+        said = self.h5[f"{layer_group(layer)}/{SINK_KEYS}"].attrs.get("sink_min_queries")
         if said is None:
             return None
         value = np.asarray(said)
         shape = (self.n_samples, self.n_heads)
         if value.dtype.kind not in "iu" or value.ndim not in (0, 2) or (value.ndim and value.shape != shape) \
                 or (value < 1).any() or (value > self.seq_len).any():
-            raise self._damaged(f"sink_keys of layer {layer} says keys rank from {value.tolist()!r} queries on")
+            raise self._damaged(f"{SINK_KEYS} of layer {layer} says keys rank from {value.tolist()!r} queries on")
         return np.broadcast_to(value.astype(np.int64), shape)
 
     def distance_bins(self) -> np.ndarray:

@@ -247,11 +247,11 @@ class FileView:
             bins = self._f.summary.distance_bins()
             data = data.assign_coords(distance_first=("distance_bin", bins[:, 0]),
                                       distance_last=("distance_bin", bins[:, 1]))  # fmt: skip
-        said = self._f.summary.rotary_pairs(layer) if "frequency_use" in data else None
+        said = self._f.summary.rotary_pairs(layer) if datasets.FREQUENCY_USE in data else None
         if said is not None:  # which rows of frequency_use are rotary pairs (False: the unrotated dims together)
             data = data.assign_coords(rotary=("pair", np.arange(data.sizes["pair"]) < said[0]))
-            data["frequency_use"].attrs.update(rotary_pairs=said[0], rotary_layout=said[1])
-        least = self._f.summary.sink_min_queries(layer) if "sink_keys_index" in data else None
+            data[datasets.FREQUENCY_USE].attrs.update(rotary_pairs=said[0], rotary_layout=said[1])
+        least = self._f.summary.sink_min_queries(layer) if f"{datasets.SINK_KEYS}_index" in data else None
         if least is not None:  # the queries a key must be seen by to rank (docs/position-measures.md, 'Sink keys')
             data = data.assign(sink_min_queries=(("sample", "head"), np.asarray(least)))
         return data

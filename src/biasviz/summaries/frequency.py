@@ -15,6 +15,7 @@ import torch
 
 from biasviz.adapters.base import SAMPLE_CELLS
 from biasviz.adapters.rotary import RotaryLayout
+from biasviz.store.datasets import FREQUENCY_USE, se_name
 from biasviz.summaries.sample_cells import ROWS_PER_READ
 from biasviz.summaries.sample_profiles import sample_stats
 
@@ -64,10 +65,10 @@ class FrequencyUse:
         that say which rows are rotary pairs (:data:`biasviz.store.datasets.ROW_ATTRS`)."""
         assert self.per_sample is not None, "no q and k arrived"
         stats, se = sample_stats(self.per_sample)
-        out: dict[str, Any] = {"frequency_use": stats[0].float().cpu().numpy(),
+        out: dict[str, Any] = {FREQUENCY_USE: stats[0].float().cpu().numpy(),
                                "rotary_pairs": self.layout.rotary_dims // 2, "rotary_layout": self.layout.name}
         if se is not None:
-            out["frequency_use_se"] = se.float().cpu().numpy()
+            out[se_name(FREQUENCY_USE)] = se.float().cpu().numpy()
         return out
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
+from biasviz.store.datasets import POSITIONAL_MEAN, POSITIONAL_PROFILE, se_name
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.positional_blocks import PositionalJackknife
@@ -136,9 +137,9 @@ class StreamedJackknife:
             got = positional_frequency(RotaryLayout(interleaved=False, rotary_dims=0), self.bank, LAYER,
                                        heads=self.heads, scale=1.0, causal=True, attended=attended,
                                        bias=self.bias.sums())  # fmt: skip
-            out = {name: x for name, x in got.items() if name == "positional_profile_se"}
+            out = {name: x for name, x in got.items() if name == se_name(POSITIONAL_PROFILE)}
             if not self.mean_left_out:
-                out["positional_mean_se"] = self._mean_error(attended, block)
+                out[se_name(POSITIONAL_MEAN)] = self._mean_error(attended, block)
         finally:
             self.bank.close()
         return out

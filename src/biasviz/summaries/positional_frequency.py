@@ -20,7 +20,7 @@ import torch
 
 from biasviz.adapters.rotary import RotaryLayout
 from biasviz.common.shapes import gpu_shaped
-from biasviz.store.datasets import MIN_SE_SAMPLES, distance_bins
+from biasviz.store.datasets import MIN_SE_SAMPLES, POSITIONAL_FREQUENCY, POSITIONAL_PROFILE, distance_bins, se_name
 from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.frequency import FrequencyUse, frequency_from_bank
@@ -199,7 +199,7 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
     same = corr.lags(same_hat)  # (H, pairs, T): G by pair and distance
     del same_hat, fq, fk
     kept = cross - same  # (H, pairs, T): N(N - 1)(P - b̄) / c, summed over each distance's cells
-    got = {"positional_frequency": _per_bin(scale * kept / (n * (n - 1)), by_bin, bin_cells[:, None])}
+    got = {POSITIONAL_FREQUENCY: _per_bin(scale * kept / (n * (n - 1)), by_bin, bin_cells[:, None])}
     if errors:
         denom = scale / ((n - 1) * (n - 2))
         left_bins = (kept @ by_bin.T - lost_bins) * denom  # (N, H, pairs, bins): each delete-one P, summed by bin
@@ -214,8 +214,8 @@ def positional_frequency(layout: RotaryLayout | None, bank: Any, layer: int, *, 
             left_rest = left_rest + (every.sum(0) - every - first.sum(0) + first) / (n - 1)
         left_profile = torch.where(n_cells > 0, left_profile / n_cells.clamp(min=1), float("nan"))
         left_rest = torch.where(rest_cells > 0, left_rest / rest_cells.clamp(min=1), float("nan"))
-        got["positional_frequency_se"] = jackknife(left_bins)
-        got["positional_profile_se"] = torch.stack([jackknife(left_profile), jackknife(left_rest)])  # (2, H, T)
+        got[se_name(POSITIONAL_FREQUENCY)] = jackknife(left_bins)
+        got[se_name(POSITIONAL_PROFILE)] = torch.stack([jackknife(left_profile), jackknife(left_rest)])  # (2, H, T)
     return {name: x.float().cpu().numpy() for name, x in got.items()}
 
 
@@ -274,7 +274,7 @@ def rotary_measures(adapter: Any, bank: Any, layer: int, heads: int, attended: A
         alone = positional_frequency(RotaryLayout(interleaved=False, rotary_dims=0), bank, layer, heads=heads,
                                      scale=adapter.score_scale(layer), causal=True, attended=attended,
                                      bias=bias)  # fmt: skip
-        return {name: x for name, x in alone.items() if name == "positional_profile_se"}
+        return {name: x for name, x in alone.items() if name == se_name(POSITIONAL_PROFILE)}
     use = FrequencyUse(layout, bank.samples)  # fed by P's first pass over the samples, where P is split
     split = {}
     if positional and not own:
@@ -289,12 +289,12 @@ def add_pair_sum_residual(measures: dict[str, Any], p_by_distance: torch.Tensor,
     """``positional_frequency``'s pairs summed against P (its distance profile, formed from the sums of q and k block
     by block: another computation) over each bin's cells: max |difference| / max |P| as the attribute
     ``pair_sum_residual`` (for a model that adds no bias, P - mean bias is P)."""
-    split = measures.get("positional_frequency")
+    split = measures.get(POSITIONAL_FREQUENCY)
     if split is None:
         return
     t = p_by_distance.shape[-1]
     cells = cells_by_distance(t, True, attended)
-    assert cells is not None, "positional_frequency is stored only where the mask is a rule of distance"
+    assert cells is not None, f"{POSITIONAL_FREQUENCY} is stored only where the mask is a rule of distance"
     p = torch.as_tensor(p_by_distance).to("cpu", torch.float64).nan_to_num()  # P's profile may be on a GPU
     by_bin = bin_matrix(t)
     bin_cells = by_bin @ cells.T  # (bins, 1 or H)

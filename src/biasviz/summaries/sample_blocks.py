@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
+from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL, map_name, se_name
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.maps import _group_sums, geometry_counts
 from biasviz.summaries.pending import Pending
@@ -207,7 +207,7 @@ def sample_blocks(kinds: Iterable[str], *, heads: int, seq_len: int, block: int,
 
 def block_errors(blocks: dict[str, SampleBlocks]) -> dict[str, np.ndarray]:
     """``<kind>_mean_se`` of each accumulator that saw 3 samples or more."""
-    return {f"{kind}_mean_se": se for kind, b in blocks.items() if (se := b.standard_error()) is not None}
+    return {se_name(map_name(kind)): se for kind, b in blocks.items() if (se := b.standard_error()) is not None}
 
 
 def errors_from_spread(std: np.ndarray, samples: int) -> np.ndarray:
@@ -227,7 +227,7 @@ def map_errors(measures: dict[str, Any], summaries: dict[str, Any], parts: dict[
         return
     attending = measures.get(SAMPLES_PER_CELL)  # (H, nb, nb): samples masked differently
     for kind, summary in summaries.items():
-        name = f"{kind}_mean_se"
+        name = se_name(map_name(kind))
         if kind not in KINDS or name in measures:
             continue
         part = parts.get(kind)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.store.datasets import MIN_SE_SAMPLES
+from biasviz.store.datasets import MIN_SE_SAMPLES, profile_name, se_name
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.pending import Pending
 
@@ -173,10 +173,10 @@ def per_sample_profiles(parts: dict[str, Any], *, samples: int, heads: int, seq_
 def profile_errors(profiles: dict[str, SampleProfiles], parts: dict[str, Any], samples: int) -> dict[str, Any]:
     """``<kind>_profile_se`` arrays: each accumulator's SE; a bias measured the same in every sample to the end, 0;
     one that turned out to differ part-way has none (its rows before were summarised once for all)."""
-    out = {f"{kind}_profile_se": se.float().cpu().numpy() for kind, p in profiles.items()
+    out = {se_name(profile_name(kind)): se.float().cpu().numpy() for kind, p in profiles.items()
            if (se := p.standard_error()) is not None}  # fmt: skip
     bias = parts.get("bias")
     if bias is not None and bias.mode == "shared" and samples >= MIN_SE_SAMPLES:
         width = bias.seq_len if bias.causal else 2 * bias.seq_len - 1
-        out["bias_profile_se"] = np.zeros((bias.heads, width), dtype=np.float32)
+        out[se_name(profile_name("bias"))] = np.zeros((bias.heads, width), dtype=np.float32)
     return out

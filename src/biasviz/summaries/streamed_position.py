@@ -19,7 +19,7 @@ import torch
 
 from biasviz.adapters.rotary import RotaryLayout
 from biasviz.adapters.rows import RowBlock
-from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
+from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL, profile_name, se_name
 from biasviz.summaries.attended import Attended, block_sums, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
@@ -293,7 +293,7 @@ class StreamedPosition:
         if self.measures is None:
             return None
         arrays = {**self.measures.result().arrays, **block_errors(self.blocks), **results(self.reducers)}
-        arrays.update({f"{kind}_profile_se": se.float().cpu().numpy() for kind, p in self.profiles.items()
+        arrays.update({se_name(profile_name(kind)): se.float().cpu().numpy() for kind, p in self.profiles.items()
                        if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:
             arrays.update(self.frequency.result())

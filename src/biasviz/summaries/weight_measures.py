@@ -19,7 +19,22 @@ import numpy as np
 import torch
 
 from biasviz.common.shapes import gpu_shaped
-from biasviz.store.datasets import SEGMENTS, SINK_DTYPE, SINK_RANKS, SINK_SEEN_PART, distance_bins
+from biasviz.store.datasets import (
+    BAND_MASS,
+    CONTEXT_MASS,
+    KEY_PROFILE,
+    SEGMENTS,
+    SINK_DTYPE,
+    SINK_KEYS,
+    SINK_KEYS_OF_MEAN,
+    SINK_RANKS,
+    SINK_SEEN_PART,
+    SINK_SHARE,
+    WEIGHTS_ENTROPY,
+    distance_bins,
+    profile_name,
+    se_name,
+)
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.maps import _group_sums
 from biasviz.summaries.pending import Pending
@@ -311,9 +326,9 @@ class WeightMeasures(Pending):
         by_distance = self.diagonals.distance_sums()  # (N, H, T)
         ends = torch.cat([torch.zeros_like(by_distance[..., :1]), by_distance.cumsum(-1)], -1)
         band = ends[..., self.hi + 1] - ends[..., self.lo]  # (N, H, bins): each bin's distances
-        per_sample = {"band_mass": per_query(band, self.band_queries),
-                      "context_mass": per_query(self.context, self.context_queries),
-                      "weights_entropy": per_query(self.entropy, self.block_queries)}  # fmt: skip
+        per_sample = {BAND_MASS: per_query(band, self.band_queries),
+                      CONTEXT_MASS: per_query(self.context, self.context_queries),
+                      WEIGHTS_ENTROPY: per_query(self.entropy, self.block_queries)}  # fmt: skip
         keys = self.per_key()
         seen = keys if keys.dim() == 3 else keys[None]  # (1 or N, 1 or H, T) the queries that see each key
         received = per_query(self.columns, seen)  # (N, H, T) mean received
@@ -323,18 +338,18 @@ class WeightMeasures(Pending):
             stats, se = sample_stats(x)
             out[name] = stats.float().cpu().numpy()
             if se is not None:
-                out[f"{name}_se"] = se.float().cpu().numpy()
-        for name, x in (("weights_key_profile_se", per_sample_key), ("sink_share_se", sink)):
+                out[se_name(name)] = se.float().cpu().numpy()
+        for name, x in ((se_name(KEY_PROFILE), per_sample_key), (se_name(SINK_SHARE), sink)):
             _, se = sample_stats(x)
             if se is not None:
                 out[name] = se.float().cpu().numpy()
         se = self.diagonals.standard_error()
         if se is not None:
-            out["weights_profile_se"] = se.float().cpu().numpy()
+            out[se_name(profile_name("weights"))] = se.float().cpu().numpy()
         least = sink_min_queries(seen)
         ranked = seen >= least  # (1 or N, 1 or H, T): the keys each sample's ranking admits
-        out["sink_keys"] = top_keys(received, ranked)
-        out["sink_keys_of_mean"] = top_keys(received.mean(0, keepdim=True), ranked.all(0, keepdim=True))[0]
+        out[SINK_KEYS] = top_keys(received, ranked)
+        out[SINK_KEYS_OF_MEAN] = top_keys(received.mean(0, keepdim=True), ranked.all(0, keepdim=True))[0]
         values = np.unique(least.cpu().numpy())
         out["sink_min_queries"] = (int(values[0]) if len(values) == 1 else
                                    np.broadcast_to(least[..., 0].cpu().numpy(), received.shape[:2]).astype(np.int64))

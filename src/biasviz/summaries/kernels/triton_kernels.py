@@ -38,10 +38,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# accumulator rows of the block maps and of the sums by distance
-MAP_STATS = ("weights_mean", "weights_std", "scores_mean", "scores_std")  # (4, H, nb, nb): Σ over a block's cells
+from biasviz.store.datasets import map_name
+
+# accumulator rows of the block maps, (4, H, nb, nb): Σ over a block's cells, and of the sums by distance (per
+# quantity its total, its squares and its spread: labels of the rows, not datasets)
+MAP_STATS = tuple(map_name(kind, stat) for kind in ("weights", "scores") for stat in ("mean", "std"))
 SEGMENTS = tl.constexpr(10)  # the context's tenths
-DISTANCE_STATS = ("weights_mean", "weights_mean_sq", "weights_var", "scores_mean", "scores_mean_sq", "scores_var")
+DISTANCE_STATS = tuple(f"{kind}_{stat}" for kind in ("weights", "scores") for stat in ("mean", "mean_sq", "var"))
 
 
 @triton.jit
