@@ -164,6 +164,16 @@ def test_formed_again_streamed_and_beside_the_fused_kernels_the_reducers_agree(
     ids = np.random.default_rng(6).integers(0, 100, size=(N, T))
     monkeypatch.setattr(kernels, "unavailable", lambda device: None)
     monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
+    from biasviz.extraction import replayed
+
+    fed_again: list[list[type]] = []  # beside the kernels: the reducers whose rows their sums do not hold
+
+    def feed_again(form: Any, layer: int, reducers: list[Reducer], **options: Any) -> None:
+        fed_again.append([type(r) for r in reducers])
+        original(form, layer, reducers, **options)
+
+    original = replayed.feed_again
+    monkeypatch.setattr(replayed, "feed_again", feed_again)
     files = {}
     for way in ("torch", "fused", "streamed"):
         monkeypatch.setenv("BIASVIZ_STATISTICS", "fused" if way == "fused" else "torch")
@@ -182,6 +192,7 @@ def test_formed_again_streamed_and_beside_the_fused_kernels_the_reducers_agree(
     for way, said in (("torch", "torch"), ("fused", "fused")):
         with h5py.File(files[way]) as f:
             assert f["layer_1"].attrs["statistics"] == said  # which implementation formed the layer's statistics
+    assert fed_again == [[FirstKeyWeight]]  # the attention distance comes from the kernels' sums by distance
     held = {way: open_bias_file(f) for way, f in files.items()}
     names = [n for cls in reducer_classes() for n in cls.rows]
     assert NAME in names and datasets.ATTENTION_DISTANCE in names

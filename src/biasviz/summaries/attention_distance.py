@@ -15,7 +15,7 @@ import torch
 
 from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import ATTENTION_DISTANCE, se_name
-from biasviz.summaries.reducers import Reducer
+from biasviz.summaries.reducers import KernelSums, Reducer
 from biasviz.summaries.sample_profiles import sample_stats
 
 
@@ -42,7 +42,18 @@ class AttentionDistance(Reducer):
         self._put(self.sums["queries"], at, looks.expand(block.samples, self.heads))
 
     def result(self) -> dict[str, np.ndarray]:
-        distance, queries = self.sums["distance"], self.sums["queries"]
+        return self._arrays(self.sums["distance"], self.sums["queries"])
+
+    @classmethod
+    def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray]:
+        """Σ_i Σ_j w(i, j)·(i - j) is Σ_d d·(the weights at distance d): the kernels' sums by distance hold it."""
+        d = torch.arange(sums.by_distance.shape[-1], dtype=torch.float64, device=sums.by_distance.device)
+        distance = (sums.by_distance * d).sum(-1)  # (N, H)
+        return cls._arrays(distance, sums.looks.sum(-1).expand_as(distance))
+
+    @staticmethod
+    def _arrays(distance: torch.Tensor, queries: torch.Tensor) -> dict[str, np.ndarray]:
+        """(N, H) per-sample sums of the weighted distance and the queries that look -> the stored arrays."""
         per_sample = torch.where(queries > 0, distance / queries.clamp(min=1), float("nan"))  # (N, H)
         stats, se = sample_stats(per_sample)
         out = {ATTENTION_DISTANCE: stats.float().cpu().numpy()}

@@ -47,6 +47,7 @@ from biasviz.summaries.measures import BiasMeasureSums
 from biasviz.summaries.position import PositionSummary, from_key_profile
 from biasviz.summaries.positional_blocks import JackknifeBlocks
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
+from biasviz.summaries.reducers import KernelSums, reducer_classes
 from biasviz.summaries.sample_blocks import SampleBlocks, block_errors
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
@@ -319,6 +320,9 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
         "block_queries": _group_sums(rows, -1, 0, block), "diagonals": distances, **queries,
     }])  # fmt: skip
     arrays = dict(measures.result().arrays)
+    finished = KernelSums(by_distance=acc["sample_distance"][0], looks=rows)
+    for reducer in reducer_classes():  # the table's statistics the kernels' sums hold (the rest: rows formed again)
+        arrays.update(reducer.from_kernels(finished) or {})
     profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device,
                                    attended=shared)  # fmt: skip
     if "scores" in profiles:

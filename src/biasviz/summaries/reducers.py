@@ -16,6 +16,7 @@ samples one after another, a block formed again after a bias was measured to dif
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -24,6 +25,15 @@ import torch
 from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import ROWS, DatasetRow
 from biasviz.summaries.pending import Pending
+
+
+@dataclass
+class KernelSums:
+    """What the fused statistics kernels (:mod:`biasviz.summaries.fused_layer`) give a causal layer per sample, for
+    reducers that can finish from them instead of from row blocks (:meth:`Reducer.from_kernels`)."""
+
+    by_distance: torch.Tensor  # (N, H, T) float64: Σ_i w_a(i, i - d) over the attended cells, at distance d
+    looks: torch.Tensor  # (1 or N, 1, T) float64: 1 where query i attends some key
 
 
 class Reducer(Pending):
@@ -51,6 +61,12 @@ class Reducer(Pending):
     def result(self) -> dict[str, np.ndarray]:
         """The arrays the file stores, by dataset name (a name of :attr:`rows`, or its standard error's)."""
         raise NotImplementedError
+
+    @classmethod
+    def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray] | None:
+        """The rows from the fused kernels' per-sample sums, where those hold what this statistic needs (the kernels'
+        implementation of it); None where they do not: the layer's rows are then formed again for it."""
+        return None
 
     def state(self) -> dict[str, torch.Tensor]:
         """This process's per-sample sums, on the CPU (torchrun: joined on process 0 by :meth:`join`)."""
