@@ -16,6 +16,7 @@ those above it in this list (``tests/project/test_layout.py`` holds the order an
 - ``summaries``: means, spreads, profiles and diagnostics reduced while the model runs (docs/hdf5.md, 'Summary files').
 - ``extraction``: a run from windows to a file - one process, torchrun, checkpoint sweeps, the Python API.
 - ``plotting``, ``explorer``: figures and the interactive page, read from the files.
+- ``notebook``: ``biasviz.open`` and ``biasviz.plot`` - files and the command's figures in Python.
 - ``cli``: the ``biasviz`` command.
 
 ``biasviz.trace(model)``, ``biasviz.extract(model_or_path, input_ids, out)`` and ``biasviz.explore(...)`` are
@@ -30,7 +31,7 @@ from typing import Any
 from biasviz.common.version import __version__
 
 _LAZY = {"trace": "biasviz.tracing", "extract": "biasviz.extraction.api", "explore": "biasviz.explorer",
-         "open": "biasviz.cli.notebook", "plot": "biasviz.cli.notebook"}
+         "open": "biasviz.notebook", "plot": "biasviz.notebook"}
 
 
 def __getattr__(name: str) -> Any:

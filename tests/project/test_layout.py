@@ -28,6 +28,7 @@ STAGES = (
     "extraction",
     "plotting",
     "explorer",
+    "notebook",
     "cli",
 )
 FRONT_DOOR = {"__init__", "__main__"}  # biasviz/__init__.py and __main__.py sit above every stage

@@ -227,6 +227,7 @@ def device_option(f: F) -> F:
 
 def figure_output_options(f: F) -> F:
     """``--format``, ``--style``, ``--dpi`` and ``--out-dir``: how and where figures are written."""
+    from biasviz.plotting.draw import DPI_RANGE
     from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
 
     options = [
@@ -241,7 +242,7 @@ def figure_output_options(f: F) -> F:
             "--width", default=None, metavar="column|page|INCHES",
             help="Printed width: the style's one column, its full text width, or inches (2-10) [default: the style's].",
         ),
-        click.option("--dpi", type=click.IntRange(50, 1200), default=200, show_default=True, help="PNG resolution."),
+        click.option("--dpi", type=click.IntRange(*DPI_RANGE), default=200, show_default=True, help="PNG resolution."),
         click.option(
             "--out-dir", type=NonEmptyPath(file_okay=False, path_type=Path), default=Path("figures"), show_default=True,
             help="Folder for the figures (created if missing).",

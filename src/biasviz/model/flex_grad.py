@@ -39,6 +39,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: ScoreTerms,
     does)."""
     if fused.route(q.device, q.shape[-2], terms, table=False, grad=True) != "flex":
         return None
+    return run(q, k, v, terms, scale)
+
+
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: ScoreTerms, scale: float) -> torch.Tensor | None:
+    """:func:`attend` once its route is chosen (:func:`biasviz.model.routes.choose`): None where the compiled
+    backward does not build for ``terms``' form here, or one more kernel would pass torch's recompile limit."""
     if unavailable(q.device, terms) is not None or not fused.fits(q, terms):
         return None
     return fused.attend(q, k, v, terms, scale)

@@ -2,7 +2,7 @@
 
 SDPA takes a bias only as a mask tensor. Written out, every block of query rows needs its (H, rows, keys) bias
 copied and read back (2.1-2.8x the causal kernel at T = 4096-8192 on the CPU, BENCHMARKS section 13). Two ways
-around it, chosen by :func:`route`:
+around it, chosen with every other route by :func:`biasviz.model.routes.choose` (:func:`route` asks it too):
 
 - A bias of i - j alone (ALiBi, KERPLE, T5, FoX with a context-free gate) is a Toeplitz matrix: with the rows of a
   block reversed it is an overlapping strided view of the scheme's table of 2T - 1 distances, and SDPA's CPU
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from biasviz.common.settings import ATTENTION_MODES
+from biasviz.model import routes
 from biasviz.schemes.base import ScoreTerms
 
 MIN_LEN = 2048  # below it one compilation (5-10 s on 2 cores) costs more than the kernel saves
@@ -79,23 +80,24 @@ def route(device: torch.device, seq_len: int, terms: ScoreTerms | None, table: b
     (:func:`attend_by_table`; not where ``table`` is False), ``"flex"`` (:func:`attend`) or None (the blocked SDPA
     path). With ``grad`` (training): ``"flex"`` (compiled forward and backward, :mod:`biasviz.model.flex_grad`)
     wherever flex has a backward (not on the CPU) and is not turned off, at any length (thousands of steps pay
-    for one compilation); None (the blocked recomputation) elsewhere.
+    for one compilation); None (the blocked recomputation) elsewhere. The answer of :func:`routes.choose` for a
+    call nobody listens to, without dropout.
 
     Not the table while a torch function mode intercepts calls (``biasviz.trace``): its SDPA calls see blocks of
     rows in reverse order against a strided mask, which a trace would record as they are rather than as the layer.
     """
-    chosen = mode()
-    if terms is None or chosen == "sdpa":
-        return None
-    if grad:
-        runs = backward_runs(device) and chosen in ("auto", "flex") and _probe.get(device.type) is None
-        return "flex" if runs else None
-    table = table and terms.distance is not None and not _intercepted()
-    if table and (chosen == "table" or (chosen == "auto" and device.type == "cpu")):
-        return "table"
-    if chosen == "table" or (chosen == "auto" and seq_len < MIN_LEN):
-        return None
-    return "flex" if _probe.get(device.type) is None else None  # the first real call is the probe (attend_or_none)
+    facts = routes.Facts(grad=grad, adds_bias=True, hook_bias=False, hook_pattern=False, hook_scores=False,
+                         dropout=False, mode=mode(), device=device.type, seq_len=seq_len, min_len=MIN_LEN,
+                         table_allowed=table, intercepted=intercepted(), flex_failed=flex_failed(device),
+                         backward_runs=backward_runs(device), has_terms=terms is not None,
+                         has_table=terms is not None and terms.distance is not None)  # fmt: skip
+    chosen = routes.choose(facts).name
+    return chosen if chosen in ("table", "flex") else None
+
+
+def flex_failed(device: torch.device) -> bool:
+    """Whether FlexAttention is known not to build on ``device``'s type (a real call or the probe said so)."""
+    return _probe.get(device.type) is not None
 
 
 _taken: collections.Counter[str] = collections.Counter()  # route -> attention calls that took it, this process
@@ -121,10 +123,13 @@ def backward_runs(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-def _intercepted() -> bool:
+def intercepted() -> bool:
     """Whether a torch function mode (a trace) sees every call now."""
     enabled = getattr(torch._C, "_is_torch_function_mode_enabled", None)
     return bool(enabled()) if enabled is not None else False
+
+
+_intercepted = intercepted  # the name it had
 
 
 def attend_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: ScoreTerms | None, scale: float,
@@ -136,11 +141,17 @@ def attend_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: Score
     out = None
     if chosen == "table":
         out = attend_by_table(q, k, v, terms.distance, scale)
-    elif chosen == "flex" and fits(q, terms):
-        out = attend_or_none(q, k, v, terms, scale)
+    elif chosen == "flex":
+        out = attend_flex(q, k, v, terms, scale)
     if out is not None:
         took(chosen)
     return out
+
+
+def attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: ScoreTerms,
+                scale: float) -> torch.Tensor | None:  # fmt: skip
+    """:func:`attend` where one more kernel may be compiled (:func:`fits`) and it builds here, else None."""
+    return attend_or_none(q, k, v, terms, scale) if fits(q, terms) else None
 
 
 def attend_by_table(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, distance: torch.Tensor, scale: float,

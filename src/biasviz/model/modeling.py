@@ -8,6 +8,7 @@ state dicts map onto this model by renaming prefixes only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -17,7 +18,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 from biasviz.common.errors import too_long
-from biasviz.model import blocked_grad, flex_grad, fused
+from biasviz.model import blocked_grad, flex_grad, fused, routes
 from biasviz.model.attention import (
     MIN_ROWS,
     SDPA_BLOCK_CAP,
@@ -33,6 +34,7 @@ from biasviz.model.attention import (
 from biasviz.model.config import BiasGPTConfig
 from biasviz.model.hooks import HookPoint
 from biasviz.schemes import PositionScheme
+from biasviz.schemes.base import ScoreTerms
 
 
 class Attention(nn.Module):
@@ -97,25 +99,40 @@ class Attention(nn.Module):
             y = self._blocked(x, q, k, v).view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
 
+    def _facts(self, q: torch.Tensor, grad: bool) -> routes.Facts:
+        """What this call's route depends on (:mod:`biasviz.model.routes`), the bias's compact form aside."""
+        return routes.Facts(
+            grad=grad, adds_bias=self.adds_bias, hook_bias=self.hook_bias.active,
+            hook_pattern=self.hook_pattern.active, hook_scores=self.hook_scores.active,
+            dropout=self.training and self.dropout > 0, mode=fused.mode(), device=q.device.type, seq_len=q.shape[-2],
+            min_len=fused.MIN_LEN, one_block=grad and blocked_grad.one_block(q),
+            table_allowed=self.block_elements is None,  # blocks of rows asked for: not the table's own blocks
+            intercepted=fused.intercepted(), flex_failed=fused.flex_failed(q.device),
+            backward_runs=fused.backward_runs(q.device),
+        )  # fmt: skip
+
+    def _route(self, x: torch.Tensor, q: torch.Tensor, grad: bool) -> tuple[routes.Route, ScoreTerms | None]:
+        """The route of this call, and the bias in the form a kernel reads per cell where the route needed it."""
+        facts = self._facts(q, grad)
+        terms = self.pos_bias.score_terms(x) if routes.asks_terms(facts) else None
+        known = dataclasses.replace(facts, has_terms=terms is not None,
+                                    has_table=terms is not None and terms.distance is not None)  # fmt: skip
+        return routes.choose(known), terms
+
     def _full(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Differentiable (training): (B, H, T, hd). A bias with a compact form (:meth:`score_terms`) goes through
         compiled FlexAttention on a GPU (:mod:`~biasviz.model.flex_grad`) and the blocked recomputation elsewhere,
         neither of which keeps a (query, key) cell for the backward pass; otherwise every cell at once, as GPT-2
         does (dropout on the weights, or a hook listening). On a CPU, attention whose cells fit in one of the
         recomputation's blocks takes every cell at once too: it keeps no more, and the tiny models' training steps
-        of ``make figures`` take half the time. The route taken is counted (:func:`fused.took`)."""
+        of ``make figures`` take half the time. The route is :func:`routes.choose`'s, counted (:func:`fused.took`)."""
         T = x.shape[1]
-        listened = self.hook_bias.active or self.hook_pattern.active or self.hook_scores.active
-        bias_free = not (self.adds_bias or self.hook_pattern.active)  # SDPA's causal kernel, dropout inside it
-        fits_once = q.device.type == "cpu" and blocked_grad.one_block(q)  # the recomputation would form them all
-        if (self.adds_bias and not listened and not (self.training and self.dropout > 0) and fused.mode() != "sdpa"
-                and not fits_once):
-            terms = self.pos_bias.score_terms(x)
-            if terms is not None:
-                out = flex_grad.attend(q, k, v, terms, self.scale)  # a GPU: forward and backward fused
-                fused.took("flex" if out is not None else "blocked-grad")
-                return out if out is not None else blocked_grad.attend(q, k, v, terms, self.scale)
-        fused.took("causal" if bias_free else "dense")
+        route, terms = self._route(x, q, grad=True)
+        if route.name in ("flex", "blocked-grad"):
+            out = flex_grad.run(q, k, v, terms, self.scale) if route.name == "flex" else None  # forward and backward
+            fused.took(route.name if out is not None else "blocked-grad")
+            return out if out is not None else blocked_grad.attend(q, k, v, terms, self.scale)
+        fused.took(route.name)  # causal or dense
         bias = self.hook_bias(self.pos_bias(x, T, T), 0) if self.adds_bias else None  # (1 or B, H, T, T)
         masked = causal_mask(T, T, x.device)  # (T, T)
         dropout_p = self.dropout if self.training else 0.0
@@ -138,17 +155,20 @@ class Attention(nn.Module):
         B, H, T, hd = q.shape
         dropout_p = self.dropout if self.training else 0.0
         eager = self.hook_pattern.active or self.hook_scores.active
-        if not (eager or self.adds_bias):  # fused kernels are blocked themselves and mask by position
+        route, terms = self._route(x, q, grad=False)
+        if route.name == "causal":  # fused kernels are blocked themselves and mask by position
             fused.took("causal")
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, scale=self.scale)
             return y.transpose(1, 2)  # (B, T, H, hd)
-        if not (eager or self.hook_bias.active or dropout_p > 0) and fused.mode() != "sdpa":
-            terms = self.pos_bias.score_terms(x)  # the bias in a form a kernel reads per cell, or None
-            # blocks of rows asked for: not the table's own blocks
-            out = fused.attend_fused(q, k, v, terms, self.scale, table=self.block_elements is None)
-            if out is not None:  # (its route counted there)
-                return out.transpose(1, 2)  # (B, T, H, hd)
-        fused.took("eager" if eager else "blocked")
+        out = None
+        if route.name == "table":
+            out = fused.attend_by_table(q, k, v, terms.distance, self.scale)
+        elif route.name == "flex":
+            out = fused.attend_flex(q, k, v, terms, self.scale)  # None where the kernel does not run here
+        if out is not None:
+            fused.took(route.name)
+            return out.transpose(1, 2)  # (B, T, H, hd)
+        fused.took(route.fallback or route.name)  # eager or blocked
         rows_of = self.pos_bias.rows(x) if self.adds_bias else None  # (r0, r1) -> (1 or B, H, rows, r1)
         # contiguous, so that each block's keys k[:, :, :r1] are (B * H) matrices matmul reads without a copy
         q, k, v = (t.contiguous() for t in (q, k, v))  # (B, H, T, hd)

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: What every row's ``run`` is: ``run(job, kind, out_dir, formats, dpi)`` -> the files written, ``job`` being the plot
-#: command's (:class:`biasviz.cli.plot_cmd._PlotJob`).
+#: What every row's ``run`` is: ``run(job, kind, out_dir, formats, dpi)`` -> the files written (none where the figures
+#: are kept, as ``biasviz.plot`` keeps them), ``job`` being a :class:`biasviz.plotting.job.PlotJob`.
 Runner = Callable[[Any, str, Path, list[str], int], list[Path]]
 RUNNER_PARAMETERS = ("job", "kind", "out_dir", "formats", "dpi")
 
-_CMD = "biasviz.cli.plot_cmd"
-_POSITION = "biasviz.cli.plot_position"
+_CMD = "biasviz.plotting.job"
+_POSITION = "biasviz.plotting.position_kinds"
 _MEASURES = "biasviz.plotting.measures_plots"
 
 

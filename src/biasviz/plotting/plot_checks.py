@@ -1,12 +1,11 @@
-"""``biasviz plot``'s option values checked against the kind drawn, whether typed or read from a config file."""
+"""The plot options' values checked against the file and the kind drawn, as ``biasviz plot`` and ``biasviz.plot``
+both check them: one place for the rules and their messages, which name the command's options."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import click
-from click.core import ParameterSource
 
 from biasviz.common.errors import BiasvizError, UsageError
 from biasviz.common.terminal import say
@@ -29,12 +28,13 @@ def parse_sample(value: str) -> int | str:
     return k
 
 
-def fit_to_kind(ctx: click.Context, kind: str, normalize: str, log_scale: bool, log_distance: bool,
-                sample: int | str, sample_given: bool) -> tuple[str, bool, bool, bool]:  # fmt: skip
+def fit_to_kind(kind: str, normalize: str, log_scale: bool, log_distance: bool, sample: int | str,
+                sample_given: bool, from_config: Collection[str] = ()) -> tuple[str, bool, bool, bool]:  # fmt: skip
     """(normalize, log_scale, log_distance, sample_given) with what does not apply to ``kind`` left out.
 
     One config file serves every kind (``configs/fire.toml`` sets ``log = true`` for its weights), so a value
-    read from it that does not apply to this kind is dropped; typed on the command line it is a usage error.
+    read from it (its name in ``from_config``: ``normalize``, ``log_scale``, ``log_distance``, ``sample``) that
+    does not apply to this kind is dropped; given any other way (typed, or passed in Python) it is a usage error.
     """
     misfits = {
         "normalize": (kind == "weights" and normalize != "none",
@@ -43,14 +43,14 @@ def fit_to_kind(ctx: click.Context, kind: str, normalize: str, log_scale: bool, 
                       "--log applies to attention weights; use it with --kind weights, all, std or profile"),
         "log_distance": (log_distance and kind not in ("profile", "dynamics", "positional"),
                          "--log-distance applies to a distance axis: use it with --kind profile or dynamics"),
-        "sample_text": (kind in ("profile", "std") and sample_given and sample != "mean",
+        "sample": (kind in ("profile", "std") and sample_given and sample != "mean",
                         f"--kind {kind} is over all samples; --sample applies to --kind bias, weights or all"),
     }  # fmt: skip
     for option, (misfit, message) in misfits.items():
-        if misfit and ctx.get_parameter_source(option) != ParameterSource.DEFAULT_MAP:
+        if misfit and option not in from_config:
             raise UsageError(message)
     return ("none" if misfits["normalize"][0] else normalize, log_scale and not misfits["log_scale"][0],
-            log_distance and not misfits["log_distance"][0], sample_given and not misfits["sample_text"][0])
+            log_distance and not misfits["log_distance"][0], sample_given and not misfits["sample"][0])
 
 
 def kinds_held(bf: BiasFile, kinds: list[str], layer: int, what: str, path: Path) -> list[str]:

@@ -1,6 +1,6 @@
-"""``biasviz plot``'s figures of a summary's position datasets: docs/positional.md (the grid of P, its distance profile,
-the sinks) and section 14 (band mass, the context U-curve, rotary frequency use, the entropy of the weights), each
-saved with its metadata and, with ``--caption``, its LaTeX caption."""
+"""The plot kinds of a summary's position datasets: docs/positional.md (the grid of P, its distance profile, the
+sinks) and section 14 (band mass, the context U-curve, rotary frequency use, the entropy of the weights), each handed
+to the job's sink with its metadata and its LaTeX caption (``biasviz plot`` saves them, ``biasviz.plot`` keeps them)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,12 @@ from biasviz.common.names import display_name
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from biasviz.common.atomic import Staged
     from biasviz.plotting.caption import Caption
     from biasviz.store import BiasFile
 
 
 class _PlotJob(Protocol):
-    """What these figures read of ``plot``'s job (:class:`biasviz.cli.plot_cmd._PlotJob`)."""
+    """What these figures read of the plot job (:class:`biasviz.plotting.job.PlotJob`)."""
 
     scheme: str
     path: Path
@@ -30,7 +29,6 @@ class _PlotJob(Protocol):
     cmap: str | None
     log_distance: bool
     max_cells: int | None
-    staged: Staged | None
 
     def _open(self) -> BiasFile: ...
 
@@ -104,7 +102,7 @@ def _save_kind(job: _PlotJob, bf: BiasFile, kind: str, layer: int, fig: Figure, 
             "description": f"{plot_kind(kind).about}; over {bf.n_samples} samples; source: {job.path}",
             "keywords": f"biasviz; scheme={job.scheme}; kind={kind}; layer={layer}"}  # fmt: skip
     return job._save(fig, out_dir / f"{job.scheme}_{kind}", formats, caption.latex(bf), dpi=dpi, info=info,
-                     style=job.style, staged=job.staged)  # fmt: skip
+                     style=job.style)  # fmt: skip
 
 
 def summary_profiles(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str],
@@ -138,7 +136,7 @@ def _positional_profile(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, 
             "keywords": f"biasviz; scheme={job.scheme}; kind={POSITIONAL_PROFILE}; layer={layer}"}  # fmt: skip
     caption = Caption(job.scheme, PROFILE_QUANTITIES["positional"], layer, samples_text(bf.n_samples))
     return job._save(fig, out_dir / f"{job.scheme}_positional_profile", formats, caption.latex(bf), dpi=dpi,
-                     info=info, style=job.style, staged=job.staged)  # fmt: skip
+                     info=info, style=job.style)  # fmt: skip
 
 
 def _entropy(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: list[str], dpi: int) -> list[Path]:
@@ -155,4 +153,4 @@ def _entropy(job: _PlotJob, bf: BiasFile, layer: int, out_dir: Path, formats: li
     caption = Caption(job.scheme, PROFILE_QUANTITIES["entropy"], layer, samples_text(bf.n_samples),
                       [se_note(bf, layer, "entropy")])  # fmt: skip
     return job._save(fig, out_dir / f"{job.scheme}_entropy", formats, caption.latex(bf), dpi=dpi, info=info,
-                     style=job.style, staged=job.staged)  # fmt: skip
+                     style=job.style)  # fmt: skip
