@@ -442,3 +442,25 @@ def test_no_grad_forward_forms_no_tensor_of_size_T_by_T(scheme: str, listen: boo
             stack.enter_context(capture(model, names, lambda t, n, r0: None))
         model(torch.randint(0, 97, (B, T)))
     assert 0 < spy.numel < B * 12 * T * T // 4
+
+
+def test_dropout_without_autograd_runs_and_drops_as_sdpa_does() -> None:
+    """Monte Carlo dropout (training mode, no autograd) in a model without a bias: SDPA's causal kernel with dropout,
+    whose output is laid out (B, H, T, hd), gives the layer's (B, T, C) as the same call outside the model does."""
+    import torch.nn.functional as F
+
+    from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
+
+    torch.manual_seed(0)
+    attn = BiasGPTForCausalLM(BiasGPTConfig(scheme="nope", n_layer=1, n_head=2, n_embd=16, vocab_size=97,
+                                            n_positions=64, dropout=0.5)).blocks[0].attn.train()  # fmt: skip
+    x = torch.randn(2, 24, 16)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        got = attn(x)
+        q, k, v = (t.view(2, 24, 2, 8).transpose(1, 2) for t in attn.c_attn(x).split(16, dim=2))
+        torch.manual_seed(1)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5, is_causal=True, scale=attn.scale)
+        want = attn.c_proj(y.transpose(1, 2).reshape(2, 24, 16))
+    assert got.shape == (2, 24, 16)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

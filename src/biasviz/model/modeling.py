@@ -96,7 +96,7 @@ class Attention(nn.Module):
             y = self._full(x, q, k, v)  # (B, H, T, hd)
             y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         else:
-            y = self._blocked(x, q, k, v).view(B, T, C)  # (B, T, C)
+            y = self._blocked(x, q, k, v).reshape(B, T, C)  # (B, T, C): a view unless SDPA returned (B, H, T, hd)
         return self.c_proj(y)
 
     def _facts(self, q: torch.Tensor, grad: bool) -> routes.Facts:
