@@ -60,7 +60,12 @@ class RowBlock:
 
     def cells(self, causal: bool) -> torch.Tensor:
         """(1 or S, 1 or H, rows, K) bool: the attended cells, the causal triangle or every cell where the call has
-        no mask of its own."""
+        no mask of its own.
+
+        >>> block = RowBlock(layer=0, first=0, r0=2, weights=torch.zeros(1, 1, 2, 4))  # rows 2, 3 of a causal call
+        >>> block.r1, block.keys, block.cells(causal=True)[0, 0].int().tolist()
+        (4, 4, [[1, 1, 1, 0], [1, 1, 1, 1]])
+        """
         if self.attended is not None:
             return self.attended
         rows, keys = self.weights.shape[-2:]
