@@ -51,14 +51,14 @@ def _quiet_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # End-to-end modules (real subprocesses, whole CLI runs, figures written to disk) and single tests that
 # take over a second here: `make test-fast` leaves them out, `make test` runs everything.
-SLOW_MODULES = {"test_interrupts", "test_cli_plot", "test_cli_imports", "test_untrusted", "test_readme",
-                "test_errors", "test_fuzz_info", "test_numerical", "test_train", "test_bias_only", "test_hostile",
-                "test_hostile_io", "test_distributed", "test_explore_browser", "test_summary_cli",
-                "test_model_long", "test_checkpoint_series_torchrun", "test_hostile_page", "test_hostile_values",
+SLOW_MODULES = {"test_cli_interrupts", "test_plot_cmd", "test_cli_imports", "test_untrusted", "test_readme",
+                "test_cli_errors", "test_reader_fuzz", "test_numerical", "test_loop", "test_bias_only", "test_hostile",
+                "test_hostile_io", "test_distributed", "test_page_browser", "test_cli_summary",
+                "test_model_long", "test_sweep_torchrun", "test_hostile_page", "test_hostile_values",
                 "test_hostile_outputs", "test_hostile_usercode", "test_hostile_concurrent", "test_hostile_names",
-                "test_hostile_sweeps", "test_hostile_bytes", "test_figure_review", "test_explore_views",
-                "test_trace_eager", "test_trace_forms", "test_trace_torch_layers", "test_checkpoint_series",
-                "test_explore_review", "test_figure_layout", "test_examples", "test_paper_figures",
+                "test_hostile_sweeps", "test_hostile_bytes", "test_diagnostics_plots_review", "test_page_views",
+                "test_eager", "test_calls_forms", "test_torch_layers", "test_sweep",
+                "test_page_review", "test_dynamics_layout", "test_examples", "test_paper_figures",
                 "test_docs"}  # fmt: skip
 SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png_and_svg_carry_metadata",
               "test_presets_have_gpt2_small_shape_and_twelve_heads", "test_a_compiled_model_is_traced_eagerly",
@@ -72,18 +72,18 @@ SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png
 # the order collected here (--no-loadscope-reorder, and pytest_configure below): the heavy files first, so that
 # neither worker is left with one of them while the other has finished (xdist's own order, by number of tests, put
 # the heavy files with few tests last)
-HEAVY_FILES = {"extraction/test_distributed.py": 372, "cli/test_cli_plot.py": 298, "training/test_train.py": 252,
-               "project/test_gpu_run.py": 225, "project/test_hostile_io.py": 216, "cli/test_summary_cli.py": 191,
-               "extraction/test_checkpoint_series.py": 164, "cli/test_interrupts.py": 161,
-               "project/test_hostile_values.py": 153, "extraction/test_extract_summary.py": 139,
-               "project/test_untrusted.py": 103, "extraction/test_checkpoint_series_torchrun.py": 101,
-               "model/test_model_long.py": 97, "model/test_model.py": 96, "training/test_trained_note.py": 83,
-               "summaries/test_replay_dispatch.py": 82, "summaries/test_summary_engine.py": 81,
+HEAVY_FILES = {"extraction/test_distributed.py": 372, "cli/test_plot_cmd.py": 298, "training/test_loop.py": 252,
+               "project/test_gpu_run.py": 225, "project/test_hostile_io.py": 216, "cli/test_cli_summary.py": 191,
+               "extraction/test_sweep.py": 164, "cli/test_cli_interrupts.py": 161,
+               "project/test_hostile_values.py": 153, "extraction/test_summary.py": 139,
+               "project/test_untrusted.py": 103, "extraction/test_sweep_torchrun.py": 101,
+               "model/test_model_long.py": 97, "model/test_model.py": 96, "training/test_provenance_note.py": 83,
+               "summaries/test_replay_dispatch.py": 82, "summaries/test_replay_engine.py": 81,
                "model/test_blocked_grad.py": 74, "adapters/test_hostile_side_files.py": 74,
-               "adapters/test_device_map.py": 74, "summaries/test_position_measures.py": 67,
-               "project/test_readme.py": 66, "cli/test_positional_cli.py": 64, "summaries/test_summary_sharing.py": 63,
-               "project/test_examples.py": 62, "plotting/test_figure_width.py": 59, "summaries/test_kernels.py": 55,
-               "summaries/test_kernel_accumulators.py": 55, "plotting/test_caption.py": 55,
+               "adapters/test_device_map.py": 74, "summaries/test_weight_measures_models.py": 67,
+               "project/test_readme.py": 66, "cli/test_plot_position.py": 64, "summaries/test_sharing.py": 63,
+               "project/test_examples.py": 62, "plotting/test_style_width.py": 59, "summaries/test_kernels.py": 55,
+               "summaries/test_kernels_accumulators.py": 55, "plotting/test_caption.py": 55,
                "cli/test_cli_imports.py": 53, "project/test_make_outputs.py": 46}  # fmt: skip
 
 

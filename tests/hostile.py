@@ -176,7 +176,7 @@ def make_assets(root: Path) -> dict[str, str]:
     import torch
 
     from biasviz.data import build_tokenizer, save_tokenizer
-    from tests.cli.test_errors import _state_dict
+    from tests.cli.test_cli_errors import _state_dict
     from tests.conftest import small_model
     from tests.project.test_untrusted import write_valid
 

@@ -15,7 +15,7 @@ WIDTH = 12 << 13  # n_embd claimed (12 heads of 8192): c_attn alone would be 3 *
 
 def _widened(tmp: Path, _paths: dict[str, str]) -> None:
     """A nanoGPT state dict of one layer whose every tensor is a stride-0 view of one value, at width 2^16."""
-    from tests.cli.test_errors import _state_dict
+    from tests.cli.test_cli_errors import _state_dict
 
     small = _state_dict(vocab_size=300, n_layer=1)
     width = small["transformer.wte.weight"].shape[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from biasviz.data import build_tokenizer, save_tokenizer
-from tests.cli.test_interrupts import BIASVIZ, TEXT, _wait_for_temp
+from tests.cli.test_cli_interrupts import BIASVIZ, TEXT, _wait_for_temp
 from tests.conftest import small_model
 from tests.hostile import CHILD_MEMORY
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
-from tests.explorer.test_explore_browser import console_errors, driver, hover, open_page  # noqa: F401  (driver: fixture)
+from tests.explorer.test_page_browser import console_errors, driver, hover, open_page  # noqa: F401  (driver: fixture)
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 
@@ -139,7 +139,7 @@ def inline_pages(tmp_path_factory: pytest.TempPathFactory, make_bias_file: Calla
 
 
 def test_every_field_reaches_the_inline_page_as_text(driver: object, inline_pages: list[Path]) -> None:  # noqa: F811
-    from tests.explorer.test_explore_browser import wait_for
+    from tests.explorer.test_page_browser import wait_for
 
     for text, host in zip(INJECTIONS, inline_pages, strict=True):
         driver.get(host.as_uri())

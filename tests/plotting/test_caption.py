@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from biasviz.cli import cli
 from biasviz.plotting.caption import latex_escape
-from tests.cli.test_cli_plot import _alibi, write_file
+from tests.cli.test_plot_cmd import _alibi, write_file
 
 HOSTILE = r"\input{/etc/passwd}} $x$ & #1 ^ _ % ~ \end{document}"
 HOSTILE_MODEL = r"\input{passwd}} $x$ & #1 ^ _ % ~ \end{document}"  # a caption names a model by its last part

@@ -15,7 +15,7 @@ from biasviz.plotting.measures_page import chosen_heads, main, measures_page
 from biasviz.store.datasets import DIRECT_DISTANCES
 from biasviz.store.reader import open_bias_file
 from tests.conftest import small_model
-from tests.plotting.test_figure_layout import check_print
+from tests.plotting.test_dynamics_layout import check_print
 
 Z95 = 1.959963984540054
 TRAINING = '{"preset": "tiny", "steps": 300, "seq_len": 128, "corpus": "stdlib:/x"}'

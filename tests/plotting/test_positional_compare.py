@@ -64,7 +64,7 @@ def test_at_a_pages_width_every_bars_end_labels_stay_apart_and_inside_the_figure
     """Seven models at 5.5 in (make figures' positional.pdf): each bar's two end labels are drawn, inside the
     figure, inside their own column (left one from the bar's left end, right one up to its right end) and apart
     from every other text of the figure; no text below 6 pt (FIGURES.md items 5 and 6)."""
-    from tests.plotting.test_figure_layout import check_print
+    from tests.plotting.test_dynamics_layout import check_print
 
     fig = compare_figure([pair] * 7, style="neurips")
     check_print(fig, "neurips")  # drawn: no two texts overlap, none below 6 pt

@@ -156,7 +156,7 @@ def test_sweep_notebook_reads_every_step(executed: dict[str, object], clone: Pat
 
 @pytest.fixture(scope="module")
 def browser() -> object:
-    explore_browser = pytest.importorskip("tests.explorer.test_explore_browser")  # skips without selenium
+    explore_browser = pytest.importorskip("tests.explorer.test_page_browser")  # skips without selenium
     if explore_browser.CHROMIUM is None or explore_browser.CHROMEDRIVER is None:
         pytest.skip("needs chromium and chromedriver (Debian: apt-get install chromium chromium-driver)")
     drv = explore_browser.make_driver()
@@ -169,7 +169,7 @@ def hover_in_frame(drv: object, frame: object, canvas_css: str, i: int, j: int, 
     from selenium.webdriver.common.actions.action_builder import ActionBuilder
     from selenium.webdriver.common.by import By
 
-    from tests.explorer.test_explore_browser import wait_for
+    from tests.explorer.test_page_browser import wait_for
 
     drv.switch_to.frame(frame)
     canvas = drv.find_element(By.CSS_SELECTOR, canvas_css)
@@ -196,7 +196,7 @@ def test_the_exported_notebook_shows_the_explorer_with_12_heads_and_a_working_re
     from nbconvert import HTMLExporter
     from selenium.webdriver.common.by import By
 
-    from tests.explorer.test_explore_browser import wait_for
+    from tests.explorer.test_page_browser import wait_for
 
     body, _ = HTMLExporter().from_notebook_node(executed["01_your_model.ipynb"])
     page = tmp_path / "01_your_model.html"

@@ -160,7 +160,7 @@ def test_make_clean_removes_what_make_figures_wrote_and_never_a_users_own_files(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     """The build's files go, by their recorded content; a user's ``plot --kind profile`` output, a file made by
     hand and a build's figure the user replaced since all stay, whatever their names look like."""
-    from tests.cli.test_cli_plot import _alibi, write_file
+    from tests.cli.test_plot_cmd import _alibi, write_file
     from tests.conftest import run_cli
 
     runs, data, figures = tmp_path / "runs", tmp_path / "data", tmp_path / "figures"

@@ -97,9 +97,9 @@ def test_an_hdf5_timeout_outside_zero_to_a_week_is_an_error(value: str, tmp_path
     assert code == 0, err
 
 
-# README: "Not additive, so noted in t.notes and never stored as a bias: softcapping (tested in test_trace and
-# test_trace_eager), products of the scores with tensors, a convolution over heads (x-transformers' talking
-# heads), and a second q·kᵀ added cell for cell." (Moved terms such as DeBERTa's: tests/tracing/test_trace_reshapes.py.)
+# README: "Not additive, so noted in t.notes and never stored as a bias: softcapping (tested in test_calls and
+# test_eager), products of the scores with tensors, a convolution over heads (x-transformers' talking
+# heads), and a second q·kᵀ added cell for cell." (Moved terms such as DeBERTa's: tests/tracing/test_eager_reshapes.py.)
 H, T, D = 4, 6, 8
 
 

@@ -118,7 +118,7 @@ def test_fused_statistics_equal_the_torch_paths_summary(kernels, tmp_path: Path,
     import biasviz
     from biasviz.summaries.toeplitz import distance_values
     from tests.conftest import small_model
-    from tests.summaries.test_position_measures import hooked_qk
+    from tests.summaries.test_weight_measures_models import hooked_qk
 
     model = small_model(scheme, n_head=4)
     ids = np.random.default_rng(2).integers(0, 97, size=(3, 32))

@@ -150,14 +150,15 @@ def test_formed_again_streamed_and_beside_the_fused_kernels_the_reducers_agree(
     one_more_row: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
     """One traced Llama summarised three ways: its SDPA rows formed again by torch, formed again beside the fused
-    kernels (their sums from float64 numpy here; the kernels themselves in tests/summaries/test_fused_traced.py), and
-    streamed as eager attention forms them. Every reducer's rows agree, and the new one equals the float64 math."""
+    kernels (their sums from float64 numpy here; the kernels themselves in
+    tests/summaries/test_fused_layer_traced.py), and streamed as eager attention forms them. Every reducer's rows
+    agree, and the new one equals the float64 math."""
     from transformers import AutoModelForCausalLM
 
     from biasviz.adapters.transformers_traced import load_transformers_sdpa
     from biasviz.extraction.summary import extract_summary
     from biasviz.summaries import kernels
-    from tests.summaries.test_fused_summary import _reference_accumulators
+    from tests.summaries.test_fused_layer import _reference_accumulators
     from tests.summaries.tiny_llama import save_tiny_llama
 
     path = save_tiny_llama(tmp_path, T)

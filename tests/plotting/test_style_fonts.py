@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from biasviz.cli import cli
 from biasviz.plotting.save import save_figure
 from biasviz.plotting.style import paper_context
-from tests.cli.test_cli_plot import _alibi, write_file
+from tests.cli.test_plot_cmd import _alibi, write_file
 
 needs_poppler = pytest.mark.skipif(not (shutil.which("pdffonts") and shutil.which("pdftoppm")),
                                    reason="poppler-utils (pdffonts, pdftoppm) not installed")  # fmt: skip

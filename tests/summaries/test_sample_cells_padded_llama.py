@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import biasviz
-from tests.summaries.test_sample_masks import HEADS, NAMES, VOCAB, T, caught_call, reference
+from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 4
 PADS = (0, 6, 3, 0)  # left padding of each sample

@@ -19,7 +19,7 @@ import torch
 import biasviz.extraction.replayed as replayed_module
 from biasviz.common.shapes import gpu_shapes
 from tests.conftest import small_model
-from tests.summaries.test_fused_summary import _reference_accumulators
+from tests.summaries.test_fused_layer import _reference_accumulators
 from tests.summaries.test_replay_dispatch import Dispatched
 
 # operations per sample (19 measured with ALiBi: the bias check's, the SEs' folds; 64 without a bias, where P's profile

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
-from tests.explorer.test_explore_browser import choose, console_errors, driver, open_page, redraw  # noqa: F401  (fixture)
+from tests.explorer.test_page_browser import choose, console_errors, driver, open_page, redraw  # noqa: F401  (fixture)
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 

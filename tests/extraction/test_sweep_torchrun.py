@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.extraction.test_checkpoint_series import TEXT, assert_same_file
 from tests.extraction.test_distributed import torchrun
+from tests.extraction.test_sweep import TEXT, assert_same_file
 from tests.series_models import save_revision, tiny_bloom, tiny_neox
 
 _CHECKOUT = Path(__file__).resolve().parents[2]

@@ -38,7 +38,7 @@ def test_a_pdf_holds_every_cell_of_a_512_matrix_whatever_the_dpi(tmp_path: Path)
 
 def test_plot_pdf_images_are_the_drawn_cells_and_the_png_gives_each_a_pixel(tmp_path: Path) -> None:
     import biasviz
-    from tests.cli.test_cli_plot import write_file
+    from tests.cli.test_plot_cmd import write_file
 
     t = 512
     path = write_file(tmp_path / "alibi.h5", "alibi", stripes(12, t)[None] - 1.0, n=1, t=t)

@@ -19,7 +19,7 @@ import torch
 
 from biasviz.adapters.transformers_traced import load_transformers_sdpa
 from biasviz.extraction.summary import extract_summary
-from tests.summaries.test_fused_summary import _compare, _reference_accumulators
+from tests.summaries.test_fused_layer import _compare, _reference_accumulators
 from tests.summaries.tiny_llama import save_tiny_llama
 
 T, HEADS, KV_HEADS = 32, 4, 2

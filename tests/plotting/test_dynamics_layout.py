@@ -145,7 +145,7 @@ def test_over_training_draws_rounding_as_a_hollow_zero_and_titles_what_it_measur
 def test_plot_kind_dynamics_titles_the_figure_from_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             figures: dict[str, Any]) -> None:  # fmt: skip
     from tests.conftest import run_cli
-    from tests.explorer.test_explore import STEPS, SWEEP_T, write_sweep
+    from tests.explorer.test_build import STEPS, SWEEP_T, write_sweep
 
     src = write_sweep(tmp_path / "sweep.h5")
     code, _, err = run_cli(["plot", "--scheme", "cable", "--input", str(src), "--kind", "dynamics", "--style", "icml",

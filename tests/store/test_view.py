@@ -29,7 +29,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
     from biasviz.extraction.run import extract
     from biasviz.extraction.summary import extract_summary
-    from tests.explorer.test_explore import STEPS, write_sweep
+    from tests.explorer.test_build import STEPS, write_sweep
 
     d = tmp_path_factory.mktemp("open")
     ids = np.random.default_rng(0).integers(0, 97, size=(3, 24))

@@ -15,7 +15,7 @@ import torch
 import biasviz
 from biasviz.model import capture
 from tests.conftest import small_model
-from tests.summaries.test_streamed_positional_se import _jackknife
+from tests.summaries.test_positional_errors import _jackknife
 
 N, T = 4, 16
 

@@ -18,7 +18,7 @@ import pytest
 from biasviz.explorer.build import build_page_data
 from biasviz.store import open_bias_file
 from tests.conftest import run_cli
-from tests.explorer.test_explore import page_payload, unpack
+from tests.explorer.test_build import page_payload, unpack
 from tests.summary_files import alibi, cable, weights_of, write_full, write_summary
 
 N, H, T, R = 3, 12, 48, 10  # blocks of 5 positions, 10 per axis

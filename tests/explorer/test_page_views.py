@@ -15,10 +15,10 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.explorer.test_explore import STEPS, SWEEP_T, write_sweep
+from tests.explorer.test_build import STEPS, SWEEP_T, write_sweep
 
 pytest.importorskip("selenium.webdriver", reason="needs selenium (pip install -e '.[dev]')")
-from tests.explorer.test_explore_browser import (  # noqa: F401  (driver: fixture)
+from tests.explorer.test_page_browser import (  # noqa: F401  (driver: fixture)
     choose,
     console_errors,
     driver,
@@ -200,7 +200,7 @@ def test_the_difference_of_identical_files_is_drawn_as_0_at_the_foot_of_a_sequen
 def test_a_difference_of_one_sign_labels_only_the_end_it_reaches(driver: object, tmp_path: Path) -> None:  # noqa: F811
     """A - B >= 0 everywhere (B is A less a positive amount): the top of the bar says A larger, the bottom does not
     say B larger; where A - B changes sign, each end says its own."""
-    from tests.cli.test_cli_plot import _alibi, write_file
+    from tests.cli.test_plot_cmd import _alibi, write_file
 
     a = _alibi(2)
     b = a - 0.25 - np.abs(np.random.default_rng(0).normal(size=a.shape)).astype(np.float32)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import biasviz
-from tests.summaries.test_sample_masks import caught_call
+from tests.summaries.test_sample_cells import caught_call
 
 T, N, HEADS, VOCAB = 16, 4, 4, 64
 

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 import biasviz
-from tests.summaries.test_positional import LOWER, T
-from tests.summaries.test_positional_traced import HEADS, N, _reference, llama_dir  # noqa: F401 (a fixture)
-from tests.tracing.test_trace_reshapes import deberta, relative_terms_float64
+from tests.summaries.test_position import LOWER, T
+from tests.summaries.test_position_traced import HEADS, N, _reference, llama_dir  # noqa: F401 (a fixture)
+from tests.tracing.test_eager_reshapes import deberta, relative_terms_float64
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -57,7 +57,7 @@ def test_deberta_summary_positional_logits_include_its_relative_terms(tmp_path: 
     """Bidirectional, with c2p + p2c added: P is the cross-text part of q·kᵀ plus the mean relative terms."""
     import copy
 
-    from tests.tracing.test_trace_reshapes import IDS
+    from tests.tracing.test_eager_reshapes import IDS
 
     model = deberta(2)
     ids = IDS.numpy()

@@ -14,7 +14,7 @@ import pytest
 
 from biasviz.plotting.heatmap import head_grid
 from biasviz.plotting.scales import DEFAULT_CMAPS, MASKED_DISTANCE, masked_color
-from tests.explorer.test_explore import page_payload
+from tests.explorer.test_build import page_payload
 
 T = 16
 

@@ -18,7 +18,7 @@ from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.run import extract
 from biasviz.model import capture
-from tests.cli.test_cli_extract import TEXT, extract_args, run
+from tests.cli.test_extract_cmd import TEXT, extract_args, run
 from tests.conftest import small_model
 
 T = 32
@@ -66,7 +66,7 @@ def test_scores_are_scale_q_k_plus_the_bias(tmp_path: Path, scheme: str) -> None
 
 def test_traced_llama_scores_are_its_rotated_q_k(tmp_path: Path) -> None:
     import biasviz
-    from tests.summaries.test_positional_traced import _reference
+    from tests.summaries.test_position_traced import _reference
 
     path = tmp_path / "llama"
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import biasviz
-from tests.summaries.test_fused_summary import _compare
-from tests.summaries.test_fused_traced import T, _Documents, _module_summaries, _use_reference
+from tests.summaries.test_fused_layer import _compare
+from tests.summaries.test_fused_layer_traced import T, _Documents, _module_summaries, _use_reference
 
 # (left, right) padding of each sample; "every": every sample padded, so that no sample's query 0 or 1 sees a key
 PADS = {"left": ((0, 9, 4), (0, 0, 0)), "right": ((0, 0, 0), (0, 7, 13)), "every": ((2, 9, 4), (0, 0, 3))}

@@ -1,6 +1,6 @@
 """docs/position-measures.md's figures read back: ``plot --kind frequency`` (q and k norms by rotary pair, the unrotated
 dims apart), the entropy ``--kind profile`` adds on a summary, and the sinks figure's 95 % band, each against the file's
-stored values (which tests/summaries/test_position_measures.py checks against float64 math) or math of its own."""
+stored values (which tests/summaries/test_weight_measures_models.py checks against float64 math) or math of its own."""
 
 from __future__ import annotations
 

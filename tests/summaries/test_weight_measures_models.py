@@ -156,7 +156,7 @@ def test_sliding_window_model(tmp_path: Path, attention: str) -> None:
                                np.hypot(q[..., :half], q[..., half:]).mean(2).mean(0), rtol=1e-5)  # fmt: skip
     # P's map SE over the window's cells: formed again from the bank (SDPA), or from the q and k kept as the model
     # streamed them (eager)
-    from tests.summaries.test_map_errors import jackknife_p
+    from tests.summaries.test_positional_blocks import jackknife_p
 
     r = {"q": q, "k": k, "bias": np.zeros((N, q.shape[1], T, T)), "scale": c}
     np.testing.assert_allclose(f.summary_array("positional_mean_se", 0), jackknife_p(r, kept[0], f.block),
@@ -260,7 +260,7 @@ def test_bias_profile_and_map_se_from_each_samples_bias(tmp_path: Path, scheme: 
     """CABLE's bias depends on the text: its profile's and map's SEs are those of each sample's own bias (a full
     extract's), at blocks of one position (from the stored spread) and of several (each sample's block means);
     ALiBi's is measured the same in every sample: SE 0."""
-    from tests.summaries.test_positional import _reference, _windows
+    from tests.summaries.test_position import _reference, _windows
 
     model = small_model(scheme)
     ids = _windows()

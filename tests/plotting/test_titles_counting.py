@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import biasviz
-from tests.cli.test_cli_plot import _dist, write_file
+from tests.cli.test_plot_cmd import _dist, write_file
 
 N, T = 3, 16
 

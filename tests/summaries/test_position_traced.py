@@ -19,7 +19,7 @@ import biasviz
 from biasviz.adapters.transformers_traced import load_transformers_sdpa
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.summary import extract_summary
-from tests.summaries.test_positional import LOWER, T, _block_means
+from tests.summaries.test_position import LOWER, T, _block_means
 from tests.summaries.tiny_llama import save_tiny_llama
 
 N, HEADS, KV_HEADS = 3, 4, 2

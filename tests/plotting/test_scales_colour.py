@@ -20,7 +20,7 @@ import pytest
 
 from biasviz.plotting.heatmap import head_grid
 from tests.conftest import SYNTHETIC_ATTRS, run_cli, softmax_weights
-from tests.explorer.test_explore import page_payload, unpack
+from tests.explorer.test_build import page_payload, unpack
 from tests.plotting.colour_rule import expected_limits, place
 
 T = 8

@@ -17,7 +17,7 @@ import biasviz
 from biasviz.cli import main
 from tests.conftest import small_model
 from tests.measures_reference import sink_ranking
-from tests.summaries.test_position_measures import hooked_qk
+from tests.summaries.test_weight_measures_models import hooked_qk
 
 EPSILON = 0.3
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import biasviz
-from tests.tracing.test_trace import reference
+from tests.tracing.test_calls import reference
 
 TOL = 1e-5
 

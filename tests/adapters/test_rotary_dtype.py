@@ -40,7 +40,7 @@ def test_a_bfloat16_run_rotates_as_transformers_own_bfloat16_load_at_2048(tmp_pa
     inv_freq would be off by whole radians."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.summaries.test_rotary_detection import sdpa_operands
+    from tests.adapters.test_rotary_detection import sdpa_operands
 
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,

@@ -15,7 +15,7 @@ import biasviz
 from biasviz.store.reader import open_bias_file
 from tests.conftest import small_model
 from tests.measures_reference import block_means, map_se
-from tests.summaries.test_positional import _positional, _reference, _windows
+from tests.summaries.test_position import _positional, _reference, _windows
 
 
 def jackknife_p(r: dict[str, np.ndarray], mask: np.ndarray, block: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from biasviz.extraction.summary import extract_summary
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.moments import ShiftedSums
 from tests.conftest import run_cli, small_model
-from tests.extraction.test_extract_summary import _block_means
+from tests.extraction.test_summary import _block_means
 
 T = 48
 TEXT = "def f(x):\n    return x * 2  # a line of code\n" * 200
