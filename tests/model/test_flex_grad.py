@@ -25,7 +25,7 @@ T = 160  # two of flex's blocks of 128, the second partial
 @pytest.fixture(autouse=True)
 def _recomputed(monkeypatch) -> None:
     """These tests are about the recomputation: their small models take it too (a CPU otherwise keeps attention
-    that fits in one block whole, tests/model/test_training_route.py)."""
+    that fits in one block whole, tests/model/test_routes_training.py)."""
     monkeypatch.setattr(blocked_grad, "one_block", lambda q: False)
 
 

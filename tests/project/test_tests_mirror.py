@@ -39,8 +39,6 @@ ALLOWED = {
     "store/test_hostile_measures.py": "hostile input: crafted numbers in every dataset of the measures' table",
     "store/test_hostile_summary_layout.py": "hostile input: summary layouts the format rules out",
     "training/test_hostile_sweeps.py": "hostile input: checkpoints that do not belong to one series",
-    "model/test_training_route.py": "tests model/fused.py's route choice (to become test_fused_route.py); kept while "
-    "the docstrings of model/test_blocked_grad.py and model/test_flex_grad.py, which name it, change elsewhere",
 }
 
 

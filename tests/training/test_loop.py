@@ -41,7 +41,7 @@ def test_training_writes_a_loadable_checkpoint_and_learns(corpus, tmp_path) -> N
     record = json.loads((out / "training.json").read_text())
     assert record["settings"]["scheme"] == "alibi" and record["corpus_source"] == str(corpus.resolve())
     # the route every step's attention took, counted: on a CPU, attention this small (one block of the recomputation)
-    # is kept whole (tests/model/test_training_route.py)
+    # is kept whole (tests/model/test_routes_training.py)
     assert record["attention_routes"] == {"dense": 40 * model.config.n_layer}
 
 
