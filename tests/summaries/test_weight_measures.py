@@ -128,11 +128,18 @@ def test_95_intervals_cover_the_true_mean_in_93_to_97_percent_of_400_runs() -> N
 
 
 def test_the_file_format_page_lists_every_dataset_of_the_table() -> None:
-    """docs/hdf5.md names every row of the table of datasets (a new measure is a row and a line there)."""
+    """docs/hdf5.md names every row of the table of datasets, or points to the measures' table of
+    docs/position-measures.md for it (a new measure is a row and a line there), whose stat-axis means have their
+    ``<mean>_se`` beside them by the line that says so."""
+    import re
     from pathlib import Path
 
-    from biasviz.store.datasets import DISTANCE_BINS, ROWS
+    from biasviz.store.datasets import DISTANCE_BINS, ROWS, se_name
 
-    page = (Path(__file__).parents[2] / "docs" / "hdf5.md").read_text()
-    missing = [name for name in (*ROWS, DISTANCE_BINS) if name not in page]
+    docs = Path(__file__).parents[2] / "docs"
+    page = (docs / "hdf5.md").read_text()
+    assert "every other measure in the table of position-measures.md" in page and "/layer_{L}/<mean>_se" in page
+    table = set(re.findall(r"^\| `([a-z_]+)` \|", (docs / "position-measures.md").read_text(), re.M))
+    errors = {se_name(name) for name in table if name in ROWS and ROWS[name].dims[0] == "stat"}
+    missing = [name for name in (*ROWS, DISTANCE_BINS) if name not in page and name not in table | errors]
     assert not missing, missing
