@@ -14,9 +14,12 @@ import numpy as np
 import torch
 
 from biasviz.adapters.rows import RowBlock
+from biasviz.common.shapes import step_cells
 from biasviz.store.datasets import ATTENTION_DISTANCE, se_name
 from biasviz.summaries.reducers import KernelSums, Reducer
 from biasviz.summaries.sample_profiles import sample_stats
+
+STEP_CELLS = 1 << 20  # cells weighted at a time on a CPU: a temporary of 4 MiB of float32, not of the block's size
 
 
 class AttentionDistance(Reducer):
@@ -31,10 +34,16 @@ class AttentionDistance(Reducer):
 
     def add(self, block: RowBlock) -> None:
         w = block.weights  # (S, H, rows, K), 0 where a query does not look
-        i = torch.arange(block.r0, block.r1, device=w.device)[:, None]
-        d = (i - torch.arange(block.keys, device=w.device)[None, :]).abs().to(w.dtype)  # (rows, K), exact to 2^24
+        s, h, rows, keys = w.shape
+        step = max(1, step_cells(w.device, STEP_CELLS) // max(1, s * h * keys))  # rows a step: a bounded temporary
+        total = torch.zeros(s, h, dtype=torch.float64, device=w.device)
+        for c0 in range(0, rows, step):
+            part = w[:, :, c0 : c0 + step]
+            i = torch.arange(block.r0 + c0, block.r0 + c0 + part.shape[2], device=w.device)[:, None]
+            d = (i - torch.arange(keys, device=w.device)[None, :]).abs().to(w.dtype)  # (rows, K), exact to 2^24
+            total += (part * d).sum(-1).sum(-1, dtype=torch.float64)
         at = (slice(block.first, block.first + block.samples),)
-        self._put(self.sums["distance"], at, (w * d).sum(-1).sum(-1, dtype=torch.float64))
+        self._put(self.sums["distance"], at, total)
         if block.attended is None:  # causal, or every key: each query attends one at least
             looks = torch.full((1, 1), float(block.r1 - block.r0), dtype=torch.float64, device=w.device)
         else:
