@@ -61,7 +61,6 @@ class StreamedPosition:
         self.reducers = build(samples=len(self.sinks), heads=heads, seq_len=seq_len, block=block, causal=causal,
                               device=device) if measures else []  # fmt: skip
         self.profiles = self._profiles(None)
-        self._scale = 1.0  # the call's c, by which the stream multiplied k
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
         whole = local is None or local == samples
         self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device, block=block)
@@ -152,10 +151,8 @@ class StreamedPosition:
         self.q = q_sum if self.q is None else self.q + q_sum
         self.k = k_sum if self.k is None else self.k + k_sum
 
-    _pending: torch.Tensor | None = None  # a batch's q, until its k comes
-
     def add_block(self, block: RowBlock) -> None:
-        """Every quantity of a :class:`RowBlock` of the batch under way, the call's scale before its q and k."""
+        """Every quantity of a :class:`RowBlock` of the batch under way, and the call's q and k where it brings them."""
         for kind in ("bias", "weights", "scores"):
             values = block.of(kind)
             if values is not None:
@@ -163,26 +160,21 @@ class StreamedPosition:
         for reducer in self.reducers:
             reducer.add(block)
         if block.q is not None and block.k is not None and block.scale is not None:
-            self._scale = float(block.scale)
-            self.add("q", block.first, 0, block.q)
-            self.add("k", block.first, 0, block.k)
+            self._add_operands(block.first, block.q, block.k, block.scale)
+
+    def _add_operands(self, first: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+        """Samples ``first ..``'s q (B, H, T, hd) and k already multiplied by the call's scale ``scale``."""
+        if self.frequency is not None:  # over the positions the batch's cells hold (padding left out)
+            mask = None if self.attended is None else self.attended.mask
+            cells = self._own if self.union is not None else mask
+            self.frequency.add(first, q, k / scale, cells)
+        if self.jackknife is not None:
+            self.jackknife.operands(first, q, k)
+        self.operands(q, k)
 
     def add(self, kind: str, first: int, row0: int, block: torch.Tensor) -> None:
         """Rows ``row0 ..`` of samples ``first ..`` of one kind ("scores", "bias", "weights"): (B or 1, H, rows, K),
         masked cells NaN (0 in the weights); a bias of one sample for the whole batch counts for each."""
-        if kind in ("q", "k"):  # the call's q, then its k already multiplied by the call's scale
-            if kind == "q":
-                self._pending = block
-            elif self._pending is not None:
-                if self.frequency is not None:  # over the positions the batch's cells hold (padding left out)
-                    mask = None if self.attended is None else self.attended.mask
-                    cells = self._own if self.union is not None else mask
-                    self.frequency.add(first, self._pending, block / self._scale, cells)
-                if self.jackknife is not None:
-                    self.jackknife.operands(first, self._pending, block)
-                self.operands(self._pending, block)
-                self._pending = None
-            return
         rows, keys = block.shape[-2:]
         every = block.expand(self._batch, *block.shape[1:]) if block.shape[0] == 1 else block
         if kind in self.profiles:  # a bias of one sample for the whole batch counts for each
