@@ -101,8 +101,8 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                            show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
             if fused is not None:
                 if measures and fused.measures is not None:  # the statistics the kernels do not implement
-                    reducers = [r for r in build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
-                                                 device=dev) if not set(r.rows) <= fused.measures.keys()]  # fmt: skip
+                    reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True, device=dev,
+                                     held=fused.measures.keys())  # fmt: skip
                     with torch.inference_mode():
                         feed_again(lambda at, a, r0, r1, b: adapter.rows_again(at, bank, a, r0, r1, b), layer,
                                    reducers, samples=n, seq_len=seq_len, heads=heads, device=dev,

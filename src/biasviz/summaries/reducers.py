@@ -16,6 +16,7 @@ samples one after another, a block formed again after a bias was measured to dif
 from __future__ import annotations
 
 import importlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -88,10 +89,12 @@ def reducer_classes(rows: dict[str, DatasetRow] | None = None) -> list[type[Redu
     return list(seen.values())
 
 
-def build(*, samples: int, heads: int, seq_len: int, block: int, causal: bool, device: torch.device) -> list[Reducer]:
-    """One instance of every reducer the table names, for one layer."""
+def build(*, samples: int, heads: int, seq_len: int, block: int, causal: bool, device: torch.device,
+          held: Collection[str] = ()) -> list[Reducer]:  # fmt: skip
+    """One instance of every reducer the table names, for one layer, but those whose rows are all in ``held``
+    (already computed: the fused kernels' own)."""
     return [cls(samples=samples, heads=heads, seq_len=seq_len, block=block, causal=causal, device=device)
-            for cls in reducer_classes()]  # fmt: skip
+            for cls in reducer_classes() if not set(cls.rows) <= set(held)]  # fmt: skip
 
 
 def results(reducers: list[Reducer]) -> dict[str, np.ndarray]:

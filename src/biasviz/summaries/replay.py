@@ -11,6 +11,7 @@ linear in the number of samples; memory is one block's moments plus the bank, wh
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -115,8 +116,8 @@ def feed(reducers: list[Reducer], block: RowBlock, mask: Attended | None) -> Non
     """``block`` to each of ``reducers``, with the call's one mask (``mask``) where it brings no cells of its own."""
     if not reducers:
         return
-    if block.attended is None and mask is not None:
-        block.attended = mask.rows(block.r0, block.r1, block.keys)[None]
+    if block.attended is None and mask is not None:  # the caller's block left as it came
+        block = dataclasses.replace(block, attended=mask.rows(block.r0, block.r1, block.keys)[None])
     for reducer in reducers:
         reducer.add(block)
 
