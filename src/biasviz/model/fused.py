@@ -129,25 +129,6 @@ def intercepted() -> bool:
     return bool(enabled()) if enabled is not None else False
 
 
-_intercepted = intercepted  # the name it had
-
-
-def attend_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: ScoreTerms | None, scale: float,
-                 table: bool = True) -> torch.Tensor | None:  # fmt: skip
-    """Causal attention with the bias ``terms`` through the fastest kernel that runs here, (B, H, T, hd); None where
-    none does (no compact form, ``BIASVIZ_ATTENTION=sdpa``, a compiler that fails, torch's recompile limit): then
-    the caller's blocked SDPA path runs, with the same numbers. ``table``: whether the strided table may run."""
-    chosen = route(q.device, q.shape[-2], terms, table)
-    out = None
-    if chosen == "table":
-        out = attend_by_table(q, k, v, terms.distance, scale)
-    elif chosen == "flex":
-        out = attend_flex(q, k, v, terms, scale)
-    if out is not None:
-        took(chosen)
-    return out
-
-
 def attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, terms: ScoreTerms,
                 scale: float) -> torch.Tensor | None:  # fmt: skip
     """:func:`attend` where one more kernel may be compiled (:func:`fits`) and it builds here, else None."""
