@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
+from biasviz.common.param_types import NonEmptyPath  # here too: the commands' path type, by its old name
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -195,16 +197,6 @@ if __name__ == "__main__":  # python -m biasviz.cli.options CONFIG COMMAND OUT  
     import sys
 
     write_stage(*sys.argv[1:4])
-
-
-class NonEmptyPath(click.Path):
-    """A path option that refuses an empty value (``--out ""``, or ``out = ""`` in a config): empty would
-    otherwise read as the current folder or, for an output, silently as the default path."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not value.strip():
-            self.fail("is empty: give a path, or leave the option out for its default", param, ctx)
-        return super().convert(value, param, ctx)
 
 
 def config_option(f: F) -> F:
