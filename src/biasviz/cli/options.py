@@ -219,29 +219,29 @@ def device_option(f: F) -> F:
 
 def figure_output_options(f: F) -> F:
     """``--format``, ``--style``, ``--dpi`` and ``--out-dir``: how and where figures are written."""
-    from biasviz.plotting.draw import DPI_RANGE
-    from biasviz.plotting.style import DEFAULT_STYLE, VENUE_WIDTHS
+    from biasviz.plotting.options import OPTIONS, option
+    from biasviz.plotting.style import DEFAULT_STYLE
 
     options = [
         click.option(
             "--format", "formats_text", default="pdf,png", show_default=True, help="Comma list of pdf, png, svg."
         ),
-        click.option(
-            "--style", type=click.Choice(list(VENUE_WIDTHS)), default=DEFAULT_STYLE, show_default=True,
+        option(
+            OPTIONS["style"], default=DEFAULT_STYLE, show_default=True,
             help="Printed width: neurips/iclr 5.5 in, acl 6.3 in, icml 6.75 in, *-column one column.",
         ),
-        click.option(
-            "--width", default=None, metavar="column|page|INCHES",
+        option(
+            OPTIONS["width"], default=None, metavar="column|page|INCHES",
             help="Printed width: the style's one column, its full text width, or inches (2-10) [default: the style's].",
         ),
-        click.option("--dpi", type=click.IntRange(*DPI_RANGE), default=200, show_default=True, help="PNG resolution."),
+        option(OPTIONS["dpi"], default=200, show_default=True, help="PNG resolution."),
         click.option(
             "--out-dir", type=NonEmptyPath(file_okay=False, path_type=Path), default=Path("figures"), show_default=True,
             help="Folder for the figures (created if missing).",
         ),
     ]  # fmt: skip
-    for option in reversed(options):
-        f = option(f)
+    for decorate in reversed(options):
+        f = decorate(f)
     return f
 
 

@@ -12,30 +12,15 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from biasviz.cli.options import NonEmptyPath, config_option, figure_output_options, with_config
-from biasviz.plotting.draw import MAX_CELLS_RANGE, NORMALIZE, REDUCE
-from biasviz.plotting.kinds import kind_help, kind_names, runner
+from biasviz.cli.options import config_option, figure_output_options, with_config
+from biasviz.plotting.kinds import kind_help, runner
+from biasviz.plotting.options import INPUT, KIND, OPTIONS, option
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from biasviz.common.atomic import Staged
     from biasviz.plotting.job import Sink
-
-
-class KindChoice(click.Choice):
-    """``--kind``'s choice: the rows of the kinds table, read when the option is checked or shown."""
-
-    def __init__(self) -> None:
-        super().__init__(kind_names())
-
-    @property  # type: ignore[override]
-    def choices(self) -> tuple[str, ...]:
-        return kind_names()
-
-    @choices.setter
-    def choices(self, value: object) -> None:  # click's __init__ sets it; the table stays the source
-        pass
 
 
 @click.command("plot")
@@ -45,36 +30,34 @@ class KindChoice(click.Choice):
     help="Scheme name (aliases work), or the name a file records; names the input and output files.  [default: "
          "the one --input records]",
 )  # fmt: skip
-@click.option(
-    "--input",
+@option(
+    INPUT,
     "input_path",
-    type=NonEmptyPath(dir_okay=False, path_type=Path),
     default=None,
     help="HDF5 file from 'biasviz extract'.  [default: data/<scheme>.h5]",
 )
-@click.option(
-    "--kind",
-    type=KindChoice(),
+@option(
+    KIND,
     default="bias",
     show_default=True,
     help=kind_help(),
 )
-@click.option(
-    "--step", type=int, default=None,
+@option(
+    OPTIONS["step"],
+    default=None,
     help="In a sweep file: the training step whose checkpoint to draw  [default: the last].",
 )
-@click.option("--layer", type=int, default=-1, show_default=True, help="Layer index; -1 is the last stored.")
-@click.option(
-    "--sample",
+@option(OPTIONS["layer"], default=-1, show_default=True, help="Layer index; -1 is the last stored.")
+@option(
+    OPTIONS["sample"],
     "sample_text",
     default="0",
     show_default=True,
     help="Sample index K, or 'mean' for the mean over all samples (streamed). A summary file "
     "('extract --summary') holds the mean only.",
 )
-@click.option(
-    "--normalize",
-    type=click.Choice(NORMALIZE),
+@option(
+    OPTIONS["normalize"],
     default="none",
     show_default=True,
     help="'diagonal' subtracts each row's diagonal value from the bias: biases that differ by a "
@@ -83,27 +66,25 @@ class KindChoice(click.Choice):
 @click.option("--shared-scale/--per-head-scale", default=None,
               help="One colour scale (and colorbar) for all heads, or one per head.  [default: shared for weights "
                    "on a log scale, per head otherwise]")  # fmt: skip
-@click.option(
-    "--cmap",
+@option(
+    OPTIONS["cmap"],
     default=None,
     help="Colormap (matplotlib or seaborn name).  [default: viridis for the "
     "bias, magma for weights, RdBu_r when values change sign]",
 )
-@click.option("--log", "log_scale", is_flag=True, help="Logarithmic colour scale for the attention weights.")
-@click.option("--log-distance", is_flag=True,
-              help="With --kind profile or dynamics: a logarithmic distance axis (short-range structure, such as "
-                   "T5's exact buckets, gets room).")  # fmt: skip
-@click.option(
-    "--reduce",
+@option(OPTIONS["log"], "log_scale", help="Logarithmic colour scale for the attention weights.")
+@option(OPTIONS["log_distance"],
+        help="With --kind profile or dynamics: a logarithmic distance axis (short-range structure, such as "
+             "T5's exact buckets, gets room).")  # fmt: skip
+@option(
+    OPTIONS["reduce"],
     "reduce_how",
-    type=click.Choice(REDUCE),
     default="mean",
     show_default=True,
     help="Block reduction for matrices larger than --max-cells per axis.",
 )
-@click.option(
-    "--max-cells",
-    type=click.IntRange(*MAX_CELLS_RANGE),
+@option(
+    OPTIONS["max_cells"],
     default=None,
     help="Largest matrix drawn cell for cell; larger ones are block-reduced first.  [default: as many cells as a "
     "panel has pixels at --dpi (and at 300 dpi in PDF/SVG), so no cell is dropped]",
@@ -139,8 +120,12 @@ def plot(scheme: str | None, input_path: Path | None, kind: str, step: int | Non
     ctx = click.get_current_context()
     sample_given = ctx.get_parameter_source("sample_text") != ParameterSource.DEFAULT
     formats = parse_formats(formats_text)
-    params = {"normalize": "normalize", "log_scale": "log_scale", "log_distance": "log_distance",
-              "sample": "sample_text"}  # fit_to_kind's names -> the parameters': those a config file set
+    params = {
+        "normalize": "normalize",
+        "log_scale": "log_scale",
+        "log_distance": "log_distance",
+        "sample": "sample_text",
+    }  # fit_to_kind's names -> the parameters': those a config file set
     from_config = {k for k, p in params.items() if ctx.get_parameter_source(p) == ParameterSource.DEFAULT_MAP}
     normalize, log_scale, log_distance, sample_given = fit_to_kind(kind, normalize, log_scale, log_distance, sample,
                                                                    sample_given, from_config)  # fmt: skip
