@@ -7,13 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from biasviz.common.errors import UsageError
-
-#: Python keyword -> (the option of ``biasviz plot`` it sets, what it takes: a flag, a whole number or text)
-OPTIONS = {"layer": ("--layer", "integer"), "sample": ("--sample", "text"), "step": ("--step", "integer"),
-           "normalize": ("--normalize", "text"), "cmap": ("--cmap", "text"), "log": ("--log", "flag"),
-           "log_distance": ("--log-distance", "flag"), "style": ("--style", "text"), "width": ("--width", "text"),
-           "dpi": ("--dpi", "integer range"), "reduce": ("--reduce", "text"),
-           "max_cells": ("--max-cells", "integer range")}  # fmt: skip
+from biasviz.plotting.options import INPUT, KIND, OPTIONS, PlotOption
 
 
 def checked(options: dict[str, Any]) -> dict[str, Any]:
@@ -35,48 +29,44 @@ def checked(options: dict[str, Any]) -> dict[str, Any]:
 
 def command_values(path: str | Path, kind: str, options: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     """(the input file, the options as the command's parameters hold them) for ``--input PATH --kind KIND`` and
-    ``options`` (None or False: left out; True: a flag given). A value is read as the command reads its text:
-    a flag given a value, an option given no value, a number that is not whole, a value outside the option's
-    set or range, or a folder as the input: a UsageError in the words the command prints."""
-    from biasviz.plotting.draw import check_option
-
+    ``options`` (None or False: left out; True: a flag given). A value is read as the command reads its text, by
+    the option's own click type (:mod:`biasviz.plotting.options`): a flag given a value, an option given no value,
+    a number that is not whole, a value outside the option's set or range, or a folder as the input: a UsageError
+    in the words the command prints."""
     values: dict[str, Any] = {}
     extra: list[str] = []
     for name, value in options.items():
-        option, takes = OPTIONS[name]
+        option = OPTIONS[name]
         if value is None or value is False:
             continue
-        if takes == "flag":
+        if option.flag:
             values[name] = True
             if value is not True:  # the command reads `--log VALUE` as the flag and an argument it has no place for
                 extra.append(str(value))
-        elif value is True:
-            raise UsageError(f"Option '{option}' requires an argument.")
+        elif value is True:  # `--cmap` with nothing after it: click's parser says so, before any type reads a value
+            raise UsageError(f"Option '{option.name}' requires an argument.")
         else:
             values[name] = str(value)
-    file = _input(path)
-    check_option("kind", kind)
+    file = read(INPUT, str(path))
+    read(KIND, str(kind))
     for name, text in values.items():
-        option, takes = OPTIONS[name]
-        if takes.startswith("integer"):
-            try:
-                values[name] = int(text)
-            except ValueError:
-                raise UsageError(f"Invalid value for '{option}': {text!r} is not a valid {takes}.") from None
-        check_option(option.removeprefix("--"), values[name])
-    if extra:
+        if not OPTIONS[name].flag:
+            values[name] = read(OPTIONS[name], text)
+    if extra:  # click's words for arguments left over once every option is read
         raise UsageError(f"Got unexpected extra argument{'s' if len(extra) > 1 else ''} ({' '.join(extra)})")
     return file, values
 
 
-def _input(path: str | Path) -> Path:
-    """``--input``'s path: never empty, never a folder."""
-    text = str(path)
-    if not text.strip():
-        raise UsageError("Invalid value for '--input': is empty: give a path, or leave the option out for its default")
-    if Path(text).is_dir():
-        raise UsageError(f"Invalid value for '--input': File {text!r} is a directory.")
-    return Path(text)
+def read(option: PlotOption, text: str) -> Any:
+    """``text`` as the command reads it after ``option``: converted by the option's click type, with a click
+    option of its name so that a refusal names it; click's refusal becomes biasviz's UsageError with click's own
+    message, the words the command prints after ``Error:``."""
+    import click
+
+    try:
+        return option.type.convert(text, option.param(), None)
+    except click.UsageError as exc:  # BadParameter and its kin: "Invalid value for '--dpi': ..."
+        raise UsageError(exc.format_message()) from None
 
 
-__all__ = ["OPTIONS", "checked", "command_values"]
+__all__ = ["OPTIONS", "checked", "command_values", "read"]
