@@ -5,8 +5,9 @@ its own, and compare every dataset and attribute of the files they write: exactl
 differ, by how much. The inputs: our models trained on the built-in default corpus (the Python standard library's
 source; ``biasviz train``, once, by the first tree), whose windows ``biasviz extract`` cuts from it, as summaries and as
 full files, through the command line users call; and two transformers models (a Llama through SDPA, whose rows are
-formed again, and a Bloom with ALiBi, streamed as it forms them), randomly initialised and saved locally, through
-``biasviz.extract``. Nothing is downloaded.
+formed again, and a Bloom with ALiBi, streamed as it forms them, each also with samples padded differently; and a
+Mistral with a sliding window), randomly initialised and saved locally, through ``biasviz.extract``. Nothing is
+downloaded.
 
     .venv/bin/python bench/same_numbers.py --before /path/to/old/checkout --after .
 """
@@ -25,7 +26,11 @@ import h5py
 import numpy as np
 
 SCHEMES = ("alibi", "rope", "kerple-log")  # our models on the default corpus
-TRANSFORMERS = ("llama", "bloom")
+TRANSFORMERS = ("llama", "bloom", "mistral")
+# the transformers models' inputs: every sample whole; and (padded) samples left-padded by different lengths, so that
+# each is masked otherwise (its own attended cells, in rows formed again (Llama) and streamed (Bloom)); Mistral's
+# sliding window of 24 is one mask for every sample
+INPUTS = {"llama": ("summary", "full", "padded"), "bloom": ("summary", "full", "padded"), "mistral": ("summary",)}
 # attributes that say when or how long, not what: they differ from run to run
 VOLATILE = ("created", "seconds", "elapsed", "biasviz_version", "git", "host", "wall")
 REFERENCES = ("DIMENSION_LIST", "REFERENCE_LIST")  # HDF5 object references: addresses within each file
@@ -40,14 +45,27 @@ if kind == "build":
         model = LlamaForCausalLM(LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                              num_hidden_layers=2, intermediate_size=128, vocab_size=256,
                                              attn_implementation="sdpa"))
+    elif path.endswith("mistral"):
+        from transformers import MistralConfig, MistralForCausalLM
+        model = MistralForCausalLM(MistralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                                 num_hidden_layers=2, intermediate_size=128, vocab_size=256,
+                                                 sliding_window=24, attn_implementation="sdpa"))
     else:
         from transformers import BloomConfig, BloomForCausalLM
         model = BloomForCausalLM(BloomConfig(vocab_size=256, hidden_size=64, n_layer=2, n_head=4))
     model.save_pretrained(path)
     raise SystemExit
-ids = np.random.default_rng(0).integers(0, 256, size=(5, 96))
-summary = {"summary": True, "resolution": 24} if kind == "summary" else {}
-biasviz.extract(path, ids, out, layers="all", progress=False, **summary)
+ids = np.random.default_rng(0).integers(1, 256, size=(5, 96))
+summary = {"summary": True, "resolution": 24} if kind in ("summary", "padded") else {}
+if kind == "padded":  # token 0 pads the first 0, 7, 14, ... positions of each sample
+    from transformers import AutoModelForCausalLM
+    for a in range(len(ids)):
+        ids[a, : 7 * a] = 0
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    forward = lambda batch: model(batch, attention_mask=(batch != 0).long())
+    biasviz.extract(model, ids, out, layers="all", progress=False, forward=forward, batch_size=2, **summary)
+else:
+    biasviz.extract(path, ids, out, layers="all", progress=False, **summary)
 """
 
 
@@ -67,7 +85,7 @@ def make_files(tree: Path, work: Path, out: Path, python: str) -> None:
             run(tree, [python, "-m", "biasviz", "extract", "--model", str(model), "--layer", "all", "--samples", "4",
                        "--seq-len", "128", *extra, "--out", str(out / f"{scheme}-{kind}.h5")], work)  # fmt: skip
     for name in TRANSFORMERS:
-        for kind in ("summary", "full"):
+        for kind in INPUTS[name]:
             run(tree, [python, "-c", CHILD, kind, str(work / "hf" / name), str(out / f"{name}-{kind}.h5")], work)
 
 
