@@ -32,7 +32,9 @@ HOST_READS = {"_local_scalar_dense.default", "item.default", "is_nonzero.default
 ALLOCATIONS = {"empty.memory_format", "empty_strided.default", "new_empty.default", "new_empty_strided.default",
                "empty_like.default"}  # fmt: skip
 HEADS = 12  # small_model's
-KERNELS_PER_BLOCK = 260  # per block of rows and sample, forming the rows included (the model's own arithmetic)
+# per block of rows and sample, forming the rows included (the model's own arithmetic); the measures' counts of each
+# block's own cells, per sample, added 8-10 at 3-5 samples (the attended cells taken from the blocks, not set once)
+KERNELS_PER_BLOCK = 275
 
 
 class Dispatched(TorchDispatchMode):
@@ -89,7 +91,7 @@ def test_a_layer_reads_the_host_once_and_sends_kernels_by_blocks_and_samples_onl
     """Host reads: at most one a layer (a bias declared the same for every input: its comparison, at the end), however
     many blocks and samples; the CPU's shapes read once a block, which shows the count sees them. Kernels: the same
     blocks and samples at twice the length send the same kernels (no step cut to a CPU's cache); per block and sample
-    at most KERNELS_PER_BLOCK (190-246 measured), under 2/5 of what steps of two rows send."""
+    at most KERNELS_PER_BLOCK (190-268 measured), under 2/5 of what steps of two rows send."""
     got = {}
     for key in [(64, 3, 16), (128, 3, 32), (128, 3, 16), (128, 5, 16)]:
         with monkeypatch.context() as m:

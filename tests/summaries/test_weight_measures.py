@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import distance_bins
 from biasviz.summaries import weight_measures
-from biasviz.summaries.attended import Attended
 from biasviz.summaries.weight_measures import WeightMeasures, sample_stats
 from tests.measures_reference import reference as _reference
 from tests.measures_reference import sink_ranking
@@ -25,16 +25,16 @@ def _weights(rng: np.random.Generator, n: int, h: int, t: int, mask: np.ndarray)
 
 def _run(w: np.ndarray, mask: np.ndarray | None, causal: bool, block: int, rows: int, batch: int) -> dict:
     n, h, t, _ = w.shape
-    attended = None if mask is None else Attended(torch.as_tensor(mask))
-    wm = WeightMeasures(samples=n, heads=h, seq_len=t, block=block, causal=causal, device=torch.device("cpu"),
-                        attended=attended)  # fmt: skip
+    cells = None if mask is None else torch.as_tensor(mask)[None]  # the call's one mask, every block's rows of it
+    wm = WeightMeasures(samples=n, heads=h, seq_len=t, block=block, causal=causal, device=torch.device("cpu"))
     # the replay order: row blocks outside, samples inside; keys up to the block's last row when causal
     for r0 in range(0, t, rows):
         r1 = min(t, r0 + rows)
         keys = r1 if causal else t
         for first in range(0, n, batch):
-            wm.add(first, r0, torch.as_tensor(w[first : first + batch, :, r0:r1, :keys], dtype=torch.float32))
-    return wm.result().arrays
+            weights = torch.as_tensor(w[first : first + batch, :, r0:r1, :keys], dtype=torch.float32)
+            wm.add(RowBlock(0, first, r0, weights, attended=None if cells is None else cells[..., r0:r1, :keys]))
+    return wm.result()
 
 
 CASES = {
@@ -86,8 +86,8 @@ def test_band_mass_sums_to_one_per_query() -> None:
     mask = np.tril(np.ones((1, t, t), bool))
     w = _weights(np.random.default_rng(0), 1, 1, t, mask)
     wm = WeightMeasures(samples=1, heads=1, seq_len=t, block=1, causal=True, device=torch.device("cpu"))
-    wm.add(0, 0, torch.as_tensor(w, dtype=torch.float32))
-    mass = wm.result().arrays["band_mass"][0, 0]
+    wm.add(RowBlock(0, 0, 0, torch.as_tensor(w, dtype=torch.float32)))
+    mass = wm.result()["band_mass"][0, 0]
     assert float((mass * (t - distance_bins(t)[:, 0])).sum()) == pytest.approx(t, rel=1e-5)
 
 
@@ -120,8 +120,8 @@ def test_95_intervals_cover_the_true_mean_in_93_to_97_percent_of_400_runs() -> N
         for i in range(t):
             w[:, 0, i, : i + 1] = rng.dirichlet(np.full(i + 1, 4.0), size=n)
         wm = WeightMeasures(samples=n, heads=1, seq_len=t, block=4, causal=True, device=torch.device("cpu"))
-        wm.add(0, 0, torch.as_tensor(w))
-        got = wm.result().arrays
+        wm.add(RowBlock(0, 0, 0, torch.as_tensor(w)))
+        got = wm.result()
         mean, se = got["band_mass"][0, 0, 0], got["band_mass_se"][0, 0]
         covered += abs(mean - truth) <= 1.959963984540054 * se
     assert 0.93 <= covered / runs <= 0.97, covered / runs
@@ -143,3 +143,37 @@ def test_the_file_format_page_lists_every_dataset_of_the_table() -> None:
     errors = {se_name(name) for name in table if name in ROWS and ROWS[name].dims[0] == "stat"}
     missing = [name for name in (*ROWS, DISTANCE_BINS) if name not in page and name not in table | errors]
     assert not missing, missing
+
+
+def test_samples_masked_otherwise_after_samples_without_a_mask() -> None:
+    """Samples 0-2 come in blocks that bring no cells (the causal triangle), samples 3-5 in blocks that bring their
+    own (left padding of 0, 4 and 9 positions): each sample's measures are over its own cells, as float64 math one
+    sample at a time finds them, with nothing set on the reducer between the two."""
+    n, h, t, block, rows = 6, 2, 23, 5, 7
+    causal = np.tril(np.ones((t, t), bool))
+    masks = np.stack([causal] * n)
+    for a, pad in zip((3, 4, 5), (0, 4, 9), strict=True):
+        masks[a, :, :pad] = False
+        masks[a, :pad] = False
+    rng = np.random.default_rng(11)
+    with np.errstate(invalid="ignore"):  # a padded query sees no key: all its weights 0
+        w = np.nan_to_num(np.concatenate([_weights(rng, 1, h, t, masks[a][None]) for a in range(n)]))
+    wm = WeightMeasures(samples=n, heads=h, seq_len=t, block=block, causal=True, device=torch.device("cpu"))
+    for first, own in ((0, False), (3, True)):
+        for r0 in range(0, t, rows):
+            r1 = min(t, r0 + rows)
+            cells = torch.as_tensor(masks[first : first + 3, None, r0:r1, :r1]) if own else None
+            weights = torch.as_tensor(w[first : first + 3, :, r0:r1, :r1], dtype=torch.float32)
+            wm.add(RowBlock(0, first, r0, weights, attended=cells))
+    got = wm.result()
+    per_sample = [_reference(w[a : a + 1], masks[a][None], block) for a in range(n)]
+    for name in ("band_mass", "context_mass", "weights_entropy"):
+        x = np.concatenate([ref[name] for ref in per_sample])  # NaN where a sample has no query that counts
+        held = (~np.isnan(x)).sum(0)
+        mean = np.nanmean(x, 0)
+        dev2 = np.nansum((x - mean) ** 2, 0)
+        np.testing.assert_allclose(got[name][0], mean, rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(got[name][1], np.sqrt(dev2 / held), rtol=1e-4, atol=1e-6, err_msg=name)
+        se = np.where(held >= 3, np.sqrt(dev2 / (held * (held - 1)).clip(min=1)), np.nan)
+        np.testing.assert_allclose(got[f"{name}_se"], se, rtol=1e-4, atol=1e-6, err_msg=name)
+    assert got["sink_min_queries"].shape == (n, h)  # each sample's own keys seen: its own threshold

@@ -28,23 +28,27 @@ BY_SAMPLE = "by sample"  # a layer whose samples are masked differently (its ent
 
 
 def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[int, Any], parts: Parts,
-            position: Mapping[int, StreamedPosition], first: int, merged: bool = False) -> None:  # fmt: skip
+            position: Mapping[int, StreamedPosition], first: int,
+            merged: bool = False) -> torch.Tensor | None:  # fmt: skip
     """A streamed call's attended cells (B or 1, H, T, T): where they are not the causal triangle (or, in a call that
     sees every key, every cell), every summary of the layer is taken over them (docs/hdf5.md, 'Attended cells'). One
     mask while every sample has the same; from the first sample masked otherwise (padding, packed documents) on, each
-    sample's own cells count for it (:meth:`QuantitySummary.by_sample`, :meth:`StreamedPosition.by_sample`)."""
+    sample's own cells count for it (:meth:`QuantitySummary.by_sample`, :meth:`StreamedPosition.by_sample`).
+
+    Returns the cells the call's blocks bring to what takes them from the block (the reducers): None where the call's
+    mask is its rule, the one mask (1, 1 or H, T, T) while every sample has it, else the batch's own."""
     own = [part for (_, at), part in parts.items() if at == layer]
     spot = position.get(layer)
     if masks.get(layer) is BY_SAMPLE:
         _by_batch(own, spot, first, kept)
-        return
+        return kept
     mask = kept[:1]
     differs = kept.shape[0] > 1 and not bool((kept == mask).all())
     causal = adapter.layer_causal(layer)
     if layer in masks and not differs:
         known = masks[layer]
         if bool(_plain(mask, causal)) if known is None else bool(torch.equal(known, mask)):
-            return
+            return known
         differs = True
     if differs:
         if merged:
@@ -61,16 +65,17 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
         if spot is not None:
             spot.by_sample(None if before is None else before[0], first)
         _by_batch(own, spot, first, kept)
-        return
+        return kept
     if _plain(mask, causal):
         masks[layer] = None
-        return
+        return None
     masks[layer] = mask
     attended = Attended(mask.to(kept.device))
     for part in own:
         part.attend(attended)
     if spot is not None:
         spot.attend(attended)
+    return mask
 
 
 def _by_batch(own: list[QuantitySummary], spot: StreamedPosition | None, first: int, kept: torch.Tensor) -> None:

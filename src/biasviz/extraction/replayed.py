@@ -35,7 +35,6 @@ from biasviz.summaries.replay import DiffersPartWay, LayerExtras, feed_again, re
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells, check_one_mask
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
-from biasviz.summaries.weight_measures import WeightMeasures
 
 # torchrun with a model whose rows are formed again: every process's bank, joined in rank order on process 0
 # (None on the others, whose part ends there)
@@ -136,11 +135,11 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                     except DiffersPartWay:
                         continue
             bias = None if extra.bias_distance is None else extra.bias_distance.sums()
-            frequency = ({} if extra.measures is None
+            frequency = ({} if not measures
                          else {**rotary_measures(adapter, bank, layer, heads, attended, positional,
                                                  own=cells is not None, bias=bias),
                                **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks)})  # fmt: skip
-            if extra.measures is not None and cells is not None and cells.samples is not None:  # how many samples a
+            if measures and cells is not None and cells.samples is not None:  # how many samples a
                 frequency[SAMPLES_PER_CELL] = samples_per_cell(cells.samples, cells.union, block, heads)  # cell has
             bank.drop(layer)
             positional = None if extra.positional is None else extra.positional.result()
@@ -160,8 +159,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                 key_profile=key_profile,
                 sink_share=sink_share,
                 attended=shares,
-                measures=None if extra.measures is None else {**extra.measures.result().arrays, **frequency,
-                                                               **results(extra.reducers)},
+                measures={**results(extra.reducers), **frequency} if measures else None,
                 note=None if cells is None else BY_SAMPLE_NOTE,
             )
     finally:
@@ -204,18 +202,14 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
         extra.keys.queries = cells.key_queries
         warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=4)
     if measures:  # docs/position-measures.md
-        extra.measures = WeightMeasures(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True,
-                                        device=device, attended=shared)  # fmt: skip
         extra.reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True, device=device)
         extra.mask = shared
         extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
-                                             device=device, attended=shared)  # fmt: skip
+                                             device=device)  # fmt: skip
         extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,
                                      seq_len=seq_len, block=block, causal=True, samples=n, device=device,
                                      attended=shared)  # fmt: skip
         if cells is not None:  # each sample's block means over its own cells (its rows bring them)
-            for counted in [extra.measures, *extra.profiles.values()]:
-                counted.by_sample(0)
             for accumulator in extra.blocks.values():
                 accumulator.by_sample()
             return extra

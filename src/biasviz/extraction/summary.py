@@ -210,8 +210,9 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     def sink(block: RowBlock) -> None:
         layer, block.first = block.layer, first[0]  # the adapter knows the batch, not where it starts
         with without_autocast():  # called from inside the model's forward
-            if block.attended is not None:  # first, the cells the call attended to
-                attend(adapter, layer, block.attended, masks, parts, position, first[0], merged)
+            if block.attended is not None:  # first, the cells the call attended to; on, as few as say them
+                cells = attend(adapter, layer, block.attended, masks, parts, position, first[0], merged)
+                block.attended = None if cells is None else cells[..., block.r0 : block.r1, : block.keys]
             for kind in ("bias", "weights", "scores"):
                 part, values = parts.get((kind, layer)), block.of(kind)
                 if part is not None and values is not None:

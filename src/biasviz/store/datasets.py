@@ -117,21 +117,23 @@ SINK_KEYS = "sink_keys"
 SINK_KEYS_OF_MEAN = "sink_keys_of_mean"
 FREQUENCY_USE = "frequency_use"
 POSITIONAL_FREQUENCY = "positional_frequency"
+WEIGHT_MEASURES = "biasviz.summaries.weight_measures:WeightMeasures"  # one reducer gives five rows
 MEASURES: tuple[DatasetRow, ...] = (
     DatasetRow(BAND_MASS, ("stat", "head", "distance_bin"), "share",
-               "weight a query puts on the keys at each distance bin"),
+               "weight a query puts on the keys at each distance bin", reducer=WEIGHT_MEASURES),
     DatasetRow(CONTEXT_MASS, ("stat", "head", "segment"), "share",
-               "weight on each tenth of the keys a query sees"),
+               "weight on each tenth of the keys a query sees", reducer=WEIGHT_MEASURES),
     DatasetRow(WEIGHTS_ENTROPY, ("stat", "head", "query_block"), "entropy",
-               "entropy (nats) of each query's weights, block-averaged"),
+               "entropy (nats) of each query's weights, block-averaged", reducer=WEIGHT_MEASURES),
     DatasetRow(ATTENTION_DISTANCE, ("stat", "head"), "norm",
                "mean over the queries of Σ_j w(i, j)·|i - j|: how far a head looks",
                reducer="biasviz.summaries.attention_distance:AttentionDistance"),
     DatasetRow(SINK_KEYS, ("sample", "head", "rank"), "sinks",
                "per sample and head, the keys with the highest mean received weight, among the keys seen by at "
-               "least sink_min_queries of the sample's queries"),
+               "least sink_min_queries of the sample's queries", reducer=WEIGHT_MEASURES),
     DatasetRow(SINK_KEYS_OF_MEAN, ("head", "rank"), "sinks",
-               "per head, the keys with the highest received weight averaged over samples, ranked by the same rule"),
+               "per head, the keys with the highest received weight averaged over samples, ranked by the same rule",
+               reducer=WEIGHT_MEASURES),
     DatasetRow(FREQUENCY_USE, ("operand", "head", "pair"), "norm",
                "rotary calls: mean 2-norm of each rotary pair of q (0) and k (1), the unrotated dims last"),
     DatasetRow(POSITIONAL_FREQUENCY, ("head", "pair", "distance_bin"), "value",

@@ -52,7 +52,6 @@ from biasviz.summaries.sample_blocks import SampleBlocks, block_errors
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
 from biasviz.summaries.sharing import Agreement
-from biasviz.summaries.weight_measures import WeightMeasures
 
 FUSED, TORCH = "fused", "torch"  # a summary layer's ``statistics`` attribute
 CHOSEN = "BIASVIZ_STATISTICS=torch"  # why_not's answer where the user chose the torch path: nothing to warn of
@@ -291,45 +290,41 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
     f64 = {"dtype": torch.float64, "device": device}
     by_sample = own_cells is not None
     shared = None if by_sample else attended
-    measures = WeightMeasures(samples=n, heads=heads, seq_len=t, block=block, causal=True, device=device,
-                              attended=shared)  # fmt: skip
     rows = torch.ones(1, 1, t, **f64)
-    distances = torch.zeros(n, heads, 2 * t - 1, **f64)
-    distances[..., :t] = acc["sample_distance"][0].flip(-1)  # slot T - 1 - d holds distance d
     queries = _queries(t, attended, device)
+    key_counts = None if attended is None else attended.per_key.to(device)[None]  # (1, 1 or H, T)
     if own_cells is not None:  # each sample's own queries and cells, as the torch path counts them
-        per, key_counts, block_counts, looks = [], [], [], []
+        per, counted, block_counts, looks = [], [], [], []
         for a in range(n):  # a sample's mask at a time
             mask = own_cells[a]
             one = Attended(mask[None])
             one.__dict__["per_signed"] = _signed_counts(mask)  # its cached property, counted a few rows at a time
             per.append(_queries(t, one, device))
-            key_counts.append(one.per_key)
+            counted.append(one.per_key)
             block_counts.append(one.block_counts(block))
             looks.append(mask.any(-1).double())
         queries = {name: torch.stack([got[name] for got in per]) for name in per[0]}  # (N, 1, ...)
         queries["band_queries"], queries["context_queries"] = (queries[name][:, 0] for name in ("band_queries",
                                                                                                "context_queries"))
         rows = torch.stack(looks)[:, None]  # (N, 1, T): the rows that see a key
-        with torch.inference_mode(False):
-            measures.by_samples = True
-            measures.key_counts = torch.stack(key_counts)  # (N, 1, T)
-            measures.diagonals.by_samples = True
-    measures.join([{
+        key_counts = torch.stack(counted)  # (N, 1, T)
+    if key_counts is None:  # causal: key j is seen by the queries i >= j
+        key_counts = torch.arange(t, 0, -1, **f64)[None, None]
+    diagonal_counts = None  # (1 or N, 1 or H, 2T - 1) attended cells by slot; None: the causal triangle's
+    if attended is not None or by_sample:
+        diagonal_counts = queries["diagonal_counts"]
+        diagonal_counts = diagonal_counts[None] if diagonal_counts.dim() == 2 else diagonal_counts
+    finished = KernelSums(by_distance=acc["sample_distance"][0], looks=rows, block=block, measures={
         "context": acc["context"], "entropy": _group_sums(entropy, -1, 0, block), "columns": acc["sample_columns"],
-        "block_queries": _group_sums(rows, -1, 0, block), "diagonals": distances, **queries,
-    }])  # fmt: skip
-    arrays = dict(measures.result().arrays)
-    finished = KernelSums(by_distance=acc["sample_distance"][0], looks=rows)
+        "block_queries": _group_sums(rows, -1, 0, block), "band_queries": queries["band_queries"],
+        "context_queries": queries["context_queries"], "key_counts": key_counts,
+    }, diagonal_counts=diagonal_counts)  # fmt: skip
+    arrays: dict[str, Any] = {}
     for reducer in reducer_classes():  # the table's statistics the kernels' sums hold (the rest: rows formed again)
         arrays.update(reducer.from_kernels(finished) or {})
-    profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device,
-                                   attended=shared)  # fmt: skip
+    profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device)
     if "scores" in profiles:
-        profiles["scores"].add_distance_sums(acc["sample_distance"][1])
-        profiles["scores"].by_samples = by_sample
-        if attended is not None:
-            profiles["scores"].count = queries["diagonal_counts"]
+        profiles["scores"].add_distance_sums(acc["sample_distance"][1], diagonal_counts)
     sums = {}  # with blocks of one position the maps' SEs come from their spread (map_errors); P's never do
     if n >= MIN_SE_SAMPLES and block > 1:
         sums = {"weights": acc["sample_blocks"][0], "scores": acc["sample_blocks"][1]}

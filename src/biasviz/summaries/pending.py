@@ -52,3 +52,10 @@ class Pending:
 
     def _put(self, total: torch.Tensor, where: Any, amount: torch.Tensor) -> None:
         self._target(total, where).add_(amount)
+
+    def _replace(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """``new`` (``old`` widened by broadcasting) in place of ``old``: additions held for ``old`` go to it."""
+        for held in (self._pending or {}).values():
+            if held[0] is old:
+                held[0], held[2] = new, held[2].expand(new[held[1]].shape).clone()
+        return new

@@ -35,6 +35,10 @@ class KernelSums:
 
     by_distance: torch.Tensor  # (N, H, T) float64: Σ_i w_a(i, i - d) over the attended cells, at distance d
     looks: torch.Tensor  # (1 or N, 1, T) float64: 1 where query i attends some key
+    block: int = 1  # the maps' block of positions (the query blocks of the entropy)
+    # WeightMeasures' sums by name (N, H, ...) and the queries it counts (1 or N, 1 or H, ...), as the kernels give
+    measures: dict[str, torch.Tensor] | None = None
+    diagonal_counts: torch.Tensor | None = None  # (1 or N, 1 or H, 2T - 1) attended cells by slot; None: causal
 
 
 class Reducer(Pending):

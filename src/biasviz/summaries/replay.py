@@ -31,7 +31,6 @@ from biasviz.summaries.reducers import Reducer
 from biasviz.summaries.sample_blocks import SampleBlocks
 from biasviz.summaries.sample_profiles import SampleProfiles
 from biasviz.summaries.scratch import Scratch
-from biasviz.summaries.weight_measures import WeightMeasures
 
 # a block's sums and temporaries on the CPU. 128 MiB since docs/position-measures.md (what it keeps per sample costs per
 # call too): GPT-2-small shape, rope, T = 4096, N = 8, the summary's time past the forward with every section 14 measure
@@ -70,7 +69,6 @@ class LayerExtras:
     positional: Positional | None  # None with one sample: P needs two texts
     keys: KeyProfile
     sinks: torch.Tensor  # (N, H) float64: Σ_i w_a(i, 0), per sample
-    measures: WeightMeasures | None = None  # docs/position-measures.md's measures of the weights
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
     # kind -> each sample's block means (the maps' SE); "positional": P's with each sample left out (its jackknife)
     blocks: dict[str, SampleBlocks] = field(default_factory=dict)
@@ -86,8 +84,6 @@ class LayerExtras:
     def own_cells(self, attended: torch.Tensor, r0: int) -> None:
         """One sample's attended cells (1, 1, rows, r1) of the block of rows ``r0 ..``, for what counts them."""
         rows = BlockRows(attended, r0)
-        for part in [*self.profiles.values(), *([self.measures, self.measures.diagonals] if self.measures else [])]:
-            part.batch_attended = rows
         for accumulator in self.blocks.values():
             accumulator.own = rows
 
@@ -104,8 +100,13 @@ class LayerExtras:
             part.discard()
 
     def _per_sample(self) -> list:
-        return [*([] if self.measures is None else [self.measures]), *self.profiles.values(), *self.blocks.values(),
-                *self.reducers]
+        return [*self.profiles.values(), *self.blocks.values(), *self.reducers]
+
+    def cells(self, block: RowBlock) -> torch.Tensor | None:
+        """The cells ``block``'s rows attend: its own, else the call's one mask's rows (None: causal)."""
+        if block.attended is not None or self.mask is None:
+            return block.attended
+        return self.mask.rows(block.r0, block.r1, block.keys)[None]
 
     def reduce(self, block: RowBlock) -> None:
         """One sample's rows to every reducer, with the cells they attend."""
@@ -228,14 +229,12 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 if extras.bias_distance is not None:
                     extras.bias_distance.add(a, r0, got.bias)
             sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
-            if extras.measures is not None:
-                extras.measures.add(a, r0, got.weights)
             extras.reduce(got)
             pooled = {}  # each kind's block sums, where formed: P's jackknife takes them up
             for kind, values in (("weights", got.weights), ("scores", got.scores), ("bias", got.bias)):
                 if values is not None and (kind != "bias" or varying):
                     if kind in extras.profiles:
-                        extras.profiles[kind].add(a, r0, values)
+                        extras.profiles[kind].add(a, r0, values, extras.cells(got))
                     if kind in extras.blocks:
                         pooled[kind] = extras.blocks[kind].add(a, r0, values)
             if jackknife is not None:

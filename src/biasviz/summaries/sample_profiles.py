@@ -7,13 +7,13 @@ sum over rows gives every distance of the block at once, for every sample of the
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 import torch
 
 from biasviz.store.datasets import MIN_SE_SAMPLES, profile_name, se_name
-from biasviz.summaries.attended import Attended
 from biasviz.summaries.pending import Pending
 
 
@@ -41,37 +41,17 @@ def sample_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class SampleProfiles(Pending):
-    """Per sample and head, sums by signed distance j - i + T - 1 (slot 0 .. 2T - 2) of one quantity's values."""
+    """Per sample and head, sums by signed distance j - i + T - 1 (slot 0 .. 2T - 2) of one quantity's values, and
+    each sample's attended cells at each slot: the cells each block brings (its own, or the call's one mask, or the
+    causal triangle or every cell where it brings none), so samples masked alike and samples masked differently are
+    counted the same way, with nothing to switch part-way."""
 
-    def __init__(self, *, samples: int, heads: int, seq_len: int, causal: bool, device: torch.device,
-                 attended: Attended | None = None) -> None:  # fmt: skip
-        self.seq_len, self.causal, self.attended, self.device = seq_len, causal, attended, device
+    def __init__(self, *, samples: int, heads: int, seq_len: int, causal: bool, device: torch.device) -> None:
+        self.seq_len, self.causal, self.device = seq_len, causal, device
         self.sums = torch.zeros(samples, heads, 2 * seq_len - 1, dtype=torch.float64, device=device)
-        self.count = torch.zeros(1 if attended is None else attended.mask.shape[0], 2 * seq_len - 1,
-                                 dtype=torch.float64, device=device)  # fmt: skip
+        # (N, 1 or H, 2T - 1): one head until a block's cells differ by head
+        self.count = torch.zeros(samples, 1, 2 * seq_len - 1, dtype=torch.float64, device=device)
         self.seen = False  # whether any block came (a model that adds no bias sends none of it)
-
-    batch_attended: torch.Tensor | None = None  # masks that differ by sample: the batch's (B or 1, 1 or H, T, T)
-    by_samples = False
-
-    def by_sample(self, first: int) -> None:
-        """From sample ``first`` on, each sample's own cells (:attr:`batch_attended`) count for it: counts per
-        sample, those before counted by the one mask they had."""
-        before = self.counts()  # (1 or H, 2T - 1)
-        with torch.inference_mode(False):
-            self.count = torch.zeros(*self.sums.shape, dtype=torch.float64, device=self.device)
-            self.count[:first] = before
-        self.by_samples, self.attended = True, None
-
-    def _mask(self, r0: int, rows: int, keys: int) -> torch.Tensor:
-        if self.by_samples:  # (B or 1, 1 or H, rows, K)
-            assert self.batch_attended is not None
-            return self.batch_attended[..., r0 : r0 + rows, :keys].to(self.device)
-        if self.attended is not None:
-            return self.attended.rows(r0, r0 + rows, keys).to(self.device)
-        i = torch.arange(r0, r0 + rows, device=self.device)[:, None]
-        j = torch.arange(keys, device=self.device)[None, :]
-        return (j <= i)[None] if self.causal else torch.ones(1, rows, keys, dtype=torch.bool, device=self.device)
 
     def _skew_sum(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, rows, K) -> (B, H, K + rows - 1): column c sums the cells with j - r = c - (rows - 1)."""
@@ -81,25 +61,38 @@ class SampleProfiles(Pending):
         z.as_strided(x.shape, (h * rows * width, rows * width, width - 1, 1), rows - 1).copy_(x)
         return z.sum(2).double()
 
-    def add(self, first: int, r0: int, block: torch.Tensor) -> None:
-        """Samples ``first ..``'s rows ``r0 ..`` (B, H, rows, K) against keys 0 .. K - 1; cells the call does not
-        attend to are left out whatever they hold (NaN, 0)."""
-        _, _, rows, keys = block.shape
-        at = slice(first, first + block.shape[0])
+    def add(self, first: int, r0: int, block: torch.Tensor, cells: torch.Tensor | None = None) -> None:
+        """Samples ``first ..``'s rows ``r0 ..`` (B, H, rows, K) against keys 0 .. K - 1, over ``cells`` (1 or B,
+        1 or H, rows, K) bool, the cells they attend to (None: the causal triangle, or every cell); cells not attended
+        to are left out whatever they hold (NaN, 0)."""
+        b, _, rows, keys = block.shape
+        at = slice(first, first + b)
         self.seen = True
-        if self.attended is None and not self.by_samples and self.causal and r0 >= rows - 1 and keys >= r0 + rows:
-            self._add_causal(at, r0, block)
-            return
-        mask = self._mask(r0, rows, keys)
-        values = torch.where(mask, block, 0.0)
+        plain = cells is None
+        if plain:  # counted in closed form
+            self._put(self.count, (at,), self._plain_counts(r0, rows, keys))
+            if self.causal and r0 >= rows - 1 and keys >= r0 + rows:
+                self._add_causal(at, r0, block)
+                return
+            cells = plain_cells(r0, rows, keys, self.causal, block.device)
+        cells = cells.to(block.device)
+        values = torch.where(cells, block, 0.0)
         start = self.seq_len - rows - r0  # the slot of column 0
         slots = slice(start, start + keys + rows - 1)
         self._put(self.sums, (at, slice(None), slots), self._skew_sum(values))
-        if self.by_samples:  # each sample's own cells
-            own = mask.expand(block.shape[0], *mask.shape[1:]).to(block.dtype)
-            self._put(self.count, (at, slice(None), slots), self._skew_sum(own))
-        elif first == 0 and self.attended is not None:  # the mask is the same for every sample: counted once
-            self.count[:, slots] += self._skew_sum(mask[None].to(block.dtype))[0]
+        if not plain:
+            self._widen(cells.shape[1])
+            self._put(self.count, (at, slice(None), slots), self._skew_sum(cells.to(block.dtype)))
+
+    def _widen(self, heads: int) -> None:
+        """Counts by head, from the first block whose cells differ by head."""
+        if heads > self.count.shape[1]:
+            with torch.inference_mode(False):
+                self.count = self._replace(self.count, self.count.expand(-1, heads, -1).clone())
+
+    def _plain_counts(self, r0: int, rows: int, keys: int) -> torch.Tensor:
+        """(1, 1, 2T - 1): the cells of rows ``r0 ..`` at each slot, causal (keys up to the row) or every key."""
+        return plain_slot_counts(self.seq_len, r0, rows, keys, self.causal, self.device)
 
     def _add_causal(self, at: slice, r0: int, block: torch.Tensor) -> None:
         """A causal block past the first rows, read in place: distances 0 .. r0, which every row reaches, as a
@@ -118,10 +111,14 @@ class SampleProfiles(Pending):
             skewed = self._skew_sum(torch.where(lower, first_keys, 0.0))
             self._put(self.sums, (at, slice(None), slice(start, start + 2 * rows - 2)), skewed)
 
-    def add_distance_sums(self, sums: torch.Tensor) -> None:
-        """Every sample's sums by distance d = 0 .. T - 1, (N, H, T), of a causal call with no mask of its own, summed
-        elsewhere (the fused kernels)."""
+    def add_distance_sums(self, sums: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+        """Every sample's sums by distance d = 0 .. T - 1, (N, H, T), of a causal call, summed elsewhere (the fused
+        kernels), and the attended cells at each slot (1 or N, 1 or H, 2T - 1; None: the causal triangle's)."""
         self.sums[..., : self.seq_len] += sums.flip(-1).to(self.sums)
+        if counts is None:
+            counts = self._plain_counts(0, self.seq_len, self.seq_len)
+        self._widen(counts.shape[-2])
+        self.count += counts.to(self.count)
         self.seen = True
 
     def distance_sums(self) -> torch.Tensor:
@@ -133,22 +130,20 @@ class SampleProfiles(Pending):
             total[..., 1:] += self.sums[..., t:]  # slot t - 1 + e holds j - i = e > 0
         return total
 
-    def counts(self) -> torch.Tensor:
-        """(1 or H, 2T - 1): the attended cells of each slot (closed form where the call's mask is its rule); (N, H,
-        2T - 1), each sample's own, where samples are masked differently."""
-        if self.attended is not None or self.by_samples:
-            return self.count
-        t = self.seq_len
-        e = torch.arange(2 * t - 1, device=self.device) - (t - 1)  # j - i
-        cells = (t - e.abs()).double()
-        if self.causal:
-            cells = torch.where(e <= 0, cells, 0.0)
-        return cells[None]
+    def state(self) -> dict[str, torch.Tensor]:
+        """This process's per-sample sums and counts, on the CPU (torchrun: joined on process 0 by :meth:`join`)."""
+        return {"sums": self.sums.cpu(), "count": self.count.cpu()}
+
+    def join(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """Every process's :meth:`state` in rank order: their samples one after another."""
+        heads = max(s["count"].shape[1] for s in states)
+        self.sums = torch.cat([s["sums"] for s in states]).to(self.device)
+        self.count = torch.cat([s["count"].expand(-1, heads, -1) for s in states]).to(self.device)
 
     def standard_error(self) -> torch.Tensor | None:
         """(H, T) for a causal call (distance 0 .. T - 1), (H, 2T - 1) for a bidirectional one (i - j from -(T - 1),
         as stored profiles run): the SE over samples of each sample's mean by distance; None with N < 3."""
-        count = self.counts()
+        count = self.count
         per_sample = torch.where(count > 0, self.sums / count.clamp(min=1), float("nan"))
         _, se = sample_stats(per_sample)
         if se is None:
@@ -157,8 +152,33 @@ class SampleProfiles(Pending):
         return se[:, self.seq_len - 1 :] if self.causal else se
 
 
+@functools.lru_cache(maxsize=4)
+def plain_slot_counts(seq_len: int, r0: int, rows: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """(1, 1, 2T - 1) float64, not to be written to: the cells of rows ``r0 ..`` against ``keys`` keys at each slot
+    j - i + T - 1, causal (keys up to the row) or every key; worked out once per block for every sample and quantity.
+
+    >>> plain_slot_counts(3, 1, 2, 3, True, torch.device("cpu")).tolist()  # rows 1, 2: j - i = -2 once, -1, 0 twice
+    [[[1.0, 2.0, 2.0, 0.0, 0.0]]]
+    """
+    e = torch.arange(2 * seq_len - 1, device=device) - (seq_len - 1)  # j - i
+    lo = torch.clamp(-e, min=r0)  # the first row i >= r0 with j = i + e >= 0
+    hi = torch.clamp(keys - e, max=r0 + rows)  # one past the last with j < K
+    if causal:
+        hi = torch.where(e <= 0, hi, lo)
+    return (hi - lo).clamp(min=0).double()[None, None]
+
+
+def plain_cells(r0: int, rows: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """(1, 1, rows, K) bool: the cells of rows ``r0 ..`` a call with no mask of its own attends, the causal triangle
+    (``causal``) or every cell."""
+    if not causal:
+        return torch.ones(1, 1, rows, keys, dtype=torch.bool, device=device)
+    i = torch.arange(r0, r0 + rows, device=device)[:, None]
+    return (torch.arange(keys, device=device)[None, :] <= i)[None, None]
+
+
 def per_sample_profiles(parts: dict[str, Any], *, samples: int, heads: int, seq_len: int, causal: bool,
-                        device: torch.device, attended: Attended | None) -> dict[str, SampleProfiles]:  # fmt: skip
+                        device: torch.device) -> dict[str, SampleProfiles]:  # fmt: skip
     """One accumulator per quantity of a layer (``parts``: kind -> its QuantitySummary) whose profile gets an SE:
     none below 3 samples; a bias summarised once for all (declared the same, measured so far) has none: its SE is 0
     as long as it stays so (:func:`profile_errors`)."""
@@ -166,8 +186,8 @@ def per_sample_profiles(parts: dict[str, Any], *, samples: int, heads: int, seq_
         return {}
     # the weights' own come with their measures (WeightMeasures.diagonals)
     kinds = [kind for kind, part in parts.items() if kind in ("scores", "bias") and part.mode != "shared"]
-    return {kind: SampleProfiles(samples=samples, heads=heads, seq_len=seq_len, causal=causal, device=device,
-                                 attended=attended) for kind in kinds}  # fmt: skip
+    return {kind: SampleProfiles(samples=samples, heads=heads, seq_len=seq_len, causal=causal, device=device)
+            for kind in kinds}  # fmt: skip
 
 
 def profile_errors(profiles: dict[str, SampleProfiles], parts: dict[str, Any], samples: int) -> dict[str, Any]:

@@ -15,6 +15,8 @@ then forms P as one process would.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from biasviz.adapters.rotary import RotaryLayout
@@ -25,10 +27,9 @@ from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_errors import StreamedJackknife
 from biasviz.summaries.reducers import build, results
-from biasviz.summaries.sample_blocks import block_errors, sample_blocks
+from biasviz.summaries.sample_blocks import SampleBlocks, block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.sample_profiles import SampleProfiles
-from biasviz.summaries.weight_measures import WeightMeasures
 
 ROWS = 256  # query rows of P formed at a time at the end
 # a streamed layer whose additive part differs by sample: what P's block map's SE would need and is not kept
@@ -53,14 +54,14 @@ class StreamedPosition:
         self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
         self.keys = KeyProfile(heads, seq_len, device, causal=causal)
         self.sinks = torch.zeros(samples if local is None else local, heads, dtype=torch.float64, device=device)
-        self.measures = self._measures(None) if measures else None
         self.frequency = FrequencyUse(rotary, len(self.sinks)) if measures and rotary is not None else None
         self._measured = measures
         # the statistics the table of datasets names a reducer for, fed each block as it streams (this process's
         # samples: joined in rank order under torchrun)
         self.reducers = build(samples=len(self.sinks), heads=heads, seq_len=seq_len, block=block, causal=causal,
                               device=device) if measures else []  # fmt: skip
-        self.profiles = self._profiles(None)
+        self.profiles = self._profiles()
+        self.blocks = self._blocks(None)
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
         whole = local is None or local == samples
         self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device, block=block)
@@ -73,9 +74,7 @@ class StreamedPosition:
         """Every quantity over the cells of the call's own mask; before any block is added."""
         self.attended = attended
         self.keys.attended = attended
-        if self.measures is not None:
-            self.measures = self._measures(attended)
-        self.profiles = self._profiles(attended)
+        self.blocks = self._blocks(attended)
 
     union: torch.Tensor | None = None  # masks that differ by sample: the cells some sample attends (1 or H, T, T)
     _own: torch.Tensor | None = None  # then: the batch under way's own cells (B or 1, 1 or H, T, T)
@@ -99,8 +98,6 @@ class StreamedPosition:
                 self.key_counts += before.to(self.device).sum(-2, dtype=torch.float64) * first
                 self.seeing[:first] = before[:, :, 0].to(self.device).sum(-1, dtype=torch.float64)
                 self.cell_samples = self.cell_samples + block_sums(before.to(self.device), self.block) * first
-            for held in [*self.profiles.values(), *([self.measures] if self.measures is not None else [])]:
-                held.by_sample(first)
         self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
         if self.jackknife is not None:
             self.jackknife.bank.close()
@@ -120,28 +117,23 @@ class StreamedPosition:
             self.key_counts += every.sum(-2, dtype=torch.float64).sum(0)
             self.seeing[first : first + len(every)] = every[:, :, :, 0].sum(-1, dtype=torch.float64)
             self.cell_samples = self.cell_samples + block_sums(every.sum(0, dtype=torch.float32), self.block)
-        measures = [self.measures, self.measures.diagonals] if self.measures is not None else []
-        for held in [*self.profiles.values(), *measures]:
-            held.batch_attended = every
         for accumulator in self.blocks.values():
             accumulator.own = every
         self._own = every
 
-    def _profiles(self, attended: Attended | None) -> dict[str, SampleProfiles]:
-        """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process), and
-        (as :attr:`blocks`) each sample's block means of all three, for the maps' SE."""
-        self.blocks = sample_blocks(("weights", "scores", "bias") if self._measured else (), heads=self.heads,
-                                    seq_len=self.seq_len, block=self.block, causal=self.causal, samples=self.samples,
-                                    device=self.device, attended=attended)  # fmt: skip
+    def _profiles(self) -> dict[str, SampleProfiles]:
+        """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process)."""
         if not self._measured or self.samples < MIN_SE_SAMPLES:
             return {}
         return {kind: SampleProfiles(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len,
-                                     causal=self.causal, device=self.device, attended=attended)
+                                     causal=self.causal, device=self.device)
                 for kind in ("scores", "bias")}  # fmt: skip (the weights' come with their measures)
 
-    def _measures(self, attended: Attended | None) -> WeightMeasures:
-        return WeightMeasures(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len, block=self.block,
-                              causal=self.causal, device=self.device, attended=attended)  # fmt: skip
+    def _blocks(self, attended: Attended | None) -> dict[str, SampleBlocks]:
+        """Each sample's block means of all three quantities, for the maps' SE."""
+        return sample_blocks(("weights", "scores", "bias") if self._measured else (), heads=self.heads,
+                             seq_len=self.seq_len, block=self.block, causal=self.causal, samples=self.samples,
+                             device=self.device, attended=attended)  # fmt: skip
 
     def operands(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """A batch's q (B, H, T, hd) and c·k (B, H, T, hd, key heads repeated), as its call received them."""
@@ -152,13 +144,15 @@ class StreamedPosition:
         self.k = k_sum if self.k is None else self.k + k_sum
 
     def add_block(self, block: RowBlock) -> None:
-        """Every quantity of a :class:`RowBlock` of the batch under way, and the call's q and k where it brings them."""
+        """Every quantity of a :class:`RowBlock` of the batch under way, and the call's q and k where it brings them:
+        its ``attended``, the cells its rows attend (None: causal, or every cell)."""
+        wide = dataclasses.replace(block, weights=block.weights.double())  # the model's precision may be lower
         for kind in ("bias", "weights", "scores"):
             values = block.of(kind)
             if values is not None:
-                self.add(kind, block.first, block.r0, values)
+                self.add(kind, block.first, block.r0, values, block.attended, wide.weights)
         for reducer in self.reducers:
-            reducer.add(block)
+            reducer.add(wide)
         if block.q is not None and block.k is not None and block.scale is not None:
             self._add_operands(block.first, block.q, block.k, block.scale)
 
@@ -172,13 +166,15 @@ class StreamedPosition:
             self.jackknife.operands(first, q, k)
         self.operands(q, k)
 
-    def add(self, kind: str, first: int, row0: int, block: torch.Tensor) -> None:
+    def add(self, kind: str, first: int, row0: int, block: torch.Tensor, cells: torch.Tensor | None = None,
+            wide: torch.Tensor | None = None) -> None:  # fmt: skip
         """Rows ``row0 ..`` of samples ``first ..`` of one kind ("scores", "bias", "weights"): (B or 1, H, rows, K),
-        masked cells NaN (0 in the weights); a bias of one sample for the whole batch counts for each."""
+        masked cells NaN (0 in the weights), over ``cells`` (1 or B, 1 or H, rows, K; None: causal, or every cell); a
+        bias of one sample for the whole batch counts for each. ``wide``: the weights in float64, where already made."""
         rows, keys = block.shape[-2:]
         every = block.expand(self._batch, *block.shape[1:]) if block.shape[0] == 1 else block
         if kind in self.profiles:  # a bias of one sample for the whole batch counts for each
-            self.profiles[kind].add(first, row0, every)
+            self.profiles[kind].add(first, row0, every, cells)
         if kind in self.blocks:  # the batch's rows come in order: the query blocks before row0 + rows are complete
             if first != self._first:
                 self._first = first
@@ -187,11 +183,9 @@ class StreamedPosition:
             self.blocks[kind].add(first, row0, every)
             self.blocks[kind].finish(row0 + rows)
         if kind == "weights":
-            w = block.double()
+            w = block.double() if wide is None else wide
             self.keys.add_samples(w, self.samples)
             self.sinks[first : first + w.shape[0]] += w[..., 0].sum(-1)
-            if self.measures is not None:
-                self.measures.add(first, row0, w)
             return
         if kind == "bias" and self.jackknife is not None:
             self.jackknife.add_bias(first, row0, every, self.attended)
@@ -215,11 +209,9 @@ class StreamedPosition:
         """This process's sums, on the CPU, for :meth:`join` in process 0."""
         sums = {name: getattr(self, name) for name in self._SUMS}
         sums.update(keys=self.keys.sums, sinks=self.sinks)
-        if self.measures is not None:
-            sums.update({f"measures.{name}": t for name, t in self.measures.sums().items()})
         if self.frequency is not None and self.frequency.per_sample is not None:
             sums["frequency"] = self.frequency.per_sample
-        sums.update({f"profile.{kind}": p.sums for kind, p in self.profiles.items()})
+        sums.update({f"profile.{kind}.{name}": t for kind, p in self.profiles.items() for name, t in p.state().items()})
         sums.update({f"reducer.{i}.{name}": t for i, r in enumerate(self.reducers) for name, t in r.state().items()})
         return {name: None if t is None else t.cpu() for name, t in sums.items()}
 
@@ -235,12 +227,9 @@ class StreamedPosition:
             else:
                 setattr(self, name, total)
         self.sinks = torch.cat([s["sinks"] for s in states if s["sinks"] is not None]).to(self.device)
-        if self.measures is not None:
-            self.measures = self._measures(self.attended)  # now over every process's samples
-            self.measures.join([{k.removeprefix("measures."): v for k, v in s.items() if k.startswith("measures.")}
-                                for s in states])  # fmt: skip
-        for kind, p in self.profiles.items():  # per-sample sums one after another; the mask's counts are the same
-            p.sums = torch.cat([s[f"profile.{kind}"] for s in states]).to(self.device)
+        for kind, p in self.profiles.items():  # per-sample sums and counts one after another
+            own = f"profile.{kind}."
+            p.join([{k.removeprefix(own): v for k, v in s.items() if k.startswith(own)} for s in states])
         for i, reducer in enumerate(self.reducers):
             own = f"reducer.{i}."
             reducer.join([{k.removeprefix(own): v for k, v in s.items() if k.startswith(own)} for s in states])
@@ -282,9 +271,9 @@ class StreamedPosition:
     def _measure_arrays(self) -> dict | None:
         """docs/position-measures.md's arrays: the weights' measures, and the rotary frequencies' use where the call
         rotates."""
-        if self.measures is None:
+        if not self._measured:
             return None
-        arrays = {**self.measures.result().arrays, **block_errors(self.blocks), **results(self.reducers)}
+        arrays = {**results(self.reducers), **block_errors(self.blocks)}
         arrays.update({se_name(profile_name(kind)): se.float().cpu().numpy() for kind, p in self.profiles.items()
                        if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:

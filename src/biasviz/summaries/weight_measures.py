@@ -14,10 +14,12 @@ queries that have keys in a range are counted from the call's own mask.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from biasviz.adapters.rows import RowBlock
 from biasviz.common.shapes import gpu_shaped
 from biasviz.store.datasets import (
     BAND_MASS,
@@ -35,19 +37,11 @@ from biasviz.store.datasets import (
     profile_name,
     se_name,
 )
-from biasviz.summaries.attended import Attended
 from biasviz.summaries.maps import _group_sums
 from biasviz.summaries.pending import Pending
+from biasviz.summaries.reducers import KernelSums, Reducer
 from biasviz.summaries.sample_profiles import SampleProfiles, sample_stats
 from biasviz.summaries.scratch import Scratch
-
-
-@dataclass
-class MeasureSummary:
-    """What a file keeps of docs/position-measures.md's weight measures for one layer: name -> array (see
-    store.datasets)."""
-
-    arrays: dict[str, np.ndarray]
 
 
 def _prefix(cums: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -134,9 +128,11 @@ def row_entropy(weights: torch.Tensor, scratch: Scratch) -> torch.Tensor:
 
 @dataclass
 class _Plan:
-    """A block's mask, worked into what every sample's sums need."""
+    """What a block's cells decide for its rows, the same for every sample they are the cells of: worked out once per
+    block (per sample where samples are masked differently)."""
 
     key: tuple[int, int, int]  # (r0, rows, keys)
+    cells: torch.Tensor | None  # the block's attended cells it was worked from (held: the same object is the same plan)
     ranges: list[tuple[torch.Tensor, torch.Tensor]]  # per distance bin, key ranges [a, b) by row
     bounds: PrefixIndex  # (1 or B, 1 or H, rows, S + 1): the first key of each tenth, then K
     qualifies: torch.Tensor  # (1 or B, 1 or H, rows): the query sees 10 keys or more
@@ -144,67 +140,50 @@ class _Plan:
     q0: int
     q1: int
     qblock: torch.Tensor  # (rows,) each row's query block - q0
-    mask_cums: torch.Tensor | None  # (1 or B, 1 or H, rows, K) attended keys up to each key; None: causal
+    counts: torch.Tensor  # (1 or B, 1 or H, WeightMeasures' count columns): what the block's rows add to them
 
 
-class WeightMeasures(Pending):
-    """One layer's per-sample sums for band mass, context mass, entropy and the keys' received weight."""
+class WeightMeasures(Reducer):
+    """One layer's per-sample sums for band mass, context mass, entropy and the keys' received weight, and each
+    sample's queries that count for them, from the cells every block brings (its own, the call's one mask, or the
+    causal triangle or every cell where it brings none): no mask is set beforehand, and samples masked differently
+    need no switch part-way."""
 
-    def __init__(self, *, samples: int, heads: int, seq_len: int, block: int, causal: bool,
-                 device: torch.device, attended: Attended | None = None) -> None:  # fmt: skip
-        self.n, self.heads, self.seq_len, self.block, self.causal = samples, heads, seq_len, block, causal
-        self.attended, self.device = attended, device
-        bins = torch.as_tensor(distance_bins(seq_len), device=device)
+    rows = (BAND_MASS, CONTEXT_MASS, WEIGHTS_ENTROPY, SINK_KEYS, SINK_KEYS_OF_MEAN)
+    PER_SAMPLE = ("context", "entropy", "columns")
+    # per sample, in one sum (one addition a block and sample), the queries that have keys in each bin / see >= 10
+    # keys / see any, by query block; and the queries that see each key
+    COUNTS = ("band_queries", "context_queries", "block_queries", "key_counts")
+
+    def __init__(self, **sizes: Any) -> None:
+        super().__init__(**sizes)
+        bins = torch.as_tensor(distance_bins(self.seq_len), device=self.device)
         self.lo, self.hi = bins[:, 0], bins[:, 1]
-        nqb = -(-seq_len // block)
-        f64 = {"dtype": torch.float64, "device": device}
-        self.context = torch.zeros(samples, heads, SEGMENTS, **f64)
-        self.entropy = torch.zeros(samples, heads, nqb, **f64)
-        self.columns = torch.zeros(samples, heads, seq_len, **f64)  # Σ_i w_a(i, j)
-        heads_of_mask = 1 if attended is None else attended.mask.shape[0]
-        # queries (same for every sample, from the mask: a leading axis of one; per sample where samples are masked
-        # differently) that have keys in each bin / see >= 10 keys / see any
-        self.band_queries = torch.zeros(1, heads_of_mask, len(bins), **f64)
-        self.context_queries = torch.zeros(1, heads_of_mask, 1, **f64)
-        self.block_queries = torch.zeros(1, heads_of_mask, nqb, **f64)
+        nqb = -(-self.seq_len // self.block)
+        for name, width in zip(self.PER_SAMPLE, (SEGMENTS, nqb, self.seq_len), strict=True):
+            self.zeros(name, self.heads, width)  # Σ over queries (or, columns, Σ_i w_a(i, j)) per sample and head
+        edges = [int(e) for e in np.cumsum([0, len(bins), 1, nqb, self.seq_len])]
+        self.count_at = {name: slice(a, b) for name, a, b in zip(self.COUNTS, edges[:-1], edges[1:], strict=True)}
+        self.zeros("counts", 1, int(edges[-1]))  # one head until a block's cells differ by head
         self._planned: _Plan | None = None
         self._scratch = Scratch()  # the entropy's temporary, one block of rows
         # each sample's weights by distance: the band masses (a bin's distances summed) and the profile's SE
-        self.diagonals = SampleProfiles(samples=samples, heads=heads, seq_len=seq_len, causal=causal, device=device,
-                                        attended=attended)  # fmt: skip
+        self.diagonals = SampleProfiles(samples=self.samples, heads=self.heads, seq_len=self.seq_len,
+                                        causal=self.causal, device=self.device)  # fmt: skip
 
     def _held(self) -> list[Pending]:
         return [self.diagonals]
 
-    batch_attended: torch.Tensor | None = None  # masks that differ by sample: the batch's (B or 1, 1 or H, T, T)
-    by_samples = False
-    _first = 0  # the batch under way's first sample (the plan is the batch's own)
+    def _widen(self, heads: int) -> None:
+        """The counts by head, from the first block whose cells differ by head."""
+        if self.sums["counts"].shape[1] < heads:
+            with torch.inference_mode(False):
+                wide = self.sums["counts"].expand(-1, heads, -1).clone()
+                self.sums["counts"] = self._replace(self.sums["counts"], wide)
 
-    def by_sample(self, first: int) -> None:
-        """From sample ``first`` on, each sample's own cells (:attr:`batch_attended`) count for it: the queries of
-        each range counted per sample (those before by the one mask they had), the keys' too."""
-        with torch.inference_mode(False):
-            for name in self.COUNTS:
-                before = getattr(self, name)
-                own = torch.zeros(self.n, self.heads, before.shape[-1], dtype=torch.float64, device=self.device)
-                own[:first] = before
-                setattr(self, name, own)
-            self.key_counts = torch.zeros(self.n, self.heads, self.seq_len, dtype=torch.float64, device=self.device)
-            self.key_counts[:first] = self.per_key()
-        self.diagonals.by_sample(first)
-        self.by_samples, self.attended, self._planned = True, None, None
-
-    def _mask(self, r0: int, r1: int, keys: int) -> torch.Tensor:
-        """(1 or B, 1 or H, rows, keys) bool: the cells the call attends to."""
-        if self.by_samples:
-            assert self.batch_attended is not None
-            return self.batch_attended[..., r0:r1, :keys].to(self.device)
-        if self.attended is not None:
-            return self.attended.rows(r0, r1, keys).to(self.device)[None]
-        if not self.causal:
-            return torch.ones(1, 1, r1 - r0, keys, dtype=torch.bool, device=self.device)
-        i = torch.arange(r0, r1, device=self.device)[:, None]
-        return (torch.arange(keys, device=self.device)[None, :] <= i)[None, None]
+    def count(self, name: str) -> torch.Tensor:
+        """(N, 1 or H, width): one of :attr:`COUNTS`, per sample."""
+        return self.sums["counts"][..., self.count_at[name]]
 
     def _band_ranges(self, r0: int, r1: int, keys: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per (row, bin), the key ranges [a, b) at the bin's distances: before the query, and (bidirectional) after."""
@@ -226,99 +205,78 @@ class WeightMeasures(Pending):
         assert total is not None
         return total
 
-    def _plan(self, r0: int, rows: int, keys: int) -> _Plan:
-        """What the mask decides for a block of rows, the same for every sample: worked out once per block (per
-        batch and block where samples are masked differently)."""
-        key = (self._first if self.by_samples else 0, r0, rows, keys)
-        if self._planned is not None and self._planned.key == key:
+    def _plan(self, block: RowBlock) -> _Plan:
+        """What ``block``'s cells decide for its rows; the last plan again for a block of the same rows and cells."""
+        r0, r1, keys, cells = block.r0, block.r1, block.keys, block.attended
+        key = (r0, r1 - r0, keys)
+        if self._planned is not None and self._planned.key == key and _same(self._planned.cells, cells):
             return self._planned
-        r1 = r0 + rows
         i = torch.arange(r0, r1, device=self.device)
         s = torch.arange(SEGMENTS + 1, device=self.device)
         ranges = self._band_ranges(r0, r1, keys)
-        if self.attended is None and self.causal and not self.by_samples:  # rank r is key r; query i sees i + 1
+        if cells is None and self.causal:  # rank r is key r; query i sees i + 1; key j is seen by rows i >= j
             seen = (i + 1)[None, None]
             bounds = (-(-(s[None, :] * seen[0, 0, :, None]) // SEGMENTS))[None, None]  # (1, 1, rows, S + 1)
-            mask_cums = None
+            present = (ranges[0][1] > ranges[0][0]).sum(0, dtype=torch.float64)[None, None]
+            j = torch.arange(keys, device=self.device)
+            seen_by = (r1 - torch.clamp(j, min=r0)).clamp(min=0).double()[None, None]
         else:
-            mask = self._mask(r0, r1, keys)  # (1 or B, 1 or H, rows, K)
+            mask = block.cells(self.causal).to(self.device)  # (1 or B, 1 or H, rows, K)
             seen = mask.sum(-1)
             mask_cums = mask.long().cumsum(-1)  # attended keys up to and including each key
             need = -(-(s * seen[..., None]) // SEGMENTS)  # the first rank of each segment
             bounds = torch.searchsorted(mask_cums, (need + 1).contiguous())  # the key of that rank
-        q0 = r0 // self.block
-        plan = _Plan(key=key, ranges=ranges, bounds=PrefixIndex.of(bounds, keys),
-                     qualifies=(seen >= SEGMENTS).double(), looks=(seen > 0).double(), q0=q0,
-                     q1=(r1 - 1) // self.block + 1, qblock=i // self.block - q0, mask_cums=mask_cums)  # fmt: skip
+            present = (self._range_sums(mask_cums, ranges) > 0).sum(-2, dtype=torch.float64)
+            seen_by = mask.sum(-2, dtype=torch.float64)
+        q0, q1 = r0 // self.block, (r1 - 1) // self.block + 1
+        qualifies, looks = (seen >= SEGMENTS).double(), (seen > 0).double()
+        counts = torch.zeros(*looks.shape[:2], self.sums["counts"].shape[-1], dtype=torch.float64, device=self.device)
+        at = self.count_at
+        counts[..., at["band_queries"]] = present
+        counts[..., at["context_queries"]] = qualifies.sum(-1, keepdim=True)
+        blocks = counts[..., at["block_queries"]][..., q0:q1]
+        blocks.index_add_(-1, i // self.block - q0, looks)
+        counts[..., at["key_counts"]][..., :keys] = seen_by
+        plan = _Plan(key=key, cells=cells, ranges=ranges, bounds=PrefixIndex.of(bounds, keys), qualifies=qualifies,
+                     looks=looks, q0=q0, q1=q1, qblock=i // self.block - q0, counts=counts)  # fmt: skip
         self._planned = plan
         return plan
 
-    def add(self, first: int, r0: int, weights: torch.Tensor) -> None:
-        """Samples ``first ..``'s weights (B, H, rows, K) of query rows ``r0 ..`` against keys ``0 .. K - 1``, 0
-        where a query does not look (the rows of every sample come exactly once, in any order)."""
+    def add(self, block: RowBlock) -> None:
+        """A block's weights (S, H, rows, K), 0 where a query does not look, over the cells it brings."""
+        weights, r0 = block.weights, block.r0
         b, _, rows, keys = weights.shape
-        self._first = first
-        plan = self._plan(r0, rows, keys)
-        at = slice(first, first + b)
-        self.diagonals.add(first, r0, weights)  # the band masses: each bin's distances summed at the end
+        plan = self._plan(block)
+        at = slice(block.first, block.first + b)
+        sums = self.sums
+        self.diagonals.add(block.first, r0, weights, block.attended)  # the band masses: each bin's distances summed
         starts = prefix_sums(weights, plan.bounds)  # Σ before each segment's first key
         segment = starts[..., 1:] - starts[..., :-1]
-        self._put(self.context, (at,), (segment * plan.qualifies[..., None]).sum(-2))
+        self._put(sums["context"], (at,), (segment * plan.qualifies[..., None]).sum(-2))
         entropy = row_entropy(weights, self._scratch).double()  # (B, H, rows)
         by_block = torch.zeros(b, self.heads, plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
         by_block.index_add_(-1, plan.qblock, entropy * plan.looks)
-        self._put(self.entropy, (at, slice(None), slice(plan.q0, plan.q1)), by_block)
-        self._put(self.columns, (at, slice(None), slice(0, keys)), weights.sum(-2).double())
-        if first == 0 or self.by_samples:  # the counts come from the mask: once, or each sample's own
-            sample = at if self.by_samples else slice(None)  # each sample's own, or the one count for all
-            if plan.mask_cums is None:  # causal: a query i has keys at the bin's distances from distance lo on
-                present = (plan.ranges[0][1] > plan.ranges[0][0])[None, None]
-            else:
-                present = self._range_sums(plan.mask_cums, plan.ranges) > 0
-            self._put(self.band_queries, (sample,), present.double().sum(-2))
-            self._put(self.context_queries, (sample,), plan.qualifies.sum(-1, keepdim=True))
-            counts = torch.zeros(*plan.looks.shape[:2], plan.q1 - plan.q0, dtype=torch.float64, device=self.device)
-            self._put(self.block_queries, (sample, slice(None), slice(plan.q0, plan.q1)),
-                      counts.index_add_(-1, plan.qblock, plan.looks))  # fmt: skip
-            if self.by_samples:  # the queries of each sample that see each key
-                seen_by = self._mask(r0, r0 + rows, keys).sum(-2, dtype=torch.float64)
-                self._put(self.key_counts, (at, slice(None), slice(0, keys)), seen_by)
+        self._put(sums["entropy"], (at, slice(None), slice(plan.q0, plan.q1)), by_block)
+        self._put(sums["columns"], (at, slice(None), slice(0, keys)), weights.sum(-2).double())
+        self._widen(plan.counts.shape[1])
+        self._put(sums["counts"], (at,), plan.counts)
 
-    PER_SAMPLE = ("context", "entropy", "columns")
-    COUNTS = ("band_queries", "context_queries", "block_queries")
+    def state(self) -> dict[str, torch.Tensor]:
+        return {**super().state(), **{f"diagonals.{k}": v for k, v in self.diagonals.state().items()}}
 
-    def sums(self) -> dict[str, torch.Tensor]:
-        """This process's sums, on the CPU (torchrun: joined on process 0 by :meth:`join`)."""
-        sums = {name: getattr(self, name).cpu() for name in (*self.PER_SAMPLE, *self.COUNTS)}
-        return {**sums, "diagonals": self.diagonals.sums.cpu(), "diagonal_counts": self.diagonals.count.cpu()}
+    def join(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """Every process's :meth:`state` in rank order: their samples one after another."""
+        heads = max(s["counts"].shape[1] for s in states)
+        wide = [{k: v.expand(-1, heads, -1) if k == "counts" else v for k, v in s.items()} for s in states]
+        super().join([{k: v for k, v in s.items() if not k.startswith("diagonals.")} for s in wide])
+        self.diagonals.join([{k.removeprefix("diagonals."): v for k, v in s.items() if k.startswith("diagonals.")}
+                             for s in states])  # fmt: skip
 
-    def join(self, parts: list[dict[str, torch.Tensor]]) -> None:
-        """Every process's :meth:`sums` in rank order: per-sample sums one after another, the mask's counts (the
-        same in every process) from the first."""
-        for name in self.PER_SAMPLE:
-            setattr(self, name, torch.cat([p[name] for p in parts]).to(self.device))
-        for name in self.COUNTS:
-            setattr(self, name, parts[0][name].to(self.device))
-        self.diagonals.sums = torch.cat([p["diagonals"] for p in parts]).to(self.device)
-        self.diagonals.count = parts[0]["diagonal_counts"].to(self.device)
-        self.n = len(self.columns)
-
-    def per_key(self) -> torch.Tensor:
-        """(1 or H, T): the queries that see each key; (N, H, T), each sample's, where samples are masked
-        differently."""
-        if self.by_samples:
-            return self.key_counts
-        if self.attended is not None:
-            return self.attended.per_key.to(self.device)
-        t = self.seq_len
-        if not self.causal:
-            return torch.full((1, t), float(t), dtype=torch.float64, device=self.device)
-        return torch.arange(t, 0, -1, dtype=torch.float64, device=self.device)[None]
-
-    def result(self) -> MeasureSummary:
+    def result(self) -> dict[str, np.ndarray]:
         """The stored arrays: each measure's (mean, std) over samples, its SE (N >= 3), the sink keys, and the SE
         of the key profile and of the sink share."""
         out: dict[str, np.ndarray] = {}
+        sums = self.sums
 
         def per_query(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
             return torch.where(count > 0, total / count.clamp(min=1), float("nan"))
@@ -326,20 +284,18 @@ class WeightMeasures(Pending):
         by_distance = self.diagonals.distance_sums()  # (N, H, T)
         ends = torch.cat([torch.zeros_like(by_distance[..., :1]), by_distance.cumsum(-1)], -1)
         band = ends[..., self.hi + 1] - ends[..., self.lo]  # (N, H, bins): each bin's distances
-        per_sample = {BAND_MASS: per_query(band, self.band_queries),
-                      CONTEXT_MASS: per_query(self.context, self.context_queries),
-                      WEIGHTS_ENTROPY: per_query(self.entropy, self.block_queries)}  # fmt: skip
-        keys = self.per_key()
-        seen = keys if keys.dim() == 3 else keys[None]  # (1 or N, 1 or H, T) the queries that see each key
-        received = per_query(self.columns, seen)  # (N, H, T) mean received
-        per_sample_key = received
+        per_sample = {BAND_MASS: per_query(band, self.count("band_queries")),
+                      CONTEXT_MASS: per_query(sums["context"], self.count("context_queries")),
+                      WEIGHTS_ENTROPY: per_query(sums["entropy"], self.count("block_queries"))}  # fmt: skip
+        seen = self.count("key_counts")  # (N, 1 or H, T) the queries that see each key
+        received = per_query(sums["columns"], seen)  # (N, H, T) mean received
         sink = received[..., 0]  # (N, H)
         for name, x in per_sample.items():
             stats, se = sample_stats(x)
             out[name] = stats.float().cpu().numpy()
             if se is not None:
                 out[se_name(name)] = se.float().cpu().numpy()
-        for name, x in ((se_name(KEY_PROFILE), per_sample_key), (se_name(SINK_SHARE), sink)):
+        for name, x in ((se_name(KEY_PROFILE), received), (se_name(SINK_SHARE), sink)):
             _, se = sample_stats(x)
             if se is not None:
                 out[name] = se.float().cpu().numpy()
@@ -347,13 +303,39 @@ class WeightMeasures(Pending):
         if se is not None:
             out[se_name(profile_name("weights"))] = se.float().cpu().numpy()
         least = sink_min_queries(seen)
-        ranked = seen >= least  # (1 or N, 1 or H, T): the keys each sample's ranking admits
+        ranked = seen >= least  # (N, 1 or H, T): the keys each sample's ranking admits
         out[SINK_KEYS] = top_keys(received, ranked)
         out[SINK_KEYS_OF_MEAN] = top_keys(received.mean(0, keepdim=True), ranked.all(0, keepdim=True))[0]
         values = np.unique(least.cpu().numpy())
         out["sink_min_queries"] = (int(values[0]) if len(values) == 1 else
                                    np.broadcast_to(least[..., 0].cpu().numpy(), received.shape[:2]).astype(np.int64))
-        return MeasureSummary(out)
+        return out
+
+    @classmethod
+    def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray] | None:
+        """The fused kernels' per-sample sums of the measures (:attr:`KernelSums.measures`), and the queries they count
+        from the call's mask, finished as the torch path's own sums are."""
+        if sums.measures is None:
+            return None
+        n, heads, seq_len = sums.by_distance.shape
+        got = cls(samples=n, heads=heads, seq_len=seq_len, block=sums.block, causal=True,
+                  device=sums.by_distance.device)  # fmt: skip
+        given = {name: value.to(got.sums["counts"]) for name, value in sums.measures.items()}
+        for name in cls.PER_SAMPLE:
+            got.sums[name] = given[name].expand(n, -1, -1).clone()
+        got._widen(max(given[name].shape[1] for name in cls.COUNTS))
+        for name in cls.COUNTS:
+            got.count(name)[:] = given[name]
+        got.diagonals.add_distance_sums(sums.by_distance, sums.diagonal_counts)
+        return got.result()
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two blocks' cells are the same cells: both none, or views of the same memory alike (the call's one
+    mask, each block's rows of it); the plan holds the first, so its memory is not another's."""
+    if a is None or b is None:
+        return a is b
+    return (a.data_ptr(), a.shape, a.stride(), a.device) == (b.data_ptr(), b.shape, b.stride(), b.device)
 
 
 def sink_min_queries(seen: torch.Tensor) -> torch.Tensor:
