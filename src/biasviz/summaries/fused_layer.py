@@ -34,7 +34,6 @@ from biasviz.store.datasets import (
     SAMPLES_PER_CELL,
     SEGMENTS,
     SINK_SHARE,
-    distance_bins,
     map_name,
     profile_name,
 )
@@ -257,28 +256,6 @@ def _positional(acc: dict[str, torch.Tensor], table: torch.Tensor | None, layer:
     return p_map, from_key_profile(by_distance, acc["positional_first"], attended), diagnostics
 
 
-def _queries(seq_len: int, attended: Attended | None, device: torch.device) -> dict[str, torch.Tensor]:
-    """The queries WeightMeasures divides by, the same for every sample: those with keys in each distance bin, those
-    that see 10 keys or more, and (every row sees a key) the rows of each query block; and the attended cells at each
-    slot T - 1 - (i - j) of the sums by distance (a causal call's are a closed form: unused)."""
-    t, f64 = seq_len, {"dtype": torch.float64, "device": device}
-    bins = torch.as_tensor(distance_bins(t), device=device)
-    if attended is None:  # a query i has keys at distance lo on when i >= lo; i + 1 >= 10 keys
-        return {"band_queries": (t - bins[:, 0]).clamp(min=0).double()[None, None],
-                "context_queries": torch.full((1, 1, 1), float(max(0, t - SEGMENTS + 1)), **f64),
-                "diagonal_counts": torch.zeros(1, 2 * t - 1, **f64)}  # fmt: skip
-    mask = attended.mask[0].to(device)
-    band = torch.zeros(len(bins), **f64)
-    for r0 in range(0, t, MASK_ROWS):  # a few rows at a time: int32 copies of (rows, T), not T²
-        cums = torch.nn.functional.pad(mask[r0 : r0 + MASK_ROWS].cumsum(-1, dtype=torch.int32), (1, 0))
-        i = torch.arange(r0, r0 + cums.shape[0], device=device)[:, None]
-        a, b = (i - bins[:, 1]).clamp(0, t), (i - bins[:, 0] + 1).clamp(0, t)  # (rows, bins): keys [a, b) at the bin
-        band += ((cums.gather(1, b) - cums.gather(1, a)) > 0).sum(0)
-    return {"band_queries": band[None, None],
-            "context_queries": (mask.sum(-1) >= SEGMENTS).double().sum().reshape(1, 1, 1),
-            "diagonal_counts": attended.per_signed.to(device).flip(-1)}  # fmt: skip
-
-
 def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
               heads: int, seq_len: int, block: int, device: torch.device,
               attended: Attended | None = None, own_cells: OwnCells | None = None) -> dict[str, Any]:  # fmt: skip
@@ -291,40 +268,28 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
     by_sample = own_cells is not None
     shared = None if by_sample else attended
     rows = torch.ones(1, 1, t, **f64)
-    queries = _queries(t, attended, device)
-    key_counts = None if attended is None else attended.per_key.to(device)[None]  # (1, 1 or H, T)
-    if own_cells is not None:  # each sample's own queries and cells, as the torch path counts them
-        per, counted, block_counts, looks = [], [], [], []
+    cells = None if attended is None or by_sample else attended.mask[None].to(device)  # (1, 1 or H, T, T)
+    if own_cells is not None:  # the rows of each sample that see a key, and its cells by block
+        block_counts, looks = [], []
         for a in range(n):  # a sample's mask at a time
             mask = own_cells[a]
-            one = Attended(mask[None])
-            one.__dict__["per_signed"] = _signed_counts(mask)  # its cached property, counted a few rows at a time
-            per.append(_queries(t, one, device))
-            counted.append(one.per_key)
-            block_counts.append(one.block_counts(block))
+            block_counts.append(Attended(mask[None]).block_counts(block))
             looks.append(mask.any(-1).double())
-        queries = {name: torch.stack([got[name] for got in per]) for name in per[0]}  # (N, 1, ...)
-        queries["band_queries"], queries["context_queries"] = (queries[name][:, 0] for name in ("band_queries",
-                                                                                               "context_queries"))
-        rows = torch.stack(looks)[:, None]  # (N, 1, T): the rows that see a key
-        key_counts = torch.stack(counted)  # (N, 1, T)
-    if key_counts is None:  # causal: key j is seen by the queries i >= j
-        key_counts = torch.arange(t, 0, -1, **f64)[None, None]
-    diagonal_counts = None  # (1 or N, 1 or H, 2T - 1) attended cells by slot; None: the causal triangle's
-    if attended is not None or by_sample:
-        diagonal_counts = queries["diagonal_counts"]
-        diagonal_counts = diagonal_counts[None] if diagonal_counts.dim() == 2 else diagonal_counts
-    finished = KernelSums(by_distance=acc["sample_distance"][0], looks=rows, block=block, measures={
-        "context": acc["context"], "entropy": _group_sums(entropy, -1, 0, block), "columns": acc["sample_columns"],
-        "block_queries": _group_sums(rows, -1, 0, block), "band_queries": queries["band_queries"],
-        "context_queries": queries["context_queries"], "key_counts": key_counts,
-    }, diagonal_counts=diagonal_counts)  # fmt: skip
+        rows = torch.stack(looks)[:, None]  # (N, 1, T)
+    finished = KernelSums(by_distance=acc["sample_distance"][0], looks=rows, block=block, cells=cells,
+                          own_cells=own_cells, measures={"context": acc["context"], "columns": acc["sample_columns"],
+                                                         "entropy": _group_sums(entropy, -1, 0, block)})  # fmt: skip
     arrays: dict[str, Any] = {}
     for reducer in reducer_classes():  # the table's statistics the kernels' sums hold (the rest: rows formed again)
         arrays.update(reducer.from_kernels(finished) or {})
     profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device)
     if "scores" in profiles:
-        profiles["scores"].add_distance_sums(acc["sample_distance"][1], diagonal_counts)
+        profiles["scores"].add_distance_sums(acc["sample_distance"][1])
+        if own_cells is not None:
+            for a in range(n):
+                profiles["scores"].count_cells(a, 1, own_cells[a][None, None])
+        else:
+            profiles["scores"].count_cells(0, n, cells)
     sums = {}  # with blocks of one position the maps' SEs come from their spread (map_errors); P's never do
     if n >= MIN_SE_SAMPLES and block > 1:
         sums = {"weights": acc["sample_blocks"][0], "scores": acc["sample_blocks"][1]}

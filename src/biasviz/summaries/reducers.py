@@ -16,7 +16,7 @@ samples one after another, a block formed again after a bias was measured to dif
 from __future__ import annotations
 
 import importlib
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -36,9 +36,9 @@ class KernelSums:
     by_distance: torch.Tensor  # (N, H, T) float64: Σ_i w_a(i, i - d) over the attended cells, at distance d
     looks: torch.Tensor  # (1 or N, 1, T) float64: 1 where query i attends some key
     block: int = 1  # the maps' block of positions (the query blocks of the entropy)
-    # WeightMeasures' sums by name (N, H, ...) and the queries it counts (1 or N, 1 or H, ...), as the kernels give
-    measures: dict[str, torch.Tensor] | None = None
-    diagonal_counts: torch.Tensor | None = None  # (1 or N, 1 or H, 2T - 1) attended cells by slot; None: causal
+    measures: dict[str, torch.Tensor] | None = None  # WeightMeasures' per-sample sums by name (N, H, ...)
+    cells: torch.Tensor | None = None  # (1, 1 or H, T, T) the call's one mask; None: causal (or each sample's own)
+    own_cells: Sequence[torch.Tensor] | None = None  # samples masked differently: [a] -> sample a's (T, T)
 
 
 class Reducer(Pending):

@@ -16,6 +16,8 @@ import torch
 from biasviz.store.datasets import MIN_SE_SAMPLES, profile_name, se_name
 from biasviz.summaries.pending import Pending
 
+COUNT_ROWS = 256  # rows of a call's cells counted at a time where nothing else comes with them (float64 temporaries)
+
 
 def sample_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-sample values (N, ...) -> ((2, ...) mean and std over samples (ddof 0), SE or None with N < 3).
@@ -111,15 +113,28 @@ class SampleProfiles(Pending):
             skewed = self._skew_sum(torch.where(lower, first_keys, 0.0))
             self._put(self.sums, (at, slice(None), slice(start, start + 2 * rows - 2)), skewed)
 
-    def add_distance_sums(self, sums: torch.Tensor, counts: torch.Tensor | None = None) -> None:
+    def add_distance_sums(self, sums: torch.Tensor) -> None:
         """Every sample's sums by distance d = 0 .. T - 1, (N, H, T), of a causal call, summed elsewhere (the fused
-        kernels), and the attended cells at each slot (1 or N, 1 or H, 2T - 1; None: the causal triangle's)."""
+        kernels); their cells are counted by :meth:`count_cells`."""
         self.sums[..., : self.seq_len] += sums.flip(-1).to(self.sums)
-        if counts is None:
-            counts = self._plain_counts(0, self.seq_len, self.seq_len)
-        self._widen(counts.shape[-2])
-        self.count += counts.to(self.count)
         self.seen = True
+
+    def count_cells(self, first: int, samples: int, cells: torch.Tensor | None) -> None:
+        """The attended cells at each slot of samples ``first .. first + samples - 1``, from the call's cells alone
+        (1 or S, 1 or H, T, T; None: the causal triangle, or every cell), a few rows at a time: where the values were
+        summed elsewhere, counted as :meth:`add` counts a block's."""
+        t, at = self.seq_len, slice(first, first + samples)
+        for r0 in range(0, t, COUNT_ROWS):
+            rows = min(COUNT_ROWS, t - r0)
+            keys = r0 + rows if self.causal else t
+            if cells is None:
+                self._put(self.count, (at,), self._plain_counts(r0, rows, keys))
+                continue
+            part = cells[..., r0 : r0 + rows, :keys].to(self.device)
+            self._widen(part.shape[1])
+            start = t - rows - r0  # the slot of column 0
+            self._put(self.count, (at, slice(None), slice(start, start + keys + rows - 1)),
+                      self._skew_sum(part.to(torch.float64)))  # fmt: skip
 
     def distance_sums(self) -> torch.Tensor:
         """(N, H, T) per sample, the sums over the attended cells at each distance d = |i - j| = 0 .. T - 1."""

@@ -40,7 +40,7 @@ from biasviz.store.datasets import (
 from biasviz.summaries.maps import _group_sums
 from biasviz.summaries.pending import Pending
 from biasviz.summaries.reducers import KernelSums, Reducer
-from biasviz.summaries.sample_profiles import SampleProfiles, sample_stats
+from biasviz.summaries.sample_profiles import COUNT_ROWS, SampleProfiles, sample_stats
 from biasviz.summaries.scratch import Scratch
 
 
@@ -311,22 +311,37 @@ class WeightMeasures(Reducer):
                                    np.broadcast_to(least[..., 0].cpu().numpy(), received.shape[:2]).astype(np.int64))
         return out
 
+    def count_cells(self, first: int, samples: int, cells: torch.Tensor | None) -> None:
+        """The queries that count for samples ``first .. first + samples - 1`` of a causal call, and its cells by
+        distance, from the call's cells alone (1 or S, 1 or H, T, T; None: the causal triangle), a few rows at a time:
+        where the weights were summed elsewhere (the fused kernels), counted by the plan that counts a block's."""
+        at = slice(first, first + samples)
+        for r0 in range(0, self.seq_len, COUNT_ROWS):
+            r1 = min(self.seq_len, r0 + COUNT_ROWS)
+            shaped = torch.empty((), device=self.device).expand(samples, 1, r1 - r0, r1)  # its shape alone
+            part = None if cells is None else cells[..., r0:r1, :r1].to(self.device)
+            plan = self._plan(RowBlock(0, first, r0, shaped, attended=part))
+            self._widen(plan.counts.shape[1])
+            self._put(self.sums["counts"], (at,), plan.counts)
+        self.diagonals.count_cells(first, samples, cells)
+
     @classmethod
     def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray] | None:
-        """The fused kernels' per-sample sums of the measures (:attr:`KernelSums.measures`), and the queries they count
-        from the call's mask, finished as the torch path's own sums are."""
+        """The fused kernels' per-sample sums of the measures (:attr:`KernelSums.measures`), the queries and cells that
+        count for them counted from the call's cells (:meth:`count_cells`), finished as the torch path's own."""
         if sums.measures is None:
             return None
         n, heads, seq_len = sums.by_distance.shape
         got = cls(samples=n, heads=heads, seq_len=seq_len, block=sums.block, causal=True,
                   device=sums.by_distance.device)  # fmt: skip
-        given = {name: value.to(got.sums["counts"]) for name, value in sums.measures.items()}
         for name in cls.PER_SAMPLE:
-            got.sums[name] = given[name].expand(n, -1, -1).clone()
-        got._widen(max(given[name].shape[1] for name in cls.COUNTS))
-        for name in cls.COUNTS:
-            got.count(name)[:] = given[name]
-        got.diagonals.add_distance_sums(sums.by_distance, sums.diagonal_counts)
+            got.sums[name] = sums.measures[name].to(got.sums[name]).expand(n, -1, -1).clone()
+        if sums.own_cells is not None:  # each sample's own: one (T, T) mask at a time
+            for a in range(n):
+                got.count_cells(a, 1, sums.own_cells[a][None, None])
+        else:
+            got.count_cells(0, n, sums.cells)
+        got.diagonals.add_distance_sums(sums.by_distance)
         return got.result()
 
 
