@@ -4,7 +4,9 @@ cells').
 A call whose mask is the causal triangle (or, seeing every key, every cell) needs nothing; one mask for every
 sample (sliding windows, local layers, flex block masks) is set once on every part of the layer
 (:class:`~biasviz.summaries.attended.Attended`); masks that differ by sample (padding, packed documents) turn the
-layer's parts to per-sample counting from that sample on, and each batch's own mask goes to them as it comes.
+layer's parts to per-sample counting from that sample on, and each batch's own mask goes to them as it comes. What
+takes its cells from the blocks themselves (the reducers, the per-sample profiles) is handed the cells settled on
+here, as few as say them: none where the mask is the call's rule, the one mask, or each batch's own.
 """
 
 from __future__ import annotations

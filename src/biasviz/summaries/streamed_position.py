@@ -82,10 +82,10 @@ class StreamedPosition:
 
     def by_sample(self, before: torch.Tensor | None, first: int) -> None:
         """From sample ``first`` on, samples are masked differently (docs/hdf5.md, 'Attended cells'); ``before``: the
-        one mask (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile, sink shares, section
-        14's weight measures, the rotary frequencies (over each sample's own positions) and the profiles' and maps' SEs
-        count each sample's own cells; P, which pairs the cells of different samples as one grid, is left out, with
-        :attr:`note` saying so."""
+        one mask (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile, sink shares, the
+        rotary frequencies (over each sample's own positions) and the maps' SEs count each sample's own cells from here
+        on (the reducers and the profiles' SEs need no word: they count the cells each block brings); P, which pairs
+        the cells of different samples as one grid, is left out, with :attr:`note` saying so."""
         with torch.inference_mode(False):
             heads = self.heads
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
