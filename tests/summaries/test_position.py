@@ -215,3 +215,41 @@ def test_leaving_out_the_positional_logits_changes_nothing_else(tmp_path: Path) 
                                             "positional_mean_se", "positional_profile_se"}  # fmt: skip
         for name in kept:
             np.testing.assert_array_equal(a["layer_1"][name][()], b["layer_1"][name][()], err_msg=name)
+
+
+@pytest.mark.parametrize("joint", [False, True])
+def test_key_profile_counts_the_cells_each_block_brings(joint: bool) -> None:
+    """The key profile's mean and spread by key over every (sample, query) pair that sees the key, against numpy:
+    samples 0-2 in blocks that bring no cells (the causal triangle), samples 3-5 in blocks with their own (left
+    padding of 0, 2 and 5): nothing set on the profile between them. ``joint``: a one-mask call's per-cell moments
+    (one block for every sample, over the mask's rows), as rows formed again give them."""
+    from biasviz.summaries.position import KeyProfile
+
+    n, h, t, rows = 6, 2, 9, 4
+    rng = np.random.default_rng(5)
+    causal = np.tril(np.ones((t, t), bool))
+    masks = np.stack([causal] * n)
+    if joint:  # one mask for every sample: a window of 3
+        masks[:] = causal & ~np.tril(np.ones((t, t), bool), -3)
+    else:
+        for a, pad in zip((3, 4, 5), (0, 2, 5), strict=True):
+            masks[a, :, :pad] = False
+            masks[a, :pad] = False
+    w = np.where(masks[:, None], rng.random((n, h, t, t)), 0.0)
+    profile = KeyProfile(h, t, torch.device("cpu"))
+    for r0 in range(0, t, rows):
+        r1 = min(t, r0 + rows)
+        if joint:
+            block = w[:, :, r0:r1, :r1]
+            moments = torch.as_tensor(np.stack([block.mean(0), block.std(0)]))
+            profile.add(moments, torch.as_tensor(masks[:1, None, r0:r1, :r1]), r0)
+            continue
+        for first, own in ((0, False), (3, True)):
+            cells = torch.as_tensor(masks[first : first + 3, None, r0:r1, :r1]) if own else None
+            profile.add_samples(torch.as_tensor(w[first : first + 3, :, r0:r1, :r1]), n, cells, r0)
+    got = profile.result().numpy()
+    for head in range(h):
+        for j in range(t):
+            seen = [w[a, head, i, j] for a in range(n) for i in range(t) if masks[a, i, j]]
+            want = (np.mean(seen), np.std(seen)) if seen else (np.nan, np.nan)
+            np.testing.assert_allclose(got[:, head, j], want, rtol=1e-5, atol=1e-7, err_msg=f"head {head}, key {j}")

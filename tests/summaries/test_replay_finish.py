@@ -140,7 +140,7 @@ def test_key_profile_of_uneven_chunks_equals_numpy() -> None:
     x[0] = np.abs(x[0])
     keys = KeyProfile(H, T, torch.device("cpu"))
     for r0, r1 in _chunks():
-        keys.add(torch.from_numpy(x[:, :, r0:r1, :r1].copy()))
+        keys.add(torch.from_numpy(x[:, :, r0:r1, :r1].copy()), None, r0)
     seen = np.arange(T, 0, -1)  # queries i >= j
     mean = x[0].astype(np.float64).sum(1) / seen
     var = (x.astype(np.float64) ** 2).sum((0, 2)) / seen - mean**2

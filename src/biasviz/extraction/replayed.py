@@ -196,10 +196,9 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
     own mask (``attended``); where samples are masked differently (``cells``), each sample's own cells count for it, and
     what pairs the cells of different samples (P and its measures) is left out."""
     n, heads, shared = samples, adapter.n_heads, None if cells is not None else attended
-    extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device, attended=shared),
+    extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device),
                         sinks=torch.zeros(n, heads, dtype=torch.float64, device=device), by_sample=cells is not None)
     if cells is not None:
-        extra.keys.queries = cells.key_queries
         warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=4)
     if measures:  # docs/position-measures.md
         extra.reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True, device=device)

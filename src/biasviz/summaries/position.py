@@ -115,38 +115,74 @@ def from_key_profile(mean_all: torch.Tensor, first: torch.Tensor, attended: Atte
 
 class KeyProfile:
     """Per head and key j: mean and spread of the weights over samples and the queries that see j (i >= j when
-    causal; every query otherwise)."""
+    causal; every query otherwise), counted from the cells each block brings (its own, the call's one mask's rows, or
+    none: the causal triangle, or every cell), so that nothing is set on it beforehand or switched part-way."""
 
-    def __init__(self, heads: int, seq_len: int, device: torch.device, causal: bool = True,
-                 attended: Attended | None = None) -> None:  # fmt: skip
+    def __init__(self, heads: int, seq_len: int, device: torch.device, causal: bool = True) -> None:
         self.sums = torch.zeros(2, heads, seq_len, dtype=torch.float64, device=device)  # Σ w̄, Σ (σ² + w̄²)
-        self.seq_len, self.causal, self.attended = seq_len, causal, attended
-        # masks that differ by sample: the queries that see each key, averaged over samples (1 or H, T)
-        self.queries: torch.Tensor | None = None
+        self.seq_len, self.causal, self.device = seq_len, causal, device
+        # the queries that see each key (1 or H, T), whole numbers: of the blocks of per-cell moments (one for every
+        # sample), and summed over the samples of blocks of each sample's weights (divided by N at the end); blocks
+        # that bring no cells, counted by their first row's block (a pass of the rule's own counts each)
+        self.joint: torch.Tensor | None = None
+        self.per_sample: torch.Tensor | None = None
+        self.joint_plain, self.sample_plain, self.samples = 0, 0, 1
 
-    def add_samples(self, weights: torch.Tensor, samples: int) -> None:
-        """Samples' own weights (B, H, rows, K), 0 where a query does not see a key, of ``samples`` in all: the
-        same sums, since Σ_i w̄ = Σ_a Σ_i w_a / N and Σ_i (σ² + w̄²) = Σ_a Σ_i w_a² / N."""
+    def _count(self, name: str, cells: torch.Tensor, times: int) -> None:
+        """The queries of ``cells`` (1 or B, 1 or H, rows, K) that see each key, ``times`` over, into ``name``."""
+        counts = cells.sum(-2, dtype=torch.float64)  # (1 or B, 1 or H, K)
+        counts = counts.sum(0) if counts.shape[0] > 1 or times == 1 else counts[0] * times
+        total = getattr(self, name)
+        if total is None or total.shape[0] < counts.shape[0]:
+            wider = torch.zeros(counts.shape[0], self.seq_len, dtype=torch.float64, device=self.device)
+            total = wider if total is None else wider + total
+        total[:, : counts.shape[-1]] += counts.to(total.device)
+        setattr(self, name, total)
+
+    def add_samples(self, weights: torch.Tensor, samples: int, cells: torch.Tensor | None, r0: int) -> None:
+        """Samples' own weights (B, H, rows, K) of rows ``r0 ..``, 0 where a query does not see a key, of ``samples``
+        in all, over ``cells`` (None: the call's rule): the same sums, since Σ_i w̄ = Σ_a Σ_i w_a / N and
+        Σ_i (σ² + w̄²) = Σ_a Σ_i w_a² / N."""
         keys = weights.shape[-1]
         self.sums[0, :, :keys] += weights.sum(2).sum(0) / samples
         self.sums[1, :, :keys] += weights.square().sum(2).sum(0) / samples
+        self.samples = samples
+        if cells is not None:
+            self._count("per_sample", cells, weights.shape[0])
+        elif r0 == 0:
+            self.sample_plain += weights.shape[0]
 
-    def add(self, values: torch.Tensor) -> None:
-        """A block's per-cell mean and spread of the weights (2, H, rows, K), 0 where a query does not see a key;
-        squared in place (the caller's last use of them: no copy)."""
+    def add(self, values: torch.Tensor, cells: torch.Tensor | None, r0: int) -> None:
+        """A block's per-cell mean and spread of the weights (2, H, rows, K) of rows ``r0 ..``, 0 where a query does
+        not see a key, over ``cells`` (1, 1 or H, rows, K; None: the call's rule); squared in place (the caller's last
+        use of them: no copy)."""
         keys = values.shape[-1]  # a few rows: summed in their own precision, accumulated in float64
         self.sums[0, :, :keys] += values[0].sum(1)
         self.sums[1, :, :keys] += values.square_().sum(2).sum(0)  # Σ over rows of w̄² + σ²; an axis at a time: fast
+        if cells is not None:
+            self._count("joint", cells, 1)
+        elif r0 == 0:
+            self.joint_plain += 1
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The sums and the per-sample blocks' counts, on the CPU (torchrun: added up on process 0 by :meth:`join`)."""
+        counted = torch.zeros(1, self.seq_len, dtype=torch.float64) if self.per_sample is None else self.per_sample
+        return {"sums": self.sums.cpu(), "per_sample": counted.cpu(), "plain": torch.tensor([self.sample_plain])}
+
+    def join(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """Every process's :meth:`state`: their samples' sums and counts added up."""
+        self.sums = sum(s["sums"] for s in states).to(self.device)
+        self.per_sample = sum(s["per_sample"] for s in states).to(self.device)
+        self.sample_plain = int(sum(int(s["plain"]) for s in states))
 
     def result(self) -> torch.Tensor:
         """(2, H, T) float32: mean and standard deviation by key."""
-        queries = (torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.sums.device)  # T - j
-                   if self.causal else torch.full((self.seq_len,), float(self.seq_len), dtype=torch.float64,
-                                                  device=self.sums.device))  # fmt: skip
-        if self.attended is not None:  # the queries a model's own mask lets see each key
-            queries = self.attended.per_key.to(self.sums.device)
-        if self.queries is not None:  # each sample's own
-            queries = self.queries.to(self.sums.device)
+        rule = (torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.sums.device)  # T - j
+                if self.causal else torch.full((self.seq_len,), float(self.seq_len), dtype=torch.float64,
+                                               device=self.sums.device))  # fmt: skip
+        joint = self.joint_plain * rule if self.joint is None else self.joint + self.joint_plain * rule
+        by_sample = self.sample_plain * rule if self.per_sample is None else self.per_sample + self.sample_plain * rule
+        queries = joint + by_sample / self.samples
         mean = self.sums[0] / queries
         var = (self.sums[1] / queries - mean * mean).clamp(min=0.0)
         out = torch.stack([mean, var.sqrt()])

@@ -219,7 +219,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             if got.attended is not None:  # this sample's own cells (docs/hdf5.md, 'Attended cells')
                 for kind in ("weights", "scores"):
                     sums[kind].add(getattr(got, kind)[0], got.attended[0])
-                extras.keys.add_samples(got.weights, samples)
+                extras.keys.add_samples(got.weights, samples, got.attended, r0)
                 extras.own_cells(got.attended, r0)
             else:
                 sums["weights"].add(got.weights[0])
@@ -299,4 +299,6 @@ def _finish(parts: dict[str, QuantitySummary], extras: LayerExtras, sums: dict[s
             if kind in parts:
                 parts[kind].add_moments(r0 + c0, values, owned=True, scratch=scratch["work"])
         if not extras.by_sample:  # (then each sample's weights went in as they came)
-            extras.keys.add(got["weights"])  # last: it squares them in place (the weights' summary leaves them be)
+            cells = None if extras.mask is None else extras.mask.rows(r0 + c0, r0 + c1, keys)[None]
+            extras.keys.add(got["weights"], cells, r0 + c0)  # last: it squares them in place (the weights' summary
+            # leaves them be)

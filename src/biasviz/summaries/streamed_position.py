@@ -73,7 +73,6 @@ class StreamedPosition:
     def attend(self, attended: Attended) -> None:
         """Every quantity over the cells of the call's own mask; before any block is added."""
         self.attended = attended
-        self.keys.attended = attended
         self.blocks = self._blocks(attended)
 
     union: torch.Tensor | None = None  # masks that differ by sample: the cells some sample attends (1 or H, T, T)
@@ -89,13 +88,11 @@ class StreamedPosition:
         with torch.inference_mode(False):
             heads = self.heads
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
-            self.key_counts = torch.zeros(heads, self.seq_len, dtype=torch.float64, device=self.device)
             self.seeing = torch.zeros(len(self.sinks), heads, dtype=torch.float64, device=self.device)
             nb = -(-self.seq_len // self.block)
             self.cell_samples = torch.zeros(1, nb, nb, dtype=torch.float64, device=self.device)
             if before is not None and first:
                 self.union = self.union | before.to(self.device)
-                self.key_counts += before.to(self.device).sum(-2, dtype=torch.float64) * first
                 self.seeing[:first] = before[:, :, 0].to(self.device).sum(-1, dtype=torch.float64)
                 self.cell_samples = self.cell_samples + block_sums(before.to(self.device), self.block) * first
         self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
@@ -104,7 +101,7 @@ class StreamedPosition:
             self.jackknife = None
         for accumulator in self.blocks.values():
             accumulator.by_sample()
-        self.attended, self.keys.attended = None, None
+        self.attended = None
         self.note = BY_SAMPLE_NOTE
 
     def batch_attended(self, first: int, attended: torch.Tensor) -> None:
@@ -114,7 +111,6 @@ class StreamedPosition:
         every = every.to(self.device)
         with torch.inference_mode(False):
             self.union = self.union | every.any(0)
-            self.key_counts += every.sum(-2, dtype=torch.float64).sum(0)
             self.seeing[first : first + len(every)] = every[:, :, :, 0].sum(-1, dtype=torch.float64)
             self.cell_samples = self.cell_samples + block_sums(every.sum(0, dtype=torch.float32), self.block)
         for accumulator in self.blocks.values():
@@ -184,7 +180,7 @@ class StreamedPosition:
             self.blocks[kind].finish(row0 + rows)
         if kind == "weights":
             w = block.double() if wide is None else wide
-            self.keys.add_samples(w, self.samples)
+            self.keys.add_samples(w, self.samples, cells, row0)
             self.sinks[first : first + w.shape[0]] += w[..., 0].sum(-1)
             return
         if kind == "bias" and self.jackknife is not None:
@@ -208,7 +204,7 @@ class StreamedPosition:
     def state(self) -> dict[str, torch.Tensor | None]:
         """This process's sums, on the CPU, for :meth:`join` in process 0."""
         sums = {name: getattr(self, name) for name in self._SUMS}
-        sums.update(keys=self.keys.sums, sinks=self.sinks)
+        sums.update({f"keys.{name}": t for name, t in self.keys.state().items()}, sinks=self.sinks)
         if self.frequency is not None and self.frequency.per_sample is not None:
             sums["frequency"] = self.frequency.per_sample
         sums.update({f"profile.{kind}.{name}": t for kind, p in self.profiles.items() for name, t in p.state().items()})
@@ -218,14 +214,12 @@ class StreamedPosition:
     def join(self, states: list[dict[str, torch.Tensor | None]]) -> None:
         """Every process's :meth:`state`, in rank order (this one's among them): the sums over all samples, added in
         that order, and the samples' sink shares one after another."""
-        for name in (*self._SUMS, "keys"):
+        for name in self._SUMS:
             total = None
             for part in (s[name] for s in states if s[name] is not None):
                 total = part.to(self.device) if total is None else total + part.to(self.device)
-            if name == "keys":
-                self.keys.sums = total
-            else:
-                setattr(self, name, total)
+            setattr(self, name, total)
+        self.keys.join([{k.removeprefix("keys."): v for k, v in s.items() if k.startswith("keys.")} for s in states])
         self.sinks = torch.cat([s["sinks"] for s in states if s["sinks"] is not None]).to(self.device)
         for kind, p in self.profiles.items():  # per-sample sums and counts one after another
             own = f"profile.{kind}."
@@ -260,7 +254,6 @@ class StreamedPosition:
             seeing = attended.per_key[:, 0].to(self.sinks.device)
         elif self.union is not None:  # masks that differ by sample: each sample's own queries
             attended, seeing = Attended(self.union), self.seeing
-            self.keys.queries = self.key_counts / self.samples
         shares = None if attended is None else attended.block_shares(self.block, self.heads).cpu().numpy()
         measures = self._measure_arrays()  # (first: it may add to the note)
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
