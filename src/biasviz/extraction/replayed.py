@@ -26,7 +26,7 @@ from biasviz.summaries import QuantitySummary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_layer, tell, why_not
-from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
@@ -145,12 +145,10 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             positional = None if extra.positional is None else extra.positional.result()
             if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself
                 add_pair_sum_residual(frequency, positional[1][0], attended)
-            # over the queries that see key 0: every query, unless the model's own mask hides it from some
-            seeing = seq_len if attended is None else cells.seeing if cells is not None else attended.per_key[:, 0]
             p_mean, p_profile, key_profile, sink_share, shares = host_arrays(  # one wait for every copy
                 None if positional is None else positional[0], None if positional is None else positional[1],
-                extra.keys.result(), (extra.sinks / (seeing.to(dev) if torch.is_tensor(seeing) else seeing)).float(),
-                None if attended is None else attended.block_shares(block, heads))
+                extra.keys.result(), extra.sinks.result(), None if attended is None else attended.block_shares(block,
+                                                                                                              heads))
             assert key_profile is not None and sink_share is not None
             extras[layer] = PositionSummary(
                 positional_mean=p_mean,
@@ -197,7 +195,7 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
     what pairs the cells of different samples (P and its measures) is left out."""
     n, heads, shared = samples, adapter.n_heads, None if cells is not None else attended
     extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device),
-                        sinks=torch.zeros(n, heads, dtype=torch.float64, device=device), by_sample=cells is not None)
+                        sinks=SinkShare(n, heads, device), by_sample=cells is not None)
     if cells is not None:
         warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=4)
     if measures:  # docs/position-measures.md

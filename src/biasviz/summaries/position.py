@@ -18,6 +18,7 @@ import torch
 from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import QuantitySummary
+from biasviz.summaries.pending import Pending
 from biasviz.summaries.scratch import Scratch
 
 FIRST_KEYS = POSITIONAL_FROM_KEYS[1]  # the profile is also kept past the first keys: sinks and a shared BOS sit there
@@ -187,3 +188,39 @@ class KeyProfile:
         var = (self.sums[1] / queries - mean * mean).clamp(min=0.0)
         out = torch.stack([mean, var.sqrt()])
         return torch.where(queries > 0, out, float("nan")).float()
+
+
+class SinkShare(Pending):
+    """Per sample and head, Σ_i w_a(i, 0) and the queries that see key 0, counted from the cells each block brings
+    (none: every query of the block sees it, causal or not): the sink share, each sample's mean weight on key 0."""
+
+    def __init__(self, samples: int, heads: int, device: torch.device) -> None:
+        self.sums = torch.zeros(samples, heads, dtype=torch.float64, device=device)
+        self.seeing = torch.zeros(samples, 1, dtype=torch.float64, device=device)  # (N, 1 or H)
+
+    def add(self, first: int, weights: torch.Tensor, cells: torch.Tensor | None) -> None:
+        """Samples ``first ..``'s weights (B, H, rows, K), over ``cells`` (1 or B, 1 or H, rows, K; None: the rule)."""
+        at = (slice(first, first + weights.shape[0]),)
+        self._put(self.sums, at, weights[..., 0].sum(-1, dtype=torch.float64))
+        if cells is None:
+            self._put(self.seeing, at, torch.tensor(float(weights.shape[-2]), dtype=torch.float64,
+                                                    device=self.seeing.device))  # fmt: skip
+            return
+        seen = cells[..., 0].sum(-1, dtype=torch.float64).to(self.seeing.device)  # (1 or B, 1 or H)
+        if seen.shape[1] > self.seeing.shape[1]:
+            with torch.inference_mode(False):
+                self.seeing = self._replace(self.seeing, self.seeing.expand(-1, seen.shape[1]).clone())
+        self._put(self.seeing, at, seen)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {"sums": self.sums.cpu(), "seeing": self.seeing.cpu()}
+
+    def join(self, states: list[dict[str, torch.Tensor]]) -> None:
+        """Every process's :meth:`state` in rank order: their samples one after another."""
+        heads = max(s["seeing"].shape[1] for s in states)
+        self.sums = torch.cat([s["sums"] for s in states]).to(self.sums.device)
+        self.seeing = torch.cat([s["seeing"].expand(-1, heads) for s in states]).to(self.sums.device)
+
+    def result(self) -> torch.Tensor:
+        """(N, H) float32: each sample's mean over the queries that see key 0 of their weight on it."""
+        return (self.sums / self.seeing).float()

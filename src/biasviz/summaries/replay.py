@@ -24,7 +24,7 @@ from biasviz.model.attention import query_blocks
 from biasviz.summaries.attended import Attended, BlockRows
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import CountedSums, ShiftedSums
-from biasviz.summaries.position import KeyProfile, Positional
+from biasviz.summaries.position import KeyProfile, Positional, SinkShare
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.reducers import Reducer
@@ -68,7 +68,7 @@ class LayerExtras:
 
     positional: Positional | None  # None with one sample: P needs two texts
     keys: KeyProfile
-    sinks: torch.Tensor  # (N, H) float64: Σ_i w_a(i, 0), per sample
+    sinks: SinkShare  # per sample, Σ_i w_a(i, 0) and the queries that see key 0
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
     # kind -> each sample's block means (the maps' SE); "positional": P's with each sample left out (its jackknife)
     blocks: dict[str, SampleBlocks] = field(default_factory=dict)
@@ -100,7 +100,7 @@ class LayerExtras:
             part.discard()
 
     def _per_sample(self) -> list:
-        return [*self.profiles.values(), *self.blocks.values(), *self.reducers]
+        return [self.sinks, *self.profiles.values(), *self.blocks.values(), *self.reducers]
 
     def cells(self, block: RowBlock) -> torch.Tensor | None:
         """The cells ``block``'s rows attend: its own, else the call's one mask's rows (None: causal)."""
@@ -203,7 +203,6 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
         if varying:
             sums["bias"] = ShiftedSums()
         first = None  # the first sample's bias rows (1, H, rows, r1)
-        sinks = torch.zeros_like(extras.sinks)  # the block's, added once it is finished
         # a bias compared and read here may differ: the block formed again, so the per-sample sums wait; else they go
         # in at once (no buffer, no second addition)
         settles = per_block and agreement is not None and not varying
@@ -228,7 +227,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 sums["bias"].add(got.bias[0])
                 if extras.bias_distance is not None:
                     extras.bias_distance.add(a, r0, got.bias)
-            sinks[a] += got.weights[0, :, :, 0].sum(-1, dtype=torch.float64)
+            extras.sinks.add(a, got.weights, extras.cells(got))
             extras.reduce(got)
             pooled = {}  # each kind's block sums, where formed: P's jackknife takes them up
             for kind, values in (("weights", got.weights), ("scores", got.scores), ("bias", got.bias)):
@@ -253,7 +252,6 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
         fed = parts if varying or not formula else {k: p for k, p in parts.items() if k != "bias"}
         first_bias = None if varying or first is None else first[0].float()
         _finish(fed, extras, sums, first_bias, r0, r1, heads, scratch, device)
-        extras.sinks += sinks
         if settles:
             extras.commit()
         for per_sample in extras.blocks.values():

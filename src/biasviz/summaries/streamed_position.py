@@ -24,7 +24,7 @@ from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL, profile_name, se_name
 from biasviz.summaries.attended import Attended, block_sums, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
-from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_errors import StreamedJackknife
 from biasviz.summaries.reducers import build, results
 from biasviz.summaries.sample_blocks import SampleBlocks, block_errors, sample_blocks
@@ -53,12 +53,13 @@ class StreamedPosition:
         self.scores: torch.Tensor | None = None  # Σ_a s_a, from the first scores block on
         self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
         self.keys = KeyProfile(heads, seq_len, device, causal=causal)
-        self.sinks = torch.zeros(samples if local is None else local, heads, dtype=torch.float64, device=device)
-        self.frequency = FrequencyUse(rotary, len(self.sinks)) if measures and rotary is not None else None
+        self.local = samples if local is None else local  # the samples this process streams
+        self.sinks = SinkShare(self.local, heads, device)
+        self.frequency = FrequencyUse(rotary, self.local) if measures and rotary is not None else None
         self._measured = measures
         # the statistics the table of datasets names a reducer for, fed each block as it streams (this process's
         # samples: joined in rank order under torchrun)
-        self.reducers = build(samples=len(self.sinks), heads=heads, seq_len=seq_len, block=block, causal=causal,
+        self.reducers = build(samples=self.local, heads=heads, seq_len=seq_len, block=block, causal=causal,
                               device=device) if measures else []  # fmt: skip
         self.profiles = self._profiles()
         self.blocks = self._blocks(None)
@@ -81,19 +82,16 @@ class StreamedPosition:
 
     def by_sample(self, before: torch.Tensor | None, first: int) -> None:
         """From sample ``first`` on, samples are masked differently (docs/hdf5.md, 'Attended cells'); ``before``: the
-        one mask (1 or H, T, T) of the samples streamed so far (None: none yet). The key profile, sink shares, the
-        rotary frequencies (over each sample's own positions) and the maps' SEs count each sample's own cells from here
-        on (the reducers and the profiles' SEs need no word: they count the cells each block brings); P, which pairs
-        the cells of different samples as one grid, is left out, with :attr:`note` saying so."""
+        one mask (1 or H, T, T) of the samples streamed so far (None: none yet). The rotary frequencies (over each
+        sample's own positions) and the maps' SEs count each sample's own cells from here on (the reducers, the key
+        profile, the sink shares and the profiles' SEs need no word: they count the cells each block brings); P, which
+        pairs the cells of different samples as one grid, is left out, with :attr:`note` saying so."""
         with torch.inference_mode(False):
-            heads = self.heads
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
-            self.seeing = torch.zeros(len(self.sinks), heads, dtype=torch.float64, device=self.device)
             nb = -(-self.seq_len // self.block)
             self.cell_samples = torch.zeros(1, nb, nb, dtype=torch.float64, device=self.device)
             if before is not None and first:
                 self.union = self.union | before.to(self.device)
-                self.seeing[:first] = before[:, :, 0].to(self.device).sum(-1, dtype=torch.float64)
                 self.cell_samples = self.cell_samples + block_sums(before.to(self.device), self.block) * first
         self.positional, self.q, self.k, self.scores, self.bias = False, None, None, None, None
         if self.jackknife is not None:
@@ -111,7 +109,6 @@ class StreamedPosition:
         every = every.to(self.device)
         with torch.inference_mode(False):
             self.union = self.union | every.any(0)
-            self.seeing[first : first + len(every)] = every[:, :, :, 0].sum(-1, dtype=torch.float64)
             self.cell_samples = self.cell_samples + block_sums(every.sum(0, dtype=torch.float32), self.block)
         for accumulator in self.blocks.values():
             accumulator.own = every
@@ -121,7 +118,7 @@ class StreamedPosition:
         """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process)."""
         if not self._measured or self.samples < MIN_SE_SAMPLES:
             return {}
-        return {kind: SampleProfiles(samples=len(self.sinks), heads=self.heads, seq_len=self.seq_len,
+        return {kind: SampleProfiles(samples=self.local, heads=self.heads, seq_len=self.seq_len,
                                      causal=self.causal, device=self.device)
                 for kind in ("scores", "bias")}  # fmt: skip (the weights' come with their measures)
 
@@ -181,7 +178,7 @@ class StreamedPosition:
         if kind == "weights":
             w = block.double() if wide is None else wide
             self.keys.add_samples(w, self.samples, cells, row0)
-            self.sinks[first : first + w.shape[0]] += w[..., 0].sum(-1)
+            self.sinks.add(first, w, cells)
             return
         if kind == "bias" and self.jackknife is not None:
             self.jackknife.add_bias(first, row0, every, self.attended)
@@ -204,7 +201,8 @@ class StreamedPosition:
     def state(self) -> dict[str, torch.Tensor | None]:
         """This process's sums, on the CPU, for :meth:`join` in process 0."""
         sums = {name: getattr(self, name) for name in self._SUMS}
-        sums.update({f"keys.{name}": t for name, t in self.keys.state().items()}, sinks=self.sinks)
+        sums.update({f"keys.{name}": t for name, t in self.keys.state().items()})
+        sums.update({f"sinks.{name}": t for name, t in self.sinks.state().items()})
         if self.frequency is not None and self.frequency.per_sample is not None:
             sums["frequency"] = self.frequency.per_sample
         sums.update({f"profile.{kind}.{name}": t for kind, p in self.profiles.items() for name, t in p.state().items()})
@@ -220,7 +218,7 @@ class StreamedPosition:
                 total = part.to(self.device) if total is None else total + part.to(self.device)
             setattr(self, name, total)
         self.keys.join([{k.removeprefix("keys."): v for k, v in s.items() if k.startswith("keys.")} for s in states])
-        self.sinks = torch.cat([s["sinks"] for s in states if s["sinks"] is not None]).to(self.device)
+        self.sinks.join([{k.removeprefix("sinks."): v for k, v in s.items() if k.startswith("sinks.")} for s in states])
         for kind, p in self.profiles.items():  # per-sample sums and counts one after another
             own = f"profile.{kind}."
             p.join([{k.removeprefix(own): v for k, v in s.items() if k.startswith(own)} for s in states])
@@ -247,18 +245,14 @@ class StreamedPosition:
                 p.add(r0, scores.contiguous(), None if bias is None else bias.contiguous())
             got = p.result()
             mean, profile, diagnostics = got[0].cpu().numpy(), got[1].cpu().numpy(), got[2]
-        # every query sees key 0, causal or not, unless the call's own mask hides it from some
-        seeing: float | torch.Tensor = self.seq_len
         attended = self.attended
-        if attended is not None:
-            seeing = attended.per_key[:, 0].to(self.sinks.device)
-        elif self.union is not None:  # masks that differ by sample: each sample's own queries
-            attended, seeing = Attended(self.union), self.seeing
+        if attended is None and self.union is not None:  # masks that differ by sample: the cells some sample attends
+            attended = Attended(self.union)
         shares = None if attended is None else attended.block_shares(self.block, self.heads).cpu().numpy()
         measures = self._measure_arrays()  # (first: it may add to the note)
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
                                key_profile=self.keys.result().cpu().numpy(),
-                               sink_share=(self.sinks / seeing).float().cpu().numpy(), attended=shares,
+                               sink_share=self.sinks.result().cpu().numpy(), attended=shares,
                                measures=measures, note=self.note)  # fmt: skip
 
     def _measure_arrays(self) -> dict | None:
