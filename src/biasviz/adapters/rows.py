@@ -69,7 +69,13 @@ class RowBlock:
         if self.attended is not None:
             return self.attended
         rows, keys = self.weights.shape[-2:]
-        if not causal:
-            return torch.ones(1, 1, rows, keys, dtype=torch.bool, device=self.weights.device)
-        i = torch.arange(self.r0, self.r0 + rows, device=self.weights.device)[:, None]
-        return (torch.arange(keys, device=self.weights.device)[None, :] <= i)[None, None]
+        return plain_cells(self.r0, rows, keys, causal, self.weights.device)
+
+
+def plain_cells(r0: int, rows: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """(1, 1, rows, K) bool: the cells of rows ``r0 ..`` that a call with no mask of its own attends, the causal
+    triangle (``causal``) or every cell."""
+    if not causal:
+        return torch.ones(1, 1, rows, keys, dtype=torch.bool, device=device)
+    i = torch.arange(r0, r0 + rows, device=device)[:, None]
+    return (torch.arange(keys, device=device)[None, :] <= i)[None, None]

@@ -269,27 +269,27 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
     shared = None if by_sample else attended
     rows = torch.ones(1, 1, t, **f64)
     cells = None if attended is None or by_sample else attended.mask[None].to(device)  # (1, 1 or H, T, T)
-    if own_cells is not None:  # the rows of each sample that see a key, and its cells by block
+    profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device)
+    scores = profiles.get("scores")
+    if own_cells is not None:  # the rows of each sample that see a key, its cells by block and by distance
         block_counts, looks = [], []
-        for a in range(n):  # a sample's mask at a time
+        for a in range(n):  # a sample's mask at a time, read from the bank once here
             mask = own_cells[a]
             block_counts.append(Attended(mask[None]).block_counts(block))
             looks.append(mask.any(-1).double())
+            if scores is not None:
+                scores.count_cells(a, 1, mask[None, None])
         rows = torch.stack(looks)[:, None]  # (N, 1, T)
+    elif scores is not None:
+        scores.count_cells(0, n, cells)
     finished = KernelSums(by_distance=acc["sample_distance"][0], looks=rows, block=block, cells=cells,
                           own_cells=own_cells, measures={"context": acc["context"], "columns": acc["sample_columns"],
                                                          "entropy": _group_sums(entropy, -1, 0, block)})  # fmt: skip
     arrays: dict[str, Any] = {}
     for reducer in reducer_classes():  # the table's statistics the kernels' sums hold (the rest: rows formed again)
         arrays.update(reducer.from_kernels(finished) or {})
-    profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=t, causal=True, device=device)
-    if "scores" in profiles:
-        profiles["scores"].add_distance_sums(acc["sample_distance"][1])
-        if own_cells is not None:
-            for a in range(n):
-                profiles["scores"].count_cells(a, 1, own_cells[a][None, None])
-        else:
-            profiles["scores"].count_cells(0, n, cells)
+    if scores is not None:
+        scores.add_distance_sums(acc["sample_distance"][1])
     sums = {}  # with blocks of one position the maps' SEs come from their spread (map_errors); P's never do
     if n >= MIN_SE_SAMPLES and block > 1:
         sums = {"weights": acc["sample_blocks"][0], "scores": acc["sample_blocks"][1]}

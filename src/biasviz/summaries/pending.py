@@ -50,12 +50,18 @@ class Pending:
             held = self._pending[key] = [total, where, torch.zeros_like(total[where])]
         return held[2]
 
-    def _put(self, total: torch.Tensor, where: Any, amount: torch.Tensor) -> None:
+    def _put(self, total: torch.Tensor, where: Any, amount: torch.Tensor | float) -> None:
         self._target(total, where).add_(amount)
 
-    def _replace(self, old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """``new`` (``old`` widened by broadcasting) in place of ``old``: additions held for ``old`` go to it."""
+    def _widened(self, total: torch.Tensor, heads: int) -> torch.Tensor:
+        """``total`` (N, 1 or H, ...), a count kept with one head until cells differ by head, with at least ``heads``
+        on its axis 1: itself where it has them, else a copy broadcast to them, to which additions held for ``total``
+        go."""
+        if total.shape[1] >= heads:
+            return total
+        with torch.inference_mode(False):  # called inside the model's forward: the count outlives it
+            wide = total.expand(total.shape[0], heads, *total.shape[2:]).clone()
         for held in (self._pending or {}).values():
-            if held[0] is old:
-                held[0], held[2] = new, held[2].expand(new[held[1]].shape).clone()
-        return new
+            if held[0] is total:
+                held[0], held[2] = wide, held[2].expand(wide[held[1]].shape).clone()
+        return wide

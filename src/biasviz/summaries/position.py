@@ -202,14 +202,11 @@ class SinkShare(Pending):
         """Samples ``first ..``'s weights (B, H, rows, K), over ``cells`` (1 or B, 1 or H, rows, K; None: the rule)."""
         at = (slice(first, first + weights.shape[0]),)
         self._put(self.sums, at, weights[..., 0].sum(-1, dtype=torch.float64))
-        if cells is None:
-            self._put(self.seeing, at, torch.tensor(float(weights.shape[-2]), dtype=torch.float64,
-                                                    device=self.seeing.device))  # fmt: skip
+        if cells is None:  # every row of the block sees key 0
+            self._put(self.seeing, at, float(weights.shape[-2]))
             return
         seen = cells[..., 0].sum(-1, dtype=torch.float64).to(self.seeing.device)  # (1 or B, 1 or H)
-        if seen.shape[1] > self.seeing.shape[1]:
-            with torch.inference_mode(False):
-                self.seeing = self._replace(self.seeing, self.seeing.expand(-1, seen.shape[1]).clone())
+        self.seeing = self._widened(self.seeing, seen.shape[1])
         self._put(self.seeing, at, seen)
 
     def state(self) -> dict[str, torch.Tensor]:

@@ -102,15 +102,17 @@ class LayerExtras:
     def _per_sample(self) -> list:
         return [self.sinks, *self.profiles.values(), *self.blocks.values(), *self.reducers]
 
-    def cells(self, block: RowBlock) -> torch.Tensor | None:
-        """The cells ``block``'s rows attend: its own, else the call's one mask's rows (None: causal)."""
-        if block.attended is not None or self.mask is None:
-            return block.attended
-        return self.mask.rows(block.r0, block.r1, block.keys)[None]
-
     def reduce(self, block: RowBlock) -> None:
         """One sample's rows to every reducer, with the cells they attend."""
         feed(self.reducers, block, self.mask)
+
+
+def cells_of(block: RowBlock, mask: Attended | None) -> torch.Tensor | None:
+    """The cells ``block``'s rows attend: its own, else the rows of the call's one mask (``mask``; None: the call's
+    rule, causal)."""
+    if block.attended is not None or mask is None:
+        return block.attended
+    return mask.rows(block.r0, block.r1, block.keys)[None]
 
 
 def feed(reducers: list[Reducer], block: RowBlock, mask: Attended | None) -> None:
@@ -118,7 +120,7 @@ def feed(reducers: list[Reducer], block: RowBlock, mask: Attended | None) -> Non
     if not reducers:
         return
     if block.attended is None and mask is not None:  # the caller's block left as it came
-        block = dataclasses.replace(block, attended=mask.rows(block.r0, block.r1, block.keys)[None])
+        block = dataclasses.replace(block, attended=cells_of(block, mask))
     for reducer in reducers:
         reducer.add(block)
 
@@ -227,13 +229,14 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 sums["bias"].add(got.bias[0])
                 if extras.bias_distance is not None:
                     extras.bias_distance.add(a, r0, got.bias)
-            extras.sinks.add(a, got.weights, extras.cells(got))
+            cells = cells_of(got, extras.mask)
+            extras.sinks.add(a, got.weights, cells)
             extras.reduce(got)
             pooled = {}  # each kind's block sums, where formed: P's jackknife takes them up
             for kind, values in (("weights", got.weights), ("scores", got.scores), ("bias", got.bias)):
                 if values is not None and (kind != "bias" or varying):
                     if kind in extras.profiles:
-                        extras.profiles[kind].add(a, r0, values, extras.cells(got))
+                        extras.profiles[kind].add(a, r0, values, cells)
                     if kind in extras.blocks:
                         pooled[kind] = extras.blocks[kind].add(a, r0, values)
             if jackknife is not None:

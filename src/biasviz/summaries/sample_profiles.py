@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from biasviz.adapters.rows import plain_cells
 from biasviz.store.datasets import MIN_SE_SAMPLES, profile_name, se_name
 from biasviz.summaries.pending import Pending
 
@@ -70,31 +71,27 @@ class SampleProfiles(Pending):
         b, _, rows, keys = block.shape
         at = slice(first, first + b)
         self.seen = True
-        plain = cells is None
-        if plain:  # counted in closed form
-            self._put(self.count, (at,), self._plain_counts(r0, rows, keys))
+        cells = None if cells is None else cells.to(block.device)
+        self._count(at, r0, rows, keys, None if cells is None else cells.to(block.dtype))
+        if cells is None:
             if self.causal and r0 >= rows - 1 and keys >= r0 + rows:
                 self._add_causal(at, r0, block)
                 return
             cells = plain_cells(r0, rows, keys, self.causal, block.device)
-        cells = cells.to(block.device)
         values = torch.where(cells, block, 0.0)
         start = self.seq_len - rows - r0  # the slot of column 0
-        slots = slice(start, start + keys + rows - 1)
-        self._put(self.sums, (at, slice(None), slots), self._skew_sum(values))
-        if not plain:
-            self._widen(cells.shape[1])
-            self._put(self.count, (at, slice(None), slots), self._skew_sum(cells.to(block.dtype)))
+        self._put(self.sums, (at, slice(None), slice(start, start + keys + rows - 1)), self._skew_sum(values))
 
-    def _widen(self, heads: int) -> None:
-        """Counts by head, from the first block whose cells differ by head."""
-        if heads > self.count.shape[1]:
-            with torch.inference_mode(False):
-                self.count = self._replace(self.count, self.count.expand(-1, heads, -1).clone())
-
-    def _plain_counts(self, r0: int, rows: int, keys: int) -> torch.Tensor:
-        """(1, 1, 2T - 1): the cells of rows ``r0 ..`` at each slot, causal (keys up to the row) or every key."""
-        return plain_slot_counts(self.seq_len, r0, rows, keys, self.causal, self.device)
+    def _count(self, at: slice, r0: int, rows: int, keys: int, cells: torch.Tensor | None) -> None:
+        """Rows ``r0 ..``'s attended cells at each slot into the counts of samples ``at``: ``cells`` (1 or B, 1 or H,
+        rows, K) as numbers, or None, the call's rule, in closed form (made once a block for every sample)."""
+        if cells is None:
+            plain = plain_slot_counts(self.seq_len, r0, rows, keys, self.causal, self.device)
+            self._put(self.count, (at,), plain)
+            return
+        self.count = self._widened(self.count, cells.shape[1])
+        start = self.seq_len - rows - r0  # the slot of column 0
+        self._put(self.count, (at, slice(None), slice(start, start + keys + rows - 1)), self._skew_sum(cells))
 
     def _add_causal(self, at: slice, r0: int, block: torch.Tensor) -> None:
         """A causal block past the first rows, read in place: distances 0 .. r0, which every row reaches, as a
@@ -127,14 +124,8 @@ class SampleProfiles(Pending):
         for r0 in range(0, t, COUNT_ROWS):
             rows = min(COUNT_ROWS, t - r0)
             keys = r0 + rows if self.causal else t
-            if cells is None:
-                self._put(self.count, (at,), self._plain_counts(r0, rows, keys))
-                continue
-            part = cells[..., r0 : r0 + rows, :keys].to(self.device)
-            self._widen(part.shape[1])
-            start = t - rows - r0  # the slot of column 0
-            self._put(self.count, (at, slice(None), slice(start, start + keys + rows - 1)),
-                      self._skew_sum(part.to(torch.float64)))  # fmt: skip
+            part = None if cells is None else cells[..., r0 : r0 + rows, :keys].to(self.device, torch.float64)
+            self._count(at, r0, rows, keys, part)
 
     def distance_sums(self) -> torch.Tensor:
         """(N, H, T) per sample, the sums over the attended cells at each distance d = |i - j| = 0 .. T - 1."""
@@ -181,15 +172,6 @@ def plain_slot_counts(seq_len: int, r0: int, rows: int, keys: int, causal: bool,
     if causal:
         hi = torch.where(e <= 0, hi, lo)
     return (hi - lo).clamp(min=0).double()[None, None]
-
-
-def plain_cells(r0: int, rows: int, keys: int, causal: bool, device: torch.device) -> torch.Tensor:
-    """(1, 1, rows, K) bool: the cells of rows ``r0 ..`` a call with no mask of its own attends, the causal triangle
-    (``causal``) or every cell."""
-    if not causal:
-        return torch.ones(1, 1, rows, keys, dtype=torch.bool, device=device)
-    i = torch.arange(r0, r0 + rows, device=device)[:, None]
-    return (torch.arange(keys, device=device)[None, :] <= i)[None, None]
 
 
 def per_sample_profiles(parts: dict[str, Any], *, samples: int, heads: int, seq_len: int, causal: bool,

@@ -174,12 +174,10 @@ class WeightMeasures(Reducer):
     def _held(self) -> list[Pending]:
         return [self.diagonals]
 
-    def _widen(self, heads: int) -> None:
-        """The counts by head, from the first block whose cells differ by head."""
-        if self.sums["counts"].shape[1] < heads:
-            with torch.inference_mode(False):
-                wide = self.sums["counts"].expand(-1, heads, -1).clone()
-                self.sums["counts"] = self._replace(self.sums["counts"], wide)
+    def _add_counts(self, at: slice, counts: torch.Tensor) -> None:
+        """A block's counts (1 or B, 1 or H, count columns) to samples ``at``, by head from the first that has them."""
+        self.sums["counts"] = self._widened(self.sums["counts"], counts.shape[1])
+        self._put(self.sums["counts"], (at,), counts)
 
     def count(self, name: str) -> torch.Tensor:
         """(N, 1 or H, width): one of :attr:`COUNTS`, per sample."""
@@ -258,8 +256,7 @@ class WeightMeasures(Reducer):
         by_block.index_add_(-1, plan.qblock, entropy * plan.looks)
         self._put(sums["entropy"], (at, slice(None), slice(plan.q0, plan.q1)), by_block)
         self._put(sums["columns"], (at, slice(None), slice(0, keys)), weights.sum(-2).double())
-        self._widen(plan.counts.shape[1])
-        self._put(sums["counts"], (at,), plan.counts)
+        self._add_counts(at, plan.counts)
 
     def state(self) -> dict[str, torch.Tensor]:
         return {**super().state(), **{f"diagonals.{k}": v for k, v in self.diagonals.state().items()}}
@@ -321,8 +318,7 @@ class WeightMeasures(Reducer):
             shaped = torch.empty((), device=self.device).expand(samples, 1, r1 - r0, r1)  # its shape alone
             part = None if cells is None else cells[..., r0:r1, :r1].to(self.device)
             plan = self._plan(RowBlock(0, first, r0, shaped, attended=part))
-            self._widen(plan.counts.shape[1])
-            self._put(self.sums["counts"], (at,), plan.counts)
+            self._add_counts(at, plan.counts)
         self.diagonals.count_cells(first, samples, cells)
 
     @classmethod
