@@ -80,20 +80,3 @@ def test_a_bad_compression_is_refused_before_anything_runs(tmp_path: Path, bad: 
     with pytest.raises(BiasvizError, match=r"^--compression .*: not gzip, gzip:N \(N a level 0-9\), lzf or"):
         biasviz.extract(model, np.zeros((1, T), dtype=np.int64), tmp_path / "x.h5", device="cpu", compression=bad)
     assert not calls and not list(tmp_path.iterdir())
-
-
-@pytest.mark.parametrize("choice", ["lzf", "none", "gzip:9"])
-def test_joined_parts_keep_their_compression(tmp_path: Path, choice: str) -> None:
-    """What torchrun's shards become (store.combine): the joined file has the parts' filter and the one-run values."""
-    from biasviz.store.combine import combine
-
-    model = TwoHeads()
-    ids = np.random.default_rng(3).integers(0, 50, (4, T))
-    parts = [tmp_path / "a.h5", tmp_path / "b.h5"]
-    for part, rows in zip(parts, (ids[:2], ids[2:]), strict=True):
-        biasviz.extract(model, rows, part, device="cpu", progress=False, compression=choice)
-    combine(parts, tmp_path / "joined.h5", along="sample")
-    with h5py.File(tmp_path / "joined.h5", "r") as f:
-        ds = f["layer_0/weights"]
-        assert ds.compression == CHOICES[choice][0] and ds.compression_opts == CHOICES[choice][1]
-        np.testing.assert_allclose(ds[()], _reference(model, ids), rtol=1e-5, atol=1e-6)

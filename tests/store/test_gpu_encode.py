@@ -13,7 +13,7 @@ from biasviz.common.errors import BiasvizError
 from biasviz.extraction.run import extract
 from biasviz.store import BiasFileWriter, open_bias_file
 from tests.conftest import small_model
-from tests.store.test_store import _attrs as store_attrs
+from tests.store.small_files import _attrs as store_attrs
 
 T, H = 24, 12
 

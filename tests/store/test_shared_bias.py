@@ -80,25 +80,3 @@ def test_a_context_dependent_scheme_records_no_comparison(tmp_path: Path) -> Non
             progress=False)  # fmt: skip
     with h5py.File(tmp_path / "x.h5") as f:
         assert BIAS_DIFFERENCE not in f.attrs and "bias_shared" not in f.attrs
-
-
-def test_torchrun_shards_whose_shared_biases_differ_are_joined_per_sample(tmp_path: Path) -> None:
-    """Each process measured its own samples equal; the join measures the processes' against each other."""
-    from biasviz.store.combine import combine
-
-    ids = _windows(4)
-    honest = BiasGPTAdapter(small_model("alibi"), source="test")
-    secret = BiasGPTAdapter(_secretly_dependent(small_model("alibi")), source="test")
-    extract(honest, ids[:2], tmp_path / "a.h5", device="cpu", progress=False, batch_size=2)
-    extract(secret, ids[2:3], tmp_path / "b.h5", device="cpu", progress=False)  # one sample: nothing to compare
-    extract(honest, ids[2:], tmp_path / "c.h5", device="cpu", progress=False, batch_size=2)
-    combine([tmp_path / "a.h5", tmp_path / "c.h5"], tmp_path / "same.h5", along="sample")
-    combine([tmp_path / "a.h5", tmp_path / "b.h5"], tmp_path / "joined.h5", along="sample")
-    with open_bias_file(tmp_path / "same.h5") as f:
-        assert f.bias_shared and f.attrs[BIAS_DIFFERENCE] == 0.0
-    with open_bias_file(tmp_path / "joined.h5") as f, open_bias_file(tmp_path / "b.h5") as b:
-        assert not f.bias_shared and f.attrs[BIAS_DIFFERENCE] > 0
-        bias = f.read("bias")
-        assert bias.shape[0] == 3
-        np.testing.assert_array_equal(bias[2], b.read("bias", sample=0))
-        np.testing.assert_array_equal(bias[0], bias[1])

@@ -1,5 +1,5 @@
-"""Reading summary files (docs/hdf5.md, 'Summary files') and full files whose context-free bias is stored once
-(bias_shared).
+"""Reading summary files (docs/hdf5.md, 'Summary files'). Full files whose context-free bias is stored once
+(bias_shared) are read in test_views.py and test_reader.py.
 
 Files are written here with h5py (tests/summary_files.py), their contents computed with plain numpy, so
 the reader is held to the layout, not to biasviz's own writer.
@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 
 from biasviz.common.errors import BiasvizError
-from biasviz.diagnostics.measures import diagnose_dataset
-from biasviz.diagnostics.profiles import dataset_profiles
-from biasviz.plotting.load import iter_heads, load_heads
+from biasviz.plotting.load import iter_heads
 from biasviz.store import open_bias_file
 from biasviz.store.summary_reader import causal_block_counts
 from tests.summary_files import (
@@ -29,7 +27,6 @@ from tests.summary_files import (
     dist,
     profile,
     weights_of,
-    write_full,
     write_summary,
 )
 
@@ -179,57 +176,3 @@ def test_sweep_and_bias_only_summaries(tmp_path: Path, data: dict[str, np.ndarra
         f.create_dataset("layer_3/weights_mean", data=np.zeros((H, 10, 10), np.float32))
     with pytest.raises(BiasvizError, match="lacks layer_3/weights_std"):
         open_bias_file(only)
-
-
-# -- bias stored once for every sample (bias_shared) -------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def shared_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    d = tmp_path_factory.mktemp("shared")
-    bias, weights = alibi(4, H, T), weights_of(cable(4, H, T))
-    return (write_full(d / "shared.h5", "alibi", bias[:1], weights, shared=True),
-            write_full(d / "repeated.h5", "alibi", bias, weights))  # fmt: skip
-
-
-def test_a_shared_bias_reads_as_the_bias_repeated_for_every_sample(shared_pair: tuple[Path, Path]) -> None:
-    with open_bias_file(shared_pair[0]) as s, open_bias_file(shared_pair[1]) as r:
-        assert s.bias_shared and not r.bias_shared and s.n_samples == r.n_samples == 4
-        np.testing.assert_array_equal(s.read("bias"), r.read("bias"))
-        for k in (0, 3, -1):
-            np.testing.assert_array_equal(s.read("bias", sample=k), r.read("bias", sample=k))
-        np.testing.assert_array_equal(s.read("bias", sample=slice(1, 3)), r.read("bias", sample=slice(1, 3)))
-        for a, b in zip(s.iter_samples("bias"), r.iter_samples("bias"), strict=True):
-            np.testing.assert_array_equal(a, b)
-        ds = s.dataset("bias")
-        assert ds.shape == (4, H, T, T) and ds.stored.shape == (1, H, T, T)
-        np.testing.assert_array_equal(ds[2, 5], r.dataset("bias")[2, 5])
-        np.testing.assert_array_equal(ds[:, 1, 7], r.dataset("bias")[:, 1, 7])
-        with pytest.raises(BiasvizError, match="sample 4 out of range"):
-            s.read("bias", sample=4)
-        np.testing.assert_array_equal(s.read("weights"), r.read("weights"))  # weights stay per sample
-        mean_s, mean_r = load_heads(s, "bias", sample="mean"), load_heads(r, "bias", sample="mean")
-        np.testing.assert_array_equal(mean_s.data, mean_r.data)
-        assert not np.nan_to_num(load_heads(s, "bias", sample="std").data).any()
-
-
-def test_a_shared_bias_has_context_dependence_exactly_zero(shared_pair: tuple[Path, Path]) -> None:
-    with open_bias_file(shared_pair[0]) as s, open_bias_file(shared_pair[1]) as r:
-        shared, repeated = list(diagnose_dataset(s.dataset("bias"))), list(diagnose_dataset(r.dataset("bias")))
-        for a, b in zip(shared, repeated, strict=True):
-            assert a.context_dependence == 0.0 and a.samples == 4 and not a.notes
-            assert a.toeplitz_residual == b.toeplitz_residual == 0.0
-            np.testing.assert_array_equal(a.profile_mean, b.profile_mean)
-        ps, pr = dataset_profiles(s.dataset("bias")), dataset_profiles(r.dataset("bias"))
-        np.testing.assert_array_equal(ps.mean, pr.mean)
-        assert ps.samples == 4 and not ps.std.any()
-
-
-def test_a_shared_bias_must_hold_one_sample_and_a_context_free_scheme(tmp_path: Path) -> None:
-    bias, weights = alibi(2, H, 16), weights_of(alibi(2, H, 16))
-    wrong = write_full(tmp_path / "two.h5", "alibi", bias, weights, shared=True)
-    with pytest.raises(BiasvizError, match=r"expected float \(1, 12, 16, 16\) \(one matrix for all samples"):
-        open_bias_file(wrong)
-    cable_file = write_full(tmp_path / "cable.h5", "cable", bias[:1], weights, shared=True)
-    with pytest.raises(BiasvizError, match="bias_shared.*context-dependent"):
-        open_bias_file(cable_file)

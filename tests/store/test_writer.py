@@ -11,30 +11,7 @@ import torch
 
 from biasviz.common.errors import BiasvizError
 from biasviz.store import REQUIRED_ATTRS, BiasFileWriter, open_bias_file
-
-H, T = 3, 6
-
-
-def _attrs(**extra: object) -> dict[str, object]:
-    base = {
-        "scheme": "alibi", "context_dependent": False, "source_model": "/models/m", "model_sha256": "ab" * 32,
-        "architecture": "biasviz-gpt2", "n_layers": 2, "device": "cpu", "seed": 7, "text_source": "stdlib:/x",
-        "biasviz_version": "0.1.0", "torch_version": str(torch.__version__), "bias_convention": "relative",
-        "config_json": json.dumps({"n_head": H, "scheme": "alibi"}),
-    }  # fmt: skip
-    return {**base, **extra}
-
-
-def _write(path, n=2, layers=(1,), has_bias=True, dtype="float32", bias_batch=None, **kw):  # noqa: ANN001, ANN202
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, 50, size=(n, T))
-    weights = {layer: rng.random((n, H, T, T)).astype(np.float32) for layer in layers}
-    bias = {layer: rng.normal(size=(bias_batch or n, H, T, T)).astype(np.float32) for layer in layers}
-    writer = BiasFileWriter(path, attrs=_attrs(), n_samples=n, n_heads=H, seq_len=T, layers=layers,
-                            has_bias=has_bias, dtype=dtype, **kw)  # fmt: skip
-    with writer as w:
-        w.write_batch(ids, weights, bias if has_bias else None)
-    return ids, weights, bias
+from tests.store.small_files import H, T, _attrs, _write
 
 
 def test_layout_dims_chunks_compression(tmp_path):
@@ -72,18 +49,6 @@ def test_every_attribute_round_trips_as_data(tmp_path):
     with h5py.File(path, "r") as raw:  # nothing is stored as an object (pickle) type
         for value in raw.attrs.values():
             assert not (isinstance(value, np.ndarray) and value.dtype == object)
-
-
-def test_dict_attributes_become_json_and_unknown_types_are_refused(tmp_path):
-    writer = BiasFileWriter(tmp_path / "a.h5", attrs={**_attrs(), "extra": {"b": 1}}, n_samples=1, n_heads=H,
-                            seq_len=T, layers=[0], has_bias=False)  # fmt: skip
-    with pytest.raises(ValueError), writer:
-        raise ValueError("stop early")
-    bad = BiasFileWriter(tmp_path / "b.h5", attrs={**_attrs(), "bad": object()}, n_samples=1, n_heads=H,
-                         seq_len=T, layers=[0], has_bias=False)  # fmt: skip
-    with pytest.raises(TypeError, match="cannot store"):
-        bad.__enter__()
-    assert list(tmp_path.iterdir()) == []  # no temporary file left behind either
 
 
 def test_masking_values_and_caller_arrays_untouched(tmp_path):
@@ -184,43 +149,6 @@ def test_incomplete_file_is_not_published(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_reader_rejects_other_files(tmp_path):
-    with pytest.raises(BiasvizError, match="does not exist"):
-        open_bias_file(tmp_path / "none.h5")
-    (tmp_path / "text.h5").write_text("not hdf5")
-    with pytest.raises(BiasvizError, match="not a readable HDF5"):
-        open_bias_file(tmp_path / "text.h5")
-    with h5py.File(tmp_path / "other.h5", "w") as f:
-        f["x"] = 1
-    with pytest.raises(BiasvizError, match="not a biasviz file"):
-        open_bias_file(tmp_path / "other.h5")
-    _write(tmp_path / "v2.h5")
-    with h5py.File(tmp_path / "v2.h5", "a") as f:
-        f.attrs["biasviz_format"] = 2
-    with pytest.raises(BiasvizError, match="format 2"):
-        open_bias_file(tmp_path / "v2.h5")
-
-
-@pytest.mark.parametrize("shuffle", [True, False])
-@pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_parallel_gzip_chunks_read_back_through_hdf5s_own_filters(tmp_path, shuffle, workers, dtype):
-    path = tmp_path / "f.h5"
-    _, weights, bias = _write(path, n=3, bias_batch=1, shuffle=shuffle, workers=workers, dtype=dtype,
-                              compression_opts=3)  # fmt: skip
-    cells = np.tril(np.ones((T, T), dtype=bool))
-    with h5py.File(path, "r") as f:  # decoded by libhdf5's deflate and shuffle filters, not ours
-        ds_w, ds_b = f["layer_1/weights"], f["layer_1/bias"]
-        assert ds_w.compression == "gzip" and ds_w.compression_opts == 3 and ds_w.shuffle == shuffle
-        got_w, got_b = ds_w[()].astype(np.float32), ds_b[()].astype(np.float32)
-    tol = 0 if dtype == "float32" else 1e-3
-    want_w = np.where(cells, weights[1].astype(dtype).astype(np.float32), 0.0)
-    np.testing.assert_allclose(got_w, want_w, atol=tol * 4, rtol=tol)
-    for s in range(3):  # one (1, H, T, T) bias stored for every sample
-        want_b = np.where(cells, bias[1][0].astype(dtype).astype(np.float32), np.nan)
-        np.testing.assert_allclose(got_b[s], want_b, atol=tol * 4, rtol=tol)
-
-
 def test_lzf_and_uncompressed_settings_still_write_through_h5py(tmp_path):
     for filters in ({"compression": "lzf", "compression_opts": None}, {"compression": None}):
         path = tmp_path / f"{filters['compression']}.h5"
@@ -229,28 +157,3 @@ def test_lzf_and_uncompressed_settings_still_write_through_h5py(tmp_path):
             assert f["layer_1/weights"].compression == filters["compression"]
             got = f["layer_1/weights"][()]
         np.testing.assert_array_equal(got, np.where(np.tril(np.ones((T, T), bool)), weights[1], 0.0))
-
-
-@pytest.mark.parametrize("checkpoints", [None, [10, 20]])
-def test_summary_maps_are_gzip_chunks_per_map_that_libhdf5_reads_back(tmp_path, checkpoints):
-    from types import SimpleNamespace
-
-    from biasviz.store.summary_writer import write_summary_file
-
-    t, block, heads = 600, 2, 3  # (3, 300, 300) float32 maps: over 1 MiB, so compressed
-    nb = t // block
-    rng = np.random.default_rng(1)
-    parts = [SimpleNamespace(mean=rng.normal(size=(heads, nb, nb)).astype(np.float32),
-                             std=rng.random((heads, nb, nb)).astype(np.float32),
-                             profile=rng.normal(size=(2, heads, t)).astype(np.float32), diagnostics=None)
-             for _ in range(len(checkpoints or [0]))]  # fmt: skip
-    path = write_summary_file(tmp_path / "s.h5", attrs=_attrs(), input_ids=rng.integers(0, 50, (2, t)),
-                              n_heads=heads, seq_len=t, resolution=nb, block=block, layers=[0],
-                              summaries=[{0: {"weights": p}} for p in parts], checkpoints=checkpoints)  # fmt: skip
-    lead = () if checkpoints is None else (1,)
-    with h5py.File(path, "r") as f:  # decoded by libhdf5's deflate and shuffle filters, not ours
-        for name, stat in (("weights_mean", "mean"), ("weights_std", "std")):
-            ds = f[f"layer_0/{name}"]
-            assert ds.compression == "gzip" and ds.shuffle and ds.chunks == (*lead, 1, nb, nb)
-            want = np.stack([getattr(p, stat) for p in parts]) if checkpoints else getattr(parts[0], stat)
-            np.testing.assert_array_equal(ds[()], want)
