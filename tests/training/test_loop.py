@@ -62,15 +62,6 @@ def test_constraints_hold_after_training(corpus, tmp_path) -> None:
         assert (scheme.r1 >= 0.01).all() and (scheme.r2 >= 0.01).all() and (scheme.r2 <= 2).all()
 
 
-def test_existing_output_is_kept_without_force(corpus, tmp_path) -> None:
-    out = tmp_path / "ckpt"
-    out.mkdir()
-    (out / "precious.txt").write_text("mine")
-    with pytest.raises(BiasvizError, match="already exists"):
-        train(settings("t5", corpus), out, progress=False)
-    assert (out / "precious.txt").read_text() == "mine"
-
-
 def test_corpus_too_short_is_a_clear_error(tmp_path) -> None:
     (tmp_path / "tiny.txt").write_text("hi")
     with pytest.raises(BiasvizError, match="corpus has only"):
