@@ -6,8 +6,8 @@ differ, by how much. The inputs: our models trained on the built-in default corp
 source; ``biasviz train``, once, by the first tree), whose windows ``biasviz extract`` cuts from it, as summaries and as
 full files, through the command line users call; and two transformers models (a Llama through SDPA, whose rows are
 formed again, and a Bloom with ALiBi, streamed as it forms them, each also with samples padded differently; and a
-Mistral with a sliding window), randomly initialised and saved locally, through ``biasviz.extract``. Nothing is
-downloaded.
+Mistral with a sliding window, through SDPA and streamed through its eager softmax), randomly initialised and saved
+locally, through ``biasviz.extract``. Nothing is downloaded.
 
     .venv/bin/python bench/same_numbers.py --before /path/to/old/checkout --after .
 """
@@ -29,8 +29,9 @@ SCHEMES = ("alibi", "rope", "kerple-log")  # our models on the default corpus
 TRANSFORMERS = ("llama", "bloom", "mistral")
 # the transformers models' inputs: every sample whole; and (padded) samples left-padded by different lengths, so that
 # each is masked otherwise (its own attended cells, in rows formed again (Llama) and streamed (Bloom)); Mistral's
-# sliding window of 24 is one mask for every sample
-INPUTS = {"llama": ("summary", "full", "padded"), "bloom": ("summary", "full", "padded"), "mistral": ("summary",)}
+# sliding window of 24 is one mask for every sample, in rows formed again (sdpa) and streamed (eager, in two batches)
+INPUTS = {"llama": ("summary", "full", "padded"), "bloom": ("summary", "full", "padded"),
+          "mistral": ("summary", "eager")}
 # attributes that say when or how long, not what: they differ from run to run
 VOLATILE = ("created", "seconds", "elapsed", "biasviz_version", "git", "host", "wall")
 REFERENCES = ("DIMENSION_LIST", "REFERENCE_LIST")  # HDF5 object references: addresses within each file
@@ -56,7 +57,7 @@ if kind == "build":
     model.save_pretrained(path)
     raise SystemExit
 ids = np.random.default_rng(0).integers(1, 256, size=(5, 96))
-summary = {"summary": True, "resolution": 24} if kind in ("summary", "padded") else {}
+summary = {"summary": True, "resolution": 24} if kind in ("summary", "padded", "eager") else {}
 if kind == "padded":  # token 0 pads the first 0, 7, 14, ... positions of each sample
     from transformers import AutoModelForCausalLM
     for a in range(len(ids)):
@@ -64,6 +65,10 @@ if kind == "padded":  # token 0 pads the first 0, 7, 14, ... positions of each s
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     forward = lambda batch: model(batch, attention_mask=(batch != 0).long())
     biasviz.extract(model, ids, out, layers="all", progress=False, forward=forward, batch_size=2, **summary)
+elif kind == "eager":  # the softmax as the model writes it: streamed
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    biasviz.extract(model, ids, out, layers="all", progress=False, batch_size=2, **summary)
 else:
     biasviz.extract(path, ids, out, layers="all", progress=False, **summary)
 """

@@ -4,9 +4,9 @@ cells').
 A call whose mask is the causal triangle (or, seeing every key, every cell) needs nothing; one mask for every
 sample (sliding windows, local layers, flex block masks) is set once on every part of the layer
 (:class:`~biasviz.summaries.attended.Attended`); masks that differ by sample (padding, packed documents) turn the
-layer's parts to per-sample counting from that sample on, and each batch's own mask goes to them as it comes. What
-takes its cells from the blocks themselves (the reducers, the per-sample profiles) is handed the cells settled on
-here, as few as say them: none where the mask is the call's rule, the one mask, or each batch's own.
+layer's per-cell summaries to per-sample counting from that sample on. Every block then brings the cells settled on
+here, as few as say them: none where the mask is the call's rule, the one mask, or each batch's own; the statistics
+read them from the block.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
     own = [part for (_, at), part in parts.items() if at == layer]
     spot = position.get(layer)
     if masks.get(layer) is BY_SAMPLE:
-        _by_batch(own, spot, first, kept)
+        _by_batch(spot, first, kept)
         return kept
     mask = kept[:1]
     differs = kept.shape[0] > 1 and not bool((kept == mask).all())
@@ -66,7 +66,7 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
             part.by_sample(None if before is None else before[0])
         if spot is not None:
             spot.by_sample(None if before is None else before[0], first)
-        _by_batch(own, spot, first, kept)
+        _by_batch(spot, first, kept)
         return kept
     if _plain(mask, causal):
         masks[layer] = None
@@ -80,10 +80,9 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
     return mask
 
 
-def _by_batch(own: list[QuantitySummary], spot: StreamedPosition | None, first: int, kept: torch.Tensor) -> None:
-    """A batch's own attended cells, to every part of a layer whose samples are masked differently."""
-    for part in own:
-        part.batch_attended = kept
+def _by_batch(spot: StreamedPosition | None, first: int, kept: torch.Tensor) -> None:
+    """A batch's own attended cells (B or 1, 1 or H, T, T), to the layer's position sums, whose rotary frequencies read
+    them with the call's whole q and k; the other statistics read them from the blocks."""
     if spot is not None:
         spot.batch_attended(first, kept)
 

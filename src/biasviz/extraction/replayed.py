@@ -206,9 +206,7 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
         extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,
                                      seq_len=seq_len, block=block, causal=True, samples=n, device=device,
                                      attended=shared)  # fmt: skip
-        if cells is not None:  # each sample's block means over its own cells (its rows bring them)
-            for accumulator in extra.blocks.values():
-                accumulator.by_sample()
+        if cells is not None:  # each sample's block means over its own cells, which its rows bring
             return extra
         if n >= MIN_SE_SAMPLES and positional and adapter.adds_bias:  # its delete-one P holds the others' mean bias
             extra.bias_distance = BiasByDistance(samples=n, heads=heads, seq_len=seq_len, device=device)

@@ -216,7 +216,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
             for kind in ("bias", "weights", "scores"):
                 part, values = parts.get((kind, layer)), block.of(kind)
                 if part is not None and values is not None:
-                    part.add(block.r0, values)
+                    part.add(block.r0, values, block.attended)
             if layer in position:
                 position[layer].add_block(block)
 

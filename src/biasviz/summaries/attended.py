@@ -115,21 +115,6 @@ def samples_per_cell(sums: torch.Tensor, union: torch.Tensor, block: int, heads:
     return torch.where(cells > 0, count, float("nan")).expand(heads, -1, -1).float().cpu().numpy()
 
 
-class BlockRows:
-    """Each sample's attended cells of one block of query rows ``r0 ..``, (S, 1 or H, rows, K) bool, indexed as the
-    whole (S, 1 or H, T, T) mask would be (``[..., a:b, :keys]`` with a >= r0): what the summaries that count each
-    sample's own cells read as ``batch_attended`` when rows are formed again block by block."""
-
-    def __init__(self, rows: torch.Tensor, r0: int) -> None:
-        self.rows, self.r0 = rows, r0
-
-    def __getitem__(self, index: tuple) -> torch.Tensor:
-        _, rows, keys = index
-        if rows.start < self.r0 or rows.stop - self.r0 > self.rows.shape[-2] or keys.stop > self.rows.shape[-1]:
-            raise IndexError(f"rows {rows.start} .. {rows.stop - 1} are not all in this block")
-        return self.rows[..., rows.start - self.r0 : rows.stop - self.r0, keys]
-
-
 def triangle_share(seq_len: int, block: int, heads: int) -> np.ndarray:
     """(H, nb, nb) float32: the share of each block's cells with j <= i (a causal call among bidirectional ones)."""
     from biasviz.store.summary_reader import causal_block_counts

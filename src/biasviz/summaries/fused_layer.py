@@ -301,11 +301,8 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
         blocks[kind] = kept(heads=heads, seq_len=t, block=block, causal=True, device=device, attended=shared)
         blocks[kind].samples = n
         blocks[kind].begin(0, n)
-        if own_cells is not None:  # each sample's block sums, then how many of its own cells each block holds
-            blocks[kind].by_sample()
-            counted = torch.stack(block_counts)
-            values = torch.cat([values, counted.to(values).expand(-1, heads, -1, -1)], 1)
-        blocks[kind].add_block_sums(values)
+        # where samples are masked differently, how many of its own cells each block holds
+        blocks[kind].add_block_sums(values, None if own_cells is None else torch.stack(block_counts))
     arrays.update({**profile_errors(profiles, own, n), **block_errors(blocks)})
     return arrays
 

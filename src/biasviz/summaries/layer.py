@@ -92,14 +92,13 @@ class QuantitySummary:
         self._sums()
 
     sample_masks = False  # masks that differ by sample: per-cell moments over each cell's own samples
-    batch_attended: torch.Tensor | None = None  # then: the batch's attended cells (S or 1, 1 or H, T, T)
 
     def by_sample(self, before: torch.Tensor | None) -> None:
         """From the batch under way on, samples are masked differently (padding, packed documents; docs/hdf5.md, 'The
         cells a call attends to'): each cell's mean and spread are over the samples that attend it, kept per cell, and
-        the maps, profiles and diagnostics are taken at the end over the cells some sample attends. ``before``: the one
-        mask (1 or H, T, T) of the samples summarised so far (None: none yet). A bias declared shared is no longer
-        compared."""
+        the maps, profiles and diagnostics are taken at the end over the cells some sample attends; each block's rows
+        bring their samples' cells (:meth:`add`). ``before``: the one mask (1 or H, T, T) of the samples summarised so
+        far (None: none yet). A bias declared shared is no longer compared."""
         if self.mode == "shared":
             self.unshare()
         if self.mode == "joint":  # one batch holds every sample: none summarised yet
@@ -131,8 +130,10 @@ class QuantitySummary:
         if self.mode == "shared" and self.samples:
             self._taken = True
 
-    def add(self, row0: int, block: torch.Tensor) -> None:
-        """A block (S or 1, H, rows, K) of query rows ``row0 ..`` against keys ``0 .. K-1``, as formed."""
+    def add(self, row0: int, block: torch.Tensor, cells: torch.Tensor | None = None) -> None:
+        """A block (S or 1, H, rows, K) of query rows ``row0 ..`` against keys ``0 .. K-1``, as formed; ``cells`` (S or
+        1, 1 or H, rows, K): the cells its samples attend, read once they are masked differently (:meth:`by_sample`;
+        before, the one mask of :meth:`attend` counts)."""
         if self.agreement is not None:  # declared the same for every sample: measured, whatever the mode by now
             self._measure(row0, block)
             if self.mode == "shared":
@@ -152,8 +153,8 @@ class QuantitySummary:
                 part = block[..., r : r + step, :]
                 kept = None
                 if self.sample_masks:  # each sample's own cells
-                    assert self.batch_attended is not None
-                    kept = self.batch_attended[..., row0 + r : row0 + r + part.shape[-2], :keys].to(block.device)
+                    assert cells is not None, "samples masked differently bring their cells with their rows"
+                    kept = cells[..., r : r + part.shape[-2], :keys].to(block.device)
                 self.cells.add(row0 + r, part, kept)
             return
         if block.shape[0] == 1:

@@ -21,7 +21,7 @@ from biasviz.adapters.rows import RowBlock
 from biasviz.common.errors import check_interrupted
 from biasviz.common.shapes import gpu_shaped, step_cells
 from biasviz.model.attention import query_blocks
-from biasviz.summaries.attended import Attended, BlockRows
+from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import CountedSums, ShiftedSums
 from biasviz.summaries.position import KeyProfile, Positional, SinkShare
@@ -80,12 +80,6 @@ class LayerExtras:
     # the call's one mask (where not causal) that each block then carries to them
     reducers: list[Reducer] = field(default_factory=list)
     mask: Attended | None = None
-
-    def own_cells(self, attended: torch.Tensor, r0: int) -> None:
-        """One sample's attended cells (1, 1, rows, r1) of the block of rows ``r0 ..``, for what counts them."""
-        rows = BlockRows(attended, r0)
-        for accumulator in self.blocks.values():
-            accumulator.own = rows
 
     def hold(self) -> None:
         for part in self._per_sample():
@@ -221,7 +215,6 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 for kind in ("weights", "scores"):
                     sums[kind].add(getattr(got, kind)[0], got.attended[0])
                 extras.keys.add_samples(got.weights, samples, got.attended, r0)
-                extras.own_cells(got.attended, r0)
             else:
                 sums["weights"].add(got.weights[0])
                 sums["scores"].add(got.scores[0])
@@ -238,7 +231,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                     if kind in extras.profiles:
                         extras.profiles[kind].add(a, r0, values, cells)
                     if kind in extras.blocks:
-                        pooled[kind] = extras.blocks[kind].add(a, r0, values)
+                        pooled[kind] = extras.blocks[kind].add(a, r0, values, got.attended)
             if jackknife is not None:
                 jackknife.add_sample(a, r0, got.scores, got.bias if varying else None, pooled)
             tick(1)

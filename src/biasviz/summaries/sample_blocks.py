@@ -10,9 +10,11 @@ that straddles two blocks of rows is carried, its samples' sums (S, H, nb), unti
 With blocks of one position (R >= T) a sample's block mean is its cell, so the SE follows from the stored per-cell
 spread itself, std / sqrt(N - 1) (:func:`errors_from_spread`), and nothing is kept.
 
-Where samples are masked differently (padding, packed documents: :meth:`SampleBlocks.by_sample`), a sample's block mean
-is over its own attended cells of the block: its cells are counted beside its sums, and each block's SE is over the
-samples that attend some cell of it (NaN below 3), as every mean over samples of such a layer.
+Rows that bring the cells they attend (a mask of the call's own as the model streams it; each sample's own where samples
+are masked differently: padding, packed documents) count them: a sample's block mean is over its own attended cells of
+the block, its cells counted beside its sums, and each block's SE is over the samples that attend some cell of it (NaN
+below 3), as every mean over samples of such a layer. Rows that bring none attend the call's rule: its one mask given
+up front (rows formed again know it before the first row), else the causal triangle or every cell.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from biasviz.adapters.rows import plain_cells
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL, map_name, se_name
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.maps import _group_sums, geometry_counts
@@ -47,20 +50,22 @@ class SampleBlocks(Pending):
         self.sums = torch.zeros(2, heads, nb, nb, dtype=torch.float64, device=device)  # Σ x_a, Σ x_a²
         self.carry: dict[int, torch.Tensor] = {}  # straddling query block -> (S, H, nb) each sample's sums so far
         self._first, self._size = 0, 1  # the samples under way: ``first ..`` (``size`` of them)
-        self.channels = heads  # sums carried per sample; by sample: each head's sums, then its attended cells
-        self.held: torch.Tensor | None = None  # by sample: (H, nb, nb) the samples with a value in each block
-        self.own: Any = None  # by sample: the cells of the samples under way, indexed [..., rows, :keys]
+        self.channels = heads  # sums carried per sample; counted: each head's sums, then its attended cells
+        self.held: torch.Tensor | None = None  # counted: (H, nb, nb) the samples with a value in each block
 
-    def by_sample(self) -> None:
-        """From the next samples on, each sample's own cells (:attr:`own`, (B or 1, 1 or H, T, T) or
-        :class:`~biasviz.summaries.attended.BlockRows`) count for it; the samples folded so far count where their
-        one mask had cells."""
-        self.finish(self.seq_len)  # what is carried, folded as it was counted
-        with torch.inference_mode(False):
+    def _counted(self) -> None:
+        """The first rows that bring their cells: from here each sample's cells are counted beside its sums; the
+        samples folded so far count where the call's rule had cells. Comes between samples (what a sample brought
+        before is folded, :meth:`begin`), never inside one."""
+        if self.held is not None:
+            return
+        if self.carry:
+            raise ValueError("rows that bring their cells come after rows of the same samples that brought none")
+        with torch.inference_mode(False):  # called inside the model's forward: the sums outlive it
             had = (self.counts > 0).expand(self.heads, -1, -1)
             self.held = torch.where(had, self.n[None, :, None], 0.0)
             self.sums = self.sums.nan_to_num(0.0)
-        self.channels, self.attended = 2 * self.heads, None
+        self.channels = 2 * self.heads
 
     def begin(self, first: int, size: int) -> None:
         """Samples ``first .. first + size - 1`` come next (a batch; every sample at once where rows are formed
@@ -68,16 +73,20 @@ class SampleBlocks(Pending):
         self.finish(self.seq_len)
         self._first, self._size = first, size
 
-    def pool(self, r0: int, values: torch.Tensor) -> Pooled:
-        """(B, H, rows, K) values -> their sums over attended cells by block: [(first key block, (B, H, nq, n))]."""
+    def pool(self, r0: int, values: torch.Tensor, cells: torch.Tensor | None = None) -> Pooled:
+        """(B, H, rows, K) values -> their sums over attended cells by block: [(first key block, (B, H, nq, n))];
+        ``cells`` (B or 1, 1 or H, rows, K): the cells the rows attend, counted after the sums (None: the call's
+        rule)."""
         rows, keys = values.shape[-2:]
         b = self.block
+        if values.dtype not in (torch.float32, torch.float64):  # a model's half precision: summed in float32
+            values = values.float()
 
         def pooled(x: torch.Tensor, k0: int) -> torch.Tensor:  # in the values' precision: a sample's few cells
             return _group_sums(_group_sums(x, -2, r0, b), -1, k0, b)
 
-        if self.held is not None:  # each sample's own cells: its sums, then how many they are
-            own = self.own[..., r0 : r0 + rows, :keys].to(values.device).expand_as(values)
+        if cells is not None:  # the rows' own cells: their sums, then how many they are
+            own = cells.to(values.device).expand_as(values)
             both = torch.cat([values.masked_fill(~own, 0.0), own.to(values.dtype)], dim=1)
             return [(0, pooled(both, 0))]
         if self.attended is not None:
@@ -90,10 +99,17 @@ class SampleBlocks(Pending):
         square = values[..., r0 : r0 + rows].clone().tril_()
         return [*parts, (r0 // b, pooled(square, r0))]
 
-    def add(self, first: int, r0: int, values: torch.Tensor) -> Pooled:
+    def add(self, first: int, r0: int, values: torch.Tensor, cells: torch.Tensor | None = None) -> Pooled:
         """Samples ``first ..``'s rows ``r0 ..`` (B, H, rows, K); cells not attended are left out (NaN, -inf, 0).
-        Returns their sums by block, for another accumulator to take up (:meth:`add_sums`)."""
-        parts = self.pool(r0, values)
+        ``cells`` (B or 1, 1 or H, rows, K): the cells the rows attend (None: the call's rule). Returns their sums by
+        block, for another accumulator to take up (:meth:`add_sums`)."""
+        if cells is not None:
+            self._counted()
+        elif self.held is not None:  # the call's rule, counted as the rows' own cells
+            rows, keys = values.shape[-2:]
+            cells = (plain_cells(r0, rows, keys, self.causal, values.device) if self.attended is None
+                     else self.attended.rows(r0, r0 + rows, keys)[None])  # fmt: skip
+        parts = self.pool(r0, values, cells)
         self.add_sums(first, r0, values.shape[-2], [(parts, 1.0)])
         return parts
 
@@ -147,8 +163,9 @@ class SampleBlocks(Pending):
             valid = count > 0
             x = torch.where(valid, sums[:, : self.heads] / count.clamp(min=1), 0.0)
             target = self._target(self.sums, (slice(None), slice(None), rows, keys))
-            target[0] += x.sum(0)
-            target[1] += x.square().sum(0)
+            for one in x:  # a sample at a time, as below
+                target[0] += one
+                target[1].addcmul_(one, one)
             self._put(self.held, (slice(None), rows, keys), valid.sum(0, dtype=torch.float64))
             return
         x = sums.div_(self.counts[:, rows, keys])  # NaN where a block has no attended cell; the sums are the caller's
@@ -158,9 +175,13 @@ class SampleBlocks(Pending):
             target[1].addcmul_(one, one)
         self._put(self.n, rows, torch.full((nq,), float(len(x)), dtype=torch.float64, device=self.device))
 
-    def add_block_sums(self, sums: torch.Tensor) -> None:
+    def add_block_sums(self, sums: torch.Tensor, counts: torch.Tensor | None = None) -> None:
         """Every sample's sums over each block's attended cells, (N, H, nb, nb), summed elsewhere (the fused
-        kernels): folded at once."""
+        kernels): folded at once. ``counts`` (N, 1 or H, nb, nb): how many of each sample's own cells each block holds
+        (None: the call's rule)."""
+        if counts is not None:
+            self._counted()
+            sums = torch.cat([sums, counts.to(sums).expand(-1, self.heads, -1, -1)], 1)
         self._fold(sums.to(self.sums, copy=True), 0)
 
     def finish(self, upto: int) -> None:

@@ -62,7 +62,7 @@ class StreamedPosition:
         self.reducers = build(samples=self.local, heads=heads, seq_len=seq_len, block=block, causal=causal,
                               device=device) if measures else []  # fmt: skip
         self.profiles = self._profiles()
-        self.blocks = self._blocks(None)
+        self.blocks = self._blocks()
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
         whole = local is None or local == samples
         self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device, block=block)
@@ -72,9 +72,9 @@ class StreamedPosition:
     attended: Attended | None = None  # the call's own mask, where not causal (docs/hdf5.md, 'Attended cells')
 
     def attend(self, attended: Attended) -> None:
-        """Every quantity over the cells of the call's own mask; before any block is added."""
+        """P and the rotary frequencies over the cells of the call's own mask; before any block is added (the other
+        statistics count the cells each block brings)."""
         self.attended = attended
-        self.blocks = self._blocks(attended)
 
     union: torch.Tensor | None = None  # masks that differ by sample: the cells some sample attends (1 or H, T, T)
     _own: torch.Tensor | None = None  # then: the batch under way's own cells (B or 1, 1 or H, T, T)
@@ -97,8 +97,6 @@ class StreamedPosition:
         if self.jackknife is not None:
             self.jackknife.bank.close()
             self.jackknife = None
-        for accumulator in self.blocks.values():
-            accumulator.by_sample()
         self.attended = None
         self.note = BY_SAMPLE_NOTE
 
@@ -110,8 +108,6 @@ class StreamedPosition:
         with torch.inference_mode(False):
             self.union = self.union | every.any(0)
             self.cell_samples = self.cell_samples + block_sums(every.sum(0, dtype=torch.float32), self.block)
-        for accumulator in self.blocks.values():
-            accumulator.own = every
         self._own = every
 
     def _profiles(self) -> dict[str, SampleProfiles]:
@@ -122,11 +118,11 @@ class StreamedPosition:
                                      causal=self.causal, device=self.device)
                 for kind in ("scores", "bias")}  # fmt: skip (the weights' come with their measures)
 
-    def _blocks(self, attended: Attended | None) -> dict[str, SampleBlocks]:
-        """Each sample's block means of all three quantities, for the maps' SE."""
+    def _blocks(self) -> dict[str, SampleBlocks]:
+        """Each sample's block means of all three quantities, for the maps' SE (over the cells each block brings)."""
         return sample_blocks(("weights", "scores", "bias") if self._measured else (), heads=self.heads,
                              seq_len=self.seq_len, block=self.block, causal=self.causal, samples=self.samples,
-                             device=self.device, attended=attended)  # fmt: skip
+                             device=self.device, attended=None)  # fmt: skip
 
     def operands(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """A batch's q (B, H, T, hd) and c·k (B, H, T, hd, key heads repeated), as its call received them."""
@@ -173,7 +169,7 @@ class StreamedPosition:
                 self._first = first
                 for b in self.blocks.values():
                     b.begin(first, self._batch)
-            self.blocks[kind].add(first, row0, every)
+            self.blocks[kind].add(first, row0, every, cells)
             self.blocks[kind].finish(row0 + rows)
         if kind == "weights":
             w = block.double() if wide is None else wide
