@@ -11,9 +11,18 @@ if not os.path.exists("/proc/driver/nvidia"):
 
 # Tokenized training corpora are kept between runs (biasviz.data.token_cache): the suite's in a folder of its own,
 # never the user's ~/.cache
-import tempfile  # noqa: E402
+import tempfile
 
 os.environ.setdefault("BIASVIZ_CACHE", os.path.join(tempfile.gettempdir(), f"biasviz-tests-{os.getuid()}"))
+
+# Each xdist worker takes its share of the cores for torch's threads, and so do the processes its tests start: two
+# workers of as many threads as there are cores wait on each other's threads (tests/model, summaries and extraction,
+# six files: 78 s with two threads each on two cores, 32 s with one). A value of the user's own stands.
+WORKER_THREADS = None
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    WORKER_THREADS = max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
 
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +34,9 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
+
+if WORKER_THREADS is not None:  # torch read it when imported, unless something imported torch before
+    torch.set_num_threads(WORKER_THREADS)
 
 RELATIVE_SCHEMES = ["alibi", "kerple-log", "kerple-power", "fire", "t5", "cable", "fox"]
 ALL_SCHEMES = [*RELATIVE_SCHEMES, "learned", "nope"]
