@@ -20,7 +20,7 @@ import torch
 from biasviz.adapters.base import ModelAdapter
 from biasviz.common.errors import BiasvizError
 from biasviz.summaries import QuantitySummary
-from biasviz.summaries.attended import Attended
+from biasviz.summaries.attended import Attended, plain_mask
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.streamed_position import StreamedPosition
 
@@ -57,15 +57,12 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
             raise BiasvizError(f"attention call {layer} masked other cells for sample {first} than for the first: "
                                "under torchrun a summary takes one mask for every sample; run it in one "
                                "process")  # fmt: skip
-        before = None
-        if layer in masks:  # the one mask of the samples before this batch
-            before = masks[layer] if masks[layer] is not None else _plain_mask(mask, causal)
         warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=2)
         masks[layer] = BY_SAMPLE
-        for part in own:
-            part.by_sample(None if before is None else before[0])
+        for part in own:  # (the samples before attended the one mask set on them, or the call's rule)
+            part.by_sample()
         if spot is not None:
-            spot.by_sample(None if before is None else before[0], first)
+            spot.by_sample(first)
         _by_batch(spot, first, kept)
         return kept
     if _plain(mask, causal):
@@ -87,13 +84,6 @@ def _by_batch(spot: StreamedPosition | None, first: int, kept: torch.Tensor) -> 
         spot.batch_attended(first, kept)
 
 
-def _plain_mask(mask: torch.Tensor, causal: bool) -> torch.Tensor:
-    """(1, 1, T, T): the causal triangle (``causal``) or every cell, as ``mask``'s device holds it."""
-    t = mask.shape[-1]
-    full = torch.ones(1, 1, t, t, dtype=torch.bool, device=mask.device)
-    return full.tril() if causal else full
-
-
 def _plain(mask: torch.Tensor, causal: bool) -> bool:
     """Whether ``mask`` (1, H, T, T) is the causal triangle (``causal``) or every cell: no mask of the call's own."""
-    return bool((mask == _plain_mask(mask, causal)).all())
+    return bool((mask == plain_mask(mask.shape[-1], causal, mask.device)).all())

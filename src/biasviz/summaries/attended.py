@@ -115,6 +115,12 @@ def samples_per_cell(sums: torch.Tensor, union: torch.Tensor, block: int, heads:
     return torch.where(cells > 0, count, float("nan")).expand(heads, -1, -1).float().cpu().numpy()
 
 
+def plain_mask(seq_len: int, causal: bool, device: torch.device | None = None) -> torch.Tensor:
+    """(1, T, T) bool: the cells a call with no mask of its own attends, the causal triangle or every cell."""
+    full = torch.ones(1, seq_len, seq_len, dtype=torch.bool, device=device)
+    return full.tril() if causal else full
+
+
 def triangle_share(seq_len: int, block: int, heads: int) -> np.ndarray:
     """(H, nb, nb) float32: the share of each block's cells with j <= i (a causal call among bidirectional ones)."""
     from biasviz.store.summary_reader import causal_block_counts

@@ -22,7 +22,7 @@ import torch
 from biasviz.common.errors import BiasvizError
 from biasviz.common.shapes import host_arrays, step_cells
 from biasviz.store.format import non_finite_error
-from biasviz.summaries.attended import Attended
+from biasviz.summaries.attended import Attended, plain_mask
 from biasviz.summaries.diagonals import DiagonalSums, MaskedDiagonalSums, UpperDiagonalSums
 from biasviz.summaries.maps import BlockMaps, zero_above_
 from biasviz.summaries.measures import BiasMeasureSums
@@ -93,12 +93,15 @@ class QuantitySummary:
 
     sample_masks = False  # masks that differ by sample: per-cell moments over each cell's own samples
 
-    def by_sample(self, before: torch.Tensor | None) -> None:
+    def by_sample(self) -> None:
         """From the batch under way on, samples are masked differently (padding, packed documents; docs/hdf5.md, 'The
         cells a call attends to'): each cell's mean and spread are over the samples that attend it, kept per cell, and
         the maps, profiles and diagnostics are taken at the end over the cells some sample attends; each block's rows
-        bring their samples' cells (:meth:`add`). ``before``: the one mask (1 or H, T, T) of the samples summarised so
-        far (None: none yet). A bias declared shared is no longer compared."""
+        bring their samples' cells (:meth:`add`). The samples summarised so far attended the one mask they had
+        (:meth:`attend`), or the call's rule. A bias declared shared is no longer compared."""
+        before = None
+        if self.samples:
+            before = self.attended.mask if self.attended is not None else plain_mask(self.seq_len, self.causal)
         if self.mode == "shared":
             self.unshare()
         if self.mode == "joint":  # one batch holds every sample: none summarised yet

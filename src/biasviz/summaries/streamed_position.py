@@ -22,7 +22,7 @@ import torch
 from biasviz.adapters.rotary import RotaryLayout
 from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL, profile_name, se_name
-from biasviz.summaries.attended import Attended, block_sums, samples_per_cell
+from biasviz.summaries.attended import Attended, block_sums, plain_mask, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_errors import StreamedJackknife
@@ -80,12 +80,15 @@ class StreamedPosition:
     _own: torch.Tensor | None = None  # then: the batch under way's own cells (B or 1, 1 or H, T, T)
     note: str | None = None
 
-    def by_sample(self, before: torch.Tensor | None, first: int) -> None:
-        """From sample ``first`` on, samples are masked differently (docs/hdf5.md, 'Attended cells'); ``before``: the
-        one mask (1 or H, T, T) of the samples streamed so far (None: none yet). The rotary frequencies (over each
-        sample's own positions) and the maps' SEs count each sample's own cells from here on (the reducers, the key
-        profile, the sink shares and the profiles' SEs need no word: they count the cells each block brings); P, which
-        pairs the cells of different samples as one grid, is left out, with :attr:`note` saying so."""
+    def by_sample(self, first: int) -> None:
+        """From sample ``first`` on, samples are masked differently (docs/hdf5.md, 'Attended cells'); those streamed
+        before attended the one mask they had (:meth:`attend`), or the call's rule. The rotary frequencies (over each
+        sample's own positions) and the samples per cell count each sample's own cells from here on (the reducers, the
+        key profile, the sink shares and the profiles' and maps' SEs need no word: they count the cells each block
+        brings); P, which pairs the cells of different samples as one grid, is left out, with :attr:`note` saying so."""
+        before = None
+        if first:
+            before = self.attended.mask if self.attended is not None else plain_mask(self.seq_len, self.causal)
         with torch.inference_mode(False):
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
             nb = -(-self.seq_len // self.block)
