@@ -58,7 +58,7 @@ SLOW_MODULES = {"test_cli_interrupts", "test_plot_cmd", "test_cli_imports", "tes
                 "test_hostile_outputs", "test_hostile_usercode", "test_hostile_concurrent", "test_hostile_names",
                 "test_hostile_sweeps", "test_hostile_bytes", "test_diagnostics_plots_review", "test_page_views",
                 "test_eager", "test_calls_forms", "test_torch_layers", "test_sweep",
-                "test_page_review", "test_dynamics_layout", "test_examples", "test_paper_figures",
+                "test_page_review", "test_dynamics_layout", "test_long_context", "test_examples", "test_paper_figures",
                 "test_docs"}  # fmt: skip
 SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png_and_svg_carry_metadata",
               "test_presets_have_gpt2_small_shape_and_twelve_heads", "test_a_compiled_model_is_traced_eagerly",
