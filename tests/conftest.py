@@ -53,7 +53,7 @@ def _quiet_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
 # take over a second here: `make test-fast` leaves them out, `make test` runs everything.
 SLOW_MODULES = {"test_cli_interrupts", "test_plot_cmd", "test_cli_imports", "test_untrusted", "test_readme",
                 "test_cli_errors", "test_reader_fuzz", "test_numerical", "test_loop", "test_bias_only", "test_hostile",
-                "test_hostile_io", "test_distributed", "test_page_browser", "test_cli_summary",
+                "test_hostile_io", "test_distributed", "test_page_browser", "test_screenshot", "test_cli_summary",
                 "test_model_long", "test_sweep_torchrun", "test_hostile_page", "test_hostile_values",
                 "test_hostile_outputs", "test_hostile_usercode", "test_hostile_concurrent", "test_hostile_names",
                 "test_hostile_sweeps", "test_hostile_bytes", "test_diagnostics_plots_review", "test_page_views",
