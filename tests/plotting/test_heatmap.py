@@ -1,8 +1,6 @@
-"""What the figures draw: panels, titles, ticks, colorbars, blank masked cells, scales, PDF contents."""
+"""What the figures draw: panels, titles, ticks, colorbars, blank masked cells, scales."""
 
 from __future__ import annotations
-
-import re
 
 import matplotlib as mpl
 import numpy as np
@@ -13,8 +11,7 @@ from matplotlib.figure import Figure
 from biasviz.diagnostics.measures import diagnose_array
 from biasviz.plotting.diagnostics_plots import diagnostics_figure, profile_grid
 from biasviz.plotting.heatmap import grid_shape, head_grid, head_heatmap, tick_step_for
-from biasviz.plotting.reduce import block_reduce, plan_reduction
-from biasviz.plotting.save import parse_formats, save_figure
+from biasviz.plotting.reduce import plan_reduction
 from biasviz.plotting.style import VENUE_WIDTHS, paper_context, venue_width
 
 
@@ -143,34 +140,6 @@ def test_figure_width_is_the_venue_text_width() -> None:
 
 def test_tick_steps() -> None:
     assert tick_step_for(512) == 100 and tick_step_for(4096) == 1000 and tick_step_for(32) == 10
-
-
-def test_pdf_has_raster_heatmaps_vector_text_and_metadata(tmp_path) -> None:
-    fig = head_grid(alibi(12, t=128))
-    (pdf,) = save_figure(fig, tmp_path / "alibi_bias", ["pdf"], info={"description": "reduction: none"})
-    data = pdf.read_bytes()
-    assert len(re.findall(rb"/Subtype\s*/Image", data)) >= 12
-    assert b"/FontFile2" in data  # embedded TrueType: text stays text
-    assert b"reduction: none" in data
-    assert not list(tmp_path.glob(".*tmp"))
-
-
-def test_png_and_svg_carry_metadata(tmp_path) -> None:
-    fig = head_grid(alibi(3, t=32))
-    png, svg = save_figure(fig, tmp_path / "x", parse_formats("png,svg"), dpi=72, info={"source": "data/x.h5"})
-    assert b"data/x.h5" in png.read_bytes() and b"<text" in svg.read_bytes()
-
-
-def test_block_reduce_is_nan_aware() -> None:
-    m = np.arange(16, dtype=np.float32).reshape(4, 4)
-    m[np.triu_indices(4, 1)] = np.nan
-    out = block_reduce(m, 2)
-    assert np.isnan(out[0, 1])
-    assert out[0, 0] == pytest.approx((0 + 4 + 5) / 3)
-    assert out[1, 0] == pytest.approx((8 + 9 + 12 + 13) / 4)
-    assert block_reduce(m, 2, "max")[1, 1] == 15
-    padded = block_reduce(np.ones((5, 5)), 2)
-    assert padded.shape == (3, 3) and not np.isnan(padded).any()
 
 
 def test_large_matrices_are_reduced_before_drawing() -> None:

@@ -1,6 +1,7 @@
 """docs/position-measures.md's figures read back: ``plot --kind frequency`` (q and k norms by rotary pair, the unrotated
-dims apart), the entropy ``--kind profile`` adds on a summary, and the sinks figure's 95 % band, each against the file's
-stored values (which tests/summaries/test_weight_measures_models.py checks against float64 math) or math of its own."""
+dims apart) and the entropy ``--kind profile`` adds on a summary, each against the file's stored values (which
+tests/summaries/test_weight_measures_models.py checks against float64 math) or math of its own. The sinks figure's
+95 % band: test_positional.py."""
 
 from __future__ import annotations
 
@@ -103,21 +104,6 @@ def test_profile_of_a_summary_adds_the_entropy_with_its_band_and_the_uniform_hea
         even = [np.mean([np.log(i + 1) for i in range(b * block, (b + 1) * block)]) for b in range(10)]
         np.testing.assert_allclose(uniform.get_ydata(), even, rtol=1e-12)
         assert (line.get_ydata() <= np.asarray(even) + 1e-5).all()  # no query's entropy passes the even head's
-
-
-def test_sinks_figure_shades_the_key_profile_95_band(tmp_path: Path) -> None:
-    from biasviz.plotting.positional import sinks_figure
-
-    f = open_bias_file(_summary(tmp_path / "a.h5", "alibi", samples=5))
-    mean = f.summary_array("weights_key_profile", 1)[0][:, :16]
-    se = f.summary_array("weights_key_profile_se", 1)[:, :16]
-    fig = sinks_figure(f, 1, scheme="alibi")
-    for h, ax in enumerate(a for a in fig.axes if a.get_visible()):
-        np.testing.assert_allclose(ax.lines[0].get_ydata(), mean[h], rtol=1e-6)
-        verts = ax.collections[0].get_paths()[0].vertices[:, 1]
-        assert np.isclose(verts.max(), (mean[h] + Z95 * se[h]).max(), rtol=1e-6)
-        assert np.isclose(verts.min(), (mean[h] - Z95 * se[h]).min(), rtol=1e-6)
-    assert "95% interval" in fig._suptitle.get_text()
 
 
 def test_two_samples_draw_no_band_and_say_why(tmp_path: Path) -> None:
