@@ -2,15 +2,23 @@
 RSS of the summary formed again from the bank against the same call streamed whole (how it ran before), each in a
 fresh process, interleaved (BENCHMARKS.md §14). A one-layer transformers Llama (hidden 256, 4 heads), random
 weights, N = 3 windows of T tokens in one batch, the second padded on the left by T / 8 tokens, the third by T / 3,
-given to the model as an ``attention_mask``; ``--unpadded`` adds the same summary without padding.
+given to the model as an ``attention_mask``; ``--unpadded`` adds the same summary without padding, formed again and
+streamed. ``--window W``: a
+Mistral of the same size with a sliding window of W keys instead (one mask for every sample, then, beside the padding).
+``--trees BEFORE AFTER``: each run by two versions of biasviz in turn (their ``src`` first on ``PYTHONPATH``), to
+measure a change; ``--resolution R``: maps of R x R blocks (default: exact per cell, whose standard errors need no
+per-sample block means).
 
     .venv/bin/python bench/padded_summary.py --seq-len 2048 --repeats 2
+    .venv/bin/python bench/padded_summary.py --seq-len 2048 --resolution 256 --unpadded --window 256 \
+        --trees /path/to/old/checkout .
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,23 +31,26 @@ from common import GIB, peak_hwm_bytes  # noqa: E402
 SAMPLES = 3
 
 
-def child(how: str, seq_len: int) -> dict[str, float]:
+def child(how: str, seq_len: int, resolution: int | None = None, window: int | None = None) -> dict[str, float]:
     import warnings
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     import biasviz
     import biasviz.extraction.summary as summary
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=1,
-                         intermediate_size=512, vocab_size=512, max_position_embeddings=seq_len,
-                         attn_implementation="sdpa")  # fmt: skip
-    model = LlamaForCausalLM(config).eval()
+    size = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
+            "intermediate_size": 512, "vocab_size": 512, "max_position_embeddings": seq_len,
+            "attn_implementation": "sdpa"}  # fmt: skip
+    if window is None:
+        model = LlamaForCausalLM(LlamaConfig(**size)).eval()
+    else:
+        model = MistralForCausalLM(MistralConfig(**size, sliding_window=window)).eval()
     ids = torch.randint(1, 512, (SAMPLES, seq_len), generator=torch.Generator().manual_seed(1))
     pad = torch.ones(SAMPLES, seq_len, dtype=torch.long)
-    if how != "unpadded":
+    if not how.startswith("unpadded"):
         pad[1, : seq_len // 8] = 0
         pad[2, : seq_len // 3] = 0
     rows = {tuple(r.tolist()): k for k, r in enumerate(ids)}
@@ -47,14 +58,14 @@ def child(how: str, seq_len: int) -> dict[str, float]:
     def forward(batch: torch.Tensor) -> object:
         return model(batch, attention_mask=pad[[rows[tuple(r.tolist())] for r in batch]])
 
-    if how == "streamed":  # the route such a call took before: streamed whole, as the model forms it
+    if how in ("streamed", "unpadded streamed"):  # the route such a call took before: streamed whole, as formed
         inner = summary._summarise
         summary._summarise = lambda *a, **k: inner(*a, **{**k, "streamed": True})  # type: ignore[assignment]
     warnings.simplefilter("ignore")
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         biasviz.extract(model, ids, Path(tmp) / "s.h5", summary=True, progress=False, batch_size=SAMPLES,
-                        forward=forward)  # fmt: skip
+                        forward=forward, resolution=resolution)  # fmt: skip
         seconds = time.perf_counter() - t0
     return {"s": seconds, "peak_gib": peak_hwm_bytes() / GIB}
 
@@ -64,20 +75,33 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--unpadded", action="store_true")
+    parser.add_argument("--resolution", type=int, default=None)
+    parser.add_argument("--window", type=int, default=None)
+    parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.seq_len)))
+        print(json.dumps(child(args.child, args.seq_len, args.resolution, args.window)))
         return
-    kinds = ["formed again", "streamed", *(["unpadded"] if args.unpadded else [])]
-    print(f"T = {args.seq_len}, N = {SAMPLES} in one batch, {args.repeats} interleaved repeats")
+    kinds = ["formed again", "streamed", *(["unpadded", "unpadded streamed"] if args.unpadded else [])]
+    trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
+    model = "Llama" if args.window is None else f"Mistral, window {args.window}"
+    print(f"{model}, T = {args.seq_len}, R = {args.resolution or 'T'}, N = {SAMPLES} in one batch, "
+          f"{args.repeats} interleaved repeats")  # fmt: skip
+    options = ["--seq-len", str(args.seq_len)]
+    for name in ("resolution", "window"):
+        if getattr(args, name) is not None:
+            options += [f"--{name}", str(getattr(args, name))]
     for r in range(args.repeats):
         for kind in kinds:
-            how = kind.replace("formed again", "replayed")
-            done = subprocess.run([sys.executable, __file__, "--child", how, "--seq-len", str(args.seq_len)],
-                                  capture_output=True, text=True, check=True)  # fmt: skip
-            got = json.loads(done.stdout.strip().splitlines()[-1])
-            print(f"repeat {r + 1}: {kind:>12}: {got['s']:.1f} s, peak RSS {got['peak_gib']:.2f} GiB", flush=True)
+            for label, tree in trees.items():
+                how = kind.replace("formed again", "replayed")
+                env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree.resolve() / "src")}
+                done = subprocess.run([sys.executable, __file__, "--child", how, *options], capture_output=True,
+                                      text=True, check=True, env=env)  # fmt: skip
+                got = json.loads(done.stdout.strip().splitlines()[-1])
+                print(f"repeat {r + 1}: {kind:>17} {label:>6}: {got['s']:.2f} s, peak RSS {got['peak_gib']:.2f} GiB",
+                      flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
