@@ -29,8 +29,9 @@ SCHEMES = ("alibi", "rope", "kerple-log")  # our models on the default corpus
 TRANSFORMERS = ("llama", "bloom", "mistral")
 # the transformers models' inputs: every sample whole; and (padded) samples left-padded by different lengths, so that
 # each is masked otherwise (its own attended cells, in rows formed again (Llama) and streamed (Bloom)); Mistral's
-# sliding window of 24 is one mask for every sample, in rows formed again (sdpa) and streamed (eager, in two batches)
-INPUTS = {"llama": ("summary", "full", "padded"), "bloom": ("summary", "full", "padded"),
+# sliding window of 24 is one mask for every sample, in rows formed again (sdpa) and streamed (eager, in two batches);
+# the Llama padded and streamed through its eager softmax: each sample's own cells beside the rotary measures
+INPUTS = {"llama": ("summary", "full", "padded", "eager-padded"), "bloom": ("summary", "full", "padded"),
           "mistral": ("summary", "eager")}
 # attributes that say when or how long, not what: they differ from run to run
 VOLATILE = ("created", "seconds", "elapsed", "biasviz_version", "git", "host", "wall")
@@ -57,12 +58,13 @@ if kind == "build":
     model.save_pretrained(path)
     raise SystemExit
 ids = np.random.default_rng(0).integers(1, 256, size=(5, 96))
-summary = {"summary": True, "resolution": 24} if kind in ("summary", "padded", "eager") else {}
-if kind == "padded":  # token 0 pads the first 0, 7, 14, ... positions of each sample
+summary = {"summary": True, "resolution": 24} if kind in ("summary", "padded", "eager", "eager-padded") else {}
+if kind in ("padded", "eager-padded"):  # token 0 pads the first 0, 7, 14, ... positions of each sample
     from transformers import AutoModelForCausalLM
     for a in range(len(ids)):
         ids[a, : 7 * a] = 0
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    attention = {"attn_implementation": "eager"} if kind == "eager-padded" else {}
+    model = AutoModelForCausalLM.from_pretrained(path, **attention).eval()
     forward = lambda batch: model(batch, attention_mask=(batch != 0).long())
     biasviz.extract(model, ids, out, layers="all", progress=False, forward=forward, batch_size=2, **summary)
 elif kind == "eager":  # the softmax as the model writes it: streamed

@@ -123,3 +123,41 @@ def test_torch_multihead_attention_summary_positional_logits(tmp_path: Path) -> 
                                    **TOL)  # fmt: skip
         np.testing.assert_allclose(g["weights_key_profile"][0], weights.mean(axis=(0, 2)), **TOL)
         np.testing.assert_allclose(g["sink_share"][()], weights[:, :, :, 0].mean(-1), **TOL)
+
+
+def test_samples_masked_differently_count_the_cells_each_block_brings() -> None:
+    """The cells some sample attends and the samples per cell, from blocks of rows: a first batch under the call's one
+    mask, then batches whose samples (and heads) attend cells of their own; counted here cell by cell."""
+    import numpy as np
+    import torch
+
+    from biasviz.adapters.rows import RowBlock
+    from biasviz.summaries.attended import Attended
+    from biasviz.summaries.streamed_position import StreamedPosition
+
+    heads, t, block, n = 2, 11, 3, 5
+    rng = np.random.default_rng(4)
+    i, j = np.indices((t, t))
+    window = (j <= i) & (i - j < 5)
+    cells = np.broadcast_to(window, (n, heads, t, t)).copy()
+    cells[2:] = (j <= i) & (rng.random((n - 2, heads, t, t)) < 0.4)  # the later samples' own, head by head
+    spot = StreamedPosition(0, heads=heads, seq_len=t, samples=n, block=block, causal=True,
+                            device=torch.device("cpu"), positional=False, measures=False)  # fmt: skip
+    spot.attend(Attended(torch.from_numpy(window)[None]))
+    for first, size in ((0, 2), (2, 3)):
+        spot.begin_batch(size)
+        if first:
+            spot.by_sample(first)
+        for r0, r1 in ((0, 4), (4, t)):
+            own = torch.from_numpy(window[None, None, r0:r1, :r1]) if first == 0 else torch.from_numpy(
+                cells[first : first + size, :, r0:r1, :r1])  # fmt: skip
+            weights = torch.zeros(size, heads, r1 - r0, r1, dtype=torch.float64)
+            spot.add_block(RowBlock(0, first, r0, weights, attended=own))
+    expected_union = cells.any(0)
+    np.testing.assert_array_equal(spot.union.expand(heads, -1, -1).numpy(), expected_union)
+    nb = -(-t // block)
+    sums = np.zeros((heads, nb, nb))
+    for qb in range(nb):
+        for kb in range(nb):
+            sums[:, qb, kb] = cells[:, :, qb * block : (qb + 1) * block, kb * block : (kb + 1) * block].sum((0, 2, 3))
+    np.testing.assert_array_equal(spot.cell_samples.expand(heads, -1, -1).numpy(), sums)

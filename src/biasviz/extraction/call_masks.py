@@ -42,7 +42,6 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
     own = [part for (_, at), part in parts.items() if at == layer]
     spot = position.get(layer)
     if masks.get(layer) is BY_SAMPLE:
-        _by_batch(spot, first, kept)
         return kept
     mask = kept[:1]
     differs = kept.shape[0] > 1 and not bool((kept == mask).all())
@@ -63,7 +62,6 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
             part.by_sample()
         if spot is not None:
             spot.by_sample(first)
-        _by_batch(spot, first, kept)
         return kept
     if _plain(mask, causal):
         masks[layer] = None
@@ -75,13 +73,6 @@ def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[in
     if spot is not None:
         spot.attend(attended)
     return mask
-
-
-def _by_batch(spot: StreamedPosition | None, first: int, kept: torch.Tensor) -> None:
-    """A batch's own attended cells (B or 1, 1 or H, T, T), to the layer's position sums, whose rotary frequencies read
-    them with the call's whole q and k; the other statistics read them from the blocks."""
-    if spot is not None:
-        spot.batch_attended(first, kept)
 
 
 def _plain(mask: torch.Tensor, causal: bool) -> bool:

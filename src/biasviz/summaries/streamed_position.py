@@ -77,7 +77,6 @@ class StreamedPosition:
         self.attended = attended
 
     union: torch.Tensor | None = None  # masks that differ by sample: the cells some sample attends (1 or H, T, T)
-    _own: torch.Tensor | None = None  # then: the batch under way's own cells (B or 1, 1 or H, T, T)
     note: str | None = None
 
     def by_sample(self, first: int) -> None:
@@ -103,15 +102,20 @@ class StreamedPosition:
         self.attended = None
         self.note = BY_SAMPLE_NOTE
 
-    def batch_attended(self, first: int, attended: torch.Tensor) -> None:
-        """The attended cells (B or 1, 1 or H, T, T) of samples ``first ..`` (a batch), once masks differ."""
+    def _count_cells(self, r0: int, cells: torch.Tensor) -> None:
+        """Samples masked differently: a block's cells (B or 1, 1 or H, rows, K) of rows ``r0 ..`` into the cells some
+        sample attends (:attr:`union`) and the samples that attend each block's cells (:attr:`cell_samples`)."""
         assert self.union is not None
-        every = attended.expand(self._batch, *attended.shape[1:]) if attended.shape[0] == 1 else attended
+        every = cells.expand(self._batch, *cells.shape[1:]) if cells.shape[0] == 1 else cells
         every = every.to(self.device)
-        with torch.inference_mode(False):
-            self.union = self.union | every.any(0)
-            self.cell_samples = self.cell_samples + block_sums(every.sum(0, dtype=torch.float32), self.block)
-        self._own = every
+        rows, keys = every.shape[-2:]
+        with torch.inference_mode(False):  # called inside the model's forward: the sums outlive it
+            if every.shape[1] > self.union.shape[0]:  # cells that differ by head
+                self.union = self.union.expand(every.shape[1], -1, -1).clone()
+                self.cell_samples = self.cell_samples.expand(every.shape[1], -1, -1).clone()
+            self.union[:, r0 : r0 + rows, :keys] |= every.any(0)
+            block_sums(every.sum(0, dtype=torch.float32), self.block, r0,
+                       out=self.cell_samples[..., : -(-keys // self.block)])  # fmt: skip
 
     def _profiles(self) -> dict[str, SampleProfiles]:
         """Each sample's profile of the scores and bias, for their SE (3 samples or more, over every process)."""
@@ -139,6 +143,8 @@ class StreamedPosition:
         """Every quantity of a :class:`RowBlock` of the batch under way, and the call's q and k where it brings them:
         its ``attended``, the cells its rows attend (None: causal, or every cell)."""
         wide = dataclasses.replace(block, weights=block.weights.double())  # the model's precision may be lower
+        if self.union is not None and block.attended is not None:
+            self._count_cells(block.r0, block.attended)
         for kind in ("bias", "weights", "scores"):
             values = block.of(kind)
             if values is not None:
@@ -146,13 +152,15 @@ class StreamedPosition:
         for reducer in self.reducers:
             reducer.add(wide)
         if block.q is not None and block.k is not None and block.scale is not None:
-            self._add_operands(block.first, block.q, block.k, block.scale)
+            if block.attended is not None and (block.r0, block.r1) != (0, self.seq_len):
+                raise ValueError("a block that brings the call's q and k brings every row of the call")
+            self._add_operands(block.first, block.q, block.k, block.scale, block.attended)
 
-    def _add_operands(self, first: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
-        """Samples ``first ..``'s q (B, H, T, hd) and k already multiplied by the call's scale ``scale``."""
+    def _add_operands(self, first: int, q: torch.Tensor, k: torch.Tensor, scale: float,
+                      cells: torch.Tensor | None = None) -> None:  # fmt: skip
+        """Samples ``first ..``'s q (B, H, T, hd) and k already multiplied by the call's scale ``scale``; ``cells`` (B
+        or 1, 1 or H, T, T): the cells the call attended (None: causal, or every cell)."""
         if self.frequency is not None:  # over the positions the batch's cells hold (padding left out)
-            mask = None if self.attended is None else self.attended.mask
-            cells = self._own if self.union is not None else mask
             self.frequency.add(first, q, k / scale, cells)
         if self.jackknife is not None:
             self.jackknife.operands(first, q, k)
