@@ -1,78 +1,81 @@
-"""The cells each streamed attention call attends to, handed to the summaries of its layer (docs/hdf5.md, 'Attended
-cells').
+"""The cells each streamed attention call attends to, settled on as its blocks come and written on them (docs/hdf5.md,
+'Attended cells').
 
 A call whose mask is the causal triangle (or, seeing every key, every cell) needs nothing; one mask for every
-sample (sliding windows, local layers, flex block masks) is set once on every part of the layer
-(:class:`~biasviz.summaries.attended.Attended`); masks that differ by sample (padding, packed documents) turn the
-layer's per-cell summaries to per-sample counting from that sample on. Every block then brings the cells settled on
-here, as few as say them: none where the mask is the call's rule, the one mask, or each batch's own; the statistics
-read them from the block.
+sample (sliding windows, local layers, flex block masks) goes with every block of the call as
+:attr:`~biasviz.adapters.rows.RowBlock.mask` (:class:`~biasviz.summaries.attended.Attended`, made once: every summary of
+the layer divides by the same counts); masks that differ by sample (padding, packed documents) mark every block of the
+call from that sample on (:attr:`~biasviz.adapters.rows.RowBlock.by_sample`). A block's cells
+(:attr:`~biasviz.adapters.rows.RowBlock.attended`) are then as few as say them: none where the mask is the call's rule,
+its rows of the one mask, or of the batch's own. Every statistic reads what it needs from the block: nothing is set
+on it from here.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from biasviz.adapters.base import ModelAdapter
+from biasviz.adapters.rows import RowBlock
 from biasviz.common.errors import BiasvizError
-from biasviz.summaries import QuantitySummary
 from biasviz.summaries.attended import Attended, plain_mask
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
-from biasviz.summaries.streamed_position import StreamedPosition
 
-Parts = dict[tuple[str, int], QuantitySummary]
-
-BY_SAMPLE = "by sample"  # a layer whose samples are masked differently (its entry in ``masks``)
+BY_SAMPLE = "by sample"  # a layer whose samples are masked differently (its entry in ``CallMasks.known``)
+_UNSEEN = object()  # a layer none of whose blocks showed its cells yet
 
 
-def attend(adapter: ModelAdapter, layer: int, kept: torch.Tensor, masks: dict[int, Any], parts: Parts,
-            position: Mapping[int, StreamedPosition], first: int,
-            merged: bool = False) -> torch.Tensor | None:  # fmt: skip
-    """A streamed call's attended cells (B or 1, H, T, T): where they are not the causal triangle (or, in a call that
-    sees every key, every cell), every summary of the layer is taken over them (docs/hdf5.md, 'Attended cells'). One
-    mask while every sample has the same; from the first sample masked otherwise (padding, packed documents) on, each
-    sample's own cells count for it (:meth:`QuantitySummary.by_sample`, :meth:`StreamedPosition.by_sample`).
+class CallMasks:
+    """Per layer, what its call attended so far: the call's rule (None), its one mask, or each sample's own."""
 
-    Returns the cells the call's blocks bring to what takes them from the block (the reducers): None where the call's
-    mask is its rule, the one mask (1, 1 or H, T, T) while every sample has it, else the batch's own."""
-    own = [part for (_, at), part in parts.items() if at == layer]
-    spot = position.get(layer)
-    if masks.get(layer) is BY_SAMPLE:
-        return kept
-    mask = kept[:1]
-    differs = kept.shape[0] > 1 and not bool((kept == mask).all())
-    causal = adapter.layer_causal(layer)
-    if layer in masks and not differs:
-        known = masks[layer]
-        if bool(_plain(mask, causal)) if known is None else bool(torch.equal(known, mask)):
-            return known
-        differs = True
-    if differs:
-        if merged:
-            raise BiasvizError(f"attention call {layer} masked other cells for sample {first} than for the first: "
-                               "under torchrun a summary takes one mask for every sample; run it in one "
-                               "process")  # fmt: skip
-        warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=2)
-        masks[layer] = BY_SAMPLE
-        for part in own:  # (the samples before attended the one mask set on them, or the call's rule)
-            part.by_sample()
-        if spot is not None:
-            spot.by_sample(first)
-        return kept
-    if _plain(mask, causal):
-        masks[layer] = None
-        return None
-    masks[layer] = mask
-    attended = Attended(mask.to(kept.device))
-    for part in own:
-        part.attend(attended)
-    if spot is not None:
-        spot.attend(attended)
-    return mask
+    def __init__(self, adapter: ModelAdapter, merged: bool = False) -> None:
+        """``merged``: torchrun's processes join their summaries, which take one mask for every sample."""
+        self.adapter, self.merged = adapter, merged
+        self.known: dict[int, tuple[torch.Tensor, Attended] | str | None] = {}
+
+    def settle(self, block: RowBlock) -> None:
+        """Write on ``block`` (of samples ``block.first ..``, its ``attended`` the call's cells (B or 1, H, T, T), or
+        None where its scores show none) the cells its rows attend, the call's one mask and whether samples are masked
+        differently."""
+        if block.attended is None:
+            return
+        layer, kept = block.layer, block.attended
+        cells = self._cells(layer, kept, block.first)
+        known = self.known[layer]
+        block.by_sample = known is BY_SAMPLE
+        block.mask = known[1] if isinstance(known, tuple) else None
+        block.attended = None if cells is None else cells[..., block.r0 : block.r1, : block.keys]
+
+    def _cells(self, layer: int, kept: torch.Tensor, first: int) -> torch.Tensor | None:
+        """The call's cells as few as say them: None where its mask is its rule, the one mask (1, 1 or H, T, T) while
+        every sample has it, else the batch's own; settles :attr:`known` for the layer."""
+        known = self.known.get(layer, _UNSEEN)
+        if known is BY_SAMPLE:
+            return kept
+        mask = kept[:1]
+        differs = kept.shape[0] > 1 and not bool((kept == mask).all())
+        causal = self.adapter.layer_causal(layer)
+        if known is not _UNSEEN and not differs:
+            if known is None and _plain(mask, causal):
+                return None
+            if isinstance(known, tuple) and torch.equal(known[0], mask):
+                return known[0]
+            differs = True
+        if differs:
+            if self.merged:
+                raise BiasvizError(f"attention call {layer} masked other cells for sample {first} than for the first: "
+                                   "under torchrun a summary takes one mask for every sample; run it in one "
+                                   "process")  # fmt: skip
+            warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=3)
+            self.known[layer] = BY_SAMPLE
+            return kept
+        if _plain(mask, causal):
+            self.known[layer] = None
+            return None
+        self.known[layer] = (mask, Attended(mask.to(kept.device)))
+        return mask
 
 
 def _plain(mask: torch.Tensor, causal: bool) -> bool:

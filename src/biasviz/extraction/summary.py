@@ -36,7 +36,7 @@ from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, pla
 from biasviz.common.errors import BiasvizError, MasksDifferBySample, check_interrupted
 from biasviz.common.memory import check_summary_memory
 from biasviz.common.progress import Progress
-from biasviz.extraction.call_masks import attend
+from biasviz.extraction.call_masks import CallMasks
 from biasviz.extraction.replayed import Gather, replayed
 from biasviz.extraction.run import (
     ExtractResult,
@@ -205,18 +205,16 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     n = len(ids)
     position = position or {}
     first = [0]  # the batch under way's first sample
-    masks: dict[int, Any] = {}  # per layer: its own mask, None where causal or every cell, or BY_SAMPLE
+    masks = CallMasks(adapter, merged)  # what each call attended: written on its blocks
 
     def sink(block: RowBlock) -> None:
         layer, block.first = block.layer, first[0]  # the adapter knows the batch, not where it starts
         with without_autocast():  # called from inside the model's forward
-            if block.attended is not None:  # first, the cells the call attended to; on, as few as say them
-                cells = attend(adapter, layer, block.attended, masks, parts, position, first[0], merged)
-                block.attended = None if cells is None else cells[..., block.r0 : block.r1, : block.keys]
+            masks.settle(block)
             for kind in ("bias", "weights", "scores"):
-                part, values = parts.get((kind, layer)), block.of(kind)
-                if part is not None and values is not None:
-                    part.add(block.r0, values, block.attended)
+                part = parts.get((kind, layer))
+                if part is not None:
+                    part.add_block(block)
             if layer in position:
                 position[layer].add_block(block)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from biasviz.adapters.rows import RowBlock
 from biasviz.common.errors import BiasvizError
 from biasviz.common.shapes import host_arrays, step_cells
 from biasviz.store.format import non_finite_error
@@ -132,6 +133,19 @@ class QuantitySummary:
             self.cells.end_batch(self._batch)
         if self.mode == "shared" and self.samples:
             self._taken = True
+
+    def add_block(self, block: RowBlock) -> None:
+        """A streamed block's rows of this part's kind, over the cells it says: the call's one mask (:attr:`RowBlock.
+        mask`, taken before the first row), or from the first block whose samples are masked differently on
+        (:attr:`RowBlock.by_sample`), each sample's own."""
+        values = block.of(self.kind)
+        if values is None:
+            return
+        if block.by_sample and not self.sample_masks:
+            self.by_sample()
+        elif block.mask is not None and self.attended is None and not self.sample_masks:
+            self.attend(block.mask)
+        self.add(block.r0, values, block.attended)
 
     def add(self, row0: int, block: torch.Tensor, cells: torch.Tensor | None = None) -> None:
         """A block (S or 1, H, rows, K) of query rows ``row0 ..`` against keys ``0 .. K-1``, as formed; ``cells`` (S or

@@ -142,6 +142,10 @@ class StreamedPosition:
     def add_block(self, block: RowBlock) -> None:
         """Every quantity of a :class:`RowBlock` of the batch under way, and the call's q and k where it brings them:
         its ``attended``, the cells its rows attend (None: causal, or every cell)."""
+        if block.by_sample and self.union is None:  # samples masked differently, from this block's on
+            self.by_sample(block.first)
+        elif block.mask is not None and self.attended is None and self.union is None:  # the call's one mask
+            self.attend(block.mask)
         wide = dataclasses.replace(block, weights=block.weights.double())  # the model's precision may be lower
         if self.union is not None and block.attended is not None:
             self._count_cells(block.r0, block.attended)

@@ -1,0 +1,86 @@
+"""What a streamed call attended, written on its blocks: none where its mask is its rule, the one mask (made once, the
+same object on every block) while every sample has it, each sample's own from the first sample masked otherwise on;
+torchrun's joined summaries refuse masks that differ. The expected cells are built here from the masks given."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from biasviz.adapters.rows import RowBlock
+from biasviz.common.errors import BiasvizError
+from biasviz.extraction.call_masks import CallMasks
+
+T, H = 6, 2
+CAUSAL = torch.ones(T, T, dtype=torch.bool).tril()
+WINDOW = CAUSAL & ~torch.ones(T, T, dtype=torch.bool).tril(-3)  # i - j < 3
+
+
+def adapter(causal: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(layer_causal=lambda layer: causal)
+
+
+def call(first: int, cells: torch.Tensor, r0: int = 0, r1: int = T) -> RowBlock:
+    """Rows r0 .. r1 - 1 of one call for samples ``first ..``, its cells (B or 1, H, T, T) as its scores show them."""
+    weights = torch.zeros(cells.shape[0], H, r1 - r0, T)
+    return RowBlock(0, first, r0, weights, attended=cells)
+
+
+def test_a_call_whose_mask_is_its_rule_brings_no_cells() -> None:
+    masks = CallMasks(adapter())
+    for first in (0, 2):
+        block = call(first, CAUSAL.expand(2, H, T, T))
+        masks.settle(block)
+        assert block.attended is None and block.mask is None and not block.by_sample
+    bidirectional = CallMasks(adapter(causal=False))
+    block = call(0, torch.ones(2, H, T, T, dtype=torch.bool))
+    bidirectional.settle(block)
+    assert block.attended is None
+
+
+def test_one_mask_goes_with_every_block_as_one_object() -> None:
+    masks = CallMasks(adapter())
+    blocks = [call(0, WINDOW.expand(2, H, T, T)), call(2, WINDOW.expand(3, H, T, T), r0=2, r1=5)]
+    for block in blocks:
+        masks.settle(block)
+    assert blocks[0].mask is blocks[1].mask and torch.equal(blocks[0].mask.mask[0], WINDOW)
+    assert torch.equal(blocks[1].attended, WINDOW[2:5].expand(1, H, 3, T))  # the block's rows of it, for every sample
+    assert not any(b.by_sample for b in blocks)
+
+
+def test_samples_masked_otherwise_bring_their_own_cells_from_then_on() -> None:
+    masks = CallMasks(adapter())
+    padded = WINDOW.clone()
+    padded[:, :2] = False  # the second batch's first sample: two pad keys
+    first = call(0, WINDOW.expand(2, H, T, T))
+    masks.settle(first)
+    own = torch.stack([padded, WINDOW])[:, None].expand(2, H, T, T)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        later = call(2, own, r0=1, r1=4)
+        masks.settle(later)
+    assert any("samples masked differently" in str(w.message) for w in caught)
+    assert later.by_sample and later.mask is None and torch.equal(later.attended, own[..., 1:4, :])
+    again = call(4, WINDOW.expand(1, H, T, T))  # the one mask again: still each sample's own, as said
+    masks.settle(again)
+    assert again.by_sample and torch.equal(again.attended, WINDOW.expand(1, H, T, T))
+
+
+def test_samples_of_one_batch_masked_differently() -> None:
+    masks = CallMasks(adapter())
+    own = torch.stack([CAUSAL, WINDOW])[:, None].expand(2, H, T, T)
+    block = call(0, own)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        masks.settle(block)
+    assert block.by_sample and torch.equal(block.attended, own)
+
+
+def test_torchrun_refuses_masks_that_differ_by_sample() -> None:
+    masks = CallMasks(adapter(), merged=True)
+    masks.settle(call(0, WINDOW.expand(2, H, T, T)))
+    with pytest.raises(BiasvizError, match="under torchrun a summary takes one mask for every sample"):
+        masks.settle(call(2, CAUSAL.expand(2, H, T, T)))
