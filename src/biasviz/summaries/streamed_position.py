@@ -62,7 +62,7 @@ class StreamedPosition:
         self.reducers = build(samples=self.local, heads=heads, seq_len=seq_len, block=block, causal=causal,
                               device=device) if measures else []  # fmt: skip
         self.profiles = self._profiles()
-        self.blocks = self._blocks()
+        self.blocks = self._blocks(None)
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
         whole = local is None or local == samples
         self.jackknife = (StreamedJackknife(samples=samples, heads=heads, seq_len=seq_len, device=device, block=block)
@@ -72,9 +72,10 @@ class StreamedPosition:
     attended: Attended | None = None  # the call's own mask, where not causal (docs/hdf5.md, 'Attended cells')
 
     def attend(self, attended: Attended) -> None:
-        """P and the rotary frequencies over the cells of the call's own mask; before any block is added (the other
-        statistics count the cells each block brings)."""
+        """P and the maps' SEs over the cells of the call's own mask; before any block is added (the other statistics
+        count the cells each block brings)."""
         self.attended = attended
+        self.blocks = self._blocks(attended)  # its counts made once (the streamed blocks' rows of it need none)
 
     union: torch.Tensor | None = None  # masks that differ by sample: the cells some sample attends (1 or H, T, T)
     note: str | None = None
@@ -125,11 +126,12 @@ class StreamedPosition:
                                      causal=self.causal, device=self.device)
                 for kind in ("scores", "bias")}  # fmt: skip (the weights' come with their measures)
 
-    def _blocks(self) -> dict[str, SampleBlocks]:
-        """Each sample's block means of all three quantities, for the maps' SE (over the cells each block brings)."""
+    def _blocks(self, attended: Attended | None) -> dict[str, SampleBlocks]:
+        """Each sample's block means of all three quantities, for the maps' SE: over the call's one mask
+        (``attended``), or its rule, until samples are masked differently; then over the cells each block brings."""
         return sample_blocks(("weights", "scores", "bias") if self._measured else (), heads=self.heads,
                              seq_len=self.seq_len, block=self.block, causal=self.causal, samples=self.samples,
-                             device=self.device, attended=None)  # fmt: skip
+                             device=self.device, attended=attended)  # fmt: skip
 
     def operands(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """A batch's q (B, H, T, hd) and c·k (B, H, T, hd, key heads repeated), as its call received them."""
@@ -184,7 +186,7 @@ class StreamedPosition:
                 self._first = first
                 for b in self.blocks.values():
                     b.begin(first, self._batch)
-            self.blocks[kind].add(first, row0, every, cells)
+            self.blocks[kind].add(first, row0, every, None if self.union is None else cells)
             self.blocks[kind].finish(row0 + rows)
         if kind == "weights":
             w = block.double() if wide is None else wide
