@@ -3,6 +3,8 @@ float64 from the cells themselves, against what SampleBlocks folds from blocks o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -24,6 +26,23 @@ def counts_of(mask: np.ndarray, block: int) -> torch.Tensor:
 
 
 N, H, T = 5, 2, 23
+
+
+def replay(blocks: SampleBlocks, n: int, t: int, rows: Callable[[int, int, int], tuple[torch.Tensor, ...]]) -> None:
+    """As rows formed again: every sample's rows ``rows(a, r0, r1)`` (values, and cells where they bring them) of a
+    block of rows one after another, held and committed; the block of row 7, formed twice (discarded once), counts
+    once."""
+    blocks.begin(0, n)
+    for r0, r1 in ((0, 7), (7, 8), (8, t)):
+        for attempt in range(2 if r0 == 7 else 1):
+            blocks.hold()
+            for a in range(n):
+                blocks.add(a, r0, *rows(a, r0, r1))
+            if attempt == 0 and r0 == 7:
+                blocks.discard()
+            else:
+                blocks.commit()
+        blocks.finish(r1)
 
 
 @pytest.mark.parametrize("block", [2, 3, 5])
@@ -59,18 +78,7 @@ def test_block_errors_from_rows_in_batches_and_per_sample(block: int, layout: st
     # as rows formed again: every sample of a block of rows one after another, held and committed; a block formed
     # twice (discarded once) counts once
     replayed = fresh()
-    replayed.begin(0, N)
-    for r0, r1 in ((0, 7), (7, 8), (8, T)):
-        for attempt in range(2 if r0 == 7 else 1):
-            replayed.hold()
-            for a in range(N):
-                keys = r1 if causal else T
-                replayed.add(a, r0, v[a : a + 1, :, r0:r1, :keys])
-            if attempt == 0 and r0 == 7:
-                replayed.discard()
-            else:
-                replayed.commit()
-        replayed.finish(r1)
+    replay(replayed, N, T, lambda a, r0, r1: (v[a : a + 1, :, r0:r1, : r1 if causal else T],))
     np.testing.assert_allclose(replayed.standard_error(), expected, rtol=2e-5, atol=1e-7)
 
 
@@ -136,17 +144,7 @@ def test_rows_that_bring_each_samples_own_cells_count_them(block: int) -> None:
     np.testing.assert_allclose(streamed.standard_error(), expected, rtol=2e-5, atol=1e-7)
 
     replayed = fresh()  # one sample at a time, a block of rows held and discarded once
-    replayed.begin(0, n)
-    for r0, r1 in ((0, 7), (7, 8), (8, T)):
-        for attempt in range(2 if r0 == 7 else 1):
-            replayed.hold()
-            for a in range(n):
-                replayed.add(a, r0, v[a : a + 1, :, r0:r1, :r1], c[a : a + 1, :, r0:r1, :r1])
-            if attempt == 0 and r0 == 7:
-                replayed.discard()
-            else:
-                replayed.commit()
-        replayed.finish(r1)
+    replay(replayed, n, T, lambda a, r0, r1: (v[a : a + 1, :, r0:r1, :r1], c[a : a + 1, :, r0:r1, :r1]))
     np.testing.assert_allclose(replayed.standard_error(), expected, rtol=2e-5, atol=1e-7)
 
 
