@@ -20,12 +20,9 @@ Shapes (S samples of the block, H heads, rows = r1 - r0, K keys; K = r1 in a cau
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from biasviz.summaries.attended import Attended
 
 
 @dataclass
@@ -42,10 +39,11 @@ class RowBlock:
     q: torch.Tensor | None = None
     k: torch.Tensor | None = None
     scale: float | None = None  # c in s = c·q·kᵀ + b, where q and k came
-    # a streamed call's whole mask where every sample so far has the same (an Attended: its counts made once for every
-    # summary of the layer), and whether its samples are masked differently (from this block's samples on, its cells
-    # are each sample's own): what a statistic that is not counted per sample needs before the block's rows
-    mask: Attended | None = None
+    # a streamed call's whole mask where every sample so far has the same (a biasviz.summaries.attended.Attended, a
+    # later stage than this one: its counts made once for every summary of the layer), and whether its samples are
+    # masked differently (from this block's samples on, its cells are each sample's own): what a statistic that is not
+    # counted per sample needs before the block's rows
+    mask: Any = None
     by_sample: bool = False
 
     @property
