@@ -15,7 +15,6 @@ from biasviz.adapters import load_model
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.run import extract
-from biasviz.extraction.tokens import byte_level_tokenizer, resolve_tokenizer
 from biasviz.store import BiasFileWriter, open_bias_file
 from tests.conftest import ALL_SCHEMES, small_model
 
@@ -263,20 +262,6 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     with pytest.raises(BiasvizError, match="--force"):
         extract(adapter, windows(1), tmp_path / "a.h5")
     assert (tmp_path / "a.h5").read_text() == "keep"
-
-
-def test_byte_level_tokenizer_fallback():
-    tok = byte_level_tokenizer(300)
-    assert tok.encode("aé\n").ids == list("aé\n".encode())
-    assert tok.token_to_id("<|endoftext|>") == 256
-    small = BiasGPTAdapter(small_model("alibi"), source="/m/x.pt")  # vocabulary 97 < 256 bytes
-    with pytest.raises(BiasvizError, match="--tokenizer"):
-        resolve_tokenizer(small, None)
-    big = BiasGPTAdapter(small_model("alibi", vocab_size=300), source="/m/x.pt")
-    big.vocab_size = 300
-    with pytest.warns(UserWarning, match="UTF-8 bytes"):
-        _, desc = resolve_tokenizer(big, None)
-    assert desc.startswith("byte-level")
 
 
 @pytest.mark.cuda

@@ -6,7 +6,6 @@ h5py) reduced by numpy: per-cell mean and standard deviation over samples, then 
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.extraction.run import extract
 from biasviz.extraction.summary import extract_summary
 from biasviz.summaries.bank import SampleBank
-from biasviz.summaries.moments import ShiftedSums
 from tests.conftest import run_cli, small_model
 from tests.extraction.test_summary import _block_means
 
@@ -106,32 +104,6 @@ def test_the_number_of_batches_does_not_change_a_summary(tmp_path: Path) -> None
                                                atol=1e-7, equal_nan=True)  # fmt: skip
 
 
-@pytest.mark.parametrize("short_io", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("budget", [0, 1 << 30])
-def test_the_bank_reads_back_every_sample_and_range_exactly(
-    tmp_path: Path, dtype: torch.dtype, budget: int, short_io: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``short_io``: the system moves a few bytes a call (Linux moves at most about 2 GiB): the bank goes on."""
-    if short_io:
-        pwrite, preadv = os.pwrite, os.preadv
-        monkeypatch.setattr(os, "pwrite", lambda fd, data, at: pwrite(fd, memoryview(data)[:11], at))
-        monkeypatch.setattr(os, "preadv", lambda fd, into, at: preadv(fd, [memoryview(into[0])[:13]], at))
-    gen = torch.Generator().manual_seed(0)
-    data = torch.randn(7, 30, 5, generator=gen).to(dtype)  # (samples, T, F)
-    bank = SampleBank(7, device=torch.device("cpu"), budget=budget, directory=tmp_path)
-    for start, stop in ((0, 3), (3, 4), (4, 7)):
-        bank.start = start
-        bank.put(2, "k", data[start:stop])
-    assert bank.spilled == (budget == 0) and bank.seq_len(2, "k") == 30
-    for sample in range(7):
-        for lo, hi in ((0, 30), (4, 9), (29, 30)):
-            got = bank.get(2, "k", sample, lo, hi)
-            assert got.dtype == dtype and torch.equal(got, data[sample, lo:hi])
-    bank.close()
-    assert not list(tmp_path.iterdir())
-
-
 def test_progress_in_a_log_is_a_heartbeat_line_in_blocks_and_quiet_silences_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
@@ -159,51 +131,6 @@ def test_progress_in_a_log_is_a_heartbeat_line_in_blocks_and_quiet_silences_it(
     assert all(line.startswith("summarise (phase 1 of 2): forward") for line in beats[: len(phases["forward"])])
     code, _, err = run_cli([*common, "--out", str(tmp_path / "b.h5"), "--quiet"], capsys)
     assert code == 0 and not [line for line in err.splitlines() if line.startswith("summarise")], err
-
-
-@pytest.mark.parametrize("samples", [1, 2, 15, 16, 17, 40])
-def test_shifted_sums_give_numpys_mean_and_std_over_samples(samples: int) -> None:
-    """Across the float64 folds (every 16 samples) and for one sample; values far from 0 with a small spread."""
-    x = 50.0 + np.random.default_rng(samples).normal(size=(samples, 3, 5, 7)).astype(np.float32)
-    sums = ShiftedSums()
-    for a in range(samples):
-        sums.add(torch.from_numpy(x[a]))
-    for r0, r1, keys in ((0, 5, 7), (1, 3, 4)):
-        mean, std = sums.rows(r0, r1, keys)
-        want = x.astype(np.float64)[:, :, r0:r1, :keys]
-        np.testing.assert_allclose(mean.numpy(), want.mean(0), rtol=1e-6)
-        np.testing.assert_allclose(std.numpy(), want.std(0), rtol=2e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_the_spreads_square_root_is_correctly_rounded_on_zeros_subnormals_and_views(threads: int) -> None:
-    """Every value as float64's square root rounded once to float32, in place, in a strided view, split over
-    threads or not; torch's own CPU kernel is off by one unit in the last place on many values."""
-    from biasviz.summaries.moments import PARALLEL_VALUES, sqrt_
-
-    g = torch.Generator().manual_seed(3)
-    scales = torch.tensor([1.0, 1e-3, 1e-40, 0.0, 7.0, 1e-38])[:, None]  # normal, subnormal, zero
-    base = torch.rand(6, 2 * PARALLEL_VALUES // 6 + 5, generator=g) * scales
-    kept = base[:, :3].clone()
-    view = base[:, 3:]  # rows of the base, not contiguous
-    want = view.double().sqrt().float()
-    assert ((view > 0) & (view < torch.finfo(torch.float32).tiny)).sum() > 1000 and (view == 0).sum() > 1000
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        assert sqrt_(view) is view
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(view, want) and torch.equal(base[:, :3], kept)
-
-
-def test_identical_samples_have_a_spread_of_exactly_zero() -> None:
-    sums = ShiftedSums()
-    x = torch.randn(2, 4, 4) * 1e3
-    for _ in range(20):
-        sums.add(x)
-    mean, std = sums.rows(0, 4, 4)
-    assert torch.equal(mean, x) and not std.any()
 
 
 def test_the_bank_forward_ends_at_the_last_layers_k() -> None:
