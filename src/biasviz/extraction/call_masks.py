@@ -18,9 +18,9 @@ import warnings
 import torch
 
 from biasviz.adapters.base import ModelAdapter
-from biasviz.adapters.rows import RowBlock
+from biasviz.adapters.rows import RowBlock, plain_cells
 from biasviz.common.errors import BiasvizError
-from biasviz.summaries.attended import Attended, plain_mask
+from biasviz.summaries.attended import Attended
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 
 BY_SAMPLE = "by sample"  # a layer whose samples are masked differently (its entry in ``CallMasks.known``)
@@ -80,4 +80,5 @@ class CallMasks:
 
 def _plain(mask: torch.Tensor, causal: bool) -> bool:
     """Whether ``mask`` (1, H, T, T) is the causal triangle (``causal``) or every cell: no mask of the call's own."""
-    return bool((mask == plain_mask(mask.shape[-1], causal, mask.device)).all())
+    t = mask.shape[-1]
+    return bool((mask == plain_cells(0, t, t, causal, mask.device)).all())

@@ -14,6 +14,7 @@ import functools
 import numpy as np
 import torch
 
+from biasviz.adapters.rows import plain_cells
 from biasviz.summaries.maps import _group_sums
 
 ROWS_PER_STEP = 256  # rows of the mask counted at a time (a float copy of a few rows, whatever T)
@@ -115,10 +116,12 @@ def samples_per_cell(sums: torch.Tensor, union: torch.Tensor, block: int, heads:
     return torch.where(cells > 0, count, float("nan")).expand(heads, -1, -1).float().cpu().numpy()
 
 
-def plain_mask(seq_len: int, causal: bool, device: torch.device | None = None) -> torch.Tensor:
-    """(1, T, T) bool: the cells a call with no mask of its own attends, the causal triangle or every cell."""
-    full = torch.ones(1, seq_len, seq_len, dtype=torch.bool, device=device)
-    return full.tril() if causal else full
+def cells_before(attended: Attended | None, seq_len: int, causal: bool) -> torch.Tensor:
+    """(1 or H, T, T) bool: what the samples before a switch to each sample's own cells attended, the call's one mask
+    (``attended``) or its rule (the causal triangle, or every cell)."""
+    if attended is not None:
+        return attended.mask
+    return plain_cells(0, seq_len, seq_len, causal, torch.device("cpu"))[0]
 
 
 def triangle_share(seq_len: int, block: int, heads: int) -> np.ndarray:

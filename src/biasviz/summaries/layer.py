@@ -23,7 +23,7 @@ from biasviz.adapters.rows import RowBlock
 from biasviz.common.errors import BiasvizError
 from biasviz.common.shapes import host_arrays, step_cells
 from biasviz.store.format import non_finite_error
-from biasviz.summaries.attended import Attended, plain_mask
+from biasviz.summaries.attended import Attended, cells_before
 from biasviz.summaries.diagonals import DiagonalSums, MaskedDiagonalSums, UpperDiagonalSums
 from biasviz.summaries.maps import BlockMaps, zero_above_
 from biasviz.summaries.measures import BiasMeasureSums
@@ -102,7 +102,7 @@ class QuantitySummary:
         (:meth:`attend`), or the call's rule. A bias declared shared is no longer compared."""
         before = None
         if self.samples:
-            before = self.attended.mask if self.attended is not None else plain_mask(self.seq_len, self.causal)
+            before = cells_before(self.attended, self.seq_len, self.causal)
         if self.mode == "shared":
             self.unshare()
         if self.mode == "joint":  # one batch holds every sample: none summarised yet

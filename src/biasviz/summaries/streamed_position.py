@@ -22,7 +22,7 @@ import torch
 from biasviz.adapters.rotary import RotaryLayout
 from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL, profile_name, se_name
-from biasviz.summaries.attended import Attended, block_sums, plain_mask, samples_per_cell
+from biasviz.summaries.attended import Attended, block_sums, cells_before, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_errors import StreamedJackknife
@@ -88,7 +88,7 @@ class StreamedPosition:
         brings); P, which pairs the cells of different samples as one grid, is left out, with :attr:`note` saying so."""
         before = None
         if first:
-            before = self.attended.mask if self.attended is not None else plain_mask(self.seq_len, self.causal)
+            before = cells_before(self.attended, self.seq_len, self.causal)
         with torch.inference_mode(False):
             self.union = torch.zeros(1, self.seq_len, self.seq_len, dtype=torch.bool, device=self.device)
             nb = -(-self.seq_len // self.block)
