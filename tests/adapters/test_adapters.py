@@ -362,8 +362,10 @@ def _assemble(blocks: list[tuple[int, str, int, torch.Tensor]], t: int) -> dict[
 
 
 def _kinds(block) -> list[tuple[int, str, int, torch.Tensor]]:
-    """A streamed RowBlock as (layer, kind, row0, tensor) for each quantity it holds, its attended cells first."""
+    """A streamed RowBlock as (layer, kind, row0, tensor) for each quantity it holds, its attended cells (or the
+    scores or bias marking them) first."""
     held = [] if block.attended is None else [(block.layer, "attended", block.r0, block.attended)]
+    held += [] if block.marked is None else [(block.layer, "marked", block.r0, block.marked)]
     return held + [(block.layer, kind, block.r0, t) for kind in ("bias", "weights", "scores")
                    if (t := block.of(kind)) is not None]  # fmt: skip
 
@@ -377,9 +379,8 @@ def test_nanogpt_stream_reproduces_the_reference_in_blocks(tmp_path, monkeypatch
     monkeypatch.setattr(Attention, "block_elements", 36 * 50)
     x = torch.as_tensor(ids(3))
     sent: list[tuple[int, str, int, torch.Tensor]] = []
-    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))) as flush:
+    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))):
         adapter.forward(x)
-        flush()
     with torch.no_grad():
         ref(x)
     assert len({row0 for *_, row0, _ in sent}) > 3

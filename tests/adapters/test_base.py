@@ -1,43 +1,61 @@
-"""What every adapter inherits (:mod:`biasviz.adapters.base`): the default stream, on top of capture."""
+"""What every adapter inherits (:mod:`biasviz.adapters.base`): :meth:`capture` laying together what :meth:`stream`
+sends, and the whole calls of adapters whose hooks see each call's matrix, sent once a forward is done."""
 
 from __future__ import annotations
 
 import torch
 
-from biasviz.adapters import ModelAdapter, load_model
+from biasviz.adapters import load_model
+from biasviz.adapters.base import Captured, RowBlock
 from tests.adapters.test_adapters import C, H, L, T, V, _kinds, ids
 
 
-def test_default_stream_sends_what_capture_holds(tmp_path):
+def test_whole_calls_go_as_one_block_each_once_the_forward_is_done(tmp_path):
+    """Bloom's hooks see each layer's whole matrix: one block per layer, sent as the forward returns, its weights those
+    of transformers' own ``output_attentions`` (as formed, masked cells included) and its bias marking the cells."""
     from transformers import BloomConfig, BloomForCausalLM
 
     torch.manual_seed(0)
     BloomForCausalLM(BloomConfig(vocab_size=V, hidden_size=C, n_layer=L, n_head=H)).save_pretrained(tmp_path / "b")
     adapter = load_model(tmp_path / "b")
-    assert type(adapter).stream is ModelAdapter.stream  # the default, on top of capture
     x = torch.as_tensor(ids(2))
-    with adapter.capture([0, 1]) as got:
-        adapter.forward(x)
-    want = {**{(k, "bias"): v.clone() for k, v in got.bias.items()},
-            **{(k, "weights"): v.clone() for k, v in got.weights.items()}}  # fmt: skip
+    with torch.no_grad():
+        reference = adapter.model(input_ids=x, output_attentions=True, use_cache=False).attentions
     sent: list[tuple[int, str, int, torch.Tensor]] = []
-    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))) as flush:
+    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))):
         adapter.forward(x)
-        assert sent == []  # nothing until the caller flushes
-        flush()
         assert [(layer, kind, row0) for layer, kind, row0, _ in sent] == [
-            (0, "attended", 0), (0, "bias", 0), (0, "weights", 0),
-            (1, "attended", 0), (1, "bias", 0), (1, "weights", 0)]  # fmt: skip
-        flush()
-        assert len(sent) == 6  # flush cleared what it sent
-    assert set(want) == {(layer, kind) for layer, kind, _, _ in sent if kind != "attended"}
-    for layer, kind, _, t in sent:
-        assert t.shape[-2:] == (T, T)  # one block: the whole matrix
-        # first the cells the call attended to (docs/hdf5.md, 'Attended cells'): where its bias is a number
-        expected = torch.isfinite(want[layer, "bias"]) if kind == "attended" else want[layer, kind]
-        assert torch.equal(t, expected)
-    weights_only: list[str] = []
-    with adapter.stream([1], False, lambda b: weights_only.extend(x[1] for x in _kinds(b))) as flush:
+            (0, "marked", 0), (0, "bias", 0), (0, "weights", 0),
+            (1, "marked", 0), (1, "bias", 0), (1, "weights", 0)]  # fmt: skip
         adapter.forward(x)
-        flush()
+        assert len(sent) == 12  # nothing of the first forward held over
+    for layer, kind, _, t in sent[:6]:
+        assert t.shape[-2:] == (T, T)  # one block: the whole matrix
+        if kind == "weights":
+            torch.testing.assert_close(t, reference[layer], rtol=1e-6, atol=1e-7)
+    marked, bias = sent[0][3], sent[1][3]
+    assert marked is bias and torch.isfinite(bias[..., torch.ones(T, T, dtype=torch.bool).tril()]).all()
+    weights_only: list[str] = []
+    with adapter.stream([1], False, lambda b: weights_only.extend(x[1] for x in _kinds(b))):
+        adapter.forward(x)
     assert weights_only == ["weights"]
+
+
+def test_capture_lays_blocks_of_rows_into_one_matrix_and_keeps_a_whole_one_as_it_is():
+    """Blocks of rows r0 .. r1 - 1 against keys 0 .. r1 - 1 (a causal call in blocks): the matrix they come from in
+    the cells j <= i, NaN above in the bias and 0 in the weights; a whole matrix is the same tensor."""
+    torch.manual_seed(1)
+    n = 7
+    bias, weights = torch.randn(1, H, n, n), torch.rand(2, H, n, n)
+    got = Captured()
+    for r0, r1 in ((0, 3), (3, 4), (4, 7)):
+        got.place(RowBlock(0, 0, r0, weights[..., r0:r1, :r1], bias=bias[..., r0:r1, :r1], length=n))
+    formed = torch.zeros(n, n, dtype=torch.bool)  # the cells some block holds: a block's rows against its keys
+    for r0, r1 in ((0, 3), (3, 4), (4, 7)):
+        formed[r0:r1, :r1] = True
+    assert got.bias[0].shape == (1, H, n, n) and got.weights[0].shape == (2, H, n, n)
+    assert torch.equal(got.bias[0][..., formed], bias[..., formed]) and got.bias[0][..., ~formed].isnan().all()
+    assert torch.equal(got.weights[0], torch.where(formed, weights, 0.0))
+    q, k = torch.randn(2, H, n, 4), torch.randn(2, H, n, 4)
+    got.place(RowBlock(1, 0, 0, weights, bias=bias, q=q, k=k, scale=0.5))
+    assert got.weights[1] is weights and got.bias[1] is bias and got.operands[1] == (q, k, 0.5)

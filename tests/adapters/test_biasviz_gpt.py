@@ -23,9 +23,8 @@ def test_biasgpt_stream_blocks_reassemble_to_what_capture_assembles(scheme, monk
     with adapter.capture([0, 1]) as got:
         adapter.forward(x)
     sent: list[tuple[int, str, int, torch.Tensor]] = []
-    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))) as flush:
+    with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))):
         adapter.forward(x)
-        flush()
     assert len(sent) > 2 * (2 if scheme == "nope" else 4)
     assert all(t.shape[-2] < T for *_, t in sent)  # never a whole matrix
     streamed = _assemble(sent, T)
@@ -54,9 +53,8 @@ def test_biasgpt_stream_stops_after_the_last_requested_layer():
     adapter.model.blocks[1].attn.register_forward_hook(lambda *_: ran.append("layer 1"))
     adapter.model.lm_head.register_forward_hook(lambda *_: ran.append("lm_head"))
     sent: list[tuple[int, str, int]] = []
-    with adapter.stream([0], False, lambda b: sent.extend(x[:3] for x in _kinds(b))) as flush:
+    with adapter.stream([0], False, lambda b: sent.extend(x[:3] for x in _kinds(b))):
         adapter.forward(torch.as_tensor(ids(1)))
-        flush()
     assert ran == [] and sent == [(0, "weights", 0)]  # no bias asked for; nothing after layer 0 ran
     adapter.forward(torch.as_tensor(ids(1)))
     assert ran == ["layer 1", "lm_head"]  # the hooks and the stop are gone with the block

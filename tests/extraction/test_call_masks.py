@@ -84,3 +84,20 @@ def test_torchrun_refuses_masks_that_differ_by_sample() -> None:
     masks.settle(call(0, WINDOW.expand(2, H, T, T)))
     with pytest.raises(BiasvizError, match="under torchrun a summary takes one mask for every sample"):
         masks.settle(call(2, CAUSAL.expand(2, H, T, T)))
+
+
+def test_a_whole_call_sent_as_formed_attends_where_its_scores_are_numbers_and_weighs_nothing_elsewhere() -> None:
+    """A whole call's block as a transformers model formed it: eager softmax gives a query with no key left (a padded
+    row) uniform weights; the summaries count none of its cells and take its weights as 0 there."""
+    padded = CAUSAL.expand(2, H, T, T).clone()
+    padded[1, :, :2] = False  # sample 1's first two queries see no key (left padding)
+    scores = torch.randn(2, H, T, T, dtype=torch.float64).masked_fill(~padded, float("nan"))
+    weights = torch.rand(2, H, T, T, dtype=torch.float64)
+    block = RowBlock(0, 0, 0, weights.clone(), scores=scores, marked=scores)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the note that samples are masked differently
+        CallMasks(adapter()).settle(block)
+    assert block.marked is None and block.by_sample
+    assert torch.equal(block.attended, padded)
+    assert torch.equal(block.weights, torch.where(padded, weights, 0.0))
+    assert block.scores is scores  # the scores keep their NaN: that is how they show the mask

@@ -23,20 +23,26 @@ from biasviz.common.errors import BiasvizError, too_long
 from biasviz.store.format import KEY_POSITION, RELATIVE  # what a stored bias means
 from biasviz.tracing.stop import StopForward, stop_after
 
-__all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "RowBlock", "StopForward", "stop_after"]
+__all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "RowBlock", "StopForward", "WholeCalls",
+           "stop_after"]
 
 
 @dataclass
 class Captured:
-    """Tensors captured in one forward pass, by layer: bias (1 or B, H, T, T), weights (B, H, T, T).
+    """Each layer's whole matrices of one forward, laid together from the blocks :meth:`ModelAdapter.stream` sends
+    (:meth:`ModelAdapter.capture`): bias (1 or B, H, T, T), weights (B, H, T, T), what a full file stores.
 
-    They stay where the model computed them (on the GPU, say); extraction moves them to the file.
+    They stay where the model computed them (on the GPU, say); extraction moves them to the file. A block that is a
+    call's whole matrix is kept as it is; blocks of rows go into one tensor per layer, started by each forward's first
+    block (row 0: the caller may still hold the last ones), NaN in the bias and scores and 0 in the weights where no
+    block formed a cell (j > i).
     """
 
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
     weights: dict[int, torch.Tensor] = field(default_factory=dict)
     scores: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, H, T, T), when asked (docs/positional.md)
-    # with the scores, where the adapter knows them: the call's q and k (B, H, T, hd) and its scale c
+    # with the scores, where the adapter knows them: the call's q and k (B, H, T, hd), k multiplied by the call's
+    # scale c, and c
     operands: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
 
     def clear(self) -> None:
@@ -48,6 +54,50 @@ class Captured:
     def of(self, kind: str) -> dict[int, torch.Tensor]:
         """The tensors of ``kind``: 'bias', 'weights' or 'scores'."""
         return {"bias": self.bias, "weights": self.weights, "scores": self.scores}[kind]
+
+    def place(self, block: RowBlock) -> None:
+        """Lay ``block``'s rows into its layer's matrices."""
+        for kind in ("bias", "weights", "scores"):
+            values = block.of(kind)
+            if values is None:
+                continue
+            target, (rows, keys), length = self.of(kind), values.shape[-2:], block.length
+            if block.r0 == 0 and (length is None or rows == keys == length):  # the whole matrix: kept as it is
+                target[block.layer] = values
+                continue
+            assert length is not None, "a block of some of a call's rows says how many it has in all"
+            if block.r0 == 0:
+                fill = 0.0 if kind == "weights" else float("nan")
+                target[block.layer] = torch.full((*values.shape[:2], length, length), fill, dtype=values.dtype,
+                                                 device=values.device)  # fmt: skip
+            target[block.layer][:, :, block.r0 : block.r0 + rows, :keys] = values
+        if block.q is not None and block.k is not None and block.scale is not None:
+            self.operands[block.layer] = (block.q, block.k, block.scale)
+
+
+@dataclass
+class WholeCalls:
+    """What hooks that see each call's whole matrix hold of one forward, by layer, until it is done and they are sent
+    (:meth:`send`): bias (1 or B, H, T, T), weights and scores (B, H, T, T), and the call's q, k (B, H, T, hd) and
+    scale as it received them."""
+
+    bias: dict[int, torch.Tensor] = field(default_factory=dict)
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)
+    operands: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
+
+    def send(self, sink: Callable[[RowBlock], None], want_bias: bool) -> None:
+        """One block per layer, r0 = 0 and keys = T, the weights as formed and the cells the call masked NaN in its
+        scores (or bias) (:attr:`RowBlock.marked`); then nothing is held."""
+        for layer in sorted(self.weights):
+            q, k, scale = self.operands.get(layer, (None, None, None))
+            sink(RowBlock(layer, 0, 0, self.weights[layer], scores=self.scores.get(layer),
+                          bias=self.bias.get(layer) if want_bias else None,
+                          marked=self.scores.get(layer, self.bias.get(layer)), q=q,
+                          k=None if k is None else k * scale,
+                          scale=None if scale is None else float(scale)))  # fmt: skip
+        for held in (self.bias, self.weights, self.scores, self.operands):
+            held.clear()
 
 
 SAMPLE_CELLS = "attended"  # a bank's name for each sample's own attended cells, where samples are masked differently
@@ -68,7 +118,7 @@ def refuse_meta(model: Any, source: str) -> None:
 class ModelAdapter:
     """Base class: a model plus everything extraction reads about it.
 
-    Subclasses set the class attributes, implement :meth:`attention` and :meth:`capture`, and, to be
+    Subclasses set the class attributes, implement :meth:`attention` and :meth:`stream`, and, to be
     found by ``--model``, :meth:`can_open` and :meth:`open`. The forward pass (stopping after the last
     captured layer) is the same for all.
     """
@@ -183,48 +233,32 @@ class ModelAdapter:
         where the model has one (``extract --bias-only``); None where the bias is built inside the attention."""
         return None
 
-    captures_scores: ClassVar[bool] = False  # True: :meth:`capture` fills ``scores`` when asked
-
-    @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
-        """Attach hooks on ``layers`` for the duration of the block; each forward fills the result (the scores
-        too with ``want_scores``, for adapters that :attr:`captures_scores`).
-
-        Implementations wrap their hooks in :meth:`stopping_after` so that :meth:`forward` stops early.
-        """
-        raise NotImplementedError
-        yield Captured()  # pragma: no cover
+    captures_scores: ClassVar[bool] = False  # True: :meth:`stream` sends the scores when asked
 
     @contextlib.contextmanager
     def stream(self, layers: list[int], want_bias: bool, sink: Callable[[RowBlock], None],
-               want_scores: bool = False) -> Iterator[Callable[[], None]]:  # fmt: skip
-        """Send ``layers``' rows to ``sink`` as :class:`RowBlock` s of the batch under way, never assembled.
+               want_scores: bool = False) -> Iterator[None]:  # fmt: skip
+        """Within the block, each :meth:`forward` sends ``layers``' rows to ``sink`` as :class:`RowBlock` s of the
+        batch under way; every block of a forward has been sent when it returns.
 
-        For summaries at any length: a caller that reduces each block as it comes needs no (H, T, T) tensor where the
-        model forms none. Yields ``flush``, to call after each :meth:`forward`. This default runs on :meth:`capture`:
-        ``flush`` sends each layer's captured (full) tensors as one block with r0 = 0 (keys = T), then clears them;
-        adapters whose models form blocks send them as they come. With the scores, a call's q and k go too (k
-        multiplied by the call's scale), where the adapter knows them (docs/positional.md's positional logits are made
-        of them); and the cells the call attended to (docs/hdf5.md, 'Attended cells'), where its scores show them.
+        The one way what a forward computed leaves the model: a summary reduces each block as it comes (no (H, T, T)
+        tensor where the model forms none), a full file lays them together (:meth:`capture`). Adapters whose models
+        form blocks of rows send them as they come; those whose hooks see a call's whole matrix send it as one block
+        (r0 = 0, keys = T) once the forward is done, with :attr:`RowBlock.marked`. With the scores (for adapters that
+        :attr:`captures_scores`), a call's q and k go too (k multiplied by the call's scale), where the adapter knows
+        them (docs/positional.md's positional logits are made of them). Implementations wrap their hooks in
+        :meth:`stopping_after` so that :meth:`forward` stops early.
         """
-        with self.capture(layers, want_bias, want_scores and self.captures_scores) as got:
+        raise NotImplementedError
+        yield  # pragma: no cover
 
-            def flush() -> None:
-                for layer in sorted(got.weights):
-                    # the cells the call attended to: its scores (or bias) are NaN exactly where it masked
-                    marked = got.scores.get(layer, got.bias.get(layer))
-                    attended = None if marked is None else torch.isfinite(marked)  # (B or 1, H, T, T) bool
-                    weights = got.weights[layer]  # a cell the call masks counts for nothing: a query row with no key
-                    if attended is not None:  # left keeps eager code's uniform softmax over masked keys
-                        weights = weights.masked_fill(~attended, 0.0)
-                    q, k, scale = got.operands.get(layer, (None, None, None))
-                    sink(RowBlock(layer, 0, 0, weights, scores=got.scores.get(layer),
-                                  bias=got.bias.get(layer) if want_bias else None, attended=attended, q=q,
-                                  k=None if k is None else k * scale,
-                                  scale=None if scale is None else float(scale)))  # fmt: skip
-                got.clear()
-
-            yield flush
+    @contextlib.contextmanager
+    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
+        """Within the block, each :meth:`forward` lays ``layers``' whole matrices into the result (the scores too with
+        ``want_scores``, for adapters that :attr:`captures_scores`): what a full file stores, from :meth:`stream`."""
+        got = Captured()
+        with self.stream(layers, want_bias, got.place, want_scores and self.captures_scores):
+            yield got
 
     # -- forming a layer's rows again (summaries linear in samples) ------------------------------
     replays: ClassVar[bool] = False  # True: :meth:`keep` and :meth:`rows_again` are implemented
@@ -308,7 +342,7 @@ class ModelAdapter:
     def forward(self, input_ids: torch.Tensor) -> None:
         """Run the model on (B, T) token ids without gradients; the hooks keep what is needed.
 
-        Inside :meth:`capture` the pass ends once the last captured attention module has run (inside
+        Inside :meth:`stream` the pass ends once the last captured attention module has run (inside
         :meth:`keep`, where an adapter says so, earlier: at the point past which nothing it keeps is formed): later
         layers and the (T, V) logits cannot change what was captured, and at long lengths the logits
         alone cost more memory than a layer.

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from biasviz.adapters.base import RELATIVE, Captured, ModelAdapter, RowBlock
+from biasviz.adapters.base import RELATIVE, ModelAdapter, RowBlock
 from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
 from biasviz.common.hashing import sha256_files
@@ -90,47 +90,11 @@ class BiasGPTAdapter(ModelAdapter):
         return any(s.depends_on_input for s in schemes) if schemes else super().context_dependent
 
     @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
-        """Full bias (1 or B, H, T, T), weights and scores (B, H, T, T) per layer, assembled from the row blocks.
-
-        Each forward's first block (row0 = 0) starts new tensors (the caller may still hold the last
-        ones); cells no block formed, j > i, hold NaN in the bias and 0 in the weights.
-        """
-        got = Captured()
-        lengths: dict[int, int] = {}  # layer -> T of the forward under way
-
-        def _length(layer: int) -> Callable[..., None]:
-            return lambda _mod, args: lengths.__setitem__(layer, args[0].shape[1])  # x: (B, T, C)
-
-        def _store(block: RowBlock) -> None:
-            for kind in ("bias", "weights", "scores"):
-                values = block.of(kind)
-                if values is not None:
-                    _place(got.of(kind), block.layer, kind, block.r0, values)
-
-        def _place(target: dict[int, torch.Tensor], layer: int, kind: str, row0: int, values: torch.Tensor) -> None:
-            T, (rows, keys) = lengths[layer], values.shape[-2:]
-            if row0 == 0 and rows == keys == T:  # the whole matrix at once: kept as it is
-                target[layer] = values
-                return
-            if row0 == 0:
-                fill = 0.0 if kind == "weights" else float("nan")
-                target[layer] = torch.full((*values.shape[:2], T, T), fill, dtype=values.dtype, device=values.device)
-            target[layer][:, :, row0 : row0 + rows, :keys] = values
-
-        with contextlib.ExitStack() as stack:
-            for layer in layers:
-                handle = self.attention(layer).register_forward_pre_hook(_length(layer))
-                stack.callback(handle.remove)
-            stack.enter_context(self.stream(layers, want_bias, _store, want_scores))
-            yield got
-
-    @contextlib.contextmanager
     def stream(self, layers: list[int], want_bias: bool, sink: Callable[[RowBlock], None],
-               want_scores: bool = False) -> Iterator[Callable[[], None]]:  # fmt: skip
-        """Blocks straight from the hook points, as the attention forms them; ``flush`` has nothing to do. A block's
-        bias and scores pass their hook points before its weights: each :class:`RowBlock` goes once its weights
-        come."""
+               want_scores: bool = False) -> Iterator[None]:  # fmt: skip
+        """Blocks straight from the hook points, as the attention forms them. A block's bias and scores pass their hook
+        points before its weights: each :class:`RowBlock` goes once its weights come, with the call's length, which a
+        forward pre-hook of the attention reads from its input (B, T, C)."""
         points = {HOOK_PATTERN: "weights"}
         if want_bias and self.adds_bias:
             points[HOOK_BIAS] = "bias"
@@ -138,6 +102,7 @@ class BiasGPTAdapter(ModelAdapter):
             points[HOOK_SCORES] = "scores"
         names = [hook_name(layer, point) for point in points for layer in layers]
         waiting: dict[tuple[int, str], torch.Tensor] = {}  # (layer, kind) -> the block under way's bias, scores
+        lengths: dict[int, int] = {}  # layer -> T of the forward under way
 
         def _send(t: torch.Tensor, name: str, row0: int) -> None:
             kind, layer = points[name.rsplit(".", 1)[1]], int(name.split(".")[1])
@@ -145,10 +110,17 @@ class BiasGPTAdapter(ModelAdapter):
                 waiting[layer, kind] = t.detach()  # (1 or B, H, rows, row0 + rows)
                 return
             sink(RowBlock(layer, 0, row0, t.detach(), scores=waiting.pop((layer, "scores"), None),
-                          bias=waiting.pop((layer, "bias"), None)))  # fmt: skip
+                          bias=waiting.pop((layer, "bias"), None), length=lengths[layer]))  # fmt: skip
 
-        with self.stopping_after(layers), capture(self.model, names, _send):
-            yield lambda: None
+        def _length(layer: int) -> Callable[..., None]:
+            return lambda _mod, args: lengths.__setitem__(layer, args[0].shape[1])  # x: (B, T, C)
+
+        with contextlib.ExitStack() as stack:
+            for layer in layers:
+                stack.callback(self.attention(layer).register_forward_pre_hook(_length(layer)).remove)
+            stack.enter_context(self.stopping_after(layers))
+            stack.enter_context(capture(self.model, names, _send))
+            yield
 
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:

@@ -14,7 +14,12 @@ Shapes (S samples of the block, H heads, rows = r1 - r0, K keys; K = r1 in a cau
 ``attended``      (1 or S, 1 or H, rows, K) bool, or None    the cells the call attended; None: exactly causal
                                                              (or, in a call that sees every key, every cell)
 ``q``, ``k``      (S, H, T, hd) or None                      the call's operands, k multiplied by ``scale``
+``marked``        (1 or S, H, rows, K) or None               a whole call's scores or bias, NaN where it masked
 ================  =========================================  =================================================
+
+A whole call sent as the model formed it (``marked`` set) holds its weights as they are, even where the call masked a
+query's every key (eager code's uniform row); the summaries' :class:`~biasviz.extraction.call_masks.CallMasks` reads its
+cells from ``marked`` and zeroes those weights, as it does for every statistic.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ class RowBlock:
     # counted per sample needs before the block's rows
     mask: Any = None
     by_sample: bool = False
+    # the call's scores (or bias) as formed where the block is a whole call's matrix sent as it is: NaN exactly where
+    # the call masked, so its cells are read from it where a summary needs them (extraction.call_masks), not made for a
+    # full file, which keeps the weights as the model formed them
+    marked: torch.Tensor | None = None
+    length: int | None = None  # T: the call's query rows in all, where the block holds some of them (None: all)
 
     @property
     def samples(self) -> int:

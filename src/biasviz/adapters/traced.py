@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS, Captured, ModelAdapter, RowBlock, refuse_meta
+from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS, ModelAdapter, RowBlock, WholeCalls, refuse_meta
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
@@ -78,7 +78,7 @@ class TracedAdapter(ModelAdapter):
         self.calls: list[AttentionCall] = []  # from the probe
         self._chosen: list[AttentionCall] = []
         self._wanted: list[int] = []
-        self._captured: Captured | None = None
+        self._streaming: tuple[Callable[[RowBlock], None], bool] | None = None  # within stream: its sink, want_bias
         self._keeping: _Keeping | None = None
         self._want_scores = False
         self._formed: dict[int, _Kept] = {}  # per call kept for a summary: what forms its rows again
@@ -171,13 +171,16 @@ class TracedAdapter(ModelAdapter):
     captures_scores = True  # every traced call form keeps its scores (SDPA, flex, eager, torch's MHA layers)
 
     @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
-        previous = self._captured, self._wanted, self._want_scores
-        self._captured, self._wanted, self._want_scores = Captured(), list(layers), want_scores
+    def stream(self, layers: list[int], want_bias: bool, sink: Callable[[RowBlock], None],
+               want_scores: bool = False) -> Iterator[None]:  # fmt: skip
+        """Each forward traces the calls of ``layers``; their whole matrices go to ``sink`` once it is done, one block
+        per call."""
+        previous = self._streaming, self._wanted, self._want_scores
+        self._streaming, self._wanted, self._want_scores = (sink, want_bias), list(layers), want_scores
         try:
-            yield self._captured
+            yield
         finally:
-            self._captured, self._wanted, self._want_scores = previous
+            self._streaming, self._wanted, self._want_scores = previous
 
     # -- forming rows again (summaries linear in samples) ----------------------------------------
     @property
@@ -271,14 +274,14 @@ class TracedAdapter(ModelAdapter):
 
     # -- running ---------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor) -> None:
-        """Run the model with the calls of :meth:`capture` traced; the forward stops after the last of them."""
+        """Run the model with the calls of :meth:`stream` traced; the forward stops after the last of them."""
         if self._keeping is not None:
             self._keeping.batch = int(input_ids.shape[0])
             trace = Trace(self.model, self._keeping.layers, stop=True, keep=self._keep_call)
             with torch.inference_mode(), one_call_per_layer(self.model), trace:
                 self._call_model(input_ids.to(self.device))
             return
-        if self._captured is None:  # not capturing: a plain pass
+        if self._streaming is None:  # not streaming: a plain pass
             with torch.inference_mode():
                 self._call_model(input_ids.to(self.device))
             return
@@ -287,21 +290,24 @@ class TracedAdapter(ModelAdapter):
             self._call_model(input_ids.to(self.device))
         weights, bias, scores = t.weights, t.bias, t.scores
         calls = {c.index: c for c in t.calls}
+        held = WholeCalls()
         for index in self._wanted:
             if index not in weights:
                 continue  # reported by the caller as nothing captured
-            self._captured.weights[index] = weights[index]
+            held.weights[index] = weights[index]
             if index in scores:
-                self._captured.scores[index] = scores[index]
+                held.scores[index] = scores[index]
                 call = calls[index]
                 formed_before = FORMED_BEFORE in call.note  # softcapping, sink columns: q and k still hold
                 if call.q is not None and call.k is not None and call.scale is not None and (not call.note
                                                                                               or formed_before):
-                    self._captured.operands[index] = (call.q, call.k, call.scale)
+                    held.operands[index] = (call.q, call.k, call.scale)
             if index in bias:
-                self._captured.bias[index] = bias[index]
+                held.bias[index] = bias[index]
             elif self.adds_bias:  # a call with no additive part beside calls with one: it adds 0
-                self._captured.bias[index] = torch.zeros(1, *weights[index].shape[1:], device=weights[index].device)
+                held.bias[index] = torch.zeros(1, *weights[index].shape[1:], device=weights[index].device)
+        sink, want_bias = self._streaming
+        held.send(sink, want_bias)
 
 
 @dataclass

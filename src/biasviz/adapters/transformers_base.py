@@ -9,14 +9,14 @@ the device the model runs on.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from biasviz.adapters.base import Captured, ModelAdapter
+from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls
 from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
 from biasviz.common.devices import input_device
 from biasviz.common.errors import BiasvizError
@@ -118,9 +118,11 @@ class TransformersAdapter(ModelAdapter):
     _trace: Any = None
 
     @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
-        """Hooks on the attention modules of ``layers`` only; each forward overwrites the result."""
-        captured = Captured()
+    def stream(self, layers: list[int], want_bias: bool, sink: Callable[[RowBlock], None],
+               want_scores: bool = False) -> Iterator[None]:  # fmt: skip
+        """Hooks on the attention modules of ``layers`` only hold each call's whole matrices; they go to ``sink`` once
+        the forward is done, one block per layer."""
+        captured = WholeCalls()
         handles = []
         try:
             for layer in layers:
@@ -153,28 +155,33 @@ class TransformersAdapter(ModelAdapter):
                 if want_bias or want_scores:
                     handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
                 handles.append(module.register_forward_hook(hook))
-            previous, self._scoring = self._scoring, want_scores
+            previous = self._scoring, self._sending
+            self._scoring, self._sending = want_scores, lambda: captured.send(sink, want_bias)
             try:
                 with self.stopping_after(layers):
-                    yield captured
+                    yield
             finally:
-                self._scoring = previous
+                self._scoring, self._sending = previous
         finally:
             for handle in handles:
                 handle.remove()
 
     _scoring = False
+    _sending: Callable[[], None] | None = None  # within :meth:`stream`: sends what the hooks held
 
     def forward(self, input_ids: torch.Tensor) -> None:
-        """The model's forward; traced while the scores are captured (only the captured layers' calls formed)."""
+        """The model's forward; traced while the scores are streamed (only the streamed layers' calls formed). What the
+        hooks held goes to the stream's sink once it is done (outside the trace and inference mode)."""
         if not self._scoring:
             super().forward(input_ids)
-            return
-        from biasviz.tracing.mode import Trace
+        else:
+            from biasviz.tracing.mode import Trace
 
-        self._trace = Trace(self.model, [], scores=True)
-        try:
-            with self._trace:
-                super().forward(input_ids)
-        finally:
-            self._trace = None
+            self._trace = Trace(self.model, [], scores=True)
+            try:
+                with self._trace:
+                    super().forward(input_ids)
+            finally:
+                self._trace = None
+        if self._sending is not None:
+            self._sending()

@@ -37,8 +37,13 @@ class CallMasks:
 
     def settle(self, block: RowBlock) -> None:
         """Write on ``block`` (of samples ``block.first ..``, its ``attended`` the call's cells (B or 1, H, T, T), or
-        None where its scores show none) the cells its rows attend, the call's one mask and whether samples are masked
-        differently."""
+        its ``marked`` scores or bias showing them, or neither where nothing shows them) the cells its rows attend, the
+        call's one mask and whether samples are masked differently; a whole call's weights are 0 where it masked."""
+        if block.marked is not None:  # a whole call as formed: its cells are where its scores (or bias) are finite
+            block.attended = torch.isfinite(block.marked)  # (B or 1, H, T, T) bool
+            # a cell the call masks counts for nothing: a query row with no key left keeps eager code's uniform softmax
+            block.weights = block.weights.masked_fill(~block.attended, 0.0)
+            block.marked = None
         if block.attended is None:
             return
         layer, kept = block.layer, block.attended

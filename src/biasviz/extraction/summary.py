@@ -221,7 +221,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     want_bias = any(kind == "bias" for kind, _ in parts)
     want_scores = any(kind == "scores" for kind, _ in parts)
     with (
-        adapter.stream(layer_list, want_bias, sink, want_scores) as flush,
+        adapter.stream(layer_list, want_bias, sink, want_scores),
         Progress(n, desc="summarise", unit="sample", show=show) as bar,
     ):
         for start in range(0, n, batch):
@@ -230,8 +230,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
             for p in [*parts.values(), *position.values()]:
                 p.begin_batch(len(chunk))
             with autocast_as(caller):
-                adapter.forward(torch.from_numpy(chunk).to(dev))
-            flush()
+                adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
             for p in parts.values():
                 p.end_batch()
             bar.update(len(chunk))
