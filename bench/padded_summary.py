@@ -3,7 +3,7 @@ RSS of the summary formed again from the bank against the same call streamed who
 fresh process, interleaved (BENCHMARKS.md §14). A one-layer transformers Llama (hidden 256, 4 heads), random
 weights, N = 3 windows of T tokens in one batch, the second padded on the left by T / 8 tokens, the third by T / 3,
 given to the model as an ``attention_mask``; ``--unpadded`` adds the same summary without padding, formed again and
-streamed. ``--window W``: a
+streamed, and ``--full`` a full file of the padded samples (every cell as the model formed it). ``--window W``: a
 Mistral of the same size with a sliding window of W keys instead (one mask for every sample, then, beside the padding).
 ``--trees BEFORE AFTER``: each run by two versions of biasviz in turn (their ``src`` first on ``PYTHONPATH``), to
 measure a change; ``--resolution R``: maps of R x R blocks (default: exact per cell, whose standard errors need no
@@ -62,10 +62,11 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
         inner = summary._summarise
         summary._summarise = lambda *a, **k: inner(*a, **{**k, "streamed": True})  # type: ignore[assignment]
     warnings.simplefilter("ignore")
+    whole = how == "full file"  # every cell of the padded call, as the model formed it
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        biasviz.extract(model, ids, Path(tmp) / "s.h5", summary=True, progress=False, batch_size=SAMPLES,
-                        forward=forward, resolution=resolution)  # fmt: skip
+        biasviz.extract(model, ids, Path(tmp) / "s.h5", summary=not whole, progress=False, batch_size=SAMPLES,
+                        forward=forward, **({} if whole else {"resolution": resolution}))  # fmt: skip
         seconds = time.perf_counter() - t0
     return {"s": seconds, "peak_gib": peak_hwm_bytes() / GIB}
 
@@ -77,13 +78,15 @@ def main() -> None:
     parser.add_argument("--unpadded", action="store_true")
     parser.add_argument("--resolution", type=int, default=None)
     parser.add_argument("--window", type=int, default=None)
+    parser.add_argument("--full", action="store_true", help="add a full file of the padded samples")
     parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.seq_len, args.resolution, args.window)))
         return
-    kinds = ["formed again", "streamed", *(["unpadded", "unpadded streamed"] if args.unpadded else [])]
+    kinds = ["formed again", "streamed", *(["unpadded", "unpadded streamed"] if args.unpadded else []),
+             *(["full file"] if args.full else [])]
     trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
     model = "Llama" if args.window is None else f"Mistral, window {args.window}"
     print(f"{model}, T = {args.seq_len}, R = {args.resolution or 'T'}, N = {SAMPLES} in one batch, "

@@ -30,9 +30,10 @@ TRANSFORMERS = ("llama", "bloom", "mistral")
 # the transformers models' inputs: every sample whole; and (padded) samples left-padded by different lengths, so that
 # each is masked otherwise (its own attended cells, in rows formed again (Llama) and streamed (Bloom)); Mistral's
 # sliding window of 24 is one mask for every sample, in rows formed again (sdpa) and streamed (eager, in two batches);
-# the Llama padded and streamed through its eager softmax: each sample's own cells beside the rotary measures
-INPUTS = {"llama": ("summary", "full", "padded", "eager-padded"), "bloom": ("summary", "full", "padded"),
-          "mistral": ("summary", "eager")}
+# the Llama padded and streamed through its eager softmax: each sample's own cells beside the rotary measures; and a
+# full file of it (-full): the weights as the model formed them, the uniform rows of queries with no key included
+INPUTS = {"llama": ("summary", "full", "padded", "eager-padded", "eager-padded-full"),
+          "bloom": ("summary", "full", "padded"), "mistral": ("summary", "eager")}
 # attributes that say when or how long, not what: they differ from run to run
 VOLATILE = ("created", "seconds", "elapsed", "biasviz_version", "git", "host", "wall")
 REFERENCES = ("DIMENSION_LIST", "REFERENCE_LIST")  # HDF5 object references: addresses within each file
@@ -59,11 +60,11 @@ if kind == "build":
     raise SystemExit
 ids = np.random.default_rng(0).integers(1, 256, size=(5, 96))
 summary = {"summary": True, "resolution": 24} if kind in ("summary", "padded", "eager", "eager-padded") else {}
-if kind in ("padded", "eager-padded"):  # token 0 pads the first 0, 7, 14, ... positions of each sample
+if kind.removesuffix("-full") in ("padded", "eager-padded"):  # token 0 pads the first 0, 7, 14, ... of each sample
     from transformers import AutoModelForCausalLM
     for a in range(len(ids)):
         ids[a, : 7 * a] = 0
-    attention = {"attn_implementation": "eager"} if kind == "eager-padded" else {}
+    attention = {"attn_implementation": "eager"} if kind.startswith("eager") else {}
     model = AutoModelForCausalLM.from_pretrained(path, **attention).eval()
     forward = lambda batch: model(batch, attention_mask=(batch != 0).long())
     biasviz.extract(model, ids, out, layers="all", progress=False, forward=forward, batch_size=2, **summary)

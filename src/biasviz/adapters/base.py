@@ -44,12 +44,15 @@ class Captured:
     # with the scores, where the adapter knows them: the call's q and k (B, H, T, hd), k multiplied by the call's
     # scale c, and c
     operands: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
+    # where a call came whole: its scores (or bias), NaN or -inf exactly where it masked (RowBlock.marked)
+    marked: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def clear(self) -> None:
         self.bias.clear()
         self.weights.clear()
         self.scores.clear()
         self.operands.clear()
+        self.marked.clear()
 
     def of(self, kind: str) -> dict[int, torch.Tensor]:
         """The tensors of ``kind``: 'bias', 'weights' or 'scores'."""
@@ -73,6 +76,8 @@ class Captured:
             target[block.layer][:, :, block.r0 : block.r0 + rows, :keys] = values
         if block.q is not None and block.k is not None and block.scale is not None:
             self.operands[block.layer] = (block.q, block.k, block.scale)
+        if block.marked is not None:
+            self.marked[block.layer] = block.marked
 
 
 @dataclass

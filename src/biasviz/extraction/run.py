@@ -25,6 +25,7 @@ from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name
 from biasviz.common.progress import Progress
+from biasviz.extraction.full_masks import check_own_masks
 from biasviz.store import BiasFileWriter
 from biasviz.store.compression import parse_compression
 from biasviz.store.format import BIAS_DIFFERENCE
@@ -257,6 +258,7 @@ def _run(
             got.clear()
             adapter.forward(torch.from_numpy(batch).to(dev))
             _check_captured(got, layer_list, kinds, adapter)
+            check_own_masks(got, adapter, kinds)  # a call's own mask in its bias or scores: refused, with why
             later = start + batch_size < n  # a later batch is still to be compared with the first sample
             # declared context-free, measured otherwise: store one bias per sample from now on
             if agreement is not None and agreement.differs(got.bias, keep=later):

@@ -1,0 +1,40 @@
+"""Whether a full file can hold what each attention call formed: a call whose own mask removes cells that its rule
+keeps (padding given as an ``attention_mask``, packed documents, a sliding window; docs/hdf5.md, 'Attended cells')
+holds its mask there, not the model's values, in its scores and bias.
+
+A call that comes whole shows them: its scores (or, without them, its bias) are NaN or -inf exactly where it masked
+(:attr:`~biasviz.adapters.base.Captured.marked`). A full file stores every cell of the rule (j <= i, or every cell), so
+such a call's bias or scores are refused with what to do instead, before anything is published, rather than taken
+for a broken model; its weights alone are stored as the model formed them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from biasviz.adapters.base import Captured, ModelAdapter
+from biasviz.adapters.rows import plain_cells
+from biasviz.common.errors import BiasvizError
+
+
+def check_own_masks(got: Captured, adapter: ModelAdapter, kinds: list[str]) -> None:
+    """Refuse a batch in which a call whose bias or scores the file stores masked cells that its rule keeps."""
+    stored = [kind for kind in ("bias", "scores") if kind in kinds]
+    if not stored:
+        return
+    for layer, marked in sorted(got.marked.items()):
+        if not any(layer in got.of(kind) for kind in stored):
+            continue
+        cells = torch.isfinite(marked)
+        t = cells.shape[-1]
+        causal = adapter.layer_causal(layer)
+        if bool((cells | ~plain_cells(0, t, t, causal, cells.device)).all()):  # every cell of its rule
+            continue
+        rule = "causal triangle (j <= i)" if causal else "keys a bidirectional call sees"
+        where = rule.split(" (")[0]
+        raise BiasvizError(f"the attention call of layer {layer} masks cells of its own within the {rule} "
+                           "(padding given as an attention_mask, packed documents or a sliding window): a full file "
+                           f"stores the {' and '.join(stored)} in every cell of the {where}, and where the call "
+                           "masked, those cells hold its mask, not the model's values; 'extract --summary' takes each "
+                           "call's own cells (docs/hdf5.md, 'Attended cells'), and '--capture weights' stores the "
+                           "weights alone")  # fmt: skip
