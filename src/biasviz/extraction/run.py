@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from biasviz.adapters.base import Captured, ModelAdapter
+from biasviz.adapters.base import ModelAdapter
 from biasviz.common.devices import autocast_attrs, evaluating, placed, resolve_device, resolve_dtype
 from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name
 from biasviz.common.progress import Progress
-from biasviz.extraction.full_masks import check_own_masks
+from biasviz.extraction.batch_checks import check_captured, check_own_masks
 from biasviz.store import BiasFileWriter
 from biasviz.store.compression import parse_compression
 from biasviz.store.format import BIAS_DIFFERENCE
@@ -257,7 +257,7 @@ def _run(
             batch = ids[start : start + batch_size]  # (b, T)
             got.clear()
             adapter.forward(torch.from_numpy(batch).to(dev))
-            _check_captured(got, layer_list, kinds, adapter)
+            check_captured(got, layer_list, kinds, adapter)
             check_own_masks(got, adapter, kinds)  # a call's own mask in its bias or scores: refused, with why
             later = start + batch_size < n  # a later batch is still to be compared with the first sample
             # declared context-free, measured otherwise: store one bias per sample from now on
@@ -389,14 +389,3 @@ class _ChunkSink:
             data = chunk.data.result()
             for s in chunk.samples:
                 self.writer.write_chunk(chunk.kind, chunk.layer, first + s, chunk.head, data)
-
-
-def _check_captured(got: Captured, layers: list[int], kinds: list[str], adapter: ModelAdapter) -> None:
-    missing = [layer for kind in kinds for layer in layers if layer not in got.of(kind)]
-    if "scores" in kinds and all(layer in got.weights for layer in layers) and missing:
-        raise BiasvizError(f"the scores of layer(s) {sorted(set(missing))} were not formed: --capture scores takes "
-                           "SDPA and flex_attention calls (and biasviz's own models)")  # fmt: skip
-    if missing:
-        raise BiasvizError(f"the {adapter.architecture} model ran but nothing was captured for layer(s) "
-                           f"{sorted(set(missing))}; its attention may use a fused kernel that never forms "
-                           "the weights")  # fmt: skip

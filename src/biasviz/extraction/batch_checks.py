@@ -1,7 +1,8 @@
-"""Whether a full file can hold what each attention call formed: a call whose own mask removes cells that its rule
-keeps (padding given as an ``attention_mask``, packed documents, a sliding window; docs/hdf5.md, 'Attended cells')
-holds its mask there, not the model's values, in its scores and bias.
+"""What a full file's batch must hold before it is stored: every asked layer's matrices, and calls whose values
+there are the model's.
 
+A call whose own mask removes cells that its rule keeps (padding given as an ``attention_mask``, packed documents, a
+sliding window; docs/hdf5.md, 'Attended cells') holds its mask there, not the model's values, in its scores and bias.
 A call that comes whole shows them: its scores (or, without them, its bias) are NaN or -inf exactly where it masked
 (:attr:`~biasviz.adapters.base.Captured.marked`). A full file stores every cell of the rule (j <= i, or every cell), so
 such a call's bias or scores are refused with what to do instead, before anything is published, rather than taken
@@ -38,3 +39,15 @@ def check_own_masks(got: Captured, adapter: ModelAdapter, kinds: list[str]) -> N
                            "masked, those cells hold its mask, not the model's values; 'extract --summary' takes each "
                            "call's own cells (docs/hdf5.md, 'Attended cells'), and '--capture weights' stores the "
                            "weights alone")  # fmt: skip
+
+
+def check_captured(got: Captured, layers: list[int], kinds: list[str], adapter: ModelAdapter) -> None:
+    """Refuse a batch missing a layer's matrices, saying why they were not formed."""
+    missing = [layer for kind in kinds for layer in layers if layer not in got.of(kind)]
+    if "scores" in kinds and all(layer in got.weights for layer in layers) and missing:
+        raise BiasvizError(f"the scores of layer(s) {sorted(set(missing))} were not formed: --capture scores takes "
+                           "SDPA and flex_attention calls (and biasviz's own models)")  # fmt: skip
+    if missing:
+        raise BiasvizError(f"the {adapter.architecture} model ran but nothing was captured for layer(s) "
+                           f"{sorted(set(missing))}; its attention may use a fused kernel that never forms "
+                           "the weights")  # fmt: skip
