@@ -71,7 +71,7 @@ SLOW_MODULES = {"test_cli_interrupts", "test_plot_cmd", "test_cli_imports", "tes
                 "test_hostile_sweeps", "test_hostile_bytes", "test_diagnostics_plots_review", "test_page_views",
                 "test_eager", "test_calls_forms", "test_torch_layers", "test_sweep",
                 "test_page_review", "test_dynamics_layout", "test_long_context", "test_examples", "test_paper_figures",
-                "test_docs"}  # fmt: skip
+                "test_docs", "test_hub", "test_resume", "test_measures_browser", "test_load"}  # fmt: skip
 SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png_and_svg_carry_metadata",
               "test_presets_have_gpt2_small_shape_and_twelve_heads", "test_a_compiled_model_is_traced_eagerly",
               "test_cli_extracts_from_code_and_factory_with_a_checkpoint",
@@ -86,18 +86,20 @@ SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png
 # the heavy files with few tests last)
 HEAVY_FILES = {"extraction/test_distributed.py": 372, "cli/test_plot_cmd.py": 298, "training/test_loop.py": 252,
                "project/test_gpu_run.py": 225, "project/test_hostile_io.py": 216, "cli/test_cli_summary.py": 191,
-               "extraction/test_sweep.py": 164, "cli/test_cli_interrupts.py": 161,
-               "project/test_hostile_values.py": 153, "extraction/test_summary.py": 139,
-               "project/test_untrusted.py": 103, "extraction/test_sweep_torchrun.py": 101,
+               "cli/test_cli_interrupts.py": 161, "project/test_hostile_values.py": 153,
+               "extraction/test_summary.py": 139, "project/test_untrusted.py": 103,
+               "extraction/test_sweep_torchrun.py": 101, "extraction/test_resume.py": 98,
                "model/test_model_long.py": 97, "training/test_provenance_note.py": 83,
-               "summaries/test_replay_dispatch.py": 82, "summaries/test_replay_engine.py": 81,
-               "model/test_blocked_grad.py": 74, "adapters/test_hostile_side_files.py": 74,
-               "adapters/test_device_map.py": 74, "summaries/test_weight_measures_models.py": 67,
+               "summaries/test_replay_dispatch.py": 82, "model/test_blocked_grad.py": 74,
+               "adapters/test_hostile_side_files.py": 74, "adapters/test_device_map.py": 72,
                "project/test_readme.py": 66, "plotting/test_position_kinds.py": 64, "summaries/test_sharing.py": 63,
-               "project/test_examples.py": 62, "plotting/test_style_width.py": 59, "summaries/test_kernels.py": 55,
+               "project/test_examples.py": 62, "summaries/test_replay_engine.py": 61,
+               "plotting/test_style_width.py": 59, "summaries/test_kernels.py": 55,
                "summaries/test_kernels_accumulators.py": 55, "plotting/test_caption.py": 55,
-               "cli/test_cli_imports.py": 53, "model/test_modeling.py": 48, "project/test_make_outputs.py": 46,
-               "model/test_config.py": 36, "model/test_attention.py": 11}  # fmt: skip
+               "summaries/test_weight_measures_models.py": 55, "cli/test_cli_imports.py": 53,
+               "extraction/test_sweep.py": 52, "model/test_modeling.py": 48, "project/test_make_outputs.py": 46,
+               "model/test_config.py": 36, "extraction/test_replayed.py": 20, "extraction/test_hub.py": 14,
+               "summaries/test_frequency.py": 12, "model/test_attention.py": 11}  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
