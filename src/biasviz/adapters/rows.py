@@ -54,7 +54,7 @@ class RowBlock:
     # the call masked, so its cells are read from it where a summary needs them (extraction.call_masks), not made for a
     # full file, which keeps the weights as the model formed them
     marked: torch.Tensor | None = None
-    length: int | None = None  # T: the call's query rows in all, where the block holds some of them (None: all)
+    length: int | None = None  # T: how many query rows the call has in all (None: this block holds every one)
 
     @property
     def samples(self) -> int:
