@@ -24,6 +24,7 @@ difference.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -110,11 +111,14 @@ def summarise(
     with without_autocast():
         try:
             return _summarise(adapter, ids, layer_list, dev, streamed=streamed, **options)
-        except MasksDifferBySample:
+        except MasksDifferBySample as why:
             if streamed or gather is not None:
                 raise
-        # padding, packed documents: rows formed again take one mask for every sample; streamed, as the model forms
-        # them, each sample's own cells count for it (docs/hdf5.md, 'Attended cells')
+            # rows formed again hold each sample's own cells, one for all heads, none after the query; a call masked
+            # otherwise is streamed, as the model forms it, each sample's own cells counting for it (docs/hdf5.md,
+            # 'Attended cells'): said, since the forward runs again from the first sample
+            warnings.warn(f"{why}; the summary started again from the first sample, streamed as the model forms its "
+                          "rows", stacklevel=2)  # fmt: skip
         return _summarise(adapter, ids, layer_list, dev, streamed=True, **options)
 
 
