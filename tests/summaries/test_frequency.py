@@ -9,13 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import biasviz
 from biasviz.store.reader import open_bias_file
 from tests.conftest import small_model
-from tests.summaries.test_attended_cells import VOCAB, caught_call
-from tests.summaries.test_weight_measures_models import N, hooked_qk, profile_se
+from tests.summaries.test_weight_measures_models import N, hooked_qk, interleaved_rotary, profile_se
 
 
 def _pair_norms(x: np.ndarray, pairs: list[tuple[int, int]], rotated: int) -> np.ndarray:
@@ -58,14 +56,7 @@ def test_frequency_use_of_our_rotary_model(tmp_path: Path, fraction: float) -> N
 def test_frequency_use_of_an_interleaved_rotary_model(tmp_path: Path, attention: str) -> None:
     """GPT-J pairs (2f, 2f + 1) over its rotary_dim, the rest unrotated; through SDPA (formed again) and eager
     attention (streamed), against the q and k caught at its SDPA call."""
-    from transformers import GPTJConfig, GPTJForCausalLM
-
-    torch.manual_seed(0)
-    config = GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=1, n_head=4, rotary_dim=4,
-                        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")  # fmt: skip
-    model = GPTJForCausalLM(config).eval()
-    ids = torch.randint(0, VOCAB, (N, 20), generator=torch.Generator().manual_seed(3))
-    call = caught_call(model, ids)
+    model, ids, call = interleaved_rotary(0, 20, 3)
     model.set_attn_implementation(attention)
     out = tmp_path / "s.h5"
     biasviz.extract(model, ids, out, summary=True, progress=False)

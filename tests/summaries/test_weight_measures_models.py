@@ -36,6 +36,19 @@ def hooked_qk(model: torch.nn.Module, layer: int, ids: np.ndarray) -> tuple[np.n
     return q, k
 
 
+def interleaved_rotary(seed: int, length: int, ids_seed: int) -> tuple[torch.nn.Module, torch.Tensor, dict]:
+    """A one-layer GPT-J through SDPA (4 heads, rotary_dim 4: pairs (2f, 2f + 1), the rest unrotated), N samples of
+    ``length`` tokens, and the q, k and scale caught at its SDPA call."""
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    torch.manual_seed(seed)
+    config = GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=1, n_head=4, rotary_dim=4,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")  # fmt: skip
+    model = GPTJForCausalLM(config).eval()
+    ids = torch.randint(0, VOCAB, (N, length), generator=torch.Generator().manual_seed(ids_seed))
+    return model, ids, caught_call(model, ids)
+
+
 def softmax_weights(q: np.ndarray, k: np.ndarray, scale: float, kept: np.ndarray) -> np.ndarray:
     """(N, H, T, T) softmax of c q k over the attended cells, 0 elsewhere."""
     z = np.where(kept, scale * np.einsum("nhid,nhjd->nhij", q, k), -np.inf)
@@ -292,14 +305,7 @@ def test_positional_frequency_of_a_partial_half_split_rotary_model(tmp_path: Pat
 
 @pytest.mark.parametrize("shapes", ["cpu", "gpu"])
 def test_positional_frequency_of_an_interleaved_rotary_model(tmp_path: Path, shapes: str) -> None:
-    from transformers import GPTJConfig, GPTJForCausalLM
-
-    torch.manual_seed(1)
-    config = GPTJConfig(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=1, n_head=4, rotary_dim=4,
-                        bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")  # fmt: skip
-    model = GPTJForCausalLM(config).eval()
-    ids = torch.randint(0, VOCAB, (N, 24), generator=torch.Generator().manual_seed(4))
-    call = caught_call(model, ids)
+    model, ids, call = interleaved_rotary(1, 24, 4)
     out = tmp_path / "s.h5"
     with gpu_shapes() if shapes == "gpu" else contextlib.nullcontext():
         biasviz.extract(model, ids, out, summary=True, progress=False)
