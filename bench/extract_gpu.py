@@ -98,6 +98,7 @@ def build(tool: str, seq_len: int, tmp: Path) -> Callable[[], object]:
         return lambda: _inference(lambda: model(gpu_ids).logits.shape)
     if tool in ("biasviz-cap", "biasviz", "biasviz-bf16"):
         from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+        from biasviz.extraction.full_matrices import full_matrices
         from biasviz.extraction.run import extract
 
         model = _biasviz_model()
@@ -105,7 +106,7 @@ def build(tool: str, seq_len: int, tmp: Path) -> Callable[[], object]:
         if tool == "biasviz-cap":
 
             def run() -> object:
-                with adapter.capture([LAST]) as got:
+                with full_matrices(adapter, [LAST]) as got:
                     adapter.forward(gpu_ids)
                     return got.weights[LAST].shape, got.bias[LAST].shape
 
@@ -184,6 +185,7 @@ def phases(seq_len: int, runs: int, tmp: Path) -> dict:
     import torch
 
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.extraction.full_matrices import full_matrices
     from biasviz.store import BiasFileWriter
     from biasviz.store.deflate import deflate
     from biasviz.store.gpu_encode import GpuChunkEncoder
@@ -196,7 +198,7 @@ def phases(seq_len: int, runs: int, tmp: Path) -> dict:
     pool = ThreadPoolExecutor(os.cpu_count())
     result: dict[str, list[float]] = {"compute": [], "prepare_copy": [], "compress": [], "write": []}
     for _ in range(runs + 1):  # the first round warms up
-        with adapter.capture([LAST]) as got:
+        with full_matrices(adapter, [LAST]) as got:
             _sync()
             t0 = time.perf_counter()
             adapter.forward(ids)

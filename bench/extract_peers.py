@@ -8,7 +8,7 @@ nothing is downloaded). Shapes are GPT-2 small's: 12 layers, 12 heads, width 768
 
 Tools (one column each):
   floor         biasviz's model, ``model(ids)`` under inference mode (fused SDPA, with logits)
-  biasviz-cap   ``adapter.capture([11])`` + ``adapter.forward``: bias and weights of layer 11 held in memory
+  biasviz-cap   ``full_matrices(adapter, [11])`` + ``adapter.forward``: bias and weights of layer 11 held in memory
   biasviz       ``biasviz.extraction.run.extract(...)`` of layer 11 to HDF5 (default filters), per sample
   hf            transformers GPT2LMHeadModel, eager attention, ``output_attentions=True`` (all 12 layers)
   tlens         TransformerLens ``run_with_cache(names_filter='blocks.11.attn.hook_pattern')``
@@ -58,6 +58,7 @@ def _biasviz(seq_len: int, tool: str) -> tuple[Callable[[], object], int]:
     import torch
 
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.extraction.full_matrices import full_matrices
     from biasviz.extraction.run import extract
     from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 
@@ -76,7 +77,7 @@ def _biasviz(seq_len: int, tool: str) -> tuple[Callable[[], object], int]:
     if tool == "biasviz-cap":
 
         def run() -> object:
-            with adapter.capture([LAST]) as got:
+            with full_matrices(adapter, [LAST]) as got:
                 adapter.forward(ids)
                 return got.weights[LAST].shape, got.bias[LAST].shape
 

@@ -39,6 +39,7 @@ SETTINGS: list[tuple[str, dict]] = [
 def capture(seq_len: int) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
     """input ids (1, T), weights (1, H, T, T) and bias (1, H, T, T) of the final layer."""
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.extraction.full_matrices import full_matrices
     from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 
     torch.manual_seed(0)
@@ -46,7 +47,7 @@ def capture(seq_len: int) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
     adapter = BiasGPTAdapter(BiasGPTForCausalLM(config).eval(), source="random")
     ids = np.random.default_rng(0).integers(0, config.vocab_size, size=(1, seq_len))
     last = config.n_layer - 1
-    with adapter.capture([last]) as got:
+    with full_matrices(adapter, [last]) as got:
         adapter.forward(torch.from_numpy(ids))
     return ids, got.weights[last], got.bias[last]
 

@@ -12,15 +12,16 @@ from tests.conftest import small_model
 @pytest.mark.parametrize("scheme", ["alibi", "cable", "nope"])
 def test_biasgpt_stream_blocks_reassemble_to_what_capture_assembles(scheme, monkeypatch):
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
+    from biasviz.extraction.full_matrices import full_matrices
     from biasviz.model.modeling import Attention
 
     adapter = BiasGPTAdapter(small_model(scheme), source="t")
     x = torch.as_tensor(ids(2))  # (2, T)
-    with adapter.capture([0, 1]) as got:  # a single block at this length: what the model formed, as it is
+    with full_matrices(adapter, [0, 1]) as got:  # a single block at this length: what the model formed, as it is
         adapter.forward(x)
     whole = {**{(k, "bias"): v for k, v in got.bias.items()}, **{(k, "weights"): v for k, v in got.weights.items()}}
     monkeypatch.setattr(Attention, "block_elements", 24 * 60)  # now each matrix comes in many blocks
-    with adapter.capture([0, 1]) as got:
+    with full_matrices(adapter, [0, 1]) as got:
         adapter.forward(x)
     sent: list[tuple[int, str, int, torch.Tensor]] = []
     with adapter.stream([0, 1], True, lambda b: sent.extend(_kinds(b))):

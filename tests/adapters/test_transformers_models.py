@@ -29,6 +29,7 @@ from biasviz.adapters.transformers_models import (
     weights_sha256,
 )
 from biasviz.common.errors import BiasvizError
+from biasviz.extraction.full_matrices import full_matrices
 from biasviz.schemes.alibi import interleaved_slopes
 from biasviz.schemes.t5 import causal_bucket
 
@@ -118,7 +119,7 @@ def _capture(adapter, ids: torch.Tensor, qk: Callable[[nn.Module, torch.Tensor],
         attn = adapter.attention(LAYER)
         handle = attn.register_forward_hook(lambda mod, args, out: seen.__setitem__("scores", qk(mod, args[0])))
     try:
-        with adapter.capture([LAYER]) as cap:
+        with full_matrices(adapter, [LAYER]) as cap:
             adapter.forward(ids)
     finally:
         if handle is not None:
@@ -345,7 +346,7 @@ def test_hooks_sit_on_the_captured_layer_only_and_leave_with_the_block(dirs, ids
     adapter = _load(dirs, "bloom")
     modules = [adapter.attention(layer) for layer in range(adapter.n_layers)]
     calls: list[int] = []
-    with adapter.capture([0], want_bias=False) as cap:
+    with full_matrices(adapter, [0], want_bias=False) as cap:
         assert [bool(m._forward_hooks) for m in modules] == [True, False]
         assert not any(m._forward_pre_hooks for m in modules)  # no bias wanted, no pre-hook
         handle = adapter.model.h[1].register_forward_pre_hook(lambda *_: calls.append(1))
@@ -449,7 +450,7 @@ def test_every_transformers_adapter_captures_the_scores_and_their_q_and_k(dirs, 
     attn = adapter.attention(LAYER)
     handle = attn.register_forward_hook(lambda mod, args, out: seen.__setitem__("qk", qk(mod, args[0])))
     try:
-        with adapter.capture([LAYER], want_scores=True) as cap:
+        with full_matrices(adapter, [LAYER], want_scores=True) as cap:
             adapter.forward(ids)
     finally:
         handle.remove()

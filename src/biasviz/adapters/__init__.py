@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from biasviz.adapters.base import KEY_POSITION, RELATIVE, Captured, ModelAdapter, refuse_meta
+from biasviz.adapters.base import KEY_POSITION, RELATIVE, ModelAdapter, refuse_meta
 from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import check_side_files, read_text, regular_file
 
@@ -198,6 +198,6 @@ def _encoder_decoder(path: Path) -> bool:
 
 
 __all__ = [
-    "Captured", "ModelAdapter", "RELATIVE", "KEY_POSITION", "adapter_classes", "check_finite", "hf_architectures",
+    "ModelAdapter", "RELATIVE", "KEY_POSITION", "adapter_classes", "check_finite", "hf_architectures",
     "load_model",
 ]  # fmt: skip

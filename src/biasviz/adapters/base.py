@@ -23,61 +23,7 @@ from biasviz.common.errors import BiasvizError, too_long
 from biasviz.store.format import KEY_POSITION, RELATIVE  # what a stored bias means
 from biasviz.tracing.stop import StopForward, stop_after
 
-__all__ = ["KEY_POSITION", "RELATIVE", "Captured", "ModelAdapter", "RowBlock", "StopForward", "WholeCalls",
-           "stop_after"]
-
-
-@dataclass
-class Captured:
-    """Each layer's whole matrices of one forward, laid together from the blocks :meth:`ModelAdapter.stream` sends
-    (:meth:`ModelAdapter.capture`): bias (1 or B, H, T, T), weights (B, H, T, T), what a full file stores.
-
-    They stay where the model computed them (on the GPU, say); extraction moves them to the file. A block that is a
-    call's whole matrix is kept as it is; blocks of rows go into one tensor per layer, started by each forward's first
-    block (row 0: the caller may still hold the last ones), NaN in the bias and scores and 0 in the weights where no
-    block formed a cell (j > i).
-    """
-
-    bias: dict[int, torch.Tensor] = field(default_factory=dict)
-    weights: dict[int, torch.Tensor] = field(default_factory=dict)
-    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # (B, H, T, T), when asked (docs/positional.md)
-    # with the scores, where the adapter knows them: the call's q and k (B, H, T, hd), k multiplied by the call's
-    # scale c, and c
-    operands: dict[int, tuple[torch.Tensor, torch.Tensor, float]] = field(default_factory=dict)
-    # where a call came whole: its scores (or bias), NaN or -inf exactly where it masked (RowBlock.marked)
-    marked: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def clear(self) -> None:
-        self.bias.clear()
-        self.weights.clear()
-        self.scores.clear()
-        self.operands.clear()
-        self.marked.clear()
-
-    def of(self, kind: str) -> dict[int, torch.Tensor]:
-        """The tensors of ``kind``: 'bias', 'weights' or 'scores'."""
-        return {"bias": self.bias, "weights": self.weights, "scores": self.scores}[kind]
-
-    def place(self, block: RowBlock) -> None:
-        """Lay ``block``'s rows into its layer's matrices."""
-        for kind in ("bias", "weights", "scores"):
-            values = block.of(kind)
-            if values is None:
-                continue
-            target, (rows, keys), length = self.of(kind), values.shape[-2:], block.length
-            if block.r0 == 0 and (length is None or rows == keys == length):  # the whole matrix: kept as it is
-                target[block.layer] = values
-                continue
-            assert length is not None, "a block of some of a call's rows says how many it has in all"
-            if block.r0 == 0:
-                fill = 0.0 if kind == "weights" else float("nan")
-                target[block.layer] = torch.full((*values.shape[:2], length, length), fill, dtype=values.dtype,
-                                                 device=values.device)  # fmt: skip
-            target[block.layer][:, :, block.r0 : block.r0 + rows, :keys] = values
-        if block.q is not None and block.k is not None and block.scale is not None:
-            self.operands[block.layer] = (block.q, block.k, block.scale)
-        if block.marked is not None:
-            self.marked[block.layer] = block.marked
+__all__ = ["KEY_POSITION", "RELATIVE", "ModelAdapter", "RowBlock", "StopForward", "WholeCalls", "stop_after"]
 
 
 @dataclass
@@ -105,10 +51,6 @@ class WholeCalls:
             held.clear()
 
 
-SAMPLE_CELLS = "attended"  # a bank's name for each sample's own attended cells, where samples are masked differently
-MASK_DIGEST = "mask digest"  # under torchrun: each sample's call's mask as a SHA-256 digest, compared once joined
-
-
 def refuse_meta(model: Any, source: str) -> None:
     """Refuse a model with a weight on the meta device (shapes, no values), naming it: nothing can be computed."""
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
@@ -125,7 +67,8 @@ class ModelAdapter:
 
     Subclasses set the class attributes, implement :meth:`attention` and :meth:`stream`, and, to be
     found by ``--model``, :meth:`can_open` and :meth:`open`. The forward pass (stopping after the last
-    captured layer) is the same for all.
+    captured layer) is the same for all. An adapter that can also form its rows again from what a forward kept is a
+    :class:`~biasviz.adapters.again.FormsRowsAgain` too.
     """
 
     architecture: str = ""  # 'biasviz-gpt2', 'nanogpt', 'bloom', 'mpt', 'falcon', 't5-encoder', ...
@@ -247,57 +190,16 @@ class ModelAdapter:
         batch under way; every block of a forward has been sent when it returns.
 
         The one way what a forward computed leaves the model: a summary reduces each block as it comes (no (H, T, T)
-        tensor where the model forms none), a full file lays them together (:meth:`capture`). Adapters whose models
-        form blocks of rows send them as they come; those whose hooks see a call's whole matrix send it as one block
-        (r0 = 0, keys = T) once the forward is done, with :attr:`RowBlock.marked`. With the scores (for adapters that
+        tensor where the model forms none), a full file lays them together
+        (:func:`biasviz.extraction.full_matrices.full_matrices`). Adapters whose models form blocks of rows send them
+        as they come; those whose hooks see a call's whole matrix send it as one block (r0 = 0, keys = T) once the
+        forward is done, with :attr:`RowBlock.marked`. With the scores (for adapters that
         :attr:`captures_scores`), a call's q and k go too (k multiplied by the call's scale), where the adapter knows
         them (docs/positional.md's positional logits are made of them). Implementations wrap their hooks in
         :meth:`stopping_after` so that :meth:`forward` stops early.
         """
         raise NotImplementedError
         yield  # pragma: no cover
-
-    @contextlib.contextmanager
-    def capture(self, layers: list[int], want_bias: bool = True, want_scores: bool = False) -> Iterator[Captured]:
-        """Within the block, each :meth:`forward` lays ``layers``' whole matrices into the result (the scores too with
-        ``want_scores``, for adapters that :attr:`captures_scores`): what a full file stores, from :meth:`stream`."""
-        got = Captured()
-        with self.stream(layers, want_bias, got.place, want_scores and self.captures_scores):
-            yield got
-
-    # -- forming a layer's rows again (summaries linear in samples) ------------------------------
-    replays: ClassVar[bool] = False  # True: :meth:`keep` and :meth:`rows_again` are implemented
-    # True: a layer's rows are c·q·kᵀ + b from the bank's q and k, (N, T, H·d) each, and :meth:`bias_again`'s bias:
-    # what the fused statistics kernels form (biasviz.summaries.fused_layer)
-    fused_rows: ClassVar[bool] = False
-
-    @contextlib.contextmanager
-    def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
-        """Within the block, each :meth:`forward` puts into ``bank`` (a :class:`~biasviz.summaries.bank.SampleBank`)
-        what :meth:`rows_again` needs of ``layers``, per sample and position; ``tick(batch)`` as each
-        attention layer is reached. The forward itself runs at full speed (nothing listens at the weights)."""
-        raise NotImplementedError
-        yield  # pragma: no cover
-
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
-        """One sample's :class:`RowBlock` of rows r0 .. r1 - 1 of ``layer`` (bias only when
-        ``want_bias``), from what :meth:`keep` put in ``bank``: the values the forward formed (causal models)."""
-        raise NotImplementedError
-
-    def bias_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int) -> Any:
-        """One sample's bias rows r0 .. r1 - 1 of ``layer`` against keys 0 .. r1 - 1, (1, H, rows, r1), formed by the
-        model's own scheme from what :meth:`keep` put in ``bank``, nothing else of the rows; None where the adapter
-        cannot form them alone (the fused statistics then leave the layer to :meth:`rows_again`)."""
-        return None
-
-    def score_scale(self, layer: int) -> float:
-        """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
-        raise NotImplementedError
-
-    def key_repeats(self, layer: int) -> int:
-        """How many query heads share each key head of ``layer`` where the bank holds k repeated for them (grouped
-        queries); 1 where it holds each key head once (the fused kernels then read one copy, GROUP of them)."""
-        return 1
 
     def rotary(self, layer: int) -> Any:
         """How ``layer``'s call pairs the dims it rotates (:class:`biasviz.adapters.rotary.RotaryLayout`), as the
@@ -323,11 +225,6 @@ class ModelAdapter:
         held = rotary_module(self.model) if isinstance(self.model, torch.nn.Module) else None
         if held is not None and find_rotary(self.model) is None:  # a rotation the measures cannot split
             return unread_rotary(held)
-        return None
-
-    def attended(self, layer: int) -> torch.Tensor | None:
-        """The cells ``layer`` attends to, (1, 1 or H, T, T) bool, as the forward under :meth:`keep` masked them, where
-        that is not the causal triangle (a sliding window, a block mask); None: exactly causal."""
         return None
 
     @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 Capture uses the model's named hook points (``blocks.{L}.attn.hook_bias`` and ``hook_pattern``), which
 pass each layer's matrices in blocks of query rows (:mod:`biasviz.model.hooks`): :meth:`BiasGPTAdapter.stream`
-hands the blocks on as they come, :meth:`BiasGPTAdapter.capture` assembles them into full matrices.
+hands the blocks on as they come (a full file lays them together: :mod:`biasviz.extraction.full_matrices`).
 The forward pass stops after the last captured attention layer (:meth:`ModelAdapter.forward`).
 """
 
@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from biasviz.adapters.again import FormsRowsAgain
 from biasviz.adapters.base import RELATIVE, ModelAdapter, RowBlock
 from biasviz.adapters.files import check_safetensors, model_type, parameter_files, tokenizer_in, unsafe_pickle_error
 from biasviz.common.errors import BiasvizError
@@ -30,12 +31,11 @@ CONFIG_FILE = "config.json"
 MODEL_TYPE = BiasGPTConfig.model_type
 
 
-class BiasGPTAdapter(ModelAdapter):
+class BiasGPTAdapter(FormsRowsAgain, ModelAdapter):
     """A :class:`BiasGPTForCausalLM` (trained by biasviz, or rebuilt from a nanoGPT state dict)."""
 
     architecture = "biasviz-gpt2"
     bias_convention = RELATIVE
-    replays = True
     fused_rows = True
     captures_scores = True
     accepts_attn_scale = False  # a checkpoint directory's config.json records its q.k scale

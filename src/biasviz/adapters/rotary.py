@@ -76,13 +76,18 @@ def rotating_calls(adapter: Any) -> dict[int, bool]:
     rotary module is taken at its word."""
     layers = list(range(int(adapter.n_layers)))
     ids = torch.full((1, PROBE_POSITIONS), _probe_token(adapter.model), dtype=torch.long)
+    operands: dict[int, tuple[Any, Any]] = {}
+
+    def sink(block: Any) -> None:  # each call's q and k, where the adapter sees them
+        if block.q is not None and block.k is not None:
+            operands[block.layer] = (block.q, block.k)
+
     try:
-        with adapter.capture(layers, want_bias=False, want_scores=True) as got:
+        with adapter.stream(layers, False, sink, want_scores=bool(adapter.captures_scores)):
             adapter.forward(ids.to(adapter.device))
-            operands = dict(got.operands)
     except Exception:  # a model that takes no input this short: no evidence either way
-        operands = {}
-    return {layer: layer not in operands or any(_moves(t) for t in operands[layer][:2]) for layer in layers}
+        operands.clear()
+    return {layer: layer not in operands or any(_moves(t) for t in operands[layer]) for layer in layers}
 def _probe_token(model: Any) -> int:
     """A token whose embedding is not zero: a padding id's row is (Gemma's id 0), and a zero input rotated by position
     is still zero, which would read as a call that rotates nothing."""

@@ -1,7 +1,7 @@
 """The one form in which what a model computed reaches the statistics: a :class:`RowBlock`.
 
 Whether the model forms its rows as it runs (hooks streaming blocks of query rows), or a summary forms them again from
-what the forward kept (a sample's q and k, :meth:`~biasviz.adapters.base.ModelAdapter.rows_again`), every statistic
+what the forward kept (a sample's q and k, :meth:`~biasviz.adapters.again.FormsRowsAgain.rows_again`), every statistic
 sees the same thing: one layer, some samples, query rows r0 .. r1 - 1 against keys 0 .. K - 1, with the cells the call
 attended to. A reducer (:mod:`biasviz.summaries.reducers`) takes them in any order and never asks where they came from.
 

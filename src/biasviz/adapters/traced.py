@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS, ModelAdapter, RowBlock, WholeCalls, refuse_meta
+from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS, FormsRowsAgain
+from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls, refuse_meta
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
@@ -56,7 +57,7 @@ def _max_length(model: nn.Module) -> int | None:
     return n if isinstance(n, int) else None
 
 
-class TracedAdapter(ModelAdapter):
+class TracedAdapter(FormsRowsAgain, ModelAdapter):
     """A module whose attention calls (SDPA, flex_attention, torch's layers, eager softmax) are traced; layers are
     call indices."""
 

@@ -4,21 +4,22 @@ there are the model's.
 A call whose own mask removes cells that its rule keeps (padding given as an ``attention_mask``, packed documents, a
 sliding window; docs/hdf5.md, 'Attended cells') holds its mask there, not the model's values, in its scores and bias.
 A call that comes whole shows them: its scores (or, without them, its bias) are NaN or -inf exactly where it masked
-(:attr:`~biasviz.adapters.base.Captured.marked`). A full file stores every cell of the rule (j <= i, or every cell), so
-such a call's bias or scores are refused with what to do instead, before anything is published, rather than taken
-for a broken model; its weights alone are stored as the model formed them.
+(:attr:`~biasviz.extraction.full_matrices.FullMatrices.marked`). A full file stores every cell of the rule (j <= i,
+or every cell), so such a call's bias or scores are refused with what to do instead, before anything is published,
+rather than taken for a broken model; its weights alone are stored as the model formed them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from biasviz.adapters.base import Captured, ModelAdapter
+from biasviz.adapters.base import ModelAdapter
 from biasviz.adapters.rows import plain_cells
 from biasviz.common.errors import BiasvizError
+from biasviz.extraction.full_matrices import FullMatrices
 
 
-def check_own_masks(got: Captured, adapter: ModelAdapter, kinds: list[str]) -> None:
+def check_own_masks(got: FullMatrices, adapter: ModelAdapter, kinds: list[str]) -> None:
     """Refuse a batch in which a call whose bias or scores the file stores masked cells that its rule keeps."""
     stored = [kind for kind in ("bias", "scores") if kind in kinds]
     if not stored:
@@ -41,7 +42,7 @@ def check_own_masks(got: Captured, adapter: ModelAdapter, kinds: list[str]) -> N
                            "weights alone")  # fmt: skip
 
 
-def check_captured(got: Captured, layers: list[int], kinds: list[str], adapter: ModelAdapter) -> None:
+def check_captured(got: FullMatrices, layers: list[int], kinds: list[str], adapter: ModelAdapter) -> None:
     """Refuse a batch missing a layer's matrices, saying why they were not formed."""
     missing = [layer for kind in kinds for layer in layers if layer not in got.of(kind)]
     if "scores" in kinds and all(layer in got.weights for layer in layers) and missing:

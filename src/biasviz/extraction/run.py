@@ -26,6 +26,7 @@ from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name
 from biasviz.common.progress import Progress
 from biasviz.extraction.batch_checks import check_captured, check_own_masks
+from biasviz.extraction.full_matrices import full_matrices
 from biasviz.store import BiasFileWriter
 from biasviz.store.compression import parse_compression
 from biasviz.store.format import BIAS_DIFFERENCE
@@ -249,7 +250,7 @@ def _run(
     agreement = SameBias() if writer.bias_shared else None
     with (
         writer,
-        adapter.capture(layer_list, want_bias=held["bias"], want_scores=held["scores"]) as got,
+        full_matrices(adapter, layer_list, want_bias=held["bias"], want_scores=held["scores"]) as got,
         Progress(n, desc="extract", unit="sample", show=progress) as bar,
         _ChunkSink(writer, dev) as sink,
     ):

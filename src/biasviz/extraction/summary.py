@@ -10,9 +10,10 @@ batch (or, in one batch, reduced at once). Nothing of size N·T² is ever held.
 A bias the scheme declares the same for every input is measured, not assumed (docs/hdf5.md, 'Summary files'): every
 sample's bias rows are compared with the first sample's as they come (:mod:`biasviz.summaries.sharing`), and the largest
 difference over samples, layers and used cells is the root attribute ``bias_max_difference``, as in full files. Replayed
-models form each sample's bias rows anyway (the scores need them): :meth:`ModelAdapter.rows_again` passes them on,
-formed by the model's own scheme module from that sample's own layer input as its forward formed what it passed through
-``hook_bias``; comparing them costs one read per sample and block, no pass over the model. Streamed models send every
+models form each sample's bias rows anyway (the scores need them):
+:meth:`~biasviz.adapters.again.FormsRowsAgain.rows_again` passes them on, formed by the model's own scheme module from
+that sample's own layer input as its forward formed what it passed through ``hook_bias``; comparing them costs one read
+per sample and block, no pass over the model. Streamed models send every
 sample's blocks as the hooks see them; over several batches the first sample's (H, T, T) rows are kept, beside the
 per-cell moments of the same size that such a run keeps anyway. While every sample equals the first, one is summarised
 for all (or, for a bias of i - j alone, its f(d)); from the first difference on, the layer's bias is summarised per
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from biasviz.adapters.again import forms_rows_again
 from biasviz.adapters.base import ModelAdapter, RowBlock
 from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, placed, without_autocast
 from biasviz.common.errors import BiasvizError, MasksDifferBySample, check_interrupted
@@ -88,8 +90,8 @@ def summarise(
     """Run ``adapter`` over ``ids`` (N, T) and return the summaries of ``layer_list`` (the model is in place).
 
     Samples run in batches of ``batch_size``. Adapters that can form a layer's rows again
-    (:attr:`ModelAdapter.replays`) keep per sample what forms them (q, k, the layer's input; in memory, or
-    in an anonymous file in ``scratch`` beyond the bank's budget) and form the rows block by block over all
+    (:func:`~biasviz.adapters.again.forms_rows_again`) keep per sample what forms them (q, k, the layer's input; in
+    memory, or in an anonymous file in ``scratch`` beyond the bank's budget) and form the rows block by block over all
     samples afterwards (:mod:`biasviz.summaries.replay`): time linear in N, memory one batch plus the bank.
     Others keep per-cell moments of the whole matrix, (H, T, T), merged batch after batch.
 
@@ -138,7 +140,8 @@ def _summarise(
         raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
                            "spread of a coarser map needs every sample of a cell in one process; run it in one "
                            "process")  # fmt: skip
-    replay = (merge is None or gather is not None) and adapter.replays and bool(adapter.causal) and not streamed
+    replay = (merge is None or gather is not None) and forms_rows_again(adapter) and bool(adapter.causal)
+    replay = replay and not streamed
     joint = not replay and merge is None and batch_size >= n
     has_bias = bool(adapter.adds_bias)
     modes = {"weights": "joint" if replay or joint else "cells"}

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from biasviz.adapters.base import SAMPLE_CELLS
+from biasviz.adapters.again import SAMPLE_CELLS
 from biasviz.adapters.rotary import RotaryLayout
 from biasviz.store.datasets import FREQUENCY_USE, se_name
 from biasviz.summaries.sample_cells import ROWS_PER_READ

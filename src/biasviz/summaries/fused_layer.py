@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from biasviz.adapters.base import SAMPLE_CELLS
+from biasviz.adapters.again import SAMPLE_CELLS
 from biasviz.common.memory import size_text
 from biasviz.common.settings import statistics_mode
 from biasviz.common.shapes import host_arrays, step_cells

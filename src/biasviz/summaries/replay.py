@@ -2,7 +2,7 @@
 
 The forward of each sample keeps only what forms the layer's cells (:mod:`biasviz.summaries.bank`). Then,
 for one block of query rows at a time, every sample's bias and weights of those rows are formed again (the
-adapter's :meth:`~biasviz.adapters.base.ModelAdapter.rows_again`, the model's own arithmetic) and summed
+adapter's :meth:`~biasviz.adapters.again.FormsRowsAgain.rows_again`, the model's own arithmetic) and summed
 into per-cell moments of the block alone (:class:`~biasviz.summaries.moments.ShiftedSums`). The block's
 per-cell mean and spread over all samples then go into the running sums of
 :class:`~biasviz.summaries.layer.QuantitySummary`, exactly as when every sample ran in one batch. Time is

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from biasviz.adapters.base import MASK_DIGEST, SAMPLE_CELLS
+from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS
 from biasviz.common.errors import BiasvizError
 from biasviz.summaries.attended import block_sums
 
