@@ -50,6 +50,7 @@ from biasviz.extraction.run import (
     check_windows,
     provenance,
 )
+from biasviz.extraction.summary_plan import SummaryFacts, plan
 from biasviz.store.datasets import MIN_SE_SAMPLES
 from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, MASK, SE_NOTE, block_size
 from biasviz.store.summary_writer import write_summary_file
@@ -140,21 +141,12 @@ def _summarise(
         raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
                            "spread of a coarser map needs every sample of a cell in one process; run it in one "
                            "process")  # fmt: skip
-    replay = (merge is None or gather is not None) and forms_rows_again(adapter) and bool(adapter.causal)
-    replay = replay and not streamed
-    joint = not replay and merge is None and batch_size >= n
-    has_bias = bool(adapter.adds_bias)
-    modes = {"weights": "joint" if replay or joint else "cells"}
-    # streamed models give their scores, q and k as they run, where the adapter captures them (joined under torchrun)
-    streamed_position = not replay and adapter.captures_scores
-    if replay or streamed_position:  # the softmax's input, formed again or streamed (docs/positional.md)
-        modes["scores"] = modes["weights"]
-    if has_bias:
-        # declared the same for every input: measured sample by sample against the first (QuantitySummary.agreement),
-        # summarised once while all agree. Processes that merge per-cell moments cannot compare theirs with process
-        # 0's first sample: there every sample's bias is summarised, whatever the declaration
-        declared = bias_is_shared(adapter) and (replay or merge is None)
-        modes["bias"] = "shared" if declared else modes["weights"]
+    chosen = plan(SummaryFacts(forms_rows_again=forms_rows_again(adapter), causal=bool(adapter.causal),
+                               captures_scores=bool(adapter.captures_scores), adds_bias=bool(adapter.adds_bias),
+                               declared_shared=bias_is_shared(adapter), merged=merge is not None,
+                               gathered=gather is not None, streamed=streamed, samples=n,
+                               batch_size=batch_size))  # fmt: skip
+    replay, modes = chosen.formed_again, chosen.modes
     # a shared bias of i - j alone is summarised from its T values, as long as every sample's rows, formed again for
     # the scores anyway, equal the first's: nothing of it is summarised cell by cell
     direct = {layer: f for layer in layer_list if replay and modes.get("bias") == "shared"
@@ -175,8 +167,8 @@ def _summarise(
                                             block=block, causal=adapter.layer_causal(layer), device=dev,
                                             positional=positional, measures=measures,
                                             rotary=adapter.rotary(layer) if measures else None)
-                    for layer in layer_list} if streamed_position else {}
-        _streamed(adapter, ids, layer_list, dev, parts, n if joint else batch_size, progress, position,
+                    for layer in layer_list} if chosen.streamed_position else {}
+        _streamed(adapter, ids, layer_list, dev, parts, chosen.forward_batch, progress, position,
                   merged=merge is not None, caller=caller)
         held = merge(parts, position) if merge is not None else True
         extras = {layer: p.result() for layer, p in position.items()} if held else {}
