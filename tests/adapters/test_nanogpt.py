@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from biasviz.adapters import load_model
+from biasviz.adapters.nanogpt import NanoGPTAdapter, load_state_dict_model, read_layout, unwrap
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.run import extract
 from biasviz.store import open_bias_file
@@ -258,3 +259,110 @@ def test_nanogpt_stream_reproduces_the_reference_in_blocks(tmp_path, monkeypatch
         last = ref.transformer.h[layer].attn.last
         torch.testing.assert_close(got[layer, "weights"], last["weights"], rtol=0, atol=2e-6)
         torch.testing.assert_close(got[layer, "bias"][..., causal], last["bias"][..., causal], rtol=0, atol=2e-5)
+
+
+# --- what the keys and shapes say -------------------------------------------------------------------------------
+def _keys(c: int = 4, layers: int = 2, vocab: int = 11) -> dict[str, torch.Tensor]:
+    """The tensors read_layout reads the architecture from, nanoGPT's way round (c_attn (3C, C))."""
+    g = torch.Generator().manual_seed(0)
+    state = {"transformer.wte.weight": torch.randn(vocab, c, generator=g)}
+    for n in range(layers):
+        state[f"transformer.h.{n}.attn.c_attn.weight"] = torch.randn(3 * c, c, generator=g)
+        state[f"transformer.h.{n}.attn.c_attn.bias"] = torch.randn(3 * c, generator=g)
+        state[f"transformer.h.{n}.attn.bias"] = torch.ones(1, 1, 16, 16).tril()  # nanoGPT's causal mask buffer
+    return state
+
+
+def test_a_checkpoint_is_unwrapped_to_its_tensors_and_model_arguments(tmp_path) -> None:
+    wte = torch.zeros(3, 2)
+    tensors, args = unwrap({"state_dict": {"transformer.wte.weight": wte}, "config": {"n_head": 2, "block_size": 8},
+                            "model_args": {"n_head": 4}, "step": 10}, tmp_path / "x.pt")  # fmt: skip
+    assert list(tensors) == ["transformer.wte.weight"] and tensors["transformer.wte.weight"] is wte
+    assert args == {"n_head": 4, "block_size": 8}  # model_args say it over config
+    tensors, args = unwrap({"model_state_dict": {"transformer.wte.weight": wte}}, tmp_path / "x.pt")
+    assert list(tensors) == ["transformer.wte.weight"] and args == {}
+    tensors, _ = unwrap({"transformer.wte.weight": wte, "iter_num": 3, "lr": 0.1}, tmp_path / "x.pt")  # flat
+    assert list(tensors) == ["transformer.wte.weight"]  # its tensors only
+    with pytest.raises(BiasvizError, match=r"x\.pt holds a list, not a state dict of tensors"):
+        unwrap([torch.zeros(1)], tmp_path / "x.pt")
+
+
+def test_the_architecture_is_read_off_the_shapes(tmp_path) -> None:
+    state = _keys(c=4, layers=3, vocab=11)
+    layout = read_layout(state, {"n_head": 2}, tmp_path / "x.pt")
+    assert (layout.n_layer, layout.n_embd, layout.vocab_size, layout.n_head) == (3, 4, 11, 2)
+    assert (layout.n_positions, layout.linear_bias, layout.conv1d, layout.tied) == (16, True, False, True)
+    assert layout.scheme_from_keys is None  # no wpe, no h_attn: --scheme must say
+    assert sorted(layout.state) == ["blocks.0.attn.c_attn.bias", "blocks.0.attn.c_attn.weight",
+                                    "blocks.1.attn.c_attn.bias", "blocks.1.attn.c_attn.weight",
+                                    "blocks.2.attn.c_attn.bias", "blocks.2.attn.c_attn.weight",
+                                    "embed.weight"]  # the mask buffers dropped  # fmt: skip
+    assert torch.equal(layout.state["blocks.1.attn.c_attn.weight"], state["transformer.h.1.attn.c_attn.weight"])
+
+
+def test_compile_ddp_and_transformers_prefixes_are_stripped_and_conv1d_transposed(tmp_path) -> None:
+    state = _keys(c=4, layers=1)
+    conv1d = {k.removeprefix("transformer."): v.t() if k.endswith("c_attn.weight") else v for k, v in state.items()}
+    prefixed = {f"module._orig_mod.module.{k}": v for k, v in conv1d.items()}  # DDP around compile around DDP
+    layout = read_layout(prefixed, {}, tmp_path / "x.pt")
+    assert layout.conv1d and layout.n_embd == 4 and layout.n_layer == 1
+    assert torch.equal(layout.state["blocks.0.attn.c_attn.weight"], state["transformer.h.0.attn.c_attn.weight"])
+
+
+def test_a_head_equal_to_the_embedding_is_tied_and_another_is_kept(tmp_path) -> None:
+    state = _keys()
+    layout = read_layout({**state, "lm_head.weight": state["transformer.wte.weight"].clone()}, {}, tmp_path / "x.pt")
+    assert layout.tied and "lm_head.weight" not in layout.state
+    other = state["transformer.wte.weight"] + 1
+    layout = read_layout({**state, "lm_head.weight": other}, {}, tmp_path / "x.pt")
+    assert not layout.tied and torch.equal(layout.state["lm_head.weight"], other)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda s: s.pop("transformer.wte.weight"), "does not look like a nanoGPT/GPT-2 state dict"),
+    (lambda s: [s.pop(k) for k in list(s) if k.startswith("transformer.h.1.")], r"lacks blocks \[1\]"),
+    (lambda s: [s.pop(k) for k in list(s) if k.startswith("transformer.h.")], "holds no transformer blocks"),
+    (lambda s: s.__setitem__("transformer.h.0.attn.c_attn.weight", torch.zeros(5, 4)),
+     r"c_attn\.weight has shape \(5, 4\), expected \(12, 4\)"),
+    (lambda s: s.__setitem__("transformer.h.1.attn.c_attn.weight", torch.zeros(12, 4, 1)),
+     r"transformer\.h\.1\.attn\.c_attn\.weight has shape \(12, 4, 1\); expected 2 dimensions"),
+    (lambda s: s.pop("transformer.h.0.attn.c_attn.weight"), "no attn.c_attn.weight"),
+])  # fmt: skip
+def test_keys_and_shapes_that_do_not_add_up_are_refused(tmp_path, edit, message: str) -> None:
+    state = _keys(c=4, layers=3)
+    edit(state)
+    with pytest.raises(BiasvizError, match=message):
+        read_layout(state, {}, tmp_path / "x.pt")
+
+
+def test_transformers_gpt2_model_keys_behind_prefixes_give_its_own_attention(tmp_path) -> None:
+    """GPT2Model's keys (no ``transformer.``, no head) behind DDP's and torch.compile's prefixes: the rebuilt model's
+    weights are transformers' eager ``output_attentions``, q.k scaled and GELU tanh as GPT-2's."""
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=V, n_positions=32, attn_implementation="eager")
+    hf = GPT2Model(config).eval()
+    torch.save({"model": {f"module._orig_mod.{k}": v for k, v in hf.state_dict().items()},
+                "model_args": {"n_head": 2}}, tmp_path / "gpt2.pt")  # fmt: skip
+    adapter = load_state_dict_model(tmp_path / "gpt2.pt")
+    assert (adapter.scheme, adapter.architecture) == ("learned", "gpt2-state-dict")
+    assert (adapter.n_heads, adapter.max_length) == (2, 32)
+    assert adapter.model.config.activation == "gelu_tanh"
+    x = torch.as_tensor(ids(2))
+    with adapter.capture([0], want_bias=False) as cap:
+        adapter.forward(x)
+    with torch.no_grad():
+        expected = hf(x, output_attentions=True).attentions[0]
+    torch.testing.assert_close(cap.weights[0], expected, atol=2e-6, rtol=0)
+
+
+def test_state_dict_files_and_nanogpt_folders_are_opened(tmp_path) -> None:
+    for name in ("a.pt", "b.PTH", "c.bin", "d.ckpt", "e.safetensors", "f.json", "g.txt"):
+        (tmp_path / name).write_bytes(b"")
+    for folder, files in (("out", ["ckpt.pt"]), ("hf", ["ckpt.pt", "config.json"]), ("empty", [])):
+        (tmp_path / folder).mkdir()
+        for f in files:
+            (tmp_path / folder / f).write_bytes(b"")
+    opens = sorted(p.name for p in tmp_path.iterdir() if NanoGPTAdapter.can_open(p))
+    assert opens == ["a.pt", "b.PTH", "c.bin", "d.ckpt", "e.safetensors", "out"]
