@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import biasviz
-from biasviz.adapters.transformers_traced import traced_name
 from tests.conftest import run_cli, small_model
 
 
@@ -40,16 +39,6 @@ def test_two_traced_models_in_one_folder_keep_their_own_figures(tmp_path: Path, 
                                  str(tmp_path / "figures")], capsys)  # fmt: skip
         assert rc == 0, err
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == ["llama_weights.png", "mistral_weights.png"]
-
-
-@pytest.mark.parametrize(("kind", "folder", "name"), [
-    ("llama", "x", "llama"), ("../../etc", "x", "etc"), ("", "my model", "my_model"), ("", ".hidden", "hidden"),
-    ("/", "..", "traced"), ("a/b\\c", "d", "a_b_c"),
-])  # fmt: skip
-def test_a_traced_name_is_one_safe_file_name(kind: str, folder: str, name: str, tmp_path: Path) -> None:
-    got = traced_name(kind, tmp_path / folder if folder != ".." else Path("/"))
-    assert got == name
-    assert "/" not in got and "\\" not in got and not got.startswith(".")
 
 
 @pytest.fixture

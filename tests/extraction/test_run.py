@@ -1,5 +1,6 @@
 """Extraction against independent math: what lands in the file is exactly each scheme's bias, and
-weights equal a softmax recomputed here from q and k (or transformers' own GPT-2 attention)."""
+weights equal a softmax recomputed here from q and k (transformers' GPT-2, read from its state dict, against its own
+attention: tests/adapters/test_nanogpt.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from biasviz.adapters import load_model
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.common.errors import BiasvizError
 from biasviz.extraction.run import extract
@@ -149,25 +149,6 @@ def test_reference_math_catches_a_wrong_bias(tmp_path):
         b = f.read("bias")[0]
     used = np.tril(np.ones((T, T), bool))
     assert not np.allclose(b[:, used], ref[0][:, used], atol=1e-3)
-
-
-def test_weights_equal_transformers_eager_gpt2(tmp_path):
-    """Vanilla GPT-2 weights (transformers' Conv1D layout) reproduce transformers' eager attention."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_head=H, n_embd=C, vocab_size=97, n_positions=64, attn_implementation="eager")
-    hf = GPT2LMHeadModel(cfg).eval()
-    torch.save({"model": hf.state_dict(), "model_args": {"n_head": H}}, tmp_path / "gpt2.pt")  # width 48: say H
-    adapter = load_model(tmp_path / "gpt2.pt")
-    assert adapter.scheme == "learned" and adapter.architecture == "gpt2-state-dict"
-    ids = windows(2, 32)
-    result = extract(adapter, ids, tmp_path / "g.h5", layers="all")
-    with torch.no_grad():
-        attentions = hf(torch.as_tensor(ids), output_attentions=True).attentions
-    with open_bias_file(result.path) as f:
-        for layer in (0, 1):
-            np.testing.assert_allclose(f.read("weights", layer), attentions[layer].numpy(), atol=1e-6)
 
 
 def test_all_layers_and_uneven_batches_stream_one_batch_at_a_time(tmp_path, monkeypatch):

@@ -1,8 +1,8 @@
-"""Checkpoint series: folders of any common naming, log:N, identical checkpoints, sweeps of summaries.
+"""Checkpoint series: folders of any common naming, identical checkpoints, sweeps of summaries.
 
 Tiny random GPT-NeoX (Pythia's architecture, traced) and BLOOM (hooked) models are saved as several checkpoints;
-the recorded hashes are checked against hashlib over the weight files, and log:N against lists worked out by hand.
-Revisions in a local hub cache are tested in test_hub.py, resuming a sweep in test_resume.py.
+the recorded hashes are checked against hashlib over the weight files. The names of a series and log:N are tested in
+tests/training/test_series.py, revisions in a local hub cache in test_hub.py, resuming a sweep in test_resume.py.
 """
 
 from __future__ import annotations
@@ -19,12 +19,10 @@ import pytest
 
 from biasviz.common.errors import BiasvizError, UsageError
 from biasviz.extraction.sweep import extract_sweep, resolve_series
-from biasviz.training.series import STEP_PATTERNS, log_spaced, parse_name
 from tests.conftest import run_cli
 from tests.series_models import VOCAB, tiny_bloom, tiny_neox
 
 TEXT = "def f(x):\n    return x * 2  # doubled\n" * 200
-PYTHIA_STEPS = [0, *[2**k for k in range(10)], *range(1000, 143001, 1000)]  # Pythia's 154 revisions
 
 
 def everything(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -44,30 +42,6 @@ def assert_same_file(a: Path, b: Path, may_differ: set[str]) -> None:
         assert da[name].dtype == db[name].dtype and da[name].tobytes() == db[name].tobytes(), name
     assert aa.keys() == ab.keys()
     assert {k for k in aa if aa[k] != ab[k]} <= may_differ
-
-
-# --- names and log:N -----------------------------------------------------------------------------------------
-def test_the_table_parses_its_own_examples_and_nothing_else() -> None:
-    expected = {"checkpoint-1000": (1000, None), "global_step1000": (1000, None), "iter_0001000": (1000, None),
-                "step_1000": (1000, None), "stage1-step1000-tokens4B": (1000, 4 * 10**9),
-                "step1000": (1000, None)}  # fmt: skip
-    assert {example: parse_name(example) for _, example, _ in STEP_PATTERNS} == expected
-    assert parse_name("step1000-tokens4194B") == (1000, 4194 * 10**9)  # OLMo-7B's names have no stage
-    for other in ("main", "checkpoint-final", "step-1000", "global_step", "v1.0", "stage1-step1000"):
-        assert parse_name(other) is None, other
-
-
-def test_log_spaced_picks_the_hand_computed_steps() -> None:
-    # Pythia, log:10: step0, then 9 targets 1 * 143000^(k/8) = 1, 4.41, 19.5, 85.8, 378, 1669, 7363, 32477, 143000,
-    # each the nearest present step in log: 1, 4, 16, 64, 512 (378: |ln 512/378| = 0.30 < |ln 378/256| = 0.39),
-    # 2000, 7000, 32000, 143000
-    assert log_spaced(PYTHIA_STEPS, 10) == [0, 1, 4, 16, 64, 512, 2000, 7000, 32000, 143000]
-    # log:3 of Pythia: 0, then targets 1 and 143000 only
-    assert log_spaced(PYTHIA_STEPS, 3) == [0, 1, 143000]
-    # no step 0: targets 10, 100, 1000 over 10..1000; a cluster at the low end still gives N distinct steps
-    assert log_spaced([10, 20, 30, 100, 1000], 3) == [10, 100, 1000]
-    assert log_spaced([1, 2, 3, 1000], 3) == [1, 3, 1000]  # target 31.6: 3 (ln 10.5) beats 1000 (ln 31.6)
-    assert log_spaced([5, 6], 9) == [5, 6] and log_spaced([5, 6, 7], 1) == [7]
 
 
 # --- folders of checkpoints, one per naming pattern ---------------------------------------------------------------
@@ -110,13 +84,6 @@ def test_step_pattern_reads_other_names_and_is_checked(tmp_path: Path) -> None:
         resolve_series(root, "all", r"ckpt-e\d+-s(\d+)")
     with pytest.raises(UsageError, match="not a regular expression"):
         resolve_series(root, "all", r"ckpt-(?P<step>\d+")
-
-
-def test_the_sweeps_page_shows_the_table_the_code_uses() -> None:
-    from biasviz.training.series import pattern_table
-
-    page = (Path(__file__).resolve().parents[2] / "docs" / "sweeps.md").read_text(encoding="utf-8")
-    assert pattern_table() in page
 
 
 def test_checkpoints_with_byte_identical_weights_are_named_in_a_warning_and_in_the_file(

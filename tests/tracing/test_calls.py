@@ -4,7 +4,6 @@ own explicit attention, and against attention written out here in float64."""
 from __future__ import annotations
 
 import math
-import re
 import warnings
 
 import h5py
@@ -270,52 +269,6 @@ def test_extract_refuses_a_model_that_calls_no_fused_attention(tmp_path) -> None
     with pytest.raises(BiasvizError, match="without calling scaled_dot_product_attention"):
         biasviz.extract(model, torch.zeros(1, 5, dtype=torch.long), tmp_path / "x.h5", device="cpu")
     assert not (tmp_path / "x.h5").exists()
-
-
-def test_cli_extracts_from_code_and_factory_with_a_checkpoint(tmp_path, capsys) -> None:
-    torch.manual_seed(7)
-    other = nano_gpt.GPT(nano_gpt.GPTConfig(vocab_size=300), flash=True)
-    code = tmp_path / "mine.py"
-    code.write_text("import torch\nfrom tests.nano_gpt import GPT, GPTConfig\n\n"
-                    "def build(checkpoint=None):\n    model = GPT(GPTConfig(vocab_size=300))\n"
-                    "    if checkpoint:\n        model.load_state_dict(torch.load(checkpoint, weights_only=True))\n"
-                    "    return model\n")  # fmt: skip
-    torch.save(other.state_dict(), tmp_path / "ckpt.pt")
-    out = tmp_path / "mine.h5"
-    code_rc, _, err = run_cli(["extract", "--model", f"{code}:build", "--checkpoint", str(tmp_path / "ckpt.pt"),
-                               "--samples", "2", "--seq-len", "32", "--layer", "all", "--out", str(out),
-                               "--quiet"], capsys)  # fmt: skip
-    assert code_rc == 0, err
-    explicit = nano_gpt.GPT(nano_gpt.GPTConfig(vocab_size=300), flash=False).eval()
-    explicit.load_state_dict(other.state_dict())
-    with h5py.File(out) as f:
-        ids = torch.from_numpy(f["input_ids"][:]).long()
-        assert f.attrs["source_model"].endswith("(" + str((tmp_path / "ckpt.pt").resolve()) + ")")
-        with torch.no_grad():
-            explicit(ids)
-        for layer in range(3):
-            assert close(torch.from_numpy(f[f"layer_{layer}/weights"][:]), explicit.transformer.h[layer].attn.last_att)
-
-
-@pytest.mark.parametrize(("spec", "extra", "message"), [
-    ("{tmp}/missing.py:make", [], "is not a file"),
-    ("{tmp}/broken.py:make", [], "importing broken.py failed: ZeroDivisionError"),
-    ("{tmp}/ok.py:absent", [], "defines no callable 'absent'"),
-    ("{tmp}/ok.py:not_a_module", [], "returned a int, not a torch.nn.Module"),
-    ("{tmp}/ok.py:raises", [], r"raises\(\) failed: RuntimeError: no weights"),
-    ("{tmp}/ok.py:make", ["--no-scale"], "--no-scale does not apply"),
-    ("{tmp}/ok.py:make", ["--bias-only"], "--bias-only: the bias of a traced model"),
-])  # fmt: skip
-def test_cli_factory_errors(tmp_path, capsys, spec: str, extra: list[str], message: str) -> None:
-    (tmp_path / "broken.py").write_text("1 / 0\n")
-    (tmp_path / "ok.py").write_text("from tests.nano_gpt import make\n\ndef not_a_module():\n    return 3\n\n"
-                                    "def raises():\n    raise RuntimeError('no weights')\n")  # fmt: skip
-    out = tmp_path / "o.h5"
-    rc, _, err = run_cli(["extract", "--model", spec.format(tmp=tmp_path), *extra, "--seq-len", "16",
-                          "--samples", "1", "--out", str(out), "--quiet"], capsys)  # fmt: skip
-    lines = err.strip().splitlines()
-    assert rc in (1, 2) and len(lines) == 1 and lines[0].startswith("Error:") and re.search(message, lines[0]), err
-    assert not out.exists()
 
 
 def test_cli_checkpoint_applies_to_code_only(tmp_path, capsys) -> None:

@@ -220,31 +220,6 @@ def test_heads_mixed_by_an_einsum_are_noted() -> None:
     assert t.bias == {} and "mixed" in t.notes[0] and t.weights[0].shape == (2, H, T, T)
 
 
-class ZeroTable(torch.nn.Module):
-    """A learned per-head, per-distance table that holds zeros, handed to SDPA as its float mask."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.table = torch.nn.Parameter(torch.zeros(H, 2 * T - 1))
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
-        i = torch.arange(T)
-        bias = self.table[:, i[:, None] - i[None, :] + T - 1]
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=bias)
-        zero_mask = torch.zeros(q.shape[0], 1, 1, T).masked_fill(~padding[:, None, None, :], float("-inf"))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=zero_mask) + out
-
-
-def test_a_zero_learned_table_is_a_bias_and_a_zero_padding_mask_is_not() -> None:
-    g = torch.Generator().manual_seed(6)
-    q, k = (torch.randn(2, H, T, D, generator=g) for _ in range(2))
-    model = ZeroTable()
-    with torch.no_grad(), biasviz.trace(model) as t:
-        model(q, k, torch.ones(2, T, dtype=torch.bool))
-    assert t.calls[0].adds_bias and torch.equal(t.bias[0], torch.zeros(1, H, T, T))
-    assert not t.calls[1].adds_bias and 1 not in t.bias  # built from the input: a mask with nothing masked
-
-
 def test_deberta_scores_are_its_content_product_plus_the_relative_terms() -> None:
     """``--capture scores`` of an eager call: the softmax's input, q·kᵀ / √(3d) (float64, from the model's own
     projections) plus c2p + p2c; its softmax is ``output_attentions``; the call's q and k give the first part."""

@@ -1,0 +1,137 @@
+"""A transformers directory with no adapter of its own (:mod:`biasviz.adapters.transformers_traced`): the class its
+config names, in float32, SDPA attention or eager where the config softcaps the logits; an encoder-decoder's decoder
+fed the ids shifted right as BART's own ``shift_tokens_right`` shifts them; a model that takes no token ids refused;
+the name its files carry.
+
+Every model is a tiny random one built from its config class and saved to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from biasviz.adapters.transformers_traced import (
+    TransformersSdpaAdapter,
+    decoder_ids,
+    decoder_start,
+    load_transformers_sdpa,
+    traced_name,
+)
+from biasviz.common.errors import BiasvizError
+
+V = 50
+
+
+@pytest.mark.parametrize(("kind", "folder", "name"), [
+    ("llama", "x", "llama"), ("../../etc", "x", "etc"), ("", "my model", "my_model"), ("", ".hidden", "hidden"),
+    ("/", "..", "traced"), ("a/b\\c", "d", "a_b_c"),
+])  # fmt: skip
+def test_a_traced_name_is_one_safe_file_name(kind: str, folder: str, name: str, tmp_path: Path) -> None:
+    got = traced_name(kind, tmp_path / folder if folder != ".." else Path("/"))
+    assert got == name
+    assert "/" not in got and "\\" not in got and not got.startswith(".")
+
+
+# --- an encoder-decoder's decoder input --------------------------------------------------------------------------
+@pytest.mark.parametrize("start", [0, 2, 7])
+def test_decoder_ids_are_bart_s_own_shift_right(start: int) -> None:
+    from transformers.models.bart.modeling_bart import shift_tokens_right
+
+    ids = torch.randint(3, V, (3, 9), generator=torch.Generator().manual_seed(start))
+    before = ids.clone()
+    got = decoder_ids(ids, start)
+    assert torch.equal(got, shift_tokens_right(before, pad_token_id=1, decoder_start_token_id=start))
+    assert got.dtype == ids.dtype and torch.equal(ids, before)  # the ids themselves are left as they were
+
+
+def test_the_decoder_starts_from_its_start_token_else_the_pad_token(tmp_path: Path) -> None:
+    assert decoder_start(SimpleNamespace(decoder_start_token_id=2, pad_token_id=1), tmp_path) == 2
+    assert decoder_start(SimpleNamespace(decoder_start_token_id=None, pad_token_id=0), tmp_path) == 0  # T5's
+    assert decoder_start(SimpleNamespace(pad_token_id=5), tmp_path) == 5
+    with pytest.raises(BiasvizError, match=r"config\.json names no decoder_start_token_id \(nor pad_token_id\)"):
+        decoder_start(SimpleNamespace(decoder_start_token_id=None, pad_token_id=None), tmp_path)
+
+
+def test_an_encoder_decoder_runs_whole_its_decoder_fed_the_shifted_ids(tmp_path: Path) -> None:
+    import transformers as tf
+    from transformers.models.bart.modeling_bart import shift_tokens_right
+
+    config = tf.BartConfig(vocab_size=V, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                           decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                           max_position_embeddings=32, decoder_start_token_id=2, pad_token_id=1)  # fmt: skip
+    torch.manual_seed(0)
+    tf.BartForConditionalGeneration(config).save_pretrained(tmp_path / "bart")
+    adapter = load_transformers_sdpa(tmp_path / "bart")
+    seen: list[dict] = []
+    adapter.model.register_forward_pre_hook(lambda _m, _a, kwargs: seen.append(kwargs), with_kwargs=True)
+    ids = torch.randint(3, V, (2, 10), generator=torch.Generator().manual_seed(1))
+    adapter.forward(ids)
+    (kwargs,) = seen
+    assert torch.equal(kwargs["input_ids"], ids) and kwargs["use_cache"] is False
+    assert torch.equal(kwargs["decoder_input_ids"], shift_tokens_right(ids, 1, 2))
+
+
+# --- loading -----------------------------------------------------------------------------------------------------
+def _llama(directory: Path, **extra: object) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=32, **extra)  # fmt: skip
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
+def test_a_directory_loads_as_the_class_it_names_in_float32_with_sdpa(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+
+    directory = _llama(tmp_path / "my llama")
+    adapter = load_transformers_sdpa(directory)
+    model = adapter.model
+    assert type(model) is LlamaForCausalLM and model.config._attn_implementation == "sdpa" and not model.training
+    saved = load_file(str(directory / "model.safetensors"))
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}
+    state = model.state_dict()
+    for name, tensor in saved.items():  # saved in bfloat16, run in float32: the same values, widened
+        assert state[name].dtype == torch.float32 and torch.equal(state[name], tensor.float()), name
+    assert adapter.scheme == "llama"  # named by its architecture when no --scheme names it
+    assert adapter.source == str(directory.resolve())
+    assert adapter.sha256 == hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
+    assert json.loads(adapter.config_json) == json.loads((directory / "config.json").read_text())
+    assert adapter.tokenizer is None and adapter.architecture == "LlamaForCausalLM"
+    assert load_transformers_sdpa(directory, "rope").scheme == "rope"
+
+
+def test_a_config_that_softcaps_the_logits_is_loaded_eager(tmp_path: Path) -> None:
+    """Softcapping has no SDPA form: a config.json that names ``attn_logit_softcapping`` (Gemma2's key) is loaded
+    eager, even for a class that SDPA would load (Gemma2's own class refuses SDPA in transformers itself)."""
+    directory = _llama(tmp_path / "capped", attn_logit_softcapping=50.0)
+    assert json.loads((directory / "config.json").read_text())["attn_logit_softcapping"] == 50.0
+    assert load_transformers_sdpa(directory).model.config._attn_implementation == "eager"
+    assert load_transformers_sdpa(_llama(tmp_path / "plain")).model.config._attn_implementation == "sdpa"
+
+
+def test_a_model_that_takes_no_token_ids_is_refused(tmp_path: Path) -> None:
+    from transformers import ViTConfig, ViTModel
+
+    ViTModel(ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                       image_size=8, patch_size=4)).save_pretrained(tmp_path / "vit")  # fmt: skip
+    with pytest.raises(BiasvizError, match=r"'vit' model \(ViTModel\), which takes pixel_values, not token ids"):
+        load_transformers_sdpa(tmp_path / "vit")
+
+
+def test_the_traced_adapter_opens_any_directory_with_a_config(tmp_path: Path) -> None:
+    (tmp_path / "with").mkdir()
+    (tmp_path / "with" / "config.json").write_text(json.dumps({"model_type": "made-up"}))
+    (tmp_path / "without").mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    assert TransformersSdpaAdapter.can_open(tmp_path / "with")
+    assert not TransformersSdpaAdapter.can_open(tmp_path / "without")
+    assert not TransformersSdpaAdapter.can_open(tmp_path / "config.json")  # a file, not a directory
