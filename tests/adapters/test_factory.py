@@ -197,3 +197,52 @@ def test_code_that_fails_to_import_is_one_error_and_leaves_sys_path(tmp_path: Pa
     assert sys.path == path_before
     with pytest.raises(BiasvizError, match="is not a file"):
         load_factory(f"{tmp_path / 'absent.py'}:make")
+
+
+DATACLASS_CODE = """
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Config:
+    width: int = 8
+    heads: int = 2
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.emb = torch.nn.Embedding(50, config.width)
+
+    def forward(self, ids):
+        x = self.emb(ids).view(ids.shape[0], ids.shape[1], self.config.heads, -1).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+
+def make():
+    config = pickle.loads(pickle.dumps(Config()))  # pickle finds the class through its module
+    return Tiny(config)
+"""
+
+
+def test_code_whose_dataclasses_read_their_module_loads_as_a_plain_import_would(tmp_path: Path) -> None:
+    """String annotations on a dataclass, and pickle, look the class's module up in ``sys.modules`` while the code runs:
+    the code is registered there as an import registers it."""
+    (tmp_path / "configured.py").write_text(DATACLASS_CODE)
+    adapter = load_factory(f"{tmp_path / 'configured.py'}:make")
+    assert adapter.model.config.width == 8 and type(adapter.model).__module__ in sys.modules
+    adapter.forward(torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_code_that_fails_to_import_leaves_no_module_behind(tmp_path: Path) -> None:
+    (tmp_path / "half.py").write_text("VALUE = 1\nraise ValueError('halfway')\n")
+    before = set(sys.modules)
+    with pytest.raises(BiasvizError, match=r"importing half\.py failed: ValueError: halfway"):
+        load_factory(f"{tmp_path / 'half.py'}:make")
+    assert set(sys.modules) == before

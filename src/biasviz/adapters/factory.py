@@ -63,8 +63,14 @@ def load_factory(spec: str, checkpoint: str | None = None, scheme: str | None = 
         if loader is None or loader.loader is None:
             raise BiasvizError(f"--model {spec}: cannot import {path} as Python code")
         code = importlib.util.module_from_spec(loader)
-        with users_code(spec, f"importing {path.name}"):
-            loader.loader.exec_module(code)
+        # registered while it runs, as an import does: dataclasses, typing and pickle look a class's module up there
+        sys.modules[module_name] = code
+        try:
+            with users_code(spec, f"importing {path.name}"):
+                loader.loader.exec_module(code)
+        except BaseException:
+            sys.modules.pop(module_name, None)  # a failed import leaves nothing behind, as importlib's own
+            raise
         factory = getattr(code, name, None)
         if not callable(factory):
             raise BiasvizError(f"--model {spec}: {path.name} defines no callable '{name}'")
