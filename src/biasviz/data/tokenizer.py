@@ -20,7 +20,8 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def build_tokenizer(documents: list[str], vocab_size: int) -> Tokenizer:
-    """Train a GPT-2-style byte-level BPE with ``vocab_size`` entries (EOS included).
+    """Train a GPT-2-style byte-level BPE with at most ``vocab_size`` entries (EOS included): fewer where the
+    documents run out of pairs to merge (``get_vocab_size()`` says how many; training reads it).
 
     Byte-level means every input can be encoded: there is no unknown token.
     """
