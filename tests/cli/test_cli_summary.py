@@ -1,4 +1,5 @@
-"""`plot`, `diagnose`, `info` and `explore` on summary files (docs/hdf5.md, 'Summary files') and shared-bias files.
+"""`plot`, `diagnose` and `explore` on summary files (docs/hdf5.md, 'Summary files') and shared-bias files
+(`info` on them: tests/cli/test_info_cmd.py).
 
 Figures are caught on their way to disk (``save_figure`` wrapped) and their drawn artists compared with
 the file's data; the files are written with h5py (tests/summary_files.py), independently of biasviz's writer.
@@ -167,24 +168,6 @@ def test_diagnose_and_dynamics_of_a_summary_sweep(files: dict[str, Path], figure
         mean, _ = f.profile("bias")
     first = next(a for a in figures["cable_dynamics"].axes if a.get_title() == "Head 1")
     np.testing.assert_allclose(first.lines[-1].get_ydata(), mean[0])
-
-
-def test_info_says_what_a_summary_and_a_shared_file_hold(files: dict[str, Path],
-                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    code, out, err = run_cli(["info", str(files["summary"])], capsys)
-    assert code == 0, err
-    assert "summary         yes (extract --summary): mean and std over 3 samples" in out
-    assert "resolution      10: blocks of 5 x 5 positions" in out
-    assert "layer_3/bias_mean       float32 (12, 10, 10)" in out and "layer_3/diagnostics     compound (12,)" in out
-    code, out, err = run_cli(["info", "--json", str(files["summary"])], capsys)
-    layout = json.loads(out)["biasviz_layout"]
-    assert (layout["summary"], layout["resolution"], layout["block"], layout["samples"]) == (True, R, 5, N)
-    assert layout["datasets"]["layer_3/weights_profile"] == {"shape": [2, H, T], "dtype": "float32"}
-    code, out, err = run_cli(["info", str(files["shared"])], capsys)
-    assert "layer_3/bias    float32" in out and "shared: one matrix for all 4 samples" in out
-    code, out, err = run_cli(["info", "--json", str(files["shared"])], capsys)
-    layout = json.loads(out)["biasviz_layout"]
-    assert layout["bias_shared"] and layout["datasets"]["layer_3/bias"]["shape"] == [1, H, T, T]
 
 
 def test_the_explorer_shows_a_summarys_block_means(files: dict[str, Path], tmp_path: Path,
