@@ -1,5 +1,5 @@
 """`plot`, `diagnose` and `explore` on summary files (docs/hdf5.md, 'Summary files') and shared-bias files
-(`info` on them: tests/cli/test_info_cmd.py).
+(`info` on them, and diagnose's stored values: tests/cli/test_info_cmd.py, tests/cli/test_diagnose_cmd.py).
 
 Figures are caught on their way to disk (``save_figure`` wrapped) and their drawn artists compared with
 the file's data; the files are written with h5py (tests/summary_files.py), independently of biasviz's writer.
@@ -124,34 +124,6 @@ def test_a_per_sample_request_on_a_summary_is_one_error(files: dict[str, Path], 
     code, _, err = run_cli(["plot", "--scheme", "cable", "--input", str(files["full"]), "--kind", "std",
                             "--sample", "2", "--out-dir", str(out)], capsys)  # fmt: skip
     assert code == 2 and err.startswith("Error:")
-
-
-def test_diagnose_reads_the_stored_values(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    summary = tmp_path / "stored.h5"
-    summary.write_bytes(files["summary"].read_bytes())
-    stored = np.zeros(H, [("context_dependence", "f8"), ("toeplitz_residual", "f8"), ("separability_residual", "f8")])
-    stored["context_dependence"] = np.arange(H) / 7  # values no recomputation from the maps could give
-    stored["toeplitz_residual"] = 0.25
-    stored["separability_residual"][3] = np.nan
-    with h5py.File(summary, "r+") as f:
-        f[f"layer_{LAYER}/diagnostics"][...] = stored
-    target = tmp_path / "d.json"
-    code, _, err = run_cli(["diagnose", str(summary), str(files["full"]), str(files["shared"]), "--json", str(target),
-                            "--format", "png", "--out-dir", str(tmp_path)], capsys)  # fmt: skip
-    assert code == 0, err
-    doc = json.loads(target.read_text())["schemes"]
-    got = doc["cable-stored"]
-    assert (got["seq_len"], got["samples"], got["summary"], got["resolution"], got["block"]) == (T, N, True, R, 5)
-    assert [h["context_dependence"] for h in got["heads"]] == pytest.approx(list(np.arange(H) / 7), abs=0)
-    assert {h["toeplitz_residual"] for h in got["heads"]} == {0.25}
-    assert got["heads"][3]["separability_residual"] is None
-    full = doc["cable-cable-full"]
-    assert (full["seq_len"], full["samples"], full["summary"]) == (T, N, False) and "block" not in full
-    assert [h["context_dependence"] for h in doc["alibi"]["heads"]] == [0.0] * H  # shared bias, 4 samples
-    legend = [t.get_text() for t in figures["diagnostics"].legends[0].get_texts()]
-    assert "cable-stored (T = 48, N = 3)" in legend and "ALiBi (T = 48, N = 4)" in legend
-    assert "T = 48" in figures["cable-stored_bias_profile"].get_suptitle()
 
 
 def test_diagnose_and_dynamics_of_a_summary_sweep(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,
