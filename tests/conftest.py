@@ -76,7 +76,10 @@ SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png
               "test_presets_have_gpt2_small_shape_and_twelve_heads", "test_a_compiled_model_is_traced_eagerly",
               "test_cli_extracts_from_code_and_factory_with_a_checkpoint",
               "test_plot_draws_a_captured_file_under_its_recorded_name",
-              "test_two_traced_models_in_one_folder_keep_their_own_figures"}  # fmt: skip
+              "test_two_traced_models_in_one_folder_keep_their_own_figures",
+              "test_the_librarys_figures_are_the_commands_pngs",
+              "test_info_says_what_a_summary_and_a_shared_file_hold",
+              "test_diagnose_reads_the_stored_values"}  # fmt: skip
 
 
 # The files that take longest (seconds summed over their tests in one `make test` at a load of 5 to 9 on 2 cores, a

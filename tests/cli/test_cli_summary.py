@@ -1,4 +1,5 @@
-"""`plot`, `diagnose`, `info` and `explore` on summary files (docs/hdf5.md, 'Summary files') and shared-bias files.
+"""`plot`, `diagnose` and `explore` on summary files (docs/hdf5.md, 'Summary files') and shared-bias files
+(`info` on them, and diagnose's stored values: tests/cli/test_info_cmd.py, tests/cli/test_diagnose_cmd.py).
 
 Figures are caught on their way to disk (``save_figure`` wrapped) and their drawn artists compared with
 the file's data; the files are written with h5py (tests/summary_files.py), independently of biasviz's writer.
@@ -125,34 +126,6 @@ def test_a_per_sample_request_on_a_summary_is_one_error(files: dict[str, Path], 
     assert code == 2 and err.startswith("Error:")
 
 
-def test_diagnose_reads_the_stored_values(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    summary = tmp_path / "stored.h5"
-    summary.write_bytes(files["summary"].read_bytes())
-    stored = np.zeros(H, [("context_dependence", "f8"), ("toeplitz_residual", "f8"), ("separability_residual", "f8")])
-    stored["context_dependence"] = np.arange(H) / 7  # values no recomputation from the maps could give
-    stored["toeplitz_residual"] = 0.25
-    stored["separability_residual"][3] = np.nan
-    with h5py.File(summary, "r+") as f:
-        f[f"layer_{LAYER}/diagnostics"][...] = stored
-    target = tmp_path / "d.json"
-    code, _, err = run_cli(["diagnose", str(summary), str(files["full"]), str(files["shared"]), "--json", str(target),
-                            "--format", "png", "--out-dir", str(tmp_path)], capsys)  # fmt: skip
-    assert code == 0, err
-    doc = json.loads(target.read_text())["schemes"]
-    got = doc["cable-stored"]
-    assert (got["seq_len"], got["samples"], got["summary"], got["resolution"], got["block"]) == (T, N, True, R, 5)
-    assert [h["context_dependence"] for h in got["heads"]] == pytest.approx(list(np.arange(H) / 7), abs=0)
-    assert {h["toeplitz_residual"] for h in got["heads"]} == {0.25}
-    assert got["heads"][3]["separability_residual"] is None
-    full = doc["cable-cable-full"]
-    assert (full["seq_len"], full["samples"], full["summary"]) == (T, N, False) and "block" not in full
-    assert [h["context_dependence"] for h in doc["alibi"]["heads"]] == [0.0] * H  # shared bias, 4 samples
-    legend = [t.get_text() for t in figures["diagnostics"].legends[0].get_texts()]
-    assert "cable-stored (T = 48, N = 3)" in legend and "ALiBi (T = 48, N = 4)" in legend
-    assert "T = 48" in figures["cable-stored_bias_profile"].get_suptitle()
-
-
 def test_diagnose_and_dynamics_of_a_summary_sweep(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     code, _, err = run_cli(["diagnose", str(files["sweep"]), "--json", str(tmp_path / "d.json"), "--no-figures"],
@@ -167,24 +140,6 @@ def test_diagnose_and_dynamics_of_a_summary_sweep(files: dict[str, Path], figure
         mean, _ = f.profile("bias")
     first = next(a for a in figures["cable_dynamics"].axes if a.get_title() == "Head 1")
     np.testing.assert_allclose(first.lines[-1].get_ydata(), mean[0])
-
-
-def test_info_says_what_a_summary_and_a_shared_file_hold(files: dict[str, Path],
-                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    code, out, err = run_cli(["info", str(files["summary"])], capsys)
-    assert code == 0, err
-    assert "summary         yes (extract --summary): mean and std over 3 samples" in out
-    assert "resolution      10: blocks of 5 x 5 positions" in out
-    assert "layer_3/bias_mean       float32 (12, 10, 10)" in out and "layer_3/diagnostics     compound (12,)" in out
-    code, out, err = run_cli(["info", "--json", str(files["summary"])], capsys)
-    layout = json.loads(out)["biasviz_layout"]
-    assert (layout["summary"], layout["resolution"], layout["block"], layout["samples"]) == (True, R, 5, N)
-    assert layout["datasets"]["layer_3/weights_profile"] == {"shape": [2, H, T], "dtype": "float32"}
-    code, out, err = run_cli(["info", str(files["shared"])], capsys)
-    assert "layer_3/bias    float32" in out and "shared: one matrix for all 4 samples" in out
-    code, out, err = run_cli(["info", "--json", str(files["shared"])], capsys)
-    layout = json.loads(out)["biasviz_layout"]
-    assert layout["bias_shared"] and layout["datasets"]["layer_3/bias"]["shape"] == [1, H, T, T]
 
 
 def test_the_explorer_shows_a_summarys_block_means(files: dict[str, Path], tmp_path: Path,

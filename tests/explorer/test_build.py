@@ -1,4 +1,5 @@
-"""`biasviz explore` without a browser: the page's contents, the size budget and the CLI's errors."""
+"""`biasviz explore` without a browser: the page's contents and the size budget (the command's errors:
+tests/cli/test_explore_cmd.py)."""
 
 from __future__ import annotations
 
@@ -109,32 +110,6 @@ def test_files_that_differ_in_shape_are_not_compared(tmp_path: Path, make_bias_f
     b = make_bias_file(tmp_path / "b.h5", heads=3, t=16)
     with pytest.raises(biasviz.common.errors.BiasvizError, match="cannot be compared cell by cell"):
         build_page_data([a, b])
-
-
-def test_errors_are_one_line_and_an_existing_page_is_kept(tmp_path: Path, make_bias_file: Callable[..., Path],
-                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    bogus = tmp_path / "notes.h5"
-    bogus.write_text("not hdf5")
-    src = make_bias_file(tmp_path / "alibi.h5")
-    out = tmp_path / "p.html"
-    cases = [
-        ["explore", str(bogus), "--out", str(out)],
-        ["explore", str(src), "--layer", "7", "--out", str(out)],
-        ["explore", str(tmp_path / "missing.h5"), "--out", str(out)],
-    ]
-    for args in cases:
-        code, _, err = run_cli(args, capsys)
-        assert code == 1 and err.startswith("Error:") and len(err.strip().splitlines()) == 1, err
-        assert "Traceback" not in err
-    assert not out.exists()
-    out.write_text("keep me")
-    code, _, err = run_cli(["explore", str(src), "--out", str(out)], capsys)
-    assert code == 1 and "--force" in err and out.read_text() == "keep me"
-    code, _, err = run_cli(["explore", str(src), "--out", str(out), "--force"], capsys)
-    assert code == 0 and out.read_text().startswith("<!DOCTYPE html>")
-    code, _, err = run_cli(["explore", str(src), str(src), str(src)], capsys)
-    assert code == 2 and err.startswith("Error:")
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary left
 
 
 def test_python_api_renders_in_notebooks_and_saves(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:

@@ -20,7 +20,6 @@ import pytest
 import biasviz
 from biasviz.common.arguments import ArgumentTypeError
 from biasviz.common.errors import UsageError
-from tests.conftest import run_cli
 
 DPI = 60
 pytestmark = pytest.mark.slow  # figures rendered and CLI runs
@@ -60,24 +59,6 @@ def test_plot_makes_and_runs_no_click_command(small: Path, monkeypatch: pytest.M
     assert isinstance(figs, list) and len(figs) == 2
     with pytest.raises(UsageError, match="--log applies to attention weights"):
         biasviz.plot(small, log=True)
-
-
-def test_the_librarys_figures_are_the_commands_pngs(small: Path, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    """``biasviz.plotting.draw.figures``, saved as the command saves (its style, no --caption), gives its pixels."""
-    from biasviz.plotting.draw import figures
-    from biasviz.plotting.save import save_figure
-
-    code, _, err = run_cli(["plot", "--input", str(small), "--kind", "all", "--sample", "2", "--format", "png",
-                            "--dpi", str(DPI), "--out-dir", str(tmp_path / "cli")], capsys)  # fmt: skip
-    assert code == 0, err
-    kept = figures(small, "all", sample=2, dpi=DPI)
-    assert [style for _, style in kept] == ["neurips", "neurips"]
-    for (fig, style), kind in zip(kept, ("bias", "weights"), strict=True):
-        (written,) = save_figure(fig, tmp_path / "lib" / kind, ["png"], dpi=DPI, style=style)
-        want = mpimg.imread(tmp_path / "cli" / f"cable_{kind}.png")
-        assert np.array_equal(mpimg.imread(written), want), kind
-        assert "\\caption{" in fig.biasviz_caption
 
 
 def test_the_old_module_path_is_the_new_one() -> None:
