@@ -193,3 +193,14 @@ def test_a_key_position_bias_is_noted(files: dict[str, Path], tmp_path: Path,
     assert "note: this file stores the bias in key-position form" in capsys.readouterr().err
     run_matrices(job(path, Sink(), scheme="alibi", normalize="diagonal"), "bias", tmp_path, ["png"], 60)
     assert "key-position" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("style", ["icml", "acl"])
+def test_every_figure_is_saved_in_the_style_asked_for(files: dict[str, Path], tmp_path: Path, style: str) -> None:
+    """The paper settings a figure is saved under (math font, font embedding) are the venue's asked for: the heat
+    maps' as the profiles' and the dynamics'."""
+    sink = Sink()
+    run_matrices(job(files["full"], sink, style=style), "all", tmp_path, ["png"], 60)
+    run_over_samples(job(files["full"], sink, style=style), "profile", tmp_path, ["png"], 60)
+    run_dynamics(job(files["sweep"], sink, style=style), "dynamics", tmp_path, ["png"], 60)
+    assert len(sink.got) >= 5 and {got["style"] for got in sink.got} == {style}

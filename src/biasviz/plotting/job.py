@@ -182,7 +182,7 @@ class PlotJob:
                            f"{'blocks' if bf.is_summary else 'cells'} (--max-cells)")  # fmt: skip
         caption = Caption(self.scheme, QUANTITIES[panel_kind], heads.layer, which or samples_text(bf.n_samples),
                           [d for d in details if d], grid_reading(fig, bf.causal, panel_kind, shared, log))  # fmt: skip
-        return self._save(fig, out_dir / stem, formats, caption.latex(bf), dpi=dpi, info=info)
+        return self._save(fig, out_dir / stem, formats, caption.latex(bf), dpi=dpi, info=info, style=self.style)
 
     def _draw_profile(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str],
                       dpi: int) -> list[Path]:  # fmt: skip
