@@ -61,6 +61,8 @@ def test_a_full_file(capsys: pytest.CaptureFixture[str]) -> None:
            SimpleNamespace(size=4), None)  # fmt: skip
     assert said(capsys)[0] == ("wrote n.h5: 8 samples x 4 heads x 64 x 64, layer 3 weights (scheme 'nope' adds no "
                                "bias), float16, 4 processes, 12.3 MB in 4.0 s\n")  # fmt: skip
+    report(request(), ADAPTER, result(Path("one.h5"), samples=1), ONE, None)
+    assert said(capsys)[0].startswith("wrote one.h5: 1 sample x 12 heads x 64 x 64, layer 3")
     report(request(kinds=("weights", "scores")), ADAPTER, result(Path("s.h5")), ONE, None)
     assert "layer 3 weights and scores, float16" in said(capsys)[0]  # bias not asked for: nothing said of it
 
@@ -98,7 +100,8 @@ def test_a_summary_says_what_it_holds_as_read_back(tmp_path: Path, capsys: pytes
     report(request(summary=True), SimpleNamespace(n_heads=2, scheme="rope"), result(one, layers=[2], samples=1),
            ONE, None)  # fmt: skip
     out, err = said(capsys)
-    assert ": 2 heads x 64 x 64 cells, layer 2 weights (scheme 'rope' adds no bias), float32" in out
+    assert out.startswith(f"wrote {one}: summary of 1 sample: 2 heads x 64 x 64 cells, layer 2 weights (scheme 'rope' "
+                          "adds no bias), float32")  # fmt: skip
     assert err.startswith("note: no positional logits P: P needs two samples or more") and "--samples 2" in err
 
 

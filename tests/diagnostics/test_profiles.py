@@ -115,3 +115,14 @@ def test_a_bias_stored_once_counts_for_every_sample() -> None:
         np.testing.assert_allclose(p.mean[h], want_mean, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(p.std[h], want_std, rtol=1e-6, atol=1e-6)
     assert p.std[0, 0] == 0 and p.std[0, -1] == 0  # distances +-(T - 1): one cell, the same in every copy
+
+
+def test_a_plain_numpy_array_is_read_as_its_samples() -> None:
+    """A numpy array's ``repeat`` is a method, not a count of samples: every sample is read as it is."""
+    x = np.random.default_rng(5).normal(size=(3, 2, T, T)).astype(np.float32)
+    got = dataset_profiles(x)
+    assert got.samples == 3
+    for h in range(2):
+        want_mean, want_std = by_diagonal(x[:, h], range(T))
+        np.testing.assert_allclose(got.mean[h], want_mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.std[h], want_std, rtol=1e-5, atol=1e-6)

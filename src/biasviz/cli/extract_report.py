@@ -35,11 +35,12 @@ def report(request: Any, adapter: Any, result: Any, w: Any, series: Any) -> None
         steps = [str(c.step) for c in series.chosen]
         shown = ", ".join(steps if len(steps) <= 8 else [*steps[:4], "...", *steps[-3:]])
         where += f", {len(steps)} checkpoints (steps {shown})"
+    samples = f"{result.samples} sample{'s' * (result.samples != 1)}"
     if request.summary:
         maps = blocks(result.seq_len, request.resolution)
-        shape = f"summary of {result.samples} samples: {adapter.n_heads} heads x {maps}"
+        shape = f"summary of {samples}: {adapter.n_heads} heads x {maps}"
     else:
-        shape = f"{result.samples} samples x {adapter.n_heads} heads x {result.seq_len} x {result.seq_len}"
+        shape = f"{samples} x {adapter.n_heads} heads x {result.seq_len} x {result.seq_len}"
     click.echo(
         f"wrote {result.path}: {shape}, layer {names} {stored}, {'float32' if request.summary else request.dtype}"
         f"{where}, {result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s"

@@ -94,6 +94,16 @@ def diagnose_array(bias: np.ndarray, normalize: str = "none", causal: bool = Tru
             for h in range(b.shape[1])]  # fmt: skip
 
 
+def read_once(dataset: object) -> tuple[object, int]:
+    """What to read of a (sample, head, query, key) dataset and how many samples each read stands for: a bias stored
+    once for every sample (a view with an integer ``repeat`` and ``stored``, :mod:`biasviz.store.views`) once, counted
+    ``repeat`` times; anything else (an h5py dataset, a numpy array, whose ``repeat`` is a method) as it is."""
+    repeat = getattr(dataset, "repeat", 1)
+    if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat > 1:
+        return getattr(dataset, "stored", dataset), repeat
+    return dataset, 1
+
+
 def diagnose_dataset(dataset: object, normalize: str = "none", causal: bool = True) -> Iterator[HeadDiagnostics]:
     """Diagnostics of each head of an HDF5 (sample, head, query, key) dataset, read one matrix at a time.
 
@@ -101,8 +111,7 @@ def diagnose_dataset(dataset: object, normalize: str = "none", causal: bool = Tr
     stored once for every sample (a view with ``repeat`` and ``stored``, :mod:`biasviz.store.views`) is read
     once per head and counted ``repeat`` times.
     """
-    repeat = int(getattr(dataset, "repeat", 1))
-    stored = getattr(dataset, "stored", dataset) if repeat > 1 else dataset
+    stored, repeat = read_once(dataset)
     n_samples, n_heads = stored.shape[:2]  # type: ignore[attr-defined]
     for h in range(n_heads):
         mats = (np.asarray(stored[s, h], dtype=np.float32) for s in range(n_samples))  # type: ignore[index]

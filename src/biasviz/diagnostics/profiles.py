@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from biasviz.diagnostics.measures import subtract_diagonal
+from biasviz.diagnostics.measures import read_once, subtract_diagonal
 
 
 @dataclass
@@ -70,8 +70,7 @@ def dataset_profiles(dataset: object, causal: bool = True, normalize: str = "non
 
     ``normalize='diagonal'`` subtracts each row's diagonal value from each matrix first.
     """
-    repeat = int(getattr(dataset, "repeat", 1))
-    stored = getattr(dataset, "stored", dataset) if repeat > 1 else dataset
+    stored, repeat = read_once(dataset)
     n_samples, n_heads, seq_len = stored.shape[0], stored.shape[1], stored.shape[-1]  # type: ignore[attr-defined]
     means, stds = [], []
     acc = ProfileAccumulator(seq_len, causal)
