@@ -127,3 +127,30 @@ def test_a_file_named_for_no_module_is_reported_with_the_names_it_could_have() -
     assert line.startswith("tests/summaries/test_made_up_engine.py is named for no module of src/biasviz/summaries/")
     assert "reducers" in line and "fused_layer" in line  # a file that is not there could be named for any module
     (line,) = problems(["summaries/test_made_up_engine.py", *package_test_files()])
+
+
+def names_to_test(package: str) -> set[str]:
+    """What a module of ``package`` may be: its modules, subpackages, and the package itself where its ``__init__.py``
+    holds code of its own (a function or class; not only imports, nor only a ``__getattr__`` that imports lazily)."""
+    folder = SRC / package
+    names = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
+    names |= {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    body = ast.parse((folder / "__init__.py").read_text(encoding="utf-8")).body
+    if any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name not in ("__getattr__", "__dir__")
+           for node in body):
+        names.add(package)
+    return names
+
+
+def untested() -> list[str]:
+    """Every module of src/biasviz no test file is named for."""
+    missing = []
+    for package in packages():
+        named = {named_for(p.name, package) for p in (TESTS / package).glob("test_*.py")}
+        missing += [f"src/biasviz/{package}/{name}" for name in sorted(names_to_test(package) - named)]
+    return missing
+
+
+def test_every_module_has_a_test_file_named_for_it() -> None:
+    """``ls tests/<package>/test_<module>*`` lists a module's tests: for every module there is one to list."""
+    assert not untested(), "modules no test file is named for: " + ", ".join(untested())
