@@ -154,3 +154,11 @@ def untested() -> list[str]:
 def test_every_module_has_a_test_file_named_for_it() -> None:
     """``ls tests/<package>/test_<module>*`` lists a module's tests: for every module there is one to list."""
     assert not untested(), "modules no test file is named for: " + ", ".join(untested())
+
+
+def test_the_heavy_files_handed_out_first_are_there() -> None:
+    """tests/conftest.py's HEAVY_FILES orders the files xdist hands out: a name that moved would silently hand the
+    file out late."""
+    from tests.conftest import HEAVY_FILES
+
+    assert not [name for name in HEAVY_FILES if not (TESTS / name).is_file()]

@@ -78,8 +78,8 @@ def rotating_calls(adapter: Any) -> dict[int, bool]:
     ids = torch.full((1, PROBE_POSITIONS), _probe_token(adapter.model), dtype=torch.long)
     operands: dict[int, tuple[Any, Any]] = {}
 
-    def sink(block: Any) -> None:  # each call's q and k, where the adapter sees them
-        if block.q is not None and block.k is not None:
+    def sink(block: Any) -> None:  # each call's q and k, where the adapter sees them (with the call's scale)
+        if block.q is not None and block.k is not None and block.scale is not None:
             operands[block.layer] = (block.q, block.k)
 
     try:
