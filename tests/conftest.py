@@ -82,27 +82,27 @@ SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png
               "test_diagnose_reads_the_stored_values"}  # fmt: skip
 
 
-# The files that take longest (seconds summed over their tests in one `make test` of 3,193 tests, 600 s on 2 cores;
-# only their order matters), heaviest first. `make test` hands out whole files to its two workers in the order
-# collected here (--no-loadscope-reorder, and pytest_configure below): the heavy files first, so that neither worker is
-# left with one of them while the other has finished (xdist's own order, by number of tests, put the heavy files with
-# few tests last). Measure again when files move: a stale order hands a heavy file out late
-HEAVY_FILES = {"extraction/test_distributed.py": 111, "project/test_gpu_run.py": 55, "cli/test_plot_cmd.py": 51,
-               "cli/test_cli_interrupts.py": 50, "summaries/test_kernels_accumulators.py": 49,
-               "project/test_hostile_values.py": 39, "project/test_hostile_io.py": 37, "cli/test_cli_summary.py": 28,
-               "plotting/test_position_kinds.py": 28, "project/test_untrusted.py": 27, "project/test_examples.py": 27,
-               "extraction/test_sweep_torchrun.py": 25, "plotting/test_style_width.py": 22,
-               "explorer/test_hostile_page.py": 22, "model/test_model_long.py": 20, "summaries/test_kernels.py": 20,
-               "plotting/test_positional_compare.py": 16, "adapters/test_hostile_side_files.py": 15,
-               "training/test_provenance_note.py": 15, "cli/test_cli_imports.py": 15, "cli/test_cli_errors.py": 13,
-               "cli/test_notebook_plot.py": 12, "explorer/test_page_views.py": 11, "explorer/test_page_browser.py": 11,
-               "notebook/test_notebook_library_path.py": 11, "project/test_make_outputs.py": 11,
-               "plotting/test_caption.py": 10, "cli/test_hostile_signals.py": 10, "project/test_readme.py": 10,
-               "plotting/test_measures_plots.py": 10, "adapters/test_device_map_errors.py": 10,
-               "store/test_reader_fuzz.py": 10, "project/test_hostile.py": 9, "cli/test_cli_startup.py": 9,
-               "common/test_hostile_concurrent.py": 9, "plotting/test_measures_page.py": 9,
-               "summaries/test_fused_layer.py": 9, "extraction/test_bias_only.py": 8, "explorer/test_page_review.py": 8,
-               "plotting/test_heatmap.py": 8}  # fmt: skip
+# The files that take longest (seconds summed over their tests in one `make test` at a load of 5 to 9 on 2 cores, a
+# 42-minute run; only their order matters), heaviest first. `make test` hands out whole files to its two workers in
+# the order collected here (--no-loadscope-reorder, and pytest_configure below): the heavy files first, so that
+# neither worker is left with one of them while the other has finished (xdist's own order, by number of tests, put
+# the heavy files with few tests last)
+HEAVY_FILES = {"extraction/test_distributed.py": 372, "cli/test_plot_cmd.py": 298, "training/test_loop.py": 252,
+               "project/test_gpu_run.py": 225, "project/test_hostile_io.py": 216, "cli/test_cli_summary.py": 191,
+               "cli/test_cli_interrupts.py": 161, "project/test_hostile_values.py": 153,
+               "extraction/test_summary.py": 139, "project/test_untrusted.py": 103,
+               "extraction/test_sweep_torchrun.py": 101, "extraction/test_resume.py": 98,
+               "model/test_model_long.py": 97, "training/test_provenance_note.py": 83,
+               "summaries/test_replay_dispatch.py": 82, "model/test_blocked_grad.py": 74,
+               "adapters/test_hostile_side_files.py": 74, "adapters/test_device_map.py": 72,
+               "project/test_readme.py": 66, "plotting/test_position_kinds.py": 64, "summaries/test_sharing.py": 63,
+               "project/test_examples.py": 62, "summaries/test_replay_engine.py": 61,
+               "plotting/test_style_width.py": 59, "summaries/test_kernels.py": 55,
+               "summaries/test_kernels_accumulators.py": 55, "plotting/test_caption.py": 55,
+               "summaries/test_weight_measures_models.py": 55, "cli/test_cli_imports.py": 53,
+               "extraction/test_sweep.py": 52, "model/test_modeling.py": 48, "project/test_make_outputs.py": 46,
+               "model/test_config.py": 36, "extraction/test_replayed.py": 20, "extraction/test_hub.py": 14,
+               "summaries/test_frequency.py": 12, "model/test_attention.py": 11}  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
