@@ -609,7 +609,7 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
             return lambda: kernels.tile_sums(q, k, table, lse, scale, block)
 
         tools = {"flash-sdpa layer forward": flash, "K1 row lse": k1, "K2 tile statistics": k2}
-        yield from interleaved(device, tools, 1 if seq_len > 32768 else 3, part="kernels", T=seq_len,
+        yield from interleaved(device, tools, 1 if dry or seq_len > 32768 else 3, part="kernels", T=seq_len,
                                dtype=str(dtype).removeprefix("torch."), phase="kernels",
                                floor="flash-sdpa layer forward", batch=n)  # fmt: skip (all N in each call)
         del q, k, v, lse
