@@ -101,6 +101,17 @@ def test_fused_statistics_equal_float64_math(kernels, n: int, heads: int, kv: in
     _check(got, _reference(q, k, table, scale, block))
 
 
+def test_a_key_one_query_sees_has_no_spread_over_queries(kernels) -> None:
+    """The last key is seen by one query: with one sample its weight's spread over queries is exactly 0 (its square
+    and its mean's square formed alike, in fp64). Squared in float32, it was sqrt(6e-8) of the weight: 6e-5 at 0.43."""
+    rng = np.random.default_rng(117)
+    q, k = (torch.from_numpy(rng.normal(size=(1, 2, 17, 16))).float() for _ in range(2))
+    table = torch.from_numpy(-np.cumsum(rng.uniform(0, 0.5, size=(2, 17)), -1)).float()
+    got = kernels.fused_statistics(q, k, table, 0.25, 1, tile=16)["weights_key_profile"]
+    assert (got[0, :, -1] > 0.05).all()  # a weight whose float32 square rounds
+    assert got[1, :, -1].tolist() == [0.0, 0.0]
+
+
 def test_q_and_k_in_any_layout(kernels) -> None:
     """Strides are the kernels' arguments: (N, T, H, hd) storage, as a model's projection leaves it, gives the same."""
     rng = np.random.default_rng(5)

@@ -255,6 +255,26 @@ def test_key_profile_counts_the_cells_each_block_brings(joint: bool) -> None:
             np.testing.assert_allclose(got[:, head, j], want, rtol=1e-5, atol=1e-7, err_msg=f"head {head}, key {j}")
 
 
+@pytest.mark.parametrize("joint", [False, True])
+def test_key_profile_of_one_sample_in_float32_has_no_spread_where_one_query_sees_a_key(joint: bool) -> None:
+    """One sample's float32 weights: the last key, seen by the last query alone, has a spread over queries of exactly
+    0 (its square and its mean's square formed alike, in float64), whether it comes as per-cell moments (``joint``) or
+    as the sample's own weights."""
+    from biasviz.summaries.position import KeyProfile
+
+    h, t = 3, 11
+    rng = np.random.default_rng(3)
+    w = torch.from_numpy(np.tril(rng.uniform(0.3, 0.9, (1, h, t, t)))).float()
+    profile = KeyProfile(h, t, torch.device("cpu"))
+    if joint:
+        profile.add(torch.cat([w, torch.zeros_like(w)]), None, 0)
+    else:
+        profile.add_samples(w, 1, None, 0)
+    got = profile.result()
+    np.testing.assert_allclose(got[0, :, -1].numpy(), w[0, :, -1, -1].double().numpy(), rtol=0, atol=0)
+    assert got[1, :, -1].tolist() == [0.0] * h
+
+
 def test_sink_share_counts_the_cells_each_block_brings() -> None:
     """Each sample's mean weight on key 0 over its queries that see key 0, against numpy: samples 0-1 in blocks that
     bring no cells, samples 2-3 with their own (key 0 hidden from queries 0-2 of sample 3 in head 1 alone), a block

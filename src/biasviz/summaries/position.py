@@ -145,8 +145,9 @@ class KeyProfile:
         in all, over ``cells`` (None: the call's rule): the same sums, since Σ_i w̄ = Σ_a Σ_i w_a / N and
         Σ_i (σ² + w̄²) = Σ_a Σ_i w_a² / N."""
         keys = weights.shape[-1]
-        self.sums[0, :, :keys] += weights.sum(2).sum(0) / samples
-        self.sums[1, :, :keys] += weights.square().sum(2).sum(0) / samples
+        wide = weights.to(torch.float64, copy=True)  # squared in float64 (see :meth:`add`), the caller's left be
+        self.sums[0, :, :keys] += wide.sum(2).sum(0) / samples
+        self.sums[1, :, :keys] += wide.square_().sum(2).sum(0) / samples
         self.samples = samples
         if cells is not None:
             self._count("per_sample", cells, weights.shape[0])
@@ -155,11 +156,14 @@ class KeyProfile:
 
     def add(self, values: torch.Tensor, cells: torch.Tensor | None, r0: int) -> None:
         """A block's per-cell mean and spread of the weights (2, H, rows, K) of rows ``r0 ..``, 0 where a query does
-        not see a key, over ``cells`` (1, 1 or H, rows, K; None: the call's rule); squared in place (the caller's last
-        use of them: no copy)."""
-        keys = values.shape[-1]  # a few rows: summed in their own precision, accumulated in float64
-        self.sums[0, :, :keys] += values[0].sum(1)
-        self.sums[1, :, :keys] += values.square_().sum(2).sum(0)  # Σ over rows of w̄² + σ²; an axis at a time: fast
+        not see a key, over ``cells`` (1, 1 or H, rows, K; None: the call's rule).
+
+        Squared and summed in float64: the spread over queries is sqrt(Σ (σ² + w̄²) / n - mean²), and a float32 square's
+        rounding would leave a key that one query sees (the last) a spread of about sqrt(6e-8) of its weight, not 0."""
+        keys = values.shape[-1]
+        wide = values.to(torch.float64, copy=True)  # squared in place: the caller's left be
+        self.sums[0, :, :keys] += wide[0].sum(1)
+        self.sums[1, :, :keys] += wide.square_().sum(2).sum(0)  # Σ over rows of w̄² + σ²; an axis at a time: fast
         if cells is not None:
             self._count("joint", cells, 1)
         elif r0 == 0:

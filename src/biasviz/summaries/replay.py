@@ -294,5 +294,4 @@ def _finish(parts: dict[str, QuantitySummary], extras: LayerExtras, sums: dict[s
                 parts[kind].add_moments(r0 + c0, values, owned=True, scratch=scratch["work"])
         if not extras.by_sample:  # (then each sample's weights went in as they came)
             cells = None if extras.mask is None else extras.mask.rows(r0 + c0, r0 + c1, keys)[None]
-            extras.keys.add(got["weights"], cells, r0 + c0)  # last: it squares them in place (the weights' summary
-            # leaves them be)
+            extras.keys.add(got["weights"], cells, r0 + c0)  # (the weights' summary left them as they were)

@@ -159,8 +159,9 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
         tl.atomic_add(SINKS + at, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
     tl.atomic_add(SCOLS + at * T + cols, tl.sum(w, 0).to(tl.float64), mask=cols < T)
     if BY_SAMPLE:  # the key profile over each sample's own weights: Σ_a Σ_i w_a / N and Σ_a Σ_i w_a² / N
-        tl.atomic_add(COLS + h * T + cols, (tl.sum(w, 0) * (1.0 / N)).to(tl.float64), mask=cols < T)
-        tl.atomic_add(COLS + (H + h) * T + cols, (tl.sum(w * w, 0) * (1.0 / N)).to(tl.float64), mask=cols < T)
+        w64 = w.to(tl.float64)  # squared and summed in fp64: see the columns of the joint moments below
+        tl.atomic_add(COLS + h * T + cols, tl.sum(w64, 0) * (1.0 / N), mask=cols < T)
+        tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(w64 * w64, 0) * (1.0 / N), mask=cols < T)
     _diagonals(SDIST + at * T, w, m0, j0, T, TILE)
     _diagonals(SDIST + (N * H + at) * T, s, m0, j0, T, TILE)
     plane = NB * NB
@@ -350,10 +351,12 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             mean_raw64 = (raw0 + ms).to(tl.float64)
             _diagonals(DIST + 4 * line + h * T, mean_raw64 * mean_raw64, m0, j0, T, BM)
             _diagonals(DIST + 5 * line + h * T, var_s, m0, j0, T, BM)
-            # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²)
+            # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²), in fp64 as the
+            # squares by distance: a key one query sees (the last) then has a spread over queries of exactly 0, not a
+            # float32 square's rounding (sqrt(6e-8) of its weight)
             if not BY_SAMPLE:  # (BY_SAMPLE: each sample's went in as it came)
-                tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w, 0).to(tl.float64), mask=cols < T)
-                tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w + mean_w * mean_w, 0).to(tl.float64),
+                tl.atomic_add(COLS + h * T + cols, tl.sum(mean_w64, 0), mask=cols < T)
+                tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w.to(tl.float64) + mean_w64 * mean_w64, 0),
                               mask=cols < T)  # fmt: skip
             if POSITIONAL:
                 _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, raw0 + ms, bias, h, kh, m0,
