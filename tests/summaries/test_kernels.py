@@ -110,6 +110,12 @@ def test_a_key_one_query_sees_has_no_spread_over_queries(kernels) -> None:
     got = kernels.fused_statistics(q, k, table, 0.25, 1, tile=16)["weights_key_profile"]
     assert (got[0, :, -1] > 0.05).all()  # a weight whose float32 square rounds
     assert got[1, :, -1].tolist() == [0.0, 0.0]
+    # each sample's own cells (one sample, padded after 3 positions): its weights' columns, Σ w and Σ w², meet alike
+    cells = torch.ones(1, 17, 17, dtype=torch.bool).tril_()
+    cells[:, 14:], cells[:, :, 14:] = False, False
+    columns = kernels.layer_accumulators(q, k, table, 0.25, 1, tile=16, cells=cells)["columns"]
+    last = columns[:, :, 13]  # key 13: seen by query 13 alone
+    assert (last[0] > 0.05).all() and torch.equal(last[1], last[0] * last[0])
 
 
 def test_q_and_k_in_any_layout(kernels) -> None:
