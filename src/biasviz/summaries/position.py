@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from biasviz.common.shapes import gpu_shaped
 from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import QuantitySummary
@@ -114,6 +115,11 @@ def from_key_profile(mean_all: torch.Tensor, first: torch.Tensor, attended: Atte
     return torch.stack([mean_all, from_key]).float()
 
 
+# cells of per-cell moments squared in float64 at a time on a CPU (16 MiB, mean and spread; a chunk holds 4x as many); a
+# GPU's chunk at once (one pass of kernels)
+WIDE_CELLS = 1 << 20
+
+
 class KeyProfile:
     """Per head and key j: mean and spread of the weights over samples and the queries that see j (i >= j when
     causal; every query otherwise), counted from the cells each block brings (its own, the call's one mask's rows, or
@@ -160,10 +166,12 @@ class KeyProfile:
 
         Squared and summed in float64: the spread over queries is sqrt(Σ (σ² + w̄²) / n - mean²), and a float32 square's
         rounding would leave a key that one query sees (the last) a spread of about sqrt(6e-8) of its weight, not 0."""
-        keys = values.shape[-1]
-        wide = values.to(torch.float64, copy=True)  # squared in place: the caller's left be
-        self.sums[0, :, :keys] += wide[0].sum(1)
-        self.sums[1, :, :keys] += wide.square_().sum(2).sum(0)  # Σ over rows of w̄² + σ²; an axis at a time: fast
+        keys, rows = values.shape[-1], values.shape[-2]
+        step = rows if gpu_shaped(values.device) else max(1, WIDE_CELLS // max(1, values[0].numel() // max(1, rows)))
+        for r in range(0, rows, step):
+            wide = values[:, :, r : r + step].to(torch.float64, copy=True)  # squared in place: the caller's left be
+            self.sums[0, :, :keys] += wide[0].sum(1)
+            self.sums[1, :, :keys] += wide.square_().sum(2).sum(0)  # Σ over rows of w̄² + σ²; an axis at a time
         if cells is not None:
             self._count("joint", cells, 1)
         elif r0 == 0:
