@@ -60,7 +60,10 @@ def save_figure(fig: Figure, stem: str | Path, formats: Sequence[str], *, dpi: f
 def _laid_out_once(fig: Figure, style: str | None, files: int) -> Iterator[None]:
     """With more than one file to write, the layout engine (constrained layout: a second of text measuring for a
     12-head grid) runs once, and every file is drawn with the positions it found: the PDF and the PNG of a figure
-    then also have the same layout. The engine is back in place afterwards (a notebook's figure still resizes)."""
+    then also have the same layout. The engine is back in place afterwards (a notebook's figure still resizes).
+
+    Meanwhile the figure holds no engine at all: matplotlib's placeholder for "none" still has ``savefig`` draw the
+    whole figure once before it draws the file (a sixth of a 12-head grid's save), to lay out what is laid out."""
     engine = fig.get_layout_engine()
     if files < 2 or engine is None or isinstance(engine, PlaceHolderLayoutEngine):
         yield
@@ -68,9 +71,12 @@ def _laid_out_once(fig: Figure, style: str | None, files: int) -> Iterator[None]
     with paper_context(style) if style else contextlib.nullcontext(), mpl.rc_context(SAVE_RC):
         fig.draw_without_rendering()
     fig.set_layout_engine("none")
+    placeholder = fig.get_layout_engine()
+    fig._layout_engine = None  # no public way back to None once an engine was set
     try:
         yield
     finally:
+        fig._layout_engine = placeholder
         fig.set_layout_engine(engine)
 
 
