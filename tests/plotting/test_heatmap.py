@@ -242,3 +242,17 @@ def test_every_colorbar_says_what_it_shows_in_print_sized_text(kind: str, log: b
     shared = head_grid(alibi(3), shared_scale=True)
     (bar,) = [ax for ax in shared.axes if ax.get_label() == "<colorbar>"]
     assert bar.yaxis.label.get_text() == "bias b(i, j), one scale for all heads"
+
+
+def test_a_grid_is_laid_out_to_space_its_colour_bars_but_not_drawn(monkeypatch) -> None:
+    """The bars' printed length (their labels are spaced for it) comes from the layout engine alone: painting a grid
+    draws nothing; its files draw it (tests/plotting/test_save.py counts those draws)."""
+    from matplotlib.figure import Figure
+
+    drawn = []
+    draw = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda fig, renderer: drawn.append(renderer) or draw(fig, renderer))
+    fig = head_grid(alibi(3, t=32))
+    assert drawn == []
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]  # each head's, placed by the layout
+    assert len(bars) == 3 and all(bar.get_window_extent().height > 20 for bar in bars)

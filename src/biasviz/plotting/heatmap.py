@@ -260,7 +260,11 @@ def _bar_length_pt(fig: Figure | SubFigure, bars: Sequence[mpl.colorbar.Colorbar
     if not bars:
         return None
     root = fig.get_figure(root=True)
-    root.draw_without_rendering()
+    engine = root.get_layout_engine()
+    if engine is None:
+        root.draw_without_rendering()
+    else:  # the layout alone places the bars: no draw
+        engine.execute(root)
     return min(cb.ax.get_window_extent().height for cb in bars) / root.dpi * 72
 
 
