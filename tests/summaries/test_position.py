@@ -275,6 +275,26 @@ def test_key_profile_of_one_sample_in_float32_has_no_spread_where_one_query_sees
     assert got[1, :, -1].tolist() == [0.0] * h
 
 
+def test_key_profile_squares_a_block_a_few_rows_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block of per-cell moments larger than a step (here 2 heads x 7 keys, a step of 20 cells: 1 row) is squared
+    a step of rows at a time: the same mean and spread by key as numpy's over the block's cells."""
+    import biasviz.summaries.position as position
+
+    monkeypatch.setattr(position, "WIDE_CELLS", 20)
+    h, t = 2, 7
+    rng = np.random.default_rng(11)
+    mean, std = np.tril(rng.uniform(0.1, 0.9, (2, h, t, t)))
+    profile = position.KeyProfile(h, t, torch.device("cpu"))
+    profile.add(torch.from_numpy(np.stack([mean, std])).float(), None, 0)
+    got = profile.result().numpy()
+    mean, std = mean.astype(np.float32).astype(np.float64), std.astype(np.float32).astype(np.float64)
+    for j in range(t):
+        seen = slice(j, t)  # the queries i >= j
+        want_mean = mean[:, seen, j].mean(-1)
+        want_std = np.sqrt((std[:, seen, j] ** 2 + mean[:, seen, j] ** 2).mean(-1) - want_mean**2)
+        np.testing.assert_allclose(got[:, :, j], [want_mean, want_std], rtol=1e-6, atol=1e-7, err_msg=f"key {j}")
+
+
 def test_sink_share_counts_the_cells_each_block_brings() -> None:
     """Each sample's mean weight on key 0 over its queries that see key 0, against numpy: samples 0-1 in blocks that
     bring no cells, samples 2-3 with their own (key 0 hidden from queries 0-2 of sample 3 in head 1 alone), a block

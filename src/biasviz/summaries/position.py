@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from biasviz.common.shapes import gpu_shaped
+from biasviz.common.shapes import step_cells
 from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import QuantitySummary
@@ -116,7 +116,7 @@ def from_key_profile(mean_all: torch.Tensor, first: torch.Tensor, attended: Atte
 
 
 # cells of per-cell moments squared in float64 at a time on a CPU (16 MiB, mean and spread; a chunk holds 4x as many); a
-# GPU's chunk at once (one pass of kernels)
+# GPU's step (:func:`~biasviz.common.shapes.step_cells`) holds a whole chunk: one pass of kernels
 WIDE_CELLS = 1 << 20
 
 
@@ -166,8 +166,8 @@ class KeyProfile:
 
         Squared and summed in float64: the spread over queries is sqrt(Σ (σ² + w̄²) / n - mean²), and a float32 square's
         rounding would leave a key that one query sees (the last) a spread of about sqrt(6e-8) of its weight, not 0."""
-        keys, rows = values.shape[-1], values.shape[-2]
-        step = rows if gpu_shaped(values.device) else max(1, WIDE_CELLS // max(1, values[0].numel() // max(1, rows)))
+        heads, rows, keys = values.shape[1:]
+        step = max(1, step_cells(values.device, WIDE_CELLS) // max(1, heads * keys))  # rows a float64 copy at a time
         for r in range(0, rows, step):
             wide = values[:, :, r : r + step].to(torch.float64, copy=True)  # squared in place: the caller's left be
             self.sums[0, :, :keys] += wide[0].sum(1)
