@@ -23,6 +23,7 @@ from tests.adapters.tiny_transformers import (
     B,
     H,
     T,
+    _assert_formed_as_the_model_forms_them,
     _assert_row_constant_shift,
     _assert_weights,
     _bloom_qk,
@@ -53,11 +54,7 @@ def test_bloom_bias_is_build_alibi_tensor_and_weights_are_output_attentions(dirs
     slopes = bias[0, :, 0, 1]  # m_h * j at j = 1
     torch.testing.assert_close(slopes, torch.tensor(interleaved_slopes(H)), atol=1e-7, rtol=0)
     _assert_row_constant_shift(bias[0], slopes)
-
-    with torch.no_grad():
-        out = adapter.model(ids, output_attentions=True)
-    _assert_weights(weights, out.attentions[LAYER])
-    torch.testing.assert_close(_causal_softmax(scores + bias), weights, atol=1e-6, rtol=1e-5)
+    _assert_formed_as_the_model_forms_them(adapter, ids, bias, weights, scores)
 
 
 # ----------------------------------------------------------------------------------------------------- MPT
@@ -78,11 +75,7 @@ def test_mpt_bias_is_its_alibi_corner_and_weights_are_output_attentions(dirs, id
     slopes = torch.tensor(interleaved_slopes(H))
     torch.testing.assert_close(bias[0, :, 0], slopes[:, None] * (torch.arange(T) - (T - 1)), atol=1e-6, rtol=0)
     _assert_row_constant_shift(bias[0], slopes)
-
-    with torch.no_grad():
-        out = adapter.model(ids, output_attentions=True)
-    _assert_weights(weights, out.attentions[LAYER])
-    torch.testing.assert_close(_causal_softmax(scores + bias), weights, atol=1e-6, rtol=1e-5)
+    _assert_formed_as_the_model_forms_them(adapter, ids, bias, weights, scores)
 
 
 # -------------------------------------------------------------------------------------------------- Falcon

@@ -138,6 +138,16 @@ def _assert_weights(weights: torch.Tensor, library: torch.Tensor, causal: bool =
         assert weights[..., torch.ones(T, T, dtype=torch.bool).triu(1)].abs().max() == 0
 
 
+def _assert_formed_as_the_model_forms_them(adapter, ids: torch.Tensor, bias: torch.Tensor, weights: torch.Tensor,
+                                           scores: torch.Tensor) -> None:  # fmt: skip
+    """The captured weights are transformers' own ``output_attentions`` of LAYER, and softmax(scores + bias): the
+    captured bias is what the model added."""
+    with torch.no_grad():
+        out = adapter.model(ids, output_attentions=True)
+    _assert_weights(weights, out.attentions[LAYER])
+    torch.testing.assert_close(_causal_softmax(scores + bias), weights, atol=1e-6, rtol=1e-5)
+
+
 # --- each architecture's own scaled q.k, from its attention module's projections
 
 
