@@ -5,6 +5,8 @@ weights, N = 3 windows of T tokens in one batch, the second padded on the left b
 given to the model as an ``attention_mask``; ``--unpadded`` adds the same summary without padding, formed again and
 streamed, and ``--full`` a full file of the padded samples (every cell as the model formed it). ``--window W``: a
 Mistral of the same size with a sliding window of W keys instead (one mask for every sample, then, beside the padding).
+``--head-windows``: one SDPA layer of the same size whose heads each see a window of their own (T / 16, T / 8, T / 4,
+every key) over the padding: cells that differ by head and by sample.
 ``--trees BEFORE AFTER``: each run by two versions of biasviz in turn (their ``src`` first on ``PYTHONPATH``), to
 measure a change; ``--resolution R``: maps of R x R blocks (default: exact per cell, whose standard errors need no
 per-sample block means).
@@ -31,7 +33,29 @@ from common import GIB, peak_hwm_bytes  # noqa: E402
 SAMPLES = 3
 
 
-def child(how: str, seq_len: int, resolution: int | None = None, window: int | None = None) -> dict[str, float]:
+def head_windows(seq_len: int) -> object:
+    """One SDPA layer (hidden 256, 4 heads) whose heads see windows of their own, each sample's padding left out."""
+    import torch
+
+    class HeadWindows(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(512, 256)
+            self.qkv = torch.nn.Linear(256, 3 * 256)
+            self.windows = torch.tensor([seq_len // 16, seq_len // 8, seq_len // 4, seq_len])[:, None, None]
+
+        def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            b, t = ids.shape
+            q, k, v = (z.view(b, t, 4, 64).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(256, -1))
+            i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+            keep = ((j <= i) & (i - j < self.windows))[None] & attention_mask.bool()[:, None, None, :]
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    return HeadWindows().eval()
+
+
+def child(how: str, seq_len: int, resolution: int | None = None, window: int | None = None,
+          heads_differ: bool = False) -> dict[str, float]:  # fmt: skip
     import warnings
 
     import torch
@@ -44,7 +68,9 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
     size = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
             "intermediate_size": 512, "vocab_size": 512, "max_position_embeddings": seq_len,
             "attn_implementation": "sdpa"}  # fmt: skip
-    if window is None:
+    if heads_differ:
+        model = head_windows(seq_len)
+    elif window is None:
         model = LlamaForCausalLM(LlamaConfig(**size)).eval()
     else:
         model = MistralForCausalLM(MistralConfig(**size, sliding_window=window)).eval()
@@ -79,22 +105,25 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=None)
     parser.add_argument("--window", type=int, default=None)
     parser.add_argument("--full", action="store_true", help="add a full file of the padded samples")
+    parser.add_argument("--head-windows", action="store_true", help="heads with windows of their own")
     parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.seq_len, args.resolution, args.window)))
+        print(json.dumps(child(args.child, args.seq_len, args.resolution, args.window, args.head_windows)))
         return
     kinds = ["formed again", "streamed", *(["unpadded", "unpadded streamed"] if args.unpadded else []),
              *(["full file"] if args.full else [])]
     trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
-    model = "Llama" if args.window is None else f"Mistral, window {args.window}"
+    model = ("SDPA layer, a window a head" if args.head_windows else "Llama" if args.window is None
+             else f"Mistral, window {args.window}")  # fmt: skip
     print(f"{model}, T = {args.seq_len}, R = {args.resolution or 'T'}, N = {SAMPLES} in one batch, "
           f"{args.repeats} interleaved repeats")  # fmt: skip
     options = ["--seq-len", str(args.seq_len)]
     for name in ("resolution", "window"):
         if getattr(args, name) is not None:
             options += [f"--{name}", str(getattr(args, name))]
+    options += ["--head-windows"] if args.head_windows else []
     for r in range(args.repeats):
         for kind in kinds:
             for label, tree in trees.items():

@@ -35,3 +35,29 @@ def test_the_bank_reads_back_every_sample_and_range_exactly(
             assert got.dtype == dtype and torch.equal(got, data[sample, lo:hi])
     bank.close()
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("budget", [0, 1 << 30])
+def test_cells_kept_one_set_for_all_heads_or_one_a_head_read_back_for_every_head(tmp_path: Path, budget: int) -> None:
+    """A sample whose heads attend cells of their own, after samples kept with one set for all heads: those are given
+    to every head (the bank's array made anew, its memory counted once); a later one-for-all sample too."""
+    gen = torch.Generator().manual_seed(1)
+    heads, t = 3, 11  # 11 keys: two bytes a row, the last one part-filled
+    cells = torch.rand(5, heads, t, t, generator=gen) > 0.5
+    cells[:2] = cells[:2, :1]  # samples 0, 1 and 4: one set for all heads
+    cells[4] = cells[4, :1]
+    bank = SampleBank(5, device=torch.device("cpu"), budget=budget, directory=tmp_path)
+    bank.put_cells(0, "attended", cells[:2, :1])
+    assert bank.cell_heads(0, "attended") == 1
+    assert torch.equal(bank.get_cells(0, "attended", 1, 2, 9, t), cells[1, :1, 2:9])
+    bank.start = 2
+    bank.put_cells(0, "attended", cells[2:4])
+    bank.put_cells(0, "attended", cells[4:, :1], at=4)
+    assert bank.cell_heads(0, "attended") == heads and bank.spilled == (budget == 0)
+    assert bank.in_memory == (0 if budget == 0 else 5 * t * heads * 2)
+    for a in range(5):
+        for lo, hi, keys in ((0, t, t), (3, 7, 7), (10, 11, 11)):
+            got = bank.get_cells(0, "attended", a, lo, hi, keys)
+            assert torch.equal(got, cells[a, :, lo:hi, :keys]), (a, lo, hi)
+    bank.close()
+    assert bank.in_memory == 0 and not list(tmp_path.iterdir())

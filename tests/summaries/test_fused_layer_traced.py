@@ -181,3 +181,20 @@ def test_masks_the_kernels_cannot_take_say_why() -> None:
     empty = causal.clone()
     empty[3] = False
     assert _mask_fits(empty[None]) == "a query of its mask attends no key"
+
+
+def test_heads_masked_differently_in_each_sample_are_left_to_the_torch_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """The kernels take one set of cells a sample: where the heads of a sample attend cells of their own, the layer is
+    summarised by the torch path (it says so: ``statistics``), the same file as when the torch path is asked for."""
+    from tests.extraction.test_summary_masked_heads import HeadWindows, _ids
+
+    _use_reference(monkeypatch)
+    torch.manual_seed(0)
+    got = _module_summaries(HeadWindows(marked=True), _ids(True).numpy(), tmp_path, 8, monkeypatch)
+    assert got["fused"][1]["statistics"] == got["torch"][1]["statistics"] == "torch"
+    assert got["fused"][0].keys() == got["torch"][0].keys()
+    for name, values in got["torch"][0].items():
+        numbers = values.dtype.kind in "fc"
+        assert np.array_equal(got["fused"][0][name], values, equal_nan=numbers), name

@@ -225,8 +225,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
 
     def _keep_cells(self, index: int, ops: SdpaOperands, bank: Any) -> None:
         """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
-        from the first sample masked otherwise (padding, packed documents) on, every sample's own cells, in the
-        bank beside its q and k (those before by the one mask they had)."""
+        from the first sample masked otherwise (padding, packed documents) on, every sample's own cells, one set for
+        all heads or, where its heads attend cells of their own, one a head, in the bank beside its q and k (those
+        before by the one mask they had)."""
         if index in self._by_sample:
             bank.put_cells(index, SAMPLE_CELLS, _own_cells(ops.kept, ops.q.shape[0], index))
             return
@@ -258,7 +259,7 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
         k = bank.get(layer, "k", sample, 0, r1).view(1, r1, heads, -1).transpose(1, 2)
         if layer in self._by_sample:  # this sample's own cells
-            own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, r1).to(q.device)[None, None]
+            own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, r1).to(q.device)[None]  # (1, 1 or H, rows, r1)
             scores, weights = formed_rows(q, k, kept.scale, own)
             return RowBlock(layer, sample, r0, weights, scores=scores, attended=own)
         scores, weights = formed_rows(q, k, kept.scale, kept.rows(r0, r1, q.device))
@@ -361,12 +362,10 @@ class _Kept:
 
 
 def _own_cells(kept: torch.Tensor, batch: int, index: int) -> torch.Tensor:
-    """(``batch``, T, T) bool: each sample's attended cells of a call from its mask ``kept`` (1 or B, 1 or H, T,
-    T), one for all its heads and within the causal triangle (what rows formed again read); otherwise the call is
-    streamed as the model forms it."""
-    if kept.shape[1] > 1 and not bool((kept == kept[:, :1]).all()):
-        raise MasksDifferBySample(f"attention call {index} masked its heads differently as well as its samples")
-    cells = kept[:, 0]
+    """(``batch``, 1 or H, T, T) bool: each sample's attended cells of a call from its mask ``kept`` (1 or B, 1 or H,
+    T, T): one set for all heads where they agree, one a head where they do not, within the causal triangle (what
+    rows formed again read); otherwise the call is streamed as the model forms it."""
+    cells = kept if kept.shape[1] > 1 and not bool((kept == kept[:, :1]).all()) else kept[:, :1]
     if bool(cells.triu(1).any()):
         raise MasksDifferBySample(f"attention call {index} masked its samples differently, some keys after a query "
                                   "attended")  # fmt: skip

@@ -102,8 +102,9 @@ def summarise(
     every sample as one process would; the other processes return an empty result. ``positional=False`` leaves out the
     positional logits P (docs/positional.md), ``measures=False`` docs/position-measures.md's measures of the weights: to
     measure what they cost. Where samples turn out to be masked differently (padding, packed documents), rows formed
-    again keep each sample's own cells; where they cannot (heads masked differently too, torchrun's joined banks), the
-    rows are streamed instead (``streamed``), from the start.
+    again keep each sample's own cells (one set a head where its heads differ too); where they cannot (keys after a
+    query, a scale that changes, torchrun's joined banks), the rows are streamed instead (``streamed``), from the
+    start.
     """
     options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
@@ -117,7 +118,7 @@ def summarise(
         except MasksDifferBySample as why:
             if streamed or gather is not None:
                 raise
-            # rows formed again hold each sample's own cells, one for all heads, none after the query; a call masked
+            # rows formed again hold each sample's own cells (of each head), none after the query; a call masked
             # otherwise is streamed, as the model forms it, each sample's own cells counting for it (docs/hdf5.md,
             # 'Attended cells'): said, since the forward runs again from the first sample
             warnings.warn(f"{why}; the summary started again from the first sample, streamed as the model forms its "

@@ -142,14 +142,45 @@ class SampleBank:
             array[at : at + values.shape[0]] = values.detach()
 
     def put_cells(self, layer: int, name: str, cells: torch.Tensor, at: int | None = None) -> None:
-        """Keep boolean ``cells`` (b, T, K) as :meth:`put` keeps values, eight cells a byte: a sample's mask of
-        (T, K) cells is T·K / 8 bytes (32 MiB at T = 16384)."""
-        self.put(layer, name, pack_cells(cells), at)
+        """Keep boolean ``cells`` (b, 1 or H, T, K) as :meth:`put` keeps values, eight cells a byte, each position's
+        heads side by side: a sample's mask of (T, K) cells is T·K / 8 bytes (32 MiB at T = 16384), H times that where
+        its heads attend cells of their own. A sample whose heads differ, after samples kept with one set of cells for
+        all heads, gives those samples' cells to every head (and a later one-for-all sample is kept for every head)."""
+        at = self.start if at is None else at
+        heads = cells.shape[1]
+        held = self.cell_heads(layer, name) if self.holds(layer, name) else heads
+        if heads > held:  # the samples kept so far, given to every head, in a new array (the old one given back)
+            self._widen_cells(layer, name, heads, at)
+        elif heads < held:
+            cells = cells.expand(-1, held, -1, -1)
+        packed = pack_cells(cells)  # (b, heads, T, ceil(K / 8))
+        self.put(layer, name, packed.transpose(1, 2).flatten(2), at)
+
+    def _widen_cells(self, layer: int, name: str, heads: int, samples: int) -> None:
+        """Samples ``0 .. samples - 1`` of one-for-all-heads cells rewritten for ``heads`` heads, a sample at a time."""
+        key = (layer, name)
+        old = self._arrays.pop(key)
+        if not isinstance(old, _Spilled):
+            self.in_memory -= old.numel() * old.element_size()
+        try:
+            for a in range(samples):
+                one = old.read(a, 0, old.shape[1]) if isinstance(old, _Spilled) else old[a]  # (T, K8)
+                self.put(layer, name, one[None, :, None].expand(-1, -1, heads, -1).flatten(2).to(self.device), at=a)
+        finally:
+            if isinstance(old, _Spilled):
+                old.close()
+
+    def cell_heads(self, layer: int, name: str) -> int:
+        """How many heads' cells :meth:`put_cells` keeps of ``name`` in ``layer``: 1 (one set for all heads) or H."""
+        array = self._arrays[(layer, name)]
+        return array.shape[2] // -(-array.shape[1] // 8)  # each position: heads x ceil(T / 8) bytes (square calls)
 
     def get_cells(self, layer: int, name: str, sample: int, start: int, stop: int, keys: int) -> torch.Tensor:
-        """Rows ``start .. stop - 1`` of one sample's cells kept by :meth:`put_cells`, keys ``0 .. keys - 1``: (rows,
-        keys) bool, a new tensor."""
-        return unpack_cells(self.get(layer, name, sample, start, stop), keys)
+        """Rows ``start .. stop - 1`` of one sample's cells kept by :meth:`put_cells`, keys ``0 .. keys - 1``: (1 or H,
+        rows, keys) bool, a new tensor."""
+        heads = self.cell_heads(layer, name)
+        packed = self.get(layer, name, sample, start, stop)
+        return unpack_cells(packed.view(stop - start, heads, -1), keys).transpose(0, 1)
 
     def holds(self, layer: int, name: str) -> bool:
         return (layer, name) in self._arrays

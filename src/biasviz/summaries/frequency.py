@@ -82,11 +82,12 @@ def frequency_from_bank(bank: Any, layer: int, heads: int, use: FrequencyUse, ma
         cells = None if mask is None else mask[None]
         positions = None
         if own:  # the sample's queries that see some key and keys some query sees, its mask read a few rows at a time
-            rows = torch.zeros(t, dtype=torch.bool)
-            keys = torch.zeros(t, dtype=torch.bool)
+            heads_own = bank.cell_heads(layer, SAMPLE_CELLS)  # 1, or H where heads attend cells of their own
+            rows = torch.zeros(heads_own, t, dtype=torch.bool)
+            keys = torch.zeros(heads_own, t, dtype=torch.bool)
             for r0 in range(0, t, ROWS_PER_READ):
                 part = bank.get_cells(layer, SAMPLE_CELLS, a, r0, min(t, r0 + ROWS_PER_READ), t).cpu()
-                rows[r0 : r0 + len(part)] = part.any(-1)
-                keys |= part.any(0)
-            positions = (rows[None, None], keys[None, None])
+                rows[:, r0 : r0 + part.shape[1]] = part.any(-1)
+                keys |= part.any(1)
+            positions = (rows[None], keys[None])
         use.add(a, *(x.view(1, x.shape[0], heads, -1).transpose(1, 2) for x in (q, k)), cells, positions)

@@ -87,6 +87,8 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
         return f"the kernels do not form the rows of {adapter.architecture} models yet"
     if mask is not None and not by_sample and (why := _mask_fits(mask)) is not None:
         return why
+    if by_sample and bank.cell_heads(layer, SAMPLE_CELLS) > 1:  # the kernels take one set of cells a sample
+        return "its heads attend cells of their own, and each sample its own"
     if adapter.adds_bias and table is None:
         return "its bias is not a function of i - j alone, the same for every input"
     if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
@@ -196,7 +198,8 @@ class OwnCells:
         return self.samples
 
     def __getitem__(self, a: int) -> torch.Tensor:
-        return self.bank.get_cells(self.layer, SAMPLE_CELLS, a, 0, self.seq_len, self.seq_len).to(self.device)
+        cells = self.bank.get_cells(self.layer, SAMPLE_CELLS, a, 0, self.seq_len, self.seq_len)
+        return cells[0].to(self.device)  # one set for all heads (:func:`why_not` leaves cells by head to torch)
 
 
 def _operands(bank: Any, layer: int, name: str, heads: int | None, seq_len: int) -> torch.Tensor:

@@ -30,10 +30,15 @@ BY_SAMPLE_NOTE = ("samples masked differently (padding or packed documents): eac
 class SampleCells:
     """What a layer's summaries count where each sample attends cells of its own."""
 
-    union: torch.Tensor  # (1, T, T) bool: the cells some sample attends
-    key_queries: torch.Tensor  # (1, T) float64: the queries that see each key, averaged over samples
-    seeing: torch.Tensor  # (N, 1) float64: each sample's queries that see key 0
-    samples: torch.Tensor | None = None  # (1, nb, nb) float64: per block, Σ over samples of the cells each attends
+    union: torch.Tensor  # (1 or H, T, T) bool: the cells some sample attends (H: heads attend cells of their own)
+    key_queries: torch.Tensor  # (1 or H, T) float64: the queries that see each key, averaged over samples
+    seeing: torch.Tensor  # (N, 1 or H) float64: each sample's queries that see key 0
+    samples: torch.Tensor | None = None  # (1 or H, nb, nb) float64: per block, Σ over samples of the cells each attends
+
+    @property
+    def by_head(self) -> bool:
+        """Whether heads attend cells of their own (one set a head, not one for all)."""
+        return self.union.shape[0] > 1
 
     @classmethod
     def read(cls, bank: Any, layer: int, samples: int, seq_len: int, device: torch.device,
@@ -42,19 +47,20 @@ class SampleCells:
         the maps' blocks, over which the samples attending each cell are counted."""
         if not bank.holds(layer, SAMPLE_CELLS):
             return None
-        union = torch.zeros(1, seq_len, seq_len, dtype=torch.bool, device=device)
-        key_queries = torch.zeros(1, seq_len, dtype=torch.float64, device=device)
-        seeing = torch.zeros(samples, 1, dtype=torch.float64, device=device)
+        heads = bank.cell_heads(layer, SAMPLE_CELLS)
+        union = torch.zeros(heads, seq_len, seq_len, dtype=torch.bool, device=device)
+        key_queries = torch.zeros(heads, seq_len, dtype=torch.float64, device=device)
+        seeing = torch.zeros(samples, heads, dtype=torch.float64, device=device)
         nb = -(-seq_len // block)
-        counted = torch.zeros(1, nb, nb, dtype=torch.float64, device=device)
+        counted = torch.zeros(heads, nb, nb, dtype=torch.float64, device=device)
         for a in range(samples):
             for r0 in range(0, seq_len, ROWS_PER_READ):
                 r1 = min(seq_len, r0 + ROWS_PER_READ)
-                cells = bank.get_cells(layer, SAMPLE_CELLS, a, r0, r1, seq_len).to(device)
-                union[0, r0:r1] |= cells
-                key_queries[0] += cells.sum(0, dtype=torch.float64)
-                seeing[a, 0] += cells[:, 0].sum(dtype=torch.float64)
-                block_sums(cells[None], block, r0, counted)
+                cells = bank.get_cells(layer, SAMPLE_CELLS, a, r0, r1, seq_len).to(device)  # (1 or H, rows, T)
+                union[:, r0:r1] |= cells
+                key_queries += cells.sum(1, dtype=torch.float64)
+                seeing[a] += cells[..., 0].sum(-1, dtype=torch.float64)
+                block_sums(cells, block, r0, counted)
         return cls(union, key_queries / samples, seeing, counted)
 
 
