@@ -25,9 +25,9 @@ from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS, FormsRowsAgain
 from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls, refuse_meta
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
-from biasviz.common.errors import BiasvizError, MasksDifferBySample
+from biasviz.common.errors import AttendsPastQuery, BiasvizError, MasksDifferBySample
 from biasviz.tracing import AttentionCall, Trace
-from biasviz.tracing.calls import FORMED_BEFORE, SdpaOperands, formed_rows, repeat_kv
+from biasviz.tracing.calls import FORMED_BEFORE, SdpaOperands, _is_causal, formed_rows, repeat_kv
 
 CAPTURED = "captured"  # the scheme recorded when the user names none: the bias is what the calls added
 PROBE_TOKENS = 64  # the probe pass reads this many tokens of the first sample
@@ -164,6 +164,15 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         self-attention only the keys up to the query."""
         return bool(self.calls[layer].causal) if 0 <= layer < len(self.calls) else bool(self.causal)
 
+    def _past_query(self, index: int, where: str) -> AttendsPastQuery:
+        """Call ``index``, causal in the first sample, attended keys after a query ``where``: from here on its rule is
+        every key (within its own mask), for whatever runs again; what to raise, said."""
+        self.calls[index].causal = False
+        self.causal = all(c.causal for c in self._chosen)
+        return AttendsPastQuery(f"attention call {index} attended keys after a query {where}, though the first "
+                                "sample's call attended none (a prefix seen both ways, say): its cells are taken as "
+                                "a call's that sees every key, within its own mask")  # fmt: skip
+
     def call_note(self, layer: int) -> str | None:
         said = [self.calls[layer].note if 0 <= layer < len(self.calls) else "", super().call_note(layer) or ""]
         return "; ".join(n for n in said if n) or None
@@ -213,6 +222,8 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
             keeping.tick(int(ops.q.shape[0]) if ops is not None else keeping.batch)
         if ops is None:
             return
+        if self.layer_causal(index) and not _is_causal(ops.kept):
+            raise self._past_query(index, f"for sample {keeping.bank.start} or one of its batch")
         if ops.additive is not None:
             raise BiasvizError(f"attention call {index} added a bias for sample {keeping.bank.start} though it added "
                                "none on the first: the model's bias depends on the input; summarise it with "
@@ -229,7 +240,7 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         all heads or, where its heads attend cells of their own, one a head, in the bank beside its q and k (those
         before by the one mask they had)."""
         if index in self._by_sample:
-            bank.put_cells(index, SAMPLE_CELLS, _own_cells(ops.kept, ops.q.shape[0], index))
+            bank.put_cells(index, SAMPLE_CELLS, _own_cells(ops.kept, ops.q.shape[0]))
             return
         try:
             kept: _Kept | None = _Kept.of(ops)
@@ -243,10 +254,10 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         if not bank.cells_by_sample or first.scale != ops.scale:  # torchrun's processes meet in one bank
             raise MasksDifferBySample(f"attention call {index} masked other cells for sample {bank.start} than for "
                                       "the first: a summary forms one mask for every sample")  # fmt: skip
-        own = _own_cells(ops.kept, ops.q.shape[0], index)
+        own = _own_cells(ops.kept, ops.q.shape[0])
         t = own.shape[-1]
         if bank.start:  # the samples before: the one mask they had, a sample at a time (never N·T² at once)
-            before = _own_cells(first.rows(0, t, own.device), 1, index)
+            before = _own_cells(first.rows(0, t, own.device), 1)
             for a in range(bank.start):
                 bank.put_cells(index, SAMPLE_CELLS, before, at=a)
         bank.put_cells(index, SAMPLE_CELLS, own)
@@ -292,6 +303,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
             self._call_model(input_ids.to(self.device))
         weights, bias, scores = t.weights, t.bias, t.scores
         calls = {c.index: c for c in t.calls}
+        for index in self._wanted:
+            if index in calls and calls[index].causal is False and self.layer_causal(index):
+                raise self._past_query(index, "for a sample of this batch")
         held = WholeCalls()
         for index in self._wanted:
             if index not in weights:
@@ -361,14 +375,11 @@ class _Kept:
         return self.mask[..., r0:r1, :r1].to(device)
 
 
-def _own_cells(kept: torch.Tensor, batch: int, index: int) -> torch.Tensor:
+def _own_cells(kept: torch.Tensor, batch: int) -> torch.Tensor:
     """(``batch``, 1 or H, T, T) bool: each sample's attended cells of a call from its mask ``kept`` (1 or B, 1 or H,
-    T, T): one set for all heads where they agree, one a head where they do not, within the causal triangle (what
-    rows formed again read); otherwise the call is streamed as the model forms it."""
+    T, T), within the causal triangle (:meth:`TracedAdapter._keep_call` saw to it): one set for all heads where they
+    agree, one a head where they do not."""
     cells = kept if kept.shape[1] > 1 and not bool((kept == kept[:, :1]).all()) else kept[:, :1]
-    if bool(cells.triu(1).any()):
-        raise MasksDifferBySample(f"attention call {index} masked its samples differently, some keys after a query "
-                                  "attended")  # fmt: skip
     return cells.expand(batch, *cells.shape[1:]) if cells.shape[0] == 1 else cells
 
 

@@ -21,6 +21,12 @@ class MasksDifferBySample(BiasvizError):
     where a summary forming every sample's rows again needs one mask: it then streams them instead."""
 
 
+class AttendsPastQuery(MasksDifferBySample):
+    """An attention call whose first sample attended no key after its query did for a later sample (a prefix seen both
+    ways, its length set by the text): the call's rule is every key, within its own mask, not the causal triangle
+    that the first sample showed, and what was taken under that rule is taken again."""
+
+
 class UsageError(BiasvizError):
     """A bad combination of command-line options (exit code 2, like Click's own usage errors)."""
 

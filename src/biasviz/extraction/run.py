@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import torch
 
 from biasviz.adapters.base import ModelAdapter
 from biasviz.common.devices import autocast_attrs, evaluating, placed, resolve_device, resolve_dtype
-from biasviz.common.errors import BiasvizError, check_interrupted
+from biasviz.common.errors import AttendsPastQuery, BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name
 from biasviz.common.progress import Progress
@@ -190,7 +191,13 @@ def extract(
                 "scores": "scores" in kinds}  # fmt: skip
         meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
         meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
-        _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress, filters)
+        while True:
+            try:
+                _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress, filters)
+                break
+            except AttendsPastQuery as why:  # the call is taken as one that sees every key from now on: a call a time
+                warnings.warn(f"{why}; the file is written again from the first sample, every cell of every "
+                              "call stored", stacklevel=2)  # fmt: skip
     seconds = time.perf_counter() - t0
     return ExtractResult(out, n, seq_len, layer_list, held["bias"], seconds, out.stat().st_size)
 

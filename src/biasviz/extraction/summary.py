@@ -36,7 +36,7 @@ import torch
 from biasviz.adapters.again import forms_rows_again
 from biasviz.adapters.base import ModelAdapter, RowBlock
 from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, placed, without_autocast
-from biasviz.common.errors import BiasvizError, MasksDifferBySample, check_interrupted
+from biasviz.common.errors import AttendsPastQuery, BiasvizError, MasksDifferBySample, check_interrupted
 from biasviz.common.memory import check_summary_memory
 from biasviz.common.progress import Progress
 from biasviz.extraction.call_masks import CallMasks
@@ -102,9 +102,10 @@ def summarise(
     every sample as one process would; the other processes return an empty result. ``positional=False`` leaves out the
     positional logits P (docs/positional.md), ``measures=False`` docs/position-measures.md's measures of the weights: to
     measure what they cost. Where samples turn out to be masked differently (padding, packed documents), rows formed
-    again keep each sample's own cells (one set a head where its heads differ too); where they cannot (keys after a
-    query, a scale that changes, torchrun's joined banks), the rows are streamed instead (``streamed``), from the
-    start.
+    again keep each sample's own cells (one set a head where its heads differ too); where they cannot (a scale that
+    changes, torchrun's joined banks), the rows are streamed instead (``streamed``), from the start. A call causal in
+    the first sample that attends keys after a query in a later one is taken as a call that sees every key, within its
+    own mask, from the start again.
     """
     options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
@@ -113,17 +114,24 @@ def summarise(
     for layer in layer_list:  # whether each call rotates: a short pass of the model, as the caller runs it, done here
         adapter.rotary(layer)
     with without_autocast():
-        try:
-            return _summarise(adapter, ids, layer_list, dev, streamed=streamed, **options)
-        except MasksDifferBySample as why:
-            if streamed or gather is not None:
-                raise
-            # rows formed again hold each sample's own cells (of each head), none after the query; a call masked
-            # otherwise is streamed, as the model forms it, each sample's own cells counting for it (docs/hdf5.md,
-            # 'Attended cells'): said, since the forward runs again from the first sample
-            warnings.warn(f"{why}; the summary started again from the first sample, streamed as the model forms its "
-                          "rows", stacklevel=2)  # fmt: skip
-        return _summarise(adapter, ids, layer_list, dev, streamed=True, **options)
+        while True:
+            try:
+                return _summarise(adapter, ids, layer_list, dev, streamed=streamed, **options)
+            except AttendsPastQuery as why:
+                if merge is not None or gather is not None:  # the other processes would not start again with it
+                    raise BiasvizError(f"{why}; under torchrun a summary cannot start again: run it in one "
+                                       "process") from None  # fmt: skip
+                # the call is no longer taken as causal (the adapter said so), so this ends: a call at a time
+                warnings.warn(f"{why}; the summary started again from the first sample", stacklevel=2)
+            except MasksDifferBySample as why:
+                if streamed or gather is not None:
+                    raise
+                # rows formed again hold each sample's own cells (of each head) under one scale; a call whose scale
+                # changes is streamed, as the model forms it, each sample's own cells counting for it (docs/hdf5.md,
+                # 'Attended cells'): said, since the forward runs again from the first sample
+                warnings.warn(f"{why}; the summary started again from the first sample, streamed as the model forms "
+                              "its rows", stacklevel=2)  # fmt: skip
+                streamed = True
 
 
 def _summarise(
