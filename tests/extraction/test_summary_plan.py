@@ -7,8 +7,7 @@ import itertools
 
 from biasviz.extraction.summary_plan import SummaryFacts, SummaryPlan, plan
 
-FLAGS = ("forms_rows_again", "causal", "captures_scores", "adds_bias", "declared_shared", "merged", "gathered",
-         "streamed")  # fmt: skip
+FLAGS = ("forms_rows_again", "captures_scores", "adds_bias", "declared_shared", "merged", "gathered", "streamed")
 
 
 def every_case():
@@ -26,10 +25,10 @@ def test_every_combination_follows_each_rule():
 
 def follows_each_rule(facts: SummaryFacts) -> None:
     got = plan(facts)
-    # rows are formed again only by an adapter that can, for a causal model, not asked to stream, and in one process
-    # or with every process's bank joined
+    # rows are formed again only by an adapter that can, not asked to stream, and in one process or with every
+    # process's bank joined
     one_bank = not facts.merged or facts.gathered
-    assert got.formed_again == (facts.forms_rows_again and facts.causal and not facts.streamed and one_bank)
+    assert got.formed_again == (facts.forms_rows_again and not facts.streamed and one_bank)
     # how samples meet: rows formed again bring every sample of a block at once; streamed ones do where one batch
     # holds every sample and no other process's moments are to be joined
     every_sample_at_once = got.formed_again or (facts.batch_size >= facts.samples and not facts.merged)
@@ -54,7 +53,7 @@ def follows_each_rule(facts: SummaryFacts) -> None:
 
 
 def facts(**given) -> SummaryFacts:
-    base = {flag: False for flag in FLAGS} | {"causal": True, "samples": 8, "batch_size": 1}
+    base = {flag: False for flag in FLAGS} | {"samples": 8, "batch_size": 1}
     return SummaryFacts(**(base | given))
 
 
@@ -69,8 +68,8 @@ def test_the_cases_users_meet():
         SummaryPlan(False, {"weights": "cells", "bias": "shared"}, False, 2)  # fmt: skip
     # ... in one batch: every sample at once
     assert plan(facts(adds_bias=True, declared_shared=True, batch_size=8)).modes["weights"] == "joint"
-    # a T5 encoder (bidirectional) that could form rows again is streamed: rows formed again take keys up to the query
-    assert not plan(facts(forms_rows_again=True, causal=False)).formed_again
+    # an encoder that adds no bias (its rows formed again against every key) and a causal model alike
+    assert plan(facts(forms_rows_again=True)).formed_again
     # rows formed again that could not hold a call's cells: streamed from the first sample, with the scores
     again = plan(facts(forms_rows_again=True, captures_scores=True, streamed=True))
     assert not again.formed_again and again.streamed_position and again.modes["scores"] == "cells"

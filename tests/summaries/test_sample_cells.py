@@ -73,11 +73,11 @@ def block_means(cells: np.ndarray, union: np.ndarray, block: int) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def reference(call: dict[str, np.ndarray], block: int) -> dict[str, np.ndarray]:
+def reference(call: dict[str, np.ndarray], block: int, differ: bool = True) -> dict[str, np.ndarray]:
     """Every stored quantity, from the caught call by the rule of docs/hdf5.md, 'Attended cells' for masks that differ
-    by sample."""
+    by sample (``differ``; else the rule for one mask, which it gives as well)."""
     kept, c = call["kept"], float(call["scale"])
-    assert not (kept == kept[:1]).all(), "the samples' masks differ"
+    assert not differ or not (kept == kept[:1]).all(), "the samples' masks differ"
     scores = c * np.einsum("nhid,nhjd->nhij", call["q"], call["k"]) + call["added"]
     z = np.where(kept, scores, -np.inf)
     top = np.where(kept.any(-1, keepdims=True), z.max(-1, keepdims=True), 0.0)

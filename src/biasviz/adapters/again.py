@@ -41,7 +41,8 @@ class FormsRowsAgain:
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         """One sample's :class:`RowBlock` of rows r0 .. r1 - 1 of ``layer`` (bias only when ``want_bias``), from what
-        :meth:`keep` put in ``bank``: the values the forward formed (causal models)."""
+        :meth:`keep` put in ``bank``: the values the forward formed, against keys 0 .. r1 - 1 where the call is causal,
+        every key where it sees keys after its query (:meth:`~ModelAdapter.layer_causal`)."""
         raise NotImplementedError
 
     def bias_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int) -> torch.Tensor | None:

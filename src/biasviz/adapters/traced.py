@@ -9,7 +9,6 @@ after the last of them, as the hook-based adapters do.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import sys
 import warnings
@@ -23,6 +22,7 @@ from torch import nn
 
 from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS, FormsRowsAgain
 from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls, refuse_meta
+from biasviz.adapters.kept_calls import KeptCall, own_cells
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import AttendsPastQuery, BiasvizError, MasksDifferBySample
@@ -82,7 +82,7 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         self._streaming: tuple[Callable[[RowBlock], None], bool] | None = None  # within stream: its sink, want_bias
         self._keeping: _Keeping | None = None
         self._want_scores = False
-        self._formed: dict[int, _Kept] = {}  # per call kept for a summary: what forms its rows again
+        self._formed: dict[int, KeptCall] = {}  # per call kept for a summary: what forms its rows again
         self._by_sample: set[int] = set()  # calls whose samples are masked differently: each one's cells banked
         self._groups: dict[int, int] = {}  # per call kept: query heads per key head (its k banked repeated)
 
@@ -170,8 +170,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         self.calls[index].causal = False
         self.causal = all(c.causal for c in self._chosen)
         return AttendsPastQuery(f"attention call {index} attended keys after a query {where}, though the first "
-                                "sample's call attended none (a prefix seen both ways, say): its cells are taken as "
-                                "a call's that sees every key, within its own mask")  # fmt: skip
+                                "sample's call attended none (a prefix seen both ways, or a padded query that the "
+                                "model's mask gives every key, say): its cells are taken as a call's that sees every "
+                                "key, within its own mask")  # fmt: skip
 
     def call_note(self, layer: int) -> str | None:
         said = [self.calls[layer].note if 0 <= layer < len(self.calls) else "", super().call_note(layer) or ""]
@@ -240,13 +241,13 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         all heads or, where its heads attend cells of their own, one a head, in the bank beside its q and k (those
         before by the one mask they had)."""
         if index in self._by_sample:
-            bank.put_cells(index, SAMPLE_CELLS, _own_cells(ops.kept, ops.q.shape[0]))
+            bank.put_cells(index, SAMPLE_CELLS, own_cells(ops.kept, ops.q.shape[0]))
             return
         try:
-            kept: _Kept | None = _Kept.of(ops)
+            kept: KeptCall | None = KeptCall.of(ops, self.layer_causal(index))
         except MasksDifferBySample:  # within the batch
             kept = None
-        first = self._formed.setdefault(index, kept or _Kept(ops.scale, None))
+        first = self._formed.setdefault(index, kept or KeptCall(ops.scale, None, self.layer_causal(index)))
         if kept is not None and first.same(kept):
             if not bank.cells_by_sample:  # torchrun: the process's one mask goes with its samples, compared once joined
                 bank.put(index, MASK_DIGEST, first.digest.expand(ops.q.shape[0], 1, -1))
@@ -254,26 +255,28 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         if not bank.cells_by_sample or first.scale != ops.scale:  # torchrun's processes meet in one bank
             raise MasksDifferBySample(f"attention call {index} masked other cells for sample {bank.start} than for "
                                       "the first: a summary forms one mask for every sample")  # fmt: skip
-        own = _own_cells(ops.kept, ops.q.shape[0])
+        own = own_cells(ops.kept, ops.q.shape[0])
         t = own.shape[-1]
         if bank.start:  # the samples before: the one mask they had, a sample at a time (never N·T² at once)
-            before = _own_cells(first.rows(0, t, own.device), 1)
+            before = own_cells(first.rows(0, t, own.device, t), 1)
             for a in range(bank.start):
                 bank.put_cells(index, SAMPLE_CELLS, before, at=a)
         bank.put_cells(index, SAMPLE_CELLS, own)
         self._by_sample.add(index)
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
-        """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32)."""
+        """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32), against
+        keys 0 .. r1 - 1, or every key where the call sees keys after its query."""
         kept = self._formed[layer]
         heads = self.n_heads
+        keys = r1 if self.layer_causal(layer) else bank.seq_len(layer, "k")
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
-        k = bank.get(layer, "k", sample, 0, r1).view(1, r1, heads, -1).transpose(1, 2)
-        if layer in self._by_sample:  # this sample's own cells
-            own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, r1).to(q.device)[None]  # (1, 1 or H, rows, r1)
+        k = bank.get(layer, "k", sample, 0, keys).view(1, keys, heads, -1).transpose(1, 2)
+        if layer in self._by_sample:  # this sample's own cells, (1, 1 or H, rows, keys)
+            own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, keys).to(q.device)[None]
             scores, weights = formed_rows(q, k, kept.scale, own)
             return RowBlock(layer, sample, r0, weights, scores=scores, attended=own)
-        scores, weights = formed_rows(q, k, kept.scale, kept.rows(r0, r1, q.device))
+        scores, weights = formed_rows(q, k, kept.scale, kept.rows(r0, r1, q.device, keys))
         return RowBlock(layer, sample, r0, weights, scores=scores)
 
     def score_scale(self, layer: int) -> float:
@@ -334,53 +337,6 @@ class _Keeping:
     layers: list[int]
     tick: Callable[[int], None] | None
     batch: int = 1
-
-
-@dataclass
-class _Kept:
-    """What a kept call forms every sample's rows with: its scale and its mask (None: exactly causal)."""
-
-    scale: float
-    mask: torch.Tensor | None  # (1, 1 or H, Tq, Tk) bool, the cells attended to, where not exactly causal
-
-    @classmethod
-    def of(cls, ops: SdpaOperands) -> _Kept:
-        kept = ops.kept
-        q_len, k_len = kept.shape[-2:]
-        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=kept.device).tril_()
-        if bool((kept == causal).all()):
-            return cls(ops.scale, None)
-        if kept.shape[0] > 1 and not bool((kept == kept[:1]).all()):
-            raise MasksDifferBySample("an attention call masked different cells for samples of one batch: a summary "
-                                      "forms one mask for every sample")  # fmt: skip
-        return cls(ops.scale, kept[:1])
-
-    @functools.cached_property
-    def digest(self) -> torch.Tensor:
-        """(1, 32) uint8: the SHA-256 of the scale and mask (None: the causal triangle), hashed once per call."""
-        mask = b"causal" if self.mask is None else self.mask.contiguous().cpu().numpy().tobytes()
-        raw = hashlib.sha256(repr(self.scale).encode() + mask).digest()
-        return torch.tensor(list(raw), dtype=torch.uint8)[None]
-
-    def same(self, other: _Kept) -> bool:
-        if self.scale != other.scale or (self.mask is None) != (other.mask is None):
-            return False
-        return self.mask is None or bool(torch.equal(self.mask, other.mask))
-
-    def rows(self, r0: int, r1: int, device: torch.device) -> torch.Tensor:
-        """(1, 1 or H, rows, r1) bool: the cells of query rows r0 .. r1 - 1 that are attended to."""
-        if self.mask is None:
-            i = torch.arange(r0, r1, device=device)[:, None]
-            return (torch.arange(r1, device=device)[None, :] <= i)[None, None]
-        return self.mask[..., r0:r1, :r1].to(device)
-
-
-def _own_cells(kept: torch.Tensor, batch: int) -> torch.Tensor:
-    """(``batch``, 1 or H, T, T) bool: each sample's attended cells of a call from its mask ``kept`` (1 or B, 1 or H,
-    T, T), within the causal triangle (:meth:`TracedAdapter._keep_call` saw to it): one set for all heads where they
-    agree, one a head where they do not."""
-    cells = kept if kept.shape[1] > 1 and not bool((kept == kept[:, :1]).all()) else kept[:, :1]
-    return cells.expand(batch, *cells.shape[1:]) if cells.shape[0] == 1 else cells
 
 
 @contextlib.contextmanager

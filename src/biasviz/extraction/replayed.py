@@ -86,6 +86,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             bank, n = joined, joined.samples
             check_one_mask(bank, layer_list)
         for k, layer in enumerate(layer_list, start=2):
+            causal = adapter.layer_causal(layer)  # else its rows are formed against every key
             own = {kind: p for (kind, at), p in parts.items() if at == layer}
             cells = SampleCells.read(bank, layer, n, seq_len, dev, block)  # samples masked differently: their own
             # a model's own mask: every quantity over its cells (docs/hdf5.md, 'Attended cells')
@@ -100,12 +101,12 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                            show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
             if fused is not None:
                 if measures and fused.measures is not None:  # the statistics the kernels do not implement
-                    reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True, device=dev,
+                    reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal, device=dev,
                                      held=fused.measures.keys())  # fmt: skip
                     with torch.inference_mode():
                         feed_again(lambda at, a, r0, r1, b: adapter.rows_again(at, bank, a, r0, r1, b), layer,
                                    reducers, samples=n, seq_len=seq_len, heads=heads, device=dev,
-                                   mask=None if cells is not None else attended)  # fmt: skip
+                                   mask=None if cells is not None else attended, causal=causal)  # fmt: skip
                     fused.measures.update(results(reducers))
                 extras[layer] = fused
                 bank.drop(layer)
@@ -113,7 +114,8 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             torch_path.setdefault(why, []).append(layer)
             extra = _layer_extras(adapter, bank, layer, own, attended, cells, samples=n, seq_len=seq_len,
                                   block=block, device=dev, positional=positional, measures=measures)  # fmt: skip
-            count = len(list(row_blocks(seq_len, heads, dev, varying[layer], by_sample=cells is not None)))
+            count = len(list(row_blocks(seq_len, heads, dev, varying[layer], by_sample=cells is not None,
+                                        causal=causal)))  # fmt: skip
 
             def form(layer: int, a: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
                 return adapter.rows_again(layer, bank, a, r0, r1, want_bias)
@@ -124,19 +126,20 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                         part.restart()
                     extra = _layer_extras(adapter, bank, layer, own, attended, cells, samples=n, seq_len=seq_len,
                                           block=block, device=dev, positional=positional, measures=measures)
-                    count = len(list(row_blocks(seq_len, heads, dev, True, by_sample=cells is not None)))
+                    count = len(list(row_blocks(seq_len, heads, dev, True, by_sample=cells is not None,
+                                                causal=causal)))  # fmt: skip
                 what = f"layer {layer}" + (", again with the bias per sample" if again else "")
                 with torch.inference_mode(), phase(k, what, n * count, "block") as bar:
                     try:
                         replay_layer(form, layer, own, extra, samples=n, seq_len=seq_len, heads=heads, device=dev,
                                      adds_bias=bool(adapter.adds_bias), tick=bar.update,
-                                     formula=layer in formula and not again)  # fmt: skip
+                                     formula=layer in formula and not again, causal=causal)  # fmt: skip
                         break
                     except DiffersPartWay:
                         continue
             bias = None if extra.bias_distance is None else extra.bias_distance.sums()
             frequency = ({} if not measures
-                         else {**rotary_measures(adapter, bank, layer, heads, attended, positional,
+                         else {**rotary_measures(adapter, bank, layer, heads, attended, positional and causal,
                                                  own=cells is not None, bias=bias),
                                **profile_errors(extra.profiles, own, n), **block_errors(extra.blocks)})  # fmt: skip
             if measures and cells is not None and cells.samples is not None:  # how many samples a
@@ -194,28 +197,30 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
     own mask (``attended``); where samples are masked differently (``cells``), each sample's own cells count for it, and
     what pairs the cells of different samples (P and its measures) is left out."""
     n, heads, shared = samples, adapter.n_heads, None if cells is not None else attended
-    extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device),
+    causal = adapter.layer_causal(layer)
+    extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device, causal=causal),
                         sinks=SinkShare(n, heads, device), by_sample=cells is not None)
     if cells is not None:
         warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=4)
     if measures:  # docs/position-measures.md
-        extra.reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=True, device=device)
+        extra.reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal, device=device)
         extra.mask = shared
-        extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=True,
+        extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=causal,
                                              device=device)  # fmt: skip
         extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,
-                                     seq_len=seq_len, block=block, causal=True, samples=n, device=device,
+                                     seq_len=seq_len, block=block, causal=causal, samples=n, device=device,
                                      attended=shared)  # fmt: skip
         if cells is not None:  # each sample's block means over its own cells, which its rows bring
             return extra
-        if n >= MIN_SE_SAMPLES and positional and adapter.adds_bias:  # its delete-one P holds the others' mean bias
+        if n >= MIN_SE_SAMPLES and positional and adapter.adds_bias and causal:  # its delete-one P holds the others'
+            # mean bias
             extra.bias_distance = BiasByDistance(samples=n, heads=heads, seq_len=seq_len, device=device)
     if n >= 2 and positional and cells is None:
         q_sum, k_sum = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))
         scale = adapter.score_scale(layer)
         extra.positional = Positional(q_sum, k_sum, layer=layer, scale=scale, samples=n, seq_len=seq_len,
-                                      block=block, device=device, attended=attended)  # fmt: skip
-        if measures and n >= 3:  # its block map's SE (docs/position-measures.md)
+                                      block=block, device=device, causal=causal, attended=attended)  # fmt: skip
+        if measures and n >= 3 and causal:  # its block map's SE (docs/position-measures.md), as streamed calls have it
             extra.blocks["positional"] = PositionalJackknife(q_sum, k_sum, bank.operands(layer), samples=n,
                                                              block=block, scale=scale, seq_len=seq_len,
                                                              device=device, attended=attended)  # fmt: skip

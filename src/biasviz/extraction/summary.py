@@ -150,7 +150,7 @@ def _summarise(
         raise BiasvizError("--summary under torchrun needs maps exact per cell (--resolution = --seq-len): the "
                            "spread of a coarser map needs every sample of a cell in one process; run it in one "
                            "process")  # fmt: skip
-    chosen = plan(SummaryFacts(forms_rows_again=forms_rows_again(adapter), causal=bool(adapter.causal),
+    chosen = plan(SummaryFacts(forms_rows_again=forms_rows_again(adapter),
                                captures_scores=bool(adapter.captures_scores), adds_bias=bool(adapter.adds_bias),
                                declared_shared=bias_is_shared(adapter), merged=merge is not None,
                                gathered=gather is not None, streamed=streamed, samples=n,

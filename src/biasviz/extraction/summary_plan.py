@@ -3,8 +3,8 @@
 :func:`biasviz.extraction.summary.summarise` gathers the facts of the adapter and the run, asks :func:`plan`, and runs
 what it names. Two ways to reach the statistics, and how each quantity's samples meet (:mod:`biasviz.summaries.layer`):
 
-- **formed again**: adapters that can form their rows again (:mod:`biasviz.adapters.again`, causal models) keep what
-  forms them per sample and form each block of rows over every sample at once, so each quantity's samples meet
+- **formed again**: adapters that can form their rows again (:mod:`biasviz.adapters.again`) keep what forms them per
+  sample and form each block of rows over every sample at once, so each quantity's samples meet
   ``joint`` (per-cell moments of one block at a time, time linear in samples, nothing of size T²);
 - **streamed**: the rows as the model forms them, a batch of samples at a time (:meth:`ModelAdapter.stream`). Where one
   batch holds every sample they meet ``joint`` too; otherwise per-cell moments (``cells``) are kept across batches.
@@ -26,7 +26,6 @@ class SummaryFacts:
     """What the way a summary runs depends on."""
 
     forms_rows_again: bool  # the adapter keeps what forms its rows and forms them again (adapters/again.py)
-    causal: bool  # the model attends causally (rows formed again take keys 0 .. r1 - 1)
     captures_scores: bool  # streamed: the adapter sends the scores (and q, k) when asked
     adds_bias: bool  # the scheme adds a bias: a ``bias`` quantity
     declared_shared: bool  # the scheme declares its bias the same for every input (measured, never trusted)
@@ -49,8 +48,7 @@ class SummaryPlan:
 
 def plan(facts: SummaryFacts) -> SummaryPlan:
     """The way a summary of ``facts`` runs (see the module's text)."""
-    formed_again = (facts.forms_rows_again and facts.causal and not facts.streamed
-                    and (not facts.merged or facts.gathered))  # fmt: skip
+    formed_again = facts.forms_rows_again and not facts.streamed and (not facts.merged or facts.gathered)
     joint = formed_again or (not facts.merged and facts.batch_size >= facts.samples)
     meet = "joint" if joint else "cells"
     modes = {"weights": meet}

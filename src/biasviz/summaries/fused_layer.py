@@ -85,6 +85,8 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
         return missing
     if not adapter.fused_rows:
         return f"the kernels do not form the rows of {adapter.architecture} models yet"
+    if not adapter.layer_causal(layer):
+        return "it sees keys after its query (the kernels form causal rows)"
     if mask is not None and not by_sample and (why := _mask_fits(mask)) is not None:
         return why
     if by_sample and bank.cell_heads(layer, SAMPLE_CELLS) > 1:  # the kernels take one set of cells a sample

@@ -120,31 +120,37 @@ def feed(reducers: list[Reducer], block: RowBlock, mask: Attended | None) -> Non
 
 
 def feed_again(form: Former, layer: int, reducers: list[Reducer], *, samples: int, seq_len: int, heads: int,
-               device: torch.device, mask: Attended | None) -> None:  # fmt: skip
+               device: torch.device, mask: Attended | None, causal: bool = True) -> None:  # fmt: skip
     """Every sample's rows of ``layer`` formed again (no bias) for ``reducers`` alone: what the fused kernels, which
     summarised the layer, do not implement."""
     if not reducers:
         return
-    for r0, r1 in row_blocks(seq_len, heads, device, False):
+    for r0, r1 in row_blocks(seq_len, heads, device, False, causal=causal):
         for a in range(samples):
             feed(reducers, form(layer, a, r0, r1, False), mask)
             check_interrupted()
 
 
-def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool,
-               budget: int | None = None, by_sample: bool = False) -> Iterator[tuple[int, int]]:  # fmt: skip
-    """The causal query blocks (r0, r1) a layer is formed again in, each within ``budget`` bytes; ``by_sample``:
-    each sample attends cells of its own.
+def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool, budget: int | None = None,
+               by_sample: bool = False, causal: bool = True) -> Iterator[tuple[int, int]]:  # fmt: skip
+    """The query blocks (r0, r1) a layer is formed again in, each within ``budget`` bytes; ``by_sample``: each sample
+    attends cells of its own. A causal block of rows takes keys up to its last row (early blocks take more rows); a
+    call that sees keys after its query, every key.
 
     >>> list(row_blocks(4, 1, torch.device("cpu"), False, budget=72 * 6))
     [(0, 2), (2, 3), (3, 4)]
+    >>> list(row_blocks(4, 1, torch.device("cpu"), False, budget=72 * 9, causal=False))
+    [(0, 2), (2, 4)]
     """
     per_cell = heads * (CELL_BYTES + (VARYING_BIAS_BYTES if varying_bias else 0)
                         + (SAMPLE_CELL_BYTES if by_sample else 0))
     if budget is None:
         budget = CUDA_REPLAY_BYTES if gpu_shaped(device) else REPLAY_BYTES
         budget = max(budget, min(REPLAY_CAP, per_cell * MIN_REPLAY_ROWS * seq_len))
-    return query_blocks(seq_len, per_cell, budget)
+    if causal:
+        return query_blocks(seq_len, per_cell, budget)
+    rows = max(1, budget // (per_cell * seq_len))
+    return ((r0, min(seq_len, r0 + rows)) for r0 in range(0, seq_len, rows))
 
 
 class _Blocks:
@@ -153,14 +159,15 @@ class _Blocks:
     given again, in blocks of the new size (each block of the smaller size cut to start there: it fits too)."""
 
     def __init__(self, seq_len: int, heads: int, device: torch.device, varying: bool, budget: int | None,
-                 by_sample: bool = False) -> None:  # fmt: skip
+                 by_sample: bool = False, causal: bool = True) -> None:  # fmt: skip
         self.seq_len, self.heads, self.device, self.budget = seq_len, heads, device, budget
-        self.varying, self.done, self.by_sample = varying, 0, by_sample
+        self.varying, self.done, self.by_sample, self.causal = varying, 0, by_sample, causal
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         while self.done < self.seq_len:
             varying = self.varying
-            for r0, r1 in row_blocks(self.seq_len, self.heads, self.device, varying, self.budget, self.by_sample):
+            for r0, r1 in row_blocks(self.seq_len, self.heads, self.device, varying, self.budget, self.by_sample,
+                                     self.causal):  # fmt: skip
                 if r1 <= self.done:
                     continue
                 yield max(r0, self.done), r1
@@ -171,9 +178,10 @@ class _Blocks:
 def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], extras: LayerExtras, *,
                  samples: int, seq_len: int, heads: int, device: torch.device, adds_bias: bool,
                  tick: Callable[[int], None] = lambda n: None, budget: int | None = None,
-                 formula: bool = False) -> None:  # fmt: skip
+                 formula: bool = False, causal: bool = True) -> None:  # fmt: skip
     """Feed ``parts`` (``weights``, ``scores``, ``bias``) and ``extras`` of ``layer`` with every block of query rows
-    over ``samples``; ``form(layer, sample, r0, r1, want_bias)`` forms one sample's rows.
+    over ``samples``; ``form(layer, sample, r0, r1, want_bias)`` forms one sample's rows, against keys up to r1 where
+    the call is ``causal``, else every key.
 
     A bias part in mode ``shared`` (declared the same for every input) is measured: every sample's rows, as
     formed, against the first sample's (its :attr:`~QuantitySummary.agreement`). While all agree the first's stand
@@ -187,7 +195,8 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
     """
     bias = parts.get("bias")
     agreement = None if bias is None else bias.agreement
-    blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget, extras.by_sample)
+    blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget, extras.by_sample,
+                     causal)  # fmt: skip
     # each kind's finished chunk, and the summaries' temporaries: reused from block to block, given back with the layer
     scratch = {kind: Scratch() for kind in ("weights", "scores", "bias", "work")}
     jackknife = extras.blocks.get("positional")  # P's: fed the samples' scores, bias and operands
@@ -247,7 +256,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             continue
         fed = parts if varying or not formula else {k: p for k, p in parts.items() if k != "bias"}
         first_bias = None if varying or first is None else first[0].float()
-        _finish(fed, extras, sums, first_bias, r0, r1, heads, scratch, device)
+        _finish(fed, extras, sums, first_bias, r0, r1, heads, scratch, device, None if causal else seq_len)
         if settles:
             extras.commit()
         for per_sample in extras.blocks.values():
@@ -262,7 +271,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
 
 def _first_rows(form: Former, layer: int, bias: QuantitySummary, blocks: _Blocks, scratch: Scratch) -> None:
     """The first sample's bias rows of the blocks finished so far, formed again, into ``bias`` (spread 0)."""
-    for r0, r1 in row_blocks(blocks.seq_len, blocks.heads, blocks.device, False, blocks.budget):
+    for r0, r1 in row_blocks(blocks.seq_len, blocks.heads, blocks.device, False, blocks.budget, causal=blocks.causal):
         if r0 >= blocks.done:
             return
         got = form(layer, 0, r0, r1, True)
@@ -272,14 +281,16 @@ def _first_rows(form: Former, layer: int, bias: QuantitySummary, blocks: _Blocks
 
 def _finish(parts: dict[str, QuantitySummary], extras: LayerExtras, sums: dict[str, ShiftedSums],
             first_bias: torch.Tensor | None, r0: int, r1: int, heads: int,
-            scratch: dict[str, Scratch], device: torch.device) -> None:  # fmt: skip
+            scratch: dict[str, Scratch], device: torch.device, every_key: int | None = None) -> None:  # fmt: skip
     """The block's per-cell mean and spread into every running sum, in steps of at most ``CHUNK_CELLS`` cells
     on a CPU (which bounds the temporaries; a GPU's are larger: :func:`~biasviz.common.shapes.step_cells`). The
-    positional logits read a step's cells as they are; the summaries then take them over and change them in place."""
-    step = max(1, step_cells(device, CHUNK_CELLS) // max(1, heads * r1))
+    positional logits read a step's cells as they are; the summaries then take them over and change them in place.
+    ``every_key``: T, where the call sees keys after its query and its rows were formed against every key (None:
+    causal, keys up to r1)."""
+    step = max(1, step_cells(device, CHUNK_CELLS) // max(1, heads * (every_key or r1)))
     for c0 in range(0, r1 - r0, step):
         c1 = min(r1 - r0, c0 + step)
-        keys = r0 + c1  # keys past the chunk's last row: none used
+        keys = every_key or r0 + c1  # a causal chunk uses no key past its last row
         got = {kind: s.moments(c0, c1, keys, scratch[kind]) for kind, s in sums.items()}  # (2, H, rows, keys)
         if first_bias is not None:  # the same for every sample: read, not taken over
             b_mean = first_bias[:, c0:c1, :keys]
