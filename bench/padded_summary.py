@@ -6,7 +6,8 @@ given to the model as an ``attention_mask``; ``--unpadded`` adds the same summar
 streamed, and ``--full`` a full file of the padded samples (every cell as the model formed it). ``--window W``: a
 Mistral of the same size with a sliding window of W keys instead (one mask for every sample, then, beside the padding).
 ``--head-windows``: one SDPA layer of the same size whose heads each see a window of their own (T / 16, T / 8, T / 4,
-every key) over the padding: cells that differ by head and by sample.
+every key) over the padding: cells that differ by head and by sample. ``--encoder``: a ModernBERT of the same size, two
+layers (the first sees every key, the second a window of T / 8 on both sides), whose rows see keys after the query.
 ``--trees BEFORE AFTER``: each run by two versions of biasviz in turn (their ``src`` first on ``PYTHONPATH``), to
 measure a change; ``--resolution R``: maps of R x R blocks (default: exact per cell, whose standard errors need no
 per-sample block means).
@@ -55,7 +56,7 @@ def head_windows(seq_len: int) -> object:
 
 
 def child(how: str, seq_len: int, resolution: int | None = None, window: int | None = None,
-          heads_differ: bool = False) -> dict[str, float]:  # fmt: skip
+          heads_differ: bool = False, encoder: bool = False) -> dict[str, float]:  # fmt: skip
     import warnings
 
     import torch
@@ -70,6 +71,12 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
             "attn_implementation": "sdpa"}  # fmt: skip
     if heads_differ:
         model = head_windows(seq_len)
+    elif encoder:
+        from transformers import ModernBertConfig, ModernBertModel
+
+        tokens = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1, "sep_token_id": 2}
+        model = ModernBertModel(ModernBertConfig(**{**size, "num_hidden_layers": 2}, local_attention=seq_len // 4,
+                                                 **tokens)).eval()  # fmt: skip
     elif window is None:
         model = LlamaForCausalLM(LlamaConfig(**size)).eval()
     else:
@@ -92,7 +99,8 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         biasviz.extract(model, ids, Path(tmp) / "s.h5", summary=not whole, progress=False, batch_size=SAMPLES,
-                        forward=forward, **({} if whole else {"resolution": resolution}))  # fmt: skip
+                        forward=forward, layers="all" if encoder else -1,
+                        **({} if whole else {"resolution": resolution}))  # fmt: skip
         seconds = time.perf_counter() - t0
     return {"s": seconds, "peak_gib": peak_hwm_bytes() / GIB}
 
@@ -106,17 +114,19 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=None)
     parser.add_argument("--full", action="store_true", help="add a full file of the padded samples")
     parser.add_argument("--head-windows", action="store_true", help="heads with windows of their own")
+    parser.add_argument("--encoder", action="store_true", help="a ModernBERT, whose rows see keys after the query")
     parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.seq_len, args.resolution, args.window, args.head_windows)))
+        got = child(args.child, args.seq_len, args.resolution, args.window, args.head_windows, args.encoder)
+        print(json.dumps(got))
         return
     kinds = ["formed again", "streamed", *(["unpadded", "unpadded streamed"] if args.unpadded else []),
              *(["full file"] if args.full else [])]
     trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
-    model = ("SDPA layer, a window a head" if args.head_windows else "Llama" if args.window is None
-             else f"Mistral, window {args.window}")  # fmt: skip
+    model = ("SDPA layer, a window a head" if args.head_windows else "ModernBERT, 2 layers" if args.encoder
+             else "Llama" if args.window is None else f"Mistral, window {args.window}")  # fmt: skip
     print(f"{model}, T = {args.seq_len}, R = {args.resolution or 'T'}, N = {SAMPLES} in one batch, "
           f"{args.repeats} interleaved repeats")  # fmt: skip
     options = ["--seq-len", str(args.seq_len)]
@@ -124,6 +134,7 @@ def main() -> None:
         if getattr(args, name) is not None:
             options += [f"--{name}", str(getattr(args, name))]
     options += ["--head-windows"] if args.head_windows else []
+    options += ["--encoder"] if args.encoder else []
     for r in range(args.repeats):
         for kind in kinds:
             for label, tree in trees.items():

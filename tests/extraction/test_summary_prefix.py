@@ -67,6 +67,12 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         patch.setattr(layer, "CELLS_PER_STEP", HEADS * T * 2)  # two query rows a step
         if way == "streamed":  # as a model whose rows biasviz cannot form again runs
             patch.setattr(summary, "forms_rows_again", lambda adapter: False)
+        else:  # started again, formed again against every key
+
+            def refused(*args: Any, **kwargs: Any) -> None:
+                raise AssertionError("streamed instead of formed again")
+
+            patch.setattr(summary, "_streamed", refused)
         warnings.simplefilter("always")
         biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=batch,
                         resolution=resolution)  # fmt: skip
