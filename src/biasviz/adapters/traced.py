@@ -241,6 +241,8 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         all heads or, where its heads attend cells of their own, one a head, in the bank beside its q and k (those
         before by the one mask they had)."""
         if index in self._by_sample:
+            if ops.scale != self._formed[index].scale:
+                raise _scale_differs(index, ops.scale, self._formed[index].scale, bank.start)
             bank.put_cells(index, SAMPLE_CELLS, own_cells(ops.kept, ops.q.shape[0]))
             return
         try:
@@ -252,7 +254,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
             if not bank.cells_by_sample:  # torchrun: the process's one mask goes with its samples, compared once joined
                 bank.put(index, MASK_DIGEST, first.digest.expand(ops.q.shape[0], 1, -1))
             return
-        if not bank.cells_by_sample or first.scale != ops.scale:  # torchrun's processes meet in one bank
+        if first.scale != ops.scale:
+            raise _scale_differs(index, ops.scale, first.scale, bank.start)
+        if not bank.cells_by_sample:  # torchrun's processes meet in one bank
             raise MasksDifferBySample(f"attention call {index} masked other cells for sample {bank.start} than for "
                                       "the first: a summary forms one mask for every sample")  # fmt: skip
         own = own_cells(ops.kept, ops.q.shape[0])
@@ -337,6 +341,12 @@ class _Keeping:
     layers: list[int]
     tick: Callable[[int], None] | None
     batch: int = 1
+
+
+def _scale_differs(index: int, scale: float, first: float, sample: int) -> MasksDifferBySample:
+    """Rows formed again take one scale for every sample: a call whose scale changes is streamed instead."""
+    return MasksDifferBySample(f"attention call {index} scaled q·k by {scale!r} for sample {sample} or one of its "
+                               f"batch, by {first!r} for the first")  # fmt: skip
 
 
 @contextlib.contextmanager

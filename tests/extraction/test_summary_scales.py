@@ -1,0 +1,79 @@
+"""A call whose scale changes between samples (here with the text): rows formed again take one scale for every sample,
+so the summary starts again, streamed as the model forms each sample's rows, and says so, whether the scale changes
+before or after the samples' masks turn out to differ (before, a scale that changed after that was not seen, and each
+later sample's rows were formed with the first's). The reference is float64 numpy on each sample's own call, caught at
+the model's SDPA call one sample at a time (docs/hdf5.md, 'Attended cells')."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import biasviz
+from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
+
+N = 3
+MARK = 1  # a text holding it is attended with another scale
+
+
+class Rescaled(nn.Module):
+    """One SDPA layer, padding (token 0) left out, scaled by 1/4 rather than 1/sqrt(8) where the text holds MARK."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        b, t = ids.shape
+        q, k, v = (z.view(b, t, HEADS, 8).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(32, -1))
+        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+        keep = (j <= i)[None, None] & (ids != 0)[:, None, None, :]
+        scale = 0.25 if bool((ids == MARK).any()) else None
+        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale).sum()
+
+
+def _joined(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One call of every sample at the first's scale: each sample's q multiplied by its scale over the first's."""
+    first = float(calls[0]["scale"])
+    q = np.concatenate([c["q"] * (float(c["scale"]) / first) for c in calls])
+    return {"q": q, "k": np.concatenate([c["k"] for c in calls]), "scale": np.asarray(first),
+            "kept": np.concatenate([c["kept"] for c in calls]), "added": np.concatenate([c["added"] for c in calls])}
+
+
+@pytest.fixture(scope="module", params=["padded, then rescaled", "rescaled, then padded"])
+def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = Rescaled().eval()
+    ids = torch.randint(MARK + 1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    padded, rescaled = (1, 2) if request.param.startswith("padded") else (2, 1)
+    ids[padded, :5] = 0
+    ids[rescaled, [3, 9]] = MARK
+    calls = [caught_call(lambda a=a: model(ids[a : a + 1])) for a in range(N)]
+    assert float(calls[rescaled]["scale"]) != float(calls[0]["scale"])
+    out = tmp_path_factory.mktemp("scales") / "s.h5"
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=1)
+    with h5py.File(out, "r") as f:
+        stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
+    return {"stored": stored, "expected": reference(_joined(calls), 1), "said": [str(w.message) for w in said],
+            "rescaled": rescaled}  # fmt: skip
+
+
+def test_the_summary_says_it_started_again_streamed(summarised: dict[str, Any]) -> None:
+    said = [w for w in summarised["said"] if "started again" in w]
+    assert len(said) == 1 and "scaled q·k by 0.25" in said[0] and "streamed" in said[0], summarised["said"]
+
+
+@pytest.mark.parametrize("name", [*NAMES, "band_mass", "weights_entropy", "weights_profile_se"])
+def test_each_sample_s_rows_are_formed_with_its_own_scale(summarised: dict[str, Any], name: str) -> None:
+    got, want = summarised["stored"][name], summarised["expected"][name]
+    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5, equal_nan=True)
