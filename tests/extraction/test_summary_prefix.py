@@ -123,3 +123,15 @@ def test_a_full_file_is_written_again_with_the_cells_after_the_query(tmp_path: P
         got = f["layer_0/weights"][()]
         assert not f.attrs["causal"]
     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+
+
+def test_under_torchrun_a_summary_that_would_start_again_is_refused() -> None:
+    """The other processes would not start again with this one: refused, with what to do."""
+    from biasviz.adapters.traced import TracedAdapter
+    from biasviz.common.errors import BiasvizError
+    from biasviz.extraction.summary import summary_run
+
+    model, ids = _model()
+    with pytest.raises(BiasvizError, match="attended keys after a query.*under torchrun.*run it in one process"):
+        summary_run(TracedAdapter(model), ids.numpy(), resolution=T, batch_size=1, device="cpu", progress=False,
+                    merge=lambda parts, position: True, total_samples=N)  # fmt: skip

@@ -257,8 +257,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         if first.scale != ops.scale:
             raise _scale_differs(index, ops.scale, first.scale, bank.start)
         if not bank.cells_by_sample:  # torchrun's processes meet in one bank
-            raise MasksDifferBySample(f"attention call {index} masked other cells for sample {bank.start} than for "
-                                      "the first: a summary forms one mask for every sample")  # fmt: skip
+            raise BiasvizError(f"attention call {index} masked other cells for sample {bank.start} than for the "
+                               "first (padding or packed documents): under torchrun a summary takes one mask for "
+                               "every sample; run it in one process")  # fmt: skip
         own = own_cells(ops.kept, ops.q.shape[0])
         t = own.shape[-1]
         if bank.start:  # the samples before: the one mask they had, a sample at a time (never N·T² at once)
