@@ -32,6 +32,7 @@ HOST_READS = {"_local_scalar_dense.default", "item.default", "is_nonzero.default
 ALLOCATIONS = {"empty.memory_format", "empty_strided.default", "new_empty.default", "new_empty_strided.default",
                "empty_like.default"}  # fmt: skip
 HEADS = 12  # small_model's
+ENCODER_HEADS = 4  # the traced encoder's
 # per block of rows and sample, forming the rows included (the model's own arithmetic); the measures' counts of each
 # block's own cells, per sample, added 8-10 at 3-5 samples (the attended cells taken from the blocks, not set once)
 KERNELS_PER_BLOCK = 275
@@ -65,20 +66,31 @@ class Dispatched(TorchDispatchMode):
 
 
 def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len: int, samples: int, rows: int,
-                gpu: bool = True) -> tuple[Dispatched, int]:  # fmt: skip
+                gpu: bool = True, encoder: str | None = None) -> tuple[Dispatched, int]:  # fmt: skip
     """One layer's summary of ``samples`` windows, its rows formed again in blocks of ``rows`` query rows (on the CPU's
-    shapes with steps of 2 rows, as a CPU's cache sizes them at long lengths); what it dispatched and its blocks."""
-    budget = HEADS * replay_module.CELL_BYTES * seq_len * rows
+    shapes with steps of 2 rows, as a CPU's cache sizes them at long lengths); what it dispatched and its blocks.
+    ``encoder``: a traced encoder that sees keys on both sides of its query (tests/extraction/test_summary_bidirectional
+    .py's, ``encoder`` its mask), its rows formed against every key, in place of our ``scheme`` model."""
+    heads = HEADS if encoder is None else ENCODER_HEADS
+    budget = heads * replay_module.CELL_BYTES * seq_len * rows
     monkeypatch.setattr(replay_module, "CUDA_REPLAY_BYTES", budget)
     monkeypatch.setattr(replay_module, "REPLAY_BYTES", budget)
     monkeypatch.setattr(replay_module, "MIN_REPLAY_ROWS", 1)
-    monkeypatch.setattr(replay_module, "CHUNK_CELLS", HEADS * seq_len * 2)
-    monkeypatch.setattr(layer_module, "CELLS_PER_STEP", HEADS * seq_len * 2)
+    monkeypatch.setattr(replay_module, "CHUNK_CELLS", heads * seq_len * 2)
+    monkeypatch.setattr(layer_module, "CELLS_PER_STEP", heads * seq_len * 2)
     spy = Dispatched()
     monkeypatch.setattr(replayed_module, "replay_layer", spy.counting(replayed_module.replay_layer, True))
-    ids = np.random.default_rng(seq_len + samples).integers(0, 97, size=(samples, seq_len))
-    adapter = BiasGPTAdapter(small_model(scheme), source="test")
-    blocks = len(list(replay_module.row_blocks(seq_len, HEADS, torch.device("cuda" if gpu else "cpu"), False)))
+    ids = np.random.default_rng(seq_len + samples).integers(1, 60, size=(samples, seq_len))
+    if encoder is None:
+        adapter = BiasGPTAdapter(small_model(scheme), source="test")
+    else:
+        from biasviz.adapters.traced import TracedAdapter
+        from tests.extraction.test_summary_bidirectional import Encoder
+
+        torch.manual_seed(0)
+        adapter = TracedAdapter(Encoder(encoder).eval())
+    where = torch.device("cuda" if gpu else "cpu")
+    blocks = len(list(replay_module.row_blocks(seq_len, heads, where, False, causal=encoder is None)))
     with gpu_shapes() if gpu else contextlib.nullcontext(), spy, torch.no_grad():
         extract_summary(adapter, ids, out, layers=-1, resolution=16, device="cpu", progress=False, force=True)
     return spy, blocks
@@ -105,3 +117,20 @@ def test_a_layer_reads_the_host_once_and_sends_kernels_by_blocks_and_samples_onl
     assert got[128, 3, 16][0].kernels < cpu.kernels * 2 / 5
     if scheme != "rope":
         assert cpu.reads > blocks
+
+
+@pytest.mark.parametrize("mask", ["every key", "window"])
+def test_an_encoder_formed_again_against_every_key_reads_nothing_and_sends_kernels_by_blocks_and_samples(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mask: str
+) -> None:  # fmt: skip
+    """Rows that see keys after their query, formed against every key: no host read in the layer (its cells are known
+    before the first row), and the same blocks and samples at twice the length send the same kernels."""
+    got = {}
+    for key in [(64, 3, 16), (128, 3, 32), (128, 5, 32)]:
+        with monkeypatch.context() as m:
+            got[key] = _dispatched(m, tmp_path / "s.h5", "", *key, encoder=mask)
+    assert {spy.reads for spy, _ in got.values()} == {0}
+    assert [blocks for _, blocks in got.values()] == [4, 4, 4]
+    assert got[64, 3, 16][0].kernels == got[128, 3, 32][0].kernels
+    for (_, samples, _), (spy, blocks) in got.items():
+        assert spy.kernels <= KERNELS_PER_BLOCK * blocks * samples
