@@ -212,15 +212,15 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
                                      attended=shared)  # fmt: skip
         if cells is not None:  # each sample's block means over its own cells, which its rows bring
             return extra
-        if n >= MIN_SE_SAMPLES and positional and adapter.adds_bias and causal:  # its delete-one P holds the others'
-            # mean bias
+        # P's profile SE, causal calls (as streamed ones): its delete-one P holds the others' mean bias
+        if n >= MIN_SE_SAMPLES and positional and adapter.adds_bias and causal:
             extra.bias_distance = BiasByDistance(samples=n, heads=heads, seq_len=seq_len, device=device)
     if n >= 2 and positional and cells is None:
         q_sum, k_sum = (bank.sample_sum(layer, name, heads) for name in ("q", "k"))
         scale = adapter.score_scale(layer)
         extra.positional = Positional(q_sum, k_sum, layer=layer, scale=scale, samples=n, seq_len=seq_len,
                                       block=block, device=device, causal=causal, attended=attended)  # fmt: skip
-        if measures and n >= 3 and causal:  # its block map's SE (docs/position-measures.md), as streamed calls have it
+        if measures and n >= 3 and causal:  # its block map's SE (docs/position-measures.md): causal calls, as streamed
             extra.blocks["positional"] = PositionalJackknife(q_sum, k_sum, bank.operands(layer), samples=n,
                                                              block=block, scale=scale, seq_len=seq_len,
                                                              device=device, attended=attended)  # fmt: skip
