@@ -19,29 +19,25 @@ import torch
 from torch import nn
 
 import biasviz
+from tests.extraction.one_layer import OneLayer, positions
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
 HOWS = ("every key", "window", "padding")
 
 
-class Encoder(nn.Module):
-    """One SDPA layer that sees keys on both sides of its query: every key, those within 4 positions, or every key
-    that is not padding (token 0)."""
+class Encoder(OneLayer):
+    """Sees keys on both sides of its query: every key, those within 4 positions, or every key that is not padding
+    (token 0)."""
 
     def __init__(self, how: str) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, 32)
-        self.qkv = nn.Linear(32, 96)
         self.how = how
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        b, t = ids.shape
-        q, k, v = (z.view(b, t, HEADS, 8).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(32, -1))
-        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-        keep = {"every key": None, "window": ((i - j).abs() < 5)[None, None],
+    def keep(self, ids: torch.Tensor) -> torch.Tensor | None:
+        i, j = positions(ids.shape[1])
+        return {"every key": None, "window": ((i - j).abs() < 5)[None, None],
                 "padding": (ids != 0)[:, None, None, :]}[self.how]  # fmt: skip
-        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep).sum()
 
 
 def _summary(model: nn.Module, ids: torch.Tensor, out: Any, batch: int, resolution: int, streamed: bool) -> list[str]:

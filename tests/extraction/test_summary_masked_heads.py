@@ -16,9 +16,9 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import biasviz
+from tests.extraction.one_layer import OneLayer, positions
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -27,27 +27,21 @@ WINDOWS = (2, 5, 9, T)  # the keys each head sees, back from its query
 MARK = 1  # a key the odd heads skip
 
 
-class HeadWindows(nn.Module):
-    """One attention layer whose heads see windows of their own, keys that are padding left out; ``marked``: the
-    heads see every key up to the query, but the odd ones skip keys holding :data:`MARK`."""
+class HeadWindows(OneLayer):
+    """Heads that see windows of their own, keys that are padding left out; ``marked``: the heads see every key up to
+    the query, but the odd ones skip keys holding :data:`MARK`."""
 
     def __init__(self, marked: bool = False) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, 32)
-        self.qkv = nn.Linear(32, 96)
         self.marked = marked
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        b, t = ids.shape
-        q, k, v = (z.view(b, t, HEADS, 8).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(32, -1))
-        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
         keep = (j <= i)[None, None] & (ids != 0)[:, None, None, :]  # (B, 1, T, T)
         if self.marked:
             odd = (torch.arange(HEADS) % 2 == 1)[None, :, None, None]
-            keep = keep & ~(odd & (ids == MARK)[:, None, None, :])
-        else:
-            keep = keep & (i - j < torch.tensor(WINDOWS)[:, None, None])[None]
-        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep).sum()
+            return keep & ~(odd & (ids == MARK)[:, None, None, :])
+        return keep & (i - j < torch.tensor(WINDOWS)[:, None, None])[None]
 
 
 def _ids(marked: bool) -> torch.Tensor:

@@ -17,33 +17,25 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import biasviz
+from tests.extraction.one_layer import OneLayer, positions
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
 PREFIX = 1  # the token that marks a sample's prefix, at its start
 
 
-class PrefixLM(nn.Module):
-    """One SDPA layer: a query in its sample's prefix sees the whole prefix, any other query the keys up to itself."""
+class PrefixLM(OneLayer):
+    """A query in its sample's prefix sees the whole prefix, any other query the keys up to itself."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, 32)
-        self.qkv = nn.Linear(32, 96)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        b, t = ids.shape
-        q, k, v = (z.view(b, t, HEADS, 8).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(32, -1))
-        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
         prefix = (ids == PREFIX).sum(-1)[:, None, None]
-        keep = (j <= i)[None] | ((i < prefix) & (j < prefix))  # (B, T, T)
-        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None]).sum()
+        return ((j <= i)[None] | ((i < prefix) & (j < prefix)))[:, None]  # (B, 1, T, T)
 
 
-def _model() -> tuple[nn.Module, torch.Tensor]:
+def _model() -> tuple[OneLayer, torch.Tensor]:
     torch.manual_seed(0)
     ids = torch.randint(PREFIX + 1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
     ids[1, :4] = PREFIX  # sample 0 has no prefix: its call is causal

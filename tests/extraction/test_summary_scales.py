@@ -13,30 +13,24 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 import biasviz
-from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
+from tests.extraction.one_layer import OneLayer, positions
+from tests.summaries.test_sample_cells import NAMES, VOCAB, T, caught_call, reference
 
 N = 3
 MARK = 1  # a text holding it is attended with another scale
 
 
-class Rescaled(nn.Module):
-    """One SDPA layer, padding (token 0) left out, scaled by 1/4 rather than 1/sqrt(8) where the text holds MARK."""
+class Rescaled(OneLayer):
+    """Padding (token 0) left out, scaled by 1/4 rather than 1/sqrt(8) where the text holds MARK."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, 32)
-        self.qkv = nn.Linear(32, 96)
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
+        return (j <= i)[None, None] & (ids != 0)[:, None, None, :]
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        b, t = ids.shape
-        q, k, v = (z.view(b, t, HEADS, 8).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(32, -1))
-        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-        keep = (j <= i)[None, None] & (ids != 0)[:, None, None, :]
-        scale = 0.25 if bool((ids == MARK).any()) else None
-        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale).sum()
+    def scale(self, ids: torch.Tensor) -> float | None:
+        return 0.25 if bool((ids == MARK).any()) else None
 
 
 def _joined(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
