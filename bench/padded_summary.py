@@ -8,6 +8,8 @@ Mistral of the same size with a sliding window of W keys instead (one mask for e
 ``--head-windows``: one SDPA layer of the same size whose heads each see a window of their own (T / 16, T / 8, T / 4,
 every key) over the padding: cells that differ by head and by sample. ``--encoder``: a ModernBERT of the same size, two
 layers (the first sees every key, the second a window of T / 8 on both sides), whose rows see keys after the query.
+``--alibi``: one SDPA layer of the same size that adds ALiBi in its float mask, as research code writes it (padded keys
+-inf there too).
 ``--trees BEFORE AFTER``: each run by two versions of biasviz in turn (their ``src`` first on ``PYTHONPATH``), to
 measure a change; ``--resolution R``: maps of R x R blocks (default: exact per cell, whose standard errors need no
 per-sample block means).
@@ -55,8 +57,30 @@ def head_windows(seq_len: int) -> object:
     return HeadWindows().eval()
 
 
+def alibi_layer() -> object:
+    """One SDPA layer (hidden 256, 4 heads) adding -slope·(i - j) in its float mask, padded keys and j > i -inf."""
+    import torch
+
+    class AlibiLayer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(512, 256)
+            self.qkv = torch.nn.Linear(256, 3 * 256)
+            self.slopes = torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(4)])[:, None, None]
+
+        def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            b, t = ids.shape
+            q, k, v = (z.view(b, t, 4, 64).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(256, -1))
+            i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+            kept = (j <= i)[None, None] & attention_mask.bool()[:, None, None, :]
+            bias = (-self.slopes * (i - j))[None].masked_fill(~kept, float("-inf"))
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    return AlibiLayer().eval()
+
+
 def child(how: str, seq_len: int, resolution: int | None = None, window: int | None = None,
-          heads_differ: bool = False, encoder: bool = False) -> dict[str, float]:  # fmt: skip
+          heads_differ: bool = False, encoder: bool = False, alibi: bool = False) -> dict[str, float]:  # fmt: skip
     import warnings
 
     import torch
@@ -71,6 +95,8 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
             "attn_implementation": "sdpa"}  # fmt: skip
     if heads_differ:
         model = head_windows(seq_len)
+    elif alibi:
+        model = alibi_layer()
     elif encoder:
         from transformers import ModernBertConfig, ModernBertModel
 
@@ -115,18 +141,21 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="add a full file of the padded samples")
     parser.add_argument("--head-windows", action="store_true", help="heads with windows of their own")
     parser.add_argument("--encoder", action="store_true", help="a ModernBERT, whose rows see keys after the query")
+    parser.add_argument("--alibi", action="store_true", help="ALiBi in an SDPA float mask")
     parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        got = child(args.child, args.seq_len, args.resolution, args.window, args.head_windows, args.encoder)
+        got = child(args.child, args.seq_len, args.resolution, args.window, args.head_windows, args.encoder,
+                    args.alibi)  # fmt: skip
         print(json.dumps(got))
         return
     kinds = ["formed again", "streamed", *(["unpadded", "unpadded streamed"] if args.unpadded else []),
              *(["full file"] if args.full else [])]
     trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
     model = ("SDPA layer, a window a head" if args.head_windows else "ModernBERT, 2 layers" if args.encoder
-             else "Llama" if args.window is None else f"Mistral, window {args.window}")  # fmt: skip
+             else "SDPA layer, ALiBi in its mask" if args.alibi else "Llama" if args.window is None
+             else f"Mistral, window {args.window}")  # fmt: skip
     print(f"{model}, T = {args.seq_len}, R = {args.resolution or 'T'}, N = {SAMPLES} in one batch, "
           f"{args.repeats} interleaved repeats")  # fmt: skip
     options = ["--seq-len", str(args.seq_len)]
@@ -135,6 +164,7 @@ def main() -> None:
             options += [f"--{name}", str(getattr(args, name))]
     options += ["--head-windows"] if args.head_windows else []
     options += ["--encoder"] if args.encoder else []
+    options += ["--alibi"] if args.alibi else []
     for r in range(args.repeats):
         for kind in kinds:
             for label, tree in trees.items():

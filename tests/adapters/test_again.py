@@ -43,7 +43,7 @@ def test_which_adapters_form_rows_again() -> None:
         adapter.prepare(ids(1))
         adapter.resolve_layers("all")
     assert forms_rows_again(plain)  # SDPA without a bias: c·q·kᵀ from the call's q and k
-    assert isinstance(biased, FormsRowsAgain) and not forms_rows_again(biased)  # a bias in the call: it says no
+    assert isinstance(biased, FormsRowsAgain) and forms_rows_again(biased)  # a bias in the call: the one kept
 
     class Claims(ModelAdapter):  # says it replays without being one that can
         replays = True
@@ -75,5 +75,33 @@ def test_rows_formed_again_are_the_forwards_and_the_bias_alibis_closed_form() ->
                     torch.testing.assert_close(bias[0].double(), want, rtol=1e-6, atol=1e-6)
         assert adapter.score_scale(1) == 1 / math.sqrt(48 // H)
         assert adapter.key_repeats(1) == 1 and adapter.attended(1) is None  # every key head once; exactly causal
+    finally:
+        bank.close()
+
+
+def test_a_traced_call_s_bias_formed_again_is_its_float_mask_and_its_rows_the_forwards() -> None:
+    """c·q·kᵀ + b from the bank's q and k and the one bias kept, against what the forward's traced call formed, and the
+    bias against the float mask written out here (-0.1·(i - j) over the causal triangle)."""
+    adapter = TracedAdapter(_Attend(True))
+    x = torch.as_tensor(ids(2))
+    adapter.prepare(x.numpy())
+    adapter.resolve_layers("all")
+    with full_matrices(adapter, [0], want_scores=True) as got:
+        adapter.forward(x)
+    bank = SampleBank(2, device=torch.device("cpu"))
+    try:
+        with adapter.keep([0], bank):
+            adapter.forward(x)
+        for sample in range(2):
+            for r0, r1 in ((0, 5), (5, T)):
+                block = adapter.rows_again(0, bank, sample, r0, r1, True)
+                torch.testing.assert_close(block.weights[0], got.weights[0][sample, :, r0:r1, :r1], rtol=1e-5,
+                                           atol=1e-6)  # fmt: skip
+                assert block.scores is not None and block.bias is not None
+                causal = torch.ones(r1 - r0, r1, dtype=torch.bool).tril(r0)
+                torch.testing.assert_close(block.scores[0][:, causal], got.scores[0][sample, :, r0:r1, :r1][:, causal])
+                i = torch.arange(r0, r1, dtype=torch.float64)[:, None]
+                want = torch.where(causal, -0.1 * (i - torch.arange(r1, dtype=torch.float64)[None, :]), 0.0)
+                torch.testing.assert_close(block.bias[0].double(), want.expand(2, -1, -1), rtol=1e-6, atol=1e-6)
     finally:
         bank.close()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from biasviz.adapters.kept_calls import KeptCall, own_cells
+from biasviz.adapters.kept_calls import KeptCall, added_bias, own_cells
 from biasviz.common.errors import MasksDifferBySample
 from biasviz.tracing.calls import SdpaOperands
 
@@ -60,3 +60,16 @@ def test_own_cells_are_one_set_for_all_heads_where_they_agree_and_one_a_head_whe
     differ = rng.random((1, H, T, T)) > 0.5
     got = own_cells(torch.from_numpy(differ), 3)  # one mask broadcast over a batch of 3
     assert tuple(got.shape) == (3, H, T, T) and all(np.array_equal(got[a].numpy(), differ[0]) for a in range(3))
+
+
+def test_the_added_bias_is_the_float_mask_over_the_cells_attended_and_0_elsewhere() -> None:
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal((1, H, T, T)).astype(np.float32)
+    causal = np.tril(np.ones((T, T), bool))
+    mask = np.where(causal, values, -np.inf).astype(np.float32)
+    ops = _ops(np.broadcast_to(causal, (2, 1, T, T)).copy())
+    ops.additive = torch.from_numpy(mask)
+    got = added_bias(ops).numpy()
+    assert got.shape == (2, H, T, T) and np.array_equal(got[1], np.where(causal, values[0], 0.0))
+    ops.additive = None  # a call that adds none: 0 everywhere
+    assert not added_bias(ops).any()

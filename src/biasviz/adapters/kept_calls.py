@@ -65,3 +65,10 @@ def own_cells(kept: torch.Tensor, batch: int) -> torch.Tensor:
     T, T): one set for all heads where they agree, one a head where they do not."""
     cells = kept if kept.shape[1] > 1 and not bool((kept == kept[:, :1]).all()) else kept[:, :1]
     return cells.expand(batch, *cells.shape[1:]) if cells.shape[0] == 1 else cells
+
+
+def added_bias(ops: SdpaOperands) -> torch.Tensor:
+    """(1 or B, 1 or H, T, T) float32: the bias a call adds (its float mask's values) over the cells it attends, 0 on
+    the others and where it adds none."""
+    added = torch.zeros((), device=ops.kept.device) if ops.additive is None else ops.additive.float()
+    return torch.where(ops.kept, added, 0.0)

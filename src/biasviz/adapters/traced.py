@@ -22,7 +22,7 @@ from torch import nn
 
 from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS, FormsRowsAgain
 from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls, refuse_meta
-from biasviz.adapters.kept_calls import KeptCall, own_cells
+from biasviz.adapters.kept_calls import KeptCall, added_bias, own_cells
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import AttendsPastQuery, BiasvizError, MasksDifferBySample
@@ -85,6 +85,7 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         self._formed: dict[int, KeptCall] = {}  # per call kept for a summary: what forms its rows again
         self._by_sample: set[int] = set()  # calls whose samples are masked differently: each one's cells banked
         self._groups: dict[int, int] = {}  # per call kept: query heads per key head (its k banked repeated)
+        self._biases: dict[int, torch.Tensor] = {}  # per call kept that adds a bias: the one every sample added
 
     # -- facts, from the probe -----------------------------------------------------------------
     @property
@@ -196,9 +197,10 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
     # -- forming rows again (summaries linear in samples) ----------------------------------------
     @property
     def replays(self) -> bool:  # type: ignore[override]
-        """SDPA calls that add no bias (RoPE, NoPE: Llama, Qwen, Mistral, Pythia) are formed again from their q
-        and k; a bias in the call (its float mask) could differ by sample, and would need (T, T) per sample."""
-        return bool(self._chosen) and all(c.kind == "sdpa" and not c.adds_bias for c in self._chosen)
+        """SDPA calls are formed again from their q and k (RoPE, NoPE: Llama, Qwen, Mistral, Pythia, encoders), and a
+        bias in the call (its float mask: ALiBi, T5's buckets) from the one every sample added, kept once (a bias that
+        differs by sample would need (T, T) per sample: such a call is streamed)."""
+        return bool(self._chosen) and all(c.kind == "sdpa" for c in self._chosen)
 
     @property
     def fused_rows(self) -> bool:  # type: ignore[override]
@@ -211,6 +213,7 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         (after any rotation), (B, T, H·E) each, key heads repeated for grouped queries; the calls run unchanged."""
         previous = self._keeping
         self._keeping, self._formed, self._by_sample = _Keeping(bank, sorted(layers), tick), {}, set()
+        self._biases = {}
         try:
             yield
         finally:
@@ -225,7 +228,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
             return
         if self.layer_causal(index) and not _is_causal(ops.kept):
             raise self._past_query(index, f"for sample {keeping.bank.start} or one of its batch")
-        if ops.additive is not None:
+        if self.calls[index].adds_bias:  # the first sample's call added one
+            self._keep_bias(index, ops, keeping.bank.start)
+        elif ops.additive is not None:
             raise BiasvizError(f"attention call {index} added a bias for sample {keeping.bank.start} though it added "
                                "none on the first: the model's bias depends on the input; summarise it with "
                                "--resolution equal to --seq-len and --batch-size covering every sample")  # fmt: skip
@@ -234,6 +239,16 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         self._groups[index] = heads // ops.k.shape[1]
         keeping.bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
         keeping.bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
+
+    def _keep_bias(self, index: int, ops: SdpaOperands, start: int) -> None:
+        """The bias call ``index`` adds, over the cells each sample attends (0 elsewhere): kept once, from the first
+        sample, and every later sample's compared with it, exactly; one that differs starts the summary again,
+        streamed (rows formed again add one bias to every sample)."""
+        bias = added_bias(ops)
+        first = self._biases.setdefault(index, bias[:1].clone())
+        if not bool((bias == first).all()):
+            raise MasksDifferBySample(f"attention call {index} added another bias for sample {start} or one of its "
+                                      "batch than for the first")  # fmt: skip
 
     def _keep_cells(self, index: int, ops: SdpaOperands, bank: Any) -> None:
         """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
@@ -260,6 +275,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
             raise BiasvizError(f"attention call {index} masked other cells for sample {bank.start} than for the "
                                "first (padding or packed documents): under torchrun a summary takes one mask for "
                                "every sample; run it in one process")  # fmt: skip
+        if index in self._biases:  # a bias is summarised over each sample's own cells as the model streams them
+            raise MasksDifferBySample(f"attention call {index} added a bias and masked other cells for sample "
+                                      f"{bank.start} than for the first")  # fmt: skip
         own = own_cells(ops.kept, ops.q.shape[0])
         t = own.shape[-1]
         if bank.start:  # the samples before: the one mask they had, a sample at a time (never N·T² at once)
@@ -277,12 +295,15 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         keys = r1 if self.layer_causal(layer) else bank.seq_len(layer, "k")
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
         k = bank.get(layer, "k", sample, 0, keys).view(1, keys, heads, -1).transpose(1, 2)
+        bias = self._biases.get(layer)
+        if bias is not None:  # (1, H, rows, keys): the one every sample added
+            bias = bias[..., r0:r1, :keys].to(q.device).expand(1, heads, -1, -1)
+        own = None
         if layer in self._by_sample:  # this sample's own cells, (1, 1 or H, rows, keys)
             own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, keys).to(q.device)[None]
-            scores, weights = formed_rows(q, k, kept.scale, own)
-            return RowBlock(layer, sample, r0, weights, scores=scores, attended=own)
-        scores, weights = formed_rows(q, k, kept.scale, kept.rows(r0, r1, q.device, keys))
-        return RowBlock(layer, sample, r0, weights, scores=scores)
+        cells = own if own is not None else kept.rows(r0, r1, q.device, keys)
+        scores, weights = formed_rows(q, k, kept.scale, cells, bias)
+        return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias if want_bias else None, attended=own)
 
     def score_scale(self, layer: int) -> float:
         return self._formed[layer].scale

@@ -253,11 +253,14 @@ def formed_scores(ops: SdpaOperands) -> torch.Tensor:
 
 
 def formed_rows(
-    q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tensor, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores and weights of queries (B, H, rows, E) against keys (B, H or fewer, keys, E) with no additive term,
-    as :func:`sdpa_call` forms them; ``kept`` (broadcastable to (B, H, rows, keys)) the cells attended to."""
+    """Scores and weights of queries (B, H, rows, E) against keys (B, H or fewer, keys, E), plus ``bias`` (float32,
+    broadcastable to (B, H, rows, keys); None: no additive term), as :func:`sdpa_call` forms them; ``kept``
+    (broadcastable likewise) the cells attended to."""
     scores = _scores(q, k, scale)
+    if bias is not None:
+        scores = scores + bias
     return scores, _softmax_kept(scores, kept)
 
 

@@ -1,0 +1,136 @@
+"""Calls that add a bias in their SDPA float mask (ALiBi, as research code writes it): formed again from the one bias
+every sample added, kept once, rather than streamed whole; a bias that depends on the text starts the summary again,
+streamed, and says so.
+
+The reference is float64 numpy on the q, k, scale, bias and mask caught at the model's own SDPA call (docs/hdf5.md,
+'Attended cells'); P, which that reference does not form, is compared with the same call streamed whole."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import biasviz
+from tests.extraction.one_layer import OneLayer, positions
+from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
+
+N = 3
+SLOPES = torch.tensor([2.0 ** (-8 * (h + 1) / HEADS) for h in range(HEADS)])[:, None, None]
+
+
+class Alibi(OneLayer):
+    """ALiBi in the float mask, -slope·(i - j), -inf after the query; ``window``: and beyond 5 keys back;
+    ``contextual``: plus a term of each key's token (a bias that depends on the text)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.key_term = torch.nn.Embedding(VOCAB, HEADS)
+
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
+        kept = (j <= i) & ((i - j < 5) if self.how == "window" else True)
+        bias = (-SLOPES * (i - j)).masked_fill(~kept, float("-inf"))[None]  # (1, H, T, T)
+        if self.how == "contextual":
+            bias = bias + 0.3 * self.key_term(ids).permute(0, 2, 1)[:, :, None, :]
+        return bias
+
+
+def _summary(model: OneLayer, ids: torch.Tensor, out: Any, batch: int, resolution: int, streamed: bool) -> list[str]:
+    import biasviz.extraction.summary as summary
+
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        if streamed:
+            patch.setattr(summary, "forms_rows_again", lambda adapter: False)
+        biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=batch, resolution=resolution)
+    return [str(w.message) for w in said]
+
+
+def _read(path: Any) -> dict[str, np.ndarray]:
+    with h5py.File(path, "r") as f:
+        return {key: f["layer_0"][key][()] for key in f["layer_0"]}
+
+
+@pytest.fixture(scope="module", params=[(how, batch, r) for how in ("alibi", "window", "contextual")
+                                        for batch, r in ((1, T), (N, T // 2))],
+                ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}")  # fmt: skip
+def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    import biasviz.extraction.summary as summary
+
+    how, batch, resolution = request.param
+    torch.manual_seed(0)
+    model = Alibi(how).eval()
+    ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    call = caught_call(lambda: model(ids))
+    tmp = tmp_path_factory.mktemp("bias")
+    streamed_calls = []
+    with pytest.MonkeyPatch.context() as patch:
+        inner = summary._streamed
+        patch.setattr(summary, "_streamed", lambda *a, **k: streamed_calls.append(1) or inner(*a, **k))
+        said = _summary(model, ids, tmp / "again.h5", batch, resolution, streamed=False)
+    _summary(model, ids, tmp / "streamed.h5", batch, resolution, streamed=True)
+    expected = reference(call, T // resolution, differ=False)
+    return {"how": how, "stored": _read(tmp / "again.h5"), "streamed": _read(tmp / "streamed.h5"), "said": said,
+            "went_streamed": bool(streamed_calls), "expected": expected}  # fmt: skip
+
+
+def test_one_bias_is_formed_again_and_one_that_depends_on_the_text_is_streamed(summarised: dict[str, Any]) -> None:
+    contextual = summarised["how"] == "contextual"
+    assert summarised["went_streamed"] == contextual
+    restarted = [w for w in summarised["said"] if "started again" in w]
+    assert len(restarted) == contextual and all("added another bias" in w for w in restarted), summarised["said"]
+
+
+@pytest.mark.parametrize("name", [*NAMES, "bias_mean", "bias_std", "bias_profile", "band_mass", "weights_entropy"])
+def test_every_quantity_as_float64_math_has_it(summarised: dict[str, Any], name: str) -> None:
+    if name == "attended" and summarised["how"] != "window":
+        return  # the causal triangle: no mask of its own
+    got, want = summarised["stored"][name], summarised["expected"][name]
+    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["weights_profile_se", "scores_profile_se", "weights_mean_se", "bias_mean_se"])
+def test_standard_errors_as_float64_math_has_them(summarised: dict[str, Any], name: str) -> None:
+    got, want = summarised["stored"][name], summarised["expected"][name]
+    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5, equal_nan=True)
+
+
+def test_formed_again_as_the_call_streamed_whole_gives_it(summarised: dict[str, Any]) -> None:
+    """Every dataset of the two ways in, P and its diagnostics among them."""
+    got, want = summarised["stored"], summarised["streamed"]
+    assert got.keys() == want.keys() and "positional_mean" in got
+    for name, values in want.items():
+        for field in values.dtype.names or [None]:
+            a, b = (x if field is None else x[field] for x in (got[name], values))
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True, err_msg=f"{name} {field}")
+
+
+class DiagonalHidden(Alibi):
+    """ALiBi, and a text holding token 1 hides each query's own key, where ALiBi adds 0: the same bias over the cells
+    each sample attends, but other cells."""
+
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
+        hidden = (ids == 1).any(-1)[:, None, None, None] & (i == j) & (i > 0)  # (B, 1, T, T)
+        return super().keep(ids).masked_fill(hidden, float("-inf"))
+
+
+def test_a_bias_beside_samples_masked_differently_is_streamed_and_said(tmp_path: Any) -> None:
+    torch.manual_seed(0)
+    model = DiagonalHidden("alibi").eval()
+    ids = torch.randint(2, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    ids[2, 3] = 1
+    call = caught_call(lambda: model(ids))
+    said = _summary(model, ids, tmp_path / "s.h5", 1, T, streamed=False)
+    assert any("added a bias and masked other cells for sample 2" in w and "started again" in w for w in said), said
+    expected, stored = reference(call, 1), _read(tmp_path / "s.h5")
+    for name in ("weights_mean", "scores_mean", "bias_mean", "bias_profile", "weights_key_profile"):
+        np.testing.assert_allclose(stored[name], expected[name], rtol=2e-5, atol=1e-5, equal_nan=True, err_msg=name)
