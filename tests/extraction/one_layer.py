@@ -3,6 +3,7 @@ which cells (:meth:`OneLayer.keep`) and with what scale (:meth:`OneLayer.scale`)
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -38,3 +39,10 @@ class OneLayer(nn.Module):
 def positions(t: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(T, 1) query and (1, T) key positions."""
     return torch.arange(t)[:, None], torch.arange(t)[None, :]
+
+
+def assert_as_reference(got: np.ndarray, want: np.ndarray, name: str, rtol: float = 2e-5, atol: float = 1e-5) -> None:
+    """A stored dataset against float64 math: the same shape, NaN exactly where the reference has no cell, the rest
+    within ``rtol`` and ``atol``."""
+    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=name)

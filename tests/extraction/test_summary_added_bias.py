@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import biasviz
-from tests.extraction.one_layer import OneLayer, positions
+from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -91,16 +91,12 @@ def test_one_bias_is_formed_again_and_one_that_depends_on_the_text_is_streamed(s
 def test_every_quantity_as_float64_math_has_it(summarised: dict[str, Any], name: str) -> None:
     if name == "attended" and summarised["how"] != "window":
         return  # the causal triangle: no mask of its own
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-5, 1e-5)
 
 
 @pytest.mark.parametrize("name", ["weights_profile_se", "scores_profile_se", "weights_mean_se", "bias_mean_se"])
 def test_standard_errors_as_float64_math_has_them(summarised: dict[str, Any], name: str) -> None:
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-4, 1e-5)
 
 
 def test_formed_again_as_the_call_streamed_whole_gives_it(summarised: dict[str, Any]) -> None:

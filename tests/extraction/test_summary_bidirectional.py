@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import biasviz
-from tests.extraction.one_layer import OneLayer, positions
+from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -95,17 +95,13 @@ def test_every_cell_the_call_attends_counts(summarised: dict[str, Any], name: st
     if name == "attended" and summarised["how"] == "every key":
         assert name not in summarised["stored"]  # no mask of its own: nothing to say of its cells
         return
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-5, 1e-5)
 
 
 @pytest.mark.parametrize("name", ["weights_profile_se", "scores_profile_se", "weights_key_profile_se", "sink_share_se",
                                   "band_mass_se", "weights_mean_se", "scores_mean_se"])  # fmt: skip
 def test_standard_errors_over_every_cell_the_call_attends(summarised: dict[str, Any], name: str) -> None:
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-4, 1e-5)
 
 
 def test_formed_again_as_the_call_streamed_whole_gives_it(summarised: dict[str, Any]) -> None:

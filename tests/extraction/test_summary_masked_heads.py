@@ -13,12 +13,11 @@ import warnings
 from typing import Any
 
 import h5py
-import numpy as np
 import pytest
 import torch
 
 import biasviz
-from tests.extraction.one_layer import OneLayer, positions
+from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -96,15 +95,11 @@ def test_the_summary_forms_the_rows_again_in_one_pass(summarised: dict[str, Any]
 
 @pytest.mark.parametrize("name", [*NAMES, "band_mass", "context_mass", "weights_entropy", "attention_distance"])
 def test_each_head_s_own_cells_of_each_sample_count_for_it(summarised: dict[str, Any], name: str) -> None:
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-5, 1e-5)
 
 
 @pytest.mark.parametrize("name", ["weights_profile_se", "scores_profile_se", "weights_key_profile_se", "sink_share_se",
                                   "band_mass_se", "context_mass_se", "weights_entropy_se", "weights_mean_se",
                                   "scores_mean_se"])  # fmt: skip
 def test_standard_errors_over_each_head_s_own_cells(summarised: dict[str, Any], name: str) -> None:
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-4, 1e-5)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import biasviz
-from tests.extraction.one_layer import OneLayer, positions
+from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -83,18 +83,14 @@ def test_the_call_is_taken_again_as_one_that_sees_every_key_and_said(summarised:
 
 @pytest.mark.parametrize("name", [*NAMES, "band_mass", "context_mass", "weights_entropy", "attention_distance"])
 def test_every_cell_the_call_attends_counts(summarised: dict[str, Any], name: str) -> None:
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-5, 1e-5)
 
 
 @pytest.mark.parametrize("name", ["weights_profile_se", "scores_profile_se", "weights_key_profile_se",
                                   "band_mass_se", "weights_mean_se", "scores_mean_se"])  # fmt: skip
 def test_standard_errors_over_every_cell_the_call_attends(summarised: dict[str, Any], name: str) -> None:
     """The profiles' SEs run over i - j on both sides of the query, as a call that sees every key has them."""
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-4, 1e-5)
 
 
 def test_a_full_file_is_written_again_with_the_cells_after_the_query(tmp_path: Path) -> None:

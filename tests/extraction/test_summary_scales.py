@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import biasviz
-from tests.extraction.one_layer import OneLayer, positions
+from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
 from tests.summaries.test_sample_cells import NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -68,6 +68,4 @@ def test_the_summary_says_it_started_again_streamed(summarised: dict[str, Any]) 
 
 @pytest.mark.parametrize("name", [*NAMES, "band_mass", "weights_entropy", "weights_profile_se"])
 def test_each_sample_s_rows_are_formed_with_its_own_scale(summarised: dict[str, Any], name: str) -> None:
-    got, want = summarised["stored"][name], summarised["expected"][name]
-    assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5, equal_nan=True)
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-5, 1e-5)
