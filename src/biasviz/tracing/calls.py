@@ -252,15 +252,11 @@ def formed_scores(ops: SdpaOperands) -> torch.Tensor:
     return scores if ops.additive is None else scores + _bias(ops)
 
 
-def formed_rows(
-    q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tensor, bias: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores and weights of queries (B, H, rows, E) against keys (B, H or fewer, keys, E), plus ``bias`` (float32,
-    broadcastable to (B, H, rows, keys); None: no additive term), as :func:`sdpa_call` forms them; ``kept``
-    (broadcastable likewise) the cells attended to."""
-    scores = _scores(q, k, scale)
-    if bias is not None:
-        scores = scores + bias
+def formed_rows(q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tensor,
+                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Scores and weights of queries (B, H, rows, E) against keys (B, H or fewer, keys, E), plus ``bias`` (float32;
+    None: none), as :func:`sdpa_call` forms them; ``kept`` and ``bias`` broadcast to (B, H, rows, keys)."""
+    scores = _scores(q, k, scale) if bias is None else _scores(q, k, scale) + bias
     return scores, _softmax_kept(scores, kept)
 
 
