@@ -245,7 +245,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         sample, and every later sample's compared with it, exactly; one that differs starts the summary again,
         streamed (rows formed again add one bias to every sample)."""
         bias = added_bias(ops)
-        first = self._biases.setdefault(index, bias[:1].clone())
+        first = self._biases.get(index)
+        if first is None:  # (one copy, not one a batch)
+            first = self._biases[index] = bias[:1].clone()
         if not bool((bias == first).all()):
             raise MasksDifferBySample(f"attention call {index} added another bias for sample {start} or one of its "
                                       "batch than for the first")  # fmt: skip

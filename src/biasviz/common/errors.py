@@ -17,8 +17,9 @@ class BiasvizError(Exception):
 
 
 class MasksDifferBySample(BiasvizError):
-    """An attention call masked the cells of one sample otherwise than another's (padding, packed documents),
-    where a summary forming every sample's rows again needs one mask: it then streams them instead."""
+    """An attention call formed one sample's rows otherwise than another's: its mask (the bank then keeps each
+    sample's own cells), or its scale or bias, which rows formed again take once for every sample (a summary then
+    streams them instead)."""
 
 
 class AttendsPastQuery(MasksDifferBySample):

@@ -102,8 +102,9 @@ def summarise(
     every sample as one process would; the other processes return an empty result. ``positional=False`` leaves out the
     positional logits P (docs/positional.md), ``measures=False`` docs/position-measures.md's measures of the weights: to
     measure what they cost. Where samples turn out to be masked differently (padding, packed documents), rows formed
-    again keep each sample's own cells (one set a head where its heads differ too); where they cannot (a scale that
-    changes, torchrun's joined banks), the rows are streamed instead (``streamed``), from the start. A call causal in
+    again keep each sample's own cells (one set a head where its heads differ too); where they cannot (a scale or a
+    bias that changes between samples, torchrun's joined banks), the rows are streamed instead (``streamed``), from the
+    start. A call causal in
     the first sample that attends keys after a query in a later one is taken as a call that sees every key, within its
     own mask, from the start again.
     """
@@ -126,9 +127,9 @@ def summarise(
             except MasksDifferBySample as why:
                 if streamed or gather is not None:
                     raise
-                # rows formed again hold each sample's own cells (of each head) under one scale; a call whose scale
-                # changes is streamed, as the model forms it, each sample's own cells counting for it (docs/hdf5.md,
-                # 'Attended cells'): said, since the forward runs again from the first sample
+                # rows formed again hold each sample's own cells (of each head) under one scale and one bias; a call
+                # whose scale or bias changes is streamed, as the model forms it, each sample's own cells counting for
+                # it (docs/hdf5.md, 'Attended cells'): said, since the forward runs again from the first sample
                 warnings.warn(f"{why}; the summary started again from the first sample, streamed as the model forms "
                               "its rows", stacklevel=2)  # fmt: skip
                 streamed = True

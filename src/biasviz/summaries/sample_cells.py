@@ -35,11 +35,6 @@ class SampleCells:
     seeing: torch.Tensor  # (N, 1 or H) float64: each sample's queries that see key 0
     samples: torch.Tensor | None = None  # (1 or H, nb, nb) float64: per block, Σ over samples of the cells each attends
 
-    @property
-    def by_head(self) -> bool:
-        """Whether heads attend cells of their own (one set a head, not one for all)."""
-        return self.union.shape[0] > 1
-
     @classmethod
     def read(cls, bank: Any, layer: int, samples: int, seq_len: int, device: torch.device,
              block: int = 1) -> SampleCells | None:  # fmt: skip
