@@ -1,4 +1,6 @@
-"""What a traced attention call kept for a summary attended: the cells every sample's rows are formed again over.
+"""What a keeping forward kept of each attention call it was given (q, k, the cells attended, the scale, one bias), and
+every sample's rows formed again from it (:class:`KeptCalls`): the one way a traced call, or a hooked module's call,
+is formed again.
 
 While every sample has one mask, a call keeps it once (:class:`KeptCall`, with the scale its rows are formed with); from
 the first sample masked otherwise (padding, packed documents) on, each sample's own cells go into the bank beside its q
@@ -9,13 +11,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from biasviz.adapters.rows import plain_cells
-from biasviz.common.errors import MasksDifferBySample
-from biasviz.tracing.calls import SdpaOperands
+from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS
+from biasviz.adapters.rows import RowBlock, plain_cells
+from biasviz.common.errors import BiasvizError, MasksDifferBySample
+from biasviz.tracing.calls import SdpaOperands, _is_causal, formed_rows, repeat_kv
 
 
 @dataclass
@@ -72,3 +77,125 @@ def added_bias(ops: SdpaOperands) -> torch.Tensor:
     the others and where it adds none."""
     added = torch.zeros((), device=ops.kept.device) if ops.additive is None else ops.additive.float()
     return torch.where(ops.kept, added, 0.0)
+
+
+@dataclass
+class KeptCalls:
+    """One keeping forward's calls: what each kept in ``bank`` and forms every sample's rows again with.
+
+    ``causal(index)`` is a call's rule as the first sample showed it, ``adds_bias(index)`` whether the first sample's
+    call added a bias, ``past_query(index, where)`` what to raise when a causal call attends keys after a query (the
+    owner marks it as one that sees every key); ``tick(batch)`` as each call is reached.
+    """
+
+    bank: Any
+    layers: list[int]
+    causal: Callable[[int], bool]
+    adds_bias: Callable[[int], bool]
+    past_query: Callable[[int, str], Exception]
+    tick: Callable[[int], None] | None = None
+    batch: int = 1
+    formed: dict[int, KeptCall] = field(default_factory=dict)  # per call: what forms its rows again
+    by_sample: set[int] = field(default_factory=set)  # calls whose samples are masked differently: cells banked
+    groups: dict[int, int] = field(default_factory=dict)  # per call: query heads per key head (k banked repeated)
+    biases: dict[int, torch.Tensor] = field(default_factory=dict)  # per call that adds a bias: the first sample's
+
+    def keep(self, index: int, ops: SdpaOperands | None) -> None:
+        """Call ``index`` of the batch under way: its q and k into the bank (after any rotation), (B, T, H·E) each, key
+        heads repeated for grouped queries, with its cells and bias checked against the first sample's; None: a call
+        not asked for."""
+        if self.tick is not None:
+            self.tick(int(ops.q.shape[0]) if ops is not None else self.batch)
+        if ops is None:
+            return
+        bank = self.bank
+        if self.causal(index) and not _is_causal(ops.kept):
+            raise self.past_query(index, f"for sample {bank.start} or one of its batch")
+        if self.adds_bias(index):  # the first sample's call added one
+            self._keep_bias(index, ops)
+        elif ops.additive is not None:
+            raise BiasvizError(f"attention call {index} added a bias for sample {bank.start} though it added none on "
+                               "the first: the model's bias depends on the input; summarise it with --resolution "
+                               "equal to --seq-len and --batch-size covering every sample")  # fmt: skip
+        self._keep_cells(index, ops)
+        heads = ops.q.shape[1]
+        self.groups[index] = heads // ops.k.shape[1]
+        bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
+        bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
+
+    def _keep_bias(self, index: int, ops: SdpaOperands) -> None:
+        """The bias call ``index`` adds, over the cells each sample attends (0 elsewhere): kept once, from the first
+        sample, and every later sample's compared with it, exactly; one that differs starts the summary again,
+        streamed (rows formed again add one bias to every sample)."""
+        bias = added_bias(ops)
+        first = self.biases.get(index)
+        if first is None:  # (one copy, not one a batch)
+            first = self.biases[index] = bias[:1].clone()
+        if not bool((bias == first).all()):
+            raise MasksDifferBySample(f"attention call {index} added another bias for sample {self.bank.start} or "
+                                      "one of its batch than for the first")  # fmt: skip
+
+    def _keep_cells(self, index: int, ops: SdpaOperands) -> None:
+        """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
+        from the first sample masked otherwise (padding, packed documents) on, every sample's own cells, one set for
+        all heads or, where its heads attend cells of their own, one a head, in the bank beside its q and k (those
+        before by the one mask they had)."""
+        bank = self.bank
+        if index in self.by_sample:
+            if ops.scale != self.formed[index].scale:
+                raise _scale_differs(index, ops.scale, self.formed[index].scale, bank.start)
+            bank.put_cells(index, SAMPLE_CELLS, own_cells(ops.kept, ops.q.shape[0]))
+            return
+        try:
+            kept: KeptCall | None = KeptCall.of(ops, self.causal(index))
+        except MasksDifferBySample:  # within the batch
+            kept = None
+        first = self.formed.setdefault(index, kept or KeptCall(ops.scale, None, self.causal(index)))
+        if kept is not None and first.same(kept):
+            if not bank.cells_by_sample:  # torchrun: the process's one mask goes with its samples, compared once joined
+                bank.put(index, MASK_DIGEST, first.digest.expand(ops.q.shape[0], 1, -1))
+            return
+        if first.scale != ops.scale:
+            raise _scale_differs(index, ops.scale, first.scale, bank.start)
+        if not bank.cells_by_sample:  # torchrun's processes meet in one bank
+            raise BiasvizError(f"attention call {index} masked other cells for sample {bank.start} than for the "
+                               "first (padding or packed documents): under torchrun a summary takes one mask for "
+                               "every sample; run it in one process")  # fmt: skip
+        if index in self.biases:  # a bias is summarised over each sample's own cells as the model streams them
+            raise MasksDifferBySample(f"attention call {index} added a bias and masked other cells for sample "
+                                      f"{bank.start} than for the first")  # fmt: skip
+        own = own_cells(ops.kept, ops.q.shape[0])
+        t = own.shape[-1]
+        if bank.start:  # the samples before: the one mask they had, a sample at a time (never N·T² at once)
+            before = own_cells(first.rows(0, t, own.device, t), 1)
+            for a in range(bank.start):
+                bank.put_cells(index, SAMPLE_CELLS, before, at=a)
+        bank.put_cells(index, SAMPLE_CELLS, own)
+        self.by_sample.add(index)
+
+    def rows_again(self, layer: int, sample: int, r0: int, r1: int, heads: int, want_bias: bool) -> RowBlock:
+        """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32), against
+        keys 0 .. r1 - 1, or every key where the call sees keys after its query."""
+        bank, kept = self.bank, self.formed[layer]
+        keys = r1 if self.causal(layer) else bank.seq_len(layer, "k")
+        q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
+        k = bank.get(layer, "k", sample, 0, keys).view(1, keys, heads, -1).transpose(1, 2)
+        bias = self.biases.get(layer)
+        if bias is not None:  # (1, H, rows, keys): the one every sample added
+            bias = bias[..., r0:r1, :keys].to(q.device).expand(1, heads, -1, -1)
+        own = None
+        if layer in self.by_sample:  # this sample's own cells, (1, 1 or H, rows, keys)
+            own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, keys).to(q.device)[None]
+        cells = own if own is not None else kept.rows(r0, r1, q.device, keys)
+        scores, weights = formed_rows(q, k, kept.scale, cells, bias)
+        return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias if want_bias else None, attended=own)
+
+    def attended(self, layer: int) -> torch.Tensor | None:
+        """The one mask call ``layer`` attended where not its rule; None where its rule or each sample's own cells."""
+        return None if layer in self.by_sample else self.formed[layer].mask
+
+
+def _scale_differs(index: int, scale: float, first: float, sample: int) -> MasksDifferBySample:
+    """Rows formed again take one scale for every sample: a call whose scale changes is streamed instead."""
+    return MasksDifferBySample(f"attention call {index} scaled q·k by {scale!r} for sample {sample} or one of its "
+                               f"batch, by {first!r} for the first")  # fmt: skip

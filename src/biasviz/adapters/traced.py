@@ -13,21 +13,20 @@ import hashlib
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS, FormsRowsAgain
+from biasviz.adapters.again import FormsRowsAgain
 from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls, refuse_meta
-from biasviz.adapters.kept_calls import KeptCall, added_bias, own_cells
+from biasviz.adapters.kept_calls import KeptCalls
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
-from biasviz.common.errors import AttendsPastQuery, BiasvizError, MasksDifferBySample
+from biasviz.common.errors import AttendsPastQuery, BiasvizError
 from biasviz.tracing import AttentionCall, Trace
-from biasviz.tracing.calls import FORMED_BEFORE, SdpaOperands, _is_causal, formed_rows, repeat_kv
+from biasviz.tracing.calls import FORMED_BEFORE
 
 CAPTURED = "captured"  # the scheme recorded when the user names none: the bias is what the calls added
 PROBE_TOKENS = 64  # the probe pass reads this many tokens of the first sample
@@ -80,12 +79,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         self._chosen: list[AttentionCall] = []
         self._wanted: list[int] = []
         self._streaming: tuple[Callable[[RowBlock], None], bool] | None = None  # within stream: its sink, want_bias
-        self._keeping: _Keeping | None = None
+        self._keeping: KeptCalls | None = None  # within keep
+        self._kept: KeptCalls | None = None  # the last keep's calls: what forms their rows again
         self._want_scores = False
-        self._formed: dict[int, KeptCall] = {}  # per call kept for a summary: what forms its rows again
-        self._by_sample: set[int] = set()  # calls whose samples are masked differently: each one's cells banked
-        self._groups: dict[int, int] = {}  # per call kept: query heads per key head (its k banked repeated)
-        self._biases: dict[int, torch.Tensor] = {}  # per call kept that adds a bias: the one every sample added
 
     # -- facts, from the probe -----------------------------------------------------------------
     @property
@@ -210,118 +206,40 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
         """Each :meth:`forward` puts the q and k of the calls ``layers`` into ``bank`` as the calls receive them
-        (after any rotation), (B, T, H·E) each, key heads repeated for grouped queries; the calls run unchanged."""
+        (after any rotation), (B, T, H·E) each, key heads repeated for grouped queries; the calls run unchanged
+        (:class:`~biasviz.adapters.kept_calls.KeptCalls`)."""
         previous = self._keeping
-        self._keeping, self._formed, self._by_sample = _Keeping(bank, sorted(layers), tick), {}, set()
-        self._biases = {}
+        self._keeping = self._kept = KeptCalls(bank, sorted(layers), self.layer_causal,
+                                               lambda index: bool(self.calls[index].adds_bias), self._past_query,
+                                               tick)  # fmt: skip
         try:
             yield
         finally:
             self._keeping = previous
 
-    def _keep_call(self, index: int, ops: SdpaOperands | None) -> None:
-        keeping = self._keeping
-        assert keeping is not None
-        if keeping.tick is not None:
-            keeping.tick(int(ops.q.shape[0]) if ops is not None else keeping.batch)
-        if ops is None:
-            return
-        if self.layer_causal(index) and not _is_causal(ops.kept):
-            raise self._past_query(index, f"for sample {keeping.bank.start} or one of its batch")
-        if self.calls[index].adds_bias:  # the first sample's call added one
-            self._keep_bias(index, ops, keeping.bank.start)
-        elif ops.additive is not None:
-            raise BiasvizError(f"attention call {index} added a bias for sample {keeping.bank.start} though it added "
-                               "none on the first: the model's bias depends on the input; summarise it with "
-                               "--resolution equal to --seq-len and --batch-size covering every sample")  # fmt: skip
-        self._keep_cells(index, ops, keeping.bank)
-        heads = ops.q.shape[1]
-        self._groups[index] = heads // ops.k.shape[1]
-        keeping.bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
-        keeping.bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
-
-    def _keep_bias(self, index: int, ops: SdpaOperands, start: int) -> None:
-        """The bias call ``index`` adds, over the cells each sample attends (0 elsewhere): kept once, from the first
-        sample, and every later sample's compared with it, exactly; one that differs starts the summary again,
-        streamed (rows formed again add one bias to every sample)."""
-        bias = added_bias(ops)
-        first = self._biases.get(index)
-        if first is None:  # (one copy, not one a batch)
-            first = self._biases[index] = bias[:1].clone()
-        if not bool((bias == first).all()):
-            raise MasksDifferBySample(f"attention call {index} added another bias for sample {start} or one of its "
-                                      "batch than for the first")  # fmt: skip
-
-    def _keep_cells(self, index: int, ops: SdpaOperands, bank: Any) -> None:
-        """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
-        from the first sample masked otherwise (padding, packed documents) on, every sample's own cells, one set for
-        all heads or, where its heads attend cells of their own, one a head, in the bank beside its q and k (those
-        before by the one mask they had)."""
-        if index in self._by_sample:
-            if ops.scale != self._formed[index].scale:
-                raise _scale_differs(index, ops.scale, self._formed[index].scale, bank.start)
-            bank.put_cells(index, SAMPLE_CELLS, own_cells(ops.kept, ops.q.shape[0]))
-            return
-        try:
-            kept: KeptCall | None = KeptCall.of(ops, self.layer_causal(index))
-        except MasksDifferBySample:  # within the batch
-            kept = None
-        first = self._formed.setdefault(index, kept or KeptCall(ops.scale, None, self.layer_causal(index)))
-        if kept is not None and first.same(kept):
-            if not bank.cells_by_sample:  # torchrun: the process's one mask goes with its samples, compared once joined
-                bank.put(index, MASK_DIGEST, first.digest.expand(ops.q.shape[0], 1, -1))
-            return
-        if first.scale != ops.scale:
-            raise _scale_differs(index, ops.scale, first.scale, bank.start)
-        if not bank.cells_by_sample:  # torchrun's processes meet in one bank
-            raise BiasvizError(f"attention call {index} masked other cells for sample {bank.start} than for the "
-                               "first (padding or packed documents): under torchrun a summary takes one mask for "
-                               "every sample; run it in one process")  # fmt: skip
-        if index in self._biases:  # a bias is summarised over each sample's own cells as the model streams them
-            raise MasksDifferBySample(f"attention call {index} added a bias and masked other cells for sample "
-                                      f"{bank.start} than for the first")  # fmt: skip
-        own = own_cells(ops.kept, ops.q.shape[0])
-        t = own.shape[-1]
-        if bank.start:  # the samples before: the one mask they had, a sample at a time (never N·T² at once)
-            before = own_cells(first.rows(0, t, own.device, t), 1)
-            for a in range(bank.start):
-                bank.put_cells(index, SAMPLE_CELLS, before, at=a)
-        bank.put_cells(index, SAMPLE_CELLS, own)
-        self._by_sample.add(index)
-
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32), against
         keys 0 .. r1 - 1, or every key where the call sees keys after its query."""
-        kept = self._formed[layer]
-        heads = self.n_heads
-        keys = r1 if self.layer_causal(layer) else bank.seq_len(layer, "k")
-        q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
-        k = bank.get(layer, "k", sample, 0, keys).view(1, keys, heads, -1).transpose(1, 2)
-        bias = self._biases.get(layer)
-        if bias is not None:  # (1, H, rows, keys): the one every sample added
-            bias = bias[..., r0:r1, :keys].to(q.device).expand(1, heads, -1, -1)
-        own = None
-        if layer in self._by_sample:  # this sample's own cells, (1, 1 or H, rows, keys)
-            own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, keys).to(q.device)[None]
-        cells = own if own is not None else kept.rows(r0, r1, q.device, keys)
-        scores, weights = formed_rows(q, k, kept.scale, cells, bias)
-        return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias if want_bias else None, attended=own)
+        assert self._kept is not None and self._kept.bank is bank
+        return self._kept.rows_again(layer, sample, r0, r1, self.n_heads, want_bias)
 
     def score_scale(self, layer: int) -> float:
-        return self._formed[layer].scale
+        assert self._kept is not None
+        return self._kept.formed[layer].scale
 
     def key_repeats(self, layer: int) -> int:
-        return self._groups.get(layer, 1)
+        return 1 if self._kept is None else self._kept.groups.get(layer, 1)
 
     def attended(self, layer: int) -> torch.Tensor | None:
-        return None if layer in self._by_sample else self._formed[layer].mask
+        assert self._kept is not None
+        return self._kept.attended(layer)
 
     # -- running ---------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor) -> None:
         """Run the model with the calls of :meth:`stream` traced; the forward stops after the last of them."""
         if self._keeping is not None:
             self._keeping.batch = int(input_ids.shape[0])
-            trace = Trace(self.model, self._keeping.layers, stop=True, keep=self._keep_call)
+            trace = Trace(self.model, self._keeping.layers, stop=True, keep=self._keeping.keep)
             with torch.inference_mode(), one_call_per_layer(self.model), trace:
                 self._call_model(input_ids.to(self.device))
             return
@@ -355,22 +273,6 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
                 held.bias[index] = torch.zeros(1, *weights[index].shape[1:], device=weights[index].device)
         sink, want_bias = self._streaming
         held.send(sink, want_bias)
-
-
-@dataclass
-class _Keeping:
-    """A :meth:`TracedAdapter.keep` under way."""
-
-    bank: Any
-    layers: list[int]
-    tick: Callable[[int], None] | None
-    batch: int = 1
-
-
-def _scale_differs(index: int, scale: float, first: float, sample: int) -> MasksDifferBySample:
-    """Rows formed again take one scale for every sample: a call whose scale changes is streamed instead."""
-    return MasksDifferBySample(f"attention call {index} scaled q·k by {scale!r} for sample {sample} or one of its "
-                               f"batch, by {first!r} for the first")  # fmt: skip
 
 
 @contextlib.contextmanager
