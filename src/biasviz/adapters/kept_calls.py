@@ -72,6 +72,58 @@ def own_cells(kept: torch.Tensor, batch: int) -> torch.Tensor:
     return cells.expand(batch, *cells.shape[1:]) if cells.shape[0] == 1 else cells
 
 
+@dataclass
+class KeptBias:
+    """The one bias every sample added to a call, over the cells it attends, held as small as its form allows.
+
+    ``form``: "key" where it depends on the key alone, (1, 1 or H, Tk) (BLOOM, MPT, Falcon: m_h·j); "offset" where on
+    j - i alone, (1, 1 or H, Tq + Tk - 1) indexed by j - i + Tq - 1 (ALiBi as -m_h·(i - j), T5's buckets, KERPLE);
+    "cells" otherwise, (1, 1 or H, Tq, Tk). Found by writing the cells again from the smaller form and comparing,
+    exactly: the rows formed again add the very values the call added, and nothing of the bias grows with T² unless it
+    must.
+    """
+
+    form: str
+    values: torch.Tensor
+    q_len: int
+
+    @classmethod
+    def of(cls, bias: torch.Tensor, kept: torch.Tensor) -> KeptBias:
+        """From one sample's bias ``bias`` (1, 1 or H, Tq, Tk), 0 where ``kept`` (1, 1 or H, Tq, Tk) is False."""
+        q_len, k_len = bias.shape[-2:]
+        kept = kept.expand(bias.shape[0], -1, q_len, k_len)
+        shown = torch.where(kept, bias, float("-inf"))  # every cell attended says its value; the others nothing
+        by_key = shown.amax(-2)
+        candidates = [cls("key", torch.where(by_key.isinf(), 0.0, by_key), q_len)]
+        offsets = _offsets(0, q_len, k_len, q_len, bias.device)
+        by_offset = torch.full((*shown.shape[:2], q_len + k_len - 1), float("-inf"), device=bias.device)
+        by_offset = by_offset.scatter_reduce(-1, offsets.flatten().expand(*shown.shape[:2], -1), shown.flatten(-2),
+                                             "amax")  # fmt: skip
+        candidates.append(cls("offset", torch.where(by_offset.isinf(), 0.0, by_offset), q_len))
+        for held in candidates:
+            if bool((torch.where(kept, held.rows(0, q_len, k_len), 0.0) == bias).all()):
+                return held
+        return cls("cells", bias.clone(), q_len)
+
+    def rows(self, r0: int, r1: int, keys: int) -> torch.Tensor:
+        """(1, 1 or H, rows, keys): the bias of query rows r0 .. r1 - 1 against keys 0 .. ``keys`` - 1, where attended
+        (the other cells hold a value of the form, which no statistic reads)."""
+        if self.form == "key":
+            return self.values[..., None, :keys].expand(*self.values.shape[:2], r1 - r0, keys)
+        if self.form == "offset":
+            return self.values[..., _offsets(r0, r1, keys, self.q_len, self.values.device)]
+        return self.values[..., r0:r1, :keys]
+
+    def same(self, bias: torch.Tensor, kept: torch.Tensor) -> bool:
+        """Whether ``bias`` (B, 1 or H, Tq, Tk), 0 where ``kept`` is False, is this one for every sample."""
+        return bool((torch.where(kept, self.rows(0, self.q_len, bias.shape[-1]), 0.0) == bias).all())
+
+
+def _offsets(r0: int, r1: int, keys: int, q_len: int, device: torch.device) -> torch.Tensor:
+    """(rows, keys) int64: j - i + Tq - 1 for query rows r0 .. r1 - 1 and keys 0 .. ``keys`` - 1."""
+    return torch.arange(keys, device=device)[None, :] - torch.arange(r0, r1, device=device)[:, None] + (q_len - 1)
+
+
 def added_bias(ops: SdpaOperands) -> torch.Tensor:
     """(1 or B, 1 or H, T, T) float32: the bias a call adds (its float mask's values) over the cells it attends, 0 on
     the others and where it adds none."""
@@ -98,7 +150,7 @@ class KeptCalls:
     formed: dict[int, KeptCall] = field(default_factory=dict)  # per call: what forms its rows again
     by_sample: set[int] = field(default_factory=set)  # calls whose samples are masked differently: cells banked
     groups: dict[int, int] = field(default_factory=dict)  # per call: query heads per key head (k banked repeated)
-    biases: dict[int, torch.Tensor] = field(default_factory=dict)  # per call that adds a bias: the first sample's
+    biases: dict[int, KeptBias] = field(default_factory=dict)  # per call that adds a bias: the first sample's
 
     def keep(self, index: int, ops: SdpaOperands | None) -> None:
         """Call ``index`` of the batch under way: its q and k into the bank (after any rotation), (B, T, H·E) each, key
@@ -129,9 +181,9 @@ class KeptCalls:
         streamed (rows formed again add one bias to every sample)."""
         bias = added_bias(ops)
         first = self.biases.get(index)
-        if first is None:  # (one copy, not one a batch)
-            first = self.biases[index] = bias[:1].clone()
-        if not bool((bias == first).all()):
+        if first is None:  # (one copy, not one a batch, in the smallest form it has)
+            first = self.biases[index] = KeptBias.of(bias[:1], ops.kept[:1])
+        if not first.same(bias, ops.kept):
             raise MasksDifferBySample(f"attention call {index} added another bias for sample {self.bank.start} or "
                                       "one of its batch than for the first")  # fmt: skip
 
@@ -180,13 +232,14 @@ class KeptCalls:
         keys = r1 if self.causal(layer) else bank.seq_len(layer, "k")
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
         k = bank.get(layer, "k", sample, 0, keys).view(1, keys, heads, -1).transpose(1, 2)
-        bias = self.biases.get(layer)
-        if bias is not None:  # (1, H, rows, keys): the one every sample added
-            bias = bias[..., r0:r1, :keys].to(q.device).expand(1, heads, -1, -1)
         own = None
         if layer in self.by_sample:  # this sample's own cells, (1, 1 or H, rows, keys)
             own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, keys).to(q.device)[None]
         cells = own if own is not None else kept.rows(r0, r1, q.device, keys)
+        bias = None
+        if layer in self.biases:  # (1, H, rows, keys): the one every sample added, 0 where not attended
+            added = self.biases[layer].rows(r0, r1, keys).to(q.device)
+            bias = torch.where(cells, added, 0.0).expand(1, heads, -1, -1)
         scores, weights = formed_rows(q, k, kept.scale, cells, bias)
         return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias if want_bias else None, attended=own)
 

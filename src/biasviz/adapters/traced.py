@@ -195,8 +195,9 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
     def replays(self) -> bool:  # type: ignore[override]
         """SDPA calls are formed again from their q and k (RoPE, NoPE: Llama, Qwen, Mistral, Pythia, encoders), and a
         bias in the call (its float mask: ALiBi, T5's buckets) from the one every sample added, kept once (a bias that
-        differs by sample would need (T, T) per sample: such a call is streamed)."""
-        return bool(self._chosen) and all(c.kind == "sdpa" for c in self._chosen)
+        differs by sample would need (T, T) per sample: such a call is streamed); so are eager calls that only add
+        terms to scale·q·kᵀ and mask, in float32 (:func:`~biasviz.tracing.eager.eager_operands`)."""
+        return bool(self._chosen) and all(c.kind == "sdpa" or c.forms_again for c in self._chosen)
 
     @property
     def fused_rows(self) -> bool:  # type: ignore[override]

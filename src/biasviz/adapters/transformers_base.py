@@ -3,7 +3,9 @@ on the library's own attention modules.
 
 Nothing of the libraries' forward passes is re-implemented: a forward pre-hook reads the bias a module
 receives, a forward hook the bias it returns and the post-softmax weights. Captured tensors stay on
-the device the model runs on.
+the device the model runs on. For a summary, each module's one attention call (eager q.kᵀ, + bias, softmax) is traced
+instead and its q and k kept (:class:`~biasviz.adapters.kept_calls.KeptCalls`), so that its rows are formed again block
+by block, with no (H, T, T) tensor per layer, where the call is nothing more (a probe of the first sample says so).
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from biasviz.adapters.again import FormsRowsAgain
 from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls
 from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
+from biasviz.adapters.kept_calls import KeptCalls
 from biasviz.common.devices import input_device
-from biasviz.common.errors import BiasvizError
+from biasviz.common.errors import AttendsPastQuery, BiasvizError
+
+PROBE_TOKENS = 64  # the probe of each layer's call reads this many tokens of the first sample
 
 
 def check_scheme(requested: str | None, actual: str, what: str) -> None:
@@ -72,7 +78,7 @@ def keys_to_query_rows(row: torch.Tensor, q_len: int) -> torch.Tensor:
     return row.expand(row.shape[0], row.shape[1], q_len, row.shape[-1])
 
 
-class TransformersAdapter(ModelAdapter):
+class TransformersAdapter(FormsRowsAgain, ModelAdapter):
     """Hooks on one attention module per layer; subclasses say where the bias and the weights pass.
 
     ``_bias_in`` reads the bias from the module's call (forward pre-hook), ``_bias_out`` from what it
@@ -86,6 +92,12 @@ class TransformersAdapter(ModelAdapter):
         kwargs.setdefault("vocab_size", int(model.config.vocab_size))
         kwargs.setdefault("config_json", model.config.to_json_string(use_diff=False))
         super().__init__(model, **kwargs)
+        self._first: torch.Tensor | None = None  # the probe's tokens, from prepare
+        self._asked: Any = None  # the layers prepare was told of
+        self._probed: dict[int, Any] | None = None  # per layer: its module's one call in the probe
+        self._keeping: tuple[KeptCalls, dict[int, int]] | None = None  # within keep: its calls, call index -> layer
+        self._kept: KeptCalls | None = None  # the last keep's calls: what forms their rows again
+        self._every_key: set[int] = set()  # layers found to attend keys after a query
 
     @classmethod
     def can_open(cls, path: Path) -> bool:
@@ -169,9 +181,125 @@ class TransformersAdapter(ModelAdapter):
     _scoring = False
     _sending: Callable[[], None] | None = None  # within :meth:`stream`: sends what the hooks held
 
+    # -- forming rows again (summaries linear in samples) ----------------------------------------
+    def prepare(self, ids: Any, layers: Any = None) -> None:
+        """The first sample's first tokens, for the probe :attr:`replays` runs when a summary asks."""
+        self._first = torch.as_tensor(ids[:1, :PROBE_TOKENS])
+        self._asked, self._probed, self._every_key = -1 if layers is None else layers, None, set()
+
+    def _probe(self) -> dict[int, Any]:
+        """Each asked layer's attention call, as one pass over the probe's tokens shows it (nothing formed), where its
+        module made exactly one: whether it is q.kᵀ scaled, plus terms, masked, in float32, and adds a bias."""
+        if self._probed is not None or self._first is None:
+            return self._probed or {}
+        from biasviz.tracing import Trace
+
+        asked = self.resolve_layers(self._asked)
+        spans: dict[int, list[int]] = {}
+        trace = Trace(self.model, layers=[], inspect=True)
+        handles = []
+        for layer in asked:
+            module = self.attention(layer)
+            handles.append(module.register_forward_pre_hook(
+                lambda *_, layer=layer: spans.setdefault(layer, []).append(len(trace.calls))))  # fmt: skip
+            handles.append(module.register_forward_hook(lambda *_, layer=layer: spans[layer].append(len(trace.calls))))
+        try:
+            with self.stopping_after(asked), trace:
+                ModelAdapter.forward(self, self._first)
+        except Exception:  # a model that refuses the probe: its rows are streamed, as they always were
+            spans = {}
+        finally:
+            for handle in handles:
+                handle.remove()
+        self._probed = {layer: trace.calls[a] for layer, (a, b) in spans.items() if b - a == 1}
+        return self._probed
+
+    @property
+    def replays(self) -> bool:  # type: ignore[override]
+        """Whether every asked layer's call is scale·q·kᵀ plus terms, under a mask, in float32 (the probe says): then a
+        summary forms its rows again from the q and k a forward kept, and the one bias every sample added."""
+        calls = self._probe()
+        return bool(calls) and all(
+            (c := calls.get(layer)) is not None and c.forms_again and c.q_len == c.k_len
+            for layer in self.resolve_layers(self._asked)
+        )
+
+    @property
+    def fused_rows(self) -> bool:  # type: ignore[override]
+        return self.replays
+
+    def layer_causal(self, layer: int) -> bool:
+        return bool(self.causal) and layer not in self._every_key
+
+    def _past_query(self, layer: int, where: str) -> AttendsPastQuery:
+        """Layer ``layer``, causal by the model's rule, attended keys after a query ``where``: from here on it is taken
+        as one that sees every key (within its own mask); what to raise, said."""
+        self._every_key.add(layer)
+        return AttendsPastQuery(f"layer {layer} attended keys after a query {where}: its cells are taken as a call's "
+                                "that sees every key, within its own mask")  # fmt: skip
+
+    @contextlib.contextmanager
+    def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
+        """Each :meth:`forward` traces the one call of each module of ``layers`` and puts its q and k into ``bank``
+        (:class:`~biasviz.adapters.kept_calls.KeptCalls`); ``tick(batch)`` as each layer's attention has run."""
+        calls = self._probe()
+        kept = KeptCalls(bank, sorted(layers), self.layer_causal, lambda layer: bool(calls[layer].adds_bias),
+                         self._past_query)  # fmt: skip
+        layer_of: dict[int, int] = {}  # the forward under way's call index -> layer
+        handles = []
+
+        def asked(mod: nn.Module, args: tuple, layer: int) -> None:
+            assert self._trace is not None
+            layer_of[len(self._trace.calls)] = layer
+            self._trace.layers.append(len(self._trace.calls))
+
+        for layer in range(max(layers) + 1):
+            module = self.attention(layer)
+            if layer in layers:
+                handles.append(module.register_forward_pre_hook(lambda mod, args, layer=layer: asked(mod, args, layer)))
+            if tick is not None:
+                handles.append(module.register_forward_hook(lambda *_: tick(kept.batch)))
+        previous, self._keeping, self._kept = self._keeping, (kept, layer_of), kept
+        try:
+            with self.stopping_after(layers):
+                yield
+        finally:
+            self._keeping = previous
+            for handle in handles:
+                handle.remove()
+
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
+        assert self._kept is not None and self._kept.bank is bank
+        return self._kept.rows_again(layer, sample, r0, r1, self.n_heads, want_bias)
+
+    def score_scale(self, layer: int) -> float:
+        assert self._kept is not None
+        return self._kept.formed[layer].scale
+
+    def key_repeats(self, layer: int) -> int:
+        return 1 if self._kept is None else self._kept.groups.get(layer, 1)
+
+    def attended(self, layer: int) -> torch.Tensor | None:
+        assert self._kept is not None
+        return self._kept.attended(layer)
+
     def forward(self, input_ids: torch.Tensor) -> None:
         """The model's forward; traced while the scores are streamed (only the streamed layers' calls formed). What the
         hooks held goes to the stream's sink once it is done (outside the trace and inference mode)."""
+        if self._keeping is not None:  # each asked module's call goes to the keeping calls, by its layer
+            from biasviz.tracing import Trace
+
+            kept, layer_of = self._keeping
+            kept.batch = int(input_ids.shape[0])
+            layer_of.clear()
+            self._trace = Trace(self.model, [], keep=lambda index, ops: None if ops is None
+                                else kept.keep(layer_of[index], ops))  # fmt: skip
+            try:
+                with self._trace:
+                    super().forward(input_ids)
+            finally:
+                self._trace = None
+            return
         if not self._scoring:
             super().forward(input_ids)
         else:

@@ -55,6 +55,7 @@ class AttentionCall:
     q: torch.Tensor | None = None
     k: torch.Tensor | None = None
     scale: float | None = None
+    forms_again: bool = False  # an eager call its q, k and terms form again (eager.eager_operands; SDPA calls: always)
 
     def keep_operands(self, q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
         self.q, self.k, self.scale = q.float(), repeat_kv(k, q.shape[1]).float(), float(scale)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from biasviz.tracing.calls import FORMED_BEFORE, AttentionCall, _is_causal, _threshold, one_layout
+from biasviz.tracing.calls import FORMED_BEFORE, AttentionCall, SdpaOperands, _is_causal, _threshold, one_layout
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.scores import Scores, Term
 
@@ -316,6 +316,7 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
     with torch.no_grad():
         kept = x4[..., start:stop] > _threshold(x.dtype)
         call.causal = _is_causal(kept)
+        call.forms_again = inspect and eager_operands(x, s) is not None
         bias, added = None, s.bias() if s.terms and not s.note else None
         if added is not None:
             b = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]))
@@ -349,6 +350,29 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
             if s.columns is not None:
                 call.sink = out4[..., :start].float().sum(-1) + out4[..., stop:].float().sum(-1)
     return call
+
+
+def eager_operands(x: torch.Tensor, s: Scores, learned: bool = False) -> SdpaOperands | None:
+    """What a softmax over eager scores ``x`` forms its weights from, as an SDPA call's operands, where scale·q·kᵀ plus
+    the terms added, under a mask, is all the scores went through and the model formed them in float32 (so that rows
+    formed again from q and k are the model's own, to rounding); None where they cannot be formed again that way (a
+    note, sink columns, moved cells, a lower precision, q and k that cannot be followed). ``learned``: a term made from
+    the model's parameters is a bias even where it holds zeros."""
+    pair = s.q_and_k() if not (s.note or s.moved or s.columns is not None) else None
+    if pair is None or x.dtype != torch.float32 or any(t.dtype != torch.float32 for t in pair):
+        return None
+    if pair[0].shape[:-1] != x.shape[:-1] or pair[1].shape[-2] != x.shape[-1]:
+        return None
+    q, k = _bhqk(pair[0]), _bhqk(pair[1])
+    kept = _bhqk(x) > _threshold(x.dtype)
+    added = s.bias()
+    additive = None
+    if added is not None:
+        additive = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]))
+        learned = learned or any(t.learned for t in s.terms)
+        if not learned and not bool(additive.masked_fill(~kept, 0).ne(0).any()):
+            additive = None  # the terms only mask
+    return SdpaOperands(q, k, kept, additive, float(s.scale))
 
 
 def _bhqk(t: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from biasviz.tracing.calls import (
     sdpa_operands,
     unformed,
 )
-from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, softmax_dim
+from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, eager_operands, softmax_dim
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.stop import StopForward
 from biasviz.tracing.torch_layers import MHA, mha_call
@@ -169,6 +170,24 @@ class Trace:
         self._append(ops.facts(index))
         return func(*args, **kwargs)
 
+    def _keep_eager(self, index: int, x: torch.Tensor, scores: Any, out: Any) -> Any:
+        """A softmax over eager scores in a keeping trace (it has run): the call's operands go to :attr:`keep` where it
+        is one asked for (None otherwise), formed as an SDPA call's (:func:`~biasviz.tracing.eager.eager_operands`)."""
+        assert self.keep is not None
+        if isinstance(out, torch.Tensor):
+            self.eager.softmaxed(out)
+        if not self.wants(index):
+            self.keep(index, None)
+            self._append(AttentionCall(index, "eager", 1, 1, *x.shape[-2:]))
+            return out
+        with _forming():
+            ops = eager_operands(x, scores)
+        if ops is None:
+            raise TypeError(f"attention call {index} is an eager call its q, k and terms cannot form again")
+        self.keep(index, ops)
+        self._append(replace(ops.facts(index), kind="eager", forms_again=True))
+        return out
+
     def _learned_mask(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         return self.provenance.learned(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))
 
@@ -192,6 +211,8 @@ class Trace:
         out = func(*args, **kwargs)
         if scores is not None and softmax_dim(args, kwargs) in (-1, x.dim() - 1):
             index = len(self.calls)
+            if self.keep is not None:
+                return self._keep_eager(index, x, scores, out)
             try:
                 with _forming():
                     call = eager_call(index, x, scores, out, self.wants(index), self.inspect, self.keep_scores)

@@ -1,0 +1,131 @@
+"""A summary of a transformers model that biasviz opens with hooks on its attention modules (BLOOM: ALiBi; T5's
+encoder: bucketed relative bias, every key; GPT-2: no bias, eager), or of a model written in eager PyTorch (q.kᵀ,
++ ALiBi, softmax): time and peak RSS of ``biasviz.extract(path or module, summary=True)`` on one version of biasviz
+against another, each run in a fresh process, interleaved (BENCHMARKS.md §14).
+
+Each model has random weights, hidden 256, 4 heads, 2 layers (the eager one 1 layer), and is saved once to a temporary
+directory that every run opens by path, as ``biasviz extract --model`` does. N = 3 windows of T tokens in one batch;
+every layer summarised; ``--resolution R`` maps of R x R blocks (default: exact per cell).
+
+    .venv/bin/python bench/hooked_summary.py --seq-len 2048 --repeats 2 --trees /path/to/old/checkout .
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import GIB, peak_hwm_bytes  # noqa: E402
+
+SAMPLES = 3
+MODELS = ("bloom", "t5", "gpt2", "eager")
+
+
+def save(kind: str, seq_len: int, where: Path) -> Path:
+    """The model of ``kind``, random weights, saved under ``where`` (the eager module: its state dict)."""
+    import torch
+
+    torch.manual_seed(0)
+    path = where / kind
+    if kind == "bloom":
+        from transformers import BloomConfig, BloomForCausalLM
+
+        BloomForCausalLM(BloomConfig(vocab_size=512, hidden_size=256, n_layer=2, n_head=4)).save_pretrained(path)
+    elif kind == "t5":
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        config = T5Config(vocab_size=512, d_model=256, d_kv=64, d_ff=512, num_layers=2, num_heads=4,
+                          dropout_rate=0.0)  # fmt: skip
+        T5ForConditionalGeneration(config).save_pretrained(path)
+    elif kind == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(vocab_size=512, n_embd=256, n_layer=2, n_head=4, n_positions=seq_len)
+        GPT2LMHeadModel(config).save_pretrained(path)
+    else:
+        torch.save(eager_alibi().state_dict(), path)
+    return path
+
+
+def eager_alibi() -> object:
+    """One attention layer written out in eager PyTorch: q.kᵀ / sqrt(d) - m_h·(i - j), -inf after the query, softmax."""
+    import torch
+
+    class EagerAlibi(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(512, 256)
+            self.qkv = torch.nn.Linear(256, 3 * 256)
+            self.register_buffer("slopes", torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(4)])[:, None, None])
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            b, t = ids.shape
+            q, k, v = (z.view(b, t, 4, 64).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(256, -1))
+            i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+            bias = (-self.slopes * (i - j)).masked_fill(j > i, float("-inf"))
+            return torch.softmax(q @ k.transpose(-1, -2) / 8.0 + bias, dim=-1) @ v
+
+    return EagerAlibi().eval()
+
+
+def child(kind: str, path: Path, seq_len: int, resolution: int | None) -> dict[str, float]:
+    import warnings
+
+    import torch
+
+    import biasviz
+
+    warnings.simplefilter("ignore")
+    model: object = path
+    if kind == "eager":
+        model = eager_alibi()
+        model.load_state_dict(torch.load(path, weights_only=True))  # type: ignore[attr-defined]
+    ids = torch.randint(1, 512, (SAMPLES, seq_len), generator=torch.Generator().manual_seed(1))
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        biasviz.extract(model, ids, Path(tmp) / "s.h5", summary=True, progress=False, batch_size=SAMPLES,
+                        layers="all", resolution=resolution)  # fmt: skip
+        seconds = time.perf_counter() - t0
+    return {"s": seconds, "peak_gib": peak_hwm_bytes() / GIB}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--resolution", type=int, default=None)
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child[0], Path(args.child[1]), args.seq_len, args.resolution)))
+        return
+    trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
+    print(f"T = {args.seq_len}, R = {args.resolution or 'T'}, N = {SAMPLES} in one batch, every layer, "
+          f"{args.repeats} interleaved repeats, {os.cpu_count()} CPUs")  # fmt: skip
+    options = ["--seq-len", str(args.seq_len)]
+    if args.resolution is not None:
+        options += ["--resolution", str(args.resolution)]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {kind: save(kind, args.seq_len, Path(tmp)) for kind in args.models}
+        for r in range(args.repeats):
+            for kind in args.models:
+                for label, tree in trees.items():
+                    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree.resolve() / "src")}
+                    done = subprocess.run([sys.executable, __file__, "--child", kind, str(paths[kind]), *options],
+                                          capture_output=True, text=True, check=True, env=env)  # fmt: skip
+                    got = json.loads(done.stdout.strip().splitlines()[-1])
+                    print(f"repeat {r + 1}: {kind:>6} {label:>6}: {got['s']:.2f} s, peak RSS {got['peak_gib']:.2f} GiB",
+                          flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
