@@ -36,6 +36,9 @@ ENCODER_HEADS = 4  # the traced encoder's
 # per block of rows and sample, forming the rows included (the model's own arithmetic); the measures' counts of each
 # block's own cells, per sample, added 8-10 at 3-5 samples (the attended cells taken from the blocks, not set once)
 KERNELS_PER_BLOCK = 275
+# a captured bias (one the model added, no scheme declared) is also summarised cell by cell: its maps, profile and SEs
+# (425 measured at 4 heads, 3 samples)
+BIAS_KERNELS_PER_BLOCK = 450
 
 
 class Dispatched(TorchDispatchMode):
@@ -66,12 +69,14 @@ class Dispatched(TorchDispatchMode):
 
 
 def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len: int, samples: int, rows: int,
-                gpu: bool = True, encoder: str | None = None) -> tuple[Dispatched, int]:  # fmt: skip
+                gpu: bool = True, encoder: str | None = None,
+                traced: torch.nn.Module | None = None) -> tuple[Dispatched, int]:  # fmt: skip
     """One layer's summary of ``samples`` windows, its rows formed again in blocks of ``rows`` query rows (on the CPU's
     shapes with steps of 2 rows, as a CPU's cache sizes them at long lengths); what it dispatched and its blocks.
     ``encoder``: a traced encoder that sees keys on both sides of its query (tests/extraction/test_summary_bidirectional
-    .py's, ``encoder`` its mask), its rows formed against every key, in place of our ``scheme`` model."""
-    heads = HEADS if encoder is None else ENCODER_HEADS
+    .py's, ``encoder`` its mask), its rows formed against every key, in place of our ``scheme`` model; ``traced``: that
+    causal model (4 heads), traced."""
+    heads = HEADS if encoder is None and traced is None else ENCODER_HEADS
     budget = heads * replay_module.CELL_BYTES * seq_len * rows
     monkeypatch.setattr(replay_module, "CUDA_REPLAY_BYTES", budget)
     monkeypatch.setattr(replay_module, "REPLAY_BYTES", budget)
@@ -81,7 +86,11 @@ def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len
     spy = Dispatched()
     monkeypatch.setattr(replayed_module, "replay_layer", spy.counting(replayed_module.replay_layer, True))
     ids = np.random.default_rng(seq_len + samples).integers(1, 60, size=(samples, seq_len))
-    if encoder is None:
+    if traced is not None:
+        from biasviz.adapters.traced import TracedAdapter
+
+        adapter = TracedAdapter(traced)
+    elif encoder is None:
         adapter = BiasGPTAdapter(small_model(scheme), source="test")
     else:
         from biasviz.adapters.traced import TracedAdapter
@@ -134,3 +143,23 @@ def test_an_encoder_formed_again_against_every_key_reads_nothing_and_sends_kerne
     assert got[64, 3, 16][0].kernels == got[128, 3, 32][0].kernels
     for (_, samples, _), (spy, blocks) in got.items():
         assert spy.kernels <= KERNELS_PER_BLOCK * blocks * samples
+
+
+def test_an_eager_call_with_alibi_formed_again_reads_nothing_and_sends_kernels_by_blocks_and_samples(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:  # fmt: skip
+    """Attention written out in eager PyTorch, ALiBi added (tests/tracing/test_eager_kept.py's): its bias kept as a
+    table of j - i and each block's cells of it gathered on the device, no host read in the layer; the same blocks and
+    samples at twice the length send the same kernels."""
+    from tests.tracing.test_eager_kept import EagerAlibi
+
+    got = {}
+    for key in [(128, 3, 32), (256, 3, 64), (256, 5, 64)]:  # (at T = 64 the bias maps' partial runs send a few more)
+        torch.manual_seed(0)
+        with monkeypatch.context() as m:
+            got[key] = _dispatched(m, tmp_path / "s.h5", "", *key, traced=EagerAlibi("alibi").eval())
+    assert {spy.reads for spy, _ in got.values()} == {0}
+    assert [blocks for _, blocks in got.values()] == [3, 3, 3]
+    assert got[128, 3, 32][0].kernels == got[256, 3, 64][0].kernels
+    for (_, samples, _), (spy, blocks) in got.items():
+        assert spy.kernels <= BIAS_KERNELS_PER_BLOCK * blocks * samples
