@@ -104,7 +104,8 @@ def test_a_bias_is_held_in_its_smallest_form_and_gives_every_attended_cell_back(
     for r0, r1, keys in ((0, T, T), (2, 5, 5), (3, 4, T), (5, 6, 6)):
         got = torch.where(torch.from_numpy(kept[..., r0:r1, :keys]), held.rows(r0, r1, keys), 0.0).numpy()
         assert np.array_equal(got, bias[..., r0:r1, :keys]), (r0, r1, keys)  # exactly the values the call added
-    assert held.same(torch.from_numpy(np.repeat(bias, 2, 0)), torch.from_numpy(kept))
+    assert held.fits(torch.from_numpy(np.repeat(bias, 2, 0)), torch.from_numpy(kept))
+    assert held.take(torch.from_numpy(np.repeat(bias, 2, 0)), torch.from_numpy(kept))
 
 
 @pytest.mark.parametrize("kind", ["alibi", "key", "buckets"])
@@ -117,7 +118,29 @@ def test_a_bias_one_cell_off_its_form_is_held_cell_by_cell_and_a_later_one_off_b
     held = KeptBias.of(torch.from_numpy(bias), torch.from_numpy(kept))
     later = np.repeat(bias, 2, 0)
     later[1, 2, 5, 1] = np.nextafter(later[1, 2, 5, 1], np.float32(np.inf))
-    assert not held.same(torch.from_numpy(later), torch.from_numpy(kept))
+    assert not held.take(torch.from_numpy(later), torch.from_numpy(kept))
+    assert not held.fits(torch.from_numpy(later), torch.from_numpy(kept))
+
+
+@pytest.mark.parametrize("kind", ["alibi", "key", "buckets", "cells"])
+def test_a_padded_sample_shows_part_of_the_bias_and_a_later_one_fills_in_the_rest(kind: str) -> None:
+    """Left padding: the first sample attends no key before 3, so its cells show only part of the form; a later
+    unpadded sample shows the rest, which is taken in where it agrees with what was shown, and then gives every cell
+    back. One that disagrees on a value both showed is refused."""
+    bias, kept, form = _biases(kind, causal=True)
+    padded = kept & (np.arange(T) >= 3)
+    first = np.where(padded, bias, 0).astype(np.float32)
+    held = KeptBias.of(torch.from_numpy(first), torch.from_numpy(padded))
+    if form != "cells":
+        assert held.form == form
+        assert not bool(held.seen.all())
+    assert held.take(torch.from_numpy(bias), torch.from_numpy(kept))
+    got = torch.where(torch.from_numpy(kept), held.rows(0, T, T), 0.0).numpy()
+    assert np.array_equal(got, bias)
+    other = bias.copy()
+    other[0, 0, 5, 4] -= 1.0  # a cell both samples attend
+    fresh = KeptBias.of(torch.from_numpy(first), torch.from_numpy(padded))
+    assert not fresh.take(torch.from_numpy(other), torch.from_numpy(kept))
 
 
 def test_a_window_s_cells_outside_it_say_nothing_of_the_form() -> None:

@@ -74,49 +74,73 @@ def own_cells(kept: torch.Tensor, batch: int) -> torch.Tensor:
 
 @dataclass
 class KeptBias:
-    """The one bias every sample added to a call, over the cells it attends, held as small as its form allows.
+    """The one bias every sample added to a call, over the cells each attends, held as small as its form allows.
 
     ``form``: "key" where it depends on the key alone, (1, 1 or H, Tk) (BLOOM, MPT, Falcon: m_h·j); "offset" where on
     j - i alone, (1, 1 or H, Tq + Tk - 1) indexed by j - i + Tq - 1 (ALiBi as -m_h·(i - j), T5's buckets, KERPLE);
     "cells" otherwise, (1, 1 or H, Tq, Tk). Found by writing the cells again from the smaller form and comparing,
     exactly: the rows formed again add the very values the call added, and nothing of the bias grows with T² unless it
-    must.
+    must. ``seen``: which values some sample's attended cells showed so far (a padded sample shows fewer; a later one
+    fills in the rest, :meth:`take`).
     """
 
     form: str
     values: torch.Tensor
+    seen: torch.Tensor
     q_len: int
 
     @classmethod
     def of(cls, bias: torch.Tensor, kept: torch.Tensor) -> KeptBias:
-        """From one sample's bias ``bias`` (1, 1 or H, Tq, Tk), 0 where ``kept`` (1, 1 or H, Tq, Tk) is False."""
-        q_len, k_len = bias.shape[-2:]
-        kept = kept.expand(bias.shape[0], -1, q_len, k_len)
-        shown = torch.where(kept, bias, float("-inf"))  # every cell attended says its value; the others nothing
-        by_key = shown.amax(-2)
-        candidates = [cls("key", torch.where(by_key.isinf(), 0.0, by_key), q_len)]
-        offsets = _offsets(0, q_len, k_len, q_len, bias.device)
-        by_offset = torch.full((*shown.shape[:2], q_len + k_len - 1), float("-inf"), device=bias.device)
-        by_offset = by_offset.scatter_reduce(-1, offsets.flatten().expand(*shown.shape[:2], -1), shown.flatten(-2),
-                                             "amax")  # fmt: skip
-        candidates.append(cls("offset", torch.where(by_offset.isinf(), 0.0, by_offset), q_len))
-        for held in candidates:
-            if bool((torch.where(kept, held.rows(0, q_len, k_len), 0.0) == bias).all()):
+        """From a batch's bias ``bias`` (B, 1 or H, Tq, Tk), 0 where ``kept`` (B, 1 or H, Tq, Tk) is False: the
+        smallest form that gives every sample's attended cells back (cell by cell where none does)."""
+        for form in ("key", "offset"):
+            held = cls._shown(form, bias, kept)
+            if held.fits(bias, kept):
                 return held
-        return cls("cells", bias.clone(), q_len)
+        return cls._shown("cells", bias, kept)
+
+    @classmethod
+    def _shown(cls, form: str, bias: torch.Tensor, kept: torch.Tensor) -> KeptBias:
+        """The values of ``form`` that the attended cells of ``bias`` show (the largest where they disagree, which
+        :meth:`fits` then refuses)."""
+        q_len, k_len = bias.shape[-2:]
+        shown = torch.where(kept, bias, float("-inf")).amax(0, keepdim=True)  # (1, 1 or H, Tq, Tk)
+        if form == "key":
+            by = shown.amax(-2)
+        elif form == "offset":
+            index = _offsets(0, q_len, k_len, q_len, bias.device).flatten().expand(*shown.shape[:2], -1)
+            by = torch.full((*shown.shape[:2], q_len + k_len - 1), float("-inf"), device=bias.device)
+            by = by.scatter_reduce(-1, index, shown.flatten(-2), "amax")
+        else:
+            by = shown
+        seen = ~by.isinf()  # an attended cell's bias is a number: the call attended it
+        return cls(form, torch.where(seen, by, 0.0), seen, q_len)
+
+    def fits(self, bias: torch.Tensor, kept: torch.Tensor) -> bool:
+        """Whether ``bias`` (B, 1 or H, Tq, Tk), 0 where ``kept`` is False, is this one on every attended cell."""
+        return bool((torch.where(kept, self.rows(0, self.q_len, bias.shape[-1]), 0.0) == bias).all())
+
+    def take(self, bias: torch.Tensor, kept: torch.Tensor) -> bool:
+        """Whether a later batch's ``bias`` is this one, of its form, wherever both show a value; the values only it
+        shows are taken in. False: it is not (nothing taken)."""
+        new = self._shown(self.form, bias, kept)
+        both = self.seen & new.seen
+        if not bool((torch.where(both, self.values, 0.0) == torch.where(both, new.values, 0.0)).all()):
+            return False
+        merged = KeptBias(self.form, torch.where(self.seen, self.values, new.values), self.seen | new.seen, self.q_len)
+        if not merged.fits(bias, kept):
+            return False
+        self.values, self.seen = merged.values, merged.seen
+        return True
 
     def rows(self, r0: int, r1: int, keys: int) -> torch.Tensor:
         """(1, 1 or H, rows, keys): the bias of query rows r0 .. r1 - 1 against keys 0 .. ``keys`` - 1, where attended
-        (the other cells hold a value of the form, which no statistic reads)."""
+        (the other cells hold a value of the form, or 0, which no statistic reads)."""
         if self.form == "key":
             return self.values[..., None, :keys].expand(*self.values.shape[:2], r1 - r0, keys)
         if self.form == "offset":
             return self.values[..., _offsets(r0, r1, keys, self.q_len, self.values.device)]
         return self.values[..., r0:r1, :keys]
-
-    def same(self, bias: torch.Tensor, kept: torch.Tensor) -> bool:
-        """Whether ``bias`` (B, 1 or H, Tq, Tk), 0 where ``kept`` is False, is this one for every sample."""
-        return bool((torch.where(kept, self.rows(0, self.q_len, bias.shape[-1]), 0.0) == bias).all())
 
 
 def _offsets(r0: int, r1: int, keys: int, q_len: int, device: torch.device) -> torch.Tensor:
@@ -176,14 +200,18 @@ class KeptCalls:
         bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
 
     def _keep_bias(self, index: int, ops: SdpaOperands) -> None:
-        """The bias call ``index`` adds, over the cells each sample attends (0 elsewhere): kept once, from the first
-        sample, and every later sample's compared with it, exactly; one that differs starts the summary again,
-        streamed (rows formed again add one bias to every sample)."""
+        """The bias call ``index`` adds, over the cells each sample attends (0 elsewhere, padding beside a bias
+        included): kept once, from the first batch, and every later sample's compared with it on its own cells,
+        exactly; one that differs starts the summary again, streamed (rows formed again add one bias to every
+        sample)."""
         bias = added_bias(ops)
         first = self.biases.get(index)
         if first is None:  # (one copy, not one a batch, in the smallest form it has)
-            first = self.biases[index] = KeptBias.of(bias[:1], ops.kept[:1])
-        if not first.same(bias, ops.kept):
+            first = self.biases[index] = KeptBias.of(bias, ops.kept)
+            same = first.fits(bias, ops.kept)  # every sample of the batch: "cells" may not
+        else:
+            same = first.take(bias, ops.kept)
+        if not same:
             raise MasksDifferBySample(f"attention call {index} added another bias for sample {self.bank.start} or "
                                       "one of its batch than for the first")  # fmt: skip
 
@@ -213,9 +241,6 @@ class KeptCalls:
             raise BiasvizError(f"attention call {index} masked other cells for sample {bank.start} than for the "
                                "first (padding or packed documents): under torchrun a summary takes one mask for "
                                "every sample; run it in one process")  # fmt: skip
-        if index in self.biases:  # a bias is summarised over each sample's own cells as the model streams them
-            raise MasksDifferBySample(f"attention call {index} added a bias and masked other cells for sample "
-                                      f"{bank.start} than for the first")  # fmt: skip
         own = own_cells(ops.kept, ops.q.shape[0])
         t = own.shape[-1]
         if bank.start:  # the samples before: the one mask they had, a sample at a time (never N·T² at once)

@@ -194,6 +194,9 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
     with the bias summarised per sample from the first row. A declaration is rarely wrong, so that is the cheap way.
     """
     bias = parts.get("bias")
+    if extras.by_sample and bias is not None and bias.mode == "shared":  # each sample's own cells, its own values:
+        bias.unshare()  # summed per sample and no longer compared, as when streamed (QuantitySummary.by_sample)
+        bias.agreement = None
     agreement = None if bias is None else bias.agreement
     blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget, extras.by_sample,
                      causal)  # fmt: skip
@@ -206,7 +209,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
         varying = blocks.varying
         sums = {kind: CountedSums() if extras.by_sample else ShiftedSums() for kind in ("weights", "scores")}
         if varying:
-            sums["bias"] = ShiftedSums()
+            sums["bias"] = CountedSums() if extras.by_sample else ShiftedSums()
         first = None  # the first sample's bias rows (1, H, rows, r1)
         # a bias compared and read here may differ: the block formed again, so the per-sample sums wait; else they go
         # in at once (no buffer, no second addition)
@@ -227,7 +230,9 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             else:
                 sums["weights"].add(got.weights[0])
                 sums["scores"].add(got.scores[0])
-            if varying:
+            if varying and got.attended is not None:  # over this sample's own cells
+                sums["bias"].add(got.bias[0], got.attended[0])
+            elif varying:
                 sums["bias"].add(got.bias[0])
                 if extras.bias_distance is not None:
                     extras.bias_distance.add(a, r0, got.bias)
