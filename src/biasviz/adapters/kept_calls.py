@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS
+from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS, FormsRowsAgain
 from biasviz.adapters.rows import RowBlock, plain_cells
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
 from biasviz.tracing.calls import SdpaOperands, _is_causal, formed_rows, repeat_kv
@@ -249,6 +249,8 @@ class KeptCalls:
         first = self.biases.get(index)
         if first is None:  # (one copy, not one a batch, in the smallest form the first sample's has)
             first = self.biases[index] = KeptBias.of(bias[:1], ops.kept[:1])
+            if bias.shape[0] == ops.kept.shape[0] == 1:  # one bias and mask for the whole batch: just compared
+                return
         if not first.take(bias, ops.kept):
             raise MasksDifferBySample(f"attention call {index} added another bias for sample {self.bank.start} or "
                                       "one of its batch than for the first")  # fmt: skip
@@ -315,3 +317,32 @@ def _scale_differs(index: int, scale: float, first: float, sample: int) -> Masks
     """Rows formed again take one scale for every sample: a call whose scale changes is streamed instead."""
     return MasksDifferBySample(f"attention call {index} scaled q·k by {scale!r} for sample {sample} or one of its "
                                f"batch, by {first!r} for the first")  # fmt: skip
+
+
+class FormsKeptCallsAgain(FormsRowsAgain):
+    """Mixed into an adapter whose keeping forward hands each call to a :class:`KeptCalls` (traced models, transformers'
+    hooked ones): its rows, scale, key heads and mask are that one's, the last :meth:`keep`'s."""
+
+    _kept: KeptCalls | None = None
+    n_heads: int
+
+    @property
+    def fused_rows(self) -> bool:  # type: ignore[override]
+        """A call formed again is c·q·kᵀ (+ the one bias kept) under its one mask: what the fused kernels form, where it
+        adds no bias."""
+        return bool(self.replays)
+
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
+        assert self._kept is not None and self._kept.bank is bank
+        return self._kept.rows_again(layer, sample, r0, r1, self.n_heads, want_bias)
+
+    def score_scale(self, layer: int) -> float:
+        assert self._kept is not None
+        return self._kept.formed[layer].scale
+
+    def key_repeats(self, layer: int) -> int:
+        return 1 if self._kept is None else self._kept.groups.get(layer, 1)
+
+    def attended(self, layer: int) -> torch.Tensor | None:
+        assert self._kept is not None
+        return self._kept.attended(layer)

@@ -19,9 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from biasviz.adapters.again import FormsRowsAgain
 from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls, refuse_meta
-from biasviz.adapters.kept_calls import KeptCalls
+from biasviz.adapters.kept_calls import FormsKeptCallsAgain, KeptCalls
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import AttendsPastQuery, BiasvizError
@@ -56,7 +55,7 @@ def _max_length(model: nn.Module) -> int | None:
     return n if isinstance(n, int) else None
 
 
-class TracedAdapter(FormsRowsAgain, ModelAdapter):
+class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
     """A module whose attention calls (SDPA, flex_attention, torch's layers, eager softmax) are traced; layers are
     call indices."""
 
@@ -199,11 +198,6 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
         terms to scale·q·kᵀ and mask, in float32 (:func:`~biasviz.tracing.eager.eager_operands`)."""
         return bool(self._chosen) and all(c.kind == "sdpa" or c.forms_again for c in self._chosen)
 
-    @property
-    def fused_rows(self) -> bool:  # type: ignore[override]
-        """A call formed again is c·q·kᵀ under its one mask, no bias: what the fused kernels form."""
-        return self.replays
-
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:
         """Each :meth:`forward` puts the q and k of the calls ``layers`` into ``bank`` as the calls receive them
@@ -217,23 +211,6 @@ class TracedAdapter(FormsRowsAgain, ModelAdapter):
             yield
         finally:
             self._keeping = previous
-
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
-        """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32), against
-        keys 0 .. r1 - 1, or every key where the call sees keys after its query."""
-        assert self._kept is not None and self._kept.bank is bank
-        return self._kept.rows_again(layer, sample, r0, r1, self.n_heads, want_bias)
-
-    def score_scale(self, layer: int) -> float:
-        assert self._kept is not None
-        return self._kept.formed[layer].scale
-
-    def key_repeats(self, layer: int) -> int:
-        return 1 if self._kept is None else self._kept.groups.get(layer, 1)
-
-    def attended(self, layer: int) -> torch.Tensor | None:
-        assert self._kept is not None
-        return self._kept.attended(layer)
 
     # -- running ---------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor) -> None:

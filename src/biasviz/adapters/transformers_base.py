@@ -18,10 +18,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from biasviz.adapters.again import FormsRowsAgain
 from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls
 from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
-from biasviz.adapters.kept_calls import KeptCalls
+from biasviz.adapters.kept_calls import FormsKeptCallsAgain, KeptCalls
 from biasviz.common.devices import input_device
 from biasviz.common.errors import AttendsPastQuery, BiasvizError
 
@@ -78,7 +77,7 @@ def keys_to_query_rows(row: torch.Tensor, q_len: int) -> torch.Tensor:
     return row.expand(row.shape[0], row.shape[1], q_len, row.shape[-1])
 
 
-class TransformersAdapter(FormsRowsAgain, ModelAdapter):
+class TransformersAdapter(FormsKeptCallsAgain, ModelAdapter):
     """Hooks on one attention module per layer; subclasses say where the bias and the weights pass.
 
     ``_bias_in`` reads the bias from the module's call (forward pre-hook), ``_bias_out`` from what it
@@ -224,10 +223,6 @@ class TransformersAdapter(FormsRowsAgain, ModelAdapter):
             for layer in self.resolve_layers(self._asked)
         )
 
-    @property
-    def fused_rows(self) -> bool:  # type: ignore[override]
-        return self.replays
-
     def layer_causal(self, layer: int) -> bool:
         return bool(self.causal) and layer not in self._every_key
 
@@ -267,21 +262,6 @@ class TransformersAdapter(FormsRowsAgain, ModelAdapter):
             self._keeping = previous
             for handle in handles:
                 handle.remove()
-
-    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
-        assert self._kept is not None and self._kept.bank is bank
-        return self._kept.rows_again(layer, sample, r0, r1, self.n_heads, want_bias)
-
-    def score_scale(self, layer: int) -> float:
-        assert self._kept is not None
-        return self._kept.formed[layer].scale
-
-    def key_repeats(self, layer: int) -> int:
-        return 1 if self._kept is None else self._kept.groups.get(layer, 1)
-
-    def attended(self, layer: int) -> torch.Tensor | None:
-        assert self._kept is not None
-        return self._kept.attended(layer)
 
     def forward(self, input_ids: torch.Tensor) -> None:
         """The model's forward; traced while the scores are streamed (only the streamed layers' calls formed). What the
