@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import biasviz.extraction.replayed as replayed_module
 import biasviz.summaries.layer as layer_module
 import biasviz.summaries.replay as replay_module
+from biasviz.adapters.base import ModelAdapter
 from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
 from biasviz.common.shapes import gpu_shapes
 from biasviz.extraction.summary import extract_summary
@@ -70,12 +71,12 @@ class Dispatched(TorchDispatchMode):
 
 def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len: int, samples: int, rows: int,
                 gpu: bool = True, encoder: str | None = None,
-                traced: torch.nn.Module | None = None) -> tuple[Dispatched, int]:  # fmt: skip
+                traced: torch.nn.Module | ModelAdapter | None = None) -> tuple[Dispatched, int]:  # fmt: skip
     """One layer's summary of ``samples`` windows, its rows formed again in blocks of ``rows`` query rows (on the CPU's
     shapes with steps of 2 rows, as a CPU's cache sizes them at long lengths); what it dispatched and its blocks.
     ``encoder``: a traced encoder that sees keys on both sides of its query (tests/extraction/test_summary_bidirectional
     .py's, ``encoder`` its mask), its rows formed against every key, in place of our ``scheme`` model; ``traced``: that
-    causal model (4 heads), traced."""
+    causal model (4 heads), traced, or that adapter."""
     heads = HEADS if encoder is None and traced is None else ENCODER_HEADS
     budget = heads * replay_module.CELL_BYTES * seq_len * rows
     monkeypatch.setattr(replay_module, "CUDA_REPLAY_BYTES", budget)
@@ -86,7 +87,9 @@ def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len
     spy = Dispatched()
     monkeypatch.setattr(replayed_module, "replay_layer", spy.counting(replayed_module.replay_layer, True))
     ids = np.random.default_rng(seq_len + samples).integers(1, 60, size=(samples, seq_len))
-    if traced is not None:
+    if isinstance(traced, ModelAdapter):
+        adapter = traced
+    elif traced is not None:
         from biasviz.adapters.traced import TracedAdapter
 
         adapter = TracedAdapter(traced)
@@ -145,20 +148,34 @@ def test_an_encoder_formed_again_against_every_key_reads_nothing_and_sends_kerne
         assert spy.kernels <= KERNELS_PER_BLOCK * blocks * samples
 
 
+def _bloom() -> ModelAdapter:
+    """transformers' BLOOM (2 layers, 4 heads, random weights), opened by its hooks: its bias m·j, a row of keys."""
+    from transformers import BloomConfig, BloomModel
+
+    from biasviz.adapters.transformers_alibi import BloomAdapter
+
+    model = BloomModel(BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=ENCODER_HEADS)).eval()
+    return BloomAdapter(model, scheme="alibi", n_layers=2, n_heads=ENCODER_HEADS, source="test")
+
+
+@pytest.mark.parametrize("model", ["eager ALiBi", "BLOOM"])
 def test_an_eager_call_with_alibi_formed_again_reads_nothing_and_sends_kernels_by_blocks_and_samples(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model: str
 ) -> None:  # fmt: skip
-    """Attention written out in eager PyTorch, ALiBi added (tests/tracing/test_eager_kept.py's): its bias kept as a
-    table of j - i and each block's cells of it gathered on the device, no host read in the layer; the same blocks and
-    samples at twice the length send the same kernels."""
+    """Attention written out in eager PyTorch, ALiBi added (tests/tracing/test_eager_kept.py's, its bias kept as a
+    table of j - i), and transformers' BLOOM through its hooks (m·j, a row of keys): each block's bias read off the
+    kept form on the device, no host read in the layer but a declared bias's one comparison; the same blocks and samples
+    at twice the length send the same kernels."""
     from tests.tracing.test_eager_kept import EagerAlibi
 
     got = {}
     for key in [(128, 3, 32), (256, 3, 64), (256, 5, 64)]:  # (at T = 64 the bias maps' partial runs send a few more)
         torch.manual_seed(0)
         with monkeypatch.context() as m:
-            got[key] = _dispatched(m, tmp_path / "s.h5", "", *key, traced=EagerAlibi("alibi").eval())
-    assert {spy.reads for spy, _ in got.values()} == {0}
+            traced = EagerAlibi("alibi").eval() if model == "eager ALiBi" else _bloom()
+            got[key] = _dispatched(m, tmp_path / "s.h5", "", *key, traced=traced)
+    # BLOOM's bias is declared the same for every input (context-free): its comparison, read once, at the layer's end
+    assert {spy.reads for spy, _ in got.values()} == {0 if model == "eager ALiBi" else 1}
     assert [blocks for _, blocks in got.values()] == [3, 3, 3]
     assert got[128, 3, 32][0].kernels == got[256, 3, 64][0].kernels
     for (_, samples, _), (spy, blocks) in got.items():
