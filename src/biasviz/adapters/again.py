@@ -1,7 +1,8 @@
 """What an adapter implements beside :class:`~biasviz.adapters.base.ModelAdapter` when it can form a layer's rows again.
 
 Every adapter has one way out of a forward, :meth:`ModelAdapter.stream`. An adapter whose model forms c·q·kᵀ (+ b) in
-a way it can repeat (biasviz's own models, and traced SDPA calls without a bias) can also keep, per sample, only what
+a way it can repeat (biasviz's own models; traced SDPA and eager calls, and transformers' hooked models, through
+:class:`~biasviz.adapters.kept_calls.KeptCalls`) can also keep, per sample, only what
 forms the rows (q, k, the layer's input) and form them again afterwards, block of rows by block of rows over every
 sample (:mod:`biasviz.extraction.replayed`). That is how a summary's time stays linear in the number of samples
 without an (H, T, T) tensor of moments. The methods below are that way and nothing else reads them; an adapter says it
@@ -26,7 +27,7 @@ class FormsRowsAgain:
     """Mixed into an adapter class whose rows can be formed again from what a forward kept in a bank (a
     :class:`~biasviz.summaries.bank.SampleBank`)."""
 
-    replays: ClassVar[bool] = True  # an instance may say False (a traced model whose calls add a bias)
+    replays: ClassVar[bool] = True  # an instance may say False (a call that does more than c·q·kᵀ + b, softcapped)
     # True: a layer's rows are c·q·kᵀ + b from the bank's q and k, (N, T, H·d) each, and :meth:`bias_again`'s bias:
     # what the fused statistics kernels form (biasviz.summaries.fused_layer)
     fused_rows: ClassVar[bool] = False
