@@ -55,7 +55,7 @@ def said(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
 
 def test_a_full_file(capsys: pytest.CaptureFixture[str]) -> None:
     report(request(), ADAPTER, result(Path("data/alibi.h5"), layers=[0, 11]), ONE, None)
-    assert said(capsys) == ("wrote data/alibi.h5: 8 samples x 12 heads x 64 x 64, layer 0, 11 bias and weights, "
+    assert said(capsys) == ("wrote data/alibi.h5: 8 samples x 12 heads x 64 x 64, layers 0, 11: bias and weights, "
                             "float16, 12.3 MB in 4.0 s\n", "")  # fmt: skip
     report(request(), SimpleNamespace(n_heads=4, scheme="nope"), result(Path("n.h5"), has_bias=False),
            SimpleNamespace(size=4), None)  # fmt: skip
@@ -69,7 +69,7 @@ def test_a_full_file(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_the_bias_alone(capsys: pytest.CaptureFixture[str]) -> None:
     report(request(bias_only=True, dtype="float32"), ADAPTER, result(Path("b.h5"), layers=[1, 2]), ONE, None)
-    assert said(capsys)[0] == ("wrote b.h5: the bias of layer 1, 2, 12 heads x 64 x 64, float32, no text "
+    assert said(capsys)[0] == ("wrote b.h5: the bias of layers 1, 2, 12 heads x 64 x 64, float32, no text "
                                "(--bias-only), 12.3 MB in 4.0 s\n")  # fmt: skip
     report(request(bias_only=True, resolution=16), ADAPTER, result(Path("b.h5")), ONE, None)
     assert "12 heads x 16 x 16 blocks of 4 positions, no text" in said(capsys)[0]

@@ -15,7 +15,8 @@ def report(request: Any, adapter: Any, result: Any, w: Any, series: Any) -> None
             shape = blocks(request.seq_len, request.resolution)
         else:
             shape = f"{request.seq_len} x {request.seq_len}, {request.dtype}"
-        click.echo(f"wrote {result.path}: the bias of layer {', '.join(map(str, result.layers))}, "
+        which = f"layer{'s' * (len(result.layers) > 1)} {', '.join(map(str, result.layers))}"
+        click.echo(f"wrote {result.path}: the bias of {which}, "
                    f"{adapter.n_heads} heads x {shape}, no text (--bias-only), "
                    f"{result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s")  # fmt: skip
         return
@@ -30,6 +31,7 @@ def report(request: Any, adapter: Any, result: Any, w: Any, series: Any) -> None
         stored = listed([k for k in kinds or ("bias", "weights") if k != "bias" or result.has_bias],
                         adapter.scheme, result.has_bias or bool(kinds and "bias" not in kinds))  # fmt: skip
     names = ", ".join(str(x) for x in result.layers)
+    names = f"layer {names}" if len(result.layers) == 1 else f"layers {names}:"  # not "layer 0, 11 bias"
     where = f", {w.size} processes" if w.size > 1 else ""
     if series is not None:
         steps = [str(c.step) for c in series.chosen]
@@ -42,7 +44,7 @@ def report(request: Any, adapter: Any, result: Any, w: Any, series: Any) -> None
     else:
         shape = f"{samples} x {adapter.n_heads} heads x {result.seq_len} x {result.seq_len}"
     click.echo(
-        f"wrote {result.path}: {shape}, layer {names} {stored}, {'float32' if request.summary else request.dtype}"
+        f"wrote {result.path}: {shape}, {names} {stored}, {'float32' if request.summary else request.dtype}"
         f"{where}, {result.bytes / 1e6:.1f} MB in {result.seconds:.1f} s"
     )
 
