@@ -206,8 +206,8 @@ def test_softcapped_calls_keep_scores_and_positional_logits_before_the_cap(tmp_p
 
 
 def test_a_flex_block_mask_window_is_summarised_over_its_cells(tmp_path: Path) -> None:
-    """flex_attention with a sliding-window block mask (streamed: its rows are not formed again): the mean weights
-    over the window, NaN outside it, against float64 math on the module's own q and k."""
+    """flex_attention with a sliding-window block mask (its rows formed again over it, as an SDPA call's): the mean
+    weights over the window, NaN outside it, against float64 math on the module's own q and k."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     def window(b, h, q, kv):  # noqa: ANN001, ANN202 - flex's mask_mod signature

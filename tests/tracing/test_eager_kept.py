@@ -94,7 +94,7 @@ def test_an_eager_call_that_is_more_than_scaled_q_k_plus_a_bias_is_streamed_from
     import biasviz.extraction.summary as summary
 
     ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
-    with Trace(model, [], inspect=True) as probe:
+    with torch.no_grad(), Trace(model, [], inspect=True) as probe:
         model.eval()(ids[:1])
     assert len(probe.calls) == 1 and not probe.calls[0].forms_again
     went = []

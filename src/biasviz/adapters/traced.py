@@ -195,8 +195,10 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
         """SDPA calls are formed again from their q and k (RoPE, NoPE: Llama, Qwen, Mistral, Pythia, encoders), and a
         bias in the call (its float mask: ALiBi, T5's buckets) from the one every sample added, kept once (a bias that
         differs by sample would need (T, T) per sample: such a call is streamed); so are eager calls that only add
-        terms to scale·q·kᵀ and mask, in float32 (:func:`~biasviz.tracing.eager.eager_operands`)."""
-        return bool(self._chosen) and all(c.kind == "sdpa" or c.forms_again for c in self._chosen)
+        terms to scale·q·kᵀ and mask, in float32 (:func:`~biasviz.tracing.eager.eager_operands`), and flex_attention
+        calls whose score_mod adds a term (:func:`~biasviz.tracing.flex.flex_operands`: ALiBi, T5 as attention-gym
+        writes them)."""
+        return bool(self._chosen) and all(c.kind == "sdpa" or c.forms_again for c in self._chosen)  # eager, flex
 
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:

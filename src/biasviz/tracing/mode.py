@@ -26,13 +26,13 @@ from biasviz.common.devices import without_autocast
 from biasviz.tracing.calls import (
     AttentionCall,
     SdpaOperands,
-    flex_call,
     packed_groups,
     sdpa_call,
     sdpa_operands,
     unformed,
 )
 from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, eager_operands, softmax_dim
+from biasviz.tracing.flex import flex_call, flex_operands
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.stop import StopForward
 from biasviz.tracing.torch_layers import MHA, mha_call
@@ -160,14 +160,19 @@ class Trace:
         return func(*args, **kwargs)
 
     def _keep(self, index: int, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A call asked for in a keeping trace: its operands go to :attr:`keep`; nothing is formed."""
+        """A call asked for in a keeping trace: its operands go to :attr:`keep` (a flex_attention call's as an SDPA
+        call's, score_mod's additive part its bias); nothing is formed."""
         assert self.keep is not None
-        if kind != "sdpa":
-            raise TypeError(f"attention call {index} is a {kind} call: only SDPA calls are kept")
+        if kind not in ("sdpa", "flex_attention"):
+            raise TypeError(f"attention call {index} is a {kind} call: only SDPA, flex_attention and eager calls are "
+                            "kept")  # fmt: skip
         with _forming():
-            ops = sdpa_operands(args, kwargs, packed_groups(), self._learned_mask(args, kwargs))
+            if kind == "sdpa":
+                ops = sdpa_operands(args, kwargs, packed_groups(), self._learned_mask(args, kwargs))
+            elif (ops := flex_operands(args, kwargs)) is None:
+                raise TypeError(f"attention call {index}: its score_mod is not additive, so it cannot be kept")
         self.keep(index, ops)
-        self._append(ops.facts(index))
+        self._append(replace(ops.facts(index), kind=kind, forms_again=True))
         return func(*args, **kwargs)
 
     def _keep_eager(self, index: int, x: torch.Tensor, scores: Any, out: Any) -> Any:

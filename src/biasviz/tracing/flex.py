@@ -1,0 +1,160 @@
+"""``flex_attention`` calls formed explicitly: the mask_mod's cells and score_mod's additive part (the bias) evaluated
+on the (batch, head, query, key) grid, as flex's own eager path evaluates them, and the weights from them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from biasviz.tracing.calls import (
+    FORMED_BEFORE,
+    MASKED_BELOW,
+    AttentionCall,
+    SdpaOperands,
+    _is_causal,
+    _scores,
+    _softmax_kept,
+)
+
+
+def _on_grid(fn: Callable[..., torch.Tensor], shape: tuple[int, int, int, int], device: torch.device,
+             score: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """``fn`` (a score_mod or mask_mod, written for scalars) over every (b, h, q_idx, kv_idx), as flex's
+    own eager path evaluates it: vmapped once per dimension."""
+    idx = [torch.arange(n, device=device, dtype=torch.int32) for n in shape]
+    lead = () if score is None else (0,)
+    mapped = fn
+    for dim in (3, 2, 1, 0):  # innermost first: kv_idx, q_idx, head, batch
+        in_dims = lead + tuple(0 if d == dim else None for d in range(4))
+        mapped = torch.vmap(mapped, in_dims=in_dims, out_dims=0)
+    # indexing a tensor with a vmapped index (``slopes[h]``) needs torch's getitem-to-index rewrite
+    try:
+        from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    except ImportError:  # pragma: no cover - older or newer torch without it: plain indexing still works
+        import contextlib
+
+        TransformGetItemToIndex = contextlib.nullcontext  # noqa: N806
+    with TransformGetItemToIndex():
+        out = mapped(*(() if score is None else (score,)), *idx)
+    return out
+
+
+@dataclass
+class _Flex:
+    """One flex_attention call's operands and what its score_mod does, formed on the (B, H, Tq, Tk) grid."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    scale: float
+    kept: torch.Tensor  # (1 or B, 1 or H, Tq, Tk) bool: mask_mod's cells, less those score_mod masks by itself
+    before: torch.Tensor  # scale·q·kᵀ, float32: the scores as the call's inputs give them
+    formed: torch.Tensor  # score_mod of them: the softmax's input
+    offset: torch.Tensor | None  # score_mod(0): its additive part, where it is one (None: identity)
+    additive: bool  # score_mod(s) == s + score_mod(0) on the kept cells
+
+    @property
+    def adds(self) -> bool:
+        """An additive part that is more than 0 and "masked" (a bias, not a mask)."""
+        return self.offset is not None and self.additive and bool(self.offset.masked_fill(~self.kept, 0).ne(0).any())
+
+
+def _flex_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    names = ("query", "key", "value", "score_mod", "block_mask", "scale", "kernel_options",
+             "score_mod_other_buffers", "mask_mod_other_buffers")  # fmt: skip
+    return dict(zip(names, args, strict=False)) | kwargs
+
+
+def _flex(bound: dict[str, Any]) -> _Flex:
+    """The call's mask, scores and score_mod evaluated on the grid, as flex's own eager path evaluates them."""
+    q, k = bound["query"], bound["key"]
+    score_mod, block_mask = bound.get("score_mod"), bound.get("block_mask")
+    batch, heads, q_len = q.shape[:3]
+    k_len = k.shape[-2]
+    shape = (batch, heads, q_len, k_len)
+    mask_mod = block_mask[-1] if isinstance(block_mask, tuple) and block_mask else None
+    if mask_mod is None:
+        kept = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=q.device)
+    else:
+        buffers = tuple(bound.get("mask_mod_other_buffers") or ())
+        kept = _on_grid(lambda *a: mask_mod(*a, *buffers), shape, q.device).bool()
+    scale = bound.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    before = _scores(q, k, scale)
+    if score_mod is None or getattr(score_mod, "__name__", "") == "_identity":
+        return _Flex(q, k, scale, kept, before, before, None, True)
+    buffers = tuple(bound.get("score_mod_other_buffers") or ())
+
+    def modded(s: torch.Tensor) -> torch.Tensor:
+        return _on_grid(lambda x, *a: score_mod(x, *a, *buffers), shape, q.device, score=s).float()
+
+    out = modded(before)
+    # a score_mod may mask by itself (torch.where(i >= j, s + b, -inf), or finfo.min as transformers adds its mask):
+    # those cells are masked, as a mask_mod's are, and not part of the bias
+    kept = kept & (out > MASKED_BELOW)
+    offset = modded(torch.zeros_like(before))
+    additive = _additive(before, out, offset, kept) and all(
+        _additive(before.new_full((), probe).expand_as(before), modded(before.new_full(before.shape, probe)), offset,
+                  kept)
+        for probe in PROBES
+    )  # fmt: skip
+    return _Flex(q, k, scale, kept, before, out, offset, additive)
+
+
+def flex_operands(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SdpaOperands | None:
+    """A flex_attention call's operands as an SDPA call's: q, k, scale, the cells kept and score_mod's additive part
+    (the bias); None where score_mod is not additive (softcapping), so rows formed again could not be its own."""
+    with torch.no_grad():
+        got = _flex(_flex_bound(args, kwargs))
+    if not got.additive:
+        return None
+    return SdpaOperands(got.q, got.k, got.kept, got.offset if got.adds else None, got.scale)
+
+
+def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
+              inspect: bool = False, scores: bool = False) -> AttentionCall:  # fmt: skip
+    """One call of the ``flex_attention`` operator: (q, k, v, score_mod, block_mask tuple, scale, ...).
+
+    The bias is the additive part of ``score_mod``: ``score_mod(s, b, h, i, j) - s``, evaluated on the
+    call's own scores; a score_mod whose output is not ``s`` plus a term free of ``s`` (softcapping,
+    say) has no additive part, and the call is recorded with its weights and a note instead. ``inspect``
+    checks that for a call that is not recorded (a probe), at the cost of forming its scores once.
+    """
+    bound = _flex_bound(args, kwargs)
+    q, k = bound["query"], bound["key"]
+    batch, heads, q_len = q.shape[:3]
+    call = AttentionCall(index, "flex_attention", batch, heads, q_len, k.shape[-2])
+    if not (record or inspect):  # its mask_mod and score_mod are not evaluated: only counted
+        return call
+    with torch.no_grad():
+        got = _flex(bound)
+        if got.offset is not None and got.adds and record:
+            call.bias = got.offset.masked_fill(~got.kept, float("nan"))
+        elif not got.additive:
+            call.note = "score_mod is not additive (score_mod(s) - s changes with s: softcapping, say); " \
+                        f"no bias recorded; {FORMED_BEFORE} scale·q·kᵀ before that step"  # fmt: skip
+        call.causal = _is_causal(got.kept)
+        call.adds_bias = got.adds
+        call.forms_again = got.additive
+        if record:
+            call.weights = _softmax_kept(got.formed, got.kept)
+            if scores:  # a step that is not additive comes after the call's inputs: the scores before it
+                call.scores = (got.formed if got.additive else got.before).masked_fill(~got.kept, float("nan"))
+                call.keep_operands(q, k, got.scale)
+    return call
+
+
+# Scores at which a score_mod is checked to be additive besides the call's own: a softcap with a large cap
+# is linear on small scores, and only scores of this size show that it is not s + b.
+PROBES = (-1e6, -1e3, 1e3, 1e6)
+
+
+def _additive(scores: torch.Tensor, modded: torch.Tensor, offset: torch.Tensor, kept: torch.Tensor) -> bool:
+    """Whether score_mod(s) == s + score_mod(0) on the kept cells (to float32 rounding)."""
+    expected = scores + offset
+    tol = 1e-5 * (1.0 + expected.abs())
+    close = ((modded - expected).abs() <= tol) | ~kept
+    return bool(close.all())
