@@ -290,10 +290,12 @@ class KeptCalls:
         bank.put_cells(index, SAMPLE_CELLS, own)
         self.by_sample.add(index)
 
-    def rows_again(self, layer: int, sample: int, r0: int, r1: int, heads: int, want_bias: bool) -> RowBlock:
-        """Rows r0 .. r1 - 1 of call ``layer`` for one sample, formed as a traced call forms them (float32), against
-        keys 0 .. r1 - 1, or every key where the call sees keys after its query."""
-        bank, kept = self.bank, self.formed[layer]
+    def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, heads: int,
+                   want_bias: bool) -> RowBlock:  # fmt: skip
+        """Rows r0 .. r1 - 1 of call ``layer`` for one sample of ``bank`` (the one kept in, or under torchrun every
+        process's joined), formed as a traced call forms them (float32), against keys 0 .. r1 - 1, or every key where
+        the call sees keys after its query."""
+        kept = self.formed[layer]
         keys = r1 if self.causal(layer) else bank.seq_len(layer, "k")
         q = bank.get(layer, "q", sample, r0, r1).view(1, r1 - r0, heads, -1).transpose(1, 2)
         k = bank.get(layer, "k", sample, 0, keys).view(1, keys, heads, -1).transpose(1, 2)
@@ -333,8 +335,8 @@ class FormsKeptCallsAgain(FormsRowsAgain):
         return bool(self.replays)
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
-        assert self._kept is not None and self._kept.bank is bank
-        return self._kept.rows_again(layer, sample, r0, r1, self.n_heads, want_bias)
+        assert self._kept is not None
+        return self._kept.rows_again(layer, bank, sample, r0, r1, self.n_heads, want_bias)
 
     def score_scale(self, layer: int) -> float:
         assert self._kept is not None

@@ -197,8 +197,9 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
         differs by sample would need (T, T) per sample: such a call is streamed); so are eager calls that only add
         terms to scale·q·kᵀ and mask, in float32 (:func:`~biasviz.tracing.eager.eager_operands`), and flex_attention
         calls whose score_mod adds a term (:func:`~biasviz.tracing.flex.flex_operands`: ALiBi, T5 as attention-gym
-        writes them)."""
-        return bool(self._chosen) and all(c.kind == "sdpa" or c.forms_again for c in self._chosen)  # eager, flex
+        writes them), and torch's own layers (``nn.MultiheadAttention``, :func:`~biasviz.tracing.torch_layers.
+        mha_operands`)."""
+        return bool(self._chosen) and all(c.kind == "sdpa" or c.forms_again for c in self._chosen)
 
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:

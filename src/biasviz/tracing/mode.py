@@ -35,7 +35,7 @@ from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, e
 from biasviz.tracing.flex import flex_call, flex_operands
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.stop import StopForward
-from biasviz.tracing.torch_layers import MHA, mha_call
+from biasviz.tracing.torch_layers import MHA, mha_call, mha_operands
 
 _SDPA = torch.nn.functional.scaled_dot_product_attention
 # A trace forms a call with torch operations of its own (q.kᵀ, softmax); a trace around it (a trace inside a
@@ -160,15 +160,15 @@ class Trace:
         return func(*args, **kwargs)
 
     def _keep(self, index: int, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A call asked for in a keeping trace: its operands go to :attr:`keep` (a flex_attention call's as an SDPA
-        call's, score_mod's additive part its bias); nothing is formed."""
+        """A call asked for in a keeping trace: its operands go to :attr:`keep` (a flex_attention call's or torch's
+        layers' as an SDPA call's: score_mod's additive part, or the float masks added, its bias); nothing is
+        formed."""
         assert self.keep is not None
-        if kind not in ("sdpa", "flex_attention"):
-            raise TypeError(f"attention call {index} is a {kind} call: only SDPA, flex_attention and eager calls are "
-                            "kept")  # fmt: skip
         with _forming():
             if kind == "sdpa":
                 ops = sdpa_operands(args, kwargs, packed_groups(), self._learned_mask(args, kwargs))
+            elif kind == "multi_head_attention":
+                ops = mha_operands(args, kwargs, self.provenance.learned)
             elif (ops := flex_operands(args, kwargs)) is None:
                 raise TypeError(f"attention call {index}: its score_mod is not additive, so it cannot be kept")
         self.keep(index, ops)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from biasviz.tracing.calls import AttentionCall, _is_causal, _threshold, one_layout
+from biasviz.tracing.calls import AttentionCall, SdpaOperands, _is_causal, _threshold, one_layout
 
 MHA = F.multi_head_attention_forward
 _SIGNATURE = inspect.signature(MHA)
@@ -75,13 +75,8 @@ def _q_and_k(bound: dict[str, Any], heads: int, unbatched: bool) -> tuple[torch.
     return q, k, 1.0 / math.sqrt(hd)
 
 
-def mha_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
-             inspect_only: bool = False, learned: Callable[[Any], bool] | None = None,
-             scores: bool = False) -> AttentionCall:  # fmt: skip
-    """One ``multi_head_attention_forward`` call (query as (L, N, E), or (L, E) unbatched).
-
-    ``learned(t)``: whether a tensor comes from the model's parameters (a float mask that is a learned bias,
-    recorded even where it holds only zeros)."""
+def _bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], int, bool, int, int, int]:
+    """The call's arguments by name, its heads, whether unbatched, its batch and its query and key lengths."""
     bound = _SIGNATURE.bind(*args, **kwargs).arguments
     query, heads = bound["query"], int(bound["num_heads"])
     unbatched = query.dim() == 2
@@ -89,15 +84,47 @@ def mha_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: 
     static_k = bound.get("static_k")
     k_len = static_k.shape[1] if static_k is not None else bound["key"].shape[0]
     k_len += int(bound.get("bias_k") is not None) + int(bool(bound.get("add_zero_attn")))
-    call = AttentionCall(index, "multi_head_attention", batch, heads, q_len, k_len)
+    return bound, heads, unbatched, batch, q_len, k_len
+
+
+def _cells(bound: dict[str, Any], added: torch.Tensor,
+           learned: Callable[[Any], bool] | None) -> tuple[torch.Tensor, bool]:  # fmt: skip
+    """The cells the layer attends, and whether what it adds there is a bias (more than 0 and "masked", or a float
+    mask made from the model's parameters)."""
+    query = bound["query"]
+    kept = added > _threshold(query.dtype if query.is_floating_point() else torch.float32)
+    from_table = learned is not None and learned(bound.get("attn_mask"))
+    return kept, from_table or bool(added.masked_fill(~kept, 0).ne(0).any())
+
+
+def mha_operands(args: tuple[Any, ...], kwargs: dict[str, Any],
+                 learned: Callable[[Any], bool] | None = None) -> SdpaOperands:  # fmt: skip
+    """A ``multi_head_attention_forward`` call's operands as an SDPA call's: q and k from the layer's own in-projection
+    (float32), its scale 1/√hd, the cells it attends and the float masks it adds (its bias)."""
+    bound, heads, unbatched, batch, q_len, k_len = _bound(args, kwargs)
+    with torch.no_grad():
+        q, k, scale = _q_and_k(bound, heads, unbatched)
+        added = _added(bound, batch, heads, q_len, k_len, bound["query"], unbatched)
+        kept, adds = _cells(bound, added, learned)
+    return SdpaOperands(q, k, kept, added if adds else None, scale)
+
+
+def mha_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
+             inspect_only: bool = False, learned: Callable[[Any], bool] | None = None,
+             scores: bool = False) -> AttentionCall:  # fmt: skip
+    """One ``multi_head_attention_forward`` call (query as (L, N, E), or (L, E) unbatched).
+
+    ``learned(t)``: whether a tensor comes from the model's parameters (a float mask that is a learned bias,
+    recorded even where it holds only zeros)."""
+    bound, heads, unbatched, batch, q_len, k_len = _bound(args, kwargs)
+    query = bound["query"]
+    call = AttentionCall(index, "multi_head_attention", batch, heads, q_len, k_len, forms_again=True)
     if not (record or inspect_only):
         return call
     with torch.no_grad():
         added = _added(bound, batch, heads, q_len, k_len, query, unbatched)
-        kept = added > _threshold(query.dtype if query.is_floating_point() else torch.float32)
+        kept, call.adds_bias = _cells(bound, added, learned)
         call.causal = _is_causal(kept)
-        from_table = learned is not None and learned(bound.get("attn_mask"))
-        call.adds_bias = from_table or bool(added.masked_fill(~kept, 0).ne(0).any())
         if call.adds_bias and record:
             call.bias = one_layout(added.masked_fill(~kept, float("nan")))
         if record:
