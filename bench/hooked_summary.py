@@ -1,10 +1,12 @@
 """A summary of a transformers model that biasviz opens with hooks on its attention modules (BLOOM: ALiBi; T5's
-encoder: bucketed relative bias, every key; GPT-2: no bias, eager), or of a model written in eager PyTorch (q.kᵀ,
-+ ALiBi, softmax): time and peak RSS of ``biasviz.extract(path or module, summary=True)`` on one version of biasviz
-against another, each run in a fresh process, interleaved (BENCHMARKS.md §14).
+encoder: bucketed relative bias, every key; GPT-2: no bias, eager), or of a module it traces: attention written in
+eager PyTorch (q.kᵀ, + ALiBi, softmax), ``flex_attention`` with ALiBi as a score_mod and a causal block mask, or
+``nn.MultiheadAttention`` with ALiBi in its float mask. Time and peak RSS of ``biasviz.extract(path or module,
+summary=True)`` on one version of biasviz against another, each run in a fresh process, interleaved (BENCHMARKS.md §14).
 
-Each model has random weights, hidden 256, 4 heads, 2 layers (the eager one 1 layer), and is saved once to a temporary
-directory that every run opens by path, as ``biasviz extract --model`` does. N = 3 windows of T tokens in one batch;
+Each model has random weights, hidden 256, 4 heads, 2 layers (the traced modules 1 layer), and is saved once to a
+temporary directory that every run opens by path, as ``biasviz extract --model`` does (a traced module: its state
+dict). N = 3 windows of T tokens in one batch;
 every layer summarised; ``--resolution R`` maps of R x R blocks (default: exact per cell).
 
     .venv/bin/python bench/hooked_summary.py --seq-len 2048 --repeats 2 --trees /path/to/old/checkout .
@@ -25,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import GIB, peak_hwm_bytes  # noqa: E402
 
 SAMPLES = 3
-MODELS = ("bloom", "t5", "gpt2", "eager")
+MODELS = ("bloom", "t5", "gpt2", "eager", "flex", "mha")
 
 
 def save(kind: str, seq_len: int, where: Path) -> Path:
@@ -50,29 +52,41 @@ def save(kind: str, seq_len: int, where: Path) -> Path:
         config = GPT2Config(vocab_size=512, n_embd=256, n_layer=2, n_head=4, n_positions=seq_len)
         GPT2LMHeadModel(config).save_pretrained(path)
     else:
-        torch.save(eager_alibi().state_dict(), path)
+        torch.save(traced(kind).state_dict(), path)
     return path
 
 
-def eager_alibi() -> object:
-    """One attention layer written out in eager PyTorch: q.kᵀ / sqrt(d) - m_h·(i - j), -inf after the query, softmax."""
+def traced(kind: str) -> object:
+    """One attention layer (hidden 256, 4 heads) adding -m_h·(i - j), -inf after the query: written out in eager
+    PyTorch (``eager``), as flex_attention's score_mod and block mask (``flex``), or as nn.MultiheadAttention's float
+    mask (``mha``)."""
     import torch
 
-    class EagerAlibi(torch.nn.Module):
+    class AlibiLayer(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.embed = torch.nn.Embedding(512, 256)
             self.qkv = torch.nn.Linear(256, 3 * 256)
-            self.register_buffer("slopes", torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(4)])[:, None, None])
+            self.mha = torch.nn.MultiheadAttention(256, 4, batch_first=True)
+            self.register_buffer("slopes", torch.tensor([2.0 ** (-2 * (h + 1)) for h in range(4)]))
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
             b, t = ids.shape
-            q, k, v = (z.view(b, t, 4, 64).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(256, -1))
             i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-            bias = (-self.slopes * (i - j)).masked_fill(j > i, float("-inf"))
-            return torch.softmax(q @ k.transpose(-1, -2) / 8.0 + bias, dim=-1) @ v
+            bias = (-self.slopes[:, None, None] * (i - j)).masked_fill(j > i, float("-inf"))  # (H, T, T)
+            if kind == "mha":
+                x = self.embed(ids)
+                return self.mha(x, x, x, attn_mask=bias.repeat(b, 1, 1), need_weights=False)[0]
+            q, k, v = (z.view(b, t, 4, 64).transpose(1, 2) for z in self.qkv(self.embed(ids)).split(256, -1))
+            if kind == "eager":
+                return torch.softmax(q @ k.transpose(-1, -2) / 8.0 + bias, dim=-1) @ v
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    return EagerAlibi().eval()
+            slopes = self.slopes
+            mask = create_block_mask(lambda n, h, qi, ki: ki <= qi, None, None, t, t, device="cpu")
+            return flex_attention(q, k, v, score_mod=lambda s, n, h, qi, ki: s - slopes[h] * (qi - ki), block_mask=mask)
+
+    return AlibiLayer().eval()
 
 
 def child(kind: str, path: Path, seq_len: int, resolution: int | None) -> dict[str, float]:
@@ -84,8 +98,8 @@ def child(kind: str, path: Path, seq_len: int, resolution: int | None) -> dict[s
 
     warnings.simplefilter("ignore")
     model: object = path
-    if kind == "eager":
-        model = eager_alibi()
+    if kind in ("eager", "flex", "mha"):
+        model = traced(kind)
         model.load_state_dict(torch.load(path, weights_only=True))  # type: ignore[attr-defined]
     ids = torch.randint(1, 512, (SAMPLES, seq_len), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory() as tmp:
