@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import resource
 import statistics
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 MIB = 1024 * 1024
@@ -38,3 +40,13 @@ def _status_bytes(key: str) -> int:
         if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def timed_into_temporary(run: Callable[[Path], object]) -> dict[str, float]:
+    """``run(out)`` with ``out`` a file in a temporary directory: its seconds (``s``) and this process's peak resident
+    memory so far (``peak_gib``), as the interleaved benchmarks print them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        run(Path(tmp) / "s.h5")
+        seconds = time.perf_counter() - t0
+    return {"s": seconds, "peak_gib": peak_hwm_bytes() / GIB}

@@ -20,11 +20,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GIB, peak_hwm_bytes  # noqa: E402
+from common import timed_into_temporary  # noqa: E402
 
 SAMPLES = 3
 MODELS = ("bloom", "t5", "gpt2", "eager", "flex", "mha")
@@ -102,12 +101,8 @@ def child(kind: str, path: Path, seq_len: int, resolution: int | None) -> dict[s
         model = traced(kind)
         model.load_state_dict(torch.load(path, weights_only=True))  # type: ignore[attr-defined]
     ids = torch.randint(1, 512, (SAMPLES, seq_len), generator=torch.Generator().manual_seed(1))
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        biasviz.extract(model, ids, Path(tmp) / "s.h5", summary=True, progress=False, batch_size=SAMPLES,
-                        layers="all", resolution=resolution)  # fmt: skip
-        seconds = time.perf_counter() - t0
-    return {"s": seconds, "peak_gib": peak_hwm_bytes() / GIB}
+    return timed_into_temporary(lambda out: biasviz.extract(model, ids, out, summary=True, progress=False,
+                                                            batch_size=SAMPLES, layers="all", resolution=resolution))
 
 
 def main() -> None:

@@ -26,12 +26,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GIB, peak_hwm_bytes  # noqa: E402
+from common import timed_into_temporary  # noqa: E402
 
 SAMPLES = 3
 
@@ -122,13 +120,9 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
         summary._summarise = lambda *a, **k: inner(*a, **{**k, "streamed": True})  # type: ignore[assignment]
     warnings.simplefilter("ignore")
     whole = how == "full file"  # every cell of the padded call, as the model formed it
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        biasviz.extract(model, ids, Path(tmp) / "s.h5", summary=not whole, progress=False, batch_size=SAMPLES,
-                        forward=forward, layers="all" if encoder else -1,
-                        **({} if whole else {"resolution": resolution}))  # fmt: skip
-        seconds = time.perf_counter() - t0
-    return {"s": seconds, "peak_gib": peak_hwm_bytes() / GIB}
+    return timed_into_temporary(lambda out: biasviz.extract(
+        model, ids, out, summary=not whole, progress=False, batch_size=SAMPLES, forward=forward,
+        layers="all" if encoder else -1, **({} if whole else {"resolution": resolution})))  # fmt: skip
 
 
 def main() -> None:

@@ -1,9 +1,16 @@
 """One SDPA attention layer over an embedding, for the summaries' tests of the cells a call attends: a subclass says
-which cells (:meth:`OneLayer.keep`) and with what scale (:meth:`OneLayer.scale`), from the tokens."""
+which cells (:meth:`OneLayer.keep`) and with what scale (:meth:`OneLayer.scale`), from the tokens; and what those
+tests share: a summary of a module formed again and streamed, and two files compared dataset by dataset."""
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+from typing import Any
+
+import h5py
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -13,7 +20,11 @@ WIDTH = 8  # per head
 
 
 class OneLayer(nn.Module):
-    """q, k and v of HEADS heads from one linear map of the token embeddings, attended by one SDPA call."""
+    """q, k and v of HEADS heads from one linear map of the token embeddings, attended by one SDPA call; or, as
+    :attr:`written` says, by the same arithmetic written out in eager PyTorch (q.kᵀ scaled, + the float mask, softmax),
+    or by ``flex_attention`` whose score_mod adds the float mask (its -inf cells masking, as a score_mod may)."""
+
+    written = "sdpa"  # "sdpa", "eager" or "flex"
 
     def __init__(self) -> None:
         super().__init__()
@@ -32,8 +43,19 @@ class OneLayer(nn.Module):
         b, t = ids.shape
         parts = self.qkv(self.embed(ids)).split(HEADS * WIDTH, -1)
         q, k, v = (z.view(b, t, HEADS, WIDTH).transpose(1, 2) for z in parts)
-        return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.keep(ids),
-                                                          scale=self.scale(ids)).sum()  # fmt: skip
+        mask, scale = self.keep(ids), self.scale(ids)
+        if self.written == "sdpa":
+            return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).sum()
+        assert mask is not None and mask.is_floating_point(), "eager and flex calls take a float mask here"
+        c = WIDTH**-0.5 if scale is None else scale
+        if self.written == "eager":
+            return (torch.softmax(q @ k.transpose(-1, -2) * c + mask, dim=-1) @ v).sum()
+        from torch.nn.attention.flex_attention import flex_attention
+
+        added = mask.expand(b, HEADS, t, t)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # flex's note that it runs unfused without torch.compile
+            return flex_attention(q, k, v, score_mod=lambda s, n, h, i, j: s + added[n, h, i, j], scale=c).sum()
 
 
 def positions(t: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,3 +68,49 @@ def assert_as_reference(got: np.ndarray, want: np.ndarray, name: str, rtol: floa
     within ``rtol`` and ``atol``."""
     assert got.shape == want.shape and np.array_equal(np.isnan(got), np.isnan(want)), name
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=name)
+
+
+def summary_of(model: nn.Module, ids: torch.Tensor, out: Any, batch: int, resolution: int,
+               streamed: bool) -> list[str]:  # fmt: skip
+    """``biasviz.extract(model, ids, out, summary=True)`` (``streamed``: as models biasviz cannot form again are), and
+    what it said."""
+    import biasviz
+    import biasviz.extraction.summary as summary
+
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        if streamed:
+            patch.setattr(summary, "forms_rows_again", lambda adapter: False)
+        biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=batch, resolution=resolution)
+    return [str(w.message) for w in said]
+
+
+def read_layer(path: Any) -> dict[str, np.ndarray]:
+    """Every dataset of a summary's layer 0."""
+    with h5py.File(path, "r") as f:
+        return {key: f["layer_0"][key][()] for key in f["layer_0"]}
+
+
+def both_ways(model: nn.Module, ids: torch.Tensor, tmp: Path, batch: int, resolution: int) -> dict[str, Any]:
+    """The summary as ``extract --summary`` takes it (``stored``, what it ``said``, and whether it ``went_streamed``:
+    streamed from the start, or started again) and the same summary streamed from the start (``streamed``)."""
+    import biasviz.extraction.summary as summary
+
+    went = []
+    with pytest.MonkeyPatch.context() as patch:
+        inner = summary._streamed
+        patch.setattr(summary, "_streamed", lambda *a, **k: went.append(1) or inner(*a, **k))
+        said = summary_of(model, ids, tmp / "again.h5", batch, resolution, streamed=False)
+    summary_of(model, ids, tmp / "streamed.h5", batch, resolution, streamed=True)
+    return {"stored": read_layer(tmp / "again.h5"), "streamed": read_layer(tmp / "streamed.h5"), "said": said,
+            "went_streamed": bool(went)}  # fmt: skip
+
+
+def assert_same_datasets(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float = 1e-4,
+                         atol: float = 1e-6) -> None:  # fmt: skip
+    """The same datasets, each (a table's columns one by one) within ``rtol`` and ``atol``, NaN where the other's is."""
+    assert got.keys() == want.keys()
+    for name, values in want.items():
+        for field in values.dtype.names or [None]:
+            a, b = (x if field is None else x[field] for x in (got[name], values))
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, equal_nan=True, err_msg=f"{name} {field}")

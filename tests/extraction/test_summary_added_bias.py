@@ -1,22 +1,24 @@
-"""Calls that add a bias in their SDPA float mask (ALiBi, as research code writes it): formed again from the one bias
-every sample added, kept once, rather than streamed whole; a bias that depends on the text starts the summary again,
-streamed, and says so.
+"""Calls that add a bias in their SDPA float mask (ALiBi, as research code writes it), or the same written out in eager
+PyTorch or as a flex_attention score_mod: formed again from the one bias every sample added, kept once, rather than
+streamed whole; a bias that depends on the text starts the summary again, streamed, and says so.
 
 The reference is float64 numpy on the q, k, scale, bias and mask caught at the model's own SDPA call (docs/hdf5.md,
 'Attended cells'); P, which that reference does not form, is compared with the same call streamed whole."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
-import h5py
-import numpy as np
 import pytest
 import torch
 
-import biasviz
-from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
+from tests.extraction.one_layer import (
+    OneLayer,
+    assert_as_reference,
+    assert_same_datasets,
+    both_ways,
+    positions,
+)
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -41,43 +43,23 @@ class Alibi(OneLayer):
         return bias
 
 
-def _summary(model: OneLayer, ids: torch.Tensor, out: Any, batch: int, resolution: int, streamed: bool) -> list[str]:
-    import biasviz.extraction.summary as summary
-
-    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
-        if streamed:
-            patch.setattr(summary, "forms_rows_again", lambda adapter: False)
-        biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=batch, resolution=resolution)
-    return [str(w.message) for w in said]
+# the call written as SDPA with a float mask, and the same arithmetic written out in eager PyTorch and as flex_attention
+# whose score_mod adds the mask (one batching each)
+WAYS = [(how, batch, r, "sdpa") for how in ("alibi", "window", "contextual") for batch, r in ((1, T), (N, T // 2))]
+WAYS += [(how, batch, r, written) for written in ("eager", "flex")
+         for how, batch, r in (("alibi", 1, T), ("window", N, T // 2), ("contextual", N, T))]  # fmt: skip
 
 
-def _read(path: Any) -> dict[str, np.ndarray]:
-    with h5py.File(path, "r") as f:
-        return {key: f["layer_0"][key][()] for key in f["layer_0"]}
-
-
-@pytest.fixture(scope="module", params=[(how, batch, r) for how in ("alibi", "window", "contextual")
-                                        for batch, r in ((1, T), (N, T // 2))],
-                ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}")  # fmt: skip
+@pytest.fixture(scope="module", params=WAYS, ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}, {p[3]}")
 def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import biasviz.extraction.summary as summary
-
-    how, batch, resolution = request.param
+    how, batch, resolution, written = request.param
     torch.manual_seed(0)
     model = Alibi(how).eval()
     ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
-    call = caught_call(lambda: model(ids))
-    tmp = tmp_path_factory.mktemp("bias")
-    streamed_calls = []
-    with pytest.MonkeyPatch.context() as patch:
-        inner = summary._streamed
-        patch.setattr(summary, "_streamed", lambda *a, **k: streamed_calls.append(1) or inner(*a, **k))
-        said = _summary(model, ids, tmp / "again.h5", batch, resolution, streamed=False)
-    _summary(model, ids, tmp / "streamed.h5", batch, resolution, streamed=True)
-    expected = reference(call, T // resolution, differ=False)
-    return {"how": how, "stored": _read(tmp / "again.h5"), "streamed": _read(tmp / "streamed.h5"), "said": said,
-            "went_streamed": bool(streamed_calls), "expected": expected}  # fmt: skip
+    call = caught_call(lambda: model(ids))  # the reference: the same q, k and mask through SDPA
+    model.written = written
+    got = both_ways(model, ids, tmp_path_factory.mktemp("bias"), batch, resolution)
+    return {"how": how, **got, "expected": reference(call, T // resolution, differ=False)}
 
 
 def test_one_bias_is_formed_again_and_one_that_depends_on_the_text_is_streamed(summarised: dict[str, Any]) -> None:
@@ -101,12 +83,8 @@ def test_standard_errors_as_float64_math_has_them(summarised: dict[str, Any], na
 
 def test_formed_again_as_the_call_streamed_whole_gives_it(summarised: dict[str, Any]) -> None:
     """Every dataset of the two ways in, P and its diagnostics among them."""
-    got, want = summarised["stored"], summarised["streamed"]
-    assert got.keys() == want.keys() and "positional_mean" in got
-    for name, values in want.items():
-        for field in values.dtype.names or [None]:
-            a, b = (x if field is None else x[field] for x in (got[name], values))
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True, err_msg=f"{name} {field}")
+    assert "positional_mean" in summarised["stored"]
+    assert_same_datasets(summarised["stored"], summarised["streamed"])
 
 
 class DiagonalHidden(Alibi):
@@ -132,7 +110,6 @@ class LeftPadded(Alibi):
 @pytest.mark.parametrize("model, batch", [(m, b) for m in ("diagonal", "left padded") for b in (1, N)])
 def test_a_bias_beside_samples_masked_differently_is_formed_again_over_each_one_s_cells(
         model: str, batch: int, tmp_path: Any) -> None:  # fmt: skip
-    import biasviz.extraction.summary as summary
 
     torch.manual_seed(0)
     layer = DiagonalHidden("alibi").eval() if model == "diagonal" else LeftPadded("alibi").eval()
@@ -142,19 +119,10 @@ def test_a_bias_beside_samples_masked_differently_is_formed_again_over_each_one_
     else:
         ids[0, :5], ids[2, :2] = 0, 0
     call = caught_call(lambda: layer(ids))
-    went = []
-    with pytest.MonkeyPatch.context() as patch:
-        inner = summary._streamed
-        patch.setattr(summary, "_streamed", lambda *a, **k: went.append(1) or inner(*a, **k))
-        said = _summary(layer, ids, tmp_path / "s.h5", batch, T, streamed=False)
-    assert not went and not [w for w in said if "started again" in w], said
-    _summary(layer, ids, tmp_path / "streamed.h5", batch, T, streamed=True)
-    expected, stored, streamed = reference(call, 1), _read(tmp_path / "s.h5"), _read(tmp_path / "streamed.h5")
+    got = both_ways(layer, ids, tmp_path, batch, T)
+    assert not got["went_streamed"] and not [w for w in got["said"] if "started again" in w], got["said"]
+    expected, stored = reference(call, 1), got["stored"]
     for name in (*NAMES, "bias_mean", "bias_std", "bias_profile", "band_mass", "weights_entropy", "bias_mean_se",
                  "weights_mean_se"):  # fmt: skip
         assert_as_reference(stored[name], expected[name], name, 2e-4 if name.endswith("_se") else 2e-5, 1e-5)
-    assert stored.keys() == streamed.keys()
-    for name, values in streamed.items():
-        for field in values.dtype.names or [None]:
-            x, y = (v if field is None else v[field] for v in (stored[name], values))
-            np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6, equal_nan=True, err_msg=f"{name} {field}")
+    assert_same_datasets(stored, got["streamed"])

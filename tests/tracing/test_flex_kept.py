@@ -1,6 +1,7 @@
 """flex_attention calls kept by a summary's forward (:func:`~biasviz.tracing.flex.flex_operands`): a score_mod that
 adds a term (ALiBi as attention-gym writes it) and a block mask, formed again from the call's q and k and the one bias
-kept, not streamed whole; a score_mod that is not additive (softcapping) is streamed, as before.
+kept, not streamed whole; a score_mod that is not additive (softcapping) is streamed, as before. (A score_mod that adds
+a float mask, one batching each: tests/extraction/test_summary_added_bias.py, written "flex".)
 
 The reference is float64 numpy on the q, k, scale, bias and mask caught at the SDPA call of the same model written
 with SDPA (tests/extraction/test_summary_added_bias.py's), whose weights the flex one shares."""
@@ -10,13 +11,11 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import numpy as np
-import pytest
 import torch
 
 from biasviz.tracing import Trace
-from tests.extraction.one_layer import WIDTH, assert_as_reference
-from tests.extraction.test_summary_added_bias import SLOPES, Alibi, _read, _summary
+from tests.extraction.one_layer import WIDTH, assert_as_reference, assert_same_datasets, both_ways
+from tests.extraction.test_summary_added_bias import SLOPES, Alibi
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -52,60 +51,27 @@ class FlexAlibi(Alibi):
         return out.sum()
 
 
-@pytest.fixture(scope="module", params=[("alibi", 1, T), ("window", N, T // 2)],
-                ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}")  # fmt: skip
-def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import biasviz.extraction.summary as summary
-
-    how, batch, resolution = request.param
+def test_attention_gym_s_alibi_and_a_window_block_mask_are_formed_again_as_float64_math_has_them(tmp_path: Any) -> None:
+    """ALiBi as a score_mod over a sliding-window block mask, 3 samples in one batch, blocks of 2 positions: formed
+    again (nothing streamed, nothing started again), every quantity as float64 math on the SDPA twin's call has it, and
+    every dataset as the same call streamed whole gives it."""
     torch.manual_seed(0)
-    model = FlexAlibi(how).eval()
+    model = FlexAlibi("window").eval()
     ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
     call = caught_call(lambda: Alibi.forward(model, ids))  # the same model through SDPA
-    tmp = tmp_path_factory.mktemp("flex")
-    went = []
-    with pytest.MonkeyPatch.context() as patch:
-        inner = summary._streamed
-        patch.setattr(summary, "_streamed", lambda *a, **k: went.append(1) or inner(*a, **k))
-        said = _summary(model, ids, tmp / "again.h5", batch, resolution, streamed=False)
-    _summary(model, ids, tmp / "streamed.h5", batch, resolution, streamed=True)
-    return {"how": how, "stored": _read(tmp / "again.h5"), "streamed": _read(tmp / "streamed.h5"), "said": said,
-            "went_streamed": bool(went), "expected": reference(call, T // resolution, differ=False)}  # fmt: skip
-
-
-def test_an_additive_score_mod_is_formed_again_and_nothing_is_started_again(summarised: dict[str, Any]) -> None:
-    assert not summarised["went_streamed"]
-    assert not [w for w in summarised["said"] if "started again" in w], summarised["said"]
-
-
-@pytest.mark.parametrize("name", [*NAMES, "bias_mean", "bias_std", "bias_profile", "band_mass", "weights_entropy"])
-def test_every_quantity_as_float64_math_has_it(summarised: dict[str, Any], name: str) -> None:
-    if name == "attended" and summarised["how"] != "window":
-        return  # the causal triangle: no mask of its own
-    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-5, 1e-5)
-
-
-def test_formed_again_as_the_flex_call_streamed_whole_gives_it(summarised: dict[str, Any]) -> None:
-    """Every dataset of the two ways in, P and its diagnostics among them."""
-    got, want = summarised["stored"], summarised["streamed"]
-    assert got.keys() == want.keys() and "positional_mean" in got
-    for name, values in want.items():
-        for field in values.dtype.names or [None]:
-            a, b = (x if field is None else x[field] for x in (got[name], values))
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True, err_msg=f"{name} {field}")
+    got = both_ways(model, ids, tmp_path, N, T // 2)
+    assert not got["went_streamed"] and not [w for w in got["said"] if "started again" in w], got["said"]
+    expected = reference(call, 2, differ=False)
+    for name in (*NAMES, "bias_mean", "bias_std", "bias_profile", "band_mass", "weights_entropy"):
+        assert_as_reference(got["stored"][name], expected[name], name, 2e-5, 1e-5)
+    assert_same_datasets(got["stored"], got["streamed"])
 
 
 def test_a_softcapping_score_mod_is_streamed_from_the_start(tmp_path: Any) -> None:
-    import biasviz.extraction.summary as summary
-
     model = FlexAlibi("alibi", softcap=True).eval()
     ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
     with torch.no_grad(), Trace(model, [], inspect=True) as probe:
         model(ids[:1])
     assert len(probe.calls) == 1 and not probe.calls[0].forms_again
-    went = []
-    with pytest.MonkeyPatch.context() as patch:
-        inner = summary._streamed
-        patch.setattr(summary, "_streamed", lambda *a, **k: went.append(1) or inner(*a, **k))
-        said = _summary(model, ids, tmp_path / "s.h5", 1, T, streamed=False)
-    assert went and not [w for w in said if "started again" in w]
+    got = both_ways(model, ids, tmp_path, 1, T)
+    assert got["went_streamed"] and not [w for w in got["said"] if "started again" in w]

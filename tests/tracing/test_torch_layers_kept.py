@@ -7,15 +7,14 @@ out here."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from tests.extraction.one_layer import assert_as_reference, positions
-from tests.extraction.test_summary_added_bias import SLOPES, _read, _summary
+from tests.extraction.one_layer import assert_as_reference, assert_same_datasets, both_ways, positions
+from tests.extraction.test_summary_added_bias import SLOPES
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, reference
 
 N, WIDTH = 3, 8
@@ -58,25 +57,14 @@ def _call(model: Layer, ids: torch.Tensor) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module", params=[(False, 1), (True, N)], ids=lambda p: f"padded {p[0]}, batch {p[1]}")
 def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    import biasviz.extraction.summary as summary
-
     padded, batch = request.param
     torch.manual_seed(0)
     model = Layer(padded).eval()
     ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
     if padded:
         ids[0, :5], ids[2, :2] = 0, 0  # the first text padded most: its cells show part of the bias
-    tmp = tmp_path_factory.mktemp("mha")
-    went = []
-    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        inner = summary._streamed
-        patch.setattr(summary, "_streamed", lambda *a, **k: went.append(1) or inner(*a, **k))
-        said = _summary(model, ids, tmp / "again.h5", batch, T, streamed=False)
-    _summary(model, ids, tmp / "streamed.h5", batch, T, streamed=True)
-    call = _call(model, ids)
-    return {"stored": _read(tmp / "again.h5"), "streamed": _read(tmp / "streamed.h5"), "said": said,
-            "went_streamed": bool(went), "expected": reference(call, 1, differ=padded)}  # fmt: skip
+    got = both_ways(model, ids, tmp_path_factory.mktemp("mha"), batch, T)
+    return {**got, "expected": reference(_call(model, ids), 1, differ=padded)}
 
 
 def test_the_layer_is_formed_again_and_nothing_is_started_again(summarised: dict[str, Any]) -> None:
@@ -93,9 +81,4 @@ def test_every_quantity_as_float64_math_has_it(summarised: dict[str, Any], name:
 
 def test_formed_again_as_the_layer_streamed_whole_gives_it(summarised: dict[str, Any]) -> None:
     """Every dataset of the two ways in; streamed, the weights are torch's own (``need_weights``)."""
-    got, want = summarised["stored"], summarised["streamed"]
-    assert got.keys() == want.keys()
-    for name, values in want.items():
-        for field in values.dtype.names or [None]:
-            a, b = (x if field is None else x[field] for x in (got[name], values))
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True, err_msg=f"{name} {field}")
+    assert_same_datasets(summarised["stored"], summarised["streamed"])
