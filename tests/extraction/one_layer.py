@@ -86,9 +86,10 @@ def summary_of(model: nn.Module, ids: torch.Tensor, out: Any, batch: int, resolu
 
 
 def read_layer(path: Any) -> dict[str, np.ndarray]:
-    """Every dataset of a summary's layer 0."""
+    """Every dataset of a summary's one layer."""
     with h5py.File(path, "r") as f:
-        return {key: f["layer_0"][key][()] for key in f["layer_0"]}
+        (layer,) = (name for name in f if name.startswith("layer_"))
+        return {key: f[layer][key][()] for key in f[layer]}
 
 
 def both_ways(model: nn.Module, ids: torch.Tensor, tmp: Path, batch: int, resolution: int) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Attention written out in eager PyTorch (q.kᵀ scaled, + a bias, masked, softmax) kept by a summary's forward
 (:func:`~biasviz.tracing.eager.eager_operands`, ``Trace(keep=...)``): the operands it hands over form the model's own
-scores; a call that is more than that (softcapping) or formed in a lower precision is streamed, as before. (Such calls
-summarised, against float64 math: tests/extraction/test_summary_added_bias.py, written "eager".)
+scores; Gemma 2's softcapping of a plain scale·q·kᵀ is formed again with its cap; a call that is more than that (a cap
+beside a bias) or formed in a lower precision is streamed, as before. (Such calls summarised, against float64 math:
+tests/extraction/test_summary_added_bias.py, written "eager".)
 
 The reference is float64 numpy on the q, k, scale, bias and mask caught at the SDPA call of the same model written
 with SDPA (tests/extraction/test_summary_added_bias.py's), whose weights the eager one shares."""
@@ -77,3 +78,33 @@ def _scores_of_two() -> Any:
 
     q = torch.zeros(2, 3, 4, 8, dtype=torch.float16)
     return Scores(operands=(q, q.transpose(-1, -2)), lead=(2, 3))
+
+
+def test_gemma2_s_softcapping_is_formed_again_as_the_library_weighs(tmp_path: Any) -> None:
+    """transformers' Gemma 2 (eager attention, c·tanh(s / c) of its scores, a small cap so that it matters): its rows
+    formed again from q and k with the cap, not streamed; every dataset as the same model streamed gives it, and the
+    weights' mean and spread as float64 numpy of the library's own ``output_attentions``."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from tests.extraction.one_layer import assert_as_reference, assert_same_datasets, both_ways
+
+    config = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=HEADS, num_key_value_heads=2, head_dim=WIDTH,
+                          attn_logit_softcapping=0.5, sliding_window=5)  # fmt: skip
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM._from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():  # scores of several units, so that the cap of 0.5 bends them
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(30.0)
+    ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    got = both_ways(model, ids, tmp_path, N, T)  # the last call: layer 1, every key up to the query
+    assert not got["went_streamed"] and not [w for w in got["said"] if "started again" in w], got["said"]
+    # formed again, the call has its rotary measures (P by rotary pair), as its SDPA twin has; streamed, it had none
+    extra = {"positional_frequency", "positional_frequency_se"}
+    assert got["stored"].keys() - got["streamed"].keys() == extra
+    assert_same_datasets({k: v for k, v in got["stored"].items() if k not in extra}, got["streamed"])
+    with torch.no_grad():
+        weights = model(ids, output_attentions=True).attentions[-1].double().numpy()  # (N, H, T, T)
+    causal = np.tril(np.ones((T, T), bool))
+    for name, want in (("weights_mean", weights.mean(0)), ("weights_std", weights.std(0))):
+        assert_as_reference(got["stored"][name], np.where(causal, want, np.nan), name, 1e-5, 1e-6)

@@ -31,28 +31,29 @@ class KeptCall:
     scale: float
     mask: torch.Tensor | None  # (1, 1 or H, Tq, Tk) bool, the cells attended to, where not the call's rule
     causal: bool = True  # the call's rule
+    softcap: float | None = None  # c where the softmax takes c·tanh(s / c)
 
     @classmethod
     def of(cls, ops: SdpaOperands, causal: bool) -> KeptCall:
         kept = ops.kept
         q_len, k_len = kept.shape[-2:]
         if bool((kept == plain_cells(0, q_len, k_len, causal, kept.device)).all()):
-            return cls(ops.scale, None, causal)
+            return cls(ops.scale, None, causal, ops.softcap)
         if kept.shape[0] > 1 and not bool((kept == kept[:1]).all()):
             raise MasksDifferBySample("an attention call masked different cells for samples of one batch: a summary "
                                       "forms one mask for every sample")  # fmt: skip
-        return cls(ops.scale, kept[:1], causal)
+        return cls(ops.scale, kept[:1], causal, ops.softcap)
 
     @functools.cached_property
     def digest(self) -> torch.Tensor:
         """(1, 32) uint8: the SHA-256 of the scale and mask (None: the call's rule), hashed once per call."""
         rule = b"causal" if self.causal else b"every key"
         mask = rule if self.mask is None else self.mask.contiguous().cpu().numpy().tobytes()
-        raw = hashlib.sha256(repr(self.scale).encode() + mask).digest()
+        raw = hashlib.sha256(repr((self.scale, self.softcap)).encode() + mask).digest()
         return torch.tensor(list(raw), dtype=torch.uint8)[None]
 
     def same(self, other: KeptCall) -> bool:
-        if self.scale != other.scale or (self.mask is None) != (other.mask is None):
+        if (self.scale, self.softcap) != (other.scale, other.softcap) or (self.mask is None) != (other.mask is None):
             return False
         return self.mask is None or bool(torch.equal(self.mask, other.mask))
 
@@ -262,7 +263,7 @@ class KeptCalls:
         before by the one mask they had)."""
         bank = self.bank
         if index in self.by_sample:
-            if ops.scale != self.formed[index].scale:
+            if (ops.scale, ops.softcap) != (self.formed[index].scale, self.formed[index].softcap):
                 raise _scale_differs(index, ops.scale, self.formed[index].scale, bank.start)
             bank.put_cells(index, SAMPLE_CELLS, own_cells(ops.kept, ops.q.shape[0]))
             return
@@ -270,12 +271,12 @@ class KeptCalls:
             kept: KeptCall | None = KeptCall.of(ops, self.causal(index))
         except MasksDifferBySample:  # within the batch
             kept = None
-        first = self.formed.setdefault(index, kept or KeptCall(ops.scale, None, self.causal(index)))
+        first = self.formed.setdefault(index, kept or KeptCall(ops.scale, None, self.causal(index), ops.softcap))
         if kept is not None and first.same(kept):
             if not bank.cells_by_sample:  # torchrun: the process's one mask goes with its samples, compared once joined
                 bank.put(index, MASK_DIGEST, first.digest.expand(ops.q.shape[0], 1, -1))
             return
-        if first.scale != ops.scale:
+        if (first.scale, first.softcap) != (ops.scale, ops.softcap):
             raise _scale_differs(index, ops.scale, first.scale, bank.start)
         if not bank.cells_by_sample:  # torchrun's processes meet in one bank
             raise BiasvizError(f"attention call {index} masked other cells for sample {bank.start} than for the "
@@ -307,7 +308,7 @@ class KeptCalls:
         if layer in self.biases:  # (1, H, rows, keys): the one every sample added, 0 where not attended
             added = self.biases[layer].rows(r0, r1, keys).to(q.device)
             bias = torch.where(cells, added, 0.0).expand(1, heads, -1, -1)
-        scores, weights = formed_rows(q, k, kept.scale, cells, bias)
+        scores, weights = formed_rows(q, k, kept.scale, cells, bias, kept.softcap)
         return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias if want_bias else None, attended=own)
 
     def attended(self, layer: int) -> torch.Tensor | None:
@@ -331,8 +332,9 @@ class FormsKeptCallsAgain(FormsRowsAgain):
     @property
     def fused_rows(self) -> bool:  # type: ignore[override]
         """A call formed again is c·q·kᵀ (+ the one bias kept) under its one mask: what the fused kernels form, where it
-        adds no bias."""
-        return bool(self.replays)
+        adds no bias and takes no softcap."""
+        kept = self._kept
+        return bool(self.replays) and (kept is None or all(c.softcap is None for c in kept.formed.values()))
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         assert self._kept is not None

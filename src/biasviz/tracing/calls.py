@@ -160,6 +160,7 @@ class SdpaOperands:
     kept: torch.Tensor  # (1 or B, 1 or H, Tq, Tk) bool: the cells the call attends to
     additive: torch.Tensor | None  # (1 or B, 1 or H, Tq, Tk): a float mask that adds more than 0 and "masked"
     scale: float  # what q.k is multiplied by
+    softcap: float | None = None  # c: the softmax takes c·tanh(s / c) of the scores s (an eager call's softcapping)
 
     def facts(self, index: int) -> AttentionCall:
         """The call's facts (heads, lengths, causal, adds a bias), nothing formed."""
@@ -252,12 +253,14 @@ def formed_scores(ops: SdpaOperands) -> torch.Tensor:
     return scores if ops.additive is None else scores + _bias(ops)
 
 
-def formed_rows(q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tensor,
-                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def formed_rows(q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tensor, bias: torch.Tensor | None = None,
+                softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Scores and weights of queries (B, H, rows, E) against keys (B, H or fewer, keys, E), plus ``bias`` (float32;
-    None: none), as :func:`sdpa_call` forms them; ``kept`` and ``bias`` broadcast to (B, H, rows, keys)."""
+    None: none), as :func:`sdpa_call` forms them; ``kept`` and ``bias`` broadcast to (B, H, rows, keys). ``softcap``
+    c: the weights are the softmax of c·tanh(s / c), the scores s as the call's inputs give them (before that step)."""
     scores = _scores(q, k, scale) if bias is None else _scores(q, k, scale) + bias
-    return scores, _softmax_kept(scores, kept)
+    capped = scores if softcap is None else torch.tanh(scores / softcap) * softcap
+    return scores, _softmax_kept(capped, kept)
 
 
 def packed_groups(depth: int = 12) -> int:

@@ -354,17 +354,22 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
 
 def eager_operands(x: torch.Tensor, s: Scores, learned: bool = False) -> SdpaOperands | None:
     """What a softmax over eager scores ``x`` forms its weights from, as an SDPA call's operands, where scale·q·kᵀ plus
-    the terms added, under a mask, is all the scores went through and the model formed them in float32 (so that rows
-    formed again from q and k are the model's own, to rounding); None where they cannot be formed again that way (a
-    note, sink columns, moved cells, a lower precision, q and k that cannot be followed). ``learned``: a term made from
-    the model's parameters is a bias even where it holds zeros."""
-    pair = s.q_and_k() if not (s.note or s.moved or s.columns is not None) else None
+    the terms added, under a mask, is all the scores went through (or softcapping, c·tanh(s / c), of a plain scale·q·kᵀ:
+    Gemma 2's), and the model formed them in float32 (so that rows formed again from q and k are the model's own, to
+    rounding); None where they cannot be formed again that way (another note, sink columns, moved cells, a lower
+    precision, q and k that cannot be followed). ``learned``: a term made from the model's parameters is a bias even
+    where it holds zeros."""
+    kept = _bhqk(x) > _threshold(x.dtype)
+    capped = s.capped_at is not None and _masks_only(s.bias(), kept, x.shape)  # c·tanh(x / c) of q·kᵀ, then masks
+    pair = s.q_and_k() if not (s.moved or s.columns is not None) and (not s.note or capped) else None
     if pair is None or x.dtype != torch.float32 or any(t.dtype != torch.float32 for t in pair):
         return None
     if pair[0].shape[:-1] != x.shape[:-1] or pair[1].shape[-2] != x.shape[-1]:
         return None
     q, k = _bhqk(pair[0]), _bhqk(pair[1])
-    kept = _bhqk(x) > _threshold(x.dtype)
+    if capped:  # the softcap c: the scale met at the tanh is scale / c (the factors cancel in s.scale)
+        assert s.capped_at is not None
+        return SdpaOperands(q, k, kept, None, float(s.scale), softcap=float(s.scale) / s.capped_at)
     added = s.bias()
     additive = None
     if added is not None:
