@@ -52,6 +52,12 @@ class FormsRowsAgain:
         cannot form them alone (the fused statistics then leave the layer to :meth:`rows_again`)."""
         return None
 
+    def bias_table(self, layer: int) -> torch.Tensor | None:
+        """(H, T) f(d): the bias every sample added to causal ``layer``, as a function of d = i - j alone, on every cell
+        of the causal triangle (what the fused kernels add, as a scheme's table), where the forward under :meth:`keep`
+        found it one (ALiBi, T5's buckets written into a call); None otherwise."""
+        return None
+
     def score_scale(self, layer: int) -> float:
         """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
         raise NotImplementedError

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from biasviz.summaries.replay import DiffersPartWay, LayerExtras, feed_again, re
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells, check_one_mask
 from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
+from biasviz.summaries.toeplitz import toeplitz_summary
 
 # torchrun with a model whose rows are formed again: every process's bank, joined in rank order on process 0
 # (None on the others, whose part ends there)
@@ -95,10 +97,17 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                         else None if mask is None else Attended(mask.to(dev)))  # fmt: skip
             for part in own.values() if attended is not None else ():
                 part.attend(attended)
-            fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended, table=formula.get(layer),
-                           samples=n, seq_len=seq_len, block=block, device=dev, positional=positional,
-                           measures=measures,
-                           show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
+            # a bias the forward kept as f(i - j) (a traced call's ALiBi, T5's buckets) is a table as a scheme's is
+            kept = None if layer in formula or not adapter.adds_bias else adapter.bias_table(layer)
+            bias = own.get("bias")
+            if kept is not None and bias is not None:  # its summary from the table, as `direct`'s (taken back below
+                bias.given = toeplitz_summary(kept, seq_len, block, samples=n)  # where the torch path forms the layer)
+            fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
+                                table=formula.get(layer, kept), samples=n, seq_len=seq_len, block=block, device=dev,
+                                positional=positional, measures=measures,
+                                show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
+            if bias is not None and bias.given is not None:
+                bias.given = None if fused is None else replace(bias.given, difference=bias.difference)
             if fused is not None:
                 if measures and fused.measures is not None:  # the statistics the kernels do not implement
                     reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal, device=dev,

@@ -1,0 +1,92 @@
+"""The fused path (:mod:`biasviz.summaries.fused_layer`) for calls whose bias a summary's forward kept as a table of
+j - i (:class:`~biasviz.adapters.kept_calls.KeptBias`): ALiBi written into a traced SDPA call's float mask, into eager
+PyTorch or a flex_attention score_mod, and T5's decoder through its hooks. File against file with the torch path, every
+dataset of the layer, as tests/summaries/test_fused_layer.py holds our own models' (the kernels' sums from float64
+numpy there, so that what turns sums into the file is proven apart from the kernels)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import biasviz
+from tests.extraction.test_summary_added_bias import Alibi
+from tests.summaries.test_fused_layer import _compare, _reference_accumulators
+from tests.summaries.test_sample_cells import VOCAB, T
+
+N = 3
+
+
+def _t5_decoder() -> Any:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from biasviz.adapters.transformers_models import T5Adapter
+
+    config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=2,
+                      num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                      dropout_rate=0.0)  # fmt: skip
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+    return T5Adapter(model, part="decoder", scheme="t5", n_layers=2, n_heads=4, source="test")
+
+
+def _summary(model: Any, ids: np.ndarray, out: Path, mode: str,
+             monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
+    from biasviz.extraction.summary import extract_summary
+
+    monkeypatch.setenv("BIASVIZ_STATISTICS", mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if isinstance(model, torch.nn.Module):
+            biasviz.extract(model, ids, out, summary=True, resolution=8, device="cpu", progress=False)
+        else:
+            extract_summary(model, ids, out, layers=-1, resolution=8, device="cpu", progress=False)
+    with h5py.File(out) as f:
+        (name,) = (g for g in f if g.startswith("layer_"))
+        return {key: f[name][key][()] for key in f[name]}, {**f.attrs, **f[name].attrs}
+
+
+@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder"])
+def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch_path_writes(
+        written: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from biasviz.summaries import kernels
+
+    monkeypatch.setattr(kernels, "unavailable", lambda device: None)
+    monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
+    ids = np.random.default_rng(4).integers(1, VOCAB, size=(N, T))
+
+    def model() -> Any:
+        if written == "t5 decoder":
+            return _t5_decoder()
+        torch.manual_seed(0)
+        layer = Alibi("alibi").eval()
+        layer.written = written
+        return layer
+
+    torch_path, torch_attrs = _summary(model(), ids, tmp_path / "torch.h5", "torch", monkeypatch)
+    fused, fused_attrs = _summary(model(), ids, tmp_path / "fused.h5", "fused", monkeypatch)
+    assert (torch_attrs["statistics"], fused_attrs["statistics"]) == ("torch", "fused")
+    _compare(fused, torch_path)
+
+
+def test_the_kernels_themselves_take_a_kept_table_as_a_scheme_s(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The same for ALiBi in a traced SDPA call, the sums from the kernels, run on the CPU by Triton's interpreter."""
+    pytest.importorskip("triton")
+    from biasviz.summaries import kernels
+
+    if not kernels.interpreted() and not torch.cuda.is_available():
+        pytest.skip("Triton's interpreter was not chosen before Triton was imported")
+    ids = np.random.default_rng(4).integers(1, VOCAB, size=(N, T))
+    torch.manual_seed(0)
+    layer = Alibi("alibi").eval()
+    torch_path, _ = _summary(layer, ids, tmp_path / "torch.h5", "torch", monkeypatch)
+    fused, attrs = _summary(layer, ids, tmp_path / "fused.h5", "fused", monkeypatch)
+    assert attrs["statistics"] == "fused"
+    _compare(fused, torch_path)
