@@ -577,8 +577,8 @@ def part_cuda_tests(dry: bool) -> Iterator[dict[str, Any]]:
 def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
     """The fused statistics kernels alone (K1, the row log-sum-exp; K2, every accumulator) against the flash forward of
     one attention layer of the same shape (GPT-2-small's 12 x 64, N = 2, bf16 q and k); then a check that fails the
-    part where the fused statistics differ from the torch path's summary of our model (ALiBi and RoPE, T = 2048,
-    N = 3). In a dry run: tiny sizes through Triton's interpreter."""
+    part where the fused statistics differ from the torch path's summary of our model (ALiBi and RoPE) and of a traced
+    SDPA layer with ALiBi in its float mask (T = 2048, N = 3). In a dry run: tiny sizes through Triton's interpreter."""
     import torch
 
     from biasviz.summaries import kernels
@@ -630,14 +630,19 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
 
     def datasets(path: Path) -> tuple[dict[str, Any], str]:
         with h5py.File(path) as f:
-            g = f["layer_1"]
+            (name,) = (g for g in f if g.startswith("layer_"))
+            g = f[name]
             return {name: g[name][()] for name in g}, str(g.attrs.get("statistics", "torch"))
 
-    for scheme in ("alibi", "rope"):
+    for scheme in ("alibi", "rope", "traced alibi"):
         torch.manual_seed(0)
-        config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=heads, n_embd=16 * heads, n_positions=seq_len,
-                               vocab_size=256)  # (a dry run's 4 heads: Triton's interpreter runs a program at a time)
-        model = BiasGPTForCausalLM(config).eval().to(device)
+        if scheme == "traced alibi":  # ALiBi in a traced SDPA call's float mask: the kernels take the table kept
+            model, layers = _traced_alibi(heads).to(device), -1
+        else:
+            # (a dry run's 4 heads: Triton's interpreter runs a program at a time)
+            config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=heads, n_embd=16 * heads, n_positions=seq_len,
+                                   vocab_size=256)  # fmt: skip
+            model, layers = BiasGPTForCausalLM(config).eval().to(device), [1]
         ids = _ids(3, seq_len, 256)
         row: dict[str, Any] = {"tool": f"fused vs torch, {scheme}", "part": "kernels", "T": seq_len, "samples": 3}
         try:
@@ -645,7 +650,7 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
                 files = {}
                 for mode in ("torch", "fused"):
                     os.environ["BIASVIZ_STATISTICS"] = mode
-                    biasviz.extract(model, ids, Path(tmp) / f"{mode}.h5", layers=[1], summary=True,
+                    biasviz.extract(model, ids, Path(tmp) / f"{mode}.h5", layers=layers, summary=True,
                                     resolution=seq_len // 8, device=device, progress=False)  # fmt: skip
                     files[mode] = datasets(Path(tmp) / f"{mode}.h5")
                 os.environ.pop("BIASVIZ_STATISTICS")
@@ -672,6 +677,29 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
         except Exception as err:  # a failure is a result of the part
             row["status"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         yield row
+
+
+def _traced_alibi(heads: int) -> Any:
+    """One SDPA layer over an embedding (16 dims a head) that adds -m_h·(i - j) in its float mask, -inf after the
+    query, as research code writes ALiBi: a module biasviz traces, its bias kept as a table of j - i."""
+    import torch
+
+    class TracedAlibi(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(256, 16 * heads)
+            self.qkv = torch.nn.Linear(16 * heads, 48 * heads)
+            self.register_buffer("slopes", 2.0 ** (-8.0 * torch.arange(1, heads + 1) / heads))
+
+        def forward(self, ids: Any) -> Any:
+            b, t = ids.shape
+            q, k, v = (z.view(b, t, heads, 16).transpose(1, 2) for z in self.qkv(self.embed(ids)).chunk(3, -1))
+            i = torch.arange(t, device=ids.device)
+            bias = (-self.slopes[:, None, None] * (i[:, None] - i[None, :])).masked_fill(i[None, :] > i[:, None],
+                                                                                       float("-inf"))  # fmt: skip
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    return TracedAlibi().eval()
 
 
 @dataclass(frozen=True)
