@@ -433,3 +433,44 @@ def test_torchrun_summary_of_a_streamed_model_keeps_the_positional_logits(
     np.testing.assert_allclose(two["layer_0/positional_profile"][0, 0], by_distance, **tol)
     np.testing.assert_allclose(two["layer_0/weights_key_profile"][0], weights.mean(axis=(0, 2)), **tol)
     np.testing.assert_allclose(two["layer_0/sink_share"], weights[:, :, :, 0].mean(-1), **tol)
+
+
+RANK_BIAS = '''import os
+
+import torch
+
+
+class Model(torch.nn.Module):
+    """One SDPA layer whose float mask adds -slope·(i - j), the slope set by the process it runs in: a bias the same
+    for every sample of a process, and another in the next."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(300, 32)
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = (z.view(b, t, 4, 8).transpose(1, 2) for z in self.qkv(self.embed(ids)).chunk(3, -1))
+        i = torch.arange(t, dtype=torch.float32)
+        slope = 0.25 * (1 + int(os.environ.get("RANK", "0")))
+        bias = (-slope * (i[:, None] - i[None, :])).masked_fill(i[None, :] > i[:, None], float("-inf"))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def make():
+    torch.manual_seed(4)
+    return Model().eval()
+'''
+
+
+def test_torchrun_refuses_a_bias_that_differs_between_processes(model_dir: Path) -> None:
+    """Each process's samples add one bias, compared with its own first sample's; joined, process 0's would form every
+    process's rows: a bias that differs between the processes is refused, said, not summarised as process 0's."""
+    (model_dir / "rank_bias.py").write_text(RANK_BIAS)
+    run = torchrun(["extract", "--model", "rank_bias.py:make", "--samples", "4", "--seq-len", "16", "--text",
+                    "text.txt", "--quiet", "--device", "cpu", "--summary", "--resolution", "16", "--force", "--out",
+                    "rank-bias.h5"], model_dir)  # fmt: skip
+    assert run.returncode != 0
+    assert "added another bias, for sample 2 than for the first" in run.stderr, run.stderr[-2000:]
+    assert not (model_dir / "rank-bias.h5").exists()

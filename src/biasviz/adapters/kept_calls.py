@@ -217,6 +217,7 @@ class KeptCalls:
     by_sample: set[int] = field(default_factory=set)  # calls whose samples are masked differently: cells banked
     groups: dict[int, int] = field(default_factory=dict)  # per call: query heads per key head (k banked repeated)
     biases: dict[int, KeptBias] = field(default_factory=dict)  # per call that adds a bias: the first sample's
+    digests: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # torchrun: bias values, hash
 
     def keep(self, index: int, ops: SdpaOperands | None) -> None:
         """Call ``index`` of the batch under way: its q and k into the bank (after any rotation), (B, T, H·E) each, key
@@ -273,8 +274,8 @@ class KeptCalls:
             kept = None
         first = self.formed.setdefault(index, kept or KeptCall(ops.scale, None, self.causal(index), ops.softcap))
         if kept is not None and first.same(kept):
-            if not bank.cells_by_sample:  # torchrun: the process's one mask goes with its samples, compared once joined
-                bank.put(index, MASK_DIGEST, first.digest.expand(ops.q.shape[0], 1, -1))
+            if not bank.cells_by_sample:  # torchrun: the process's one mask (and bias) go with its samples, compared
+                bank.put(index, MASK_DIGEST, self._digest(index, first).expand(ops.q.shape[0], 1, -1))  # once joined
             return
         if (first.scale, first.softcap) != (ops.scale, ops.softcap):
             raise _scale_differs(index, ops.scale, first.scale, bank.start)
@@ -290,6 +291,20 @@ class KeptCalls:
                 bank.put_cells(index, SAMPLE_CELLS, before, at=a)
         bank.put_cells(index, SAMPLE_CELLS, own)
         self.by_sample.add(index)
+
+    def _digest(self, index: int, call: KeptCall) -> torch.Tensor:
+        """(1, 32) uint8: the SHA-256 of call ``index``'s scale and mask and of the bias it kept, where it adds one:
+        what torchrun's processes compare once their banks are joined (rows formed again take process 0's); hashed
+        once while the kept bias is the same."""
+        bias = self.biases.get(index)
+        if bias is None:
+            return call.digest
+        held = self.digests.get(index)
+        if held is None or held[0] is not bias.values:
+            raw = bytes(call.digest[0].tolist()) + bias.values.float().contiguous().cpu().numpy().tobytes()
+            held = self.digests[index] = (bias.values, torch.tensor(list(hashlib.sha256(raw).digest()),
+                                                                    dtype=torch.uint8)[None])  # fmt: skip
+        return held[1]
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, heads: int,
                    want_bias: bool) -> RowBlock:  # fmt: skip

@@ -60,14 +60,15 @@ class SampleCells:
 
 
 def check_one_mask(bank: Any, layers: list[int]) -> None:
-    """torchrun's processes each measured one mask for their own samples; joined, every sample's must be the same
-    (a layer formed again takes one), or the run is refused rather than summarised with process 0's mask."""
+    """torchrun's processes each measured one mask (and one bias) for their own samples; joined, every sample's must be
+    the same (a layer formed again takes one), or the run is refused rather than summarised with process 0's."""
     for layer in layers:
         if not bank.holds(layer, MASK_DIGEST):
             continue
         first = bank.get(layer, MASK_DIGEST, 0, 0, 1).clone()
         for a in range(1, bank.samples):
             if not torch.equal(bank.get(layer, MASK_DIGEST, a, 0, 1), first):
-                raise BiasvizError(f"attention call {layer} masked other cells for sample {a} than for the first "
-                                   "(padding or packed documents): under torchrun a summary takes one mask for "
-                                   "every sample; run it in one process")  # fmt: skip
+                raise BiasvizError(f"attention call {layer} masked other cells, or added another bias, for sample {a} "
+                                   "than for the first (padding, packed documents, a bias that differs by process): "
+                                   "under torchrun a summary takes one mask and one bias for every sample; run it in "
+                                   "one process")  # fmt: skip
