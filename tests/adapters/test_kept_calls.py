@@ -150,3 +150,23 @@ def test_a_window_s_cells_outside_it_say_nothing_of_the_form() -> None:
     bias = np.where(kept, -0.5 * (i - j), 0).astype(np.float32)
     held = KeptBias.of(torch.from_numpy(bias), torch.from_numpy(kept))
     assert held.form == "offset" and held.values.shape[-1] == 2 * T - 1
+
+
+@pytest.mark.parametrize(("second", "said"), [((0.25, None), "scaled q·k by 0.25"),
+                                              ((0.5, 3.0), "capped its scores at 3.0")])  # fmt: skip
+def test_a_later_sample_s_other_scale_or_cap_is_named_and_streamed(second: tuple[float, float | None],
+                                                                   said: str) -> None:  # fmt: skip
+    """Rows formed again take one scale and one softcap for every sample: a later sample's other one raises what starts
+    the summary again, streamed, naming what changed."""
+    from biasviz.adapters.kept_calls import KeptCalls
+    from biasviz.summaries.bank import SampleBank
+
+    causal = np.broadcast_to(np.tril(np.ones((T, T), bool)), (1, 1, T, T)).copy()
+    calls = KeptCalls(SampleBank(2, device=torch.device("cpu")), [0], lambda i: True, lambda i: False,
+                      lambda i, where: AssertionError(where))  # fmt: skip
+    calls.keep(0, _ops(causal, 0.5))
+    calls.bank.start = 1
+    later = _ops(causal, second[0])
+    later.softcap = second[1]
+    with pytest.raises(MasksDifferBySample, match=said):
+        calls.keep(0, later)

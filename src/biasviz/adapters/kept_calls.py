@@ -265,7 +265,7 @@ class KeptCalls:
         bank = self.bank
         if index in self.by_sample:
             if (ops.scale, ops.softcap) != (self.formed[index].scale, self.formed[index].softcap):
-                raise _scale_differs(index, ops.scale, self.formed[index].scale, bank.start)
+                raise _scale_differs(index, ops, self.formed[index], bank.start)
             bank.put_cells(index, SAMPLE_CELLS, own_cells(ops.kept, ops.q.shape[0]))
             return
         try:
@@ -278,7 +278,7 @@ class KeptCalls:
                 bank.put(index, MASK_DIGEST, self._digest(index, first).expand(ops.q.shape[0], 1, -1))  # once joined
             return
         if (first.scale, first.softcap) != (ops.scale, ops.softcap):
-            raise _scale_differs(index, ops.scale, first.scale, bank.start)
+            raise _scale_differs(index, ops, first, bank.start)
         if not bank.cells_by_sample:  # torchrun's processes meet in one bank
             raise BiasvizError(f"attention call {index} masked other cells for sample {bank.start} than for the "
                                "first (padding or packed documents): under torchrun a summary takes one mask for "
@@ -331,10 +331,15 @@ class KeptCalls:
         return None if layer in self.by_sample else self.formed[layer].mask
 
 
-def _scale_differs(index: int, scale: float, first: float, sample: int) -> MasksDifferBySample:
-    """Rows formed again take one scale for every sample: a call whose scale changes is streamed instead."""
-    return MasksDifferBySample(f"attention call {index} scaled q·k by {scale!r} for sample {sample} or one of its "
-                               f"batch, by {first!r} for the first")  # fmt: skip
+def _scale_differs(index: int, ops: SdpaOperands, first: KeptCall, sample: int) -> MasksDifferBySample:
+    """Rows formed again take one scale (and softcap) for every sample: a call whose scale or cap changes is streamed
+    instead."""
+    if ops.scale != first.scale:
+        what = f"scaled q·k by {ops.scale!r} for sample {sample} or one of its batch, by {first.scale!r} for the first"
+    else:
+        what = (f"capped its scores at {ops.softcap!r} for sample {sample} or one of its batch, at {first.softcap!r} "
+                "for the first")  # fmt: skip
+    return MasksDifferBySample(f"attention call {index} {what}")
 
 
 class FormsKeptCallsAgain(FormsRowsAgain):

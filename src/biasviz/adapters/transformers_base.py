@@ -21,10 +21,9 @@ from torch import nn
 from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls
 from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
 from biasviz.adapters.kept_calls import FormsKeptCallsAgain, KeptCalls
+from biasviz.adapters.traced import PROBE_TOKENS
 from biasviz.common.devices import input_device
 from biasviz.common.errors import AttendsPastQuery, BiasvizError
-
-PROBE_TOKENS = 64  # the probe of each layer's call reads this many tokens of the first sample
 
 
 def check_scheme(requested: str | None, actual: str, what: str) -> None:

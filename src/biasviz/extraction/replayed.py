@@ -99,15 +99,10 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                 part.attend(attended)
             # a bias the forward kept as f(i - j) (a traced call's ALiBi, T5's buckets) is a table as a scheme's is
             kept = None if layer in formula or not adapter.adds_bias else adapter.bias_table(layer)
-            bias = own.get("bias")
-            if kept is not None and bias is not None:  # its summary from the table, as `direct`'s (taken back below
-                bias.given = toeplitz_summary(kept, seq_len, block, samples=n)  # where the torch path forms the layer)
             fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
-                                table=formula.get(layer, kept), samples=n, seq_len=seq_len, block=block, device=dev,
-                                positional=positional, measures=measures,
+                                table=formula.get(layer, kept), kept=kept is not None, samples=n, seq_len=seq_len,
+                                block=block, device=dev, positional=positional, measures=measures,
                                 show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
-            if bias is not None and bias.given is not None:
-                bias.given = None if fused is None else replace(bias.given, difference=bias.difference)
             if fused is not None:
                 if measures and fused.measures is not None:  # the statistics the kernels do not implement
                     reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal, device=dev,
@@ -184,17 +179,24 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
 def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary], *,
            cells: SampleCells | None, attended: Attended | None, table: torch.Tensor | None, samples: int,
            seq_len: int, block: int, device: torch.device, positional: bool, measures: bool,
-           show: Callable[[], Progress]) -> tuple[PositionSummary | None, str]:  # fmt: skip
-    """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why."""
+           show: Callable[[], Progress], kept: bool = False) -> tuple[PositionSummary | None, str]:  # fmt: skip
+    """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why.
+    ``kept``: ``table`` is the bias the forward kept, the same for every sample, whose own summary is then the table's
+    (as a declared scheme's is, ``direct`` in :func:`~biasviz.extraction.summary.summarise`)."""
     why = why_not(adapter, bank, layer, device, by_sample=cells is not None,
                   mask=None if attended is None else attended.mask, table=table, block=block)  # fmt: skip
     got = None
     if why is None:
+        bias = own.get("bias") if kept else None
+        if bias is not None and table is not None:  # given before the kernels' SEs, which read it
+            bias.given = toeplitz_summary(table, seq_len, block, samples=samples)
         with torch.inference_mode(), show() as bar:
             got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
                               device=device, positional=positional, measures=measures, table=table,
                               attended=attended, cells=cells)  # fmt: skip
             bar.update(1)
+        if bias is not None and bias.given is not None:  # taken back where the torch path forms the layer after all
+            bias.given = None if got is None else replace(bias.given, difference=bias.difference)
         why = "" if got is not None else "a sample's bias differs from the scheme's f(i - j)"
     return got, why
 

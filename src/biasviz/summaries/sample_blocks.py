@@ -259,6 +259,5 @@ def map_errors(measures: dict[str, Any], summaries: dict[str, Any], parts: dict[
                 with np.errstate(invalid="ignore", divide="ignore"):
                     se = summary.std.astype(np.float64) / np.sqrt(n - 1)
                 measures[name] = np.where(n >= MIN_SE_SAMPLES, se, np.nan).astype(np.float32)
-        elif part is not None and (part.mode == "shared" or part.given is not None) and attending is None:
-            # (a bias given whole is one a forward kept and compared, exactly, for every sample: the fused path's)
+        elif part is not None and part.same_for_every_sample and attending is None:
             measures[name] = np.where(np.isnan(summary.mean), np.nan, 0.0).astype(np.float32)

@@ -192,8 +192,8 @@ def profile_errors(profiles: dict[str, SampleProfiles], parts: dict[str, Any], s
     one that turned out to differ part-way has none (its rows before were summarised once for all)."""
     out = {se_name(profile_name(kind)): se.float().cpu().numpy() for kind, p in profiles.items()
            if (se := p.standard_error()) is not None}  # fmt: skip
-    bias = parts.get("bias")  # (one given whole: a forward kept it and compared it, exactly, for every sample)
-    if bias is not None and (bias.mode == "shared" or bias.given is not None) and samples >= MIN_SE_SAMPLES:
+    bias = parts.get("bias")
+    if bias is not None and bias.same_for_every_sample and samples >= MIN_SE_SAMPLES:
         width = bias.seq_len if bias.causal else 2 * bias.seq_len - 1
         out[se_name(profile_name("bias"))] = np.zeros((bias.heads, width), dtype=np.float32)
     return out
