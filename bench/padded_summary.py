@@ -9,7 +9,8 @@ Mistral of the same size with a sliding window of W keys instead (one mask for e
 every key) over the padding: cells that differ by head and by sample. ``--encoder``: a ModernBERT of the same size, two
 layers (the first sees every key, the second a window of T / 8 on both sides), whose rows see keys after the query.
 ``--alibi``: one SDPA layer of the same size that adds ALiBi in its float mask, as research code writes it (padded keys
--inf there too).
+-inf there too). ``--bloom``: a one-layer transformers BLOOM of the same size, whose ALiBi positions start after each
+sample's padding (its bias differs by sample).
 ``--trees BEFORE AFTER``: each run by two versions of biasviz in turn (their ``src`` first on ``PYTHONPATH``), to
 measure a change; ``--resolution R``: maps of R x R blocks (default: exact per cell, whose standard errors need no
 per-sample block means).
@@ -78,7 +79,8 @@ def alibi_layer() -> object:
 
 
 def child(how: str, seq_len: int, resolution: int | None = None, window: int | None = None,
-          heads_differ: bool = False, encoder: bool = False, alibi: bool = False) -> dict[str, float]:  # fmt: skip
+          heads_differ: bool = False, encoder: bool = False, alibi: bool = False,
+          bloom: bool = False) -> dict[str, float]:  # fmt: skip
     import warnings
 
     import torch
@@ -95,6 +97,10 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
         model = head_windows(seq_len)
     elif alibi:
         model = alibi_layer()
+    elif bloom:
+        from transformers import BloomConfig, BloomForCausalLM
+
+        model = BloomForCausalLM(BloomConfig(vocab_size=512, hidden_size=256, n_layer=1, n_head=4)).eval()
     elif encoder:
         from transformers import ModernBertConfig, ModernBertModel
 
@@ -136,19 +142,21 @@ def main() -> None:
     parser.add_argument("--head-windows", action="store_true", help="heads with windows of their own")
     parser.add_argument("--encoder", action="store_true", help="a ModernBERT, whose rows see keys after the query")
     parser.add_argument("--alibi", action="store_true", help="ALiBi in an SDPA float mask")
+    parser.add_argument("--bloom", action="store_true", help="BLOOM, whose bias starts after each sample's padding")
     parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         got = child(args.child, args.seq_len, args.resolution, args.window, args.head_windows, args.encoder,
-                    args.alibi)  # fmt: skip
+                    args.alibi, args.bloom)  # fmt: skip
         print(json.dumps(got))
         return
     kinds = ["formed again", "streamed", *(["unpadded", "unpadded streamed"] if args.unpadded else []),
              *(["full file"] if args.full else [])]
     trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
     model = ("SDPA layer, a window a head" if args.head_windows else "ModernBERT, 2 layers" if args.encoder
-             else "SDPA layer, ALiBi in its mask" if args.alibi else "Llama" if args.window is None
+             else "SDPA layer, ALiBi in its mask" if args.alibi else "BLOOM, 1 layer" if args.bloom
+             else "Llama" if args.window is None
              else f"Mistral, window {args.window}")  # fmt: skip
     print(f"{model}, T = {args.seq_len}, R = {args.resolution or 'T'}, N = {SAMPLES} in one batch, "
           f"{args.repeats} interleaved repeats")  # fmt: skip
@@ -159,6 +167,7 @@ def main() -> None:
     options += ["--head-windows"] if args.head_windows else []
     options += ["--encoder"] if args.encoder else []
     options += ["--alibi"] if args.alibi else []
+    options += ["--bloom"] if args.bloom else []
     for r in range(args.repeats):
         for kind in kinds:
             for label, tree in trees.items():

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from biasviz.adapters.kept_calls import KeptBias, KeptCall, added_bias, own_cells
+from biasviz.adapters.kept_calls import KeptCall, KeptCalls, own_cells
 from biasviz.common.errors import MasksDifferBySample
+from biasviz.summaries.bank import SampleBank
 from biasviz.tracing.calls import SdpaOperands
 
 T, H = 6, 3
@@ -62,104 +63,12 @@ def test_own_cells_are_one_set_for_all_heads_where_they_agree_and_one_a_head_whe
     assert tuple(got.shape) == (3, H, T, T) and all(np.array_equal(got[a].numpy(), differ[0]) for a in range(3))
 
 
-def test_the_added_bias_is_the_float_mask_over_the_cells_attended_and_0_elsewhere() -> None:
-    rng = np.random.default_rng(1)
-    values = rng.standard_normal((1, H, T, T)).astype(np.float32)
-    causal = np.tril(np.ones((T, T), bool))
-    mask = np.where(causal, values, -np.inf).astype(np.float32)
-    ops = _ops(np.broadcast_to(causal, (2, 1, T, T)).copy())
-    ops.additive = torch.from_numpy(mask)
-    got = added_bias(ops).numpy()
-    assert got.shape == (2, H, T, T) and np.array_equal(got[1], np.where(causal, values[0], 0.0))
-    ops.additive = None  # a call that adds none: 0 everywhere
-    assert not added_bias(ops).any()
-
-
-def _biases(kind: str, causal: bool) -> tuple[np.ndarray, np.ndarray, str]:
-    """(1, H, T, T) float32 bias written out cell by cell, 0 where not attended, its mask, and the form it has."""
-    rng = np.random.default_rng(3)
-    i, j = np.indices((T, T))
-    slopes = np.array([0.5, 0.25, 0.125])[:, None, None]
-    kept = np.broadcast_to(j <= i if causal else np.ones((T, T), bool), (1, 1, T, T))
-    if kind == "alibi":  # -m·(i - j): a function of the offset
-        values, form = -slopes * (i - j), "offset"
-    elif kind == "key":  # m·j, BLOOM's: a function of the key
-        values, form = slopes * j, "key"
-    elif kind == "buckets":  # T5-like, a value per bucket of j - i on both sides
-        table = rng.normal(size=(H, 2 * T - 1))
-        values, form = table[:, j - i + T - 1], "offset"
-    else:  # a value per cell
-        values, form = rng.normal(size=(H, T, T)), "cells"
-    bias = np.where(kept, values[None], 0).astype(np.float32)
-    return bias, kept.copy(), form
-
-
-@pytest.mark.parametrize("kind", ["alibi", "key", "buckets", "cells"])
-@pytest.mark.parametrize("causal", [True, False])
-def test_a_bias_is_held_in_its_smallest_form_and_gives_every_attended_cell_back(kind: str, causal: bool) -> None:
-    bias, kept, form = _biases(kind, causal)
-    held = KeptBias.of(torch.from_numpy(bias), torch.from_numpy(kept))
-    assert held.form == form
-    assert held.values.numel() <= {"key": H * T, "offset": H * (2 * T - 1), "cells": H * T * T}[form]
-    for r0, r1, keys in ((0, T, T), (2, 5, 5), (3, 4, T), (5, 6, 6)):
-        got = torch.where(torch.from_numpy(kept[..., r0:r1, :keys]), held.rows(r0, r1, keys), 0.0).numpy()
-        assert np.array_equal(got, bias[..., r0:r1, :keys]), (r0, r1, keys)  # exactly the values the call added
-    assert held.fits(torch.from_numpy(np.repeat(bias, 2, 0)), torch.from_numpy(kept))
-    assert held.take(torch.from_numpy(np.repeat(bias, 2, 0)), torch.from_numpy(kept))
-
-
-@pytest.mark.parametrize("kind", ["alibi", "key", "buckets"])
-def test_a_bias_one_cell_off_its_form_is_held_cell_by_cell_and_a_later_one_off_by_one_ulp_is_not_the_same(
-        kind: str) -> None:  # fmt: skip
-    bias, kept, _ = _biases(kind, causal=True)
-    off = bias.copy()
-    off[0, 1, 4, 2] += 1.0
-    assert KeptBias.of(torch.from_numpy(off), torch.from_numpy(kept)).form == "cells"
-    held = KeptBias.of(torch.from_numpy(bias), torch.from_numpy(kept))
-    later = np.repeat(bias, 2, 0)
-    later[1, 2, 5, 1] = np.nextafter(later[1, 2, 5, 1], np.float32(np.inf))
-    assert not held.take(torch.from_numpy(later), torch.from_numpy(kept))
-    assert not held.fits(torch.from_numpy(later), torch.from_numpy(kept))
-
-
-@pytest.mark.parametrize("kind", ["alibi", "key", "buckets", "cells"])
-def test_a_padded_sample_shows_part_of_the_bias_and_a_later_one_fills_in_the_rest(kind: str) -> None:
-    """Left padding: the first sample attends no key before 3, so its cells show only part of the form; a later
-    unpadded sample shows the rest, which is taken in where it agrees with what was shown, and then gives every cell
-    back. One that disagrees on a value both showed is refused."""
-    bias, kept, form = _biases(kind, causal=True)
-    padded = kept & (np.arange(T) >= 3)
-    first = np.where(padded, bias, 0).astype(np.float32)
-    held = KeptBias.of(torch.from_numpy(first), torch.from_numpy(padded))
-    if form != "cells":
-        assert held.form == form
-        assert not bool(held.seen.all())
-    assert held.take(torch.from_numpy(bias), torch.from_numpy(kept))
-    got = torch.where(torch.from_numpy(kept), held.rows(0, T, T), 0.0).numpy()
-    assert np.array_equal(got, bias)
-    other = bias.copy()
-    other[0, 0, 5, 4] -= 1.0  # a cell both samples attend
-    fresh = KeptBias.of(torch.from_numpy(first), torch.from_numpy(padded))
-    assert not fresh.take(torch.from_numpy(other), torch.from_numpy(kept))
-
-
-def test_a_window_s_cells_outside_it_say_nothing_of_the_form() -> None:
-    """Masked cells hold 0 whatever the form would give them: they take no part in finding it."""
-    i, j = np.indices((T, T))
-    kept = ((j <= i) & (i - j < 3))[None, None]
-    bias = np.where(kept, -0.5 * (i - j), 0).astype(np.float32)
-    held = KeptBias.of(torch.from_numpy(bias), torch.from_numpy(kept))
-    assert held.form == "offset" and held.values.shape[-1] == 2 * T - 1
-
-
 @pytest.mark.parametrize(("second", "said"), [((0.25, None), "scaled q·k by 0.25"),
                                               ((0.5, 3.0), "capped its scores at 3.0")])  # fmt: skip
 def test_a_later_sample_s_other_scale_or_cap_is_named_and_streamed(second: tuple[float, float | None],
                                                                    said: str) -> None:  # fmt: skip
     """Rows formed again take one scale and one softcap for every sample: a later sample's other one raises what starts
     the summary again, streamed, naming what changed."""
-    from biasviz.adapters.kept_calls import KeptCalls
-    from biasviz.summaries.bank import SampleBank
 
     causal = np.broadcast_to(np.tril(np.ones((T, T), bool)), (1, 1, T, T)).copy()
     calls = KeptCalls(SampleBank(2, device=torch.device("cpu")), [0], lambda i: True, lambda i: False,
@@ -170,3 +79,74 @@ def test_a_later_sample_s_other_scale_or_cap_is_named_and_streamed(second: tuple
     later.softcap = second[1]
     with pytest.raises(MasksDifferBySample, match=said):
         calls.keep(0, later)
+
+
+def _bloom(pads: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """BLOOM's bias as its forward writes it beside left padding, m_h·(j - p) for a sample padded by p, over its causal
+    cells of keys j >= p (what it attends; -inf elsewhere): (B, H, T, T) float32 and the cells (B, 1, T, T)."""
+    i, j = np.indices((T, T))
+    slopes = np.array([0.5, 0.25, 0.125])[:, None, None]
+    kept = np.stack([(j <= i) & (j >= p) for p in pads])[:, None]
+    bias = np.stack([slopes * (j - p) for p in pads]).astype(np.float32)
+    return np.where(kept, bias, -np.inf).astype(np.float32), kept
+
+
+def _calls(samples: int, *, joined: bool = False) -> KeptCalls:
+    bank = SampleBank(samples, device=torch.device("cpu"))
+    bank.cells_by_sample = not joined  # torchrun's processes meet in one bank
+    return KeptCalls(bank, [0], lambda i: True, lambda i: True, lambda i, where: AssertionError(where))
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_bias_that_differs_by_sample_in_its_form_is_banked_per_sample_and_forms_each_one_s_rows(batch: int) -> None:
+    """BLOOM's positions start after its padding, so its bias differs by sample: each sample's own row of keys goes
+    into the bank (the first's too), H·T floats, and the rows formed again add exactly each sample's values."""
+    pads = (0, 2, 1)
+    mask, kept = _bloom(pads)
+    calls = _calls(3)
+    for start in range(0, 3, batch):
+        calls.bank.start = start
+        ops = _ops(kept[start : start + batch])
+        ops.additive = torch.from_numpy(mask[start : start + batch])
+        calls.keep(0, ops)
+    assert calls.bias_by_sample == {0} and calls.biases[0].form == "key"
+    assert calls.bank.seq_len(0, "bias") == T  # a row of keys a sample, not its T² cells
+    for a in range(3):
+        for r0, r1 in ((0, T), (3, 5)):
+            got = calls.rows_again(0, calls.bank, a, r0, r1, H, want_bias=True)
+            want = np.where(kept[a, :, r0:r1, :r1], mask[a, :, r0:r1, :r1], 0.0)
+            assert np.array_equal(got.bias[0].numpy(), want), (a, r0, r1)
+
+
+def test_a_bias_that_differs_by_sample_off_its_form_or_under_torchrun_starts_again() -> None:
+    """A later sample's bias of each cell (one of the text) would bank H·T² floats a sample, and torchrun's processes
+    are joined by one bias: both start the summary again, streamed."""
+    mask, kept = _bloom((0, 2))
+    cells = mask[1:].copy()
+    cells[0, 1, 4, 3] += 1.0  # off the row of keys
+    for joined, later in ((False, cells), (True, mask[1:])):
+        calls = _calls(2, joined=joined)
+        first = _ops(kept[:1])
+        first.additive = torch.from_numpy(mask[:1])
+        calls.keep(0, first)
+        calls.bank.start = 1
+        ops = _ops(kept[1:])
+        ops.additive = torch.from_numpy(later)
+        with pytest.raises(MasksDifferBySample, match="added another bias for sample 1"):
+            calls.keep(0, ops)
+
+
+def test_calls_with_one_mask_share_one_copy_of_it_and_hold_no_view_of_the_batch() -> None:
+    """Every layer of a model with a sliding window masks the same cells: the mask is held once, one sample's T² cells
+    (not the batch's), and a layer masked otherwise holds its own."""
+    i, j = np.indices((T, T))
+    window = np.broadcast_to(((j <= i) & (i - j < 3))[None, None], (3, 1, T, T)).copy()  # a batch of 3, one mask
+    other = np.broadcast_to(((j <= i) & (i - j < 2))[None, None], (3, 1, T, T)).copy()
+    calls = KeptCalls(SampleBank(3, device=torch.device("cpu")), [0, 1, 2], lambda i: True, lambda i: False,
+                      lambda i, where: AssertionError(where))  # fmt: skip
+    for index, cells in enumerate((window, window.copy(), other)):
+        calls.keep(index, _ops(cells))
+    masks = [calls.formed[index].mask for index in range(3)]
+    assert masks[0] is masks[1] and masks[2] is not masks[0]
+    assert all(m.untyped_storage().nbytes() == T * T for m in masks)  # one sample's cells, not the batch's
+    assert np.array_equal(masks[0][0, 0].numpy(), window[0, 0]) and np.array_equal(masks[2][0, 0].numpy(), other[0, 0])

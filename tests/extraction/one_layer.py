@@ -71,9 +71,9 @@ def assert_as_reference(got: np.ndarray, want: np.ndarray, name: str, rtol: floa
 
 
 def summary_of(model: nn.Module, ids: torch.Tensor, out: Any, batch: int, resolution: int,
-               streamed: bool) -> list[str]:  # fmt: skip
-    """``biasviz.extract(model, ids, out, summary=True)`` (``streamed``: as models biasviz cannot form again are), and
-    what it said."""
+               streamed: bool, **options: Any) -> list[str]:  # fmt: skip
+    """``biasviz.extract(model, ids, out, summary=True, **options)`` (``streamed``: as models biasviz cannot form again
+    are), and what it said."""
     import biasviz
     import biasviz.extraction.summary as summary
 
@@ -81,7 +81,8 @@ def summary_of(model: nn.Module, ids: torch.Tensor, out: Any, batch: int, resolu
         warnings.simplefilter("always")
         if streamed:
             patch.setattr(summary, "forms_rows_again", lambda adapter: False)
-        biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=batch, resolution=resolution)
+        biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=batch, resolution=resolution,
+                        **options)  # fmt: skip
     return [str(w.message) for w in said]
 
 
@@ -92,17 +93,19 @@ def read_layer(path: Any) -> dict[str, np.ndarray]:
         return {key: f[layer][key][()] for key in f[layer]}
 
 
-def both_ways(model: nn.Module, ids: torch.Tensor, tmp: Path, batch: int, resolution: int) -> dict[str, Any]:
+def both_ways(model: nn.Module, ids: torch.Tensor, tmp: Path, batch: int, resolution: int,
+              **options: Any) -> dict[str, Any]:  # fmt: skip
     """The summary as ``extract --summary`` takes it (``stored``, what it ``said``, and whether it ``went_streamed``:
-    streamed from the start, or started again) and the same summary streamed from the start (``streamed``)."""
+    streamed from the start, or started again) and the same summary streamed from the start (``streamed``); ``options``
+    go to :func:`biasviz.extract` (a ``forward``)."""
     import biasviz.extraction.summary as summary
 
     went = []
     with pytest.MonkeyPatch.context() as patch:
         inner = summary._streamed
         patch.setattr(summary, "_streamed", lambda *a, **k: went.append(1) or inner(*a, **k))
-        said = summary_of(model, ids, tmp / "again.h5", batch, resolution, streamed=False)
-    summary_of(model, ids, tmp / "streamed.h5", batch, resolution, streamed=True)
+        said = summary_of(model, ids, tmp / "again.h5", batch, resolution, streamed=False, **options)
+    summary_of(model, ids, tmp / "streamed.h5", batch, resolution, streamed=True, **options)
     return {"stored": read_layer(tmp / "again.h5"), "streamed": read_layer(tmp / "streamed.h5"), "said": said,
             "went_streamed": bool(went)}  # fmt: skip
 

@@ -20,6 +20,7 @@ import torch
 from biasviz.adapters.rows import RowBlock
 
 SAMPLE_CELLS = "attended"  # a bank's name for each sample's own attended cells, where samples are masked differently
+SAMPLE_BIAS = "bias"  # each sample's own bias of a kept call, where it differs by sample (keys, or j - i)
 MASK_DIGEST = "mask digest"  # under torchrun: each sample's call's mask as a SHA-256 digest, compared once joined
 
 

@@ -9,6 +9,7 @@ and k (:func:`own_cells`), one set for all heads or, where its heads attend cell
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from typing import Any
 
 import torch
 
-from biasviz.adapters.again import MASK_DIGEST, SAMPLE_CELLS, FormsRowsAgain
+from biasviz.adapters.again import MASK_DIGEST, SAMPLE_BIAS, SAMPLE_CELLS, FormsRowsAgain
+from biasviz.adapters.kept_bias import KeptBias, added_bias
 from biasviz.adapters.rows import RowBlock, plain_cells
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
 from biasviz.tracing.calls import SdpaOperands, _is_causal, formed_rows, repeat_kv
@@ -74,130 +76,6 @@ def own_cells(kept: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 @dataclass
-class KeptBias:
-    """The one bias every sample added to a call, over the cells each attends, held as small as its form allows.
-
-    ``form``: "key" where it depends on the key alone, (1, 1 or H, Tk) (BLOOM, MPT, Falcon: m_h·j); "offset" where on
-    j - i alone, (1, 1 or H, Tq + Tk - 1) indexed by j - i + Tq - 1 (ALiBi as -m_h·(i - j), T5's buckets, KERPLE);
-    "cells" otherwise, (1, 1 or H, Tq, Tk). Found by writing the cells again from the smaller form and comparing,
-    exactly: the rows formed again add the very values the call added, and nothing of the bias grows with T² unless it
-    must. ``values`` is NaN where no sample's attended cell has shown a value yet (a padded sample shows fewer; a later
-    one fills in the rest, :meth:`take`).
-    """
-
-    form: str
-    values: torch.Tensor
-    q_len: int
-
-    @classmethod
-    def of(cls, bias: torch.Tensor, kept: torch.Tensor) -> KeptBias:
-        """From one sample's bias ``bias`` (1, 1 or H, Tq, Tk), 0 where ``kept`` (1, 1 or H, Tq, Tk) is False: the
-        smallest form that gives its attended cells back (cell by cell where none does)."""
-        shown = torch.where(kept, bias, float("-inf"))  # every attended cell says its value; the others nothing
-        for form in ("key", "offset"):
-            for read in (cls._ends, cls._shown):  # the first and last rows alone say it (no padding), else every cell
-                held = read(form, shown)
-                if held._near_diagonal(shown) and held.fits(bias, kept):  # a cheap look first, then every cell
-                    return held
-                if bool(held.seen.all()):  # every value was shown, and the form is not this one
-                    break
-        return cls._shown("cells", shown)
-
-    @classmethod
-    def _ends(cls, form: str, shown: torch.Tensor) -> KeptBias:
-        """The values of ``form`` that the first and last query rows of ``shown`` (1, 1 or H, Tq, Tk) show, in O(T):
-        every key, and every j - i, where those rows attend every key (a causal call's last row, a bidirectional
-        one's)."""
-        q_len, k_len = shown.shape[-2:]
-        first, last = shown[..., 0, :], shown[..., -1, :]  # (1, 1 or H, Tk)
-        if form == "key":
-            by = torch.maximum(first, last)
-        else:  # the last row holds j - i = j - (Tq - 1), the first j
-            by = torch.full((*shown.shape[:2], q_len + k_len - 1), float("-inf"), device=shown.device)
-            by[..., :k_len] = last
-            by[..., q_len - 1 :] = torch.maximum(by[..., q_len - 1 :], first)
-        return cls(form, by.masked_fill(by.isinf(), float("nan")), q_len)
-
-    @classmethod
-    def _shown(cls, form: str, shown: torch.Tensor) -> KeptBias:
-        """The values of ``form`` that ``shown`` (S, 1 or H, Tq, Tk), -inf where not attended, shows (the largest
-        where samples or cells disagree, which :meth:`fits` then refuses)."""
-        q_len, k_len = shown.shape[-2:]
-        shown = shown.amax(0, keepdim=True)  # (1, 1 or H, Tq, Tk)
-        if form == "key":
-            by = shown.amax(-2)
-        elif form == "offset":
-            index = _offsets(0, q_len, k_len, q_len, shown.device).flatten().expand(*shown.shape[:2], -1)
-            by = torch.full((*shown.shape[:2], q_len + k_len - 1), float("-inf"), device=shown.device)
-            by = by.scatter_reduce(-1, index, shown.flatten(-2), "amax")
-        else:
-            by = shown
-        return cls(form, by.masked_fill(by.isinf(), float("nan")), q_len)  # an attended cell's bias is a number
-
-    @property
-    def seen(self) -> torch.Tensor:
-        """Where some sample's attended cells have shown a value."""
-        return ~self.values.isnan()
-
-    def _near_diagonal(self, shown: torch.Tensor) -> bool:
-        """Whether the attended cells of the four diagonals j - i = -2 .. 1 hold this form's values: O(T), and enough
-        to tell ALiBi's -m·(i - j) from BLOOM's m·j before every cell is compared."""
-        for d in (-2, -1, 0, 1):
-            cells = shown.diagonal(d, -2, -1)  # (S, 1 or H, n): cells (i, i + d), i from max(0, -d)
-            n = cells.shape[-1]
-            i = torch.arange(max(0, -d), max(0, -d) + n, device=shown.device)
-            if self.form == "key":
-                want = self.values[..., i + d]
-            else:
-                want = self.values[..., d + self.q_len - 1, None].expand(*self.values.shape[:2], n)
-            if not bool(((cells == want) | cells.isinf()).all()):
-                return False
-        return True
-
-    def fits(self, bias: torch.Tensor, kept: torch.Tensor) -> bool:
-        """Whether ``bias`` (B, 1 or H, Tq, Tk), 0 where ``kept`` is False, is this one on every attended cell (a cell
-        whose value no sample showed yet is not: NaN)."""
-        return bool((torch.where(kept, self.rows(0, self.q_len, bias.shape[-1]), 0.0) == bias).all())
-
-    def take(self, bias: torch.Tensor, kept: torch.Tensor) -> bool:
-        """Whether a later batch's ``bias`` is this one, of its form, wherever both show a value; the values only it
-        shows are taken in. False: it is not (nothing taken)."""
-        if self.fits(bias, kept):  # every value it shows was shown before, and is the same
-            return True
-        new = self._shown(self.form, torch.where(kept, bias, float("-inf")))
-        both = self.seen & new.seen
-        if not bool((torch.where(both, self.values, 0.0) == torch.where(both, new.values, 0.0)).all()):
-            return False
-        merged = KeptBias(self.form, torch.where(self.seen, self.values, new.values), self.q_len)
-        if not merged.fits(bias, kept):
-            return False
-        self.values = merged.values
-        return True
-
-    def rows(self, r0: int, r1: int, keys: int) -> torch.Tensor:
-        """(1, 1 or H, rows, keys): the bias of query rows r0 .. r1 - 1 against keys 0 .. ``keys`` - 1, where attended
-        (the other cells hold a value of the form, or NaN, which no statistic reads)."""
-        if self.form == "key":
-            return self.values[..., None, :keys].expand(*self.values.shape[:2], r1 - r0, keys)
-        if self.form == "offset":  # row i is values[T - 1 - i + j], j < keys: windows of the table, last row first
-            start = self.q_len - r1
-            return self.values[..., start : self.q_len - r0 - 1 + keys].unfold(-1, keys, 1).flip(-2)
-        return self.values[..., r0:r1, :keys]
-
-
-def _offsets(r0: int, r1: int, keys: int, q_len: int, device: torch.device) -> torch.Tensor:
-    """(rows, keys) int64: j - i + Tq - 1 for query rows r0 .. r1 - 1 and keys 0 .. ``keys`` - 1."""
-    return torch.arange(keys, device=device)[None, :] - torch.arange(r0, r1, device=device)[:, None] + (q_len - 1)
-
-
-def added_bias(ops: SdpaOperands) -> torch.Tensor:
-    """(1 or B, 1 or H, T, T) float32: the bias a call adds (its float mask's values) over the cells it attends, 0 on
-    the others and where it adds none."""
-    added = torch.zeros((), device=ops.kept.device) if ops.additive is None else ops.additive.float()
-    return torch.where(ops.kept, added, 0.0)
-
-
-@dataclass
 class KeptCalls:
     """One keeping forward's calls: what each kept in ``bank`` and forms every sample's rows again with.
 
@@ -217,6 +95,7 @@ class KeptCalls:
     by_sample: set[int] = field(default_factory=set)  # calls whose samples are masked differently: cells banked
     groups: dict[int, int] = field(default_factory=dict)  # per call: query heads per key head (k banked repeated)
     biases: dict[int, KeptBias] = field(default_factory=dict)  # per call that adds a bias: the first sample's
+    bias_by_sample: set[int] = field(default_factory=set)  # calls whose bias differs by sample: each one's banked
     digests: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # torchrun: bias values, hash
 
     def keep(self, index: int, ops: SdpaOperands | None) -> None:
@@ -245,17 +124,40 @@ class KeptCalls:
     def _keep_bias(self, index: int, ops: SdpaOperands) -> None:
         """The bias call ``index`` adds, over the cells each sample attends (0 elsewhere, padding beside a bias
         included): kept once, from the first batch, and every later sample's compared with it on its own cells,
-        exactly; one that differs starts the summary again, streamed (rows formed again add one bias to every
-        sample)."""
+        exactly. From the first sample whose bias differs (BLOOM's positions start after its padding), each sample's
+        own bias goes into the bank, in the first one's form (:meth:`_bank_bias`)."""
         bias = added_bias(ops)
         first = self.biases.get(index)
         if first is None:  # (one copy, not one a batch, in the smallest form the first sample's has)
             first = self.biases[index] = KeptBias.of(bias[:1], ops.kept[:1])
             if bias.shape[0] == ops.kept.shape[0] == 1:  # one bias and mask for the whole batch: just compared
                 return
-        if not first.take(bias, ops.kept):
-            raise MasksDifferBySample(f"attention call {index} added another bias for sample {self.bank.start} or "
-                                      "one of its batch than for the first")  # fmt: skip
+        if index in self.bias_by_sample or not first.take(bias, ops.kept):
+            self._bank_bias(index, first, bias, ops)
+
+    def _bank_bias(self, index: int, first: KeptBias, bias: torch.Tensor, ops: SdpaOperands) -> None:
+        """Each sample's own bias of call ``index`` (``bias``, over the cells ``ops`` kept), in the form of the first
+        sample's (a row of keys, or a table of j - i: H·T or H·(2T - 1) floats a sample, beside its q and k), into the
+        bank; the samples before, by the one bias they had. A bias that is not of that form (one of each cell that
+        depends on the text, which would bank H·T² floats a sample), or one under torchrun (whose processes are joined
+        by one bias), starts the summary again, streamed, and says so."""
+        bank, batch = self.bank, ops.q.shape[0]
+        differs = MasksDifferBySample(f"attention call {index} added another bias for sample {bank.start} or one of "
+                                      "its batch than for the first")  # fmt: skip
+        if first.form == "cells" or not bank.cells_by_sample:
+            raise differs
+        heads = ops.q.shape[1]
+        bias = bias.expand(batch, *bias.shape[1:])
+        kept = ops.kept.expand(batch, *ops.kept.shape[1:])
+        own = KeptBias.shown_by(first.form, bias, kept)  # (B, 1 or H, L)
+        if not own.fits(bias, kept):  # (one read for the batch)
+            raise differs
+        if index not in self.bias_by_sample:
+            before = first.values.expand(1, heads, -1).transpose(1, 2)  # (1, L, H)
+            for a in range(bank.start):  # the samples before: the one bias they had
+                bank.put(index, SAMPLE_BIAS, before, at=a)
+            self.bias_by_sample.add(index)
+        bank.put(index, SAMPLE_BIAS, own.values.expand(batch, heads, -1).transpose(1, 2))  # (B, L, H)
 
     def _keep_cells(self, index: int, ops: SdpaOperands) -> None:
         """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
@@ -272,7 +174,9 @@ class KeptCalls:
             kept: KeptCall | None = KeptCall.of(ops, self.causal(index))
         except MasksDifferBySample:  # within the batch
             kept = None
-        first = self.formed.setdefault(index, kept or KeptCall(ops.scale, None, self.causal(index), ops.softcap))
+        if index not in self.formed:
+            self.formed[index] = self._shared(kept or KeptCall(ops.scale, None, self.causal(index), ops.softcap))
+        first = self.formed[index]
         if kept is not None and first.same(kept):
             if not bank.cells_by_sample:  # torchrun: the process's one mask (and bias) go with its samples, compared
                 bank.put(index, MASK_DIGEST, self._digest(index, first).expand(ops.q.shape[0], 1, -1))  # once joined
@@ -291,6 +195,19 @@ class KeptCalls:
                 bank.put_cells(index, SAMPLE_CELLS, before, at=a)
         bank.put_cells(index, SAMPLE_CELLS, own)
         self.by_sample.add(index)
+
+    def _shared(self, call: KeptCall) -> KeptCall:
+        """``call``, its mask the very tensor another call kept where the two are equal (every layer of a model with a
+        sliding window holds one), else a copy of its own: never a view that holds the whole batch's masks alive
+        (B·T² bytes a layer, 1 GiB a sample at T = 32768)."""
+        if call.mask is None:
+            return call
+        for other in self.formed.values():
+            held = other.mask
+            if held is not None and held.shape == call.mask.shape and held.device == call.mask.device \
+                    and bool(torch.equal(held, call.mask)):  # fmt: skip
+                return dataclasses.replace(call, mask=held)
+        return dataclasses.replace(call, mask=call.mask.clone())
 
     def _digest(self, index: int, call: KeptCall) -> torch.Tensor:
         """(1, 32) uint8: the SHA-256 of call ``index``'s scale and mask and of the bias it kept, where it adds one:
@@ -320,11 +237,20 @@ class KeptCalls:
             own = bank.get_cells(layer, SAMPLE_CELLS, sample, r0, r1, keys).to(q.device)[None]
         cells = own if own is not None else kept.rows(r0, r1, q.device, keys)
         bias = None
-        if layer in self.biases:  # (1, H, rows, keys): the one every sample added, 0 where not attended
-            added = self.biases[layer].rows(r0, r1, keys).to(q.device)
+        if layer in self.biases:  # (1, H, rows, keys): the one every sample added (or this one's), 0 where not attended
+            added = self._bias_of(layer, bank, sample).rows(r0, r1, keys).to(q.device)
             bias = torch.where(cells, added, 0.0).expand(1, heads, -1, -1)
         scores, weights = formed_rows(q, k, kept.scale, cells, bias, kept.softcap)
         return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias if want_bias else None, attended=own)
+
+    def _bias_of(self, layer: int, bank: Any, sample: int) -> KeptBias:
+        """The bias ``sample`` added to call ``layer``: the one every sample added, or where it differs by sample, the
+        sample's own from ``bank``."""
+        first = self.biases[layer]
+        if layer not in self.bias_by_sample:
+            return first
+        values = bank.get(layer, SAMPLE_BIAS, sample, 0, first.values.shape[-1])  # (L, H)
+        return KeptBias(first.form, values.T[None], first.q_len)
 
     def attended(self, layer: int) -> torch.Tensor | None:
         """The one mask call ``layer`` attended where not its rule; None where its rule or each sample's own cells."""
@@ -368,7 +294,7 @@ class FormsKeptCallsAgain(FormsRowsAgain):
         """The kept bias of causal ``layer`` where it is a table of j - i over the causal triangle, the call's one rule
         (no mask of its own, no softcap, one set of cells for every sample)."""
         kept = self._kept
-        if kept is None or layer in kept.by_sample or not self.layer_causal(layer):
+        if kept is None or layer in kept.by_sample or layer in kept.bias_by_sample or not self.layer_causal(layer):
             return None
         call, bias = kept.formed[layer], kept.biases.get(layer)
         if call.mask is not None or call.softcap is not None or bias is None or bias.form != "offset":
