@@ -10,7 +10,8 @@ every key) over the padding: cells that differ by head and by sample. ``--encode
 layers (the first sees every key, the second a window of T / 8 on both sides), whose rows see keys after the query.
 ``--alibi``: one SDPA layer of the same size that adds ALiBi in its float mask, as research code writes it (padded keys
 -inf there too). ``--bloom``: a one-layer transformers BLOOM of the same size, whose ALiBi positions start after each
-sample's padding (its bias differs by sample).
+sample's padding (its bias differs by sample). ``--depth D``: the Llama or Mistral has D layers, every one summarised
+(the masks every layer keeps).
 ``--trees BEFORE AFTER``: each run by two versions of biasviz in turn (their ``src`` first on ``PYTHONPATH``), to
 measure a change; ``--resolution R``: maps of R x R blocks (default: exact per cell, whose standard errors need no
 per-sample block means).
@@ -80,7 +81,7 @@ def alibi_layer() -> object:
 
 def child(how: str, seq_len: int, resolution: int | None = None, window: int | None = None,
           heads_differ: bool = False, encoder: bool = False, alibi: bool = False,
-          bloom: bool = False) -> dict[str, float]:  # fmt: skip
+          bloom: bool = False, depth: int = 1) -> dict[str, float]:  # fmt: skip
     import warnings
 
     import torch
@@ -90,7 +91,7 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
     import biasviz.extraction.summary as summary
 
     torch.manual_seed(0)
-    size = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
+    size = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": depth,
             "intermediate_size": 512, "vocab_size": 512, "max_position_embeddings": seq_len,
             "attn_implementation": "sdpa"}  # fmt: skip
     if heads_differ:
@@ -128,7 +129,7 @@ def child(how: str, seq_len: int, resolution: int | None = None, window: int | N
     whole = how == "full file"  # every cell of the padded call, as the model formed it
     return timed_into_temporary(lambda out: biasviz.extract(
         model, ids, out, summary=not whole, progress=False, batch_size=SAMPLES, forward=forward,
-        layers="all" if encoder else -1, **({} if whole else {"resolution": resolution})))  # fmt: skip
+        layers="all" if encoder or depth > 1 else -1, **({} if whole else {"resolution": resolution})))  # fmt: skip
 
 
 def main() -> None:
@@ -143,25 +144,28 @@ def main() -> None:
     parser.add_argument("--encoder", action="store_true", help="a ModernBERT, whose rows see keys after the query")
     parser.add_argument("--alibi", action="store_true", help="ALiBi in an SDPA float mask")
     parser.add_argument("--bloom", action="store_true", help="BLOOM, whose bias starts after each sample's padding")
+    parser.add_argument("--depth", type=int, default=1, help="layers of the Llama or Mistral, every one summarised")
+    parser.add_argument("--only", nargs="+", default=None, help="run these routes alone (e.g. 'unpadded')")
     parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         got = child(args.child, args.seq_len, args.resolution, args.window, args.head_windows, args.encoder,
-                    args.alibi, args.bloom)  # fmt: skip
+                    args.alibi, args.bloom, args.depth)  # fmt: skip
         print(json.dumps(got))
         return
     kinds = ["formed again", "streamed", *(["unpadded", "unpadded streamed"] if args.unpadded else []),
              *(["full file"] if args.full else [])]
+    kinds = [kind for kind in kinds if args.only is None or kind in args.only]
     trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
     model = ("SDPA layer, a window a head" if args.head_windows else "ModernBERT, 2 layers" if args.encoder
              else "SDPA layer, ALiBi in its mask" if args.alibi else "BLOOM, 1 layer" if args.bloom
              else "Llama" if args.window is None
-             else f"Mistral, window {args.window}")  # fmt: skip
+             else f"Mistral, window {args.window}") + (f", {args.depth} layers" if args.depth > 1 else "")  # fmt: skip
     print(f"{model}, T = {args.seq_len}, R = {args.resolution or 'T'}, N = {SAMPLES} in one batch, "
           f"{args.repeats} interleaved repeats")  # fmt: skip
     options = ["--seq-len", str(args.seq_len)]
-    for name in ("resolution", "window"):
+    for name in ("resolution", "window", "depth"):
         if getattr(args, name) is not None:
             options += [f"--{name}", str(getattr(args, name))]
     options += ["--head-windows"] if args.head_windows else []

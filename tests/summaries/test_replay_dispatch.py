@@ -180,3 +180,40 @@ def test_an_eager_call_with_alibi_formed_again_reads_nothing_and_sends_kernels_b
     assert got[128, 3, 32][0].kernels == got[256, 3, 64][0].kernels
     for (_, samples, _), (spy, blocks) in got.items():
         assert spy.kernels <= BIAS_KERNELS_PER_BLOCK * blocks * samples
+
+
+class PaddedBloom(torch.nn.Module):
+    """transformers' BLOOM (1 layer, 4 heads, random weights) given left padding that differs by sample, (first token
+    mod 3) times T/8 positions: its cells and its bias m·(j - p) differ by sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import BloomConfig, BloomForCausalLM
+
+        self.model = BloomForCausalLM(BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=ENCODER_HEADS))
+
+    def forward(self, ids: torch.Tensor) -> Any:
+        pads = ids[:, 0] % 3 * (ids.shape[1] // 8)
+        mask = (torch.arange(ids.shape[1])[None] >= pads[:, None]).long()
+        return self.model(ids, attention_mask=mask)
+
+
+def test_a_bias_kept_per_sample_beside_padding_reads_nothing_and_sends_kernels_by_blocks_and_samples(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:  # fmt: skip
+    """BLOOM beside padding, traced: each sample's row of keys read from the bank on the device with its own cells, no
+    host read in the layer; the same blocks and samples at twice the length send the same kernels."""
+    got = {}
+    for key in [(128, 3, 32), (256, 3, 64), (256, 5, 64)]:
+        torch.manual_seed(0)
+        with monkeypatch.context() as m:
+            got[key] = _dispatched(m, tmp_path / "s.h5", "", *key, traced=PaddedBloom().eval())
+    assert min(spy.kernels for spy, _ in got.values()) > 0  # formed again (not started again, streamed)
+    assert {spy.reads for spy, _ in got.values()} == {0}
+    assert got[128, 3, 32][0].kernels == got[256, 3, 64][0].kernels
+    for (seq_len, samples, rows), (spy, _) in got.items():
+        # the blocks of a bias summed per sample over each sample's own cells (more sums a cell: smaller blocks)
+        budget = ENCODER_HEADS * replay_module.CELL_BYTES * seq_len * rows
+        blocks = len(list(replay_module.row_blocks(seq_len, ENCODER_HEADS, torch.device("cuda"), True, budget,
+                                                   by_sample=True)))  # fmt: skip
+        assert spy.kernels <= BIAS_KERNELS_PER_BLOCK * blocks * samples
