@@ -634,10 +634,11 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
             g = f[name]
             return {name: g[name][()] for name in g}, str(g.attrs.get("statistics", "torch"))
 
-    for scheme in ("alibi", "rope", "traced alibi"):
+    for scheme in ("alibi", "rope", "traced alibi", "traced m·j"):
         torch.manual_seed(0)
-        if scheme == "traced alibi":  # ALiBi in a traced SDPA call's float mask: the kernels take the table kept
-            model, layers = _traced_alibi(heads).to(device), -1
+        if scheme.startswith("traced"):  # ALiBi in a traced SDPA call's float mask: the kernels take the table kept,
+            # of j - i, or (BLOOM's m·j) the row of keys kept
+            model, layers = _traced_alibi(heads, keys=scheme.endswith("m·j")).to(device), -1
         else:
             # (a dry run's 4 heads: Triton's interpreter runs a program at a time)
             config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=heads, n_embd=16 * heads, n_positions=seq_len,
@@ -679,9 +680,10 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
         yield row
 
 
-def _traced_alibi(heads: int) -> Any:
+def _traced_alibi(heads: int, keys: bool = False) -> Any:
     """One SDPA layer over an embedding (16 dims a head) that adds -m_h·(i - j) in its float mask, -inf after the
-    query, as research code writes ALiBi: a module biasviz traces, its bias kept as a table of j - i."""
+    query, as research code writes ALiBi: a module biasviz traces, its bias kept as a table of j - i; ``keys``: m_h·j,
+    as BLOOM writes it, kept as a row of keys."""
     import torch
 
     class TracedAlibi(torch.nn.Module):
@@ -695,8 +697,8 @@ def _traced_alibi(heads: int) -> Any:
             b, t = ids.shape
             q, k, v = (z.view(b, t, heads, 16).transpose(1, 2) for z in self.qkv(self.embed(ids)).chunk(3, -1))
             i = torch.arange(t, device=ids.device)
-            bias = (-self.slopes[:, None, None] * (i[:, None] - i[None, :])).masked_fill(i[None, :] > i[:, None],
-                                                                                       float("-inf"))  # fmt: skip
+            d = (i[None, :] + 0 * i[:, None]) if keys else -(i[:, None] - i[None, :])
+            bias = (self.slopes[:, None, None] * d).masked_fill(i[None, :] > i[:, None], float("-inf"))
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     return TracedAlibi().eval()

@@ -1,9 +1,10 @@
 """The fused statistics' accumulators formed in float64 numpy, every cell of every sample in full: what the kernels of
-:mod:`biasviz.summaries.kernels` must add up to, from the same q, k and bias of distance.
+:mod:`biasviz.summaries.kernels` must add up to, from the same q, k and bias of distance (or of the key).
 
 Notation: sample a of N, head h (key head h // group), query i, key j <= i (causal), d = i - j, c the call's scale,
-s_a(i, j) = c q_a(i)·k_a(j) + f_h(d), w_a = softmax_j(s_a), x̄ and σ_x the mean and population spread over samples,
-Q = Σ_a q_a and K = Σ_a k_a (of the key head), maps of ``block`` x ``block`` positions (nb of them a side).
+s_a(i, j) = c q_a(i)·k_a(j) + b_h(i, j), b a table of distance f_h(d) or (``keys``) a row of keys g_h(j),
+w_a = softmax_j(s_a), x̄ and σ_x the mean and population spread over samples, Q = Σ_a q_a and K = Σ_a k_a (of the key
+head), maps of ``block`` x ``block`` positions (nb of them a side).
 """
 
 from __future__ import annotations
@@ -13,8 +14,16 @@ import numpy as np
 SEGMENTS = 10
 
 
+def _bias(table: np.ndarray | None, t: int, keys: bool) -> np.ndarray | float:
+    """(H, T, T) b(i, j) from ``table`` (H, T): f(i - j) (0 past the diagonal: never used) or, ``keys``, g(j)."""
+    if table is None:
+        return 0.0
+    i, j = np.indices((t, t))
+    return table[:, np.broadcast_to(j, (t, t))] if keys else table[:, np.clip(i - j, 0, None)]
+
+
 def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float,
-           cells: np.ndarray | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
+           cells: np.ndarray | None = None, keys: bool = False) -> tuple[np.ndarray, ...]:  # fmt: skip
     """(used (T, T), scores (N, H, T, T) 0 past the diagonal, weights, lse (N, H, T), bias (H, T, T) or zeros);
     ``cells`` (T, T) bool: the cells attended, one mask for every sample, or (N, T, T) each sample's own (used is then
     (N, 1, T, T); a row with no key has lse 0) (None: j <= i)."""
@@ -24,7 +33,7 @@ def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float,
     used = j <= i if cells is None else np.asarray(cells, bool)
     if used.ndim == 3:
         used = used[:, None]
-    bias = table[:, np.clip(i - j, 0, None)] if table is not None else np.zeros((heads, t, t))
+    bias = _bias(table, t, keys) + np.zeros((heads, t, t))
     s = scale * np.einsum("nhid,nhjd->nhij", q, k) + bias[None]
     z = np.where(used, s, -np.inf)
     seen = used.any(-1, keepdims=True)
@@ -51,13 +60,15 @@ def _by_distance(x: np.ndarray) -> np.ndarray:
 
 
 def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float, block: int,
-                 positional: bool = True, cells: np.ndarray | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+                 positional: bool = True, cells: np.ndarray | None = None,
+                 keys: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
     """Every accumulator, by name (float64), over the cells j <= i or (``cells``, (T, T) bool) one mask's for every
     sample, "a block's cells" and "the cells at d" those attended:
 
     - ``maps`` (4, H, nb, nb): Σ over a block's cells of w̄, σ_w, s̄, σ_s;
     - ``by_distance`` (6, H, T): Σ over the cells at d of w̄, w̄², σ_w², s̄ - f(d), (s̄ - f(d))², σ_s² (the scores
-      shifted by the bias, the same along a diagonal: its spread along it is what is left, without a large f);
+      shifted by the bias, the same along a diagonal: its spread along it is what is left, without a large f; a row
+      of keys, which changes along a diagonal, is not taken off: s̄ and s̄² there);
     - ``columns`` (2, H, T): Σ_i of w̄(i, j) and of σ_w² + w̄²;
     - ``row_ws`` (N, H, T): Σ_j w_a s_a; ``sinks`` (N, H): Σ_i w_a(i, 0);
     - ``sample_columns`` (N, H, T): Σ_i w_a(i, j);
@@ -70,7 +81,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     P_h(0, 0):
 
     - ``positional_maps`` (H, nb, nb): Σ P over a block's cells;
-    - ``positional_distance`` (2, H, T): Σ over the cells at d of P - f(d) and its square;
+    - ``positional_distance`` (2, H, T): Σ over the cells at d of P - f(d) and its square (of P, with ``keys``);
     - ``positional_first`` (H, T, 4): P(i, j) for j < 4 (0 where j > i);
     - ``positional_rows`` (H, T): Σ_{j<i} P(i, j); ``positional_cols`` (H, T): Σ_{i>j} P(i, j);
     - ``positional_squares`` (2, H): Σ_{j<i} P², Σ_i P(i, i)²;
@@ -81,7 +92,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     - ``jackknife_blocks`` (N, H, nb, nb): Σ over a block's cells of z_a.
     """
     n, heads, t, _ = q.shape
-    used, s, w, _, bias = formed(q, k, table, scale, cells)
+    used, s, w, _, bias = formed(q, k, table, scale, cells, keys)
     k_heads = np.repeat(k, heads // k.shape[1], axis=1)
     w_mean, w_std, s_mean, s_std = w.mean(0), w.std(0), s.mean(0), s.std(0)
     by_sample = used.ndim == 4
@@ -91,11 +102,12 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
         w_std = np.sqrt(np.where(used, (w - w_mean) ** 2, 0.0).sum(0) / count)
         s_std = np.sqrt(np.where(used, (s - s_mean) ** 2, 0.0).sum(0) / count)
         i, j = np.indices((t, t))
-        bias = np.where(used.any(0), table[:, np.clip(i - j, 0, None)] if table is not None else 0.0, 0.0)
+        bias = np.where(used.any(0), _bias(table, t, keys), 0.0)
+    shift = 0.0 if keys else bias  # what the sums by distance take off: a bias the same along each diagonal
     out = {
         "maps": np.stack([_blocks(x, block) for x in (w_mean, w_std, s_mean, s_std)]),
         "by_distance": np.stack(
-            [_by_distance(x) for x in (w_mean, w_mean**2, w_std**2, s_mean - bias, (s_mean - bias) ** 2, s_std**2)]
+            [_by_distance(x) for x in (w_mean, w_mean**2, w_std**2, s_mean - shift, (s_mean - shift) ** 2, s_std**2)]
         ),  # fmt: skip
         "columns": np.stack([w_mean.sum(-2), (w_std**2 + w_mean**2).sum(-2)]),
         "row_ws": (w * s).sum(-1),
@@ -118,7 +130,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
         qk = np.einsum("hid,hjd->hij", big_q, big_k)
         p = scale * qk / (n * (n - 1)) - (s_mean - bias) / (n - 1) + bias
         p = np.where(used, p, 0.0)
-        dev = np.where(used, p - bias, 0.0)
+        dev = np.where(used, p - shift, 0.0)
         lower = j < i
         ref = p[:, 0, 0]
         shifted = np.where(used, p - ref[:, None, None], 0.0)

@@ -1,6 +1,7 @@
 """The fused path (:mod:`biasviz.summaries.fused_layer`) for calls whose bias a summary's forward kept as a table of
-j - i (:class:`~biasviz.adapters.kept_calls.KeptBias`): ALiBi written into a traced SDPA call's float mask, into eager
-PyTorch or a flex_attention score_mod, and T5's decoder through its hooks. File against file with the torch path, every
+j - i (:class:`~biasviz.adapters.kept_bias.KeptBias`): ALiBi written into a traced SDPA call's float mask, into eager
+PyTorch or a flex_attention score_mod, and T5's decoder through its hooks; or as a row of keys: BLOOM's m·j through its
+hooks, and the same written into a traced SDPA call. File against file with the torch path, every
 dataset of the layer, as tests/summaries/test_fused_layer.py holds our own models' (the kernels' sums from float64
 numpy there, so that what turns sums into the file is proven apart from the kernels)."""
 
@@ -16,7 +17,8 @@ import pytest
 import torch
 
 import biasviz
-from tests.extraction.test_summary_added_bias import Alibi
+from tests.extraction.one_layer import positions
+from tests.extraction.test_summary_added_bias import SLOPES, Alibi
 from tests.summaries.test_fused_layer import _compare, _reference_accumulators
 from tests.summaries.test_sample_cells import VOCAB, T
 
@@ -36,6 +38,25 @@ def _t5_decoder() -> Any:
     return T5Adapter(model, part="decoder", scheme="t5", n_layers=2, n_heads=4, source="test")
 
 
+class KeyBias(Alibi):
+    """BLOOM's bias written into an SDPA float mask: slope·j, a row of keys, -inf after the query."""
+
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
+        return (SLOPES * j.float()).masked_fill(j > i, float("-inf"))[None]
+
+
+def _bloom() -> Any:
+    """transformers' BLOOM (1 layer, 4 heads, random weights) through its hooks: its bias m·j."""
+    from transformers import BloomConfig, BloomModel
+
+    from biasviz.adapters.transformers_alibi import BloomAdapter
+
+    torch.manual_seed(0)
+    model = BloomModel(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4)).eval()
+    return BloomAdapter(model, scheme="alibi", n_layers=1, n_heads=4, source="test")
+
+
 def _summary(model: Any, ids: np.ndarray, out: Path, mode: str,
              monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
     from biasviz.extraction.summary import extract_summary
@@ -52,7 +73,7 @@ def _summary(model: Any, ids: np.ndarray, out: Path, mode: str,
         return {key: f[name][key][()] for key in f[name]}, {**f.attrs, **f[name].attrs}
 
 
-@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder"])
+@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder", "keys, sdpa", "bloom"])
 def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch_path_writes(
         written: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from biasviz.summaries import kernels
@@ -64,9 +85,11 @@ def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch
     def model() -> Any:
         if written == "t5 decoder":
             return _t5_decoder()
+        if written == "bloom":
+            return _bloom()
         torch.manual_seed(0)
-        layer = Alibi("alibi").eval()
-        layer.written = written
+        layer = (KeyBias if written.startswith("keys") else Alibi)("alibi").eval()
+        layer.written = written.removeprefix("keys, ")
         return layer
 
     torch_path, torch_attrs = _summary(model(), ids, tmp_path / "torch.h5", "torch", monkeypatch)
@@ -75,9 +98,11 @@ def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch
     _compare(fused, torch_path)
 
 
-def test_the_kernels_themselves_take_a_kept_table_as_a_scheme_s(tmp_path: Path,
+@pytest.mark.parametrize("bias", ["distance", "keys"])
+def test_the_kernels_themselves_take_a_kept_table_as_a_scheme_s(bias: str, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """The same for ALiBi in a traced SDPA call, the sums from the kernels, run on the CPU by Triton's interpreter."""
+    """The same for ALiBi in a traced SDPA call, and BLOOM's m·j, the sums from the kernels, run on the CPU by Triton's
+    interpreter."""
     pytest.importorskip("triton")
     from biasviz.summaries import kernels
 
@@ -85,7 +110,7 @@ def test_the_kernels_themselves_take_a_kept_table_as_a_scheme_s(tmp_path: Path,
         pytest.skip("Triton's interpreter was not chosen before Triton was imported")
     ids = np.random.default_rng(4).integers(1, VOCAB, size=(N, T))
     torch.manual_seed(0)
-    layer = Alibi("alibi").eval()
+    layer = (Alibi if bias == "distance" else KeyBias)("alibi").eval()
     torch_path, _ = _summary(layer, ids, tmp_path / "torch.h5", "torch", monkeypatch)
     fused, attrs = _summary(layer, ids, tmp_path / "fused.h5", "fused", monkeypatch)
     assert attrs["statistics"] == "fused"

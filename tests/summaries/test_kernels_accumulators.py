@@ -158,3 +158,28 @@ def test_each_sample_s_tiles_are_classed_and_any_sample_s_walked(kernels) -> Non
     assert got["classes"][1].tolist() == [[0, 0, 0], [0, 2, 0], [0, 2, 2]]  # rows and keys 0 .. 18 padded
     assert got["classes"][0].tolist() == [[2, 0, 0], [1, 2, 0], [1, 1, 2]]
     assert got["classes"][2].tolist() == [[2, 0, 0], [1, 2, 0], [1, 2, 2]]  # the largest: a tile any sample attends
+
+
+KEY_CASES = [  # N, H, Hkv, T, hd, block, tile, cells: none, one mask, each sample's own
+    (3, 4, 2, 40, 24, 12, 16, None),  # grouped queries, blocks straddling tiles; P and its jackknife
+    (2, 2, 1, 48, 16, 16, 32, None),  # two samples; the default tile
+    (3, 2, 2, 40, 16, 8, 16, window(40, 12)),  # a sliding window, one mask for every sample
+    (3, 2, 1, 40, 16, 4, 16, padded(40, [0, 0, 11], [0, 7, 0])),  # each sample its own cells
+]
+
+
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "tile", "cells"), KEY_CASES)
+def test_a_bias_of_the_key_adds_up_as_float64_math_does(kernels, n: int, heads: int, kv: int, t: int,  # noqa: F811
+                                                        hd: int, block: int, tile: int,
+                                                        cells: np.ndarray | None) -> None:  # fmt: skip
+    """BLOOM's bias g_h(j) = m_h·j, a row of keys (its values large, as at a long context's far keys): the scores,
+    weights and P formed with it, and their sums by distance holding it, since it changes along a diagonal."""
+    q, k, _ = _inputs(n, heads, kv, t, hd, False)
+    g = np.outer(2.0 ** -np.arange(1, heads + 1), np.arange(t)) * 3.0  # (H, T)
+    scale = 1 / np.sqrt(hd)
+    got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(),
+                                     torch.from_numpy(g).float(), scale, block, tile=tile,
+                                     cells=None if cells is None else torch.from_numpy(cells), keys=True)  # fmt: skip
+    _check(got, accumulators(q, k, g, scale, block, cells=cells, keys=True))
+    as_distance = accumulators(q, k, g, scale, block, cells=cells)  # the same table read as one of distance
+    assert not np.allclose(as_distance["maps"], accumulators(q, k, g, scale, block, cells=cells, keys=True)["maps"])

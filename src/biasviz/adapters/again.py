@@ -59,6 +59,12 @@ class FormsRowsAgain:
         found it one (ALiBi, T5's buckets written into a call); None otherwise."""
         return None
 
+    def bias_keys(self, layer: int) -> torch.Tensor | None:
+        """(H, T) g(j): the bias every sample added to causal ``layer``, as a function of the key j alone, on every cell
+        of the causal triangle (BLOOM's m·j; what the fused kernels add as a row of keys), where the forward under
+        :meth:`keep` found it one; None otherwise."""
+        return None
+
     def score_scale(self, layer: int) -> float:
         """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
         raise NotImplementedError

@@ -290,30 +290,39 @@ class FormsKeptCallsAgain(FormsRowsAgain):
         assert self._kept is not None
         return self._kept.formed[layer].scale
 
-    def _offset_bias(self, layer: int) -> KeptBias | None:
-        """The kept bias of causal ``layer`` where it is a table of j - i over the causal triangle, the call's one rule
-        (no mask of its own, no softcap, one set of cells for every sample)."""
+    def _one_bias(self, layer: int) -> KeptBias | None:
+        """The kept bias of causal ``layer`` where it is a table of j - i, or a row of keys, over the causal triangle,
+        the call's one rule (no mask of its own, no softcap, one set of cells and one bias for every sample)."""
         kept = self._kept
         if kept is None or layer in kept.by_sample or layer in kept.bias_by_sample or not self.layer_causal(layer):
             return None
         call, bias = kept.formed[layer], kept.biases.get(layer)
-        if call.mask is not None or call.softcap is not None or bias is None or bias.form != "offset":
+        if call.mask is not None or call.softcap is not None or bias is None or bias.form == "cells":
             return None
         return bias
 
     def bias_table(self, layer: int) -> torch.Tensor | None:
         """The kept bias of a causal call with no mask of its own, held as a table of j - i that every causal cell
         showed: f(d) = the table at j - i = -d."""
-        bias = self._offset_bias(layer)
-        if bias is None:
+        bias = self._one_bias(layer)
+        if bias is None or bias.form != "offset":
             return None
         f = bias.values[0, :, : bias.q_len].flip(-1)  # (1 or H, T): index T - 1 - d holds j - i = -d
         return None if bool(f.isnan().any()) else f.expand(self.n_heads, -1)  # (one read a layer)
 
+    def bias_keys(self, layer: int) -> torch.Tensor | None:
+        """The kept bias of a causal call with no mask of its own, held as a row of keys that every causal cell
+        showed (BLOOM's m·j): g(j), (H, T)."""
+        bias = self._one_bias(layer)
+        if bias is None or bias.form != "key":
+            return None
+        g = bias.values[0]  # (1 or H, Tk)
+        return None if bool(g.isnan().any()) else g.expand(self.n_heads, -1)  # (one read a layer)
+
     def bias_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int) -> torch.Tensor | None:
-        """The kept bias's rows r0 .. r1 - 1 against keys 0 .. r1 - 1, (1, H, rows, r1), where it is a table of j - i:
-        every sample's, which the keeping forward compared with it exactly."""
-        bias = self._offset_bias(layer)
+        """The kept bias's rows r0 .. r1 - 1 against keys 0 .. r1 - 1, (1, H, rows, r1), where it is a table of j - i or
+        a row of keys: every sample's, which the keeping forward compared with it exactly."""
+        bias = self._one_bias(layer)
         return None if bias is None else bias.rows(r0, r1, r1).expand(1, self.n_heads, -1, -1)
 
     def key_repeats(self, layer: int) -> int:

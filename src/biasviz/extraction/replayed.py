@@ -23,7 +23,7 @@ from biasviz.common.errors import check_interrupted
 from biasviz.common.progress import Progress
 from biasviz.common.shapes import host_arrays
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
-from biasviz.summaries import QuantitySummary
+from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_layer, tell, why_not
@@ -97,11 +97,16 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                         else None if mask is None else Attended(mask.to(dev)))  # fmt: skip
             for part in own.values() if attended is not None else ():
                 part.attend(attended)
-            # a bias the forward kept as f(i - j) (a traced call's ALiBi, T5's buckets) is a table as a scheme's is
-            kept = None if layer in formula or not adapter.adds_bias else adapter.bias_table(layer)
+            # a bias the forward kept as f(i - j) (a traced call's ALiBi, T5's buckets) is a table as a scheme's is;
+            # one kept as g(j) (BLOOM's m·j) a row of keys
+            kept, keys = None, False
+            if layer not in formula and adapter.adds_bias:
+                kept = adapter.bias_table(layer)
+                if kept is None and (kept := adapter.bias_keys(layer)) is not None:
+                    keys = True
             fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
-                                table=formula.get(layer, kept), kept=kept is not None, samples=n, seq_len=seq_len,
-                                block=block, device=dev, positional=positional, measures=measures,
+                                table=formula.get(layer, kept), kept=kept is not None, keys=keys, samples=n,
+                                seq_len=seq_len, block=block, device=dev, positional=positional, measures=measures,
                                 show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
             if fused is not None:
                 if measures and fused.measures is not None:  # the statistics the kernels do not implement
@@ -179,26 +184,44 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
 def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary], *,
            cells: SampleCells | None, attended: Attended | None, table: torch.Tensor | None, samples: int,
            seq_len: int, block: int, device: torch.device, positional: bool, measures: bool,
-           show: Callable[[], Progress], kept: bool = False) -> tuple[PositionSummary | None, str]:  # fmt: skip
+           show: Callable[[], Progress], kept: bool = False,
+           keys: bool = False) -> tuple[PositionSummary | None, str]:  # fmt: skip
     """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why.
     ``kept``: ``table`` is the bias the forward kept, the same for every sample, whose own summary is then the table's
-    (as a declared scheme's is, ``direct`` in :func:`~biasviz.extraction.summary.summarise`)."""
+    (as a declared scheme's is, ``direct`` in :func:`~biasviz.extraction.summary.summarise`); ``keys``: a row of keys
+    g(j), not a table of distance, its summary formed from one sample's rows."""
     why = why_not(adapter, bank, layer, device, by_sample=cells is not None,
                   mask=None if attended is None else attended.mask, table=table, block=block)  # fmt: skip
     got = None
     if why is None:
         bias = own.get("bias") if kept else None
         if bias is not None and table is not None:  # given before the kernels' SEs, which read it
-            bias.given = toeplitz_summary(table, seq_len, block, samples=samples)
+            bias.given = (key_summary(adapter, bank, layer, bias, samples=samples) if keys
+                          else toeplitz_summary(table, seq_len, block, samples=samples))  # fmt: skip
         with torch.inference_mode(), show() as bar:
             got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
                               device=device, positional=positional, measures=measures, table=table,
-                              attended=attended, cells=cells)  # fmt: skip
+                              attended=attended, cells=cells, keys=keys)  # fmt: skip
             bar.update(1)
         if bias is not None and bias.given is not None:  # taken back where the torch path forms the layer after all
             bias.given = None if got is None else replace(bias.given, difference=bias.difference)
         why = "" if got is not None else "a sample's bias differs from the scheme's f(i - j)"
     return got, why
+
+
+def key_summary(adapter: ModelAdapter, bank: SampleBank, layer: int, part: QuantitySummary, *,
+                samples: int) -> Summary:  # fmt: skip
+    """The summary of a bias the forward kept as a row of keys, the same for every sample (compared with each, exactly,
+    as it was kept): the first sample's rows, formed block by block on the device and summarised as a bias declared the
+    same for every input is (its spread 0), once, not once a sample."""
+    one = QuantitySummary("bias", layer, heads=part.heads, seq_len=part.seq_len, block=part.block, causal=True,
+                          mode="shared", device=part.device, samples=samples)  # fmt: skip
+    for r0, r1 in row_blocks(part.seq_len, part.heads, part.device, False):
+        rows = adapter.bias_again(layer, bank, 0, r0, r1)
+        assert rows is not None
+        one.add_moments(r0, rows.float())
+    one.samples = samples
+    return one.result(total_samples=samples)
 
 
 def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary],

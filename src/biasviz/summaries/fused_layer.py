@@ -118,18 +118,20 @@ def _mask_fits(mask: torch.Tensor) -> str | None:
 
 def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
                 block: int, device: torch.device, positional: bool, measures: bool, table: torch.Tensor | None,
-                attended: Attended | None = None,
-                cells: SampleCells | None = None) -> PositionSummary | None:  # fmt: skip
+                attended: Attended | None = None, cells: SampleCells | None = None,
+                keys: bool = False) -> PositionSummary | None:  # fmt: skip
     """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras,
     over the cells of ``attended`` (the call's own mask, one for all; None: causal; where samples are masked
     differently, ``cells``, the cells some sample attends, each sample's own read from the bank for it); None, with
-    nothing given, where a sample's bias differs from ``table`` (the torch path then forms the layer)."""
+    nothing given, where a sample's bias differs from ``table`` (the torch path then forms the layer). ``keys``:
+    ``table`` is a row of keys g(j) (BLOOM's m·j kept from a call), not a table of distance."""
     from biasviz.summaries import kernels
 
     heads, n = adapter.n_heads, samples
     bias = own.get("bias")
     if table is not None:
-        agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device)
+        agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device,
+                                    keys=keys)  # fmt: skip
         if agreement is None or agreement.largest > 0.0:
             return None
         if bias is not None and bias.agreement is not None:
@@ -144,18 +146,20 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
         attended.__dict__.setdefault("per_signed", _signed_counts(attended.mask[0].to(device)))
     mask = own_cells if cells is not None else None if attended is None else attended.mask[0].to(device)
     acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
-                                     block, positional=with_p, cells=mask)  # fmt: skip
+                                     block, positional=with_p, cells=mask, keys=keys)  # fmt: skip
     counts = geometry_counts(seq_len, block, True, device) if attended is None else attended.block_counts(block)
     if not bool(torch.isfinite(acc["maps"]).all()):  # one read, as the torch path's
         raise non_finite_error("weights", layer)
     done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], acc["lse"],
-                          block, table, attended, cells)  # the maps, profiles, key profile and sink shares
+                          block, table, attended, cells, keys)  # the maps, profiles, key profile and sink shares
     shares = None if attended is None else attended.block_shares(block, heads)
     for kind in ("weights", "scores"):
         mean_map, std_map, profile = host_arrays(*(done[map_name(kind, stat)] for stat in ("mean", "std")),
                                                  done[profile_name(kind)])  # fmt: skip
         own[kind].given = Summary(mean=mean_map, std=std_map, profile=profile, diagnostics=None)
-    p_mean, p_profile, p_diagnostics = (_positional(acc, table, layer, seq_len, counts, attended) if with_p
+    # P's sums by distance: less f(d), or (a row of keys, which changes along a diagonal) P's own
+    p_mean, p_profile, p_diagnostics = (_positional(acc, None if keys else table, layer, seq_len, counts, attended)
+                                        if with_p
                                         else (None, None, None))  # fmt: skip
     arrays = None
     if measures:
@@ -213,9 +217,9 @@ def _operands(bank: Any, layer: int, name: str, heads: int | None, seq_len: int)
 
 
 def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor, *, samples: int, seq_len: int,
-                    device: torch.device) -> Agreement | None:  # fmt: skip
-    """Every sample's bias rows, formed by the model's scheme, against f(i - j): the largest |difference| over the
-    cells j <= i, settled once (None: the adapter cannot form the bias alone)."""
+                    device: torch.device, keys: bool = False) -> Agreement | None:  # fmt: skip
+    """Every sample's bias rows, formed by the model's scheme, against f(i - j) (``keys``: g(j)): the largest
+    |difference| over the cells j <= i, settled once (None: the adapter cannot form the bias alone)."""
     agreement = Agreement(device)
     f = table.to(device)
     heads = f.shape[0]
@@ -223,7 +227,7 @@ def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor, *,
     for r0 in range(0, seq_len, step):
         r1 = min(seq_len, r0 + step)
         d = (torch.arange(r0, r1, device=device)[:, None] - torch.arange(r1, device=device)[None, :]).clamp(min=0)
-        expected = f[:, d][None]  # (1, H, rows, r1)
+        expected = (f[:, None, :r1].expand(-1, r1 - r0, -1) if keys else f[:, d])[None]  # (1, H, rows, r1)
         for a in range(samples):
             got = adapter.bias_again(layer, bank, a, r0, r1)
             if got is None:

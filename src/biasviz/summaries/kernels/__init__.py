@@ -57,9 +57,10 @@ def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | Non
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int,
-            cells: torch.Tensor | None = None) -> dict:  # fmt: skip
-    """What both kernels take: the bias as float32 (a placeholder without one), strides, sizes and tiles, and the
-    mask's bits, tile classes and tenths (:func:`mask_operands`; placeholders without one)."""
+            cells: torch.Tensor | None = None, keys: bool = False) -> dict:  # fmt: skip
+    """What both kernels take: the bias as float32 (a placeholder without one; ``keys``: ``table`` is a row of keys
+    g_h(j), not a table of distance), strides, sizes and tiles, and the mask's bits, tile classes and tenths
+    (:func:`mask_operands`; placeholders without one)."""
     n, heads, seq_len, hd = q.shape
     bias = table.to(device=q.device, dtype=torch.float32).contiguous() if table is not None else q.new_empty(1)
     tiles = -(-seq_len // tile)
@@ -73,7 +74,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: 
         masked = mask_operands(cells.to(q.device), tile)
     return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
             "dp": max(16, 1 << (hd - 1).bit_length()),  # head dims padded to a power of 2 (masked)
-            "tiles": tiles, "has_bias": table is not None, **masked, "masked": cells is not None,
+            "tiles": tiles, "has_bias": 0 if table is None else 2 if keys else 1, **masked, "masked": cells is not None,
             "by_sample": by_sample}  # fmt: skip
 
 
@@ -138,13 +139,13 @@ def _sub_blocks(block: int, tile: int) -> int:
 
 
 def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, tile: int = TILE,
-            cells: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+            cells: torch.Tensor | None = None, keys: bool = False) -> torch.Tensor:  # fmt: skip
     """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool, or
-    (N, T, T) each sample's own; 0 for a row with no key)."""
+    (N, T, T) each sample's own; 0 for a row with no key); ``keys``: ``table`` is a row of keys."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile, cells)
+    go = _launch(q, k, table, tile, cells, keys)
     lse = torch.empty(n, heads, seq_len, dtype=torch.float32, device=q.device)
     kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, go["cells"], go["classes"], *go["strides"],
                                               seq_len, heads, go["group"], hd, float(scale), go["width"], go["tiles"],
@@ -162,8 +163,8 @@ def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse:
 
 
 def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
-                       positional: bool = True, tile: int = TILE,
-                       cells: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+                       positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
+                       keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """K1 then K2: every accumulator of a causal layer over its N samples, by name, float64 on q's device, as
     ``tests/summaries/fused_reference.py`` defines them, and ``lse`` (N, H, T) float32.
 
@@ -173,20 +174,22 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     positional logits' ``positional_maps``, ``positional_distance``, ``positional_first``, ``positional_rows``,
     ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``.
     ``cells``: (T, T) bool, one mask for every sample within the causal triangle, or (N, T, T) each sample's own
-    (no P then: it pairs the cells of different samples; a row may see no key) (None: causal)."""
+    (no P then: it pairs the cells of different samples; a row may see no key) (None: causal). ``keys``: ``table`` is
+    a row of keys g_h(j) (BLOOM's m_h·j), and the sums by distance of the scores and of P hold them unshifted."""
     n, heads, seq_len, hd = q.shape
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
     if cells is not None and (not torch.is_tensor(cells) or cells.dim() == 3):  # each sample's own: classed once
         cells = sample_operands(cells, tile)
-    lse = row_lse(q, k, table, scale, tile, cells)
-    return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells), "lse": lse}
+    lse = row_lse(q, k, table, scale, tile, cells, keys)
+    return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells, keys), "lse": lse}
 
 
 def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None,
                        scale: float) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Q = Σ_a q_a (H, T, hd) and K = Σ_a k_a (H_kv, T, hd), summed in float64, float32 contiguous; ref (H,) float32,
-    each head's positional logit P(0, 0) = c Q(0)·K(0) / (N(N - 1)) - c mean_a q_a(0)·k_a(0) / (N - 1) + f(0)."""
+    each head's positional logit P(0, 0) = c Q(0)·K(0) / (N(N - 1)) - c mean_a q_a(0)·k_a(0) / (N - 1) + b(0, 0)
+    (``table``'s first value, f(0) or g(0))."""
     n, heads = q.shape[:2]
     big_q = torch.sum(q, 0, dtype=torch.float64)
     big_k = torch.sum(k, 0, dtype=torch.float64)
@@ -200,13 +203,13 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
 
 
 def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
-               block: int, positional: bool = True, tile: int = TILE,
-               cells: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+               block: int, positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
+               keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse``."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile, cells)
+    go = _launch(q, k, table, tile, cells, keys)
     f64 = {"dtype": torch.float64, "device": q.device}
     nb = -(-seq_len // block)
     out = {
@@ -291,12 +294,13 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
            sinks: torch.Tensor, lse: torch.Tensor, block: int, table: torch.Tensor | None = None,
-           attended: Any = None, cells: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
+           attended: Any = None, cells: Any = None, keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
     :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,
     less the bias, get ``table``'s f(d) back. ``cells``: samples masked differently (a
     :class:`~biasviz.summaries.sample_cells.SampleCells`; ``attended`` the cells some sample attends): the key
-    profile over the queries that see each key averaged over samples, each sample's sink share over its own."""
+    profile over the queries that see each key averaged over samples, each sample's sink share over its own.
+    ``keys``: ``table`` is a row of keys, which the sums by distance already hold."""
     heads, seq_len = by_distance.shape[1:]
     counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
     per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
@@ -313,7 +317,7 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
     for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
         mean = total / per_d
         between = (squares / per_d - mean * mean).clamp(min=0.0)
-        if name == "scores" and table is not None:
+        if name == "scores" and table is not None and not keys:
             mean = mean + table.to(mean)
         out[profile_name(name)] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
     mean = columns[0] / per_key

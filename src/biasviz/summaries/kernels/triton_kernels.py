@@ -2,7 +2,9 @@
 a bias of distance, never written, and reduced where they are formed.
 
 Notation: sample a of N, head h of H (key head h // group), query i, key j <= i (causal), d = i - j,
-s_a(i, j) = c q_a(i)·k_a(j) + f_h(d), w_a(i, j) = exp(s_a(i, j) - lse_a(i)).
+s_a(i, j) = c q_a(i)·k_a(j) + b_h(i, j), w_a(i, j) = exp(s_a(i, j) - lse_a(i)). The bias b is none (``HAS_BIAS`` 0), a
+table of distance f_h(d) (1: a scheme's, ALiBi or T5 kept from a call) or a row of keys g_h(j) (2: BLOOM's m_h·j), its
+table TABLE (H, T) either way.
 
 - :func:`row_lse` (K1): each sample's row log-sum-exp, an online softmax over key tiles with no P·V.
 - :func:`tile_statistics` (K2): one program per query tile and head walks the key tiles up to the diagonal; for each
@@ -55,21 +57,24 @@ def _rows(X, a, h, rows, dims, sxn, sxh, sxt, sxd, T, HD):
 
 
 @triton.jit
-def _bias(TABLE, h, rows, cols, T):
-    """(BM, BN) fp32 f_h(i - j) (0 past the diagonal)."""
+def _bias(TABLE, h, rows, cols, T, KIND: tl.constexpr):
+    """(BM, BN) fp32 b_h(i, j): f_h(i - j) (``KIND`` 1) or g_h(j) (2), 0 past the diagonal."""
     dist = rows[:, None] - cols[None, :]
-    return tl.load(TABLE + h * T + dist, mask=(dist >= 0) & (rows[:, None] < T), other=0.0)
+    at = dist
+    if KIND == 2:
+        at = cols[None, :] + 0 * rows[:, None]
+    return tl.load(TABLE + h * T + at, mask=(dist >= 0) & (rows[:, None] < T), other=0.0)
 
 
 @triton.jit
 def _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD, scale,
             HAS_BIAS: tl.constexpr):  # fmt: skip
-    """(BM, BN) fp32 scores of sample ``a``, head ``h``: c q k^T + f_h(i - j) (0 past the diagonal: masked later)."""
+    """(BM, BN) fp32 scores of sample ``a``, head ``h``: c q k^T + b_h(i, j) (0 past the diagonal: masked later)."""
     q = _rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
     k = _rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     if HAS_BIAS:
-        s += _bias(TABLE, h, rows, cols, T)
+        s += _bias(TABLE, h, rows, cols, T, HAS_BIAS)
     return s
 
 
@@ -148,7 +153,7 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
     q = _rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
     k = _rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     raw = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    s = (raw + _bias(TABLE, h, rows, cols, T)) if HAS_BIAS else raw  # as K1 forms it
+    s = (raw + _bias(TABLE, h, rows, cols, T, HAS_BIAS)) if HAS_BIAS else raw  # as K1 forms it
     at = a * H + h
     lse = tl.load(LSE + at * T + rows, mask=rows < T, other=0.0)
     w = tl.where(used, tl.exp(s - lse[:, None]), 0.0)
@@ -214,17 +219,20 @@ def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, sqn, sqh, sqt, sqd, skn, skh, skt,
 @triton.jit
 def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, mean_raw, bias, h, kh, m0, j0, rows,
                 cols, dims, used, N: tl.constexpr, T, H, HD, scale, BLOCK, NB, SUB: tl.constexpr,
-                TILE: tl.constexpr):  # fmt: skip
-    """The positional logits of one tile, P = c Q·K / (N(N - 1)) - (s̄ - f) / (N - 1) + f (``mean_raw`` = s̄ - f,
+                TILE: tl.constexpr, HAS_BIAS: tl.constexpr = 1):  # fmt: skip
+    """The positional logits of one tile, P = c Q·K / (N(N - 1)) - (s̄ - b) / (N - 1) + b (``mean_raw`` = s̄ - b,
     the mean of c q k^T), and their sums (fp64, added to): block sums (PMAPS), by distance of P - f and of its square
-    (PDIST), P at the keys j < 4 (PFIRST, stored: each cell is this program's), row and column sums below the
-    diagonal (PROWS, PCOLS), Σ P² below and on it (PSQ), and Σ of P - ref and its square (PSHIFT, ref = REF[h])."""
+    (PDIST; of P itself where the bias is a row of keys, which changes along a diagonal), P at the keys j < 4 (PFIRST,
+    stored: each cell is this program's), row and column sums below the diagonal (PROWS, PCOLS), Σ P² below and on it
+    (PSQ), and Σ of P - ref and its square (PSHIFT, ref = REF[h])."""
     bq = _rows(BQ, 0, h, rows, dims, 0, T * HD, HD, 1, T, HD)  # Q = Σ q, K = Σ k: (H, T, HD), (H_kv, T, HD)
     bk = _rows(BK, 0, kh, cols, dims, 0, T * HD, HD, 1, T, HD)
     qk = tl.dot(bq, tl.trans(bk), input_precision="ieee") * scale
     dev = tl.where(used, qk * (1.0 / (N * (N - 1))) - mean_raw * (1.0 / (N - 1)), 0.0)  # P - f
     p = tl.where(used, dev + bias, 0.0)
     _block_add(PMAPS + h * NB * NB, p, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
+    if HAS_BIAS == 2:
+        dev = p
     _diagonals(PDIST + h * T, dev, m0, j0, T, TILE)
     _diagonals(PDIST + (H + h) * T, dev * dev, m0, j0, T, TILE)
     if j0 == 0:
@@ -328,7 +336,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             var_s = tl.maximum(ds2 * inv - ms * ms, 0.0)
             bias = tl.zeros([BM, BN], tl.float32)
             if HAS_BIAS:
-                bias = tl.where(used, _bias(TABLE, h, rows, cols, T), 0.0)  # 0 where not used
+                bias = tl.where(used, _bias(TABLE, h, rows, cols, T, HAS_BIAS), 0.0)  # 0 where not used
             mean_s = raw0 + ms + bias
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
             base = MAPS + h * plane
@@ -345,10 +353,13 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             mean_w64 = mean_w.to(tl.float64)
             _diagonals(DIST + line + h * T, mean_w64 * mean_w64, m0, j0, T, BM)
             _diagonals(DIST + 2 * line + h * T, var_w, m0, j0, T, BM)
-            # the scores less their bias, the same along a diagonal: Σ s̄² - (Σ s̄)² / n of an ALiBi diagonal far out
-            # would cancel the spread along it in float32
-            _diagonals(DIST + 3 * line + h * T, raw0 + ms, m0, j0, T, BM)
-            mean_raw64 = (raw0 + ms).to(tl.float64)
+            # the scores less a bias of distance, the same along a diagonal: Σ s̄² - (Σ s̄)² / n of an ALiBi diagonal
+            # far out would cancel the spread along it in float32 (a bias of the key changes along it: kept in)
+            along = raw0 + ms
+            if HAS_BIAS == 2:
+                along = mean_s
+            _diagonals(DIST + 3 * line + h * T, along, m0, j0, T, BM)
+            mean_raw64 = along.to(tl.float64)
             _diagonals(DIST + 4 * line + h * T, mean_raw64 * mean_raw64, m0, j0, T, BM)
             _diagonals(DIST + 5 * line + h * T, var_s, m0, j0, T, BM)
             # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²), in fp64 as the
@@ -360,4 +371,4 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                               mask=cols < T)  # fmt: skip
             if POSITIONAL:
                 _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, raw0 + ms, bias, h, kh, m0,
-                            j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, SUB, BM)  # fmt: skip
+                            j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, SUB, BM, HAS_BIAS)  # fmt: skip
