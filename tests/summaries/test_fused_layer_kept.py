@@ -46,15 +46,27 @@ class KeyBias(Alibi):
         return (SLOPES * j.float()).masked_fill(j > i, float("-inf"))[None]
 
 
-def _bloom() -> Any:
-    """transformers' BLOOM (1 layer, 4 heads, random weights) through its hooks: its bias m·j."""
-    from transformers import BloomConfig, BloomModel
+def _hooked(name: str) -> Any:
+    """transformers' BLOOM, MPT or Falcon with ALiBi (1 layer, 4 heads, random weights) through its hooks: a bias of
+    the key, m·j (MPT's m·(j - T + 1); Falcon's scaled with q·k)."""
+    import transformers
 
-    from biasviz.adapters.transformers_alibi import BloomAdapter
+    from biasviz.adapters import transformers_alibi
 
     torch.manual_seed(0)
-    model = BloomModel(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4)).eval()
-    return BloomAdapter(model, scheme="alibi", n_layers=1, n_heads=4, source="test")
+    if name == "bloom":
+        model = transformers.BloomModel(transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4))
+    elif name == "mpt":
+        model = transformers.MptModel(transformers.MptConfig(vocab_size=VOCAB, d_model=32, n_layers=1, n_heads=4,
+                                                             max_seq_len=T))  # fmt: skip
+    else:
+        config = transformers.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
+                                           num_attention_heads=4, alibi=True, new_decoder_architecture=False,
+                                           multi_query=False, parallel_attn=False, bias=True)  # fmt: skip
+        model = transformers.FalconModel._from_config(config, attn_implementation="eager")  # as biasviz loads it
+    adapter = {"bloom": transformers_alibi.BloomAdapter, "mpt": transformers_alibi.MptAdapter,
+               "falcon": transformers_alibi.FalconAdapter}[name]  # fmt: skip
+    return adapter(model.eval(), scheme="alibi", n_layers=1, n_heads=4, source="test")
 
 
 def _summary(model: Any, ids: np.ndarray, out: Path, mode: str,
@@ -73,7 +85,7 @@ def _summary(model: Any, ids: np.ndarray, out: Path, mode: str,
         return {key: f[name][key][()] for key in f[name]}, {**f.attrs, **f[name].attrs}
 
 
-@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder", "keys, sdpa", "bloom"])
+@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder", "keys, sdpa", "bloom", "mpt", "falcon"])
 def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch_path_writes(
         written: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from biasviz.summaries import kernels
@@ -85,8 +97,8 @@ def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch
     def model() -> Any:
         if written == "t5 decoder":
             return _t5_decoder()
-        if written == "bloom":
-            return _bloom()
+        if written in ("bloom", "mpt", "falcon"):
+            return _hooked(written)
         torch.manual_seed(0)
         layer = (KeyBias if written.startswith("keys") else Alibi)("alibi").eval()
         layer.written = written.removeprefix("keys, ")
