@@ -58,3 +58,32 @@ def test_a_fused_layer_reads_the_host_a_fixed_number_of_times(monkeypatch: pytes
     assert abs(got[128, 3].kernels - got[64, 3].kernels) <= 20  # (a few by the number of distance bins)
     extra = got[128, 5].kernels - got[128, 3].kernels
     assert 0 <= extra <= 2 * PER_SAMPLE, extra
+
+
+def test_a_fused_layer_of_a_kept_row_of_keys_reads_the_host_a_fixed_number_of_times(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
+    """BLOOM through its hooks, its bias m·j kept as a row of keys: the layer's whole fused summary, the bias's own
+    summary from one sample's rows included, reads the host as often whatever its length and samples, and its
+    operations grow with neither but for the bias check's few per sample."""
+    from biasviz.extraction.summary import extract_summary
+    from biasviz.summaries import kernels
+    from tests.summaries.test_fused_layer_kept import _hooked
+
+    got = {}
+    for seq_len, samples in [(64, 3), (128, 3), (128, 5)]:
+        with monkeypatch.context() as m:
+            spy = Dispatched()
+            m.setenv("BIASVIZ_STATISTICS", "fused")
+            m.setattr(kernels, "unavailable", lambda device: None)
+            m.setattr(kernels, "layer_accumulators", spy.counting(_reference_accumulators, False), raising=False)
+            m.setattr(replayed_module, "_fused", spy.counting(replayed_module._fused, True))
+            ids = np.random.default_rng(seq_len + samples).integers(0, 64, size=(samples, seq_len))
+            with gpu_shapes(), spy, torch.no_grad():
+                extract_summary(_hooked("bloom"), ids, tmp_path / "s.h5", layers=-1, resolution=16, device="cpu",
+                                progress=False, force=True)  # fmt: skip
+            got[seq_len, samples] = spy
+    reads = {spy.reads for spy in got.values()}
+    assert len(reads) == 1 and reads.pop() <= 10, {k: s.reads for k, s in got.items()}
+    assert abs(got[128, 3].kernels - got[64, 3].kernels) <= 20  # (a few by the number of distance bins)
+    extra = got[128, 5].kernels - got[128, 3].kernels
+    assert 0 <= extra <= 2 * PER_SAMPLE, extra

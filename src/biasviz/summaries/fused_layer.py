@@ -92,7 +92,7 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
     if by_sample and bank.cell_heads(layer, SAMPLE_CELLS) > 1:  # the kernels take one set of cells a sample
         return "its heads attend cells of their own, and each sample its own"
     if adapter.adds_bias and table is None:
-        return "its bias is not a function of i - j alone, the same for every input"
+        return "its bias is neither a function of i - j alone nor one of the key alone, the same for every input"
     if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
         return "its q and k spilled to a temporary file"
     seq_len = bank.seq_len(layer, "q")
