@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import pytest
 import torch
 
 from biasviz.tracing import Trace
@@ -51,10 +52,17 @@ class FlexAlibi(Alibi):
         return out.sum()
 
 
-def test_attention_gym_s_alibi_and_a_window_block_mask_are_formed_again_as_float64_math_has_them(tmp_path: Any) -> None:
+@pytest.mark.parametrize("rows", [None, 3], ids=["every row at once", "3 query rows at a time"])
+def test_attention_gym_s_alibi_and_a_window_block_mask_are_formed_again_as_float64_math_has_them(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, rows: int | None) -> None:  # fmt: skip
     """ALiBi as a score_mod over a sliding-window block mask, 3 samples in one batch, blocks of 2 positions: formed
     again (nothing streamed, nothing started again), every quantity as float64 math on the SDPA twin's call has it, and
-    every dataset as the same call streamed whole gives it."""
+    every dataset as the same call streamed whole gives it. The keeping trace evaluates score_mod and the mask a block
+    of query rows at a time (``rows``: blocks that do not divide T)."""
+    import biasviz.tracing.flex as flex
+
+    if rows is not None:
+        monkeypatch.setattr(flex, "KEEP_CELLS", N * HEADS * T * rows)
     torch.manual_seed(0)
     model = FlexAlibi("window").eval()
     ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))

@@ -22,10 +22,11 @@ from biasviz.tracing.calls import (
 
 
 def _on_grid(fn: Callable[..., torch.Tensor], shape: tuple[int, int, int, int], device: torch.device,
-             score: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+             score: torch.Tensor | None = None, first_query: int = 0) -> torch.Tensor:  # fmt: skip
     """``fn`` (a score_mod or mask_mod, written for scalars) over every (b, h, q_idx, kv_idx), as flex's
-    own eager path evaluates it: vmapped once per dimension."""
+    own eager path evaluates it: vmapped once per dimension; q_idx from ``first_query`` on (a block of query rows)."""
     idx = [torch.arange(n, device=device, dtype=torch.int32) for n in shape]
+    idx[2] = idx[2] + first_query
     lead = () if score is None else (0,)
     mapped = fn
     for dim in (3, 2, 1, 0):  # innermost first: kv_idx, q_idx, head, batch
@@ -104,14 +105,60 @@ def _flex(bound: dict[str, Any]) -> _Flex:
     return _Flex(q, k, scale, kept, before, out, offset, additive)
 
 
+# grid cells (batch x heads x query rows x keys) a keeping trace evaluates score_mod and mask_mod on at a time: the
+# probes' few float32 temporaries a block, not the whole (B, H, T, T) grid's
+KEEP_CELLS = 1 << 22
+
+
 def flex_operands(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SdpaOperands | None:
     """A flex_attention call's operands as an SDPA call's: q, k, scale, the cells kept and score_mod's additive part
-    (the bias); None where score_mod is not additive (softcapping), so rows formed again could not be its own."""
+    (the bias); None where score_mod is not additive (softcapping), so rows formed again could not be its own.
+
+    Evaluated a block of query rows at a time (:data:`KEEP_CELLS` cells): what is kept is the grid's cells and the
+    additive part, not the scores, score_mod's output and its probes of the whole grid (flex_attention itself forms
+    none of them on a GPU)."""
+    bound = _flex_bound(args, kwargs)
+    q, k = bound["query"], bound["key"]
+    score_mod, block_mask = bound.get("score_mod"), bound.get("block_mask")
+    batch, heads, q_len = q.shape[:3]
+    k_len = k.shape[-2]
+    mask_mod = block_mask[-1] if isinstance(block_mask, tuple) and block_mask else None
+    scale = bound.get("scale")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
+    mask_buffers = tuple(bound.get("mask_mod_other_buffers") or ())
+    score_buffers = tuple(bound.get("score_mod_other_buffers") or ())
+    if mask_mod is None and identity:  # every cell, nothing added
+        return SdpaOperands(q, k, torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=q.device), None, scale)
+    kept = torch.empty(batch, heads, q_len, k_len, dtype=torch.bool, device=q.device)
+    offset = None if identity else torch.empty(batch, heads, q_len, k_len, device=q.device)
+    rows = max(1, KEEP_CELLS // max(1, batch * heads * k_len))
     with torch.no_grad():
-        got = _flex(_flex_bound(args, kwargs))
-    if not got.additive:
-        return None
-    return SdpaOperands(got.q, got.k, got.kept, got.offset if got.adds else None, got.scale)
+        for r0 in range(0, q_len, rows):
+            r1 = min(q_len, r0 + rows)
+            shape = (batch, heads, r1 - r0, k_len)
+            cells = torch.ones(shape, dtype=torch.bool, device=q.device)
+            if mask_mod is not None:
+                cells = _on_grid(lambda *a: mask_mod(*a, *mask_buffers), shape, q.device, first_query=r0).bool()
+                cells = cells.expand(shape)
+            if offset is not None:
+
+                def modded(s: torch.Tensor, shape: tuple[int, ...] = shape, r0: int = r0) -> torch.Tensor:
+                    return _on_grid(lambda x, *a: score_mod(x, *a, *score_buffers), shape, q.device, score=s,
+                                    first_query=r0).float()  # fmt: skip
+
+                before = _scores(q[:, :, r0:r1], k, scale)
+                out = modded(before)
+                cells = cells & (out > MASKED_BELOW)  # a score_mod that masks by itself
+                offset[:, :, r0:r1] = modded(torch.zeros_like(before))
+                if not _additive(before, out, offset[:, :, r0:r1], cells) or not all(
+                        _additive(before.new_full((), probe).expand_as(before), modded(before.new_full(shape, probe)),
+                                  offset[:, :, r0:r1], cells)
+                        for probe in PROBES):  # fmt: skip
+                    return None
+            kept[:, :, r0:r1] = cells
+    adds = offset is not None and bool(offset.masked_fill(~kept, 0).ne(0).any())
+    return SdpaOperands(q, k, kept, offset if adds else None, scale)
 
 
 def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
