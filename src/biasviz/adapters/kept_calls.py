@@ -139,8 +139,8 @@ class KeptCalls:
         """Each sample's own bias of call ``index`` (``bias``, over the cells ``ops`` kept), in the form of the first
         sample's (a row of keys, or a table of j - i: H·T or H·(2T - 1) floats a sample, beside its q and k), into the
         bank; the samples before, by the one bias they had. A bias that is not of that form (one of each cell that
-        depends on the text, which would bank H·T² floats a sample), or one under torchrun (whose processes are joined
-        by one bias), starts the summary again, streamed, and says so."""
+        depends on the text, which would bank H·T² floats a sample) starts the summary again, streamed, and says so;
+        under torchrun, whose processes are joined by one bias, a bias that differs is refused."""
         bank, batch = self.bank, ops.q.shape[0]
         differs = MasksDifferBySample(f"attention call {index} added another bias for sample {bank.start} or one of "
                                       "its batch than for the first")  # fmt: skip
@@ -202,11 +202,10 @@ class KeptCalls:
         (B·T² bytes a layer, 1 GiB a sample at T = 32768)."""
         if call.mask is None:
             return call
-        for other in self.formed.values():
-            held = other.mask
-            if held is not None and held.shape == call.mask.shape and held.device == call.mask.device \
-                    and bool(torch.equal(held, call.mask)):  # fmt: skip
-                return dataclasses.replace(call, mask=held)
+        held = {id(other.mask): other.mask for other in self.formed.values() if other.mask is not None}
+        for mask in held.values():  # each distinct mask once
+            if mask.shape == call.mask.shape and mask.device == call.mask.device and bool(torch.equal(mask, call.mask)):
+                return dataclasses.replace(call, mask=mask)
         return dataclasses.replace(call, mask=call.mask.clone())
 
     def _digest(self, index: int, call: KeptCall) -> torch.Tensor:
