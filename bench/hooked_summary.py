@@ -1,6 +1,7 @@
 """A summary of a transformers model that biasviz opens with hooks on its attention modules (BLOOM: ALiBi; T5's
 encoder: bucketed relative bias, every key; GPT-2: no bias, eager), of Gemma 2 (traced eager attention, softcapped,
-a sliding window of T / 4 in its first layer), or of a module it traces: attention written in
+a sliding window of T / 4 in its first layer), of GPT-OSS (traced eager attention over a learned sink column beside the
+keys, a sliding window of T / 4 in its first layer, 2 experts), or of a module it traces: attention written in
 eager PyTorch (q.kᵀ, + ALiBi, softmax), ``flex_attention`` with ALiBi as a score_mod and a causal block mask, or
 ``nn.MultiheadAttention`` with ALiBi in its float mask. Time and peak RSS of ``biasviz.extract(path or module,
 summary=True)`` on one version of biasviz against another, each run in a fresh process, interleaved (BENCHMARKS.md §14).
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import timed_into_temporary  # noqa: E402
 
 SAMPLES = 3
-MODELS = ("bloom", "t5", "gpt2", "gemma2", "eager", "flex", "mha")
+MODELS = ("bloom", "t5", "gpt2", "gemma2", "gpt_oss", "eager", "flex", "mha")
 
 
 def save(kind: str, seq_len: int, where: Path) -> Path:
@@ -53,6 +54,14 @@ def save(kind: str, seq_len: int, where: Path) -> Path:
                               num_attention_heads=4, num_key_value_heads=4, head_dim=64, attn_logit_softcapping=50.0,
                               sliding_window=seq_len // 4, max_position_embeddings=seq_len)  # fmt: skip
         Gemma2ForCausalLM(config).save_pretrained(path)
+    elif kind == "gpt_oss":  # eager attention with sink columns, traced
+        from transformers import GptOssConfig, GptOssForCausalLM
+
+        config = GptOssConfig(vocab_size=512, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=4, head_dim=64, num_local_experts=2,
+                              num_experts_per_tok=1, sliding_window=seq_len // 4, max_position_embeddings=seq_len,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})  # fmt: skip
+        GptOssForCausalLM(config).save_pretrained(path)
     elif kind == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 

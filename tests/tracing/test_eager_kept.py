@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from biasviz.tracing import Trace
-from biasviz.tracing.eager import eager_operands
+from biasviz.tracing.eager_kept import eager_operands
 from tests.extraction.one_layer import WIDTH, both_ways
 from tests.extraction.test_summary_added_bias import Alibi
 from tests.summaries.test_sample_cells import HEADS, VOCAB, T, caught_call

@@ -21,6 +21,7 @@ from biasviz.adapters.rows import RowBlock
 
 SAMPLE_CELLS = "attended"  # a bank's name for each sample's own attended cells, where samples are masked differently
 SAMPLE_BIAS = "bias"  # each sample's own bias of a kept call, where it differs by sample (keys, or j - i)
+SAMPLE_SINKS = "sinks"  # each row's sink logit of a kept call whose softmax runs over sink columns too (GPT-OSS)
 MASK_DIGEST = "mask digest"  # under torchrun: each sample's call's mask as a SHA-256 digest, compared once joined
 
 

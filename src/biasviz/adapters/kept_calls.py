@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from biasviz.adapters.again import MASK_DIGEST, SAMPLE_BIAS, SAMPLE_CELLS, FormsRowsAgain
+from biasviz.adapters.again import MASK_DIGEST, SAMPLE_BIAS, SAMPLE_CELLS, SAMPLE_SINKS, FormsRowsAgain
 from biasviz.adapters.kept_bias import KeptBias, added_bias
 from biasviz.adapters.rows import RowBlock, plain_cells
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
@@ -96,6 +96,7 @@ class KeptCalls:
     groups: dict[int, int] = field(default_factory=dict)  # per call: query heads per key head (k banked repeated)
     biases: dict[int, KeptBias] = field(default_factory=dict)  # per call that adds a bias: the first sample's
     bias_by_sample: set[int] = field(default_factory=set)  # calls whose bias differs by sample: each one's banked
+    sinks: dict[int, bool] = field(default_factory=dict)  # per call: whether its softmax runs over sink columns too
     digests: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # torchrun: bias values, hash
 
     def keep(self, index: int, ops: SdpaOperands | None) -> None:
@@ -116,6 +117,7 @@ class KeptCalls:
                                "the first: the model's bias depends on the input; summarise it with --resolution "
                                "equal to --seq-len and --batch-size covering every sample")  # fmt: skip
         self._keep_cells(index, ops)
+        self._keep_sinks(index, ops)
         heads = ops.q.shape[1]
         self.groups[index] = heads // ops.k.shape[1]
         bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
@@ -158,6 +160,15 @@ class KeptCalls:
                 bank.put(index, SAMPLE_BIAS, before, at=a)
             self.bias_by_sample.add(index)
         bank.put(index, SAMPLE_BIAS, own.values.expand(batch, heads, -1).transpose(1, 2))  # (B, L, H)
+
+    def _keep_sinks(self, index: int, ops: SdpaOperands) -> None:
+        """Each row's sink logit of call ``index`` (GPT-OSS's sink columns beside the keys), (B, T, H) into the bank
+        beside q and k: a sample's sink share is the model's, whatever its rows were shifted by."""
+        if self.sinks.setdefault(index, ops.sinks is not None) != (ops.sinks is not None):
+            raise MasksDifferBySample(f"attention call {index} ran its softmax over sink columns for sample "
+                                      f"{self.bank.start} or one of its batch, and not for the first, or the other way")
+        if ops.sinks is not None:
+            self.bank.put(index, SAMPLE_SINKS, ops.sinks.float().transpose(1, 2))
 
     def _keep_cells(self, index: int, ops: SdpaOperands) -> None:
         """What call ``index`` attended to for the batch: one mask while every sample has the same (kept once);
@@ -239,7 +250,10 @@ class KeptCalls:
         if layer in self.biases:  # (1, H, rows, keys): the one every sample added (or this one's), 0 where not attended
             added = self._bias_of(layer, bank, sample).rows(r0, r1, keys).to(q.device)
             bias = torch.where(cells, added, 0.0).expand(1, heads, -1, -1)
-        scores, weights = formed_rows(q, k, kept.scale, cells, bias, kept.softcap)
+        sinks = None
+        if self.sinks.get(layer):  # (1, H, rows): each row's sink logit, beside the keys in the softmax
+            sinks = bank.get(layer, SAMPLE_SINKS, sample, r0, r1).T[None].to(q.device)
+        scores, weights = formed_rows(q, k, kept.scale, cells, bias, kept.softcap, sinks)
         return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias if want_bias else None, attended=own)
 
     def _bias_of(self, layer: int, bank: Any, sample: int) -> KeptBias:
@@ -279,7 +293,8 @@ class FormsKeptCallsAgain(FormsRowsAgain):
         """A call formed again is c·q·kᵀ (+ the one bias kept) under its one mask: what the fused kernels form, where it
         adds no bias and takes no softcap."""
         kept = self._kept
-        return bool(self.replays) and (kept is None or all(c.softcap is None for c in kept.formed.values()))
+        return bool(self.replays) and (kept is None or (all(c.softcap is None for c in kept.formed.values())
+                                                        and not any(kept.sinks.values())))  # fmt: skip
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         assert self._kept is not None

@@ -161,6 +161,9 @@ class SdpaOperands:
     additive: torch.Tensor | None  # (1 or B, 1 or H, Tq, Tk): a float mask that adds more than 0 and "masked"
     scale: float  # what q.k is multiplied by
     softcap: float | None = None  # c: the softmax takes c·tanh(s / c) of the scores s (an eager call's softcapping)
+    # (B, H, Tq): where the softmax also runs over sink columns beside the keys (GPT-OSS), their logits' log-sum-exp for
+    # each row, in the scale of the scores s: the denominator takes exp of it beside the keys' own
+    sinks: torch.Tensor | None = None
 
     def facts(self, index: int) -> AttentionCall:
         """The call's facts (heads, lengths, causal, adds a bias), nothing formed."""
@@ -254,13 +257,21 @@ def formed_scores(ops: SdpaOperands) -> torch.Tensor:
 
 
 def formed_rows(q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tensor, bias: torch.Tensor | None = None,
-                softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                softcap: float | None = None, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores and weights of queries (B, H, rows, E) against keys (B, H or fewer, keys, E), plus ``bias`` (float32;
     None: none), as :func:`sdpa_call` forms them; ``kept`` and ``bias`` broadcast to (B, H, rows, keys). ``softcap``
-    c: the weights are the softmax of c·tanh(s / c), the scores s as the call's inputs give them (before that step)."""
+    c: the weights are the softmax of c·tanh(s / c), the scores s as the call's inputs give them (before that step).
+    ``sinks`` (B, H, rows): each row's sink columns' log-sum-exp, in the denominator beside the keys (the keys' weights
+    then sum to less than 1, as the model's do; a row with no key has weights 0)."""
     scores = _scores(q, k, scale) if bias is None else _scores(q, k, scale) + bias
     capped = scores if softcap is None else torch.tanh(scores / softcap) * softcap
-    return scores, _softmax_kept(capped, kept)
+    if sinks is None:
+        return scores, _softmax_kept(capped, kept)
+    z = capped.masked_fill(~kept, float("-inf"))
+    sink = sinks[..., None].float()
+    top = torch.maximum(z.amax(-1, keepdim=True), sink)
+    e = torch.exp(z - top)
+    return scores, e / (e.sum(-1, keepdim=True) + torch.exp(sink - top))
 
 
 def packed_groups(depth: int = 12) -> int:

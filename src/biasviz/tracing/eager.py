@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from biasviz.tracing.calls import FORMED_BEFORE, AttentionCall, SdpaOperands, _is_causal, _threshold, one_layout
+from biasviz.tracing.calls import FORMED_BEFORE, AttentionCall, _is_causal, _threshold, one_layout
+from biasviz.tracing.eager_kept import _bhqk, _masks_only, eager_operands
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.scores import Scores, Term
 
@@ -292,15 +293,6 @@ def softmax_dim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     return dim if isinstance(dim, int) else None
 
 
-def _masks_only(added: torch.Tensor | None, kept: torch.Tensor, shape: torch.Size) -> bool:
-    """Whether the terms added to scores of ``shape`` only mask: 0 on every attended cell (``kept``, as (B, H, Tq,
-    Tk)), the rest masked away."""
-    if added is None:
-        return True
-    b = _bhqk(added.expand(shape))
-    return b.shape == kept.shape and not bool(b.masked_fill(~kept, 0).ne(0).any())
-
-
 def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record: bool,
                inspect: bool, scores: bool = False) -> AttentionCall:  # fmt: skip
     """One softmax over a score tensor: its weights (the softmax's own output), bias, masks and sink share;
@@ -350,40 +342,3 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
             if s.columns is not None:
                 call.sink = out4[..., :start].float().sum(-1) + out4[..., stop:].float().sum(-1)
     return call
-
-
-def eager_operands(x: torch.Tensor, s: Scores, learned: bool = False) -> SdpaOperands | None:
-    """What a softmax over eager scores ``x`` forms its weights from, as an SDPA call's operands, where scale·q·kᵀ plus
-    the terms added, under a mask, is all the scores went through (or softcapping, c·tanh(s / c), of a plain scale·q·kᵀ:
-    Gemma 2's), and the model formed them in float32 (so that rows formed again from q and k are the model's own, to
-    rounding); None where they cannot be formed again that way (another note, sink columns, moved cells, a lower
-    precision, q and k that cannot be followed). ``learned``: a term made from the model's parameters is a bias even
-    where it holds zeros."""
-    kept = _bhqk(x) > _threshold(x.dtype)
-    capped = s.capped_at is not None and _masks_only(s.bias(), kept, x.shape)  # c·tanh(x / c) of q·kᵀ, then masks
-    pair = s.q_and_k() if not (s.moved or s.columns is not None) and (not s.note or capped) else None
-    if pair is None or x.dtype != torch.float32 or any(t.dtype != torch.float32 for t in pair):
-        return None
-    if pair[0].shape[:-1] != x.shape[:-1] or pair[1].shape[-2] != x.shape[-1]:
-        return None
-    q, k = _bhqk(pair[0]), _bhqk(pair[1])
-    if capped:  # the softcap c: the scale met at the tanh is scale / c (the factors cancel in s.scale)
-        assert s.capped_at is not None
-        return SdpaOperands(q, k, kept, None, float(s.scale), softcap=float(s.scale) / s.capped_at)
-    added = s.bias()
-    additive = None
-    if added is not None:
-        additive = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]))
-        learned = learned or any(t.learned for t in s.terms)
-        if not learned and not bool(additive.masked_fill(~kept, 0).ne(0).any()):
-            additive = None  # the terms only mask
-    return SdpaOperands(q, k, kept, additive, float(s.scale))
-
-
-def _bhqk(t: torch.Tensor) -> torch.Tensor:
-    """(..., Tq, Tk) as (B, H, Tq, Tk): 2-D is one sample of one head, 3-D one head per sample."""
-    if t.dim() == 2:
-        return t[None, None]
-    if t.dim() == 3:
-        return t.unsqueeze(1)
-    return t.reshape(-1, *t.shape[-3:]) if t.dim() > 4 else t

@@ -31,7 +31,8 @@ from biasviz.tracing.calls import (
     sdpa_operands,
     unformed,
 )
-from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, eager_operands, softmax_dim
+from biasviz.tracing.eager import PRODUCTS, SOFTMAX, EagerTracker, eager_call, softmax_dim
+from biasviz.tracing.eager_kept import eager_operands
 from biasviz.tracing.flex import flex_call, flex_operands
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.stop import StopForward
