@@ -14,6 +14,7 @@ import torch
 
 from tests.extraction.one_layer import assert_same_datasets, both_ways
 from tests.summaries.test_sample_cells import HEADS, VOCAB, T, block_means, per_cell
+from tests.summaries.test_sample_cells_padded_llama import left_padded
 
 N = 3
 PADS = (3, 0, 5)  # the first sample padded: its cells show part of its bias, and the later ones other values
@@ -25,15 +26,7 @@ def _model() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Any]:
     torch.manual_seed(0)
     model = BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=HEADS)).eval()
     ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(3))
-    pad = torch.ones(N, T, dtype=torch.long)
-    for a, p in enumerate(PADS):
-        pad[a, :p] = 0
-    rows = {tuple(r.tolist()): a for a, r in enumerate(ids)}
-
-    def forward(batch: torch.Tensor) -> Any:
-        return model(batch, attention_mask=pad[[rows[tuple(r.tolist())] for r in batch]])
-
-    return model, ids, pad, forward
+    return model, ids, *left_padded(model, ids, PADS)
 
 
 @pytest.fixture(scope="module", params=[1, N], ids=lambda b: f"batch {b}")

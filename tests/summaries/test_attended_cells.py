@@ -242,19 +242,11 @@ def test_sink_columns_and_a_row_shift_keep_the_scores_and_positional_logits_of_t
     """GPT-OSS appends a learned sink column to every row and subtracts the row maximum before the softmax: the
     summary stores the keys' scores unshifted (scale·q·kᵀ) and P from q and k over the attended cells (a sliding
     layer, then a global one), while its weights are the model's own (the sink's share left out)."""
-    from transformers import GptOssConfig, GptOssForCausalLM
     from transformers.models.gpt_oss import modeling_gpt_oss
 
-    torch.manual_seed(0)
-    config = GptOssConfig(hidden_size=32, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=8,
-                          num_hidden_layers=2, intermediate_size=32, vocab_size=VOCAB, num_local_experts=2,
-                          num_experts_per_tok=1, sliding_window=WINDOW, max_position_embeddings=64,
-                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                          attn_implementation="eager")  # fmt: skip
-    model = GptOssForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.sinks.normal_()
+    from tests.tracing.test_eager_kept_sinks import gpt_oss
+
+    model = gpt_oss(2, sink_std=1.0)
     ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(7))
     seen: list[dict[str, Any]] = []
 

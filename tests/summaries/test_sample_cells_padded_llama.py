@@ -33,15 +33,22 @@ def _model(implementation: str) -> tuple[torch.nn.Module, torch.Tensor, Any]:
                          attn_implementation=implementation)  # fmt: skip
     model = LlamaForCausalLM(config).eval()
     ids = torch.randint(1, VOCAB, (N, T), generator=torch.Generator().manual_seed(3))
-    pad = torch.ones(N, T, dtype=torch.long)
-    for a, p in enumerate(PADS):
+    _, forward = left_padded(model, ids, PADS)
+    return model, ids, forward
+
+
+def left_padded(model: torch.nn.Module, ids: torch.Tensor, pads: tuple[int, ...]) -> tuple[torch.Tensor, Any]:
+    """Sample a's first ``pads[a]`` positions padded: the ``attention_mask`` (N, T) and a forward that hands the model
+    each batch's rows of it, found by their tokens (a summary runs the samples in batches of its own)."""
+    pad = torch.ones(ids.shape, dtype=torch.long)
+    for a, p in enumerate(pads):
         pad[a, :p] = 0
     rows = {tuple(r.tolist()): a for a, r in enumerate(ids)}
 
     def forward(batch: torch.Tensor) -> Any:
         return model(batch, attention_mask=pad[[rows[tuple(r.tolist())] for r in batch]])
 
-    return model, ids, forward
+    return pad, forward
 
 
 def caught_eager(forward: Any) -> dict[str, np.ndarray]:

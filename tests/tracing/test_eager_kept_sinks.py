@@ -16,7 +16,9 @@ from tests.extraction.one_layer import assert_same_datasets, both_ways
 from tests.summaries.test_attended_cells import HEADS, KV_HEADS, VOCAB, WINDOW, N, T
 
 
-def _gpt_oss(layers: int) -> Any:
+def gpt_oss(layers: int, sink_std: float = 2.0) -> Any:
+    """A tiny GPT-OSS (eager attention, a sliding window of WINDOW keys in its first layer, then global), its learned
+    sinks drawn with spread ``sink_std`` (2: sinks that take a real share of the softmax)."""
     from transformers import GptOssConfig, GptOssForCausalLM
 
     torch.manual_seed(0)
@@ -28,7 +30,7 @@ def _gpt_oss(layers: int) -> Any:
     model = GptOssForCausalLM(config).eval()
     with torch.no_grad():
         for layer in model.model.layers:
-            layer.self_attn.sinks.normal_(std=2.0)  # sinks that take a real share
+            layer.self_attn.sinks.normal_(std=sink_std)
     return model
 
 
@@ -36,7 +38,7 @@ def _gpt_oss(layers: int) -> Any:
                 ids=lambda p: f"{'sliding' if p[0] == 1 else 'global'} layer, batch {p[1]}")  # fmt: skip
 def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     layers, batch = request.param
-    model = _gpt_oss(layers)
+    model = gpt_oss(layers)
     ids = torch.randint(0, VOCAB, (N, T), generator=torch.Generator().manual_seed(7))
     got = both_ways(model, ids, tmp_path_factory.mktemp("sinks"), batch, T)
     with torch.no_grad():
