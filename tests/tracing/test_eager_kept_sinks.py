@@ -68,3 +68,26 @@ def test_formed_again_as_the_rows_streamed_whole_give_it(summarised: dict[str, A
     stored, streamed = summarised["stored"], summarised["streamed"]
     assert set(stored) - set(streamed) == {"positional_frequency", "positional_frequency_se"}
     assert_same_datasets({name: stored[name] for name in streamed}, streamed, atol=2e-6)
+
+
+def test_formed_rows_with_sinks_are_a_softmax_over_the_keys_and_the_sink_together() -> None:
+    """formed_rows(sinks=) against float64 numpy of a softmax over [the row's attended scores, its sink logit], the
+    keys' part: a row with no key has weights 0, beside a finite sink or one of -inf."""
+    from biasviz.tracing.calls import formed_rows
+
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(1, 2, 5, 4)), rng.normal(size=(1, 2, 6, 4))
+    kept = np.tril(np.ones((5, 6), bool), 1)[None, None].repeat(2, 1)
+    kept[0, 1, 2] = False  # a row with no key
+    sinks = rng.normal(size=(1, 2, 5))
+    sinks[0, 1, 2] = -np.inf
+    scores, weights = formed_rows(*(torch.from_numpy(x).float() for x in (q, k)), 0.5, torch.from_numpy(kept),
+                                  sinks=torch.from_numpy(sinks).float())  # fmt: skip
+    s = 0.5 * np.einsum("bhid,bhjd->bhij", q, k)
+    z = np.concatenate([np.where(kept, s, -np.inf), sinks[..., None]], -1)
+    top = np.nan_to_num(z.max(-1, keepdims=True), neginf=0.0)
+    e = np.exp(z - top)
+    want = (e / np.maximum(e.sum(-1, keepdims=True), 1e-300))[..., :-1]
+    np.testing.assert_allclose(scores.numpy(), s, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(weights.numpy(), want, rtol=1e-5, atol=1e-7)
+    assert not weights[0, 1, 2].any() and weights.sum(-1).max() < 1.0

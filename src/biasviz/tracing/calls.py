@@ -270,8 +270,11 @@ def formed_rows(q: torch.Tensor, k: torch.Tensor, scale: float, kept: torch.Tens
     z = capped.masked_fill(~kept, float("-inf"))
     sink = sinks[..., None].float()
     top = torch.maximum(z.amax(-1, keepdim=True), sink)
+    top = top.masked_fill(top.isinf(), 0.0)  # a row with no key beside a sink of -inf: weights 0, not NaN
     e = torch.exp(z - top)
-    return scores, e / (e.sum(-1, keepdim=True) + torch.exp(sink - top))
+    # (the denominator is at least 1 where a row has a key or a finite sink: the clamp only keeps 0 / 0 from one with
+    # neither)
+    return scores, e / (e.sum(-1, keepdim=True) + torch.exp(sink - top)).clamp(min=torch.finfo(e.dtype).tiny)
 
 
 def packed_groups(depth: int = 12) -> int:
