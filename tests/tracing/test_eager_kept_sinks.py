@@ -91,3 +91,23 @@ def test_formed_rows_with_sinks_are_a_softmax_over_the_keys_and_the_sink_togethe
     np.testing.assert_allclose(scores.numpy(), s, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(weights.numpy(), want, rtol=1e-5, atol=1e-7)
     assert not weights[0, 1, 2].any() and weights.sum(-1).max() < 1.0
+
+
+def test_on_a_gpu_the_torch_path_forms_it_and_says_why(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused kernels do not form a softmax over sink columns: the layer is formed in torch, its reason named."""
+    from biasviz.adapters.traced import TracedAdapter
+    from biasviz.summaries.bank import SampleBank
+    from biasviz.summaries.fused_layer import why_not
+
+    model = gpt_oss(1)
+    adapter = TracedAdapter(model)
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(7))
+    adapter.prepare(ids.numpy(), -1)
+    bank = SampleBank(1, device=torch.device("cpu"))
+    with torch.no_grad(), adapter.keep([0], bank):
+        adapter.forward(ids)
+    monkeypatch.setenv("BIASVIZ_STATISTICS", "fused")
+    monkeypatch.setattr("biasviz.summaries.kernels.unavailable", lambda device: None)
+    assert not adapter.fused_rows
+    why = why_not(adapter, bank, 0, torch.device("cpu"), by_sample=False, mask=None, table=None, block=1)
+    assert why is not None and "sink columns" in why

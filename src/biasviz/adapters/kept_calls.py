@@ -290,11 +290,19 @@ class FormsKeptCallsAgain(FormsRowsAgain):
 
     @property
     def fused_rows(self) -> bool:  # type: ignore[override]
-        """A call formed again is c·q·kᵀ (+ the one bias kept) under its one mask: what the fused kernels form, where it
-        adds no bias and takes no softcap."""
+        """A call formed again is c·q·kᵀ (+ the bias kept) under its mask: what the fused kernels form, where its
+        softmax takes no softcap and no sink columns (:attr:`unfused_reason`)."""
+        return bool(self.replays) and self.unfused_reason is None
+
+    @property
+    def unfused_reason(self) -> str | None:
+        """Why the fused kernels cannot form this model's kept calls (None: they can)."""
         kept = self._kept
-        return bool(self.replays) and (kept is None or (all(c.softcap is None for c in kept.formed.values())
-                                                        and not any(kept.sinks.values())))  # fmt: skip
+        if kept is not None and any(c.softcap is not None for c in kept.formed.values()):
+            return "its softmax takes a softcap, c·tanh(s / c), which the kernels do not form"
+        if kept is not None and any(kept.sinks.values()):
+            return "its softmax runs over sink columns beside the keys, which the kernels do not form"
+        return None
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         assert self._kept is not None

@@ -84,7 +84,8 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
     if (missing := kernels.unavailable(device)) is not None:
         return missing
     if not adapter.fused_rows:
-        return f"the kernels do not form the rows of {adapter.architecture} models yet"
+        return getattr(adapter, "unfused_reason", None) or (f"the kernels do not form the rows of "
+                                                            f"{adapter.architecture} models yet")  # fmt: skip
     if not adapter.layer_causal(layer):
         return "it sees keys after its query (the kernels form causal rows)"
     if mask is not None and not by_sample and (why := _mask_fits(mask)) is not None:
