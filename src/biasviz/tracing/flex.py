@@ -46,14 +46,15 @@ def _on_grid(fn: Callable[..., torch.Tensor], shape: tuple[int, int, int, int], 
 
 @dataclass
 class _Flex:
-    """One flex_attention call's operands and what its score_mod does, formed on the (B, H, Tq, Tk) grid."""
+    """One flex_attention call's operands and what its score_mod does, formed on the (B, H, rows, Tk) grid of some of
+    its query rows."""
 
     q: torch.Tensor
     k: torch.Tensor
     scale: float
-    kept: torch.Tensor  # (1 or B, 1 or H, Tq, Tk) bool: mask_mod's cells, less those score_mod masks by itself
-    before: torch.Tensor  # scale·q·kᵀ, float32: the scores as the call's inputs give them
-    formed: torch.Tensor  # score_mod of them: the softmax's input
+    kept: torch.Tensor  # (1 or B, 1 or H, rows, Tk) bool: mask_mod's cells, less those score_mod masks by itself
+    before: torch.Tensor | None  # scale·q·kᵀ, float32: the scores as the call's inputs give them (None: not formed)
+    formed: torch.Tensor | None  # score_mod of them: the softmax's input
     offset: torch.Tensor | None  # score_mod(0): its additive part, where it is one (None: identity)
     additive: bool  # score_mod(s) == s + score_mod(0) on the kept cells
 
@@ -69,28 +70,32 @@ def _flex_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
     return dict(zip(names, args, strict=False)) | kwargs
 
 
-def _flex(bound: dict[str, Any]) -> _Flex:
-    """The call's mask, scores and score_mod evaluated on the grid, as flex's own eager path evaluates them."""
+def _flex(bound: dict[str, Any], r0: int = 0, r1: int | None = None, scores: bool = True) -> _Flex:
+    """The call's mask, scores and score_mod evaluated on the grid of query rows ``r0 .. r1 - 1`` (default: every
+    row), as flex's own eager path evaluates them; ``scores`` False: an identity score_mod's scores are not formed
+    (nothing is asked of them)."""
     q, k = bound["query"], bound["key"]
     score_mod, block_mask = bound.get("score_mod"), bound.get("block_mask")
     batch, heads, q_len = q.shape[:3]
+    r1 = q_len if r1 is None else r1
     k_len = k.shape[-2]
-    shape = (batch, heads, q_len, k_len)
+    shape = (batch, heads, r1 - r0, k_len)
     mask_mod = block_mask[-1] if isinstance(block_mask, tuple) and block_mask else None
     if mask_mod is None:
-        kept = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=q.device)
+        kept = torch.ones(1, 1, r1 - r0, k_len, dtype=torch.bool, device=q.device)
     else:
         buffers = tuple(bound.get("mask_mod_other_buffers") or ())
-        kept = _on_grid(lambda *a: mask_mod(*a, *buffers), shape, q.device).bool()
+        kept = _on_grid(lambda *a: mask_mod(*a, *buffers), shape, q.device, first_query=r0).bool()
     scale = bound.get("scale")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    before = _scores(q, k, scale)
     if score_mod is None or getattr(score_mod, "__name__", "") == "_identity":
+        before = _scores(q[:, :, r0:r1], k, scale) if scores else None
         return _Flex(q, k, scale, kept, before, before, None, True)
+    before = _scores(q[:, :, r0:r1], k, scale)
     buffers = tuple(bound.get("score_mod_other_buffers") or ())
 
     def modded(s: torch.Tensor) -> torch.Tensor:
-        return _on_grid(lambda x, *a: score_mod(x, *a, *buffers), shape, q.device, score=s).float()
+        return _on_grid(lambda x, *a: score_mod(x, *a, *buffers), shape, q.device, score=s, first_query=r0).float()
 
     out = modded(before)
     # a score_mod may mask by itself (torch.where(i >= j, s + b, -inf), or finfo.min as transformers adds its mask):
@@ -114,51 +119,28 @@ def flex_operands(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SdpaOperands
     """A flex_attention call's operands as an SDPA call's: q, k, scale, the cells kept and score_mod's additive part
     (the bias); None where score_mod is not additive (softcapping), so rows formed again could not be its own.
 
-    Evaluated a block of query rows at a time (:data:`KEEP_CELLS` cells): what is kept is the grid's cells and the
-    additive part, not the scores, score_mod's output and its probes of the whole grid (flex_attention itself forms
-    none of them on a GPU)."""
+    Evaluated a block of query rows at a time (:data:`KEEP_CELLS` cells, :func:`_flex`): what is kept is the grid's
+    cells and the additive part, not the scores, score_mod's output and its probes of the whole grid (flex_attention
+    itself forms none of them on a GPU)."""
     bound = _flex_bound(args, kwargs)
-    q, k = bound["query"], bound["key"]
-    score_mod, block_mask = bound.get("score_mod"), bound.get("block_mask")
-    batch, heads, q_len = q.shape[:3]
-    k_len = k.shape[-2]
-    mask_mod = block_mask[-1] if isinstance(block_mask, tuple) and block_mask else None
-    scale = bound.get("scale")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    identity = score_mod is None or getattr(score_mod, "__name__", "") == "_identity"
-    mask_buffers = tuple(bound.get("mask_mod_other_buffers") or ())
-    score_buffers = tuple(bound.get("score_mod_other_buffers") or ())
-    if mask_mod is None and identity:  # every cell, nothing added
-        return SdpaOperands(q, k, torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=q.device), None, scale)
-    kept = torch.empty(batch, heads, q_len, k_len, dtype=torch.bool, device=q.device)
-    offset = None if identity else torch.empty(batch, heads, q_len, k_len, device=q.device)
+    batch, heads, q_len = bound["query"].shape[:3]
+    k_len = bound["key"].shape[-2]
     rows = max(1, KEEP_CELLS // max(1, batch * heads * k_len))
+    kept = offset = None
     with torch.no_grad():
         for r0 in range(0, q_len, rows):
-            r1 = min(q_len, r0 + rows)
-            shape = (batch, heads, r1 - r0, k_len)
-            cells = torch.ones(shape, dtype=torch.bool, device=q.device)
-            if mask_mod is not None:
-                cells = _on_grid(lambda *a: mask_mod(*a, *mask_buffers), shape, q.device, first_query=r0).bool()
-                cells = cells.expand(shape)
+            got = _flex(bound, r0, min(q_len, r0 + rows), scores=False)
+            if not got.additive:
+                return None
+            if kept is None:  # (one sample's and head's cells, or every one's, as the first block showed)
+                kept = got.kept.new_empty(*got.kept.shape[:2], q_len, k_len)
+                offset = None if got.offset is None else got.offset.new_empty(*got.offset.shape[:2], q_len, k_len)
+            kept[:, :, r0 : r0 + rows] = got.kept
             if offset is not None:
-
-                def modded(s: torch.Tensor, shape: tuple[int, ...] = shape, r0: int = r0) -> torch.Tensor:
-                    return _on_grid(lambda x, *a: score_mod(x, *a, *score_buffers), shape, q.device, score=s,
-                                    first_query=r0).float()  # fmt: skip
-
-                before = _scores(q[:, :, r0:r1], k, scale)
-                out = modded(before)
-                cells = cells & (out > MASKED_BELOW)  # a score_mod that masks by itself
-                offset[:, :, r0:r1] = modded(torch.zeros_like(before))
-                if not _additive(before, out, offset[:, :, r0:r1], cells) or not all(
-                        _additive(before.new_full((), probe).expand_as(before), modded(before.new_full(shape, probe)),
-                                  offset[:, :, r0:r1], cells)
-                        for probe in PROBES):  # fmt: skip
-                    return None
-            kept[:, :, r0:r1] = cells
-    adds = offset is not None and bool(offset.masked_fill(~kept, 0).ne(0).any())
-    return SdpaOperands(q, k, kept, offset if adds else None, scale)
+                offset[:, :, r0 : r0 + rows] = got.offset
+    assert kept is not None
+    whole = _Flex(got.q, got.k, got.scale, kept, None, None, offset, True)
+    return SdpaOperands(got.q, got.k, kept, offset if whole.adds else None, got.scale)
 
 
 def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record: bool,
@@ -187,6 +169,7 @@ def flex_call(index: int, args: tuple[Any, ...], kwargs: dict[str, Any], record:
         call.adds_bias = got.adds
         call.forms_again = got.additive
         if record:
+            assert got.formed is not None and got.before is not None  # (formed: scores=True)
             call.weights = _softmax_kept(got.formed, got.kept)
             if scores:  # a step that is not additive comes after the call's inputs: the scores before it
                 call.scores = (got.formed if got.additive else got.before).masked_fill(~got.kept, float("nan"))
