@@ -201,7 +201,7 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
         with torch.inference_mode(), show() as bar:
             got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
                               device=device, positional=positional, measures=measures, table=table,
-                              attended=attended, cells=cells, keys=keys)  # fmt: skip
+                              attended=attended, cells=cells, keys=keys, measured=kept)  # fmt: skip
             bar.update(1)
         if bias is not None and bias.given is not None:  # taken back where the torch path forms the layer after all
             bias.given = None if got is None else replace(bias.given, difference=bias.difference)

@@ -119,18 +119,19 @@ def _mask_fits(mask: torch.Tensor) -> str | None:
 
 def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
                 block: int, device: torch.device, positional: bool, measures: bool, table: torch.Tensor | None,
-                attended: Attended | None = None, cells: SampleCells | None = None,
-                keys: bool = False) -> PositionSummary | None:  # fmt: skip
+                attended: Attended | None = None, cells: SampleCells | None = None, keys: bool = False,
+                measured: bool = False) -> PositionSummary | None:  # fmt: skip
     """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras,
     over the cells of ``attended`` (the call's own mask, one for all; None: causal; where samples are masked
     differently, ``cells``, the cells some sample attends, each sample's own read from the bank for it); None, with
     nothing given, where a sample's bias differs from ``table`` (the torch path then forms the layer). ``keys``:
-    ``table`` is a row of keys g(j) (BLOOM's m·j kept from a call), not a table of distance."""
+    ``table`` is a row of keys g(j) (BLOOM's m·j kept from a call), not a table of distance. ``measured``: ``table``
+    is the bias the keeping forward kept, compared with every sample's there, exactly: not compared again."""
     from biasviz.summaries import kernels
 
     heads, n = adapter.n_heads, samples
     bias = own.get("bias")
-    if table is not None:
+    if table is not None and not measured:
         agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device,
                                     keys=keys)  # fmt: skip
         if agreement is None or agreement.largest > 0.0:
