@@ -155,9 +155,8 @@ class KeptCalls:
         if not own.fits(bias, kept):  # (one read for the batch)
             raise differs
         if index not in self.bias_by_sample:
-            before = first.values.expand(1, heads, -1).transpose(1, 2)  # (1, L, H)
-            for a in range(bank.start):  # the samples before: the one bias they had
-                bank.put(index, SAMPLE_BIAS, before, at=a)
+            if bank.start:  # the samples before: the one bias they had (H·T or H·(2T - 1) floats each, at once)
+                bank.put(index, SAMPLE_BIAS, first.values.expand(bank.start, heads, -1).transpose(1, 2), at=0)
             self.bias_by_sample.add(index)
         bank.put(index, SAMPLE_BIAS, own.values.expand(batch, heads, -1).transpose(1, 2))  # (B, L, H)
 
