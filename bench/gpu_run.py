@@ -634,9 +634,11 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
             g = f[name]
             return {name: g[name][()] for name in g}, str(g.attrs.get("statistics", "torch"))
 
-    for scheme in ("alibi", "rope", "traced alibi", "traced m·j"):
+    for scheme in ("alibi", "rope", "traced alibi", "traced m·j", "gemma2 softcap", "gpt-oss sinks"):
         torch.manual_seed(0)
-        if scheme.startswith("traced"):  # ALiBi in a traced SDPA call's float mask: the kernels take the table kept,
+        if scheme in ("gemma2 softcap", "gpt-oss sinks"):  # a softmax over cap·tanh(s / cap), or beside sink columns
+            model, layers = _softmax_extras(scheme.split()[0], heads).to(device), -1
+        elif scheme.startswith("traced"):  # ALiBi in a traced SDPA call's float mask: the kernels take the table kept,
             # of j - i, or (BLOOM's m·j) the row of keys kept
             model, layers = _traced_alibi(heads, keys=scheme.endswith("m·j")).to(device), -1
         else:
@@ -678,6 +680,31 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
         except Exception as err:  # a failure is a result of the part
             row["status"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         yield row
+
+
+def _softmax_extras(name: str, heads: int) -> Any:
+    """One eager layer of transformers' Gemma 2 (its scores capped at 1.0, so that the cap bends them) or GPT-OSS (a
+    learned sink column a head, drawn to take a share), 16 dims a head, a sliding window of 128 keys, random weights."""
+    import torch
+
+    if name == "gemma2":
+        from transformers import Gemma2Config, Gemma2ForCausalLM
+
+        config = Gemma2Config(vocab_size=256, hidden_size=16 * heads, intermediate_size=32 * heads, num_hidden_layers=1,
+                              num_attention_heads=heads, num_key_value_heads=heads // 2, head_dim=16,
+                              attn_logit_softcapping=1.0, sliding_window=128)  # fmt: skip
+        return Gemma2ForCausalLM._from_config(config, attn_implementation="eager").eval()
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    config = GptOssConfig(hidden_size=16 * heads, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                          head_dim=16, num_hidden_layers=1, intermediate_size=32, vocab_size=256, num_local_experts=2,
+                          num_experts_per_tok=1, sliding_window=128, max_position_embeddings=1 << 17,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                          attn_implementation="eager")  # fmt: skip
+    model = GptOssForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.sinks.normal_(std=2.0)
+    return model
 
 
 def _traced_alibi(heads: int, keys: bool = False) -> Any:

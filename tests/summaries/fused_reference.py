@@ -3,7 +3,8 @@
 
 Notation: sample a of N, head h (key head h // group), query i, key j <= i (causal), d = i - j, c the call's scale,
 s_a(i, j) = c q_a(i)·k_a(j) + b_h(i, j), b a table of distance f_h(d) or (``keys``) a row of keys g_h(j),
-w_a = softmax_j(s_a), x̄ and σ_x the mean and population spread over samples, Q = Σ_a q_a and K = Σ_a k_a (of the key
+w_a = softmax_j(z_a) with z = s or (``softcap``) cap·tanh(s / cap), beside each row's sink logit (``sinks``, (N, T, H))
+where given, x̄ and σ_x the mean and population spread over samples, Q = Σ_a q_a and K = Σ_a k_a (of the key
 head), maps of ``block`` x ``block`` positions (nb of them a side).
 """
 
@@ -23,10 +24,12 @@ def _bias(table: np.ndarray | None, t: int, keys: bool) -> np.ndarray | float:
 
 
 def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float,
-           cells: np.ndarray | None = None, keys: bool = False) -> tuple[np.ndarray, ...]:  # fmt: skip
+           cells: np.ndarray | None = None, keys: bool = False, softcap: float | None = None,
+           sinks: np.ndarray | None = None) -> tuple[np.ndarray, ...]:  # fmt: skip
     """(used (T, T), scores (N, H, T, T) 0 past the diagonal, weights, lse (N, H, T), bias (H, T, T) or zeros);
     ``cells`` (T, T) bool: the cells attended, one mask for every sample, or (N, T, T) each sample's own (used is then
-    (N, 1, T, T); a row with no key has lse 0) (None: j <= i)."""
+    (N, 1, T, T); a row with no key and no sink has lse 0) (None: j <= i). The weights are the softmax of z (s, or
+    ``softcap``'s cap·tanh(s / cap)) over the attended keys and (``sinks`` (N, T, H)) each row's sink logit."""
     n, heads, t, _ = q.shape
     k = np.repeat(k, heads // k.shape[1], axis=1)
     i, j = np.indices((t, t))
@@ -35,11 +38,14 @@ def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float,
         used = used[:, None]
     bias = _bias(table, t, keys) + np.zeros((heads, t, t))
     s = scale * np.einsum("nhid,nhjd->nhij", q, k) + bias[None]
-    z = np.where(used, s, -np.inf)
-    seen = used.any(-1, keepdims=True)
-    top = np.where(seen, z.max(-1, keepdims=True), 0.0)
+    z = np.where(used, s if softcap is None else softcap * np.tanh(s / softcap), -np.inf)
+    if sinks is not None:  # the sink as one more column, every row's
+        z = np.concatenate([z, np.broadcast_to(sinks.transpose(0, 2, 1)[..., None], (*z.shape[:-1], 1))], -1)
+    seen = np.isfinite(z).any(-1, keepdims=True)
+    top = np.where(seen, np.where(np.isfinite(z), z, -np.inf).max(-1, keepdims=True), 0.0)
     total = np.where(seen, np.exp(z - top).sum(-1, keepdims=True), 1.0)
     lse = np.where(seen, np.log(total) + top, 0.0)[..., 0]
+    z = z[..., :t]
     w = np.where(used, np.exp(z - lse[..., None]), 0.0)
     return used, np.where(used, s, 0.0), w, lse, np.where(used, bias, 0.0)
 
@@ -60,8 +66,8 @@ def _by_distance(x: np.ndarray) -> np.ndarray:
 
 
 def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float, block: int,
-                 positional: bool = True, cells: np.ndarray | None = None,
-                 keys: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
+                 positional: bool = True, cells: np.ndarray | None = None, keys: bool = False,
+                 softcap: float | None = None, sinks: np.ndarray | None = None) -> dict[str, np.ndarray]:  # fmt: skip
     """Every accumulator, by name (float64), over the cells j <= i or (``cells``, (T, T) bool) one mask's for every
     sample, "a block's cells" and "the cells at d" those attended:
 
@@ -70,7 +76,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
       shifted by the bias, the same along a diagonal: its spread along it is what is left, without a large f; a row
       of keys, which changes along a diagonal, is not taken off: s̄ and s̄² there);
     - ``columns`` (2, H, T): Σ_i of w̄(i, j) and of σ_w² + w̄²;
-    - ``row_ws`` (N, H, T): Σ_j w_a s_a; ``sinks`` (N, H): Σ_i w_a(i, 0);
+    - ``row_ws`` (N, H, T): Σ_j w_a log w_a (the entropy's negative); ``sinks`` (N, H): Σ_i w_a(i, 0);
     - ``sample_columns`` (N, H, T): Σ_i w_a(i, j);
     - ``context`` (N, H, 10): over the rows i that see at least 10 keys, Σ of w_a(i, j) over the keys of tenth
       t = floor(10 r / seen_i), r the rank of key j among the row's attended keys (j itself where causal);
@@ -92,7 +98,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     - ``jackknife_blocks`` (N, H, nb, nb): Σ over a block's cells of z_a.
     """
     n, heads, t, _ = q.shape
-    used, s, w, _, bias = formed(q, k, table, scale, cells, keys)
+    used, s, w, _, bias = formed(q, k, table, scale, cells, keys, softcap, sinks)
     k_heads = np.repeat(k, heads // k.shape[1], axis=1)
     w_mean, w_std, s_mean, s_std = w.mean(0), w.std(0), s.mean(0), s.std(0)
     by_sample = used.ndim == 4
@@ -110,7 +116,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
             [_by_distance(x) for x in (w_mean, w_mean**2, w_std**2, s_mean - shift, (s_mean - shift) ** 2, s_std**2)]
         ),  # fmt: skip
         "columns": np.stack([w_mean.sum(-2), (w_std**2 + w_mean**2).sum(-2)]),
-        "row_ws": (w * s).sum(-1),
+        "row_ws": np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0).sum(-1),
         "sinks": w[..., 0].sum(-1),
         "sample_columns": w.sum(-2),
         "sample_distance": np.stack([_by_distance(w), _by_distance(s)]),

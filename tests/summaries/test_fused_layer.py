@@ -25,16 +25,19 @@ T = 32
 
 
 def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
-                            positional: bool, cells: torch.Tensor | None = None,
-                            keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The kernels' answer from float64 numpy, from the same q, k, f(d) (``keys``: g(j)) and mask."""
+                            positional: bool, cells: torch.Tensor | None = None, keys: bool = False,
+                            softcap: float | None = None,
+                            sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The kernels' answer from float64 numpy, from the same q, k, f(d) (``keys``: g(j)), mask, softcap and sink
+    logits."""
     qn, kn = q.double().cpu().numpy(), k.double().cpu().numpy()
     tn = None if table is None else table.double().cpu().numpy()
     cn = None if cells is None else np.stack([np.asarray(cells[a].cpu()) for a in range(len(cells))]) if (
         not torch.is_tensor(cells)) else cells.cpu().numpy()  # each sample's own, one at a time: stacked
-    sums = accumulators(qn, kn, tn, scale, block, positional, cn, keys)
+    sn = None if sinks is None else sinks.double().cpu().numpy()
+    sums = accumulators(qn, kn, tn, scale, block, positional, cn, keys, softcap, sn)
     got = {name: torch.from_numpy(np.ascontiguousarray(x)) for name, x in sums.items()}
-    got["lse"] = torch.from_numpy(formed(qn, kn, tn, scale, cn, keys)[3]).float()
+    got["lse"] = torch.from_numpy(formed(qn, kn, tn, scale, cn, keys, softcap, sn)[3]).float()
     return got
 
 

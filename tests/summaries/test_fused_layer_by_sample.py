@@ -102,13 +102,3 @@ def test_padding_through_the_kernels_writes_what_the_torch_path_writes(
     if not kernels.interpreted() and not torch.cuda.is_available():
         pytest.skip("Triton's interpreter was not chosen before Triton was imported")
     _same_file(_padded_summaries(side, tmp_path, 8, monkeypatch))
-
-
-def test_a_mask_s_cells_by_distance_counted_by_rows_as_by_diagonals(monkeypatch: pytest.MonkeyPatch) -> None:
-    from biasviz.summaries import fused_layer
-    from biasviz.summaries.attended import Attended
-
-    i, j = np.indices((T, T))
-    mask = torch.from_numpy((j <= i) & (i >= 4) & ((i - j) % 3 != 1))  # key 0 seen, rows 0 .. 3 see none
-    monkeypatch.setattr(fused_layer, "MASK_ROWS", 7)  # blocks of rows that cut the mask unevenly
-    assert torch.equal(fused_layer._signed_counts(mask), Attended(mask[None]).per_signed)

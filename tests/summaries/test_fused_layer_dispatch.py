@@ -87,3 +87,33 @@ def test_a_fused_layer_of_a_kept_row_of_keys_reads_the_host_a_fixed_number_of_ti
     assert abs(got[128, 3].kernels - got[64, 3].kernels) <= 20  # (a few by the number of distance bins)
     extra = got[128, 5].kernels - got[128, 3].kernels
     assert 0 <= extra <= 2 * PER_SAMPLE, extra
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])
+def test_a_fused_softcapped_or_sink_layer_reads_the_host_a_fixed_number_of_times(
+        name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
+    """Gemma 2's softcapped call and GPT-OSS's beside its sink columns (both in a sliding window): the sink logits are
+    handed to the kernels where the bank holds them, read nowhere on the host; the layer reads the host as often
+    whatever its length and samples."""
+    import biasviz
+    from biasviz.summaries import kernels
+    from tests.summaries.test_fused_layer_kept import _softmax_extras
+
+    got = {}
+    for seq_len, samples in [(32, 3), (64, 3), (64, 5)]:
+        with monkeypatch.context() as m:
+            spy = Dispatched()
+            m.setenv("BIASVIZ_STATISTICS", "fused")
+            m.setattr(kernels, "unavailable", lambda device: None)
+            m.setattr(kernels, "layer_accumulators", spy.counting(_reference_accumulators, False), raising=False)
+            m.setattr(replayed_module, "_fused", spy.counting(replayed_module._fused, True))
+            ids = np.random.default_rng(seq_len + samples).integers(0, 64, size=(samples, seq_len))
+            with gpu_shapes(), spy, torch.no_grad():
+                biasviz.extract(_softmax_extras(name), ids, tmp_path / "s.h5", summary=True, resolution=16,
+                                device="cpu", progress=False, force=True)  # fmt: skip
+            got[seq_len, samples] = spy
+    reads = {spy.reads for spy in got.values()}  # 12 measured: the mask's checks, the rotary measures' 6
+    assert len(reads) == 1 and reads.pop() <= 12, {k: s.reads for k, s in got.items()}
+    assert abs(got[64, 3].kernels - got[32, 3].kernels) <= 20
+    extra = got[64, 5].kernels - got[64, 3].kernels
+    assert 0 <= extra <= 2 * PER_SAMPLE, extra

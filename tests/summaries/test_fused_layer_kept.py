@@ -1,7 +1,8 @@
 """The fused path (:mod:`biasviz.summaries.fused_layer`) for calls whose bias a summary's forward kept as a table of
 j - i (:class:`~biasviz.adapters.kept_bias.KeptBias`): ALiBi written into a traced SDPA call's float mask, into eager
 PyTorch or a flex_attention score_mod, and T5's decoder through its hooks; or as a row of keys: BLOOM's m·j through its
-hooks, and the same written into a traced SDPA call. File against file with the torch path, every
+hooks, and the same written into a traced SDPA call. And calls whose softmax does more than softmax(s): Gemma 2's
+cap·tanh(s / cap), GPT-OSS's sink columns. File against file with the torch path, every
 dataset of the layer, as tests/summaries/test_fused_layer.py holds our own models' (the kernels' sums from float64
 numpy there, so that what turns sums into the file is proven apart from the kernels)."""
 
@@ -69,6 +70,25 @@ def _hooked(name: str) -> Any:
     return adapter(model.eval(), scheme="alibi", n_layers=1, n_heads=4, source="test")
 
 
+def _softmax_extras(name: str) -> torch.nn.Module:
+    """transformers' Gemma 2 (its scores capped at 0.5: q made large, so that the cap bends them) or GPT-OSS (a learned
+    sink column per head, drawn large enough to take a share), one eager layer in a sliding window of 5 keys."""
+    from tests.tracing.test_eager_kept_sinks import gpt_oss
+
+    if name == "gpt_oss":
+        return gpt_oss(1)
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, attn_logit_softcapping=0.5,
+                          sliding_window=5)  # fmt: skip
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM._from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(30.0)
+    return model
+
+
 def _summary(model: Any, ids: np.ndarray, out: Path, mode: str,
              monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, np.ndarray], dict[str, Any]]:  # fmt: skip
     from biasviz.extraction.summary import extract_summary
@@ -85,7 +105,8 @@ def _summary(model: Any, ids: np.ndarray, out: Path, mode: str,
         return {key: f[name][key][()] for key in f[name]}, {**f.attrs, **f[name].attrs}
 
 
-@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder", "keys, sdpa", "bloom", "mpt", "falcon"])
+@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder", "keys, sdpa", "bloom", "mpt", "falcon",
+                                     "gemma2", "gpt_oss"])
 def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch_path_writes(
         written: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from biasviz.summaries import kernels
@@ -99,6 +120,8 @@ def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch
             return _t5_decoder()
         if written in ("bloom", "mpt", "falcon"):
             return _hooked(written)
+        if written in ("gemma2", "gpt_oss"):
+            return _softmax_extras(written)
         torch.manual_seed(0)
         layer = (KeyBias if written.startswith("keys") else Alibi)("alibi").eval()
         layer.written = written.removeprefix("keys, ")
@@ -110,11 +133,11 @@ def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch
     _compare(fused, torch_path)
 
 
-@pytest.mark.parametrize("bias", ["distance", "keys"])
+@pytest.mark.parametrize("bias", ["distance", "keys", "gemma2", "gpt_oss"])
 def test_the_kernels_themselves_take_a_kept_table_as_a_scheme_s(bias: str, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """The same for ALiBi in a traced SDPA call, and BLOOM's m·j, the sums from the kernels, run on the CPU by Triton's
-    interpreter."""
+    """The same for ALiBi in a traced SDPA call, BLOOM's m·j, Gemma 2's softcap and GPT-OSS's sinks, the sums from the
+    kernels, run on the CPU by Triton's interpreter."""
     pytest.importorskip("triton")
     from biasviz.summaries import kernels
 
@@ -122,7 +145,8 @@ def test_the_kernels_themselves_take_a_kept_table_as_a_scheme_s(bias: str, tmp_p
         pytest.skip("Triton's interpreter was not chosen before Triton was imported")
     ids = np.random.default_rng(4).integers(1, VOCAB, size=(N, T))
     torch.manual_seed(0)
-    layer = (Alibi if bias == "distance" else KeyBias)("alibi").eval()
+    layer = _softmax_extras(bias) if bias in ("gemma2", "gpt_oss") else (Alibi if bias == "distance"
+                                                                         else KeyBias)("alibi").eval()  # fmt: skip
     torch_path, _ = _summary(layer, ids, tmp_path / "torch.h5", "torch", monkeypatch)
     fused, attrs = _summary(layer, ids, tmp_path / "fused.h5", "fused", monkeypatch)
     assert attrs["statistics"] == "fused"

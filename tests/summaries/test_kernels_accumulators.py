@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.summaries.fused_reference import accumulators
+from tests.summaries.fused_reference import accumulators, formed
 from tests.summaries.test_kernels import kernels  # noqa: F401  (the fixture)
 
 pytest.importorskip("triton")
@@ -183,3 +183,61 @@ def test_a_bias_of_the_key_adds_up_as_float64_math_does(kernels, n: int, heads: 
     _check(got, accumulators(q, k, g, scale, block, cells=cells, keys=True))
     as_distance = accumulators(q, k, g, scale, block, cells=cells)  # the same table read as one of distance
     assert not np.allclose(as_distance["maps"], accumulators(q, k, g, scale, block, cells=cells, keys=True)["maps"])
+
+
+SOFTMAX_CASES = [  # N, H, Hkv, T, hd, block, tile, softcap, sinks, bias, cells
+    (3, 4, 2, 40, 24, 12, 16, 0.7, False, False, None),  # Gemma 2's cap, small: most scores far into tanh's bend
+    (3, 2, 1, 40, 16, 8, 16, 50.0, False, True, window(40, 12)),  # a cap near the identity beside a bias and a window
+    (3, 4, 2, 40, 24, 12, 16, None, True, False, None),  # GPT-OSS's sink columns, P and its jackknife
+    (2, 2, 1, 48, 16, 16, 32, None, True, False, window(48, 9)),  # sinks beside a sliding window; the default tile
+    (3, 2, 2, 40, 16, 4, 16, 0.9, True, False, padded(40, [0, 17, 5], [0, 0, 3])),  # both, each sample its own cells
+]
+
+
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "tile", "softcap", "sinks", "bias", "cells"),
+                         SOFTMAX_CASES)  # fmt: skip
+def test_a_softcap_and_sink_columns_add_up_as_float64_math_does(kernels, n: int, heads: int, kv: int, t: int,  # noqa: F811
+                                                                hd: int, block: int, tile: int, softcap: float | None,
+                                                                sinks: bool, bias: bool,
+                                                                cells: np.ndarray | None) -> None:  # fmt: skip
+    """The weights are the softmax of cap·tanh(s / cap) over the keys and each row's sink logit (a padded row's sink
+    alone: its weights 0); the scores, their moments, P and the jackknife stay those of s. Every accumulator against
+    float64 numpy, and each of softcap and sinks changes what it touches (so the kernels cannot have left it out)."""
+    q, k, table = _inputs(n, heads, kv, t, hd, bias)
+    q = q * 3.0  # logits of several units: a cap of 0.7 bends them, a sink competes with them
+    logits = np.random.default_rng(t + n).normal(1.5, 1.0, size=(n, t, heads)) if sinks else None
+    scale = 1 / np.sqrt(hd)
+    got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(),
+                                     None if table is None else torch.from_numpy(table).float(), scale, block,
+                                     tile=tile, cells=None if cells is None else torch.from_numpy(cells),
+                                     softcap=softcap,
+                                     sinks=None if logits is None else torch.from_numpy(logits).float())  # fmt: skip
+    want = accumulators(q, k, table, scale, block, cells=cells, softcap=softcap, sinks=logits)
+    _check(got, want)
+    np.testing.assert_allclose(got["lse"].numpy(), formed(q, k, table, scale, cells, False, softcap, logits)[3],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    plain = accumulators(q, k, table, scale, block, cells=cells)
+    assert not np.allclose(plain["maps"][0], want["maps"][0], rtol=1e-3)  # the weights changed
+    np.testing.assert_allclose(plain["maps"][2], want["maps"][2], rtol=1e-12)  # the scores did not
+    if sinks:
+        assert (want["sample_columns"].sum(-1) < 0.99 * got["lse"].shape[-1]).all()  # the sink took a share
+
+
+def test_sink_logits_are_taken_as_the_bank_holds_them_or_refused(kernels) -> None:  # noqa: F811
+    """(N, T, H), any strides (a transposed view reads as the contiguous one); any other shape is refused."""
+    q, k, _ = _inputs(2, 2, 2, 24, 16, False)
+    q, k = torch.from_numpy(q).float(), torch.from_numpy(k).float()
+    logits = torch.randn(2, 2, 24).transpose(1, 2)  # (N, T, H), not contiguous
+    a = kernels.row_lse(q, k, None, 0.25, 16, sinks=logits)
+    torch.testing.assert_close(a, kernels.row_lse(q, k, None, 0.25, 16, sinks=logits.contiguous()))
+    with pytest.raises(ValueError, match="sink logits"):
+        kernels.row_lse(q, k, None, 0.25, 16, sinks=logits.transpose(1, 2))
+
+
+def test_a_cap_far_above_the_scores_bends_them_only_as_float64_s_tanh_does(kernels) -> None:  # noqa: F811
+    """cap = 1000 over scores of a few units: s / cap ~ 1e-3, where 1 - e^-2x would lose three digits (6e-5 in each z
+    once multiplied back by the cap); each row's lse to float32's rounding of float64's."""
+    q, k, _ = _inputs(2, 2, 2, 40, 16, False)
+    got = kernels.row_lse(torch.from_numpy(q * 3).float(), torch.from_numpy(k).float(), None, 0.25, 16, softcap=1000.0)
+    want = formed(q * 3, k, None, 0.25, softcap=1000.0)[3]
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=4e-6)

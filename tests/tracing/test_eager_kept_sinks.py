@@ -93,21 +93,27 @@ def test_formed_rows_with_sinks_are_a_softmax_over_the_keys_and_the_sink_togethe
     assert not weights[0, 1, 2].any() and weights.sum(-1).max() < 1.0
 
 
-def test_on_a_gpu_the_torch_path_forms_it_and_says_why(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused kernels do not form a softmax over sink columns: the layer is formed in torch, its reason named."""
+def test_on_a_gpu_the_fused_kernels_take_the_sink_logits_the_bank_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused kernels form a softmax beside sink columns: the layer is theirs, and the sink logits they are handed
+    are (N, T, H), each row's the model's learned sink of its head (tests/summaries/test_fused_layer_kept.py holds the
+    file they write against the torch path's)."""
     from biasviz.adapters.traced import TracedAdapter
     from biasviz.summaries.bank import SampleBank
     from biasviz.summaries.fused_layer import why_not
 
     model = gpt_oss(1)
     adapter = TracedAdapter(model)
-    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(7))
+    ids = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(7))
     adapter.prepare(ids.numpy(), -1)
-    bank = SampleBank(1, device=torch.device("cpu"))
+    adapter.resolve_layers(-1)  # the calls a summary chooses
+    bank = SampleBank(2, device=torch.device("cpu"))
     with torch.no_grad(), adapter.keep([0], bank):
         adapter.forward(ids)
     monkeypatch.setenv("BIASVIZ_STATISTICS", "fused")
     monkeypatch.setattr("biasviz.summaries.kernels.unavailable", lambda device: None)
-    assert not adapter.fused_rows
-    why = why_not(adapter, bank, 0, torch.device("cpu"), by_sample=False, mask=None, table=None, block=1)
-    assert why is not None and "sink columns" in why
+    assert adapter.fused_rows and adapter.score_softcap(0) is None
+    assert why_not(adapter, bank, 0, torch.device("cpu"), by_sample=False, mask=None, table=None, block=1) is None
+    logits = adapter.sink_logits(0, bank)
+    assert logits.shape == (2, T, HEADS)
+    want = model.model.layers[0].self_attn.sinks.detach().float()
+    torch.testing.assert_close(logits, want.expand(2, T, HEADS))

@@ -70,6 +70,15 @@ class FormsRowsAgain:
         """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
         raise NotImplementedError
 
+    def score_softcap(self, layer: int) -> float | None:
+        """cap where the softmax of ``layer`` takes cap·tanh(s / cap) (Gemma 2's logit softcapping); None: s itself."""
+        return None
+
+    def sink_logits(self, layer: int, bank: Any) -> torch.Tensor | None:
+        """(N, T, H) float32: each sample's and row's sink logit, where the softmax of ``layer`` runs over sink columns
+        beside the keys (GPT-OSS), as :meth:`keep` put them in ``bank``; None: over the keys alone."""
+        return None
+
     def key_repeats(self, layer: int) -> int:
         """How many query heads share each key head of ``layer`` where the bank holds k repeated for them (grouped
         queries); 1 where it holds each key head once (the fused kernels then read one copy, GROUP of them)."""

@@ -289,19 +289,24 @@ class FormsKeptCallsAgain(FormsRowsAgain):
 
     @property
     def fused_rows(self) -> bool:  # type: ignore[override]
-        """A call formed again is c·q·kᵀ (+ the bias kept) under its mask: what the fused kernels form, where its
-        softmax takes no softcap and no sink columns (:attr:`unfused_reason`)."""
-        return bool(self.replays) and self.unfused_reason is None
+        """A call formed again is c·q·kᵀ (+ the bias kept) under its mask, its softmax over cap·tanh(s / cap) where
+        it softcaps and beside its sink columns where it has them: what the fused kernels form."""
+        return bool(self.replays)
 
-    @property
-    def unfused_reason(self) -> str | None:
-        """Why the fused kernels cannot form this model's kept calls (None: they can)."""
-        kept = self._kept
-        if kept is not None and any(c.softcap is not None for c in kept.formed.values()):
-            return "its softmax takes a softcap, c·tanh(s / c), which the kernels do not form"
-        if kept is not None and any(kept.sinks.values()):
-            return "its softmax runs over sink columns beside the keys, which the kernels do not form"
-        return None
+    def score_softcap(self, layer: int) -> float | None:
+        assert self._kept is not None
+        return self._kept.formed[layer].softcap
+
+    def sink_logits(self, layer: int, bank: Any) -> torch.Tensor | None:
+        """The bank's (N, T, H) sink logits of ``layer``, read in whole where they spilled to a file (H floats a
+        position, where q alone is H·d)."""
+        if self._kept is None or not self._kept.sinks.get(layer):
+            return None
+        whole = bank.whole(layer, SAMPLE_SINKS)
+        if whole is not None:
+            return whole
+        length = bank.seq_len(layer, SAMPLE_SINKS)
+        return torch.stack([bank.get(layer, SAMPLE_SINKS, a, 0, length).clone() for a in range(bank.samples)])
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         assert self._kept is not None

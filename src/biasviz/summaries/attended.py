@@ -18,6 +18,20 @@ from biasviz.adapters.rows import plain_cells
 from biasviz.summaries.maps import _group_sums
 
 ROWS_PER_STEP = 256  # rows of the mask counted at a time (a float copy of a few rows, whatever T)
+SIGNED_CELLS = 1 << 24  # cells of the mask laid out by i - j at a time (per_signed)
+
+
+def _skewed(rows: torch.Tensor) -> torch.Tensor:
+    """(H, R, T) rows r0 .. r0 + R - 1 of a mask -> (H, R, 2T - 1) whose column c holds row i's cell at i - j = c + r0
+    - T + 1 (0 where there is none): the keys reversed, each row padded with T zeros, and the rows read again 2T - 1 a
+    row, which shifts row i by i places (a view, no index).
+
+    >>> _skewed(torch.tensor([[[1, 0], [1, 1]]])).tolist()  # rows 0, 1 of a causal 2 x 2: i - j = c - 1
+    [[[0, 1, 0], [0, 1, 1]]]
+    """
+    heads, r, t = rows.shape
+    padded = torch.nn.functional.pad(rows.flip(-1), (0, t))  # (H, R, 2T): row i, column T - 1 - j
+    return padded.view(heads, r * 2 * t)[:, : r * (2 * t - 1)].view(heads, r, 2 * t - 1)
 
 
 class Attended:
@@ -43,10 +57,11 @@ class Attended:
     def per_signed(self) -> torch.Tensor:
         """(1 or H, 2T - 1) float64: attended cells at each i - j, slot T - 1 + (i - j) (a bidirectional call's
         cells after the query too)."""
-        t = self.seq_len
-        out = torch.zeros(self.mask.shape[0], 2 * t - 1, dtype=torch.float64, device=self.mask.device)
-        for d in range(-(t - 1), t):
-            out[:, t - 1 + d] = torch.diagonal(self.mask, offset=-d, dim1=1, dim2=2).sum(-1)
+        t, heads = self.seq_len, self.mask.shape[0]
+        out = torch.zeros(heads, 2 * t - 1, dtype=torch.float64, device=self.mask.device)
+        step = max(1, SIGNED_CELLS // (2 * t * heads))
+        for r0 in range(0, t, step):  # a few launches a block of rows, not one a diagonal (2T - 1 of them)
+            out[:, r0:] += _skewed(self.mask[:, r0 : r0 + step]).sum(1, dtype=torch.float64)[:, : 2 * t - 1 - r0]
         return out
 
     @functools.cached_property

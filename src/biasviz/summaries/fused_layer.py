@@ -13,8 +13,9 @@ is a function of i - j alone (or none), the same in every sample: that is measur
 formed by the model's own scheme against f(d), as the torch path measures it. Samples that attend different cells
 (padding, documents of their own) are covered too, each sample's own cells read for it: each cell's mean and spread
 over the samples that attend it, everything per sample over its own cells, and no P (it pairs the cells of different
-samples as one grid), as the torch path takes them. Any other layer takes the torch path; each layer's
-``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files').
+samples as one grid), as the torch path takes them. A softmax over cap·tanh(s / cap) (Gemma 2) or beside sink
+columns (GPT-OSS) is formed as the model forms it, the scores staying s. Any other layer takes the torch path; each
+layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files').
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ FUSED, TORCH = "fused", "torch"  # a summary layer's ``statistics`` attribute
 CHOSEN = "BIASVIZ_STATISTICS=torch"  # why_not's answer where the user chose the torch path: nothing to warn of
 CHECK_CELLS = 1 << 26  # bias cells formed and compared at a time (a GPU's step; a CPU's is smaller)
 SUMS_SHARE = 4  # the kernels' sums may take at most a quarter of the device's free memory
-MASK_ROWS = 1024  # rows of a call's own mask counted at a time
 
 
 def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
@@ -84,8 +84,7 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
     if (missing := kernels.unavailable(device)) is not None:
         return missing
     if not adapter.fused_rows:
-        return getattr(adapter, "unfused_reason", None) or (f"the kernels do not form the rows of "
-                                                            f"{adapter.architecture} models yet")  # fmt: skip
+        return f"the kernels do not form the rows of {adapter.architecture} models yet"
     if not adapter.layer_causal(layer):
         return "it sees keys after its query (the kernels form causal rows)"
     if mask is not None and not by_sample and (why := _mask_fits(mask)) is not None:
@@ -107,12 +106,14 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
 
 
 def _mask_fits(mask: torch.Tensor) -> str | None:
-    """Why the kernels cannot take a call's own mask (1 or H, T, T) (None: they can)."""
-    if mask.shape[0] > 1 and not bool((mask == mask[:1]).all()):
+    """Why the kernels cannot take a call's own mask (1 or H, T, T) (None: they can): three checks, one read."""
+    differ, after, empty = torch.stack([(mask != mask[:1]).any(), mask[0].triu(1).any(),
+                                        ~mask[0].any(-1).all()]).tolist()  # fmt: skip
+    if differ:
         return "its heads attend different cells"
-    if bool(mask[0].triu(1).any()):
+    if after:
         return "its mask attends keys after the query"
-    if not bool(mask[0].any(-1).all()):
+    if empty:
         return "a query of its mask attends no key"
     return None
 
@@ -143,17 +144,19 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     k = k.view(n, seq_len, -1, hd)[:, :, :: adapter.key_repeats(layer)].transpose(1, 2)  # each key head once
     with_p = positional and n >= 2 and cells is None  # P pairs the cells of different samples: none by sample
     own_cells = None if cells is None else OwnCells(bank, layer, n, seq_len, device)
-    if cells is not None and attended is not None:  # P left out, said as the torch path says it; the union's counts
-        warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=3)  # by distance a few rows at a time
-        attended.__dict__.setdefault("per_signed", _signed_counts(attended.mask[0].to(device)))
+    if cells is not None and attended is not None:  # P left out, said as the torch path says it
+        warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=3)
     mask = own_cells if cells is not None else None if attended is None else attended.mask[0].to(device)
+    sinks = adapter.sink_logits(layer, bank)  # a softmax beside sink columns (GPT-OSS), or softcapped (Gemma 2)
     acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
-                                     block, positional=with_p, cells=mask, keys=keys)  # fmt: skip
+                                     block, positional=with_p, cells=mask, keys=keys,
+                                     softcap=adapter.score_softcap(layer),
+                                     sinks=None if sinks is None else sinks.to(device))  # fmt: skip
     counts = geometry_counts(seq_len, block, True, device) if attended is None else attended.block_counts(block)
     if not bool(torch.isfinite(acc["maps"]).all()):  # one read, as the torch path's
         raise non_finite_error("weights", layer)
-    done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], acc["lse"],
-                          block, table, attended, cells, keys)  # the maps, profiles, key profile and sink shares
+    done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], block,
+                          table, attended, cells, keys)  # the maps, profiles, key profile and sink shares
     shares = None if attended is None else attended.block_shares(block, heads)
     for kind in ("weights", "scores"):
         mean_map, std_map, profile = host_arrays(*(done[map_name(kind, stat)] for stat in ("mean", "std")),
@@ -179,20 +182,6 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
                            positional_diagnostics=p_diagnostics, key_profile=key_host, sink_share=sink_host,
                            attended=shares_host, measures=arrays, statistics=FUSED,
                            note=None if cells is None else BY_SAMPLE_NOTE)  # fmt: skip
-
-
-def _signed_counts(mask: torch.Tensor) -> torch.Tensor:
-    """(1, 2T - 1) float64: a (T, T) mask's attended cells at each i - j, slot T - 1 + (i - j), as
-    :attr:`Attended.per_signed` counts them, for a mask within the causal triangle: each row's cells gathered by
-    distance, a few rows at a time (not a launch per diagonal)."""
-    t = mask.shape[-1]
-    out = torch.zeros(1, 2 * t - 1, dtype=torch.float64, device=mask.device)
-    d = torch.arange(t, device=mask.device)[None]
-    for r0 in range(0, t, MASK_ROWS):
-        rows = mask[r0 : r0 + MASK_ROWS]
-        j = torch.arange(r0, r0 + rows.shape[0], device=mask.device)[:, None] - d  # row i's key at distance d
-        out[0, t - 1 :] += (rows.gather(1, j.clamp(min=0)) & (j >= 0)).sum(0, dtype=torch.float64)
-    return out
 
 
 class OwnCells:

@@ -128,10 +128,9 @@ def jackknife(theta: torch.Tensor) -> torch.Tensor:
 
 def bin_matrix(seq_len: int) -> torch.Tensor:
     """(bins, T) float64: 1 where distance d falls in bin b of :func:`~biasviz.store.datasets.distance_bins`."""
-    by_bin = torch.zeros(len(distance_bins(seq_len)), seq_len, dtype=torch.float64)
-    for b, (lo, hi) in enumerate(distance_bins(seq_len).tolist()):
-        by_bin[b, lo : hi + 1] = 1.0
-    return by_bin
+    bins = torch.from_numpy(distance_bins(seq_len))
+    d = torch.arange(seq_len)
+    return ((d >= bins[:, :1]) & (d <= bins[:, 1:])).double()  # two comparisons, not a write a bin
 
 
 def _per_bin(sums: torch.Tensor, by_bin: torch.Tensor, bin_cells: torch.Tensor) -> torch.Tensor:

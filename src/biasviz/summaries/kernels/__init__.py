@@ -1,6 +1,10 @@
 """The fused statistics path: a layer's summary reduced inside two Triton kernels from q, k and a bias of distance,
 on a GPU (or on the CPU under Triton's interpreter, where the tests prove it).
 
+Beside the scores, a softmax may take a softcap (Gemma 2's cap·tanh(s / cap)) and sink columns (GPT-OSS's: each row's
+sink logit, (N, T, H) as the bank holds it, in the denominator beside the keys): the ``softcap`` and ``sinks`` of
+:func:`row_lse`, :func:`accumulate` and :func:`layer_accumulators`. The scores stay s, before the cap.
+
 Triton is an optional extra (``pip install 'biasviz[gpu]'``); it is imported only when :func:`fused_statistics` runs.
 :func:`unavailable` says why the fused path cannot run, for the caller to take the torch path and say so.
 """
@@ -35,7 +39,8 @@ def unavailable(device: torch.device) -> str | None:
 
 
 def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
-                     tile: int = TILE) -> dict[str, torch.Tensor]:  # fmt: skip
+                     tile: int = TILE, softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """A causal layer's statistics over N samples, its scores s = c q k^T + f(i - j) and weights softmax(s) formed in
     tiles and never stored.
 
@@ -47,20 +52,22 @@ def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | Non
     - ``weights_profile``, ``scores_profile``: (2, H, T) float32, mean and spread by distance d = i - j;
     - ``weights_key_profile``: (2, H, T) float32, mean and spread by key over the queries that see it;
     - ``sink_share``: (N, H) float32, each sample's mean weight on key 0;
-    - ``row_entropy``: (N, H, T) float64, each sample's entropy of each row's weights (lse - Σ w s).
+    - ``row_entropy``: (N, H, T) float64, each sample's entropy of each row's weights, -Σ w log w.
+
+    ``softcap``, ``sinks``: what the softmax takes beside the scores (the module's docstring).
     """
     n, heads, seq_len, hd = q.shape
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
-    lse = row_lse(q, k, table, scale, tile)
-    return finish(*tile_sums(q, k, table, lse, scale, block, tile), lse, block, table)
+    lse = row_lse(q, k, table, scale, tile, softcap=softcap, sinks=sinks)
+    return finish(*tile_sums(q, k, table, lse, scale, block, tile, softcap), block, table)
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int,
-            cells: torch.Tensor | None = None, keys: bool = False) -> dict:  # fmt: skip
+            cells: torch.Tensor | None = None, keys: bool = False, softcap: float | None = None) -> dict:  # fmt: skip
     """What both kernels take: the bias as float32 (a placeholder without one; ``keys``: ``table`` is a row of keys
-    g_h(j), not a table of distance), strides, sizes and tiles, and the mask's bits, tile classes and tenths
-    (:func:`mask_operands`; placeholders without one)."""
+    g_h(j), not a table of distance), strides, sizes and tiles, the mask's bits, tile classes and tenths
+    (:func:`mask_operands`; placeholders without one), and the softcap (1.0 where there is none: not read)."""
     n, heads, seq_len, hd = q.shape
     bias = table.to(device=q.device, dtype=torch.float32).contiguous() if table is not None else q.new_empty(1)
     tiles = -(-seq_len // tile)
@@ -75,7 +82,8 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: 
     return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
             "dp": max(16, 1 << (hd - 1).bit_length()),  # head dims padded to a power of 2 (masked)
             "tiles": tiles, "has_bias": 0 if table is None else 2 if keys else 1, **masked, "masked": cells is not None,
-            "by_sample": by_sample}  # fmt: skip
+            "by_sample": by_sample, "cap": 1.0 if softcap is None else float(softcap),
+            "softcap": softcap is not None}  # fmt: skip
 
 
 def sample_operands(cells: Any, tile: int) -> dict:
@@ -139,32 +147,40 @@ def _sub_blocks(block: int, tile: int) -> int:
 
 
 def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, tile: int = TILE,
-            cells: torch.Tensor | None = None, keys: bool = False) -> torch.Tensor:  # fmt: skip
+            cells: torch.Tensor | None = None, keys: bool = False, softcap: float | None = None,
+            sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool, or
-    (N, T, T) each sample's own; 0 for a row with no key); ``keys``: ``table`` is a row of keys."""
+    (N, T, T) each sample's own; 0 for a row with no key and no sink); ``keys``: ``table`` is a row of keys;
+    ``softcap``: of cap·tanh(s / cap); ``sinks`` (N, T, H): each row's sink logit beside its keys."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile, cells, keys)
+    go = _launch(q, k, table, tile, cells, keys, softcap)
+    if sinks is not None and sinks.shape != (n, seq_len, heads):
+        raise ValueError(f"sink logits {tuple(sinks.shape)} are not (N, T, H) = {(n, seq_len, heads)}")
+    sink = q.new_empty(1) if sinks is None else sinks.to(device=q.device, dtype=torch.float32)
     lse = torch.empty(n, heads, seq_len, dtype=torch.float32, device=q.device)
-    kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, go["cells"], go["classes"], *go["strides"],
-                                              seq_len, heads, go["group"], hd, float(scale), go["width"], go["tiles"],
+    kernels.row_lse[(go["tiles"], n * heads)](q, k, go["bias"], lse, go["cells"], go["classes"], sink, *go["strides"],
+                                              *(sink.stride() if sinks is not None else (0, 0, 0)), seq_len, heads,
+                                              go["group"], hd, float(scale), go["cap"], go["width"], go["tiles"],
                                               DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
-                                              MASKED=go["masked"], BY_SAMPLE=go["by_sample"])  # fmt: skip
+                                              MASKED=go["masked"], BY_SAMPLE=go["by_sample"], SOFTCAP=go["softcap"],
+                                              HAS_SINKS=sinks is not None)  # fmt: skip
     return lse
 
 
 def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
-              block: int, tile: int = TILE) -> tuple[torch.Tensor, ...]:  # fmt: skip
-    """K2: the float64 accumulators (maps, sums by distance, column sums, each row's Σ w·s, sinks) of
-    :func:`finish`, from q, k, the bias and K1's ``lse``."""
-    got = accumulate(q, k, table, lse, scale, block, positional=False, tile=tile)
+              block: int, tile: int = TILE, softcap: float | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """K2: the float64 accumulators (maps, sums by distance, column sums, each row's Σ w log w, sinks) of
+    :func:`finish`, from q, k, the bias and K1's ``lse`` (which holds any sink columns)."""
+    got = accumulate(q, k, table, lse, scale, block, positional=False, tile=tile, softcap=softcap)
     return got["maps"], got["by_distance"], got["columns"], got["row_ws"], got["sinks"]
 
 
 def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
                        positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
-                       keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
+                       keys: bool = False, softcap: float | None = None,
+                       sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K1 then K2: every accumulator of a causal layer over its N samples, by name, float64 on q's device, as
     ``tests/summaries/fused_reference.py`` defines them, and ``lse`` (N, H, T) float32.
 
@@ -175,14 +191,16 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``.
     ``cells``: (T, T) bool, one mask for every sample within the causal triangle, or (N, T, T) each sample's own
     (no P then: it pairs the cells of different samples; a row may see no key) (None: causal). ``keys``: ``table`` is
-    a row of keys g_h(j) (BLOOM's m_h·j), and the sums by distance of the scores and of P hold them unshifted."""
+    a row of keys g_h(j) (BLOOM's m_h·j), and the sums by distance of the scores and of P hold them unshifted.
+    ``softcap`` (Gemma 2's cap) and ``sinks`` ((N, T, H) each row's sink logit, GPT-OSS's): what the softmax takes
+    beside the scores, which stay s, before the cap."""
     n, heads, seq_len, hd = q.shape
     if heads % k.shape[1] or k.shape[0] != n or k.shape[2] != seq_len or k.shape[3] != hd:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
     if cells is not None and (not torch.is_tensor(cells) or cells.dim() == 3):  # each sample's own: classed once
         cells = sample_operands(cells, tile)
-    lse = row_lse(q, k, table, scale, tile, cells, keys)
-    return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells, keys), "lse": lse}
+    lse = row_lse(q, k, table, scale, tile, cells, keys, softcap, sinks)
+    return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells, keys, softcap), "lse": lse}
 
 
 def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None,
@@ -204,12 +222,13 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
 
 def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
                block: int, positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
-               keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
-    """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse``."""
+               keys: bool = False, softcap: float | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse`` (which
+    holds any sink columns: K2 reads none)."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile, cells, keys)
+    go = _launch(q, k, table, tile, cells, keys, softcap)
     f64 = {"dtype": torch.float64, "device": q.device}
     nb = -(-seq_len // block)
     out = {
@@ -236,10 +255,11 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
     kernels.tile_statistics[(go["tiles"], heads)](q, k, go["bias"], lse, *per_sample, big_q, big_k, ref,
                                                   *(out.get(name, unused) for name in shapes), go["cells"],
                                                   go["classes"], go["bounds"], *go["strides"], n, seq_len, heads,
-                                                  go["group"], hd, float(scale), block, nb, go["width"], go["tiles"],
-                                                  DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
-                                                  SUB=_sub_blocks(block, tile), POSITIONAL=positional,
-                                                  MASKED=go["masked"], BY_SAMPLE=go["by_sample"])  # fmt: skip
+                                                  go["group"], hd, float(scale), go["cap"], block, nb, go["width"],
+                                                  go["tiles"], DP=go["dp"], BM=tile, BN=tile,
+                                                  HAS_BIAS=go["has_bias"], SUB=_sub_blocks(block, tile),
+                                                  POSITIONAL=positional, MASKED=go["masked"],
+                                                  BY_SAMPLE=go["by_sample"], SOFTCAP=go["softcap"])  # fmt: skip
     if positional and n >= 3:
         out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block, cells)
     return out
@@ -293,7 +313,7 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
-           sinks: torch.Tensor, lse: torch.Tensor, block: int, table: torch.Tensor | None = None,
+           sinks: torch.Tensor, block: int, table: torch.Tensor | None = None,
            attended: Any = None, cells: Any = None, keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
     :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,
@@ -308,7 +328,7 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
     if attended is not None:
         counts, per_d = attended.block_counts(block).to(maps.device), attended.per_distance.to(maps.device)
         per_key = attended.per_key.to(maps.device)
-        seeing = per_key[:, :1]
+        seeing = per_key[:, 0]  # (1 or H): head h's queries that see key 0, for every sample alike
     if cells is not None:
         per_key, seeing = cells.key_queries.to(maps.device), cells.seeing.to(maps.device)
     means = torch.where(counts > 0, maps / counts, float("nan")).float()
@@ -323,5 +343,5 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
     mean = columns[0] / per_key
     out[KEY_PROFILE] = torch.stack([mean, (columns[1] / per_key - mean * mean).clamp(min=0.0).sqrt()]).float()
     out[SINK_SHARE] = (sinks / seeing).float()
-    out["row_entropy"] = lse.double() - row_ws
+    out["row_entropy"] = -row_ws  # -Σ w log w, 0 in a row with no key
     return out

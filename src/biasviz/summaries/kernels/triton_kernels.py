@@ -4,16 +4,19 @@ a bias of distance, never written, and reduced where they are formed.
 Notation: sample a of N, head h of H (key head h // group), query i, key j <= i (causal), d = i - j,
 s_a(i, j) = c q_a(i)·k_a(j) + b_h(i, j), w_a(i, j) = exp(s_a(i, j) - lse_a(i)). The bias b is none (``HAS_BIAS`` 0), a
 table of distance f_h(d) (1: a scheme's, ALiBi or T5 kept from a call) or a row of keys g_h(j) (2: BLOOM's m_h·j), its
-table TABLE (H, T) either way.
+table TABLE (H, T) either way. The weights are w_a(i, j) = exp(z_a(i, j) - lse_a(i)): z = s, or (``SOFTCAP``) Gemma 2's
+z = cap·tanh(s / cap); lse runs over the attended keys and (``HAS_SINKS``) GPT-OSS's sink columns beside them,
+each row's sink logit read from SINK_LOGITS (N, T, H) (the keys' weights then sum to less than 1). The scores are s
+either way, before the cap, as the call takes them in.
 
 - :func:`row_lse` (K1): each sample's row log-sum-exp, an online softmax over key tiles with no P·V.
 - :func:`tile_statistics` (K2): one program per query tile and head walks the key tiles up to the diagonal; for each
   tile every sample's s and w are formed in turn, and their per-cell moments over samples (shifted by the first
   sample's value, as :class:`~biasviz.summaries.moments.ShiftedSums` does) give each cell's mean and spread. Those go
   to float64 accumulators: block maps (sums of the cells' mean and spread per map block), sums by distance (mean,
-  mean², spread²), column sums of the weights' mean; and per sample, each row's Σ_j w·s (the entropy is
-  lse - Σ w·s), the weight on key 0 (the sink), column sums of w, sums by distance and block sums of w and s, and
-  the weight on each tenth of a row's context. With N >= 2 the positional logits
+  mean², spread²), column sums of the weights' mean; and per sample, each row's Σ_j w·(z - lse) = Σ_j w log w
+  (the entropy's negative), the weight on key 0 (the sink), column sums of w, sums by distance and block sums of w
+  and s, and the weight on each tenth of a row's context. With N >= 2 the positional logits
   P = c Q·K / (N(N - 1)) - (s̄ - f) / (N - 1) + f (Q = Σ_a q_a, K = Σ_a k_a, formed on the host) in the same tile:
   their block sums, sums by distance, first keys, row and column sums, sums of squares. (The jackknife's block sums
   need no cells: the host forms them from the per-sample block sums of s, see :mod:`biasviz.summaries.kernels`.)
@@ -41,6 +44,17 @@ import triton
 import triton.language as tl
 
 from biasviz.store.datasets import map_name
+from biasviz.summaries.kernels.triton_tiles import (
+    add_diagonals,
+    attended_cells,
+    block_add,
+    capped,
+    load_rows,
+    sample_cells,
+    tile_bias,
+    tile_class,
+    tile_scores,
+)
 
 # accumulator rows of the block maps, (4, H, nb, nb): Σ over a block's cells, and of the sums by distance (per
 # quantity its total, its squares and its spread: labels of the rows, not datasets)
@@ -50,116 +64,26 @@ DISTANCE_STATS = tuple(f"{kind}_{stat}" for kind in ("weights", "scores") for st
 
 
 @triton.jit
-def _rows(X, a, h, rows, dims, sxn, sxh, sxt, sxd, T, HD):
-    """(len(rows), DP) fp32 of ``X[a, h, rows, :]`` (0 past T and past the head dim)."""
-    return tl.load(X + a * sxn + h * sxh + rows[:, None] * sxt + dims[None, :] * sxd,
-                   mask=(rows[:, None] < T) & (dims[None, :] < HD), other=0.0).to(tl.float32)  # fmt: skip
-
-
-@triton.jit
-def _bias(TABLE, h, rows, cols, T, KIND: tl.constexpr):
-    """(BM, BN) fp32 b_h(i, j): f_h(i - j) (``KIND`` 1) or g_h(j) (2), 0 past the diagonal."""
-    dist = rows[:, None] - cols[None, :]
-    at = dist
-    if KIND == 2:
-        at = cols[None, :] + 0 * rows[:, None]
-    return tl.load(TABLE + h * T + at, mask=(dist >= 0) & (rows[:, None] < T), other=0.0)
-
-
-@triton.jit
-def _scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD, scale,
-            HAS_BIAS: tl.constexpr):  # fmt: skip
-    """(BM, BN) fp32 scores of sample ``a``, head ``h``: c q k^T + b_h(i, j) (0 past the diagonal: masked later)."""
-    q = _rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
-    k = _rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    if HAS_BIAS:
-        s += _bias(TABLE, h, rows, cols, T, HAS_BIAS)
-    return s
-
-
-@triton.jit
-def _attended(CELLS, cls, rows, cols, T, W, MASKED: tl.constexpr):
-    """(BM, BN) bool: the tile's cells attended, j <= i, or (``MASKED``) the mask's bits where the tile's class
-    ``cls`` is 2 (a class-1 tile reads none: every cell inside T is attended)."""
-    if MASKED:
-        inside = (rows[:, None] < T) & (cols[None, :] < T)
-        byte = tl.load(CELLS + rows[:, None] * W + cols[None, :] // 8, mask=inside & (cls == 2), other=0)
-        return inside & ((cls == 1) | (((byte.to(tl.int32) >> (cols[None, :] % 8)) & 1) != 0))
-    return (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
-
-
-@triton.jit
-def _tile_class(CLASSES, m0, j0, NKT, BM: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr):
-    """The class of the tile at (m0, j0): CLASSES' with ``MASKED``, else 2 (the causal rule decides each cell)."""
-    if MASKED:
-        return tl.load(CLASSES + (m0 // BM) * NKT + j0 // BN).to(tl.int32)
-    return tl.full([], 2, tl.int32)
-
-
-@triton.jit
-def _sample_cells(CELLS, CLASSES, a, m0, j0, rows, cols, T, W, NKT, BM: tl.constexpr, BN: tl.constexpr,
-                  MASKED: tl.constexpr, BY_SAMPLE: tl.constexpr):  # fmt: skip
-    """(BM, BN) bool: sample ``a``'s attended cells of the tile at (m0, j0) (``BY_SAMPLE``: its own bits and class)."""
-    if BY_SAMPLE:
-        cls = _tile_class(CLASSES + a * NKT * NKT, m0, j0, NKT, BM, BN, MASKED)
-        return _attended(CELLS + a * T * W, cls, rows, cols, T, W, MASKED) & (cls != 0)
-    return _attended(CELLS, _tile_class(CLASSES, m0, j0, NKT, BM, BN, MASKED), rows, cols, T, W, MASKED)
-
-
-@triton.jit
-def _block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, SUB: tl.constexpr, TILE: tl.constexpr):
-    """Add a square tile ``x`` (0 in the cells not ``used``) to the (NB, NB) block map at PTR. ``SUB`` = TILE: the
-    tile lies inside one block, its sum is one atomic; 0 < SUB < TILE: blocks of SUB positions split the tile, each
-    block's sum is one atomic ((TILE / SUB)² of them, those with a cell j <= i); 0: each cell to its block."""
-    if SUB == TILE:
-        tl.atomic_add(PTR + (m0 // BLOCK) * NB + j0 // BLOCK, tl.sum(tl.sum(x, 1), 0).to(tl.float64))
-    elif SUB > 0:
-        parts = tl.sum(tl.sum(tl.reshape(x, (TILE // SUB, SUB, TILE // SUB, SUB)), 3), 1)  # (TILE / SUB) ** 2
-        at = tl.arange(0, TILE // SUB)
-        r, c = m0 // SUB + at, j0 // SUB + at
-        tl.atomic_add(PTR + r[:, None] * NB + c[None, :], parts.to(tl.float64),
-                      mask=(c[None, :] <= r[:, None]) & (r[:, None] < NB))  # fmt: skip
-    else:
-        tl.atomic_add(PTR + (rows[:, None] // BLOCK) * NB + cols[None, :] // BLOCK, x.to(tl.float64), mask=used)
-
-
-@triton.jit
-def _diagonals(PTR, x, m0, j0, T, TILE: tl.constexpr):
-    """Add a square tile ``x`` (0 in the cells not used) to the sums by distance at PTR, PTR[d] += Σ of its cells
-    with i - j = d: each diagonal summed in the tile first (a gather along the rows), then one atomic a diagonal, 2
-    TILE - 1 a tile instead of one a cell (the cells of one diagonal would otherwise meet at one address, one after
-    another)."""
-    r = tl.arange(0, TILE)
-    o = tl.arange(0, 2 * TILE)  # the tile's diagonal o holds row r's column r - o + TILE - 1
-    column = r[:, None] - o[None, :] + (TILE - 1)
-    inside = (column >= 0) & (column < TILE)
-    along = tl.gather(x, tl.where(inside, column, 0), 1)  # (TILE, 2 TILE): row r's cell on each diagonal
-    sums = tl.sum(tl.where(inside, along, 0.0), 0)
-    d = m0 - j0 + o - (TILE - 1)
-    tl.atomic_add(PTR + d, sums.to(tl.float64), mask=(d >= 0) & (d < T) & (o < 2 * TILE - 1))
-
-
-@triton.jit
 def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS, a, h, kh, m0, j0, rows,
                  cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale,
-                 BLOCK, NB, HAS_BIAS: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
-                 BY_SAMPLE: tl.constexpr):  # fmt: skip
+                 cap, BLOCK, NB, HAS_BIAS: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
+                 BY_SAMPLE: tl.constexpr, SOFTCAP: tl.constexpr):  # fmt: skip
     """Sample ``a``'s logits c q k^T and weights of one tile, 0 in the cells not ``used``, and its own sums: each
-    row's Σ w·s (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile), column
-    sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the sums of w over
-    each tenth of the context (CTX; ``lo`` .. ``hi`` bound the tenths in the tile). Few tiles stay live across the
+    row's Σ w·(z - lse) (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile),
+    column sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the sums of w
+    over each tenth of the context (CTX; ``lo`` .. ``hi`` bound the tenths in the tile). Few tiles stay live across the
     samples (the bias is loaded again, each tenth's cells found by products, not divisions): a 64 x 64 tile too."""
-    q = _rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
-    k = _rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
+    q = load_rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
+    k = load_rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     raw = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    s = (raw + _bias(TABLE, h, rows, cols, T, HAS_BIAS)) if HAS_BIAS else raw  # as K1 forms it
+    s = (raw + tile_bias(TABLE, h, rows, cols, T, HAS_BIAS)) if HAS_BIAS else raw  # as K1 forms it
     at = a * H + h
     lse = tl.load(LSE + at * T + rows, mask=rows < T, other=0.0)
-    w = tl.where(used, tl.exp(s - lse[:, None]), 0.0)
+    log_w = capped(s, cap, SOFTCAP) - lse[:, None]
+    w = tl.where(used, tl.exp(log_w), 0.0)
     s = tl.where(used, s, 0.0)
     tl.store(ROW_WS + at * T + rows, tl.load(ROW_WS + at * T + rows, mask=rows < T, other=0.0)
-             + tl.sum(w * s, 1).to(tl.float64), mask=rows < T)  # fmt: skip
+             + tl.sum(tl.where(used, w * log_w, 0.0), 1).to(tl.float64), mask=rows < T)  # fmt: skip
     if j0 == 0:
         tl.atomic_add(SINKS + at, tl.sum(tl.where(cols[None, :] == 0, w, 0.0)).to(tl.float64))
     tl.atomic_add(SCOLS + at * T + cols, tl.sum(w, 0).to(tl.float64), mask=cols < T)
@@ -167,11 +91,11 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
         w64 = w.to(tl.float64)  # squared and summed in fp64: see the columns of the joint moments below
         tl.atomic_add(COLS + h * T + cols, tl.sum(w64, 0) * (1.0 / N), mask=cols < T)
         tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(w64 * w64, 0) * (1.0 / N), mask=cols < T)
-    _diagonals(SDIST + at * T, w, m0, j0, T, TILE)
-    _diagonals(SDIST + (N * H + at) * T, s, m0, j0, T, TILE)
+    add_diagonals(SDIST + at * T, w, m0, j0, T, TILE)
+    add_diagonals(SDIST + (N * H + at) * T, s, m0, j0, T, TILE)
     plane = NB * NB
-    _block_add(SBLOCKS + at * plane, w, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
-    _block_add(SBLOCKS + (N * H + at) * plane, s, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
+    block_add(SBLOCKS + at * plane, w, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
+    block_add(SBLOCKS + (N * H + at) * plane, s, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
     ten_j = SEGMENTS * cols[None, :]  # j in tenth t of row i's context: t (i + 1) <= 10 j < (t + 1)(i + 1)
     ctx = used & (rows[:, None] + 1 >= SEGMENTS)
     for seg in tl.static_range(SEGMENTS):  # a tile's cells span few tenths: a sum for each of those
@@ -188,10 +112,12 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
 
 
 @triton.jit
-def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T: tl.constexpr, H, GROUP, HD,
-            scale, W, NKT, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-            MASKED: tl.constexpr, BY_SAMPLE: tl.constexpr = False):  # fmt: skip
-    """K1: LSE (N, H, T) fp32 of every sample's causal (or ``MASKED``) rows; grid (ceil(T / BM), N * H)."""
+def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, SINK_LOGITS, sqn, sqh, sqt, sqd, skn, skh, skt, skd, ssn, sst, ssh,
+            T: tl.constexpr, H, GROUP, HD, scale, cap, W, NKT, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+            HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, BY_SAMPLE: tl.constexpr = False,
+            SOFTCAP: tl.constexpr = False, HAS_SINKS: tl.constexpr = False):  # fmt: skip
+    """K1: LSE (N, H, T) fp32 of every sample's causal (or ``MASKED``) rows of z, beside each row's sink logit
+    (``HAS_SINKS``: SINK_LOGITS[a, i, h], strides ``ssn``, ``sst``, ``ssh``); grid (ceil(T / BM), N * H)."""
     m0 = tl.program_id(0) * BM
     nh = tl.program_id(1)
     a, h = nh // H, nh % H
@@ -201,16 +127,23 @@ def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, sqn, sqh, sqt, sqd, skn, skh, skt,
     total = tl.zeros([BM], tl.float32)
     classes = CLASSES + a * NKT * NKT * BY_SAMPLE  # this sample's (BY_SAMPLE) or the one mask's
     for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
-        cls = _tile_class(classes, m0, j0, NKT, BM, BN, MASKED)
+        cls = tile_class(classes, m0, j0, NKT, BM, BN, MASKED)
         if (j0 < m0 + BM) & (cls != 0):
             cols = j0 + tl.arange(0, BN)
-            s = _scores(Q, K, TABLE, a, h, h // GROUP, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD,
-                        scale, HAS_BIAS)  # fmt: skip
-            s = tl.where(_attended(CELLS + a * T * W * BY_SAMPLE, cls, rows, cols, T, W, MASKED), s, float("-inf"))
+            s = tile_scores(Q, K, TABLE, a, h, h // GROUP, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T,
+                            HD, scale, HAS_BIAS)  # fmt: skip
+            s = capped(s, cap, SOFTCAP)
+            s = tl.where(attended_cells(CELLS + a * T * W * BY_SAMPLE, cls, rows, cols, T, W, MASKED), s, float("-inf"))
             top = tl.maximum(best, tl.max(s, 1))
             top = tl.where(top == float("-inf"), 0.0, top)  # a row past T: nothing, and no NaN from -inf - -inf
             total = total * tl.exp(best - top) + tl.sum(tl.exp(s - top[:, None]), 1)
             best = top
+    if HAS_SINKS:  # the sink columns' mass beside the keys' (a row with no key: its sink's alone, its weights still 0)
+        sink = tl.load(SINK_LOGITS + a * ssn + rows * sst + h * ssh, mask=rows < T, other=float("-inf")).to(tl.float32)
+        top = tl.maximum(tl.where(total > 0, best, float("-inf")), sink)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.where(total > 0, total * tl.exp(best - top), 0.0) + tl.exp(sink - top)
+        best = top
     # a row with no key attended (a padded query): lse 0, its weights 0 and its entropy 0, as the torch path counts it
     tl.store(LSE + nh * T + rows, tl.where(total > 0, best + tl.log(tl.where(total > 0, total, 1.0)), 0.0),
              mask=rows < T)  # fmt: skip
@@ -225,16 +158,16 @@ def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, me
     (PDIST; of P itself where the bias is a row of keys, which changes along a diagonal), P at the keys j < 4 (PFIRST,
     stored: each cell is this program's), row and column sums below the diagonal (PROWS, PCOLS), Σ P² below and on it
     (PSQ), and Σ of P - ref and its square (PSHIFT, ref = REF[h])."""
-    bq = _rows(BQ, 0, h, rows, dims, 0, T * HD, HD, 1, T, HD)  # Q = Σ q, K = Σ k: (H, T, HD), (H_kv, T, HD)
-    bk = _rows(BK, 0, kh, cols, dims, 0, T * HD, HD, 1, T, HD)
+    bq = load_rows(BQ, 0, h, rows, dims, 0, T * HD, HD, 1, T, HD)  # Q = Σ q, K = Σ k: (H, T, HD), (H_kv, T, HD)
+    bk = load_rows(BK, 0, kh, cols, dims, 0, T * HD, HD, 1, T, HD)
     qk = tl.dot(bq, tl.trans(bk), input_precision="ieee") * scale
     dev = tl.where(used, qk * (1.0 / (N * (N - 1))) - mean_raw * (1.0 / (N - 1)), 0.0)  # P - f
     p = tl.where(used, dev + bias, 0.0)
-    _block_add(PMAPS + h * NB * NB, p, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
+    block_add(PMAPS + h * NB * NB, p, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
     if HAS_BIAS == 2:
         dev = p
-    _diagonals(PDIST + h * T, dev, m0, j0, T, TILE)
-    _diagonals(PDIST + (H + h) * T, dev * dev, m0, j0, T, TILE)
+    add_diagonals(PDIST + h * T, dev, m0, j0, T, TILE)
+    add_diagonals(PDIST + (H + h) * T, dev * dev, m0, j0, T, TILE)
     if j0 == 0:
         tl.store(PFIRST + (h * T + rows[:, None]) * 4 + cols[None, :], p.to(tl.float64),
                  mask=used & (cols[None, :] < 4))  # fmt: skip
@@ -256,18 +189,19 @@ def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, me
 def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS,
                     BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, CELLS, CLASSES, BOUNDS,
                     sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T: tl.constexpr, H, GROUP, HD, scale,
-                    BLOCK, NB, W, NKT,
+                    cap, BLOCK, NB, W, NKT,
                     DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
                     SUB: tl.constexpr, POSITIONAL: tl.constexpr, MASKED: tl.constexpr,
-                    BY_SAMPLE: tl.constexpr = False):  # fmt: skip
+                    BY_SAMPLE: tl.constexpr = False, SOFTCAP: tl.constexpr = False):  # fmt: skip
     """K2: every accumulator of the module docstring, for one query tile and head; grid (ceil(T / BM), H).
 
     MAPS (4, H, NB, NB), DIST (6, H, T), COLS (2, H, T), ROW_WS (N, H, T), SINKS (N, H); per sample SCOLS (N, H, T),
     CTX (N, H, 10), SDIST (2, N, H, T), SBLOCKS (2, N, H, NB, NB); with ``POSITIONAL`` (N >= 2) from BQ = Σ q
     (H, T, HD) and BK = Σ k (H_kv, T, HD) fp32 contiguous and REF (H,) fp32: PMAPS (H, NB, NB), PDIST (2, H, T),
     PFIRST (H, T, 4), PROWS (H, T), PCOLS (H, T), PSQ (2, H), PSHIFT (2, H): fp64, added to. ``SUB``: how a
-    tile meets the map's blocks (:func:`_block_add`): BM where BLOCK is a multiple of BM = BN (one sum a tile and map),
-    BLOCK where it divides BM (one sum a block), 0 otherwise (one a cell)."""
+    tile meets the map's blocks (:func:`~biasviz.summaries.kernels.triton_tiles.block_add`): BM where BLOCK is a
+    multiple of BM = BN (one sum a tile and map), BLOCK where it divides BM (one sum a block), 0 otherwise (one a
+    cell)."""
     m0 = tl.program_id(0) * BM
     h = tl.program_id(1)
     kh = h // GROUP
@@ -276,7 +210,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
     inv_n = 1.0 / N
     plane = NB * NB
     for j0 in range(0, T, BN):  # the key tiles up to the query tile's last row; those after it skipped
-        cls = _tile_class(CLASSES + N * NKT * NKT * BY_SAMPLE, m0, j0, NKT, BM, BN, MASKED)  # BY_SAMPLE: any sample's
+        cls = tile_class(CLASSES + N * NKT * NKT * BY_SAMPLE, m0, j0, NKT, BM, BN, MASKED)  # BY_SAMPLE: any sample's
         if (j0 < m0 + BM) & (cls != 0):
             cols = j0 + tl.arange(0, BN)
             # the tenths of a row's context (rows of at least 10 keys) the tile's cells can be in: floor(10 j / (i + 1))
@@ -292,11 +226,11 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                 w0 = tl.zeros([BM, BN], tl.float32)  # the shift: the first attending sample's value
                 raw0 = tl.zeros([BM, BN], tl.float32)
                 for a in range(N):
-                    mine = _sample_cells(CELLS, CLASSES, a, m0, j0, rows, cols, T, W, NKT, BM, BN, MASKED, True)
+                    mine = sample_cells(CELLS, CLASSES, a, m0, j0, rows, cols, T, W, NKT, BM, BN, MASKED, True)
                     raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS,
                                           a, h, kh, m0, j0, rows, cols, dims, mine, lo, hi, sqn, sqh, sqt, sqd, skn,
-                                          skh, skt, skd, N, T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED,
-                                          True)  # fmt: skip
+                                          skh, skt, skd, N, T, H, HD, scale, cap, BLOCK, NB, HAS_BIAS, SUB, BM,
+                                          MASKED, True, SOFTCAP)  # fmt: skip
                     first = mine & (cnt == 0.0)
                     w0 = tl.where(first, w, w0)
                     raw0 = tl.where(first, raw, raw0)
@@ -310,17 +244,17 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                 used = cnt > 0.0
                 inv = 1.0 / tl.maximum(cnt, 1.0)  # 0 moments where no sample attends (every sum is 0 there)
             else:
-                used = _attended(CELLS, cls, rows, cols, T, W, MASKED)
+                used = attended_cells(CELLS, cls, rows, cols, T, W, MASKED)
                 # the first sample: the moments' shift
                 raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS, 0,
                                         h, kh, m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh,
-                                        skt, skd, N, T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED,
-                                        False)  # fmt: skip
+                                        skt, skd, N, T, H, HD, scale, cap, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED,
+                                        False, SOFTCAP)  # fmt: skip
                 for a in range(1, N):
                     raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS,
                                           a, h, kh, m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn,
-                                          skh, skt, skd, N, T, H, HD, scale, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED,
-                                          False)  # fmt: skip
+                                          skh, skt, skd, N, T, H, HD, scale, cap, BLOCK, NB, HAS_BIAS, SUB, BM,
+                                          MASKED, False, SOFTCAP)  # fmt: skip
                     d = w - w0
                     dw1 += d
                     dw2 += d * d
@@ -336,32 +270,32 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             var_s = tl.maximum(ds2 * inv - ms * ms, 0.0)
             bias = tl.zeros([BM, BN], tl.float32)
             if HAS_BIAS:
-                bias = tl.where(used, _bias(TABLE, h, rows, cols, T, HAS_BIAS), 0.0)  # 0 where not used
+                bias = tl.where(used, tile_bias(TABLE, h, rows, cols, T, HAS_BIAS), 0.0)  # 0 where not used
             mean_s = raw0 + ms + bias
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
             base = MAPS + h * plane
             stride = H * plane
-            _block_add(base, mean_w, m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
-            _block_add(base + stride, tl.sqrt(var_w), m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
-            _block_add(base + 2 * stride, mean_s, m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
-            _block_add(base + 3 * stride, tl.sqrt(var_s), m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
+            block_add(base, mean_w, m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
+            block_add(base + stride, tl.sqrt(var_w), m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
+            block_add(base + 2 * stride, mean_s, m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
+            block_add(base + 3 * stride, tl.sqrt(var_s), m0, j0, rows, cols, used, BLOCK, NB, SUB, BM)
             # sums by distance d = i - j
             line = H * T
-            _diagonals(DIST + h * T, mean_w, m0, j0, T, BM)
+            add_diagonals(DIST + h * T, mean_w, m0, j0, T, BM)
             # the squares in fp64 from the fp32 means, as the torch path squares them: a distance of one cell (or one
             # sample's) then has a spread along it of exactly 0, not a float32 square's rounding
             mean_w64 = mean_w.to(tl.float64)
-            _diagonals(DIST + line + h * T, mean_w64 * mean_w64, m0, j0, T, BM)
-            _diagonals(DIST + 2 * line + h * T, var_w, m0, j0, T, BM)
+            add_diagonals(DIST + line + h * T, mean_w64 * mean_w64, m0, j0, T, BM)
+            add_diagonals(DIST + 2 * line + h * T, var_w, m0, j0, T, BM)
             # the scores less a bias of distance, the same along a diagonal: Σ s̄² - (Σ s̄)² / n of an ALiBi diagonal
             # far out would cancel the spread along it in float32 (a bias of the key changes along it: kept in)
             along = raw0 + ms
             if HAS_BIAS == 2:
                 along = mean_s
-            _diagonals(DIST + 3 * line + h * T, along, m0, j0, T, BM)
+            add_diagonals(DIST + 3 * line + h * T, along, m0, j0, T, BM)
             mean_raw64 = along.to(tl.float64)
-            _diagonals(DIST + 4 * line + h * T, mean_raw64 * mean_raw64, m0, j0, T, BM)
-            _diagonals(DIST + 5 * line + h * T, var_s, m0, j0, T, BM)
+            add_diagonals(DIST + 4 * line + h * T, mean_raw64 * mean_raw64, m0, j0, T, BM)
+            add_diagonals(DIST + 5 * line + h * T, var_s, m0, j0, T, BM)
             # the weights' column sums (each key's share over the queries): Σ_i w̄ and Σ_i (σ² + w̄²), in fp64 as the
             # squares by distance: a key one query sees (the last) then has a spread over queries of exactly 0, not a
             # float32 square's rounding (sqrt(6e-8) of its weight)

@@ -1,0 +1,116 @@
+"""What the fused statistics kernels (:mod:`biasviz.summaries.kernels.triton_kernels`) do within one tile: q's and
+k's rows loaded, the bias and the scores of a tile formed, a softcap applied, the attended cells read from a mask's
+bits, and a tile's sums added to the block maps and the sums by distance. Triton functions, inlined where the kernels
+call them (notation as in :mod:`~biasviz.summaries.kernels.triton_kernels`)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_rows(X, a, h, rows, dims, sxn, sxh, sxt, sxd, T, HD):
+    """(len(rows), DP) fp32 of ``X[a, h, rows, :]`` (0 past T and past the head dim)."""
+    return tl.load(X + a * sxn + h * sxh + rows[:, None] * sxt + dims[None, :] * sxd,
+                   mask=(rows[:, None] < T) & (dims[None, :] < HD), other=0.0).to(tl.float32)  # fmt: skip
+
+
+@triton.jit
+def tile_bias(TABLE, h, rows, cols, T, KIND: tl.constexpr):
+    """(BM, BN) fp32 b_h(i, j): f_h(i - j) (``KIND`` 1) or g_h(j) (2), 0 past the diagonal."""
+    dist = rows[:, None] - cols[None, :]
+    at = dist
+    if KIND == 2:
+        at = cols[None, :] + 0 * rows[:, None]
+    return tl.load(TABLE + h * T + at, mask=(dist >= 0) & (rows[:, None] < T), other=0.0)
+
+
+@triton.jit
+def capped(s, cap, SOFTCAP: tl.constexpr):
+    """z = cap·tanh(s / cap) (``SOFTCAP``), else s. tanh as (1 - e^-2|x|) / (1 + e^-2|x|), and below |x| = 1/8, where
+    1 - e^-2|x| would lose digits, as its series to x^7 (the next term under 2e-10 of x): float32's rounding either
+    way."""
+    if SOFTCAP:
+        x = s / cap
+        ax = tl.abs(x)
+        e = tl.exp(-2.0 * ax)
+        x2 = x * x
+        series = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+        t = tl.where(ax < 0.125, series, (1.0 - e) / (1.0 + e))
+        return cap * tl.where(x < 0, -t, t)
+    return s
+
+
+@triton.jit
+def tile_scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD, scale,
+            HAS_BIAS: tl.constexpr):  # fmt: skip
+    """(BM, BN) fp32 scores of sample ``a``, head ``h``: c q k^T + b_h(i, j) (0 past the diagonal: masked later)."""
+    q = load_rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
+    k = load_rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+    if HAS_BIAS:
+        s += tile_bias(TABLE, h, rows, cols, T, HAS_BIAS)
+    return s
+
+
+@triton.jit
+def attended_cells(CELLS, cls, rows, cols, T, W, MASKED: tl.constexpr):
+    """(BM, BN) bool: the tile's cells attended, j <= i, or (``MASKED``) the mask's bits where the tile's class
+    ``cls`` is 2 (a class-1 tile reads none: every cell inside T is attended)."""
+    if MASKED:
+        inside = (rows[:, None] < T) & (cols[None, :] < T)
+        byte = tl.load(CELLS + rows[:, None] * W + cols[None, :] // 8, mask=inside & (cls == 2), other=0)
+        return inside & ((cls == 1) | (((byte.to(tl.int32) >> (cols[None, :] % 8)) & 1) != 0))
+    return (cols[None, :] <= rows[:, None]) & (rows[:, None] < T)
+
+
+@triton.jit
+def tile_class(CLASSES, m0, j0, NKT, BM: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr):
+    """The class of the tile at (m0, j0): CLASSES' with ``MASKED``, else 2 (the causal rule decides each cell)."""
+    if MASKED:
+        return tl.load(CLASSES + (m0 // BM) * NKT + j0 // BN).to(tl.int32)
+    return tl.full([], 2, tl.int32)
+
+
+@triton.jit
+def sample_cells(CELLS, CLASSES, a, m0, j0, rows, cols, T, W, NKT, BM: tl.constexpr, BN: tl.constexpr,
+                  MASKED: tl.constexpr, BY_SAMPLE: tl.constexpr):  # fmt: skip
+    """(BM, BN) bool: sample ``a``'s attended cells of the tile at (m0, j0) (``BY_SAMPLE``: its own bits and class)."""
+    if BY_SAMPLE:
+        cls = tile_class(CLASSES + a * NKT * NKT, m0, j0, NKT, BM, BN, MASKED)
+        return attended_cells(CELLS + a * T * W, cls, rows, cols, T, W, MASKED) & (cls != 0)
+    return attended_cells(CELLS, tile_class(CLASSES, m0, j0, NKT, BM, BN, MASKED), rows, cols, T, W, MASKED)
+
+
+@triton.jit
+def block_add(PTR, x, m0, j0, rows, cols, used, BLOCK, NB, SUB: tl.constexpr, TILE: tl.constexpr):
+    """Add a square tile ``x`` (0 in the cells not ``used``) to the (NB, NB) block map at PTR. ``SUB`` = TILE: the
+    tile lies inside one block, its sum is one atomic; 0 < SUB < TILE: blocks of SUB positions split the tile, each
+    block's sum is one atomic ((TILE / SUB)² of them, those with a cell j <= i); 0: each cell to its block."""
+    if SUB == TILE:
+        tl.atomic_add(PTR + (m0 // BLOCK) * NB + j0 // BLOCK, tl.sum(tl.sum(x, 1), 0).to(tl.float64))
+    elif SUB > 0:
+        parts = tl.sum(tl.sum(tl.reshape(x, (TILE // SUB, SUB, TILE // SUB, SUB)), 3), 1)  # (TILE / SUB) ** 2
+        at = tl.arange(0, TILE // SUB)
+        r, c = m0 // SUB + at, j0 // SUB + at
+        tl.atomic_add(PTR + r[:, None] * NB + c[None, :], parts.to(tl.float64),
+                      mask=(c[None, :] <= r[:, None]) & (r[:, None] < NB))  # fmt: skip
+    else:
+        tl.atomic_add(PTR + (rows[:, None] // BLOCK) * NB + cols[None, :] // BLOCK, x.to(tl.float64), mask=used)
+
+
+@triton.jit
+def add_diagonals(PTR, x, m0, j0, T, TILE: tl.constexpr):
+    """Add a square tile ``x`` (0 in the cells not used) to the sums by distance at PTR, PTR[d] += Σ of its cells
+    with i - j = d: each diagonal summed in the tile first (a gather along the rows), then one atomic a diagonal, 2
+    TILE - 1 a tile instead of one a cell (the cells of one diagonal would otherwise meet at one address, one after
+    another)."""
+    r = tl.arange(0, TILE)
+    o = tl.arange(0, 2 * TILE)  # the tile's diagonal o holds row r's column r - o + TILE - 1
+    column = r[:, None] - o[None, :] + (TILE - 1)
+    inside = (column >= 0) & (column < TILE)
+    along = tl.gather(x, tl.where(inside, column, 0), 1)  # (TILE, 2 TILE): row r's cell on each diagonal
+    sums = tl.sum(tl.where(inside, along, 0.0), 0)
+    d = m0 - j0 + o - (TILE - 1)
+    tl.atomic_add(PTR + d, sums.to(tl.float64), mask=(d >= 0) & (d < T) & (o < 2 * TILE - 1))
