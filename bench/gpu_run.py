@@ -634,7 +634,7 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
             g = f[name]
             return {name: g[name][()] for name in g}, str(g.attrs.get("statistics", "torch"))
 
-    for scheme in ("alibi", "rope", "traced alibi", "traced m·j", "gemma2 softcap", "gpt-oss sinks"):
+    for scheme in ("alibi", "rope", "fire", "traced alibi", "traced m·j", "gemma2 softcap", "gpt-oss sinks"):
         torch.manual_seed(0)
         if scheme in ("gemma2 softcap", "gpt-oss sinks"):  # a softmax over cap·tanh(s / cap), or beside sink columns
             model, layers = _softmax_extras(scheme.split()[0], heads).to(device), -1

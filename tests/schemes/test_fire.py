@@ -45,3 +45,24 @@ def test_fire_diagonal_is_constant_and_input_in_unit_interval() -> None:
     assert u[causal_cells(64)].min() >= 0 and u[causal_cells(64)].max() <= 1 + 1e-6
     # past the threshold the last row spans the whole unit interval: psi(i) / psi(i) = 1 at j = 0
     assert u[63, 0] == pytest.approx(1.0)
+
+
+def test_a_gpu_s_rows_run_the_mlp_in_few_large_pieces() -> None:
+    """With a GPU's shapes (forced on the CPU), a block of 2048 x 2048 cells is 2 pieces of the MLP, a few launches,
+    not 256 cache-sized ones; the values are FIRE's, as float64 numpy forms them."""
+    from biasviz.common.shapes import gpu_shapes
+    from tests.summaries.test_replay_dispatch import Dispatched
+
+    torch.manual_seed(0)
+    t = 2048
+    scheme = get_scheme("fire")(H, 48, init_threshold=512.0)
+    x = torch.zeros(1, t, 48)
+    spy = Dispatched()
+    with gpu_shapes(), torch.no_grad():
+        block = scheme.rows(x)
+        with spy:
+            spy.on = True
+            got = block(1024, 2048)
+    assert spy.kernels <= 12, spy.kernels
+    want = _fire_reference(scheme, t)[:, 1024:]
+    np.testing.assert_allclose(got[0].double().numpy(), want, rtol=1e-5, atol=1e-6)

@@ -10,15 +10,30 @@ head), maps of ``block`` x ``block`` positions (nb of them a side).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 SEGMENTS = 10
 
 
+def mlp_cells(mlp: Any, t: int) -> np.ndarray:
+    """(H, T, T) float64 FIRE's b_h(i, j) = b2_h + Σ_k W2_hk max(W1_k u + b1_k, 0), u = ψ(max(i - j, 0)) / ψ(max(L, i)),
+    from an :class:`~biasviz.summaries.kernels.MlpBias`'s tables and weights."""
+    psi_d, psi_i, w1, b1, w2, b2 = (np.asarray(x.detach().double().cpu()) for x in mlp)
+    i, j = np.indices((t, t))
+    u = psi_d[np.clip(i - j, 0, None)] / psi_i[i]
+    hidden = np.maximum(u[..., None] * w1 + b1, 0.0)  # (T, T, hidden)
+    return np.moveaxis(hidden @ w2.T + b2, -1, 0)
+
+
 def _bias(table: np.ndarray | None, t: int, keys: bool) -> np.ndarray | float:
-    """(H, T, T) b(i, j) from ``table`` (H, T): f(i - j) (0 past the diagonal: never used) or, ``keys``, g(j)."""
+    """(H, T, T) b(i, j) from ``table`` (H, T): f(i - j) (0 past the diagonal: never used) or, ``keys``, g(j); or
+    ``table`` itself where it is (H, T, T) already, a bias of each cell."""
     if table is None:
         return 0.0
+    if table.ndim == 3:
+        return table
     i, j = np.indices((t, t))
     return table[:, np.broadcast_to(j, (t, t))] if keys else table[:, np.clip(i - j, 0, None)]
 
@@ -109,7 +124,8 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
         s_std = np.sqrt(np.where(used, (s - s_mean) ** 2, 0.0).sum(0) / count)
         i, j = np.indices((t, t))
         bias = np.where(used.any(0), _bias(table, t, keys), 0.0)
-    shift = 0.0 if keys else bias  # what the sums by distance take off: a bias the same along each diagonal
+    # what the sums by distance take off: a bias the same along each diagonal (not a row of keys, not one of each cell)
+    shift = 0.0 if keys or (table is not None and table.ndim == 3) else bias
     out = {
         "maps": np.stack([_blocks(x, block) for x in (w_mean, w_std, s_mean, s_std)]),
         "by_distance": np.stack(

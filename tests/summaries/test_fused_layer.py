@@ -19,7 +19,7 @@ import torch
 
 import biasviz
 from tests.conftest import small_model
-from tests.summaries.fused_reference import accumulators, formed
+from tests.summaries.fused_reference import accumulators, formed, mlp_cells
 
 T = 32
 
@@ -31,7 +31,10 @@ def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tenso
     """The kernels' answer from float64 numpy, from the same q, k, f(d) (``keys``: g(j)), mask, softcap and sink
     logits."""
     qn, kn = q.double().cpu().numpy(), k.double().cpu().numpy()
-    tn = None if table is None else table.double().cpu().numpy()
+    from biasviz.summaries.kernels import MlpBias
+
+    t = q.shape[2]
+    tn = None if table is None else mlp_cells(table, t) if isinstance(table, MlpBias) else table.double().cpu().numpy()
     cn = None if cells is None else np.stack([np.asarray(cells[a].cpu()) for a in range(len(cells))]) if (
         not torch.is_tensor(cells)) else cells.cpu().numpy()  # each sample's own, one at a time: stacked
     sn = None if sinks is None else sinks.double().cpu().numpy()
@@ -89,6 +92,7 @@ def _close(got: np.ndarray, want: np.ndarray, name: str, of: np.ndarray | None =
     ("rope", 3, 8),  # no bias: the rotary measures beside
     ("nope", 2, 4),  # two samples: P without an SE
     ("alibi", 1, 8),  # one sample: no spread, no P
+    ("fire", 3, 8),  # FIRE's MLP: formed in each tile, its rows past L = 8 interpolated by their own position
 ])  # fmt: skip
 def test_the_fused_path_writes_what_the_torch_path_writes(scheme: str, samples: int, resolution: int,
                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +100,7 @@ def test_the_fused_path_writes_what_the_torch_path_writes(scheme: str, samples: 
 
     monkeypatch.setattr(kernels, "unavailable", lambda device: None)
     monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
-    model = small_model(scheme, n_head=4)
+    model = _model(scheme)
     ids = np.random.default_rng(samples).integers(0, 97, size=(samples, T))
     torch_path, torch_attrs = _summary(model, ids, tmp_path / "torch.h5", resolution, "torch", monkeypatch)
     fused, fused_attrs = _summary(model, ids, tmp_path / "fused.h5", resolution, "fused", monkeypatch)
@@ -104,15 +108,22 @@ def test_the_fused_path_writes_what_the_torch_path_writes(scheme: str, samples: 
     _compare(fused, torch_path)
 
 
+def _model(scheme: str) -> torch.nn.Module:
+    """Our small model with 4 heads; FIRE's threshold L at 8 positions, so that rows past it take their own ψ(i)."""
+    return small_model(scheme, n_head=4, **({"scheme_options": {"init_threshold": 8.0}} if scheme == "fire" else {}))
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "fire"])
 def test_a_bias_that_differs_from_its_formula_takes_the_torch_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
-    """A scheme declared a function of i - j whose rows a sample's input changes: measured, and left to torch."""
+    """A scheme declared context-free (a function of i - j; FIRE's MLP) whose rows a sample's input changes: measured,
+    and left to torch."""
     from biasviz.summaries import kernels
 
     monkeypatch.setattr(kernels, "unavailable", lambda device: None)
     monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
-    model = small_model("alibi", n_head=4)
+    model = _model(scheme)
     scheme = model.blocks[1].attn.pos_bias
     rows = scheme.rows
 
@@ -126,7 +137,7 @@ def test_a_bias_that_differs_from_its_formula_takes_the_torch_path(
     assert attrs["statistics"] == "torch"
 
 
-@pytest.mark.parametrize(("scheme", "samples", "resolution"), [("alibi", 3, 8), ("rope", 2, T)])
+@pytest.mark.parametrize(("scheme", "samples", "resolution"), [("alibi", 3, 8), ("rope", 2, T), ("fire", 3, 8)])
 def test_the_kernels_through_the_public_call_write_what_the_torch_path_writes(
     scheme: str, samples: int, resolution: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
@@ -136,7 +147,7 @@ def test_the_kernels_through_the_public_call_write_what_the_torch_path_writes(
 
     if not kernels.interpreted() and not torch.cuda.is_available():
         pytest.skip("Triton's interpreter was not chosen before Triton was imported")
-    model = small_model(scheme, n_head=4)
+    model = _model(scheme)
     ids = np.random.default_rng(samples).integers(0, 97, size=(samples, T))
     torch_path, _ = _summary(model, ids, tmp_path / "torch.h5", resolution, "torch", monkeypatch)
     fused, attrs = _summary(model, ids, tmp_path / "fused.h5", resolution, "fused", monkeypatch)

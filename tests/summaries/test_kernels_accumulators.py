@@ -7,6 +7,8 @@ Skipped where Triton is not installed (``pip install 'biasviz[gpu]'``; CI instal
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -241,3 +243,45 @@ def test_a_cap_far_above_the_scores_bends_them_only_as_float64_s_tanh_does(kerne
     got = kernels.row_lse(torch.from_numpy(q * 3).float(), torch.from_numpy(k).float(), None, 0.25, 16, softcap=1000.0)
     want = formed(q * 3, k, None, 0.25, softcap=1000.0)[3]
     np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=4e-6)
+
+
+def _mlp(heads: int, t: int, hidden: int, threshold: float, seed: int = 0) -> Any:
+    """An :class:`MlpBias` as FIRE's ``kernel_terms`` gives one: ψ(x) = log(c x + 1), c = 0.5, threshold L, random
+    weights of the size a trained FIRE has."""
+    from biasviz.summaries.kernels import MlpBias
+
+    g = torch.Generator().manual_seed(seed)
+    c = torch.tensor(0.5)
+    positions = torch.arange(t, dtype=torch.float32)
+    return MlpBias(torch.log1p(c * positions), torch.log1p(c * positions.clamp(min=threshold)),
+                   torch.randn(hidden, generator=g), torch.randn(hidden, generator=g),
+                   torch.randn(heads, hidden, generator=g) * 0.5, torch.randn(heads, generator=g))  # fmt: skip
+
+
+MLP_CASES = [  # N, H, Hkv, T, hd, block, tile, threshold, hidden, cells
+    (3, 4, 2, 40, 24, 12, 16, 8.0, 8, None),  # rows past L = 8 interpolate by their own ψ(i); P and its jackknife
+    (2, 2, 1, 48, 16, 16, 32, 100.0, 32, None),  # L past T: a function of i - j alone, still formed cell by cell
+    (3, 2, 2, 40, 16, 8, 16, 4.0, 8, window(40, 12)),  # a sliding window, one mask for every sample
+    (3, 2, 1, 40, 16, 4, 16, 4.0, 8, padded(40, [0, 0, 11], [0, 7, 0])),  # each sample its own cells
+]
+
+
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "tile", "threshold", "hidden", "cells"), MLP_CASES)
+def test_fire_s_mlp_formed_in_each_tile_adds_up_as_float64_math_does(kernels, n: int, heads: int, kv: int,  # noqa: F811
+                                                                     t: int, hd: int, block: int, tile: int,
+                                                                     threshold: float, hidden: int,
+                                                                     cells: np.ndarray | None) -> None:  # fmt: skip
+    """FIRE's bias b_h(i, j), its MLP run on ψ(i - j) / ψ(max(L, i)) in each tile: the scores, weights and P formed with
+    it, and the sums by distance holding it (it changes along a diagonal past L)."""
+    from tests.summaries.fused_reference import mlp_cells
+
+    q, k, _ = _inputs(n, heads, kv, t, hd, False)
+    mlp = _mlp(heads, t, hidden, threshold)
+    cells_b = mlp_cells(mlp, t)
+    scale = 1 / np.sqrt(hd)
+    got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(), mlp, scale, block,
+                                     tile=tile, cells=None if cells is None else torch.from_numpy(cells))  # fmt: skip
+    _check(got, accumulators(q, k, cells_b, scale, block, cells=cells))
+    i, j = np.indices((t, t))
+    along = cells_b[:, i - j == 3]  # one diagonal: constant while every row is below L, not past it
+    assert (np.ptp(along, -1) > 1e-3).all() == (threshold < t)

@@ -27,6 +27,7 @@ from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_layer, tell, why_not
+from biasviz.summaries.kernels import MlpBias, mlp_bias
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
@@ -98,14 +99,17 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             for part in own.values() if attended is not None else ():
                 part.attend(attended)
             # a bias the forward kept as f(i - j) (a traced call's ALiBi, T5's buckets) is a table as a scheme's is;
-            # one kept as g(j) (BLOOM's m·j) a row of keys
-            kept, keys = None, False
+            # one kept as g(j) (BLOOM's m·j) a row of keys; FIRE's, declared the same for every input, its MLP's terms
+            kept, keys, mlp = None, False, None
             if layer not in formula and adapter.adds_bias:
                 kept = adapter.bias_table(layer)
                 if kept is None and (kept := adapter.bias_keys(layer)) is not None:
                     keys = True
+                if kept is None:
+                    mlp = mlp_bias(adapter.scheme_module(layer), seq_len)
             fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
-                                table=formula.get(layer, kept), kept=kept is not None, keys=keys, samples=n,
+                                table=formula.get(layer, kept if mlp is None else mlp), kept=kept is not None,
+                                keys=keys, samples=n,
                                 seq_len=seq_len, block=block, device=dev, positional=positional, measures=measures,
                                 show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
             if fused is not None:
@@ -189,14 +193,16 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
     """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why.
     ``kept``: ``table`` is the bias the forward kept, the same for every sample, whose own summary is then the table's
     (as a declared scheme's is, ``direct`` in :func:`~biasviz.extraction.summary.summarise`); ``keys``: a row of keys
-    g(j), not a table of distance, its summary formed from one sample's rows."""
+    g(j), not a table of distance, its summary formed from one sample's rows, as an :class:`MlpBias`'s (FIRE's,
+    declared the same for every input and measured so by :func:`fused_layer`) is."""
     why = why_not(adapter, bank, layer, device, by_sample=cells is not None,
                   mask=None if attended is None else attended.mask, table=table, block=block)  # fmt: skip
     got = None
     if why is None:
-        bias = own.get("bias") if kept else None
+        formed = isinstance(table, MlpBias)  # its cells formed in the kernels' tiles: its rows summarised here
+        bias = own.get("bias") if kept or formed else None
         if bias is not None and table is not None:  # given before the kernels' SEs, which read it
-            bias.given = (key_summary(adapter, bank, layer, bias, samples=samples) if keys
+            bias.given = (first_rows_summary(adapter, bank, layer, bias, samples=samples) if keys or formed
                           else toeplitz_summary(table, seq_len, block, samples=samples))  # fmt: skip
         with torch.inference_mode(), show() as bar:
             got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
@@ -205,15 +211,17 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
             bar.update(1)
         if bias is not None and bias.given is not None:  # taken back where the torch path forms the layer after all
             bias.given = None if got is None else replace(bias.given, difference=bias.difference)
-        why = "" if got is not None else "a sample's bias differs from the scheme's f(i - j)"
+        why = "" if got is not None else ("a sample's bias differs from the first sample's" if formed
+                                          else "a sample's bias differs from the scheme's f(i - j)")  # fmt: skip
     return got, why
 
 
-def key_summary(adapter: ModelAdapter, bank: SampleBank, layer: int, part: QuantitySummary, *,
-                samples: int) -> Summary:  # fmt: skip
-    """The summary of a bias the forward kept as a row of keys, the same for every sample (compared with each, exactly,
-    as it was kept): the first sample's rows, formed block by block on the device and summarised as a bias declared the
-    same for every input is (its spread 0), once, not once a sample."""
+def first_rows_summary(adapter: ModelAdapter, bank: SampleBank, layer: int, part: QuantitySummary, *,
+                       samples: int) -> Summary:  # fmt: skip
+    """The summary of a bias the same for every sample (a row of keys the forward kept, compared with each exactly as it
+    was kept; FIRE's, which :func:`fused_layer` measures so) that is not a table of distance: the first sample's rows,
+    formed block by block on the device and summarised as a bias declared the same for every input is (its spread 0),
+    once, not once a sample."""
     one = QuantitySummary("bias", layer, heads=part.heads, seq_len=part.seq_len, block=part.block, causal=True,
                           mode="shared", device=part.device, samples=samples)  # fmt: skip
     for r0, r1 in row_blocks(part.seq_len, part.heads, part.device, False):

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from biasviz.common.shapes import gpu_shaped
 from biasviz.schemes import register
 from biasviz.schemes.base import (
     PositionScheme,
@@ -21,6 +22,9 @@ from biasviz.schemes.base import (
 MIN_C = 1e-4  # psi(x) = log(c x + 1) needs c > 0
 MIN_THRESHOLD = 1.0  # psi(max(L, i)) must stay > 0 at i = 0
 MLP_CELLS = 1 << 14  # cells per MLP call in :meth:`FIRE.rows`: the (cells, hidden) activations stay in cache
+# ... on a GPU, at least this many: a few launches a block of rows (its activations 256 MiB at 32 hidden units), not
+# one a 2^14 cells (T = 32768: 33,000 pieces a sample and layer, each a launch or three)
+GPU_MLP_CELLS = 1 << 21
 MIN_MLP_CELLS = 64  # fewer rows take another matmul kernel, which rounds differently from the full bias's
 
 
@@ -71,6 +75,18 @@ class FIRE(PositionScheme):
         i = query_positions(q_len, k_len, dev).to(c.dtype)
         return torch.log1p(c * d) / torch.log1p(c * torch.maximum(i, L))
 
+    @torch.no_grad()
+    def kernel_terms(self, seq_len: int) -> dict[str, torch.Tensor]:
+        """What forms b_h(i, j) cell by cell where a kernel cannot hold (T, T) of it (the fused statistics kernels):
+        ψ(d) for d = 0 .. T - 1 and ψ(max(L, i)) for i = 0 .. T - 1, by the operations :meth:`rows` takes them by, and
+        the MLP's weights, ``w1``, ``b1`` (hidden,), ``w2`` (H, hidden), ``b2`` (H,)."""
+        c, L = self._params()
+        positions = torch.arange(seq_len, device=c.device).to(c.dtype)
+        first, second = self.mlp[0], self.mlp[2]
+        return {"psi_d": torch.log1p(c * positions), "psi_i": torch.log1p(c * torch.maximum(positions, L)),
+                "w1": first.weight[:, 0].detach(), "b1": first.bias.detach(), "w2": second.weight.detach(),
+                "b2": second.bias.detach()}  # fmt: skip
+
     def bias(self, x: torch.Tensor | None, q_len: int, k_len: int) -> torch.Tensor:
         u = self.normalized_distance(q_len, k_len)  # (Tq, Tk)
         out = self.mlp(u[..., None])  # (Tq, Tk, H)
@@ -100,7 +116,8 @@ class FIRE(PositionScheme):
             if n < MIN_MLP_CELLS:  # padded, so that the values are bit-equal to those of bias(x, T, T)
                 return self.mlp(torch.cat([u, u.new_zeros(MIN_MLP_CELLS - n, 1)]))[:n].T.reshape(1, -1, r1 - r0, r1)
             out = torch.empty(self.n_head, n, dtype=second.weight.dtype, device=u.device)  # (H, rows * r1)
-            size = -(-n // -(-n // MLP_CELLS))  # pieces of equal size, none below MIN_MLP_CELLS
+            piece = max(MLP_CELLS, GPU_MLP_CELLS) if gpu_shaped(u.device) else MLP_CELLS
+            size = -(-n // -(-n // piece))  # pieces of equal size, none below MIN_MLP_CELLS
             for a in range(0, n, size):
                 hidden = torch.relu_(first(u[a : a + size]))  # (piece, hidden)
                 # the matmul of nn.Linear written transposed (the same BLAS call): (H, piece), no copy

@@ -41,6 +41,7 @@ from biasviz.store.datasets import (
 from biasviz.store.format import non_finite_error
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
+from biasviz.summaries.kernels import MlpBias
 from biasviz.summaries.layer import MASKED_SEPARABILITY_LEN
 from biasviz.summaries.maps import _group_sums, geometry_counts
 from biasviz.summaries.measures import BiasMeasureSums
@@ -70,7 +71,7 @@ def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
 
 
 def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool,
-            mask: torch.Tensor | None, table: torch.Tensor | None, block: int) -> str | None:  # fmt: skip
+            mask: torch.Tensor | None, table: torch.Tensor | MlpBias | None, block: int) -> str | None:  # fmt: skip
     """Why the fused kernels do not summarise ``layer`` (None: they do); ``mask`` (1 or H, T, T) bool: the call's own,
     one for every sample (None: causal), or with ``by_sample`` the cells some sample attends (each sample's own are
     read from the bank: a padded query may see no key)."""
@@ -119,7 +120,8 @@ def _mask_fits(mask: torch.Tensor) -> str | None:
 
 
 def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
-                block: int, device: torch.device, positional: bool, measures: bool, table: torch.Tensor | None,
+                block: int, device: torch.device, positional: bool, measures: bool,
+                table: torch.Tensor | MlpBias | None,
                 attended: Attended | None = None, cells: SampleCells | None = None, keys: bool = False,
                 measured: bool = False) -> PositionSummary | None:  # fmt: skip
     """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras,
@@ -148,9 +150,9 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
         warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=3)
     mask = own_cells if cells is not None else None if attended is None else attended.mask[0].to(device)
     sinks = adapter.sink_logits(layer, bank)  # a softmax beside sink columns (GPT-OSS), or softcapped (Gemma 2)
-    acc = kernels.layer_accumulators(q, k, None if table is None else table.to(device), adapter.score_scale(layer),
-                                     block, positional=with_p, cells=mask, keys=keys,
-                                     softcap=adapter.score_softcap(layer),
+    bias_terms = table.to(device) if torch.is_tensor(table) else table  # (an MlpBias goes to the device packed)
+    acc = kernels.layer_accumulators(q, k, bias_terms, adapter.score_scale(layer), block, positional=with_p,
+                                     cells=mask, keys=keys, softcap=adapter.score_softcap(layer),
                                      sinks=None if sinks is None else sinks.to(device))  # fmt: skip
     counts = geometry_counts(seq_len, block, True, device) if attended is None else attended.block_counts(block)
     if not bool(torch.isfinite(acc["maps"]).all()):  # one read, as the torch path's
@@ -163,7 +165,8 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
                                                  done[profile_name(kind)])  # fmt: skip
         own[kind].given = Summary(mean=mean_map, std=std_map, profile=profile, diagnostics=None)
     # P's sums by distance: less f(d), or (a row of keys, which changes along a diagonal) P's own
-    p_mean, p_profile, p_diagnostics = (_positional(acc, None if keys else table, layer, seq_len, counts, attended)
+    unshifted = keys or not torch.is_tensor(table)  # P's sums by distance hold the bias (of the key, FIRE's)
+    p_mean, p_profile, p_diagnostics = (_positional(acc, None if unshifted else table, layer, seq_len, counts, attended)
                                         if with_p
                                         else (None, None, None))  # fmt: skip
     arrays = None
@@ -207,19 +210,26 @@ def _operands(bank: Any, layer: int, name: str, heads: int | None, seq_len: int)
     return whole.view(whole.shape[0], seq_len, heads, -1).transpose(1, 2)
 
 
-def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor, *, samples: int, seq_len: int,
-                    device: torch.device, keys: bool = False) -> Agreement | None:  # fmt: skip
-    """Every sample's bias rows, formed by the model's scheme, against f(i - j) (``keys``: g(j)): the largest
-    |difference| over the cells j <= i, settled once (None: the adapter cannot form the bias alone)."""
+def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor | MlpBias, *, samples: int,
+                    seq_len: int, device: torch.device, keys: bool = False) -> Agreement | None:  # fmt: skip
+    """Every sample's bias rows, formed by the model's scheme, against f(i - j) (``keys``: g(j); an :class:`MlpBias`:
+    the first sample's rows, as the torch path compares a declared bias): the largest |difference| over the cells
+    j <= i, settled once (None: the adapter cannot form the bias alone)."""
     agreement = Agreement(device)
-    f = table.to(device)
-    heads = f.shape[0]
+    formed = isinstance(table, MlpBias)
+    f = None if formed else table.to(device)
+    heads = adapter.n_heads
     step = max(1, step_cells(device, CHECK_CELLS) // max(1, heads * seq_len))
     for r0 in range(0, seq_len, step):
         r1 = min(seq_len, r0 + step)
-        d = (torch.arange(r0, r1, device=device)[:, None] - torch.arange(r1, device=device)[None, :]).clamp(min=0)
-        expected = (f[:, None, :r1].expand(-1, r1 - r0, -1) if keys else f[:, d])[None]  # (1, H, rows, r1)
-        for a in range(samples):
+        if f is None:
+            expected = adapter.bias_again(layer, bank, 0, r0, r1)  # (1, H, rows, r1)
+            if expected is None:
+                return None
+        else:
+            d = (torch.arange(r0, r1, device=device)[:, None] - torch.arange(r1, device=device)[None, :]).clamp(min=0)
+            expected = (f[:, None, :r1].expand(-1, r1 - r0, -1) if keys else f[:, d])[None]  # (1, H, rows, r1)
+        for a in range(1 if formed else 0, samples):
             got = adapter.bias_again(layer, bank, a, r0, r1)
             if got is None:
                 return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -22,6 +22,38 @@ from biasviz.summaries.maps import _group_sums, geometry_counts
 
 MASK_ROWS = 1024  # rows of a mask worked into the kernels' operands at a time
 TILE = 32  # query and key tile (rows and columns per program step); a power of 2, at least 16 for tl.dot
+
+
+class MlpBias(NamedTuple):
+    """FIRE's bias b_h(i, j) = MLP(ψ(i - j) / ψ(max(L, i)))_h as the kernels form it, cell by cell in each tile
+    (:meth:`~biasviz.schemes.fire.FIRE.kernel_terms`): ψ(d) for d = 0 .. T - 1 (``psi_d``), ψ(max(L, i)) for i = 0 ..
+    T - 1 (``psi_i``), and the MLP's first layer ``w1``, ``b1`` (hidden,) and second ``w2`` (H, hidden), ``b2`` (H,).
+    A table of T² cells per head would be what the kernels exist not to write."""
+
+    psi_d: torch.Tensor
+    psi_i: torch.Tensor
+    w1: torch.Tensor
+    b1: torch.Tensor
+    w2: torch.Tensor
+    b2: torch.Tensor
+
+    def packed(self, device: torch.device) -> torch.Tensor:
+        """One float32 vector [ψ(d), ψ(max(L, i)), w1, b1, w2 by rows, b2], as the kernels read it."""
+        parts = (self.psi_d, self.psi_i, self.w1, self.b1, self.w2.reshape(-1), self.b2)
+        return torch.cat([p.reshape(-1).to(device=device, dtype=torch.float32) for p in parts])
+
+    def first(self) -> torch.Tensor:
+        """(H,) float64 b_h(0, 0): the MLP at u = 0 (ψ(0) = 0)."""
+        return self.w2.double() @ torch.relu(self.b1.double()) + self.b2.double()
+
+
+def mlp_bias(scheme: Any, seq_len: int) -> MlpBias | None:
+    """The :class:`MlpBias` of a scheme whose bias is an MLP of the interpolated distance, the same for every input
+    (FIRE's :meth:`~biasviz.schemes.fire.FIRE.kernel_terms`); None for any other."""
+    terms = getattr(scheme, "kernel_terms", None)
+    if terms is None or getattr(scheme, "depends_on_input", True):
+        return None
+    return MlpBias(**terms(seq_len))
 
 
 def interpreted() -> bool:
@@ -38,7 +70,7 @@ def unavailable(device: torch.device) -> str | None:
     return None
 
 
-def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
+def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, scale: float, block: int,
                      tile: int = TILE, softcap: float | None = None,
                      sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """A causal layer's statistics over N samples, its scores s = c q k^T + f(i - j) and weights softmax(s) formed in
@@ -63,13 +95,18 @@ def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | Non
     return finish(*tile_sums(q, k, table, lse, scale, block, tile, softcap), block, table)
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: int,
+def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, tile: int,
             cells: torch.Tensor | None = None, keys: bool = False, softcap: float | None = None) -> dict:  # fmt: skip
     """What both kernels take: the bias as float32 (a placeholder without one; ``keys``: ``table`` is a row of keys
     g_h(j), not a table of distance), strides, sizes and tiles, the mask's bits, tile classes and tenths
-    (:func:`mask_operands`; placeholders without one), and the softcap (1.0 where there is none: not read)."""
+    (:func:`mask_operands`; placeholders without one), and the softcap (1.0 where there is none: not read). An
+    :class:`MlpBias` goes in packed, its hidden units (``hid``) a compile-time constant."""
     n, heads, seq_len, hd = q.shape
-    bias = table.to(device=q.device, dtype=torch.float32).contiguous() if table is not None else q.new_empty(1)
+    bias, kind = q.new_empty(1), 0
+    if isinstance(table, MlpBias):
+        bias, kind = table.packed(q.device), 3
+    elif table is not None:
+        bias, kind = table.to(device=q.device, dtype=torch.float32).contiguous(), 2 if keys else 1
     tiles = -(-seq_len // tile)
     masked = {"cells": q.new_empty(1, dtype=torch.uint8), "classes": q.new_empty(1, dtype=torch.int8),
               "bounds": q.new_empty(1, dtype=torch.int32), "width": 1}  # fmt: skip
@@ -81,9 +118,9 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, tile: 
         masked = mask_operands(cells.to(q.device), tile)
     return {"bias": bias, "strides": (*q.stride(), *k.stride()), "group": heads // k.shape[1],
             "dp": max(16, 1 << (hd - 1).bit_length()),  # head dims padded to a power of 2 (masked)
-            "tiles": tiles, "has_bias": 0 if table is None else 2 if keys else 1, **masked, "masked": cells is not None,
+            "tiles": tiles, "has_bias": kind, **masked, "masked": cells is not None,
             "by_sample": by_sample, "cap": 1.0 if softcap is None else float(softcap),
-            "softcap": softcap is not None}  # fmt: skip
+            "softcap": softcap is not None, "hid": table.w1.numel() if isinstance(table, MlpBias) else 1}  # fmt: skip
 
 
 def sample_operands(cells: Any, tile: int) -> dict:
@@ -146,7 +183,7 @@ def _sub_blocks(block: int, tile: int) -> int:
     return block if tile % block == 0 else 0
 
 
-def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, tile: int = TILE,
+def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, scale: float, tile: int = TILE,
             cells: torch.Tensor | None = None, keys: bool = False, softcap: float | None = None,
             sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool, or
@@ -165,11 +202,11 @@ def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale:
                                               go["group"], hd, float(scale), go["cap"], go["width"], go["tiles"],
                                               DP=go["dp"], BM=tile, BN=tile, HAS_BIAS=go["has_bias"],
                                               MASKED=go["masked"], BY_SAMPLE=go["by_sample"], SOFTCAP=go["softcap"],
-                                              HAS_SINKS=sinks is not None)  # fmt: skip
+                                              HAS_SINKS=sinks is not None, HID=go["hid"])  # fmt: skip
     return lse
 
 
-def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
+def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, lse: torch.Tensor, scale: float,
               block: int, tile: int = TILE, softcap: float | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """K2: the float64 accumulators (maps, sums by distance, column sums, each row's Σ w log w, sinks) of
     :func:`finish`, from q, k, the bias and K1's ``lse`` (which holds any sink columns)."""
@@ -177,7 +214,8 @@ def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse:
     return got["maps"], got["by_distance"], got["columns"], got["row_ws"], got["sinks"]
 
 
-def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
+def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, scale: float,
+                       block: int,
                        positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
                        keys: bool = False, softcap: float | None = None,
                        sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
@@ -191,7 +229,8 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``.
     ``cells``: (T, T) bool, one mask for every sample within the causal triangle, or (N, T, T) each sample's own
     (no P then: it pairs the cells of different samples; a row may see no key) (None: causal). ``keys``: ``table`` is
-    a row of keys g_h(j) (BLOOM's m_h·j), and the sums by distance of the scores and of P hold them unshifted.
+    a row of keys g_h(j) (BLOOM's m_h·j), and the sums by distance of the scores and of P hold them unshifted, as they
+    hold an :class:`MlpBias` (FIRE's, a function of i as well as of i - j).
     ``softcap`` (Gemma 2's cap) and ``sinks`` ((N, T, H) each row's sink logit, GPT-OSS's): what the softmax takes
     beside the scores, which stay s, before the cap."""
     n, heads, seq_len, hd = q.shape
@@ -203,11 +242,11 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells, keys, softcap), "lse": lse}
 
 
-def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None,
+def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None,
                        scale: float) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Q = Σ_a q_a (H, T, hd) and K = Σ_a k_a (H_kv, T, hd), summed in float64, float32 contiguous; ref (H,) float32,
     each head's positional logit P(0, 0) = c Q(0)·K(0) / (N(N - 1)) - c mean_a q_a(0)·k_a(0) / (N - 1) + b(0, 0)
-    (``table``'s first value, f(0) or g(0))."""
+    (``table``'s first value, f(0) or g(0), or the MLP's b(0, 0))."""
     n, heads = q.shape[:2]
     big_q = torch.sum(q, 0, dtype=torch.float64)
     big_k = torch.sum(k, 0, dtype=torch.float64)
@@ -215,12 +254,14 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | N
     q0, k0 = q[:, :, 0].double(), k[:, :, 0].double().repeat_interleave(group, 1)  # (N, H, hd)
     ref = scale * (big_q[:, 0] * big_k[:, 0].repeat_interleave(group, 0)).sum(-1) / (n * (n - 1))
     ref = ref - scale * (q0 * k0).sum(-1).mean(0) / (n - 1)
-    if table is not None:
+    if isinstance(table, MlpBias):
+        ref = ref + table.first().to(q.device)
+    elif table is not None:
         ref = ref + table[:, 0].to(device=q.device, dtype=torch.float64)
     return big_q.float().contiguous(), big_k.float().contiguous(), ref.float()
 
 
-def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse: torch.Tensor, scale: float,
+def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, lse: torch.Tensor, scale: float,
                block: int, positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
                keys: bool = False, softcap: float | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse`` (which
@@ -259,7 +300,8 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, lse
                                                   go["tiles"], DP=go["dp"], BM=tile, BN=tile,
                                                   HAS_BIAS=go["has_bias"], SUB=_sub_blocks(block, tile),
                                                   POSITIONAL=positional, MASKED=go["masked"],
-                                                  BY_SAMPLE=go["by_sample"], SOFTCAP=go["softcap"])  # fmt: skip
+                                                  BY_SAMPLE=go["by_sample"], SOFTCAP=go["softcap"],
+                                                  HID=go["hid"])  # fmt: skip
     if positional and n >= 3:
         out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block, cells)
     return out
@@ -313,7 +355,7 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
-           sinks: torch.Tensor, block: int, table: torch.Tensor | None = None,
+           sinks: torch.Tensor, block: int, table: torch.Tensor | MlpBias | None = None,
            attended: Any = None, cells: Any = None, keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
     :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,
@@ -337,7 +379,7 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
     for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
         mean = total / per_d
         between = (squares / per_d - mean * mean).clamp(min=0.0)
-        if name == "scores" and table is not None and not keys:
+        if name == "scores" and torch.is_tensor(table) and not keys:  # (an MlpBias's: never taken off)
             mean = mean + table.to(mean)
         out[profile_name(name)] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
     mean = columns[0] / per_key

@@ -4,10 +4,11 @@ a bias of distance, never written, and reduced where they are formed.
 Notation: sample a of N, head h of H (key head h // group), query i, key j <= i (causal), d = i - j,
 s_a(i, j) = c q_a(i)·k_a(j) + b_h(i, j), w_a(i, j) = exp(s_a(i, j) - lse_a(i)). The bias b is none (``HAS_BIAS`` 0), a
 table of distance f_h(d) (1: a scheme's, ALiBi or T5 kept from a call) or a row of keys g_h(j) (2: BLOOM's m_h·j), its
-table TABLE (H, T) either way. The weights are w_a(i, j) = exp(z_a(i, j) - lse_a(i)): z = s, or (``SOFTCAP``) Gemma 2's
-z = cap·tanh(s / cap); lse runs over the attended keys and (``HAS_SINKS``) GPT-OSS's sink columns beside them,
-each row's sink logit read from SINK_LOGITS (N, T, H) (the keys' weights then sum to less than 1). The scores are s
-either way, before the cap, as the call takes them in.
+table TABLE (H, T) either way, or (3) FIRE's MLP of the interpolated distance, formed cell by cell from its weights
+(:func:`~biasviz.summaries.kernels.triton_tiles.tile_bias`). The weights are w_a(i, j) = exp(z_a(i, j) - lse_a(i)):
+z = s, or (``SOFTCAP``) Gemma 2's z = cap·tanh(s / cap); lse runs over the attended keys and (``HAS_SINKS``)
+GPT-OSS's sink columns beside them, each row's sink logit read from SINK_LOGITS (N, T, H) (the keys' weights then sum
+to less than 1). The scores are s either way, before the cap, as the call takes them in.
 
 - :func:`row_lse` (K1): each sample's row log-sum-exp, an online softmax over key tiles with no P·V.
 - :func:`tile_statistics` (K2): one program per query tile and head walks the key tiles up to the diagonal; for each
@@ -67,7 +68,7 @@ DISTANCE_STATS = tuple(f"{kind}_{stat}" for kind in ("weights", "scores") for st
 def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS, a, h, kh, m0, j0, rows,
                  cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh, skt, skd, N: tl.constexpr, T, H, HD, scale,
                  cap, BLOCK, NB, HAS_BIAS: tl.constexpr, SUB: tl.constexpr, TILE: tl.constexpr, MASKED: tl.constexpr,
-                 BY_SAMPLE: tl.constexpr, SOFTCAP: tl.constexpr):  # fmt: skip
+                 BY_SAMPLE: tl.constexpr, SOFTCAP: tl.constexpr, HID: tl.constexpr):  # fmt: skip
     """Sample ``a``'s logits c q k^T and weights of one tile, 0 in the cells not ``used``, and its own sums: each
     row's Σ w·(z - lse) (ROW_WS: the rows are this program's, no race), the weight on key 0 (SINKS, first key tile),
     column sums of w (SCOLS), sums by distance of w and s (SDIST), block sums of w and s (SBLOCKS), and the sums of w
@@ -76,7 +77,7 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
     q = load_rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
     k = load_rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     raw = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    s = (raw + tile_bias(TABLE, h, rows, cols, T, HAS_BIAS)) if HAS_BIAS else raw  # as K1 forms it
+    s = (raw + tile_bias(TABLE, h, rows, cols, T, H, HAS_BIAS, HID)) if HAS_BIAS else raw  # as K1 forms it
     at = a * H + h
     lse = tl.load(LSE + at * T + rows, mask=rows < T, other=0.0)
     log_w = capped(s, cap, SOFTCAP) - lse[:, None]
@@ -115,7 +116,7 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
 def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, SINK_LOGITS, sqn, sqh, sqt, sqd, skn, skh, skt, skd, ssn, sst, ssh,
             T: tl.constexpr, H, GROUP, HD, scale, cap, W, NKT, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
             HAS_BIAS: tl.constexpr, MASKED: tl.constexpr, BY_SAMPLE: tl.constexpr = False,
-            SOFTCAP: tl.constexpr = False, HAS_SINKS: tl.constexpr = False):  # fmt: skip
+            SOFTCAP: tl.constexpr = False, HAS_SINKS: tl.constexpr = False, HID: tl.constexpr = 1):  # fmt: skip
     """K1: LSE (N, H, T) fp32 of every sample's causal (or ``MASKED``) rows of z, beside each row's sink logit
     (``HAS_SINKS``: SINK_LOGITS[a, i, h], strides ``ssn``, ``sst``, ``ssh``); grid (ceil(T / BM), N * H)."""
     m0 = tl.program_id(0) * BM
@@ -131,7 +132,7 @@ def row_lse(Q, K, TABLE, LSE, CELLS, CLASSES, SINK_LOGITS, sqn, sqh, sqt, sqd, s
         if (j0 < m0 + BM) & (cls != 0):
             cols = j0 + tl.arange(0, BN)
             s = tile_scores(Q, K, TABLE, a, h, h // GROUP, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T,
-                            HD, scale, HAS_BIAS)  # fmt: skip
+                            H, HD, scale, HAS_BIAS, HID)  # fmt: skip
             s = capped(s, cap, SOFTCAP)
             s = tl.where(attended_cells(CELLS + a * T * W * BY_SAMPLE, cls, rows, cols, T, W, MASKED), s, float("-inf"))
             top = tl.maximum(best, tl.max(s, 1))
@@ -164,7 +165,7 @@ def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, me
     dev = tl.where(used, qk * (1.0 / (N * (N - 1))) - mean_raw * (1.0 / (N - 1)), 0.0)  # P - f
     p = tl.where(used, dev + bias, 0.0)
     block_add(PMAPS + h * NB * NB, p, m0, j0, rows, cols, used, BLOCK, NB, SUB, TILE)
-    if HAS_BIAS == 2:
+    if HAS_BIAS >= 2:
         dev = p
     add_diagonals(PDIST + h * T, dev, m0, j0, T, TILE)
     add_diagonals(PDIST + (H + h) * T, dev * dev, m0, j0, T, TILE)
@@ -192,7 +193,8 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                     cap, BLOCK, NB, W, NKT,
                     DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
                     SUB: tl.constexpr, POSITIONAL: tl.constexpr, MASKED: tl.constexpr,
-                    BY_SAMPLE: tl.constexpr = False, SOFTCAP: tl.constexpr = False):  # fmt: skip
+                    BY_SAMPLE: tl.constexpr = False, SOFTCAP: tl.constexpr = False,
+                    HID: tl.constexpr = 1):  # fmt: skip
     """K2: every accumulator of the module docstring, for one query tile and head; grid (ceil(T / BM), H).
 
     MAPS (4, H, NB, NB), DIST (6, H, T), COLS (2, H, T), ROW_WS (N, H, T), SINKS (N, H); per sample SCOLS (N, H, T),
@@ -230,7 +232,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                     raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS,
                                           a, h, kh, m0, j0, rows, cols, dims, mine, lo, hi, sqn, sqh, sqt, sqd, skn,
                                           skh, skt, skd, N, T, H, HD, scale, cap, BLOCK, NB, HAS_BIAS, SUB, BM,
-                                          MASKED, True, SOFTCAP)  # fmt: skip
+                                          MASKED, True, SOFTCAP, HID)  # fmt: skip
                     first = mine & (cnt == 0.0)
                     w0 = tl.where(first, w, w0)
                     raw0 = tl.where(first, raw, raw0)
@@ -249,12 +251,12 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                 raw0, w0 = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS, 0,
                                         h, kh, m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn, skh,
                                         skt, skd, N, T, H, HD, scale, cap, BLOCK, NB, HAS_BIAS, SUB, BM, MASKED,
-                                        False, SOFTCAP)  # fmt: skip
+                                        False, SOFTCAP, HID)  # fmt: skip
                 for a in range(1, N):
                     raw, w = _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BOUNDS, COLS,
                                           a, h, kh, m0, j0, rows, cols, dims, used, lo, hi, sqn, sqh, sqt, sqd, skn,
                                           skh, skt, skd, N, T, H, HD, scale, cap, BLOCK, NB, HAS_BIAS, SUB, BM,
-                                          MASKED, False, SOFTCAP)  # fmt: skip
+                                          MASKED, False, SOFTCAP, HID)  # fmt: skip
                     d = w - w0
                     dw1 += d
                     dw2 += d * d
@@ -270,7 +272,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             var_s = tl.maximum(ds2 * inv - ms * ms, 0.0)
             bias = tl.zeros([BM, BN], tl.float32)
             if HAS_BIAS:
-                bias = tl.where(used, tile_bias(TABLE, h, rows, cols, T, HAS_BIAS), 0.0)  # 0 where not used
+                bias = tl.where(used, tile_bias(TABLE, h, rows, cols, T, H, HAS_BIAS, HID), 0.0)  # 0 where not used
             mean_s = raw0 + ms + bias
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
             base = MAPS + h * plane
@@ -290,7 +292,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             # the scores less a bias of distance, the same along a diagonal: Σ s̄² - (Σ s̄)² / n of an ALiBi diagonal
             # far out would cancel the spread along it in float32 (a bias of the key changes along it: kept in)
             along = raw0 + ms
-            if HAS_BIAS == 2:
+            if HAS_BIAS >= 2:
                 along = mean_s
             add_diagonals(DIST + 3 * line + h * T, along, m0, j0, T, BM)
             mean_raw64 = along.to(tl.float64)

@@ -17,13 +17,25 @@ def load_rows(X, a, h, rows, dims, sxn, sxh, sxt, sxd, T, HD):
 
 
 @triton.jit
-def tile_bias(TABLE, h, rows, cols, T, KIND: tl.constexpr):
-    """(BM, BN) fp32 b_h(i, j): f_h(i - j) (``KIND`` 1) or g_h(j) (2), 0 past the diagonal."""
+def tile_bias(TABLE, h, rows, cols, T, H, KIND: tl.constexpr, HID: tl.constexpr):
+    """(BM, BN) fp32 b_h(i, j): f_h(i - j) (``KIND`` 1), g_h(j) (2), or (3) FIRE's MLP of ψ(i - j) / ψ(max(L, i)),
+    formed here cell by cell from TABLE = [ψ(d) (T), ψ(max(L, i)) (T), W1 (HID), b1 (HID), W2 (H, HID), b2 (H)]:
+    b_h = b2_h + Σ_k W2_hk·max(W1_k u + b1_k, 0), the hidden units in turn; 0 past the diagonal."""
     dist = rows[:, None] - cols[None, :]
+    inside = (dist >= 0) & (rows[:, None] < T)
+    if KIND == 3:
+        u = tl.load(TABLE + tl.maximum(dist, 0), mask=inside, other=0.0) / tl.load(TABLE + T + rows, mask=rows < T,
+                                                                                     other=1.0)[:, None]  # fmt: skip
+        weights = TABLE + 2 * T
+        out = u * 0.0 + tl.load(weights + 2 * HID + H * HID + h)
+        for k in tl.static_range(HID):
+            hidden = tl.maximum(u * tl.load(weights + k) + tl.load(weights + HID + k), 0.0)
+            out += hidden * tl.load(weights + 2 * HID + h * HID + k)
+        return tl.where(inside, out, 0.0)
     at = dist
     if KIND == 2:
         at = cols[None, :] + 0 * rows[:, None]
-    return tl.load(TABLE + h * T + at, mask=(dist >= 0) & (rows[:, None] < T), other=0.0)
+    return tl.load(TABLE + h * T + at, mask=inside, other=0.0)
 
 
 @triton.jit
@@ -43,14 +55,14 @@ def capped(s, cap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def tile_scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, HD, scale,
-            HAS_BIAS: tl.constexpr):  # fmt: skip
+def tile_scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn, skh, skt, skd, T, H, HD, scale,
+                HAS_BIAS: tl.constexpr, HID: tl.constexpr):  # fmt: skip
     """(BM, BN) fp32 scores of sample ``a``, head ``h``: c q k^T + b_h(i, j) (0 past the diagonal: masked later)."""
     q = load_rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
     k = load_rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     if HAS_BIAS:
-        s += tile_bias(TABLE, h, rows, cols, T, HAS_BIAS)
+        s += tile_bias(TABLE, h, rows, cols, T, H, HAS_BIAS, HID)
     return s
 
 
