@@ -576,9 +576,11 @@ def part_cuda_tests(dry: bool) -> Iterator[dict[str, Any]]:
 
 def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
     """The fused statistics kernels alone (K1, the row log-sum-exp; K2, every accumulator) against the flash forward of
-    one attention layer of the same shape (GPT-2-small's 12 x 64, N = 2, bf16 q and k); then a check that fails the
-    part where the fused statistics differ from the torch path's summary of our model (ALiBi and RoPE) and of a traced
-    SDPA layer with ALiBi in its float mask (T = 2048, N = 3). In a dry run: tiny sizes through Triton's interpreter."""
+    one attention layer of the same shape (GPT-2-small's 12 x 64, N = 2, bf16 q and k), and up to T = 32768 with FIRE's
+    MLP, a softcap and sink columns; before T = 131072, a check that fails the part where the fused statistics differ
+    from the torch path's summary of our model (ALiBi, RoPE, FIRE), of traced SDPA layers with ALiBi or BLOOM's m·j in
+    their float mask, and of Gemma 2's softcapped and GPT-OSS's sink layers (T = 2048, N = 3). In a dry run: tiny
+    sizes through Triton's interpreter."""
     import torch
 
     from biasviz.summaries import kernels
@@ -589,7 +591,11 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
         return
     heads, hd, n = (2, 16, 2) if dry else (12, 64, 2)
     dtype = torch.float32 if dry else torch.bfloat16
+    checked = False
     for seq_len in (64,) if dry else (4096, 32768, 131072):
+        if seq_len > 32768:  # the fused-vs-torch check before the longest timing, which the part's limit may cut
+            yield from _fused_against_torch(device, 2048, 12)
+            checked = True
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(n, heads, seq_len, hd, generator=gen).to(device, dtype) for _ in range(3))
         slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1) / heads)
@@ -609,11 +615,38 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
             return lambda: kernels.tile_sums(q, k, table, lse, scale, block)
 
         tools = {"flash-sdpa layer forward": flash, "K1 row lse": k1, "K2 tile statistics": k2}
+        if seq_len <= 32768:  # what the other kinds of call cost beside: FIRE's MLP in each tile (32 hidden units),
+            # a softcap and sink columns (K1 the sinks, K2 the cap)
+            mlp = kernels.MlpBias(torch.log1p(0.1 * torch.arange(seq_len, dtype=torch.float32)),
+                                  torch.log1p(0.1 * torch.arange(seq_len, dtype=torch.float32).clamp(min=512.0)),
+                                  *(torch.randn(*shape, generator=gen) for shape in ((32,), (32,), (heads, 32),
+                                                                                     (heads,))))  # fmt: skip
+            sinks = torch.randn(n, seq_len, heads, generator=gen).to(device)
+            lse_capped = kernels.row_lse(q, k, None, scale, softcap=50.0, sinks=sinks)
+
+            def k1_fire(q: Any = q, k: Any = k, mlp: Any = mlp, scale: float = scale) -> Callable[[], object]:
+                return lambda: kernels.row_lse(q, k, mlp, scale)
+
+            def k2_fire(q: Any = q, k: Any = k, mlp: Any = mlp, lse: Any = lse, scale: float = scale,
+                        block: int = block) -> Callable[[], object]:  # fmt: skip
+                return lambda: kernels.tile_sums(q, k, mlp, lse, scale, block)
+
+            def k1_sinks(q: Any = q, k: Any = k, sinks: Any = sinks, scale: float = scale) -> Callable[[], object]:
+                return lambda: kernels.row_lse(q, k, None, scale, softcap=50.0, sinks=sinks)
+
+            def k2_capped(q: Any = q, k: Any = k, lse: Any = lse_capped, scale: float = scale,
+                          block: int = block) -> Callable[[], object]:  # fmt: skip
+                return lambda: kernels.tile_sums(q, k, None, lse, scale, block, softcap=50.0)
+
+            tools.update({"K1 row lse, FIRE's MLP": k1_fire, "K2 tile statistics, FIRE's MLP": k2_fire,
+                          "K1 row lse, softcap and sinks": k1_sinks, "K2 tile statistics, softcap": k2_capped})
         yield from interleaved(device, tools, 1 if dry or seq_len > 32768 else 3, part="kernels", T=seq_len,
                                dtype=str(dtype).removeprefix("torch."), phase="kernels",
                                floor="flash-sdpa layer forward", batch=n)  # fmt: skip (all N in each call)
         del q, k, v, lse
-    yield from _fused_against_torch(device, 64 if dry else 2048, 4 if dry else 12)
+        tools.clear()
+    if not checked:
+        yield from _fused_against_torch(device, 64 if dry else 2048, 4 if dry else 12)
 
 
 def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict[str, Any]]:
@@ -742,13 +775,13 @@ class Part:
 
 
 def parts() -> dict[str, Part]:
-    """The parts in the order they run (the cheap and most telling first); the GPU limits sum to 470 s (sized by
-    the runs of 2026-11-27 and 11-28: the Llama part took 38 s of its 75)."""
+    """The parts in the order they run (the cheap and most telling first); the GPU limits sum to 480 s, the whole
+    run's bound in gpu_session.sh (sized by the runs of 2026-11-27 and 11-28: the Llama part took 38 s of its 75)."""
     table: dict[str, Part] = {"cuda_tests": Part(part_cuda_tests, 50, 60, cuda_only=True)}
     for seq_len, limit in zip(GPU.ours_lengths, (75, 90, 45), strict=True):
         table[f"ours-{seq_len}"] = Part(lambda dry, t=seq_len: part_ours(t if not dry else _dry_len(t), dry),
                                         limit, 120)  # fmt: skip
-    table["kernels"] = Part(part_kernels, 40, 120)
+    table["kernels"] = Part(part_kernels, 50, 120)
     table["schemes"] = Part(part_schemes, 35, 120)
     table["llama"] = Part(part_llama, 60, 90)
     table["dense"] = Part(part_dense, 45, 60)

@@ -88,15 +88,17 @@ def test_the_tables_give_each_row_against_its_floor(dry: tuple[Path, list[dict]]
 
 
 def test_the_kernels_part_times_them_and_checks_them_against_the_torch_path(tmp_path: Path) -> None:
-    """In a child of its own, through Triton's interpreter: K1 and K2 timed beside one layer's flash forward, and the
-    fused statistics of our model within float32 rounding of the torch path's summary (ALiBi and RoPE)."""
+    """In a child of its own, through Triton's interpreter: K1 and K2 timed beside one layer's flash forward (and with
+    FIRE's MLP, a softcap and sinks), and the fused statistics within float32 rounding of the torch path's summary, for
+    every model the check names."""
     pytest.importorskip("triton")
     with open(tmp_path / "log", "w") as log:
         rows = gpu_run.run_part("kernels", True, 300, log)
     by_tool = {r["tool"]: r for r in rows}
-    for tool in ("flash-sdpa layer forward", "K1 row lse", "K2 tile statistics"):
+    for tool in ("flash-sdpa layer forward", "K1 row lse", "K2 tile statistics", "K1 row lse, FIRE's MLP",
+                 "K2 tile statistics, FIRE's MLP", "K1 row lse, softcap and sinks", "K2 tile statistics, softcap"):
         assert by_tool[tool]["status"] == "ok" and min(by_tool[tool]["times"]) > 0, by_tool.get(tool)
-    for scheme in ("alibi", "rope"):
+    for scheme in ("alibi", "rope", "fire", "traced alibi", "traced m·j", "gemma2 softcap", "gpt-oss sinks"):
         check = by_tool[f"fused vs torch, {scheme}"]
         assert check["status"] == "ok" and check["largest_difference"] < 1e-4, check
     assert "| kernels | 64 | float32 | K2 tile statistics |" in gpu_run.tables(rows, {})
