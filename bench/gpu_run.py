@@ -584,6 +584,7 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
     import torch
 
     from biasviz.summaries import kernels
+    from biasviz.summaries.kernels.biases import MlpBias
 
     device = _device(dry)
     if kernels.unavailable(torch.device(device)):
@@ -617,7 +618,7 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
         tools = {"flash-sdpa layer forward": flash, "K1 row lse": k1, "K2 tile statistics": k2}
         if seq_len <= 32768:  # what the other kinds of call cost beside: FIRE's MLP in each tile (32 hidden units),
             # a softcap and sink columns (K1 the sinks, K2 the cap)
-            mlp = kernels.MlpBias(torch.log1p(0.1 * torch.arange(seq_len, dtype=torch.float32)),
+            mlp = MlpBias(torch.log1p(0.1 * torch.arange(seq_len, dtype=torch.float32)),
                                   torch.log1p(0.1 * torch.arange(seq_len, dtype=torch.float32).clamp(min=512.0)),
                                   *(torch.randn(*shape, generator=gen) for shape in ((32,), (32,), (heads, 32),
                                                                                      (heads,))))  # fmt: skip

@@ -19,7 +19,7 @@ SEGMENTS = 10
 
 def mlp_cells(mlp: Any, t: int) -> np.ndarray:
     """(H, T, T) float64 FIRE's b_h(i, j) = b2_h + Σ_k W2_hk max(W1_k u + b1_k, 0), u = ψ(max(i - j, 0)) / ψ(max(L, i)),
-    from an :class:`~biasviz.summaries.kernels.MlpBias`'s tables and weights."""
+    from an :class:`~biasviz.summaries.kernels.biases.MlpBias`'s tables and weights."""
     psi_d, psi_i, w1, b1, w2, b2 = (np.asarray(x.detach().double().cpu()) for x in mlp)
     i, j = np.indices((t, t))
     u = psi_d[np.clip(i - j, 0, None)] / psi_i[i]

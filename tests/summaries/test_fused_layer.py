@@ -30,11 +30,15 @@ def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tenso
                             sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """The kernels' answer from float64 numpy, from the same q, k, f(d) (``keys``: g(j)), mask, softcap and sink
     logits."""
-    qn, kn = q.double().cpu().numpy(), k.double().cpu().numpy()
-    from biasviz.summaries.kernels import MlpBias
+    from biasviz.summaries.kernels.biases import CellBias, MlpBias
 
-    t = q.shape[2]
-    tn = None if table is None else mlp_cells(table, t) if isinstance(table, MlpBias) else table.double().cpu().numpy()
+    qn, kn = q.double().cpu().numpy(), k.double().cpu().numpy()
+    t, heads = q.shape[2], q.shape[1]
+    if isinstance(table, CellBias):  # (1 or H, T, T), NaN above the diagonal: never read
+        tn = np.broadcast_to(np.nan_to_num(table.values.double().cpu().numpy()), (heads, t, t)).copy()
+    else:
+        tn = (None if table is None else mlp_cells(table, t) if isinstance(table, MlpBias)
+              else table.double().cpu().numpy())  # fmt: skip
     cn = None if cells is None else np.stack([np.asarray(cells[a].cpu()) for a in range(len(cells))]) if (
         not torch.is_tensor(cells)) else cells.cpu().numpy()  # each sample's own, one at a time: stacked
     sn = None if sinks is None else sinks.double().cpu().numpy()

@@ -89,15 +89,21 @@ def test_a_fused_layer_of_a_kept_row_of_keys_reads_the_host_a_fixed_number_of_ti
     assert 0 <= extra <= 2 * PER_SAMPLE, extra
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gpt_oss"])
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "cells"])
 def test_a_fused_softcapped_or_sink_layer_reads_the_host_a_fixed_number_of_times(
         name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
-    """Gemma 2's softcapped call and GPT-OSS's beside its sink columns (both in a sliding window): the sink logits are
-    handed to the kernels where the bank holds them, read nowhere on the host; the layer reads the host as often
-    whatever its length and samples."""
+    """Gemma 2's softcapped call and GPT-OSS's beside its sink columns (both in a sliding window), and a traced call
+    whose bias was kept cell by cell: the sink logits and the bias are handed to the kernels where they are held, read
+    nowhere on the host; the layer reads the host as often whatever its length and samples."""
     import biasviz
     from biasviz.summaries import kernels
-    from tests.summaries.test_fused_layer_kept import _softmax_extras
+    from tests.summaries.test_fused_layer_kept import CellsBias, _softmax_extras
+
+    def model() -> torch.nn.Module:
+        if name != "cells":
+            return _softmax_extras(name)
+        torch.manual_seed(0)
+        return CellsBias("alibi").eval()
 
     got = {}
     for seq_len, samples in [(32, 3), (64, 3), (64, 5)]:
@@ -109,7 +115,7 @@ def test_a_fused_softcapped_or_sink_layer_reads_the_host_a_fixed_number_of_times
             m.setattr(replayed_module, "_fused", spy.counting(replayed_module._fused, True))
             ids = np.random.default_rng(seq_len + samples).integers(0, 64, size=(samples, seq_len))
             with gpu_shapes(), spy, torch.no_grad():
-                biasviz.extract(_softmax_extras(name), ids, tmp_path / "s.h5", summary=True, resolution=16,
+                biasviz.extract(model(), ids, tmp_path / "s.h5", summary=True, resolution=16,
                                 device="cpu", progress=False, force=True)  # fmt: skip
             got[seq_len, samples] = spy
     reads = {spy.reads for spy in got.values()}  # 12 measured: the mask's checks, the rotary measures' 6

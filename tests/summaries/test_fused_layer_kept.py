@@ -47,6 +47,16 @@ class KeyBias(Alibi):
         return (SLOPES * j.float()).masked_fill(j > i, float("-inf"))[None]
 
 
+class CellsBias(Alibi):
+    """A bias of each cell in an SDPA float mask, neither a table of j - i nor a row of keys: -slope·log(1 + i - j)
+    grown by (1 + i / T), as FIRE's interpolation by the query is written in research code; -inf after the query."""
+
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
+        bias = -SLOPES * torch.log1p((i - j).clamp(min=0).float()) * (1 + i / ids.shape[1])
+        return bias.masked_fill(j > i, float("-inf"))[None]
+
+
 def _hooked(name: str) -> Any:
     """transformers' BLOOM, MPT or Falcon with ALiBi (1 layer, 4 heads, random weights) through its hooks: a bias of
     the key, m·j (MPT's m·(j - T + 1); Falcon's scaled with q·k)."""
@@ -105,8 +115,8 @@ def _summary(model: Any, ids: np.ndarray, out: Path, mode: str,
         return {key: f[name][key][()] for key in f[name]}, {**f.attrs, **f[name].attrs}
 
 
-@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder", "keys, sdpa", "bloom", "mpt", "falcon",
-                                     "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("written", ["sdpa", "eager", "flex", "t5 decoder", "keys, sdpa", "cells, sdpa", "cells, eager",
+                                     "bloom", "mpt", "falcon", "gemma2", "gpt_oss"])
 def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch_path_writes(
         written: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from biasviz.summaries import kernels
@@ -123,8 +133,9 @@ def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch
         if written in ("gemma2", "gpt_oss"):
             return _softmax_extras(written)
         torch.manual_seed(0)
-        layer = (KeyBias if written.startswith("keys") else Alibi)("alibi").eval()
-        layer.written = written.removeprefix("keys, ")
+        kind = {"keys": KeyBias, "cells": CellsBias}.get(written.split(",")[0], Alibi)
+        layer = kind("alibi").eval()
+        layer.written = written.split(", ")[-1]
         return layer
 
     torch_path, torch_attrs = _summary(model(), ids, tmp_path / "torch.h5", "torch", monkeypatch)
@@ -133,7 +144,7 @@ def test_a_kept_table_of_distance_takes_the_fused_path_and_writes_what_the_torch
     _compare(fused, torch_path)
 
 
-@pytest.mark.parametrize("bias", ["distance", "keys", "gemma2", "gpt_oss"])
+@pytest.mark.parametrize("bias", ["distance", "keys", "cells", "gemma2", "gpt_oss"])
 def test_the_kernels_themselves_take_a_kept_table_as_a_scheme_s(bias: str, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """The same for ALiBi in a traced SDPA call, BLOOM's m·j, Gemma 2's softcap and GPT-OSS's sinks, the sums from the
@@ -145,8 +156,8 @@ def test_the_kernels_themselves_take_a_kept_table_as_a_scheme_s(bias: str, tmp_p
         pytest.skip("Triton's interpreter was not chosen before Triton was imported")
     ids = np.random.default_rng(4).integers(1, VOCAB, size=(N, T))
     torch.manual_seed(0)
-    layer = _softmax_extras(bias) if bias in ("gemma2", "gpt_oss") else (Alibi if bias == "distance"
-                                                                         else KeyBias)("alibi").eval()  # fmt: skip
+    kinds = {"distance": Alibi, "keys": KeyBias, "cells": CellsBias}
+    layer = _softmax_extras(bias) if bias in ("gemma2", "gpt_oss") else kinds[bias]("alibi").eval()
     torch_path, _ = _summary(layer, ids, tmp_path / "torch.h5", "torch", monkeypatch)
     fused, attrs = _summary(layer, ids, tmp_path / "fused.h5", "fused", monkeypatch)
     assert attrs["statistics"] == "fused"

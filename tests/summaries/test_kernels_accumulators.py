@@ -248,7 +248,7 @@ def test_a_cap_far_above_the_scores_bends_them_only_as_float64_s_tanh_does(kerne
 def _mlp(heads: int, t: int, hidden: int, threshold: float, seed: int = 0) -> Any:
     """An :class:`MlpBias` as FIRE's ``kernel_terms`` gives one: ψ(x) = log(c x + 1), c = 0.5, threshold L, random
     weights of the size a trained FIRE has."""
-    from biasviz.summaries.kernels import MlpBias
+    from biasviz.summaries.kernels.biases import MlpBias
 
     g = torch.Generator().manual_seed(seed)
     c = torch.tensor(0.5)
@@ -285,3 +285,32 @@ def test_fire_s_mlp_formed_in_each_tile_adds_up_as_float64_math_does(kernels, n:
     i, j = np.indices((t, t))
     along = cells_b[:, i - j == 3]  # one diagonal: constant while every row is below L, not past it
     assert (np.ptp(along, -1) > 1e-3).all() == (threshold < t)
+
+
+CELL_CASES = [  # N, H, Hkv, T, hd, block, tile, per head, cells
+    (3, 4, 2, 40, 24, 12, 16, True, None),  # a table a head; P and its jackknife
+    (2, 2, 1, 48, 16, 16, 32, False, None),  # one table for every head; the default tile
+    (3, 2, 2, 40, 16, 8, 16, True, window(40, 12)),  # a sliding window, one mask for every sample
+]
+
+
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "tile", "per_head", "cells"), CELL_CASES)
+def test_a_bias_read_cell_by_cell_adds_up_as_float64_math_does(kernels, n: int, heads: int, kv: int, t: int,  # noqa: F811
+                                                               hd: int, block: int, tile: int, per_head: bool,
+                                                               cells: np.ndarray | None) -> None:  # fmt: skip
+    """A bias of each cell, neither a table of distance nor a row of keys (-m log(1 + i - j)·(1 + i / T), as a traced
+    call's float mask may hold one), NaN above the diagonal as a forward keeps it: read in each tile, the sums by
+    distance holding it."""
+    from biasviz.summaries.kernels.biases import CellBias
+
+    q, k, _ = _inputs(n, heads, kv, t, hd, False)
+    i, j = np.indices((t, t))
+    slopes = 2.0 ** -np.arange(1, (heads if per_head else 1) + 1)
+    b = -slopes[:, None, None] * np.log1p(np.clip(i - j, 0, None)) * (1 + i / t)
+    held = torch.from_numpy(np.where(j <= i, b, np.nan)).float()
+    scale = 1 / np.sqrt(hd)
+    got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(), CellBias(held), scale,
+                                     block, tile=tile,
+                                     cells=None if cells is None else torch.from_numpy(cells))  # fmt: skip
+    full = np.broadcast_to(held.double().nan_to_num().numpy(), (heads, t, t)).copy()
+    _check(got, accumulators(q, k, full, scale, block, cells=cells))

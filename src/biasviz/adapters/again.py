@@ -66,6 +66,12 @@ class FormsRowsAgain:
         :meth:`keep` found it one; None otherwise."""
         return None
 
+    def bias_cells(self, layer: int) -> torch.Tensor | None:
+        """(1 or H, T, T): the bias every sample added to causal ``layer``, cell by cell where it is neither a table of
+        distance nor a row of keys (the fused kernels read it so), as the forward under :meth:`keep` kept it; None
+        otherwise."""
+        return None
+
     def score_scale(self, layer: int) -> float:
         """c in s = c·q·k + b: what the attention of ``layer`` multiplies q·k by."""
         raise NotImplementedError

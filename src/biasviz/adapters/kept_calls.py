@@ -317,13 +317,13 @@ class FormsKeptCallsAgain(FormsRowsAgain):
         return self._kept.formed[layer].scale
 
     def _one_bias(self, layer: int) -> KeptBias | None:
-        """The kept bias of causal ``layer`` where it is a table of j - i, or a row of keys, over the causal triangle,
-        the call's one rule (no mask of its own, no softcap, one set of cells and one bias for every sample)."""
+        """The kept bias of causal ``layer`` over the causal triangle, the call's one rule (no mask of its own, no
+        softcap, one set of cells and one bias for every sample), in whatever form it was kept."""
         kept = self._kept
         if kept is None or layer in kept.by_sample or layer in kept.bias_by_sample or not self.layer_causal(layer):
             return None
         call, bias = kept.formed[layer], kept.biases.get(layer)
-        if call.mask is not None or call.softcap is not None or bias is None or bias.form == "cells":
+        if call.mask is not None or call.softcap is not None or bias is None:
             return None
         return bias
 
@@ -345,9 +345,19 @@ class FormsKeptCallsAgain(FormsRowsAgain):
         g = bias.values[0]  # (1 or H, Tk)
         return None if bool(g.isnan().any()) else g.expand(self.n_heads, -1)  # (one read a layer)
 
+    def bias_cells(self, layer: int) -> torch.Tensor | None:
+        """The kept bias of a causal call with no mask of its own, held cell by cell (neither a table of j - i nor a
+        row of keys) and shown by every causal cell: (1 or H, T, T), NaN above the diagonal."""
+        bias = self._one_bias(layer)
+        if bias is None or bias.form != "cells":
+            return None
+        cells = bias.values[0]  # (1 or H, T, T)
+        causal = torch.ones(cells.shape[-2:], dtype=torch.bool, device=cells.device).tril()
+        return None if bool((cells.isnan() & causal).any()) else cells  # (one read a layer)
+
     def bias_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int) -> torch.Tensor | None:
-        """The kept bias's rows r0 .. r1 - 1 against keys 0 .. r1 - 1, (1, H, rows, r1), where it is a table of j - i or
-        a row of keys: every sample's, which the keeping forward compared with it exactly."""
+        """The kept bias's rows r0 .. r1 - 1 against keys 0 .. r1 - 1, (1, H, rows, r1): every sample's, which the
+        keeping forward compared with it exactly."""
         bias = self._one_bias(layer)
         return None if bias is None else bias.rows(r0, r1, r1).expand(1, self.n_heads, -1, -1)
 

@@ -27,7 +27,7 @@ from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_layer, tell, why_not
-from biasviz.summaries.kernels import MlpBias, mlp_bias
+from biasviz.summaries.kernels.biases import Bias, CellBias, MlpBias, mlp_bias
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
@@ -99,12 +99,15 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             for part in own.values() if attended is not None else ():
                 part.attend(attended)
             # a bias the forward kept as f(i - j) (a traced call's ALiBi, T5's buckets) is a table as a scheme's is;
-            # one kept as g(j) (BLOOM's m·j) a row of keys; FIRE's, declared the same for every input, its MLP's terms
+            # one kept as g(j) (BLOOM's m·j) a row of keys, one kept cell by cell read so; FIRE's, declared the same
+            # for every input, its MLP's terms
             kept, keys, mlp = None, False, None
             if layer not in formula and adapter.adds_bias:
                 kept = adapter.bias_table(layer)
                 if kept is None and (kept := adapter.bias_keys(layer)) is not None:
                     keys = True
+                if kept is None and (cells_kept := adapter.bias_cells(layer)) is not None:
+                    kept = CellBias(cells_kept)
                 if kept is None:
                     mlp = mlp_bias(adapter.scheme_module(layer), seq_len)
             fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
@@ -186,7 +189,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
 
 
 def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary], *,
-           cells: SampleCells | None, attended: Attended | None, table: torch.Tensor | None, samples: int,
+           cells: SampleCells | None, attended: Attended | None, table: Bias | None, samples: int,
            seq_len: int, block: int, device: torch.device, positional: bool, measures: bool,
            show: Callable[[], Progress], kept: bool = False,
            keys: bool = False) -> tuple[PositionSummary | None, str]:  # fmt: skip
@@ -199,7 +202,7 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
                   mask=None if attended is None else attended.mask, table=table, block=block)  # fmt: skip
     got = None
     if why is None:
-        formed = isinstance(table, MlpBias)  # its cells formed in the kernels' tiles: its rows summarised here
+        formed = isinstance(table, (MlpBias, CellBias))  # not a table of distance: its rows summarised here
         bias = own.get("bias") if kept or formed else None
         if bias is not None and table is not None:  # given before the kernels' SEs, which read it
             bias.given = (first_rows_summary(adapter, bank, layer, bias, samples=samples) if keys or formed

@@ -8,14 +8,16 @@ torch path's (:class:`~biasviz.summaries.weight_measures.WeightMeasures`,
 :class:`~biasviz.summaries.sample_blocks.SampleBlocks`, ...).
 
 They cover a causal call, or one whose own mask (a sliding window, packed documents the same in every sample, a traced
-call's bool mask) is one for every sample and head within the causal triangle with a key in every row, and a bias that
-is a function of i - j alone (or none), the same in every sample: that is measured first, every sample's bias rows
-formed by the model's own scheme against f(d), as the torch path measures it. Samples that attend different cells
-(padding, documents of their own) are covered too, each sample's own cells read for it: each cell's mean and spread
-over the samples that attend it, everything per sample over its own cells, and no P (it pairs the cells of different
-samples as one grid), as the torch path takes them. A softmax over cap·tanh(s / cap) (Gemma 2) or beside sink
-columns (GPT-OSS) is formed as the model forms it, the scores staying s. Any other layer takes the torch path; each
-layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files').
+call's bool mask) is one for every sample and head within the causal triangle with a key in every row, and a bias the
+same in every sample (or none): a function of i - j alone, of the key alone, FIRE's MLP, or one kept cell by cell. A
+declared bias is measured first, every sample's bias rows formed by the model's own scheme against f(d) (FIRE's
+against the first sample's), as the torch path measures it; one a forward kept was compared with every sample's
+there. Samples that attend different cells (padding, documents of their own) are covered too, each sample's own cells
+read for it: each cell's mean and spread over the samples that attend it, everything per sample over its own cells,
+and no P (it pairs the cells of different samples as one grid), as the torch path takes them. A softmax over
+cap·tanh(s / cap) (Gemma 2) or beside sink columns (GPT-OSS) is formed as the model forms it, the scores staying s.
+Any other layer takes the torch path; each layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary
+files').
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from biasviz.store.datasets import (
 from biasviz.store.format import non_finite_error
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
-from biasviz.summaries.kernels import MlpBias
+from biasviz.summaries.kernels.biases import Bias, MlpBias
 from biasviz.summaries.layer import MASKED_SEPARABILITY_LEN
 from biasviz.summaries.maps import _group_sums, geometry_counts
 from biasviz.summaries.measures import BiasMeasureSums
@@ -71,7 +73,7 @@ def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
 
 
 def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool,
-            mask: torch.Tensor | None, table: torch.Tensor | MlpBias | None, block: int) -> str | None:  # fmt: skip
+            mask: torch.Tensor | None, table: Bias | None, block: int) -> str | None:  # fmt: skip
     """Why the fused kernels do not summarise ``layer`` (None: they do); ``mask`` (1 or H, T, T) bool: the call's own,
     one for every sample (None: causal), or with ``by_sample`` the cells some sample attends (each sample's own are
     read from the bank: a padded query may see no key)."""
@@ -121,7 +123,7 @@ def _mask_fits(mask: torch.Tensor) -> str | None:
 
 def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
                 block: int, device: torch.device, positional: bool, measures: bool,
-                table: torch.Tensor | MlpBias | None,
+                table: Bias | None,
                 attended: Attended | None = None, cells: SampleCells | None = None, keys: bool = False,
                 measured: bool = False) -> PositionSummary | None:  # fmt: skip
     """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras,

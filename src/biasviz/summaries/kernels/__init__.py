@@ -13,47 +13,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from biasviz.store.datasets import KEY_PROFILE, SEGMENTS, SINK_SHARE, map_name, profile_name
+from biasviz.summaries.kernels.biases import Bias, CellBias, MlpBias
 from biasviz.summaries.maps import _group_sums, geometry_counts
 
 MASK_ROWS = 1024  # rows of a mask worked into the kernels' operands at a time
 TILE = 32  # query and key tile (rows and columns per program step); a power of 2, at least 16 for tl.dot
-
-
-class MlpBias(NamedTuple):
-    """FIRE's bias b_h(i, j) = MLP(ψ(i - j) / ψ(max(L, i)))_h as the kernels form it, cell by cell in each tile
-    (:meth:`~biasviz.schemes.fire.FIRE.kernel_terms`): ψ(d) for d = 0 .. T - 1 (``psi_d``), ψ(max(L, i)) for i = 0 ..
-    T - 1 (``psi_i``), and the MLP's first layer ``w1``, ``b1`` (hidden,) and second ``w2`` (H, hidden), ``b2`` (H,).
-    A table of T² cells per head would be what the kernels exist not to write."""
-
-    psi_d: torch.Tensor
-    psi_i: torch.Tensor
-    w1: torch.Tensor
-    b1: torch.Tensor
-    w2: torch.Tensor
-    b2: torch.Tensor
-
-    def packed(self, device: torch.device) -> torch.Tensor:
-        """One float32 vector [ψ(d), ψ(max(L, i)), w1, b1, w2 by rows, b2], as the kernels read it."""
-        parts = (self.psi_d, self.psi_i, self.w1, self.b1, self.w2.reshape(-1), self.b2)
-        return torch.cat([p.reshape(-1).to(device=device, dtype=torch.float32) for p in parts])
-
-    def first(self) -> torch.Tensor:
-        """(H,) float64 b_h(0, 0): the MLP at u = 0 (ψ(0) = 0)."""
-        return self.w2.double() @ torch.relu(self.b1.double()) + self.b2.double()
-
-
-def mlp_bias(scheme: Any, seq_len: int) -> MlpBias | None:
-    """The :class:`MlpBias` of a scheme whose bias is an MLP of the interpolated distance, the same for every input
-    (FIRE's :meth:`~biasviz.schemes.fire.FIRE.kernel_terms`); None for any other."""
-    terms = getattr(scheme, "kernel_terms", None)
-    if terms is None or getattr(scheme, "depends_on_input", True):
-        return None
-    return MlpBias(**terms(seq_len))
 
 
 def interpreted() -> bool:
@@ -70,7 +39,7 @@ def unavailable(device: torch.device) -> str | None:
     return None
 
 
-def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, scale: float, block: int,
+def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale: float, block: int,
                      tile: int = TILE, softcap: float | None = None,
                      sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """A causal layer's statistics over N samples, its scores s = c q k^T + f(i - j) and weights softmax(s) formed in
@@ -95,16 +64,19 @@ def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | Mlp
     return finish(*tile_sums(q, k, table, lse, scale, block, tile, softcap), block, table)
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, tile: int,
+def _launch(q: torch.Tensor, k: torch.Tensor, table: Bias | None, tile: int,
             cells: torch.Tensor | None = None, keys: bool = False, softcap: float | None = None) -> dict:  # fmt: skip
     """What both kernels take: the bias as float32 (a placeholder without one; ``keys``: ``table`` is a row of keys
     g_h(j), not a table of distance), strides, sizes and tiles, the mask's bits, tile classes and tenths
     (:func:`mask_operands`; placeholders without one), and the softcap (1.0 where there is none: not read). An
-    :class:`MlpBias` goes in packed, its hidden units (``hid``) a compile-time constant."""
+    :class:`MlpBias` goes in packed, its hidden units (``hid``) a compile-time constant; a :class:`CellBias` as
+    held, one table for every head (kind 4) or one a head (5)."""
     n, heads, seq_len, hd = q.shape
     bias, kind = q.new_empty(1), 0
     if isinstance(table, MlpBias):
         bias, kind = table.packed(q.device), 3
+    elif isinstance(table, CellBias):
+        bias, kind = table.packed(q.device), 4 if table.values.shape[0] == 1 else 5
     elif table is not None:
         bias, kind = table.to(device=q.device, dtype=torch.float32).contiguous(), 2 if keys else 1
     tiles = -(-seq_len // tile)
@@ -183,7 +155,7 @@ def _sub_blocks(block: int, tile: int) -> int:
     return block if tile % block == 0 else 0
 
 
-def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, scale: float, tile: int = TILE,
+def row_lse(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale: float, tile: int = TILE,
             cells: torch.Tensor | None = None, keys: bool = False, softcap: float | None = None,
             sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool, or
@@ -206,7 +178,7 @@ def row_lse(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | No
     return lse
 
 
-def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, lse: torch.Tensor, scale: float,
+def tile_sums(q: torch.Tensor, k: torch.Tensor, table: Bias | None, lse: torch.Tensor, scale: float,
               block: int, tile: int = TILE, softcap: float | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """K2: the float64 accumulators (maps, sums by distance, column sums, each row's Σ w log w, sinks) of
     :func:`finish`, from q, k, the bias and K1's ``lse`` (which holds any sink columns)."""
@@ -214,7 +186,7 @@ def tile_sums(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | 
     return got["maps"], got["by_distance"], got["columns"], got["row_ws"], got["sinks"]
 
 
-def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, scale: float,
+def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale: float,
                        block: int,
                        positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
                        keys: bool = False, softcap: float | None = None,
@@ -242,7 +214,7 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | M
     return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells, keys, softcap), "lse": lse}
 
 
-def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None,
+def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: Bias | None,
                        scale: float) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Q = Σ_a q_a (H, T, hd) and K = Σ_a k_a (H_kv, T, hd), summed in float64, float32 contiguous; ref (H,) float32,
     each head's positional logit P(0, 0) = c Q(0)·K(0) / (N(N - 1)) - c mean_a q_a(0)·k_a(0) / (N - 1) + b(0, 0)
@@ -254,14 +226,14 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | M
     q0, k0 = q[:, :, 0].double(), k[:, :, 0].double().repeat_interleave(group, 1)  # (N, H, hd)
     ref = scale * (big_q[:, 0] * big_k[:, 0].repeat_interleave(group, 0)).sum(-1) / (n * (n - 1))
     ref = ref - scale * (q0 * k0).sum(-1).mean(0) / (n - 1)
-    if isinstance(table, MlpBias):
+    if isinstance(table, (MlpBias, CellBias)):
         ref = ref + table.first().to(q.device)
     elif table is not None:
         ref = ref + table[:, 0].to(device=q.device, dtype=torch.float64)
     return big_q.float().contiguous(), big_k.float().contiguous(), ref.float()
 
 
-def accumulate(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | MlpBias | None, lse: torch.Tensor, scale: float,
+def accumulate(q: torch.Tensor, k: torch.Tensor, table: Bias | None, lse: torch.Tensor, scale: float,
                block: int, positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
                keys: bool = False, softcap: float | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse`` (which
@@ -355,7 +327,7 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
-           sinks: torch.Tensor, block: int, table: torch.Tensor | MlpBias | None = None,
+           sinks: torch.Tensor, block: int, table: Bias | None = None,
            attended: Any = None, cells: Any = None, keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
     """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
     :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,

@@ -4,8 +4,9 @@ a bias of distance, never written, and reduced where they are formed.
 Notation: sample a of N, head h of H (key head h // group), query i, key j <= i (causal), d = i - j,
 s_a(i, j) = c q_a(i)·k_a(j) + b_h(i, j), w_a(i, j) = exp(s_a(i, j) - lse_a(i)). The bias b is none (``HAS_BIAS`` 0), a
 table of distance f_h(d) (1: a scheme's, ALiBi or T5 kept from a call) or a row of keys g_h(j) (2: BLOOM's m_h·j), its
-table TABLE (H, T) either way, or (3) FIRE's MLP of the interpolated distance, formed cell by cell from its weights
-(:func:`~biasviz.summaries.kernels.triton_tiles.tile_bias`). The weights are w_a(i, j) = exp(z_a(i, j) - lse_a(i)):
+table TABLE (H, T) either way, (3) FIRE's MLP of the interpolated distance, formed cell by cell from its weights, or
+a bias read cell by cell, (T, T) for every head (4) or (H, T, T) (5) (:func:`~biasviz.summaries.kernels.triton_tiles.
+tile_bias`). The weights are w_a(i, j) = exp(z_a(i, j) - lse_a(i)):
 z = s, or (``SOFTCAP``) Gemma 2's z = cap·tanh(s / cap); lse runs over the attended keys and (``HAS_SINKS``)
 GPT-OSS's sink columns beside them, each row's sink logit read from SINK_LOGITS (N, T, H) (the keys' weights then sum
 to less than 1). The scores are s either way, before the cap, as the call takes them in.

@@ -18,11 +18,15 @@ def load_rows(X, a, h, rows, dims, sxn, sxh, sxt, sxd, T, HD):
 
 @triton.jit
 def tile_bias(TABLE, h, rows, cols, T, H, KIND: tl.constexpr, HID: tl.constexpr):
-    """(BM, BN) fp32 b_h(i, j): f_h(i - j) (``KIND`` 1), g_h(j) (2), or (3) FIRE's MLP of ψ(i - j) / ψ(max(L, i)),
+    """(BM, BN) fp32 b_h(i, j): f_h(i - j) (``KIND`` 1), g_h(j) (2), (3) FIRE's MLP of ψ(i - j) / ψ(max(L, i)),
     formed here cell by cell from TABLE = [ψ(d) (T), ψ(max(L, i)) (T), W1 (HID), b1 (HID), W2 (H, HID), b2 (H)]:
-    b_h = b2_h + Σ_k W2_hk·max(W1_k u + b1_k, 0), the hidden units in turn; 0 past the diagonal."""
+    b_h = b2_h + Σ_k W2_hk·max(W1_k u + b1_k, 0), the hidden units in turn; or read cell by cell from TABLE (T, T),
+    one for every head (4), or (H, T, T) (5); 0 past the diagonal."""
     dist = rows[:, None] - cols[None, :]
     inside = (dist >= 0) & (rows[:, None] < T)
+    if KIND >= 4:  # offsets in int64: H T² passes 2^31 from T = 8192 on
+        at = ((h * (KIND - 4)).to(tl.int64) * T + rows[:, None].to(tl.int64)) * T + cols[None, :]
+        return tl.load(TABLE + at, mask=inside, other=0.0)
     if KIND == 3:
         u = tl.load(TABLE + tl.maximum(dist, 0), mask=inside, other=0.0) / tl.load(TABLE + T + rows, mask=rows < T,
                                                                                      other=1.0)[:, None]  # fmt: skip
