@@ -196,8 +196,9 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
     """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why.
     ``kept``: ``table`` is the bias the forward kept, the same for every sample, whose own summary is then the table's
     (as a declared scheme's is, ``direct`` in :func:`~biasviz.extraction.summary.summarise`); ``keys``: a row of keys
-    g(j), not a table of distance, its summary formed from one sample's rows, as an :class:`MlpBias`'s (FIRE's,
-    declared the same for every input and measured so by :func:`fused_layer`) is."""
+    g(j), not a table of distance, its summary formed from one sample's rows, as a :class:`CellBias`'s (kept cell by
+    cell) and an :class:`MlpBias`'s (FIRE's, declared the same for every input and measured so by :func:`fused_layer`)
+    are."""
     why = why_not(adapter, bank, layer, device, by_sample=cells is not None,
                   mask=None if attended is None else attended.mask, table=table, block=block)  # fmt: skip
     got = None
@@ -221,10 +222,10 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
 
 def first_rows_summary(adapter: ModelAdapter, bank: SampleBank, layer: int, part: QuantitySummary, *,
                        samples: int) -> Summary:  # fmt: skip
-    """The summary of a bias the same for every sample (a row of keys the forward kept, compared with each exactly as it
-    was kept; FIRE's, which :func:`fused_layer` measures so) that is not a table of distance: the first sample's rows,
-    formed block by block on the device and summarised as a bias declared the same for every input is (its spread 0),
-    once, not once a sample."""
+    """The summary of a bias the same for every sample (a row of keys or cells the forward kept, compared with each
+    exactly as it was kept; FIRE's, which :func:`fused_layer` measures so) that is not a table of distance: the first
+    sample's rows, formed block by block on the device and summarised as a bias declared the same for every input is
+    (its spread 0), once, not once a sample."""
     one = QuantitySummary("bias", layer, heads=part.heads, seq_len=part.seq_len, block=part.block, causal=True,
                           mode="shared", device=part.device, samples=samples)  # fmt: skip
     for r0, r1 in row_blocks(part.seq_len, part.heads, part.device, False):

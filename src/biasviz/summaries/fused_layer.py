@@ -122,8 +122,7 @@ def _mask_fits(mask: torch.Tensor) -> str | None:
 
 
 def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
-                block: int, device: torch.device, positional: bool, measures: bool,
-                table: Bias | None,
+                block: int, device: torch.device, positional: bool, measures: bool, table: Bias | None,
                 attended: Attended | None = None, cells: SampleCells | None = None, keys: bool = False,
                 measured: bool = False) -> PositionSummary | None:  # fmt: skip
     """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras,

@@ -186,8 +186,7 @@ def tile_sums(q: torch.Tensor, k: torch.Tensor, table: Bias | None, lse: torch.T
     return got["maps"], got["by_distance"], got["columns"], got["row_ws"], got["sinks"]
 
 
-def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale: float,
-                       block: int,
+def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale: float, block: int,
                        positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
                        keys: bool = False, softcap: float | None = None,
                        sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
@@ -202,7 +201,7 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: Bias | None, sca
     ``cells``: (T, T) bool, one mask for every sample within the causal triangle, or (N, T, T) each sample's own
     (no P then: it pairs the cells of different samples; a row may see no key) (None: causal). ``keys``: ``table`` is
     a row of keys g_h(j) (BLOOM's m_h·j), and the sums by distance of the scores and of P hold them unshifted, as they
-    hold an :class:`MlpBias` (FIRE's, a function of i as well as of i - j).
+    hold an :class:`MlpBias` (FIRE's, a function of i as well as of i - j) and a :class:`CellBias`.
     ``softcap`` (Gemma 2's cap) and ``sinks`` ((N, T, H) each row's sink logit, GPT-OSS's): what the softmax takes
     beside the scores, which stay s, before the cap."""
     n, heads, seq_len, hd = q.shape
@@ -351,7 +350,7 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
     for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
         mean = total / per_d
         between = (squares / per_d - mean * mean).clamp(min=0.0)
-        if name == "scores" and torch.is_tensor(table) and not keys:  # (an MlpBias's: never taken off)
+        if name == "scores" and torch.is_tensor(table) and not keys:  # (FIRE's or a cell bias: never taken off)
             mean = mean + table.to(mean)
         out[profile_name(name)] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
     mean = columns[0] / per_key
