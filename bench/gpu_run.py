@@ -578,9 +578,9 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
     """The fused statistics kernels alone (K1, the row log-sum-exp; K2, every accumulator) against the flash forward of
     one attention layer of the same shape (GPT-2-small's 12 x 64, N = 2, bf16 q and k), and up to T = 32768 with FIRE's
     MLP, a softcap and sink columns; before T = 131072, a check that fails the part where the fused statistics differ
-    from the torch path's summary of our model (ALiBi, RoPE, FIRE), of traced SDPA layers with ALiBi or BLOOM's m·j in
-    their float mask, and of Gemma 2's softcapped and GPT-OSS's sink layers (T = 2048, N = 3). In a dry run: tiny
-    sizes through Triton's interpreter."""
+    from the torch path's summary of our model (ALiBi, RoPE, FIRE), of traced SDPA layers with ALiBi, BLOOM's m·j or a
+    bias of each cell in their float mask, and of Gemma 2's softcapped and GPT-OSS's sink layers (T = 2048, N = 3). In
+    a dry run: tiny sizes through Triton's interpreter."""
     import torch
 
     from biasviz.summaries import kernels
@@ -668,13 +668,15 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
             g = f[name]
             return {name: g[name][()] for name in g}, str(g.attrs.get("statistics", "torch"))
 
-    for scheme in ("alibi", "rope", "fire", "traced alibi", "traced m·j", "gemma2 softcap", "gpt-oss sinks"):
+    for scheme in ("alibi", "rope", "fire", "traced alibi", "traced m·j", "traced cells", "gemma2 softcap",
+                   "gpt-oss sinks"):
         torch.manual_seed(0)
         if scheme in ("gemma2 softcap", "gpt-oss sinks"):  # a softmax over cap·tanh(s / cap), or beside sink columns
             model, layers = _softmax_extras(scheme.split()[0], heads).to(device), -1
         elif scheme.startswith("traced"):  # ALiBi in a traced SDPA call's float mask: the kernels take the table kept,
             # of j - i, or (BLOOM's m·j) the row of keys kept
-            model, layers = _traced_alibi(heads, keys=scheme.endswith("m·j")).to(device), -1
+            model = _traced_alibi(heads, keys=scheme.endswith("m·j"), cells=scheme.endswith("cells"))
+            model, layers = model.to(device), -1
         else:
             # (a dry run's 4 heads: Triton's interpreter runs a program at a time)
             config = BiasGPTConfig(scheme=scheme, n_layer=2, n_head=heads, n_embd=16 * heads, n_positions=seq_len,
@@ -741,10 +743,11 @@ def _softmax_extras(name: str, heads: int) -> Any:
     return model
 
 
-def _traced_alibi(heads: int, keys: bool = False) -> Any:
+def _traced_alibi(heads: int, keys: bool = False, cells: bool = False) -> Any:
     """One SDPA layer over an embedding (16 dims a head) that adds -m_h·(i - j) in its float mask, -inf after the
     query, as research code writes ALiBi: a module biasviz traces, its bias kept as a table of j - i; ``keys``: m_h·j,
-    as BLOOM writes it, kept as a row of keys."""
+    as BLOOM writes it, kept as a row of keys; ``cells``: -m_h·log(1 + i - j)·(1 + i / T), a bias of the query as well
+    as of the distance (FIRE's interpolation, as research code may write one), kept cell by cell."""
     import torch
 
     class TracedAlibi(torch.nn.Module):
@@ -759,6 +762,8 @@ def _traced_alibi(heads: int, keys: bool = False) -> Any:
             q, k, v = (z.view(b, t, heads, 16).transpose(1, 2) for z in self.qkv(self.embed(ids)).chunk(3, -1))
             i = torch.arange(t, device=ids.device)
             d = (i[None, :] + 0 * i[:, None]) if keys else -(i[:, None] - i[None, :])
+            if cells:
+                d = -torch.log1p((i[:, None] - i[None, :]).clamp(min=0).float()) * (1 + i[:, None] / t)
             bias = (self.slopes[:, None, None] * d).masked_fill(i[None, :] > i[:, None], float("-inf"))
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 

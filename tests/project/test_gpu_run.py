@@ -98,7 +98,8 @@ def test_the_kernels_part_times_them_and_checks_them_against_the_torch_path(tmp_
     for tool in ("flash-sdpa layer forward", "K1 row lse", "K2 tile statistics", "K1 row lse, FIRE's MLP",
                  "K2 tile statistics, FIRE's MLP", "K1 row lse, softcap and sinks", "K2 tile statistics, softcap"):
         assert by_tool[tool]["status"] == "ok" and min(by_tool[tool]["times"]) > 0, by_tool.get(tool)
-    for scheme in ("alibi", "rope", "fire", "traced alibi", "traced m·j", "gemma2 softcap", "gpt-oss sinks"):
+    for scheme in ("alibi", "rope", "fire", "traced alibi", "traced m·j", "traced cells", "gemma2 softcap",
+                   "gpt-oss sinks"):
         check = by_tool[f"fused vs torch, {scheme}"]
         assert check["status"] == "ok" and check["largest_difference"] < 1e-4, check
     assert "| kernels | 64 | float32 | K2 tile statistics |" in gpu_run.tables(rows, {})
