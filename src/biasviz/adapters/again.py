@@ -54,22 +54,12 @@ class FormsRowsAgain:
         cannot form them alone (the fused statistics then leave the layer to :meth:`rows_again`)."""
         return None
 
-    def bias_table(self, layer: int) -> torch.Tensor | None:
-        """(H, T) f(d): the bias every sample added to causal ``layer``, as a function of d = i - j alone, on every cell
-        of the causal triangle (what the fused kernels add, as a scheme's table), where the forward under :meth:`keep`
-        found it one (ALiBi, T5's buckets written into a call); None otherwise."""
-        return None
-
-    def bias_keys(self, layer: int) -> torch.Tensor | None:
-        """(H, T) g(j): the bias every sample added to causal ``layer``, as a function of the key j alone, on every cell
-        of the causal triangle (BLOOM's m·j; what the fused kernels add as a row of keys), where the forward under
-        :meth:`keep` found it one; None otherwise."""
-        return None
-
-    def bias_cells(self, layer: int) -> torch.Tensor | None:
-        """(1 or H, T, T): the bias every sample added to causal ``layer``, cell by cell where it is neither a table of
-        distance nor a row of keys (the fused kernels read it so), as the forward under :meth:`keep` kept it; None
-        otherwise."""
+    def kept_bias(self, layer: int) -> tuple[str, torch.Tensor] | None:
+        """The bias every sample added to causal ``layer``, on every cell of the causal triangle, where the forward
+        under :meth:`keep` kept one in a form the fused kernels add: ``("distance", f)``, f (H, T) of d = i - j alone
+        (ALiBi, T5's buckets written into a call: what the kernels add as a scheme's table); ``("key", g)``, g (H, T)
+        of the key j alone (BLOOM's m·j); ``("cells", b)``, (1 or H, T, T) cell by cell where it is neither (NaN above
+        the diagonal). None otherwise."""
         return None
 
     def score_scale(self, layer: int) -> float:

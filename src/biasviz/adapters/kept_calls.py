@@ -22,6 +22,7 @@ from biasviz.adapters.again import MASK_DIGEST, SAMPLE_BIAS, SAMPLE_CELLS, SAMPL
 from biasviz.adapters.kept_bias import KeptBias, added_bias
 from biasviz.adapters.rows import RowBlock, plain_cells
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
+from biasviz.model.attention import causal_mask
 from biasviz.tracing.calls import SdpaOperands, _is_causal, formed_rows, repeat_kv
 
 
@@ -327,33 +328,25 @@ class FormsKeptCallsAgain(FormsRowsAgain):
             return None
         return bias
 
-    def bias_table(self, layer: int) -> torch.Tensor | None:
-        """The kept bias of a causal call with no mask of its own, held as a table of j - i that every causal cell
-        showed: f(d) = the table at j - i = -d."""
+    def kept_bias(self, layer: int) -> tuple[str, torch.Tensor] | None:
+        """The kept bias of a causal call with no mask of its own, as :meth:`FormsRowsAgain.kept_bias` gives it, where
+        every causal cell showed its value (one read a layer): a table of j - i turned into f(d), d = i - j (index
+        T - 1 - d held j - i = -d), a row of keys as held, cells as held."""
         bias = self._one_bias(layer)
-        if bias is None or bias.form != "offset":
+        if bias is None:
             return None
-        f = bias.values[0, :, : bias.q_len].flip(-1)  # (1 or H, T): index T - 1 - d holds j - i = -d
-        return None if bool(f.isnan().any()) else f.expand(self.n_heads, -1)  # (one read a layer)
-
-    def bias_keys(self, layer: int) -> torch.Tensor | None:
-        """The kept bias of a causal call with no mask of its own, held as a row of keys that every causal cell
-        showed (BLOOM's m·j): g(j), (H, T)."""
-        bias = self._one_bias(layer)
-        if bias is None or bias.form != "key":
+        values = bias.values[0]  # (1 or H, L)
+        if bias.form == "offset":
+            form, values = "distance", values[:, : bias.q_len].flip(-1)
+        elif bias.form == "key":
+            form = "key"
+        else:  # (1 or H, T, T): the cells above the diagonal are never shown
+            form = "cells"
+        t = values.shape[-1]
+        shown = values if form != "cells" else values.masked_fill(causal_mask(t, t, values.device), 0.0)
+        if bool(shown.isnan().any()):
             return None
-        g = bias.values[0]  # (1 or H, Tk)
-        return None if bool(g.isnan().any()) else g.expand(self.n_heads, -1)  # (one read a layer)
-
-    def bias_cells(self, layer: int) -> torch.Tensor | None:
-        """The kept bias of a causal call with no mask of its own, held cell by cell (neither a table of j - i nor a
-        row of keys) and shown by every causal cell: (1 or H, T, T), NaN above the diagonal."""
-        bias = self._one_bias(layer)
-        if bias is None or bias.form != "cells":
-            return None
-        cells = bias.values[0]  # (1 or H, T, T)
-        causal = torch.ones(cells.shape[-2:], dtype=torch.bool, device=cells.device).tril()
-        return None if bool((cells.isnan() & causal).any()) else cells  # (one read a layer)
+        return form, values if form == "cells" else values.expand(self.n_heads, -1)
 
     def bias_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int) -> torch.Tensor | None:
         """The kept bias's rows r0 .. r1 - 1 against keys 0 .. r1 - 1, (1, H, rows, r1): every sample's, which the

@@ -103,12 +103,10 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             # for every input, its MLP's terms
             kept, keys, mlp = None, False, None
             if layer not in formula and adapter.adds_bias:
-                kept = adapter.bias_table(layer)
-                if kept is None and (kept := adapter.bias_keys(layer)) is not None:
-                    keys = True
-                if kept is None and (cells_kept := adapter.bias_cells(layer)) is not None:
-                    kept = CellBias(cells_kept)
-                if kept is None:
+                if (found := adapter.kept_bias(layer)) is not None:
+                    form, values = found
+                    kept, keys = CellBias(values) if form == "cells" else values, form == "key"
+                else:
                     mlp = mlp_bias(adapter.scheme_module(layer), seq_len)
             fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
                                 table=formula.get(layer, kept if mlp is None else mlp), kept=kept is not None,
