@@ -22,7 +22,6 @@ from biasviz.adapters.again import MASK_DIGEST, SAMPLE_BIAS, SAMPLE_CELLS, SAMPL
 from biasviz.adapters.kept_bias import KeptBias, added_bias
 from biasviz.adapters.rows import RowBlock, plain_cells
 from biasviz.common.errors import BiasvizError, MasksDifferBySample
-from biasviz.model.attention import causal_mask
 from biasviz.tracing.calls import SdpaOperands, _is_causal, formed_rows, repeat_kv
 
 
@@ -340,10 +339,9 @@ class FormsKeptCallsAgain(FormsRowsAgain):
             form, values = "distance", values[:, : bias.q_len].flip(-1)
         elif bias.form == "key":
             form = "key"
-        else:  # (1 or H, T, T): the cells above the diagonal are never shown
+        else:  # (1 or H, T, T)
             form = "cells"
-        t = values.shape[-1]
-        shown = values if form != "cells" else values.masked_fill(causal_mask(t, t, values.device), 0.0)
+        shown = values.tril() if form == "cells" else values  # (NaN above the diagonal: never shown, never read)
         if bool(shown.isnan().any()):
             return None
         return form, values if form == "cells" else values.expand(self.n_heads, -1)
