@@ -1,11 +1,13 @@
 """The fused statistics kernels compiled for a GPU on a machine without one: Triton's own ptxas, for sm_90 (H100/H200),
-each kind of bias (none, a table of distance, a row of keys, FIRE's MLP, cells one for every head or one a head), with
+each kind of bias (none, a table of distance, a row of keys, FIRE's MLP, cells one for every head or one a head,
+CABLE's ends of each sample's own, and K3, their summary), with
 and without a softcap, sink columns (K1), a mask of one's own or each sample's (K2 with and without P). Catches what
 Triton's interpreter lets through (types, constant branches, 64-bit offsets) and prints each variant's registers,
 spills and shared memory: where a kind of bias costs registers the others do not, the GPU run's timings will show it.
 
     .venv/bin/python bench/compile_kernels.py            # every variant, about 4 minutes on 2 cores
     .venv/bin/python bench/compile_kernels.py --quick    # causal only, softcap and sinks together
+    .venv/bin/python bench/compile_kernels.py --kind 6   # one kind of bias (KINDS' numbers)
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import tempfile
 import time
 
 POINTERS = {"Q": "*bf16", "K": "*bf16", "CELLS": "*u8", "CLASSES": "*i8", "BOUNDS": "*i32", "TABLE": "*fp32",
-            "LSE": "*fp32", "SINK_LOGITS": "*fp32", "BQ": "*fp32", "BK": "*fp32", "REF": "*fp32"}  # fmt: skip
+            "LSE": "*fp32", "SINK_LOGITS": "*fp32", "BQ": "*fp32", "BK": "*fp32", "REF": "*fp32", "ENDS": "*fp32",
+            "CENTRED": "*fp32"}  # fmt: skip
 FP64 = ("MAPS", "DIST", "COLS", "ROW_WS", "SINKS", "SCOLS", "CTX", "SDIST", "SBLOCKS", "PMAPS", "PDIST", "PFIRST",
-        "PROWS", "PCOLS", "PSQ", "PSHIFT")  # fmt: skip
-KINDS = {0: "none", 1: "distance", 2: "keys", 3: "FIRE's MLP", 4: "cells", 5: "cells by head"}
+        "PROWS", "PCOLS", "PSQ", "PSHIFT", "ROWS", "SQ", "SHIFT", "SPREAD")  # fmt: skip
+KINDS = {0: "none", 1: "distance", 2: "keys", 3: "FIRE's MLP", 4: "cells", 5: "cells by head", 6: "each sample's ends"}
 
 
 def signature(fn: object, constants: dict[str, object]) -> dict[str, str]:
@@ -57,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="causal only, softcap and sinks together")
     parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--kind", type=int, choices=sorted(KINDS), action="append", help="only these kinds of bias")
     args = parser.parse_args(argv)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from biasviz.summaries.kernels import triton_ends
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     target = GPUTarget("cuda", 90, 32)
@@ -70,12 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     scratch = tempfile.mkdtemp()
     for kind, softcap, sinks, mask in itertools.product(KINDS, (False, True), (False, True),
                                                         ("causal", "one", "by sample")):  # fmt: skip
-        if args.quick and (mask != "causal" or softcap != sinks):
+        if (args.quick and (mask != "causal" or softcap != sinks)) or (args.kind and kind not in args.kind):
             continue
         masked, by_sample = mask != "causal", mask == "by sample"
         common = {"T": args.seq_len, "DP": 64, "BM": 32, "BN": 32, "HAS_BIAS": kind, "MASKED": masked,
                   "BY_SAMPLE": by_sample, "SOFTCAP": softcap, "HID": 32 if kind == 3 else 1}  # fmt: skip
         variants = [("K1", kernels.row_lse, {**common, "HAS_SINKS": sinks}, False)]
+        if kind == 6 and mask == "causal" and not softcap and not sinks:  # K3: the bias's own summary, once
+            variants.append(("K3", triton_ends.ends_statistics, {"N": 3, "T": args.seq_len, "BM": 32, "SUB": 32},
+                             False))  # fmt: skip
         if not sinks:  # K2 reads no sinks: K1's log-sum-exp holds them
             variants += [("K2", kernels.tile_statistics, {**common, "N": 3, "SUB": 32, "POSITIONAL": p}, p)
                          for p in ((False,) if by_sample else (False, True))]  # fmt: skip

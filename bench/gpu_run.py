@@ -577,14 +577,14 @@ def part_cuda_tests(dry: bool) -> Iterator[dict[str, Any]]:
 def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
     """The fused statistics kernels alone (K1, the row log-sum-exp; K2, every accumulator) against the flash forward of
     one attention layer of the same shape (GPT-2-small's 12 x 64, N = 2, bf16 q and k), and up to T = 32768 with FIRE's
-    MLP, a softcap and sink columns; before T = 131072, a check that fails the part where the fused statistics differ
-    from the torch path's summary of our model (ALiBi, RoPE, FIRE), of traced SDPA layers with ALiBi, BLOOM's m·j or a
-    bias of each cell in their float mask, and of Gemma 2's softcapped and GPT-OSS's sink layers (T = 2048, N = 3). In
-    a dry run: tiny sizes through Triton's interpreter."""
+    MLP, a softcap and sink columns, and CABLE's bias of each sample's own; first, a check that fails the
+    part where the fused statistics differ from the torch path's summary of our model (ALiBi, RoPE, FIRE, CABLE), of
+    traced SDPA layers with ALiBi, BLOOM's m·j or a bias of each cell in their float mask, and of Gemma 2's softcapped
+    and GPT-OSS's sink layers (T = 2048, N = 3). In a dry run: tiny sizes through Triton's interpreter."""
     import torch
 
     from biasviz.summaries import kernels
-    from biasviz.summaries.kernels.biases import MlpBias
+    from biasviz.summaries.kernels.biases import MlpBias, SampleEnds
 
     device = _device(dry)
     if kernels.unavailable(torch.device(device)):
@@ -592,11 +592,9 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
         return
     heads, hd, n = (2, 16, 2) if dry else (12, 64, 2)
     dtype = torch.float32 if dry else torch.bfloat16
-    checked = False
+    # the fused-vs-torch check first: what the part's limit may cut is the longest timing, not a check
+    yield from _fused_against_torch(device, 64 if dry else 2048, 4 if dry else 12)
     for seq_len in (64,) if dry else (4096, 32768, 131072):
-        if seq_len > 32768:  # the fused-vs-torch check before the longest timing, which the part's limit may cut
-            yield from _fused_against_torch(device, 2048, 12)
-            checked = True
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(n, heads, seq_len, hd, generator=gen).to(device, dtype) for _ in range(3))
         slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1) / heads)
@@ -639,15 +637,25 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
                           block: int = block) -> Callable[[], object]:  # fmt: skip
                 return lambda: kernels.tile_sums(q, k, None, lse, scale, block, softcap=50.0)
 
+            # CABLE's bias, each sample's own e_a(i) - e_a(j): two values a position
+            ends = SampleEnds(-torch.nn.functional.softplus(torch.randn(n, heads, seq_len, generator=gen)).cumsum(-1))
+            lse_ends = kernels.row_lse(q, k, ends, scale)
+
+            def k1_ends(q: Any = q, k: Any = k, ends: Any = ends, scale: float = scale) -> Callable[[], object]:
+                return lambda: kernels.row_lse(q, k, ends, scale)
+
+            def k2_ends(q: Any = q, k: Any = k, ends: Any = ends, lse: Any = lse_ends, scale: float = scale,
+                        block: int = block) -> Callable[[], object]:  # fmt: skip
+                return lambda: kernels.tile_sums(q, k, ends, lse, scale, block)
+
             tools.update({"K1 row lse, FIRE's MLP": k1_fire, "K2 tile statistics, FIRE's MLP": k2_fire,
-                          "K1 row lse, softcap and sinks": k1_sinks, "K2 tile statistics, softcap": k2_capped})
+                          "K1 row lse, softcap and sinks": k1_sinks, "K2 tile statistics, softcap": k2_capped,
+                          "K1 row lse, CABLE's ends": k1_ends, "K2 and K3 tile statistics, CABLE's ends": k2_ends})
         yield from interleaved(device, tools, 1 if dry or seq_len > 32768 else 3, part="kernels", T=seq_len,
                                dtype=str(dtype).removeprefix("torch."), phase="kernels",
                                floor="flash-sdpa layer forward", batch=n)  # fmt: skip (all N in each call)
         del q, k, v, lse
         tools.clear()
-    if not checked:
-        yield from _fused_against_torch(device, 64 if dry else 2048, 4 if dry else 12)
 
 
 def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict[str, Any]]:
@@ -668,7 +676,7 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
             g = f[name]
             return {name: g[name][()] for name in g}, str(g.attrs.get("statistics", "torch"))
 
-    for scheme in ("alibi", "rope", "fire", "traced alibi", "traced m·j", "traced cells", "gemma2 softcap",
+    for scheme in ("alibi", "rope", "fire", "cable", "traced alibi", "traced m·j", "traced cells", "gemma2 softcap",
                    "gpt-oss sinks"):
         torch.manual_seed(0)
         if scheme in ("gemma2 softcap", "gpt-oss sinks"):  # a softmax over cap·tanh(s / cap), or beside sink columns
@@ -707,6 +715,8 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
                     # an SE is a spread of means, rounded as the means are: measured against a hundredth of them
                     base = want.get(name.removesuffix("_se")) if name.endswith("_se") and field is None else None
                     top = max(largest(a), 0.01 * largest(base) if base is not None else 0.0) or 1.0
+                    if name.endswith("diagnostics"):  # a ratio to the spread, its 0 reached by cancellation (CABLE's
+                        top = max(top, 1.0)  # bias is exactly s_i - s_j: a separability residual of float64 rounding)
                     worst = max(worst, float(np.nanmax(np.abs(b - a), initial=0.0)) / top)
             row.update(largest_difference=worst, statistics=f"{took_torch} / {took_fused}",
                        missing=",".join(sorted(set(want) ^ set(got))))  # fmt: skip

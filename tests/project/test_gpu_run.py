@@ -89,16 +89,17 @@ def test_the_tables_give_each_row_against_its_floor(dry: tuple[Path, list[dict]]
 
 def test_the_kernels_part_times_them_and_checks_them_against_the_torch_path(tmp_path: Path) -> None:
     """In a child of its own, through Triton's interpreter: K1 and K2 timed beside one layer's flash forward (and with
-    FIRE's MLP, a softcap and sinks), and the fused statistics within float32 rounding of the torch path's summary, for
-    every model the check names."""
+    FIRE's MLP, a softcap and sinks, CABLE's ends), and the fused statistics within float32 rounding of the torch
+    path's summary, for every model the check names."""
     pytest.importorskip("triton")
     with open(tmp_path / "log", "w") as log:
         rows = gpu_run.run_part("kernels", True, 300, log)
     by_tool = {r["tool"]: r for r in rows}
     for tool in ("flash-sdpa layer forward", "K1 row lse", "K2 tile statistics", "K1 row lse, FIRE's MLP",
-                 "K2 tile statistics, FIRE's MLP", "K1 row lse, softcap and sinks", "K2 tile statistics, softcap"):
+                 "K2 tile statistics, FIRE's MLP", "K1 row lse, softcap and sinks", "K2 tile statistics, softcap",
+                 "K1 row lse, CABLE's ends", "K2 and K3 tile statistics, CABLE's ends"):
         assert by_tool[tool]["status"] == "ok" and min(by_tool[tool]["times"]) > 0, by_tool.get(tool)
-    for scheme in ("alibi", "rope", "fire", "traced alibi", "traced m·j", "traced cells", "gemma2 softcap",
+    for scheme in ("alibi", "rope", "fire", "cable", "traced alibi", "traced m·j", "traced cells", "gemma2 softcap",
                    "gpt-oss sinks"):
         check = by_tool[f"fused vs torch, {scheme}"]
         assert check["status"] == "ok" and check["largest_difference"] < 1e-4, check
@@ -132,7 +133,7 @@ def test_the_session_script_runs_the_dry_run_from_the_shell(tmp_path: Path) -> N
 def test_no_module_needs_cuda_to_import() -> None:
     """Device-agnostic: no CUDA-only package imported, and no CUDA call made, when a module is imported."""
     cuda_only = {"triton", "flash_attn", "xformers", "apex", "cupy", "pynvml"}
-    own = {"triton_kernels", "triton_tiles"}  # the Triton kernels' own modules ...
+    own = {"triton_kernels", "triton_tiles", "triton_ends"}  # the Triton kernels' own modules ...
     found = []
     for path in sorted((ROOT / "src" / "biasviz").rglob("*.py")):
         if path.parent.name == "kernels" and path.stem in own:  # ... imported only inside the functions that run

@@ -29,10 +29,10 @@ def mlp_cells(mlp: Any, t: int) -> np.ndarray:
 
 def _bias(table: np.ndarray | None, t: int, keys: bool) -> np.ndarray | float:
     """(H, T, T) b(i, j) from ``table`` (H, T): f(i - j) (0 past the diagonal: never used) or, ``keys``, g(j); or
-    ``table`` itself where it is (H, T, T) already, a bias of each cell."""
+    ``table`` itself where it is (H, T, T) already, a bias of each cell, or (N, H, T, T), each sample's own."""
     if table is None:
         return 0.0
-    if table.ndim == 3:
+    if table.ndim >= 3:
         return table
     i, j = np.indices((t, t))
     return table[:, np.broadcast_to(j, (t, t))] if keys else table[:, np.clip(i - j, 0, None)]
@@ -52,7 +52,7 @@ def formed(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float,
     if used.ndim == 3:
         used = used[:, None]
     bias = _bias(table, t, keys) + np.zeros((heads, t, t))
-    s = scale * np.einsum("nhid,nhjd->nhij", q, k) + bias[None]
+    s = scale * np.einsum("nhid,nhjd->nhij", q, k) + (bias if bias.ndim == 4 else bias[None])
     z = np.where(used, s if softcap is None else softcap * np.tanh(s / softcap), -np.inf)
     if sinks is not None:  # the sink as one more column, every row's
         z = np.concatenate([z, np.broadcast_to(sinks.transpose(0, 2, 1)[..., None], (*z.shape[:-1], 1))], -1)
@@ -80,6 +80,27 @@ def _by_distance(x: np.ndarray) -> np.ndarray:
     return np.stack([np.trace(x, offset=-d, axis1=-2, axis2=-1) for d in range(t)], -1)
 
 
+def _own_bias(bias: np.ndarray, used: np.ndarray, block: int) -> dict[str, np.ndarray]:
+    """A bias of each sample's own, ``bias`` (N, H, T, T), summarised over samples and the causal cells (``used``):
+    the accumulators of :func:`accumulators`' ``bias_*``."""
+    t = bias.shape[-1]
+    mean, std = np.where(used, bias.mean(0), 0.0), np.where(used, bias.std(0), 0.0)
+    i, j = np.indices((t, t))
+    first = mean[:, np.clip(i - j, 0, None), 0]  # each diagonal's first cell b̄(d, 0)
+    dev = np.where(used, mean - first, 0.0)
+    lower = j < i
+    diag = np.diagonal(mean, axis1=-2, axis2=-1)
+    return {
+        "bias_maps": np.stack([_blocks(mean, block), _blocks(std, block)]),
+        "bias_distance": np.stack([_by_distance(dev), _by_distance(dev**2), _by_distance(std**2)]),
+        "bias_rows": np.where(lower, mean, 0.0).sum(-1),
+        "bias_cols": np.where(lower, mean, 0.0).sum(-2),
+        "bias_squares": np.stack([np.where(lower, mean**2, 0.0).sum((-2, -1)), (diag**2).sum(-1)]),
+        "bias_shifted": np.stack([mean.sum((-2, -1)), (mean**2).sum((-2, -1))]),
+        "bias_spread": std.sum((-2, -1)),
+    }
+
+
 def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: float, block: int,
                  positional: bool = True, cells: np.ndarray | None = None, keys: bool = False,
                  softcap: float | None = None, sinks: np.ndarray | None = None) -> dict[str, np.ndarray]:  # fmt: skip
@@ -98,8 +119,8 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     - ``sample_distance`` (2, N, H, T): Σ_i w_a(i, i - d), Σ_i s_a(i, i - d);
     - ``sample_blocks`` (2, N, H, nb, nb): Σ over a block's cells of w_a, s_a;
 
-    with ``positional`` and N >= 2, P(i, j) = c Q(i)·K(j) / (N(N - 1)) - (s̄ - f(d)) / (N - 1) + f(d) and ref_h =
-    P_h(0, 0):
+    with ``positional`` and N >= 2, P(i, j) = c Q(i)·K(j) / (N(N - 1)) - (s̄ - f(d)) / (N - 1) + f(d) (a bias of each
+    sample's own, ``table`` (N, H, T, T): b̄ in place of f) and ref_h = P_h(0, 0):
 
     - ``positional_maps`` (H, nb, nb): Σ P over a block's cells;
     - ``positional_distance`` (2, H, T): Σ over the cells at d of P - f(d) and its square (of P, with ``keys``);
@@ -108,9 +129,17 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     - ``positional_squares`` (2, H): Σ_{j<i} P², Σ_i P(i, i)²;
     - ``positional_shifted`` (2, H): Σ_{j<=i} of P - ref and its square;
 
-    and with N >= 3, z_a = [2 s_a - c(q_a(i)·K(j) + Q(i)·k_a(j))] / ((N - 1)(N - 2)):
+    and with N >= 3, z_a = [2 s_a - N b_a - c(q_a(i)·K(j) + Q(i)·k_a(j))] / ((N - 1)(N - 2)) (b_a: a bias of each
+    sample's own; none of one bias for all, a constant of P's delete-one estimate):
 
-    - ``jackknife_blocks`` (N, H, nb, nb): Σ over a block's cells of z_a.
+    - ``jackknife_blocks`` (N, H, nb, nb): Σ over a block's cells of z_a;
+
+    and with a bias of each sample's own, its summary over the causal cells, b̄ and σ_b its mean and spread:
+
+    - ``bias_maps`` (2, H, nb, nb): Σ over a block's cells of b̄, σ_b;
+    - ``bias_distance`` (3, H, T): Σ over the cells at d of b̄ - b̄(d, 0), its square, σ_b²;
+    - ``bias_rows``, ``bias_cols`` (H, T): Σ_{j<i} b̄ by i, by j; ``bias_squares`` (2, H): Σ_{j<i} b̄², Σ_i b̄(i, i)²;
+    - ``bias_shifted`` (2, H): Σ b̄, Σ b̄²; ``bias_spread`` (H,): Σ σ_b.
     """
     n, heads, t, _ = q.shape
     used, s, w, _, bias = formed(q, k, table, scale, cells, keys, softcap, sinks)
@@ -125,7 +154,10 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
         i, j = np.indices((t, t))
         bias = np.where(used.any(0), _bias(table, t, keys), 0.0)
     # what the sums by distance take off: a bias the same along each diagonal (not a row of keys, not one of each cell)
-    shift = 0.0 if keys or (table is not None and table.ndim == 3) else bias
+    shift = 0.0 if keys or (table is not None and table.ndim >= 3) else bias
+    own = bias.ndim == 4  # each sample's own bias: P's is their mean, the jackknife's each one's
+    bias_a, bias = (bias, bias.mean(0)) if own else (0.0, bias)
+    extra = _own_bias(bias_a, used, block) if own else {}
     out = {
         "maps": np.stack([_blocks(x, block) for x in (w_mean, w_std, s_mean, s_std)]),
         "by_distance": np.stack(
@@ -137,6 +169,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
         "sample_columns": w.sum(-2),
         "sample_distance": np.stack([_by_distance(w), _by_distance(s)]),
         "sample_blocks": np.stack([_blocks(w, block), _blocks(s, block)]),
+        **extra,
     }
     i, j = np.indices((t, t))
     seen = used.sum(-1, keepdims=True)
@@ -172,6 +205,6 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
         )
         if n >= 3:
             cross = (np.einsum("nhid,hjd->nhij", q, big_k) + np.einsum("hid,nhjd->nhij", big_q, k_heads)) * scale
-            z = np.where(used, (2 * s - cross) / ((n - 1) * (n - 2)), 0.0)
+            z = np.where(used, (2 * s - n * bias_a - cross) / ((n - 1) * (n - 2)), 0.0)
             out["jackknife_blocks"] = _blocks(z, block)
     return out

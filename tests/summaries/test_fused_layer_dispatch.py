@@ -24,7 +24,8 @@ from tests.summaries.test_fused_layer import _reference_accumulators
 from tests.summaries.test_replay_dispatch import Dispatched
 
 # operations per sample (19 measured with ALiBi: the bias check's, the SEs' folds; 64 without a bias, where P's profile
-# SE is formed from the bank sample by sample; 80-85 with FIRE, whose MLP forms each sample's rows for the bias check)
+# SE is formed from the bank sample by sample; 80-85 with FIRE, whose MLP forms each sample's rows for the bias check;
+# CABLE's: its rows formed again for its own moments)
 PER_SAMPLE = 100
 
 
@@ -47,7 +48,7 @@ def _dispatched(monkeypatch: pytest.MonkeyPatch, out: Path, scheme: str, seq_len
     return spy
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "nope", "fire"])
+@pytest.mark.parametrize("scheme", ["alibi", "nope", "fire", "cable"])
 def test_a_fused_layer_reads_the_host_a_fixed_number_of_times(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                                 scheme: str) -> None:  # fmt: skip
     got = {}

@@ -314,3 +314,34 @@ def test_a_bias_read_cell_by_cell_adds_up_as_float64_math_does(kernels, n: int, 
                                      cells=None if cells is None else torch.from_numpy(cells))  # fmt: skip
     full = np.broadcast_to(held.double().nan_to_num().numpy(), (heads, t, t)).copy()
     _check(got, accumulators(q, k, full, scale, block, cells=cells))
+
+
+ENDS_CASES = [  # N, H, Hkv, T, hd, block, tile
+    (3, 4, 2, 40, 24, 12, 16),  # P and its jackknife, blocks that split tiles unevenly
+    (4, 2, 1, 48, 16, 16, 32),  # the default tile, blocks of whole tiles
+    (2, 2, 2, 40, 16, 8, 16),  # two samples: P without its jackknife
+]
+
+
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "tile"), ENDS_CASES)
+def test_a_bias_of_each_sample_s_own_adds_up_as_float64_math_does(kernels, n: int, heads: int, kv: int,  # noqa: F811
+                                                                   t: int, hd: int, block: int,
+                                                                   tile: int) -> None:  # fmt: skip
+    """CABLE's bias, e_a(i) - e_a(j) with e_a each sample's own cumulative cost (-Σ softplus, large at far positions):
+    the scores, weights, their moments over samples and the sums by distance holding it; P with the samples' mean bias,
+    and the jackknife with each one's (- N b_a). A kernel that took every sample's bias for the first's, or P's b̄ for
+    0, is off by far more than float32's rounding."""
+    from biasviz.summaries.kernels.biases import SampleEnds
+
+    q, k, _ = _inputs(n, heads, kv, t, hd, False)
+    rates = np.log1p(np.exp(np.random.default_rng(t).normal(size=(n, heads, t))))  # softplus: a cost a position
+    ends = -np.cumsum(rates, -1)
+    held = torch.from_numpy(ends).float()
+    cells = (held[..., :, None] - held[..., None, :]).double().numpy()  # the model's fp32 operands and difference
+    scale = 1 / np.sqrt(hd)
+    got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(), SampleEnds(held),
+                                     scale, block, tile=tile)  # fmt: skip
+    want = accumulators(q, k, np.tril(cells), scale, block)
+    _check(got, want)
+    first_only = accumulators(q, k, np.broadcast_to(np.tril(cells[:1]), cells.shape).copy(), scale, block)
+    assert not np.allclose(first_only["sample_blocks"], want["sample_blocks"], rtol=1e-3)

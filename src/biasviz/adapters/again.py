@@ -54,6 +54,12 @@ class FormsRowsAgain:
         cannot form them alone (the fused statistics then leave the layer to :meth:`rows_again`)."""
         return None
 
+    def bias_ends(self, layer: int, bank: Any) -> torch.Tensor | None:
+        """(N, H, T) float32: each sample's e where the bias of causal ``layer`` is e(i) - e(j) of that sample's own
+        input (CABLE's and FoX's cumulative sums: a bias that differs by sample, which the fused kernels form from two
+        values a position), formed by the model's own scheme from what :meth:`keep` put in ``bank``; None otherwise."""
+        return None
+
     def kept_bias(self, layer: int) -> tuple[str, torch.Tensor] | None:
         """The bias every sample added to causal ``layer``, on every cell of the causal triangle, where the forward
         under :meth:`keep` kept one in a form the fused kernels add: ``("distance", f)``, f (H, T) of d = i - j alone

@@ -169,6 +169,21 @@ class BiasGPTAdapter(FormsRowsAgain, ModelAdapter):
         with torch.no_grad():
             return attn.pos_bias.rows(x)(r0, r1)
 
+    def bias_ends(self, layer: int, bank: Any) -> torch.Tensor | None:
+        attn = self.attention(layer)
+        scheme = attn.pos_bias if attn.adds_bias else None
+        if scheme is None or not scheme.depends_on_input:  # (a bias the same for every input is a table)
+            return None
+        seq_len = bank.seq_len(layer, "x")
+        ends = []
+        with torch.no_grad():
+            for a in range(bank.samples):  # the terms its forward formed its rows from, one sample at a time
+                terms = scheme.score_terms(bank.get(layer, "x", a, 0, seq_len)[None])
+                if terms is None or terms.ends is None:
+                    return None
+                ends.append(terms.ends[0])
+        return torch.stack(ends).float()
+
     def score_scale(self, layer: int) -> float:
         return float(self.attention(layer).scale)
 

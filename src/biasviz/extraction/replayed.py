@@ -26,8 +26,8 @@ from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
-from biasviz.summaries.fused_layer import CHOSEN, fused_layer, tell, why_not
-from biasviz.summaries.kernels.biases import Bias, CellBias, MlpBias, mlp_bias
+from biasviz.summaries.fused_layer import CHOSEN, fused_available, fused_layer, tell, why_not
+from biasviz.summaries.kernels.biases import Bias, CellBias, MlpBias, SampleEnds, mlp_bias
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
@@ -99,17 +99,21 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             for part in own.values() if attended is not None else ():
                 part.attend(attended)
             # a bias the forward kept as f(i - j) (a traced call's ALiBi, T5's buckets) is a table as a scheme's is;
-            # one kept as g(j) (BLOOM's m·j) a row of keys, one kept cell by cell read so; FIRE's, declared the same
-            # for every input, its MLP's terms
-            kept, keys, mlp = None, False, None
+            # one kept as g(j) (BLOOM's m·j) a row of keys, one kept cell by cell read so; FIRE's its MLP's terms,
+            # the same for every input; a bias of each sample's own from two values a position (CABLE's, FoX's), formed
+            # from the bank only where the kernels may take the layer
+            kept, keys, formed = None, False, None
             if layer not in formula and adapter.adds_bias:
                 if (found := adapter.kept_bias(layer)) is not None:
                     form, values = found
                     kept, keys = CellBias(values) if form == "cells" else values, form == "key"
                 else:
-                    mlp = mlp_bias(adapter.scheme_module(layer), seq_len)
+                    formed = mlp_bias(adapter.scheme_module(layer), seq_len)
+                    if formed is None and fused_available(dev) is None:
+                        ends = adapter.bias_ends(layer, bank)
+                        formed = None if ends is None else SampleEnds(ends)
             fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
-                                table=formula.get(layer, kept if mlp is None else mlp), kept=kept is not None,
+                                table=formula.get(layer, kept if formed is None else formed), kept=kept is not None,
                                 keys=keys, samples=n,
                                 seq_len=seq_len, block=block, device=dev, positional=positional, measures=measures,
                                 show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip

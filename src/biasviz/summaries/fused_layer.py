@@ -1,23 +1,24 @@
 """A layer's summary from the fused kernels (:mod:`biasviz.summaries.kernels`): the same reducers' results as the rows
 formed again in torch (:mod:`biasviz.summaries.replay`), from sums the kernels add up tile by tile on the GPU.
 
-The kernels read every sample's q and k where the bank holds them and form each tile's scores and weights in
-registers; nothing of size T² is written. What they return are the reducers' own sums (block maps, sums by distance
-and by key, each sample's sums for the standard errors, P's), so the results are finished by the same code as the
-torch path's (:class:`~biasviz.summaries.weight_measures.WeightMeasures`,
-:class:`~biasviz.summaries.sample_blocks.SampleBlocks`, ...).
+The kernels read every sample's q and k where the bank holds them and form each tile's scores and weights in registers;
+nothing of size T² is written. What they return are the reducers' own sums (block maps, sums by distance and by key,
+each sample's sums for the standard errors, P's), so the results are finished by the same code as the torch path's
+(:class:`~biasviz.summaries.weight_measures.WeightMeasures`, :class:`~biasviz.summaries.sample_blocks.SampleBlocks`,
+...).
 
 They cover a causal call, or one whose own mask (a sliding window, packed documents the same in every sample, a traced
 call's bool mask) is one for every sample and head within the causal triangle with a key in every row, and a bias the
 same in every sample (or none): a function of i - j alone, of the key alone, FIRE's MLP, or one kept cell by cell. A
-declared bias is measured first, every sample's bias rows formed by the model's own scheme against f(d) (FIRE's
-against the first sample's), as the torch path measures it; one a forward kept was compared with every sample's
-there. Samples that attend different cells (padding, documents of their own) are covered too, each sample's own cells
-read for it: each cell's mean and spread over the samples that attend it, everything per sample over its own cells,
-and no P (it pairs the cells of different samples as one grid), as the torch path takes them. A softmax over
-cap·tanh(s / cap) (Gemma 2) or beside sink columns (GPT-OSS) is formed as the model forms it, the scores staying s.
-Any other layer takes the torch path; each layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary
-files').
+declared bias is measured first, every sample's bias rows formed by the model's own scheme against f(d) (FIRE's against
+the first sample's), as the torch path measures it; one a forward kept was compared with every sample's there. A bias
+that differs by sample as e_a(i) - e_a(j) (CABLE's, FoX's full gate) is formed in each tile from each sample's e, and
+summarised by a third kernel from e alone, its per-sample sums from running sums of e. Samples that attend different
+cells (padding, documents of their own) are covered too, each sample's own cells read for it: each cell's mean and
+spread over the samples that attend it, everything per sample over its own cells, and no P (it pairs the cells of
+different samples as one grid), as the torch path takes them. A softmax over cap·tanh(s / cap) (Gemma 2) or beside sink
+columns (GPT-OSS) is formed as the model forms it, the scores staying s. Any other layer takes the torch path; each
+layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files').
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from biasviz.store.datasets import (
 from biasviz.store.format import non_finite_error
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
-from biasviz.summaries.kernels.biases import Bias, MlpBias
+from biasviz.summaries.kernels.biases import Bias, MlpBias, SampleEnds
 from biasviz.summaries.layer import MASKED_SEPARABILITY_LEN
 from biasviz.summaries.maps import _group_sums, geometry_counts
 from biasviz.summaries.measures import BiasMeasureSums
@@ -62,14 +63,18 @@ CHECK_CELLS = 1 << 26  # bias cells formed and compared at a time (a GPU's step;
 SUMS_SHARE = 4  # the kernels' sums may take at most a quarter of the device's free memory
 
 
-def sums_bytes(samples: int, heads: int, seq_len: int, block: int) -> int:
+def sums_bytes(samples: int, heads: int, seq_len: int, block: int, own_bias: bool = False) -> int:
     """Bytes of the kernels' float64 sums for one layer: per sample and head 4T + 3 nb² + 11 (rows, columns,
     distances, the block sums and P's jackknife, the tenths and the sink), per head 5 nb² + 16 T + 4 (the maps, P's,
-    the sums by distance and key), and K1's float32 log-sum-exp. Each sample's block sums grow with N: the torch path
-    folds them as they come instead."""
+    the sums by distance and key), and K1's float32 log-sum-exp. ``own_bias``: a bias of each sample's own, whose ends
+    (twice, and their mean) and K3's sums (per head 2 nb² + 5 T + 5) come beside. Each sample's block sums grow with
+    N: the torch path folds them as they come instead."""
     nb = -(-seq_len // block)
     per_sample, per_head = 4 * seq_len + 3 * nb * nb + 11, 5 * nb * nb + 16 * seq_len + 4
-    return 8 * heads * (samples * per_sample + per_head) + 4 * samples * heads * seq_len
+    if own_bias:
+        per_head += 2 * nb * nb + 5 * seq_len + 5
+    ends = 4 * (2 * samples + 1) * heads * seq_len if own_bias else 0
+    return 8 * heads * (samples * per_sample + per_head) + 4 * samples * heads * seq_len + ends
 
 
 def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sample: bool,
@@ -77,15 +82,8 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
     """Why the fused kernels do not summarise ``layer`` (None: they do); ``mask`` (1 or H, T, T) bool: the call's own,
     one for every sample (None: causal), or with ``by_sample`` the cells some sample attends (each sample's own are
     read from the bank: a padded query may see no key)."""
-    from biasviz.summaries import kernels
-
-    mode = statistics_mode()
-    if mode == "torch":
-        return CHOSEN
-    if mode == "auto" and device.type != "cuda":
-        return f"the fused kernels run on a CUDA GPU, not on {device.type}"
-    if (missing := kernels.unavailable(device)) is not None:
-        return missing
+    if (absent := fused_available(device)) is not None:
+        return absent
     if not adapter.fused_rows:
         return f"the kernels do not form the rows of {adapter.architecture} models yet"
     if not adapter.layer_causal(layer):
@@ -94,18 +92,33 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
         return why
     if by_sample and bank.cell_heads(layer, SAMPLE_CELLS) > 1:  # the kernels take one set of cells a sample
         return "its heads attend cells of their own, and each sample its own"
+    if isinstance(table, SampleEnds) and (mask is not None or by_sample):
+        return "its bias differs by sample beside a mask of its own"
     if adapter.adds_bias and table is None:
         return "its bias is neither a function of i - j alone nor one of the key alone, the same for every input"
     if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
         return "its q and k spilled to a temporary file"
     seq_len = bank.seq_len(layer, "q")
-    need = sums_bytes(bank.samples, adapter.n_heads, seq_len, block)
+    need = sums_bytes(bank.samples, adapter.n_heads, seq_len, block, own_bias=isinstance(table, SampleEnds))
     if by_sample:  # each sample's bits, tenths and tile classes on the device beside them
         need += bank.samples * seq_len * (-(-seq_len // 8) + 4 * (SEGMENTS + 1))
     if device.type == "cuda" and need * SUMS_SHARE > torch.cuda.mem_get_info(device)[0]:
         return (f"its per-sample sums would take {size_text(need)}, over a quarter of the GPU's free memory (fewer "
                 "samples, or a coarser --resolution, fit)")  # fmt: skip
     return None
+
+
+def fused_available(device: torch.device) -> str | None:
+    """Why no layer on ``device`` takes the fused kernels in this run (None: they may): the user chose the torch path,
+    the device is not a CUDA GPU (unless ``BIASVIZ_STATISTICS=fused``), or Triton is missing."""
+    from biasviz.summaries import kernels
+
+    mode = statistics_mode()
+    if mode == "torch":
+        return CHOSEN
+    if mode == "auto" and device.type != "cuda":
+        return f"the fused kernels run on a CUDA GPU, not on {device.type}"
+    return kernels.unavailable(device)
 
 
 def _mask_fits(mask: torch.Tensor) -> str | None:
@@ -135,7 +148,10 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
 
     heads, n = adapter.n_heads, samples
     bias = own.get("bias")
-    if table is not None and not measured:
+    ends = table if isinstance(table, SampleEnds) else None  # a bias of each sample's own: nothing to compare
+    if ends is not None:
+        ends = SampleEnds(ends.ends.to(device))
+    elif table is not None and not measured:
         agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device,
                                     keys=keys)  # fmt: skip
         if agreement is None or agreement.largest > 0.0:
@@ -156,8 +172,11 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
                                      cells=mask, keys=keys, softcap=adapter.score_softcap(layer),
                                      sinks=None if sinks is None else sinks.to(device))  # fmt: skip
     counts = geometry_counts(seq_len, block, True, device) if attended is None else attended.block_counts(block)
-    if not bool(torch.isfinite(acc["maps"]).all()):  # one read, as the torch path's
-        raise non_finite_error("weights", layer)
+    finite = torch.stack([torch.isfinite(acc[name]).all() for name in ("maps", "bias_maps") if name in acc]).tolist()
+    if not all(finite):  # one read, as the torch path's
+        raise non_finite_error("weights" if not finite[0] else "bias", layer)
+    if ends is not None and bias is not None:  # its own summary, from K3's sums
+        bias.given, bias.given_differs = _ends_summary(acc, ends, samples=n, seq_len=seq_len, block=block), True
     done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], block,
                           table, attended, cells, keys)  # the maps, profiles, key profile and sink shares
     shares = None if attended is None else attended.block_shares(block, heads)
@@ -173,8 +192,9 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     arrays = None
     if measures:
         arrays = _measures(acc, done["row_entropy"], own, samples=n, heads=heads, seq_len=seq_len, block=block,
-                           device=device, attended=attended, own_cells=own_cells)  # fmt: skip
-        arrays.update(rotary_measures(adapter, bank, layer, heads, attended, positional, own=cells is not None))
+                           device=device, attended=attended, own_cells=own_cells, ends=ends)  # fmt: skip
+        arrays.update(rotary_measures(adapter, bank, layer, heads, attended, positional, own=cells is not None,
+                                      bias=None if ends is None else ends.distance_sums()))  # fmt: skip
         if cells is not None and cells.samples is not None:  # how many samples attend each cell
             arrays[SAMPLES_PER_CELL] = samples_per_cell(cells.samples, cells.union, block, heads)
         if p_profile is not None and not adapter.adds_bias:
@@ -239,6 +259,32 @@ def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor | M
     return agreement
 
 
+def _ends_summary(acc: dict[str, torch.Tensor], ends: SampleEnds, *, samples: int, seq_len: int,
+                  block: int) -> Summary:  # fmt: skip
+    """The summary of a bias of each sample's own (causal, no mask of its own), as the torch path's
+    :meth:`~biasviz.summaries.layer.QuantitySummary.result` finishes it, from K3's sums
+    (:func:`~biasviz.summaries.kernels.ends_sums`): its maps, its profile by distance (each diagonal's sums less its
+    first cell b̄(d, 0) = ē(d) - ē(0), formed as K3 formed it) and its diagnostics."""
+    device = acc["bias_maps"].device
+    heads = acc["bias_maps"].shape[1]
+    counts = geometry_counts(seq_len, block, True, device)
+    maps = torch.where(counts > 0, acc["bias_maps"] / counts, float("nan")).float()
+    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)
+    dev, dev_sq, within = acc["bias_distance"]
+    mean_ends = ends.packed(device)[-1]  # ē, float32 as K3 reads it
+    first = (mean_ends - mean_ends[:, :1]).double()
+    between = (dev_sq / per_d - (dev / per_d) ** 2).clamp(min=0.0)
+    profile = torch.stack([first + dev / per_d, (within / per_d + between).sqrt()]).float()
+    sums = BiasMeasureSums(heads, seq_len, device)
+    sums.ref = torch.zeros(heads, dtype=torch.float64, device=device)  # b̄(0, 0) = 0
+    sums.shifted, sums.squares = acc["bias_shifted"].T.contiguous(), acc["bias_squares"].T.contiguous()
+    sums.cells = seq_len * (seq_len + 1) // 2
+    sums.row_sum, sums.col_sum, sums.spread_sum = acc["bias_rows"], acc["bias_cols"], acc["bias_spread"]
+    diagnostics = sums.results(samples, (dev_sq - dev * dev / per_d).clamp(min=0.0).sum(-1))
+    mean, std, by_distance = host_arrays(maps[0], maps[1], profile)
+    return Summary(mean=mean, std=std, profile=by_distance, diagnostics=diagnostics)
+
+
 def _positional(acc: dict[str, torch.Tensor], table: torch.Tensor | None, layer: int, seq_len: int,
                 counts: torch.Tensor, attended: Attended | None) -> tuple[torch.Tensor, torch.Tensor, Any]:  # fmt: skip
     """P's block means, its profile over all keys and over keys j >= 4, and its diagnostics, from the kernels' sums
@@ -269,11 +315,13 @@ def _positional(acc: dict[str, torch.Tensor], table: torch.Tensor | None, layer:
 
 def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
               heads: int, seq_len: int, block: int, device: torch.device,
-              attended: Attended | None = None, own_cells: OwnCells | None = None) -> dict[str, Any]:  # fmt: skip
+              attended: Attended | None = None, own_cells: OwnCells | None = None,
+              ends: SampleEnds | None = None) -> dict[str, Any]:  # fmt: skip
     """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
     kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w; 0 in a row with no key),
     over the cells of ``attended`` where the call has a mask of its own, or each sample's own (``own_cells``, one
-    sample's (T, T) bool at a time) where samples are masked differently: the queries and cells counted per sample."""
+    sample's (T, T) bool at a time) where samples are masked differently: the queries and cells counted per sample.
+    ``ends``: a bias of each sample's own, whose per-sample sums by distance and by block are formed from its ends."""
     n, t = samples, seq_len
     f64 = {"dtype": torch.float64, "device": device}
     by_sample = own_cells is not None
@@ -301,9 +349,14 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
         arrays.update(reducer.from_kernels(finished) or {})
     if scores is not None:
         scores.add_distance_sums(acc["sample_distance"][1])
+    if ends is not None and "bias" in profiles:
+        profiles["bias"].count_cells(0, n, None)
+        profiles["bias"].add_distance_sums(ends.distance_sums()[0])
     sums = {}  # with blocks of one position the maps' SEs come from their spread (map_errors); P's never do
     if n >= MIN_SE_SAMPLES and block > 1:
         sums = {"weights": acc["sample_blocks"][0], "scores": acc["sample_blocks"][1]}
+        if ends is not None:
+            sums["bias"] = ends.block_sums(block)
     if "jackknife_blocks" in acc:
         sums["positional"] = acc["jackknife_blocks"]
     blocks: dict[str, SampleBlocks] = {}

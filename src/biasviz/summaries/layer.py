@@ -262,12 +262,13 @@ class QuantitySummary:
             self.measures.add(row0, values, self.causal, mask=mask)
 
     given: Summary | None = None  # the layer's summary formed by another implementation (the fused kernels)
+    given_differs = False  # ... of a bias that differs by sample (its spread and SEs measured, not 0)
 
     @property
     def same_for_every_sample(self) -> bool:
         """A bias known the same in every sample: declared so and measured to the end (``shared``), or given whole from
         the one a forward kept and compared, exactly, with every sample's (the fused path's table): its SEs are 0."""
-        return self.kind == "bias" and (self.mode == "shared" or self.given is not None)
+        return self.kind == "bias" and (self.mode == "shared" or (self.given is not None and not self.given_differs))
 
     def result(self, total_samples: int | None = None) -> Summary:
         """The finished summary; ``total_samples`` (all processes') decides whether context dependence is defined."""

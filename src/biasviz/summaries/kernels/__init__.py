@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from biasviz.store.datasets import KEY_PROFILE, SEGMENTS, SINK_SHARE, map_name, profile_name
-from biasviz.summaries.kernels.biases import Bias, CellBias, MlpBias
+from biasviz.store.datasets import KEY_PROFILE, SINK_SHARE, map_name, profile_name
+from biasviz.summaries.kernels.biases import Bias, CellBias, MlpBias, SampleEnds
+from biasviz.summaries.kernels.masks import mask_operands, sample_operands  # noqa: F401  (what the kernels read)
 from biasviz.summaries.maps import _group_sums, geometry_counts
 
-MASK_ROWS = 1024  # rows of a mask worked into the kernels' operands at a time
 TILE = 32  # query and key tile (rows and columns per program step); a power of 2, at least 16 for tl.dot
 
 
@@ -77,6 +77,10 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: Bias | None, tile: int,
         bias, kind = table.packed(q.device), 3
     elif isinstance(table, CellBias):
         bias, kind = table.packed(q.device), 4 if table.values.shape[0] == 1 else 5
+    elif isinstance(table, SampleEnds):
+        if table.ends.shape != (n, heads, seq_len):
+            raise ValueError(f"each sample's ends {tuple(table.ends.shape)} are not (N, H, T) = {(n, heads, seq_len)}")
+        bias, kind = table.packed(q.device), 6
     elif table is not None:
         bias, kind = table.to(device=q.device, dtype=torch.float32).contiguous(), 2 if keys else 1
     tiles = -(-seq_len // tile)
@@ -93,54 +97,6 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: Bias | None, tile: int,
             "tiles": tiles, "has_bias": kind, **masked, "masked": cells is not None,
             "by_sample": by_sample, "cap": 1.0 if softcap is None else float(softcap),
             "softcap": softcap is not None, "hid": table.w1.numel() if isinstance(table, MlpBias) else 1}  # fmt: skip
-
-
-def sample_operands(cells: Any, tile: int) -> dict:
-    """:func:`mask_operands` of each sample's own mask (``cells`` (N, T, T) bool within the causal triangle, a row may
-    see no key, or anything that gives sample a's (T, T) as ``cells[a]`` and N as ``len``: one unpacked at a time),
-    stacked: ``cells`` (N, T, ceil(T / 8)), ``classes`` (N + 1, tiles, tiles) whose index N is the
-    largest class over samples (a tile some sample attends: K2 walks it), ``bounds`` (N, T, 11)."""
-    each = [mask_operands(cells[a], tile, empty_rows=True) for a in range(len(cells))]
-    classes = torch.stack([got["classes"] for got in each])
-    stacked = {name: torch.stack([got[name] for got in each]) for name in ("cells", "bounds")}
-    return {**stacked, "classes": torch.cat([classes, classes.amax(0, keepdim=True)]).contiguous(),
-            "width": each[0]["width"]}
-
-
-def mask_operands(cells: torch.Tensor, tile: int, empty_rows: bool = False) -> dict:
-    """What the kernels read of one (T, T) bool mask for every sample: its bits eight a byte (``cells``, (T,
-    ceil(T / 8)) uint8, ``width`` bytes a row), each (query tile, key tile)'s class (``classes`` int8: 0 no cell
-    attended, 1 every cell inside T, 2 some), and each row's tenths of its attended keys (``bounds`` (T, 11) int32:
-    the first key of each tenth by rank, as the torch path's context mass takes them; T for rows of fewer than 10)."""
-    from biasviz.summaries.bank import pack_cells
-
-    seq_len = cells.shape[-1]
-    if (cells.shape != (seq_len, seq_len) or bool(cells.triu(1).any())
-            or not (empty_rows or bool(cells.any(-1).all()))):  # fmt: skip
-        raise ValueError("the kernels take one (T, T) mask within the causal triangle, every row seeing a key")
-    tiles = -(-seq_len // tile)
-    pad = tiles * tile - seq_len
-    classes = torch.empty(tiles, tiles, dtype=torch.int8, device=cells.device)
-    bounds = torch.empty(seq_len, SEGMENTS + 1, dtype=torch.int32, device=cells.device)
-    packed = torch.empty(seq_len, -(-seq_len // 8), dtype=torch.uint8, device=cells.device)
-    step = max(tile, MASK_ROWS // tile * tile)  # whole query tiles a step: a few int32 copies of (step, T), not T²
-    for r0 in range(0, seq_len, step):
-        part = cells[r0 : r0 + step]
-        rows = part.shape[0]
-        padded = torch.nn.functional.pad(part, (0, pad, 0, -rows % tile))
-        per_tile = padded.view(-1, tile, tiles, tile).sum((1, 3), dtype=torch.int32)
-        inside = torch.zeros_like(padded, dtype=torch.int32)
-        inside[:rows, :seq_len] = 1
-        full = inside.view(-1, tile, tiles, tile).sum((1, 3), dtype=torch.int32)
-        classes[r0 // tile : r0 // tile + per_tile.shape[0]] = torch.where(
-            per_tile == 0, 0, torch.where(per_tile == full, 1, 2)).to(torch.int8)  # fmt: skip
-        cums = part.cumsum(-1, dtype=torch.int32)
-        seen = cums[:, -1:]
-        need = -(-(torch.arange(SEGMENTS + 1, device=cells.device)[None] * seen) // SEGMENTS)  # a tenth's first rank
-        at = torch.searchsorted(cums, (need + 1).to(torch.int32).contiguous())  # the key of that rank
-        bounds[r0 : r0 + rows] = torch.where(seen >= SEGMENTS, at, seq_len).clamp(max=seq_len).to(torch.int32)
-        packed[r0 : r0 + rows] = pack_cells(part)
-    return {"cells": packed, "classes": classes, "bounds": bounds, "width": packed.shape[-1]}
 
 
 def _sub_blocks(block: int, tile: int) -> int:
@@ -225,7 +181,7 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: Bias | None,
     q0, k0 = q[:, :, 0].double(), k[:, :, 0].double().repeat_interleave(group, 1)  # (N, H, hd)
     ref = scale * (big_q[:, 0] * big_k[:, 0].repeat_interleave(group, 0)).sum(-1) / (n * (n - 1))
     ref = ref - scale * (q0 * k0).sum(-1).mean(0) / (n - 1)
-    if isinstance(table, (MlpBias, CellBias)):
+    if isinstance(table, (MlpBias, CellBias, SampleEnds)):
         ref = ref + table.first().to(q.device)
     elif table is not None:
         ref = ref + table[:, 0].to(device=q.device, dtype=torch.float64)
@@ -275,7 +231,37 @@ def accumulate(q: torch.Tensor, k: torch.Tensor, table: Bias | None, lse: torch.
                                                   HID=go["hid"])  # fmt: skip
     if positional and n >= 3:
         out["jackknife_blocks"] = jackknife_blocks(q, k, out["sample_blocks"][1], scale, block, cells)
+        if isinstance(table, SampleEnds):  # z_a's - N b_a / ((N - 1)(N - 2)): each sample's own bias
+            out["jackknife_blocks"] -= table.block_sums(block).to(q.device) * (n / ((n - 1) * (n - 2)))
+    if isinstance(table, SampleEnds):  # the bias's own summary (K3)
+        out.update(ends_sums(SampleEnds(table.ends.to(q.device)), block, tile))
     return out
+
+
+def ends_sums(ends: SampleEnds, block: int, tile: int = TILE) -> dict[str, torch.Tensor]:
+    """K3: the accumulators of a bias of each sample's own, e_a(i) - e_a(j) (:mod:`~biasviz.summaries.kernels.
+    triton_ends`), by name, float64 on the ends' device, over the causal cells: ``bias_maps`` (2, H, nb, nb) Σ of each
+    cell's mean and spread over samples by block; ``bias_distance`` (3, H, T) Σ by distance of the mean less its
+    diagonal's first cell, of its square and of the variance; ``bias_rows``, ``bias_cols`` (H, T) the mean's sums
+    below the diagonal by row and by column; ``bias_squares`` (2, H) Σ of its square below and on the diagonal;
+    ``bias_shifted`` (2, H) Σ of the mean and of its square; ``bias_spread`` (H,) Σ of the spread."""
+    from biasviz.summaries.kernels import triton_ends
+
+    n, heads, seq_len = ends.ends.shape
+    device = ends.ends.device
+    e = ends.ends.double()
+    centred = (e - e.mean(0, keepdim=True)).float().contiguous()  # the samples' differences from their mean
+    nb = -(-seq_len // block)
+    f64 = {"dtype": torch.float64, "device": device}
+    shapes = {"bias_maps": (2, heads, nb, nb), "bias_distance": (3, heads, seq_len), "bias_rows": (heads, seq_len),
+              "bias_cols": (heads, seq_len), "bias_squares": (2, heads), "bias_shifted": (2, heads),
+              "bias_spread": (heads,)}  # fmt: skip
+    out = {name: torch.zeros(shape, **f64) for name, shape in shapes.items()}
+    triton_ends.ends_statistics[(-(-seq_len // tile), heads)](ends.packed(device), centred, *out.values(), n, seq_len,
+                                                             heads, block, nb, BM=tile,
+                                                             SUB=_sub_blocks(block, tile))  # fmt: skip
+    return out
+
 
 
 def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tensor, scale: float, block: int,

@@ -1,6 +1,7 @@
 """The forms of a bias the fused kernels add beside a table of distance or of keys, (H, T): FIRE's MLP formed in each
-tile (:class:`MlpBias`) and a bias read cell by cell (:class:`CellBias`). Plain tensors and named tuples, so that a
-caller can build them without Triton."""
+tile (:class:`MlpBias`), a bias read cell by cell (:class:`CellBias`) and one that differs by sample as a difference of
+two values a position (:class:`SampleEnds`: CABLE's, FoX's). Plain tensors and named tuples, so that a caller can
+build them without Triton."""
 
 from __future__ import annotations
 
@@ -48,7 +49,74 @@ class CellBias(NamedTuple):
         return self.values[:, 0, 0].double()
 
 
-Bias = torch.Tensor | MlpBias | CellBias  # what the kernels add: a table (H, T) of distance or of keys, or formed
+class SampleEnds(NamedTuple):
+    """A bias that differs by sample, b_a,h(i, j) = e_a,h(i) - e_a,h(j), from ``ends`` (N, H, T) float32: CABLE's and
+    FoX's cumulative sums (:class:`~biasviz.schemes.base.ScoreTerms`' ``ends``), each sample's from its own input. The
+    kernels form each sample's cells from two values a position, by the operation the model forms them by (so the same
+    bits), and the mean bias over samples b̄ = ē(i) - ē(j) for P."""
+
+    ends: torch.Tensor
+
+    def packed(self, device: torch.device) -> torch.Tensor:
+        """(N + 1, H, T) float32 as the kernels read it: each sample's ends, then their mean over samples (taken in
+        float64)."""
+        ends = self.ends.to(device)
+        mean = ends.double().mean(0, keepdim=True).to(torch.float32)
+        return torch.cat([ends.to(torch.float32), mean]).contiguous()
+
+    def first(self) -> torch.Tensor:
+        """(H,) float64 b̄_h(0, 0): 0 (every cell of the diagonal is e(i) - e(i))."""
+        return torch.zeros(self.ends.shape[1], dtype=torch.float64)
+
+    def rows(self, sample: int, r0: int, r1: int) -> torch.Tensor:
+        """Sample ``sample``'s bias of queries r0 .. r1 - 1 against keys 0 .. r1 - 1, (1, H, rows, r1), as the model
+        forms it (:meth:`~biasviz.schemes.base.ScoreTerms.rows`)."""
+        ends = self.ends[sample : sample + 1]
+        return ends[:, :, r0:r1, None] - ends[:, :, None, :r1]
+
+    def block_sums(self, block: int) -> torch.Tensor:
+        """(N, H, nb, nb) float64: each sample's Σ over a block's causal cells of e(i) - e(j), with no cell formed:
+        below the diagonal a block's sum is its keys' count times its rows' sum of e less its rows' count times its
+        keys' sum; on it each row i adds (its block's keys up to i)·e(i) less the running sum of its block's e up to i.
+
+        >>> SampleEnds(torch.tensor([[[0.0, 1.0, 3.0]]])).block_sums(2)[0, 0].tolist()  # (1, 0); (2, 0) and (2, 1)
+        [[1.0, 0.0], [5.0, 0.0]]
+        """
+        n, heads, seq_len = self.ends.shape
+        nb = -(-seq_len // block)
+        pad = (0, nb * block - seq_len)
+        e = torch.nn.functional.pad(self.ends.double(), pad).view(n, heads, nb, block)
+        ones = torch.ones(seq_len, dtype=torch.float64, device=e.device)
+        inside = torch.nn.functional.pad(ones, pad).view(nb, block)
+        sums, counts = e.sum(-1), inside.sum(-1)  # (N, H, nb), (nb,)
+        below = sums[..., :, None] * counts[None, :] - counts[:, None] * sums[..., None, :]
+        below = below * torch.ones(nb, nb, dtype=torch.float64, device=e.device).tril(-1)
+        on = (inside.cumsum(-1) * e - e.cumsum(-1)).mul(inside).sum(-1)  # (N, H, nb)
+        return below + torch.diag_embed(on)
+
+    def distance_sums(self, first_keys: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, H, T) float64 each, each sample's Σ over the causal cells at d = i - j of e(i) - e(j), over all of them
+        and over those of the first keys j < ``first_keys``: what P's delete-one profile takes of a bias of each
+        sample's own (:class:`~biasviz.summaries.positional_errors.BiasByDistance`'s sums), from running sums of e.
+
+        >>> every, first = SampleEnds(torch.tensor([[[0.0, 1.0, 3.0]]])).distance_sums(1)
+        >>> every[0, 0].tolist(), first[0, 0].tolist()  # d = 1: (1 - 0) + (3 - 1); d = 2: 3 - 0
+        ([0.0, 3.0, 3.0], [0.0, 1.0, 3.0])
+        """
+        e = self.ends.double()
+        seq_len = e.shape[-1]
+        c = torch.nn.functional.pad(e.cumsum(-1), (1, 0))  # c[m] = Σ_{k < m} e(k)
+        d = torch.arange(seq_len, device=e.device)
+        every = c[..., -1:] - c[..., d] - c[..., seq_len - d]  # Σ_{i >= d} e(i) - Σ_{j <= T - 1 - d} e(j)
+        first = torch.zeros_like(e)
+        for j in range(min(first_keys, seq_len)):
+            at = d[: seq_len - j]  # the distances whose cell at key j lies inside T
+            first[..., at] += e[..., at + j] - e[..., j : j + 1]
+        return every, first
+
+
+Bias = torch.Tensor | MlpBias | CellBias | SampleEnds  # what the kernels add: a table (H, T) of distance or of keys,
+# or formed
 
 
 def mlp_bias(scheme: Any, seq_len: int) -> MlpBias | None:

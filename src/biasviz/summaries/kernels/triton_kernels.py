@@ -5,8 +5,9 @@ Notation: sample a of N, head h of H (key head h // group), query i, key j <= i 
 s_a(i, j) = c q_a(i)·k_a(j) + b_h(i, j), w_a(i, j) = exp(s_a(i, j) - lse_a(i)). The bias b is none (``HAS_BIAS`` 0), a
 table of distance f_h(d) (1: a scheme's, ALiBi or T5 kept from a call) or a row of keys g_h(j) (2: BLOOM's m_h·j), its
 table TABLE (H, T) either way, (3) FIRE's MLP of the interpolated distance, formed cell by cell from its weights, or
-a bias read cell by cell, (T, T) for every head (4) or (H, T, T) (5) (:func:`~biasviz.summaries.kernels.triton_tiles.
-tile_bias`). The weights are w_a(i, j) = exp(z_a(i, j) - lse_a(i)):
+a bias read cell by cell, (T, T) for every head (4) or (H, T, T) (5), or each sample's own, e_a(i) - e_a(j) (6: CABLE's,
+FoX's; the scores' moments then over s itself, and P's b the mean over samples, ē(i) - ē(j))
+(:func:`~biasviz.summaries.kernels.triton_tiles.tile_bias`). The weights are w_a(i, j) = exp(z_a(i, j) - lse_a(i)):
 z = s, or (``SOFTCAP``) Gemma 2's z = cap·tanh(s / cap); lse runs over the attended keys and (``HAS_SINKS``)
 GPT-OSS's sink columns beside them, each row's sink logit read from SINK_LOGITS (N, T, H) (the keys' weights then sum
 to less than 1). The scores are s either way, before the cap, as the call takes them in.
@@ -78,7 +79,9 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
     q = load_rows(Q, a, h, rows, dims, sqn, sqh, sqt, sqd, T, HD)
     k = load_rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     raw = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-    s = (raw + tile_bias(TABLE, h, rows, cols, T, H, HAS_BIAS, HID)) if HAS_BIAS else raw  # as K1 forms it
+    s = (raw + tile_bias(TABLE, a, h, rows, cols, T, H, HAS_BIAS, HID)) if HAS_BIAS else raw  # as K1 forms it
+    if HAS_BIAS == 6:  # a bias of each sample's own: the scores' moments over s itself
+        raw = s
     at = a * H + h
     lse = tl.load(LSE + at * T + rows, mask=rows < T, other=0.0)
     log_w = capped(s, cap, SOFTCAP) - lse[:, None]
@@ -272,9 +275,13 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
             ms = ds1 * inv
             var_s = tl.maximum(ds2 * inv - ms * ms, 0.0)
             bias = tl.zeros([BM, BN], tl.float32)
-            if HAS_BIAS:
-                bias = tl.where(used, tile_bias(TABLE, h, rows, cols, T, H, HAS_BIAS, HID), 0.0)  # 0 where not used
+            if HAS_BIAS:  # (a bias of each sample's own: its mean over samples, ē(i) - ē(j), for P)
+                bias = tl.where(used, tile_bias(TABLE, N, h, rows, cols, T, H, HAS_BIAS, HID), 0.0)  # 0 if not used
             mean_s = raw0 + ms + bias
+            mean_raw = raw0 + ms  # the mean of c q k^T
+            if HAS_BIAS == 6:  # the samples' scores held their own bias already
+                mean_s = raw0 + ms
+                mean_raw = mean_s - bias
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell
             base = MAPS + h * plane
             stride = H * plane
@@ -307,5 +314,5 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                 tl.atomic_add(COLS + (H + h) * T + cols, tl.sum(var_w.to(tl.float64) + mean_w64 * mean_w64, 0),
                               mask=cols < T)  # fmt: skip
             if POSITIONAL:
-                _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, raw0 + ms, bias, h, kh, m0,
+                _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, mean_raw, bias, h, kh, m0,
                             j0, rows, cols, dims, used, N, T, H, HD, scale, BLOCK, NB, SUB, BM, HAS_BIAS)  # fmt: skip

@@ -17,13 +17,19 @@ def load_rows(X, a, h, rows, dims, sxn, sxh, sxt, sxd, T, HD):
 
 
 @triton.jit
-def tile_bias(TABLE, h, rows, cols, T, H, KIND: tl.constexpr, HID: tl.constexpr):
+def tile_bias(TABLE, a, h, rows, cols, T, H, KIND: tl.constexpr, HID: tl.constexpr):
     """(BM, BN) fp32 b_h(i, j): f_h(i - j) (``KIND`` 1), g_h(j) (2), (3) FIRE's MLP of ψ(i - j) / ψ(max(L, i)),
     formed here cell by cell from TABLE = [ψ(d) (T), ψ(max(L, i)) (T), W1 (HID), b1 (HID), W2 (H, HID), b2 (H)]:
     b_h = b2_h + Σ_k W2_hk·max(W1_k u + b1_k, 0), the hidden units in turn; or read cell by cell from TABLE (T, T),
-    one for every head (4), or (H, T, T) (5); 0 past the diagonal."""
+    one for every head (4), or (H, T, T) (5); or (6) sample ``a``'s e_a,h(i) - e_a,h(j) from TABLE (N + 1, H, T)
+    (index N: the mean over samples, ē); 0 past the diagonal."""
     dist = rows[:, None] - cols[None, :]
     inside = (dist >= 0) & (rows[:, None] < T)
+    if KIND == 6:
+        ends = TABLE + (a * H + h) * T
+        e_i = tl.load(ends + rows, mask=rows < T, other=0.0)
+        e_j = tl.load(ends + cols, mask=cols < T, other=0.0)
+        return tl.where(inside, e_i[:, None] - e_j[None, :], 0.0)
     if KIND >= 4:  # offsets in int64: H T² passes 2^31 from T = 8192 on
         at = ((h * (KIND - 4)).to(tl.int64) * T + rows[:, None].to(tl.int64)) * T + cols[None, :]
         return tl.load(TABLE + at, mask=inside, other=0.0)
@@ -66,7 +72,7 @@ def tile_scores(Q, K, TABLE, a, h, kh, rows, cols, dims, sqn, sqh, sqt, sqd, skn
     k = load_rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     if HAS_BIAS:
-        s += tile_bias(TABLE, h, rows, cols, T, H, HAS_BIAS, HID)
+        s += tile_bias(TABLE, a, h, rows, cols, T, H, HAS_BIAS, HID)
     return s
 
 
