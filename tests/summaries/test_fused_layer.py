@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -24,14 +25,15 @@ from tests.summaries.fused_reference import accumulators, formed, mlp_cells
 T = 32
 
 
-def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: torch.Tensor | None, scale: float, block: int,
-                            positional: bool, cells: torch.Tensor | None = None, keys: bool = False,
-                            softcap: float | None = None,
+def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: Any, scale: float, block: int,
+                            positional: bool, cells: torch.Tensor | None = None, softcap: float | None = None,
                             sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
-    """The kernels' answer from float64 numpy, from the same q, k, f(d) (``keys``: g(j)), mask, softcap and sink
-    logits."""
-    from biasviz.summaries.kernels.biases import CellBias, MlpBias, SampleEnds
+    """The kernels' answer from float64 numpy, from the same q, k, bias (any form of the kernels'), mask, softcap and
+    sink logits."""
+    from biasviz.summaries.kernels.biases import CellBias, KeyBias, MlpBias, SampleEnds
 
+    keys = isinstance(table, KeyBias)  # a row of keys g(j): the reference's flag
+    table = table.values if keys else table
     qn, kn = q.double().cpu().numpy(), k.double().cpu().numpy()
     t, heads = q.shape[2], q.shape[1]
     if isinstance(table, CellBias):  # (1 or H, T, T), NaN above the diagonal: never read

@@ -112,7 +112,9 @@ def test_a_mask_s_tiles_are_classed_empty_full_or_partial(kernels, monkeypatch: 
     assert bounds[5].tolist() == [40] * 11  # 6 keys: no tenths
     assert bounds[30].tolist() == [11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 40]  # keys 11 .. 30 by rank, 2 a tenth
     whole = kernels.mask_operands(torch.from_numpy(documents(40, [0, 13, 30])), 16)
-    monkeypatch.setattr(kernels, "MASK_ROWS", 16)  # a query tile at a time: the same
+    from biasviz.summaries.kernels import masks
+
+    monkeypatch.setattr(masks, "MASK_ROWS", 16)  # a query tile at a time: the same
     for name, value in kernels.mask_operands(torch.from_numpy(documents(40, [0, 13, 30])), 16).items():
         assert torch.equal(torch.as_tensor(value), torch.as_tensor(whole[name])), name
     with pytest.raises(ValueError, match="causal triangle"):
@@ -179,9 +181,11 @@ def test_a_bias_of_the_key_adds_up_as_float64_math_does(kernels, n: int, heads: 
     q, k, _ = _inputs(n, heads, kv, t, hd, False)
     g = np.outer(2.0 ** -np.arange(1, heads + 1), np.arange(t)) * 3.0  # (H, T)
     scale = 1 / np.sqrt(hd)
+    from biasviz.summaries.kernels.biases import KeyBias
+
     got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(),
-                                     torch.from_numpy(g).float(), scale, block, tile=tile,
-                                     cells=None if cells is None else torch.from_numpy(cells), keys=True)  # fmt: skip
+                                     KeyBias(torch.from_numpy(g).float()), scale, block, tile=tile,
+                                     cells=None if cells is None else torch.from_numpy(cells))  # fmt: skip
     _check(got, accumulators(q, k, g, scale, block, cells=cells, keys=True))
     as_distance = accumulators(q, k, g, scale, block, cells=cells)  # the same table read as one of distance
     assert not np.allclose(as_distance["maps"], accumulators(q, k, g, scale, block, cells=cells, keys=True)["maps"])

@@ -27,7 +27,7 @@ from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_available, fused_layer, tell, why_not
-from biasviz.summaries.kernels.biases import Bias, CellBias, MlpBias, SampleEnds, mlp_bias
+from biasviz.summaries.kernels.biases import Bias, CellBias, KeyBias, MlpBias, SampleEnds, mlp_bias
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
@@ -102,11 +102,11 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             # one kept as g(j) (BLOOM's m·j) a row of keys, one kept cell by cell read so; FIRE's its MLP's terms,
             # the same for every input; a bias of each sample's own from two values a position (CABLE's, FoX's), formed
             # from the bank only where the kernels may take the layer
-            kept, keys, formed = None, False, None
+            kept, formed = None, None
             if layer not in formula and adapter.adds_bias:
                 if (found := adapter.kept_bias(layer)) is not None:
                     form, values = found
-                    kept, keys = CellBias(values) if form == "cells" else values, form == "key"
+                    kept = CellBias(values) if form == "cells" else KeyBias(values) if form == "key" else values
                 else:
                     formed = mlp_bias(adapter.scheme_module(layer), seq_len)
                     if formed is None and fused_available(dev) is None:
@@ -114,7 +114,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                         formed = None if ends is None else SampleEnds(ends)
             fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
                                 table=formula.get(layer, kept if formed is None else formed), kept=kept is not None,
-                                keys=keys, samples=n,
+                                samples=n,
                                 seq_len=seq_len, block=block, device=dev, positional=positional, measures=measures,
                                 show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
             if fused is not None:
@@ -193,14 +193,13 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
 def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, QuantitySummary], *,
            cells: SampleCells | None, attended: Attended | None, table: Bias | None, samples: int,
            seq_len: int, block: int, device: torch.device, positional: bool, measures: bool,
-           show: Callable[[], Progress], kept: bool = False,
-           keys: bool = False) -> tuple[PositionSummary | None, str]:  # fmt: skip
+           show: Callable[[], Progress], kept: bool = False) -> tuple[PositionSummary | None, str]:  # fmt: skip
     """The layer summarised by the fused kernels where they cover it; else None (the torch path's turn) and why.
     ``kept``: ``table`` is the bias the forward kept, the same for every sample, whose own summary is then the table's
-    (as a declared scheme's is, ``direct`` in :func:`~biasviz.extraction.summary.summarise`); ``keys``: a row of keys
-    g(j), not a table of distance, its summary formed from one sample's rows, as a :class:`CellBias`'s (kept cell by
-    cell) and an :class:`MlpBias`'s (FIRE's, declared the same for every input and measured so by :func:`fused_layer`)
-    are."""
+    (as a declared scheme's is, ``direct`` in :func:`~biasviz.extraction.summary.summarise`); a :class:`KeyBias` (a
+    row of keys g(j)), a :class:`CellBias` (kept cell by cell) and an :class:`MlpBias` (FIRE's, declared the same for
+    every input and measured so by :func:`fused_layer`) are not a table of distance: their summary is formed from one
+    sample's rows."""
     why = why_not(adapter, bank, layer, device, by_sample=cells is not None,
                   mask=None if attended is None else attended.mask, table=table, block=block)  # fmt: skip
     got = None
@@ -208,12 +207,12 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
         formed = isinstance(table, (MlpBias, CellBias))  # not a table of distance: its rows summarised here
         bias = own.get("bias") if kept or formed else None
         if bias is not None and table is not None:  # given before the kernels' SEs, which read it
-            bias.given = (first_rows_summary(adapter, bank, layer, bias, samples=samples) if keys or formed
-                          else toeplitz_summary(table, seq_len, block, samples=samples))  # fmt: skip
+            bias.given = (toeplitz_summary(table, seq_len, block, samples=samples) if torch.is_tensor(table)
+                          else first_rows_summary(adapter, bank, layer, bias, samples=samples))  # fmt: skip
         with torch.inference_mode(), show() as bar:
             got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
                               device=device, positional=positional, measures=measures, table=table,
-                              attended=attended, cells=cells, keys=keys, measured=kept)  # fmt: skip
+                              attended=attended, cells=cells, measured=kept)  # fmt: skip
             bar.update(1)
         if bias is not None and bias.given is not None:  # taken back where the torch path forms the layer after all
             bias.given = None if got is None else replace(bias.given, difference=bias.difference)

@@ -136,14 +136,13 @@ def _mask_fits(mask: torch.Tensor) -> str | None:
 
 def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySummary], *, samples: int, seq_len: int,
                 block: int, device: torch.device, positional: bool, measures: bool, table: Bias | None,
-                attended: Attended | None = None, cells: SampleCells | None = None, keys: bool = False,
+                attended: Attended | None = None, cells: SampleCells | None = None,
                 measured: bool = False) -> PositionSummary | None:  # fmt: skip
     """The layer's summaries (``own``'s weights and scores given their results) and its docs/positional.md extras,
     over the cells of ``attended`` (the call's own mask, one for all; None: causal; where samples are masked
     differently, ``cells``, the cells some sample attends, each sample's own read from the bank for it); None, with
-    nothing given, where a sample's bias differs from ``table`` (the torch path then forms the layer). ``keys``:
-    ``table`` is a row of keys g(j) (BLOOM's m·j kept from a call), not a table of distance. ``measured``: ``table``
-    is the bias the keeping forward kept, compared with every sample's there, exactly: not compared again."""
+    nothing given, where a sample's bias differs from ``table`` (the torch path then forms the layer). ``measured``:
+    ``table`` is the bias the keeping forward kept, compared with every sample's there, exactly: not compared again."""
     from biasviz.summaries import kernels
 
     heads, n = adapter.n_heads, samples
@@ -152,8 +151,7 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     if ends is not None:
         ends = SampleEnds(ends.ends.to(device))
     elif table is not None and not measured:
-        agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device,
-                                    keys=keys)  # fmt: skip
+        agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device)
         if agreement is None or agreement.largest > 0.0:
             return None
         if bias is not None and bias.agreement is not None:
@@ -169,7 +167,7 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     sinks = adapter.sink_logits(layer, bank)  # a softmax beside sink columns (GPT-OSS), or softcapped (Gemma 2)
     bias_terms = table.to(device) if torch.is_tensor(table) else table  # (an MlpBias goes to the device packed)
     acc = kernels.layer_accumulators(q, k, bias_terms, adapter.score_scale(layer), block, positional=with_p,
-                                     cells=mask, keys=keys, softcap=adapter.score_softcap(layer),
+                                     cells=mask, softcap=adapter.score_softcap(layer),
                                      sinks=None if sinks is None else sinks.to(device))  # fmt: skip
     counts = geometry_counts(seq_len, block, True, device) if attended is None else attended.block_counts(block)
     finite = torch.stack([torch.isfinite(acc[name]).all() for name in ("maps", "bias_maps") if name in acc]).tolist()
@@ -178,14 +176,14 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     if ends is not None and bias is not None:  # its own summary, from K3's sums
         bias.given, bias.given_differs = _ends_summary(acc, ends, samples=n, seq_len=seq_len, block=block), True
     done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], block,
-                          table, attended, cells, keys)  # the maps, profiles, key profile and sink shares
+                          table, attended, cells)  # the maps, profiles, key profile and sink shares
     shares = None if attended is None else attended.block_shares(block, heads)
     for kind in ("weights", "scores"):
         mean_map, std_map, profile = host_arrays(*(done[map_name(kind, stat)] for stat in ("mean", "std")),
                                                  done[profile_name(kind)])  # fmt: skip
         own[kind].given = Summary(mean=mean_map, std=std_map, profile=profile, diagnostics=None)
-    # P's sums by distance: less f(d), or (a row of keys, which changes along a diagonal) P's own
-    unshifted = keys or not torch.is_tensor(table)  # P's sums by distance hold the bias (of the key, FIRE's)
+    # P's sums by distance: less a table's f(d), or (any other form, which changes along a diagonal) P's own
+    unshifted = not torch.is_tensor(table)
     p_mean, p_profile, p_diagnostics = (_positional(acc, None if unshifted else table, layer, seq_len, counts, attended)
                                         if with_p
                                         else (None, None, None))  # fmt: skip
@@ -231,11 +229,14 @@ def _operands(bank: Any, layer: int, name: str, heads: int | None, seq_len: int)
     return whole.view(whole.shape[0], seq_len, heads, -1).transpose(1, 2)
 
 
-def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor | MlpBias, *, samples: int,
-                    seq_len: int, device: torch.device, keys: bool = False) -> Agreement | None:  # fmt: skip
-    """Every sample's bias rows, formed by the model's scheme, against f(i - j) (``keys``: g(j); an :class:`MlpBias`:
-    the first sample's rows, as the torch path compares a declared bias): the largest |difference| over the cells
-    j <= i, settled once (None: the adapter cannot form the bias alone)."""
+def _bias_agreement(adapter: Any, bank: Any, layer: int, table: Bias, *, samples: int,
+                    seq_len: int, device: torch.device) -> Agreement | None:  # fmt: skip
+    """Every sample's bias rows, formed by the model's scheme, against a declared scheme's f(i - j) (an
+    :class:`MlpBias`: the first sample's rows, as the torch path compares a declared bias): the largest |difference|
+    over the cells j <= i, settled once (None: the adapter cannot form the bias alone, or ``table`` is of another
+    form: those come from a forward that compared them already)."""
+    if not isinstance(table, (torch.Tensor, MlpBias)):
+        return None
     agreement = Agreement(device)
     formed = isinstance(table, MlpBias)
     f = None if formed else table.to(device)
@@ -249,7 +250,7 @@ def _bias_agreement(adapter: Any, bank: Any, layer: int, table: torch.Tensor | M
                 return None
         else:
             d = (torch.arange(r0, r1, device=device)[:, None] - torch.arange(r1, device=device)[None, :]).clamp(min=0)
-            expected = (f[:, None, :r1].expand(-1, r1 - r0, -1) if keys else f[:, d])[None]  # (1, H, rows, r1)
+            expected = f[:, d][None]  # (1, H, rows, r1)
         for a in range(1 if formed else 0, samples):
             got = adapter.bias_again(layer, bank, a, r0, r1)
             if got is None:

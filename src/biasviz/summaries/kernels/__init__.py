@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from biasviz.store.datasets import KEY_PROFILE, SINK_SHARE, map_name, profile_name
-from biasviz.summaries.kernels.biases import Bias, CellBias, MlpBias, SampleEnds
+from biasviz.summaries.kernels.biases import Bias, CellBias, KeyBias, MlpBias, SampleEnds
 from biasviz.summaries.kernels.masks import mask_operands, sample_operands  # noqa: F401  (what the kernels read)
 from biasviz.summaries.maps import _group_sums, geometry_counts
 
@@ -65,9 +65,9 @@ def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, table: Bias | None, tile: int,
-            cells: torch.Tensor | None = None, keys: bool = False, softcap: float | None = None) -> dict:  # fmt: skip
-    """What both kernels take: the bias as float32 (a placeholder without one; ``keys``: ``table`` is a row of keys
-    g_h(j), not a table of distance), strides, sizes and tiles, the mask's bits, tile classes and tenths
+            cells: torch.Tensor | None = None, softcap: float | None = None) -> dict:  # fmt: skip
+    """What both kernels take: the bias as float32 (a placeholder without one; a table of distance or a
+    :class:`KeyBias`' row of keys as held), strides, sizes and tiles, the mask's bits, tile classes and tenths
     (:func:`mask_operands`; placeholders without one), and the softcap (1.0 where there is none: not read). An
     :class:`MlpBias` goes in packed, its hidden units (``hid``) a compile-time constant; a :class:`CellBias` as
     held, one table for every head (kind 4) or one a head (5)."""
@@ -81,8 +81,10 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: Bias | None, tile: int,
         if table.ends.shape != (n, heads, seq_len):
             raise ValueError(f"each sample's ends {tuple(table.ends.shape)} are not (N, H, T) = {(n, heads, seq_len)}")
         bias, kind = table.packed(q.device), 6
+    elif isinstance(table, KeyBias):
+        bias, kind = table.packed(q.device), 2
     elif table is not None:
-        bias, kind = table.to(device=q.device, dtype=torch.float32).contiguous(), 2 if keys else 1
+        bias, kind = table.to(device=q.device, dtype=torch.float32).contiguous(), 1
     tiles = -(-seq_len // tile)
     masked = {"cells": q.new_empty(1, dtype=torch.uint8), "classes": q.new_empty(1, dtype=torch.int8),
               "bounds": q.new_empty(1, dtype=torch.int32), "width": 1}  # fmt: skip
@@ -112,15 +114,15 @@ def _sub_blocks(block: int, tile: int) -> int:
 
 
 def row_lse(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale: float, tile: int = TILE,
-            cells: torch.Tensor | None = None, keys: bool = False, softcap: float | None = None,
+            cells: torch.Tensor | None = None, softcap: float | None = None,
             sinks: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """K1: (N, H, T) float32, each sample's row log-sum-exp of its causal scores (or over ``cells``, (T, T) bool, or
-    (N, T, T) each sample's own; 0 for a row with no key and no sink); ``keys``: ``table`` is a row of keys;
-    ``softcap``: of cap·tanh(s / cap); ``sinks`` (N, T, H): each row's sink logit beside its keys."""
+    (N, T, T) each sample's own; 0 for a row with no key and no sink); ``softcap``: of cap·tanh(s / cap); ``sinks``
+    (N, T, H): each row's sink logit beside its keys."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile, cells, keys, softcap)
+    go = _launch(q, k, table, tile, cells, softcap)
     if sinks is not None and sinks.shape != (n, seq_len, heads):
         raise ValueError(f"sink logits {tuple(sinks.shape)} are not (N, T, H) = {(n, seq_len, heads)}")
     sink = q.new_empty(1) if sinks is None else sinks.to(device=q.device, dtype=torch.float32)
@@ -144,20 +146,21 @@ def tile_sums(q: torch.Tensor, k: torch.Tensor, table: Bias | None, lse: torch.T
 
 def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale: float, block: int,
                        positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
-                       keys: bool = False, softcap: float | None = None,
+                       softcap: float | None = None,
                        sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K1 then K2: every accumulator of a causal layer over its N samples, by name, float64 on q's device, as
     ``tests/summaries/fused_reference.py`` defines them, and ``lse`` (N, H, T) float32.
 
-    ``q`` (N, H, T, hd), ``k`` (N, H_kv, T, hd), ``table`` (H, T) f_h(d) or None, maps of ``block`` x ``block``
+    ``q`` (N, H, T, hd), ``k`` (N, H_kv, T, hd), ``table`` the bias (None: none), maps of ``block`` x ``block``
     positions. Per head: ``maps``, ``by_distance``, ``columns``; per sample: ``row_ws``, ``sinks``,
     ``sample_columns``, ``context``, ``sample_distance``, ``sample_blocks``; with ``positional`` and N >= 2 the
     positional logits' ``positional_maps``, ``positional_distance``, ``positional_first``, ``positional_rows``,
     ``positional_cols``, ``positional_squares``, ``positional_shifted``, and with N >= 3 ``jackknife_blocks``.
     ``cells``: (T, T) bool, one mask for every sample within the causal triangle, or (N, T, T) each sample's own
-    (no P then: it pairs the cells of different samples; a row may see no key) (None: causal). ``keys``: ``table`` is
-    a row of keys g_h(j) (BLOOM's m_h·j), and the sums by distance of the scores and of P hold them unshifted, as they
-    hold an :class:`MlpBias` (FIRE's, a function of i as well as of i - j) and a :class:`CellBias`.
+    (no P then: it pairs the cells of different samples; a row may see no key) (None: causal). ``table``: any
+    :data:`~biasviz.summaries.kernels.biases.Bias`; the sums by distance of the scores and of P hold every form but a
+    table of distance unshifted (a row of keys, FIRE's MLP, cells and each sample's ends change along a diagonal); each
+    sample's ends add K3's sums (:func:`ends_sums`).
     ``softcap`` (Gemma 2's cap) and ``sinks`` ((N, T, H) each row's sink logit, GPT-OSS's): what the softmax takes
     beside the scores, which stay s, before the cap."""
     n, heads, seq_len, hd = q.shape
@@ -165,8 +168,8 @@ def layer_accumulators(q: torch.Tensor, k: torch.Tensor, table: Bias | None, sca
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} do not pair")
     if cells is not None and (not torch.is_tensor(cells) or cells.dim() == 3):  # each sample's own: classed once
         cells = sample_operands(cells, tile)
-    lse = row_lse(q, k, table, scale, tile, cells, keys, softcap, sinks)
-    return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells, keys, softcap), "lse": lse}
+    lse = row_lse(q, k, table, scale, tile, cells, softcap, sinks)
+    return {**accumulate(q, k, table, lse, scale, block, positional, tile, cells, softcap), "lse": lse}
 
 
 def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: Bias | None,
@@ -181,7 +184,7 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: Bias | None,
     q0, k0 = q[:, :, 0].double(), k[:, :, 0].double().repeat_interleave(group, 1)  # (N, H, hd)
     ref = scale * (big_q[:, 0] * big_k[:, 0].repeat_interleave(group, 0)).sum(-1) / (n * (n - 1))
     ref = ref - scale * (q0 * k0).sum(-1).mean(0) / (n - 1)
-    if isinstance(table, (MlpBias, CellBias, SampleEnds)):
+    if isinstance(table, (KeyBias, MlpBias, CellBias, SampleEnds)):
         ref = ref + table.first().to(q.device)
     elif table is not None:
         ref = ref + table[:, 0].to(device=q.device, dtype=torch.float64)
@@ -190,13 +193,13 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: Bias | None,
 
 def accumulate(q: torch.Tensor, k: torch.Tensor, table: Bias | None, lse: torch.Tensor, scale: float,
                block: int, positional: bool = True, tile: int = TILE, cells: torch.Tensor | None = None,
-               keys: bool = False, softcap: float | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
+               softcap: float | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """K2: every accumulator of :func:`layer_accumulators` (but ``lse``) from q, k, the bias and K1's ``lse`` (which
     holds any sink columns: K2 reads none)."""
     from biasviz.summaries.kernels import triton_kernels as kernels
 
     n, heads, seq_len, hd = q.shape
-    go = _launch(q, k, table, tile, cells, keys, softcap)
+    go = _launch(q, k, table, tile, cells, softcap)
     f64 = {"dtype": torch.float64, "device": q.device}
     nb = -(-seq_len // block)
     out = {
@@ -313,13 +316,13 @@ def _masked_cross(q: torch.Tensor, k: torch.Tensor, cells: torch.Tensor, block: 
 
 def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor, row_ws: torch.Tensor,
            sinks: torch.Tensor, block: int, table: Bias | None = None,
-           attended: Any = None, cells: Any = None, keys: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
-    """K3: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s one mask: an
-    :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by distance,
-    less the bias, get ``table``'s f(d) back. ``cells``: samples masked differently (a
-    :class:`~biasviz.summaries.sample_cells.SampleCells`; ``attended`` the cells some sample attends): the key
-    profile over the queries that see each key averaged over samples, each sample's sink share over its own.
-    ``keys``: ``table`` is a row of keys, which the sums by distance already hold."""
+           attended: Any = None, cells: Any = None) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The host's finish: the accumulators divided by their cells (the geometry's counts, or those of ``attended``'s
+    one mask: an :class:`~biasviz.summaries.attended.Attended`), square roots, NaN where no cell; the scores' sums by
+    distance, less a table of distance, get its f(d) back (the sums hold any other form of ``table`` already).
+    ``cells``: samples masked differently (a :class:`~biasviz.summaries.sample_cells.SampleCells`; ``attended`` the
+    cells some sample attends): the key profile over the queries that see each key averaged over samples, each
+    sample's sink share over its own."""
     heads, seq_len = by_distance.shape[1:]
     counts = geometry_counts(seq_len, block, True, maps.device)  # (nb, nb)
     per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=maps.device)  # T - d cells at distance d
@@ -336,7 +339,7 @@ def finish(maps: torch.Tensor, by_distance: torch.Tensor, columns: torch.Tensor,
     for name, (total, squares, spread) in (("weights", by_distance[:3]), ("scores", by_distance[3:])):
         mean = total / per_d
         between = (squares / per_d - mean * mean).clamp(min=0.0)
-        if name == "scores" and torch.is_tensor(table) and not keys:  # (FIRE's or a cell bias: never taken off)
+        if name == "scores" and torch.is_tensor(table):  # a table of distance (no other form is taken off)
             mean = mean + table.to(mean)
         out[profile_name(name)] = torch.stack([mean, (spread / per_d + between).sqrt()]).float()
     mean = columns[0] / per_key

@@ -1,7 +1,7 @@
-"""The forms of a bias the fused kernels add beside a table of distance or of keys, (H, T): FIRE's MLP formed in each
-tile (:class:`MlpBias`), a bias read cell by cell (:class:`CellBias`) and one that differs by sample as a difference of
-two values a position (:class:`SampleEnds`: CABLE's, FoX's). Plain tensors and named tuples, so that a caller can
-build them without Triton."""
+"""The forms of a bias the fused kernels add beside a table of distance (H, T): a row of keys (:class:`KeyBias`),
+FIRE's MLP formed in each tile (:class:`MlpBias`), a bias read cell by cell (:class:`CellBias`) and one that differs by
+sample as a difference of two values a position (:class:`SampleEnds`: CABLE's, FoX's). Plain tensors and named
+tuples, so that a caller can build them without Triton."""
 
 from __future__ import annotations
 
@@ -47,6 +47,22 @@ class CellBias(NamedTuple):
     def first(self) -> torch.Tensor:
         """(H or 1,) float64 b_h(0, 0)."""
         return self.values[:, 0, 0].double()
+
+
+class KeyBias(NamedTuple):
+    """A bias of the key alone, g_h(j), the same for every sample (BLOOM's, MPT's and Falcon's m_h·j, kept from a
+    call): ``values`` (H, T). It changes along a diagonal, so the sums by distance hold it (a table of distance is
+    taken off them)."""
+
+    values: torch.Tensor
+
+    def packed(self, device: torch.device) -> torch.Tensor:
+        """(H, T) float32 on ``device``, contiguous, as the kernels read it."""
+        return self.values.to(device=device, dtype=torch.float32).contiguous()
+
+    def first(self) -> torch.Tensor:
+        """(H,) float64 b_h(0, 0) = g_h(0)."""
+        return self.values[:, 0].double()
 
 
 class SampleEnds(NamedTuple):
@@ -115,8 +131,9 @@ class SampleEnds(NamedTuple):
         return every, first
 
 
-Bias = torch.Tensor | MlpBias | CellBias | SampleEnds  # what the kernels add: a table (H, T) of distance or of keys,
-# or formed
+# what the kernels add: a table f (H, T) of distance d = i - j (a tensor), a row of keys, FIRE's MLP, cells, each
+# sample's ends
+Bias = torch.Tensor | KeyBias | MlpBias | CellBias | SampleEnds
 
 
 def mlp_bias(scheme: Any, seq_len: int) -> MlpBias | None:
