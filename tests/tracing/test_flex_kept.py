@@ -83,3 +83,46 @@ def test_a_softcapping_score_mod_is_streamed_from_the_start(tmp_path: Any) -> No
     assert len(probe.calls) == 1 and not probe.calls[0].forms_again
     got = both_ways(model, ids, tmp_path, 1, T)
     assert got["went_streamed"] and not [w for w in got["said"] if "started again" in w]
+
+
+def _operands(score_mod: Any, mask_mod: Any, batch: int = N, heads: int = HEADS, t: int = T) -> Any:
+    """What :func:`~biasviz.tracing.flex.flex_operands` makes of a flex_attention call's arguments, as the operator
+    receives them (q, k, v, score_mod, the block mask's tuple ending in its mask_mod, the scale, ...)."""
+    from biasviz.tracing.flex import flex_operands
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(batch, heads, t, WIDTH, generator=gen) for _ in range(3))
+    return flex_operands((q, k, v, score_mod, (mask_mod,), None, {}, (), ()), {})
+
+
+@pytest.mark.parametrize("rows", [None, 3], ids=["every row at once", "3 query rows at a time"])
+def test_a_mask_and_bias_that_read_neither_sample_nor_head_are_kept_once(monkeypatch: pytest.MonkeyPatch,
+                                                                          rows: int | None) -> None:  # fmt: skip
+    """A causal mask_mod is kept as one (T, T) mask, not one a sample and head (B·H·T² bytes: 12 GiB a layer at
+    T = 32768 with 12 heads); ALiBi's score_mod, which reads h, one table a head; each the grid's own values."""
+    import biasviz.tracing.flex as flex
+
+    if rows is not None:
+        monkeypatch.setattr(flex, "KEEP_CELLS", N * HEADS * T * rows)
+    slopes = SLOPES[:, 0, 0]
+    ops = _operands(lambda s, b, h, i, j: s - slopes[h] * (i - j), lambda b, h, i, j: j <= i)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    assert ops.kept.shape == (1, 1, T, T) and torch.equal(ops.kept[0, 0], j <= i)
+    assert ops.additive.shape == (1, HEADS, T, T)
+    torch.testing.assert_close(torch.where(ops.kept, ops.additive, 0.0), torch.where(j <= i, -slopes[:, None, None]
+                                                                                     * (i - j), 0.0)[None])  # fmt: skip
+
+
+def test_a_mask_that_reads_the_sample_part_way_is_kept_per_sample_from_its_first_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A mask_mod that is the same for every sample in the first blocks of rows and not in a later one (sample b
+    leaves out key b from row 9 on): the rows before are repeated for every sample, and the whole is the grid's own
+    mask, sample by sample."""
+    import biasviz.tracing.flex as flex
+
+    monkeypatch.setattr(flex, "KEEP_CELLS", N * HEADS * T * 4)  # 4 rows a block: rows 0 .. 7 the same for all
+    ops = _operands(None, lambda b, h, i, j: (j <= i) & ((i < 9) | (j != b)))
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    assert ops.kept.shape == (N, 1, T, T) and ops.additive is None
+    for b in range(N):
+        assert torch.equal(ops.kept[b, 0], (j <= i) & ((i < 9) | (j != b))), b

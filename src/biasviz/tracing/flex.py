@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from biasviz.common.shapes import step_cells
 from biasviz.tracing.calls import (
     FORMED_BEFORE,
     MASKED_BELOW,
@@ -61,7 +62,7 @@ class _Flex:
     @property
     def adds(self) -> bool:
         """An additive part that is more than 0 and "masked" (a bias, not a mask)."""
-        return self.offset is not None and self.additive and bool(self.offset.masked_fill(~self.kept, 0).ne(0).any())
+        return self.offset is not None and self.additive and bool(torch.where(self.kept, self.offset, 0).ne(0).any())
 
 
 def _flex_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -111,8 +112,33 @@ def _flex(bound: dict[str, Any], r0: int = 0, r1: int | None = None, scores: boo
 
 
 # grid cells (batch x heads x query rows x keys) a keeping trace evaluates score_mod and mask_mod on at a time: the
-# probes' few float32 temporaries a block, not the whole (B, H, T, T) grid's
+# probes' few float32 temporaries a block, not the whole (B, H, T, T) grid's (a GPU's step: larger, fewer blocks)
 KEEP_CELLS = 1 << 22
+
+
+def _narrowest(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (B, H, rows, K) with its batch and head dimensions 1 where its values are the same along them: a
+    mask_mod or score_mod that reads neither b nor h is held once, not B·H times (one read for both)."""
+    same = torch.stack([_same(x, x[:1]), _same(x, x[:, :1])]).tolist()
+    return x[: 1 if same[0] else None, : 1 if same[1] else None]
+
+
+def _same(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Whether every value of ``x`` equals ``first`` broadcast (NaN equal to NaN), as a 0-d bool tensor."""
+    return ((x == first) | (x.isnan() & first.isnan())).all()
+
+
+def _put(held: torch.Tensor | None, block: torch.Tensor, r0: int, q_len: int) -> torch.Tensor:
+    """``block`` (1 or B, 1 or H, rows, K) written at query rows ``r0 ..`` of ``held`` (1 or B, 1 or H, Tq, K), made
+    on the first block as narrow as it is, and widened (the rows before repeated) where a later one is wider."""
+    want = (*(max(a, b) for a, b in zip(block.shape[:2], held.shape[:2] if held is not None else (1, 1),
+                                        strict=True)), q_len, block.shape[-1])  # fmt: skip
+    if held is None:
+        held = block.new_empty(want)
+    elif tuple(held.shape) != want:
+        held = held.expand(want).clone()
+    held[:, :, r0 : r0 + block.shape[-2]] = block
+    return held
 
 
 def flex_operands(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SdpaOperands | None:
@@ -121,23 +147,21 @@ def flex_operands(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SdpaOperands
 
     Evaluated a block of query rows at a time (:data:`KEEP_CELLS` cells, :func:`_flex`): what is kept is the grid's
     cells and the additive part, not the scores, score_mod's output and its probes of the whole grid (flex_attention
-    itself forms none of them on a GPU)."""
+    itself forms none of them on a GPU); each with one sample's or head's values where they are the same for every
+    one (a causal mask_mod: T² bits, not B·H·T²)."""
     bound = _flex_bound(args, kwargs)
     batch, heads, q_len = bound["query"].shape[:3]
     k_len = bound["key"].shape[-2]
-    rows = max(1, KEEP_CELLS // max(1, batch * heads * k_len))
+    rows = max(1, step_cells(bound["query"].device, KEEP_CELLS) // max(1, batch * heads * k_len))
     kept = offset = None
     with torch.no_grad():
         for r0 in range(0, q_len, rows):
             got = _flex(bound, r0, min(q_len, r0 + rows), scores=False)
             if not got.additive:
                 return None
-            if kept is None:  # (one sample's and head's cells, or every one's, as the first block showed)
-                kept = got.kept.new_empty(*got.kept.shape[:2], q_len, k_len)
-                offset = None if got.offset is None else got.offset.new_empty(*got.offset.shape[:2], q_len, k_len)
-            kept[:, :, r0 : r0 + rows] = got.kept
-            if offset is not None:
-                offset[:, :, r0 : r0 + rows] = got.offset
+            kept = _put(kept, _narrowest(got.kept), r0, q_len)
+            if got.offset is not None:
+                offset = _put(offset, _narrowest(got.offset), r0, q_len)
     assert kept is not None
     whole = _Flex(got.q, got.k, got.scale, kept, None, None, offset, True)
     return SdpaOperands(got.q, got.k, kept, offset if whole.adds else None, got.scale)
