@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from biasviz.tracing.calls import SdpaOperands
+from biasviz.tracing.calls import CompactBias, SdpaOperands, offsets
 
 
 @dataclass
-class KeptBias:
+class KeptBias(CompactBias):
     """The one bias every sample added to a call, over the cells each attends, held as small as its form allows.
 
     ``form``: "key" where it depends on the key alone, (1, 1 or H, Tk) (BLOOM, MPT, Falcon: m_h·j); "offset" where on
@@ -24,10 +24,6 @@ class KeptBias:
     must. ``values`` is NaN where no sample's attended cell has shown a value yet (a padded sample shows fewer; a later
     one fills in the rest, :meth:`take`).
     """
-
-    form: str
-    values: torch.Tensor
-    q_len: int
 
     @classmethod
     def of(cls, bias: torch.Tensor, kept: torch.Tensor) -> KeptBias:
@@ -75,7 +71,7 @@ class KeptBias:
         if form == "key":
             by = shown.amax(-2)
         elif form == "offset":
-            index = _offsets(0, q_len, k_len, q_len, shown.device).flatten().expand(*shown.shape[:2], -1)
+            index = offsets(0, q_len, k_len, q_len, shown.device).flatten().expand(*shown.shape[:2], -1)
             by = torch.full((*shown.shape[:2], q_len + k_len - 1), float("-inf"), device=shown.device)
             by = by.scatter_reduce(-1, index, shown.flatten(-2), "amax")
         else:
@@ -122,20 +118,17 @@ class KeptBias:
         self.values = merged.values
         return True
 
-    def rows(self, r0: int, r1: int, keys: int) -> torch.Tensor:
-        """(1, 1 or H, rows, keys): the bias of query rows r0 .. r1 - 1 against keys 0 .. ``keys`` - 1, where attended
-        (the other cells hold a value of the form, or NaN, which no statistic reads)."""
-        if self.form == "key":
-            return self.values[..., None, :keys].expand(*self.values.shape[:2], r1 - r0, keys)
-        if self.form == "offset":  # row i is values[T - 1 - i + j], j < keys: windows of the table, last row first
-            start = self.q_len - r1
-            return self.values[..., start : self.q_len - r0 - 1 + keys].unfold(-1, keys, 1).flip(-2)
-        return self.values[..., r0:r1, :keys]
-
-
-def _offsets(r0: int, r1: int, keys: int, q_len: int, device: torch.device) -> torch.Tensor:
-    """(rows, keys) int64: j - i + Tq - 1 for query rows r0 .. r1 - 1 and keys 0 .. ``keys`` - 1."""
-    return torch.arange(keys, device=device)[None, :] - torch.arange(r0, r1, device=device)[:, None] + (q_len - 1)
+    def merge(self, other: CompactBias) -> bool:
+        """Whether ``other`` (a later batch's, of this form) holds this one's values wherever both show one; its values
+        only it shows are taken in. False: it does not (nothing taken)."""
+        if other.form != self.form or other.values.shape[-1] != self.values.shape[-1]:
+            return False
+        mine, theirs = torch.broadcast_tensors(self.values, other.values)  # (one for every head, or one a head)
+        both = ~mine.isnan() & ~theirs.isnan()
+        if not bool((torch.where(both, mine, 0.0) == torch.where(both, theirs, 0.0)).all()):
+            return False
+        self.values = torch.where(mine.isnan(), theirs, mine)
+        return True
 
 
 def added_bias(ops: SdpaOperands) -> torch.Tensor:

@@ -112,7 +112,7 @@ class KeptCalls:
             raise self.past_query(index, f"for sample {bank.start} or one of its batch")
         if self.adds_bias(index):  # the first sample's call added one
             self._keep_bias(index, ops)
-        elif ops.additive is not None:
+        elif ops.adds:
             raise BiasvizError(f"attention call {index} added a bias for sample {bank.start} though it added none on "
                                "the first: the model's bias depends on the input; summarise it with --resolution "
                                "equal to --seq-len and --batch-size covering every sample")  # fmt: skip
@@ -127,7 +127,18 @@ class KeptCalls:
         """The bias call ``index`` adds, over the cells each sample attends (0 elsewhere, padding beside a bias
         included): kept once, from the first batch, and every later sample's compared with it on its own cells,
         exactly. From the first sample whose bias differs (BLOOM's positions start after its padding), each sample's
-        own bias goes into the bank, in the first one's form (:meth:`_bank_bias`)."""
+        own bias goes into the bank, in the first one's form (:meth:`_bank_bias`). A bias the call gave in a smaller
+        form (:attr:`~biasviz.tracing.calls.SdpaOperands.compact`: a flex_attention call's) is kept and compared in it,
+        its cells never formed, unless it differs."""
+        if ops.compact is not None:
+            compact = ops.compact
+            first = self.biases.get(index)
+            if first is None:
+                self.biases[index] = KeptBias(compact.form, compact.values, compact.q_len)
+                return
+            if index not in self.bias_by_sample and first.merge(compact):
+                return
+            ops = ops.dense()  # another bias than the first's: its cells, compared and banked as any call's
         bias = added_bias(ops)
         first = self.biases.get(index)
         if first is None:  # (one copy, not one a batch, in the smallest form the first sample's has)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -151,6 +151,32 @@ def _is_causal(kept: torch.Tensor) -> bool:
     return not bool((kept & _upper(q_len, k_len, kept.device)).any())
 
 
+def offsets(r0: int, r1: int, keys: int, q_len: int, device: torch.device) -> torch.Tensor:
+    """(rows, keys) int64: j - i + Tq - 1 for query rows r0 .. r1 - 1 and keys 0 .. ``keys`` - 1."""
+    return torch.arange(keys, device=device)[None, :] - torch.arange(r0, r1, device=device)[:, None] + (q_len - 1)
+
+
+@dataclass
+class CompactBias:
+    """A call's additive part held in a smaller form than its cells: ``form`` "key", a function of the key alone,
+    ``values`` (1, 1 or H, Tk); "offset", of j - i alone, (1, 1 or H, Tq + Tk - 1) indexed by j - i + Tq - 1; "cells",
+    (1, 1 or H, Tq, Tk). NaN where no attended cell showed a value."""
+
+    form: str
+    values: torch.Tensor
+    q_len: int
+
+    def rows(self, r0: int, r1: int, keys: int) -> torch.Tensor:
+        """(1, 1 or H, rows, keys): the bias of query rows r0 .. r1 - 1 against keys 0 .. ``keys`` - 1, where attended
+        (the other cells hold a value of the form, or NaN, which no statistic reads)."""
+        if self.form == "key":
+            return self.values[..., None, :keys].expand(*self.values.shape[:2], r1 - r0, keys)
+        if self.form == "offset":  # row i is values[T - 1 - i + j], j < keys: windows of the table, last row first
+            start = self.q_len - r1
+            return self.values[..., start : self.q_len - r0 - 1 + keys].unfold(-1, keys, 1).flip(-2)
+        return self.values[..., r0:r1, :keys]
+
+
 @dataclass
 class SdpaOperands:
     """What one SDPA call forms its attention from, in the model's own (batch, heads, queries, keys)."""
@@ -164,12 +190,27 @@ class SdpaOperands:
     # (B, H, Tq): where the softmax also runs over sink columns beside the keys (GPT-OSS), their logits' log-sum-exp for
     # each row, in the scale of the scores s: the denominator takes exp of it beside the keys' own
     sinks: torch.Tensor | None = None
+    # the additive part in a smaller form, the same for every sample, where ``additive`` is None (a flex_attention
+    # call's score_mod, never formed as (H, Tq, Tk) floats): :meth:`dense` forms it where a caller needs the cells
+    compact: CompactBias | None = None
+
+    @property
+    def adds(self) -> bool:
+        """Whether the call adds a bias (in either form)."""
+        return self.additive is not None or self.compact is not None
+
+    def dense(self) -> SdpaOperands:
+        """These operands with the additive part as cells, (1, 1 or H, Tq, Tk)."""
+        if self.compact is None:
+            return self
+        q_len, k_len = self.kept.shape[-2:]
+        return replace(self, additive=self.compact.rows(0, q_len, k_len).contiguous(), compact=None)
 
     def facts(self, index: int) -> AttentionCall:
         """The call's facts (heads, lengths, causal, adds a bias), nothing formed."""
         batch, heads, q_len = self.q.shape[:3]
         return AttentionCall(index, "sdpa", batch, heads, q_len, self.k.shape[-2], causal=_is_causal(self.kept),
-                             adds_bias=self.additive is not None)  # fmt: skip
+                             adds_bias=self.adds)  # fmt: skip
 
 
 def _sdpa_bound(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -15,10 +15,12 @@ from biasviz.tracing.calls import (
     FORMED_BEFORE,
     MASKED_BELOW,
     AttentionCall,
+    CompactBias,
     SdpaOperands,
     _is_causal,
     _scores,
     _softmax_kept,
+    offsets,
 )
 
 
@@ -141,28 +143,97 @@ def _put(held: torch.Tensor | None, block: torch.Tensor, r0: int, q_len: int) ->
     return held
 
 
+class _Forms:
+    """A bias the same for every sample, block of rows by block of rows, into the two smaller forms it may have: of
+    the key alone and of j - i alone (:class:`~biasviz.tracing.calls.CompactBias`), each entry's largest and smallest
+    value over the attended cells that show it; a form holds where the two agree on every entry shown. O(H·T)."""
+
+    def __init__(self, q_len: int, k_len: int) -> None:
+        self.q_len, self.k_len = q_len, k_len
+        self.tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # form -> (largest, smallest), (1, 1 or H, L)
+
+    def add(self, r0: int, offset: torch.Tensor, kept: torch.Tensor) -> None:
+        """Rows ``r0 ..`` of the bias ``offset`` (1, 1 or H, rows, Tk) over the cells ``kept`` (1 or B, 1 or H, rows,
+        Tk) attended (by any sample)."""
+        rows = offset.shape[-2]
+        shown = kept.any(0, keepdim=True)
+        high = torch.where(shown, offset, float("-inf"))  # (1, 1 or H, rows, Tk)
+        low = torch.where(shown, offset, float("inf"))
+        at = offsets(r0, r0 + rows, self.k_len, self.q_len, offset.device).flatten().expand(*high.shape[:2], -1)
+        width = self.q_len + self.k_len - 1
+        for form, hi, lo in (("key", high.amax(-2), low.amin(-2)),
+                             ("offset", high.new_full((*high.shape[:2], width), float("-inf")).scatter_reduce(
+                                 -1, at, high.flatten(-2), "amax"),
+                              low.new_full((*low.shape[:2], width), float("inf")).scatter_reduce(
+                                  -1, at, low.flatten(-2), "amin"))):  # fmt: skip
+            held = self.tables.get(form)
+            if held is not None:
+                hi, lo = torch.maximum(held[0], hi), torch.minimum(held[1], lo)
+            self.tables[form] = (hi, lo)
+
+    def result(self) -> CompactBias | None | bool:
+        """The first form that holds (the key's, then j - i's), NaN where no cell showed a value; False where the
+        bias is 0 on every attended cell (no bias); None where neither form holds. One read."""
+        checks = [((hi == lo) | hi.isinf()).all() for hi, lo in self.tables.values()]
+        hi, lo = self.tables["key"]  # some attended cell holds a value other than 0: its largest or smallest
+        checks.append((((hi != 0) & ~hi.isinf()) | ((lo != 0) & ~lo.isinf())).any())
+        *holds, adds = torch.stack(checks).tolist()
+        if not adds:
+            return False
+        for (form, (hi, _)), ok in zip(self.tables.items(), holds, strict=True):
+            if ok:
+                return CompactBias(form, hi.masked_fill(hi.isinf(), float("nan")), self.q_len)
+        return None
+
+
 def flex_operands(args: tuple[Any, ...], kwargs: dict[str, Any]) -> SdpaOperands | None:
     """A flex_attention call's operands as an SDPA call's: q, k, scale, the cells kept and score_mod's additive part
     (the bias); None where score_mod is not additive (softcapping), so rows formed again could not be its own.
 
     Evaluated a block of query rows at a time (:data:`KEEP_CELLS` cells, :func:`_flex`): what is kept is the grid's
     cells and the additive part, not the scores, score_mod's output and its probes of the whole grid (flex_attention
-    itself forms none of them on a GPU); each with one sample's or head's values where they are the same for every
-    one (a causal mask_mod: T² bits, not B·H·T²)."""
+    itself forms none of them on a GPU); the cells with one sample's or head's values where they are the same for
+    every one (a causal mask_mod: T² bits, not B·H·T²). A bias the same for every sample that is a function of the key
+    alone or of j - i alone (ALiBi, T5's buckets as attention-gym writes them) is held in that form
+    (:class:`~biasviz.tracing.calls.CompactBias`), never as H·T² floats; any other is evaluated again and held cell by
+    cell."""
     bound = _flex_bound(args, kwargs)
+    with torch.no_grad():
+        held = _kept(bound, compact=True)
+        return _kept(bound, compact=False) if held is _CELLS else held
+
+
+_CELLS = object()  # what the compact pass of :func:`_kept` answers for a bias it cannot hold in a smaller form
+
+
+def _kept(bound: dict[str, Any], compact: bool) -> SdpaOperands | None | object:
+    """One pass over the call's blocks of rows (:func:`flex_operands`): its operands, None where score_mod is not
+    additive, or (``compact``) :data:`_CELLS` where the bias differs by sample or has no smaller form."""
     batch, heads, q_len = bound["query"].shape[:3]
     k_len = bound["key"].shape[-2]
     rows = max(1, step_cells(bound["query"].device, KEEP_CELLS) // max(1, batch * heads * k_len))
     kept = offset = None
-    with torch.no_grad():
-        for r0 in range(0, q_len, rows):
-            got = _flex(bound, r0, min(q_len, r0 + rows), scores=False)
-            if not got.additive:
-                return None
-            kept = _put(kept, _narrowest(got.kept), r0, q_len)
-            if got.offset is not None:
-                offset = _put(offset, _narrowest(got.offset), r0, q_len)
+    forms = _Forms(q_len, k_len) if compact else None
+    for r0 in range(0, q_len, rows):
+        got = _flex(bound, r0, min(q_len, r0 + rows), scores=False)
+        if not got.additive:
+            return None
+        kept = _put(kept, _narrowest(got.kept), r0, q_len)
+        if got.offset is None:
+            continue
+        block = _narrowest(got.offset)
+        if forms is None:
+            offset = _put(offset, block, r0, q_len)
+        elif block.shape[0] > 1:  # each sample's own bias: held cell by cell
+            return _CELLS
+        else:
+            forms.add(r0, block, got.kept)
     assert kept is not None
+    if forms is not None and forms.tables:
+        found = forms.result()
+        if found is None:
+            return _CELLS
+        return SdpaOperands(got.q, got.k, kept, None, got.scale, compact=found or None)  # (False: it adds none)
     whole = _Flex(got.q, got.k, got.scale, kept, None, None, offset, True)
     return SdpaOperands(got.q, got.k, kept, offset if whole.adds else None, got.scale)
 
