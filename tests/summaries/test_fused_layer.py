@@ -193,9 +193,10 @@ def test_the_sums_the_kernels_return_are_what_the_memory_rule_counts() -> None:
         assert 0.9 * bound <= held <= bound
 
 
+@pytest.mark.parametrize("scheme", ["alibi", "cable"])
 @pytest.mark.parametrize(("positional", "measures"), [(False, True), (True, False)])
 def test_leaving_p_or_the_measures_out_leaves_them_out_of_both_paths(
-    positional: bool, measures: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    positional: bool, measures: bool, scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
     from biasviz.adapters.biasviz_gpt import BiasGPTAdapter
     from biasviz.extraction.summary import extract_summary
@@ -203,7 +204,7 @@ def test_leaving_p_or_the_measures_out_leaves_them_out_of_both_paths(
 
     monkeypatch.setattr(kernels, "unavailable", lambda device: None)
     monkeypatch.setattr(kernels, "layer_accumulators", _reference_accumulators, raising=False)
-    adapter = BiasGPTAdapter(small_model("alibi", n_head=4), source="test")
+    adapter = BiasGPTAdapter(small_model(scheme, n_head=4), source="test")
     ids = np.random.default_rng(9).integers(0, 97, size=(3, T))
     got = {}
     for mode in ("torch", "fused"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from biasviz.summaries.kernels.triton_tiles import add_diagonals, block_add
+from biasviz.summaries.kernels.triton_tiles import add_diagonals, block_add, measure_sums
 
 
 @triton.jit
@@ -59,14 +59,6 @@ def ends_statistics(ENDS, CENTRED, MAPS, DIST, ROWS, COLS, SQ, SHIFT, SPREAD, N:
             add_diagonals(DIST + h * T, dev, m0, j0, T, BM)
             add_diagonals(DIST + (H + h) * T, dev * dev, m0, j0, T, BM)
             add_diagonals(DIST + (2 * H + h) * T, var, m0, j0, T, BM)
-            # the diagnostics' sums in fp64 from the fp32 cells (b̄(0, 0) = 0: the spread's sums need no shift)
-            m64 = mean.to(tl.float64)
-            lower = tl.where(cols[None, :] < rows[:, None], m64, 0.0)
-            tl.atomic_add(ROWS + h * T + rows, tl.sum(lower, 1), mask=rows < T)
-            tl.atomic_add(COLS + h * T + cols, tl.sum(lower, 0), mask=cols < T)
-            tl.atomic_add(SQ + h, tl.sum(tl.sum(lower * lower, 1), 0))
-            diag = tl.where(cols[None, :] == rows[:, None], m64, 0.0)
-            tl.atomic_add(SQ + H + h, tl.sum(tl.sum(diag * diag, 1), 0))
-            tl.atomic_add(SHIFT + h, tl.sum(tl.sum(m64, 1), 0))
-            tl.atomic_add(SHIFT + H + h, tl.sum(tl.sum(m64 * m64, 1), 0))
+            # the diagnostics' sums (b̄(0, 0) = 0: the spread's sums need no shift)
+            measure_sums(ROWS, COLS, SQ, SHIFT, mean, 0.0, used, h, rows, cols, T, H)
             tl.atomic_add(SPREAD + h, tl.sum(tl.sum(std.to(tl.float64), 1), 0))

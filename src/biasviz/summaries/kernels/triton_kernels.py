@@ -53,6 +53,7 @@ from biasviz.summaries.kernels.triton_tiles import (
     block_add,
     capped,
     load_rows,
+    measure_sums,
     sample_cells,
     tile_bias,
     tile_class,
@@ -176,18 +177,7 @@ def _positional(BQ, BK, REF, PMAPS, PDIST, PFIRST, PROWS, PCOLS, PSQ, PSHIFT, me
     if j0 == 0:
         tl.store(PFIRST + (h * T + rows[:, None]) * 4 + cols[None, :], p.to(tl.float64),
                  mask=used & (cols[None, :] < 4))  # fmt: skip
-    # the diagnostics' sums are differences of large sums (Σ P² - |g|² / T): in fp64 from the tile's fp32 cells, as the
-    # torch path's BiasMeasureSums takes them
-    p64 = p.to(tl.float64)
-    lower = tl.where(cols[None, :] < rows[:, None], p64, 0.0)
-    tl.atomic_add(PROWS + h * T + rows, tl.sum(lower, 1), mask=rows < T)
-    tl.atomic_add(PCOLS + h * T + cols, tl.sum(lower, 0), mask=cols < T)
-    tl.atomic_add(PSQ + h, tl.sum(tl.sum(lower * lower, 1), 0))
-    diag = tl.where(cols[None, :] == rows[:, None], p64, 0.0)
-    tl.atomic_add(PSQ + H + h, tl.sum(tl.sum(diag * diag, 1), 0))
-    shifted = tl.where(used, p64 - tl.load(REF + h).to(tl.float64), 0.0)
-    tl.atomic_add(PSHIFT + h, tl.sum(tl.sum(shifted, 1), 0))
-    tl.atomic_add(PSHIFT + H + h, tl.sum(tl.sum(shifted * shifted, 1), 0))
+    measure_sums(PROWS, PCOLS, PSQ, PSHIFT, p, tl.load(REF + h).to(tl.float64), used, h, rows, cols, T, H)
 
 
 @triton.jit

@@ -136,3 +136,21 @@ def add_diagonals(PTR, x, m0, j0, T, TILE: tl.constexpr):
     sums = tl.sum(tl.where(inside, along, 0.0), 0)
     d = m0 - j0 + o - (TILE - 1)
     tl.atomic_add(PTR + d, sums.to(tl.float64), mask=(d >= 0) & (d < T) & (o < 2 * TILE - 1))
+
+
+@triton.jit
+def measure_sums(ROWS, COLS, SQ, SHIFT, x, ref, used, h, rows, cols, T, H):
+    """The diagnostics' sums of one tile of a matrix ``x`` (0 in the cells not ``used``), as the torch path's
+    :class:`~biasviz.summaries.measures.BiasMeasureSums` takes them, in fp64 from the tile's fp32 cells (they are
+    differences of large sums, Σ x² - |g|² / T): by row and by column below the diagonal (ROWS, COLS (H, T)), Σ x²
+    below and on it (SQ (2, H)), and Σ of x - ``ref`` over the cells used and of its square (SHIFT (2, H))."""
+    x64 = x.to(tl.float64)
+    lower = tl.where(cols[None, :] < rows[:, None], x64, 0.0)
+    tl.atomic_add(ROWS + h * T + rows, tl.sum(lower, 1), mask=rows < T)
+    tl.atomic_add(COLS + h * T + cols, tl.sum(lower, 0), mask=cols < T)
+    tl.atomic_add(SQ + h, tl.sum(tl.sum(lower * lower, 1), 0))
+    diag = tl.where(cols[None, :] == rows[:, None], x64, 0.0)
+    tl.atomic_add(SQ + H + h, tl.sum(tl.sum(diag * diag, 1), 0))
+    shifted = tl.where(used, x64 - ref, 0.0)
+    tl.atomic_add(SHIFT + h, tl.sum(tl.sum(shifted, 1), 0))
+    tl.atomic_add(SHIFT + H + h, tl.sum(tl.sum(shifted * shifted, 1), 0))
