@@ -1,6 +1,6 @@
 """The fused statistics kernels compiled for a GPU on a machine without one: Triton's own ptxas, for sm_90 (H100/H200),
 each kind of bias (none, a table of distance, a row of keys, FIRE's MLP, cells one for every head or one a head,
-CABLE's ends of each sample's own, and K3, their summary), with
+CABLE's ends of each sample's own, and K3, their summary, BLOOM's row of keys of each sample's own), with
 and without a softcap, sink columns (K1), a mask of one's own or each sample's (K2 with and without P). Catches what
 Triton's interpreter lets through (types, constant branches, 64-bit offsets) and prints each variant's registers,
 spills and shared memory: where a kind of bias costs registers the others do not, the GPU run's timings will show it.
@@ -26,7 +26,8 @@ POINTERS = {"Q": "*bf16", "K": "*bf16", "CELLS": "*u8", "CLASSES": "*i8", "BOUND
             "CENTRED": "*fp32"}  # fmt: skip
 FP64 = ("MAPS", "DIST", "COLS", "ROW_WS", "SINKS", "SCOLS", "CTX", "SDIST", "SBLOCKS", "PMAPS", "PDIST", "PFIRST",
         "PROWS", "PCOLS", "PSQ", "PSHIFT", "ROWS", "SQ", "SHIFT", "SPREAD")  # fmt: skip
-KINDS = {0: "none", 1: "distance", 2: "keys", 3: "FIRE's MLP", 4: "cells", 5: "cells by head", 6: "each sample's ends"}
+KINDS = {0: "none", 1: "distance", 2: "keys", 3: "FIRE's MLP", 4: "cells", 5: "cells by head", 6: "each sample's ends",
+         7: "each sample's keys"}  # fmt: skip
 
 
 def signature(fn: object, constants: dict[str, object]) -> dict[str, str]:

@@ -579,8 +579,9 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
     one attention layer of the same shape (GPT-2-small's 12 x 64, N = 2, bf16 q and k), and up to T = 32768 with FIRE's
     MLP, a softcap and sink columns, and CABLE's bias of each sample's own; first, a check that fails the
     part where the fused statistics differ from the torch path's summary of our model (ALiBi, RoPE, FIRE, CABLE), of
-    traced SDPA layers with ALiBi, BLOOM's m·j or a bias of each cell in their float mask, and of Gemma 2's softcapped
-    and GPT-OSS's sink layers (T = 2048, N = 3). In a dry run: tiny sizes through Triton's interpreter."""
+    traced SDPA layers with ALiBi, BLOOM's m·j or a bias of each cell in their float mask, of Gemma 2's softcapped
+    and GPT-OSS's sink layers, and of BLOOM beside padding (T = 2048, N = 3). In a dry run: tiny sizes through Triton's
+    interpreter."""
     import torch
 
     from biasviz.summaries import kernels
@@ -677,10 +678,14 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
             return {name: g[name][()] for name in g}, str(g.attrs.get("statistics", "torch"))
 
     for scheme in ("alibi", "rope", "fire", "cable", "traced alibi", "traced m·j", "traced cells", "gemma2 softcap",
-                   "gpt-oss sinks"):
+                   "gpt-oss sinks", "bloom padded"):
         torch.manual_seed(0)
+        options: dict[str, Any] = {}
         if scheme in ("gemma2 softcap", "gpt-oss sinks"):  # a softmax over cap·tanh(s / cap), or beside sink columns
             model, layers = _softmax_extras(scheme.split()[0], heads).to(device), -1
+        elif scheme == "bloom padded":  # its row of keys starts after each sample's own padding: it differs by sample
+            model, layers = _padded_bloom(heads, seq_len, device)
+            options = {"forward": model.forward_padded}
         elif scheme.startswith("traced"):  # ALiBi in a traced SDPA call's float mask: the kernels take the table kept,
             # of j - i, or (BLOOM's m·j) the row of keys kept
             model = _traced_alibi(heads, keys=scheme.endswith("m·j"), cells=scheme.endswith("cells"))
@@ -698,7 +703,7 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
                 for mode in ("torch", "fused"):
                     os.environ["BIASVIZ_STATISTICS"] = mode
                     biasviz.extract(model, ids, Path(tmp) / f"{mode}.h5", layers=layers, summary=True,
-                                    resolution=seq_len // 8, device=device, progress=False)  # fmt: skip
+                                    resolution=seq_len // 8, device=device, progress=False, **options)  # fmt: skip
                     files[mode] = datasets(Path(tmp) / f"{mode}.h5")
                 os.environ.pop("BIASVIZ_STATISTICS")
             (want, took_torch), (got, took_fused) = files["torch"], files["fused"]
@@ -726,6 +731,26 @@ def _fused_against_torch(device: str, seq_len: int, heads: int) -> Iterator[dict
         except Exception as err:  # a failure is a result of the part
             row["status"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         yield row
+
+
+def _padded_bloom(heads: int, seq_len: int, device: str) -> tuple[Any, int]:
+    """transformers' BLOOM (1 layer, 16 dims a head, random weights) and, as ``forward_padded``, its forward with
+    each of 3 samples padded on the left by 0, T / 8 and T / 3 tokens (its ALiBi positions start after them)."""
+    import torch
+    from transformers import BloomConfig, BloomForCausalLM
+
+    model = BloomForCausalLM(BloomConfig(vocab_size=256, hidden_size=16 * heads, n_layer=1, n_head=heads)).eval()
+    model = model.to(device)
+    pad = torch.ones(3, seq_len, dtype=torch.long, device=device)
+    pad[1, : seq_len // 8] = 0
+    pad[2, : seq_len // 3] = 0
+    rows = {tuple(r.tolist()): a for a, r in enumerate(_ids(3, seq_len, 256))}
+
+    def forward_padded(batch: Any) -> Any:
+        return model(batch, attention_mask=pad[[rows[tuple(r.tolist())] for r in batch.cpu()]])
+
+    model.forward_padded = forward_padded
+    return model, -1
 
 
 def _softmax_extras(name: str, heads: int) -> Any:

@@ -100,7 +100,7 @@ def test_the_kernels_part_times_them_and_checks_them_against_the_torch_path(tmp_
                  "K1 row lse, CABLE's ends", "K2 and K3 tile statistics, CABLE's ends"):
         assert by_tool[tool]["status"] == "ok" and min(by_tool[tool]["times"]) > 0, by_tool.get(tool)
     for scheme in ("alibi", "rope", "fire", "cable", "traced alibi", "traced m·j", "traced cells", "gemma2 softcap",
-                   "gpt-oss sinks"):
+                   "gpt-oss sinks", "bloom padded"):
         check = by_tool[f"fused vs torch, {scheme}"]
         assert check["status"] == "ok" and check["largest_difference"] < 1e-4, check
     assert "| kernels | 64 | float32 | K2 tile statistics |" in gpu_run.tables(rows, {})

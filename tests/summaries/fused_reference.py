@@ -157,7 +157,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     shift = 0.0 if keys or (table is not None and table.ndim >= 3) else bias
     own = bias.ndim == 4  # each sample's own bias: P's is their mean, the jackknife's each one's
     bias_a, bias = (bias, bias.mean(0)) if own else (0.0, bias)
-    extra = _own_bias(bias_a, used, block) if own else {}
+    extra = _own_bias(bias_a, used, block) if own and not by_sample else {}  # (K3: causal layers, one set of cells)
     out = {
         "maps": np.stack([_blocks(x, block) for x in (w_mean, w_std, s_mean, s_std)]),
         "by_distance": np.stack(

@@ -30,7 +30,7 @@ def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: Any, scale:
                             sinks: torch.Tensor | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """The kernels' answer from float64 numpy, from the same q, k, bias (any form of the kernels'), mask, softcap and
     sink logits."""
-    from biasviz.summaries.kernels.biases import CellBias, KeyBias, MlpBias, SampleEnds
+    from biasviz.summaries.kernels.biases import CellBias, KeyBias, MlpBias, SampleEnds, SampleKeys
 
     keys = isinstance(table, KeyBias)  # a row of keys g(j): the reference's flag
     table = table.values if keys else table
@@ -41,6 +41,9 @@ def _reference_accumulators(q: torch.Tensor, k: torch.Tensor, table: Any, scale:
     elif isinstance(table, SampleEnds):  # each sample's own (N, H, T, T), its cells' float32 differences
         e = table.ends.float().cpu()
         tn = np.tril((e[..., :, None] - e[..., None, :]).double().numpy())
+    elif isinstance(table, SampleKeys):  # each sample's own row of keys (N, H, T, T), NaN where it attends none
+        g = np.nan_to_num(table.values.double().cpu().numpy())
+        tn = np.broadcast_to(g[:, :, None, :], (*g.shape[:2], t, t)).copy()
     else:
         tn = (None if table is None else mlp_cells(table, t) if isinstance(table, MlpBias)
               else table.double().cpu().numpy())  # fmt: skip

@@ -37,10 +37,12 @@ def _llama() -> torch.nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
-def _padded_summaries(side: str, out: Path, resolution: int,
-                      monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]]:
-    """Layer 0's datasets and attributes by the torch path and by the fused path, each sample padded as ``side``."""
-    model = _llama()
+def _padded_summaries(side: str, out: Path, resolution: int, monkeypatch: pytest.MonkeyPatch,
+                      model: torch.nn.Module | None = None,
+                      batch: int = 2) -> dict[str, tuple[dict[str, np.ndarray], dict[str, Any]]]:  # fmt: skip
+    """Layer 0's datasets and attributes by the torch path and by the fused path, each sample padded as ``side``, of
+    ``model`` (a Llama by default), ``batch`` samples a batch."""
+    model = _llama() if model is None else model
     left, right = PADS[side]
     ids = torch.randint(1, 100, (len(left), T), generator=torch.Generator().manual_seed(3))
     valid = torch.ones(len(left), T, dtype=torch.long)
@@ -57,7 +59,7 @@ def _padded_summaries(side: str, out: Path, resolution: int,
         monkeypatch.setenv("BIASVIZ_STATISTICS", mode)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            biasviz.extract(model, ids.numpy(), out / f"{mode}.h5", summary=True, progress=False, batch_size=2,
+            biasviz.extract(model, ids.numpy(), out / f"{mode}.h5", summary=True, progress=False, batch_size=batch,
                             forward=forward, resolution=resolution, device="cpu")  # fmt: skip
         with h5py.File(out / f"{mode}.h5") as f:
             got[mode] = ({name: f["layer_0"][name][()] for name in f["layer_0"]}, dict(f["layer_0"].attrs))
@@ -80,6 +82,28 @@ def test_padding_that_differs_by_sample_fused_writes_what_the_torch_path_writes(
     _same_file(_padded_summaries(side, tmp_path, resolution, monkeypatch))
 
 
+def _bloom() -> torch.nn.Module:
+    """transformers' BLOOM (1 layer, 4 heads, random weights): its ALiBi positions start after each sample's own
+    padding, so its bias of the key differs by sample as well as its cells."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    torch.manual_seed(0)
+    return BloomForCausalLM(BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=4)).eval()
+
+
+@pytest.mark.parametrize(("side", "resolution", "batch"), [("left", 8, 2), ("left", 1, 3), ("every", 8, 1)])
+def test_bloom_s_bias_beside_padding_fused_writes_what_the_torch_path_writes(
+    side: str, resolution: int, batch: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """Each sample's own row of keys, m·(j - its padding), in the kernels' scores; the bias's own maps, profile and
+    SEs over each sample's own cells, formed again in torch (one sample a batch: the first's row banked, then the
+    others')."""
+    _use_reference(monkeypatch)
+    got = _padded_summaries(side, tmp_path, resolution, monkeypatch, model=_bloom(), batch=batch)
+    _same_file(got)
+    assert "bias_mean" in got["fused"][0] and float(np.nanmax(got["fused"][0]["bias_std"])) > 0  # it differs
+
+
 def test_documents_of_each_sample_s_own_fused_write_what_the_torch_path_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
@@ -91,9 +115,9 @@ def test_documents_of_each_sample_s_own_fused_write_what_the_torch_path_writes(
     _same_file(_module_summaries(_Documents(same=False), ids, tmp_path, 8, monkeypatch))
 
 
-@pytest.mark.parametrize("side", ["left", "every"])
+@pytest.mark.parametrize(("side", "model"), [("left", "llama"), ("every", "llama"), ("left", "bloom")])
 def test_padding_through_the_kernels_writes_what_the_torch_path_writes(
-    side: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    side: str, model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
     """The same, the sums from the kernels themselves (Triton's interpreter on the CPU)."""
     pytest.importorskip("triton")
@@ -101,4 +125,4 @@ def test_padding_through_the_kernels_writes_what_the_torch_path_writes(
 
     if not kernels.interpreted() and not torch.cuda.is_available():
         pytest.skip("Triton's interpreter was not chosen before Triton was imported")
-    _same_file(_padded_summaries(side, tmp_path, 8, monkeypatch))
+    _same_file(_padded_summaries(side, tmp_path, 8, monkeypatch, model=_bloom() if model == "bloom" else None))

@@ -63,10 +63,10 @@ def test_a_fused_layer_reads_the_host_a_fixed_number_of_times(monkeypatch: pytes
 
 
 def _fixed_reads(summarise: Callable[[np.ndarray, Path], object], sizes: list[tuple[int, int]], most_reads: int,
-                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
+                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path, per_sample: int = PER_SAMPLE) -> None:  # fmt: skip
     """``summarise(ids, out)`` at each (T, N) of ``sizes`` (a short and a long length with N, then the long with more
     samples), its ``_fused`` counted with the GPU's shapes forced: the same host reads (at most ``most_reads``) at
-    every size, operations that do not grow with T, and with N by at most ``PER_SAMPLE`` each."""
+    every size, operations that do not grow with T, and with N by at most ``per_sample`` each."""
     from biasviz.summaries import kernels
 
     got = {}
@@ -86,7 +86,7 @@ def _fixed_reads(summarise: Callable[[np.ndarray, Path], object], sizes: list[tu
     (short, long, more) = sizes
     assert abs(got[long].kernels - got[short].kernels) <= 20  # (a few by the number of distance bins)
     extra = got[more].kernels - got[long].kernels
-    assert 0 <= extra <= (more[1] - long[1]) * PER_SAMPLE, extra
+    assert 0 <= extra <= (more[1] - long[1]) * per_sample, extra
 
 
 def test_a_fused_layer_of_a_kept_row_of_keys_reads_the_host_a_fixed_number_of_times(
@@ -120,3 +120,28 @@ def test_a_fused_softcapped_or_sink_layer_reads_the_host_a_fixed_number_of_times
         biasviz.extract(model, ids, out, summary=True, resolution=16, device="cpu", progress=False, force=True)
 
     _fixed_reads(summarise, [(32, 3), (64, 3), (64, 5)], 12, monkeypatch, tmp_path)
+
+
+def test_a_fused_layer_of_bloom_beside_padding_reads_the_host_a_fixed_number_of_times(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
+    """BLOOM given padding that differs by sample, its row of keys each sample's own: the kernels take each sample's
+    row, and the bias's own summary is formed again a sample at a time over its own cells (3 reads measured; 109
+    operations a sample more, the rows, cells and per-sample sums of one block of rows)."""
+    import biasviz
+    from tests.summaries.test_fused_layer_by_sample import _bloom
+
+    def summarise(ids: np.ndarray, out: Path) -> None:
+        n, t = ids.shape
+        model = _bloom()
+        pad = torch.ones(n, t, dtype=torch.long)
+        for a in range(n):
+            pad[a, : (3 * a) % 7] = 0  # each sample's own padding on the left
+        rows = {tuple(r.tolist()): a for a, r in enumerate(torch.from_numpy(ids))}
+
+        def forward(batch: torch.Tensor) -> object:
+            return model(batch, attention_mask=pad[[rows[tuple(r.tolist())] for r in batch]])
+
+        biasviz.extract(model, ids, out, summary=True, resolution=16, device="cpu", progress=False, force=True,
+                        forward=forward, batch_size=n)  # fmt: skip
+
+    _fixed_reads(summarise, [(32, 3), (64, 3), (64, 5)], 4, monkeypatch, tmp_path, per_sample=120)

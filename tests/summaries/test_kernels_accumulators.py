@@ -349,3 +349,33 @@ def test_a_bias_of_each_sample_s_own_adds_up_as_float64_math_does(kernels, n: in
     _check(got, want)
     first_only = accumulators(q, k, np.broadcast_to(np.tril(cells[:1]), cells.shape).copy(), scale, block)
     assert not np.allclose(first_only["sample_blocks"], want["sample_blocks"], rtol=1e-3)
+
+
+@pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "tile", "left", "right"), [
+    (3, 4, 2, 40, 24, 12, 16, [0, 9, 4], [0, 0, 0]),  # left padding, as BLOOM's positions start after it
+    (3, 2, 1, 48, 16, 16, 32, [2, 0, 11], [0, 5, 0]),  # both sides, the default tile
+])  # fmt: skip
+def test_a_row_of_keys_of_each_sample_s_own_adds_up_as_float64_math_does(kernels, n: int, heads: int, kv: int,  # noqa: F811
+                                                                          t: int, hd: int, block: int, tile: int,
+                                                                          left: list[int],
+                                                                          right: list[int]) -> None:  # fmt: skip
+    """BLOOM's bias beside padding, g_a(j) = m·(j - pad_a) over each sample's own cells (NaN on its padded keys, as
+    the bank holds it): each sample's scores and weights with its own bias, each cell's moments over the samples that
+    attend it. Reading the first sample's row for every sample is off by far more than float32's rounding."""
+    from biasviz.summaries.kernels.biases import SampleKeys
+
+    q, k, _ = _inputs(n, heads, kv, t, hd, False)
+    cells = padded(t, left, right)
+    j = np.arange(t)
+    slopes = 2.0 ** -np.arange(1, heads + 1)
+    g = np.stack([slopes[:, None] * np.where((j >= lo) & (j < t - hi), j - lo, np.nan)[None]
+                  for lo, hi in zip(left, right, strict=True)])  # (N, H, T)
+    scale = 1 / np.sqrt(hd)
+    got = kernels.layer_accumulators(torch.from_numpy(q).float(), torch.from_numpy(k).float(),
+                                     SampleKeys(torch.from_numpy(g).float()), scale, block, tile=tile,
+                                     cells=torch.from_numpy(cells))  # fmt: skip
+    own = np.broadcast_to(np.nan_to_num(g)[:, :, None, :], (n, heads, t, t)).copy()
+    want = accumulators(q, k, own, scale, block, cells=cells)
+    _check(got, want)
+    first = accumulators(q, k, np.broadcast_to(own[:1], own.shape).copy(), scale, block, cells=cells)
+    assert not np.allclose(first["sample_blocks"], want["sample_blocks"], rtol=1e-3)

@@ -60,6 +60,12 @@ class FormsRowsAgain:
         values a position), formed by the model's own scheme from what :meth:`keep` put in ``bank``; None otherwise."""
         return None
 
+    def sample_keys(self, layer: int, bank: Any) -> torch.Tensor | None:
+        """(N, H, T) float32: each sample's own row of keys g_a(j), where the bias of causal ``layer`` is a function of
+        the key alone that differs by sample (BLOOM's m·j beside padding, its positions after each sample's own), as
+        :meth:`keep` banked it (NaN on keys a sample attends with no query); None otherwise."""
+        return None
+
     def kept_bias(self, layer: int) -> tuple[str, torch.Tensor] | None:
         """The bias every sample added to causal ``layer``, on every cell of the causal triangle, where the forward
         under :meth:`keep` kept one in a form the fused kernels add: ``("distance", f)``, f (H, T) of d = i - j alone

@@ -338,6 +338,20 @@ class FormsKeptCallsAgain(FormsRowsAgain):
             return None
         return bias
 
+    def sample_keys(self, layer: int, bank: Any) -> torch.Tensor | None:
+        """Each sample's own row of keys of causal ``layer`` as the bank holds it (L, H) a sample, where its bias is of
+        the key alone and differs by sample (:meth:`FormsRowsAgain.sample_keys`), with no softcap: (N, H, T)."""
+        kept = self._kept
+        if kept is None or layer not in kept.bias_by_sample or not self.layer_causal(layer):
+            return None
+        if kept.biases[layer].form != "key" or kept.formed[layer].softcap is not None:
+            return None
+        length = bank.seq_len(layer, SAMPLE_BIAS)
+        whole = bank.whole(layer, SAMPLE_BIAS)  # (N, L, H); read a sample at a time where it spilled to a file
+        if whole is None:
+            whole = torch.stack([bank.get(layer, SAMPLE_BIAS, a, 0, length).clone() for a in range(bank.samples)])
+        return whole.transpose(1, 2).float().expand(-1, self.n_heads, -1)
+
     def kept_bias(self, layer: int) -> tuple[str, torch.Tensor] | None:
         """The kept bias of a causal call with no mask of its own, as :meth:`FormsRowsAgain.kept_bias` gives it, where
         every causal cell showed its value (one read a layer): a table of j - i turned into f(d), d = i - j (index

@@ -27,7 +27,7 @@ from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_available, fused_layer, tell, why_not
-from biasviz.summaries.kernels.biases import Bias, CellBias, KeyBias, MlpBias, SampleEnds, mlp_bias
+from biasviz.summaries.kernels.biases import Bias, CellBias, KeyBias, MlpBias, SampleEnds, SampleKeys, mlp_bias
 from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
@@ -100,8 +100,8 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                 part.attend(attended)
             # a bias the forward kept as f(i - j) (a traced call's ALiBi, T5's buckets) is a table as a scheme's is;
             # one kept as g(j) (BLOOM's m·j) a row of keys, one kept cell by cell read so; FIRE's its MLP's terms,
-            # the same for every input; a bias of each sample's own from two values a position (CABLE's, FoX's), formed
-            # from the bank only where the kernels may take the layer
+            # the same for every input; a bias of each sample's own from two values a position (CABLE's, FoX's), or its
+            # own row of keys (BLOOM's beside padding), formed from the bank only where the kernels may take the layer
             kept, formed = None, None
             if layer not in formula and adapter.adds_bias:
                 if (found := adapter.kept_bias(layer)) is not None:
@@ -111,7 +111,9 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                     formed = mlp_bias(adapter.scheme_module(layer), seq_len)
                     if formed is None and fused_available(dev) is None:
                         ends = adapter.bias_ends(layer, bank)
-                        formed = None if ends is None else SampleEnds(ends)
+                        own_keys = adapter.sample_keys(layer, bank) if ends is None else None
+                        formed = (SampleEnds(ends) if ends is not None
+                                  else None if own_keys is None else SampleKeys(own_keys))  # fmt: skip
             fused, why = _fused(adapter, bank, layer, own, cells=cells, attended=attended,
                                 table=formula.get(layer, kept if formed is None else formed), kept=kept is not None,
                                 samples=n,

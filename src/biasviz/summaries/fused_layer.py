@@ -16,7 +16,9 @@ that differs by sample as e_a(i) - e_a(j) (CABLE's, FoX's full gate) is formed i
 summarised by a third kernel from e alone, its per-sample sums from running sums of e. Samples that attend different
 cells (padding, documents of their own) are covered too, each sample's own cells read for it: each cell's mean and
 spread over the samples that attend it, everything per sample over its own cells, and no P (it pairs the cells of
-different samples as one grid), as the torch path takes them. A softmax over cap·tanh(s / cap) (Gemma 2) or beside sink
+different samples as one grid), as the torch path takes them; beside them, a row of keys of each sample's own (BLOOM's
+beside padding) is added to each sample's scores, and the bias itself summarised in torch (:func:`~biasviz.summaries.
+replay.bias_again`). A softmax over cap·tanh(s / cap) (Gemma 2) or beside sink
 columns (GPT-OSS) is formed as the model forms it, the scores staying s. Any other layer takes the torch path; each
 layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files').
 """
@@ -24,6 +26,7 @@ layer's ``statistics`` attribute records which ran (docs/hdf5.md, 'Summary files
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,17 +47,17 @@ from biasviz.store.datasets import (
 from biasviz.store.format import non_finite_error
 from biasviz.summaries import QuantitySummary, Summary
 from biasviz.summaries.attended import Attended, samples_per_cell
-from biasviz.summaries.kernels.biases import Bias, MlpBias, SampleEnds
-from biasviz.summaries.layer import MASKED_SEPARABILITY_LEN
+from biasviz.summaries.fused_finish import ends_summary, positional_results
+from biasviz.summaries.kernels.biases import Bias, MlpBias, SampleEnds, SampleKeys
 from biasviz.summaries.maps import _group_sums, geometry_counts
-from biasviz.summaries.measures import BiasMeasureSums
-from biasviz.summaries.position import PositionSummary, from_key_profile
+from biasviz.summaries.position import PositionSummary
 from biasviz.summaries.positional_blocks import JackknifeBlocks
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
 from biasviz.summaries.reducers import KernelSums, reducer_classes
+from biasviz.summaries.replay import bias_again
 from biasviz.summaries.sample_blocks import SampleBlocks, block_errors
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells
-from biasviz.summaries.sample_profiles import per_sample_profiles, profile_errors
+from biasviz.summaries.sample_profiles import SampleProfiles, per_sample_profiles, profile_errors
 from biasviz.summaries.sharing import Agreement
 
 FUSED, TORCH = "fused", "torch"  # a summary layer's ``statistics`` attribute
@@ -94,6 +97,8 @@ def why_not(adapter: Any, bank: Any, layer: int, device: torch.device, *, by_sam
         return "its heads attend cells of their own, and each sample its own"
     if isinstance(table, SampleEnds) and (mask is not None or by_sample):
         return "its bias differs by sample beside a mask of its own"
+    if isinstance(table, SampleKeys) and not by_sample:
+        return "its bias of the key differs by sample, one set of cells for all"
     if adapter.adds_bias and table is None:
         return "its bias is neither a function of i - j alone nor one of the key alone, the same for every input"
     if bank.whole(layer, "q") is None or bank.whole(layer, "k") is None:
@@ -148,8 +153,14 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     heads, n = adapter.n_heads, samples
     bias = own.get("bias")
     ends = table if isinstance(table, SampleEnds) else None  # a bias of each sample's own: nothing to compare
+    keys = table if isinstance(table, SampleKeys) else None  # ... beside each sample's own cells
     if ends is not None:
         ends = SampleEnds(ends.ends.to(device))
+    elif keys is not None:
+        if bias is not None:  # summarised per sample over its own cells, no longer compared (as the torch path does)
+            if bias.mode == "shared":
+                bias.unshare()
+            bias.agreement = None
     elif table is not None and not measured:
         agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device)
         if agreement is None or agreement.largest > 0.0:
@@ -174,7 +185,7 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
     if not all(finite):  # one read, as the torch path's
         raise non_finite_error("weights" if not finite[0] else "bias", layer)
     if ends is not None and bias is not None:  # its own summary, from K3's sums
-        bias.given, bias.given_differs = _ends_summary(acc, ends, samples=n, seq_len=seq_len, block=block), True
+        bias.given, bias.given_differs = ends_summary(acc, ends, samples=n, seq_len=seq_len, block=block), True
     done = kernels.finish(acc["maps"], acc["by_distance"], acc["columns"], acc["row_ws"], acc["sinks"], block,
                           table, attended, cells)  # the maps, profiles, key profile and sink shares
     shares = None if attended is None else attended.block_shares(block, heads)
@@ -184,19 +195,32 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
         own[kind].given = Summary(mean=mean_map, std=std_map, profile=profile, diagnostics=None)
     # P's sums by distance: less a table's f(d), or (any other form, which changes along a diagonal) P's own
     unshifted = not torch.is_tensor(table)
-    p_mean, p_profile, p_diagnostics = (_positional(acc, None if unshifted else table, layer, seq_len, counts, attended)
-                                        if with_p
-                                        else (None, None, None))  # fmt: skip
+    p_mean, p_profile, p_diagnostics = (None, None, None)
+    if with_p:
+        p_mean, p_profile, p_diagnostics = positional_results(acc, None if unshifted else table, layer, seq_len, counts,
+                                                              attended)  # fmt: skip
+    bias_pass = None
+    if keys is not None and bias is not None:  # its own summary and SEs: each sample's rows over its own cells (torch)
+
+        def bias_pass(profiles: SampleProfiles | None, blocks: SampleBlocks | None) -> None:
+            bias_again(lambda a, r0, r1: keys.rows(a, r0, r1).to(device),
+                       lambda a, r0, r1: bank.get_cells(layer, SAMPLE_CELLS, a, r0, r1, r1).to(device)[None], bias,
+                       samples=n, seq_len=seq_len, heads=heads, device=device, profiles=profiles,
+                       blocks=blocks)  # fmt: skip
+
     arrays = None
     if measures:
         arrays = _measures(acc, done["row_entropy"], own, samples=n, heads=heads, seq_len=seq_len, block=block,
-                           device=device, attended=attended, own_cells=own_cells, ends=ends)  # fmt: skip
+                           device=device, attended=attended, own_cells=own_cells, ends=ends,
+                           bias_pass=bias_pass)  # fmt: skip
         arrays.update(rotary_measures(adapter, bank, layer, heads, attended, positional, own=cells is not None,
                                       bias=None if ends is None else ends.distance_sums()))  # fmt: skip
         if cells is not None and cells.samples is not None:  # how many samples attend each cell
             arrays[SAMPLES_PER_CELL] = samples_per_cell(cells.samples, cells.union, block, heads)
         if p_profile is not None and not adapter.adds_bias:
             add_pair_sum_residual(arrays, p_profile[0], attended)
+    elif bias_pass is not None:
+        bias_pass(None, None)
     p_mean_host, p_profile_host, key_host, sink_host, shares_host = host_arrays(
         p_mean, p_profile, done[KEY_PROFILE], done[SINK_SHARE], shares)  # fmt: skip
     assert key_host is not None and sink_host is not None
@@ -260,69 +284,17 @@ def _bias_agreement(adapter: Any, bank: Any, layer: int, table: Bias, *, samples
     return agreement
 
 
-def _ends_summary(acc: dict[str, torch.Tensor], ends: SampleEnds, *, samples: int, seq_len: int,
-                  block: int) -> Summary:  # fmt: skip
-    """The summary of a bias of each sample's own (causal, no mask of its own), as the torch path's
-    :meth:`~biasviz.summaries.layer.QuantitySummary.result` finishes it, from K3's sums
-    (:func:`~biasviz.summaries.kernels.ends_sums`): its maps, its profile by distance (each diagonal's sums less its
-    first cell b̄(d, 0) = ē(d) - ē(0), formed as K3 formed it) and its diagnostics."""
-    device = acc["bias_maps"].device
-    heads = acc["bias_maps"].shape[1]
-    counts = geometry_counts(seq_len, block, True, device)
-    maps = torch.where(counts > 0, acc["bias_maps"] / counts, float("nan")).float()
-    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)
-    dev, dev_sq, within = acc["bias_distance"]
-    mean_ends = ends.packed(device)[-1]  # ē, float32 as K3 reads it
-    first = (mean_ends - mean_ends[:, :1]).double()
-    between = (dev_sq / per_d - (dev / per_d) ** 2).clamp(min=0.0)
-    profile = torch.stack([first + dev / per_d, (within / per_d + between).sqrt()]).float()
-    sums = BiasMeasureSums(heads, seq_len, device)
-    sums.ref = torch.zeros(heads, dtype=torch.float64, device=device)  # b̄(0, 0) = 0
-    sums.shifted, sums.squares = acc["bias_shifted"].T.contiguous(), acc["bias_squares"].T.contiguous()
-    sums.cells = seq_len * (seq_len + 1) // 2
-    sums.row_sum, sums.col_sum, sums.spread_sum = acc["bias_rows"], acc["bias_cols"], acc["bias_spread"]
-    diagnostics = sums.results(samples, (dev_sq - dev * dev / per_d).clamp(min=0.0).sum(-1))
-    mean, std, by_distance = host_arrays(maps[0], maps[1], profile)
-    return Summary(mean=mean, std=std, profile=by_distance, diagnostics=diagnostics)
-
-
-def _positional(acc: dict[str, torch.Tensor], table: torch.Tensor | None, layer: int, seq_len: int,
-                counts: torch.Tensor, attended: Attended | None) -> tuple[torch.Tensor, torch.Tensor, Any]:  # fmt: skip
-    """P's block means, its profile over all keys and over keys j >= 4, and its diagnostics, from the kernels' sums
-    (its sums by distance shifted by f(d), which makes a diagonal of equal cells exactly Toeplitz), over the cells of
-    ``attended`` where the call has a mask of its own."""
-    device = counts.device
-    heads = acc["positional_maps"].shape[0]
-    per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)
-    if attended is not None:
-        per_d = attended.per_distance.to(device)
-    f = torch.zeros(heads, seq_len, dtype=torch.float64, device=device) if table is None else table.to(device).double()
-    p_map = torch.where(counts > 0, acc["positional_maps"] / counts, float("nan")).float()
-    if not bool(torch.isfinite(acc["positional_maps"]).all()):
-        raise non_finite_error("positional", layer)
-    dev, dev_sq = acc["positional_distance"]
-    by_distance = f + dev / per_d
-    sums = BiasMeasureSums(heads, seq_len, device)
-    sums.ref = acc["positional_first"][:, 0, 0].double()
-    sums.shifted = acc["positional_shifted"].T.contiguous()
-    sums.cells = seq_len * (seq_len + 1) // 2 if attended is None else attended.mask.sum((1, 2)).double().cpu().numpy()
-    sums.row_sum, sums.col_sum = acc["positional_rows"], acc["positional_cols"]
-    sums.squares = acc["positional_squares"].T.contiguous()
-    toeplitz = (dev_sq - dev * dev / per_d.clamp(min=1)).clamp(min=0.0).sum(-1)
-    fit = None if attended is None else attended.laplacian() if seq_len <= MASKED_SEPARABILITY_LEN else False
-    diagnostics = sums.results(0, toeplitz, fit)
-    return p_map, from_key_profile(by_distance, acc["positional_first"], attended), diagnostics
-
-
 def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
               heads: int, seq_len: int, block: int, device: torch.device,
               attended: Attended | None = None, own_cells: OwnCells | None = None,
-              ends: SampleEnds | None = None) -> dict[str, Any]:  # fmt: skip
+              ends: SampleEnds | None = None,
+              bias_pass: Callable[[Any, Any], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
     kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w; 0 in a row with no key),
     over the cells of ``attended`` where the call has a mask of its own, or each sample's own (``own_cells``, one
     sample's (T, T) bool at a time) where samples are masked differently: the queries and cells counted per sample.
-    ``ends``: a bias of each sample's own, whose per-sample sums by distance and by block are formed from its ends."""
+    ``ends``: a bias of each sample's own, whose per-sample sums by distance and by block are formed from its ends;
+    ``bias_pass(profiles, blocks)``: one that feeds the bias's own (BLOOM's beside padding, formed again in torch)."""
     n, t = samples, seq_len
     f64 = {"dtype": torch.float64, "device": device}
     by_sample = own_cells is not None
@@ -368,6 +340,12 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
         blocks[kind].begin(0, n)
         # where samples are masked differently, how many of its own cells each block holds
         blocks[kind].add_block_sums(values, None if own_cells is None else torch.stack(block_counts))
+    if bias_pass is not None:
+        if n >= MIN_SE_SAMPLES and block > 1:
+            blocks["bias"] = SampleBlocks(heads=heads, seq_len=t, block=block, causal=True, device=device,
+                                          attended=shared)  # fmt: skip
+            blocks["bias"].begin(0, n)
+        bias_pass(profiles.get("bias"), blocks.get("bias"))
     arrays.update({**profile_errors(profiles, own, n), **block_errors(blocks)})
     return arrays
 

@@ -131,6 +131,35 @@ def feed_again(form: Former, layer: int, reducers: list[Reducer], *, samples: in
             check_interrupted()
 
 
+def bias_again(rows: Callable[[int, int, int], torch.Tensor], cells: Callable[[int, int, int], torch.Tensor],
+               part: QuantitySummary, *, samples: int, seq_len: int, heads: int, device: torch.device,
+               profiles: SampleProfiles | None = None, blocks: SampleBlocks | None = None) -> None:  # fmt: skip
+    """A causal layer's bias that differs by sample, where samples attend cells of their own, summarised alone into
+    ``part`` (each cell's mean and spread over the samples that attend it) and each sample's sums for its standard
+    errors (``profiles``, ``blocks``): every sample's rows ``rows(a, r0, r1)`` (1, H, rows, r1) over its cells
+    ``cells(a, r0, r1)`` (1, 1 or H, rows, r1) formed again block by block, as :func:`replay_layer` forms them; beside
+    the fused kernels, which sum the weights and scores of the layer (:mod:`~biasviz.summaries.fused_layer`)."""
+    scratch = {"bias": Scratch(), "work": Scratch()}
+    for r0, r1 in row_blocks(seq_len, heads, device, True, by_sample=True):
+        sums = CountedSums()
+        for a in range(samples):
+            values, own = rows(a, r0, r1), cells(a, r0, r1)
+            sums.add(values[0], own[0])
+            if profiles is not None:
+                profiles.add(a, r0, values, own)
+            if blocks is not None:
+                blocks.add(a, r0, values, own)
+            check_interrupted()
+        step = max(1, step_cells(device, CHUNK_CELLS) // max(1, heads * r1))
+        for c0 in range(0, r1 - r0, step):
+            c1 = min(r1 - r0, c0 + step)
+            values = sums.moments(c0, c1, r0 + c1, scratch["bias"])  # a causal chunk uses no key past its last row
+            part.add_moments(r0 + c0, values, owned=True, scratch=scratch["work"])
+        if blocks is not None:
+            blocks.finish(r1)
+    part.samples = samples
+
+
 def row_blocks(seq_len: int, heads: int, device: torch.device, varying_bias: bool, budget: int | None = None,
                by_sample: bool = False, causal: bool = True) -> Iterator[tuple[int, int]]:  # fmt: skip
     """The query blocks (r0, r1) a layer is formed again in, each within ``budget`` bytes; ``by_sample``: each sample

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from biasviz.store.datasets import KEY_PROFILE, SINK_SHARE, map_name, profile_name
-from biasviz.summaries.kernels.biases import Bias, CellBias, KeyBias, MlpBias, SampleEnds
+from biasviz.summaries.kernels.biases import Bias, CellBias, KeyBias, MlpBias, SampleEnds, SampleKeys
 from biasviz.summaries.kernels.masks import mask_operands, sample_operands  # noqa: F401  (what the kernels read)
 from biasviz.summaries.maps import _group_sums, geometry_counts
 
@@ -77,10 +77,11 @@ def _launch(q: torch.Tensor, k: torch.Tensor, table: Bias | None, tile: int,
         bias, kind = table.packed(q.device), 3
     elif isinstance(table, CellBias):
         bias, kind = table.packed(q.device), 4 if table.values.shape[0] == 1 else 5
-    elif isinstance(table, SampleEnds):
-        if table.ends.shape != (n, heads, seq_len):
-            raise ValueError(f"each sample's ends {tuple(table.ends.shape)} are not (N, H, T) = {(n, heads, seq_len)}")
-        bias, kind = table.packed(q.device), 6
+    elif isinstance(table, (SampleEnds, SampleKeys)):
+        own = table.ends if isinstance(table, SampleEnds) else table.values
+        if own.shape != (n, heads, seq_len):
+            raise ValueError(f"each sample's bias terms {tuple(own.shape)} are not (N, H, T) = {(n, heads, seq_len)}")
+        bias, kind = table.packed(q.device), 6 if isinstance(table, SampleEnds) else 7
     elif isinstance(table, KeyBias):
         bias, kind = table.packed(q.device), 2
     elif table is not None:

@@ -1,7 +1,8 @@
 """The forms of a bias the fused kernels add beside a table of distance (H, T): a row of keys (:class:`KeyBias`),
 FIRE's MLP formed in each tile (:class:`MlpBias`), a bias read cell by cell (:class:`CellBias`) and one that differs by
-sample as a difference of two values a position (:class:`SampleEnds`: CABLE's, FoX's). Plain tensors and named
-tuples, so that a caller can build them without Triton."""
+sample as a difference of two values a position (:class:`SampleEnds`: CABLE's, FoX's) or as a row of keys of its own
+(:class:`SampleKeys`: BLOOM's beside padding). Plain tensors and named tuples, so that a caller can build them without
+Triton."""
 
 from __future__ import annotations
 
@@ -131,9 +132,29 @@ class SampleEnds(NamedTuple):
         return every, first
 
 
+class SampleKeys(NamedTuple):
+    """A bias of the key alone that differs by sample, b_a,h(i, j) = g_a,h(j), from ``values`` (N, H, T): BLOOM's
+    m_h·j with its positions starting after each sample's own padding, as the keeping forward banked it. Only where
+    samples attend cells of their own (the padding): each sample's own values on its own cells (NaN where it attends
+    none: never read)."""
+
+    values: torch.Tensor
+
+    def packed(self, device: torch.device) -> torch.Tensor:
+        """(N + 1, H, T) float32 as the kernels read it (a sample's cells it does not attend as 0, never read), the
+        last one the mean over samples (no P is formed where samples attend cells of their own: not read)."""
+        values = self.values.to(device=device, dtype=torch.float32).nan_to_num(0.0)
+        return torch.cat([values, values.mean(0, keepdim=True)]).contiguous()
+
+    def rows(self, sample: int, r0: int, r1: int) -> torch.Tensor:
+        """Sample ``sample``'s bias of queries r0 .. r1 - 1 against keys 0 .. r1 - 1, (1, H, rows, r1)."""
+        g = self.values[sample]
+        return g[None, :, None, :r1].expand(1, g.shape[0], r1 - r0, r1)
+
+
 # what the kernels add: a table f (H, T) of distance d = i - j (a tensor), a row of keys, FIRE's MLP, cells, each
-# sample's ends
-Bias = torch.Tensor | KeyBias | MlpBias | CellBias | SampleEnds
+# sample's ends or row of keys
+Bias = torch.Tensor | KeyBias | MlpBias | CellBias | SampleEnds | SampleKeys
 
 
 def mlp_bias(scheme: Any, seq_len: int) -> MlpBias | None:

@@ -6,7 +6,8 @@ s_a(i, j) = c q_a(i)·k_a(j) + b_h(i, j), w_a(i, j) = exp(s_a(i, j) - lse_a(i)).
 table of distance f_h(d) (1: a scheme's, ALiBi or T5 kept from a call) or a row of keys g_h(j) (2: BLOOM's m_h·j), its
 table TABLE (H, T) either way, (3) FIRE's MLP of the interpolated distance, formed cell by cell from its weights, or
 a bias read cell by cell, (T, T) for every head (4) or (H, T, T) (5), or each sample's own, e_a(i) - e_a(j) (6: CABLE's,
-FoX's; the scores' moments then over s itself, and P's b the mean over samples, ē(i) - ē(j))
+FoX's; the scores' moments then over s itself, and P's b the mean over samples, ē(i) - ē(j)) or g_a(j) (7: BLOOM's
+beside padding, where samples attend cells of their own and no P is formed)
 (:func:`~biasviz.summaries.kernels.triton_tiles.tile_bias`). The weights are w_a(i, j) = exp(z_a(i, j) - lse_a(i)):
 z = s, or (``SOFTCAP``) Gemma 2's z = cap·tanh(s / cap); lse runs over the attended keys and (``HAS_SINKS``)
 GPT-OSS's sink columns beside them, each row's sink logit read from SINK_LOGITS (N, T, H) (the keys' weights then sum
@@ -81,7 +82,7 @@ def _sample_tile(Q, K, TABLE, LSE, ROW_WS, SINKS, SCOLS, CTX, SDIST, SBLOCKS, BO
     k = load_rows(K, a, kh, cols, dims, skn, skh, skt, skd, T, HD)
     raw = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
     s = (raw + tile_bias(TABLE, a, h, rows, cols, T, H, HAS_BIAS, HID)) if HAS_BIAS else raw  # as K1 forms it
-    if HAS_BIAS == 6:  # a bias of each sample's own: the scores' moments over s itself
+    if HAS_BIAS >= 6:  # a bias of each sample's own: the scores' moments over s itself
         raw = s
     at = a * H + h
     lse = tl.load(LSE + at * T + rows, mask=rows < T, other=0.0)
@@ -269,7 +270,7 @@ def tile_statistics(Q, K, TABLE, LSE, MAPS, DIST, COLS, ROW_WS, SINKS, SCOLS, CT
                 bias = tl.where(used, tile_bias(TABLE, N, h, rows, cols, T, H, HAS_BIAS, HID), 0.0)  # 0 if not used
             mean_s = raw0 + ms + bias
             mean_raw = raw0 + ms  # the mean of c q k^T
-            if HAS_BIAS == 6:  # the samples' scores held their own bias already
+            if HAS_BIAS >= 6:  # the samples' scores held their own bias already
                 mean_s = raw0 + ms
                 mean_raw = mean_s - bias
             # block maps: a tile inside one block adds its sums (every cell past the diagonal holds 0), else each cell

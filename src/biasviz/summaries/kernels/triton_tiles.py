@@ -22,13 +22,15 @@ def tile_bias(TABLE, a, h, rows, cols, T, H, KIND: tl.constexpr, HID: tl.constex
     formed here cell by cell from TABLE = [ψ(d) (T), ψ(max(L, i)) (T), W1 (HID), b1 (HID), W2 (H, HID), b2 (H)]:
     b_h = b2_h + Σ_k W2_hk·max(W1_k u + b1_k, 0), the hidden units in turn; or read cell by cell from TABLE (T, T),
     one for every head (4), or (H, T, T) (5); or (6) sample ``a``'s e_a,h(i) - e_a,h(j) from TABLE (N + 1, H, T)
-    (index N: the mean over samples, ē); 0 past the diagonal."""
+    (index N: the mean over samples, ē), or (7) its row of keys g_a,h(j) from the same; 0 past the diagonal."""
     dist = rows[:, None] - cols[None, :]
     inside = (dist >= 0) & (rows[:, None] < T)
-    if KIND == 6:
-        ends = TABLE + (a * H + h) * T
-        e_i = tl.load(ends + rows, mask=rows < T, other=0.0)
-        e_j = tl.load(ends + cols, mask=cols < T, other=0.0)
+    if KIND >= 6:  # each sample's own (index N: the mean over samples)
+        own = TABLE + (a * H + h) * T
+        e_j = tl.load(own + cols, mask=cols < T, other=0.0)
+        if KIND == 7:  # g_a(j)
+            return tl.where(inside, e_j[None, :] + 0.0 * rows[:, None], 0.0)
+        e_i = tl.load(own + rows, mask=rows < T, other=0.0)
         return tl.where(inside, e_i[:, None] - e_j[None, :], 0.0)
     if KIND >= 4:  # offsets in int64: H T² passes 2^31 from T = 8192 on
         at = ((h * (KIND - 4)).to(tl.int64) * T + rows[:, None].to(tl.int64)) * T + cols[None, :]
