@@ -31,15 +31,13 @@ def ends_summary(acc: dict[str, torch.Tensor], ends: SampleEnds, *, samples: int
     maps = torch.where(counts > 0, acc["bias_maps"] / counts, float("nan")).float()
     per_d = torch.arange(seq_len, 0, -1, dtype=torch.float64, device=device)
     dev, dev_sq, within = acc["bias_distance"]
-    mean_ends = ends.packed(device)[-1]  # ē, float32 as K3 reads it
+    mean_ends = ends.mean().to(device)  # ē, float32 as K3 reads it
     first = (mean_ends - mean_ends[:, :1]).double()
     between = (dev_sq / per_d - (dev / per_d) ** 2).clamp(min=0.0)
     profile = torch.stack([first + dev / per_d, (within / per_d + between).sqrt()]).float()
-    sums = BiasMeasureSums(heads, seq_len, device)
-    sums.ref = torch.zeros(heads, dtype=torch.float64, device=device)  # b̄(0, 0) = 0
-    sums.shifted, sums.squares = acc["bias_shifted"].T.contiguous(), acc["bias_squares"].T.contiguous()
-    sums.cells = seq_len * (seq_len + 1) // 2
-    sums.row_sum, sums.col_sum, sums.spread_sum = acc["bias_rows"], acc["bias_cols"], acc["bias_spread"]
+    sums = _measure_sums(acc, "bias", torch.zeros(heads, dtype=torch.float64, device=device),  # b̄(0, 0) = 0
+                         seq_len * (seq_len + 1) // 2)  # fmt: skip
+    sums.spread_sum = acc["bias_spread"]
     diagnostics = sums.results(samples, (dev_sq - dev * dev / per_d).clamp(min=0.0).sum(-1))
     mean, std, by_distance = host_arrays(maps[0], maps[1], profile)
     return Summary(mean=mean, std=std, profile=by_distance, diagnostics=diagnostics)
@@ -61,13 +59,21 @@ def positional_results(acc: dict[str, torch.Tensor], table: torch.Tensor | None,
         raise non_finite_error("positional", layer)
     dev, dev_sq = acc["positional_distance"]
     by_distance = f + dev / per_d
-    sums = BiasMeasureSums(heads, seq_len, device)
-    sums.ref = acc["positional_first"][:, 0, 0].double()
-    sums.shifted = acc["positional_shifted"].T.contiguous()
-    sums.cells = seq_len * (seq_len + 1) // 2 if attended is None else attended.mask.sum((1, 2)).double().cpu().numpy()
-    sums.row_sum, sums.col_sum = acc["positional_rows"], acc["positional_cols"]
-    sums.squares = acc["positional_squares"].T.contiguous()
+    cells = seq_len * (seq_len + 1) // 2 if attended is None else attended.mask.sum((1, 2)).double().cpu().numpy()
+    sums = _measure_sums(acc, "positional", acc["positional_first"][:, 0, 0].double(), cells)
     toeplitz = (dev_sq - dev * dev / per_d.clamp(min=1)).clamp(min=0.0).sum(-1)
     fit = None if attended is None else attended.laplacian() if seq_len <= MASKED_SEPARABILITY_LEN else False
     diagnostics = sums.results(0, toeplitz, fit)
     return p_map, from_key_profile(by_distance, acc["positional_first"], attended), diagnostics
+
+
+def _measure_sums(acc: dict[str, torch.Tensor], kind: str, ref: torch.Tensor, cells: Any) -> BiasMeasureSums:
+    """The diagnostics' running sums of ``kind`` ("positional", "bias") as the kernels left them (their
+    ``<kind>_rows``, ``_cols``, ``_squares`` and ``_shifted``, the Triton ``measure_sums`` of each tile), shifted by
+    ``ref`` (H,) over ``cells`` (a number, or one a head)."""
+    heads, seq_len = acc[f"{kind}_rows"].shape
+    sums = BiasMeasureSums(heads, seq_len, acc[f"{kind}_rows"].device)
+    sums.ref, sums.cells = ref, cells
+    sums.row_sum, sums.col_sum = acc[f"{kind}_rows"], acc[f"{kind}_cols"]
+    sums.shifted, sums.squares = acc[f"{kind}_shifted"].T.contiguous(), acc[f"{kind}_squares"].T.contiguous()
+    return sums

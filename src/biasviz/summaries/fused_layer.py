@@ -210,11 +210,16 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
 
     arrays = None
     if measures:
+        # a bias of each sample's own: its sums by distance (over all cells, over the first keys') and by block, once
+        by_distance, own_sums = None, None
+        if ends is not None:
+            by_distance = ends.distance_sums()
+            own_sums = (by_distance[0], ends.block_sums(block))
         arrays = _measures(acc, done["row_entropy"], own, samples=n, heads=heads, seq_len=seq_len, block=block,
-                           device=device, attended=attended, own_cells=own_cells, ends=ends,
+                           device=device, attended=attended, own_cells=own_cells, bias_sums=own_sums,
                            bias_pass=bias_pass)  # fmt: skip
         arrays.update(rotary_measures(adapter, bank, layer, heads, attended, positional, own=cells is not None,
-                                      bias=None if ends is None else ends.distance_sums()))  # fmt: skip
+                                      bias=by_distance))  # fmt: skip
         if cells is not None and cells.samples is not None:  # how many samples attend each cell
             arrays[SAMPLES_PER_CELL] = samples_per_cell(cells.samples, cells.union, block, heads)
         if p_profile is not None and not adapter.adds_bias:
@@ -287,13 +292,13 @@ def _bias_agreement(adapter: Any, bank: Any, layer: int, table: Bias, *, samples
 def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
               heads: int, seq_len: int, block: int, device: torch.device,
               attended: Attended | None = None, own_cells: OwnCells | None = None,
-              ends: SampleEnds | None = None,
+              bias_sums: tuple[torch.Tensor, torch.Tensor] | None = None,
               bias_pass: Callable[[Any, Any], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
     kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w; 0 in a row with no key),
     over the cells of ``attended`` where the call has a mask of its own, or each sample's own (``own_cells``, one
     sample's (T, T) bool at a time) where samples are masked differently: the queries and cells counted per sample.
-    ``ends``: a bias of each sample's own, whose per-sample sums by distance and by block are formed from its ends;
+    ``bias_sums``: a bias of each sample's own, its per-sample sums by distance and by block (formed from its ends);
     ``bias_pass(profiles, blocks)``: one that feeds the bias's own (BLOOM's beside padding, formed again in torch)."""
     n, t = samples, seq_len
     f64 = {"dtype": torch.float64, "device": device}
@@ -322,14 +327,14 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
         arrays.update(reducer.from_kernels(finished) or {})
     if scores is not None:
         scores.add_distance_sums(acc["sample_distance"][1])
-    if ends is not None and "bias" in profiles:
+    if bias_sums is not None and "bias" in profiles:
         profiles["bias"].count_cells(0, n, None)
-        profiles["bias"].add_distance_sums(ends.distance_sums()[0])
+        profiles["bias"].add_distance_sums(bias_sums[0])
     sums = {}  # with blocks of one position the maps' SEs come from their spread (map_errors); P's never do
     if n >= MIN_SE_SAMPLES and block > 1:
         sums = {"weights": acc["sample_blocks"][0], "scores": acc["sample_blocks"][1]}
-        if ends is not None:
-            sums["bias"] = ends.block_sums(block)
+        if bias_sums is not None:
+            sums["bias"] = bias_sums[1]
     if "jackknife_blocks" in acc:
         sums["positional"] = acc["jackknife_blocks"]
     blocks: dict[str, SampleBlocks] = {}

@@ -185,10 +185,10 @@ def _positional_inputs(q: torch.Tensor, k: torch.Tensor, table: Bias | None,
     q0, k0 = q[:, :, 0].double(), k[:, :, 0].double().repeat_interleave(group, 1)  # (N, H, hd)
     ref = scale * (big_q[:, 0] * big_k[:, 0].repeat_interleave(group, 0)).sum(-1) / (n * (n - 1))
     ref = ref - scale * (q0 * k0).sum(-1).mean(0) / (n - 1)
-    if isinstance(table, (KeyBias, MlpBias, CellBias, SampleEnds)):
-        ref = ref + table.first().to(q.device)
-    elif table is not None:
+    if torch.is_tensor(table):  # f(0) of a table of distance
         ref = ref + table[:, 0].to(device=q.device, dtype=torch.float64)
+    elif table is not None:  # any other form says its b(0, 0)
+        ref = ref + table.first().to(q.device)
     return big_q.float().contiguous(), big_k.float().contiguous(), ref.float()
 
 

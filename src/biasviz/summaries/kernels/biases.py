@@ -78,8 +78,11 @@ class SampleEnds(NamedTuple):
         """(N + 1, H, T) float32 as the kernels read it: each sample's ends, then their mean over samples (taken in
         float64)."""
         ends = self.ends.to(device)
-        mean = ends.double().mean(0, keepdim=True).to(torch.float32)
-        return torch.cat([ends.to(torch.float32), mean]).contiguous()
+        return torch.cat([ends.to(torch.float32), self.mean().to(device)[None]]).contiguous()
+
+    def mean(self) -> torch.Tensor:
+        """(H, T) float32 ē, the mean of e over samples, taken in float64."""
+        return self.ends.double().mean(0).to(torch.float32)
 
     def first(self) -> torch.Tensor:
         """(H,) float64 b̄_h(0, 0): 0 (every cell of the diagonal is e(i) - e(i))."""
@@ -145,6 +148,10 @@ class SampleKeys(NamedTuple):
         last one the mean over samples (no P is formed where samples attend cells of their own: not read)."""
         values = self.values.to(device=device, dtype=torch.float32).nan_to_num(0.0)
         return torch.cat([values, values.mean(0, keepdim=True)]).contiguous()
+
+    def first(self) -> torch.Tensor:
+        """(H,) float64 b̄_h(0, 0): the mean of g_a(0) over the samples, as the last of :meth:`packed` holds it."""
+        return self.values[:, :, 0].double().nan_to_num(0.0).mean(0)
 
     def rows(self, sample: int, r0: int, r1: int) -> torch.Tensor:
         """Sample ``sample``'s bias of queries r0 .. r1 - 1 against keys 0 .. r1 - 1, (1, H, rows, r1)."""
