@@ -293,28 +293,3 @@ def test_key_profile_squares_a_block_a_few_rows_at_a_time(monkeypatch: pytest.Mo
         want_mean = mean[:, seen, j].mean(-1)
         want_std = np.sqrt((std[:, seen, j] ** 2 + mean[:, seen, j] ** 2).mean(-1) - want_mean**2)
         np.testing.assert_allclose(got[:, :, j], [want_mean, want_std], rtol=1e-6, atol=1e-7, err_msg=f"key {j}")
-
-
-def test_sink_share_counts_the_cells_each_block_brings() -> None:
-    """Each sample's mean weight on key 0 over its queries that see key 0, against numpy: samples 0-1 in blocks that
-    bring no cells, samples 2-3 with their own (key 0 hidden from queries 0-2 of sample 3 in head 1 alone), a block
-    held and dropped counted once."""
-    from biasviz.summaries.position import SinkShare
-
-    n, h, t, rows = 4, 2, 7, 3
-    rng = np.random.default_rng(9)
-    masks = np.broadcast_to(np.tril(np.ones((t, t), bool)), (n, h, t, t)).copy()
-    masks[3, 1, :3, 0] = False
-    w = np.where(masks, rng.random((n, h, t, t)), 0.0)
-    share = SinkShare(n, h, torch.device("cpu"))
-    for r0 in range(0, t, rows):
-        r1 = min(t, r0 + rows)
-        for first, own in ((0, False), (2, True)):
-            cells = torch.as_tensor(masks[first : first + 2, :, r0:r1, :r1]) if own else None
-            block = torch.as_tensor(w[first : first + 2, :, r0:r1, :r1])
-            share.hold()
-            share.add(first, block, cells)
-            share.discard()  # formed again: the first addition dropped
-            share.add(first, block, cells)
-    want = (w[..., 0] * masks[..., 0]).sum(-1) / masks[..., 0].sum(-1)
-    np.testing.assert_allclose(share.result().numpy(), want, rtol=1e-6)

@@ -28,11 +28,11 @@ from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_available, fused_layer, tell, why_not
 from biasviz.summaries.kernels.biases import Bias, CellBias, KeyBias, MlpBias, SampleEnds, SampleKeys, mlp_bias
-from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
+from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
-from biasviz.summaries.reducers import build, results
+from biasviz.summaries.reducers import build, results, split
 from biasviz.summaries.replay import DiffersPartWay, LayerExtras, feed_again, replay_layer, row_blocks
 from biasviz.summaries.sample_blocks import block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells, check_one_mask
@@ -120,14 +120,17 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                                 seq_len=seq_len, block=block, device=dev, positional=positional, measures=measures,
                                 show=functools.partial(phase, k, f"layer {layer}, fused", 1, "layer"))  # fmt: skip
             if fused is not None:
-                if measures and fused.measures is not None:  # the statistics the kernels do not implement
-                    reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal, device=dev,
-                                     held=fused.measures.keys())  # fmt: skip
-                    with torch.inference_mode():
-                        feed_again(lambda at, a, r0, r1, b: adapter.rows_again(at, bank, a, r0, r1, b), layer,
-                                   reducers, samples=n, seq_len=seq_len, heads=heads, device=dev,
-                                   mask=None if cells is not None else attended, causal=causal)  # fmt: skip
-                    fused.measures.update(results(reducers))
+                # the statistics the kernels do not implement: every sample's rows formed again for them
+                reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal, device=dev,
+                                 held={*fused.reduced, *(fused.measures or ())}, measures=measures)  # fmt: skip
+                with torch.inference_mode():
+                    feed_again(lambda at, a, r0, r1, b: adapter.rows_again(at, bank, a, r0, r1, b), layer, reducers,
+                               samples=n, seq_len=seq_len, heads=heads, device=dev,
+                               mask=None if cells is not None else attended, causal=causal)  # fmt: skip
+                reduced, measured = split(results(reducers))
+                fused.reduced.update(reduced)
+                if fused.measures is not None:
+                    fused.measures.update(measured)
                 extras[layer] = fused
                 bank.drop(layer)
                 continue
@@ -168,19 +171,19 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             positional = None if extra.positional is None else extra.positional.result()
             if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself
                 add_pair_sum_residual(frequency, positional[1][0], attended)
-            p_mean, p_profile, key_profile, sink_share, shares = host_arrays(  # one wait for every copy
+            p_mean, p_profile, key_profile, shares = host_arrays(  # one wait for every copy
                 None if positional is None else positional[0], None if positional is None else positional[1],
-                extra.keys.result(), extra.sinks.result(), None if attended is None else attended.block_shares(block,
-                                                                                                              heads))
-            assert key_profile is not None and sink_share is not None
+                extra.keys.result(), None if attended is None else attended.block_shares(block, heads))
+            assert key_profile is not None
+            reduced, measured = split(results(extra.reducers))
             extras[layer] = PositionSummary(
                 positional_mean=p_mean,
                 positional_profile=p_profile,
                 positional_diagnostics=None if positional is None else positional[2],
                 key_profile=key_profile,
-                sink_share=sink_share,
+                reduced=reduced,
                 attended=shares,
-                measures={**results(extra.reducers), **frequency} if measures else None,
+                measures={**measured, **frequency} if measures else None,
                 note=None if cells is None else BY_SAMPLE_NOTE,
             )
     finally:
@@ -248,12 +251,12 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
     n, heads, shared = samples, adapter.n_heads, None if cells is not None else attended
     causal = adapter.layer_causal(layer)
     extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device, causal=causal),
-                        sinks=SinkShare(n, heads, device), by_sample=cells is not None)
+                        by_sample=cells is not None, mask=shared,
+                        reducers=build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal,
+                                       device=device, measures=measures))  # fmt: skip
     if cells is not None:
         warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=4)
     if measures:  # docs/position-measures.md
-        extra.reducers = build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal, device=device)
-        extra.mask = shared
         extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=causal,
                                              device=device)  # fmt: skip
         extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,

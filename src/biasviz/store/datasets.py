@@ -101,7 +101,8 @@ LAYER_ROWS: tuple[DatasetRow, ...] = (
                "P by distance over keys j >= from_key (POSITIONAL_FROM_KEYS)"),
     DatasetRow(KEY_PROFILE, ("stat", "head", "key"), "share",
                "the weights by key over samples and the queries that see it"),
-    DatasetRow(SINK_SHARE, ("sample", "head"), "share", "per sample, the mean over queries of the weight on key 0"),
+    DatasetRow(SINK_SHARE, ("sample", "head"), "share", "per sample, the mean over queries of the weight on key 0",
+               reducer="biasviz.summaries.sink_share:SinkShare"),
     DatasetRow(POSITIONAL_DIAGNOSTICS, ("head",), "diagnostics", "the diagnostics of the positional logits P"),
     DatasetRow(ATTENDED, MAP_DIMS, "share", "the share of each block's cells the layer's own mask attends",
                broadcast=("head",)),
@@ -175,6 +176,14 @@ COUNTS: tuple[DatasetRow, ...] = (
 # validator lists what a layer holds
 MEASURE_ROWS: dict[str, DatasetRow] = {row.name: row for row in (*MEASURES, *STANDARD_ERRORS, *COUNTS)}
 ROWS: dict[str, DatasetRow] = {row.name: row for row in LAYER_ROWS} | MEASURE_ROWS
+
+
+def reduced_rows() -> tuple[str, ...]:
+    """docs/positional.md's rows that a reducer gives (the sink share), written with every summary: the table's rows
+    with a reducer outside docs/position-measures.md's, in its order."""
+    return tuple(name for name, row in ROWS.items() if row.reducer and name not in MEASURE_ROWS)
+
+
 # attributes a dataset carries, given beside its array under the same keys: how many of frequency_use's rows are
 # rotary pairs (one row past them: the unrotated dims together) and the model's layout of them; the pairs of
 # positional_frequency summed against P - mean bias (max |difference| / max |P - mean bias|); the queries a key

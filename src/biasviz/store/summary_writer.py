@@ -28,7 +28,6 @@ from biasviz.store.datasets import (
     POSITIONAL_FROM_KEYS,
     POSITIONAL_MEAN,
     POSITIONAL_PROFILE,
-    SINK_SHARE,
     map_name,
     profile_name,
 )
@@ -89,7 +88,10 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
         _write(f, grp, POSITIONAL_PROFILE, [p.positional_profile for p in parts], checkpoints)
         _write(f, grp, POSITIONAL_DIAGNOSTICS, [p.positional_diagnostics for p in parts], checkpoints)
     _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], checkpoints)
-    _write(f, grp, SINK_SHARE, [p.sink_share for p in parts], checkpoints)
+    reduced = [p.reduced for p in parts]
+    for name in datasets.reduced_rows():  # the rows its reducers give (the sink shares)
+        if all(name in r for r in reduced):
+            _write(f, grp, name, [r[name] for r in reduced], checkpoints)
     measures = [getattr(p, "measures", None) or {} for p in parts]
     for name in datasets.MEASURE_ROWS:  # docs/position-measures.md: what the table lists and the summary holds
         if all(name in m for m in measures):
@@ -214,7 +216,8 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
                     one[layer]["position"] = SimpleNamespace(
                         positional_mean=held.get(POSITIONAL_MEAN), positional_profile=held.get(POSITIONAL_PROFILE),
                         positional_diagnostics=held.get(POSITIONAL_DIAGNOSTICS), key_profile=held[KEY_PROFILE],
-                        sink_share=held[SINK_SHARE], attended=held.get(ATTENDED),
+                        reduced={name: held[name] for name in datasets.reduced_rows() if name in held},
+                        attended=held.get(ATTENDED),
                         measures={**{name: held[name] for name in datasets.MEASURE_ROWS if name in held},
                                   **{key: grp[name].attrs[key] for name, keys in datasets.ROW_ATTRS.items()
                                      if name in grp for key in keys if key in grp[name].attrs}})  # fmt: skip

@@ -54,8 +54,10 @@ class AttentionDistance(Reducer):
         return self._arrays(self.sums["distance"], self.sums["queries"])
 
     @classmethod
-    def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray]:
+    def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray] | None:
         """Σ_i Σ_j w(i, j)·(i - j) is Σ_d d·(the weights at distance d): the kernels' sums by distance hold it."""
+        if sums.looks is None:  # the queries that look not counted: no measures asked
+            return None
         d = torch.arange(sums.by_distance.shape[-1], dtype=torch.float64, device=sums.by_distance.device)
         distance = (sums.by_distance * d).sum(-1)  # (N, H)
         return cls._arrays(distance, sums.looks.sum(-1).expand_as(distance))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -40,9 +41,9 @@ from biasviz.store.datasets import (
     MIN_SE_SAMPLES,
     SAMPLES_PER_CELL,
     SEGMENTS,
-    SINK_SHARE,
     map_name,
     profile_name,
+    reduced_rows,
 )
 from biasviz.store.format import non_finite_error
 from biasviz.summaries import QuantitySummary, Summary
@@ -53,7 +54,7 @@ from biasviz.summaries.maps import _group_sums, geometry_counts
 from biasviz.summaries.position import PositionSummary
 from biasviz.summaries.positional_blocks import JackknifeBlocks
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
-from biasviz.summaries.reducers import KernelSums, reducer_classes
+from biasviz.summaries.reducers import KernelSums, kernel_results
 from biasviz.summaries.replay import bias_again
 from biasviz.summaries.sample_blocks import SampleBlocks, block_errors
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE, SampleCells
@@ -208,6 +209,7 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
                        samples=n, seq_len=seq_len, heads=heads, device=device, profiles=profiles,
                        blocks=blocks)  # fmt: skip
 
+    sums = KernelSums(by_distance=acc["sample_distance"][0], block=block, finished=done)
     arrays = None
     if measures:
         # a bias of each sample's own: its sums by distance (over all cells, over the first keys') and by block, once
@@ -215,7 +217,7 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
         if ends is not None:
             by_distance = ends.distance_sums()
             own_sums = (by_distance[0], ends.block_sums(block))
-        arrays = _measures(acc, done["row_entropy"], own, samples=n, heads=heads, seq_len=seq_len, block=block,
+        arrays = _measures(acc, sums, own, samples=n, heads=heads, seq_len=seq_len, block=block,
                            device=device, attended=attended, own_cells=own_cells, bias_sums=own_sums,
                            bias_pass=bias_pass)  # fmt: skip
         arrays.update(rotary_measures(adapter, bank, layer, heads, attended, positional, own=cells is not None,
@@ -226,11 +228,14 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
             add_pair_sum_residual(arrays, p_profile[0], attended)
     elif bias_pass is not None:
         bias_pass(None, None)
-    p_mean_host, p_profile_host, key_host, sink_host, shares_host = host_arrays(
-        p_mean, p_profile, done[KEY_PROFILE], done[SINK_SHARE], shares)  # fmt: skip
-    assert key_host is not None and sink_host is not None
+    rows = [name for name in reduced_rows() if name in done]  # docs/positional.md's the kernels finished (sink shares)
+    p_mean_host, p_profile_host, key_host, shares_host, *held = host_arrays(p_mean, p_profile, done[KEY_PROFILE],
+                                                                            shares, *(done[name] for name in rows))
+    assert key_host is not None
+    on_host = {name: torch.from_numpy(a) for name, a in zip(rows, held, strict=True)}
+    reduced = kernel_results(replace(sums, finished=on_host), measures=False)
     return PositionSummary(positional_mean=p_mean_host, positional_profile=p_profile_host,
-                           positional_diagnostics=p_diagnostics, key_profile=key_host, sink_share=sink_host,
+                           positional_diagnostics=p_diagnostics, key_profile=key_host, reduced=reduced,
                            attended=shares_host, measures=arrays, statistics=FUSED,
                            note=None if cells is None else BY_SAMPLE_NOTE)  # fmt: skip
 
@@ -289,15 +294,16 @@ def _bias_agreement(adapter: Any, bank: Any, layer: int, table: Bias, *, samples
     return agreement
 
 
-def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str, QuantitySummary], *, samples: int,
+def _measures(acc: dict[str, torch.Tensor], sums: KernelSums, own: dict[str, QuantitySummary], *, samples: int,
               heads: int, seq_len: int, block: int, device: torch.device,
               attended: Attended | None = None, own_cells: OwnCells | None = None,
               bias_sums: tuple[torch.Tensor, torch.Tensor] | None = None,
               bias_pass: Callable[[Any, Any], None] | None = None) -> dict[str, Any]:  # fmt: skip
     """docs/position-measures.md's measures and standard errors, finished by the torch path's reducers from the
-    kernels' per-sample sums; ``entropy`` (N, H, T) each row's, lse - Σ w s (-Σ w log w; 0 in a row with no key),
-    over the cells of ``attended`` where the call has a mask of its own, or each sample's own (``own_cells``, one
-    sample's (T, T) bool at a time) where samples are masked differently: the queries and cells counted per sample.
+    kernels' per-sample sums (``sums``; its finished ``row_entropy`` (N, H, T), each row's lse - Σ w s = -Σ w log w, 0
+    in a row with no key), over the cells of ``attended`` where the call has a mask of its own, or each sample's own
+    (``own_cells``, one sample's (T, T) bool at a time) where samples are masked differently: the queries and cells
+    counted per sample.
     ``bias_sums``: a bias of each sample's own, its per-sample sums by distance and by block (formed from its ends);
     ``bias_pass(profiles, blocks)``: one that feeds the bias's own (BLOOM's beside padding, formed again in torch)."""
     n, t = samples, seq_len
@@ -319,12 +325,12 @@ def _measures(acc: dict[str, torch.Tensor], entropy: torch.Tensor, own: dict[str
         rows = torch.stack(looks)[:, None]  # (N, 1, T)
     elif scores is not None:
         scores.count_cells(0, n, cells)
-    finished = KernelSums(by_distance=acc["sample_distance"][0], looks=rows, block=block, cells=cells,
-                          own_cells=own_cells, measures={"context": acc["context"], "columns": acc["sample_columns"],
-                                                         "entropy": _group_sums(entropy, -1, 0, block)})  # fmt: skip
-    arrays: dict[str, Any] = {}
-    for reducer in reducer_classes():  # the table's statistics the kernels' sums hold (the rest: rows formed again)
-        arrays.update(reducer.from_kernels(finished) or {})
+    entropy = sums.finished["row_entropy"]
+    finished = replace(sums, looks=rows, cells=cells, own_cells=own_cells,
+                       measures={"context": acc["context"], "columns": acc["sample_columns"],
+                                 "entropy": _group_sums(entropy, -1, 0, block)})  # fmt: skip
+    # the table's statistics the kernels' sums hold (the rest: rows formed again)
+    arrays: dict[str, Any] = kernel_results(finished, measures=True)
     if scores is not None:
         scores.add_distance_sums(acc["sample_distance"][1])
     if bias_sums is not None and "bias" in profiles:

@@ -19,7 +19,6 @@ from biasviz.common.shapes import step_cells
 from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import QuantitySummary
-from biasviz.summaries.pending import Pending
 from biasviz.summaries.scratch import Scratch
 
 FIRST_KEYS = POSITIONAL_FROM_KEYS[1]  # the profile is also kept past the first keys: sinks and a shared BOS sit there
@@ -33,7 +32,9 @@ class PositionSummary:
     positional_profile: np.ndarray | None  # (2, H, T) P by distance: over all keys, over keys j >= 4
     positional_diagnostics: np.ndarray | None  # (H,) Toeplitz and separability residuals of P (docs/diagnostics.md)
     key_profile: np.ndarray  # (2, H, T) the weights by key j: mean, std over samples and queries i >= j
-    sink_share: np.ndarray  # (N, H) per sample: mean over queries of w(i, 0)
+    # docs/positional.md's rows of the table that its reducers give, by name: the sink share (N, H), each sample's
+    # mean over queries of w(i, 0) (biasviz.summaries.sink_share)
+    reduced: dict[str, np.ndarray]
     # (H, nb, nb) share of attended cells per block, where not causal (docs/hdf5.md, 'Attended cells')
     attended: np.ndarray | None = None
     note: str | None = None  # what the layer's summary leaves out, and why (masks that differ by sample)
@@ -200,36 +201,3 @@ class KeyProfile:
         var = (self.sums[1] / queries - mean * mean).clamp(min=0.0)
         out = torch.stack([mean, var.sqrt()])
         return torch.where(queries > 0, out, float("nan")).float()
-
-
-class SinkShare(Pending):
-    """Per sample and head, Σ_i w_a(i, 0) and the queries that see key 0, counted from the cells each block brings
-    (none: every query of the block sees it, causal or not): the sink share, each sample's mean weight on key 0."""
-
-    def __init__(self, samples: int, heads: int, device: torch.device) -> None:
-        self.sums = torch.zeros(samples, heads, dtype=torch.float64, device=device)
-        self.seeing = torch.zeros(samples, 1, dtype=torch.float64, device=device)  # (N, 1 or H)
-
-    def add(self, first: int, weights: torch.Tensor, cells: torch.Tensor | None) -> None:
-        """Samples ``first ..``'s weights (B, H, rows, K), over ``cells`` (1 or B, 1 or H, rows, K; None: the rule)."""
-        at = (slice(first, first + weights.shape[0]),)
-        self._put(self.sums, at, weights[..., 0].sum(-1, dtype=torch.float64))
-        if cells is None:  # every row of the block sees key 0
-            self._put(self.seeing, at, float(weights.shape[-2]))
-            return
-        seen = cells[..., 0].sum(-1, dtype=torch.float64).to(self.seeing.device)  # (1 or B, 1 or H)
-        self.seeing = self._widened(self.seeing, seen.shape[1])
-        self._put(self.seeing, at, seen)
-
-    def state(self) -> dict[str, torch.Tensor]:
-        return {"sums": self.sums.cpu(), "seeing": self.seeing.cpu()}
-
-    def join(self, states: list[dict[str, torch.Tensor]]) -> None:
-        """Every process's :meth:`state` in rank order: their samples one after another."""
-        heads = max(s["seeing"].shape[1] for s in states)
-        self.sums = torch.cat([s["sums"] for s in states]).to(self.sums.device)
-        self.seeing = torch.cat([s["seeing"].expand(-1, heads) for s in states]).to(self.sums.device)
-
-    def result(self) -> torch.Tensor:
-        """(N, H) float32: each sample's mean over the queries that see key 0 of their weight on it."""
-        return (self.sums / self.seeing).float()

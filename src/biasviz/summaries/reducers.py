@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 import torch
 
 from biasviz.adapters.rows import RowBlock
-from biasviz.store.datasets import ROWS, DatasetRow
+from biasviz.store.datasets import MEASURE_ROWS, ROWS, DatasetRow
 from biasviz.summaries.pending import Pending
 
 
@@ -34,11 +34,13 @@ class KernelSums:
     reducers that can finish from them instead of from row blocks (:meth:`Reducer.from_kernels`)."""
 
     by_distance: torch.Tensor  # (N, H, T) float64: Σ_i w_a(i, i - d) over the attended cells, at distance d
-    looks: torch.Tensor  # (1 or N, 1, T) float64: 1 where query i attends some key
+    looks: torch.Tensor | None = None  # (1 or N, 1, T) float64: 1 where query i attends some key (with the measures)
     block: int = 1  # the maps' block of positions (the query blocks of the entropy)
     measures: dict[str, torch.Tensor] | None = None  # WeightMeasures' per-sample sums by name (N, H, ...)
     cells: torch.Tensor | None = None  # (1, 1 or H, T, T) the call's one mask; None: causal (or each sample's own)
     own_cells: Sequence[torch.Tensor] | None = None  # samples masked differently: [a] -> sample a's (T, T)
+    # what the host's finish (biasviz.summaries.kernels.finish) made of the kernels' sums, by dataset name
+    finished: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Reducer(Pending):
@@ -93,12 +95,18 @@ def reducer_classes(rows: dict[str, DatasetRow] | None = None) -> list[type[Redu
     return list(seen.values())
 
 
+def measured(cls: type[Reducer]) -> bool:
+    """Whether ``cls`` gives docs/position-measures.md's rows (made where measures are asked), not docs/positional.md's
+    (made with every summary)."""
+    return any(name in MEASURE_ROWS for name in cls.rows)
+
+
 def build(*, samples: int, heads: int, seq_len: int, block: int, causal: bool, device: torch.device,
-          held: Collection[str] = ()) -> list[Reducer]:  # fmt: skip
+          held: Collection[str] = (), measures: bool = True) -> list[Reducer]:  # fmt: skip
     """One instance of every reducer the table names, for one layer, but those whose rows are all in ``held``
-    (already computed: the fused kernels' own)."""
+    (already computed: the fused kernels' own), and without ``measures`` those of docs/position-measures.md."""
     return [cls(samples=samples, heads=heads, seq_len=seq_len, block=block, causal=causal, device=device)
-            for cls in reducer_classes() if not set(cls.rows) <= set(held)]  # fmt: skip
+            for cls in reducer_classes() if (measures or not measured(cls)) and not set(cls.rows) <= set(held)]
 
 
 def results(reducers: list[Reducer]) -> dict[str, np.ndarray]:
@@ -107,3 +115,20 @@ def results(reducers: list[Reducer]) -> dict[str, np.ndarray]:
     for reducer in reducers:
         out.update(reducer.result())
     return out
+
+
+def kernel_results(sums: KernelSums, measures: bool) -> dict[str, np.ndarray]:
+    """The rows the kernels implement (:meth:`Reducer.from_kernels`) from their sums: those of docs/position-measures.md
+    (``measures``), or docs/positional.md's (the sink share)."""
+    out: dict[str, np.ndarray] = {}
+    for cls in reducer_classes():
+        if measured(cls) == measures:
+            out.update(cls.from_kernels(sums) or {})
+    return out
+
+
+def split(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A layer's reduced arrays -> (docs/positional.md's rows, written with every summary; docs/position-measures.md's
+    rows and what they carry, written where measures are asked)."""
+    positional = {name: a for name, a in arrays.items() if name in ROWS and name not in MEASURE_ROWS}
+    return positional, {name: a for name, a in arrays.items() if name not in positional}

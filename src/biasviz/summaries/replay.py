@@ -24,7 +24,7 @@ from biasviz.model.attention import query_blocks
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import CountedSums, ShiftedSums
-from biasviz.summaries.position import KeyProfile, Positional, SinkShare
+from biasviz.summaries.position import KeyProfile, Positional
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.reducers import Reducer
@@ -68,7 +68,6 @@ class LayerExtras:
 
     positional: Positional | None  # None with one sample: P needs two texts
     keys: KeyProfile
-    sinks: SinkShare  # per sample, Σ_i w_a(i, 0) and the queries that see key 0
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
     # kind -> each sample's block means (the maps' SE); "positional": P's with each sample left out (its jackknife)
     blocks: dict[str, SampleBlocks] = field(default_factory=dict)
@@ -76,8 +75,9 @@ class LayerExtras:
     by_sample: bool = False
     # a bias that differs by sample: each one's sums by distance, for its delete-one P (P's profile SE)
     bias_distance: BiasByDistance | None = None
-    # the statistics the table of datasets names a reducer for, fed every sample's row block as it is formed, and
-    # the call's one mask (where not causal) that each block then carries to them
+    # the statistics the table of datasets names a reducer for (the sink share; docs/position-measures.md's where
+    # asked), fed every sample's row block as it is formed, and the call's one mask (where not causal) that each block
+    # then carries to them
     reducers: list[Reducer] = field(default_factory=list)
     mask: Attended | None = None
 
@@ -94,7 +94,7 @@ class LayerExtras:
             part.discard()
 
     def _per_sample(self) -> list:
-        return [self.sinks, *self.profiles.values(), *self.blocks.values(), *self.reducers]
+        return [*self.profiles.values(), *self.blocks.values(), *self.reducers]
 
     def reduce(self, block: RowBlock) -> None:
         """One sample's rows to every reducer, with the cells they attend."""
@@ -266,7 +266,6 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
                 if extras.bias_distance is not None:
                     extras.bias_distance.add(a, r0, got.bias)
             cells = cells_of(got, extras.mask)
-            extras.sinks.add(a, got.weights, cells)
             extras.reduce(got)
             pooled = {}  # each kind's block sums, where formed: P's jackknife takes them up
             for kind, values in (("weights", got.weights), ("scores", got.scores), ("bias", got.bias)):

@@ -24,9 +24,9 @@ from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL, profile_name, se_name
 from biasviz.summaries.attended import Attended, block_sums, cells_before, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
-from biasviz.summaries.position import KeyProfile, Positional, PositionSummary, SinkShare
+from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
 from biasviz.summaries.positional_errors import StreamedJackknife
-from biasviz.summaries.reducers import build, results
+from biasviz.summaries.reducers import build, results, split
 from biasviz.summaries.sample_blocks import SampleBlocks, block_errors, sample_blocks
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.sample_profiles import SampleProfiles
@@ -54,13 +54,12 @@ class StreamedPosition:
         self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
         self.keys = KeyProfile(heads, seq_len, device, causal=causal)
         self.local = samples if local is None else local  # the samples this process streams
-        self.sinks = SinkShare(self.local, heads, device)
         self.frequency = FrequencyUse(rotary, self.local) if measures and rotary is not None else None
         self._measured = measures
-        # the statistics the table of datasets names a reducer for, fed each block as it streams (this process's
-        # samples: joined in rank order under torchrun)
+        # the statistics the table of datasets names a reducer for (the sink share; docs/position-measures.md's where
+        # asked), fed each block as it streams (this process's samples: joined in rank order under torchrun)
         self.reducers = build(samples=self.local, heads=heads, seq_len=seq_len, block=block, causal=causal,
-                              device=device) if measures else []  # fmt: skip
+                              device=device, measures=measures)  # fmt: skip
         self.profiles = self._profiles()
         self.blocks = self._blocks(None)
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
@@ -191,7 +190,6 @@ class StreamedPosition:
         if kind == "weights":
             w = block.double() if wide is None else wide
             self.keys.add_samples(w, self.samples, cells, row0)
-            self.sinks.add(first, w, cells)
             return
         if kind == "bias" and self.jackknife is not None:
             self.jackknife.add_bias(first, row0, every, self.attended)
@@ -215,7 +213,6 @@ class StreamedPosition:
         """This process's sums, on the CPU, for :meth:`join` in process 0."""
         sums = {name: getattr(self, name) for name in self._SUMS}
         sums.update({f"keys.{name}": t for name, t in self.keys.state().items()})
-        sums.update({f"sinks.{name}": t for name, t in self.sinks.state().items()})
         if self.frequency is not None and self.frequency.per_sample is not None:
             sums["frequency"] = self.frequency.per_sample
         sums.update({f"profile.{kind}.{name}": t for kind, p in self.profiles.items() for name, t in p.state().items()})
@@ -231,7 +228,6 @@ class StreamedPosition:
                 total = part.to(self.device) if total is None else total + part.to(self.device)
             setattr(self, name, total)
         self.keys.join([{k.removeprefix("keys."): v for k, v in s.items() if k.startswith("keys.")} for s in states])
-        self.sinks.join([{k.removeprefix("sinks."): v for k, v in s.items() if k.startswith("sinks.")} for s in states])
         for kind, p in self.profiles.items():  # per-sample sums and counts one after another
             own = f"profile.{kind}."
             p.join([{k.removeprefix(own): v for k, v in s.items() if k.startswith(own)} for s in states])
@@ -262,18 +258,18 @@ class StreamedPosition:
         if attended is None and self.union is not None:  # masks that differ by sample: the cells some sample attends
             attended = Attended(self.union)
         shares = None if attended is None else attended.block_shares(self.block, self.heads).cpu().numpy()
-        measures = self._measure_arrays()  # (first: it may add to the note)
+        reduced, measured = split(results(self.reducers))
+        measures = self._measure_arrays(measured)  # (first: it may add to the note)
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
-                               key_profile=self.keys.result().cpu().numpy(),
-                               sink_share=self.sinks.result().cpu().numpy(), attended=shares,
+                               key_profile=self.keys.result().cpu().numpy(), reduced=reduced, attended=shares,
                                measures=measures, note=self.note)  # fmt: skip
 
-    def _measure_arrays(self) -> dict | None:
-        """docs/position-measures.md's arrays: the weights' measures, and the rotary frequencies' use where the call
-        rotates."""
+    def _measure_arrays(self, measured: dict) -> dict | None:
+        """docs/position-measures.md's arrays: the weights' measures (``measured``, its reducers' rows), and the rotary
+        frequencies' use where the call rotates."""
         if not self._measured:
             return None
-        arrays = {**results(self.reducers), **block_errors(self.blocks)}
+        arrays = {**measured, **block_errors(self.blocks)}
         arrays.update({se_name(profile_name(kind)): se.float().cpu().numpy() for kind, p in self.profiles.items()
                        if p.seen and (se := p.standard_error()) is not None})  # fmt: skip
         if self.frequency is not None and self.frequency.per_sample is not None:
