@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from biasviz.summaries import QuantitySummary
-from biasviz.summaries.position import KeyProfile
+from biasviz.summaries.key_profile import KeyProfile
 from biasviz.summaries.scratch import Scratch
 
 H, T = 3, 29
@@ -52,10 +52,10 @@ def test_summaries_change_only_what_they_are_given(dtype: torch.dtype) -> None:
 def test_key_profile_of_uneven_chunks_equals_numpy() -> None:
     x = _moments(5)
     x[0] = np.abs(x[0])
-    keys = KeyProfile(H, T, torch.device("cpu"))
+    keys = KeyProfile(samples=3, heads=H, seq_len=T, block=1, causal=True, device=torch.device("cpu"))
     for r0, r1 in _chunks():
-        keys.add(torch.from_numpy(x[:, :, r0:r1, :r1].copy()), None, r0)
+        keys.add_moments(r0, torch.from_numpy(x[:, :, r0:r1, :r1].copy()), None)
     seen = np.arange(T, 0, -1)  # queries i >= j
     mean = x[0].astype(np.float64).sum(1) / seen
     var = (x.astype(np.float64) ** 2).sum((0, 2)) / seen - mean**2
-    np.testing.assert_allclose(keys.result().numpy(), np.stack([mean, np.sqrt(var)]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(keys.profile().numpy(), np.stack([mean, np.sqrt(var)]), rtol=1e-5, atol=1e-6)

@@ -28,7 +28,7 @@ from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_available, fused_layer, tell, why_not
 from biasviz.summaries.kernels.biases import Bias, CellBias, KeyBias, MlpBias, SampleEnds, SampleKeys, mlp_bias
-from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.position import Positional, PositionSummary
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.positional_frequency import add_pair_sum_residual, rotary_measures
@@ -171,16 +171,14 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
             positional = None if extra.positional is None else extra.positional.result()
             if positional is not None and not adapter.adds_bias:  # the pairs summed against P itself
                 add_pair_sum_residual(frequency, positional[1][0], attended)
-            p_mean, p_profile, key_profile, shares = host_arrays(  # one wait for every copy
+            p_mean, p_profile, shares = host_arrays(  # one wait for every copy
                 None if positional is None else positional[0], None if positional is None else positional[1],
-                extra.keys.result(), None if attended is None else attended.block_shares(block, heads))
-            assert key_profile is not None
+                None if attended is None else attended.block_shares(block, heads))
             reduced, measured = split(results(extra.reducers))
             extras[layer] = PositionSummary(
                 positional_mean=p_mean,
                 positional_profile=p_profile,
                 positional_diagnostics=None if positional is None else positional[2],
-                key_profile=key_profile,
                 reduced=reduced,
                 attended=shares,
                 measures={**measured, **frequency} if measures else None,
@@ -250,8 +248,7 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
     what pairs the cells of different samples (P and its measures) is left out."""
     n, heads, shared = samples, adapter.n_heads, None if cells is not None else attended
     causal = adapter.layer_causal(layer)
-    extra = LayerExtras(positional=None, keys=KeyProfile(heads, seq_len, device, causal=causal),
-                        by_sample=cells is not None, mask=shared,
+    extra = LayerExtras(positional=None, by_sample=cells is not None, mask=shared,
                         reducers=build(samples=n, heads=heads, seq_len=seq_len, block=block, causal=causal,
                                        device=device, measures=measures))  # fmt: skip
     if cells is not None:

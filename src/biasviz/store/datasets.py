@@ -100,7 +100,8 @@ LAYER_ROWS: tuple[DatasetRow, ...] = (
     DatasetRow(POSITIONAL_PROFILE, ("from_key", "head", "distance"), "value",
                "P by distance over keys j >= from_key (POSITIONAL_FROM_KEYS)"),
     DatasetRow(KEY_PROFILE, ("stat", "head", "key"), "share",
-               "the weights by key over samples and the queries that see it"),
+               "the weights by key over samples and the queries that see it",
+               reducer="biasviz.summaries.key_profile:KeyProfile"),
     DatasetRow(SINK_SHARE, ("sample", "head"), "share", "per sample, the mean over queries of the weight on key 0",
                reducer="biasviz.summaries.sink_share:SinkShare"),
     DatasetRow(POSITIONAL_DIAGNOSTICS, ("head",), "diagnostics", "the diagnostics of the positional logits P"),
@@ -179,7 +180,8 @@ ROWS: dict[str, DatasetRow] = {row.name: row for row in LAYER_ROWS} | MEASURE_RO
 
 
 def reduced_rows() -> tuple[str, ...]:
-    """docs/positional.md's rows that a reducer gives (the sink share), written with every summary: the table's rows
+    """docs/positional.md's rows that a reducer gives (the key profile, the sink share), written with every summary: the
+    table's rows
     with a reducer outside docs/position-measures.md's, in its order."""
     return tuple(name for name, row in ROWS.items() if row.reducer and name not in MEASURE_ROWS)
 

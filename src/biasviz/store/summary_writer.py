@@ -87,9 +87,8 @@ def _write_position(f: h5py.File, grp: h5py.Group, parts: list[Any], checkpoints
         _write(f, grp, POSITIONAL_MEAN, [p.positional_mean for p in parts], checkpoints)
         _write(f, grp, POSITIONAL_PROFILE, [p.positional_profile for p in parts], checkpoints)
         _write(f, grp, POSITIONAL_DIAGNOSTICS, [p.positional_diagnostics for p in parts], checkpoints)
-    _write(f, grp, KEY_PROFILE, [p.key_profile for p in parts], checkpoints)
     reduced = [p.reduced for p in parts]
-    for name in datasets.reduced_rows():  # the rows its reducers give (the sink shares)
+    for name in datasets.reduced_rows():  # the rows its reducers give (the key profile, the sink shares)
         if all(name in r for r in reduced):
             _write(f, grp, name, [r[name] for r in reduced], checkpoints)
     measures = [getattr(p, "measures", None) or {} for p in parts]
@@ -215,7 +214,7 @@ def join_summary_files(parts: Sequence[Path], out: Path, *, steps: Sequence[int]
                 if KEY_PROFILE in held:
                     one[layer]["position"] = SimpleNamespace(
                         positional_mean=held.get(POSITIONAL_MEAN), positional_profile=held.get(POSITIONAL_PROFILE),
-                        positional_diagnostics=held.get(POSITIONAL_DIAGNOSTICS), key_profile=held[KEY_PROFILE],
+                        positional_diagnostics=held.get(POSITIONAL_DIAGNOSTICS),
                         reduced={name: held[name] for name in datasets.reduced_rows() if name in held},
                         attended=held.get(ATTENDED),
                         measures={**{name: held[name] for name in datasets.MEASURE_ROWS if name in held},

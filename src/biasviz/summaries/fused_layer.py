@@ -37,7 +37,6 @@ from biasviz.common.memory import size_text
 from biasviz.common.settings import statistics_mode
 from biasviz.common.shapes import host_arrays, step_cells
 from biasviz.store.datasets import (
-    KEY_PROFILE,
     MIN_SE_SAMPLES,
     SAMPLES_PER_CELL,
     SEGMENTS,
@@ -228,14 +227,13 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
             add_pair_sum_residual(arrays, p_profile[0], attended)
     elif bias_pass is not None:
         bias_pass(None, None)
-    rows = [name for name in reduced_rows() if name in done]  # docs/positional.md's the kernels finished (sink shares)
-    p_mean_host, p_profile_host, key_host, shares_host, *held = host_arrays(p_mean, p_profile, done[KEY_PROFILE],
-                                                                            shares, *(done[name] for name in rows))
-    assert key_host is not None
+    rows = [name for name in reduced_rows() if name in done]  # docs/positional.md's the kernels finished
+    p_mean_host, p_profile_host, shares_host, *held = host_arrays(p_mean, p_profile, shares,
+                                                                  *(done[name] for name in rows))  # fmt: skip
     on_host = {name: torch.from_numpy(a) for name, a in zip(rows, held, strict=True)}
     reduced = kernel_results(replace(sums, finished=on_host), measures=False)
     return PositionSummary(positional_mean=p_mean_host, positional_profile=p_profile_host,
-                           positional_diagnostics=p_diagnostics, key_profile=key_host, reduced=reduced,
+                           positional_diagnostics=p_diagnostics, reduced=reduced,
                            attended=shares_host, measures=arrays, statistics=FUSED,
                            note=None if cells is None else BY_SAMPLE_NOTE)  # fmt: skip
 

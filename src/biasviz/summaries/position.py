@@ -1,11 +1,12 @@
-"""docs/positional.md in a summary: positional logits P from the sums of q and k, and the weights' key profile.
+"""docs/positional.md in a summary: positional logits P from the sums of q and k, and what a layer holds of it.
 
 P(i, j) = c·(Q(i)·K(j) − G(i, j)) / (N(N − 1)) + b̄(i, j), Q = Σ_a q_a, K = Σ_a k_a, G = Σ_a q_a(i)·k_a(j): the
 score a query of one text gives a key of another, averaged over pairs of different texts. Since
 c·G(i, j) = N·(s̄(i, j) − b̄(i, j)) with s̄ and b̄ the per-cell means over samples of the scores and the bias,
 a block of P needs only Q and K (H, T, d_head, summed once per layer) and the block's mean scores and bias,
 which the summary forms anyway: one (rows x d_head) by (d_head x keys) product per head and block, not
-per sample. The key profile w̄(j) (Gu et al.'s α_j) is a column mean of the per-cell mean weights.
+per sample. The key profile and the sink share are reducers (:mod:`~biasviz.summaries.key_profile`,
+:mod:`~biasviz.summaries.sink_share`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from biasviz.common.shapes import step_cells
 from biasviz.store.format import POSITIONAL_FROM_KEYS
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import QuantitySummary
@@ -31,9 +31,9 @@ class PositionSummary:
     positional_mean: np.ndarray | None  # (H, nb, nb) block means of P; None with one sample
     positional_profile: np.ndarray | None  # (2, H, T) P by distance: over all keys, over keys j >= 4
     positional_diagnostics: np.ndarray | None  # (H,) Toeplitz and separability residuals of P (docs/diagnostics.md)
-    key_profile: np.ndarray  # (2, H, T) the weights by key j: mean, std over samples and queries i >= j
-    # docs/positional.md's rows of the table that its reducers give, by name: the sink share (N, H), each sample's
-    # mean over queries of w(i, 0) (biasviz.summaries.sink_share)
+    # docs/positional.md's rows of the table that its reducers give, by name: the key profile (2, H, T), the weights by
+    # key j, mean and std over samples and the queries that see j (biasviz.summaries.key_profile); the sink share
+    # (N, H), each sample's mean over queries of w(i, 0) (biasviz.summaries.sink_share)
     reduced: dict[str, np.ndarray]
     # (H, nb, nb) share of attended cells per block, where not causal (docs/hdf5.md, 'Attended cells')
     attended: np.ndarray | None = None
@@ -114,90 +114,3 @@ def from_key_profile(mean_all: torch.Tensor, first: torch.Tensor, attended: Atte
     if attended is not None:
         mean_all = torch.where(count_all > 0, mean_all, float("nan"))
     return torch.stack([mean_all, from_key]).float()
-
-
-# cells of per-cell moments squared in float64 at a time on a CPU (16 MiB, mean and spread; a chunk holds 4x as many); a
-# GPU's step (:func:`~biasviz.common.shapes.step_cells`) holds a whole chunk: one pass of kernels
-WIDE_CELLS = 1 << 20
-
-
-class KeyProfile:
-    """Per head and key j: mean and spread of the weights over samples and the queries that see j (i >= j when
-    causal; every query otherwise), counted from the cells each block brings (its own, the call's one mask's rows, or
-    none: the causal triangle, or every cell), so that nothing is set on it beforehand or switched part-way."""
-
-    def __init__(self, heads: int, seq_len: int, device: torch.device, causal: bool = True) -> None:
-        self.sums = torch.zeros(2, heads, seq_len, dtype=torch.float64, device=device)  # Σ w̄, Σ (σ² + w̄²)
-        self.seq_len, self.causal, self.device = seq_len, causal, device
-        # the queries that see each key (1 or H, T), whole numbers: of the blocks of per-cell moments (one for every
-        # sample), and summed over the samples of blocks of each sample's weights (divided by N at the end); blocks
-        # that bring no cells, counted by their first row's block (a pass of the rule's own counts each)
-        self.joint: torch.Tensor | None = None
-        self.per_sample: torch.Tensor | None = None
-        self.joint_plain, self.sample_plain, self.samples = 0, 0, 1
-
-    def _count(self, name: str, cells: torch.Tensor, times: int) -> None:
-        """The queries of ``cells`` (1 or B, 1 or H, rows, K) that see each key, ``times`` over, into ``name``."""
-        counts = cells.sum(-2, dtype=torch.float64)  # (1 or B, 1 or H, K)
-        counts = counts.sum(0) if counts.shape[0] > 1 or times == 1 else counts[0] * times
-        total = getattr(self, name)
-        if total is None or total.shape[0] < counts.shape[0]:
-            wider = torch.zeros(counts.shape[0], self.seq_len, dtype=torch.float64, device=self.device)
-            total = wider if total is None else wider + total
-        total[:, : counts.shape[-1]] += counts.to(total.device)
-        setattr(self, name, total)
-
-    def add_samples(self, weights: torch.Tensor, samples: int, cells: torch.Tensor | None, r0: int) -> None:
-        """Samples' own weights (B, H, rows, K) of rows ``r0 ..``, 0 where a query does not see a key, of ``samples``
-        in all, over ``cells`` (None: the call's rule): the same sums, since Σ_i w̄ = Σ_a Σ_i w_a / N and
-        Σ_i (σ² + w̄²) = Σ_a Σ_i w_a² / N."""
-        keys = weights.shape[-1]
-        wide = weights.to(torch.float64, copy=True)  # squared in float64 (see :meth:`add`), the caller's left be
-        self.sums[0, :, :keys] += wide.sum(2).sum(0) / samples
-        self.sums[1, :, :keys] += wide.square_().sum(2).sum(0) / samples
-        self.samples = samples
-        if cells is not None:
-            self._count("per_sample", cells, weights.shape[0])
-        elif r0 == 0:
-            self.sample_plain += weights.shape[0]
-
-    def add(self, values: torch.Tensor, cells: torch.Tensor | None, r0: int) -> None:
-        """A block's per-cell mean and spread of the weights (2, H, rows, K) of rows ``r0 ..``, 0 where a query does
-        not see a key, over ``cells`` (1, 1 or H, rows, K; None: the call's rule).
-
-        Squared and summed in float64: the spread over queries is sqrt(Σ (σ² + w̄²) / n - mean²), and a float32 square's
-        rounding would leave a key that one query sees (the last) a spread of about sqrt(6e-8) of its weight, not 0."""
-        heads, rows, keys = values.shape[1:]
-        step = max(1, step_cells(values.device, WIDE_CELLS) // max(1, heads * keys))  # rows a float64 copy at a time
-        for r in range(0, rows, step):
-            wide = values[:, :, r : r + step].to(torch.float64, copy=True)  # squared in place: the caller's left be
-            self.sums[0, :, :keys] += wide[0].sum(1)
-            self.sums[1, :, :keys] += wide.square_().sum(2).sum(0)  # Σ over rows of w̄² + σ²; an axis at a time
-        if cells is not None:
-            self._count("joint", cells, 1)
-        elif r0 == 0:
-            self.joint_plain += 1
-
-    def state(self) -> dict[str, torch.Tensor]:
-        """The sums and the per-sample blocks' counts, on the CPU (torchrun: added up on process 0 by :meth:`join`)."""
-        counted = torch.zeros(1, self.seq_len, dtype=torch.float64) if self.per_sample is None else self.per_sample
-        return {"sums": self.sums.cpu(), "per_sample": counted.cpu(), "plain": torch.tensor([self.sample_plain])}
-
-    def join(self, states: list[dict[str, torch.Tensor]]) -> None:
-        """Every process's :meth:`state`: their samples' sums and counts added up."""
-        self.sums = sum(s["sums"] for s in states).to(self.device)
-        self.per_sample = sum(s["per_sample"] for s in states).to(self.device)
-        self.sample_plain = int(sum(int(s["plain"]) for s in states))
-
-    def result(self) -> torch.Tensor:
-        """(2, H, T) float32: mean and standard deviation by key."""
-        rule = (torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.sums.device)  # T - j
-                if self.causal else torch.full((self.seq_len,), float(self.seq_len), dtype=torch.float64,
-                                               device=self.sums.device))  # fmt: skip
-        joint = self.joint_plain * rule if self.joint is None else self.joint + self.joint_plain * rule
-        by_sample = self.sample_plain * rule if self.per_sample is None else self.per_sample + self.sample_plain * rule
-        queries = joint + by_sample / self.samples
-        mean = self.sums[0] / queries
-        var = (self.sums[1] / queries - mean * mean).clamp(min=0.0)
-        out = torch.stack([mean, var.sqrt()])
-        return torch.where(queries > 0, out, float("nan")).float()

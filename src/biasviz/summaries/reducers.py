@@ -49,11 +49,17 @@ class Reducer(Pending):
     with :meth:`Pending._put`, so that held additions wait."""
 
     rows: ClassVar[tuple[str, ...]] = ()
+    # a statistic of each cell's mean and second moment over samples alone: where a block of rows is formed for every
+    # sample at once, it takes their per-cell moments (:meth:`add_moments`, N times fewer operations) in place of each
+    # sample's rows
+    moments: ClassVar[bool] = False
 
-    def __init__(self, *, samples: int, heads: int, seq_len: int, block: int, causal: bool,
-                 device: torch.device) -> None:  # fmt: skip
+    def __init__(self, *, samples: int, heads: int, seq_len: int, block: int, causal: bool, device: torch.device,
+                 total: int | None = None) -> None:  # fmt: skip
+        """``samples``: those this process adds; ``total``: over every process (torchrun), default ``samples``."""
         self.samples, self.heads, self.seq_len, self.block = samples, heads, seq_len, block
         self.causal, self.device = causal, device
+        self.total = samples if total is None else total
         self.sums: dict[str, torch.Tensor] = {}
 
     def zeros(self, name: str, *shape: int) -> torch.Tensor:
@@ -63,6 +69,11 @@ class Reducer(Pending):
 
     def add(self, block: RowBlock) -> None:
         """Take one block: every sample's rows come exactly once, in any order."""
+        raise NotImplementedError
+
+    def add_moments(self, r0: int, values: torch.Tensor, cells: torch.Tensor | None) -> None:
+        """(:attr:`moments`) rows ``r0 ..`` of each cell's mean and spread over every sample, (2, H, rows, K), 0 where
+        a query does not see a key, over ``cells`` (1, 1 or H, rows, K; None: the call's rule)."""
         raise NotImplementedError
 
     def result(self) -> dict[str, np.ndarray]:
@@ -102,10 +113,11 @@ def measured(cls: type[Reducer]) -> bool:
 
 
 def build(*, samples: int, heads: int, seq_len: int, block: int, causal: bool, device: torch.device,
-          held: Collection[str] = (), measures: bool = True) -> list[Reducer]:  # fmt: skip
+          held: Collection[str] = (), measures: bool = True, total: int | None = None) -> list[Reducer]:  # fmt: skip
     """One instance of every reducer the table names, for one layer, but those whose rows are all in ``held``
-    (already computed: the fused kernels' own), and without ``measures`` those of docs/position-measures.md."""
-    return [cls(samples=samples, heads=heads, seq_len=seq_len, block=block, causal=causal, device=device)
+    (already computed: the fused kernels' own), and without ``measures`` those of docs/position-measures.md.
+    ``total``: the samples over every process, where this one adds ``samples`` of them."""
+    return [cls(samples=samples, heads=heads, seq_len=seq_len, block=block, causal=causal, device=device, total=total)
             for cls in reducer_classes() if (measures or not measured(cls)) and not set(cls.rows) <= set(held)]
 
 

@@ -24,7 +24,7 @@ from biasviz.model.attention import query_blocks
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.layer import CELLS_PER_STEP, QuantitySummary
 from biasviz.summaries.moments import CountedSums, ShiftedSums
-from biasviz.summaries.position import KeyProfile, Positional
+from biasviz.summaries.position import Positional
 from biasviz.summaries.positional_blocks import PositionalJackknife
 from biasviz.summaries.positional_errors import BiasByDistance
 from biasviz.summaries.reducers import Reducer
@@ -67,7 +67,6 @@ class LayerExtras:
     """What docs/positional.md adds to a layer's summary, filled while its rows are formed again."""
 
     positional: Positional | None  # None with one sample: P needs two texts
-    keys: KeyProfile
     profiles: dict[str, SampleProfiles] = field(default_factory=dict)  # kind -> each sample's profile (for the SE)
     # kind -> each sample's block means (the maps' SE); "positional": P's with each sample left out (its jackknife)
     blocks: dict[str, SampleBlocks] = field(default_factory=dict)
@@ -75,9 +74,9 @@ class LayerExtras:
     by_sample: bool = False
     # a bias that differs by sample: each one's sums by distance, for its delete-one P (P's profile SE)
     bias_distance: BiasByDistance | None = None
-    # the statistics the table of datasets names a reducer for (the sink share; docs/position-measures.md's where
-    # asked), fed every sample's row block as it is formed, and the call's one mask (where not causal) that each block
-    # then carries to them
+    # the statistics the table of datasets names a reducer for (the key profile, the sink share; where asked,
+    # docs/position-measures.md's), fed every sample's row block as it is formed (or the block's moments over every
+    # sample: LayerExtras.add_moments), and the call's one mask (where not causal) that each block then carries to them
     reducers: list[Reducer] = field(default_factory=list)
     mask: Attended | None = None
 
@@ -97,8 +96,20 @@ class LayerExtras:
         return [*self.profiles.values(), *self.blocks.values(), *self.reducers]
 
     def reduce(self, block: RowBlock) -> None:
-        """One sample's rows to every reducer, with the cells they attend."""
-        feed(self.reducers, block, self.mask)
+        """One sample's rows to every reducer, with the cells they attend; but where the block's per-cell moments over
+        every sample will come (:meth:`add_moments`), to those that take them."""
+        feed([r for r in self.reducers if self.by_sample or not r.moments], block, self.mask)
+
+    def add_moments(self, r0: int, weights: torch.Tensor) -> None:
+        """Rows ``r0 ..`` of the weights' per-cell mean and spread over every sample (2, H, rows, K) to the reducers
+        that take them (samples masked alike: each sample's own cells, where they differ, came with its rows)."""
+        if self.by_sample:
+            return
+        rows, keys = weights.shape[-2:]
+        cells = None if self.mask is None else self.mask.rows(r0, r0 + rows, keys)[None]
+        for reducer in self.reducers:
+            if reducer.moments:
+                reducer.add_moments(r0, weights, cells)
 
 
 def cells_of(block: RowBlock, mask: Attended | None) -> torch.Tensor | None:
@@ -255,7 +266,6 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
             if got.attended is not None:  # this sample's own cells (docs/hdf5.md, 'Attended cells')
                 for kind in ("weights", "scores"):
                     sums[kind].add(getattr(got, kind)[0], got.attended[0])
-                extras.keys.add_samples(got.weights, samples, got.attended, r0)
             else:
                 sums["weights"].add(got.weights[0])
                 sums["scores"].add(got.scores[0])
@@ -336,6 +346,4 @@ def _finish(parts: dict[str, QuantitySummary], extras: LayerExtras, sums: dict[s
         for kind, values in got.items():
             if kind in parts:
                 parts[kind].add_moments(r0 + c0, values, owned=True, scratch=scratch["work"])
-        if not extras.by_sample:  # (then each sample's weights went in as they came)
-            cells = None if extras.mask is None else extras.mask.rows(r0 + c0, r0 + c1, keys)[None]
-            extras.keys.add(got["weights"], cells, r0 + c0)  # (the weights' summary left them as they were)
+        extras.add_moments(r0 + c0, got["weights"])  # (the weights' summary left them as they were)

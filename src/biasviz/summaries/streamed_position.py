@@ -5,8 +5,8 @@ MHA layers) send each sample's blocks of scores, bias and weights as they form t
 received (:attr:`~biasviz.tracing.calls.AttentionCall.q`). A summary of such a model already keeps per-cell
 moments of the whole (H, T, T) matrix; P needs, besides the sums Q and K, two more per-cell sums of that size:
 Σ_a s_a and Σ_a b_a, since c·G = Σ_a (s_a − b_a). At the end P is formed block of rows by block of rows from them
-(:class:`~biasviz.summaries.position.Positional`), as for replayed models. The weights give the key profile and
-each sample's sink share as they pass.
+(:class:`~biasviz.summaries.position.Positional`), as for replayed models. The weights give the key profile, each
+sample's sink share and the other reducers of the table of datasets their blocks as they pass.
 
 Under torchrun each process streams its block of samples; :meth:`StreamedPosition.state` gives its sums and
 :meth:`StreamedPosition.join` adds every process's in rank order (the order of the samples) on process 0, which
@@ -24,7 +24,7 @@ from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL, profile_name, se_name
 from biasviz.summaries.attended import Attended, block_sums, cells_before, samples_per_cell
 from biasviz.summaries.frequency import FrequencyUse
-from biasviz.summaries.position import KeyProfile, Positional, PositionSummary
+from biasviz.summaries.position import Positional, PositionSummary
 from biasviz.summaries.positional_errors import StreamedJackknife
 from biasviz.summaries.reducers import build, results, split
 from biasviz.summaries.sample_blocks import SampleBlocks, block_errors, sample_blocks
@@ -52,14 +52,14 @@ class StreamedPosition:
         self.k: torch.Tensor | None = None  # Σ_a c·k_a: the stream sends k multiplied by the call's scale c
         self.scores: torch.Tensor | None = None  # Σ_a s_a, from the first scores block on
         self.bias: torch.Tensor | None = None  # Σ_a b_a, from the first bias block on
-        self.keys = KeyProfile(heads, seq_len, device, causal=causal)
         self.local = samples if local is None else local  # the samples this process streams
         self.frequency = FrequencyUse(rotary, self.local) if measures and rotary is not None else None
         self._measured = measures
-        # the statistics the table of datasets names a reducer for (the sink share; docs/position-measures.md's where
-        # asked), fed each block as it streams (this process's samples: joined in rank order under torchrun)
+        # the statistics the table of datasets names a reducer for (the key profile, the sink share; where asked,
+        # docs/position-measures.md's), fed each block as it streams (this process's samples: joined in rank order
+        # under torchrun)
         self.reducers = build(samples=self.local, heads=heads, seq_len=seq_len, block=block, causal=causal,
-                              device=device, measures=measures)  # fmt: skip
+                              device=device, measures=measures, total=samples)  # fmt: skip
         self.profiles = self._profiles()
         self.blocks = self._blocks(None)
         # P's profile SE (causal calls, 3 samples or more, all in this process): each sample's q and k are kept
@@ -153,7 +153,7 @@ class StreamedPosition:
         for kind in ("bias", "weights", "scores"):
             values = block.of(kind)
             if values is not None:
-                self.add(kind, block.first, block.r0, values, block.attended, wide.weights)
+                self.add(kind, block.first, block.r0, values, block.attended)
         for reducer in self.reducers:
             reducer.add(wide)
         if block.q is not None and block.k is not None and block.scale is not None:
@@ -171,11 +171,10 @@ class StreamedPosition:
             self.jackknife.operands(first, q, k)
         self.operands(q, k)
 
-    def add(self, kind: str, first: int, row0: int, block: torch.Tensor, cells: torch.Tensor | None = None,
-            wide: torch.Tensor | None = None) -> None:  # fmt: skip
+    def add(self, kind: str, first: int, row0: int, block: torch.Tensor, cells: torch.Tensor | None = None) -> None:
         """Rows ``row0 ..`` of samples ``first ..`` of one kind ("scores", "bias", "weights"): (B or 1, H, rows, K),
         masked cells NaN (0 in the weights), over ``cells`` (1 or B, 1 or H, rows, K; None: causal, or every cell); a
-        bias of one sample for the whole batch counts for each. ``wide``: the weights in float64, where already made."""
+        bias of one sample for the whole batch counts for each."""
         rows, keys = block.shape[-2:]
         every = block.expand(self._batch, *block.shape[1:]) if block.shape[0] == 1 else block
         if kind in self.profiles:  # a bias of one sample for the whole batch counts for each
@@ -187,9 +186,7 @@ class StreamedPosition:
                     b.begin(first, self._batch)
             self.blocks[kind].add(first, row0, every, None if self.union is None else cells)
             self.blocks[kind].finish(row0 + rows)
-        if kind == "weights":
-            w = block.double() if wide is None else wide
-            self.keys.add_samples(w, self.samples, cells, row0)
+        if kind == "weights":  # (the key profile and the sink shares are reducers: fed the block whole)
             return
         if kind == "bias" and self.jackknife is not None:
             self.jackknife.add_bias(first, row0, every, self.attended)
@@ -212,7 +209,6 @@ class StreamedPosition:
     def state(self) -> dict[str, torch.Tensor | None]:
         """This process's sums, on the CPU, for :meth:`join` in process 0."""
         sums = {name: getattr(self, name) for name in self._SUMS}
-        sums.update({f"keys.{name}": t for name, t in self.keys.state().items()})
         if self.frequency is not None and self.frequency.per_sample is not None:
             sums["frequency"] = self.frequency.per_sample
         sums.update({f"profile.{kind}.{name}": t for kind, p in self.profiles.items() for name, t in p.state().items()})
@@ -227,7 +223,6 @@ class StreamedPosition:
             for part in (s[name] for s in states if s[name] is not None):
                 total = part.to(self.device) if total is None else total + part.to(self.device)
             setattr(self, name, total)
-        self.keys.join([{k.removeprefix("keys."): v for k, v in s.items() if k.startswith("keys.")} for s in states])
         for kind, p in self.profiles.items():  # per-sample sums and counts one after another
             own = f"profile.{kind}."
             p.join([{k.removeprefix(own): v for k, v in s.items() if k.startswith(own)} for s in states])
@@ -261,7 +256,7 @@ class StreamedPosition:
         reduced, measured = split(results(self.reducers))
         measures = self._measure_arrays(measured)  # (first: it may add to the note)
         return PositionSummary(positional_mean=mean, positional_profile=profile, positional_diagnostics=diagnostics,
-                               key_profile=self.keys.result().cpu().numpy(), reduced=reduced, attended=shares,
+                               reduced=reduced, attended=shares,
                                measures=measures, note=self.note)  # fmt: skip
 
     def _measure_arrays(self, measured: dict) -> dict | None:
