@@ -181,8 +181,7 @@ ROWS: dict[str, DatasetRow] = {row.name: row for row in LAYER_ROWS} | MEASURE_RO
 
 def reduced_rows() -> tuple[str, ...]:
     """docs/positional.md's rows that a reducer gives (the key profile, the sink share), written with every summary: the
-    table's rows
-    with a reducer outside docs/position-measures.md's, in its order."""
+    table's rows with a reducer outside docs/position-measures.md's, in its order."""
     return tuple(name for name, row in ROWS.items() if row.reducer and name not in MEASURE_ROWS)
 
 

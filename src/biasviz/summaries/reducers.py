@@ -46,7 +46,8 @@ class KernelSums:
 class Reducer(Pending):
     """One layer's statistic over samples. Subclasses set :attr:`rows` (the dataset names :meth:`result` gives) and
     implement :meth:`add` and :meth:`result`, keeping what they sum in :attr:`sums` (N, ...) float64 and adding to it
-    with :meth:`Pending._put`, so that held additions wait."""
+    with :meth:`Pending._put`, so that held additions wait (a sum over samples that is not kept per sample, as the key
+    profile's, says how processes join it: :meth:`state`, :meth:`join`)."""
 
     rows: ClassVar[tuple[str, ...]] = ()
     # a statistic of each cell's mean and second moment over samples alone: where a block of rows is formed for every
@@ -131,7 +132,7 @@ def results(reducers: list[Reducer]) -> dict[str, np.ndarray]:
 
 def kernel_results(sums: KernelSums, measures: bool) -> dict[str, np.ndarray]:
     """The rows the kernels implement (:meth:`Reducer.from_kernels`) from their sums: those of docs/position-measures.md
-    (``measures``), or docs/positional.md's (the sink share)."""
+    (``measures``), or docs/positional.md's (the key profile, the sink share)."""
     out: dict[str, np.ndarray] = {}
     for cls in reducer_classes():
         if measured(cls) == measures:
