@@ -55,11 +55,14 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     call = caught_call(lambda: model(ids))
     assert (call["kept"][1] & np.triu(np.ones((T, T), dtype=bool), 1)).any()  # sample 1's prefix sees past i
     out = tmp_path_factory.mktemp("prefix") / "s.h5"
+    forwards: list[int] = []  # the samples of each forward of the model (each forms its mask once)
+    keep = model.keep
+    model.keep = lambda ids: (forwards.append(int(ids.shape[0])), keep(ids))[1]  # type: ignore[method-assign]
     with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as said:
         patch.setattr(layer, "CELLS_PER_STEP", HEADS * T * 2)  # two query rows a step
         if way == "streamed":  # as a model whose rows biasviz cannot form again runs
             patch.setattr(summary, "forms_rows_again", lambda adapter: False)
-        else:  # started again, formed again against every key
+        else:  # formed again against every key, nothing run again
 
             def refused(*args: Any, **kwargs: Any) -> None:
                 raise AssertionError("streamed instead of formed again")
@@ -71,13 +74,18 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     with h5py.File(out, "r") as f:
         stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
         attrs = dict(f.attrs)
-    return {"stored": stored, "attrs": attrs, "expected": reference(call, T // resolution),
-            "said": [str(w.message) for w in said]}  # fmt: skip
+    return {"stored": stored, "attrs": attrs, "expected": reference(call, T // resolution), "way": way,
+            "said": [str(w.message) for w in said], "forwards": forwards}  # fmt: skip
 
 
-def test_the_call_is_taken_again_as_one_that_sees_every_key_and_said(summarised: dict[str, Any]) -> None:
+def test_the_call_is_taken_as_one_that_sees_every_key_and_said(summarised: dict[str, Any]) -> None:
+    """Said once. Rows formed again from what each sample's forward kept: from the sample that showed it on, the samples
+    before keeping the cells they attended, and no forward runs again; streamed rows, summarised as they came: from the
+    first sample again."""
     said = [w for w in summarised["said"] if "attended keys after a query" in w]
-    assert len(said) == 1 and "started again from the first sample" in said[0], summarised["said"]
+    assert len(said) == 1, summarised["said"]
+    again = "started again from the first sample" in said[0]
+    assert again == (summarised["way"] == "streamed"), said[0]
     assert summarised["attrs"]["mask"] == "model"
 
 
@@ -123,3 +131,11 @@ def test_under_torchrun_a_summary_that_would_start_again_is_refused() -> None:
     with pytest.raises(BiasvizError, match="attended keys after a query.*under torchrun.*run it in one process"):
         summary_run(TracedAdapter(model), ids.numpy(), resolution=T, batch_size=1, device="cpu", progress=False,
                     merge=lambda parts, position: True, total_samples=N)  # fmt: skip
+
+
+def test_rows_formed_again_run_each_sample_once(summarised: dict[str, Any]) -> None:
+    """Formed again, each sample's forward runs once (after the probe of the first sample that finds the calls);
+    streamed, the samples before the one that showed it run again."""
+    probe, *forwards = summarised["forwards"]
+    assert probe == 1
+    assert (sum(forwards) == N) == (summarised["way"] == "formed again"), summarised["forwards"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +110,7 @@ class KeptCalls:
             return
         bank = self.bank
         if self.causal(index) and not _is_causal(ops.kept):
-            raise self.past_query(index, f"for sample {bank.start} or one of its batch")
+            self._sees_every_key(index)
         if self.adds_bias(index):  # the first sample's call added one
             self._keep_bias(index, ops)
         elif ops.adds:
@@ -122,6 +123,16 @@ class KeptCalls:
         self.groups[index] = heads // ops.k.shape[1]
         bank.put(index, "q", ops.q.transpose(1, 2).flatten(2))  # (B, T, H·E)
         bank.put(index, "k", repeat_kv(ops.k, heads).transpose(1, 2).flatten(2))
+
+    def _sees_every_key(self, index: int) -> None:
+        """Call ``index``, causal so far, attended keys after a query: from here on it sees every key within its own
+        mask (its owner marks it so), and its samples are masked differently, the samples before by the cells they
+        attended (:meth:`_keep_cells`), so that nothing runs again. Under torchrun, whose processes join one mask, the
+        owner's word is raised."""
+        why = self.past_query(index, f"for sample {self.bank.start} or one of its batch")
+        if not self.bank.cells_by_sample:
+            raise why
+        warnings.warn(f"{why}; the samples before keep the cells they attended", stacklevel=4)
 
     def _keep_bias(self, index: int, ops: SdpaOperands) -> None:
         """The bias call ``index`` adds, over the cells each sample attends (0 elsewhere, padding beside a bias

@@ -88,6 +88,10 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                 return None
             bank, n = joined, joined.samples
             check_one_mask(bank, layer_list)
+        for (kind, layer), part in list(parts.items()):  # a call taken part-way as one that sees every key (its
+            if part.causal != adapter.layer_causal(layer):  # parts took no row yet: summarised as such from the start)
+                parts[kind, layer] = QuantitySummary(kind, layer, heads=heads, seq_len=seq_len, block=block,
+                                                     causal=not part.causal, mode=part.mode, device=dev, samples=n)
         for k, layer in enumerate(layer_list, start=2):
             causal = adapter.layer_causal(layer)  # else its rows are formed against every key
             own = {kind: p for (kind, at), p in parts.items() if at == layer}

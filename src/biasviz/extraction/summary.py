@@ -106,7 +106,8 @@ def summarise(
     bias that changes between samples, torchrun's joined banks), the rows are streamed instead (``streamed``), from the
     start. A call causal in
     the first sample that attends keys after a query in a later one is taken as a call that sees every key, within its
-    own mask, from the start again.
+    own mask: where rows are formed again, from there on (the samples before keep the cells they attended, and nothing
+    runs again); where they are streamed, from the start again.
     """
     options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
