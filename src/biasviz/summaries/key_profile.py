@@ -28,8 +28,9 @@ WIDE_CELLS = 1 << 20
 
 class KeyProfile(Reducer):
     """Σ_i w̄ and Σ_i (σ² + w̄²) by head and key over every sample, and the queries that see each key. Not kept per
-    sample: under torchrun each process's sums are added (:meth:`join`); its additions are never held (it takes each
-    sample's rows only where no block is formed again)."""
+    sample: under torchrun each process's sums are added (:meth:`join`). Its additions are not held: it takes each
+    sample's rows only where no block waits on a bias's comparison (streamed, or samples masked differently), and a
+    block's moments only once the block stands."""
 
     rows = (KEY_PROFILE,)
     moments = True
