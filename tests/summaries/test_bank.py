@@ -33,6 +33,8 @@ def test_the_bank_reads_back_every_sample_and_range_exactly(
         for lo, hi in ((0, 30), (4, 9), (29, 30)):
             got = bank.get(2, "k", sample, lo, hi)
             assert got.dtype == dtype and torch.equal(got, data[sample, lo:hi])
+    # every sample at once, each its own (a spilled bank's reads share one buffer: each is copied before the next)
+    assert torch.equal(bank.every(2, "k"), data)
     bank.close()
     assert not list(tmp_path.iterdir())
 

@@ -324,11 +324,7 @@ class FormsKeptCallsAgain(FormsRowsAgain):
         position, where q alone is H·d)."""
         if self._kept is None or not self._kept.sinks.get(layer):
             return None
-        whole = bank.whole(layer, SAMPLE_SINKS)
-        if whole is not None:
-            return whole
-        length = bank.seq_len(layer, SAMPLE_SINKS)
-        return torch.stack([bank.get(layer, SAMPLE_SINKS, a, 0, length).clone() for a in range(bank.samples)])
+        return bank.every(layer, SAMPLE_SINKS)
 
     def rows_again(self, layer: int, bank: Any, sample: int, r0: int, r1: int, want_bias: bool) -> RowBlock:
         assert self._kept is not None
@@ -357,10 +353,7 @@ class FormsKeptCallsAgain(FormsRowsAgain):
             return None
         if kept.biases[layer].form != "key" or kept.formed[layer].softcap is not None:
             return None
-        length = bank.seq_len(layer, SAMPLE_BIAS)
-        whole = bank.whole(layer, SAMPLE_BIAS)  # (N, L, H); read a sample at a time where it spilled to a file
-        if whole is None:
-            whole = torch.stack([bank.get(layer, SAMPLE_BIAS, a, 0, length).clone() for a in range(bank.samples)])
+        whole = bank.every(layer, SAMPLE_BIAS)  # (N, L, H)
         return whole.transpose(1, 2).float().expand(-1, self.n_heads, -1)
 
     def kept_bias(self, layer: int) -> tuple[str, torch.Tensor] | None:

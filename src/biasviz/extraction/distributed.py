@@ -113,14 +113,12 @@ def summarise_parallel(
 def _join_banks(w: World) -> Any:
     """A gather for :func:`biasviz.extraction.summary.summarise`: every process's bank (what forms its samples'
     rows again) joined on process 0 in rank order, the order of the samples; None elsewhere."""
-    import torch
     import torch.distributed as dist
 
     def gather(bank: Any) -> Any:
         from biasviz.summaries.bank import SampleBank
 
-        mine = {key: torch.stack([bank.get(*key, a, 0, bank.seq_len(*key)) for a in range(bank.samples)]).cpu()
-                for key in bank.names()}  # fmt: skip
+        mine = {key: bank.every(*key).cpu() for key in bank.names()}  # each sample's own, spilled or not
         gathered: list[Any] | None = [None] * w.size if w.main else None
         dist.gather_object((bank.samples, mine), gathered, dst=0)
         if not w.main:

@@ -208,6 +208,16 @@ class SampleBank:
         array = self._arrays[(layer, name)]
         return None if isinstance(array, _Spilled) else array
 
+    def every(self, layer: int, name: str) -> torch.Tensor:
+        """Every sample's (N, T, F) array of ``name`` in ``layer``: held in memory, as it is (:meth:`whole`); spilled,
+        read a sample at a time into a copy of its own (each :meth:`get` reuses one buffer). For arrays small beside q
+        and k (sink logits, rows of keys), or what is sent elsewhere whole."""
+        whole = self.whole(layer, name)
+        if whole is not None:
+            return whole
+        length = self.seq_len(layer, name)
+        return torch.stack([self.get(layer, name, a, 0, length).clone() for a in range(self.samples)])
+
     def drop(self, layer: int) -> None:
         """Forget ``layer`` (summarised): its memory or file is given back."""
         for key in [k for k in self._arrays if k[0] == layer]:
