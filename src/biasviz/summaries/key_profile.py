@@ -19,7 +19,7 @@ import torch
 from biasviz.adapters.rows import RowBlock
 from biasviz.common.shapes import step_cells
 from biasviz.store.datasets import KEY_PROFILE
-from biasviz.summaries.reducers import KernelSums, Reducer
+from biasviz.summaries.reducers import Reducer
 
 # cells of per-cell moments squared in float64 at a time on a CPU (16 MiB, mean and spread; a chunk holds 4x as many); a
 # GPU's step (:func:`~biasviz.common.shapes.step_cells`) holds a whole chunk: one pass of kernels
@@ -30,7 +30,8 @@ class KeyProfile(Reducer):
     """Σ_i w̄ and Σ_i (σ² + w̄²) by head and key over every sample, and the queries that see each key. Not kept per
     sample: under torchrun each process's sums are added (:meth:`join`). Its additions are not held: it takes each
     sample's rows only where no block waits on a bias's comparison (streamed, or samples masked differently), and a
-    block's moments only once the block stands."""
+    block's moments only once the block stands. On the fused path, the kernels' own finish of the same column sums
+    (:meth:`Reducer.from_kernels`)."""
 
     rows = (KEY_PROFILE,)
     moments = True
@@ -116,10 +117,3 @@ class KeyProfile(Reducer):
 
     def result(self) -> dict[str, np.ndarray]:
         return {KEY_PROFILE: self.profile().cpu().numpy()}
-
-    @classmethod
-    def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray] | None:
-        """The kernels' own: their column sums of each cell's mean weight and second moment over the queries that see
-        each key (:func:`~biasviz.summaries.kernels.finish`)."""
-        profile = sums.finished.get(KEY_PROFILE)
-        return None if profile is None else {KEY_PROFILE: profile.cpu().numpy()}

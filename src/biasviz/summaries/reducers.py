@@ -84,8 +84,10 @@ class Reducer(Pending):
     @classmethod
     def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray] | None:
         """The rows from the fused kernels' per-sample sums, where those hold what this statistic needs (the kernels'
-        implementation of it); None where they do not: the layer's rows are then formed again for it."""
-        return None
+        implementation of it); None where they do not: the layer's rows are then formed again for it. By default, the
+        rows the host's finish made itself (:attr:`KernelSums.finished`: the key profile, the sink shares)."""
+        got = {name: sums.finished[name].cpu().numpy() for name in cls.rows if name in sums.finished}
+        return got or None
 
     def state(self) -> dict[str, torch.Tensor]:
         """This process's per-sample sums, on the CPU (torchrun: joined on process 0 by :meth:`join`)."""

@@ -15,12 +15,13 @@ import torch
 
 from biasviz.adapters.rows import RowBlock
 from biasviz.store.datasets import SINK_SHARE
-from biasviz.summaries.reducers import KernelSums, Reducer
+from biasviz.summaries.reducers import Reducer
 
 
 class SinkShare(Reducer):
     """Per sample and head, Σ_i w_a(i, 0) and the queries that see key 0 (one count for every head until some block
-    brings cells of its own by head)."""
+    brings cells of its own by head). On the fused path, the kernels' own finish of the same sums
+    (:meth:`Reducer.from_kernels`)."""
 
     rows = (SINK_SHARE,)
 
@@ -50,10 +51,3 @@ class SinkShare(Reducer):
     def result(self) -> dict[str, np.ndarray]:
         """(N, H) float32: each sample's mean over the queries that see key 0 of their weight on it."""
         return {SINK_SHARE: (self.sums["weight"] / self.sums["seeing"]).float().cpu().numpy()}
-
-    @classmethod
-    def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray] | None:
-        """The kernels' own: their sums on key 0 over the queries that see it (:func:`~biasviz.summaries.kernels.
-        finish`)."""
-        share = sums.finished.get(SINK_SHARE)
-        return None if share is None else {SINK_SHARE: share.cpu().numpy()}

@@ -267,7 +267,6 @@ def ends_sums(ends: SampleEnds, block: int, tile: int = TILE) -> dict[str, torch
     return out
 
 
-
 def jackknife_blocks(q: torch.Tensor, k: torch.Tensor, score_blocks: torch.Tensor, scale: float, block: int,
                      cells: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """(N, H, nb, nb) float64: Σ over a block's causal cells of z_a = [2 s_a - c(q_a·K + Q·k_a)] / ((N - 1)(N - 2)),
