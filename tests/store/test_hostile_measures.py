@@ -104,3 +104,42 @@ def test_diagnose_refuses_a_sink_index_outside_the_keys(good: Path, tmp_path: Pa
     case = Case(f"sink index {index}", "diagnose {root}/x.h5 --json {tmp}/d.json --no-figures --out-dir {tmp}",
                 rf"sink_keys of layer 1 holds key indices outside 0\.\.{T - 1}", subprocess=True)  # fmt: skip
     run_case(case, {"root": str(root)}, tmp, capsys)
+
+
+# a NaN where every layer without a mask of its own attends (the table's ``filled``) -> refused; where nothing may have
+# been attended (P over keys j >= 4 at the longest distances: no such key) -> read as it is
+FILLED = [("sink_share", (0, 0), True), ("weights_key_profile", (0, 1, 3), True), ("weights_profile", (1, 0, 2), True),
+          ("positional_profile", (0, 1, 5), True), ("positional_profile", (1, 1, T - 1), False)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "index", "refused"), FILLED, ids=[f"{n}-{i}" for n, i, _ in FILLED])
+def test_nan_is_refused_only_where_every_cell_is_attended(good: Path, tmp_path: Path, name: str,
+                                                          index: tuple[int, ...], refused: bool) -> None:  # fmt: skip
+    path = _crafted(good, tmp_path, name, _at(index, math.nan))
+    with limited(), open_bias_file(path) as f:
+        if refused:
+            with pytest.raises(BiasvizError, match=f"{name} of layer 1 holds NaN or infinite values"):
+                f.summary_array(name, 1)
+        else:
+            assert np.isnan(f.summary_array(name, 1)[index])
+
+
+def test_summary_array_reads_every_dataset_the_layer_holds_as_stored(good: Path) -> None:
+    """Every name of the table a layer holds reads through one call, the values h5py reads from the file (a block map
+    NaN where its blocks hold no cell); a name outside the table is refused, naming the table's."""
+    with open_bias_file(good) as f, h5py.File(good, "r") as raw:
+        held = f.summary_datasets(1)
+        assert {"positional_profile", "weights_key_profile", "sink_share", "band_mass", "diagnostics"} <= set(held)
+        for name in held:
+            stored, got = raw[f"{GROUP}/{name}"][()], f.summary_array(name, 1)
+            if stored.dtype.names:
+                assert got.dtype.names == stored.dtype.names
+                for field in stored.dtype.names:
+                    np.testing.assert_array_equal(got[field], stored[field])
+            elif name.endswith(("_mean", "_std")) and stored.shape[-1] == stored.shape[-2]:  # a block map
+                np.testing.assert_array_equal(got[np.isfinite(got)], stored[np.isfinite(got)])
+                assert np.isfinite(got[:, -1, 0]).all() and np.isnan(got[:, 0, -1]).all()  # below / above the diagonal
+            else:
+                np.testing.assert_array_equal(got, stored.astype(np.float64))
+        with pytest.raises(ValueError, match="not a dataset of a summary layer: 'logits' .*sink_share"):
+            f.summary_array("logits", 1)

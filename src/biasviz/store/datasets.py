@@ -38,7 +38,10 @@ class DatasetRow:
     """One dataset of a summary layer: its name, dimensions (a sweep adds ``checkpoint`` in front), and checks.
     ``broadcast``: dimensions a file may hold once for all (length 1), as docs/hdf5.md allows ``attended``.
     ``reducer``: ``"module:Class"``, the :class:`~biasviz.summaries.reducers.Reducer` that computes the row from the
-    layer's row blocks, where one does (the others are computed by the summary's own passes)."""
+    layer's row blocks, where one does (the others are computed by the summary's own passes).
+    ``filled``: the index of the values that hold a number in every layer without a mask of its own (a causal or
+    bidirectional rule attends a cell at every distance and key), ``()`` all of them; None: NaN wherever nothing was
+    attended. A reader refuses NaN there, and infinities anywhere."""
 
     name: str
     dims: tuple[str, ...]
@@ -46,6 +49,7 @@ class DatasetRow:
     doc: str
     broadcast: tuple[str, ...] = ()
     reducer: str = ""
+    filled: tuple[int, ...] | None = None
 
     @property
     def compound(self) -> bool:
@@ -94,16 +98,16 @@ LAYER_ROWS: tuple[DatasetRow, ...] = (
     *KIND_MAPS,
     DatasetRow(POSITIONAL_MEAN, MAP_DIMS, "value", "block means of the positional logits P"),
     *(DatasetRow(profile_name(kind), PROFILE_DIMS, _KIND_CHECKS[kind],
-                 f"the {kind} by distance: mean and std over samples and the queries at each distance")
+                 f"the {kind} by distance: mean and std over samples and the queries at each distance", filled=())
       for kind in KINDS),
     DatasetRow(DIAGNOSTICS, ("head",), "diagnostics", "the bias's diagnostics, computed at full resolution"),
     DatasetRow(POSITIONAL_PROFILE, ("from_key", "head", "distance"), "value",
-               "P by distance over keys j >= from_key (POSITIONAL_FROM_KEYS)"),
+               "P by distance over keys j >= from_key (POSITIONAL_FROM_KEYS)", filled=(0,)),
     DatasetRow(KEY_PROFILE, ("stat", "head", "key"), "share",
                "the weights by key over samples and the queries that see it",
-               reducer="biasviz.summaries.key_profile:KeyProfile"),
+               reducer="biasviz.summaries.key_profile:KeyProfile", filled=()),
     DatasetRow(SINK_SHARE, ("sample", "head"), "share", "per sample, the mean over queries of the weight on key 0",
-               reducer="biasviz.summaries.sink_share:SinkShare"),
+               reducer="biasviz.summaries.sink_share:SinkShare", filled=()),
     DatasetRow(POSITIONAL_DIAGNOSTICS, ("head",), "diagnostics", "the diagnostics of the positional logits P"),
     DatasetRow(ATTENDED, MAP_DIMS, "share", "the share of each block's cells the layer's own mask attends",
                broadcast=("head",)),

@@ -300,20 +300,17 @@ class BiasFile(AttrChecks):
         return self._layout(f"{kind} profile").read_profile(kind, self.resolve_layer(layer), self._checkpoint)
 
     def summary_array(self, name: str, layer: int = -1) -> np.ndarray:
-        """docs/positional.md of a summary: ``positional_profile`` (from_key, head, distance), ``weights_key_profile``
-        (stat, head, key) or ``sink_share`` (sample, head), float64, checked; or any of docs/position-measures.md
-        (:data:`biasviz.store.datasets.ROWS`: ``band_mass``, ``context_mass``, ``weights_entropy``, ``sink_keys``
-        and the ``_se`` beside each mean)."""
+        """Any dataset of a summary layer, by its name in the table of datasets (:data:`biasviz.store.datasets.ROWS`),
+        checked as its row says: docs/positional.md's ``positional_profile`` (from_key, head, distance),
+        ``weights_key_profile`` (stat, head, key) and ``sink_share`` (sample, head), docs/position-measures.md's
+        ``band_mass``, ``context_mass``, ``weights_entropy``, ``sink_keys`` and the ``_se`` beside each mean, ... as
+        float64 (``sink_keys`` and the diagnostics as their records); a block map as :meth:`summary_map` reads it."""
+        if name not in datasets.ROWS:
+            raise ValueError(f"not a dataset of a summary layer: {name!r} (one of {', '.join(datasets.ROWS)})")
         layout, resolved = self._layout(name.replace("_", " ")), self.resolve_layer(layer)
-        if name == datasets.POSITIONAL_PROFILE:
-            return layout.read_positional_profile(resolved, self._checkpoint)
-        if name == datasets.KEY_PROFILE:
-            return np.stack(layout.read_key_profile(resolved, self._checkpoint))
-        if name == datasets.SINK_SHARE:
-            return layout.read_sink_share(resolved, self._checkpoint)
-        if name in datasets.MEASURE_ROWS or name == datasets.ATTENDED:  # as its row in the table of datasets says
-            return layout.read_measure(name, resolved, self._checkpoint)
-        raise ValueError(f"not a section 12 or 14 array: {name!r}")
+        if name in datasets.SUMMARY_MAPS:
+            return layout.read_map(name, resolved, self._checkpoint)
+        return layout.read_row(name, resolved, self._checkpoint)
 
     def stored_diagnostics(self, layer: int = -1, name: str = datasets.DIAGNOSTICS) -> dict[str, np.ndarray]:
         """A summary's diagnostics, computed at extraction at full resolution: field -> (head,), NaN if undefined.

@@ -24,11 +24,8 @@ from biasviz.store.datasets import (
     DIAGNOSTIC_FIELDS,
     DIAGNOSTICS,
     FREQUENCY_USE,
-    KEY_PROFILE,
-    POSITIONAL_PROFILE,
     PROFILES,
     SINK_KEYS,
-    SINK_SHARE,
     SUMMARY_MAPS,
     profile_name,
 )
@@ -166,43 +163,22 @@ class SummaryLayout:
 
     def read_profile(self, kind: str, layer: int, checkpoint: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``kind``'s distance profile: (mean, std), each float64 (head, distance) from ``profile_start``."""
-        name = profile_name(kind)
-        p = self._read(layer, name, checkpoint).astype(np.float64)
-        if not self._finite(layer, p) or (p[PROFILE_STATS.index("std")] < 0).any():
-            raise self._damaged(f"{name} of layer {layer} holds NaN, infinite or negative-std values")
-        self._checked(layer, name, p)
+        p = self.read_row(profile_name(kind), layer, checkpoint)
         return p[PROFILE_STATS.index("mean")], p[PROFILE_STATS.index("std")]
 
-    def read_positional_profile(self, layer: int, checkpoint: int = 0) -> np.ndarray:
-        """P by distance, float64 (from_key, head, distance): over all keys, and over keys j >= 4 (NaN where none)."""
-        p = self._read(layer, POSITIONAL_PROFILE, checkpoint).astype(np.float64)
-        if np.isinf(p).any() or not self._finite(layer, p[0]):
-            raise self._damaged(f"{POSITIONAL_PROFILE} of layer {layer} holds infinite or NaN values")
-        return self._checked(layer, POSITIONAL_PROFILE, p)
-
-    def read_key_profile(self, layer: int, checkpoint: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """The weights by key j: (mean, std) over samples and the queries that see j, float64 (head, key)."""
-        p = self._read(layer, KEY_PROFILE, checkpoint).astype(np.float64)
-        if not self._finite(layer, p):
-            raise self._damaged(f"{KEY_PROFILE} of layer {layer} holds NaN or infinite values")
-        self._checked(layer, KEY_PROFILE, p)
-        return p[0], p[1]
-
-    def read_sink_share(self, layer: int, checkpoint: int = 0) -> np.ndarray:
-        """Per sample and head, the mean weight on key 0 over the queries, float64 (sample, head)."""
-        p = self._read(layer, SINK_SHARE, checkpoint).astype(np.float64)
-        if not self._finite(layer, p):
-            raise self._damaged(f"{SINK_SHARE} of layer {layer} holds NaN or infinite values")
-        return self._checked(layer, SINK_SHARE, p)
-
-    def read_measure(self, name: str, layer: int, checkpoint: int = 0) -> np.ndarray:
-        """A dataset of docs/position-measures.md (a row of :data:`biasviz.store.datasets.ROWS`), checked as its row
-        says: float64, or (index, share) records for ``sink_keys``; NaN where nothing was attended."""
+    def read_row(self, name: str, layer: int, checkpoint: int = 0) -> np.ndarray:
+        """A dataset of the table of datasets (:data:`biasviz.store.datasets.ROWS`), checked as its row says: float64,
+        or its compound records (``sink_keys``, the diagnostics); NaN only where nothing was attended, and where the
+        row is :attr:`~biasviz.store.datasets.DatasetRow.filled`, only in a layer with a mask of its own."""
         row = datasets.ROWS.get(name)
         if row is None:
             raise ValueError(f"name must be one of {tuple(datasets.ROWS)}, not {name!r}")
-        values = self._checked(layer, name, self._read(layer, name, checkpoint))
-        return values if row.compound else values.astype(np.float64)
+        values = self._read(layer, name, checkpoint)
+        if not row.compound:
+            values = values.astype(np.float64)
+            if row.filled is not None and not self._finite(layer, values[row.filled]):
+                raise self._damaged(f"{name} of layer {layer} holds NaN or infinite values")
+        return self._checked(layer, name, values)
 
     def _checked(self, layer: int, name: str, values: np.ndarray) -> np.ndarray:
         """``values`` of ``name``, refused where its row of the table of datasets says they cannot be."""
@@ -250,7 +226,7 @@ class SummaryLayout:
         if row is None or row.check != "diagnostics":
             raise ValueError(f"name must be one of {[n for n, r in datasets.ROWS.items() if r.check == 'diagnostics']}"
                              f", not {name!r}")  # fmt: skip
-        rec = self._checked(layer, name, self._read(layer, name, checkpoint))
+        rec = self.read_row(name, layer, checkpoint)
         return {f: np.asarray(rec[f], dtype=np.float64) for f in DIAGNOSTIC_FIELDS}
 
 
