@@ -2,7 +2,9 @@
 
 Three layouts read through :class:`BiasFile`: full files (every sample's matrices), full files of a
 context-free scheme whose bias is stored once (``bias_shared``: readers see it broadcast over samples)
-and summary files (``summary``: block-mean maps, profiles and diagnostics; :mod:`.summary_reader`).
+and summary files (``summary``: block-mean maps, profiles and diagnostics). :class:`BiasFile` opens the file and
+answers for it; what the file says of itself is checked by :mod:`.header`, its layers by :mod:`.full_layout` or
+:mod:`.summary_reader`, which also read them.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import numpy as np
 from biasviz.common.errors import BiasvizError
 from biasviz.common.inputs import regular_file
 from biasviz.store import datasets
-from biasviz.store.declared import check_declared
-from biasviz.store.format import FORMAT_VERSION, REQUIRED_ATTRS, layer_group
+from biasviz.store.format import layer_group
+from biasviz.store.full_layout import FullLayout, validate_full
 from biasviz.store.guard import check_isolated
 from biasviz.store.h5io import in_use
+from biasviz.store.header import FileHeader, checkpoint_index, read_header
 from biasviz.store.summary_reader import SummaryLayout, validate_summary
-from biasviz.store.validation import AttrChecks, describe, plain
-from biasviz.store.views import OneCheckpoint, SharedSamples
+from biasviz.store.validation import AttrChecks, plain
 
 
 class BiasFile(AttrChecks):
@@ -73,106 +75,42 @@ class BiasFile(AttrChecks):
 
     # -- validation ----------------------------------------------------------------------------
     def _validate(self) -> None:
-        a = self._h5.attrs
-        if "biasviz_format" not in a:
-            raise BiasvizError(f"{self.path} is an HDF5 file but not a biasviz file (no biasviz_format attribute)")
-        try:
-            version = self._int_attr("biasviz_format")
-        except BiasvizError:
-            raise BiasvizError(f"{self.path} has an unreadable biasviz_format attribute") from None
-        if version != FORMAT_VERSION:
-            raise BiasvizError(
-                f"{self.path} is biasviz format {version}; this biasviz reads format {FORMAT_VERSION} (upgrade biasviz)"
-            )
-        missing = [k for k in REQUIRED_ATTRS if k not in a]
-        if missing:
-            raise BiasvizError(f"{self.path} lacks required attributes: {', '.join(missing)}")
-        self._refuse_other_files_anywhere()
-        self._scheme = self._str_attr("scheme")
-        self._context_dependent = self._bool_attr("context_dependent")
-        self._n_heads = self._int_attr("n_heads", minimum=1)
-        self._seq_len = self._int_attr("seq_len", minimum=1)
-        self._n_layers = n_layers = self._int_attr("n_layers", minimum=1)
-        self.is_summary = self._flag("summary")  # extract --summary: maps, profiles and diagnostics only
-        # before anything is read: what the file declares must fit (a small file can declare huge datasets)
-        check_declared(self, seq_len=self._seq_len, n_heads=self._n_heads, summary=self.is_summary)
-        self._causal = self._bool_attr("causal") if "causal" in a else True
-        self.bias_only = self._flag("bias_only")  # extract --bias-only
-        self.bias_shared = self._flag("bias_shared") and not self.is_summary  # one bias for every sample
-        if self.bias_shared and self._context_dependent:
-            raise self._bad("attribute 'bias_shared' says one bias serves every sample, but the scheme is "
-                            "context-dependent")  # fmt: skip
-        raw = np.asarray(self._read_attr("layers"))
-        if raw.ndim > 1 or raw.size == 0 or not np.issubdtype(raw.dtype, np.integer):
-            raise self._bad(f"attribute 'layers' should be a list of layer indices, not {describe(raw)}")
-        self._layers = [int(x) for x in np.atleast_1d(raw)]
-        bad_layers = [x for x in self._layers if not 0 <= x < n_layers]
-        if bad_layers or len(set(self._layers)) != len(self._layers):
-            raise self._bad(f"attribute 'layers' ({self._layers}) is not a set of indices in 0..{n_layers - 1}")
-        self._refuse_other_files("input_ids")
-        ids = self._h5.get("input_ids")
-        if not isinstance(ids, h5py.Dataset) or ids.ndim != 2 or ids.shape[1] != self._seq_len:
-            raise self._bad(f"no (sample, query) dataset 'input_ids' with {self._seq_len} queries")
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise self._bad(f"'input_ids' holds {ids.dtype}, not integers")
-        self._n_samples = int(ids.shape[0])
-        self._steps = self._sweep_steps()
-        lead = () if self._steps is None else (len(self._steps),)
+        """The header, then the layers as a summary's or a full file's (:mod:`.summary_reader`, :mod:`.full_layout`)."""
+        self._header = h = read_header(self)
+        self._checkpoint = checkpoint_index(h, self._checkpoint, self.path)
+        self.is_summary, self.bias_only, self.bias_shared = h.is_summary, h.bias_only, h.bias_shared
         self._summary: SummaryLayout | None = None
-        if self.is_summary:
-            self._summary = validate_summary(self, seq_len=self._seq_len, n_heads=self._n_heads,
-                                             n_samples=self._n_samples, layers=self._layers, lead=lead,
-                                             bias_only=self.bias_only, causal=self._causal)  # fmt: skip
-            return
-        matrix = (self._n_heads, self._seq_len, self._seq_len)
-        shapes = {"weights": (*lead, self._n_samples, *matrix), "scores": (*lead, self._n_samples, *matrix),
-                  "bias": (*lead, 1 if self.bias_shared else self._n_samples, *matrix)}  # fmt: skip
-        for layer in self._layers:
-            self._refuse_other_files(layer_group(layer))
-            grp = self._h5.get(layer_group(layer))
-            wanted = "bias" if self.bias_only else "weights"
-            if not isinstance(grp, h5py.Group) or not isinstance(grp.get(wanted), h5py.Dataset):
-                raise BiasvizError(f"{self.path} lists layer {layer} but has no {layer_group(layer)}/{wanted}")
-            for kind, shape in shapes.items():
-                if kind not in grp:
-                    continue
-                self._refuse_other_files(f"{layer_group(layer)}/{kind}")
-                ds = grp.get(kind)
-                if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype.kind != "f":
-                    what = f"{ds.dtype} {ds.shape}" if isinstance(ds, h5py.Dataset) else "not a dataset"
-                    shared = " (one matrix for all samples: bias_shared)" if shape[len(lead)] != self._n_samples else ""
-                    raise self._bad(f"{layer_group(layer)}/{kind} is {what}, expected float {shape}{shared} (from the "
-                                    f"attributes n_heads, seq_len and the samples of input_ids)")
+        self._full: FullLayout | None = None
+        if h.is_summary:
+            self._summary = validate_summary(self, seq_len=h.seq_len, n_heads=h.n_heads, n_samples=h.n_samples,
+                                             layers=list(h.layers), lead=h.lead, bias_only=h.bias_only,
+                                             causal=h.causal)  # fmt: skip
+        else:
+            self._full = validate_full(self, h)
 
-    def _sweep_steps(self) -> list[int] | None:
-        """The training steps of a sweep file's checkpoints (``/checkpoint``), or None for a plain file."""
-        if "checkpoint" not in self._h5:
-            return None
-        ds = self._h5["checkpoint"]
-        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.size < 1 or ds.dtype.kind not in "iu":
-            raise self._bad("'checkpoint' should be a list of training steps")
-        steps = [int(x) for x in ds[()]]
-        if not -len(steps) <= self._checkpoint < len(steps):
-            raise BiasvizError(f"checkpoint {self._checkpoint} out of range; {self.path} holds {len(steps)} "
-                               f"checkpoints (steps {', '.join(map(str, steps))})")  # fmt: skip
-        self._checkpoint %= len(steps)
-        return steps
+    @property
+    def header(self) -> FileHeader:
+        """What the file says of itself, as checked on opening."""
+        return self._header
 
     @property
     def checkpoints(self) -> list[int] | None:
         """Training steps of a sweep's checkpoints (``extract --checkpoints``); None for a plain file."""
-        return self._steps
+        steps = self._header.steps
+        return None if steps is None else list(steps)
 
     @property
     def step(self) -> int | None:
         """The training step of the checkpoint this reader shows (the last one unless chosen)."""
-        return None if self._steps is None else self._steps[self._checkpoint]
+        steps = self._header.steps
+        return None if steps is None else steps[self._checkpoint]
 
     def at_checkpoint(self, index: int) -> BiasFile:
         """The same file showing checkpoint ``index`` of a sweep (shares the open file)."""
         other = object.__new__(BiasFile)
         other.__dict__.update(self.__dict__)
-        other._checkpoint = index % len(self._steps) if self._steps else 0
+        steps = self._header.steps
+        other._checkpoint = index % len(steps) if steps else 0
         return other
 
     # -- context manager -----------------------------------------------------------------------
@@ -205,44 +143,43 @@ class BiasFile(AttrChecks):
 
     @property
     def scheme(self) -> str:
-        return self._scheme
+        return self._header.scheme
 
     @property
     def context_dependent(self) -> bool:
-        return self._context_dependent
+        return self._header.context_dependent
 
     @property
     def context_dependence_recorded(self) -> bool | None:
         """:attr:`context_dependent`, or None where the file cannot say (a traced model: ``biasviz diagnose``
         measures it from the data)."""
-        known = self._bool_attr("context_dependent_known") if "context_dependent_known" in self._h5.attrs else True
-        return self._context_dependent if known else None
+        return self._header.context_dependent if self._header.context_known else None
 
     @property
     def layers(self) -> list[int]:
-        return list(self._layers)
+        return list(self._header.layers)
 
     @property
     def n_heads(self) -> int:
-        return self._n_heads
+        return self._header.n_heads
 
     @property
     def n_layers(self) -> int:
         """Layers of the source model (the file may hold fewer: see :attr:`layers`)."""
-        return self._n_layers
+        return self._header.n_layers
 
     @property
     def seq_len(self) -> int:
-        return self._seq_len
+        return self._header.seq_len
 
     @property
     def causal(self) -> bool:
         """False for bidirectional models, whose cells above the diagonal are used (and stored)."""
-        return self._causal
+        return self._header.causal
 
     @property
     def n_samples(self) -> int:
-        return self._n_samples
+        return self._header.n_samples
 
     def resolve_layer(self, layer: int) -> int:
         """Accept negative indices (``-1`` = the last layer stored) and check the layer exists."""
@@ -323,7 +260,7 @@ class BiasFile(AttrChecks):
 
     def not_per_sample(self, what: str) -> BiasvizError:
         """The error for a request that needs per-sample matrices of a summary file."""
-        n, b = self._n_samples, self.block
+        n, b = self._header.n_samples, self.block
         blocks = f" in blocks of {b} positions" if b and b > 1 else ""
         return BiasvizError(f"{self.path} is a summary file (extract --summary): it holds means and standard "
                             f"deviations over {n} samples{blocks}, not {what}; re-extract without --summary "
@@ -335,18 +272,9 @@ class BiasFile(AttrChecks):
 
         A shared bias (``bias_shared``) is seen broadcast over the samples; a summary file has none.
         """
-        grp = self._h5[layer_group(self.resolve_layer(layer))]
-        if self.is_summary:
+        if self._full is None:
             raise self.not_per_sample(f"each sample's {kind} matrices")
-        if kind not in grp and kind == "weights":
-            raise BiasvizError(f"{self.path} holds the bias only (extracted with --bias-only, no forward pass): "
-                               "no attention weights")  # fmt: skip
-        if kind not in grp and kind == "scores":
-            raise BiasvizError(f"{self.path} holds no scores: extract with --capture bias,weights,scores to store them")
-        if kind not in grp:
-            raise BiasvizError(f"{self.path} holds no {kind} (scheme '{self.scheme}' adds no bias)")
-        ds = grp[kind] if self._steps is None else OneCheckpoint(grp[kind], self._checkpoint)
-        return SharedSamples(ds, self._n_samples) if kind == "bias" and self.bias_shared else ds  # type: ignore[return-value]
+        return self._full.dataset(kind, self.resolve_layer(layer), self._checkpoint)  # type: ignore[return-value]
 
     def read(self, kind: str, layer: int = -1, sample: int | slice | None = None) -> np.ndarray:
         """``kind`` ('bias', 'weights' or 'scores') as float32: (sample, head, query, key), or

@@ -168,8 +168,9 @@ class SummaryLayout:
 
     def read_row(self, name: str, layer: int, checkpoint: int = 0) -> np.ndarray:
         """A dataset of the table of datasets (:data:`biasviz.store.datasets.ROWS`), checked as its row says: float64,
-        or its compound records (``sink_keys``, the diagnostics); NaN only where nothing was attended, and where the
-        row is :attr:`~biasviz.store.datasets.DatasetRow.filled`, only in a layer with a mask of its own."""
+        or its compound records (``sink_keys``; the diagnostics' with float64 fields); NaN only where nothing was
+        attended, and where the row is :attr:`~biasviz.store.datasets.DatasetRow.filled`, only in a layer with a mask
+        of its own."""
         row = datasets.ROWS.get(name)
         if row is None:
             raise ValueError(f"name must be one of {tuple(datasets.ROWS)}, not {name!r}")
@@ -178,7 +179,13 @@ class SummaryLayout:
             values = values.astype(np.float64)
             if row.filled is not None and not self._finite(layer, values[row.filled]):
                 raise self._damaged(f"{name} of layer {layer} holds NaN or infinite values")
-        return self._checked(layer, name, values)
+        values = self._checked(layer, name, values)
+        if row.check == "diagnostics":  # float64 fields, whatever floats the file stored
+            out = np.zeros(values.shape, dtype=datasets.DIAGNOSTIC_DTYPE)
+            for field_name in DIAGNOSTIC_FIELDS:
+                out[field_name] = values[field_name]
+            return out
+        return values
 
     def _checked(self, layer: int, name: str, values: np.ndarray) -> np.ndarray:
         """``values`` of ``name``, refused where its row of the table of datasets says they cannot be."""

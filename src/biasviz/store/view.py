@@ -22,7 +22,6 @@ from biasviz.store.reader import BiasFile, open_bias_file
 
 MATRICES = ("bias", "weights", "scores")  # a full file's (sample, head, query, key) datasets
 COMPOUND = tuple(name for name, row in ROWS.items() if row.check == "diagnostics")  # (head,) records
-_PROFILE_KINDS = {datasets.profile_name(kind): kind for kind in datasets.KINDS}
 XARRAY_EXTRA = "pip install 'biasviz[xarray]'"
 
 
@@ -282,21 +281,10 @@ def _labelled(xr: Any, values: np.ndarray, dims: list[tuple[str, np.ndarray | No
 
 
 def _read(f: BiasFile, layer: int, name: str) -> np.ndarray:
-    """One dataset of ``layer`` at ``f``'s checkpoint, through the reader (diagnostics: a record per head)."""
-    row = ROWS.get(name)
+    """One dataset of ``layer`` at ``f``'s checkpoint, through the reader, checked as the table of datasets says."""
     if name in MATRICES:
         return f.read(name, layer)
-    if name in datasets.SUMMARY_MAPS:
-        return f.summary_map(name, layer)
-    if name in _PROFILE_KINDS:
-        return np.stack(f.profile(_PROFILE_KINDS[name], layer))
-    if row is not None and row.check == "diagnostics":
-        fields = f.stored_diagnostics(layer, name)
-        out = np.zeros(f.n_heads, dtype=datasets.DIAGNOSTIC_DTYPE)
-        for k in datasets.DIAGNOSTIC_FIELDS:
-            out[k] = fields[k]
-        return out
-    if row is not None:
+    if name in ROWS:
         return f.summary_array(name, layer)
     raise BiasvizError(f"{fmt.layer_group(layer)}/{name} of {f.path} is not a dataset biasviz reads")
 
