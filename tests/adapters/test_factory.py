@@ -96,6 +96,15 @@ def test_what_the_users_code_raises_becomes_one_error_that_says_so() -> None:
     assert type(raised.value.__cause__) is SystemExit
 
 
+def test_memory_that_ran_out_in_the_users_code_passes_through_as_such() -> None:
+    """Not the code's fault: the command says which memory ran out and what to change (tests/common/
+    test_out_of_memory.py), not that the error came from the user's code."""
+    for raised in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB."), MemoryError()):
+        with pytest.raises(type(raised)) as caught, users_code("m.py:make", "the model's forward"):
+            raise raised
+        assert caught.value is raised
+
+
 @pytest.mark.parametrize("kind", [BiasvizError, StopForward, KeyboardInterrupt])
 def test_biasvizs_own_signals_and_interrupts_pass_through_unchanged(kind: type[BaseException]) -> None:
     signal = kind("as raised")

@@ -148,7 +148,7 @@ def test_a_failing_process_leaves_nothing_at_out(model_dir: Path) -> None:
     code.write_text("import os\nimport torch\nfrom tests.nano_gpt import GPT, GPTConfig\n\n"
                     "class Failing(GPT):\n    def forward(self, idx):\n"
                     "        if os.environ.get('RANK') == '1':\n"
-                    "            raise RuntimeError('out of memory')\n"
+                    "            raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB.')\n"
                     "        return super().forward(idx)\n\n"
                     "def make():\n    torch.manual_seed(0)\n"
                     "    return Failing(GPTConfig(vocab_size=300))\n")  # fmt: skip
@@ -156,7 +156,8 @@ def test_a_failing_process_leaves_nothing_at_out(model_dir: Path) -> None:
     run = torchrun(["extract", "--model", f"{code}:make", "--samples", "4", "--seq-len", "32", "--text", "text.txt",
                     "--out", "failed.h5", "--quiet", "--device", "cpu"], model_dir, env)  # fmt: skip
     assert run.returncode != 0
-    assert "Error: process 1 failed: " in run.stderr and "failed: RuntimeError: out of memory" in run.stderr
+    assert ("Error: process 1 failed: the GPU ran out of memory part-way through 'biasviz extract' (an allocation of "
+            "2.00 GiB failed); try --summary") in run.stderr, run.stderr  # one line, what ran out and what to change
     assert "Error: another process failed" in run.stderr and "[rank1]: Traceback" not in run.stderr
     assert not (model_dir / "failed.h5").exists()
     assert not [p for p in model_dir.iterdir() if "failed.h5" in p.name]

@@ -19,6 +19,7 @@ from torch import nn
 
 from biasviz.adapters.traced import TracedAdapter
 from biasviz.common.errors import BiasvizError
+from biasviz.common.out_of_memory import ran_out
 
 
 def is_factory_spec(spec: str | Path) -> bool:
@@ -31,7 +32,8 @@ def is_factory_spec(spec: str | Path) -> bool:
 @contextlib.contextmanager
 def users_code(spec: str, what: str) -> Iterator[None]:
     """Within the block the user's code runs: whatever it raises, or a ``sys.exit`` in it, becomes one error
-    that says where it came from (``--debug`` shows the traceback). biasviz's own signals pass through."""
+    that says where it came from (``--debug`` shows the traceback). biasviz's own signals pass through, and so does
+    memory that ran out (:mod:`biasviz.common.out_of_memory`)."""
     from biasviz.tracing.stop import StopForward
 
     try:
@@ -42,6 +44,8 @@ def users_code(spec: str, what: str) -> Iterator[None]:
         raise BiasvizError(f"--model {spec}: {what} called sys.exit({exc.code!r}); the exit came from your code "
                            "(biasviz --debug shows the traceback)") from exc  # fmt: skip
     except Exception as exc:
+        if ran_out(exc) is not None:  # memory that ran out is no fault of the code: said as such where it is caught
+            raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise BiasvizError(f"--model {spec}: {what} failed: {type(exc).__name__}{': ' + first if first else ''}; "
                            "the error came from your code (biasviz --debug shows the traceback)") from exc  # fmt: skip

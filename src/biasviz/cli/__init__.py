@@ -13,6 +13,7 @@ import click
 
 from biasviz.common.ending import ignore_ending, restore, unwind_on_ending
 from biasviz.common.errors import BiasvizError, os_error_message
+from biasviz.common.out_of_memory import out_of_memory_message, ran_out
 from biasviz.common.terminal import say
 from biasviz.common.threads import passive_waits
 from biasviz.common.version import __version__
@@ -200,7 +201,13 @@ def _command(argv: list[str] | None) -> None:
         sys.exit(exc.exit_code)
     except Exception as exc:  # a library that turned a Ctrl-C into its own error (h5py inside a type conversion)
         if not _from_interrupt(exc):
-            raise
+            found = ran_out(exc)  # memory that ran out part-way: said in one line, as any other error the user can fix
+            if found is None:
+                raise
+            if debug:
+                traceback.print_exc()
+            say("Error", out_of_memory_message(found, next((a for a in args if a in _COMMANDS), None), args))
+            sys.exit(1)
         if debug:
             traceback.print_exc()
         say("Error", "interrupted; no partial output was left behind.")
