@@ -23,7 +23,7 @@ from biasviz.common.errors import check_interrupted
 from biasviz.common.progress import Progress
 from biasviz.common.shapes import host_arrays
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
-from biasviz.summaries import QuantitySummary, Summary
+from biasviz.summaries import QuantitySummary, Summary, kernels
 from biasviz.summaries.attended import Attended, samples_per_cell
 from biasviz.summaries.bank import SampleBank
 from biasviz.summaries.fused_layer import CHOSEN, fused_available, fused_layer, tell, why_not
@@ -216,15 +216,20 @@ def _fused(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict[str, Q
         if bias is not None and table is not None:  # given before the kernels' SEs, which read it
             bias.given = (toeplitz_summary(table, seq_len, block, samples=samples) if torch.is_tensor(table)
                           else first_rows_summary(adapter, bank, layer, bias, samples=samples))  # fmt: skip
+        refused = None  # Triton could not build or launch the kernels for this GPU: this layer and later ones to torch
         with torch.inference_mode(), show() as bar:
-            got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
-                              device=device, positional=positional, measures=measures, table=table,
-                              attended=attended, cells=cells, measured=kept)  # fmt: skip
+            try:
+                got = fused_layer(adapter, bank, layer, own, samples=samples, seq_len=seq_len, block=block,
+                                  device=device, positional=positional, measures=measures, table=table,
+                                  attended=attended, cells=cells, measured=kept)  # fmt: skip
+            except Exception as exc:
+                if (refused := kernels.refused(device, exc)) is None:
+                    raise
             bar.update(1)
         if bias is not None and bias.given is not None:  # taken back where the torch path forms the layer after all
             bias.given = None if got is None else replace(bias.given, difference=bias.difference)
-        why = "" if got is not None else ("a sample's bias differs from the first sample's" if formed
-                                          else "a sample's bias differs from the scheme's f(i - j)")  # fmt: skip
+        why = "" if got is not None else refused or ("a sample's bias differs from the first sample's" if formed
+                                                     else "a sample's bias differs from the scheme's f(i - j)")
     return got, why
 
 

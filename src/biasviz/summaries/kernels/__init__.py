@@ -30,13 +30,34 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
+# per device, why Triton refused the kernels there earlier in this process: the same GPU refuses them again
+_REFUSED: dict[str, str] = {}
+
+
 def unavailable(device: torch.device) -> str | None:
     """Why the fused kernels cannot run on ``device`` (None: they can)."""
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed (pip install 'biasviz[gpu]')"
     if device.type != "cuda" and not interpreted():
         return f"the fused kernels run on a CUDA GPU, not on {device.type}"
-    return None
+    return _REFUSED.get(str(device))
+
+
+def refused(device: torch.device, exc: BaseException) -> str | None:
+    """Why the kernels cannot run on ``device`` where ``exc`` is Triton refusing to build or launch them there (shared
+    memory or registers past what the GPU has, its compiler or assembler failing for the GPU, a launch the driver
+    refused): recorded, so that the run's later layers take the torch path at once; None for any other error (a bug,
+    memory that ran out, an error of Triton's interpreter, which the tests must see), which the caller raises."""
+    from biasviz.common.out_of_memory import ran_out
+
+    name = type(exc).__name__
+    triton_own = type(exc).__module__.split(".")[0] == "triton" and name != "InterpreterError"
+    if not (triton_own or (isinstance(exc, RuntimeError) and "Triton Error" in str(exc))) or ran_out(exc) is not None:
+        return None
+    first = (str(exc).strip().splitlines() or [""])[0]
+    first = first.split(". ")[0].rstrip(".")[:200]  # what failed, not Triton's advice to the kernels' author
+    why = _REFUSED[str(device)] = f"Triton could not build or launch them for this GPU ({name}: {first})"
+    return why
 
 
 def fused_statistics(q: torch.Tensor, k: torch.Tensor, table: Bias | None, scale: float, block: int,
