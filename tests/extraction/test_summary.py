@@ -209,3 +209,34 @@ def _same_ranking(got: np.ndarray, want: np.ndarray) -> None:
     clear[..., 1:] &= gap
     clear[..., :-1] &= gap
     np.testing.assert_array_equal(got["index"][clear], want["index"][clear])
+
+
+
+def test_a_streamed_summary_too_large_to_keep_is_refused_before_any_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows streamed as the model forms them (as a summary whose rows cannot be formed again runs): over batches of one
+    sample, each layer keeps float64 moments of the weights and the scores and the first sample's rows of the declared
+    bias, and P's float32 sums of the scores and the bias, of every cell: (16 + 16 + 2 + 4 + 4) x 4 x 256 x 256 bytes
+    = 10.5 MiB a layer, beside the forward's own 1 MiB of weights. A machine said to have 20 MiB refuses two layers,
+    naming the size, before the model runs; one layer runs."""
+    import torch
+
+    import biasviz.common.memory as memory
+    from biasviz.extraction.summary import summarise
+
+    t = 256
+    adapter = BiasGPTAdapter(small_model("alibi", n_head=4), source="test")
+    ran: list[int] = []
+    adapter.model.register_forward_pre_hook(lambda module, args: ran.append(1))
+    ids = np.random.default_rng(0).integers(0, 97, size=(3, t))
+    monkeypatch.setattr(memory, "memory_of", lambda device=None: 20 << 20)
+    options = {"resolution": 16, "batch_size": 1, "progress": False, "streamed": True}
+    before = len(ran)
+    refused = (r"^a summary of 2 layers whose rows are streamed .* needs about 22\.0 MiB of memory, more than the "
+               r"20\.0 MiB this machine has; ask for fewer layers")  # fmt: skip
+    with pytest.raises(BiasvizError, match=refused):
+        summarise(adapter, ids, [0, 1], torch.device("cpu"), **options)
+    assert len(ran) - before <= 1  # at most the rotary check's short pass: no sample's forward
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = summarise(adapter, ids, [1], torch.device("cpu"), **options)
+    assert set(got) == {1}

@@ -79,3 +79,20 @@ def test_the_cases_users_meet():
     # torchrun with banks joined: formed again on process 0, a declared bias still measured
     assert plan(facts(forms_rows_again=True, adds_bias=True, declared_shared=True, merged=True, gathered=True)) == \
         SummaryPlan(True, {"weights": "joint", "scores": "joint", "bias": "shared"}, False, 1)  # fmt: skip
+
+
+def test_what_a_streamed_summary_keeps_of_each_layer_counted_by_hand():
+    cells = 4 * 64 * 64  # heads x T x T
+    # a Bloom over batches of 2 of 8 samples: the weights' float64 moments (16 bytes a cell), the declared bias's first
+    # sample's rows (2 bytes at the least), no scores sent
+    bloom = plan(facts(adds_bias=True, declared_shared=True, batch_size=2))
+    assert bloom.streamed_bytes(4, 64, samples=8, positional=True) == (16 + 2) * cells
+    # eager attention that sends its scores, a bias of the input: three quantities' moments, P's float32 sums of the
+    # scores and the bias; without P only the moments
+    eager = plan(facts(captures_scores=True, adds_bias=True))
+    assert eager.streamed_bytes(4, 64, samples=8, positional=True) == (3 * 16 + 4 + 4) * cells
+    assert eager.streamed_bytes(4, 64, samples=8, positional=False) == 3 * 16 * cells
+    # every sample in one forward: nothing kept across batches (the forward's own matrices are the batch's)
+    assert plan(facts(captures_scores=True, batch_size=8)).streamed_bytes(4, 64, samples=8, positional=False) == 0
+    # rows formed again keep nothing of the kind
+    assert plan(facts(forms_rows_again=True, adds_bias=True)).streamed_bytes(4, 64, samples=8, positional=True) == 0

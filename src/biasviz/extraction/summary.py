@@ -37,7 +37,7 @@ from biasviz.adapters.again import forms_rows_again
 from biasviz.adapters.base import ModelAdapter, RowBlock
 from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, placed, without_autocast
 from biasviz.common.errors import AttendsPastQuery, BiasvizError, MasksDifferBySample, check_interrupted
-from biasviz.common.memory import check_summary_memory
+from biasviz.common.memory import attention_bytes, check_fits, check_summary_memory
 from biasviz.common.progress import Progress
 from biasviz.extraction.call_masks import CallMasks
 from biasviz.extraction.replayed import Gather, replayed
@@ -158,6 +158,14 @@ def _summarise(
                                gathered=gather is not None, streamed=streamed, samples=n,
                                batch_size=batch_size))  # fmt: skip
     replay, modes = chosen.formed_again, chosen.modes
+    if not replay:  # every layer's per-cell sums at once, beside the forward's own matrices: refused before any work
+        heads, many = adapter.n_heads, len(layer_list) > 1
+        kept = len(layer_list) * chosen.streamed_bytes(heads, seq_len, samples=n, positional=positional and total >= 2)
+        check_fits(kept + attention_bytes(chosen.forward_batch, heads, seq_len),
+                   f"a summary of {len(layer_list)} layer{'s' * many} whose rows are streamed as the model forms them "
+                   f"(sums of {heads} x {seq_len} x {seq_len} cells kept per layer, for its attention calls cannot be "
+                   "formed again: docs/long-contexts.md)", "ask for fewer layers (--layer) or a shorter --seq-len",
+                   device=dev)  # fmt: skip
     # a shared bias of i - j alone is summarised from its T values, as long as every sample's rows, formed again for
     # the scores anyway, equal the first's: nothing of it is summarised cell by cell
     direct = {layer: f for layer in layer_list if replay and modes.get("bias") == "shared"

@@ -45,6 +45,20 @@ class SummaryPlan:
     streamed_position: bool = False  # streamed scores, q and k feed docs/positional.md's sums as they come
     forward_batch: int = 1  # samples per forward while streamed (all of them where they meet joint)
 
+    def streamed_bytes(self, heads: int, seq_len: int, *, samples: int, positional: bool) -> int:
+        """What a streamed summary keeps of each layer for the whole run at least, in bytes (0 where rows are formed
+        again): per (head, query, key) cell, float64 moments (mean, m2) of each quantity whose samples meet across
+        batches (``cells``), the first sample's rows of a declared bias compared across batches (2 bytes at the
+        least), and with ``positional`` (P, two samples or more) float32 sums of the scores and of any bias."""
+        if self.formed_again:
+            return 0
+        several = self.forward_batch < samples
+        per_cell = sum(16 if mode == "cells" else 2 if mode == "shared" and several else 0
+                       for mode in self.modes.values())  # fmt: skip
+        if self.streamed_position and positional:
+            per_cell += 4 * (1 + ("bias" in self.modes))
+        return per_cell * heads * seq_len * seq_len
+
 
 def plan(facts: SummaryFacts) -> SummaryPlan:
     """The way a summary of ``facts`` runs (see the module's text)."""
