@@ -3,7 +3,8 @@
 Every array comes through :class:`~biasviz.store.reader.BiasFile`, so a view checks and reads a file exactly as
 the commands do (a shared bias broadcast over samples, a summary's empty blocks NaN). This module only puts
 names on what the reader returns: layers, heads numbered from 1 (as in figures), samples and training steps,
-and the file's HDF5 dimension scales as the dimensions and coordinates of :meth:`FileView.to_xarray`.
+and the file's HDF5 dimension scales as the dimensions and coordinates of :meth:`FileView.to_xarray`
+(:mod:`.labelled`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ import numpy as np
 
 from biasviz.common.arguments import ArgumentTypeError, ArgumentValueError, pick, whole
 from biasviz.common.errors import BiasvizError
-from biasviz.store import datasets
+from biasviz.store import datasets, labelled
 from biasviz.store import format as fmt
 from biasviz.store.datasets import ROWS
+from biasviz.store.labelled import MATRICES
 from biasviz.store.reader import BiasFile, open_bias_file
-
-MATRICES = ("bias", "weights", "scores")  # a full file's (sample, head, query, key) datasets
-COMPOUND = tuple(name for name, row in ROWS.items() if row.check == "diagnostics")  # (head,) records
-XARRAY_EXTRA = "pip install 'biasviz[xarray]'"
 
 
 class FileView:
@@ -152,36 +150,14 @@ class FileView:
         _check_name(name, self.path)
         if name != "input_ids" and name not in self.keys():
             raise KeyError(f"{name!r} is not in {self.path}; it holds {', '.join(self.keys())}")
-        ds = self._f._h5[name]  # the reader's open file: only the labels and scales are read here
-        out = []
-        named = _layout_dims(name.rpartition("/")[2])
-        named = ("checkpoint", *named) if len(named) == ds.ndim - 1 else named
-        for k, dim in enumerate(ds.dims):
-            label = dim.label or (named[k] if len(named) == ds.ndim else f"dim_{k}")
-            coord = None
-            if len(dim):
-                scale = dim[0]
-                names = scale.attrs.get("names")
-                coord = np.asarray(names.split(",")) if isinstance(names, str) else np.asarray(scale[()])
-            out.append((label, coord))
-        return out
+        return labelled.dims(self._f, name)
 
     def to_xarray(self, layer: int | None = -1) -> Any:
         """The layer's datasets (and ``input_ids``) as an ``xarray.Dataset``, dimensions and coordinates from the
         file's dimension scales; ``layer=None``: every layer, along a ``layer`` dimension. Needs the extra
         ``biasviz[xarray]``."""
-        try:
-            import xarray as xr
-        except ImportError:
-            raise BiasvizError(f"to_xarray needs xarray, an optional extra of biasviz: {XARRAY_EXTRA}") from None
-        if layer is None:
-            parts = [self._layer_dataset(xr, one) for one in self.layers]
-            data = xr.concat(parts, dim="layer").assign_coords(layer=self.layers)
-        else:
-            data = self._layer_dataset(xr, pick("layer", layer, self.layers, self.path, negative=True))
-        data["input_ids"] = _labelled(xr, self._f.input_ids(), self.dims("input_ids"))
-        data.attrs.update(self.attrs)
-        return data
+        chosen = None if layer is None else pick("layer", layer, self.layers, self.path, negative=True)
+        return labelled.to_xarray(self, chosen)
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _held(self, layer: int) -> tuple[str, ...]:
@@ -228,33 +204,6 @@ class FileView:
 
         return self._each_step(read, step)
 
-    def _layer_dataset(self, xr: Any, layer: int) -> Any:
-        variables = {}
-        for name in self._held(layer):
-            key = f"{fmt.layer_group(layer)}/{name}"
-            dims, values = self.dims(key), self[key]
-            if name in COMPOUND:
-                for field in datasets.DIAGNOSTIC_FIELDS:
-                    variables[f"{name}_{field}"] = _labelled(xr, values[field], dims)
-            elif values.dtype.names:  # records (sink_keys): one variable per field
-                for field in values.dtype.names:
-                    variables[f"{name}_{field}"] = _labelled(xr, values[field], dims)
-            else:
-                variables[name] = _labelled(xr, values, dims)
-        data = xr.Dataset(variables)
-        if "distance_bin" in data.dims:  # docs/position-measures.md's bins: the first and last distance of each
-            bins = self._f.summary.distance_bins()
-            data = data.assign_coords(distance_first=("distance_bin", bins[:, 0]),
-                                      distance_last=("distance_bin", bins[:, 1]))  # fmt: skip
-        said = self._f.summary.rotary_pairs(layer) if datasets.FREQUENCY_USE in data else None
-        if said is not None:  # which rows of frequency_use are rotary pairs (False: the unrotated dims together)
-            data = data.assign_coords(rotary=("pair", np.arange(data.sizes["pair"]) < said[0]))
-            data[datasets.FREQUENCY_USE].attrs.update(rotary_pairs=said[0], rotary_layout=said[1])
-        least = self._f.summary.sink_min_queries(layer) if f"{datasets.SINK_KEYS}_index" in data else None
-        if least is not None:  # the queries a key must be seen by to rank (docs/position-measures.md, 'Sink keys')
-            data = data.assign(sink_min_queries=(("sample", "head"), np.asarray(least)))
-        return data
-
 
 def _check_name(name: Any, path: Path) -> None:
     """``view[NAME]`` takes a dataset's name: an index (``view[0]``) says what to use instead."""
@@ -262,22 +211,6 @@ def _check_name(name: Any, path: Path) -> None:
         raise ArgumentTypeError(f"view[...] takes a dataset name such as 'layer_0/bias' (view.keys() lists those of "
                                 f"{path}), not {name!r} ({type(name).__name__}); a layer's matrices are "
                                 "view.bias(layer=...), view.weights(layer=...)")  # fmt: skip
-
-
-def _layout_dims(name: str) -> tuple[str, ...]:
-    """The dimensions docs/hdf5.md, 'Full files' gives a full file's dataset, and the table of datasets a summary
-    layer's, for files that do not label their own."""
-    if name in MATRICES:
-        return fmt.DIMS
-    if name in ROWS:
-        return ROWS[name].dims
-    return ("sample", "query") if name == "input_ids" else ()
-
-
-def _labelled(xr: Any, values: np.ndarray, dims: list[tuple[str, np.ndarray | None]]) -> Any:
-    """``values`` as a DataArray named by ``dims``, with each scale that fits its axis as the coordinate."""
-    coords = {d: c for (d, c), n in zip(dims, values.shape, strict=True) if c is not None and len(c) == n}
-    return xr.DataArray(values, dims=[d for d, _ in dims], coords=coords)
 
 
 def _read(f: BiasFile, layer: int, name: str) -> np.ndarray:
