@@ -63,6 +63,21 @@ def test_check_fits_refuses_only_more_than_there_is(monkeypatch: pytest.MonkeyPa
         memory.check_fits(3072, "the work", "do less", device=SimpleNamespace(type="cuda"))
 
 
+def test_check_fits_counts_a_limit_on_the_process_below_the_machines_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster's job (ulimit -v, a scheduler's h_vmem) may use less than the machine has: what does not fit there is
+    refused before it starts too, the limit named; a GPU's own memory is what counts on a GPU."""
+    limits = {resource.RLIMIT_AS: (5000, resource.RLIM_INFINITY),
+              resource.RLIMIT_DATA: (resource.RLIM_INFINITY, resource.RLIM_INFINITY)}  # fmt: skip
+    monkeypatch.setattr(memory, "memory_of", lambda device=None: 10_000)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: limits[which])
+    memory.check_fits(5000, "the work", "do less")
+    with pytest.raises(BiasvizError) as refused:
+        memory.check_fits(6000, "the work", "do less")
+    assert str(refused.value) == ("the work needs about 5.9 KiB of memory, more than the 4.9 KiB this process may use "
+                                  "(its limit: ulimit -v or -d, or a job scheduler's); do less")  # fmt: skip
+    memory.check_fits(6000, "the work", "do less", device=SimpleNamespace(type="cuda"))  # the GPU's 10,000 bytes
+
+
 def test_check_fits_lets_everything_through_where_the_memory_is_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory, "memory_of", lambda device=None: None)
     memory.check_fits(2**80, "the work", "do less")

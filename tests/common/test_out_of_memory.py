@@ -1,9 +1,9 @@
 """Memory that runs out part-way through a command (:mod:`biasviz.common.out_of_memory`): the errors torch and numpy
 really raise are recognised, and the command says it in one ``Error:`` line, leaving nothing behind.
 
-The host's failures are real ones (an allocation no machine can give fails at once, without touching memory; a
-command run under a data limit below what it needs). A GPU cannot run here: its error is torch's own exception class
-with the text of torch's CUDA caching allocator."""
+The host's failures are real ones (an allocation no machine can give fails at once, without touching memory), and so
+is a limit on the process's data, which the checks before a run count. A GPU cannot run here: its error is torch's own
+exception class with the text of torch's CUDA caching allocator."""
 
 from __future__ import annotations
 
@@ -76,9 +76,30 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_command_that_runs_out_of_host_memory_says_so_in_one_line_and_leaves_nothing(
-        checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    """The checks before the run let it through (3 GiB of matrices on a machine with more); a limit on the command's
-    data (1.5 GiB) then refuses an allocation part-way, as a full machine or a cluster's limit would."""
+        checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """torch's allocator refusing part-way through the forward (an allocation no machine can give: its real error)."""
+
+    def forward(self: ModelAdapter, input_ids: torch.Tensor) -> None:
+        torch.empty(2**62, dtype=torch.uint8)
+
+    monkeypatch.setattr(ModelAdapter, "forward", forward)
+    out = tmp_path / "out"
+    out.mkdir()
+    before = snapshot(out, checkpoint)
+    code, _, err = run(["extract", "--model", str(checkpoint), "--seq-len", "16", "--samples", "2", "--quiet",
+                        "--out", str(out / "a.h5")], capsys)  # fmt: skip
+    err = "\n".join(line for line in err.splitlines() if not line.startswith("Warning: "))  # no tokenizer.json
+    check(Case("host memory", "", r"^Error: this machine ran out of memory part-way through 'biasviz extract' \(an "
+                                  r"allocation of 4096\.0 PiB failed\); try --summary .*left behind\.$"), code, err)
+    assert snapshot(out, checkpoint) == before
+
+
+def test_a_limit_on_the_process_refuses_before_any_work(checkpoint: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A limit on the command's data (1.5 GiB, as a cluster's job may have) below what the batch's matrices need (two
+    layers' weights, bias and the first sample's bias, 1 GiB each at T = 4096 and a batch of four): refused before the
+    model runs, the limit named, as the machine's memory is."""
     out = tmp_path / "out"
     out.mkdir()
 
@@ -89,9 +110,9 @@ def test_a_command_that_runs_out_of_host_memory_says_so_in_one_line_and_leaves_n
             "--layer", "all", "--out", str(out / "a.h5"), "--quiet"]  # fmt: skip
     before = snapshot(out, checkpoint)
     code, _, err = run(argv, capsys, in_subprocess=True, preexec=data_limit)
-    err = "\n".join(line for line in err.splitlines() if not line.startswith("Warning: "))  # no tokenizer.json
-    check(Case("host memory", "", r"^Error: this machine ran out of memory part-way through 'biasviz extract' \(an "
-                                  r"allocation of [\d.]+ [MG]iB failed\); try --summary .*left behind\.$"), code, err)
+    err = "\n".join(line for line in err.splitlines() if not line.startswith("Warning: "))
+    check(Case("a limit", "", r"^Error: a batch of 4 x 4 heads x 4096 x 4096 needs about 6\.0 GiB of memory, more "
+                              r"than the 1\.5 GiB this process may use \(its limit: ulimit"), code, err)
     assert snapshot(out, checkpoint) == before
 
 

@@ -57,13 +57,21 @@ def memory_budget() -> int | None:
     return min(known) if known else None
 
 
+LIMITED = "this process may use (its limit: ulimit -v or -d, or a job scheduler's)"
+
+
 def check_fits(needed: int, what: str, fix: str, device: Any = None) -> None:
-    """Refuse ``needed`` bytes (for ``what``) when they exceed all the memory of ``device``; ``fix`` says how."""
-    have = memory_of(device)
+    """Refuse ``needed`` bytes (for ``what``) when they exceed all the memory of ``device``: a GPU's, or on the host
+    what this process may use (:func:`memory_budget`: a cluster's limit below the machine's memory counts); ``fix``
+    says how."""
+    if getattr(device, "type", "cpu") == "cuda":
+        have, where = memory_of(device), "the GPU has"
+    else:
+        have, machine = memory_budget(), memory_of()
+        where = "this machine has" if machine is None or have is None or have >= machine else LIMITED
     if have is not None and needed > have:
-        where = "the GPU" if getattr(device, "type", "cpu") == "cuda" else "this machine"
         raise BiasvizError(f"{what} needs about {size_text(needed)} of memory, more than the {size_text(have)} "
-                           f"{where} has; {fix}")  # fmt: skip
+                           f"{where}; {fix}")  # fmt: skip
 
 
 def attention_bytes(batch: int, heads: int, seq_len: int, matrices: int = 1) -> int:
