@@ -21,8 +21,8 @@ _ASKED = re.compile(r"(?:[Tt]ried to allocate|[Uu]nable to allocate)\s+(\d+(?:\.
 GPU = "the GPU"
 HOST = "this machine"
 
-# per command, the options that need less memory (each a command's own), and on a GPU the way off it
 def _less(command: str | None, args: list[str]) -> str | None:
+    """The options of ``biasviz COMMAND`` (run with ``args``) that need less memory; None for a command without."""
     if command == "extract":
         smaller = "a coarser --resolution" if "--summary" in args else "--summary (no T x T matrix per sample)"
         return f"{smaller}, fewer layers (--layer), a shorter --seq-len or a smaller --batch-size"
@@ -31,6 +31,7 @@ def _less(command: str | None, args: list[str]) -> str | None:
     return None
 
 
+# on a GPU, the way off it
 OFF_THE_GPU = {"extract": "; --device cpu runs it in host memory, --device-map spreads a large model over devices "
                           "(docs/big-models.md)",
                "train": "; --device cpu runs it in host memory"}  # fmt: skip
