@@ -40,7 +40,15 @@ def unavailable(device: torch.device) -> str | None:
         return "Triton is not installed (pip install 'biasviz[gpu]')"
     if device.type != "cuda" and not interpreted():
         return f"the fused kernels run on a CUDA GPU, not on {device.type}"
-    return _REFUSED.get(str(device))
+    return _REFUSED.get(_key(device))
+
+
+def _key(device: torch.device) -> str:
+    """``device`` with its index (``cuda`` and ``cuda:0`` are one GPU where the current one is 0)."""
+    index = device.index
+    if index is None and device.type == "cuda":
+        index = torch.cuda.current_device()
+    return f"{device.type}:{index or 0}"
 
 
 def refused(device: torch.device, exc: BaseException) -> str | None:
@@ -56,7 +64,7 @@ def refused(device: torch.device, exc: BaseException) -> str | None:
         return None
     first = (str(exc).strip().splitlines() or [""])[0]
     first = first.split(". ")[0].rstrip(".")[:200]  # what failed, not Triton's advice to the kernels' author
-    why = _REFUSED[str(device)] = f"Triton could not build or launch them for this GPU ({name}: {first})"
+    why = _REFUSED[_key(device)] = f"Triton could not build or launch them for this GPU ({name}: {first})"
     return why
 
 
