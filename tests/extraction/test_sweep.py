@@ -137,3 +137,33 @@ def test_a_summary_sweep_of_rope_checkpoints_keeps_positional_logits_equal_to_si
                                 "sink_share"):  # fmt: skip
                         np.testing.assert_array_equal(sweep[f"layer_{layer}/{key}"][index],
                                                       one[f"layer_{layer}/{key}"][()], err_msg=f"{name} {key}")
+
+
+def test_memory_that_runs_out_in_a_later_checkpoint_is_one_line_that_says_what_was_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The first checkpoint finishes; the second's forward runs out of the GPU's memory: one error naming what ran out
+    and what to change, then what the sweep kept (its finished checkpoint), not that nothing was left behind."""
+    import torch
+
+    from biasviz.adapters.base import ModelAdapter
+
+    root = tmp_path / "run"
+    for k, name in enumerate(["step0", "step50"]):
+        tiny_bloom(k).save_pretrained(root / name)
+    original, first = ModelAdapter.forward, []
+
+    def forward(self: ModelAdapter, input_ids: torch.Tensor) -> None:
+        first.append(first[0] if first else self)
+        if self is not first[0]:  # the second checkpoint's model
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+        original(self, input_ids)
+
+    monkeypatch.setattr(ModelAdapter, "forward", forward)
+    windows = np.random.default_rng(0).integers(0, VOCAB, size=(2, 12))
+    with pytest.raises(BiasvizError) as failed:
+        extract_sweep(root, "all", windows, tmp_path / "s.h5", device="cpu", progress=False)
+    said = str(failed.value)
+    assert said.startswith("process 0 failed: the GPU ran out of memory part-way through 'biasviz extract' (an "
+                           "allocation of 2.00 GiB failed); try --summary"), said
+    assert "the 1 of 2 checkpoints finished are kept in" in said and "No partial output" not in said
+    assert "\n" not in said and not (tmp_path / "s.h5").exists()

@@ -81,15 +81,18 @@ def _asked(text: str) -> str | None:
     return size_text(float(number)) if unit == "bytes" else f"{number} {unit}"
 
 
-def out_of_memory_message(found: RanOut, command: str | None, args: list[str] | None = None) -> str:
-    """The one line for ``found`` in ``biasviz COMMAND ARGS``: what ran out, and the options that need less memory."""
+def out_of_memory_message(found: RanOut, command: str | None, args: list[str] | None = None, *,
+                          nothing_left: bool = True) -> str:  # fmt: skip
+    """The one line for ``found`` in ``biasviz COMMAND ARGS``: what ran out, and the options that need less memory;
+    ``nothing_left``: it ends saying that no partial output was left behind (a sweep says instead what it kept)."""
     what = f"'biasviz {command}'" if command else "the command"
     asked = f" (an allocation of {found.asked} failed)" if found.asked else ""
     less = _less(command, args or [])
     fix = f"try {less}" if less else "free memory (other programs, other processes on the GPU) or use a larger machine"
     if found.where == GPU and less:
         fix += OFF_THE_GPU.get(command or "", "")
-    return f"{found.where} ran out of memory part-way through {what}{asked}; {fix}. No partial output was left behind."
+    said = f"{found.where} ran out of memory part-way through {what}{asked}; {fix}"
+    return f"{said}. No partial output was left behind." if nothing_left else said
 
 
 __all__ = ["RanOut", "out_of_memory_message", "ran_out"]
