@@ -79,7 +79,8 @@ def extract_bias_only(
     out = _new_output(out, force)
     layer_list = _check(adapter, layers, seq_len)
     dev, run_dtype = _where_to_run(device, model_dtype)
-    check_batch_memory(adapter, len(layer_list), 1, seq_len, dev)
+    check_batch_memory(adapter, len(layer_list), 1, seq_len, dev, fix="use fewer layers (--layer) or a shorter "
+                       "--seq-len, or --resolution R, which keeps the bias's block means instead")  # fmt: skip
     meta = provenance(adapter, dev, seed=None, text_source="none (--bias-only: no text, no forward pass)",
                       batch_size=1, extra={"bias_only": True})  # fmt: skip
     meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)

@@ -100,6 +100,9 @@ def provenance(
 
 
 _FIX_MEMORY = "use fewer --samples, a smaller --batch-size or a shorter --seq-len"
+# a full file's matrices: --summary keeps no T x T matrix per sample (its maps at --resolution; --bias-only too)
+_FIX_MATRICES = ("use a smaller --batch-size, fewer layers (--layer) or a shorter --seq-len, or --summary, which "
+                 "keeps no T x T matrix per sample")  # fmt: skip
 
 
 def check_windows_memory(samples: int, seq_len: int) -> None:
@@ -108,13 +111,13 @@ def check_windows_memory(samples: int, seq_len: int) -> None:
 
 
 def check_batch_memory(adapter: ModelAdapter, layers: int, batch: int, seq_len: int, device: torch.device,
-                       scores: bool = False) -> None:  # fmt: skip
+                       scores: bool = False, fix: str | None = None) -> None:  # fmt: skip
     """Refuse, before the forward pass, a batch that cannot fit: one (B, H, T, T) float32 matrix per captured
     layer for the weights, one for the bias and one for the scores, and for a bias declared the same for every
     input the first sample's per layer (compared with the others through a small buffer), on the device."""
     matrices = layers * (1 + int(bool(adapter.adds_bias)) + int(scores) + int(bias_is_shared(adapter)))
     check_fits(attention_bytes(batch, adapter.n_heads, seq_len, matrices),
-               f"a batch of {batch} x {adapter.n_heads} heads x {seq_len} x {seq_len}", _FIX_MEMORY, device)
+               f"a batch of {batch} x {adapter.n_heads} heads x {seq_len} x {seq_len}", fix or _FIX_MATRICES, device)
 
 
 def bias_is_shared(adapter: ModelAdapter) -> bool:
