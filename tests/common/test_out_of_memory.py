@@ -112,8 +112,8 @@ def test_a_limit_on_the_process_refuses_before_any_work(checkpoint: Path, tmp_pa
     code, _, err = run(argv, capsys, in_subprocess=True, preexec=data_limit)
     err = "\n".join(line for line in err.splitlines() if not line.startswith("Warning: "))
     said = (r"^Error: a batch of 4 x 4 heads x 4096 x 4096 needs about 6\.0 GiB of memory, more than the 1\.5 GiB "
-            r"this process may use \(its limit: ulimit.*; use a smaller --batch-size, fewer layers \(--layer\) or a "
-            r"shorter --seq-len, or --summary, which keeps no T x T matrix per sample$")  # fmt: skip
+            r"this process may use \(its limit: ulimit.*; use a smaller --batch-size, fewer layers, a shorter "
+            r"--seq-len, or --summary \(keeps no T x T matrix\)$")  # fmt: skip
     check(Case("a limit", "", said), code, err)
     assert snapshot(out, checkpoint) == before
 

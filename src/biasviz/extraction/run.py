@@ -100,9 +100,7 @@ def provenance(
 
 
 _FIX_MEMORY = "use fewer --samples, a smaller --batch-size or a shorter --seq-len"
-# a full file's matrices: --summary keeps no T x T matrix per sample (its maps at --resolution; --bias-only too)
-_FIX_MATRICES = ("use a smaller --batch-size, fewer layers (--layer) or a shorter --seq-len, or --summary, which "
-                 "keeps no T x T matrix per sample")  # fmt: skip
+_FIX_MATRICES = "use a smaller --batch-size, fewer layers, a shorter --seq-len, or --summary (keeps no T x T matrix)"
 
 
 def check_windows_memory(samples: int, seq_len: int) -> None:
