@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from biasviz.adapters.base import ModelAdapter
-from biasviz.common.out_of_memory import GPU, HOST, out_of_memory_message, ran_out
+from biasviz.common.out_of_memory import GPU, HOST, failure_text, out_of_memory_message, ran_out
 from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 from tests.hostile import Case, check, run, snapshot
 
@@ -64,6 +64,17 @@ def test_the_line_names_the_commands_own_options_and_on_a_gpu_the_way_off_it() -
     assert plot.startswith("this machine ran out of memory part-way through 'biasviz plot';") and "--" not in plot
     for line in (full, summary, plot):
         assert "\n" not in line
+
+
+def test_what_a_process_says_of_its_models_error() -> None:
+    """torchrun's processes and a sweep: memory that ran out in its one line (a sweep then says what it kept, not that
+    nothing was left), any other error by its type and text."""
+    oom = torch.OutOfMemoryError(CUDA_TEXT)
+    assert failure_text(oom, "extract") == out_of_memory_message(ran_out(oom), "extract")  # type: ignore[arg-type]
+    kept = failure_text(oom, "extract", nothing_left=False)
+    assert kept.startswith("the GPU ran out of memory part-way through 'biasviz extract'")
+    assert kept.endswith("(docs/big-models.md)")  # no word of what was left behind
+    assert failure_text(ValueError("a shape mismatch"), "extract") == "ValueError: a shape mismatch"
 
 
 @pytest.fixture(scope="module")

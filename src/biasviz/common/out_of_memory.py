@@ -95,4 +95,13 @@ def out_of_memory_message(found: RanOut, command: str | None, args: list[str] | 
     return f"{said}. No partial output was left behind." if nothing_left else said
 
 
-__all__ = ["RanOut", "out_of_memory_message", "ran_out"]
+def failure_text(exc: BaseException, command: str, *, nothing_left: bool = True) -> str:
+    """What a process of ``biasviz COMMAND`` says of an error raised by the model's own code: the line for memory that
+    ran out (:func:`out_of_memory_message`), else the error's type and text."""
+    found = ran_out(exc)
+    if found is not None:
+        return out_of_memory_message(found, command, nothing_left=nothing_left)
+    return f"{type(exc).__name__}: {exc}"
+
+
+__all__ = ["RanOut", "failure_text", "out_of_memory_message", "ran_out"]

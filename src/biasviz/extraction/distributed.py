@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from biasviz.common.errors import BiasvizError
-from biasviz.common.out_of_memory import out_of_memory_message, ran_out
+from biasviz.common.out_of_memory import failure_text
 from biasviz.common.outputs import check_output_file
 from biasviz.common.processes import World, all_true, from_main
 
@@ -53,10 +53,7 @@ def extract_parallel(
             failure = BiasvizError(f"process {w.rank} failed: {exc}")
             failure.__cause__ = exc
         except Exception as exc:  # the model's own code failed (out of memory, say): say where, in one line
-            found = ran_out(exc)
-            said = (out_of_memory_message(found, "extract") if found is not None
-                    else f"{type(exc).__name__}: {exc}")  # fmt: skip
-            failure = BiasvizError(f"process {w.rank} failed: {said}")
+            failure = BiasvizError(f"process {w.rank} failed: {failure_text(exc, 'extract')}")
             failure.__cause__ = exc
         if not all_true(failure is None):
             raise failure or BiasvizError(f"another process failed; nothing was written to {out}")

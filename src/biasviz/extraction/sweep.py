@@ -25,7 +25,7 @@ import numpy as np
 
 from biasviz.common.errors import BiasvizError, UsageError
 from biasviz.common.names import display_name
-from biasviz.common.out_of_memory import out_of_memory_message, ran_out
+from biasviz.common.out_of_memory import failure_text
 from biasviz.common.outputs import check_output_file
 from biasviz.common.processes import World, all_true
 from biasviz.extraction.resume import part_path, partial_dir, plan_of, prepare
@@ -121,9 +121,7 @@ def extract_sweep(model_dir: str | Path, spec: str, windows: np.ndarray, out: st
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"interrupted; {_kept(partial, series)}") from None
     except Exception as exc:  # the model's own code failed (out of memory, say): say where, in one line
-        found = ran_out(exc)  # what the sweep kept is said after it
-        said = (out_of_memory_message(found, "extract", nothing_left=False) if found is not None
-                else f"{type(exc).__name__}: {exc}")  # fmt: skip
+        said = failure_text(exc, "extract", nothing_left=False)  # (what the sweep kept is said after it)
         failure, last = BiasvizError(f"process {w.rank} failed: {said}"), None
         failure.__cause__ = exc
     if not all_true(failure is None):
