@@ -16,8 +16,6 @@ from biasviz.store.header import FileHeader
 from biasviz.store.validation import AttrChecks
 from biasviz.store.views import OneCheckpoint, SharedSamples
 
-KINDS = ("weights", "scores", "bias")
-
 
 @dataclass
 class FullLayout:
@@ -61,11 +59,11 @@ def validate_full(checks: AttrChecks, header: FileHeader) -> FullLayout:
         grp = checks._h5.get(group)
         if not isinstance(grp, h5py.Group) or not isinstance(grp.get(wanted), h5py.Dataset):
             raise BiasvizError(f"{checks.path} lists layer {layer} but has no {group}/{wanted}")
-        for kind in KINDS:
+        for kind, shape in shapes.items():
             if kind not in grp:
                 continue
             checks._refuse_other_files(f"{group}/{kind}")
-            ds, shape = grp.get(kind), shapes[kind]
+            ds = grp.get(kind)
             if not isinstance(ds, h5py.Dataset) or ds.shape != shape or ds.dtype.kind != "f":
                 what = f"{ds.dtype} {ds.shape}" if isinstance(ds, h5py.Dataset) else "not a dataset"
                 shared = " (one matrix for all samples: bias_shared)" if shape[len(lead)] != n else ""
