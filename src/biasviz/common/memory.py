@@ -47,13 +47,16 @@ def memory_of(device: Any = None) -> int | None:
     return ram + swap
 
 
+def process_limit() -> int | None:
+    """The smallest soft limit on this process's memory (ulimit -v / -d, a job scheduler's), None where none is set."""
+    limits = [soft for soft in (resource.getrlimit(which)[0] for which in (resource.RLIMIT_AS, resource.RLIMIT_DATA))
+              if soft != resource.RLIM_INFINITY]  # fmt: skip
+    return min(limits) if limits else None
+
+
 def memory_budget() -> int | None:
     """Bytes this process may allocate: the machine's memory, or less under a limit (ulimit -v / -d)."""
-    found = [memory_of()]
-    for limit in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
-        soft = resource.getrlimit(limit)[0]
-        found.append(None if soft == resource.RLIM_INFINITY else soft)
-    known = [n for n in found if n is not None]
+    known = [n for n in (memory_of(), process_limit()) if n is not None]
     return min(known) if known else None
 
 
@@ -67,8 +70,9 @@ def check_fits(needed: int, what: str, fix: str, device: Any = None) -> None:
     if getattr(device, "type", "cpu") == "cuda":
         have, where = memory_of(device), "the GPU has"
     else:
-        have, machine = memory_budget(), memory_of()
-        where = "this machine has" if machine is None or have is None or have >= machine else LIMITED
+        machine, limit = memory_of(), process_limit()
+        limited = limit is not None and (machine is None or limit < machine)
+        have, where = (limit, LIMITED) if limited else (machine, "this machine has")
     if have is not None and needed > have:
         raise BiasvizError(f"{what} needs about {size_text(needed)} of memory, more than the {size_text(have)} "
                            f"{where}; {fix}")  # fmt: skip
