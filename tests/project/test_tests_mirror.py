@@ -48,7 +48,7 @@ def modules(package: str) -> set[str]:
     folder = SRC / package
     stems = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
     stems |= {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
-    return stems | {package}
+    return stems | {package.rpartition("/")[2]}
 
 
 def named_for(name: str, package: str) -> str | None:
@@ -59,7 +59,8 @@ def named_for(name: str, package: str) -> str | None:
 
 
 def packages() -> list[str]:
-    return sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").is_file())
+    """Every package of src/biasviz, a subpackage as its path (``summaries/kernels``)."""
+    return sorted(p.parent.relative_to(SRC).as_posix() for p in SRC.rglob("__init__.py") if p.parent != SRC)
 
 
 def package_test_files() -> list[str]:
@@ -83,7 +84,7 @@ def problems(files: list[str]) -> list[str]:
     """A line for each file named for no module and not in ALLOWED, with the names it could have."""
     lines = []
     for file in files:
-        package, name = file.split("/")
+        package, name = file.rsplit("/", 1)
         if file in ALLOWED or named_for(name, package):
             continue
         could = imported(TESTS / file, package) or sorted(modules(package))
@@ -99,7 +100,9 @@ def test_every_test_file_is_named_for_the_module_it_tests() -> None:
 
 
 def test_every_test_folder_but_project_mirrors_a_package() -> None:
-    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    """A subpackage's tests in a folder of its own (tests/summaries/kernels/), as deep as the package."""
+    folders = {p.relative_to(TESTS).as_posix() for p in TESTS.rglob("*") if p.is_dir()
+               and not any(part.startswith((".", "_")) for part in p.relative_to(TESTS).parts)}  # fmt: skip
     assert folders - {"project"} == set(packages()), "tests/ has a folder for each package of src/biasviz, no more"
 
 
@@ -116,9 +119,11 @@ def test_every_allowed_file_exists() -> None:
     ("summaries/test_summaries_made_up_topic.py", "summaries"),  # the package: its __init__.py
     ("summaries/test_positional.py", None),  # positional_blocks etc. are modules; positional alone is not
     ("cli/test_made_up_name.py", None),
+    ("summaries/kernels/test_triton_tiles.py", "triton_tiles"),  # a subpackage's module, in its own folder
+    ("summaries/kernels/test_kernels_made_up_topic.py", "kernels"),
 ])  # fmt: skip
 def test_a_name_is_for_the_module_it_starts_with(file: str, module: str | None) -> None:
-    package, name = file.split("/")
+    package, name = file.rsplit("/", 1)
     assert named_for(name, package) == module
 
 
@@ -138,15 +143,19 @@ def names_to_test(package: str) -> set[str]:
     body = ast.parse((folder / "__init__.py").read_text(encoding="utf-8")).body
     if any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name not in ("__getattr__", "__dir__")
            for node in body):
-        names.add(package)
+        names.add(package.rpartition("/")[2])
     return names
 
 
 def untested() -> list[str]:
-    """Every module of src/biasviz no test file is named for."""
+    """Every module of src/biasviz no test file is named for (a subpackage's ``__init__.py`` tested from its parent's
+    folder counts: tests/summaries/test_kernels*.py for summaries/kernels/__init__.py)."""
     missing = []
     for package in packages():
         named = {named_for(p.name, package) for p in (TESTS / package).glob("test_*.py")}
+        parent, _, own = package.rpartition("/")
+        if parent and any(named_for(p.name, parent) == own for p in (TESTS / parent).glob("test_*.py")):
+            named.add(own)
         missing += [f"src/biasviz/{package}/{name}" for name in sorted(names_to_test(package) - named)]
     return missing
 

@@ -17,6 +17,27 @@ import numpy as np
 SEGMENTS = 10
 
 
+def window(t: int, width: int) -> np.ndarray:
+    """(T, T) bool: a sliding window, the keys j with i - width < j <= i."""
+    i, j = np.indices((t, t))
+    return (j <= i) & (j > i - width)
+
+
+def documents(t: int, starts: list[int]) -> np.ndarray:
+    """(T, T) bool: packed documents starting at ``starts`` (causal within each, one mask for every sample)."""
+    doc = np.searchsorted(starts, np.arange(t), side="right")
+    i, j = np.indices((t, t))
+    return (j <= i) & (doc[:, None] == doc[None, :])
+
+
+def padded(t: int, left: list[int], right: list[int]) -> np.ndarray:
+    """(N, T, T) bool: each sample's causal cells among its own positions, ``left[a]`` padded before them and
+    ``right[a]`` after (a padded query sees no key, a padded key is seen by none)."""
+    i, j = np.indices((t, t))
+    own = [(j <= i) & (j >= lo) & (i >= lo) & (i < t - hi) for lo, hi in zip(left, right, strict=True)]
+    return np.stack(own)
+
+
 def mlp_cells(mlp: Any, t: int) -> np.ndarray:
     """(H, T, T) float64 FIRE's b_h(i, j) = b2_h + Σ_k W2_hk max(W1_k u + b1_k, 0), u = ψ(max(i - j, 0)) / ψ(max(L, i)),
     from an :class:`~biasviz.summaries.kernels.biases.MlpBias`'s tables and weights."""
@@ -80,7 +101,7 @@ def _by_distance(x: np.ndarray) -> np.ndarray:
     return np.stack([np.trace(x, offset=-d, axis1=-2, axis2=-1) for d in range(t)], -1)
 
 
-def _own_bias(bias: np.ndarray, used: np.ndarray, block: int) -> dict[str, np.ndarray]:
+def own_bias_sums(bias: np.ndarray, used: np.ndarray, block: int) -> dict[str, np.ndarray]:
     """A bias of each sample's own, ``bias`` (N, H, T, T), summarised over samples and the causal cells (``used``):
     the accumulators of :func:`accumulators`' ``bias_*``."""
     t = bias.shape[-1]
@@ -157,7 +178,7 @@ def accumulators(q: np.ndarray, k: np.ndarray, table: np.ndarray | None, scale: 
     shift = 0.0 if keys or (table is not None and table.ndim >= 3) else bias
     own = bias.ndim == 4  # each sample's own bias: P's is their mean, the jackknife's each one's
     bias_a, bias = (bias, bias.mean(0)) if own else (0.0, bias)
-    extra = _own_bias(bias_a, used, block) if own and not by_sample else {}  # (K3: causal layers, one set of cells)
+    extra = own_bias_sums(bias_a, used, block) if own and not by_sample else {}  # (K3: causal layers, one set of cells)
     out = {
         "maps": np.stack([_blocks(x, block) for x in (w_mean, w_std, s_mean, s_std)]),
         "by_distance": np.stack(

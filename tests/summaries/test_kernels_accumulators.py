@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.summaries.fused_reference import accumulators, formed
+from tests.summaries.fused_reference import accumulators, documents, formed, padded, window
 from tests.summaries.test_kernels import kernels  # noqa: F401  (the fixture)
 
 pytest.importorskip("triton")
@@ -81,52 +81,12 @@ def test_layer_accumulators_keep_what_fused_statistics_finishes(kernels) -> None
         torch.testing.assert_close(value, got[name], msg=name)
 
 
-def window(t: int, width: int) -> np.ndarray:
-    """(T, T) bool: a sliding window, the keys j with i - width < j <= i."""
-    i, j = np.indices((t, t))
-    return (j <= i) & (j > i - width)
-
-
-def documents(t: int, starts: list[int]) -> np.ndarray:
-    """(T, T) bool: packed documents starting at ``starts`` (causal within each, one mask for every sample)."""
-    doc = np.searchsorted(starts, np.arange(t), side="right")
-    i, j = np.indices((t, t))
-    return (j <= i) & (doc[:, None] == doc[None, :])
-
-
 MASKED = [  # N, H, Hkv, T, hd, block, bias, tile, cells
     (3, 4, 2, 40, 24, 12, True, 16, window(40, 7)),  # empty, full and partial tiles; rows of fewer than 10 keys
     (3, 2, 1, 64, 16, 32, False, 16, window(64, 20)),  # blocks of whole tiles; rows of 20 keys, their tenths by rank
     (2, 2, 2, 48, 16, 8, True, 16, documents(48, [0, 13, 30])),  # packed documents: P without the jackknife
     (4, 2, 1, 40, 16, 4, False, 32, documents(40, [0, 21])),  # the default tile
 ]
-
-
-def test_a_mask_s_tiles_are_classed_empty_full_or_partial(kernels, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    got = kernels.mask_operands(torch.from_numpy(window(40, 7)), 16)
-    assert got["classes"].tolist() == [[2, 0, 0], [2, 2, 0], [0, 2, 2]]
-    assert got["cells"].shape == (40, 5) and got["width"] == 5
-    full = kernels.mask_operands(torch.from_numpy(window(64, 50)), 16)["classes"]
-    assert full[3, 1] == 1 and full[3, 0] == 2 and full[0, 1] == 0  # rows 48 .. 63 see keys 14 .. 63 at least
-    bounds = kernels.mask_operands(torch.from_numpy(window(40, 20)), 16)["bounds"]
-    assert bounds[5].tolist() == [40] * 11  # 6 keys: no tenths
-    assert bounds[30].tolist() == [11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 40]  # keys 11 .. 30 by rank, 2 a tenth
-    whole = kernels.mask_operands(torch.from_numpy(documents(40, [0, 13, 30])), 16)
-    from biasviz.summaries.kernels import masks
-
-    monkeypatch.setattr(masks, "MASK_ROWS", 16)  # a query tile at a time: the same
-    for name, value in kernels.mask_operands(torch.from_numpy(documents(40, [0, 13, 30])), 16).items():
-        assert torch.equal(torch.as_tensor(value), torch.as_tensor(whole[name])), name
-    with pytest.raises(ValueError, match="causal triangle"):
-        kernels.mask_operands(torch.ones(8, 8, dtype=torch.bool), 16)
-
-
-def padded(t: int, left: list[int], right: list[int]) -> np.ndarray:
-    """(N, T, T) bool: each sample's causal cells among its own positions, ``left[a]`` padded before them and
-    ``right[a]`` after (a padded query sees no key, a padded key is seen by none)."""
-    i, j = np.indices((t, t))
-    own = [(j <= i) & (j >= lo) & (i >= lo) & (i < t - hi) for lo, hi in zip(left, right, strict=True)]
-    return np.stack(own)
 
 
 BY_SAMPLE = [  # N, H, Hkv, T, hd, block, bias, tile, cells (N, T, T)
@@ -153,15 +113,6 @@ def test_masked_layer_accumulators_equal_float64_math(kernels, n: int, heads: in
         assert "positional_maps" not in want
         assert np.isfinite(got["lse"].numpy()).all()  # a row with no key: lse 0, no NaN
     _check(got, want)
-
-
-def test_each_sample_s_tiles_are_classed_and_any_sample_s_walked(kernels) -> None:  # noqa: F811
-    cells = torch.from_numpy(padded(40, [0, 19], [0, 0]))
-    got = kernels.sample_operands(cells, 16)
-    assert got["cells"].shape == (2, 40, 5) and got["bounds"].shape == (2, 40, 11)
-    assert got["classes"][1].tolist() == [[0, 0, 0], [0, 2, 0], [0, 2, 2]]  # rows and keys 0 .. 18 padded
-    assert got["classes"][0].tolist() == [[2, 0, 0], [1, 2, 0], [1, 1, 2]]
-    assert got["classes"][2].tolist() == [[2, 0, 0], [1, 2, 0], [1, 2, 2]]  # the largest: a tile any sample attends
 
 
 KEY_CASES = [  # N, H, Hkv, T, hd, block, tile, cells: none, one mask, each sample's own
@@ -227,26 +178,6 @@ def test_a_softcap_and_sink_columns_add_up_as_float64_math_does(kernels, n: int,
     np.testing.assert_allclose(plain["maps"][2], want["maps"][2], rtol=1e-12)  # the scores did not
     if sinks:
         assert (want["sample_columns"].sum(-1) < 0.99 * got["lse"].shape[-1]).all()  # the sink took a share
-
-
-def test_sink_logits_are_taken_as_the_bank_holds_them_or_refused(kernels) -> None:  # noqa: F811
-    """(N, T, H), any strides (a transposed view reads as the contiguous one); any other shape is refused."""
-    q, k, _ = _inputs(2, 2, 2, 24, 16, False)
-    q, k = torch.from_numpy(q).float(), torch.from_numpy(k).float()
-    logits = torch.randn(2, 2, 24).transpose(1, 2)  # (N, T, H), not contiguous
-    a = kernels.row_lse(q, k, None, 0.25, 16, sinks=logits)
-    torch.testing.assert_close(a, kernels.row_lse(q, k, None, 0.25, 16, sinks=logits.contiguous()))
-    with pytest.raises(ValueError, match="sink logits"):
-        kernels.row_lse(q, k, None, 0.25, 16, sinks=logits.transpose(1, 2))
-
-
-def test_a_cap_far_above_the_scores_bends_them_only_as_float64_s_tanh_does(kernels) -> None:  # noqa: F811
-    """cap = 1000 over scores of a few units: s / cap ~ 1e-3, where 1 - e^-2x would lose three digits (6e-5 in each z
-    once multiplied back by the cap); each row's lse to float32's rounding of float64's."""
-    q, k, _ = _inputs(2, 2, 2, 40, 16, False)
-    got = kernels.row_lse(torch.from_numpy(q * 3).float(), torch.from_numpy(k).float(), None, 0.25, 16, softcap=1000.0)
-    want = formed(q * 3, k, None, 0.25, softcap=1000.0)[3]
-    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=4e-6)
 
 
 def _mlp(heads: int, t: int, hidden: int, threshold: float, seed: int = 0) -> Any:
