@@ -28,3 +28,36 @@ def test_a_traced_biasviz_model_makes_one_call_per_layer_at_blocked_lengths(monk
     with full_matrices(hooked, [1]) as ours:
         hooked.forward(x)
     torch.testing.assert_close(got.weights[1], ours.weights[1], rtol=0, atol=1e-6)
+
+
+def test_a_model_whose_layers_make_two_calls_says_which_module_made_each(tmp_path):
+    """DiffLlama's attention makes two SDPA calls a layer (one per half of the values, the same weights): the file's
+    layers are its four calls, a warning says so, and the file records (and ``biasviz info`` shows) the module that
+    made each. Call 2 is decoder layer 1's: its weights are the ones transformers' eager attention returns for it."""
+    import h5py
+    import numpy as np
+    import pytest
+    from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
+
+    import biasviz
+    from biasviz.store.describe import summary
+
+    torch.manual_seed(0)
+    config = DiffLlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                             intermediate_size=64, vocab_size=128, head_dim=8)  # fmt: skip
+    DiffLlamaForCausalLM(config).save_pretrained(tmp_path / "diff")
+    tokens = np.random.default_rng(0).integers(3, 120, size=(2, 16))
+    with pytest.warns(UserWarning, match=r"model\.layers\.0\.self_attn makes 2 attention calls a forward \(and 1 "
+                                         r"other module\): each call is a layer of the file.*calls 0, 1"):
+        biasviz.extract(tmp_path / "diff", tokens, tmp_path / "f.h5", layers="all", progress=False)
+    owners = ["model.layers.0.self_attn"] * 2 + ["model.layers.1.self_attn"] * 2
+    with h5py.File(tmp_path / "f.h5") as f:
+        assert f.attrs["call_modules"] == '["' + '", "'.join(owners) + '"]'
+        weights = [f[f"layer_{call}/weights"][...] for call in range(4)]
+    eager = DiffLlamaForCausalLM.from_pretrained(tmp_path / "diff", attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = eager(torch.from_numpy(tokens), output_attentions=True).attentions
+    for call, layer in enumerate([0, 0, 1, 1]):
+        np.testing.assert_allclose(weights[call], want[layer].numpy(), rtol=0, atol=1e-6)
+    assert ("made by         0, 1: model.layers.0.self_attn; 2, 3: model.layers.1.self_attn (a layer is an attention "
+            "call, in the order the model makes them)") in summary(tmp_path / "f.h5")

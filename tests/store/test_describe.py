@@ -105,3 +105,29 @@ def test_a_compound_dataset_is_named_compound(tmp_path: Path) -> None:
         records = f.create_dataset("r", shape=(2,), dtype=[("a", "f8"), ("b", "i4")])
         plain = f.create_dataset("p", data=np.zeros(2, np.float16))
         assert dtype_name(records) == "compound" and dtype_name(plain) == "float16"
+
+
+@pytest.mark.parametrize(("recorded", "shown"), [
+    (json.dumps(["m.layers.0.attn", "m.layers.0.attn", "m.layers.2.attn", ""]),  # as extract writes it
+     "1: m.layers.0.attn; 3: the model's own forward (a layer is an attention call, in the order the model makes "
+     "them)"),
+    (json.dumps(["m.0", "m.1", "m.2", "m.3"]), "1: m.1; 3: m.3 (a layer is an attention call, in the order the model "
+                                               "makes them)"),
+    (json.dumps(["m.0", "m.1"]), '["m.0", "m.1"] (not a list of 4 module names)'),  # not one a layer
+    (json.dumps({"1": "m.0"}), '{"1": "m.0"} (not a list of 4 module names)'),
+    ("[not json", "[not json (not a list of 4 module names)"),
+    (json.dumps(["m", 1, "m", "m"]), '["m", 1, "m", "m"] (not a list of 4 module names)'),
+])  # fmt: skip
+def test_a_traced_model_s_layers_say_which_module_made_each(tmp_path: Path, make_bias_file: Callable[..., Path],
+                                                             recorded: str, shown: str) -> None:  # fmt: skip
+    """The module of each layer the file holds (1 and 3), runs of one module together; a value that is not what extract
+    writes is shown as it is."""
+    path = make_bias_file(tmp_path / "traced.h5", "alibi", n=N, heads=H, t=T, layers=(1, 3),
+                          attrs={"call_modules": recorded})  # fmt: skip
+    got = lines_of(summary(path))
+    assert got["made by"] == shown
+    assert "call_modules" not in got  # not again among the other attributes
+
+
+def test_our_model_s_file_says_nothing_of_calls(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    assert "made by" not in lines_of(summary(make_bias_file(tmp_path / "a.h5", "alibi", n=N, heads=H, t=T)))

@@ -126,6 +126,11 @@ class ModelAdapter:
         """Whether the bias changes with the input (CABLE); from the scheme registry."""
         return self._scheme_flag("context_dependent", default=False)
 
+    def file_facts(self) -> dict[str, Any]:
+        """Root attributes only this adapter can give (docs/hdf5.md): that the file cannot say whether the bias depends
+        on the input, where it cannot (a traced model: ``biasviz diagnose`` measures it)."""
+        return {} if getattr(self, "context_known", True) else {"context_dependent_known": False}
+
     def _scheme_flag(self, name: str, default: bool) -> bool:
         from biasviz.schemes import info
 

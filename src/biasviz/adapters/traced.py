@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,8 +25,10 @@ from biasviz.adapters.kept_calls import FormsKeptCallsAgain, KeptCalls
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
 from biasviz.common.errors import AttendsPastQuery, BiasvizError
+from biasviz.store.format import CALL_MODULES
 from biasviz.tracing import AttentionCall, Trace
 from biasviz.tracing.calls import FORMED_BEFORE
+from biasviz.tracing.owners import call_owners, shared_owners
 
 CAPTURED = "captured"  # the scheme recorded when the user names none: the bias is what the calls added
 PROBE_TOKENS = 64  # the probe pass reads this many tokens of the first sample
@@ -75,6 +78,7 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
         self._scheme_given = scheme is not None and scheme != CAPTURED
         self._call_model = forward if forward is not None else model
         self.calls: list[AttentionCall] = []  # from the probe
+        self.call_modules: list[str] = []  # the module that made each call, by name (tracing.owners)
         self._chosen: list[AttentionCall] = []
         self._wanted: list[int] = []
         self._streaming: tuple[Callable[[RowBlock], None], bool] | None = None  # within stream: its sink, want_bias
@@ -95,6 +99,14 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
     def context_known(self) -> bool:
         """Whether the file can say if the bias depends on the input: only for a scheme the registry knows."""
         return self._scheme_given
+
+    def file_facts(self) -> dict[str, Any]:
+        """The file can say neither whether the bias depends on the input (``biasviz diagnose`` measures it) nor that
+        layer L is decoder layer L: the module that made each call, by name, is recorded (``call_modules``)."""
+        facts = super().file_facts()
+        if self.call_modules:
+            facts[CALL_MODULES] = json.dumps(self.call_modules)
+        return facts
 
     def prepare(self, ids: np.ndarray, layers: Any = None) -> None:
         """Run the first sample once, counting the attention calls and reading their heads and masks.
@@ -120,16 +132,25 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
             )
         for index, note in probe.notes.items():
             warnings.warn(f"attention call {index}: {note}", stacklevel=2)
+        if shared := shared_owners(self.call_modules):  # DiffLlama's two calls a layer: say what a layer is here
+            owner, calls = next(iter(shared.items()))
+            others = f" (and {len(shared) - 1} other module{'s' * (len(shared) > 2)})" if len(shared) > 1 else ""
+            warnings.warn(f"{owner or 'the model'} makes {len(calls)} attention calls a forward{others}: each call is "
+                          f"a layer of the file, in the order the model makes them (calls {', '.join(map(str, calls))} "
+                          "here); 'biasviz info' shows the module that made each", stacklevel=2)  # fmt: skip
         self.calls = probe.calls
         self.n_layers = len(probe.calls)
         self.n_heads = probe.calls[-1].heads
 
     def _probe(self, ids: torch.Tensor, last: int | None = None) -> Trace:
-        """One pass in which every call is inspected and none formed (extraction has put the model in eval mode)."""
+        """One pass in which every call is inspected and none formed (extraction has put the model in eval mode), and
+        the module that made each is noted (:attr:`call_modules`)."""
         inspect = Trace(self.model, layers=[], inspect=True)
         unread = unread_after(self.model, lambda: len(inspect.calls), last)
-        with torch.inference_mode(), one_call_per_layer(self.model), inspect as probe, unread:
+        owners = call_owners(self.model, lambda: len(inspect.calls))
+        with torch.inference_mode(), one_call_per_layer(self.model), owners as made_by, inspect as probe, unread:
             self._call_model(ids.to(self.device))
+        self.call_modules = made_by
         return probe
 
     def resolve_layers(self, spec: int | str | list[int]) -> list[int]:

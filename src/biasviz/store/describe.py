@@ -3,6 +3,7 @@ where it came from, every value read from the file shown as data."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ _SHOWN = {  # attributes the summary prints in its own lines; the rest go under 
     "model_sha256", "n_layers", "n_heads", "seq_len", "layers", "samples", "dtype", "device", "device_name",
     "seed", "text_source", "tokenizer", "created_utc", "biasviz_version", "torch_version", "config_json",
     "causal", "mask", "batch_size", "summary", "resolution", "block", "bias_shared", "checkpoints_left_out",
-    "checkpoints_identical",
+    "checkpoints_identical", "call_modules",
 }  # fmt: skip
 
 
@@ -52,6 +53,7 @@ def summary(path: Path) -> str:
             f"  architecture    {a['architecture']}, {n_layers} layers, {f.n_heads} heads",
             f"  model sha256    {a['model_sha256'] or '(unknown)'}",
             f"  layers          {', '.join(map(str, layers))} (of 0..{n_layers - 1})",
+            *_call_lines(raw, layers, n_layers),
             *_shape_lines(f),
         ]
         if f.checkpoints is not None:
@@ -99,6 +101,37 @@ def _sweep_notes(raw: dict[str, Any]) -> list[str]:
             text = _short(raw[key])
         lines.append(f"  {label:<15} {_short(text)}")
     return lines
+
+
+def _call_lines(raw: dict[str, Any], layers: list[int], n_layers: int) -> list[str]:
+    """A traced model's layers are its attention calls: the module that made each of the file's, as recorded (JSON
+    text, :data:`~biasviz.store.format.CALL_MODULES`); a value that is not what extract writes is shown as it is."""
+    from biasviz.store.format import CALL_MODULES
+    from biasviz.store.h5io import json_attr
+
+    if CALL_MODULES not in raw:
+        return []
+    owners = json_attr(raw[CALL_MODULES])
+    if not (isinstance(owners, list) and len(owners) == n_layers and all(isinstance(o, str) for o in owners)):
+        return [f"  made by         {_short(raw[CALL_MODULES])} (not a list of {n_layers} module names)"]
+    return [f"  made by         {_short(_grouped([_short(o) for o in owners], layers))} (a layer is an attention "
+            "call, in the order the model makes them)"]  # fmt: skip
+
+
+def _grouped(owners: Sequence[str], layers: Sequence[int]) -> str:
+    """``layers`` by the module that made each call, runs of one module together: how ``biasviz info`` says it.
+
+    >>> _grouped(["layers.0.attn", "layers.0.attn", "layers.1.attn"], [0, 1, 2])
+    '0, 1: layers.0.attn; 2: layers.1.attn'
+    """
+    runs: list[tuple[str, list[int]]] = []
+    for layer in layers:
+        owner = owners[layer] or "the model's own forward"
+        if runs and runs[-1][0] == owner:
+            runs[-1][1].append(layer)
+        else:
+            runs.append((owner, [layer]))
+    return "; ".join(f"{', '.join(map(str, at))}: {owner}" for owner, at in runs)
 
 
 def _shape_lines(f: Any) -> list[str]:

@@ -106,6 +106,9 @@ ATTENDED = datasets.ATTENDED
 SE_NOTE = "standard_errors"  # a summary's root attribute where it holds no _se: why (fewer than 3 samples)
 LAYER_NOTE = "note"  # a summary layer's attribute: what it leaves out and why (samples masked differently)
 LAYER_STATISTICS = "statistics"  # a summary layer's attribute: "fused" (the GPU kernels) or "torch" formed it
+# root attribute of a traced model's file: JSON text, the list of the names of the modules that made its attention
+# calls, call L (layer L of the file) first; "" for a call of the model's own forward (biasviz.tracing.owners)
+CALL_MODULES = "call_modules"
 MASK = "mask"  # root attribute: "causal", "bidirectional" or "model" (some layer's own mask, its ATTENDED stored)
 DIAGNOSTICS = datasets.DIAGNOSTICS  # (head,) compound dataset
 DIAGNOSTIC_FIELDS = datasets.DIAGNOSTIC_FIELDS
