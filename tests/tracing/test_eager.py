@@ -269,3 +269,36 @@ def test_x_transformers_softclamped_logits_are_traced_with_a_note() -> None:
     assert len(t.calls) == 2 and t.bias == {}
     for layer in range(2):
         assert "cannot see" in t.notes[layer] and close(t.weights[layer], maps[layer])
+
+
+class _Hybrid(torch.nn.Module):
+    """A hybrid layer stack: a linear attention (products of activations whose cells are moved, no softmax), whose
+    output flows on through the residual stream into an MoE router's softmax, then a real SDPA attention."""
+
+    def __init__(self, d: int = 16, heads: int = 2, experts: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qk, self.mix, self.router = (torch.nn.Linear(d, d), torch.nn.Linear(8, d),
+                                          torch.nn.Linear(d, experts))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q = self.qk(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        decayed = torch.roll(q @ q.transpose(-1, -2), 1, -1)  # a linear attention's product, its cells moved
+        x = x + self.mix(decayed.mean(1)[..., :8])  # into the residual stream: no attention's scores any more
+        gate = torch.softmax(self.router(x), dim=-1)  # an MoE router: a softmax over experts, not keys
+        x = x * gate.sum(-1, keepdim=True)
+        q = x.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        return x + torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2).reshape(
+            b, t, d)
+
+
+def test_a_linear_attention_s_moved_products_do_not_make_a_router_an_attention_call() -> None:
+    """Qwen3-Next's shape: its gated delta rule's products reach every later layer through the residual stream; the
+    router's softmax of each MoE layer was traced as an attention call (of 1 head, over the experts). A moved product
+    is followed only through steps that move, reshape or scale its cells, so the one call is the SDPA call."""
+    torch.manual_seed(0)
+    model = _Hybrid().eval()
+    with torch.no_grad(), biasviz.trace(model) as t:
+        model(torch.randn(1, 12, 16))
+    assert [(c.kind, c.heads, c.q_len, c.k_len) for c in t.calls] == [("sdpa", 2, 12, 12)]

@@ -50,6 +50,10 @@ MOVE = frozenset(
     {"gather", "take_along_dim", "index_select", "roll", "flip", "pad", "narrow", "__getitem__", "diagonal"}
 )
 
+# what a moved product is followed through on its way to the scores it is added to
+MOVED_STEPS = MOVE | RESHAPE | PERMUTE | SAME | ADD | SUB | MUL | DIV | {"cat", "concat", "concatenate", "expand",
+                                                                      "expand_as", "repeat", "clamp"}
+
 
 def _activation(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.dim() >= 3 and not isinstance(t, torch.nn.Parameter)
@@ -185,8 +189,10 @@ class EagerTracker:
                out: torch.Tensor) -> Scores | None:  # fmt: skip
         x = flat[i]
         other = flat[1 - i] if len(flat) > 1 and i < 2 else None
-        if s.moved:  # a moved product: whatever it goes through, it is a term to add, if it is added
-            return s if out.is_floating_point() and out.dim() >= 2 else None
+        if s.moved:  # a moved product: a term to add, if it is added, through the steps that move, reshape or scale
+            # cells (DeBERTa's gather, Transformer-XL's pad-and-shift); not through a layer that mixes them (a linear
+            # attention's products flow on into the residual stream, and a router's softmax is no attention call)
+            return s if name in MOVED_STEPS and out.is_floating_point() and out.dim() >= 2 else None
         if name in SAME:
             return s if out.shape == x.shape else None
         if name in RESHAPE | PERMUTE:
