@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from biasviz.common.atomic import Staged, write_new
-from biasviz.plotting.titles import layer_text, trained_note
+from biasviz.plotting.titles import layer_text, made_by, sentence_case, trained_note
 from biasviz.store import BiasFile
 from biasviz.store.datasets import map_name
 
@@ -169,7 +169,8 @@ class Caption:
     def latex(self, bf: BiasFile) -> str:
         """The ``\\caption{...}`` text, one line per sentence, ending in a newline."""
         model = model_clauses(bf, self.scheme)
-        where = [latex_escape(layer_text(self.layer, bf.n_layers).capitalize())] if self.layer is not None else []
+        said = None if self.layer is None else layer_text(self.layer, bf.n_layers, made_by(bf, self.layer))
+        where = [latex_escape(sentence_case(said))] if said is not None else []
         where += [f"$T = {int(bf.seq_len)}$", latex_escape(self.which)]
         text_source = _file_text(bf, "text_source")
         if text_source and not bf.bias_only:

@@ -28,7 +28,7 @@ from biasviz.diagnostics.measures import HeadDiagnostics
 from biasviz.plotting.diagnostics_plots import LINTHRESH, METRICS, NARROW, NOISE, PALETTE, SHORT, _break_mark, _context
 from biasviz.plotting.heatmap import TrimmedFormatter, figure_width_in, grid_shape, tick_step_for
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, wrap_title
-from biasviz.plotting.titles import figure_title, samples_text, scheme_title, trained_note
+from biasviz.plotting.titles import figure_title, made_by, samples_text, scheme_title, trained_note
 from biasviz.store import BiasFile
 from biasviz.store.h5io import json_attr
 
@@ -68,7 +68,8 @@ def sweep_title(bf: BiasFile, layer: int, scheme: str) -> str:
     note = trained_note(json.dumps(doc)) if isinstance(doc, dict) else None
     note = literal(note) if note else f"checkpoints of {min(steps, default=0):,} to {max(steps, default=0):,} steps"
     return figure_title(f"{scheme_title(scheme)} bias over training", layer=layer, n_layers=bf.n_layers,
-                        seq_len=bf.seq_len, which=f"{over} at each distance", trained=note)  # fmt: skip
+                        seq_len=bf.seq_len, which=f"{over} at each distance", trained=note,
+                        made_by=made_by(bf, layer))  # fmt: skip
 
 
 def _plain_ticks(ax: Axes, width: float, axis: str = "y") -> None:

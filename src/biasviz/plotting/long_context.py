@@ -26,7 +26,7 @@ from biasviz.plotting.heatmap import _label_colorbar, colorbar_label, head_heatm
 from biasviz.plotting.save import parse_formats, save_figure
 from biasviz.plotting.scales import format_colorbars
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
-from biasviz.plotting.titles import figure_title, samples_text, scheme_name, trained_text
+from biasviz.plotting.titles import figure_title, made_by, samples_text, scheme_name, trained_text
 from biasviz.store import open_bias_file
 from biasviz.store.datasets import map_name
 from biasviz.store.reader import BiasFile
@@ -64,7 +64,7 @@ def _title(f0: BiasFile, layer: int, train_len: int | None, note: str | None) ->
     maps = f"maps: block means of {block} × {block} positions" if block > 1 else None
     return figure_title("Bias far past the training length", layer=f0.resolve_layer(layer), n_layers=f0.n_layers,
                         seq_len=f"{f0.seq_len}{times}", which=samples_text(f0.n_samples, bias_only=f0.bias_only),
-                        details=[maps], trained=note)  # fmt: skip
+                        details=[maps], trained=note, made_by=made_by(f0, f0.resolve_layer(layer)))  # fmt: skip
 
 
 def _row(sub: SubFigure, bf: BiasFile, layer: int, train_len: int | None, note: str | None) -> None:

@@ -30,7 +30,15 @@ from biasviz.plotting.long_context import PLAIN
 from biasviz.plotting.measures_plots import Z95, need_measure
 from biasviz.plotting.save import parse_formats, save_figure
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, with_width, wrap_title
-from biasviz.plotting.titles import figure_title, layer_text, samples_text, scheme_name, trained_text
+from biasviz.plotting.titles import (
+    figure_title,
+    layer_text,
+    made_by,
+    samples_text,
+    scheme_name,
+    sentence_case,
+    trained_text,
+)
 from biasviz.store import open_bias_file
 from biasviz.store.datasets import BAND_MASS, CONTEXT_MASS, DIRECT_DISTANCES, FREQUENCY_USE, SEGMENTS, se_name
 from biasviz.store.reader import BiasFile
@@ -105,7 +113,8 @@ def _title(files: Sequence[BiasFile], train_len: int | None) -> str:
     notes = {trained_text(bf) for bf in files}
     return figure_title("Position as papers measure it", layer=f0.resolve_layer(-1), n_layers=f0.n_layers,
                         seq_len=f"{f0.seq_len}{times}", which=samples_text(f0.n_samples),
-                        trained=notes.pop() if len(notes) == 1 else None)  # fmt: skip
+                        trained=notes.pop() if len(notes) == 1 else None,
+                        made_by=made_by(f0, f0.resolve_layer(-1)))  # fmt: skip
 
 
 #: The caption's reading of the page, in biasviz's own words (LaTeX).
@@ -122,7 +131,8 @@ def caption(files: Sequence[BiasFile], train_len: int | None, cut: Sequence[str]
     records it (values from the files escaped)."""
     f0 = files[0]
     times = f" (${f0.seq_len / train_len:g}\\times$ the training length)" if train_len else ""
-    where = f"{latex_escape(layer_text(f0.resolve_layer(-1), f0.n_layers).capitalize())}; $T = {int(f0.seq_len)}$"
+    last = f0.resolve_layer(-1)
+    where = f"{latex_escape(sentence_case(layer_text(last, f0.n_layers, made_by(f0, last))))}; $T = {int(f0.seq_len)}$"
     lines = [f"Position as papers measure it: rotary frequency use, weight by distance (band mass) and weight by "
              f"place in the context. {where}{times}; {latex_escape(samples_text(f0.n_samples))}.", *READING]
     for bf in files:

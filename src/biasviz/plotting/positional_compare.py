@@ -26,7 +26,7 @@ from biasviz.plotting.measures_plots import Z95
 from biasviz.plotting.positional import need_position
 from biasviz.plotting.scales import ValueRange, _decimals, format_colorbars, head_scales, tick_text
 from biasviz.plotting.style import DEFAULT_STYLE, font_sizes, literal, paper_context, wrap_title
-from biasviz.plotting.titles import figure_title, samples_text, scheme_name
+from biasviz.plotting.titles import figure_title, made_by, samples_text, scheme_name
 from biasviz.store.datasets import POSITIONAL_MEAN, POSITIONAL_PROFILE, se_name
 
 
@@ -132,10 +132,11 @@ def _title(first: tuple[Path, Path], columns: list, note: str) -> str:
 
     with open_bias_file(first[1], isolated=True) as bf:
         layer, n_layers = bf.resolve_layer(-1), bf.n_layers
+        by = made_by(bf, layer)
     (short, long), n = columns[0], columns[0][1][2]
     return figure_title("Positional logits P(i, j) − P(d = 0), the most positional head", layer=layer,
                         n_layers=n_layers, seq_len=f"{short[1]} (training length) and {long[1]}",
-                        which=samples_text(n), details=[note or None])  # fmt: skip
+                        which=samples_text(n), details=[note or None], made_by=by)  # fmt: skip
 
 
 def _sizes(width: float, per_row: int, size: float, title: str, xlabel: str) -> tuple[float, list[float]]:

@@ -12,8 +12,8 @@ from typing import Any
 
 from biasviz.plotting.style import literal
 from biasviz.store import BiasFile
-from biasviz.store.format import BIAS_DIFFERENCE
-from biasviz.store.h5io import json_attr
+from biasviz.store.format import BIAS_DIFFERENCE, CALL_MODULES
+from biasviz.store.h5io import call_modules, json_attr
 
 #: Schemes as papers write them, the same in every figure that names one (see :func:`scheme_name`).
 SCHEME_NAMES = {"alibi": "ALiBi", "kerple-log": "KERPLE-log", "kerple-power": "KERPLE-power", "fire": "FIRE",
@@ -48,18 +48,39 @@ def which_sample(bf: BiasFile, kind: str, sample: int) -> str:
     return said
 
 
-def layer_text(layer: int, n_layers: int | None) -> str:
+def layer_text(layer: int, n_layers: int | None, made_by: str | None = None) -> str:
     """The layer as figure text counts it, an ordinal (the file's ``layer_11``, ``--layer 11``, is the 12th), with
-    how many the model has; the last is named so, first, since "layer 11 of 12" would read as the 11th.
+    how many the model has; the last is named so, first, since "layer 11 of 12" would read as the 11th. A traced
+    model's layer is an attention call, which is not always a layer of the model (DiffLlama's two calls a layer, a
+    hybrid's attention in some layers only): said so, with the module that ``made_by`` it (:func:`made_by`).
 
     >>> layer_text(11, 12), layer_text(0, 12), layer_text(3, None)
     ('final layer, 12 of 12', 'layer 1 of 12', 'layer 4')
+    >>> layer_text(1, 4, "model.layers.0.self_attn"), layer_text(3, 4, "model.layers.1.self_attn")
+    ('attention call 2 of 4 (model.layers.0.self_attn)', 'final attention call, 4 of 4 (model.layers.1.self_attn)')
     """
+    unit, by = ("layer", "") if made_by is None else ("attention call", f" ({made_by or 'the model itself'})")
     if not n_layers:
-        return f"layer {layer + 1}"
+        return f"{unit} {layer + 1}{by}"
     if layer == n_layers - 1:
-        return f"final layer, {n_layers} of {n_layers}"
-    return f"layer {layer + 1} of {n_layers}"
+        return f"final {unit}, {n_layers} of {n_layers}{by}"
+    return f"{unit} {layer + 1} of {n_layers}{by}"
+
+
+def sentence_case(text: str) -> str:
+    """``text`` with its first letter upper case and the rest as it is (a module's name keeps its own case).
+
+    >>> sentence_case("final attention call, 4 of 4 (model.Layers.1)")
+    'Final attention call, 4 of 4 (model.Layers.1)'
+    """
+    return text[:1].upper() + text[1:]
+
+
+def made_by(bf: BiasFile, layer: int) -> str | None:
+    """The module of a traced model that made the attention call ``layer`` of ``bf`` (its ``call_modules``, checked:
+    data from the file); None for a file of a model whose layers are its layers."""
+    owners = call_modules(bf.attrs.get(CALL_MODULES), bf.n_layers)
+    return None if owners is None or not 0 <= layer < len(owners) else owners[layer]
 
 
 def samples_text(n_samples: int, sample: int | None = None, bias_only: bool = False) -> str:
@@ -77,14 +98,15 @@ def samples_text(n_samples: int, sample: int | None = None, bias_only: bool = Fa
 
 
 def figure_title(what: str, *, layer: int, n_layers: int | None, seq_len: int | str, which: str,
-                 details: Sequence[str | None] = (), trained: str | None = None) -> str:  # fmt: skip
+                 details: Sequence[str | None] = (), trained: str | None = None,
+                 made_by: str | None = None) -> str:  # fmt: skip
     """The one wording of every figure's title: what it shows (scheme and quantity), the layer, T, which input, then
     ``details`` (how the figure was made) and how the model was trained, each its own clause.
 
     >>> figure_title("ALiBi bias", layer=11, n_layers=12, seq_len=512, which="mean of 64 samples")
     'ALiBi bias: final layer, 12 of 12; T = 512; mean of 64 samples'
     """
-    clauses = [layer_text(layer, n_layers), f"T = {seq_len}", which, *details, trained]
+    clauses = [literal(layer_text(layer, n_layers, made_by)), f"T = {seq_len}", which, *details, trained]
     return f"{what}: " + "; ".join(c for c in clauses if c)
 
 
@@ -94,7 +116,7 @@ def file_title(bf: BiasFile, what: str, layer: int, which: str | None = None,
     input) and training record."""
     which = which or samples_text(bf.n_samples, bias_only=bf.bias_only)
     return figure_title(what, layer=layer, n_layers=bf.n_layers, seq_len=bf.seq_len, which=which, details=details,
-                        trained=trained_text(bf))  # fmt: skip
+                        trained=trained_text(bf), made_by=made_by(bf, layer))  # fmt: skip
 
 
 def trained_text(bf: BiasFile) -> str | None:
@@ -134,5 +156,5 @@ def trained_note(value: Any) -> str | None:
     return f"{preset} model, {steps:,} training steps on {seq_len}-token windows"
 
 
-__all__ = ["figure_title", "file_title", "layer_text", "samples_text", "scheme_name", "scheme_title", "trained_note",
-           "trained_suffix", "trained_text", "which_sample"]
+__all__ = ["figure_title", "file_title", "layer_text", "made_by", "samples_text", "scheme_name", "scheme_title",
+           "sentence_case", "trained_note", "trained_suffix", "trained_text", "which_sample"]

@@ -107,12 +107,12 @@ def _call_lines(raw: dict[str, Any], layers: list[int], n_layers: int) -> list[s
     """A traced model's layers are its attention calls: the module that made each of the file's, as recorded (JSON
     text, :data:`~biasviz.store.format.CALL_MODULES`); a value that is not what extract writes is shown as it is."""
     from biasviz.store.format import CALL_MODULES
-    from biasviz.store.h5io import json_attr
+    from biasviz.store.h5io import call_modules
 
     if CALL_MODULES not in raw:
         return []
-    owners = json_attr(raw[CALL_MODULES])
-    if not (isinstance(owners, list) and len(owners) == n_layers and all(isinstance(o, str) for o in owners)):
+    owners = call_modules(raw[CALL_MODULES], n_layers)
+    if owners is None:
         return [f"  made by         {_short(raw[CALL_MODULES])} (not a list of {n_layers} module names)"]
     return [f"  made by         {_short(_grouped([_short(o) for o in owners], layers))} (a layer is an attention "
             "call, in the order the model makes them)"]  # fmt: skip

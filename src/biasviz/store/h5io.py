@@ -46,6 +46,19 @@ def json_attr(value: Any) -> Any:
         return None
 
 
+def call_modules(value: Any, n_layers: int) -> list[str] | None:
+    """The module that made each of a traced model's attention calls, as :data:`~biasviz.store.format.CALL_MODULES`
+    records it (JSON text: a list of ``n_layers`` names); None where the file records none, or something else.
+
+    >>> call_modules('["h.0.attn", "h.0.attn"]', 2), call_modules('["h.0.attn"]', 2), call_modules(None, 2)
+    (['h.0.attn', 'h.0.attn'], None, None)
+    """
+    owners = json_attr(value)
+    if isinstance(owners, list) and len(owners) == n_layers and all(isinstance(o, str) for o in owners):
+        return owners
+    return None
+
+
 def drop_pending_writes(f: h5py.File) -> None:
     """Point an abandoned file's descriptor at /dev/null, so that closing it cannot fail.
 
