@@ -34,8 +34,8 @@ def test_a_traced_file_s_figure_names_the_call_and_its_module(tmp_path: Path, ma
 
 
 @pytest.mark.parametrize("recorded", [json.dumps(OWNERS[:3]), "not json", json.dumps([1, 2, 3, 4])])
-def test_a_record_that_is_not_one_module_a_call_leaves_the_layer_as_it_is(tmp_path: Path, recorded: str,
-                                                                          make_bias_file: Callable[..., Path]) -> None:  # fmt: skip
+def test_a_record_not_of_one_module_a_call_leaves_the_layer(tmp_path: Path, recorded: str,
+                                                           make_bias_file: Callable[..., Path]) -> None:
     path = make_bias_file(tmp_path / "odd.h5", "alibi", n=2, heads=12, t=16, layers=(1,),
                           attrs={"n_layers": 4, "call_modules": recorded})  # fmt: skip
     fig = biasviz.plot(path, kind="bias", layer=1)
