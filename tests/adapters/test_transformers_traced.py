@@ -135,3 +135,32 @@ def test_the_traced_adapter_opens_any_directory_with_a_config(tmp_path: Path) ->
     assert TransformersSdpaAdapter.can_open(tmp_path / "with")
     assert not TransformersSdpaAdapter.can_open(tmp_path / "without")
     assert not TransformersSdpaAdapter.can_open(tmp_path / "config.json")  # a file, not a directory
+
+
+def test_xglm_s_heads_folded_into_the_batch_are_its_heads(tmp_path: Path) -> None:
+    """XGLM's attention (fairseq's) multiplies q and k with the heads folded into the batch and takes the softmax over
+    (B·H, T, T); a full file and a summary (every cell, rows formed again from the kept q and k) hold its 4 heads as
+    transformers' own output_attentions gives them, each sample its own."""
+    import h5py
+    import numpy as np
+    from transformers import XGLMConfig, XGLMForCausalLM
+
+    import biasviz
+
+    torch.manual_seed(0)
+    config = XGLMConfig(vocab_size=128, d_model=32, ffn_dim=64, num_layers=2, attention_heads=4,
+                        max_position_embeddings=64)  # fmt: skip
+    XGLMForCausalLM(config).save_pretrained(tmp_path / "xglm")
+    tokens = np.random.default_rng(0).integers(3, 120, size=(3, 16))
+    biasviz.extract(tmp_path / "xglm", tokens, tmp_path / "full.h5", layers="all", progress=False)
+    biasviz.extract(tmp_path / "xglm", tokens, tmp_path / "sum.h5", layers="all", summary=True, resolution=16,
+                    progress=False)  # fmt: skip
+    model = XGLMForCausalLM.from_pretrained(tmp_path / "xglm", attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = [a.double().numpy() for a in model(torch.from_numpy(tokens), output_attentions=True).attentions]
+    causal = np.tril(np.ones((16, 16), dtype=bool))
+    with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summary:
+        for layer in range(2):
+            np.testing.assert_allclose(full[f"layer_{layer}/weights"][...], want[layer], rtol=0, atol=1e-6)
+            mean = summary[f"layer_{layer}/weights_mean"][...]
+            np.testing.assert_allclose(mean[:, causal], want[layer].mean(0)[:, causal], rtol=0, atol=1e-6)

@@ -291,3 +291,46 @@ def test_a_bias_of_the_batch_added_to_one_samples_scores_is_formed() -> None:
     call = t.calls[0]  # q and k as the call's: the product broadcast with the scores
     assert call.q is not None and call.k is not None
     assert close(call.scale * call.q @ call.k.transpose(-1, -2) + mask + bias, scores)
+
+
+class _Folded(torch.nn.Module):
+    """fairseq's attention (and XGLM's in transformers): heads folded into the batch for ``bmm``, (B·H, T, T), the
+    padding mask added through a (B, H, T, T) view and a floor at the dtype's minimum, the softmax over the 3-D
+    scores."""
+
+    def __init__(self, d: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.qkv = heads, torch.nn.Linear(d, 3 * d)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (y.view(b, t, self.heads, -1).transpose(1, 2).reshape(b * self.heads, t, -1)
+                   for y in self.qkv(x).chunk(3, -1))  # fmt: skip
+        scores = torch.bmm(q * (d // self.heads) ** -0.5, k.transpose(1, 2))  # (B·H, T, T)
+        scores = scores.view(b, self.heads, t, t) + mask
+        scores = torch.max(scores, torch.full((), torch.finfo(scores.dtype).min))  # XGLM's floor: masks nothing more
+        weights = torch.softmax(scores.view(b * self.heads, t, t), dim=-1)
+        return torch.bmm(weights, v).view(b, self.heads, t, -1).transpose(1, 2).reshape(b, t, d)
+
+
+def test_heads_folded_into_the_batch_are_unfolded_by_the_view_the_scores_went_through() -> None:
+    """The (B·H, T, T) softmax is (B, H, T, T) as the scores' own view on their way said: each head its own, every
+    sample its own, against float64; the floor at the dtype's minimum is no step of the scores (scale·q·kᵀ + the mask
+    stays what the call took in: its q and k are kept)."""
+    torch.manual_seed(0)
+    model = _Folded().eval()
+    x = torch.randn(2, 10, 16)
+    causal = torch.full((10, 10), float("-inf")).triu(1)
+    mask = causal[None, None].repeat(2, 1, 1, 1)
+    mask[1, :, 3:, :3] = float("-inf")  # sample 1 left-padded by 3 (its padded queries see the padding alone)
+    from biasviz.tracing import Trace
+
+    with torch.no_grad(), Trace(model, scores=True) as t:
+        model(x, mask)
+    (call,) = t.calls
+    assert (call.batch, call.heads, call.q_len, call.k_len) == (2, 4, 10, 10)
+    with torch.no_grad():
+        q, k, _ = (y.double().view(2, 10, 4, 4).transpose(1, 2) for y in model.qkv(x).chunk(3, -1))
+        want = torch.softmax(q @ k.transpose(-1, -2) / 2.0 + mask.double(), -1)
+    torch.testing.assert_close(call.weights.double(), want, rtol=0, atol=1e-6)
+    assert call.q is not None and call.q.shape == (2, 4, 10, 4)  # its q and k kept, per head

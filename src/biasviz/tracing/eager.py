@@ -8,7 +8,8 @@ dropped, since the softmax cannot see it), masking (``masked_fill``/``where`` wi
 or below the masked threshold), casts, and ``cat`` with extra columns (attention sinks) — and so are
 reshapes that only merge, split or reorder the leading (batch, head) dimensions (``view``, ``reshape``,
 ``flatten``, ``unflatten``, ``permute``, ``transpose``: DeBERTa folds heads into the batch for ``bmm``), each
-cell followed to where it lands; a softmax over its last dimension is one attention call. Its weights are
+cell followed to where it lands; a softmax over its last dimension is one attention call (over (B·H, Tq, Tk) scores,
+fairseq's and XGLM's, its heads unfolded by the (B, H, Tq, Tk) view the scores went through). Its weights are
 that softmax's own output; its bias is what was added, scaled and reshaped as the scores were.
 
 A product whose cells are then moved (a ``gather`` by relative position, a pad-and-shift) is no longer
@@ -42,6 +43,8 @@ DIV = frozenset({"div", "div_", "__truediv__", "__itruediv__", "true_divide", "d
 MASK = frozenset({"masked_fill", "masked_fill_"})
 SAME = frozenset({"to", "float", "double", "half", "bfloat16", "type_as", "contiguous", "clone", "detach"})
 SOFTMAX = frozenset({"softmax", "_softmax"})
+# a floor, max(x, m): where m is at or below the masked threshold, what the call attends is unchanged
+FLOOR = frozenset({"max", "maximum", "clamp_min"})
 # reshapes: followed when they keep the (query, key) dimensions, and so every cell's (i, j)
 RESHAPE = frozenset({"view", "reshape", "flatten", "unflatten", "view_as", "reshape_as", "squeeze", "unsqueeze"})
 PERMUTE = frozenset({"permute", "transpose", "transpose_", "swapaxes", "swapdims"})
@@ -209,6 +212,8 @@ class EagerTracker:
             if name in DIV and i != 0:
                 return s.noted("a number divided by the scores")
             return s.scaled(factor if name in MUL else 1.0 / factor)
+        if name in FLOOR and i == 0 and other is not None and _masks(other, x.dtype):
+            return s  # a floor at or below the masked threshold (XGLM: max with the dtype minimum) moves no cell
         if name in MASK:
             value = flat[2] if len(flat) > 2 else kwargs.get("value")
             return s if i == 0 and _masks(value, x.dtype) else s.noted("masked_fill with a value that does not mask")
@@ -303,7 +308,8 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
                inspect: bool, scores: bool = False) -> AttentionCall:  # fmt: skip
     """One softmax over a score tensor: its weights (the softmax's own output), bias, masks and sink share;
     with ``scores``, the softmax's input itself (masked cells NaN)."""
-    x4, out4 = (_bhqk(t) for t in (x, out))
+    folded = s.folded_heads(tuple(x.shape))  # (B·H, Tq, Tk) scores: the heads their own view on the way unfolds
+    x4, out4 = (_bhqk(t, folded) for t in (x, out))
     start, stop = s.columns if s.columns is not None else (0, x4.shape[-1])
     batch, heads, q_len = x4.shape[:3]
     call = AttentionCall(index, "eager", batch, heads, q_len, stop - start, note=s.note)
@@ -317,7 +323,7 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
         call.forms_again = inspect and eager_operands(x, s) is not None
         bias, added = None, s.bias() if s.terms and not s.note else None
         if added is not None:
-            b = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]))
+            b = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]), folded)
             if b.shape[-1] == x4.shape[-1]:  # added after a cat with sink columns: the real keys' part
                 b = b[..., start:stop]
             learned = any(t.learned for t in s.terms)  # a learned table is a bias even where it holds zeros
@@ -330,10 +336,11 @@ def eager_call(index: int, x: torch.Tensor, s: Scores, out: torch.Tensor, record
             call.weights = out4[..., start:stop].to(torch.float32, copy=True)
             if scores:
                 call.scores = x4[..., start:stop].float().masked_fill(~kept, float("nan"))
-                capped = s.capped_at is not None and s.columns is None and _masks_only(s.bias(), kept, x.shape)
+                capped = (s.capped_at is not None and s.columns is None
+                          and _masks_only(s.bias(), kept, x.shape, folded))  # fmt: skip
                 pair = s.q_and_k() if not s.note or capped else None
                 if pair is not None and pair[0].shape[:-1] == x.shape[:-1] and pair[1].shape[-2] == stop - start:
-                    q, k = _bhqk(pair[0]), _bhqk(pair[1])
+                    q, k = _bhqk(pair[0], folded), _bhqk(pair[1], folded)
                     call.keep_operands(q, k, s.scale)  # softcapping's c·tanh(x / c): the factors cancel
                     assert call.q is not None and call.k is not None
                     if capped or s.shifted:  # the scores as the call's inputs give them: scale·q·kᵀ (+ its bias)

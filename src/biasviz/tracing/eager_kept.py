@@ -17,24 +17,25 @@ def eager_operands(x: torch.Tensor, s: Scores, learned: bool = False) -> SdpaOpe
     in float32 (so that rows formed again from q and k are the model's own, to rounding); None where they cannot be
     formed again that way (another note, moved cells, a lower precision, q and k that cannot be followed, a softcap
     beside sink columns). ``learned``: a term made from the model's parameters is a bias even where it holds zeros."""
-    x4 = _bhqk(x)
+    heads = s.folded_heads(tuple(x.shape))
+    x4 = _bhqk(x, heads)
     start, stop = s.columns if s.columns is not None else (0, x4.shape[-1])
     keys = x4[..., start:stop]
     kept = keys > _threshold(x.dtype)
-    capped = s.capped_at is not None and s.columns is None and _masks_only(s.bias(), kept, x.shape)
+    capped = s.capped_at is not None and s.columns is None and _masks_only(s.bias(), kept, x.shape, heads)
     pair = s.q_and_k() if not s.moved and (not s.note or capped) else None
     if pair is None or x.dtype != torch.float32 or any(t.dtype != torch.float32 for t in pair):
         return None
     if pair[0].shape[:-1] != x.shape[:-1] or pair[1].shape[-2] != stop - start:
         return None
-    q, k = _bhqk(pair[0]), _bhqk(pair[1])
+    q, k = _bhqk(pair[0], heads), _bhqk(pair[1], heads)
     if capped:  # the softcap c: the scale met at the tanh is scale / c (the factors cancel in s.scale)
         assert s.capped_at is not None
         return SdpaOperands(q, k, kept, None, float(s.scale), softcap=float(s.scale) / s.capped_at)
     added = s.bias()
     additive = None
     if added is not None:
-        additive = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]))
+        additive = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]), heads)
         if additive.shape[-1] == x4.shape[-1]:  # added after a cat with sink columns: the keys' part
             additive = additive[..., start:stop]
         learned = learned or any(t.learned for t in s.terms)
@@ -63,19 +64,20 @@ def _sink_logits(x4: torch.Tensor, start: int, stop: int, ops: SdpaOperands) -> 
     return (torch.logsumexp(extra, -1, keepdim=True) + shift)[..., 0]
 
 
-def _masks_only(added: torch.Tensor | None, kept: torch.Tensor, shape: torch.Size) -> bool:
+def _masks_only(added: torch.Tensor | None, kept: torch.Tensor, shape: torch.Size, heads: int = 1) -> bool:
     """Whether the terms added to scores of ``shape`` only mask: 0 on every attended cell (``kept``, as (B, H, Tq,
-    Tk)), the rest masked away."""
+    Tk)), the rest masked away; ``heads`` folded into the batch of 3-D scores as :func:`_bhqk` takes them."""
     if added is None:
         return True
-    b = _bhqk(added.expand(shape))
+    b = _bhqk(added.expand(shape), heads)
     return b.shape == kept.shape and not bool(b.masked_fill(~kept, 0).ne(0).any())
 
 
-def _bhqk(t: torch.Tensor) -> torch.Tensor:
-    """(..., Tq, Tk) as (B, H, Tq, Tk): 2-D is one sample of one head, 3-D one head per sample."""
+def _bhqk(t: torch.Tensor, heads: int = 1) -> torch.Tensor:
+    """(..., Tq, Tk) as (B, H, Tq, Tk): 2-D is one sample of one head, 3-D one head per sample, or ``heads`` heads
+    folded into the batch (B·H, Tq, Tk) (:meth:`~biasviz.tracing.scores.Scores.folded_heads`)."""
     if t.dim() == 2:
         return t[None, None]
     if t.dim() == 3:
-        return t.unsqueeze(1)
+        return t.unsqueeze(1) if heads == 1 else t.reshape(t.shape[0] // heads, heads, *t.shape[1:])
     return t.reshape(-1, *t.shape[-3:]) if t.dim() > 4 else t

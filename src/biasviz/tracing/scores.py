@@ -77,6 +77,20 @@ class Scores:
             q, k = (t.permute(arg) if kind == "permute" else t.reshape(*arg[:-2], *t.shape[-2:]) for t in (q, k))
         return q, k
 
+    def folded_heads(self, shape: tuple[int, ...]) -> int:
+        """H where scores of ``shape`` (B·H, Tq, Tk) went through a (B, H, Tq, Tk) view on their way: heads folded into
+        the batch for ``bmm`` (fairseq's attention, XGLM's), which the view unfolds; 1 otherwise (one head a sample).
+
+        >>> Scores(steps=(("reshape", (2, 4, 5, 5)), ("reshape", (8, 5, 5)))).folded_heads((8, 5, 5))
+        4
+        """
+        if len(shape) != 3:
+            return 1
+        for kind, arg in reversed(self.steps):
+            if kind == "reshape" and len(arg) == 4 and arg[0] * arg[1] == shape[0] and tuple(arg[2:]) == shape[1:]:
+                return int(arg[1])
+        return 1
+
     def bias(self) -> torch.Tensor | None:
         """The sum of the terms, formed (float32, broadcastable to the scores), or None."""
         total = None
