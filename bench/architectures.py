@@ -1,0 +1,168 @@
+"""Every causal-LM architecture the installed transformers knows, as a user's checkpoint would reach biasviz: a tiny
+randomly initialised model of each, saved locally, extracted by ``biasviz.extract`` (a full file and a summary exact
+per cell), each attention call's weights compared with transformers' own eager ``output_attentions`` of the layer
+whose module made it (the file's ``call_modules``). Nothing is downloaded.
+
+    .venv/bin/python bench/architectures.py                      # every model_type (about an hour on 2 cores)
+    .venv/bin/python bench/architectures.py --only llama,xglm    # some
+
+Prints one row per architecture: the calls and the modules that made them, the largest difference of the full
+file's weights and of the summary's per-cell means from transformers' own, or why none was compared. A tiny config
+that transformers itself cannot build or run ("not built") says nothing of biasviz. A model whose eager and SDPA
+paths differ (a deep random model can) differs by as much in this comparison: ``--check-paths`` prints that gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+T, N = 48, 3
+TINY = {  # what makes a config tiny, in each spelling transformers' configs use
+    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 512, "head_dim": 16, "n_embd": 64,
+    "n_head": 4, "n_layer": 2, "n_positions": 512, "d_model": 64, "n_heads": 4, "n_layers": 2, "num_heads": 4,
+    "num_layers": 2, "ffn_dim": 128, "n_inner": 128, "moe_intermediate_size": 32, "num_experts": 4,
+    "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "rotary_dim": 8, "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16, "q_lora_rank": 32, "pad_token_id": 0,
+    "bos_token_id": 1, "eos_token_id": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+}  # fmt: skip
+
+ONE = r"""
+import json, re, sys, warnings
+import numpy as np, torch, h5py
+from transformers import AutoConfig, AutoModelForCausalLM
+import biasviz
+warnings.filterwarnings("ignore")
+name, folder, tiny, T, N, check = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:7])
+row = {"name": name}
+try:
+    base = AutoConfig.for_model(name)
+    kw = {k: v for k, v in tiny.items() if hasattr(base, k)}
+    if getattr(base, "sliding_window", None) is None:
+        kw.pop("sliding_window", None)
+    types = list(getattr(base, "layer_types", None) or [])
+    tries = [kw]
+    if types:  # a hybrid: its layers up to the first full attention, at most 4 (else as its config gives them)
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        keep = (types[: full[0] + 1] if full else types[:2])[-4:]
+        tries.insert(0, {**kw, "layer_types": keep, "num_hidden_layers": len(keep)})
+    for at, kwargs in enumerate(tries):  # the first that transformers builds and runs
+        try:
+            config = AutoConfig.for_model(name, **kwargs)
+            torch.manual_seed(0)
+            try:
+                model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+            except ValueError:  # no SDPA path in transformers for it
+                model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+            model.save_pretrained(f"{folder}/model")
+            top = min(250, int(getattr(config, "vocab_size", 256) or 256))
+            ids = np.random.default_rng(0).integers(3, top, size=(N, T))
+            eager = AutoModelForCausalLM.from_pretrained(f"{folder}/model", attn_implementation="eager").eval()
+            with torch.no_grad():
+                out = eager(torch.from_numpy(ids), output_attentions=True, output_hidden_states=bool(check))
+            break
+        except Exception:
+            if at == len(tries) - 1:
+                raise
+    attentions = out.attentions
+    if check:
+        try:
+            sdpa = AutoModelForCausalLM.from_pretrained(f"{folder}/model", attn_implementation="sdpa").eval()
+            with torch.no_grad():
+                other = sdpa(torch.from_numpy(ids), output_hidden_states=True).hidden_states
+            row["paths"] = max(float((a - b).abs().max()) for a, b in zip(out.hidden_states, other))
+        except ValueError:  # no SDPA path: biasviz runs it eager too
+            row["paths"] = 0.0
+except Exception as exc:
+    print(json.dumps({**row, "not built": f"{type(exc).__name__}: {str(exc)[:160]}"}))
+    raise SystemExit
+try:
+    biasviz.extract(f"{folder}/model", ids, f"{folder}/full.h5", layers="all", progress=False)
+    biasviz.extract(f"{folder}/model", ids, f"{folder}/sum.h5", layers="all", summary=True, resolution=T,
+                    progress=False)
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    full_gap = sum_gap = 0.0
+    with h5py.File(f"{folder}/full.h5") as full, h5py.File(f"{folder}/sum.h5") as summary:
+        recorded = json.loads(full.attrs.get("call_modules", "[]"))  # our adapters' files: a layer is a layer
+        owners = recorded or [f"layers.{layer}." for layer in range(int(full.attrs["n_layers"]))]
+        by_layer = len(attentions) == config.num_hidden_layers  # else only the layers that attend, in order
+        attending = [a for a in attentions if a is not None]
+        row["calls"] = len(owners)
+        row["modules"] = (sorted(set(owners))[:2] + (["..."] if len(set(owners)) > 2 else [])) if recorded else [
+            "biasviz's adapter: its layers"]
+        for call, owner in enumerate(owners):
+            at = re.search(r"\.(\d+)\.", f".{owner}.")
+            want = (attentions[int(at.group(1))] if at and by_layer else attending[call]).double().numpy()
+            got = full[f"layer_{call}/weights"][...]
+            full_gap = max(full_gap, float(np.abs(got - want).max()))
+            mean = summary[f"layer_{call}/weights_mean"][...]
+            sum_gap = max(sum_gap, float(np.abs(mean[:, causal] - want.mean(0)[:, causal]).max()))
+    row.update(full=full_gap, summary=sum_gap)
+except Exception as exc:
+    row["failed"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+print(json.dumps(row))
+"""
+
+
+def names() -> list[str]:
+    """Every model_type with a causal-LM class in the installed transformers."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def run_one(name: str, check: bool, limit: float) -> dict:
+    """One architecture in a process of its own (a model that breaks the interpreter breaks only its row)."""
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            got = subprocess.run([sys.executable, "-c", ONE, name, folder, json.dumps(TINY), str(T), str(N),
+                                  str(int(check))], capture_output=True, text=True, timeout=limit)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return {"name": name, "failed": f"more than {limit:g} s"}
+    lines = [line for line in got.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"name": name, "failed": f"exit {got.returncode}: {got.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(lines[-1])
+
+
+def row_text(row: dict) -> str:
+    """One markdown row: the architecture, its calls, the two differences or why there are none."""
+    if "not built" in row:
+        return f"| {row['name']} | | | | not built: {row['not built'][:90]} |"
+    if "failed" in row:
+        return f"| {row['name']} | | | | **failed**: {row['failed'][:120]} |"
+    paths = f"eager vs SDPA {row['paths']:.1e}" if "paths" in row else ""
+    modules = ", ".join(row.get("modules", []))
+    return f"| {row['name']} | {row['calls']} ({modules}) | {row['full']:.1e} | {row['summary']:.1e} | {paths} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help="comma-separated model_types (default: every causal-LM model_type)")
+    parser.add_argument("--check-paths", action="store_true", help="also the gap between eager and SDPA's hidden "
+                        "states (transformers' own), which the differences include")  # fmt: skip
+    parser.add_argument("--limit", type=float, default=300.0, help="seconds per architecture")
+    parser.add_argument("--json", type=Path, help="also write every row to this file")
+    args = parser.parse_args()
+    chosen = args.only.split(",") if args.only else names()
+    print(f"{len(chosen)} architectures, T = {T}, N = {N}; max |weights - output_attentions| (full file) and max "
+          "|weights_mean - their mean| (summary, every causal cell)\n")
+    print("| model_type | calls (modules) | full | summary | note |\n| --- | --- | --- | --- | --- |")
+    rows = []
+    for name in chosen:
+        rows.append(run_one(name, args.check_paths, args.limit))
+        print(row_text(rows[-1]), flush=True)
+    compared = [r for r in rows if "full" in r]
+    print(f"\n{len(compared)} compared, {sum('failed' in r for r in rows)} failed, "
+          f"{sum('not built' in r for r in rows)} not built by transformers from the tiny config")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
