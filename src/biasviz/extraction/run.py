@@ -93,7 +93,7 @@ def provenance(
     }
     if getattr(adapter, "training", None):  # how biasviz trained it: figures say so (a tiny run is not a paper's)
         attrs["training"] = adapter.training  # a dict: stored as JSON text
-    attrs.update(adapter.file_facts())  # a traced model's: its context dependence unknown, each call's module
+    attrs.update(getattr(adapter, "file_facts", dict)())  # a traced model's: context dependence unknown, call modules
     attrs.update({**autocast_attrs(), **(extra or {})})  # under autocast: the model's kernels ran so (docs/hdf5.md)
     return attrs
 
