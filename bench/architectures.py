@@ -69,7 +69,7 @@ try:
         except Exception:
             if at == len(tries) - 1:
                 raise
-    attentions = out.attentions
+    attentions = out.attentions or ()
     if check:
         try:
             sdpa = AutoModelForCausalLM.from_pretrained(f"{folder}/model", attn_implementation="sdpa").eval()
@@ -95,6 +95,8 @@ try:
         row["calls"] = len(owners)
         row["modules"] = (sorted(set(owners))[:2] + (["..."] if len(set(owners)) > 2 else [])) if recorded else [
             "biasviz's adapter: its layers"]
+        if len(attending) < len(set(owners)):  # transformers returns no weights for it (BigBird's, say)
+            raise LookupError(f"output_attentions gives {len(attending)} layers' weights for {len(owners)} calls")
         for call, owner in enumerate(owners):
             at = re.search(r"\.(\d+)\.", f".{owner}.")
             want = (attentions[int(at.group(1))] if at and by_layer else attending[call]).double().numpy()

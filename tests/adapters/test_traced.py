@@ -61,3 +61,25 @@ def test_a_model_whose_layers_make_two_calls_says_which_module_made_each(tmp_pat
         np.testing.assert_allclose(weights[call], want[layer].numpy(), rtol=0, atol=1e-6)
     assert ("made by         0, 1: model.layers.0.self_attn; 2, 3: model.layers.1.self_attn (a layer is an attention "
             "call, in the order the model makes them)") in summary(tmp_path / "f.h5")
+
+
+def test_a_model_that_attends_positions_of_its_own_is_refused_before_it_runs(tmp_path):
+    """CPM-Ant prepends prompt positions to every input: its calls attend T + 4 positions for T tokens. A file holds
+    one query and one key per token, so the extract is refused at once, saying why, where it ended in the writer's
+    shape error after the forward."""
+    import numpy as np
+    import pytest
+    from transformers import CpmAntConfig, CpmAntForCausalLM
+
+    import biasviz
+    from biasviz.common.errors import BiasvizError
+
+    torch.manual_seed(0)
+    config = CpmAntConfig(vocab_size=512, hidden_size=32, num_attention_heads=4, dim_head=8, dim_ff=64,
+                          num_hidden_layers=2, prompt_length=4)  # fmt: skip
+    CpmAntForCausalLM(config).save_pretrained(tmp_path / "cpm")
+    tokens = np.random.default_rng(0).integers(3, 250, size=(2, 16))
+    with pytest.raises(BiasvizError, match="attention call 1 attends 20 positions for an input of 16 tokens: the model "
+                                           r"adds positions of its own \(prompt or memory tokens"):
+        biasviz.extract(tmp_path / "cpm", tokens, tmp_path / "f.h5", progress=False)
+    assert not (tmp_path / "f.h5").exists()

@@ -79,6 +79,7 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
         self._call_model = forward if forward is not None else model
         self.calls: list[AttentionCall] = []  # from the probe
         self.call_modules: list[str] = []  # the module that made each call, by name (tracing.owners)
+        self._probed = 0  # the tokens the probe read: what every self-attention call attends
         self._chosen: list[AttentionCall] = []
         self._wanted: list[int] = []
         self._streaming: tuple[Callable[[RowBlock], None], bool] | None = None  # within stream: its sink, want_bias
@@ -150,7 +151,7 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
         owners = call_owners(self.model, lambda: len(inspect.calls))
         with torch.inference_mode(), one_call_per_layer(self.model), owners as made_by, inspect as probe, unread:
             self._call_model(ids.to(self.device))
-        self.call_modules = made_by
+        self.call_modules, self._probed = made_by, int(ids.shape[-1])
         return probe
 
     def resolve_layers(self, spec: int | str | list[int]) -> list[int]:
@@ -167,6 +168,10 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
             raise BiasvizError(f"attention calls {chosen} have different head counts {sorted(heads)}; "
                                "extract them one at a time")  # fmt: skip
         for c in calls:
+            if c.q_len == c.k_len != self._probed:
+                raise BiasvizError(f"attention call {c.index} attends {c.q_len} positions for an input of "
+                                   f"{self._probed} tokens: the model adds positions of its own (prompt or memory "
+                                   "tokens, a prefix); a file holds one query and one key per token of the input")
             if c.q_len != c.k_len:
                 raise BiasvizError(f"attention call {c.index} attends {c.q_len} queries to {c.k_len} keys (cross- or "
                                    "cached attention); a file holds square (query, key) matrices: choose "
