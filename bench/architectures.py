@@ -37,6 +37,7 @@ import json, re, sys, warnings
 import numpy as np, torch, h5py
 from transformers import AutoConfig, AutoModelForCausalLM
 import biasviz
+from biasviz.common.errors import BiasvizError
 warnings.filterwarnings("ignore")
 name, folder, tiny, T, N, check = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:7])
 row = {"name": name}
@@ -107,6 +108,8 @@ try:
             mean = summary[f"layer_{call}/weights_mean"][...]
             sum_gap = max(sum_gap, float(np.abs(mean[:, causal] - want.mean(0)[:, causal]).max()))
     row.update(full=full_gap, summary=sum_gap)
+except BiasvizError as exc:  # refused with one clear line, as the CLI says it: no fault of biasviz's
+    row["refused"] = str(exc)[:200]
 except Exception as exc:
     row["failed"] = f"{type(exc).__name__}: {str(exc)[:200]}"
 print(json.dumps(row))
@@ -138,6 +141,8 @@ def row_text(row: dict) -> str:
     """One markdown row: the architecture, its calls, the two differences or why there are none."""
     if "not built" in row:
         return f"| {row['name']} | | | | not built: {row['not built'][:90]} |"
+    if "refused" in row:
+        return f"| {row['name']} | | | | refused: {row['refused'][:120]} |"
     if "no reference" in row:
         return f"| {row['name']} | | | | no reference: {row['no reference']} |"
     if "failed" in row:
@@ -164,7 +169,8 @@ def main() -> None:
         rows.append(run_one(name, args.check_paths, args.limit))
         print(row_text(rows[-1]), flush=True)
     compared = [r for r in rows if "full" in r]
-    print(f"\n{len(compared)} compared, {sum('failed' in r for r in rows)} failed, "
+    print(f"\n{len(compared)} compared, {sum('refused' in r for r in rows)} refused, "
+          f"{sum('failed' in r for r in rows)} failed, "
           f"{sum('not built' in r for r in rows)} not built by transformers from the tiny config")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
