@@ -91,8 +91,9 @@ try:
     with h5py.File(f"{folder}/full.h5") as full, h5py.File(f"{folder}/sum.h5") as summary:
         recorded = json.loads(full.attrs.get("call_modules", "[]"))  # our adapters' files: a layer is a layer
         owners = recorded or [f"layers.{layer}." for layer in range(int(full.attrs["n_layers"]))]
-        by_layer = len(attentions) == config.num_hidden_layers  # else only the layers that attend, in order
         attending = [a for a in attentions if a is not None]
+        # one weight per call, in order; else (DiffLlama's two calls a layer) the layer numbered in the call's module
+        by_layer = len(attending) != len(owners) and len(attentions) == getattr(config, "num_hidden_layers", -1)
         row["calls"] = len(owners)
         row["modules"] = (sorted(set(owners))[:2] + (["..."] if len(set(owners)) > 2 else [])) if recorded else [
             "biasviz's adapter: its layers"]
