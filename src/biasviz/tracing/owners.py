@@ -2,7 +2,7 @@
 
 A traced model's layers are its attention calls, numbered in the order it makes them. In a plain decoder call L is
 decoder layer L, but not in every model: DiffLlama's attention makes two calls a layer (one per half of the values),
-and a hybrid model (Jamba, Zamba, Falcon-H1, Qwen3-Next) attends only in some of its layers, so its call 0 may be
+and a hybrid model (Jamba, Zamba2, Bamba, Qwen3-Next) attends only in some of its layers, so its call 0 may be
 layer 4's. The module that made each call (``model.layers.4.self_attn``) says which is which, in the file and in
 ``biasviz info``.
 """
