@@ -41,3 +41,34 @@ def test_a_record_not_of_one_module_a_call_leaves_the_layer(tmp_path: Path, reco
     fig = biasviz.plot(path, kind="bias", layer=1)
     assert "layer 2 of 4" in fig.get_suptitle() and "attention call" not in fig.get_suptitle()
     plt.close(fig)
+
+
+def test_diagnose_names_the_call_and_its_module_in_titles_and_captions(tmp_path: Path,
+                                                                       make_bias_file: Callable[..., Path]) -> None:
+    """``biasviz diagnose`` of a traced file: the figure of every file, each file's profile and their captions say
+    "attention call" and the module, the module's name in its own case (a caption's first letter only raised)."""
+    from click.testing import CliRunner
+
+    from biasviz.cli import cli
+
+    owners = ["model.Layers.0.attn", "model.Layers.0.attn", "model.Layers.1.attn", "model.Layers.1.attn"]
+    path = make_bias_file(tmp_path / "traced.h5", "alibi", n=2, heads=4, t=16, layers=(2,),
+                          attrs={"n_layers": 4, "call_modules": json.dumps(owners)})  # fmt: skip
+    seen: list[str] = []
+    original = plt.Figure.suptitle
+
+    def suptitle(fig: plt.Figure, text: str, **kwargs: object) -> object:
+        seen.append(text)
+        return original(fig, text, **kwargs)
+
+    out = tmp_path / "figs"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plt.Figure, "suptitle", suptitle)
+        result = CliRunner().invoke(cli, ["diagnose", str(path), "--layer", "2", "--caption", "--out-dir", str(out),
+                                          "--format", "png"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = "attention call 3 of 4 (model.Layers.1.attn)"
+    assert len(seen) == 2 and all(said in text for text in seen), seen  # the figure of every file, the profile
+    for name in ("diagnostics", "alibi_bias_profile"):
+        text = (out / f"{name}.tex").read_text("utf-8").replace(r"\_", "_")
+        assert "A" + said[1:] in text, text

@@ -46,6 +46,7 @@ class _FileResult:
     measures: dict[str, object] | None = None  # docs/position-measures.md, with standard errors, where stored
     trained: str | None = None  # how biasviz trained the model, where the file says (drawn as text)
     n_layers: int | None = None  # how many layers the model has (titles say 'final layer, 12 of 12')
+    made_by: str | None = None  # a traced model's: the module that made the call (titles say 'attention call 3 of 4')
 
     def measured_on(self) -> str:
         """'T = 512, N = 8': the length and number of samples the numbers were measured on, for the figures (and
@@ -143,7 +144,7 @@ def _refuse_figure_options() -> None:
 def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None:
     from biasviz.diagnostics.measures import diagnose_dataset, diagnose_sweep
     from biasviz.diagnostics.stored import stored_heads, stored_measures, stored_position, stored_sweep
-    from biasviz.plotting.titles import trained_text
+    from biasviz.plotting.titles import made_by, trained_text
     from biasviz.store import open_bias_file
 
     with open_bias_file(path, isolated=True) as bf:
@@ -158,7 +159,8 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
             return _FileResult(name=bf.scheme, scheme=bf.scheme, path=path, layer=resolved, samples=bf.n_samples,
                                seq_len=bf.seq_len, context_dependent=None, heads=[], block=bf.block,
                                resolution=bf.resolution, positional=positional, sinks=sinks,
-                               measures=measures, trained=trained_text(bf), n_layers=bf.n_layers)  # fmt: skip
+                               measures=measures, trained=trained_text(bf), n_layers=bf.n_layers,
+                               made_by=made_by(bf, resolved))  # fmt: skip
         if bf.attrs.get("bias_convention") == "key-position" and normalize == "none":
             say("note", f"{path} stores the bias in key-position form; its Toeplitz residual is not 0 even "
                 "for a relative scheme (use --normalize diagonal)")  # fmt: skip
@@ -184,7 +186,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
                            seq_len=bf.seq_len, context_dependent=bf.context_dependence_recorded, heads=heads,
                            sweep=sweep, block=bf.block, resolution=bf.resolution, bias_only=bf.bias_only,
                            positional=positional, sinks=sinks, measures=measures, trained=trained_text(bf),
-                           n_layers=bf.n_layers)  # fmt: skip
+                           n_layers=bf.n_layers, made_by=made_by(bf, resolved))  # fmt: skip
 
 
 def _name_uniquely(results: list[_FileResult]) -> None:
@@ -227,7 +229,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
     from biasviz.plotting.profiles import profile_note
     from biasviz.plotting.save import save_figure
     from biasviz.plotting.style import literal
-    from biasviz.plotting.titles import figure_title, layer_text, samples_text, scheme_title
+    from biasviz.plotting.titles import figure_title, samples_text, scheme_title
 
     sources = "; ".join(f"{r.name}={display_name(r.path)}" for r in results)
     info = {"title": "Context-independence diagnostics", "source": sources,
@@ -247,10 +249,9 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             heads[f"{label} P"], details[f"{label} P"] = r.positional, f"positional logits, {where}"
         if r.sinks is not None and len(heads) > first:
             sinks[list(heads)[first]] = list(r.sinks["share_per_head"])  # type: ignore[call-overload]
-    counts = {r.n_layers for r in results}
     title = "Diagnostics per head"
     if one_layer:
-        title += ", " + layer_text(next(iter(layers)), next(iter(counts)) if len(counts) == 1 else None)
+        title += ", " + literal(_shared_layer_text(results))
     figure = diagnostics_figure(heads, style=style, details=details, title=title, sinks=sinks,
                                 epsilon=SINK_EPSILON)  # fmt: skip
     written = save_figure(figure, out_dir / "diagnostics", formats, dpi=dpi, info=info, style=style, staged=staged)
@@ -263,7 +264,7 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
         suptitle = figure_title(f"{scheme_title(r.name)} bias by distance", layer=r.layer, n_layers=r.n_layers,
                                 seq_len=r.seq_len, which=profile_note(r.samples, r.bias_only),
                                 details=["std 0 at every distance" if flat else None],
-                                trained=literal(r.trained) if r.trained else None)  # fmt: skip
+                                trained=literal(r.trained) if r.trained else None, made_by=r.made_by)  # fmt: skip
         fig = profile_grid(r.heads, style=style, color=PALETTE[k % len(PALETTE)], suptitle=suptitle)
         info = {
             "title": f"{r.name} bias against distance (layer {r.layer}, {r.samples} samples)",
@@ -285,10 +286,21 @@ def _draw(results: list[_FileResult], out_dir: Path, formats: list[str], style: 
             title = figure_title(f"{scheme_title(r.name)} diagnostics over training", layer=r.layer,
                                  n_layers=r.n_layers, seq_len=r.seq_len,
                                  which=samples_text(r.samples, bias_only=r.bias_only),
-                                 trained=literal(r.trained) if r.trained else None)  # fmt: skip
+                                 trained=literal(r.trained) if r.trained else None, made_by=r.made_by)  # fmt: skip
             written += save_figure(over_training(r.sweep, style=style, title=title), stem, formats, dpi=dpi, info=info,
                                    style=style, staged=staged)  # fmt: skip
     return written
+
+
+def _shared_layer_text(results: list[_FileResult]) -> str:
+    """The one layer every file's diagnostics were taken at, as figure text counts it: with the model's layer count
+    where the files agree on it, and the module that made the call where every file is a traced model's and names
+    the same one."""
+    from biasviz.plotting.titles import layer_text
+
+    counts, owners = {r.n_layers for r in results}, {r.made_by for r in results}
+    return layer_text(results[0].layer, counts.pop() if len(counts) == 1 else None,
+                      owners.pop() if len(owners) == 1 else None)
 
 
 def _captions(results: list[_FileResult], out_dir: Path, staged: Staged, one_layer: bool, sinks: bool) -> list[Path]:
@@ -296,13 +308,12 @@ def _captions(results: list[_FileResult], out_dir: Path, staged: Staged, one_lay
     beside each file's own figures; every value read from a file escaped (:mod:`biasviz.plotting.caption`)."""
     from biasviz.plotting.caption import PROFILE_QUANTITIES, Caption, diagnostics_caption, write_caption
     from biasviz.plotting.profiles import profile_note
-    from biasviz.plotting.titles import layer_text, samples_text
+    from biasviz.plotting.titles import samples_text
     from biasviz.store import open_bias_file
 
     with contextlib.ExitStack() as stack:
         files = [stack.enter_context(open_bias_file(r.path)) for r in results]
-        first = results[0]
-        layer = layer_text(first.layer, first.n_layers) if one_layer else None
+        layer = _shared_layer_text(results) if one_layer else None
         entries = [(r.name, bf, r.measured_on() if one_layer else f"layer {r.layer}, {r.measured_on()}")
                    for r, bf in zip(results, files, strict=True)]  # fmt: skip
         written = [write_caption(out_dir / "diagnostics", diagnostics_caption(entries, layer, sinks), staged)]

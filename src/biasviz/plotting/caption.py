@@ -229,7 +229,7 @@ def diagnostics_caption(entries: Sequence[tuple[str, BiasFile, str]], layer: str
         what += ", and the sink share (the mean attention weight on key 0)"
     lines = [what + r"; on a symmetric-log axis, values below $10^{-6}$ (float rounding) drawn hollow at 0."]
     if layer:
-        lines.append(latex_escape(layer.capitalize()) + ".")
+        lines.append(latex_escape(sentence_case(layer)) + ".")
     for name, bf, measured in entries:
         lines.append(f"\\texttt{{{latex_escape(name)}}}: " + "; ".join(model_clauses(bf, bf.scheme)) +
                      f"; {latex_escape(measured)}.")  # fmt: skip
