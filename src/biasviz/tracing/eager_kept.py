@@ -17,25 +17,25 @@ def eager_operands(x: torch.Tensor, s: Scores, learned: bool = False) -> SdpaOpe
     in float32 (so that rows formed again from q and k are the model's own, to rounding); None where they cannot be
     formed again that way (another note, moved cells, a lower precision, q and k that cannot be followed, a softcap
     beside sink columns). ``learned``: a term made from the model's parameters is a bias even where it holds zeros."""
-    heads = s.folded_heads(tuple(x.shape))
-    x4 = _bhqk(x, heads)
+    folded = s.folded_heads(tuple(x.shape))  # (B·H, Tq, Tk) scores: the heads their own view on the way unfolds
+    x4 = _bhqk(x, folded)
     start, stop = s.columns if s.columns is not None else (0, x4.shape[-1])
     keys = x4[..., start:stop]
     kept = keys > _threshold(x.dtype)
-    capped = s.capped_at is not None and s.columns is None and _masks_only(s.bias(), kept, x.shape, heads)
+    capped = s.capped_at is not None and s.columns is None and _masks_only(s.bias(), kept, x.shape, folded)
     pair = s.q_and_k() if not s.moved and (not s.note or capped) else None
     if pair is None or x.dtype != torch.float32 or any(t.dtype != torch.float32 for t in pair):
         return None
     if pair[0].shape[:-1] != x.shape[:-1] or pair[1].shape[-2] != stop - start:
         return None
-    q, k = _bhqk(pair[0], heads), _bhqk(pair[1], heads)
+    q, k = _bhqk(pair[0], folded), _bhqk(pair[1], folded)
     if capped:  # the softcap c: the scale met at the tanh is scale / c (the factors cancel in s.scale)
         assert s.capped_at is not None
         return SdpaOperands(q, k, kept, None, float(s.scale), softcap=float(s.scale) / s.capped_at)
     added = s.bias()
     additive = None
     if added is not None:
-        additive = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]), heads)
+        additive = _bhqk(added.expand(*x.shape[:-1], added.shape[-1]), folded)
         if additive.shape[-1] == x4.shape[-1]:  # added after a cat with sink columns: the keys' part
             additive = additive[..., start:stop]
         learned = learned or any(t.learned for t in s.terms)
