@@ -202,3 +202,23 @@ def test_a_summary_switches_to_scores_and_positional_logits(tmp_path: Path) -> N
         assert np.array_equal(shown, f["layer_1/scores"][0, 0], equal_nan=True)
     with pytest.raises(BiasvizError, match="hold no positional"):
         biasviz.explore(tmp_path / "full.h5", kind="positional")
+
+
+def test_a_traced_file_s_layers_are_named_as_its_calls_and_their_modules(tmp_path: Path,
+                                                                        make_bias_file: Callable[..., Path]) -> None:
+    """A traced model's layers are its attention calls (``call_modules``, data from the file): the page names each
+    call and the module that made it; two files whose modules differ name both; a file of layers says "layer"."""
+    owners = ["model.layers.0.self_attn", "model.layers.0.self_attn", "model.layers.1.<b>attn</b>"]
+    traced = make_bias_file(tmp_path / "traced.h5", "alibi", n=2, t=16, layers=(1, 2),
+                            attrs={"n_layers": 3, "call_modules": json.dumps(owners)})  # fmt: skip
+    other = make_bias_file(tmp_path / "other.h5", "alibi", n=2, t=16, layers=(1, 2),
+                           attrs={"n_layers": 3, "call_modules": json.dumps(["a", "b", "c"])})  # fmt: skip
+    plain = make_bias_file(tmp_path / "plain.h5", "alibi", n=2, t=16, layers=(1, 2))
+    names = build_page_data([traced]).payload["layer_names"]
+    assert names == {"1": "attention call 1 (model.layers.0.self_attn)",
+                     "2": "attention call 2 (model.layers.1.<b>attn</b>)"}  # fmt: skip
+    assert build_page_data([plain]).payload["layer_names"] == {"1": "layer 1", "2": "layer 2"}
+    both = build_page_data([traced, other]).payload["layer_names"]
+    assert both["1"] == "attention call 1 (A: model.layers.0.self_attn, B: b)"
+    mixed = build_page_data([traced, plain]).payload["layer_names"]
+    assert mixed["2"] == "attention call 2 (A: model.layers.1.<b>attn</b>, B: a layer)"

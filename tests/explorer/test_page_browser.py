@@ -276,3 +276,22 @@ def test_two_files_side_by_side_and_their_difference(driver: object, files: dict
     driver.save_screenshot(str(shot))
     assert shot.stat().st_size > 20_000
     assert console_errors(driver) == []
+
+
+def test_a_traced_file_s_calls_are_named_with_their_modules_as_text(driver: object, tmp_path: Path,
+                                                                    make_bias_file: Callable[..., Path]) -> None:
+    """A traced model's layers are its attention calls: the layer menu and the line above the heads name each call and
+    the module that made it, as the file records it; a name is text, never markup."""
+    owners = ["model.layers.0.self_attn", "model.layers.0.self_attn", "model.layers.1.<i>attn</i>"]
+    path = make_bias_file(tmp_path / "traced.h5", "alibi", n=2, t=16, layers=(1, 2),
+                          attrs={"n_layers": 3, "call_modules": json.dumps(owners)})  # fmt: skip
+    page = biasviz.explore(path).save(tmp_path / "traced.html")
+    open_page(driver, page)
+    options = Select(driver.find_element(By.ID, "layer")).options
+    assert [o.text for o in options] == ["attention call 1 (model.layers.0.self_attn)",
+                                         "attention call 2 (model.layers.1.<i>attn</i>)"]  # fmt: skip
+    assert "· attention call 2 (model.layers.1.<i>attn</i>) ·" in driver.find_element(By.ID, "where").text
+    assert driver.find_elements(By.CSS_SELECTOR, "#where i, select i") == []
+    choose(driver, "layer", "1")
+    assert "· attention call 1 (model.layers.0.self_attn) ·" in driver.find_element(By.ID, "where").text
+    assert console_errors(driver) == []

@@ -126,6 +126,20 @@ class _Builder:
                                "compared step by step; compare two sweeps of the same steps, or two single files")
         return steps[0]
 
+    def _layer_name(self, layer: int) -> str:
+        """How the page names ``layer``: "layer 3", or a traced model's "attention call 3 (its module)", since its
+        layers are its calls (docs/models.md); each file's module where two files' differ. Text, never markup."""
+        from biasviz.plotting.titles import made_by
+
+        owners = [made_by(f, layer) for f in self.files]
+        if all(owner is None for owner in owners):
+            return f"layer {layer}"
+        said = ["a layer" if owner is None else owner or "the model itself" for owner in owners]
+        if len(set(said)) == 1:
+            return f"attention call {layer} ({said[0]})"
+        labels = ", ".join(f"{label}: {owner}" for label, owner in zip("AB", said, strict=False))
+        return f"attention call {layer} ({labels})"
+
     def _layers(self, layer: int | None) -> list[int]:
         if layer is not None:
             resolved = [f.resolve_layer(layer) for f in self.files]
@@ -226,6 +240,7 @@ class _Builder:
             "seq_len": a.seq_len,
             "causal": a.causal,
             "layers": self.layers,
+            "layer_names": {str(layer): self._layer_name(layer) for layer in self.layers},
             "kinds": self.kinds,
             "sources": sources,
             "steps": self.steps,

@@ -220,6 +220,11 @@ function profileOf(source, head) {
   return { d0: p.d0, mean: new Float32Array(base64Bytes(p.mean).buffer), std: new Float32Array(base64Bytes(p.std).buffer) };
 }
 
+// How the page names a layer: "layer 3", or a traced model's "attention call 3 (its module)" (page data, as text).
+function layerName(layer) {
+  return (DATA.layer_names && DATA.layer_names[String(layer)]) || `layer ${layer}`;
+}
+
 // What the page shows, in words, above the controls: file, step, layer, sample and kind.
 function describeView() {
   const path = (label) => DATA.sources.find((s) => s.label === label).path;
@@ -228,7 +233,7 @@ function describeView() {
   const step = STEPS ? ` · step ${STEPS[state.step]} (checkpoint ${state.step} of ${STEPS.length}, from 0)` : "";
   const sample = SUMMARY ? "mean over samples" : state.sample === "mean" ? "mean over samples" : `sample ${state.sample}`;
   const kind = KIND_NAMES[state.kind] || state.kind;
-  $("where").textContent = `${shown}${step} · layer ${state.layer} · ${sample} · ${kind}`;
+  $("where").textContent = `${shown}${step} · ${layerName(state.layer)} · ${sample} · ${kind}`;
 }
 
 async function draw() {
@@ -369,7 +374,7 @@ function setup() {
   $("source").closest("label").hidden = DATA.sources.length === 1;
   if (STEPS) fill($("step"), STEPS.map((s, k) => [k, `step ${s}`]), state.step);
   $("step").closest("label").hidden = !STEPS;
-  fill($("layer"), DATA.layers.map((l) => [l, `layer ${l}`]), state.layer);
+  fill($("layer"), DATA.layers.map((l) => [l, layerName(l)]), state.layer);
   fill($("kind"), DATA.kinds.map((k) => [k, KIND_NAMES[k] || k]), state.kind);
   fill($("focus-head"), Array.from({ length: H }, (_, k) => [k + 1, `head ${k + 1}`]), 1);
   refreshSamples();

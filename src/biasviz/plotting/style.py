@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Iterator
 
 from biasviz.common.errors import BiasvizError
@@ -145,13 +146,22 @@ def literal(text: str) -> str:
     return str(text).replace("$", r"\$")
 
 
+#: A space beside a relation or an operator between two terms ("T = 64", "i − j", "d ≤ 8"): a line never breaks there,
+#: so a title never reads "T" at the end of a line and "= 64" at the start of the next
+_BOUND = re.compile(r"(?<=\S) ([=≠<>≤≥≈−+×·]) (?=\S)")
+_NO_BREAK = "\u00a0"  # not a place where textwrap breaks (it breaks at ASCII whitespace only)
+
+
 def wrap_title(text: str, width_in: float, size: float | None = None) -> str:
     """``text`` broken into lines that fit ``width_in`` inches at ``size`` points (serif text averages about
-    half an em per character), so that a figure's title never runs past its edges at a narrow style."""
+    half an em per character), so that a figure's title never runs past its edges at a narrow style; a line breaks
+    between terms, never inside "name = value" (:data:`_BOUND`)."""
     import textwrap
 
     size = size or font_sizes(width_in)["base"]
-    return textwrap.fill(text, max(20, int(width_in * 72 / (0.47 * size))), break_on_hyphens=False)
+    bound = _BOUND.sub(lambda m: f"{_NO_BREAK}{m.group(1)}{_NO_BREAK}", text)
+    wrapped = textwrap.fill(bound, max(20, int(width_in * 72 / (0.47 * size))), break_on_hyphens=False)
+    return wrapped.replace(_NO_BREAK, " ")
 
 
 @contextlib.contextmanager
