@@ -30,6 +30,29 @@ TINY = {  # what makes a config tiny, in each spelling transformers' configs use
     "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "rotary_dim": 8, "qk_rope_head_dim": 8,
     "qk_nope_head_dim": 8, "v_head_dim": 16, "kv_lora_rank": 16, "q_lora_rank": 32, "pad_token_id": 0,
     "bos_token_id": 1, "eos_token_id": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "num_encoder_layers": 2, "num_decoder_layers": 2,
+}  # fmt: skip
+# what an architecture needs beside TINY to be built small (None: leave the config's own value), and variants of one
+# model_type that attend in another way (Falcon's ALiBi, its newer decoder), run as rows of their own
+OWN: dict[str, tuple[str, dict]] = {
+    "falcon": ("falcon", {"head_dim": None}),
+    "falcon+alibi": ("falcon", {"head_dim": None, "alibi": True}),
+    "falcon+new_decoder": ("falcon", {"head_dim": None, "new_decoder_architecture": True, "num_kv_heads": 2}),
+    "gpt_neo": ("gpt_neo", {"attention_types": [[["global", "local"], 1]], "window_size": 16}),
+    "jamba": ("jamba", {"attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1,
+                        "expert_layer_period": 2}),
+    "bamba": ("bamba", {"attn_layer_indices": [1]}),
+    "granitemoehybrid": ("granitemoehybrid", {"layer_types": ["linear_attention", "attention"]}),
+    "recurrent_gemma": ("recurrent_gemma", {"block_types": ["recurrent", "attention"]}),
+    "qwen4_exp_text": ("qwen4_exp_text", {"layer_types": ["linear_attention", "indexed_attention"]}),
+    "prophetnet": ("prophetnet", {"num_hidden_layers": None}),
+    "gemma3n_text": ("gemma3n_text", {"num_kv_shared_layers": 0}),
+    "dbrx": ("dbrx", {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000, "clip_qkv": 8},
+                      "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}}),
+    "zamba2": ("zamba2", {"layers_block_type": ["mamba", "hybrid"]}),
+    "zamba": ("zamba", {"layers_block_type": ["mamba", "hybrid"], "attn_layer_period": 2, "attn_layer_offset": 1}),
+    "reformer": ("reformer", {"is_decoder": True}),
 }  # fmt: skip
 
 ONE = r"""
@@ -39,14 +62,25 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import biasviz
 from biasviz.common.errors import BiasvizError
 warnings.filterwarnings("ignore")
-name, folder, tiny, T, N, check = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:7])
-row = {"name": name}
+row_name, folder, tiny, T, N, check = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:7])
+name, own = json.loads(sys.argv[7])
+row = {"name": row_name}
 try:
     base = AutoConfig.for_model(name)
-    kw = {k: v for k, v in tiny.items() if hasattr(base, k)}
+    def has(key):  # a per-layer attribute (Gemma 4's head_dim) is one too, though reading it globally raises
+        try:
+            return hasattr(base, key)
+        except Exception:
+            return True
+    kw = {k: v for k, v in tiny.items() if has(k)}
+    if getattr(base, "kv_lora_rank", None):  # latent attention (DeepSeek's MLA): a key head a query head, rope dims
+        kw.update(num_key_value_heads=tiny["num_attention_heads"], head_dim=tiny["qk_rope_head_dim"])
+    kw.update({k: v for k, v in own.items() if v is not None})
+    for k in [k for k, v in own.items() if v is None]:
+        kw.pop(k, None)
     if getattr(base, "sliding_window", None) is None:
         kw.pop("sliding_window", None)
-    types = list(getattr(base, "layer_types", None) or [])
+    types = [] if own else list(getattr(base, "layer_types", None) or [])  # a config set by hand: as it is
     tries = [kw]
     if types:  # a hybrid: its layers up to the first full attention, at most 4 (else as its config gives them)
         full = [i for i, t in enumerate(types) if t == "full_attention"]
@@ -64,8 +98,17 @@ try:
             top = min(250, int(getattr(config, "vocab_size", 256) or 256))
             ids = np.random.default_rng(0).integers(3, top, size=(N, T))
             eager = AutoModelForCausalLM.from_pretrained(f"{folder}/model", attn_implementation="eager").eval()
+            if name == "falcon" and config.alibi:  # its eager path adds ALiBi twice, its SDPA path (and RW's) once:
+                def once(module, args, kwargs):  # the reference is the model as run, the mask's copy left out
+                    mask = kwargs.get("attention_mask")
+                    if mask is not None and mask.dtype != torch.bool:
+                        kwargs["attention_mask"] = mask.masked_fill(mask >= -1, 0.0)
+                    return args, kwargs
+                for block in eager.transformer.h:
+                    block.self_attention.register_forward_pre_hook(once, with_kwargs=True)
             with torch.no_grad():
-                out = eager(torch.from_numpy(ids), output_attentions=True, output_hidden_states=bool(check))
+                out = eager(torch.from_numpy(ids), output_attentions=True, output_hidden_states=bool(check),
+                            use_cache=False)  # a hybrid's cache of its own may refuse an attention-only count
             break
         except Exception:
             if at == len(tries) - 1:
@@ -75,7 +118,7 @@ try:
         try:
             sdpa = AutoModelForCausalLM.from_pretrained(f"{folder}/model", attn_implementation="sdpa").eval()
             with torch.no_grad():
-                other = sdpa(torch.from_numpy(ids), output_hidden_states=True).hidden_states
+                other = sdpa(torch.from_numpy(ids), output_hidden_states=True, use_cache=False).hidden_states
             row["paths"] = max(float((a - b).abs().max()) for a, b in zip(out.hidden_states, other))
         except ValueError:  # no SDPA path: biasviz runs it eager too
             row["paths"] = 0.0
@@ -121,7 +164,7 @@ def names() -> list[str]:
     """Every model_type with a causal-LM class in the installed transformers."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    return sorted({*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *OWN})
 
 
 def run_one(name: str, check: bool, limit: float) -> dict:
@@ -129,7 +172,8 @@ def run_one(name: str, check: bool, limit: float) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         try:
             got = subprocess.run([sys.executable, "-c", ONE, name, folder, json.dumps(TINY), str(T), str(N),
-                                  str(int(check))], capture_output=True, text=True, timeout=limit)  # fmt: skip
+                                  str(int(check)), json.dumps(OWN.get(name, (name, {})))],
+                                 capture_output=True, text=True, timeout=limit)  # fmt: skip
         except subprocess.TimeoutExpired:
             return {"name": name, "failed": f"more than {limit:g} s"}
     lines = [line for line in got.stdout.splitlines() if line.startswith("{")]

@@ -211,9 +211,17 @@ CONFIG_SIZES = ("n_head", "num_attention_heads", "num_heads", "n_heads", "num_ke
                 "vocab_size", "n_positions", "max_position_embeddings", "intermediate_size", "n_inner")  # fmt: skip
 
 
+def _size(value: Any) -> bool:
+    """An integer of at least 1, or a non-empty list of them: one a layer (Gemma 3n's ``intermediate_size``)."""
+    if isinstance(value, list):
+        return bool(value) and all(type(v) is int and v >= 1 for v in value)
+    return type(value) is int and value >= 1
+
+
 def check_config_sizes(directory: Path) -> None:
-    """Refuse a config.json whose model sizes (:data:`CONFIG_SIZES`) are not integers of at least 1, before any
-    library builds a model from them; an absent or null size is left to the model's default."""
+    """Refuse a config.json whose model sizes (:data:`CONFIG_SIZES`) are not integers of at least 1 (or lists of
+    them, one a layer), before any library builds a model from them; an absent or null size is left to the model's
+    default."""
     from biasviz.common.jsondoc import loads
 
     path = directory / "config.json"
@@ -228,7 +236,7 @@ def check_config_sizes(directory: Path) -> None:
     for table in tables:  # the top level and nested configs (text_config, decoder, ...)
         for key in CONFIG_SIZES:
             value = table.get(key)
-            if value is not None and not (type(value) is int and value >= 1):
+            if value is not None and not _size(value):
                 raise BiasvizError(f"{path}: {key} = {value!r}, where a model needs an integer of at least 1; "
                                    "the checkpoint's config is damaged")  # fmt: skip
 
