@@ -58,12 +58,21 @@ OWN: dict[str, tuple[str, dict]] = {
 ONE = r"""
 import json, re, sys, warnings
 import numpy as np, torch, h5py
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 import biasviz
 from biasviz.common.errors import BiasvizError
 warnings.filterwarnings("ignore")
 row_name, folder, tiny, T, N, check = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:7])
 name, own = json.loads(sys.argv[7])
+seq2seq = sys.argv[8] == "seq2seq"
+Auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+def inputs(ids, config):  # an encoder-decoder's decoder reads the window shifted right behind its start token
+    if not seq2seq:
+        return {"input_ids": torch.from_numpy(ids)}
+    start = getattr(config, "decoder_start_token_id", None)
+    start = config.pad_token_id if start is None else start
+    shifted = np.concatenate([np.full((len(ids), 1), start), ids[:, :-1]], axis=1)
+    return {"input_ids": torch.from_numpy(ids), "decoder_input_ids": torch.from_numpy(shifted)}
 row = {"name": row_name}
 try:
     base = AutoConfig.for_model(name)
@@ -91,13 +100,13 @@ try:
             config = AutoConfig.for_model(name, **kwargs)
             torch.manual_seed(0)
             try:
-                model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+                model = Auto.from_config(config, attn_implementation="sdpa")
             except ValueError:  # no SDPA path in transformers for it
-                model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+                model = Auto.from_config(config, attn_implementation="eager")
             model.save_pretrained(f"{folder}/model")
             top = min(250, int(getattr(config, "vocab_size", 256) or 256))
             ids = np.random.default_rng(0).integers(3, top, size=(N, T))
-            eager = AutoModelForCausalLM.from_pretrained(f"{folder}/model", attn_implementation="eager").eval()
+            eager = Auto.from_pretrained(f"{folder}/model", attn_implementation="eager").eval()
             if name == "falcon" and config.alibi:  # its eager path adds ALiBi twice, its SDPA path (and RW's) once:
                 def once(module, args, kwargs):  # the reference is the model as run, the mask's copy left out
                     mask = kwargs.get("attention_mask")
@@ -107,19 +116,25 @@ try:
                 for block in eager.transformer.h:
                     block.self_attention.register_forward_pre_hook(once, with_kwargs=True)
             with torch.no_grad():
-                out = eager(torch.from_numpy(ids), output_attentions=True, output_hidden_states=bool(check),
+                out = eager(**inputs(ids, config), output_attentions=True, output_hidden_states=bool(check),
                             use_cache=False)  # a hybrid's cache of its own may refuse an attention-only count
             break
         except Exception:
             if at == len(tries) - 1:
                 raise
-    attentions = out.attentions or ()
+    if seq2seq:  # the calls in the order the model makes them: the encoder's, then each decoder layer's self and cross
+        pairs = zip(out.decoder_attentions or (), out.cross_attentions or ())
+        attentions = [*(out.encoder_attentions or ()), *(a for pair in pairs for a in pair)]
+    else:
+        attentions = out.attentions or ()
     if check:
         try:
-            sdpa = AutoModelForCausalLM.from_pretrained(f"{folder}/model", attn_implementation="sdpa").eval()
+            sdpa = Auto.from_pretrained(f"{folder}/model", attn_implementation="sdpa").eval()
             with torch.no_grad():
-                other = sdpa(torch.from_numpy(ids), output_hidden_states=True, use_cache=False).hidden_states
-            row["paths"] = max(float((a - b).abs().max()) for a, b in zip(out.hidden_states, other))
+                got = sdpa(**inputs(ids, config), output_hidden_states=True, use_cache=False)
+            def both(o):
+                return o.encoder_hidden_states + o.decoder_hidden_states if seq2seq else o.hidden_states
+            row["paths"] = max(float((a - b).abs().max()) for a, b in zip(both(out), both(got)))
         except ValueError:  # no SDPA path: biasviz runs it eager too
             row["paths"] = 0.0
 except Exception as exc:
@@ -160,19 +175,22 @@ print(json.dumps(row))
 """
 
 
-def names() -> list[str]:
-    """Every model_type with a causal-LM class in the installed transformers."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+def names(family: str = "causal") -> list[str]:
+    """Every model_type with a causal-LM class (or, ``seq2seq``, an encoder-decoder one) in the installed
+    transformers."""
+    from transformers.models.auto import modeling_auto
 
-    return sorted({*MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *OWN})
+    if family == "seq2seq":
+        return sorted(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    return sorted({*modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *OWN})
 
 
-def run_one(name: str, check: bool, limit: float) -> dict:
+def run_one(name: str, check: bool, limit: float, family: str = "causal") -> dict:
     """One architecture in a process of its own (a model that breaks the interpreter breaks only its row)."""
     with tempfile.TemporaryDirectory() as folder:
         try:
             got = subprocess.run([sys.executable, "-c", ONE, name, folder, json.dumps(TINY), str(T), str(N),
-                                  str(int(check)), json.dumps(OWN.get(name, (name, {})))],
+                                  str(int(check)), json.dumps(OWN.get(name, (name, {}))), family],
                                  capture_output=True, text=True, timeout=limit)  # fmt: skip
         except subprocess.TimeoutExpired:
             return {"name": name, "failed": f"more than {limit:g} s"}
@@ -199,19 +217,23 @@ def row_text(row: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", help="comma-separated model_types (default: every causal-LM model_type)")
+    parser.add_argument("--only", help="comma-separated model_types (default: every one of --family)")
+    parser.add_argument("--family", choices=("causal", "seq2seq"), default="causal",
+                        help="causal LMs, or encoder-decoders: every call of the encoder and the decoder, compared in "
+                        "the order the model makes them (its encoder's, then each decoder layer's self and cross "
+                        "attention; T5's own adapter: the encoder's)")  # fmt: skip
     parser.add_argument("--check-paths", action="store_true", help="also the gap between eager and SDPA's hidden "
                         "states (transformers' own), which the differences include")  # fmt: skip
     parser.add_argument("--limit", type=float, default=300.0, help="seconds per architecture")
     parser.add_argument("--json", type=Path, help="also write every row to this file")
     args = parser.parse_args()
-    chosen = args.only.split(",") if args.only else names()
+    chosen = args.only.split(",") if args.only else names(args.family)
     print(f"{len(chosen)} architectures, T = {T}, N = {N}; max |weights - output_attentions| (full file) and max "
           "|weights_mean - their mean| (summary, every causal cell)\n")
     print("| model_type | calls (modules) | full | summary | note |\n| --- | --- | --- | --- | --- |")
     rows = []
     for name in chosen:
-        rows.append(run_one(name, args.check_paths, args.limit))
+        rows.append(run_one(name, args.check_paths, args.limit, args.family))
         print(row_text(rows[-1]), flush=True)
     compared = [r for r in rows if "full" in r]
     print(f"\n{len(compared)} compared, {sum('refused' in r for r in rows)} refused, "

@@ -164,3 +164,60 @@ def test_xglm_s_heads_folded_into_the_batch_are_its_heads(tmp_path: Path) -> Non
             np.testing.assert_allclose(full[f"layer_{layer}/weights"][...], want[layer], rtol=0, atol=1e-6)
             mean = summary[f"layer_{layer}/weights_mean"][...]
             np.testing.assert_allclose(mean[:, causal], want[layer].mean(0)[:, causal], rtol=0, atol=1e-6)
+
+
+def test_an_encoder_decoder_with_a_bias_keeps_each_call_s_own_rule(tmp_path: Path) -> None:
+    """UMT5 adds its relative bias in every self-attention: the encoder's see every key, the decoder's only keys up
+    to the query, and cross attention adds nothing. A full file of every call holds each call as transformers' eager
+    ``output_attentions`` gives it (the encoder's calls, then each decoder layer's self and cross attention), the
+    decoder's bias as the model's own ``compute_bias``, NaN past the query; a summary the same means; plots and
+    diagnostics read each layer by its own rule. (Before: "the captured bias of layer 2 contains NaN or infinite
+    values", and the summary a TypeError.)"""
+    import h5py
+    import numpy as np
+    import transformers as tf
+
+    import biasviz
+    from biasviz.store import open_bias_file
+
+    config = tf.UMT5Config(vocab_size=V, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2,
+                           decoder_start_token_id=0, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    tf.UMT5ForConditionalGeneration(config).save_pretrained(tmp_path / "umt5")
+    ids = np.random.default_rng(0).integers(3, V, size=(3, 12))
+    biasviz.extract(tmp_path / "umt5", ids, tmp_path / "full.h5", layers="all", progress=False)
+    biasviz.extract(tmp_path / "umt5", ids, tmp_path / "sum.h5", layers="all", summary=True, resolution=12,
+                    progress=False)  # fmt: skip
+    model = tf.UMT5ForConditionalGeneration.from_pretrained(tmp_path / "umt5", attn_implementation="eager").eval()
+    shifted = torch.from_numpy(np.hstack([np.zeros((3, 1), dtype=ids.dtype), ids[:, :-1]]))  # behind its start, 0
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(ids), decoder_input_ids=shifted, output_attentions=True, use_cache=False)
+    pairs = zip(out.decoder_attentions, out.cross_attentions, strict=True)
+    calls = [*out.encoder_attentions, *(a for pair in pairs for a in pair)]
+    above = np.triu(np.ones((12, 12), dtype=bool), 1)
+    with h5py.File(tmp_path / "full.h5") as full, h5py.File(tmp_path / "sum.h5") as summary:
+        for call, want in enumerate(calls):
+            weights = full[f"layer_{call}/weights"][...]
+            np.testing.assert_allclose(weights, want.numpy(), atol=1e-6)
+            mean = summary[f"layer_{call}/weights_mean"][...]  # NaN where the call attends no cell (past the query)
+            assert np.array_equal(np.isnan(mean), np.broadcast_to(above if call in (2, 4) else False, mean.shape))
+            np.testing.assert_allclose(mean[~np.isnan(mean)], weights.mean(0)[~np.isnan(mean)], atol=1e-6)
+        for call, block in ((2, model.decoder.block[0]), (4, model.decoder.block[1])):
+            assert full[f"layer_{call}"].attrs["causal"]  # its own rule, in a file whose others see every key
+            bias = full[f"layer_{call}/bias"][...]
+            own = block.layer[0].SelfAttention.compute_bias(12, 12, device="cpu")[0].detach().numpy()
+            assert np.isnan(bias[..., above]).all()
+            np.testing.assert_allclose(bias[..., ~above], np.broadcast_to(own, bias.shape)[..., ~above], atol=1e-6)
+        assert "causal" not in full["layer_1"].attrs and not full.attrs["causal"]
+    with open_bias_file(tmp_path / "full.h5") as bf:
+        assert [bf.layer_causal(layer) for layer in range(6)] == [False, False, True, False, True, False]
+    fig = biasviz.plot(tmp_path / "full.h5", kind="bias", layer=2)  # a causal layer's NaN is its mask, not damage
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    from click.testing import CliRunner
+
+    from biasviz.cli import cli
+
+    said = CliRunner().invoke(cli, ["info", str(tmp_path / "full.h5")]).output
+    assert "layers 2, 4: causal" in said, said

@@ -222,3 +222,15 @@ def test_a_traced_file_s_layers_are_named_as_its_calls_and_their_modules(tmp_pat
     assert both["1"] == "attention call 1 (A: model.layers.0.self_attn, B: b)"
     mixed = build_page_data([traced, plain]).payload["layer_names"]
     assert mixed["2"] == "attention call 2 (A: model.layers.1.<b>attn</b>, B: a layer)"
+
+
+def test_each_layer_s_own_rule_reaches_the_page(tmp_path: Path, make_bias_file: Callable[..., Path]) -> None:
+    """A full file whose calls differ (an encoder-decoder's causal decoder self-attention beside calls that see every
+    key) gives the page each layer's rule: its read-out says "masked (key after query)" by the layer's."""
+    path = make_bias_file(tmp_path / "mixed.h5", "alibi", n=2, t=16, layers=(1, 2))
+    with h5py.File(path, "a") as f:
+        f.attrs["causal"] = False
+        f["layer_1/bias"][...] = np.nan_to_num(f["layer_1/bias"][...], nan=0.5)  # layer 1 sees every key
+        f["layer_2"].attrs["causal"] = True
+    payload = build_page_data([path]).payload
+    assert payload["causal"] is False and payload["layer_causal"] == {"1": False, "2": True}

@@ -48,3 +48,23 @@ def test_a_layer_unlike_its_header_is_one_error(tmp_path: Path, edit: object, sa
         edit(f["layer_2"])  # type: ignore[operator]
     with pytest.raises(BiasvizError, match=said):
         open_bias_file(path)
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    (True, None), (np.int64(0), None), ("yes", "attribute 'causal' should be true or false"),
+    (np.array([1, 0]), "attribute 'causal' should be true or false"),
+])  # fmt: skip
+def test_a_layer_s_own_rule_is_a_flag_or_refused(tmp_path: Path, value: object, said: str | None) -> None:
+    """A layer group's ``causal`` (an encoder-decoder's decoder self-attention in a file whose others see every key)
+    is data from the file: a flag, or one error on opening."""
+    bias = alibi(N, H, T)
+    path = write_full(tmp_path / "f.h5", "alibi", bias, weights_of(bias), layer=2)
+    with h5py.File(path, "a") as f:
+        f.attrs["causal"] = not bool(value) if said is None else False
+        f["layer_2"].attrs["causal"] = value
+    if said is not None:
+        with pytest.raises(BiasvizError, match=said):
+            open_bias_file(path)
+        return
+    with open_bias_file(path) as f:
+        assert f.layer_causal(2) == bool(value) and f.causal != bool(value)

@@ -18,10 +18,11 @@ from tests.store.small_files import _attrs as store_attrs
 T, H = 24, 12
 
 
-def deflated_chunk(matrix: np.ndarray, kind: str, dtype: str) -> bytes:
-    """HDF5's shuffle + deflate of one masked matrix, written from the format's definition."""
+def deflated_chunk(matrix: np.ndarray, kind: str, dtype: str, causal: bool = True) -> bytes:
+    """HDF5's shuffle + deflate of one masked matrix (by the causal rule, or none), written from the format's
+    definition."""
     m = np.array(matrix, dtype=np.float64)
-    upper = np.triu(np.ones_like(m, dtype=bool), k=1)
+    upper = np.triu(np.ones_like(m, dtype=bool), k=1) & causal
     m[upper] = np.nan if kind == "bias" else 0.0
     raw = m.astype(dtype).reshape(-1).view(np.uint8).reshape(-1, np.dtype(dtype).itemsize)
     return zlib.compress(np.ascontiguousarray(raw.T).tobytes(), 1)
@@ -72,6 +73,23 @@ def test_gpu_chunks_are_the_bytes_the_cpu_writer_stores(tmp_path, dtype: str) ->
         for s in range(2):
             want = deflated_chunk(tensors["weights", 0][s, h].numpy(), "weights", dtype)
             assert zlib.decompress(got[("weights", (s,), h)]) == zlib.decompress(want)
+
+
+@pytest.mark.cuda
+def test_gpu_chunks_keep_each_layer_s_own_rule() -> None:
+    """A bidirectional file with a causal layer (an encoder-decoder's decoder self-attention): each layer's chunks
+    masked by its own rule, as the CPU writer masks them."""
+    from biasviz.store.gpu_encode import GpuChunkEncoder
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {("bias", layer): torch.randn(1, H, T, T, generator=g) for layer in (0, 1)}
+    with GpuChunkEncoder(torch.device("cuda"), seq_len=T, storage=np.dtype("float32"), causal=False, level=1,
+                         shuffle=True, layer_causal={1: True}) as enc:  # fmt: skip
+        got = {(c.layer, c.head): c.data.result() for c in enc.encode({k: v.cuda() for k, v in tensors.items()})}
+    for layer, causal in ((0, False), (1, True)):
+        for h in range(H):
+            want = deflated_chunk(tensors["bias", layer][0, h].numpy(), "bias", "float32", causal)
+            assert zlib.decompress(got[(layer, h)]) == zlib.decompress(want)
 
 
 @pytest.mark.cuda

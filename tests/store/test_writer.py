@@ -85,6 +85,31 @@ def test_bidirectional_files_keep_every_cell(tmp_path):
         np.testing.assert_array_equal(f.read("weights", 1), weights[1])
 
 
+def test_a_layer_keeps_its_own_rule_where_the_model_s_calls_differ(tmp_path):
+    """An encoder-decoder's decoder self-attention is causal beside calls that see every key: its group says so, its
+    cells past the query are NaN in the bias and 0 in the weights (whatever was passed), and read back by that rule;
+    the file's other layers keep every cell, where a NaN is still damage."""
+    rng = np.random.default_rng(0)
+    bias = {layer: rng.normal(size=(2, H, T, T)).astype(np.float32) for layer in (0, 1)}
+    weights = {layer: rng.random((2, H, T, T)).astype(np.float32) for layer in (0, 1)}
+    above = np.triu(np.ones((T, T), dtype=bool), 1)
+    bias[1][..., above] = np.nan  # the decoder call masked them
+    args = {"attrs": _attrs(), "n_samples": 2, "n_heads": H, "seq_len": T, "layers": [0, 1], "has_bias": True,
+            "causal": False}  # fmt: skip
+    with BiasFileWriter(tmp_path / "f.h5", **args, layer_causal={0: False, 1: True}) as w:
+        w.write_batch(np.zeros((2, T)), weights, bias)
+    with h5py.File(tmp_path / "f.h5") as f:
+        assert dict(f["layer_1"].attrs) == {"causal": True} and "causal" not in f["layer_0"].attrs
+        np.testing.assert_array_equal(f["layer_1/weights"][...], np.where(above, 0.0, weights[1]))
+        np.testing.assert_array_equal(f["layer_0/bias"][...], bias[0])
+    with open_bias_file(tmp_path / "f.h5") as f:
+        assert not f.causal and (f.layer_causal(0), f.layer_causal(1)) == (False, True)
+        np.testing.assert_array_equal(f.read("bias", 1), bias[1])
+    with pytest.raises(BiasvizError, match="bias of layer 1 contains NaN"), BiasFileWriter(
+            tmp_path / "g.h5", **args) as w:  # fmt: skip
+        w.write_batch(np.zeros((2, T)), weights, bias)  # the same NaN where the layer's rule uses every cell
+
+
 def test_torch_tensors_accepted(tmp_path):
     w = torch.rand(1, H, T, T)
     with BiasFileWriter(tmp_path / "t.h5", attrs=_attrs(), n_samples=1, n_heads=H, seq_len=T, layers=[0],

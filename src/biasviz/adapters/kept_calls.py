@@ -275,6 +275,8 @@ class KeptCalls:
         if self.sinks.get(layer):  # (1, H, rows): each row's sink logit, beside the keys in the softmax
             sinks = bank.get(layer, SAMPLE_SINKS, sample, r0, r1).T[None].to(q.device)
         scores, weights = formed_rows(q, k, kept.scale, cells, bias, kept.softcap, sinks)
+        if want_bias and bias is None:  # a call that added nothing beside calls that add a bias (an encoder-decoder's
+            bias = torch.zeros(1, heads, r1 - r0, keys, device=q.device)  # cross attention): 0, as its stream sends
         return RowBlock(layer, sample, r0, weights, scores=scores, bias=bias if want_bias else None, attended=own)
 
     def _bias_of(self, layer: int, bank: Any, sample: int) -> KeptBias:

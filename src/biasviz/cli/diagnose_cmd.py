@@ -176,7 +176,7 @@ def _diagnose_file(path: Path, layer: int, normalize: str) -> _FileResult | None
                 if sweep:
                     heads = sweep[-1][1]
                 else:  # over the cells the model used: j <= i when causal, every cell when bidirectional
-                    heads = list(diagnose_dataset(bf.dataset("bias", resolved), normalize, bf.causal))
+                    heads = list(diagnose_dataset(bf.dataset("bias", resolved), normalize, bf.layer_causal(resolved)))
         except ValueError as exc:  # NaN/inf in used cells: a damaged or hand-made file
             raise BiasvizError(f"{path}: {exc}; the file is damaged; extract it again") from exc
         notes = dict.fromkeys(n.split(": ", 1)[1] for h in heads for n in h.notes)

@@ -239,6 +239,8 @@ class _Builder:
             "n_heads": a.n_heads,
             "seq_len": a.seq_len,
             "causal": a.causal,
+            # each layer's own rule where the model's calls differ (an encoder-decoder's decoder self-attention)
+            "layer_causal": {str(layer): a.layer_causal(layer) for layer in self.layers},
             "layers": self.layers,
             "layer_names": {str(layer): self._layer_name(layer) for layer in self.layers},
             "kinds": self.kinds,

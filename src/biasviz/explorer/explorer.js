@@ -225,6 +225,12 @@ function layerName(layer) {
   return (DATA.layer_names && DATA.layer_names[String(layer)]) || `layer ${layer}`;
 }
 
+// Whether a layer's call attends causally: its own rule where the file's calls differ (an encoder-decoder's).
+function layerCausal(layer) {
+  const own = DATA.layer_causal && DATA.layer_causal[String(layer)];
+  return own === undefined ? DATA.causal : own;
+}
+
 // What the page shows, in words, above the controls: file, step, layer, sample and kind.
 function describeView() {
   const path = (label) => DATA.sources.find((s) => s.label === label).path;
@@ -294,7 +300,8 @@ function blockOf(i, j) {
   const q1 = Math.min(q0 + B, T) - 1;
   const k1 = Math.min(k0 + B, T) - 1;
   let cells = 0;
-  for (let q = q0; q <= q1; q++) cells += DATA.causal ? Math.max(0, Math.min(q, k1) - k0 + 1) : k1 - k0 + 1;
+  const causal = layerCausal(state.layer);
+  for (let q = q0; q <= q1; q++) cells += causal ? Math.max(0, Math.min(q, k1) - k0 + 1) : k1 - k0 + 1;
   return { q0, q1, k0, k1, cells };
 }
 
@@ -332,7 +339,7 @@ async function readout(canvas, event) {
   if (ticket !== pending) return;
   const v = valueAt(lv, i, j);
   let value;
-  if (Number.isNaN(v)) value = DATA.causal && j > i ? "masked (key after query)" : "no value";
+  if (Number.isNaN(v)) value = layerCausal(state.layer) && j > i ? "masked (key after query)" : "no value";
   else if (lv.what) value = `value ${fmt4(v)} (${lv.what})${over}`;
   else if (lv.exact) value = `value ${fmt4(v)} (exact)${over}`;
   else if (lv.f === B) value = `value ${fmt4(v)} (16-bit, ± ${fmt4(lv.step / 2)})${over}`;

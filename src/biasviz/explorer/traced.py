@@ -72,8 +72,10 @@ def trace_file(trace: Any, *, layer: int | None = None, input_ids: Any = None,
     has_bias = all(k in biases for k in layers)
     bias = {k: _as_numpy(biases[k]) for k in layers} if has_bias else None
     above = ~np.tril(np.ones((t, t), dtype=bool))
-    causal = all(not w[..., above].any() for w in weights.values()) and (
-        bias is None or all(np.isnan(b[..., above]).all() for b in bias.values()))  # fmt: skip
+    # each call's rule as its cells say (an encoder-decoder's decoder self-attention is causal, its others are not)
+    rules = {k: not weights[k][..., above].any() and (bias is None or bool(np.isnan(bias[k][..., above]).all()))
+             for k in layers}  # fmt: skip
+    causal = all(rules.values())
     if input_ids is None:
         ids = np.full((n, t), -1, np.int32)
     else:
@@ -102,6 +104,6 @@ def trace_file(trace: Any, *, layer: int | None = None, input_ids: Any = None,
     with tempfile.TemporaryDirectory(prefix="biasviz-trace-") as folder:
         path = Path(folder) / "trace.h5"
         with BiasFileWriter(path, attrs=attrs, n_samples=n, n_heads=heads, seq_len=t, layers=layers,
-                            has_bias=has_bias, causal=causal, workers=1) as writer:  # fmt: skip
+                            has_bias=has_bias, causal=causal, layer_causal=rules, workers=1) as writer:  # fmt: skip
             writer.write_batch(ids, weights=weights, bias=bias)
         yield path

@@ -248,11 +248,11 @@ def _run(
     computed (:mod:`biasviz.store.gpu_encode`); on the CPU the writer masks, compresses and writes each batch.
     """
     n, seq_len = ids.shape
-    writer = BiasFileWriter(
-        out, attrs=meta, n_samples=n, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
-        has_bias=held["bias"], has_scores=held["scores"], dtype=dtype, force=force, causal=bool(adapter.causal),
-        bias_shared=bias_is_shared(adapter), **filters,
-    )  # fmt: skip
+    rules = {layer: adapter.layer_causal(layer) for layer in layer_list}  # each call's own (an encoder-decoder's)
+    writer = BiasFileWriter(out, attrs=meta, n_samples=n, n_heads=adapter.n_heads, seq_len=seq_len, layers=layer_list,
+                            has_bias=held["bias"], has_scores=held["scores"], dtype=dtype, force=force,
+                            causal=bool(adapter.causal), bias_shared=bias_is_shared(adapter), layer_causal=rules,
+                            **filters)  # fmt: skip
     kinds = [kind for kind, on in held.items() if on]
     agreement = SameBias() if writer.bias_shared else None
     with (
@@ -360,7 +360,8 @@ class _ChunkSink:
             from biasviz.store.gpu_encode import GpuChunkEncoder
 
             self.encoder = GpuChunkEncoder(device, seq_len=writer.seq_len, storage=writer.dtype, causal=writer.causal,
-                                           level=writer.deflate_level, shuffle=writer.shuffled)  # fmt: skip
+                                           level=writer.deflate_level, shuffle=writer.shuffled,
+                                           layer_causal=writer.layer_causal)  # fmt: skip
         self.pending: deque[tuple[int, Any]] = deque()  # (first sample of its batch, chunk), in order
 
     def __enter__(self) -> _ChunkSink:

@@ -161,7 +161,7 @@ class PlotJob:
         log = self.log_scale and kind == "weights"
         shared = log if self.shared_scale is None else self.shared_scale  # a log scale reads best as one
         fig = head_grid(heads, kind=panel_kind, shared_scale=shared, cmap=self.cmap,
-                        log=log, style=self.style, causal=bf.causal,
+                        log=log, style=self.style, causal=bf.layer_causal(heads.layer),
                         suptitle=suptitle)  # fmt: skip
         reduction = heads.reduction.describe()
         if bf.is_summary:
@@ -180,8 +180,9 @@ class PlotJob:
         if heads.reduction.factor > 1:
             details.append(f"drawn as {heads.reduction.how}s of {heads.reduction.factor} × {heads.reduction.factor} "
                            f"{'blocks' if bf.is_summary else 'cells'} (--max-cells)")  # fmt: skip
+        reading = grid_reading(fig, bf.layer_causal(heads.layer), panel_kind, shared, log)
         caption = Caption(self.scheme, QUANTITIES[panel_kind], heads.layer, which or samples_text(bf.n_samples),
-                          [d for d in details if d], grid_reading(fig, bf.causal, panel_kind, shared, log))  # fmt: skip
+                          [d for d in details if d], reading)  # fmt: skip
         return self._save(fig, out_dir / stem, formats, caption.latex(bf), dpi=dpi, info=info, style=self.style)
 
     def _draw_profile(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str],

@@ -94,9 +94,10 @@ def iter_heads(bf: BiasFile, kind: str, *, layer: int = -1, sample: int | str = 
     ds = bf.dataset(kind, resolved)
     n_samples, n_heads, seq_len = ds.shape[0], ds.shape[1], ds.shape[-1]
     samples = _samples(sample, n_samples, bf)
-    used = causal_cells(seq_len) if bf.causal else np.ones((seq_len, seq_len), bool)
-    # weights hold 0 where a causal model masks; a bidirectional model (T5 encoder) has no such cells
-    masked = ~used if kind == "weights" and bf.causal else None
+    causal = bf.layer_causal(resolved)  # the layer's own rule (an encoder-decoder's calls differ)
+    used = causal_cells(seq_len) if causal else np.ones((seq_len, seq_len), bool)
+    # weights hold 0 where a causal call masks; a bidirectional one (T5 encoder) has no such cells
+    masked = ~used if kind == "weights" and causal else None
     for h in range(n_heads):
         m = _head_std(ds, h, samples, normalize) if sample == "std" else _head_matrix(ds, h, samples)
         if not np.isfinite(m[used]).all():  # a damaged or hand-made file: never draw holes as if masked

@@ -24,7 +24,8 @@ def file_profiles(bf: BiasFile, kind: str, layer: int, normalize: str = "none") 
         mean, std = bf.profile(kind, layer)
         return Profiles(mean, std, bf.summary.profile_start, bf.n_samples)
     try:
-        return dataset_profiles(bf.dataset(kind, layer), bf.causal, normalize if kind == "bias" else "none")
+        causal = bf.layer_causal(layer)  # the layer's own rule (an encoder-decoder's calls differ)
+        return dataset_profiles(bf.dataset(kind, layer), causal, normalize if kind == "bias" else "none")
     except ValueError as exc:
         raise BiasvizError(f"{bf.path}: the {kind} of layer {layer}: {exc}; the file is damaged or was not "
                            "written by 'biasviz extract'; extract it again") from exc  # fmt: skip

@@ -49,6 +49,7 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         heads = _same(files, "head counts", lambda f: f.n_heads)
         seq_len = _same(files, "lengths", lambda f: f.seq_len)
         causal = _same(files, "masks", lambda f: f.causal)
+        rules = _same(files, "masks", lambda f: {layer: f.layer_causal(layer) for layer in f.layers})
         dtype = _same(files, "storage types", lambda f: f.attrs["dtype"])
         kinds = _same(files, "contents", lambda f: ["bias"] * f.has_bias(layers[0]) + ["weights"] * (not f.bias_only)
                       + ["scores"] * f.has_scores(layers[0]))  # fmt: skip
@@ -69,7 +70,8 @@ def combine(parts: Sequence[Path], out: Path, *, along: str, steps: Sequence[int
         writer = BiasFileWriter(out, attrs=meta, n_samples=n_samples, n_heads=heads, seq_len=seq_len, layers=layers,
                                 has_bias="bias" in kinds, has_weights="weights" in kinds, has_scores="scores" in kinds,
                                 dtype=dtype, force=force, **filters,
-                                causal=causal, checkpoints=steps if along == "checkpoint" else None,
+                                causal=causal, layer_causal=rules,
+                                checkpoints=steps if along == "checkpoint" else None,
                                 bias_shared=shared)  # fmt: skip
         with writer:
             if along == "checkpoint":

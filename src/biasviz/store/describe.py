@@ -64,6 +64,10 @@ def summary(path: Path) -> str:
         for layer in layers:
             lines += _layer_lines(f, layer, layer_group(layer))
         masked = "causal (cells after the query: bias NaN, weights 0)" if f.causal else "bidirectional (no mask)"
+        own = [layer for layer in layers if f.layer_causal(layer) != f.causal]  # an encoder-decoder's calls differ
+        if own:
+            rule = "causal (bias NaN, weights 0 past the query)" if not f.causal else "bidirectional (every cell)"
+            masked = f"{masked}; layers {', '.join(map(str, own))}: {rule}"
         if raw.get("mask") == "model":  # docs/hdf5.md, 'Attended cells': some layer's call had a mask of its own
             masked = ("the model's own in some layers (each such layer's attended share stored; cells no sample "
                       f"attends: NaN); elsewhere {masked}")  # fmt: skip

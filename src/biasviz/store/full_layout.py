@@ -5,15 +5,16 @@ or a bias stored once for every sample, :mod:`.views`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from biasviz.common.errors import BiasvizError
 from biasviz.store.format import layer_group
 from biasviz.store.header import FileHeader
-from biasviz.store.validation import AttrChecks
+from biasviz.store.validation import AttrChecks, describe
 from biasviz.store.views import OneCheckpoint, SharedSamples
 
 
@@ -24,6 +25,12 @@ class FullLayout:
     path: Path
     h5: h5py.File
     header: FileHeader
+    rules: dict[int, bool] = field(default_factory=dict)  # a layer's own rule where the calls differ (its 'causal')
+
+    def causal(self, layer: int) -> bool:
+        """Whether ``layer``'s call attends causally: the file's rule, or the layer's own where its group says (an
+        encoder-decoder's decoder self-attention beside calls that see every key)."""
+        return self.rules.get(layer, self.header.causal)
 
     def holds(self, kind: str, layer: int) -> bool:
         return kind in self.h5[layer_group(layer)]
@@ -53,12 +60,18 @@ def validate_full(checks: AttrChecks, header: FileHeader) -> FullLayout:
     shapes = {"weights": (*lead, n, *matrix), "scores": (*lead, n, *matrix),
               "bias": (*lead, 1 if header.bias_shared else n, *matrix)}  # fmt: skip
     wanted = "bias" if header.bias_only else "weights"
+    rules: dict[int, bool] = {}
     for layer in header.layers:
         group = layer_group(layer)
         checks._refuse_other_files(group)
         grp = checks._h5.get(group)
         if not isinstance(grp, h5py.Group) or not isinstance(grp.get(wanted), h5py.Dataset):
             raise BiasvizError(f"{checks.path} lists layer {layer} but has no {group}/{wanted}")
+        if "causal" in grp.attrs:  # data from the file: a flag, or refused
+            rule = np.asarray(grp.attrs["causal"])
+            if rule.size != 1 or not (np.issubdtype(rule.dtype, np.bool_) or np.issubdtype(rule.dtype, np.integer)):
+                raise checks._bad(f"{group} attribute 'causal' should be true or false, not {describe(rule)}")
+            rules[layer] = bool(rule.reshape(()).item())
         for kind, shape in shapes.items():
             if kind not in grp:
                 continue
@@ -69,7 +82,7 @@ def validate_full(checks: AttrChecks, header: FileHeader) -> FullLayout:
                 shared = " (one matrix for all samples: bias_shared)" if shape[len(lead)] != n else ""
                 raise checks._bad(f"{group}/{kind} is {what}, expected float {shape}{shared} (from the attributes "
                                   "n_heads, seq_len and the samples of input_ids)")  # fmt: skip
-    return FullLayout(Path(checks.path), checks._h5, header)
+    return FullLayout(Path(checks.path), checks._h5, header, rules)
 
 
 __all__ = ["FullLayout", "validate_full"]

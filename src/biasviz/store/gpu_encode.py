@@ -16,7 +16,7 @@ The bytes are identical to what :class:`biasviz.store.BiasFileWriter` produces o
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -51,6 +51,7 @@ class GpuChunkEncoder:
         storage: np.dtype,
         causal: bool,
         level: int | None,
+        layer_causal: Mapping[int, bool] | None = None,
         shuffle: bool,
         workers: int | None = None,
         pinned_budget: int = PINNED_BUDGET,
@@ -62,8 +63,10 @@ class GpuChunkEncoder:
         self._nan_bits = int(np.array(np.nan, dtype=storage).view(np.int16 if self.itemsize == 2 else np.int32))
         self.seq_len, self.level, self.shuffle = seq_len, level, shuffle
         j = torch.arange(seq_len, device=device)
-        self.masked = j[None, :] > j[:, None] if causal else torch.zeros(seq_len, seq_len, dtype=torch.bool,
-                                                                         device=device)  # fmt: skip
+        # True where masked, by rule: each layer's own where the model's calls differ (writer.layer_causal)
+        self.masks = {True: j[None, :] > j[:, None], False: torch.zeros(seq_len, seq_len, dtype=torch.bool,
+                                                                         device=device)}  # fmt: skip
+        self.causal, self.layer_causal = causal, dict(layer_causal or {})
         self.stream = torch.cuda.Stream(device)
         self.nbytes = seq_len * seq_len * self.itemsize
         self.workers = compression_threads(workers)
@@ -82,14 +85,16 @@ class GpuChunkEncoder:
         self.close()
 
     # -- encoding -------------------------------------------------------------------------------
-    def prepare(self, kind: str, matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One (T, T) matrix as the bytes HDF5 stores before deflate (masked, cast, shuffled; flat uint8),
-        and its check values (all used cells finite, largest magnitude) as a 2-element tensor."""
-        m = matrix.to(torch.float32).masked_fill(self.masked, 0.0)
+    def prepare(self, kind: str, matrix: torch.Tensor, causal: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One (T, T) matrix as the bytes HDF5 stores before deflate (masked by ``causal``'s rule, the encoder's by
+        default; cast, shuffled; flat uint8), and its check values (all used cells finite, largest magnitude) as a
+        2-element tensor."""
+        masked = self.masks[self.causal if causal is None else bool(causal)]
+        m = matrix.to(torch.float32).masked_fill(masked, 0.0)
         checks = torch.stack([torch.isfinite(m).all().float(), m.abs().amax()])
         m = m.to(self.storage)
         if kind != "weights":  # bias, scores: NaN with NumPy's bits (CUDA's float -> half conversion makes another)
-            m.view(self._int).masked_fill_(self.masked, self._nan_bits)
+            m.view(self._int).masked_fill_(masked, self._nan_bits)
         raw = m.view(torch.uint8)  # (T, T * itemsize)
         if self.shuffle:  # HDF5's shuffle: byte k of every element, for k = 0, 1, ...
             raw = raw.reshape(-1, self.itemsize).t().contiguous()
@@ -112,7 +117,7 @@ class GpuChunkEncoder:
                 for h in range(t.shape[1]):
                     buf = self._buffer()
                     with torch.cuda.stream(self.stream):
-                        data, check = self.prepare(kind, t[s, h])
+                        data, check = self.prepare(kind, t[s, h], self.layer_causal.get(layer))
                         buf.copy_(data, non_blocking=True)
                         landed = torch.cuda.Event()
                         landed.record(self.stream)

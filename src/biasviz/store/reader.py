@@ -177,6 +177,13 @@ class BiasFile(AttrChecks):
         """False for bidirectional models, whose cells above the diagonal are used (and stored)."""
         return self._header.causal
 
+    def layer_causal(self, layer: int = -1) -> bool:
+        """Whether ``layer``'s call attends causally (its cells past the query NaN in the bias, 0 in the weights): the
+        file's rule (:attr:`causal`), or in a full file the layer's own where the model's calls differ (an
+        encoder-decoder's decoder self-attention). A summary layer's own cells are its ``attended`` shares."""
+        layer = self.resolve_layer(layer)
+        return self.causal if self._full is None else self._full.causal(layer)
+
     @property
     def n_samples(self) -> int:
         return self._header.n_samples

@@ -41,27 +41,13 @@ class BiasFileWriter(SharedBiasSwitch):
     """
 
     def __init__(
-        self,
-        path: str | Path,
-        *,
-        attrs: Mapping[str, Any],
-        n_samples: int,
-        n_heads: int,
-        seq_len: int,
-        layers: Sequence[int],
-        has_bias: bool,
-        has_weights: bool = True,
-        has_scores: bool = False,
-        dtype: str = "float32",
-        force: bool = False,
-        causal: bool = True,
-        compression: str | None = "gzip",
-        compression_opts: int | None = 1,
-        shuffle: bool = True,
-        workers: int | None = None,
-        checkpoints: Sequence[int] | None = None,
-        bias_shared: bool = False,
-    ) -> None:
+        self, path: str | Path, *, attrs: Mapping[str, Any], n_samples: int, n_heads: int, seq_len: int,
+        layers: Sequence[int], has_bias: bool, has_weights: bool = True, has_scores: bool = False,
+        dtype: str = "float32", force: bool = False, causal: bool = True, compression: str | None = "gzip",
+        compression_opts: int | None = 1, shuffle: bool = True, workers: int | None = None,
+        checkpoints: Sequence[int] | None = None, bias_shared: bool = False,
+        layer_causal: Mapping[int, bool] | None = None,
+    ) -> None:  # fmt: skip
         self.path = Path(path)
         # a context-free bias: stored once as (1, H, T, T) for every sample (root attribute bias_shared)
         self.bias_shared = bool(bias_shared) and has_bias
@@ -85,12 +71,15 @@ class BiasFileWriter(SharedBiasSwitch):
         if compression is None:
             self._filters = {}
         self.causal = causal
+        # each layer's own rule where the model's calls differ (an encoder-decoder's causal decoder self-attention
+        # beside calls that see every key): its group's attribute 'causal', its cells past the query NaN in its bias
+        self.layer_causal = {layer: bool((layer_causal or {}).get(layer, causal)) for layer in self.layers}
         self._chunk_rows = chunk_rows(seq_len, self.dtype.itemsize)
         # compression threads (gzip): all cores by default; 1 compresses in the calling thread
         self._workers = compression_threads(workers)
         self._executor: ThreadPoolExecutor | None = None
-        # True where masked; a bidirectional model (causal=False, e.g. a T5 encoder) uses every cell
-        self._mask = ~causal_cells(seq_len) if causal else np.zeros((seq_len, seq_len), dtype=bool)
+        # True where masked, by rule; a bidirectional call (a T5 encoder's) uses every cell
+        self._masks = {True: ~causal_cells(seq_len), False: np.zeros((seq_len, seq_len), dtype=bool)}
         self._tmp: Path | None = None
         self._alone: contextlib.AbstractContextManager[None] | None = None
         self._h5: h5py.File | None = None
@@ -216,6 +205,8 @@ class BiasFileWriter(SharedBiasSwitch):
                                          ("scores", self.has_scores)) if held]  # fmt: skip
         for layer in self.layers:
             grp = f.create_group(layer_group(layer))
+            if self.layer_causal[layer] != self.causal:
+                grp.attrs["causal"] = self.layer_causal[layer]
             for kind in kinds:
                 fill = 0.0 if kind == "weights" else np.nan
                 one = (*lead, 1, *shape[len(lead) + 1 :])  # a shared bias: one sample stands for all
@@ -236,8 +227,8 @@ class BiasFileWriter(SharedBiasSwitch):
         Works on a copy, one matrix at a time: the caller's arrays (which may be the model's own
         tensors) are never modified, and the extra memory is one (T, T) matrix whatever the batch.
         """
-        m = np.array(src, dtype=np.float32)  # (T, T) copy
-        np.copyto(m, 0.0, where=self._mask)
+        m, mask = np.array(src, dtype=np.float32), self._masks[self.layer_causal[layer]]  # (T, T) copy
+        np.copyto(m, 0.0, where=mask)
         # one float64 sum is finite exactly when every cell is (it cannot overflow for float32 inputs),
         # and costs a fraction of an elementwise isfinite pass with its (T, T) boolean temporary
         if not np.isfinite(m.sum(dtype=np.float64)):
@@ -247,7 +238,7 @@ class BiasFileWriter(SharedBiasSwitch):
             if peak > FLOAT16_MAX:
                 raise float16_overflow_error(kind, layer, peak)
         if kind != "weights":  # a bias or scores: no value where a query does not look
-            np.copyto(m, np.nan, where=self._mask)
+            np.copyto(m, np.nan, where=mask)
         return m.astype(self.dtype, copy=False)
 
     def _encode(self, kind: str, layer: int, src: np.ndarray) -> bytes | memoryview:
