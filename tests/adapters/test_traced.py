@@ -83,3 +83,25 @@ def test_a_model_that_attends_positions_of_its_own_is_refused_before_it_runs(tmp
                                            r"adds positions of its own \(prompt or memory tokens"):
         biasviz.extract(tmp_path / "cpm", tokens, tmp_path / "f.h5", progress=False)
     assert not (tmp_path / "f.h5").exists()
+
+
+def test_a_model_that_attends_in_blocks_of_its_own_is_refused_saying_so(tmp_path):
+    """LongT5's local attention runs over blocks (queries of a block against its own and the two beside it), not the
+    (query, key) matrix of the input's tokens: refused before any sample runs, naming the blocks, where the message
+    spoke of cross or cached attention."""
+    import numpy as np
+    import pytest
+    from transformers import LongT5Config, LongT5ForConditionalGeneration
+
+    import biasviz
+    from biasviz.common.errors import BiasvizError
+
+    torch.manual_seed(0)
+    config = LongT5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                          local_radius=4, encoder_attention_type="local", decoder_start_token_id=0)  # fmt: skip
+    LongT5ForConditionalGeneration(config).save_pretrained(tmp_path / "longt5")
+    tokens = np.random.default_rng(0).integers(3, 60, size=(2, 12))
+    said = r"attention call 0 attends 5 queries to 15 keys \(for an input of 12 tokens: attention in blocks of its own"
+    with pytest.raises(BiasvizError, match=said):
+        biasviz.extract(tmp_path / "longt5", tokens, tmp_path / "f.h5", layers=[0], progress=False)
+    assert not (tmp_path / "f.h5").exists()

@@ -173,8 +173,10 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
                                    f"{self._probed} tokens: the model adds positions of its own (prompt or memory "
                                    "tokens, a prefix); a file holds one query and one key per token of the input")
             if c.q_len != c.k_len:
-                raise BiasvizError(f"attention call {c.index} attends {c.q_len} queries to {c.k_len} keys (cross- or "
-                                   "cached attention); a file holds square (query, key) matrices: choose "
+                why = ("cross- or cached attention" if c.q_len == self._probed else
+                       f"for an input of {self._probed} tokens: attention in blocks of its own, LongT5's local blocks")
+                raise BiasvizError(f"attention call {c.index} attends {c.q_len} queries to {c.k_len} keys ({why}); a "
+                                   "file holds square (query, key) matrices of the input's tokens: choose "
                                    "self-attention calls with --layer")  # fmt: skip
         self._chosen = calls
         self.n_heads = calls[0].heads
