@@ -146,9 +146,10 @@ def literal(text: str) -> str:
     return str(text).replace("$", r"\$")
 
 
-#: A space beside a relation or an operator between two terms ("T = 64", "i − j", "d ≤ 8"), or in a count ("1 of 3"):
-#: a line never breaks there, so a title never reads "T" at the end of a line and "= 64" at the start of the next
-_BOUND = re.compile(r"(?<=\S) ([=≠<>≤≥≈−+×·]) (?=\S)|(?<=\d) (of) (?=\d)")
+#: A space beside a relation or an operator between two terms ("T = 64", "i − j", "d ≤ 8"), or in a count with its noun
+#: ("sample 1 of 3"): a line never breaks there, so a title never reads "T" at the end of a line and "= 64" at the start
+#: of the next
+_BOUND = re.compile(r"(?<=\S) [=≠<>≤≥≈−+×·] (?=\S)|(?<=\d) of (?=\d)|(?<=[A-Za-z]) (?=\d+ of \d)")
 _NO_BREAK = "\u00a0"  # not a place where textwrap breaks (it breaks at ASCII whitespace only)
 
 
@@ -159,7 +160,7 @@ def wrap_title(text: str, width_in: float, size: float | None = None) -> str:
     import textwrap
 
     size = size or font_sizes(width_in)["base"]
-    bound = _BOUND.sub(lambda m: f"{_NO_BREAK}{m.group(1) or m.group(2)}{_NO_BREAK}", text)
+    bound = _BOUND.sub(lambda m: m.group(0).replace(" ", _NO_BREAK), text)
     wrapped = textwrap.fill(bound, max(20, int(width_in * 72 / (0.47 * size))), break_on_hyphens=False)
     return wrapped.replace(_NO_BREAK, " ")
 
