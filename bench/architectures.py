@@ -123,6 +123,7 @@ try:
             if at == len(tries) - 1:
                 raise
     if seq2seq:  # the calls in the order the model makes them: the encoder's, then each decoder layer's self and cross
+        # (compared by the module that made each: a call the trace does not see is then missing, not misplaced)
         pairs = zip(out.decoder_attentions or (), out.cross_attentions or ())
         attentions = [*(out.encoder_attentions or ()), *(a for pair in pairs for a in pair)]
     else:
@@ -161,8 +162,18 @@ try:
             raise SystemExit
         for call, owner in enumerate(owners):
             at = re.search(r"\.(\d+)\.", f".{owner}.")
-            want = (attentions[int(at.group(1))] if at and by_layer else attending[call]).double().numpy()
+            if seq2seq and recorded:  # the call's own weights, by the module that made it (its stack, kind, layer)
+                cross = any(w in owner for w in ("encoder_attn", "EncDecAttention", "cross_attention"))
+                stack = (out.cross_attentions if cross else out.decoder_attentions) if "decoder" in owner \
+                    else out.encoder_attentions  # fmt: skip
+                want = stack[int(at.group(1))].double().numpy()
+            else:
+                want = (attentions[int(at.group(1))] if at and by_layer else attending[call]).double().numpy()
             got = full[f"layer_{call}/weights"][...]
+            if got.shape != want.shape:  # transformers' own weights of another layout (LED's local windows)
+                print(json.dumps({**row, "no reference": f"output_attentions gives {want.shape[1:]} a sample for "
+                                                         f"call {call}, the file {got.shape[1:]}"}))
+                raise SystemExit
             full_gap = max(full_gap, float(np.abs(got - want).max()))
             mean = summary[f"layer_{call}/weights_mean"][...]
             sum_gap = max(sum_gap, float(np.abs(mean[:, causal] - want.mean(0)[:, causal]).max()))

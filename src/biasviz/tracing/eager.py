@@ -32,6 +32,7 @@ import torch
 
 from biasviz.tracing.calls import FORMED_BEFORE, AttentionCall, _is_causal, _threshold, one_layout
 from biasviz.tracing.eager_kept import _bhqk, _masks_only, eager_operands
+from biasviz.tracing.folds import FoldedHeads
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.scores import Scores, Term
 
@@ -85,6 +86,7 @@ class EagerTracker:
         self._scores: dict[int, tuple[weakref.ref, Scores]] = {}
         self._softmaxed: dict[int, weakref.ref] = {}  # the weights of the calls so far, by identity
         self.provenance = provenance or Provenance(None)
+        self.folds = FoldedHeads()  # q and k with heads folded into the batch: followed by the trace's every step
 
     def __bool__(self) -> bool:
         return bool(self._scores)
@@ -179,8 +181,9 @@ class EagerTracker:
             return
         if not (len(ops) == 2 and all(_activation(o) for o in ops)):
             return
+        folded = self.folds.heads(ops[0]) or self.folds.heads(ops[1]) or 1  # fairseq's q and k: (B·H, T, d)
         scores = Scores(operands=(ops[0], ops[1]), equation=args[0] if name == "einsum" else None,
-                        lead=tuple(out.shape[:-2]))  # fmt: skip
+                        lead=tuple(out.shape[:-2]), folded=folded)  # fmt: skip
         if name == "baddbmm":  # beta * input + alpha * (q @ k): alpha is the scale, beta * input the bias
             beta = kwargs.get("beta", 1)
             scores = replace(scores, scale=float(kwargs.get("alpha", 1)))

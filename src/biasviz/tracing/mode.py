@@ -209,6 +209,7 @@ class Trace:
             out = func(*args, **kwargs)
             with contextlib.suppress(Exception), _forming():
                 self.provenance.after(name, args, kwargs, out)
+                self.eager.folds.after(name, args, kwargs, out)
             return out
         x = (args[0] if args else kwargs.get("input")) if name in SOFTMAX else None
         scores = self.eager.get(x) if x is not None else None
@@ -231,6 +232,7 @@ class Trace:
             return out
         with contextlib.suppress(Exception), _forming():  # bookkeeping: it must never fail the model's step
             self.provenance.after(name, args, kwargs, out)
+            self.eager.folds.after(name, args, kwargs, out)
             self.eager.after(name, args, kwargs, out)
         return out
 

@@ -53,6 +53,8 @@ class Scores:
     # a per-row constant was added (the row maximum subtracted for stability, as GPT-OSS does): the softmax cannot see
     # it, but the scores the call's inputs give are formed again from q and k rather than read shifted
     shifted: bool = False
+    # H where the product's operands were (B, H, T, d) tensors folded into (B·H, T, d) (:mod:`biasviz.tracing.folds`)
+    folded: int = 1
 
     def stepped(self, step: Step) -> Scores:
         terms = tuple(replace(t, steps=(*t.steps, step)) for t in self.terms)
@@ -78,18 +80,22 @@ class Scores:
         return q, k
 
     def folded_heads(self, shape: tuple[int, ...]) -> int:
-        """H where scores of ``shape`` (B·H, Tq, Tk) went through a (B, H, Tq, Tk) view on their way: heads folded into
-        the batch for ``bmm`` (fairseq's attention, XGLM's), which the view unfolds; 1 otherwise (one head a sample).
+        """H where scores of ``shape`` (B·H, Tq, Tk) went through a (B, H, Tq, Tk) view on their way, or else were the
+        product of q and k folded from (B, H, T, d) (:attr:`folded`): heads folded into the batch for ``bmm``
+        (fairseq's attention, XGLM's, FSMT's), which the view unfolds; 1 otherwise (one head a sample).
 
         >>> Scores(steps=(("reshape", (2, 4, 5, 5)), ("reshape", (8, 5, 5)))).folded_heads((8, 5, 5))
         4
+        >>> Scores(folded=4).folded_heads((8, 5, 5)), Scores(folded=3).folded_heads((8, 5, 5))
+        (4, 1)
         """
         if len(shape) != 3:
             return 1
         for kind, arg in reversed(self.steps):
             if kind == "reshape" and len(arg) == 4 and arg[0] * arg[1] == shape[0] and tuple(arg[2:]) == shape[1:]:
                 return int(arg[1])
-        return 1
+        # no view (an encoder's call with no mask to add): the heads its q and k were folded from
+        return self.folded if self.folded > 1 and shape[0] % self.folded == 0 else 1
 
     def bias(self) -> torch.Tensor | None:
         """The sum of the terms, formed (float32, broadcastable to the scores), or None."""
