@@ -58,14 +58,14 @@ OWN: dict[str, tuple[str, dict]] = {
 ONE = r"""
 import json, re, sys, warnings
 import numpy as np, torch, h5py
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 import biasviz
 from biasviz.common.errors import BiasvizError
 warnings.filterwarnings("ignore")
 row_name, folder, tiny, T, N, check = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:7])
 name, own = json.loads(sys.argv[7])
 seq2seq = sys.argv[8] == "seq2seq"
-Auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+Auto = {"seq2seq": AutoModelForSeq2SeqLM, "encoder": AutoModelForMaskedLM}.get(sys.argv[8], AutoModelForCausalLM)
 def inputs(ids, config):  # an encoder-decoder's decoder reads the window shifted right behind its start token
     if not seq2seq:
         return {"input_ids": torch.from_numpy(ids)}
@@ -193,6 +193,8 @@ def names(family: str = "causal") -> list[str]:
 
     if family == "seq2seq":
         return sorted(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    if family == "encoder":
+        return sorted(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
     return sorted({*modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *OWN})
 
 
@@ -229,10 +231,10 @@ def row_text(row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated model_types (default: every one of --family)")
-    parser.add_argument("--family", choices=("causal", "seq2seq"), default="causal",
-                        help="causal LMs, or encoder-decoders: every call of the encoder and the decoder, compared in "
-                        "the order the model makes them (its encoder's, then each decoder layer's self and cross "
-                        "attention; T5's own adapter: the encoder's)")  # fmt: skip
+    parser.add_argument("--family", choices=("causal", "seq2seq", "encoder"), default="causal",
+                        help="causal LMs; encoder-decoders (every call of the encoder and the decoder, each compared "
+                        "by the module that made it; T5's own adapter: the encoder's); or masked-LM encoders, whose "
+                        "calls see every key")  # fmt: skip
     parser.add_argument("--check-paths", action="store_true", help="also the gap between eager and SDPA's hidden "
                         "states (transformers' own), which the differences include")  # fmt: skip
     parser.add_argument("--limit", type=float, default=300.0, help="seconds per architecture")
