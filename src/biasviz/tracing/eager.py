@@ -23,7 +23,6 @@ runs as the model wrote it, and an added term is formed again only for the calls
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import replace
 from numbers import Number
 from typing import Any
@@ -33,6 +32,7 @@ import torch
 from biasviz.tracing.calls import FORMED_BEFORE, AttentionCall, _is_causal, _threshold, one_layout
 from biasviz.tracing.eager_kept import _bhqk, _masks_only, eager_operands
 from biasviz.tracing.folds import FoldedHeads
+from biasviz.tracing.identity import ByIdentity
 from biasviz.tracing.provenance import Provenance
 from biasviz.tracing.scores import Scores, Term
 
@@ -83,8 +83,8 @@ class EagerTracker:
     """Score tensors in flight, by identity (weakly held), and what each has been through."""
 
     def __init__(self, provenance: Provenance | None = None) -> None:
-        self._scores: dict[int, tuple[weakref.ref, Scores]] = {}
-        self._softmaxed: dict[int, weakref.ref] = {}  # the weights of the calls so far, by identity
+        self._scores: ByIdentity[Scores] = ByIdentity()
+        self._softmaxed: ByIdentity[bool] = ByIdentity()  # the weights of the calls so far
         self.provenance = provenance or Provenance(None)
         self.folds = FoldedHeads()  # q and k with heads folded into the batch: followed by the trace's every step
 
@@ -92,26 +92,20 @@ class EagerTracker:
         return bool(self._scores)
 
     def get(self, t: Any) -> Scores | None:
-        if not isinstance(t, torch.Tensor):
-            return None
-        entry = self._scores.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else None
+        return self._scores.get(t)
 
     def softmaxed(self, weights: torch.Tensor) -> None:
         """The weights a call produced: a product of them (with v) starts no score tensor of :meth:`lost`."""
-        key = id(weights)
-        self._softmaxed[key] = weakref.ref(weights, lambda ref, key=key: self._softmaxed.pop(key, None))
+        self._softmaxed.set(weights, True)
 
     def was_softmaxed(self, t: torch.Tensor) -> bool:
-        ref = self._softmaxed.get(id(t))
-        return ref is not None and ref() is t
+        return self._softmaxed.get(t) is not None
 
     def lost(self, x: torch.Tensor) -> Scores | None:
         """A softmax over a tensor the trace did not see made, while scores of its very shape are in flight: they
         went through a step no torch function mode sees (a TorchScript function: x-transformers' softclamp), so the
         call is reported with its weights and a note rather than missed. The scores in flight are then dropped."""
-        live = [s for ref, s in self._scores.values() if (t := ref()) is not None and not s.moved
-                and t.shape == x.shape and s.operands is not None
+        live = [s for t, s in self._scores.items() if not s.moved and t.shape == x.shape and s.operands is not None
                 and not any(self.was_softmaxed(o) for o in s.operands)]  # fmt: skip
         if not live:
             return None
@@ -120,14 +114,7 @@ class EagerTracker:
                            "before the softmax")  # fmt: skip
 
     def _set(self, t: torch.Tensor, scores: Scores) -> None:
-        key = id(t)
-
-        def gone(ref: weakref.ref, key: int = key) -> None:
-            entry = self._scores.get(key)
-            if entry is not None and entry[0] is ref:
-                del self._scores[key]
-
-        self._scores[key] = (weakref.ref(t, gone), scores)
+        self._scores.set(t, scores)
 
     def after(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Follow one operation that ran: start, carry or drop a score tensor."""

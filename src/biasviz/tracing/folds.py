@@ -10,11 +10,11 @@ before the product (a transpose of k, a scale, a copy), so that the product's sc
 
 from __future__ import annotations
 
-import contextlib
-import weakref
 from typing import Any
 
 import torch
+
+from biasviz.tracing.identity import ByIdentity
 
 FOLDS = frozenset({"view", "reshape", "flatten"})
 # steps after which a folded tensor is still one (B·H, ...) tensor of the same heads
@@ -26,14 +26,11 @@ class FoldedHeads:
     """Tensors whose first dimension is B·H, heads folded into the batch by a reshape, weakly held by identity."""
 
     def __init__(self) -> None:
-        self._heads: dict[int, tuple[weakref.ref, int]] = {}
+        self._heads: ByIdentity[int] = ByIdentity()
 
     def heads(self, t: Any) -> int | None:
         """H where ``t`` is (B·H, ...) made by folding a (B, H, ...) tensor; None otherwise."""
-        if not isinstance(t, torch.Tensor):
-            return None
-        entry = self._heads.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else None
+        return self._heads.get(t)
 
     def after(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Follow one operation that ran: a fold of (B, H, T, d) into (B·H, T, d) is noted, and carried through the
@@ -43,17 +40,6 @@ class FoldedHeads:
             return
         if name in FOLDS and x.dim() == 4 and out.shape[0] == x.shape[0] * x.shape[1] > x.shape[0] \
                 and out.shape[1:] == x.shape[2:]:  # fmt: skip
-            self._mark(out, int(x.shape[1]))
+            self._heads.set(out, int(x.shape[1]))
         elif name in KEEPS and (h := self.heads(x)) is not None and out.shape[0] == x.shape[0]:
-            self._mark(out, h)
-
-    def _mark(self, t: torch.Tensor, heads: int) -> None:
-        key = id(t)
-
-        def gone(ref: weakref.ref, key: int = key) -> None:
-            entry = self._heads.get(key)
-            if entry is not None and entry[0] is ref:
-                del self._heads[key]
-
-        with contextlib.suppress(TypeError):  # a tensor subclass that cannot be weakly referenced: not followed
-            self._heads[key] = (weakref.ref(t, gone), heads)
+            self._heads.set(out, h)

@@ -18,12 +18,12 @@ ids, a linear layer applied to activations, or a mask built from the user's atte
 
 from __future__ import annotations
 
-import contextlib
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from biasviz.tracing.identity import ByIdentity
 
 CONSTANT, LEARNED, INPUT = 0, 1, 2
 # made from a shape or a dtype only, whatever tensor they are called on
@@ -35,7 +35,7 @@ class Provenance:
     """Tensors in flight that are learned, constant or input, weakly held by identity."""
 
     def __init__(self, model: torch.nn.Module | None) -> None:
-        self._kind: dict[int, tuple[weakref.ref, int]] = {}
+        self._kind: ByIdentity[int] = ByIdentity()
         self.active = model is not None  # without the model its inputs are unknown: nothing is called learned
         if model is not None:
             for buffer in model.buffers():
@@ -44,9 +44,9 @@ class Provenance:
     def _get(self, t: torch.Tensor) -> int:
         if isinstance(t, torch.nn.Parameter):
             return LEARNED
-        entry = self._kind.get(id(t))
-        if entry is not None and entry[0]() is t:
-            return entry[1]
+        kind = self._kind.get(t)
+        if kind is not None:
+            return kind
         return INPUT if t.is_floating_point() or t.is_complex() else CONSTANT
 
     def learned(self, t: Any) -> bool:
@@ -59,17 +59,8 @@ class Provenance:
             self._mark(t, INPUT)
 
     def _mark(self, t: torch.Tensor, kind: int) -> None:
-        if isinstance(t, torch.nn.Parameter):
-            return
-        key = id(t)
-
-        def gone(ref: weakref.ref, key: int = key) -> None:
-            entry = self._kind.get(key)
-            if entry is not None and entry[0] is ref:
-                del self._kind[key]
-
-        with contextlib.suppress(TypeError):  # a tensor subclass that cannot be weakly referenced: not followed
-            self._kind[key] = (weakref.ref(t, gone), kind)
+        if not isinstance(t, torch.nn.Parameter):  # (a tensor subclass that cannot be weakly held: not followed)
+            self._kind.set(t, kind)
 
     def after(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Follow one operation that ran: its output is input if any argument is, else learned if any is."""
@@ -78,7 +69,7 @@ class Provenance:
         kind = CONSTANT if name in CREATE else max((self._get(t) for t in _tensors(args, kwargs)), default=CONSTANT)
         for t in _tensors((out,), {}):
             if kind == INPUT and (t.is_floating_point() or t.is_complex()):
-                self._kind.pop(id(t), None)  # floating input is the default: nothing to hold
+                self._kind.drop(t)  # floating input is the default: nothing to hold
             else:
                 self._mark(t, kind)
 
