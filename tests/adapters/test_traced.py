@@ -105,3 +105,26 @@ def test_a_model_that_attends_in_blocks_of_its_own_is_refused_saying_so(tmp_path
     with pytest.raises(BiasvizError, match=said):
         biasviz.extract(tmp_path / "longt5", tokens, tmp_path / "f.h5", layers=[0], progress=False)
     assert not (tmp_path / "f.h5").exists()
+
+
+def test_every_call_of_a_model_with_global_tokens_is_refused_for_its_shape_first(tmp_path):
+    """PEGASUS-X's encoder attends from global tokens and in local blocks, calls of other shapes and head counts:
+    ``--layer all`` is refused naming a call's shape (what no choice of calls with the same head count mends), where it
+    named the head counts and the next try, one call, the shape."""
+    import numpy as np
+    import pytest
+    from transformers import PegasusXConfig, PegasusXForConditionalGeneration
+
+    import biasviz
+    from biasviz.common.errors import BiasvizError
+
+    torch.manual_seed(0)
+    config = PegasusXConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, block_size=8,
+                            num_global_tokens=4, max_position_embeddings=64)  # fmt: skip
+    PegasusXForConditionalGeneration(config).save_pretrained(tmp_path / "px")
+    tokens = np.random.default_rng(0).integers(3, 60, size=(2, 12))
+    with pytest.raises(BiasvizError, match=r"attention call 0 attends 4 queries to \d+ keys \(for an input of 12 "
+                                           "tokens: attention in blocks of its own"):  # fmt: skip
+        biasviz.extract(tmp_path / "px", tokens, tmp_path / "f.h5", layers="all", progress=False)
+    biasviz.extract(tmp_path / "px", tokens, tmp_path / "f.h5", layers=[-1], progress=False)  # its cross attention

@@ -163,21 +163,22 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
             raise BiasvizError(f"--layer {spec} out of range: the model makes {self.n_layers} attention calls "
                                f"(0..{self.n_layers - 1}, or -1)") from None  # fmt: skip
         calls = [self.calls[i] for i in chosen]
-        heads = {c.heads for c in calls}
-        if len(heads) > 1:
-            raise BiasvizError(f"attention calls {chosen} have different head counts {sorted(heads)}; "
-                               "extract them one at a time")  # fmt: skip
-        for c in calls:
+        for c in calls:  # (before head counts: a call of another shape cannot be taken alone either)
             if c.q_len == c.k_len != self._probed:
                 raise BiasvizError(f"attention call {c.index} attends {c.q_len} positions for an input of "
                                    f"{self._probed} tokens: the model adds positions of its own (prompt or memory "
                                    "tokens, a prefix); a file holds one query and one key per token of the input")
             if c.q_len != c.k_len:
-                why = ("cross- or cached attention" if c.q_len == self._probed else
-                       f"for an input of {self._probed} tokens: attention in blocks of its own, LongT5's local blocks")
+                why = ("cross attention, cached keys, or keys of its own: ProphetNet's n-gram streams"
+                       if c.q_len == self._probed else f"for an input of {self._probed} tokens: attention in blocks "
+                       "of its own, LongT5's local blocks, PEGASUS-X's global tokens")  # fmt: skip
                 raise BiasvizError(f"attention call {c.index} attends {c.q_len} queries to {c.k_len} keys ({why}); a "
                                    "file holds square (query, key) matrices of the input's tokens: choose "
                                    "self-attention calls with --layer")  # fmt: skip
+        heads = {c.heads for c in calls}
+        if len(heads) > 1:
+            raise BiasvizError(f"attention calls {chosen} have different head counts {sorted(heads)}; "
+                               "extract them one at a time")  # fmt: skip
         self._chosen = calls
         self.n_heads = calls[0].heads
         self.causal = all(c.causal for c in calls)
