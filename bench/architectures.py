@@ -1,10 +1,12 @@
-"""Every causal-LM architecture the installed transformers knows, as a user's checkpoint would reach biasviz: a tiny
-randomly initialised model of each, saved locally, extracted by ``biasviz.extract`` (a full file and a summary exact
-per cell), each attention call's weights compared with transformers' own eager ``output_attentions`` of the layer
-whose module made it (the file's ``call_modules``). Nothing is downloaded.
+"""Every causal-LM architecture the installed transformers knows (or, ``--family``, every encoder-decoder or masked-LM
+encoder), as a user's checkpoint would reach biasviz: a tiny randomly initialised model of each, saved locally,
+extracted by ``biasviz.extract`` (a full file and a summary exact per cell), each attention call's weights compared
+with transformers' own eager ``output_attentions`` of the layer whose module made it (the file's ``call_modules``).
+Nothing is downloaded.
 
-    .venv/bin/python bench/architectures.py                      # every model_type (about an hour on 2 cores)
+    .venv/bin/python bench/architectures.py                      # every causal model_type (about an hour on 2 cores)
     .venv/bin/python bench/architectures.py --only llama,xglm    # some
+    .venv/bin/python bench/architectures.py --family seq2seq     # encoder-decoders (or: encoder)
 
 Prints one row per architecture: the calls and the modules that made them, the largest difference of the full
 file's weights and of the summary's per-cell means from transformers' own, or why none was compared. A tiny config
