@@ -50,6 +50,11 @@ OWN: dict[str, tuple[str, dict]] = {
     "qwen4_exp_text": ("qwen4_exp_text", {"layer_types": ["linear_attention", "indexed_attention"]}),
     "prophetnet": ("prophetnet", {"num_hidden_layers": None}),
     "gemma3n_text": ("gemma3n_text", {"num_kv_shared_layers": 0}),
+    "marian": ("marian", {"decoder_start_token_id": 0, "decoder_vocab_size": 256}),
+    "t5gemma": ("t5gemma", {side: {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                                   "vocab_size": 256} for side in ("encoder", "decoder")}
+                | {"vocab_size": 256, "pad_token_id": 0, "bos_token_id": 2, "decoder_start_token_id": 2}),
     "dbrx": ("dbrx", {"attn_config": {"kv_n_heads": 2, "rope_theta": 10000, "clip_qkv": 8},
                       "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}}),
     "zamba2": ("zamba2", {"layers_block_type": ["mamba", "hybrid"]}),
@@ -165,7 +170,7 @@ try:
         for call, owner in enumerate(owners):
             at = re.search(r"\.(\d+)\.", f".{owner}.")
             if seq2seq and recorded:  # the call's own weights, by the module that made it (its stack, kind, layer)
-                cross = any(w in owner for w in ("encoder_attn", "EncDecAttention", "cross_attention"))
+                cross = any(w in owner for w in ("encoder_attn", "EncDecAttention", "cross_att"))
                 stack = (out.cross_attentions if cross else out.decoder_attentions) if "decoder" in owner \
                     else out.encoder_attentions  # fmt: skip
                 want = stack[int(at.group(1))].double().numpy()
