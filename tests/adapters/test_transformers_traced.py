@@ -221,3 +221,32 @@ def test_an_encoder_decoder_with_a_bias_keeps_each_call_s_own_rule(tmp_path: Pat
 
     said = CliRunner().invoke(cli, ["info", str(tmp_path / "full.h5")]).output
     assert "layers 2, 4: causal" in said, said
+
+
+def test_an_encoder_decoder_s_scores_keep_each_call_s_own_rule(tmp_path: Path) -> None:
+    """BART's scores of every call (``--capture weights,scores``): the decoder's self-attention is causal, NaN past the
+    query, beside calls that see every key; each call's weights the softmax of its scores over its own cells. (Before:
+    "the captured scores of layer 1 contains NaN or infinite values".)"""
+    import h5py
+    import numpy as np
+    import transformers as tf
+
+    import biasviz
+
+    config = tf.BartConfig(vocab_size=V, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                           decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                           max_position_embeddings=32, decoder_start_token_id=2, pad_token_id=1)  # fmt: skip
+    torch.manual_seed(0)
+    tf.BartForConditionalGeneration(config).save_pretrained(tmp_path / "bart")
+    ids = np.random.default_rng(0).integers(3, V, size=(2, 10))
+    biasviz.extract(tmp_path / "bart", ids, tmp_path / "f.h5", layers="all", capture="weights,scores", progress=False)
+    above = np.triu(np.ones((10, 10), dtype=bool), 1)
+    with h5py.File(tmp_path / "f.h5") as f:
+        assert [bool(f[f"layer_{c}"].attrs.get("causal", f.attrs["causal"])) for c in range(3)] == [False, True, False]
+        for call in range(3):
+            scores, weights = f[f"layer_{call}/scores"][...], f[f"layer_{call}/weights"][...]
+            rule = above if call == 1 else np.zeros_like(above)
+            assert np.array_equal(np.isnan(scores), np.broadcast_to(rule, scores.shape))
+            z = np.where(rule, -np.inf, scores.astype(np.float64))  # the weights are the softmax of the scores stored
+            w = np.exp(z - z.max(-1, keepdims=True))
+            np.testing.assert_allclose(weights, w / w.sum(-1, keepdims=True), rtol=0, atol=1e-6)
