@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
-import numpy as np
 
 from biasviz.common.errors import BiasvizError
 from biasviz.store.format import layer_group
 from biasviz.store.header import FileHeader
-from biasviz.store.validation import AttrChecks, describe
+from biasviz.store.validation import AttrChecks
 from biasviz.store.views import OneCheckpoint, SharedSamples
 
 
@@ -67,11 +66,8 @@ def validate_full(checks: AttrChecks, header: FileHeader) -> FullLayout:
         grp = checks._h5.get(group)
         if not isinstance(grp, h5py.Group) or not isinstance(grp.get(wanted), h5py.Dataset):
             raise BiasvizError(f"{checks.path} lists layer {layer} but has no {group}/{wanted}")
-        if "causal" in grp.attrs:  # data from the file: a flag, or refused
-            rule = np.asarray(grp.attrs["causal"])
-            if rule.size != 1 or not (np.issubdtype(rule.dtype, np.bool_) or np.issubdtype(rule.dtype, np.integer)):
-                raise checks._bad(f"{group} attribute 'causal' should be true or false, not {describe(rule)}")
-            rules[layer] = bool(rule.reshape(()).item())
+        if "causal" in grp.attrs:  # the layer's own rule: data from the file, a flag or refused
+            rules[layer] = checks._bool_attr("causal", at=group)
         for kind, shape in shapes.items():
             if kind not in grp:
                 continue

@@ -25,11 +25,12 @@ class AttrChecks:
     def _bad(self, what: str) -> BiasvizError:
         return BiasvizError(f"{self.path} is not a valid biasviz file: {what}; extract it again")
 
-    def _read_attr(self, key: str) -> Any:
+    def _read_attr(self, key: str, at: str = "") -> Any:
+        """The root attribute ``key``, or the group ``at``'s."""
         try:
-            value = self._h5.attrs[key]
+            value = (self._h5[at] if at else self._h5).attrs[key]
         except Exception as exc:  # an attribute of a type HDF5 cannot convert, or a damaged header
-            raise self._bad(f"attribute '{key}' cannot be read ({type(exc).__name__})") from exc
+            raise self._bad(f"{_named(key, at)} cannot be read ({type(exc).__name__})") from exc
         return plain(value) if isinstance(value, (bytes, str)) else value
 
     def _int_attr(self, key: str, minimum: int | None = None) -> int:
@@ -51,10 +52,11 @@ class AttrChecks:
             raise self._bad(f"attribute '{key}' should be text, not {describe(value)}")
         return value
 
-    def _bool_attr(self, key: str) -> bool:
-        arr = np.asarray(self._read_attr(key))
+    def _bool_attr(self, key: str, at: str = "") -> bool:
+        """The root attribute ``key`` (or the group ``at``'s) as true or false: a bool or an integer, one value."""
+        arr = np.asarray(self._read_attr(key, at))
         if arr.size != 1 or not (np.issubdtype(arr.dtype, np.bool_) or np.issubdtype(arr.dtype, np.integer)):
-            raise self._bad(f"attribute '{key}' should be true or false, not {describe(arr)}")
+            raise self._bad(f"{_named(key, at)} should be true or false, not {describe(arr)}")
         return bool(arr.reshape(()).item())
 
     def _flag(self, key: str) -> bool:
@@ -123,6 +125,11 @@ def plain(value: Any) -> Any:
 
 def short_text(value: str, limit: int = 60) -> str:
     return value if len(value) <= limit else value[:limit] + "..."
+
+
+def _named(key: str, at: str) -> str:
+    """How an error names an attribute: the root's ``attribute 'causal'``, a group's ``layer_2 attribute 'causal'``."""
+    return f"{at} attribute '{key}'" if at else f"attribute '{key}'"
 
 
 def describe(value: Any) -> str:
