@@ -63,10 +63,12 @@ class GpuChunkEncoder:
         self._nan_bits = int(np.array(np.nan, dtype=storage).view(np.int16 if self.itemsize == 2 else np.int32))
         self.seq_len, self.level, self.shuffle = seq_len, level, shuffle
         j = torch.arange(seq_len, device=device)
-        # True where masked, by rule: each layer's own where the model's calls differ (writer.layer_causal)
-        self.masks = {True: j[None, :] > j[:, None], False: torch.zeros(seq_len, seq_len, dtype=torch.bool,
-                                                                         device=device)}  # fmt: skip
         self.causal, self.layer_causal = causal, dict(layer_causal or {})
+        # True where masked, for each rule the layers take (each layer's own where the model's calls differ:
+        # writer.layer_causal), a (T, T) mask on the device for each rule used only
+        self.masks = {rule: j[None, :] > j[:, None] if rule else torch.zeros(seq_len, seq_len, dtype=torch.bool,
+                                                                             device=device)
+                      for rule in {causal, *self.layer_causal.values()}}  # fmt: skip
         self.stream = torch.cuda.Stream(device)
         self.nbytes = seq_len * seq_len * self.itemsize
         self.workers = compression_threads(workers)

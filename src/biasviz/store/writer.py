@@ -78,8 +78,10 @@ class BiasFileWriter(SharedBiasSwitch):
         # compression threads (gzip): all cores by default; 1 compresses in the calling thread
         self._workers = compression_threads(workers)
         self._executor: ThreadPoolExecutor | None = None
-        # True where masked, by rule; a bidirectional call (a T5 encoder's) uses every cell
-        self._masks = {True: ~causal_cells(seq_len), False: np.zeros((seq_len, seq_len), dtype=bool)}
+        # True where masked, for each rule the layers take (a (T, T) mask each: only those used); a bidirectional call
+        # (a T5 encoder's) uses every cell
+        self._masks = {rule: ~causal_cells(seq_len) if rule else np.zeros((seq_len, seq_len), dtype=bool)
+                       for rule in set(self.layer_causal.values())}  # fmt: skip
         self._tmp: Path | None = None
         self._alone: contextlib.AbstractContextManager[None] | None = None
         self._h5: h5py.File | None = None
