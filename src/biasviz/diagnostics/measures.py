@@ -123,8 +123,7 @@ def diagnose_sweep(bias_file: Any, layer: int, normalize: str = "none") -> list[
     steps = bias_file.checkpoints
     if steps is None:
         raise ValueError("not a sweep file")
-    rule = getattr(bias_file, "layer_causal", None)  # the layer's own rule, where the file says one
-    causal = bool(rule(layer) if rule is not None else getattr(bias_file, "causal", True))
+    causal = bias_file.layer_causal(layer)  # the layer's own rule (a BiasFile's, as every caller passes)
     return [(step, list(diagnose_dataset(bias_file.at_checkpoint(c).dataset("bias", layer), normalize, causal)))
             for c, step in enumerate(steps)]  # fmt: skip
 

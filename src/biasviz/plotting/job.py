@@ -160,9 +160,9 @@ class PlotJob:
         note = suptitle.split(": ", 1)[1]
         log = self.log_scale and kind == "weights"
         shared = log if self.shared_scale is None else self.shared_scale  # a log scale reads best as one
+        causal = bf.layer_causal(heads.layer)  # the layer's own rule (an encoder-decoder's calls differ)
         fig = head_grid(heads, kind=panel_kind, shared_scale=shared, cmap=self.cmap,
-                        log=log, style=self.style, causal=bf.layer_causal(heads.layer),
-                        suptitle=suptitle)  # fmt: skip
+                        log=log, style=self.style, causal=causal, suptitle=suptitle)  # fmt: skip
         reduction = heads.reduction.describe()
         if bf.is_summary:
             reduction = f"summary in blocks of {heads.block} positions; drawn: {reduction.replace('cells', 'blocks')}"
@@ -180,9 +180,8 @@ class PlotJob:
         if heads.reduction.factor > 1:
             details.append(f"drawn as {heads.reduction.how}s of {heads.reduction.factor} × {heads.reduction.factor} "
                            f"{'blocks' if bf.is_summary else 'cells'} (--max-cells)")  # fmt: skip
-        reading = grid_reading(fig, bf.layer_causal(heads.layer), panel_kind, shared, log)
         caption = Caption(self.scheme, QUANTITIES[panel_kind], heads.layer, which or samples_text(bf.n_samples),
-                          [d for d in details if d], reading)  # fmt: skip
+                          [d for d in details if d], grid_reading(fig, causal, panel_kind, shared, log))  # fmt: skip
         return self._save(fig, out_dir / stem, formats, caption.latex(bf), dpi=dpi, info=info, style=self.style)
 
     def _draw_profile(self, bf: BiasFile, kind: str, layer: int, out_dir: Path, formats: list[str],
