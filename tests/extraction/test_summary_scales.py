@@ -1,8 +1,9 @@
 """A call whose scale changes between samples (here with the text): rows formed again take one scale for every sample,
-so the summary starts again, streamed as the model forms each sample's rows, and says so, whether the scale changes
-before or after the samples' masks turn out to differ (before, a scale that changed after that was not seen, and each
-later sample's rows were formed with the first's). The reference is float64 numpy on each sample's own call, caught at
-the model's SDPA call one sample at a time (docs/hdf5.md, 'Attended cells')."""
+so the summary goes on streamed as the model forms each sample's rows from the batch that showed it, the samples before
+formed again from what their forward kept, and says so, whether the scale changes before or after the samples' masks
+turn out to differ (before, a scale that changed after that was not seen, and each later sample's rows were formed with
+the first's). Only that batch runs through the model again: before, every sample did. The reference is float64 numpy on
+each sample's own call, caught at the model's SDPA call one sample at a time (docs/hdf5.md, 'Attended cells')."""
 
 from __future__ import annotations
 
@@ -52,18 +53,34 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     calls = [caught_call(lambda a=a: model(ids[a : a + 1])) for a in range(N)]
     assert float(calls[rescaled]["scale"]) != float(calls[0]["scale"])
     out = tmp_path_factory.mktemp("scales") / "s.h5"
+    forwards: list[int] = []  # the first token of each sample the model runs on (each forms its mask once)
+    keep = model.keep
+    model.keep = lambda ids: (forwards.extend(ids[:, 0].tolist()), keep(ids))[1]  # type: ignore[method-assign]
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=1)
     with h5py.File(out, "r") as f:
         stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
     return {"stored": stored, "expected": reference(_joined(calls), 1), "said": [str(w.message) for w in said],
-            "rescaled": rescaled}  # fmt: skip
+            "rescaled": rescaled, "forwards": forwards, "ids": ids}  # fmt: skip
 
 
-def test_the_summary_says_it_started_again_streamed(summarised: dict[str, Any]) -> None:
-    said = [w for w in summarised["said"] if "started again" in w]
-    assert len(said) == 1 and "scaled q·k by 0.25" in said[0] and "streamed" in said[0], summarised["said"]
+def test_the_summary_says_it_goes_on_streamed(summarised: dict[str, Any]) -> None:
+    said = [w for w in summarised["said"] if "streamed" in w]
+    rescaled = summarised["rescaled"]
+    assert len(said) == 1 and "scaled q·k by 0.25" in said[0], summarised["said"]
+    before = "the sample before it" if rescaled == 1 else f"the {rescaled} samples before it"
+    assert f"from sample {rescaled} on, {before} formed again" in said[0], said[0]
+    assert not [w for w in summarised["said"] if "started again" in w], summarised["said"]
+
+
+def test_only_the_batch_that_showed_it_runs_again(summarised: dict[str, Any]) -> None:
+    """The probe's sample 0, every sample once as it is kept, then the rescaled one again, streamed, and the ones
+    after it: before, every sample ran again from the first."""
+    first = summarised["ids"][:, 0].tolist()
+    rescaled = summarised["rescaled"]
+    kept = first[: rescaled + 1]  # the keeping forward stopped at the sample that showed the scale
+    assert summarised["forwards"] == first[:1] + kept + first[rescaled:], summarised["forwards"]
 
 
 @pytest.mark.parametrize("name", [*NAMES, "band_mass", "weights_entropy", "weights_profile_se"])

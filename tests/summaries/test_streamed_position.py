@@ -161,3 +161,36 @@ def test_samples_masked_differently_count_the_cells_each_block_brings() -> None:
         for kb in range(nb):
             sums[:, qb, kb] = cells[:, :, qb * block : (qb + 1) * block, kb * block : (kb + 1) * block].sum((0, 2, 3))
     np.testing.assert_array_equal(spot.cell_samples.expand(heads, -1, -1).numpy(), sums)
+
+
+def test_p_is_formed_from_every_sample_s_q_and_k_or_not_at_all() -> None:
+    """Three samples streamed a call each, whole: where each brought its q and k, P is its definition's over all three;
+    where the last one's call brought none (a sum of two samples' q and k, divided as if of three, is no P), P is not
+    stored, and the layer's note says why."""
+    from biasviz.adapters.rows import RowBlock
+    from biasviz.summaries.streamed_position import SOME_OPERANDS_NOTE, StreamedPosition
+
+    heads, t, hd, n, c = 2, 6, 4, 3, 0.5
+    rng = np.random.default_rng(8)
+    q, k = rng.standard_normal((2, n, heads, t, hd))
+    i, j = np.indices((t, t))
+    scores = c * np.einsum("ahid,ahjd->ahij", q, k)
+    scores = np.where(j <= i, scores, np.nan)
+    weights = np.where(j <= i, 1.0 / (i + 1), 0.0)[None, None].repeat(n, 0).repeat(heads, 1)
+    for given in (n, n - 1):
+        spot = StreamedPosition(0, heads=heads, seq_len=t, samples=n, block=1, causal=True,
+                                device=torch.device("cpu"), measures=False)  # fmt: skip
+        for a in range(n):
+            spot.begin_batch(1)
+            operands = {"q": torch.from_numpy(q[a : a + 1]), "k": torch.from_numpy(c * k[a : a + 1]),
+                        "scale": c} if a < given else {}  # fmt: skip
+            spot.add_block(RowBlock(0, a, 0, torch.from_numpy(weights[a : a + 1]),
+                                    scores=torch.from_numpy(scores[a : a + 1]).float(), **operands))  # fmt: skip
+        got = spot.result()
+        if given == n:
+            want = np.where(j <= i, positional(q, k, c, None), np.nan)
+            np.testing.assert_allclose(got.positional_mean, want, **TOL)
+            assert got.note is None
+        else:
+            assert got.positional_mean is None and got.positional_profile is None
+            assert got.note == SOME_OPERANDS_NOTE

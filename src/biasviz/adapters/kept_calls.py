@@ -163,7 +163,8 @@ class KeptCalls:
         """Each sample's own bias of call ``index`` (``bias``, over the cells ``ops`` kept), in the form of the first
         sample's (a row of keys, or a table of j - i: H·T or H·(2T - 1) floats a sample, beside its q and k), into the
         bank; the samples before, by the one bias they had. A bias that is not of that form (one of each cell that
-        depends on the text, which would bank H·T² floats a sample) starts the summary again, streamed, and says so;
+        depends on the text, which would bank H·T² floats a sample) turns the summary to streaming from this batch, and
+        says so (:mod:`biasviz.extraction.stream_from`);
         under torchrun, whose processes are joined by one bias, a bias that differs is refused."""
         bank, batch = self.bank, ops.q.shape[0]
         differs = MasksDifferBySample(f"attention call {index} added another bias for sample {bank.start} or one of "

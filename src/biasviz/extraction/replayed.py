@@ -19,9 +19,10 @@ import torch
 
 from biasviz.adapters.base import ModelAdapter, RowBlock
 from biasviz.common.devices import autocast_as
-from biasviz.common.errors import check_interrupted
+from biasviz.common.errors import MasksDifferBySample, check_interrupted
 from biasviz.common.progress import Progress
 from biasviz.common.shapes import host_arrays
+from biasviz.extraction.stream_from import StreamFrom
 from biasviz.store.datasets import MIN_SE_SAMPLES, SAMPLES_PER_CELL
 from biasviz.summaries import QuantitySummary, Summary, kernels
 from biasviz.summaries.attended import Attended, samples_per_cell
@@ -73,13 +74,20 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
     torch_path: dict[str, list[int]] = {}  # why the fused kernels left layers to torch -> those layers
     bank.cells_by_sample = gather is None  # torchrun: each process's one mask, compared once the banks are joined
     extras: dict[int, PositionSummary] = {}
+    handed = False
     try:
         # the forward counts each sample through each layer
         with phase(1, "forward", n * (max(layer_list) + 1), "layer") as bar, adapter.keep(layer_list, bank, bar.update):
             for start in range(0, n, batch):
                 bank.start = start
-                with autocast_as(caller):
-                    adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
+                try:
+                    with autocast_as(caller):
+                        adapter.forward(torch.from_numpy(ids[start : start + batch]).to(dev))
+                except MasksDifferBySample as why:  # a scale or bias rows formed again cannot take: streamed from here
+                    if gather is not None:  # (torchrun's processes would not turn with it)
+                        raise
+                    handed = True
+                    raise StreamFrom(why, bank, start) from None
                 check_interrupted()
         if gather is not None:
             joined = gather(bank)
@@ -189,7 +197,8 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
                 note=None if cells is None else BY_SAMPLE_NOTE,
             )
     finally:
-        bank.close()
+        if not handed:  # (a bank handed on is closed by its receiver)
+            bank.close()
     if dev.type == "cuda":  # one line per reason, where a GPU's layers were left to torch (unless the user chose it)
         for why, layers in torch_path.items():
             if why != CHOSEN:

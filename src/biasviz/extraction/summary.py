@@ -36,7 +36,7 @@ import torch
 from biasviz.adapters.again import forms_rows_again
 from biasviz.adapters.base import ModelAdapter, RowBlock
 from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, placed, without_autocast
-from biasviz.common.errors import AttendsPastQuery, BiasvizError, MasksDifferBySample, check_interrupted
+from biasviz.common.errors import AttendsPastQuery, BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits, check_summary_memory
 from biasviz.common.progress import Progress
 from biasviz.extraction.call_masks import CallMasks
@@ -50,6 +50,7 @@ from biasviz.extraction.run import (
     check_windows,
     provenance,
 )
+from biasviz.extraction.stream_from import StreamFrom, formed_before
 from biasviz.extraction.summary_plan import SummaryFacts, plan
 from biasviz.store.datasets import MIN_SE_SAMPLES
 from biasviz.store.format import BIAS_DIFFERENCE, DEFAULT_RESOLUTION, MASK, SE_NOTE, block_size
@@ -103,8 +104,9 @@ def summarise(
     positional logits P (docs/positional.md), ``measures=False`` docs/position-measures.md's measures of the weights: to
     measure what they cost. Where samples turn out to be masked differently (padding, packed documents), rows formed
     again keep each sample's own cells (one set a head where its heads differ too); where they cannot (a scale or a
-    bias that changes between samples, torchrun's joined banks), the rows are streamed instead (``streamed``), from the
-    start. A call causal in
+    bias that changes between samples), the rows are streamed from the batch that shows it on, the samples before formed
+    again from what their forward kept into the same sums (:mod:`biasviz.extraction.stream_from`: only that batch runs
+    again; torchrun's joined banks refuse it). A call causal in
     the first sample that attends keys after a query in a later one is taken as a call that sees every key, within its
     own mask: where rows are formed again, from there on (the samples before keep the cells they attended, and nothing
     runs again); where they are streamed, from the start again.
@@ -115,25 +117,29 @@ def summarise(
     options["caller"] = autocast_dtypes()  # the model runs under the caller's autocast; biasviz's own math does not
     for layer in layer_list:  # whether each call rotates: a short pass of the model, as the caller runs it, done here
         adapter.rotary(layer)
-    with without_autocast():
-        while True:
-            try:
-                return _summarise(adapter, ids, layer_list, dev, streamed=streamed, **options)
-            except AttendsPastQuery as why:
-                if merge is not None or gather is not None:  # the other processes would not start again with it
-                    raise BiasvizError(f"{why}; under torchrun a summary cannot start again: run it in one "
-                                       "process") from None  # fmt: skip
-                # the call is no longer taken as causal (the adapter said so), so this ends: a call at a time
-                warnings.warn(f"{why}; the summary started again from the first sample", stacklevel=2)
-            except MasksDifferBySample as why:
-                if streamed or gather is not None:
-                    raise
-                # rows formed again hold each sample's own cells (of each head) under one scale and one bias; a call
-                # whose scale or bias changes is streamed, as the model forms it, each sample's own cells counting for
-                # it (docs/hdf5.md, 'Attended cells'): said, since the forward runs again from the first sample
-                warnings.warn(f"{why}; the summary started again from the first sample, streamed as the model forms "
-                              "its rows", stacklevel=2)  # fmt: skip
-                streamed = True
+    before: StreamFrom | None = None
+    try:
+        with without_autocast():
+            while True:
+                try:
+                    return _summarise(adapter, ids, layer_list, dev, streamed=streamed, before=before, **options)
+                except AttendsPastQuery as why:  # a streamed call
+                    if merge is not None or gather is not None:  # the other processes would not start again with it
+                        raise BiasvizError(f"{why}; under torchrun a summary cannot start again: run it in one "
+                                           "process") from None  # fmt: skip
+                    # the call is no longer taken as causal (the adapter said so), so this ends: a call at a time
+                    warnings.warn(f"{why}; the summary started again from the first sample", stacklevel=2)
+                    before = None  # (closed by the run that took it)
+                except StreamFrom as turn:
+                    # rows formed again hold each sample's own cells (of each head) under one scale and one bias; a
+                    # call whose scale or bias changes is streamed from the batch that showed it, as the model forms
+                    # it, each sample's own cells counting for it (docs/hdf5.md, 'Attended cells'), the samples before
+                    # formed again from the bank
+                    warnings.warn(turn.said(), stacklevel=2)
+                    streamed, before = True, turn
+    finally:
+        if before is not None:  # a run that stopped before it read the bank (refused for memory, interrupted)
+            before.bank.close()
 
 
 def _summarise(
@@ -141,9 +147,11 @@ def _summarise(
     batch_size: int, progress: bool | None = None, merge: Merge | None = None, total_samples: int | None = None,
     scratch: str | Path | None = None, gather: Gather | None = None, positional: bool = True,
     measures: bool = True, streamed: bool = False, caller: Mapping[str, str] | None = None,
+    before: StreamFrom | None = None,
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
     """One run of :func:`summarise`: ``streamed`` streams the rows even where they could be formed again; the model's
-    forward runs under ``caller``'s autocast."""
+    forward runs under ``caller``'s autocast; ``before``: the samples a keeping forward reached before the rows turned
+    to streaming, formed again from its bank first."""
     n, seq_len = ids.shape
     total = n if total_samples is None else total_samples
     block = block_size(seq_len, resolution)
@@ -188,7 +196,7 @@ def _summarise(
                                             rotary=adapter.rotary(layer) if measures else None)
                     for layer in layer_list} if chosen.streamed_position else {}
         _streamed(adapter, ids, layer_list, dev, parts, chosen.forward_batch, progress, position,
-                  merged=merge is not None, caller=caller)
+                  merged=merge is not None, caller=caller, before=before)
         held = merge(parts, position) if merge is not None else True
         extras = {layer: p.result() for layer, p in position.items()} if held else {}
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
@@ -217,9 +225,10 @@ Parts = dict[tuple[str, int], QuantitySummary]
 def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None,
               position: Mapping[int, StreamedPosition] | None = None, merged: bool = False,
-              caller: Mapping[str, str] | None = None) -> None:  # fmt: skip
+              caller: Mapping[str, str] | None = None, before: StreamFrom | None = None) -> None:  # fmt: skip
     """Every block the model forms goes into ``parts`` as it comes; samples in batches of ``batch``. ``position``:
-    the layers whose scores, q and k (and bias and weights) also go into docs/positional.md's sums."""
+    the layers whose scores, q and k (and bias and weights) also go into docs/positional.md's sums. ``before``: the
+    samples before its ``start`` come first, a sample at a time, formed again from its bank (then closed)."""
     n = len(ids)
     position = position or {}
     first = [0]  # the batch under way's first sample
@@ -238,21 +247,35 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
 
     want_bias = any(kind == "bias" for kind, _ in parts)
     want_scores = any(kind == "scores" for kind, _ in parts)
-    with (
-        adapter.stream(layer_list, want_bias, sink, want_scores),
-        Progress(n, desc="summarise", unit="sample", show=show) as bar,
-    ):
-        for start in range(0, n, batch):
-            chunk = ids[start : start + batch]  # (b, T)
-            first[0] = start
-            for p in [*parts.values(), *position.values()]:
-                p.begin_batch(len(chunk))
-            with autocast_as(caller):
-                adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
-            for p in parts.values():
-                p.end_batch()
-            bar.update(len(chunk))
-            check_interrupted()
+    with Progress(n, desc="summarise", unit="sample", show=show) as bar:
+        if before is not None:
+            try:
+                for a in range(before.start):  # each a batch of one, as a streaming forward of it would send
+                    first[0] = a
+                    for p in [*parts.values(), *position.values()]:
+                        p.begin_batch(1)
+                    with torch.no_grad():  # (not inference mode: the sums the blocks start outlive it, as a stream's)
+                        for block in formed_before(adapter, before.bank, layer_list, a, ids.shape[1],
+                                                   want_bias=want_bias, operands=bool(position)):  # fmt: skip
+                            sink(block)
+                    for p in parts.values():
+                        p.end_batch()
+                    bar.update(1)
+                    check_interrupted()
+            finally:
+                before.bank.close()
+        with adapter.stream(layer_list, want_bias, sink, want_scores):
+            for start in range(0 if before is None else before.start, n, batch):
+                chunk = ids[start : start + batch]  # (b, T)
+                first[0] = start
+                for p in [*parts.values(), *position.values()]:
+                    p.begin_batch(len(chunk))
+                with autocast_as(caller):
+                    adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
+                for p in parts.values():
+                    p.end_batch()
+                bar.update(len(chunk))
+                check_interrupted()
 
 
 def summary_run(

@@ -33,6 +33,8 @@ from biasviz.summaries.sample_profiles import SampleProfiles
 
 ROWS = 256  # query rows of P formed at a time at the end
 # a streamed layer whose additive part differs by sample: what P's block map's SE would need and is not kept
+# a streamed layer some of whose samples' calls brought no q and k (P needs every sample's)
+SOME_OPERANDS_NOTE = "the positional logits P are not stored: some samples' calls gave no q and k to form them from"
 BIAS_DIFFERS_NOTE = ("the additive part differs by sample: P's block map has no standard error (its delete-one P needs "
                      "each sample's bias sums by block, past the memory kept for them)")  # fmt: skip
 
@@ -139,6 +141,8 @@ class StreamedPosition:
         q_sum, k_sum = (t.double().sum(0).transpose(0, 1) for t in (q, k))  # (T, H, hd)
         self.q = q_sum if self.q is None else self.q + q_sum
         self.k = k_sum if self.k is None else self.k + k_sum
+        seen = torch.full((), float(q.shape[0]), dtype=torch.float64, device=q_sum.device)
+        self.operand_samples = seen if self.operand_samples is None else self.operand_samples + seen
 
     def add_block(self, block: RowBlock) -> None:
         """Every quantity of a :class:`RowBlock` of the batch under way, and the call's q and k where it brings them:
@@ -204,7 +208,9 @@ class StreamedPosition:
     def begin_batch(self, size: int) -> None:
         self._batch = size
 
-    _SUMS = ("q", "k", "scores", "bias")
+    # how many samples brought their q and k: P is formed from every sample's, or not at all
+    operand_samples: torch.Tensor | None = None
+    _SUMS = ("q", "k", "scores", "bias", "operand_samples")
 
     def state(self) -> dict[str, torch.Tensor | None]:
         """This process's sums, on the CPU, for :meth:`join` in process 0."""
@@ -236,7 +242,10 @@ class StreamedPosition:
     def result(self) -> PositionSummary:
         """P's block means, distance profile and diagnostics (None with one sample), the key profile, sink shares."""
         mean = profile = diagnostics = None
-        if self.positional and self.q is not None and self.k is not None and self.scores is not None:
+        whole = self.operand_samples is not None and int(self.operand_samples) == self.samples
+        if self.positional and self.q is not None and not whole:  # a sum of some samples' q and k is no P
+            self.note = f"{self.note}; {SOME_OPERANDS_NOTE}" if self.note else SOME_OPERANDS_NOTE
+        if self.positional and self.q is not None and self.k is not None and self.scores is not None and whole:
             p = Positional(self.q, self.k, layer=self.layer, scale=1.0, samples=self.samples,
                            seq_len=self.seq_len, block=self.block, device=self.device, causal=self.causal,
                            attended=self.attended)  # fmt: skip
