@@ -7,6 +7,7 @@ Nothing is downloaded.
     .venv/bin/python bench/architectures.py                      # every causal model_type (about an hour on 2 cores)
     .venv/bin/python bench/architectures.py --only llama,xglm    # some
     .venv/bin/python bench/architectures.py --family seq2seq     # encoder-decoders (or: encoder)
+    .venv/bin/python bench/architectures.py --dtype bfloat16     # each model run in bfloat16, as on a GPU
 
 Prints one row per architecture: the calls and the modules that made them, the largest difference of the full
 file's weights and of the summary's per-cell means from transformers' own, or why none was compared. A tiny config
@@ -73,6 +74,8 @@ warnings.filterwarnings("ignore")
 row_name, folder, tiny, T, N, check = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), *map(int, sys.argv[4:7])
 name, own = json.loads(sys.argv[7])
 seq2seq = sys.argv[8] == "seq2seq"
+dtype = sys.argv[9]  # the dtype the model runs in, for the reference and for biasviz alike
+run = {} if dtype == "float32" else {"model_dtype": dtype}
 Auto = {"seq2seq": AutoModelForSeq2SeqLM, "encoder": AutoModelForMaskedLM}.get(sys.argv[8], AutoModelForCausalLM)
 def inputs(ids, config):  # an encoder-decoder's decoder reads the window shifted right behind its start token
     if not seq2seq:
@@ -114,7 +117,8 @@ try:
             model.save_pretrained(f"{folder}/model")
             top = min(250, int(getattr(config, "vocab_size", 256) or 256))
             ids = np.random.default_rng(0).integers(3, top, size=(N, T))
-            eager = Auto.from_pretrained(f"{folder}/model", attn_implementation="eager").eval()
+            eager = Auto.from_pretrained(f"{folder}/model", attn_implementation="eager",
+                                         dtype=getattr(torch, dtype)).eval()
             if name == "falcon" and config.alibi:  # its eager path adds ALiBi twice, its SDPA path (and RW's) once:
                 def once(module, args, kwargs):  # the reference is the model as run, the mask's copy left out
                     mask = kwargs.get("attention_mask")
@@ -138,7 +142,8 @@ try:
         attentions = out.attentions or ()
     if check:
         try:
-            sdpa = Auto.from_pretrained(f"{folder}/model", attn_implementation="sdpa").eval()
+            sdpa = Auto.from_pretrained(f"{folder}/model", attn_implementation="sdpa",
+                                        dtype=getattr(torch, dtype)).eval()
             with torch.no_grad():
                 got = sdpa(**inputs(ids, config), output_hidden_states=True, use_cache=False)
             def both(o):
@@ -151,14 +156,15 @@ except Exception as exc:
     raise SystemExit
 try:
     try:
-        biasviz.extract(f"{folder}/model", ids, f"{folder}/full.h5", layers="all", progress=False)
+        biasviz.extract(f"{folder}/model", ids, f"{folder}/full.h5", layers="all", progress=False, **run)
     except BiasvizError as exc:  # a bias under a mask of the call's own (a window): the weights, as the error says
         if "masks cells of its own" not in str(exc):
             raise
-        biasviz.extract(f"{folder}/model", ids, f"{folder}/full.h5", layers="all", progress=False, capture="weights")
+        biasviz.extract(f"{folder}/model", ids, f"{folder}/full.h5", layers="all", progress=False, capture="weights",
+                        **run)
         row["note"] = "full file: weights alone (a bias under the call's own mask)"
     biasviz.extract(f"{folder}/model", ids, f"{folder}/sum.h5", layers="all", summary=True, resolution=T,
-                    progress=False)
+                    progress=False, **run)
     causal = np.tril(np.ones((T, T), dtype=bool))
     full_gap = sum_gap = 0.0
     with h5py.File(f"{folder}/full.h5") as full, h5py.File(f"{folder}/sum.h5") as summary:
@@ -215,12 +221,12 @@ def names(family: str = "causal") -> list[str]:
     return sorted({*modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, *OWN})
 
 
-def run_one(name: str, check: bool, limit: float, family: str = "causal") -> dict:
+def run_one(name: str, check: bool, limit: float, family: str = "causal", dtype: str = "float32") -> dict:
     """One architecture in a process of its own (a model that breaks the interpreter breaks only its row)."""
     with tempfile.TemporaryDirectory() as folder:
         try:
             got = subprocess.run([sys.executable, "-c", ONE, name, folder, json.dumps(TINY), str(T), str(N),
-                                  str(int(check)), json.dumps(OWN.get(name, (name, {}))), family],
+                                  str(int(check)), json.dumps(OWN.get(name, (name, {}))), family, dtype],
                                  capture_output=True, text=True, timeout=limit)  # fmt: skip
         except subprocess.TimeoutExpired:
             return {"name": name, "failed": f"more than {limit:g} s"}
@@ -255,16 +261,19 @@ def main() -> None:
                         "calls see every key")  # fmt: skip
     parser.add_argument("--check-paths", action="store_true", help="also the gap between eager and SDPA's hidden "
                         "states (transformers' own), which the differences include")  # fmt: skip
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="the dtype each model runs in (the reference's too): a lower precision compares to its "
+                        "own rounding")  # fmt: skip
     parser.add_argument("--limit", type=float, default=300.0, help="seconds per architecture")
     parser.add_argument("--json", type=Path, help="also write every row to this file")
     args = parser.parse_args()
     chosen = args.only.split(",") if args.only else names(args.family)
-    print(f"{len(chosen)} architectures, T = {T}, N = {N}; max |weights - output_attentions| (full file) and max "
-          "|weights_mean - their mean| (summary, every causal cell)\n")
+    print(f"{len(chosen)} architectures, T = {T}, N = {N}, {args.dtype}; max |weights - output_attentions| (full file) "
+          "and max |weights_mean - their mean| (summary, every causal cell)\n")
     print("| model_type | calls (modules) | full | summary | note |\n| --- | --- | --- | --- | --- |")
     rows = []
     for name in chosen:
-        rows.append(run_one(name, args.check_paths, args.limit, args.family))
+        rows.append(run_one(name, args.check_paths, args.limit, args.family, args.dtype))
         print(row_text(rows[-1]), flush=True)
     compared = [r for r in rows if "full" in r]
     print(f"\n{len(compared)} compared, {sum('refused' in r for r in rows)} refused, "

@@ -103,6 +103,35 @@ def test_what_is_said_names_the_samples_formed_again() -> None:
     assert all(s.startswith(str(why)) for s in said)
 
 
+def test_a_turn_held_holds_none_of_the_forward_it_left() -> None:
+    """The turn is held while every later sample streams: the frames it was raised through (a model's forward, its
+    activations) are let go, or they would stay alive beside the streamed sums (0.3 GiB in bench/turned_summary.py)."""
+    import gc
+    import weakref
+
+    held: list[weakref.ref] = []
+
+    def forward() -> None:
+        activations = torch.zeros(1 << 16)
+        held.append(weakref.ref(activations))
+        raise MasksDifferBySample("attention call 0 added another bias for sample 1")
+
+    def keeping() -> None:
+        try:
+            forward()
+        except MasksDifferBySample as why:
+            raise StreamFrom(why, None, 1) from None
+
+    try:
+        keeping()
+    except StreamFrom as turn:
+        kept = turn.kept()
+    gc.collect()
+    assert held[0]() is None
+    assert kept.__traceback__ is None and kept.why.__traceback__ is None and kept.__context__ is None
+    assert kept.start == 1 and "added another bias" in kept.said()
+
+
 def _joined(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """One call of every sample at the first's scale: each sample's q multiplied by its scale over the first's."""
     first = float(calls[0]["scale"])

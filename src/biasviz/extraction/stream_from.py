@@ -25,7 +25,13 @@ class StreamFrom(Exception):  # noqa: N818 (a turn of the run, not an error a us
 
     def __init__(self, why: MasksDifferBySample, bank: Any, start: int) -> None:
         super().__init__(str(why))
-        self.why, self.bank, self.start = why, bank, start
+        # (without the frames it was raised through: they hold the forward's tensors)
+        self.why, self.bank, self.start = why.with_traceback(None), bank, start
+
+    def kept(self) -> StreamFrom:
+        """This turn, held while the summary streams: without the frames of the forward it left (their tensors)."""
+        self.__context__ = self.__cause__ = None
+        return self.with_traceback(None)
 
     def said(self) -> str:
         """What the user is told: why, and that nothing but the batch that showed it runs again."""

@@ -136,7 +136,7 @@ def summarise(
                     # it, each sample's own cells counting for it (docs/hdf5.md, 'Attended cells'), the samples before
                     # formed again from the bank
                     warnings.warn(turn.said(), stacklevel=2)
-                    streamed, before = True, turn
+                    streamed, before = True, turn.kept()
     finally:
         if before is not None:  # a run that stopped before it read the bank (refused for memory, interrupted)
             before.bank.close()
