@@ -21,6 +21,7 @@ import biasviz
 from biasviz.common.errors import MasksDifferBySample
 from biasviz.extraction.stream_from import StreamFrom, formed_before
 from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
+from tests.extraction.test_summary_scales import joined
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -132,14 +133,6 @@ def test_a_turn_held_holds_none_of_the_forward_it_left() -> None:
     assert kept.start == 1 and "added another bias" in kept.said()
 
 
-def _joined(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """One call of every sample at the first's scale: each sample's q multiplied by its scale over the first's."""
-    first = float(calls[0]["scale"])
-    q = np.concatenate([c["q"] * (float(c["scale"]) / first) for c in calls])
-    return {"q": q, "k": np.concatenate([c["k"] for c in calls]), "scale": np.asarray(first),
-            "kept": np.concatenate([c["kept"] for c in calls]), "added": np.concatenate([c["added"] for c in calls])}
-
-
 @pytest.fixture(scope="module", params=[False, True], ids=["in memory", "spilled"])
 def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import biasviz.summaries.bank as bank
@@ -162,7 +155,7 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
         attrs = dict(f.attrs)
     return {"stored": stored, "attrs": attrs, "said": [str(w.message) for w in said], "forwards": forwards,
-            "expected": reference(_joined(calls), 1, differ=False), "first": ids[:, 0].tolist(),
+            "expected": reference(joined(calls), 1, differ=False), "first": ids[:, 0].tolist(),
             "calls": calls}  # fmt: skip
 
 

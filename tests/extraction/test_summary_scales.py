@@ -34,7 +34,7 @@ class Rescaled(OneLayer):
         return 0.25 if bool((ids == MARK).any()) else None
 
 
-def _joined(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def joined(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """One call of every sample at the first's scale: each sample's q multiplied by its scale over the first's."""
     first = float(calls[0]["scale"])
     q = np.concatenate([c["q"] * (float(c["scale"]) / first) for c in calls])
@@ -61,7 +61,7 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=1)
     with h5py.File(out, "r") as f:
         stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
-    return {"stored": stored, "expected": reference(_joined(calls), 1), "said": [str(w.message) for w in said],
+    return {"stored": stored, "expected": reference(joined(calls), 1), "said": [str(w.message) for w in said],
             "rescaled": rescaled, "forwards": forwards, "ids": ids}  # fmt: skip
 
 
