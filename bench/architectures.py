@@ -183,7 +183,7 @@ try:
         for call, owner in enumerate(owners):
             at = re.search(r"\.(\d+)\.", f".{owner}.")
             if seq2seq and recorded:  # the call's own weights, by the module that made it (its stack, kind, layer)
-                cross = any(w in owner for w in ("encoder_attn", "EncDecAttention", "cross_att"))
+                cross = any(w in owner for w in ("encoder_attn", "EncDecAttention", "cross_att", "crossattention"))
                 stack = (out.cross_attentions if cross else out.decoder_attentions) if "decoder" in owner \
                     else out.encoder_attentions  # fmt: skip
                 want = stack[int(at.group(1))].double().numpy()
