@@ -248,34 +248,38 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     want_bias = any(kind == "bias" for kind, _ in parts)
     want_scores = any(kind == "scores" for kind, _ in parts)
     with Progress(n, desc="summarise", unit="sample", show=show) as bar:
+
+        def one_batch(start: int, size: int, send: Callable[[], None]) -> None:
+            """Samples ``start .. start + size - 1``: ``send`` gives every block of theirs to :func:`sink`."""
+            first[0] = start
+            for p in [*parts.values(), *position.values()]:
+                p.begin_batch(size)
+            send()
+            for p in parts.values():
+                p.end_batch()
+            bar.update(size)
+            check_interrupted()
+
+        def formed(turn: StreamFrom, a: int) -> None:
+            with torch.no_grad():  # (not inference mode: the sums the blocks start outlive it, as a stream's)
+                for block in formed_before(adapter, turn.bank, layer_list, a, ids.shape[1], want_bias=want_bias,
+                                           operands=bool(position)):  # fmt: skip
+                    sink(block)
+
+        def forward(chunk: np.ndarray) -> None:
+            with autocast_as(caller):
+                adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
+
         if before is not None:
             try:
                 for a in range(before.start):  # each a batch of one, as a streaming forward of it would send
-                    first[0] = a
-                    for p in [*parts.values(), *position.values()]:
-                        p.begin_batch(1)
-                    with torch.no_grad():  # (not inference mode: the sums the blocks start outlive it, as a stream's)
-                        for block in formed_before(adapter, before.bank, layer_list, a, ids.shape[1],
-                                                   want_bias=want_bias, operands=bool(position)):  # fmt: skip
-                            sink(block)
-                    for p in parts.values():
-                        p.end_batch()
-                    bar.update(1)
-                    check_interrupted()
+                    one_batch(a, 1, lambda a=a: formed(before, a))
             finally:
                 before.bank.close()
         with adapter.stream(layer_list, want_bias, sink, want_scores):
             for start in range(0 if before is None else before.start, n, batch):
                 chunk = ids[start : start + batch]  # (b, T)
-                first[0] = start
-                for p in [*parts.values(), *position.values()]:
-                    p.begin_batch(len(chunk))
-                with autocast_as(caller):
-                    adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
-                for p in parts.values():
-                    p.end_batch()
-                bar.update(len(chunk))
-                check_interrupted()
+                one_batch(start, len(chunk), lambda chunk=chunk: forward(chunk))
 
 
 def summary_run(

@@ -32,9 +32,9 @@ from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 from biasviz.summaries.sample_profiles import SampleProfiles
 
 ROWS = 256  # query rows of P formed at a time at the end
-# a streamed layer whose additive part differs by sample: what P's block map's SE would need and is not kept
 # a streamed layer some of whose samples' calls brought no q and k (P needs every sample's)
 SOME_OPERANDS_NOTE = "the positional logits P are not stored: some samples' calls gave no q and k to form them from"
+# a streamed layer whose additive part differs by sample: what P's block map's SE would need and is not kept
 BIAS_DIFFERS_NOTE = ("the additive part differs by sample: P's block map has no standard error (its delete-one P needs "
                      "each sample's bias sums by block, past the memory kept for them)")  # fmt: skip
 
