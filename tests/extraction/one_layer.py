@@ -63,6 +63,38 @@ def positions(t: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.arange(t)[:, None], torch.arange(t)[None, :]
 
 
+MARK = 1  # a text holding it is attended with another scale (:class:`Rescaled`)
+
+
+class Rescaled(OneLayer):
+    """Causal (``rule``), a window of 5 keys back for every sample (``window``), or left padding (token 0) left out
+    (``padded``); scaled by 1/4 rather than 1/sqrt(8) where the text holds MARK."""
+
+    def __init__(self, how: str = "padded") -> None:
+        super().__init__()
+        self.how = how
+
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
+        if self.how == "window":
+            return ((j <= i) & (i - j < 5))[None, None]
+        if self.how == "padded":
+            return (j <= i)[None, None] & (ids != 0)[:, None, None, :]
+        return (j <= i)[None, None]
+
+    def scale(self, ids: torch.Tensor) -> float | None:
+        return 0.25 if bool((ids == MARK).any()) else None
+
+
+def joined(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One call of every sample at the first's scale (:class:`Rescaled`'s calls, caught one sample at a time): each
+    sample's q multiplied by its scale over the first's."""
+    first = float(calls[0]["scale"])
+    q = np.concatenate([c["q"] * (float(c["scale"]) / first) for c in calls])
+    return {"q": q, "k": np.concatenate([c["k"] for c in calls]), "scale": np.asarray(first),
+            "kept": np.concatenate([c["kept"] for c in calls]), "added": np.concatenate([c["added"] for c in calls])}
+
+
 def assert_as_reference(got: np.ndarray, want: np.ndarray, name: str, rtol: float = 2e-5, atol: float = 1e-5) -> None:
     """A stored dataset against float64 math: the same shape, NaN exactly where the reference has no cell, the rest
     within ``rtol`` and ``atol``."""

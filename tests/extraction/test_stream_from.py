@@ -20,34 +20,10 @@ import torch
 import biasviz
 from biasviz.common.errors import MasksDifferBySample
 from biasviz.extraction.stream_from import StreamFrom, formed_before
-from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
-from tests.extraction.test_summary_scales import joined
-from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
+from tests.extraction.one_layer import MARK, Rescaled, assert_as_reference, joined
+from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, kept_softmax, reference
 
 N = 3
-MARK = 1  # a text holding it is scaled otherwise
-
-
-class Masked(OneLayer):
-    """Causal (``rule``), a window of 5 keys back for every sample (``window``), or left padding (token 0) left out
-    (``padded``); scaled by 1/4 where the text holds MARK."""
-
-    def __init__(self, how: str) -> None:
-        super().__init__()
-        self.how = how
-
-    def keep(self, ids: torch.Tensor) -> torch.Tensor:
-        i, j = positions(ids.shape[1])
-        if self.how == "window":
-            return ((j <= i) & (i - j < 5))[None, None]
-        if self.how == "padded":
-            return (j <= i)[None, None] & (ids != 0)[:, None, None, :]
-        return (j <= i)[None, None]
-
-    def scale(self, ids: torch.Tensor) -> float | None:
-        return 0.25 if bool((ids == MARK).any()) else None
-
-
 def _ids(how: str) -> torch.Tensor:
     ids = torch.randint(MARK + 1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
     if how == "padded":
@@ -62,7 +38,7 @@ def test_each_sample_before_is_one_whole_call_as_its_model_formed_it(how: str, s
     from biasviz.summaries.bank import SampleBank
 
     torch.manual_seed(0)
-    model = Masked(how).eval()
+    model = Rescaled(how).eval()
     ids = _ids(how)
     call = caught_call(lambda: model(ids))
     adapter = TracedAdapter(model)
@@ -76,10 +52,7 @@ def test_each_sample_before_is_one_whole_call_as_its_model_formed_it(how: str, s
     assert bank.spilled == spilled
     c = float(call["scale"])
     scores = c * np.einsum("nhid,nhjd->nhij", call["q"], call["k"])
-    z = np.where(call["kept"], scores, -np.inf)
-    top = np.where(call["kept"].any(-1, keepdims=True), z.max(-1, keepdims=True), 0.0)
-    w = np.where(call["kept"], np.exp(z - top), 0.0)
-    w /= np.maximum(w.sum(-1, keepdims=True), 1e-300)
+    w = kept_softmax(scores, call["kept"])
     with torch.no_grad():
         for a in range(N):
             (block,) = formed_before(adapter, bank, [0], a, T, want_bias=False, operands=True)
@@ -138,7 +111,7 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     import biasviz.summaries.bank as bank
 
     torch.manual_seed(0)
-    model = Masked("window").eval()
+    model = Rescaled("window").eval()
     ids = _ids("window")
     ids[N - 1, 3] = MARK  # the last sample's scale differs
     calls = [caught_call(lambda a=a: model(ids[a : a + 1])) for a in range(N)]

@@ -11,41 +11,18 @@ import warnings
 from typing import Any
 
 import h5py
-import numpy as np
 import pytest
 import torch
 
 import biasviz
-from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
+from tests.extraction.one_layer import MARK, Rescaled, assert_as_reference, joined
 from tests.summaries.test_sample_cells import NAMES, VOCAB, T, caught_call, reference
 
 N = 3
-MARK = 1  # a text holding it is attended with another scale
-
-
-class Rescaled(OneLayer):
-    """Padding (token 0) left out, scaled by 1/4 rather than 1/sqrt(8) where the text holds MARK."""
-
-    def keep(self, ids: torch.Tensor) -> torch.Tensor:
-        i, j = positions(ids.shape[1])
-        return (j <= i)[None, None] & (ids != 0)[:, None, None, :]
-
-    def scale(self, ids: torch.Tensor) -> float | None:
-        return 0.25 if bool((ids == MARK).any()) else None
-
-
-def joined(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """One call of every sample at the first's scale: each sample's q multiplied by its scale over the first's."""
-    first = float(calls[0]["scale"])
-    q = np.concatenate([c["q"] * (float(c["scale"]) / first) for c in calls])
-    return {"q": q, "k": np.concatenate([c["k"] for c in calls]), "scale": np.asarray(first),
-            "kept": np.concatenate([c["kept"] for c in calls]), "added": np.concatenate([c["added"] for c in calls])}
-
-
 @pytest.fixture(scope="module", params=["padded, then rescaled", "rescaled, then padded"])
 def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = Rescaled().eval()
+    model = Rescaled("padded").eval()
     ids = torch.randint(MARK + 1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
     padded, rescaled = (1, 2) if request.param.startswith("padded") else (2, 1)
     ids[padded, :5] = 0

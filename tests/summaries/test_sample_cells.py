@@ -73,16 +73,21 @@ def block_means(cells: np.ndarray, union: np.ndarray, block: int) -> np.ndarray:
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
+def kept_softmax(scores: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """Each row's softmax over its kept cells, 0 elsewhere (and in a row with no kept cell)."""
+    z = np.where(kept, scores, -np.inf)
+    top = np.where(kept.any(-1, keepdims=True), z.max(-1, keepdims=True), 0.0)
+    w = np.where(kept, np.exp(z - top), 0.0)
+    return w / np.maximum(w.sum(-1, keepdims=True), 1e-300)
+
+
 def reference(call: dict[str, np.ndarray], block: int, differ: bool = True) -> dict[str, np.ndarray]:
     """Every stored quantity, from the caught call by the rule of docs/hdf5.md, 'Attended cells' for masks that differ
     by sample (``differ``; else the rule for one mask, which it gives as well)."""
     kept, c = call["kept"], float(call["scale"])
     assert not differ or not (kept == kept[:1]).all(), "the samples' masks differ"
     scores = c * np.einsum("nhid,nhjd->nhij", call["q"], call["k"]) + call["added"]
-    z = np.where(kept, scores, -np.inf)
-    top = np.where(kept.any(-1, keepdims=True), z.max(-1, keepdims=True), 0.0)
-    w = np.where(kept, np.exp(z - top), 0.0)
-    w /= np.maximum(w.sum(-1, keepdims=True), 1e-300)
+    w = kept_softmax(scores, kept)
     union = kept.any(0)
     out: dict[str, np.ndarray] = {}
     d = np.subtract.outer(np.arange(T), np.arange(T))
