@@ -20,7 +20,7 @@ import torch
 
 import biasviz
 from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
-from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, reference
+from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, kept_softmax, reference
 
 N = 3
 PREFIX = 1  # the token that marks a sample's prefix, at its start
@@ -35,23 +35,33 @@ class PrefixLM(OneLayer):
         return ((j <= i)[None] | ((i < prefix) & (j < prefix)))[:, None]  # (B, 1, T, T)
 
 
-def _model() -> tuple[OneLayer, torch.Tensor]:
+class PrefixBiasLM(PrefixLM):
+    """The same cells, with an additive bias in the call's float mask that is not of i - j alone: -0.1·|i - j| plus a
+    term of the query and the key, -inf where the call masks."""
+
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
+        bias = -0.1 * (i - j).abs() + 0.3 * torch.sin(i.float()) * torch.cos(0.5 * j.float())
+        return torch.where(super().keep(ids), bias, float("-inf"))
+
+
+def _model(bias: bool = False) -> tuple[OneLayer, torch.Tensor]:
     torch.manual_seed(0)
     ids = torch.randint(PREFIX + 1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
     ids[1, :4] = PREFIX  # sample 0 has no prefix: its call is causal
     ids[2, :7] = PREFIX
-    return PrefixLM().eval(), ids
+    return (PrefixBiasLM() if bias else PrefixLM()).eval(), ids
 
 
-@pytest.fixture(scope="module", params=[(way, batch, r) for way in ("formed again", "streamed")
-                                        for batch, r in ((1, T), (N, T), (1, T // 2))],
-                ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}")  # fmt: skip
+@pytest.fixture(scope="module", params=[(way, batch, r, bias) for way in ("formed again", "streamed")
+                                        for batch, r in ((1, T), (N, T), (1, T // 2)) for bias in (False, True)],
+                ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}{', a bias' * p[3]}")  # fmt: skip
 def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import biasviz.extraction.summary as summary
     import biasviz.summaries.layer as layer
 
-    way, batch, resolution = request.param
-    model, ids = _model()
+    way, batch, resolution, bias = request.param
+    model, ids = _model(bias)
     call = caught_call(lambda: model(ids))
     assert (call["kept"][1] & np.triu(np.ones((T, T), dtype=bool), 1)).any()  # sample 1's prefix sees past i
     out = tmp_path_factory.mktemp("prefix") / "s.h5"
@@ -74,18 +84,21 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     with h5py.File(out, "r") as f:
         stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
         attrs = dict(f.attrs)
-    return {"stored": stored, "attrs": attrs, "expected": reference(call, T // resolution), "way": way,
+    return {"stored": stored, "attrs": attrs, "expected": reference(call, T // resolution), "way": way, "batch": batch,
+            "bias": bias,
             "said": [str(w.message) for w in said], "forwards": forwards}  # fmt: skip
 
 
 def test_the_call_is_taken_as_one_that_sees_every_key_and_said(summarised: dict[str, Any]) -> None:
-    """Said once. Rows formed again from what each sample's forward kept: from the sample that showed it on, the samples
-    before keeping the cells they attended, and no forward runs again; streamed rows, summarised as they came: from the
-    first sample again."""
+    """Said once. From the sample that showed it on, the samples before keeping the cells they attended: rows formed
+    again from what each sample's forward kept run no forward again; streamed rows, summarised as they came, run that
+    sample's batch again, or, where it is the first batch (one batch of every sample), start from it."""
     said = [w for w in summarised["said"] if "attended keys after a query" in w]
     assert len(said) == 1, summarised["said"]
-    again = "started again from the first sample" in said[0]
-    assert again == (summarised["way"] == "streamed"), said[0]
+    first_batch = summarised["way"] == "streamed" and summarised["batch"] == N
+    assert ("started again from the first sample" in said[0]) == first_batch, said[0]
+    goes_on = "the summary goes on from sample 1, whose batch alone runs again" in said[0]
+    assert goes_on == (summarised["way"] == "streamed" and not first_batch), said[0]
     assert summarised["attrs"]["mask"] == "model"
 
 
@@ -101,24 +114,93 @@ def test_standard_errors_over_every_cell_the_call_attends(summarised: dict[str, 
     assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-4, 1e-5)
 
 
-def test_a_full_file_is_written_again_with_the_cells_after_the_query(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["bias_mean", "bias_std", "bias_profile", "bias_mean_se"])
+def test_the_bias_over_every_cell_the_call_attends(summarised: dict[str, Any], name: str) -> None:
+    if not summarised["bias"]:
+        pytest.skip("the call adds no bias")
+    if name not in summarised["expected"] or (name.endswith("_se") and summarised["expected"][name] is None):
+        pytest.skip("no standard error of blocks of one cell")
+    assert_as_reference(summarised["stored"][name], summarised["expected"][name], name, 2e-5, 2e-6)
+
+
+def _kept_weights(call: dict[str, np.ndarray]) -> np.ndarray:
+    """(N, H, T, T) float64: each row's softmax over the caught call's own cells."""
+    scores = call["scale"] * np.einsum("nhid,nhjd->nhij", call["q"], call["k"]) + call["added"]
+    return kept_softmax(scores, call["kept"])
+
+
+@pytest.mark.parametrize("batch", [1, N])
+def test_a_full_file_stores_the_cells_after_the_query(tmp_path: Path, batch: int) -> None:
     """A full file's weights as the model formed them, the prefix's cells after their query included (a causal file
-    would have stored 0 there): softmax over the caught call's own cells, float64."""
+    would have stored 0 there): softmax over the caught call's own cells, float64. Sample 1 shows it: in a later batch
+    the file goes on from it, its batch alone run again; in the first, the file is written again."""
     model, ids = _model()
     call = caught_call(lambda: model(ids))
-    scores = call["scale"] * np.einsum("nhid,nhjd->nhij", call["q"], call["k"])
-    z = np.where(call["kept"], scores, -np.inf)
-    w = np.exp(z - z.max(-1, keepdims=True))
-    w /= w.sum(-1, keepdims=True)
     out = tmp_path / "f.h5"
+    forwards: list[int] = []
+    keep = model.keep
+    model.keep = lambda ids: (forwards.append(int(ids.shape[0])), keep(ids))[1]  # type: ignore[method-assign]
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        biasviz.extract(model, ids.numpy(), out, progress=False, batch_size=1, capture="weights")
-    assert any("attended keys after a query" in str(x.message) and "written again" in str(x.message) for x in said)
+        biasviz.extract(model, ids.numpy(), out, progress=False, batch_size=batch, capture="weights")
+    said = [str(x.message) for x in said if "attended keys after a query" in str(x.message)]
+    assert len(said) == 1, said
+    assert ("goes on from sample 1, whose batch alone runs again" in said[0]) == (batch == 1), said[0]
+    assert ("written again from the first sample" in said[0]) == (batch == N), said[0]
+    assert forwards[1:] == ([1, 1, 1, 1] if batch == 1 else [N, N]), forwards  # after the probe
     with h5py.File(out) as f:
         got = f["layer_0/weights"][()]
-        assert not f.attrs["causal"]
-    np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+        assert not f.attrs["causal"] and "causal" not in f["layer_0"].attrs
+    np.testing.assert_allclose(got, _kept_weights(call), rtol=1e-5, atol=1e-6)
+
+
+class PrefixThenCausal(torch.nn.Module):
+    """Two calls: the prefix's (:class:`PrefixLM`), then a causal one over its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = PrefixLM(), PrefixLM()
+        self.second.keep = lambda ids: positions(ids.shape[1])[1] <= positions(ids.shape[1])[0]  # type: ignore
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.first(ids) + self.second(ids)
+
+
+def test_a_full_file_that_goes_on_says_each_call_s_rule(tmp_path: Path) -> None:
+    """The file's rule turns to every key with the call that turned; the call that stayed causal says so itself, as
+    the reader reads it, and holds 0 after each query."""
+    from biasviz.store import BiasFile
+
+    _, ids = _model()
+    torch.manual_seed(0)
+    out = tmp_path / "f.h5"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        biasviz.extract(PrefixThenCausal().eval(), ids.numpy(), out, progress=False, batch_size=1, capture="weights",
+                        layers="all")  # fmt: skip
+    with BiasFile(out) as f:
+        assert not f.causal and not f.layer_causal(0) and f.layer_causal(1)
+        after = np.triu(np.ones((T, T), dtype=bool), 1)
+        assert (f.read("weights", 1)[..., after] == 0).all()
+        assert (f.read("weights", 0)[1][..., after] > 0).any()  # sample 1's prefix
+
+
+@pytest.mark.parametrize("capture", ["bias,weights", "weights,scores"])
+def test_a_full_file_of_the_bias_or_scores_is_refused_at_once(tmp_path: Path, capture: str) -> None:
+    """The samples before held their mask after each query in their bias and scores, within the rule of a call that
+    sees every key: refused, saying what to do, before any later batch; nothing is left at the output."""
+    from biasviz.common.errors import BiasvizError
+
+    model, ids = _model(bias=True)
+    out = tmp_path / "f.h5"
+    forwards: list[int] = []
+    keep = model.keep
+    model.keep = lambda ids: (forwards.append(int(ids.shape[0])), keep(ids))[1]  # type: ignore[method-assign]
+    with pytest.raises(BiasvizError, match="attended keys after a query.*samples before sample 1 attended only keys "
+                                           "up to their query.*--summary.*--capture weights"):  # fmt: skip
+        biasviz.extract(model, ids.numpy(), out, progress=False, batch_size=1, capture=capture)
+    assert forwards[1:] == [1, 1], forwards
+    assert not out.exists()
 
 
 def test_under_torchrun_a_summary_that_would_start_again_is_refused() -> None:
@@ -133,9 +215,11 @@ def test_under_torchrun_a_summary_that_would_start_again_is_refused() -> None:
                     merge=lambda parts, position: True, total_samples=N)  # fmt: skip
 
 
-def test_rows_formed_again_run_each_sample_once(summarised: dict[str, Any]) -> None:
-    """Formed again, each sample's forward runs once (after the probe of the first sample that finds the calls);
-    streamed, the samples before the one that showed it run again."""
+def test_no_sample_before_the_one_that_shows_it_runs_again(summarised: dict[str, Any]) -> None:
+    """After the probe of the first sample that finds the calls: formed again, each sample's forward runs once;
+    streamed, the batch that showed it runs once more, and no batch before it (sample 1 shows it: one batch of one)."""
     probe, *forwards = summarised["forwards"]
     assert probe == 1
-    assert (sum(forwards) == N) == (summarised["way"] == "formed again"), summarised["forwards"]
+    again = 0 if summarised["way"] == "formed again" else summarised["batch"]
+    assert forwards == [summarised["batch"]] * (N // summarised["batch"] + (again > 0)), forwards
+    assert sum(forwards) == N + again, forwards

@@ -1,5 +1,5 @@
 """What a full file's batch must hold before it is stored: every asked layer's matrices, and calls whose values
-there are the model's.
+there are the model's; and what a call taken as causal that attends keys after a query in a later batch changes.
 
 A call whose own mask removes cells that its rule keeps (padding given as an ``attention_mask``, packed documents, a
 sliding window; docs/hdf5.md, 'Attended cells') holds its mask there, not the model's values, in its scores and bias.
@@ -11,11 +11,14 @@ rather than taken for a broken model; its weights alone are stored as the model 
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import torch
 
 from biasviz.adapters.base import ModelAdapter
 from biasviz.adapters.rows import plain_cells
-from biasviz.common.errors import BiasvizError
+from biasviz.common.errors import AttendsPastQuery, BiasvizError
 from biasviz.extraction.full_matrices import FullMatrices
 
 
@@ -52,3 +55,25 @@ def check_captured(got: FullMatrices, layers: list[int], kinds: list[str], adapt
         raise BiasvizError(f"the {adapter.architecture} model ran but nothing was captured for layer(s) "
                            f"{sorted(set(missing))}; its attention may use a fused kernel that never forms "
                            "the weights")  # fmt: skip
+
+
+def see_every_key(why: AttendsPastQuery, adapter: ModelAdapter, writer: Any, encoder: Any, kinds: list[str],
+                  start: int) -> None:  # fmt: skip
+    """A streamed call stored as causal attends keys after a query from sample ``start`` on (the adapter now takes it as
+    one that sees every key, ``why``): the file goes on storing its every cell, the samples before holding weight 0
+    after their queries, as their calls gave; only the batch under way runs again. A file of its bias or scores is
+    refused (those samples' would hold their mask there, within the rule of a call that sees every key)."""
+    turned = [layer for layer, rule in writer.layer_causal.items() if rule and not adapter.layer_causal(layer)]
+    if not turned:
+        raise why
+    stored = [kind for kind in ("bias", "scores") if kind in kinds]
+    if stored:
+        raise BiasvizError(f"{why}; the samples before sample {start} attended only keys up to their query, and a full "
+                           f"file stores the {' and '.join(stored)} in every cell of a call that sees every key, which "
+                           "their calls masked: 'extract --summary' takes each sample's own cells (docs/hdf5.md, "
+                           "'Attended cells'), and '--capture weights' stores the weights alone")  # fmt: skip
+    writer.see_every_key(turned, bool(adapter.causal))
+    if encoder is not None:
+        encoder.see_every_key(turned)
+    warnings.warn(f"{why}; the file goes on from sample {start}, whose batch alone runs again, every cell of the call "
+                  "stored (the samples before hold weight 0 after their queries, as their calls gave)", stacklevel=4)

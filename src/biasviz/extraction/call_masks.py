@@ -53,6 +53,11 @@ class CallMasks:
         block.mask = known[1] if isinstance(known, tuple) else None
         block.attended = None if cells is None else cells[..., block.r0 : block.r1, : block.keys]
 
+    def widen(self, layer: int) -> None:
+        """``layer``'s call, causal so far, attends keys after a query from the batch under way on: the samples before
+        attended the causal triangle (or the one mask they had), so from here on each sample's own cells count."""
+        self.known[layer] = BY_SAMPLE
+
     def _cells(self, layer: int, kept: torch.Tensor, first: int) -> torch.Tensor | None:
         """The call's cells as few as say them: None where its mask is its rule, the one mask (1, 1 or H, T, T) while
         every sample has it, else the batch's own; settles :attr:`known` for the layer."""

@@ -26,8 +26,9 @@ from biasviz.common.errors import AttendsPastQuery, BiasvizError, check_interrup
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name
 from biasviz.common.progress import Progress
-from biasviz.extraction.batch_checks import check_captured, check_own_masks
+from biasviz.extraction.batch_checks import check_captured, check_own_masks, see_every_key
 from biasviz.extraction.full_matrices import full_matrices
+from biasviz.extraction.same_bias import SameBias
 from biasviz.store import BiasFileWriter
 from biasviz.store.compression import parse_compression
 from biasviz.store.format import BIAS_DIFFERENCE
@@ -195,7 +196,7 @@ def extract(
             try:
                 _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress, filters)
                 break
-            except AttendsPastQuery as why:  # the call is taken as one that sees every key from now on: a call a time
+            except AttendsPastQuery as why:  # in the first batch (a later one goes on: see_every_key): a call a time
                 warnings.warn(f"{why}; the file is written again from the first sample, every cell of every "
                               "call stored", stacklevel=2)  # fmt: skip
     seconds = time.perf_counter() - t0
@@ -264,7 +265,16 @@ def _run(
         for start in range(0, n, batch_size):
             batch = ids[start : start + batch_size]  # (b, T)
             got.clear()
-            adapter.forward(torch.from_numpy(batch).to(dev))
+            while True:
+                try:
+                    adapter.forward(torch.from_numpy(batch).to(dev))
+                    break
+                except AttendsPastQuery as why:  # raised before anything of the batch was held
+                    if start == 0:  # nothing stored yet: the file is written again (extract)
+                        raise
+                    sink.drain()
+                    see_every_key(why, adapter, writer, sink.encoder, kinds, start)
+                    got.clear()
             check_captured(got, layer_list, kinds, adapter)
             check_own_masks(got, adapter, kinds)  # a call's own mask in its bias or scores: refused, with why
             later = start + batch_size < n  # a later batch is still to be compared with the first sample
@@ -282,62 +292,6 @@ def _run(
             writer.record(BIAS_DIFFERENCE, agreement.largest)
         for key in [k for k, v in meta.items() if callable(v)]:  # measured at the end (a device map's peak memory)
             writer.record(key, meta[key])
-
-
-class SameBias:
-    """Measures whether a bias declared the same for every input is: each sample's against the first's.
-
-    :attr:`largest` is the largest |b_a(i, j) - b_0(i, j)| over samples, layers and cells (those a query sees;
-    0 when every sample's bias equals the first's bit for bit). One pass over what was captured, on its device,
-    through a small reused buffer (:func:`largest_gap`); the first sample's bias is kept (one (H, T, T) matrix
-    per layer, as a batch of one holds) only while a later batch is still to be compared with it.
-    """
-
-    def __init__(self) -> None:
-        self.first: dict[int, torch.Tensor] = {}
-        self.largest = 0.0
-
-    def differs(self, bias: Mapping[int, torch.Tensor], keep: bool = True) -> bool:
-        """Take one batch's bias (layer -> (1 or B, H, T, T)); True when this batch is the first to differ.
-
-        ``keep`` False says no later batch follows: the first batch's first sample is then compared with the
-        rest of its batch in place, and not copied.
-        """
-        before = self.largest
-        for layer, b in bias.items():
-            first = self.first.get(layer)
-            others = b
-            if first is None:  # the first batch: its first sample against the others (itself would give 0)
-                first, others = b[:1], b[1:]
-                if keep:
-                    self.first[layer] = first.clone()  # the captured tensor is the caller's, not ours to hold
-            self.largest = max(self.largest, largest_gap(others, first))
-        return before == 0.0 < self.largest
-
-
-GAP_ELEMENTS = 1 << 22  # cells compared at a time (16 MiB of float32): full-size differences would take B x H x T x T
-
-
-def largest_gap(others: torch.Tensor, first: torch.Tensor, elements: int = GAP_ELEMENTS) -> float:
-    """``float(torch.nan_to_num((others - first).abs_(), nan=0.0).amax())`` (0 for no ``others``), computed a block
-    of rows at a time in one reused buffer instead of full-size temporaries: others (n, H, T, K), first (1, H, T, K).
-    Cells NaN in both (those no query sees) count 0.
-
-    The largest of the blocks' largest values is the whole's, so the result is the same bit for bit.
-    """
-    n, heads, rows, keys = others.shape
-    if n == 0 or heads * rows * keys == 0:
-        return 0.0
-    step = max(1, min(rows, elements // max(keys, 1)))
-    buf = torch.empty(step, keys, dtype=torch.result_type(others, first), device=others.device)
-    peak = torch.zeros((), dtype=buf.dtype, device=buf.device)  # every gap is >= 0 after nan_to_num
-    for s in range(n):
-        for h in range(heads):
-            for r0 in range(0, rows, step):
-                r1 = min(rows, r0 + step)
-                gap = torch.sub(others[s, h, r0:r1], first[0, h, r0:r1], out=buf[: r1 - r0]).abs_()
-                torch.maximum(peak, gap.nan_to_num_(nan=0.0).amax(), out=peak)
-    return float(peak)  # one device sync per batch and layer
 
 
 _STORABLE = (torch.float32, torch.float16)

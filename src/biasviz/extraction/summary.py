@@ -108,8 +108,8 @@ def summarise(
     again from what their forward kept into the same sums (:mod:`biasviz.extraction.stream_from`: only that batch runs
     again; torchrun's joined banks refuse it). A call causal in
     the first sample that attends keys after a query in a later one is taken as a call that sees every key, within its
-    own mask: where rows are formed again, from there on (the samples before keep the cells they attended, and nothing
-    runs again); where they are streamed, from the start again.
+    own mask, from there on: the samples before keep the cells they attended; where rows are formed again nothing runs
+    again, where they are streamed only the batch that showed it (in the first batch, that batch is the start).
     """
     options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
@@ -123,7 +123,7 @@ def summarise(
             while True:
                 try:
                     return _summarise(adapter, ids, layer_list, dev, streamed=streamed, before=before, **options)
-                except AttendsPastQuery as why:  # a streamed call
+                except AttendsPastQuery as why:  # a streamed call, in the first batch (later ones go on: _streamed)
                     if merge is not None or gather is not None:  # the other processes would not start again with it
                         raise BiasvizError(f"{why}; under torchrun a summary cannot start again: run it in one "
                                            "process") from None  # fmt: skip
@@ -266,9 +266,34 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                                            operands=bool(position)):  # fmt: skip
                     sink(block)
 
-        def forward(chunk: np.ndarray) -> None:
-            with autocast_as(caller):
-                adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
+        def forward(chunk: np.ndarray, start: int) -> None:
+            while True:
+                try:
+                    with autocast_as(caller):
+                        adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
+                    return
+                except AttendsPastQuery as why:  # raised before any block of the batch was sent
+                    if start == 0 or merged:  # nothing summarised yet: started again (summarise); torchrun: refused
+                        raise
+                    widen(why, start)
+
+        def widen(why: AttendsPastQuery, start: int) -> None:
+            """A call causal so far attends keys after a query from sample ``start`` on (the adapter now takes it as one
+            that sees every key): its layer's sums go on over each sample's own cells, the samples before keeping the
+            cells they attended; only this batch runs again."""
+            turned = [layer for layer in layer_list if not adapter.layer_causal(layer)
+                      and any(p.causal for (_, at), p in parts.items() if at == layer)]  # fmt: skip
+            if not turned:
+                raise why
+            for layer in turned:
+                masks.widen(layer)
+                for (_, at), part in parts.items():
+                    if at == layer:
+                        part.widen()
+                if layer in position:
+                    position[layer].widen(start)
+            warnings.warn(f"{why}; the summary goes on from sample {start}, whose batch alone runs again, the samples "
+                          "before it keeping the cells they attended", stacklevel=2)  # fmt: skip
 
         if before is not None:
             try:
@@ -279,7 +304,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
         with adapter.stream(layer_list, want_bias, sink, want_scores):
             for start in range(0 if before is None else before.start, n, batch):
                 chunk = ids[start : start + batch]  # (b, T)
-                one_batch(start, len(chunk), lambda chunk=chunk: forward(chunk))
+                one_batch(start, len(chunk), lambda chunk=chunk, start=start: forward(chunk, start))
 
 
 def summary_run(

@@ -16,7 +16,7 @@ The bytes are identical to what :class:`biasviz.store.BiasFileWriter` produces o
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -76,6 +76,12 @@ class GpuChunkEncoder:
         self._free: queue.Queue[torch.Tensor] = queue.Queue()
         self._allocated = 0
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="biasviz-gpu-encode")
+
+    def see_every_key(self, layers: Iterable[int]) -> None:
+        """Every cell of ``layers`` kept in later chunks (as the writer's
+        :meth:`~biasviz.store.shared_bias.SharedBiasSwitch.see_every_key`)."""
+        self.layer_causal.update(dict.fromkeys(layers, False))
+        self.masks.setdefault(False, torch.zeros(self.seq_len, self.seq_len, dtype=torch.bool, device=self.device))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

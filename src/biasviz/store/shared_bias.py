@@ -1,4 +1,6 @@
-"""A bias declared the same for every input, measured to differ: the file being written switches to per sample.
+"""What a file being written learns mid-run: a bias declared the same for every input measured to differ, which switches
+it to one bias per sample; and a call taken as causal that attends keys after a query, whose every cell it stores from
+then on.
 
 Extraction compares every sample's bias with the first as it is captured (docs/hdf5.md, 'Summary files': measured, not
 assumed); :class:`BiasFileWriter` starts with one stored bias where the scheme says it is context-free, and
@@ -7,7 +9,7 @@ this is where it turns into one per sample mid-run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import h5py
@@ -24,6 +26,11 @@ class SharedBiasSwitch:
     _h5: h5py.File | None
     _written: int
     _filters: Mapping[str, Any]
+    _masks: dict[bool, np.ndarray]
+    causal: bool
+    layer_causal: dict[int, bool]
+    has_bias: bool
+    has_scores: bool
     bias_shared: bool
     checkpoints: list[int] | None
     layers: list[int]
@@ -67,6 +74,21 @@ class SharedBiasSwitch:
                 for sample in range(self._written):
                     ds[sample, h] = matrix
             del grp[".bias_first"]
+
+    def see_every_key(self, layers: Iterable[int], causal: bool) -> None:
+        """``layers``' calls, stored as causal so far, attend keys after a query: from the next batch on, every cell of
+        theirs is stored. Only where the file holds the weights alone: the samples before hold 0 after their queries,
+        the weight their calls gave there (a bias or scores would hold their mask there). ``causal``: the file's rule
+        now (the model's calls all causal or not); a layer says its own where it differs."""
+        assert self._h5 is not None and not (self.has_bias or self.has_scores), "the weights alone"
+        self.causal = self._h5.attrs["causal"] = causal
+        self.layer_causal.update(dict.fromkeys(layers, False))
+        self._masks.setdefault(False, np.zeros((self.seq_len, self.seq_len), dtype=bool))
+        for layer, rule in self.layer_causal.items():
+            held = self._h5[layer_group(layer)].attrs
+            held.pop("causal", None)
+            if rule != causal:
+                held["causal"] = rule
 
     def _skip(self, kind: str, sample: int) -> bool:
         """A shared bias is stored at sample 0 only: the same matrix given for a later sample is not stored again."""

@@ -101,12 +101,28 @@ class KeyProfile(Reducer):
         self.per_sample = sum(s["per_sample"] for s in states).to(self.device)
         self.sample_plain = int(sum(int(s["plain"]) for s in states))
 
+    def _rule(self) -> torch.Tensor:
+        """(T,) float64: the queries of the call's rule that see each key, T - j causal, T otherwise."""
+        if self.causal:
+            return torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=self.device)
+        return torch.full((self.seq_len,), float(self.seq_len), dtype=torch.float64, device=self.device)
+
+    def widen(self) -> None:
+        """Blocks that brought no cells were counted by the causal rule: counted as their cells now, before the rule
+        becomes every key."""
+        rule = self._rule()
+        if self.joint_plain:
+            self.joint = self.joint_plain * rule[None] if self.joint is None else self.joint + self.joint_plain * rule
+        if self.sample_plain:
+            counted = self.sample_plain * rule[None]
+            self.per_sample = counted if self.per_sample is None else self.per_sample + counted
+        self.joint_plain = self.sample_plain = 0
+        super().widen()
+
     def profile(self) -> torch.Tensor:
         """(2, H, T) float32 on the device: mean and standard deviation by key (NaN where no query sees it)."""
         sums = self.sums["columns"]
-        rule = (torch.arange(self.seq_len, 0, -1, dtype=torch.float64, device=sums.device)  # T - j
-                if self.causal else torch.full((self.seq_len,), float(self.seq_len), dtype=torch.float64,
-                                               device=sums.device))  # fmt: skip
+        rule = self._rule().to(sums.device)
         joint = self.joint_plain * rule if self.joint is None else self.joint + self.joint_plain * rule
         by_sample = self.sample_plain * rule if self.per_sample is None else self.per_sample + self.sample_plain * rule
         queries = joint + by_sample / self.total

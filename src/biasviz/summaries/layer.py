@@ -116,6 +116,17 @@ class QuantitySummary:
             self.agreement, self.sample_masks, self.attended = None, True, None
             self._sums()
 
+    def widen(self) -> None:
+        """The call, summarised as causal so far, turned out to attend keys after a query (a streamed call;
+        docs/hdf5.md, 'Attended cells'): from the batch under way on, it is a call that sees every key within each
+        sample's own cells. The samples before attended the causal triangle (or the one mask they had): they are kept
+        as samples masked differently keep theirs (:meth:`by_sample`), and the sums run over both sides of the
+        diagonal, every one taken at the end from the per-cell moments."""
+        if not self.sample_masks:
+            self.by_sample()
+        self.causal = False
+        self._sums()
+
     @property
     def difference(self) -> float | None:
         """The largest |b_a - b_0| over samples and used cells measured so far; None where not declared shared."""

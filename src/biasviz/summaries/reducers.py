@@ -81,6 +81,12 @@ class Reducer(Pending):
         """The arrays the file stores, by dataset name (a name of :attr:`rows`, or its standard error's)."""
         raise NotImplementedError
 
+    def widen(self) -> None:
+        """The call, taken as causal so far, turned out to attend keys after a query: from here on every block brings
+        each sample's own cells, and the call's rule is every key. What the samples before added stays: their cells
+        were the causal triangle (or the one mask their blocks brought)."""
+        self.causal = False
+
     @classmethod
     def from_kernels(cls, sums: KernelSums) -> dict[str, np.ndarray] | None:
         """The rows from the fused kernels' per-sample sums, where those hold what this statistic needs (the kernels'

@@ -67,6 +67,11 @@ class SampleBlocks(Pending):
             self.sums = self.sums.nan_to_num(0.0)
         self.channels = 2 * self.heads
 
+    def widen(self) -> None:
+        """The call's rule becomes every key, between batches. Every later block brings its own cells (:meth:`add`
+        counts the samples before where the causal rule, or the one mask, had cells)."""
+        self.causal = False
+
     def begin(self, first: int, size: int) -> None:
         """Samples ``first .. first + size - 1`` come next (a batch; every sample at once where rows are formed
         again); what is still carried is folded first."""

@@ -56,6 +56,11 @@ class SampleProfiles(Pending):
         self.count = torch.zeros(samples, 1, 2 * seq_len - 1, dtype=torch.float64, device=device)
         self.seen = False  # whether any block came (a model that adds no bias sends none of it)
 
+    def widen(self) -> None:
+        """The call's rule becomes every key (:meth:`Reducer.widen <biasviz.summaries.reducers.Reducer.widen>`): the
+        slots after the query count from here on; what each sample counted so far stands."""
+        self.causal = False
+
     def _skew_sum(self, x: torch.Tensor) -> torch.Tensor:
         """(B, H, rows, K) -> (B, H, K + rows - 1): column c sums the cells with j - r = c - (rows - 1)."""
         b, h, rows, keys = x.shape

@@ -104,6 +104,17 @@ class StreamedPosition:
         self.attended = None
         self.note = BY_SAMPLE_NOTE
 
+    def widen(self, first: int) -> None:
+        """From sample ``first`` on (> 0: some came before), the call, taken as causal so far, attends keys after a
+        query: it sees every key within each sample's own cells. The samples before keep the cells they attended
+        (:meth:`by_sample`: the causal triangle, or the one mask they had), and what pairs the cells of different
+        samples (P) is left out, as for samples masked differently."""
+        if self.union is None:
+            self.by_sample(first)
+        self.causal = False
+        for part in [*self.reducers, *self.profiles.values(), *self.blocks.values()]:
+            part.widen()
+
     def _count_cells(self, r0: int, cells: torch.Tensor) -> None:
         """Samples masked differently: a block's cells (B or 1, 1 or H, rows, K) of rows ``r0 ..`` into the cells some
         sample attends (:attr:`union`) and the samples that attend each block's cells (:attr:`cell_samples`)."""

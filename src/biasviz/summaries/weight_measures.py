@@ -174,6 +174,13 @@ class WeightMeasures(Reducer):
     def _held(self) -> list[Pending]:
         return [self.diagonals]
 
+    def widen(self) -> None:
+        """Bins after the query too, from here on; each sample's sums and counts so far stand (its cells were
+        causal)."""
+        super().widen()
+        self.diagonals.widen()
+        self._planned = None
+
     def _add_counts(self, at: slice, counts: torch.Tensor) -> None:
         """A block's counts (1 or B, 1 or H, count columns) to samples ``at``, by head from the first that has them."""
         self.sums["counts"] = self._widened(self.sums["counts"], counts.shape[1])
