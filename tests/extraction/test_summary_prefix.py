@@ -45,23 +45,35 @@ class PrefixBiasLM(PrefixLM):
         return torch.where(super().keep(ids), bias, float("-inf"))
 
 
-def _model(bias: bool = False) -> tuple[OneLayer, torch.Tensor]:
+class PrefixWindowLM(PrefixLM):
+    """Outside its prefix, a query sees the 5 keys up to itself: a mask of the call's own before the turn."""
+
+    def keep(self, ids: torch.Tensor) -> torch.Tensor:
+        i, j = positions(ids.shape[1])
+        return super().keep(ids) & ((i - j < 5) | (j > i))
+
+
+MODELS = {"": PrefixLM, ", a bias": PrefixBiasLM, ", a window": PrefixWindowLM}
+
+
+def _model(bias: bool = False, kind: str = "") -> tuple[OneLayer, torch.Tensor]:
     torch.manual_seed(0)
     ids = torch.randint(PREFIX + 1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
     ids[1, :4] = PREFIX  # sample 0 has no prefix: its call is causal
     ids[2, :7] = PREFIX
-    return (PrefixBiasLM() if bias else PrefixLM()).eval(), ids
+    return MODELS[", a bias" if bias else kind]().eval(), ids
 
 
-@pytest.fixture(scope="module", params=[(way, batch, r, bias) for way in ("formed again", "streamed")
-                                        for batch, r in ((1, T), (N, T), (1, T // 2)) for bias in (False, True)],
-                ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}{', a bias' * p[3]}")  # fmt: skip
+@pytest.fixture(scope="module", params=[(way, batch, r, kind) for way in ("formed again", "streamed")
+                                        for batch, r in ((1, T), (N, T), (1, T // 2)) for kind in MODELS],
+                ids=lambda p: f"{p[0]}, batch {p[1]}, R {p[2]}{p[3]}")  # fmt: skip
 def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import biasviz.extraction.summary as summary
     import biasviz.summaries.layer as layer
 
-    way, batch, resolution, bias = request.param
-    model, ids = _model(bias)
+    way, batch, resolution, kind = request.param
+    bias = kind == ", a bias"
+    model, ids = _model(kind=kind)
     call = caught_call(lambda: model(ids))
     assert (call["kept"][1] & np.triu(np.ones((T, T), dtype=bool), 1)).any()  # sample 1's prefix sees past i
     out = tmp_path_factory.mktemp("prefix") / "s.h5"
