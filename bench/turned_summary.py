@@ -10,7 +10,7 @@ small MLP; the last call adds, beside ALiBi, a term of each key's token wherever
   samples before are formed again from what they kept, and only the last runs again.
 - ``--turn prefix``: every sample holds token 1 (the rows are streamed from the first batch on), and the last one
   starts with a prefix of 16 positions that its call attends both ways (token 2 first). Before, the summary then
-  started again from the first sample; now it goes on, and only the last runs again.
+  started again from the first sample; now it goes on, and nothing runs again.
 
     .venv/bin/python bench/turned_summary.py --seq-len 1024 --depth 8 --samples 8 --repeats 2 --turn bias \
         --trees /path/to/old/checkout .

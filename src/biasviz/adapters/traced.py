@@ -189,11 +189,15 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
         self-attention only the keys up to the query."""
         return bool(self.calls[layer].causal) if 0 <= layer < len(self.calls) else bool(self.causal)
 
-    def _past_query(self, index: int, where: str) -> AttendsPastQuery:
-        """Call ``index``, causal in the first sample, attended keys after a query ``where``: from here on its rule is
-        every key (within its own mask), for whatever runs again; what to raise, said."""
+    def _sees_every_key(self, index: int) -> None:
+        """Call ``index``, causal in the first sample, attended keys after a query: from here on its rule is every key
+        (within its own mask), which :meth:`layer_causal` says to whatever reads the call's blocks."""
         self.calls[index].causal = False
         self.causal = all(c.causal for c in self._chosen)
+
+    def _past_query(self, index: int, where: str) -> AttendsPastQuery:
+        """:meth:`_sees_every_key`, and what to raise where the run cannot go on with it (torchrun), said."""
+        self._sees_every_key(index)
         return AttendsPastQuery(f"attention call {index} attended keys after a query {where}, though the first "
                                 "sample's call attended none (a prefix seen both ways, or a padded query that the "
                                 "model's mask gives every key, say): its cells are taken as a call's that sees every "
@@ -262,9 +266,9 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
             self._call_model(input_ids.to(self.device))
         weights, bias, scores = t.weights, t.bias, t.scores
         calls = {c.index: c for c in t.calls}
-        for index in self._wanted:
+        for index in self._wanted:  # each block's reader widens its sums as it sees the call's rule change
             if index in calls and calls[index].causal is False and self.layer_causal(index):
-                raise self._past_query(index, "for a sample of this batch")
+                self._sees_every_key(index)
         held = WholeCalls()
         for index in self._wanted:
             if index not in weights:

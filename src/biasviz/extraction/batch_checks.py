@@ -18,7 +18,8 @@ import torch
 
 from biasviz.adapters.base import ModelAdapter
 from biasviz.adapters.rows import plain_cells
-from biasviz.common.errors import AttendsPastQuery, BiasvizError
+from biasviz.common.errors import BiasvizError
+from biasviz.extraction.call_masks import past_query_said
 from biasviz.extraction.full_matrices import FullMatrices
 
 
@@ -57,23 +58,22 @@ def check_captured(got: FullMatrices, layers: list[int], kinds: list[str], adapt
                            "the weights")  # fmt: skip
 
 
-def see_every_key(why: AttendsPastQuery, adapter: ModelAdapter, writer: Any, encoder: Any, kinds: list[str],
+def see_every_key(layers: list[int], adapter: ModelAdapter, writer: Any, encoder: Any, kinds: list[str],
                   start: int) -> None:  # fmt: skip
-    """A streamed call stored as causal attends keys after a query from sample ``start`` on (the adapter now takes it as
-    one that sees every key, ``why``): the file goes on storing its every cell, the samples before holding weight 0
-    after their queries, as their calls gave; only the batch under way runs again. A file of its bias or scores is
-    refused (those samples' would hold their mask there, within the rule of a call that sees every key)."""
-    turned = [layer for layer, rule in writer.layer_causal.items() if rule and not adapter.layer_causal(layer)]
-    if not turned:
-        raise why
+    """The streamed calls of ``layers``, stored as causal, attend keys after a query from the batch of sample ``start``
+    on (their adapter now takes them as calls that see every key), before anything of that batch is stored: the file
+    stores their every cell from here on, the samples before holding weight 0 after their queries, as their calls gave.
+    A file of their bias or scores is refused where samples came before (theirs would hold their mask there, within the
+    rule of a call that sees every key); in the first batch, :func:`check_own_masks` reads each sample's own."""
+    said = "; ".join(past_query_said(layer, start) for layer in layers)
     stored = [kind for kind in ("bias", "scores") if kind in kinds]
-    if stored:
-        raise BiasvizError(f"{why}; the samples before sample {start} attended only keys up to their query, and a full "
-                           f"file stores the {' and '.join(stored)} in every cell of a call that sees every key, which "
-                           "their calls masked: 'extract --summary' takes each sample's own cells (docs/hdf5.md, "
+    if stored and start > 0:
+        raise BiasvizError(f"{said}; the samples before sample {start} attended only keys up to their query, and a "
+                           f"full file stores the {' and '.join(stored)} in every cell of a call that sees every key, "
+                           "which their calls masked: 'extract --summary' takes each sample's own cells (docs/hdf5.md, "
                            "'Attended cells'), and '--capture weights' stores the weights alone")  # fmt: skip
-    writer.see_every_key(turned, bool(adapter.causal))
+    writer.see_every_key(layers, bool(adapter.causal))
     if encoder is not None:
-        encoder.see_every_key(turned)
-    warnings.warn(f"{why}; the file goes on from sample {start}, whose batch alone runs again, every cell of the call "
-                  "stored (the samples before hold weight 0 after their queries, as their calls gave)", stacklevel=4)
+        encoder.see_every_key(layers)
+    warnings.warn(f"{said}; the file stores every cell of the call from sample {start} on (the samples before hold "
+                  "weight 0 after their queries, as their calls gave)", stacklevel=4)

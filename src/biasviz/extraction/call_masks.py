@@ -8,12 +8,15 @@ the layer divides by the same counts); masks that differ by sample (padding, pac
 call from that sample on (:attr:`~biasviz.adapters.rows.RowBlock.by_sample`). A block's cells
 (:attr:`~biasviz.adapters.rows.RowBlock.attended`) are then as few as say them: none where the mask is the call's rule,
 its rows of the one mask, or of the batch's own. Every statistic reads what it needs from the block: nothing is set
-on it from here.
+on it from here. A call taken as causal that turns out to attend keys after a query widens its layer's sums
+(:func:`widen`).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -92,3 +95,36 @@ def _plain(mask: torch.Tensor, causal: bool) -> bool:
     """Whether ``mask`` (1, H, T, T) is the causal triangle (``causal``) or every cell: no mask of the call's own."""
     t = mask.shape[-1]
     return bool((mask == plain_cells(0, t, t, causal, mask.device)).all())
+
+
+def past_query_said(layer: int, start: int) -> str:
+    """What a run says of a call taken as causal (as its first sample showed) that attends keys after a query from
+    the batch of sample ``start`` on."""
+    return (f"attention call {layer} attended keys after a query for sample {start} or one of its batch, though the "
+            "first sample's attended none (a prefix seen both ways, or a padded query that the model's mask gives "
+            "every key, say): its cells are taken as a call's that sees every key, within its own mask")  # fmt: skip
+
+
+def widen(layer: int, start: int, masks: CallMasks, parts: Mapping[tuple[str, int], Any], position: Mapping[int, Any],
+          renew: Callable[[int], None] | None) -> None:  # fmt: skip
+    """``layer``'s call, summarised as causal, attends keys after a query from the batch of sample ``start`` on (its
+    adapter now takes it as one that sees every key), before any block of that batch is taken: said. In the first batch
+    ``renew`` makes its sums again for that rule; from a later one they widen (``widen()`` of each :class:`~biasviz.
+    summaries.layer.QuantitySummary` of ``parts`` and of its :class:`~biasviz.summaries.streamed_position.
+    StreamedPosition` in ``position``), the samples before keeping the cells they attended, as samples masked
+    differently do. Nothing runs again. Under torchrun, whose processes join one mask, refused."""
+    said = past_query_said(layer, start)
+    if masks.merged:
+        raise BiasvizError(f"{said}; under torchrun a summary cannot take it part-way: run it in one process")
+    if renew is not None:
+        renew(layer)
+        warnings.warn(f"{said}, from the first sample on", stacklevel=4)
+        return
+    masks.widen(layer)
+    for (_, at), part in parts.items():
+        if at == layer:
+            part.widen()
+    if layer in position:
+        position[layer].widen(start)
+    warnings.warn(f"{said}; the summary goes on, the samples before sample {start} keeping the cells they attended",
+                  stacklevel=4)  # fmt: skip

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import platform
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 
 from biasviz.adapters.base import ModelAdapter
 from biasviz.common.devices import autocast_attrs, evaluating, placed, resolve_device, resolve_dtype
-from biasviz.common.errors import AttendsPastQuery, BiasvizError, check_interrupted
+from biasviz.common.errors import BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits
 from biasviz.common.names import display_name
 from biasviz.common.progress import Progress
@@ -192,13 +191,7 @@ def extract(
                 "scores": "scores" in kinds}  # fmt: skip
         meta = provenance(adapter, dev, seed=seed, text_source=text_source, batch_size=batch_size, extra=attrs)
         meta["model_dtype"] = _dtype_label(run_dtype, adapter.model)
-        while True:
-            try:
-                _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress, filters)
-                break
-            except AttendsPastQuery as why:  # in the first batch (a later one goes on: see_every_key): a call a time
-                warnings.warn(f"{why}; the file is written again from the first sample, every cell of every "
-                              "call stored", stacklevel=2)  # fmt: skip
+        _run(adapter, ids, out, dev, meta, layer_list, held, dtype, batch_size, force, progress, filters)
     seconds = time.perf_counter() - t0
     return ExtractResult(out, n, seq_len, layer_list, held["bias"], seconds, out.stat().st_size)
 
@@ -265,16 +258,11 @@ def _run(
         for start in range(0, n, batch_size):
             batch = ids[start : start + batch_size]  # (b, T)
             got.clear()
-            while True:
-                try:
-                    adapter.forward(torch.from_numpy(batch).to(dev))
-                    break
-                except AttendsPastQuery as why:  # raised before anything of the batch was held
-                    if start == 0:  # nothing stored yet: the file is written again (extract)
-                        raise
-                    sink.drain()
-                    see_every_key(why, adapter, writer, sink.encoder, kinds, start)
-                    got.clear()
+            adapter.forward(torch.from_numpy(batch).to(dev))
+            turned = [layer for layer in layer_list if writer.layer_causal[layer] and not adapter.layer_causal(layer)]
+            if turned:  # calls taken as causal that attend keys after a query: every cell of theirs stored from here
+                sink.drain()
+                see_every_key(turned, adapter, writer, sink.encoder, kinds, start)
             check_captured(got, layer_list, kinds, adapter)
             check_own_masks(got, adapter, kinds)  # a call's own mask in its bias or scores: refused, with why
             later = start + batch_size < n  # a later batch is still to be compared with the first sample

@@ -39,7 +39,7 @@ from biasviz.common.devices import autocast_as, autocast_dtypes, evaluating, pla
 from biasviz.common.errors import AttendsPastQuery, BiasvizError, check_interrupted
 from biasviz.common.memory import attention_bytes, check_fits, check_summary_memory
 from biasviz.common.progress import Progress
-from biasviz.extraction.call_masks import CallMasks
+from biasviz.extraction.call_masks import CallMasks, widen
 from biasviz.extraction.replayed import Gather, replayed
 from biasviz.extraction.run import (
     ExtractResult,
@@ -106,10 +106,9 @@ def summarise(
     again keep each sample's own cells (one set a head where its heads differ too); where they cannot (a scale or a
     bias that changes between samples), the rows are streamed from the batch that shows it on, the samples before formed
     again from what their forward kept into the same sums (:mod:`biasviz.extraction.stream_from`: only that batch runs
-    again; torchrun's joined banks refuse it). A call causal in
-    the first sample that attends keys after a query in a later one is taken as a call that sees every key, within its
-    own mask, from there on: the samples before keep the cells they attended; where rows are formed again nothing runs
-    again, where they are streamed only the batch that showed it (in the first batch, that batch is the start).
+    again; torchrun's joined banks refuse it). A call causal in the first sample that attends keys after a query in a
+    later one is taken as a call that sees every key, within its own mask, from there on, the samples before keeping
+    the cells they attended; nothing runs again.
     """
     options = {"resolution": resolution, "batch_size": batch_size, "progress": progress, "merge": merge,
                "total_samples": total_samples, "scratch": scratch, "gather": gather, "positional": positional,
@@ -123,13 +122,9 @@ def summarise(
             while True:
                 try:
                     return _summarise(adapter, ids, layer_list, dev, streamed=streamed, before=before, **options)
-                except AttendsPastQuery as why:  # a streamed call, in the first batch (later ones go on: _streamed)
-                    if merge is not None or gather is not None:  # the other processes would not start again with it
-                        raise BiasvizError(f"{why}; under torchrun a summary cannot start again: run it in one "
-                                           "process") from None  # fmt: skip
-                    # the call is no longer taken as causal (the adapter said so), so this ends: a call at a time
-                    warnings.warn(f"{why}; the summary started again from the first sample", stacklevel=2)
-                    before = None  # (closed by the run that took it)
+                except AttendsPastQuery as why:  # a kept call under torchrun, whose processes join one mask
+                    raise BiasvizError(f"{why}; under torchrun a summary cannot take it part-way: run it in one "
+                                       "process") from None  # fmt: skip
                 except StreamFrom as turn:
                     # rows formed again hold each sample's own cells (of each head) under one scale and one bias; a
                     # call whose scale or bias changes is streamed from the batch that showed it, as the model forms
@@ -178,10 +173,12 @@ def _summarise(
     # the scores anyway, equal the first's: nothing of it is summarised cell by cell
     direct = {layer: f for layer in layer_list if replay and modes.get("bias") == "shared"
               and (f := distance_values(adapter.scheme_module(layer), seq_len)) is not None}  # fmt: skip
-    parts = {(kind, layer): QuantitySummary(kind, layer, heads=adapter.n_heads, seq_len=seq_len, block=block,
-                                            causal=adapter.layer_causal(layer), mode=mode, device=dev,
-                                            samples=n)
-             for layer in layer_list for kind, mode in modes.items()}  # fmt: skip
+
+    def part(kind: str, layer: int, mode: str) -> QuantitySummary:
+        return QuantitySummary(kind, layer, heads=adapter.n_heads, seq_len=seq_len, block=block,
+                               causal=adapter.layer_causal(layer), mode=mode, device=dev, samples=n)  # fmt: skip
+
+    parts = {(kind, layer): part(kind, layer, mode) for layer in layer_list for kind, mode in modes.items()}
     extras: dict[int, PositionSummary] = {}
     if replay:
         got = replayed(adapter, ids, layer_list, dev, parts, batch_size, progress, scratch, block, gather,
@@ -190,13 +187,21 @@ def _summarise(
             return {}
         extras = got
     else:
-        position = {layer: StreamedPosition(layer, heads=adapter.n_heads, seq_len=seq_len, samples=total, local=n,
-                                            block=block, causal=adapter.layer_causal(layer), device=dev,
-                                            positional=positional, measures=measures,
-                                            rotary=adapter.rotary(layer) if measures else None)
-                    for layer in layer_list} if chosen.streamed_position else {}
+
+        def place(layer: int) -> StreamedPosition:
+            return StreamedPosition(layer, heads=adapter.n_heads, seq_len=seq_len, samples=total, local=n, block=block,
+                                    causal=adapter.layer_causal(layer), device=dev, positional=positional,
+                                    measures=measures, rotary=adapter.rotary(layer) if measures else None)  # fmt: skip
+
+        position = {layer: place(layer) for layer in layer_list} if chosen.streamed_position else {}
+
+        def renew(layer: int) -> None:  # its call's rule changed before it took a row: made for the rule it has now
+            parts.update({(kind, layer): part(kind, layer, mode) for kind, mode in modes.items()})
+            if layer in position:
+                position[layer] = place(layer)
+
         _streamed(adapter, ids, layer_list, dev, parts, chosen.forward_batch, progress, position,
-                  merged=merge is not None, caller=caller, before=before)
+                  merged=merge is not None, caller=caller, before=before, renew=renew)
         held = merge(parts, position) if merge is not None else True
         extras = {layer: p.result() for layer, p in position.items()} if held else {}
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
@@ -225,18 +230,29 @@ Parts = dict[tuple[str, int], QuantitySummary]
 def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev: torch.device, parts: Parts,
               batch: int, show: bool | None,
               position: Mapping[int, StreamedPosition] | None = None, merged: bool = False,
-              caller: Mapping[str, str] | None = None, before: StreamFrom | None = None) -> None:  # fmt: skip
+              caller: Mapping[str, str] | None = None, before: StreamFrom | None = None,
+              renew: Callable[[int], None] | None = None) -> None:  # fmt: skip
     """Every block the model forms goes into ``parts`` as it comes; samples in batches of ``batch``. ``position``:
     the layers whose scores, q and k (and bias and weights) also go into docs/positional.md's sums. ``before``: the
-    samples before its ``start`` come first, a sample at a time, formed again from its bank (then closed)."""
+    samples before its ``start`` come first, a sample at a time, formed again from its bank (then closed). A call taken
+    as causal that turns out to attend keys after a query (the adapter says so as its blocks come) goes on as one that
+    sees every key: its layer's sums widen (:func:`~biasviz.extraction.call_masks.widen`), or, in the first batch,
+    ``renew`` makes them again for its rule before they take a row."""
     n = len(ids)
     position = position or {}
-    first = [0]  # the batch under way's first sample
+    under = [0, 1]  # the batch under way's first sample and size
     masks = CallMasks(adapter, merged)  # what each call attended: written on its blocks
+    causal = {layer for layer in layer_list if adapter.layer_causal(layer)}
 
     def sink(block: RowBlock) -> None:
-        layer, block.first = block.layer, first[0]  # the adapter knows the batch, not where it starts
+        layer, block.first = block.layer, under[0]  # the adapter knows the batch, not where it starts
         with without_autocast():  # called from inside the model's forward
+            if layer in causal and not adapter.layer_causal(layer):  # its rule turned: its sums widen first
+                causal.discard(layer)
+                widen(layer, under[0], masks, parts, position, renew if under[0] == 0 else None)
+                for p in [*parts.values(), *position.values()] if under[0] == 0 else ():
+                    if p.layer == layer:  # (made again for the batch under way)
+                        p.begin_batch(under[1])
             masks.settle(block)
             for kind in ("bias", "weights", "scores"):
                 part = parts.get((kind, layer))
@@ -251,7 +267,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
 
         def one_batch(start: int, size: int, send: Callable[[], None]) -> None:
             """Samples ``start .. start + size - 1``: ``send`` gives every block of theirs to :func:`sink`."""
-            first[0] = start
+            under[:] = start, size
             for p in [*parts.values(), *position.values()]:
                 p.begin_batch(size)
             send()
@@ -266,34 +282,9 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
                                            operands=bool(position)):  # fmt: skip
                     sink(block)
 
-        def forward(chunk: np.ndarray, start: int) -> None:
-            while True:
-                try:
-                    with autocast_as(caller):
-                        adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
-                    return
-                except AttendsPastQuery as why:  # raised before any block of the batch was sent
-                    if start == 0 or merged:  # nothing summarised yet: started again (summarise); torchrun: refused
-                        raise
-                    widen(why, start)
-
-        def widen(why: AttendsPastQuery, start: int) -> None:
-            """A call causal so far attends keys after a query from sample ``start`` on (the adapter now takes it as one
-            that sees every key): its layer's sums go on over each sample's own cells, the samples before keeping the
-            cells they attended; only this batch runs again."""
-            turned = [layer for layer in layer_list if not adapter.layer_causal(layer)
-                      and any(p.causal for (_, at), p in parts.items() if at == layer)]  # fmt: skip
-            if not turned:
-                raise why
-            for layer in turned:
-                masks.widen(layer)
-                for (_, at), part in parts.items():
-                    if at == layer:
-                        part.widen()
-                if layer in position:
-                    position[layer].widen(start)
-            warnings.warn(f"{why}; the summary goes on from sample {start}, whose batch alone runs again, the samples "
-                          "before it keeping the cells they attended", stacklevel=2)  # fmt: skip
+        def forward(chunk: np.ndarray) -> None:
+            with autocast_as(caller):
+                adapter.forward(torch.from_numpy(chunk).to(dev))  # every block sent by the time it returns
 
         if before is not None:
             try:
@@ -304,7 +295,7 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
         with adapter.stream(layer_list, want_bias, sink, want_scores):
             for start in range(0 if before is None else before.start, n, batch):
                 chunk = ids[start : start + batch]  # (b, T)
-                one_batch(start, len(chunk), lambda chunk=chunk, start=start: forward(chunk, start))
+                one_batch(start, len(chunk), lambda chunk=chunk: forward(chunk))
 
 
 def summary_run(

@@ -77,10 +77,10 @@ class SharedBiasSwitch:
 
     def see_every_key(self, layers: Iterable[int], causal: bool) -> None:
         """``layers``' calls, stored as causal so far, attend keys after a query: from the next batch on, every cell of
-        theirs is stored. Only where the file holds the weights alone: the samples before hold 0 after their queries,
-        the weight their calls gave there (a bias or scores would hold their mask there). ``causal``: the file's rule
-        now (the model's calls all causal or not); a layer says its own where it differs."""
-        assert self._h5 is not None and not (self.has_bias or self.has_scores), "the weights alone"
+        theirs is stored. Where samples were written before, only in a file of the weights alone: those hold 0 after
+        their queries, the weight their calls gave there (a bias or scores would hold their mask there). ``causal``: the
+        file's rule now (the model's calls all causal or not); a layer says its own where it differs."""
+        assert self._h5 is not None and (self._written == 0 or not (self.has_bias or self.has_scores))
         self.causal = self._h5.attrs["causal"] = causal
         self.layer_causal.update(dict.fromkeys(layers, False))
         self._masks.setdefault(False, np.zeros((self.seq_len, self.seq_len), dtype=bool))

@@ -4,8 +4,9 @@ A scheme's declaration (the registry's ``context_dependent = False``) lets a sum
 spread 0; a model that adds anything input-dependent to such a bias would then show a context dependence of 0 by
 construction. So every sample's bias rows, as the model formed them, are compared with the first sample's rows of the
 same block, and the largest |b_a(i, j) - b_0(i, j)| over the cells a query sees (j <= i when causal) is kept
-(docs/hdf5.md, 'Summary files', the twin of :class:`biasviz.extraction.same_bias.SameBias` for full files). Cells that hold
-the same value in both count 0; a NaN in a used cell counts as an infinite difference (the summary then refuses it).
+(docs/hdf5.md, 'Summary files', the twin of :class:`biasviz.extraction.same_bias.SameBias` for full files). Cells that
+hold the same value in both count 0; a NaN in a used cell counts as an infinite difference (the summary then refuses
+it).
 
 On a CPU one block's comparison reads both blocks once (:func:`identical`); where they differ, or on a GPU (where
 an answer per sample would wait for the device every time), the largest difference is formed in one reused buffer
