@@ -69,7 +69,7 @@ def stack(depth: int) -> object:
     return Stack().eval()
 
 
-def child(seq_len: int, depth: int, samples: int, turn: str) -> dict[str, float]:
+def child(seq_len: int, depth: int, samples: int, turn: str, batch: int) -> dict[str, float]:
     import warnings
 
     import torch
@@ -86,7 +86,7 @@ def child(seq_len: int, depth: int, samples: int, turn: str) -> dict[str, float]
         ids[-1, 0] = PREFIX  # the last one's prefix is seen both ways
     warnings.simplefilter("ignore")
     return timed_into_temporary(lambda out: biasviz.extract(model, ids, out, summary=True, progress=False,
-                                                            batch_size=1, layers=-1))  # fmt: skip
+                                                            batch_size=batch, layers=-1))  # fmt: skip
 
 
 def main() -> None:
@@ -96,19 +96,20 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--turn", choices=("bias", "prefix"), default="bias")
+    parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--trees", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.seq_len, args.depth, args.samples, args.turn)))
+        print(json.dumps(child(args.seq_len, args.depth, args.samples, args.turn, args.batch_size)))
         return
     trees = {"": None} if args.trees is None else {"before": args.trees[0], "after": args.trees[1]}
     what = ("the last one's bias of the text in the last sample" if args.turn == "bias"
             else "the last one's bias of the text in every sample, a prefix seen both ways in the last")  # fmt: skip
-    print(f"{args.depth} SDPA layers, {what}; T = {args.seq_len}, N = {args.samples}, one a batch, exact maps, "
-          f"{args.repeats} interleaved repeats")  # fmt: skip
+    print(f"{args.depth} SDPA layers, {what}; T = {args.seq_len}, N = {args.samples}, {args.batch_size} a batch, "
+          f"exact maps, {args.repeats} interleaved repeats")  # fmt: skip
     options = ["--seq-len", str(args.seq_len), "--depth", str(args.depth), "--samples", str(args.samples),
-               "--turn", args.turn]  # fmt: skip
+               "--turn", args.turn, "--batch-size", str(args.batch_size)]  # fmt: skip
     for r in range(args.repeats):
         for label, tree in trees.items():
             env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree.resolve() / "src")}
