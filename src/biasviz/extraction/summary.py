@@ -242,17 +242,22 @@ def _streamed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev
     position = position or {}
     under = [0, 1]  # the batch under way's first sample and size
     masks = CallMasks(adapter, merged)  # what each call attended: written on its blocks
-    causal = {layer for layer in layer_list if adapter.layer_causal(layer)}
+    taken_causal = {layer for layer in layer_list if adapter.layer_causal(layer)}
+
+    def again(layer: int) -> None:
+        """``renew`` the layer's sums, under way for the batch at hand."""
+        assert renew is not None
+        renew(layer)
+        for p in [*parts.values(), *position.values()]:
+            if p.layer == layer:
+                p.begin_batch(under[1])
 
     def sink(block: RowBlock) -> None:
         layer, block.first = block.layer, under[0]  # the adapter knows the batch, not where it starts
         with without_autocast():  # called from inside the model's forward
-            if layer in causal and not adapter.layer_causal(layer):  # its rule turned: its sums widen first
-                causal.discard(layer)
-                widen(layer, under[0], masks, parts, position, renew if under[0] == 0 else None)
-                for p in [*parts.values(), *position.values()] if under[0] == 0 else ():
-                    if p.layer == layer:  # (made again for the batch under way)
-                        p.begin_batch(under[1])
+            if layer in taken_causal and not adapter.layer_causal(layer):  # its rule turned: its sums widen first
+                taken_causal.discard(layer)
+                widen(layer, under[0], masks, parts, position, again if under[0] == 0 and renew else None)
             masks.settle(block)
             for kind in ("bias", "weights", "scores"):
                 part = parts.get((kind, layer))
