@@ -101,3 +101,48 @@ def test_a_whole_call_sent_as_formed_attends_where_its_scores_are_numbers_and_we
     assert torch.equal(block.attended, padded)
     assert torch.equal(block.weights, torch.where(padded, weights, 0.0))
     assert block.scores is scores  # the scores keep their NaN: that is how they show the mask
+
+
+class Widened:
+    """A layer's sums that record how they were widened."""
+
+    def __init__(self) -> None:
+        self.widened: list[tuple[int, ...]] = []
+
+    def widen(self, *start: int) -> None:
+        self.widened.append(start)
+
+
+def test_a_call_that_turns_widens_its_layer_s_sums_only_and_is_said() -> None:
+    """From a later batch: each sum of the turned layer widens (its position sums from that sample), no other layer's,
+    and its samples count each their own cells from there; said once, with the samples before keeping their cells."""
+    from biasviz.extraction.call_masks import BY_SAMPLE, widen
+
+    masks = CallMasks(adapter())
+    parts = {(kind, layer): Widened() for kind in ("weights", "scores") for layer in (0, 1)}
+    position = {0: Widened(), 1: Widened()}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        widen(1, 4, masks, parts, position, renew=None)
+    assert [parts[kind, 1].widened for kind in ("weights", "scores")] == [[()], [()]]
+    assert parts["weights", 0].widened == [] and position[0].widened == [] and position[1].widened == [(4,)]
+    assert masks.known == {1: BY_SAMPLE}
+    assert [str(w.message) for w in said] == [
+        "attention call 1 attended keys after a query for sample 4 or one of its batch, though the first sample's "
+        "attended none (a prefix seen both ways, or a padded query that the model's mask gives every key, say): its "
+        "cells are taken as a call's that sees every key, within its own mask; the summary goes on, the samples before "
+        "sample 4 keeping the cells they attended"]  # fmt: skip
+
+
+def test_in_the_first_batch_the_sums_are_made_again_and_under_torchrun_refused() -> None:
+    from biasviz.extraction.call_masks import widen
+
+    parts, position = {("weights", 0): Widened()}, {0: Widened()}
+    renewed: list[int] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        widen(0, 0, CallMasks(adapter()), parts, position, renew=renewed.append)
+    assert renewed == [0] and parts["weights", 0].widened == [] and position[0].widened == []
+    with pytest.raises(BiasvizError, match="under torchrun a summary cannot take it part-way: run it in one process"):
+        widen(0, 2, CallMasks(adapter(), merged=True), parts, position, renew=None)
+    assert parts["weights", 0].widened == []

@@ -80,3 +80,34 @@ def test_a_context_dependent_scheme_records_no_comparison(tmp_path: Path) -> Non
             progress=False)  # fmt: skip
     with h5py.File(tmp_path / "x.h5") as f:
         assert BIAS_DIFFERENCE not in f.attrs and "bias_shared" not in f.attrs
+
+
+def test_a_call_that_turns_to_every_key_is_stored_so_from_the_next_batch(tmp_path: Path) -> None:
+    """A weights-only file of two causal layers, layer 0's call turning to every key after sample 0: sample 0 holds 0
+    after its queries, as the writer stored it; sample 1 every value given. The file's rule becomes every key, and the
+    layer still causal says its own, as the reader reads them; a file that holds a bias refuses the switch once samples
+    were written."""
+    from biasviz.store import BiasFileWriter
+    from tests.store.small_files import H, _attrs
+    from tests.store.small_files import T as t
+
+    rng = np.random.default_rng(1)
+    weights = {layer: rng.random((2, H, t, t)).astype(np.float32) for layer in (0, 1)}
+    above = np.triu(np.ones((t, t), dtype=bool), 1)
+    args = {"attrs": _attrs(), "n_samples": 2, "n_heads": H, "seq_len": t, "layers": [0, 1], "has_bias": False}
+    with BiasFileWriter(tmp_path / "f.h5", **args) as w:
+        w.write_batch(np.zeros((1, t)), {layer: weights[layer][:1] for layer in (0, 1)})
+        w.see_every_key([0], causal=False)
+        w.write_batch(np.zeros((1, t)), {layer: weights[layer][1:] for layer in (0, 1)})
+    with h5py.File(tmp_path / "f.h5") as f:
+        assert not f.attrs["causal"] and "causal" not in f["layer_0"].attrs and f["layer_1"].attrs["causal"]
+        np.testing.assert_array_equal(f["layer_0/weights"][0], np.where(above, 0.0, weights[0][0]))
+        np.testing.assert_array_equal(f["layer_0/weights"][1], weights[0][1])
+        np.testing.assert_array_equal(f["layer_1/weights"][...], np.where(above, 0.0, weights[1]))
+    with open_bias_file(tmp_path / "f.h5") as f:
+        assert not f.causal and (f.layer_causal(0), f.layer_causal(1)) == (False, True)
+    with pytest.raises(AssertionError), BiasFileWriter(tmp_path / "b.h5", **{**args, "has_bias": True}) as w:
+        w.write_batch(np.zeros((1, t)), {0: weights[0][:1], 1: weights[1][:1]},
+                      {0: np.zeros((1, H, t, t), np.float32), 1: np.zeros((1, H, t, t), np.float32)})
+        w.see_every_key([0], causal=False)
+    assert not (tmp_path / "b.h5").exists()

@@ -51,6 +51,32 @@ def test_key_profile_counts_the_cells_each_block_brings(joint: bool) -> None:
             np.testing.assert_allclose(got[:, head, j], want, rtol=1e-5, atol=1e-7, err_msg=f"head {head}, key {j}")
 
 
+def test_a_call_that_turns_to_every_key_counts_the_samples_before_by_the_causal_rule() -> None:
+    """Samples 0-2 in blocks that bring no cells (the causal triangle), then the call turns to one that sees every key
+    (:meth:`KeyProfile.widen`), and samples 3-5 come with their own cells, past the query too: every (sample, query)
+    pair that sees a key counts, the samples before by the causal rule, against numpy. Without the widening, the
+    samples before would be counted by the rule of every key."""
+    n, h, t = 6, 2, 7
+    rng = np.random.default_rng(8)
+    masks = np.stack([np.tril(np.ones((t, t), bool))] * n)
+    masks[3:, :3, :3] = True  # a prefix of 3 seen both ways
+    masks[5] = True  # every key
+    w = np.where(masks[:, None], rng.random((n, h, t, t)), 0.0)
+    profile = KeyProfile(samples=n, heads=h, seq_len=t, block=1, causal=True, device=torch.device("cpu"))
+    for r0 in range(0, t, 3):  # blocks of rows, keys up to the block's last row: the causal rule's
+        r1 = min(t, r0 + 3)
+        profile.add(RowBlock(0, 0, r0, torch.as_tensor(w[:3, :, r0:r1, :r1])))
+    profile.widen()
+    assert not profile.causal
+    profile.add(RowBlock(0, 3, 0, torch.as_tensor(w[3:]), attended=torch.as_tensor(masks[3:, None])))
+    got = profile.result()[KEY_PROFILE]
+    for head in range(h):
+        for j in range(t):
+            seen = [w[a, head, i, j] for a in range(n) for i in range(t) if masks[a, i, j]]
+            np.testing.assert_allclose(got[:, head, j], (np.mean(seen), np.std(seen)), rtol=1e-5, atol=1e-7,
+                                       err_msg=f"head {head}, key {j}")  # fmt: skip
+
+
 @pytest.mark.parametrize("joint", [False, True])
 def test_key_profile_of_one_sample_in_float32_has_no_spread_where_one_query_sees_a_key(joint: bool) -> None:
     """One sample's float32 weights: the last key, seen by the last query alone, has a spread over queries of exactly
