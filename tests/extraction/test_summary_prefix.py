@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import biasviz
-from tests.extraction.one_layer import OneLayer, assert_as_reference, positions
+from tests.extraction.one_layer import OneLayer, assert_as_reference, joined, positions
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, kept_softmax, reference
 
 N = 3
@@ -233,3 +233,47 @@ def test_no_sample_runs_again(summarised: dict[str, Any]) -> None:
     probe, *forwards = summarised["forwards"]
     assert probe == 1
     assert forwards == [summarised["batch"]] * (N // summarised["batch"]), forwards
+
+
+RESCALE = 2  # a text holding it is attended with another scale (:class:`PrefixRescaled`)
+
+
+class PrefixRescaled(PrefixLM):
+    """The prefix's cells, scaled by 1/4 rather than 1/sqrt(8) where the text holds RESCALE."""
+
+    def scale(self, ids: torch.Tensor) -> float | None:
+        return 0.25 if bool((ids == RESCALE).any()) else None
+
+
+def test_rows_turned_to_streaming_then_a_call_that_sees_past_its_query(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows formed again until sample 1's scale differs (streamed from there, sample 0 formed again from its bank),
+    then sample 2's prefix seen both ways (the streamed sums widen): each sample's forward runs once after the probe
+    but sample 1's, and every map, profile, measure and SE is float64 math on each sample's own call (two query rows a
+    step, as the fixture's)."""
+    import biasviz.summaries.layer as layer
+
+    monkeypatch.setattr(layer, "CELLS_PER_STEP", HEADS * T * 2)
+    torch.manual_seed(0)
+    model = PrefixRescaled().eval()
+    ids = torch.randint(RESCALE + 1, VOCAB, (N, T), generator=torch.Generator().manual_seed(5))
+    ids[1, [3, 9]] = RESCALE
+    ids[2, :6] = PREFIX
+    calls = [caught_call(lambda a=a: model(ids[a : a + 1])) for a in range(N)]
+    forwards: list[int] = []  # the first token of each sample the model runs on
+    keep = model.keep
+    model.keep = lambda ids: (forwards.extend(ids[:, 0].tolist()), keep(ids))[1]  # type: ignore[method-assign]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        biasviz.extract(model, ids.numpy(), tmp_path / "s.h5", summary=True, progress=False, batch_size=1)
+    said = [str(w.message) for w in said]
+    assert any("goes on streamed" in w for w in said), said
+    assert any("the summary goes on, the samples before sample 2 keeping the cells they attended" in w for w in said)
+    assert forwards[1:] == ids[[0, 1, 1, 2], 0].tolist(), forwards  # after the probe: kept 0, 1; streamed 1, 2
+    with h5py.File(tmp_path / "s.h5", "r") as f:
+        stored = {key: f["layer_0"][key][()] for key in f["layer_0"]}
+    expected = reference(joined(calls), 1)
+    for name in [*NAMES, "band_mass", "context_mass", "weights_entropy", "attention_distance"]:
+        assert_as_reference(stored[name], expected[name], name, 2e-5, 1e-5)
+    for name in ("weights_profile_se", "scores_profile_se", "weights_key_profile_se", "band_mass_se"):
+        assert_as_reference(stored[name], expected[name], name, 2e-4, 1e-5)
