@@ -72,7 +72,7 @@ def test_a_later_sample_s_other_scale_or_cap_is_named_and_streamed(second: tuple
 
     causal = np.broadcast_to(np.tril(np.ones((T, T), bool)), (1, 1, T, T)).copy()
     calls = KeptCalls(SampleBank(2, device=torch.device("cpu")), [0], lambda i: True, lambda i: False,
-                      lambda i, where: AssertionError(where))  # fmt: skip
+                      lambda i, start: AssertionError(f"call {i}, sample {start}"))  # fmt: skip
     calls.keep(0, _ops(causal, 0.5))
     calls.bank.start = 1
     later = _ops(causal, second[0])
@@ -94,7 +94,7 @@ def _bloom(pads: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
 def _calls(samples: int, *, joined: bool = False) -> KeptCalls:
     bank = SampleBank(samples, device=torch.device("cpu"))
     bank.cells_by_sample = not joined  # torchrun's processes meet in one bank
-    return KeptCalls(bank, [0], lambda i: True, lambda i: True, lambda i, where: AssertionError(where))
+    return KeptCalls(bank, [0], lambda i: True, lambda i: True, lambda i, start: AssertionError(f"call {i}, sample {start}"))
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -143,7 +143,7 @@ def test_calls_with_one_mask_share_one_copy_of_it_and_hold_no_view_of_the_batch(
     window = np.broadcast_to(((j <= i) & (i - j < 3))[None, None], (3, 1, T, T)).copy()  # a batch of 3, one mask
     other = np.broadcast_to(((j <= i) & (i - j < 2))[None, None], (3, 1, T, T)).copy()
     calls = KeptCalls(SampleBank(3, device=torch.device("cpu")), [0, 1, 2], lambda i: True, lambda i: False,
-                      lambda i, where: AssertionError(where))  # fmt: skip
+                      lambda i, start: AssertionError(f"call {i}, sample {start}"))  # fmt: skip
     for index, cells in enumerate((window, window.copy(), other)):
         calls.keep(index, _ops(cells))
     masks = [calls.formed[index].mask for index in range(3)]

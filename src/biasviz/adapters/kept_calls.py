@@ -81,15 +81,15 @@ class KeptCalls:
     """One keeping forward's calls: what each kept in ``bank`` and forms every sample's rows again with.
 
     ``causal(index)`` is a call's rule as the first sample showed it, ``adds_bias(index)`` whether the first sample's
-    call added a bias, ``past_query(index, where)`` what to raise when a causal call attends keys after a query (the
-    owner marks it as one that sees every key); ``tick(batch)`` as each call is reached.
+    call added a bias, ``past_query(index, start)`` what to raise when a causal call attends keys after a query in the
+    batch of sample ``start`` (the owner marks it as one that sees every key); ``tick(batch)`` as each call is reached.
     """
 
     bank: Any
     layers: list[int]
     causal: Callable[[int], bool]
     adds_bias: Callable[[int], bool]
-    past_query: Callable[[int, str], Exception]
+    past_query: Callable[[int, int], Exception]
     tick: Callable[[int], None] | None = None
     batch: int = 1
     formed: dict[int, KeptCall] = field(default_factory=dict)  # per call: what forms its rows again
@@ -129,7 +129,7 @@ class KeptCalls:
         mask (its owner marks it so), and its samples are masked differently, the samples before by the cells they
         attended (:meth:`_keep_cells`), so that nothing runs again. Under torchrun, whose processes join one mask, the
         owner's word is raised."""
-        why = self.past_query(index, f"for sample {self.bank.start} or one of its batch")
+        why = self.past_query(index, self.bank.start)
         if not self.bank.cells_by_sample:
             raise why
         warnings.warn(f"{why}; the samples before keep the cells they attended", stacklevel=4)

@@ -24,7 +24,7 @@ from biasviz.adapters.base import ModelAdapter, RowBlock, WholeCalls, refuse_met
 from biasviz.adapters.kept_calls import FormsKeptCallsAgain, KeptCalls
 from biasviz.adapters.probe_reads import last_asked, unread_after
 from biasviz.common.devices import device_mapped, input_device
-from biasviz.common.errors import AttendsPastQuery, BiasvizError
+from biasviz.common.errors import AttendsPastQuery, BiasvizError, past_query_said
 from biasviz.store.format import CALL_MODULES
 from biasviz.tracing import AttentionCall, Trace
 from biasviz.tracing.calls import FORMED_BEFORE
@@ -195,13 +195,10 @@ class TracedAdapter(FormsKeptCallsAgain, ModelAdapter):
         self.calls[index].causal = False
         self.causal = all(c.causal for c in self._chosen)
 
-    def _past_query(self, index: int, where: str) -> AttendsPastQuery:
+    def _past_query(self, index: int, start: int) -> AttendsPastQuery:
         """:meth:`_sees_every_key`, and what to raise where the run cannot go on with it (torchrun), said."""
         self._sees_every_key(index)
-        return AttendsPastQuery(f"attention call {index} attended keys after a query {where}, though the first "
-                                "sample's call attended none (a prefix seen both ways, or a padded query that the "
-                                "model's mask gives every key, say): its cells are taken as a call's that sees every "
-                                "key, within its own mask")  # fmt: skip
+        return AttendsPastQuery(past_query_said(f"attention call {index}", start))
 
     def call_note(self, layer: int) -> str | None:
         said = [self.calls[layer].note if 0 <= layer < len(self.calls) else "", super().call_note(layer) or ""]

@@ -23,7 +23,7 @@ from biasviz.adapters.files import model_type, parameters_sha256, tokenizer_in
 from biasviz.adapters.kept_calls import FormsKeptCallsAgain, KeptCalls
 from biasviz.adapters.traced import PROBE_TOKENS
 from biasviz.common.devices import input_device
-from biasviz.common.errors import AttendsPastQuery, BiasvizError
+from biasviz.common.errors import AttendsPastQuery, BiasvizError, past_query_said
 
 
 def check_scheme(requested: str | None, actual: str, what: str) -> None:
@@ -225,12 +225,11 @@ class TransformersAdapter(FormsKeptCallsAgain, ModelAdapter):
     def layer_causal(self, layer: int) -> bool:
         return bool(self.causal) and layer not in self._every_key
 
-    def _past_query(self, layer: int, where: str) -> AttendsPastQuery:
-        """Layer ``layer``, causal by the model's rule, attended keys after a query ``where``: from here on it is taken
-        as one that sees every key (within its own mask); what to raise, said."""
+    def _past_query(self, layer: int, start: int) -> AttendsPastQuery:
+        """Layer ``layer``, causal by the model's rule, attended keys after a query in the batch of sample ``start``:
+        from here on it is taken as one that sees every key (within its own mask); what to raise, said."""
         self._every_key.add(layer)
-        return AttendsPastQuery(f"layer {layer} attended keys after a query {where}: its cells are taken as a call's "
-                                "that sees every key, within its own mask")  # fmt: skip
+        return AttendsPastQuery(past_query_said(f"layer {layer}", start))
 
     @contextlib.contextmanager
     def keep(self, layers: list[int], bank: Any, tick: Callable[[int], None] | None = None) -> Iterator[None]:

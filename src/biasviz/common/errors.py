@@ -25,7 +25,16 @@ class MasksDifferBySample(BiasvizError):
 class AttendsPastQuery(MasksDifferBySample):
     """An attention call whose first sample attended no key after its query did for a later sample (a prefix seen both
     ways, its length set by the text): the call's rule is every key, within its own mask, not the causal triangle
-    that the first sample showed, and what was taken under that rule is taken again."""
+    that the first sample showed. A run goes on under that rule; this is raised only where it cannot (torchrun's
+    processes, which join one mask)."""
+
+
+def past_query_said(call: str, start: int) -> str:
+    """What a run says of ``call`` (``"attention call 3"``, ``"layer 3"``), taken as causal as its first sample showed,
+    that attends keys after a query from the batch of sample ``start`` on."""
+    return (f"{call} attended keys after a query for sample {start} or one of its batch, though the first sample's "
+            "attended none (a prefix seen both ways, or a padded query that the model's mask gives every key, say): "
+            "its cells are taken as a call's that sees every key, within its own mask")  # fmt: skip
 
 
 class UsageError(BiasvizError):

@@ -18,8 +18,7 @@ import torch
 
 from biasviz.adapters.base import ModelAdapter
 from biasviz.adapters.rows import plain_cells
-from biasviz.common.errors import BiasvizError
-from biasviz.extraction.call_masks import past_query_said
+from biasviz.common.errors import BiasvizError, past_query_said
 from biasviz.extraction.full_matrices import FullMatrices
 
 
@@ -65,7 +64,7 @@ def see_every_key(layers: list[int], adapter: ModelAdapter, writer: Any, encoder
     stores their every cell from here on, the samples before holding weight 0 after their queries, as their calls gave.
     A file of their bias or scores is refused where samples came before (theirs would hold their mask there, within the
     rule of a call that sees every key); in the first batch, :func:`check_own_masks` reads each sample's own."""
-    said = "; ".join(past_query_said(layer, start) for layer in layers)
+    said = "; ".join(past_query_said(f"attention call {layer}", start) for layer in layers)
     stored = [kind for kind in ("bias", "scores") if kind in kinds]
     if stored and start > 0:
         raise BiasvizError(f"{said}; the samples before sample {start} attended only keys up to their query, and a "

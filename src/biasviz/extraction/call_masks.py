@@ -22,7 +22,7 @@ import torch
 
 from biasviz.adapters.base import ModelAdapter
 from biasviz.adapters.rows import RowBlock, plain_cells
-from biasviz.common.errors import BiasvizError
+from biasviz.common.errors import BiasvizError, past_query_said
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 
@@ -97,14 +97,6 @@ def _plain(mask: torch.Tensor, causal: bool) -> bool:
     return bool((mask == plain_cells(0, t, t, causal, mask.device)).all())
 
 
-def past_query_said(layer: int, start: int) -> str:
-    """What a run says of a call taken as causal (as its first sample showed) that attends keys after a query from
-    the batch of sample ``start`` on."""
-    return (f"attention call {layer} attended keys after a query for sample {start} or one of its batch, though the "
-            "first sample's attended none (a prefix seen both ways, or a padded query that the model's mask gives "
-            "every key, say): its cells are taken as a call's that sees every key, within its own mask")  # fmt: skip
-
-
 def widen(layer: int, start: int, masks: CallMasks, parts: Mapping[tuple[str, int], Any], position: Mapping[int, Any],
           renew: Callable[[int], None] | None) -> None:  # fmt: skip
     """``layer``'s call, summarised as causal, attends keys after a query from the batch of sample ``start`` on (its
@@ -113,7 +105,7 @@ def widen(layer: int, start: int, masks: CallMasks, parts: Mapping[tuple[str, in
     summaries.layer.QuantitySummary` of ``parts`` and of its :class:`~biasviz.summaries.streamed_position.
     StreamedPosition` in ``position``), the samples before keeping the cells they attended, as samples masked
     differently do. Nothing runs again. Under torchrun, whose processes join one mask, refused."""
-    said = past_query_said(layer, start)
+    said = past_query_said(f"attention call {layer}", start)
     if masks.merged:
         raise BiasvizError(f"{said}; under torchrun a summary cannot take it part-way: run it in one process")
     if renew is not None:
