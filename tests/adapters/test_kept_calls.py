@@ -94,7 +94,8 @@ def _bloom(pads: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
 def _calls(samples: int, *, joined: bool = False) -> KeptCalls:
     bank = SampleBank(samples, device=torch.device("cpu"))
     bank.cells_by_sample = not joined  # torchrun's processes meet in one bank
-    return KeptCalls(bank, [0], lambda i: True, lambda i: True, lambda i, start: AssertionError(f"call {i}, sample {start}"))
+    return KeptCalls(bank, [0], lambda i: True, lambda i: True,
+                     lambda i, start: AssertionError(f"call {i}, sample {start}"))
 
 
 @pytest.mark.parametrize("batch", [1, 3])
