@@ -5,6 +5,7 @@ tests share: a summary of a module formed again and streamed, and two files comp
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,25 @@ class OneLayer(nn.Module):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # flex's note that it runs unfused without torch.compile
             return flex_attention(q, k, v, score_mod=lambda s, n, h, i, j: s + added[n, h, i, j], scale=c).sum()
+
+
+def batch_size(ids: torch.Tensor) -> list[int]:
+    """A forward's record in :func:`forwards_of`: how many samples it ran."""
+    return [int(ids.shape[0])]
+
+
+def first_tokens(ids: torch.Tensor) -> list[int]:
+    """A forward's record in :func:`forwards_of`: each of its samples' first token."""
+    return ids[:, 0].tolist()
+
+
+def forwards_of(model: OneLayer, seen: Callable[[torch.Tensor], list[int]]) -> list[int]:
+    """What each forward of ``model`` runs on, in order, as ``seen(ids)`` records it (each forward forms its mask once:
+    :meth:`OneLayer.keep` is wrapped); the list fills as the model runs."""
+    got: list[int] = []
+    keep = model.keep
+    model.keep = lambda ids: (got.extend(seen(ids)), keep(ids))[1]  # type: ignore[method-assign]
+    return got
 
 
 def positions(t: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ import torch
 import biasviz
 from biasviz.common.errors import MasksDifferBySample
 from biasviz.extraction.stream_from import StreamFrom, formed_before
-from tests.extraction.one_layer import MARK, Rescaled, assert_as_reference, joined
+from tests.extraction.one_layer import MARK, Rescaled, assert_as_reference, first_tokens, forwards_of, joined
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, kept_softmax, reference
 
 N = 3
@@ -116,9 +116,7 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     ids[N - 1, 3] = MARK  # the last sample's scale differs
     calls = [caught_call(lambda a=a: model(ids[a : a + 1])) for a in range(N)]
     out = tmp_path_factory.mktemp("turned") / "s.h5"
-    forwards: list[int] = []  # the first token of each sample the model runs on (each forms its mask once)
-    keep = model.keep
-    model.keep = lambda ids: (forwards.extend(ids[:, 0].tolist()), keep(ids))[1]  # type: ignore[method-assign]
+    forwards = forwards_of(model, first_tokens)  # each sample the model runs
     with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as said:
         if request.param:
             patch.setattr(bank, "BANK_BYTES", 0)

@@ -19,7 +19,15 @@ import pytest
 import torch
 
 import biasviz
-from tests.extraction.one_layer import OneLayer, assert_as_reference, joined, positions
+from tests.extraction.one_layer import (
+    OneLayer,
+    assert_as_reference,
+    batch_size,
+    first_tokens,
+    forwards_of,
+    joined,
+    positions,
+)
 from tests.summaries.test_sample_cells import HEADS, NAMES, VOCAB, T, caught_call, kept_softmax, reference
 
 N = 3
@@ -77,9 +85,7 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     call = caught_call(lambda: model(ids))
     assert (call["kept"][1] & np.triu(np.ones((T, T), dtype=bool), 1)).any()  # sample 1's prefix sees past i
     out = tmp_path_factory.mktemp("prefix") / "s.h5"
-    forwards: list[int] = []  # the samples of each forward of the model (each forms its mask once)
-    keep = model.keep
-    model.keep = lambda ids: (forwards.append(int(ids.shape[0])), keep(ids))[1]  # type: ignore[method-assign]
+    forwards = forwards_of(model, batch_size)  # the samples of each forward
     with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as said:
         patch.setattr(layer, "CELLS_PER_STEP", HEADS * T * 2)  # two query rows a step
         if way == "streamed":  # as a model whose rows biasviz cannot form again runs
@@ -149,9 +155,7 @@ def test_a_full_file_stores_the_cells_after_the_query(tmp_path: Path, batch: int
     model, ids = _model()
     call = caught_call(lambda: model(ids))
     out = tmp_path / "f.h5"
-    forwards: list[int] = []
-    keep = model.keep
-    model.keep = lambda ids: (forwards.append(int(ids.shape[0])), keep(ids))[1]  # type: ignore[method-assign]
+    forwards = forwards_of(model, batch_size)  # the samples of each forward
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         biasviz.extract(model, ids.numpy(), out, progress=False, batch_size=batch, capture="weights")
@@ -205,9 +209,7 @@ def test_a_full_file_of_the_bias_or_scores_is_refused_at_once(tmp_path: Path, ca
 
     model, ids = _model(bias=True)
     out = tmp_path / "f.h5"
-    forwards: list[int] = []
-    keep = model.keep
-    model.keep = lambda ids: (forwards.append(int(ids.shape[0])), keep(ids))[1]  # type: ignore[method-assign]
+    forwards = forwards_of(model, batch_size)  # the samples of each forward
     with pytest.raises(BiasvizError, match="attended keys after a query.*samples before sample 1 attended only keys "
                                            "up to their query.*--summary.*--capture weights"):  # fmt: skip
         biasviz.extract(model, ids.numpy(), out, progress=False, batch_size=1, capture=capture)
@@ -260,9 +262,7 @@ def test_rows_turned_to_streaming_then_a_call_that_sees_past_its_query(tmp_path:
     ids[1, [3, 9]] = RESCALE
     ids[2, :6] = PREFIX
     calls = [caught_call(lambda a=a: model(ids[a : a + 1])) for a in range(N)]
-    forwards: list[int] = []  # the first token of each sample the model runs on
-    keep = model.keep
-    model.keep = lambda ids: (forwards.extend(ids[:, 0].tolist()), keep(ids))[1]  # type: ignore[method-assign]
+    forwards = forwards_of(model, first_tokens)  # each sample the model runs
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         biasviz.extract(model, ids.numpy(), tmp_path / "s.h5", summary=True, progress=False, batch_size=1)

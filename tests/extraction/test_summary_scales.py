@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import biasviz
-from tests.extraction.one_layer import MARK, Rescaled, assert_as_reference, joined
+from tests.extraction.one_layer import MARK, Rescaled, assert_as_reference, first_tokens, forwards_of, joined
 from tests.summaries.test_sample_cells import NAMES, VOCAB, T, caught_call, reference
 
 N = 3
@@ -30,9 +30,7 @@ def summarised(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     calls = [caught_call(lambda a=a: model(ids[a : a + 1])) for a in range(N)]
     assert float(calls[rescaled]["scale"]) != float(calls[0]["scale"])
     out = tmp_path_factory.mktemp("scales") / "s.h5"
-    forwards: list[int] = []  # the first token of each sample the model runs on (each forms its mask once)
-    keep = model.keep
-    model.keep = lambda ids: (forwards.extend(ids[:, 0].tolist()), keep(ids))[1]  # type: ignore[method-assign]
+    forwards = forwards_of(model, first_tokens)  # each sample the model runs
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         biasviz.extract(model, ids.numpy(), out, summary=True, progress=False, batch_size=1)
