@@ -103,7 +103,7 @@ def test_the_kernels_part_times_them_and_checks_them_against_the_torch_path(tmp_
                    "gpt-oss sinks", "bloom padded"):
         check = by_tool[f"fused vs torch, {scheme}"]
         assert check["status"] == "ok" and check["largest_difference"] < 1e-4, check
-    assert "| kernels | 64 | float32 | K2 tile statistics |" in gpu_run.tables(rows, {})
+    assert "| kernels | 32 | float32 | K2 tile statistics |" in gpu_run.tables(rows, {})
 
 
 def test_a_part_past_its_limit_is_stopped_and_reported(tmp_path: Path) -> None:

@@ -81,8 +81,10 @@ def test_layer_accumulators_keep_what_fused_statistics_finishes(kernels) -> None
         torch.testing.assert_close(value, got[name], msg=name)
 
 
+# grouped queries (4 heads over 2 kv heads: a kernel reading k of h % 2 for h // 2 is wrong there) in CASES and
+# BY_SAMPLE; every other case reads its bias for 2 heads over 1, half the programs under Triton's interpreter
 MASKED = [  # N, H, Hkv, T, hd, block, bias, tile, cells
-    (3, 4, 2, 40, 24, 12, True, 16, window(40, 7)),  # empty, full and partial tiles; rows of fewer than 10 keys
+    (3, 2, 1, 40, 24, 12, True, 16, window(40, 7)),  # empty, full and partial tiles; rows of fewer than 10 keys
     (3, 2, 1, 64, 16, 32, False, 16, window(64, 20)),  # blocks of whole tiles; rows of 20 keys, their tenths by rank
     (2, 2, 2, 48, 16, 8, True, 16, documents(48, [0, 13, 30])),  # packed documents: P without the jackknife
     (4, 2, 1, 40, 16, 4, False, 32, documents(40, [0, 21])),  # the default tile
@@ -116,7 +118,7 @@ def test_masked_layer_accumulators_equal_float64_math(kernels, n: int, heads: in
 
 
 KEY_CASES = [  # N, H, Hkv, T, hd, block, tile, cells: none, one mask, each sample's own
-    (3, 4, 2, 40, 24, 12, 16, None),  # grouped queries, blocks straddling tiles; P and its jackknife
+    (3, 2, 1, 40, 24, 12, 16, None),  # blocks straddling tiles, hd padded; P and its jackknife
     (2, 2, 1, 48, 16, 16, 32, None),  # two samples; the default tile
     (3, 2, 2, 40, 16, 8, 16, window(40, 12)),  # a sliding window, one mask for every sample
     (3, 2, 1, 40, 16, 4, 16, padded(40, [0, 0, 11], [0, 7, 0])),  # each sample its own cells
@@ -143,9 +145,9 @@ def test_a_bias_of_the_key_adds_up_as_float64_math_does(kernels, n: int, heads: 
 
 
 SOFTMAX_CASES = [  # N, H, Hkv, T, hd, block, tile, softcap, sinks, bias, cells
-    (3, 4, 2, 40, 24, 12, 16, 0.7, False, False, None),  # Gemma 2's cap, small: most scores far into tanh's bend
+    (3, 2, 1, 40, 24, 12, 16, 0.7, False, False, None),  # Gemma 2's cap, small: most scores far into tanh's bend
     (3, 2, 1, 40, 16, 8, 16, 50.0, False, True, window(40, 12)),  # a cap near the identity beside a bias and a window
-    (3, 4, 2, 40, 24, 12, 16, None, True, False, None),  # GPT-OSS's sink columns, P and its jackknife
+    (3, 2, 1, 40, 24, 12, 16, None, True, False, None),  # GPT-OSS's sink columns, P and its jackknife
     (2, 2, 1, 48, 16, 16, 32, None, True, False, window(48, 9)),  # sinks beside a sliding window; the default tile
     (3, 2, 2, 40, 16, 4, 16, 0.9, True, False, padded(40, [0, 17, 5], [0, 0, 3])),  # both, each sample its own cells
 ]
@@ -194,7 +196,7 @@ def _mlp(heads: int, t: int, hidden: int, threshold: float, seed: int = 0) -> An
 
 
 MLP_CASES = [  # N, H, Hkv, T, hd, block, tile, threshold, hidden, cells
-    (3, 4, 2, 40, 24, 12, 16, 8.0, 8, None),  # rows past L = 8 interpolate by their own ψ(i); P and its jackknife
+    (3, 2, 1, 40, 24, 12, 16, 8.0, 8, None),  # rows past L = 8 interpolate by their own ψ(i); P and its jackknife
     (2, 2, 1, 48, 16, 16, 32, 100.0, 32, None),  # L past T: a function of i - j alone, still formed cell by cell
     (3, 2, 2, 40, 16, 8, 16, 4.0, 8, window(40, 12)),  # a sliding window, one mask for every sample
     (3, 2, 1, 40, 16, 4, 16, 4.0, 8, padded(40, [0, 0, 11], [0, 7, 0])),  # each sample its own cells
@@ -223,7 +225,7 @@ def test_fire_s_mlp_formed_in_each_tile_adds_up_as_float64_math_does(kernels, n:
 
 
 CELL_CASES = [  # N, H, Hkv, T, hd, block, tile, per head, cells
-    (3, 4, 2, 40, 24, 12, 16, True, None),  # a table a head; P and its jackknife
+    (3, 2, 1, 40, 24, 12, 16, True, None),  # a table a head; P and its jackknife
     (2, 2, 1, 48, 16, 16, 32, False, None),  # one table for every head; the default tile
     (3, 2, 2, 40, 16, 8, 16, True, window(40, 12)),  # a sliding window, one mask for every sample
 ]
@@ -252,7 +254,7 @@ def test_a_bias_read_cell_by_cell_adds_up_as_float64_math_does(kernels, n: int, 
 
 
 ENDS_CASES = [  # N, H, Hkv, T, hd, block, tile
-    (3, 4, 2, 40, 24, 12, 16),  # P and its jackknife, blocks that split tiles unevenly
+    (3, 2, 1, 40, 24, 12, 16),  # P and its jackknife, blocks that split tiles unevenly
     (4, 2, 1, 48, 16, 16, 32),  # the default tile, blocks of whole tiles
     (2, 2, 2, 40, 16, 8, 16),  # two samples: P without its jackknife
 ]
@@ -283,7 +285,7 @@ def test_a_bias_of_each_sample_s_own_adds_up_as_float64_math_does(kernels, n: in
 
 
 @pytest.mark.parametrize(("n", "heads", "kv", "t", "hd", "block", "tile", "left", "right"), [
-    (3, 4, 2, 40, 24, 12, 16, [0, 9, 4], [0, 0, 0]),  # left padding, as BLOOM's positions start after it
+    (3, 2, 1, 40, 24, 12, 16, [0, 9, 4], [0, 0, 0]),  # left padding, as BLOOM's positions start after it
     (3, 2, 1, 48, 16, 16, 32, [2, 0, 11], [0, 5, 0]),  # both sides, the default tile
 ])  # fmt: skip
 def test_a_row_of_keys_of_each_sample_s_own_adds_up_as_float64_math_does(kernels, n: int, heads: int, kv: int,  # noqa: F811
