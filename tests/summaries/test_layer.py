@@ -20,10 +20,11 @@ def _bias(seed: int = 0) -> np.ndarray:
 
 
 def _feed(x: np.ndarray, *, kind: str = "bias", block: int = 1, mode: str = "joint", batch: int = N,
-          rows: tuple[int, ...] = (5, 1, 11, 20), causal: bool = True) -> QuantitySummary:  # fmt: skip
+          rows: tuple[int, ...] = (5, 1, 11, 20), causal: bool = True,
+          samples: int | None = None) -> QuantitySummary:  # fmt: skip
     """Stream ``x`` as a causal model would: batches of samples, uneven blocks of query rows of width row1."""
     s = QuantitySummary(kind, 0, heads=H, seq_len=T, block=block, causal=causal, mode=mode,
-                        device=torch.device("cpu"))  # fmt: skip
+                        device=torch.device("cpu"), samples=samples)  # fmt: skip
     for b0 in range(0, x.shape[0], batch):
         xb = torch.from_numpy(x[b0 : b0 + batch])
         s.begin_batch(xb.shape[0])
@@ -95,3 +96,29 @@ def test_non_finite_values_in_used_cells_are_refused() -> None:
     x[0, 1, 20, 3] = np.nan
     with pytest.raises(Exception, match="NaN or infinite"):
         _feed(x).result()
+
+
+@pytest.mark.parametrize(("batch", "store"), [(N, "joint"), (2, "cells")])
+def test_a_shared_bias_that_differs_part_way_ends_shared_once_and_keeps_its_store(batch: int, store: str) -> None:
+    """Declared shared, the same in every sample but the fourth from row 20 on: summarised once until then, per sample
+    from the first difference (its spread numpy's over every sample), and the part says so: no longer shared, its
+    samples meeting block by block in one batch or per cell over several; ``mode`` reads it back and is not set.
+    (A part told how many samples come keeps the first's rows only where later batches are to be compared.)"""
+    x = np.broadcast_to(_bias()[:1], (N, H, T, T)).copy()
+    x[3, :, 20:] += 0.5
+    s = _feed(x, mode="shared", batch=batch, samples=N)
+    assert (s.shared, s.store, s.mode) == (False, store, store)
+    assert s.difference == pytest.approx(0.5)
+    r = s.result()
+    np.testing.assert_allclose(r.mean, _masked(x.mean(0, dtype=np.float64)), rtol=1e-6, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(r.std, _masked(x.astype(np.float64).std(0)), rtol=1e-6, atol=1e-6, equal_nan=True)
+    with pytest.raises(AttributeError):
+        s.mode = "shared"  # type: ignore[misc]
+
+
+def test_a_shared_bias_measured_equal_stays_shared_and_stops_when_samples_bring_their_own_cells() -> None:
+    x = np.broadcast_to(_bias()[:1], (N, H, T, T)).copy()
+    s = _feed(x, mode="shared", batch=2)
+    assert (s.shared, s.mode, s.difference) == (True, "shared", 0.0)
+    s.stop_comparing()  # each sample over its own cells: summarised per sample, no longer compared
+    assert (s.shared, s.store, s.difference) == (False, "cells", None)

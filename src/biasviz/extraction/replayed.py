@@ -64,7 +64,7 @@ def replayed(adapter: ModelAdapter, ids: np.ndarray, layer_list: list[int], dev:
     formula = formula or {}
     n, seq_len = ids.shape
     heads = adapter.n_heads
-    varying = {layer: (b := parts.get(("bias", layer))) is not None and b.mode != "shared" for layer in layer_list}
+    varying = {layer: (b := parts.get(("bias", layer))) is not None and not b.shared for layer in layer_list}
     phases = 1 + len(layer_list)
 
     def phase(k: int, what: str, total: int, unit: str) -> Progress:
@@ -274,7 +274,7 @@ def _layer_extras(adapter: ModelAdapter, bank: SampleBank, layer: int, own: dict
     if measures:  # docs/position-measures.md
         extra.profiles = per_sample_profiles(own, samples=n, heads=heads, seq_len=seq_len, causal=causal,
                                              device=device)  # fmt: skip
-        extra.blocks = sample_blocks([kind for kind, p in own.items() if p.mode != "shared"], heads=heads,
+        extra.blocks = sample_blocks([kind for kind, p in own.items() if not p.shared], heads=heads,
                                      seq_len=seq_len, block=block, causal=causal, samples=n, device=device,
                                      attended=shared)  # fmt: skip
         if cells is not None:  # each sample's block means over its own cells, which its rows bring

@@ -206,7 +206,7 @@ def _summarise(
         extras = {layer: p.result() for layer, p in position.items()} if held else {}
     out: dict[int, dict[str, Any]] = {layer: {} for layer in layer_list}
     for (kind, layer), part in parts.items():
-        if kind == "bias" and layer in direct and part.mode == "shared":  # every sample measured equal
+        if kind == "bias" and layer in direct and part.shared:  # every sample measured equal
             out[layer][kind] = toeplitz_summary(direct[layer], seq_len, block, samples=total)
             out[layer][kind].difference = part.difference
         else:

@@ -158,9 +158,7 @@ def fused_layer(adapter: Any, bank: Any, layer: int, own: dict[str, QuantitySumm
         ends = SampleEnds(ends.ends.to(device))
     elif keys is not None:
         if bias is not None:  # summarised per sample over its own cells, no longer compared (as the torch path does)
-            if bias.mode == "shared":
-                bias.unshare()
-            bias.agreement = None
+            bias.stop_comparing()
     elif table is not None and not measured:
         agreement = _bias_agreement(adapter, bank, layer, table, samples=n, seq_len=seq_len, device=device)
         if agreement is None or agreement.largest > 0.0:

@@ -1,15 +1,21 @@
 """One layer's bias or weights, summarised as the model forms them: maps, profile and (bias) diagnostics.
 
-How samples meet (:mod:`biasviz.summaries.moments`) sets the mode:
+Two things set how a part summarises, each decided once:
 
-- ``shared``: a bias declared context-free: the first sample's values stand for all, spread 0, for as long as every
-  sample's, compared with the first's as it comes (:mod:`biasviz.summaries.sharing`), equals it; the first that
-  differs turns the part into ``joint`` or ``cells`` from that block on, exactly as if it had been from the start
-  (every row before was the same in every sample, as measured);
-- ``joint``: one batch holds every sample, so each block of rows gives its per-cell mean and spread at once and
-  nothing of size T² is kept (the mode whenever the maps are coarser than cells);
-- ``cells``: maps exact per cell (R >= T) with samples in several batches: per-cell moments are kept (the size
-  of the result) and summarised at the end.
+- where the samples' values of a cell meet (:attr:`QuantitySummary.store`, :mod:`biasviz.summaries.moments`):
+  ``joint``, one batch holds every sample, so each block of rows gives its per-cell mean and spread at once and
+  nothing of size T² is kept (whenever the maps are coarser than cells); ``cells``, maps exact per cell (R >= T) with
+  samples in several batches, or samples masked differently: per-cell moments are kept (the size of the result) and
+  summarised at the end. Chosen before the first row; a shared part's, when it ends (below).
+- whether a bias declared context-free is still summarised once (:attr:`QuantitySummary.shared`): the first sample's
+  values stand for all, spread 0, for as long as every sample's, compared with the first's as it comes
+  (:mod:`biasviz.summaries.sharing`), equals it; the first that differs ends it for good, and the part summarises
+  every sample from that block on, exactly as if it had from the start (every row before was the same in every
+  sample, as measured). Over several batches the first sample's rows were kept to compare with: its per-cell moments
+  start from them (``cells``); in one batch it goes on block by block (``joint``).
+
+The plan (:mod:`biasviz.extraction.summary_plan`) names a part's start ``shared``, ``joint`` or ``cells``
+(:data:`MODES`; :attr:`QuantitySummary.mode` reads it back).
 """
 
 from __future__ import annotations
@@ -58,7 +64,9 @@ class QuantitySummary:
         later batches with only when they come in more than one batch."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-        self.kind, self.layer, self.mode = kind, layer, mode
+        self.kind, self.layer = kind, layer
+        self.shared = mode == "shared"  # declared the same for every sample and, so far, measured so
+        self.store = "cells" if mode == "cells" else "joint"  # a shared part's is settled when it is measured to differ
         self.heads, self.seq_len, self.causal, self.block, self.device = heads, seq_len, causal, block, device
         self.attended: Attended | None = None  # a model's own mask, where it is not the causal triangle
         self._sums()
@@ -103,17 +111,16 @@ class QuantitySummary:
         before = None
         if self.samples:
             before = cells_before(self.attended, self.seq_len, self.causal)
-        if self.mode == "shared":
-            self.unshare()
-        if self.mode == "joint":  # one batch holds every sample: none summarised yet
+        self.stop_comparing()
+        if self.store == "joint":  # one batch holds every sample: none summarised yet
             if self.samples or self.diagonals.count.sum() > 0:
                 raise ValueError("a joint part changes to per-sample masks before any row")
-            self.mode = "cells"
+            self.store = "cells"
             self.cells = CellMoments(self.heads, self.seq_len, self.device)
         assert self.cells is not None
         with torch.inference_mode(False):  # called inside the model's forward: the moments outlive it
             self.cells.count_cells(before)
-            self.agreement, self.sample_masks, self.attended = None, True, None
+            self.sample_masks, self.attended = True, None
             self._sums()
 
     def widen(self) -> None:
@@ -126,6 +133,19 @@ class QuantitySummary:
             self.by_sample()
         self.causal = False
         self._sums()
+
+    @property
+    def mode(self) -> str:
+        """The plan's name for where the part stands: ``shared`` while a declared bias is measured the same in every
+        sample, else its :attr:`store`."""
+        return "shared" if self.shared else self.store
+
+    def stop_comparing(self) -> None:
+        """Each sample summarised over its own cells, as its own values (samples masked differently, a bias of each
+        sample's own row of keys): a bias declared shared is summarised per sample and no longer compared."""
+        if self.shared:
+            self.unshare()
+        self.agreement = None
 
     @property
     def difference(self) -> float | None:
@@ -142,7 +162,7 @@ class QuantitySummary:
         self.samples += self._batch
         if self.cells is not None:
             self.cells.end_batch(self._batch)
-        if self.mode == "shared" and self.samples:
+        if self.shared and self.samples:
             self._taken = True
 
     def add_block(self, block: RowBlock) -> None:
@@ -162,9 +182,9 @@ class QuantitySummary:
         """A block (S or 1, H, rows, K) of query rows ``row0 ..`` against keys ``0 .. K-1``, as formed; ``cells`` (S or
         1, 1 or H, rows, K): the cells its samples attend, read once they are masked differently (:meth:`by_sample`;
         before, the one mask of :meth:`attend` counts)."""
-        if self.agreement is not None:  # declared the same for every sample: measured, whatever the mode by now
+        if self.agreement is not None:  # declared the same for every sample: measured, shared or not by now
             self._measure(row0, block)
-            if self.mode == "shared":
+            if self.shared:
                 if self.agreement.largest == 0.0:
                     if not self._taken:
                         self.add_moments(row0, block[:1])
@@ -174,7 +194,7 @@ class QuantitySummary:
             block = block.expand(self._batch, *block.shape[1:])
         # a few rows at a time: the float64 temporaries of a whole batch's block would be (S, H, T, T)
         step = max(1, step_cells(block.device, CELLS_PER_STEP) // max(1, block.shape[1] * block.shape[-1]))
-        if self.mode == "cells":
+        if self.store == "cells":
             assert self.cells is not None
             rows, keys = block.shape[-2:]
             for r in range(0, rows, step):
@@ -215,10 +235,10 @@ class QuantitySummary:
         every sample, so the first's values with spread 0 are what a per-sample summary has of them: a part fed
         block by block (``joint``) goes on from there; one whose batches meet in per-cell moments (``cells``)
         starts them from the first's values, m2 = 0, over the samples seen, and its running sums anew."""
+        self.shared = False
         if self._first is None:
-            self.mode = "joint"
             return
-        self.mode = "cells"
+        self.store = "cells"
         with torch.inference_mode(False):  # called inside the model's forward: the sums outlive it
             self.cells = CellMoments(self.heads, self.seq_len, self.device)
             self.cells.mean.copy_(self._first)
@@ -229,7 +249,7 @@ class QuantitySummary:
         """Back to no row added, for a layer formed again from its first row; a bias declared the same for every
         input is summarised per sample from then on (it was measured to differ: :class:`~biasviz.summaries.replay.
         DiffersPartWay`). What it measured stays."""
-        if self.mode == "shared":
+        if self.shared:
             self.unshare()
         self._taken = False
         self._sums()
@@ -279,7 +299,7 @@ class QuantitySummary:
     def same_for_every_sample(self) -> bool:
         """A bias known the same in every sample: declared so and measured to the end (``shared``), or given whole from
         the one a forward kept and compared, exactly, with every sample's (the fused path's table): its SEs are 0."""
-        return self.kind == "bias" and (self.mode == "shared" or (self.given is not None and not self.given_differs))
+        return self.kind == "bias" and (self.shared or (self.given is not None and not self.given_differs))
 
     def result(self, total_samples: int | None = None) -> Summary:
         """The finished summary; ``total_samples`` (all processes') decides whether context dependence is defined."""

@@ -223,7 +223,7 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
     over ``samples``; ``form(layer, sample, r0, r1, want_bias)`` forms one sample's rows, against keys up to r1 where
     the call is ``causal``, else every key.
 
-    A bias part in mode ``shared`` (declared the same for every input) is measured: every sample's rows, as
+    A bias part still ``shared`` (declared the same for every input) is measured: every sample's rows, as
     formed, against the first sample's (its :attr:`~QuantitySummary.agreement`). While all agree the first's stand
     for all, spread 0 (``formula``: the part is fed nothing, the caller summarises the scheme's f(d) instead); the
     block where one first differs is formed again with the bias summed per sample, and so is every block after it
@@ -234,11 +234,10 @@ def replay_layer(form: Former, layer: int, parts: dict[str, QuantitySummary], ex
     with the bias summarised per sample from the first row. A declaration is rarely wrong, so that is the cheap way.
     """
     bias = parts.get("bias")
-    if extras.by_sample and bias is not None and bias.mode == "shared":  # each sample's own cells, its own values:
-        bias.unshare()  # summed per sample and no longer compared, as when streamed (QuantitySummary.by_sample)
-        bias.agreement = None
+    if extras.by_sample and bias is not None:  # each sample's own cells, its own values: summed per sample and no
+        bias.stop_comparing()  # longer compared, as when streamed (QuantitySummary.by_sample)
     agreement = None if bias is None else bias.agreement
-    blocks = _Blocks(seq_len, heads, device, bias is not None and bias.mode != "shared", budget, extras.by_sample,
+    blocks = _Blocks(seq_len, heads, device, bias is not None and not bias.shared, budget, extras.by_sample,
                      causal)  # fmt: skip
     # each kind's finished chunk, and the summaries' temporaries: reused from block to block, given back with the layer
     scratch = {kind: Scratch() for kind in ("weights", "scores", "bias", "work")}

@@ -187,7 +187,7 @@ def per_sample_profiles(parts: dict[str, Any], *, samples: int, heads: int, seq_
     if samples < MIN_SE_SAMPLES:
         return {}
     # the weights' own come with their measures (WeightMeasures.diagonals)
-    kinds = [kind for kind, part in parts.items() if kind in ("scores", "bias") and part.mode != "shared"]
+    kinds = [kind for kind, part in parts.items() if kind in ("scores", "bias") and not part.shared]
     return {kind: SampleProfiles(samples=samples, heads=heads, seq_len=seq_len, causal=causal, device=device)
             for kind in kinds}  # fmt: skip
 
