@@ -82,27 +82,28 @@ SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png
               "test_diagnose_reads_the_stored_values"}  # fmt: skip
 
 
-# The files that take longest (seconds summed over their tests in one `make test` at a load of 5 to 9 on 2 cores, a
-# 42-minute run; only their order matters), heaviest first. `make test` hands out whole files to its two workers in
-# the order collected here (--no-loadscope-reorder, and pytest_configure below): the heavy files first, so that
-# neither worker is left with one of them while the other has finished (xdist's own order, by number of tests, put
-# the heavy files with few tests last)
-HEAVY_FILES = {"extraction/test_distributed.py": 372, "cli/test_plot_cmd.py": 298, "training/test_loop.py": 252,
-               "project/test_gpu_run.py": 225, "project/test_hostile_io.py": 216, "cli/test_cli_summary.py": 191,
-               "cli/test_cli_interrupts.py": 161, "project/test_hostile_values.py": 153,
-               "extraction/test_summary.py": 139, "project/test_untrusted.py": 103,
-               "extraction/test_sweep_torchrun.py": 101, "extraction/test_resume.py": 98,
-               "model/test_model_long.py": 97, "training/test_provenance_note.py": 83,
-               "summaries/test_replay_dispatch.py": 82, "model/test_blocked_grad.py": 74,
-               "adapters/test_hostile_side_files.py": 74, "adapters/test_device_map.py": 72,
-               "project/test_readme.py": 66, "plotting/test_position_kinds.py": 64, "summaries/test_sharing.py": 63,
-               "project/test_examples.py": 62, "summaries/test_replay_engine.py": 61,
-               "plotting/test_style_width.py": 59, "summaries/test_kernels.py": 55,
-               "summaries/test_kernels_accumulators.py": 55, "plotting/test_caption.py": 55,
-               "summaries/test_weight_measures_models.py": 55, "cli/test_cli_imports.py": 53,
-               "extraction/test_sweep.py": 52, "model/test_modeling.py": 48, "project/test_make_outputs.py": 46,
-               "model/test_config.py": 36, "extraction/test_replayed.py": 20, "extraction/test_hub.py": 14,
-               "summaries/test_frequency.py": 12, "model/test_attention.py": 11}  # fmt: skip
+# The files that take longest (seconds summed over their tests in one `make test` on a quiet 2-core machine, 2026-12-01,
+# the Triton interpreter's two trimmed files measured again after; only their order matters), heaviest first. `make
+# test` hands out whole files to its two workers in the order collected here (--no-loadscope-reorder, and
+# pytest_configure below): the heavy files first, so that neither worker is left with one of them while the other
+# has finished (xdist's own order, by number of tests, put the heavy files with few tests last)
+HEAVY_FILES = {"extraction/test_distributed.py": 118, "summaries/test_kernels_accumulators.py": 100,
+               "project/test_gpu_run.py": 52, "model/test_fused_attention.py": 52, "cli/test_cli_interrupts.py": 47,
+               "project/test_untrusted.py": 41, "cli/test_plot_cmd.py": 39, "project/test_hostile_values.py": 35,
+               "summaries/kernels/test_triton_kernels.py": 35, "extraction/test_sweep_torchrun.py": 34,
+               "summaries/test_fused_layer.py": 32, "summaries/test_kernels.py": 30, "project/test_hostile_io.py": 26,
+               "plotting/test_style_width.py": 23, "plotting/test_position_kinds.py": 23,
+               "project/test_examples.py": 21, "model/test_model_long.py": 21, "cli/test_cli_summary.py": 20,
+               "plotting/test_positional_compare.py": 20,
+               "cli/test_cli_imports.py": 20, "summaries/test_fused_layer_kept.py": 19,
+               "tracing/test_calls_forms.py": 18, "project/test_hostile.py": 17,
+               "adapters/test_hostile_side_files.py": 16, "training/test_provenance_note.py": 16,
+               "cli/test_cli_errors.py": 13, "cli/test_hostile_signals.py": 13, "cli/test_cli_startup.py": 13,
+               "plotting/test_measures_page.py": 12, "notebook/test_notebook_library_path.py": 12,
+               "store/test_reader_fuzz.py": 12, "plotting/test_caption.py": 11, "cli/test_notebook_plot.py": 11,
+               "summaries/test_replay_dispatch.py": 10, "plotting/test_measures_plots.py": 10,
+               "summaries/test_fused_layer_by_sample.py": 10, "project/test_readme.py": 10,
+               "project/test_make_outputs.py": 10}  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
