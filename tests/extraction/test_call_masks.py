@@ -146,3 +146,28 @@ def test_in_the_first_batch_the_sums_are_made_again_and_under_torchrun_refused()
     with pytest.raises(BiasvizError, match="under torchrun a summary cannot take it part-way: run it in one process"):
         widen(0, 2, CallMasks(adapter(), merged=True), parts, position, renew=None)
     assert parts["weights", 0].widened == []
+
+
+def test_a_known_call_is_read_from_the_device_once_a_batch() -> None:
+    """Each read of a tensor's value on the host waits for a GPU: once a call's cells are known, a later batch's are
+    compared with them in one read, whether they are the call's rule or its one mask (and still one where they turn
+    out to differ)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tests.summaries.test_replay_dispatch import HOST_READS
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            Reads.count += str(func.overloadpacket.__name__ + "." + func._overloadname) in HOST_READS
+            return func(*args, **(kwargs or {}))
+
+    for cells, later in ((CAUSAL, CAUSAL), (WINDOW, WINDOW), (WINDOW, CAUSAL)):
+        masks = CallMasks(adapter())
+        masks.settle(call(0, cells.expand(2, H, T, T)))
+        Reads.count = 0
+        with Reads(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            masks.settle(call(2, later.expand(2, H, T, T)))
+        assert Reads.count == 1, (cells, later)

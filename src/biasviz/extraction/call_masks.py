@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,17 +27,29 @@ from biasviz.common.errors import BiasvizError, past_query_said
 from biasviz.summaries.attended import Attended
 from biasviz.summaries.sample_cells import BY_SAMPLE_NOTE
 
-BY_SAMPLE = "by sample"  # a layer whose samples are masked differently (its entry in ``CallMasks.known``)
-_UNSEEN = object()  # a layer none of whose blocks showed its cells yet
+
+@dataclass(frozen=True, eq=False)
+class CallCells:
+    """What one call attended in the samples seen so far: its rule (no mask of its own), one mask every sample had
+    (``mask``, with its :class:`Attended` made once, so that every summary of the layer divides by the same counts), or
+    each sample's own (``by_sample``, from the batch that showed it on, for good)."""
+
+    mask: torch.Tensor | None = None  # (1, 1 or H, T, T) bool
+    attended: Attended | None = None
+    by_sample: bool = False
+
+
+RULE = CallCells()  # the call's rule: the causal triangle, or every cell
+BY_SAMPLE = CallCells(by_sample=True)
 
 
 class CallMasks:
-    """Per layer, what its call attended so far: the call's rule (None), its one mask, or each sample's own."""
+    """Per layer, what its call attended so far (:class:`CallCells`; a layer absent: none of its blocks showed it)."""
 
     def __init__(self, adapter: ModelAdapter, merged: bool = False) -> None:
         """``merged``: torchrun's processes join their summaries, which take one mask for every sample."""
         self.adapter, self.merged = adapter, merged
-        self.known: dict[int, tuple[torch.Tensor, Attended] | str | None] = {}
+        self.known: dict[int, CallCells] = {}
 
     def settle(self, block: RowBlock) -> None:
         """Write on ``block`` (of samples ``block.first ..``, its ``attended`` the call's cells (B or 1, H, T, T), or
@@ -49,11 +62,9 @@ class CallMasks:
             block.marked = None
         if block.attended is None:
             return
-        layer, kept = block.layer, block.attended
-        cells = self._cells(layer, kept, block.first)
-        known = self.known[layer]
-        block.by_sample = known is BY_SAMPLE
-        block.mask = known[1] if isinstance(known, tuple) else None
+        cells = self._cells(block.layer, block.attended, block.first)
+        known = self.known[block.layer]
+        block.by_sample, block.mask = known.by_sample, known.attended
         block.attended = None if cells is None else cells[..., block.r0 : block.r1, : block.keys]
 
     def widen(self, layer: int) -> None:
@@ -63,32 +74,36 @@ class CallMasks:
 
     def _cells(self, layer: int, kept: torch.Tensor, first: int) -> torch.Tensor | None:
         """The call's cells as few as say them: None where its mask is its rule, the one mask (1, 1 or H, T, T) while
-        every sample has it, else the batch's own; settles :attr:`known` for the layer."""
-        known = self.known.get(layer, _UNSEEN)
-        if known is BY_SAMPLE:
+        every sample has it, else the batch's own; settles :attr:`known` for the layer. Once the call is known, one read
+        of the device a call: every sample of the batch against what the call attended so far."""
+        known = self.known.get(layer)
+        if known is not None and known.by_sample:
             return kept
+        if known is not None:
+            if known.mask is None:  # the rule: the causal triangle or every cell, whatever the heads
+                t = kept.shape[-1]
+                same = bool((kept == plain_cells(0, t, t, self.adapter.layer_causal(layer), kept.device)).all())
+            else:  # the one mask, of as many heads
+                same = known.mask.shape[1:] == kept.shape[1:] and bool((kept == known.mask).all())
+            return known.mask if same else self._by_sample(layer, kept, first)
         mask = kept[:1]
-        differs = kept.shape[0] > 1 and not bool((kept == mask).all())
-        causal = self.adapter.layer_causal(layer)
-        if known is not _UNSEEN and not differs:
-            if known is None and _plain(mask, causal):
-                return None
-            if isinstance(known, tuple) and torch.equal(known[0], mask):
-                return known[0]
-            differs = True
-        if differs:
-            if self.merged:
-                raise BiasvizError(f"attention call {layer} masked other cells for sample {first} than for the first: "
-                                   "under torchrun a summary takes one mask for every sample; run it in one "
-                                   "process")  # fmt: skip
-            warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=3)
-            self.known[layer] = BY_SAMPLE
-            return kept
-        if _plain(mask, causal):
-            self.known[layer] = None
+        if kept.shape[0] > 1 and not bool((kept == mask).all()):
+            return self._by_sample(layer, kept, first)
+        if _plain(mask, self.adapter.layer_causal(layer)):
+            self.known[layer] = RULE
             return None
-        self.known[layer] = (mask, Attended(mask.to(kept.device)))
+        self.known[layer] = CallCells(mask, Attended(mask.to(kept.device)))
         return mask
+
+    def _by_sample(self, layer: int, kept: torch.Tensor, first: int) -> torch.Tensor:
+        """The batch of sample ``first`` showed samples masked differently: each one's own cells, from here on."""
+        if self.merged:
+            raise BiasvizError(f"attention call {layer} masked other cells for sample {first} than for the first: "
+                               "under torchrun a summary takes one mask for every sample; run it in one "
+                               "process")  # fmt: skip
+        warnings.warn(f"attention call {layer}: {BY_SAMPLE_NOTE}", stacklevel=4)
+        self.known[layer] = BY_SAMPLE
+        return kept
 
 
 def _plain(mask: torch.Tensor, causal: bool) -> bool:
