@@ -652,7 +652,7 @@ def part_kernels(dry: bool) -> Iterator[dict[str, Any]]:
             tools.update({"K1 row lse, FIRE's MLP": k1_fire, "K2 tile statistics, FIRE's MLP": k2_fire,
                           "K1 row lse, softcap and sinks": k1_sinks, "K2 tile statistics, softcap": k2_capped,
                           "K1 row lse, CABLE's ends": k1_ends, "K2 and K3 tile statistics, CABLE's ends": k2_ends})
-        yield from interleaved(device, tools, 1 if dry or seq_len > 32768 else 3, part="kernels", T=seq_len,
+        yield from interleaved(device, tools, 0 if dry else 1 if seq_len > 32768 else 3, part="kernels", T=seq_len,
                                dtype=str(dtype).removeprefix("torch."), phase="kernels",
                                floor="flash-sdpa layer forward", batch=n)  # fmt: skip (all N in each call)
         del q, k, v, lse

@@ -38,6 +38,11 @@ from biasviz.model import BiasGPTConfig, BiasGPTForCausalLM
 if WORKER_THREADS is not None:  # torch read it when imported, unless something imported torch before
     torch.set_num_threads(WORKER_THREADS)
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # a kernel's helpers called without patching Triton's language anew
+    from tests.triton_interpreter import patch_helpers_once
+
+    patch_helpers_once()
+
 RELATIVE_SCHEMES = ["alibi", "kerple-log", "kerple-power", "fire", "t5", "cable", "fox"]
 ALL_SCHEMES = [*RELATIVE_SCHEMES, "learned", "nope"]
 

@@ -95,51 +95,40 @@ def test_torchrun_file_equals_the_one_process_file(model_dir: Path, capsys: pyte
     assert sorted(p.name for p in model_dir.iterdir() if p.name.startswith(".")) == []  # no shard left behind
 
 
-GROUP_FREED = """
-import os, weakref
+GROUP_THEN_TRAIN = """
+import os, sys, weakref
 import torch.distributed as dist
 from biasviz.common.processes import all_true, process_group
+from biasviz.training.loop import TrainSettings, train
+
+def threads():
+    return [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 
 with process_group("cpu"):
     import torch.distributed.nn  # as transformers imports it with a model, after the processes joined
 
     group = weakref.ref(dist.group.WORLD)
     all_true(True)
-threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print("group alive" if group() is not None else "group freed", threads)
-"""
+print("group alive" if group() is not None else "group freed", threads(), flush=True)
 
-
-@ON_PROC
-def test_leaving_the_process_group_frees_it_and_stops_its_threads(model_dir: Path) -> None:
-    """A group kept alive past destroy_process_group keeps gloo's threads running into interpreter exit,
-    where releasing the last collective's tensors aborts the process (SIGABRT) now and then."""
-    run = torchrun_script(GROUP_FREED, "group_freed.py", model_dir)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.count("group freed") == 2, run.stdout
-    assert "gloo" not in run.stdout, run.stdout  # pt_gloo_runloop, gloo_tcp_loop: joined
-
-
-TRAIN_FROM_PYTHON = """
-import os
-import sys
-import torch.distributed as dist
-from biasviz.training.loop import TrainSettings, train
-
+# the same processes join again, to train from Python
 result = train(TrainSettings("alibi", steps=2, seq_len=16, batch_size=2, corpus="text.txt", device="cpu"), "api",
                progress=False)
-threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 state = "joined" if dist.is_initialized() else "left"
-sys.stdout.write(f"trained {len(result.losses)} {state} {threads}\\n")  # one write: the two processes share stdout
+sys.stdout.write(f"trained {len(result.losses)} {state} {threads()}\\n")  # one write: the two processes share stdout
 """
 
 
 @ON_PROC
-def test_train_from_python_under_torchrun_joins_and_leaves_the_processes(model_dir: Path) -> None:
-    """``biasviz.training.train`` in a user's script under torchrun: trained together, then the group is gone."""
-    run = torchrun_script(TRAIN_FROM_PYTHON, "train_api.py", model_dir)
+def test_leaving_the_process_group_frees_it_and_a_script_trains_after(model_dir: Path) -> None:
+    """A group kept alive past destroy_process_group keeps gloo's threads running into interpreter exit, where
+    releasing the last collective's tensors aborts the process (SIGABRT) now and then. Then, in the same script,
+    ``biasviz.training.train`` under torchrun: the processes join again, train together, and leave."""
+    run = torchrun_script(GROUP_THEN_TRAIN, "group_then_train.py", model_dir)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.count("trained 2 left") == 2 and "gloo" not in run.stdout, run.stdout
+    assert run.stdout.count("group freed") == 2, run.stdout
+    assert run.stdout.count("trained 2 left") == 2, run.stdout
+    assert "gloo" not in run.stdout, run.stdout  # pt_gloo_runloop, gloo_tcp_loop: joined, after either
     assert json.loads((model_dir / "api" / "training.json").read_text())["processes"] == 2
 
 

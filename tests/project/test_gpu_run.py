@@ -87,13 +87,15 @@ def test_the_tables_give_each_row_against_its_floor(dry: tuple[Path, list[dict]]
     assert "| pytest -m cuda |  |  |  |  | skipped: no CUDA device |" in text
 
 
-def test_the_kernels_part_times_them_and_checks_them_against_the_torch_path(tmp_path: Path) -> None:
-    """In a child of its own, through Triton's interpreter: K1 and K2 timed beside one layer's flash forward (and with
-    FIRE's MLP, a softcap and sinks, CABLE's ends), and the fused statistics within float32 rounding of the torch
-    path's summary, for every model the check names."""
+def test_the_kernels_part_times_them_and_checks_them_against_the_torch_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through Triton's interpreter: K1 and K2 timed beside one layer's flash forward (and with FIRE's MLP, a softcap
+    and sinks, CABLE's ends), and the fused statistics within float32 rounding of the torch path's summary, for every
+    model the check names. In this process, as the dry run's other parts (a part's child: the device map's test)."""
     pytest.importorskip("triton")
-    with open(tmp_path / "log", "w") as log:
-        rows = gpu_run.run_part("kernels", True, 300, log)
+    monkeypatch.setenv("BIASVIZ_STATISTICS", "torch")  # the part sets it for each summary; put back afterwards
+    rows = gpu_run.run(tmp_path, dry=True, only=["kernels"], inline=True)
     by_tool = {r["tool"]: r for r in rows}
     for tool in ("flash-sdpa layer forward", "K1 row lse", "K2 tile statistics", "K1 row lse, FIRE's MLP",
                  "K2 tile statistics, FIRE's MLP", "K1 row lse, softcap and sinks", "K2 tile statistics, softcap",

@@ -46,8 +46,8 @@ def _check(got: dict, want: dict) -> None:
 
 
 CASES = [  # N, H, Hkv, T, hd, block, bias, tile
-    (3, 4, 2, 40, 24, 12, True, 16),  # grouped queries, hd padded to 32, blocks straddling tiles, T not a multiple
-    (4, 2, 2, 64, 16, 32, False, 16),  # map blocks of whole tiles (a tile adds its sums), no bias
+    (3, 4, 2, 24, 24, 12, True, 16),  # grouped queries, hd padded to 32, blocks straddling tiles, T not a multiple
+    (4, 2, 2, 48, 16, 32, False, 16),  # map blocks of whole tiles (a tile adds its sums; the last cut at T), no bias
     (2, 2, 1, 40, 24, 32, True, 16),  # two samples: P without the jackknife; whole-tile blocks cut at T
     (1, 2, 2, 24, 16, 12, True, 16),  # one sample: neither P nor the jackknife
     (3, 2, 1, 40, 16, 32, True, 32),  # the default tile
@@ -85,14 +85,14 @@ def test_layer_accumulators_keep_what_fused_statistics_finishes(kernels) -> None
 # BY_SAMPLE; every other case reads its bias for 2 heads over 1, half the programs under Triton's interpreter
 MASKED = [  # N, H, Hkv, T, hd, block, bias, tile, cells
     (3, 2, 1, 40, 24, 12, True, 16, window(40, 7)),  # empty, full and partial tiles; rows of fewer than 10 keys
-    (3, 2, 1, 64, 16, 32, False, 16, window(64, 20)),  # blocks of whole tiles; rows of 20 keys, their tenths by rank
+    (3, 2, 1, 48, 16, 32, False, 16, window(48, 20)),  # blocks of whole tiles; rows of 20 keys, their tenths by rank
     (2, 2, 2, 48, 16, 8, True, 16, documents(48, [0, 13, 30])),  # packed documents: P without the jackknife
     (4, 2, 1, 40, 16, 4, False, 32, documents(40, [0, 21])),  # the default tile
 ]
 
 
 BY_SAMPLE = [  # N, H, Hkv, T, hd, block, bias, tile, cells (N, T, T)
-    (3, 4, 2, 40, 24, 12, True, 16, padded(40, [0, 19, 5], [0, 0, 0])),  # left padding: rows with no key, empty tiles
+    (3, 4, 2, 24, 24, 12, True, 16, padded(24, [0, 17, 5], [0, 0, 0])),  # left padding: rows with no key, empty tiles
     (2, 2, 1, 48, 16, 8, False, 16, padded(48, [0, 0], [0, 21])),  # right padding
     (3, 2, 2, 40, 16, 4, True, 32, np.stack([documents(40, [0, 21]), documents(40, [0, 9, 30]),
                                              window(40, 12)])),  # documents that differ by sample; the default tile
