@@ -51,6 +51,57 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: d / f"{name}.h5" for name in ("rope", "alibi", "one", "bias-only", "full")}
 
 
+#: (exit code, stdout, stderr, the figures saved by file stem) of a command run once for a module
+Run = tuple[int, str, str, dict[str, Any]]
+#: (the JSON's path, exit code, stderr, the figures saved by file stem) of diagnose run once
+DiagnoseRun = tuple[Path, int, str, dict[str, Any]]
+
+
+def _run_once(argv: list[str]) -> Run:
+    """``biasviz ARGV`` in-process for a module's fixture: (exit code, stdout, stderr, every figure it saved by file
+    stem), as run_cli and the ``figures`` fixture give them to a test."""
+    import contextlib
+    import io
+
+    import biasviz.plotting.save as save_module
+    from biasviz.cli import main
+
+    caught: dict[str, Any] = {}
+    original = save_module.save_figure
+
+    def catch(fig: Any, stem: Any, *args: Any, **kwargs: Any) -> Any:
+        caught[Path(stem).name] = fig
+        return original(fig, stem, *args, **kwargs)
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        mp.setattr(save_module, "save_figure", catch)
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue(), caught
+
+
+@pytest.fixture(scope="module")
+def profile_run(files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """``plot --kind profile`` of the RoPE file, drawn once: the positional and the weights profile, read by two
+    tests (PNG only: no test here reads the figures' files, only the figures drawn and the names written)."""
+    return _run_once(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "profile", "--format",
+                      "png", "--out-dir", str(tmp_path_factory.mktemp("profile"))])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def diagnose_run(files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> DiagnoseRun:
+    """``diagnose`` of the RoPE and ALiBi files, run once: its JSON and its figure are each read by a test (PNG
+    only: neither test reads the figures' files). (the JSON's path, exit code, stderr, the figures)"""
+    d = tmp_path_factory.mktemp("diagnose")
+    code, _, err, figs = _run_once(["diagnose", str(files["rope"]), str(files["alibi"]), "--json", str(d / "d.json"),
+                                    "--out-dir", str(d), "--format", "png"])  # fmt: skip
+    return d / "d.json", code, err, figs
+
+
 def test_the_positional_grid_draws_each_heads_p_relative_to_its_value_at_distance_0(
     files: dict[str, Path], figures: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:  # fmt: skip
@@ -74,9 +125,10 @@ def test_the_positional_grid_draws_each_heads_p_relative_to_its_value_at_distanc
 
 
 def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[str, Any], tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+                                          capsys: pytest.CaptureFixture[str],
+                                          profile_run: Run) -> None:  # fmt: skip
     code, _, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "sinks",
-                            "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+                            "--format", "png", "--out-dir", str(tmp_path)], capsys)  # fmt: skip
     assert code == 0, err
     with h5py.File(files["rope"]) as f:
         key0 = f["layer_1/weights_key_profile"][0, :, :16]
@@ -87,19 +139,18 @@ def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[
     title = " ".join(figures["rope_sinks"].get_suptitle().split())  # wrapped to the figure's width
     assert f"{int((key0[:, 0] > 0.3).sum())} of 12 from the mean" in title
     assert f"{100 * (share > 0.3).mean():.0f}% of (sample, head) pairs" in title
-    code, out, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "profile",
-                              "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    code, out, err, profiles = profile_run
     assert code == 0, err
-    assert "rope_positional_profile.pdf" in out and "rope_weights_profile.pdf" in out
-    ax = next(a for a in figures["rope_positional_profile"].axes if a.get_lines())
+    assert "rope_positional_profile.png" in out and "rope_weights_profile.png" in out
+    ax = next(a for a in profiles["rope_positional_profile"].axes if a.get_lines())
     np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), p_all[0], rtol=1e-6)
     np.testing.assert_allclose(ax.get_lines()[1].get_ydata(), p_late[0], rtol=1e-6, equal_nan=True)
-    assert " ".join(figures["rope_positional_profile"].get_suptitle().split()).startswith(
+    assert " ".join(profiles["rope_positional_profile"].get_suptitle().split()).startswith(
         f"RoPE positional logits by distance: final layer, 2 of 2; T = {T}; mean of 3 samples")
     assert title.startswith(f"RoPE weight on the first keys: final layer, 2 of 2; T = {T}")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    fig = figures["rope_positional_profile"]
+    fig = profiles["rope_positional_profile"]
     FigureCanvasAgg(fig).draw()
     renderer = fig.canvas.get_renderer()
     legend = fig.legends[0].get_window_extent(renderer)
@@ -107,12 +158,10 @@ def test_sinks_and_the_positional_profile(files: dict[str, Path], figures: dict[
     assert labels and not any(legend.overlaps(t.get_window_extent(renderer)) for t in labels)  # the legend clear
 
 
-def test_diagnose_reports_ps_residuals_and_the_sink_heads(files: dict[str, Path], tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    code, _, err = run_cli(["diagnose", str(files["rope"]), str(files["alibi"]), "--json", str(tmp_path / "d.json"),
-                            "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+def test_diagnose_reports_ps_residuals_and_the_sink_heads(files: dict[str, Path], diagnose_run: DiagnoseRun) -> None:
+    json_path, code, err, _ = diagnose_run
     assert code == 0, err
-    doc = json.loads((tmp_path / "d.json").read_text())["schemes"]
+    doc = json.loads(json_path.read_text())["schemes"]
     assert doc["rope"]["heads"] == []  # no bias, but measured all the same
     with h5py.File(files["rope"]) as f:
         p = f["layer_1/positional_mean"][()].astype(np.float64)
@@ -150,13 +199,12 @@ def test_position_figures_of_files_without_them_are_one_error(files: dict[str, P
 
 
 def test_the_diagnostics_figure_draws_each_heads_sink_share_where_the_file_holds_it(
-    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], figures: dict[str, Any]
+    files: dict[str, Path], diagnose_run: DiagnoseRun
 ) -> None:
     """A fourth row: each head's mean weight on key 0, read from the file's key profile, with the threshold 0.3."""
-    code, _, err = run_cli(["diagnose", str(files["rope"]), str(files["alibi"]), "--json", str(tmp_path / "d.json"),
-                            "--out-dir", str(tmp_path), "--format", "png"], capsys)  # fmt: skip
+    _, code, err, figs = diagnose_run
     assert code == 0, err
-    axes = figures["diagnostics"].axes
+    axes = figs["diagnostics"].axes
     assert len(axes) == 4 and "Sink share" in axes[-1].get_ylabel()
     assert axes[-1].get_ylim() == (0.0, 1.0)
     lines = [line for line in axes[-1].get_lines() if line.get_linestyle() == "None"]
@@ -187,18 +235,16 @@ def test_a_one_sample_summary_says_why_it_holds_no_positional_logits(
     assert "positional logits" in out
 
 
-def test_the_weights_profile_band_stops_at_zero(files: dict[str, Path], tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str],
-                                                figures: dict[str, Any]) -> None:  # fmt: skip
+def test_the_weights_profile_band_stops_at_zero(files: dict[str, Path],
+                                                profile_run: Run) -> None:  # fmt: skip
     """Attention weights are never below 0: the ±std band of their distance profile stops there, while the
     profile's own mean - std does reach below 0 (else this test could not fail)."""
-    code, _, err = run_cli(["plot", "--scheme", "rope", "--input", str(files["rope"]), "--kind", "profile",
-                            "--format", "png", "--out-dir", str(tmp_path)], capsys)  # fmt: skip
+    code, _, err, profiles = profile_run
     assert code == 0, err
     with h5py.File(files["rope"]) as f:
         mean, std = f["layer_1/weights_profile"][()].astype(np.float64)
     assert (mean - std < 0).any()
-    fig = figures["rope_weights_profile"]
+    fig = profiles["rope_weights_profile"]
     bands = [c for ax in fig.axes for c in ax.collections]
     assert len(bands) == mean.shape[0]
     for h, band in enumerate(bands):

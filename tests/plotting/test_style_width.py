@@ -9,7 +9,7 @@ import pytest
 from matplotlib.text import Text
 
 from biasviz.common.errors import BiasvizError
-from biasviz.plotting.style import VENUE_WIDTHS, with_width
+from biasviz.plotting.style import VENUE_WIDTHS, venue_width, with_width
 from tests.conftest import run_cli
 
 
@@ -18,14 +18,31 @@ def file(tmp_path_factory: pytest.TempPathFactory, make_bias_file: Any) -> Path:
     return make_bias_file(tmp_path_factory.mktemp("width") / "alibi.h5", "alibi", n=2, t=64)
 
 
-@pytest.mark.parametrize(("style", "width", "inches"), [
+#: (--style, --width, the printed width in inches): every way --width is read (a venue's column, its page, inches as a
+#: bare number and with "in"), at one and two-column venues, on both sides of font_sizes' 4 in step
+WIDTHS = [
     ("icml", "column", VENUE_WIDTHS["icml-column"]),
     ("icml-column", "page", VENUE_WIDTHS["icml"]),
     ("acl", "column", VENUE_WIDTHS["acl-column"]),
     ("neurips", "3.5", 3.5),
     ("neurips", "2", 2.0),
     ("icml", "7.25in", 7.25),
-])  # fmt: skip
+]
+#: The widths each command draws at: one of each way --width is read, so that every branch of with_width reaches a
+#: figure, with the narrowest allowed (2 in: the most crowded figure, fonts one step smaller) and the widest asked.
+#: The two left out, icml's column (3.25 in) and 3.5 in, repeat acl's column (3.0 in) and 2 in: the same branch
+#: of with_width, the same font sizes (font_sizes: below 4 in) and more room; the widths they ask are checked in
+#: test_every_width_asked_is_the_width_the_style_prints.
+DRAWN = [WIDTHS[1], WIDTHS[2], WIDTHS[4], WIDTHS[5]]
+
+
+@pytest.mark.parametrize(("style", "width", "inches"), WIDTHS)
+def test_every_width_asked_is_the_width_the_style_prints(style: str, width: str, inches: float) -> None:
+    """What ``--style STYLE --width WIDTH`` becomes is drawn at ``inches``: the style the commands draw with."""
+    assert venue_width(with_width(style, width)) == pytest.approx(inches)
+
+
+@pytest.mark.parametrize(("style", "width", "inches"), DRAWN)
 @pytest.mark.parametrize("command", ["plot", "diagnose"])
 def test_the_figure_is_drawn_at_the_width_asked_with_no_text_below_6_pt(
     file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], figures: dict[str, Any], style: str,

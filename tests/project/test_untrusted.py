@@ -156,12 +156,32 @@ def test_required_attribute_of_a_hostile_type_is_a_clear_error(tmp_path: Path,
 
 HOSTILE_SCHEMES = ["../../escaped", "/tmp/absolute", "..", ".hidden", "a/b/c", "tab\tname", "x" * 300,
                    "back\\slash", "<script>", "  ", "ünï/cödé", "../" * 20 + "deep"]  # fmt: skip
+#: The names diagnose is run on end to end, one for each way a name taken as a path goes wrong: up and out of the
+#: folder, to an absolute path, past a file system's name length, and a dot-only name (hidden, and nothing left once
+#: the dots go). Each of the rest is one of these dangers again (a '/' or '\\' inside, more '../', odd characters):
+#: their stems are checked below, and these runs check that diagnose names its figures by that stem.
+RUN_SCHEMES = ["../../escaped", "/tmp/absolute", "x" * 300, ".."]
 
 
 @pytest.mark.parametrize("scheme", HOSTILE_SCHEMES)
+def test_every_hostile_scheme_name_becomes_one_safe_file_name(tmp_path: Path, scheme: str) -> None:
+    """What diagnose names a figure after (``file_stem`` of the scheme attribute) is one name inside --out-dir:
+    no folder separator, not hidden, not empty, not over-long, whatever the file says."""
+    from biasviz.common.outputs import file_stem
+
+    stem = file_stem(scheme)
+    assert stem and "/" not in stem and "\\" not in stem and not stem.startswith("."), stem
+    assert len(stem) <= 80, len(stem)
+    out_dir = tmp_path / "out" / "figs"
+    for suffix in ("_bias_profile.png", "_training.pdf"):
+        path = out_dir / (stem + suffix)
+        assert path.parent == out_dir and path.resolve().is_relative_to(out_dir.resolve()), path
+
+
+@pytest.mark.parametrize("scheme", RUN_SCHEMES)
 def test_a_scheme_name_from_a_file_never_leaves_the_output_folder(make_bias_file, tmp_path, capsys, scheme) -> None:
     """diagnose names its figures after the file's scheme attribute: only a safe stem inside --out-dir."""
-    from tests.conftest import run_cli
+    from biasviz.common.outputs import file_stem
 
     src = make_bias_file(tmp_path / "in.h5", "alibi", n=2, t=16, attrs={"scheme": scheme})
     out_dir = tmp_path / "out" / "figs"
@@ -175,3 +195,5 @@ def test_a_scheme_name_from_a_file_never_leaves_the_output_folder(make_bias_file
         assert not path.name.startswith(".") and len(path.name) < 120, path
     naive = (out_dir / f"{scheme}_bias_profile.png").resolve()  # where the name, taken as a path, would have led
     assert naive.is_relative_to(out_dir.resolve()) or not naive.exists(), naive
+    if code == 0:  # the figure is named by file_stem, whose every hostile name the test above checks
+        assert (out_dir / f"{file_stem(scheme)}_bias_profile.png") in after - before, sorted(after - before)
