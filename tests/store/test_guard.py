@@ -91,3 +91,39 @@ def test_a_real_child_refuses_a_file_that_is_not_hdf5(tmp_path: Path) -> None:
     with pytest.raises(BiasvizError, match=r"notes\.h5 is not a readable HDF5 file"):
         check_isolated(path)
     assert os.listdir(tmp_path) == ["notes.h5"]
+
+
+def test_a_file_found_valid_is_checked_again_only_once_changed_or_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command opens a file twice (plot checks it, then draws it): one child for the unchanged file. Bytes added to
+    it, or another file in its place, start a child again; a file found invalid is never taken as known."""
+    from tests.project.test_untrusted import write_valid
+
+    starts: list[str] = []
+    real = guard.run_module
+
+    def counted(module: str, *args: str, timeout: float) -> Any:
+        starts.append(args[0])
+        return real(module, *args, timeout=timeout)
+
+    monkeypatch.setattr(guard, "run_module", counted)
+    good = write_valid(tmp_path / "good.h5")
+    check_isolated(good)
+    check_isolated(good)
+    assert len(starts) == 1
+    with open(good, "ab") as f:  # still valid HDF5 (the superblock gives its end), but not the bytes checked
+        f.write(b"\0" * 16)
+    check_isolated(good)
+    assert len(starts) == 2
+    other = write_valid(tmp_path / "other.h5", n=3)
+    os.replace(other, good)  # another file, under the name already checked
+    check_isolated(good)
+    check_isolated(good)
+    assert len(starts) == 3
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"not hdf5")
+    for _ in range(2):
+        with pytest.raises(BiasvizError, match="not a readable HDF5 file"):
+            check_isolated(bad)
+    assert len(starts) == 5

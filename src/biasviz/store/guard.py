@@ -39,15 +39,37 @@ def time_limit() -> float:
     return value
 
 
+# Files a child found valid in this process, by what the file system says of them: a command that opens one file
+# twice (plot checks it, then draws it) or a notebook drawing it again starts one child, not one each time. Any
+# write to the file, or a file put in its place, changes its change time (which no user call can set), its size or
+# its inode: it is checked again. A file found invalid is always checked again (its error said anew).
+_FOUND_VALID: set[tuple[int, ...]] = set()
+
+
+def _unchanged_since(path: Path) -> tuple[int, ...] | None:
+    """What identifies ``path``'s bytes without reading them (device, inode, size, modification and change times)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def check_isolated(path: Path) -> None:
-    """Open and validate ``path`` in a child process; its error, a time-out or a crash becomes a BiasvizError."""
+    """Open and validate ``path`` in a child process; its error, a time-out or a crash becomes a BiasvizError.
+    Once a child found it valid, the same unchanged file passes without another child in this process."""
     limit = time_limit()
+    seen = _unchanged_since(path)
+    if seen is not None and seen in _FOUND_VALID:
+        return
     try:
         proc = run_module("biasviz.store.reader", os.path.abspath(path), timeout=limit)
     except subprocess.TimeoutExpired:
         raise BiasvizError(f"{path} took longer than {limit:g} s to open and check: it is damaged or made to hang "
                            f"a reader (a slow disk? raise {TIMEOUT_ENV})") from None  # fmt: skip
     if proc.returncode == 0:
+        if seen is not None and seen == _unchanged_since(path):  # not changed while the child read it
+            _FOUND_VALID.add(seen)
         return
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
