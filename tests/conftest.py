@@ -87,28 +87,28 @@ SLOW_TESTS = {"test_pdf_has_raster_heatmaps_vector_text_and_metadata", "test_png
               "test_diagnose_reads_the_stored_values"}  # fmt: skip
 
 
-# The files that take longest (seconds summed over their tests in one `make test` on a quiet 2-core machine, 2026-12-01,
-# the Triton interpreter's two trimmed files measured again after; only their order matters), heaviest first. `make
-# test` hands out whole files to its two workers in the order collected here (--no-loadscope-reorder, and
-# pytest_configure below): the heavy files first, so that neither worker is left with one of them while the other
-# has finished (xdist's own order, by number of tests, put the heavy files with few tests last)
-HEAVY_FILES = {"extraction/test_distributed.py": 118, "summaries/test_kernels_accumulators.py": 100,
-               "project/test_gpu_run.py": 52, "model/test_fused_attention.py": 52, "cli/test_cli_interrupts.py": 47,
-               "project/test_untrusted.py": 41, "cli/test_plot_cmd.py": 39, "project/test_hostile_values.py": 35,
-               "summaries/kernels/test_triton_kernels.py": 35, "extraction/test_sweep_torchrun.py": 34,
-               "summaries/test_fused_layer.py": 32, "summaries/test_kernels.py": 30, "project/test_hostile_io.py": 26,
-               "plotting/test_style_width.py": 23, "plotting/test_position_kinds.py": 23,
-               "project/test_examples.py": 21, "model/test_model_long.py": 21, "cli/test_cli_summary.py": 20,
-               "plotting/test_positional_compare.py": 20,
-               "cli/test_cli_imports.py": 20, "summaries/test_fused_layer_kept.py": 19,
-               "tracing/test_calls_forms.py": 18, "project/test_hostile.py": 17,
-               "adapters/test_hostile_side_files.py": 16, "training/test_provenance_note.py": 16,
-               "cli/test_cli_errors.py": 13, "cli/test_hostile_signals.py": 13, "cli/test_cli_startup.py": 13,
-               "plotting/test_measures_page.py": 12, "notebook/test_notebook_library_path.py": 12,
-               "store/test_reader_fuzz.py": 12, "plotting/test_caption.py": 11, "cli/test_notebook_plot.py": 11,
-               "summaries/test_replay_dispatch.py": 10, "plotting/test_measures_plots.py": 10,
-               "summaries/test_fused_layer_by_sample.py": 10, "project/test_readme.py": 10,
-               "project/test_make_outputs.py": 10}  # fmt: skip
+# The files that take longest (seconds summed over their tests in one `make test` on a 2-core machine with Debian's
+# chromium, 2026-12-02; torch.compile's flex kernels as a fresh machine compiles them, with no cache; only their order
+# matters), heaviest first. `make test` hands out whole files to its two workers in the order collected here
+# (--no-loadscope-reorder, and pytest_configure below): the heavy files first, so that neither worker is left with one
+# of them while the other has finished (xdist's own order, by number of tests, put the heavy files with few tests last)
+HEAVY_FILES = {"extraction/test_distributed.py": 129, "summaries/test_kernels_accumulators.py": 95,
+               "model/test_fused_attention.py": 70, "project/test_gpu_run.py": 55, "cli/test_cli_interrupts.py": 50,
+               "project/test_examples.py": 45, "extraction/test_sweep_torchrun.py": 34,
+               "project/test_hostile_values.py": 33, "project/test_hostile_io.py": 32,
+               "tracing/test_calls_forms.py": 30, "project/test_hostile.py": 29, "cli/test_plot_cmd.py": 27,
+               "cli/test_cli_imports.py": 25, "model/test_model_long.py": 25,
+               "summaries/kernels/test_triton_kernels.py": 25, "plotting/test_style_width.py": 24,
+               "explorer/test_hostile_page.py": 23, "summaries/test_fused_layer.py": 23,
+               "project/test_untrusted.py": 21, "adapters/test_hostile_side_files.py": 20,
+               "cli/test_cli_summary.py": 18, "summaries/test_kernels.py": 18,
+               "summaries/test_fused_layer_kept.py": 16, "cli/test_cli_errors.py": 15,
+               "plotting/test_position_kinds.py": 14, "explorer/test_page_browser.py": 13,
+               "explorer/test_page_views.py": 13, "data/test_corpus_order.py": 13, "cli/test_cli_startup.py": 12,
+               "store/test_reader_fuzz.py": 12, "plotting/test_positional_compare.py": 12,
+               "cli/test_hostile_signals.py": 11, "adapters/test_device_map_errors.py": 11,
+               "training/test_provenance_note.py": 11, "plotting/test_measures_plots.py": 11,
+               "common/test_hostile_concurrent.py": 10}  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
