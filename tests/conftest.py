@@ -202,23 +202,27 @@ def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run ``biasviz ARGS`` in-process: (exit code, stdout, stderr) of this call only."""
+def exit_code(args: list[str]) -> int:
+    """Run ``biasviz ARGS`` in-process: its exit code."""
     from biasviz.cli import main
 
-    capsys.readouterr()
     try:
         main(args)
-        code = 0
     except SystemExit as exc:
-        code = int(exc.code or 0)
+        return int(exc.code or 0)
+    return 0
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``biasviz ARGS`` in-process: (exit code, stdout, stderr) of this call only."""
+    capsys.readouterr()
+    code = exit_code(args)
     got = capsys.readouterr()
     return code, got.out, got.err
 
 
-@pytest.fixture
-def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Every figure a command saves, by file stem (the figures are still written)."""
+def saved_figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Every figure a command saves from now on (while ``monkeypatch`` holds), by file stem (still written)."""
     import biasviz.plotting.save as save_module
 
     caught: dict[str, Any] = {}
@@ -230,3 +234,9 @@ def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(save_module, "save_figure", catch)
     return caught
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Every figure a command saves, by file stem (the figures are still written)."""
+    return saved_figures(monkeypatch)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from biasviz.diagnostics.measures import diagnose_array
-from tests.conftest import run_cli, small_model
+from tests.conftest import exit_code, run_cli, saved_figures, small_model
 
 T = 40
 TEXT = "def f(x):\n    return [x * i for i in range(10)]  # a line of code\n" * 300
@@ -63,24 +63,10 @@ def _run_once(argv: list[str]) -> Run:
     import contextlib
     import io
 
-    import biasviz.plotting.save as save_module
-    from biasviz.cli import main
-
-    caught: dict[str, Any] = {}
-    original = save_module.save_figure
-
-    def catch(fig: Any, stem: Any, *args: Any, **kwargs: Any) -> Any:
-        caught[Path(stem).name] = fig
-        return original(fig, stem, *args, **kwargs)
-
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        mp.setattr(save_module, "save_figure", catch)
-        try:
-            main(argv)
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
+        caught = saved_figures(mp)
+        code = exit_code(argv)
     return code, out.getvalue(), err.getvalue(), caught
 
 

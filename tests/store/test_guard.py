@@ -96,8 +96,8 @@ def test_a_real_child_refuses_a_file_that_is_not_hdf5(tmp_path: Path) -> None:
 def test_a_file_found_valid_is_checked_again_only_once_changed_or_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A command opens a file twice (plot checks it, then draws it): one child for the unchanged file. Bytes added to
-    it, or another file in its place, start a child again; a file found invalid is never taken as known."""
+    """A process that opens a file again (a notebook drawing it twice): one child for the unchanged file. Bytes added
+    to it, or another file in its place, start a child again; a file found invalid is never taken as known."""
     from tests.project.test_untrusted import write_valid
 
     starts: list[str] = []

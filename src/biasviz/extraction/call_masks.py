@@ -81,8 +81,7 @@ class CallMasks:
             return kept
         if known is not None:
             if known.mask is None:  # the rule: the causal triangle or every cell, whatever the heads
-                t = kept.shape[-1]
-                same = bool((kept == plain_cells(0, t, t, self.adapter.layer_causal(layer), kept.device)).all())
+                same = _plain(kept, self.adapter.layer_causal(layer))
             else:  # the one mask, of as many heads
                 same = known.mask.shape[1:] == kept.shape[1:] and bool((kept == known.mask).all())
             return known.mask if same else self._by_sample(layer, kept, first)
@@ -107,7 +106,8 @@ class CallMasks:
 
 
 def _plain(mask: torch.Tensor, causal: bool) -> bool:
-    """Whether ``mask`` (1, H, T, T) is the causal triangle (``causal``) or every cell: no mask of the call's own."""
+    """Whether ``mask`` (B or 1, H, T, T), every sample of it, is the causal triangle (``causal``) or every cell: no
+    mask of the call's own."""
     t = mask.shape[-1]
     return bool((mask == plain_cells(0, t, t, causal, mask.device)).all())
 

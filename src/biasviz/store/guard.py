@@ -39,8 +39,8 @@ def time_limit() -> float:
     return value
 
 
-# Files a child found valid in this process, by what the file system says of them: a command that opens one file
-# twice (plot checks it, then draws it) or a notebook drawing it again starts one child, not one each time. Any
+# Files a child found valid in this process, by what the file system says of them: a notebook or script that draws
+# one file again, or info, plot and diagnose run in one process, start one child for it, not one each time. Any
 # write to the file, or a file put in its place, changes its change time (which no user call can set), its size or
 # its inode: it is checked again. A file found invalid is always checked again (its error said anew).
 _FOUND_VALID: set[tuple[int, ...]] = set()
